@@ -1,0 +1,30 @@
+# Sieve: the two commands are `make serve` and `make test`.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: setup build test serve clean format gpu-check
+
+setup:
+	bash scripts/setup
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: setup build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+serve: build
+	$(BUILD)/sieve serve $(ARGS)
+
+gpu-check:
+	bash scripts/gpu-check out/gpu-check
+
+format:
+	clang-format -i $$(git ls-files 'src/*.cpp' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'tests/*.cpp' 'tests/*.h')
+
+clean:
+	rm -rf $(BUILD)
