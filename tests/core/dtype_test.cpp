@@ -6,6 +6,8 @@
 #include <limits>
 #include <random>
 
+#include "core/error.h"
+
 namespace sieve {
 namespace {
 
