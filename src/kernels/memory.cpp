@@ -1,0 +1,108 @@
+#include "kernels/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "core/error.h"
+
+namespace sieve {
+
+#ifdef SIEVE_HAVE_CUDA
+namespace cuda_mem {
+void* alloc(int device, size_t bytes);
+void free(int device, void* p);
+void copy_h2d(int device, void* dst, const void* src, size_t bytes);
+void copy_d2h(int device, void* dst, const void* src, size_t bytes);
+void fill(int device, void* dst, uint8_t value, size_t bytes);
+void sync(int device);
+int device_count();
+}  // namespace cuda_mem
+#define SIEVE_CUDA_OR_THROW(expr) expr
+#else
+#define SIEVE_CUDA_OR_THROW(expr) throw Error("this build has no CUDA backend")
+#endif
+
+Buffer::Buffer(Device device, size_t bytes) : device_(device), bytes_(bytes) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded);
+    if (!data_) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    std::memset(data_, 0, bytes);
+  } else {
+    SIEVE_CUDA_OR_THROW(data_ = cuda_mem::alloc(device.index, bytes));
+    SIEVE_CUDA_OR_THROW(cuda_mem::fill(device.index, data_, 0, bytes));
+  }
+}
+
+void Buffer::release() {
+  if (!data_) return;
+  if (device_.is_cpu()) {
+    std::free(data_);
+  } else {
+#ifdef SIEVE_HAVE_CUDA
+    cuda_mem::free(device_.index, data_);
+#endif
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& o) noexcept : device_(o.device_), data_(o.data_), bytes_(o.bytes_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    device_ = o.device_;
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void copy_to_device(const Device& device, void* dst, const void* src, size_t bytes) {
+  if (device.is_cpu()) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  } else {
+    SIEVE_CUDA_OR_THROW(cuda_mem::copy_h2d(device.index, dst, src, bytes));
+  }
+}
+
+void copy_to_host(const Device& device, void* dst, const void* src, size_t bytes) {
+  if (device.is_cpu()) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  } else {
+    SIEVE_CUDA_OR_THROW(cuda_mem::copy_d2h(device.index, dst, src, bytes));
+  }
+}
+
+void fill_bytes(const Device& device, void* dst, uint8_t value, size_t bytes) {
+  if (device.is_cpu()) {
+    if (bytes) std::memset(dst, value, bytes);
+  } else {
+    SIEVE_CUDA_OR_THROW(cuda_mem::fill(device.index, dst, value, bytes));
+  }
+}
+
+void device_synchronize(const Device& device) {
+  if (!device.is_cpu()) SIEVE_CUDA_OR_THROW(cuda_mem::sync(device.index));
+}
+
+int cuda_device_count() {
+#ifdef SIEVE_HAVE_CUDA
+  return cuda_mem::device_count();
+#else
+  return 0;
+#endif
+}
+
+}  // namespace sieve

@@ -1,0 +1,71 @@
+#include "kernels/ops.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+#ifdef SIEVE_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace sieve::ops {
+
+namespace {
+[[noreturn]] void no_cuda(const char* op, const char* why) {
+  throw Error(std::string("op ") + op + " is not available on CUDA: " + why);
+}
+}  // namespace
+
+#ifdef SIEVE_HAVE_CUDA
+#define SIEVE_DISPATCH(op, p, s)                                                       \
+  do {                                                                                 \
+    if ((s).device.is_cpu()) {                                                         \
+      cpu::run_##op(p);                                                                \
+    } else if (!cuda::run_##op((p), (s).cuda_stream)) {                                \
+      no_cuda(#op, "unsupported parameters (dtype or shape)");                         \
+    }                                                                                  \
+  } while (0)
+#else
+#define SIEVE_DISPATCH(op, p, s)                                                       \
+  do {                                                                                 \
+    if ((s).device.is_cpu()) {                                                         \
+      cpu::run_##op(p);                                                                \
+    } else {                                                                           \
+      no_cuda(#op, "this build has no CUDA backend");                                  \
+    }                                                                                  \
+  } while (0)
+#endif
+
+void matmul(const MatmulParams& p, const Stream& s) { SIEVE_DISPATCH(matmul, p, s); }
+void embedding(const EmbeddingParams& p, const Stream& s) { SIEVE_DISPATCH(embedding, p, s); }
+void rms_norm(const RmsNormParams& p, const Stream& s) { SIEVE_DISPATCH(rms_norm, p, s); }
+void add(const AddParams& p, const Stream& s) { SIEVE_DISPATCH(add, p, s); }
+void swiglu_oai(const SwigluOaiParams& p, const Stream& s) { SIEVE_DISPATCH(swiglu_oai, p, s); }
+void moe_route(const MoeRouteParams& p, const Stream& s) { SIEVE_DISPATCH(moe_route, p, s); }
+void moe_experts(const MoeExpertsParams& p, const Stream& s) { SIEVE_DISPATCH(moe_experts, p, s); }
+void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
+  SIEVE_DISPATCH(qkv_norm_rope_cache, p, s);
+}
+void attention(const AttentionParams& p, const Stream& s) { SIEVE_DISPATCH(attention, p, s); }
+void indexer(const IndexerParams& p, const Stream& s) { SIEVE_DISPATCH(indexer, p, s); }
+
+void build_rope_table(float* cos_sin, int64_t max_position, int rotary_dim, double theta) {
+  const int half = rotary_dim / 2;
+  std::vector<float> inv_freq(half);
+  for (int j = 0; j < half; ++j) {
+    // transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in fp32.
+    float expo = float(2 * j) / float(rotary_dim);
+    inv_freq[j] = 1.0f / std::pow(float(theta), expo);
+  }
+  for (int64_t pos = 0; pos < max_position; ++pos) {
+    float* row = cos_sin + pos * rotary_dim;
+    for (int j = 0; j < half; ++j) {
+      float angle = float(pos) * inv_freq[j];
+      row[j] = std::cos(angle);
+      row[half + j] = std::sin(angle);
+    }
+  }
+}
+
+}  // namespace sieve::ops

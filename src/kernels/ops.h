@@ -1,0 +1,262 @@
+// The kernel contract. Every op is declared here once, with a plain parameter struct (raw
+// pointers with a shape comment, sizes, strides, dtypes), and has two implementations with the
+// same meaning: `cpu::run_xxx(const XxxParams&)` (kernels/cpu/, the numerical oracle) and
+// `cuda::run_xxx(const XxxParams&, cudaStream_t)` (kernels/cuda/). Model code calls only the
+// dispatchers below (`ops::xxx(params, stream)`), never a backend.
+//
+// Conventions
+// - Shapes in comments are row-major, innermost last. Strides are in elements.
+// - "act" tensors (activations) are F32 on the CPU backend; the CUDA backend may use BF16 where
+//   its kernels say so. Caches store F32, BF16 or FP8_E4M3 as configured.
+// - A batch mixes sequences: sequence s owns the new tokens [query_start_loc[s],
+//   query_start_loc[s+1]) and, after this step, seq_lens[s] keys in the paged caches (the cached
+//   prefix plus its new tokens, which the cache-write op has already stored). New token i of a
+//   sequence with q_len new tokens is at position seq_lens[s] - q_len + i and sees the keys
+//   j <= its position. Decode is q_len = 1; speculative verification is q_len = Q.
+// - Paged caches: block b of sequence s is physical block block_tables[s * max_blocks_per_seq + b];
+//   token position p lives in block p / block_size at offset p % block_size.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace sieve::ops {
+
+// Where an op runs. cuda_stream is a cudaStream_t (nullptr = default stream) for CUDA devices.
+struct Stream {
+  Device device;
+  void* cuda_stream = nullptr;
+  static Stream cpu() { return Stream{}; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Caches
+
+// Main KV cache of one layer.
+struct KvCacheView {
+  void* k = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim]
+  void* v = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim]
+  // FP8 only: one fp32 scale per (token, kv head) = amax / 448 (1 when amax is 0); the stored
+  // value is sat_fp8(round_bf16(x) / scale) and reads as fp8 * scale. Null for other dtypes.
+  float* k_scale = nullptr;  // [num_blocks, num_kv_heads, block_size]
+  float* v_scale = nullptr;  // [num_blocks, num_kv_heads, block_size]
+  DType dtype = DType::BF16;  // F32 (exact reference runs), BF16, FP8_E4M3
+  int64_t num_blocks = 0;
+  int block_size = 128;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Index-key cache of one sparse layer (one shared index-key head).
+struct IndexCacheView {
+  void* k = nullptr;  // [num_blocks, block_size, index_dim]
+  // F32, BF16, or FP8_E4M3 = plain saturating cast of the bf16-rounded key, no scale.
+  DType dtype = DType::BF16;
+  int64_t num_blocks = 0;
+  int block_size = 128;
+  int index_dim = 0;
+};
+
+// Sequence layout of one forward step (see Conventions). All pointers are on the op's device.
+struct BatchView {
+  int num_seqs = 0;
+  int64_t num_tokens = 0;
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1]
+  const int32_t* seq_lens = nullptr;         // [num_seqs]
+  const int32_t* block_tables = nullptr;     // [num_seqs, max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  // Upper bounds, known on the host. Kernels that must be CUDA-graph safe size their grids from
+  // these (never from live seq_lens): max_seq_len = max_model_len at capture.
+  int max_seq_len = 0;
+  int max_query_len = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Dense math
+
+// y[m, n] = x[m, k] . w[n, k]^T  (+ y when accumulate)
+struct MatmulParams {
+  const void* x = nullptr;  // [m, k], row stride ldx
+  DType x_dtype = DType::F32;
+  const void* w = nullptr;  // [n, k], contiguous (F32 or BF16)
+  DType w_dtype = DType::F32;
+  void* y = nullptr;  // [m, n], row stride ldy
+  DType y_dtype = DType::F32;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t ldx = 0, ldy = 0;
+  bool accumulate = false;
+};
+
+// out[i, :] = table[ids[i], :]
+struct EmbeddingParams {
+  const int32_t* ids = nullptr;  // [num_tokens]
+  int64_t num_tokens = 0;
+  const void* table = nullptr;  // [vocab, hidden]
+  DType table_dtype = DType::BF16;
+  int64_t vocab = 0, hidden = 0;
+  void* out = nullptr;  // [num_tokens, hidden]
+  DType out_dtype = DType::F32;
+};
+
+// RMSNorm over the last dim, computed in fp32: y = x / sqrt(mean(x^2) + eps) * (gemma ? 1 + w : w).
+// If residual is set, first x += residual is stored back into residual (pre-norm add) and the
+// norm is taken of the sum.
+struct RmsNormParams {
+  const void* x = nullptr;  // [rows, dim], row stride ldx
+  DType x_dtype = DType::F32;
+  void* residual = nullptr;  // optional [rows, dim], row stride ldr, same dtype as x
+  int64_t ldr = 0;
+  void* y = nullptr;  // [rows, dim], row stride ldy (may alias x)
+  DType y_dtype = DType::F32;
+  const void* weight = nullptr;  // [dim]
+  DType weight_dtype = DType::BF16;
+  int64_t rows = 0, dim = 0, ldx = 0, ldy = 0;
+  float eps = 1e-6f;
+  bool gemma = true;
+};
+
+// y[i] += alpha * x[i]
+struct AddParams {
+  void* y = nullptr;
+  const void* x = nullptr;
+  DType dtype = DType::F32;
+  int64_t n = 0;
+  float alpha = 1.0f;
+};
+
+// SwiGLU-OAI: g = min(gate, limit); u = clamp(up, -limit, limit);
+// out = g * sigmoid(alpha * g) * (u + beta)
+struct SwigluOaiParams {
+  const void* gate_up = nullptr;  // [rows, 2 * inter] = [gate | up], row stride ld_in
+  void* out = nullptr;            // [rows, inter], row stride ld_out
+  DType dtype = DType::F32;
+  int64_t rows = 0, inter = 0, ld_in = 0, ld_out = 0;
+  float alpha = 1.702f, limit = 7.0f, beta = 1.0f;
+};
+
+// MoE routing, DeepSeek-V3 style without groups: s = sigmoid(logits); choose the top-k of
+// s + bias (ties: lower expert id); weights = s of the chosen, renormalised to sum 1 when
+// renormalize, times scaling.
+struct MoeRouteParams {
+  const float* logits = nullptr;  // [num_tokens, num_experts] (fp32 router GEMM output)
+  const float* bias = nullptr;    // [num_experts] e_score_correction_bias, or null
+  int64_t num_tokens = 0;
+  int num_experts = 0, topk = 0;
+  bool renormalize = true;
+  float scaling = 1.0f;
+  int32_t* ids = nullptr;    // [num_tokens, topk], by descending biased score
+  float* weights = nullptr;  // [num_tokens, topk]
+};
+
+// Routed experts: out[t] += sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) with
+// expert(x) = w_down . swiglu_oai(w_gate_up . x).
+struct MoeExpertsParams {
+  const void* x = nullptr;  // [num_tokens, hidden]
+  DType act_dtype = DType::F32;
+  int64_t num_tokens = 0, hidden = 0, inter = 0;
+  int num_experts = 0, topk = 0;
+  const int32_t* ids = nullptr;    // [num_tokens, topk]
+  const float* weights = nullptr;  // [num_tokens, topk]
+  const void* const* w_gate_up = nullptr;  // [num_experts] -> [2 * inter, hidden] ([gate | up] rows)
+  const void* const* w_down = nullptr;     // [num_experts] -> [hidden, inter]
+  DType w_dtype = DType::BF16;
+  float alpha = 1.702f, limit = 7.0f, beta = 1.0f;
+  void* out = nullptr;  // [num_tokens, hidden], accumulated into
+};
+
+// ---------------------------------------------------------------------------------------------
+// Attention path
+
+// Per token of the packed projection rows [q | k | v | index_q | index_k]:
+//   q (num_q_heads), k (num_kv_heads), index_q (num_index_heads), index_k (1 head):
+//     Gemma RMSNorm with their own [head_dim] weight, then partial NeoX RoPE on the first
+//     rotary_dim dims (pairs d, d + rotary_dim/2) with the fp32 table cos_sin;
+//   v: raw.
+// q and index_q are written back in place; k, v go to the KV cache at slot_mapping[t] and
+// index_k to the index cache (when index_cache.k is set). slot_mapping[t] < 0 skips the writes.
+struct QkvNormRopeCacheParams {
+  void* qkv = nullptr;  // [num_tokens, row_stride]
+  DType act_dtype = DType::F32;
+  int64_t num_tokens = 0, row_stride = 0;
+  int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t q_offset = 0, k_offset = 0, v_offset = 0;  // column offsets in a row
+  int num_index_heads = 0, index_dim = 0;             // 0 = this layer has no index branch
+  int64_t index_q_offset = -1, index_k_offset = -1;
+  const void* q_norm = nullptr;  // [head_dim]
+  const void* k_norm = nullptr;  // [head_dim]
+  const void* index_q_norm = nullptr;  // [index_dim]
+  const void* index_k_norm = nullptr;  // [index_dim]
+  DType norm_dtype = DType::BF16;
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;  // [num_tokens]
+  const float* cos_sin = nullptr;      // [max_position, rotary_dim] = [cos(rotary_dim/2) | sin(...)]
+  int rotary_dim = 0;
+  const int64_t* slot_mapping = nullptr;  // [num_tokens], block * block_size + offset
+  KvCacheView kv;
+  IndexCacheView index_cache;  // index_cache.k == nullptr: do not write index keys
+  bool norm_rope_index = true;  // false: leave index_q/index_k untouched (shared top-k layers)
+};
+
+// Causal GQA attention over the paged KV cache, softmax scale sm_scale, no sink.
+// topk_idx == nullptr: dense causal attention over all keys j <= position.
+// Otherwise block-sparse: query token t of kv group g attends to the keys j <= position whose
+// block j / block_size is one of topk_idx[t, g, 0..topk) (entries < 0 are padding).
+struct AttentionParams {
+  const void* q = nullptr;  // [num_tokens, num_q_heads, head_dim], token stride q_stride
+  DType q_dtype = DType::F32;
+  int64_t q_stride = 0;
+  void* out = nullptr;  // [num_tokens, num_q_heads, head_dim], token stride out_stride
+  DType out_dtype = DType::F32;
+  int64_t out_stride = 0;
+  int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float sm_scale = 0;
+  KvCacheView kv;
+  BatchView batch;
+  const int32_t* topk_idx = nullptr;  // [num_tokens, num_kv_heads, topk]
+  int topk = 0;
+};
+
+// Lightning indexer: block scores and per-token top-k block selection.
+//   score(t, h, b) = max over keys j in block b with j <= position(t) of
+//                    <index_q[t, h], index_k[j]> * score_scale
+// (index keys as stored in the cache; index_q rounded to the cache dtype first when
+// q_in_cache_dtype, the fp8-MMA mode). Candidates are blocks b < n_blk = position / block_size + 1.
+// Forced blocks: b < init_blocks scores 1e30, b >= n_blk - local_blocks scores 1e29 (local wins
+// when both); NaN scores become -1e30. Output: the top `topk` block ids by descending score, ties
+// to the lower block id, left-packed, padded with -1 when n_blk < topk.
+struct IndexerParams {
+  const void* index_q = nullptr;  // [num_tokens, num_index_heads, index_dim], token stride q_stride
+  DType q_dtype = DType::F32;
+  int64_t q_stride = 0;
+  int num_index_heads = 0, index_dim = 0;
+  float score_scale = 1.0f;  // sm_scale * log2(e) in M3; positive, so it never changes the ranking
+  bool q_in_cache_dtype = false;
+  IndexCacheView cache;
+  BatchView batch;
+  int topk = 0, init_blocks = 0, local_blocks = 0;
+  int32_t* topk_idx = nullptr;  // [num_tokens, num_index_heads, topk]
+  // Optional: the block scores before selection (forced sentinels applied, -inf past n_blk).
+  float* block_scores = nullptr;  // [num_tokens, num_index_heads, max_blocks_per_seq]
+};
+
+// ---------------------------------------------------------------------------------------------
+// Dispatchers: run the op on the stream's device. A CUDA op that this build lacks throws Error.
+
+void matmul(const MatmulParams& p, const Stream& s);
+void embedding(const EmbeddingParams& p, const Stream& s);
+void rms_norm(const RmsNormParams& p, const Stream& s);
+void add(const AddParams& p, const Stream& s);
+void swiglu_oai(const SwigluOaiParams& p, const Stream& s);
+void moe_route(const MoeRouteParams& p, const Stream& s);
+void moe_experts(const MoeExpertsParams& p, const Stream& s);
+void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s);
+void attention(const AttentionParams& p, const Stream& s);
+void indexer(const IndexerParams& p, const Stream& s);
+
+// The table `cos_sin` [max_position, rotary_dim] used by qkv_norm_rope_cache, built in fp32 as
+// transformers does: inv_freq[j] = 1 / theta^(2j / rotary_dim), angle = float(pos) * inv_freq[j].
+void build_rope_table(float* cos_sin, int64_t max_position, int rotary_dim, double theta);
+
+}  // namespace sieve::ops

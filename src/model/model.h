@@ -1,0 +1,68 @@
+// The MiniMax-M3 text model: weights by the published tensor names, paged KV + index caches, and
+// the forward pass of one engine step (prefill chunks and decodes mixed), written against
+// kernels/ops.h only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "io/config.h"
+
+namespace sieve::model {
+
+// Cache dtype names as users give them: auto (the model dtype, bf16), bf16, fp8, fp32.
+DType parse_cache_dtype(const std::string& name, const std::string& flag);
+
+struct LoadOptions {
+  std::string hf_overrides;  // JSON object text merged over the text config
+  Device device;             // CPU (the reference backend) or CUDA
+};
+
+struct CacheOptions {
+  DType kv_dtype = DType::BF16;     // F32, BF16, FP8_E4M3
+  DType index_dtype = DType::BF16;  // F32, BF16, FP8_E4M3
+  int64_t num_blocks = 0;           // physical blocks of block_size tokens, shared by all layers
+  // Select every block in sparse layers (dense attention everywhere); for quality comparisons.
+  bool dense = false;
+};
+
+// One engine step, as host arrays. Sequence s owns tokens [query_start_loc[s],
+// query_start_loc[s+1]); after the step it has seq_lens[s] tokens in the cache. The runner fills
+// this from the scheduler's step plan (see kernels/ops.h, "Conventions").
+struct StepInputs {
+  std::vector<int32_t> token_ids;        // [num_tokens]
+  std::vector<int32_t> positions;        // [num_tokens]
+  std::vector<int64_t> slot_mapping;     // [num_tokens] physical block * block_size + offset
+  std::vector<int32_t> query_start_loc;  // [num_seqs + 1]
+  std::vector<int32_t> seq_lens;         // [num_seqs]
+  std::vector<int32_t> block_tables;     // [num_seqs, max_blocks_per_seq], unused entries 0
+  int max_blocks_per_seq = 0;
+  std::vector<int32_t> logits_indices;   // token rows whose logits are wanted, in output order
+};
+
+class Model {
+ public:
+  // Reads DIR/config.json and the safetensors weights (errors name the file/tensor/key).
+  static std::unique_ptr<Model> load(const std::string& dir, const LoadOptions& opts = {});
+  virtual ~Model() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  int64_t vocab_size() const { return config().vocab_size; }
+  int block_size() const { return config().sparse_block_size; }
+
+  // Bytes one cache block (block_size tokens, every layer: K, V, scales, index keys) takes.
+  virtual size_t cache_bytes_per_block(DType kv_dtype, DType index_dtype) const = 0;
+  // (Re)allocates the paged caches; contents are undefined until written by forward().
+  virtual void allocate_caches(const CacheOptions& opts) = 0;
+  virtual const CacheOptions& cache_options() const = 0;
+
+  // Runs one step: writes the new tokens' K/V/index keys into the caches, and fills
+  // logits [logits_indices.size(), vocab] (fp32, host memory).
+  virtual void forward(const StepInputs& in, std::vector<float>& logits) = 0;
+};
+
+}  // namespace sieve::model
