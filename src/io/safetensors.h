@@ -19,6 +19,11 @@ struct TensorInfo {
   const void* data = nullptr;  // into the mapping
   size_t nbytes = 0;
   std::string file;  // which file holds it
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
 
 // One mmap'd .safetensors file. The header is validated at open: JSON well formed, dtypes known
