@@ -1,0 +1,439 @@
+// MiniMax-M3 text forward over paged caches, through kernels/ops.h only.
+//
+// Per layer: h += o_proj(Attn(norm_in(h))); h += FFN(norm_post(h)). Attention: one GEMM gives
+// [q | k | v | index_q | index_k]; qkv_norm_rope_cache norms and ropes q, k (and the index
+// branch), writes k, v (and the index key) into the paged caches; sparse layers then select
+// blocks with the indexer (or reuse the top-k of the last full layer, spec §3.4) and attend
+// over the selection; dense layers attend over everything.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "kernels/memory.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace sieve::model {
+
+DType parse_cache_dtype(const std::string& name, const std::string& flag) {
+  if (name == "auto" || name == "bf16" || name == "bfloat16") return DType::BF16;
+  if (name == "fp8" || name == "fp8_e4m3") return DType::FP8_E4M3;
+  if (name == "fp32" || name == "float32") return DType::F32;
+  throw Error(flag + ": unknown cache dtype \"" + name + "\" (expected auto, bf16, fp8 or fp32)");
+}
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct LayerCache {
+  Buffer k, v, k_scale, v_scale, index_k;
+  ops::KvCacheView kv;
+  ops::IndexCacheView index;
+};
+
+template <class T>
+Buffer upload_vec(const Device& dev, const std::vector<T>& v) {
+  Buffer b(dev, std::max<size_t>(1, v.size()) * sizeof(T));
+  if (!v.empty()) copy_to_device(dev, b.data(), v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+class MiniMaxM3 final : public Model {
+ public:
+  MiniMaxM3(ModelConfig cfg, ModelWeights w, Device dev)
+      : cfg_(std::move(cfg)), w_(std::move(w)), dev_(dev) {
+    stream_.device = dev_;
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  const CacheOptions& cache_options() const override { return cache_opts_; }
+
+  // Index keys are cached only by sparse layers that compute their own top-k.
+  bool has_index_cache(int layer) const {
+    return cfg_.is_sparse_layer(layer) && !cfg_.shares_index_topk(layer);
+  }
+
+  size_t cache_bytes_per_block(DType kv_dtype, DType index_dtype) const override {
+    const size_t bs = size_t(cfg_.sparse_block_size);
+    size_t total = 0;
+    for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+      total += 2 * size_t(cfg_.num_key_value_heads) * bs * size_t(cfg_.head_dim) * dtype_size(kv_dtype);
+      if (kv_dtype == DType::FP8_E4M3) total += 2 * size_t(cfg_.num_key_value_heads) * bs * sizeof(float);
+      if (has_index_cache(l)) total += bs * size_t(cfg_.sparse_index_dim) * dtype_size(index_dtype);
+    }
+    return total;
+  }
+
+  void allocate_caches(const CacheOptions& o) override {
+    for (DType t : {o.kv_dtype, o.index_dtype})
+      if (t != DType::F32 && t != DType::BF16 && t != DType::FP8_E4M3)
+        throw Error("cache dtype must be fp32, bf16 or fp8, got " + std::string(dtype_name(t)));
+    if (o.num_blocks <= 0) throw Error("the KV cache needs at least one block");
+    cache_opts_ = o;
+    caches_.clear();
+    caches_.resize(cfg_.num_hidden_layers);
+    const int64_t bs = cfg_.sparse_block_size;
+    const int64_t nkv = cfg_.num_key_value_heads;
+    for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+      LayerCache& c = caches_[l];
+      const size_t kv_elems = size_t(o.num_blocks * nkv * bs * cfg_.head_dim);
+      c.k = Buffer(dev_, kv_elems * dtype_size(o.kv_dtype));
+      c.v = Buffer(dev_, kv_elems * dtype_size(o.kv_dtype));
+      c.kv.k = c.k.data();
+      c.kv.v = c.v.data();
+      if (o.kv_dtype == DType::FP8_E4M3) {
+        c.k_scale = Buffer(dev_, size_t(o.num_blocks * nkv * bs) * sizeof(float));
+        c.v_scale = Buffer(dev_, size_t(o.num_blocks * nkv * bs) * sizeof(float));
+        c.kv.k_scale = c.k_scale.as<float>();
+        c.kv.v_scale = c.v_scale.as<float>();
+      }
+      c.kv.dtype = o.kv_dtype;
+      c.kv.num_blocks = o.num_blocks;
+      c.kv.block_size = int(bs);
+      c.kv.num_kv_heads = int(nkv);
+      c.kv.head_dim = cfg_.head_dim;
+      if (has_index_cache(l)) {
+        c.index_k = Buffer(dev_, size_t(o.num_blocks * bs * cfg_.sparse_index_dim) * dtype_size(o.index_dtype));
+        c.index.k = c.index_k.data();
+        c.index.dtype = o.index_dtype;
+        c.index.num_blocks = o.num_blocks;
+        c.index.block_size = int(bs);
+        c.index.index_dim = cfg_.sparse_index_dim;
+      }
+    }
+  }
+
+  void forward(const StepInputs& in, std::vector<float>& logits) override {
+    if (caches_.empty()) throw Error("forward() before allocate_caches()");
+    validate(in);
+    const int64_t n = int64_t(in.token_ids.size());
+    const int num_seqs = int(in.seq_lens.size());
+    const int64_t H = cfg_.hidden_size;
+    const int nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+    const int nidx = cfg_.sparse_num_index_heads, idim = cfg_.sparse_index_dim;
+    const int K = cfg_.sparse_topk_blocks;
+
+    int max_pos = 0, max_seq = 0, max_q = 0;
+    for (int32_t p : in.positions) max_pos = std::max(max_pos, p);
+    for (int s = 0; s < num_seqs; ++s) {
+      max_seq = std::max(max_seq, in.seq_lens[s]);
+      max_q = std::max(max_q, in.query_start_loc[s + 1] - in.query_start_loc[s]);
+    }
+    ensure_rope_table(std::max(max_pos, max_seq) + 1);
+
+    // Step inputs on the device.
+    Buffer d_ids = upload_vec(dev_, in.token_ids);
+    Buffer d_pos = upload_vec(dev_, in.positions);
+    Buffer d_slots = upload_vec(dev_, in.slot_mapping);
+    Buffer d_qsl = upload_vec(dev_, in.query_start_loc);
+    Buffer d_lens = upload_vec(dev_, in.seq_lens);
+    Buffer d_bt = upload_vec(dev_, in.block_tables);
+    ops::BatchView batch;
+    batch.num_seqs = num_seqs;
+    batch.num_tokens = n;
+    batch.query_start_loc = d_qsl.as<int32_t>();
+    batch.seq_lens = d_lens.as<int32_t>();
+    batch.block_tables = d_bt.as<int32_t>();
+    batch.max_blocks_per_seq = in.max_blocks_per_seq;
+    batch.max_seq_len = max_seq;
+    batch.max_query_len = max_q;
+
+    // Activations (fp32 on the reference backend).
+    const int64_t q_cols = int64_t(nq) * hd, kv_cols = int64_t(nkv) * hd;
+    const int64_t max_qkv_cols = q_cols + 2 * kv_cols + int64_t(nidx) * idim + idim;
+    int64_t ffn_cols = std::max<int64_t>(cfg_.dense_intermediate_size, 1);
+    ffn_cols = std::max(ffn_cols, cfg_.shared_intermediate_size);
+    Buffer h(dev_, size_t(n * H) * 4), xn(dev_, size_t(n * H) * 4);
+    Buffer qkv(dev_, size_t(n * max_qkv_cols) * 4), attn(dev_, size_t(n * q_cols) * 4);
+    Buffer gate_up(dev_, size_t(n * 2 * ffn_cols) * 4), act(dev_, size_t(n * ffn_cols) * 4);
+    Buffer topk(dev_, size_t(std::max<int64_t>(1, n * nidx * K)) * 4);
+    Buffer router_logits, route_ids, route_w;
+    if (cfg_.num_local_experts > 0) {
+      router_logits = Buffer(dev_, size_t(n * cfg_.num_local_experts) * 4);
+      route_ids = Buffer(dev_, size_t(n * cfg_.num_experts_per_tok) * 4);
+      route_w = Buffer(dev_, size_t(n * cfg_.num_experts_per_tok) * 4);
+    }
+
+    ops::EmbeddingParams ep;
+    ep.ids = d_ids.as<int32_t>();
+    ep.num_tokens = n;
+    ep.table = w_.embed.data();
+    ep.table_dtype = w_.embed.dtype;
+    ep.vocab = cfg_.vocab_size;
+    ep.hidden = H;
+    ep.out = h.data();
+    ep.out_dtype = DType::F32;
+    ops::embedding(ep, stream_);
+
+    bool have_topk = false;
+    for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+      const LayerWeights& L = w_.layers[l];
+      LayerCache& C = caches_[l];
+      norm(h.data(), xn.data(), L.input_norm, n);
+
+      // [q | k | v | index_q | index_k]
+      const int64_t W = L.qkv.rows;
+      matmul(xn.data(), H, L.qkv, qkv.data(), W, n, false);
+      ops::QkvNormRopeCacheParams rp;
+      rp.qkv = qkv.data();
+      rp.act_dtype = DType::F32;
+      rp.num_tokens = n;
+      rp.row_stride = W;
+      rp.num_q_heads = nq;
+      rp.num_kv_heads = nkv;
+      rp.head_dim = hd;
+      rp.q_offset = 0;
+      rp.k_offset = q_cols;
+      rp.v_offset = q_cols + kv_cols;
+      rp.q_norm = L.q_norm.data();
+      rp.k_norm = L.k_norm.data();
+      rp.norm_dtype = DType::F32;
+      rp.eps = cfg_.rms_norm_eps;
+      rp.positions = d_pos.as<int32_t>();
+      rp.cos_sin = rope_.as<float>();
+      rp.rotary_dim = cfg_.rotary_dim;
+      rp.slot_mapping = d_slots.as<int64_t>();
+      rp.kv = C.kv;
+      const bool full_index = has_index_cache(l) && !cache_opts_.dense;
+      if (L.sparse) {
+        rp.num_index_heads = nidx;
+        rp.index_dim = idim;
+        rp.index_q_offset = q_cols + 2 * kv_cols;
+        rp.index_k_offset = rp.index_q_offset + int64_t(nidx) * idim;
+        rp.index_q_norm = L.index_q_norm.data();
+        rp.index_k_norm = L.index_k_norm.data();
+        rp.norm_rope_index = full_index;
+        if (full_index) rp.index_cache = C.index;
+      }
+      ops::qkv_norm_rope_cache(rp, stream_);
+
+      if (full_index) {
+        ops::IndexerParams ip;
+        ip.index_q = static_cast<float*>(qkv.data()) + rp.index_q_offset;
+        ip.q_dtype = DType::F32;
+        ip.q_stride = W;
+        ip.num_index_heads = nidx;
+        ip.index_dim = idim;
+        ip.score_scale = float(1.0 / std::sqrt(double(hd))) * kLog2e;
+        ip.cache = C.index;
+        ip.batch = batch;
+        ip.topk = K;
+        ip.init_blocks = cfg_.sparse_init_block;
+        ip.local_blocks = cfg_.sparse_local_block;
+        ip.topk_idx = topk.as<int32_t>();
+        ops::indexer(ip, stream_);
+        have_topk = true;
+      }
+
+      ops::AttentionParams ap;
+      ap.q = qkv.data();
+      ap.q_dtype = DType::F32;
+      ap.q_stride = W;
+      ap.out = attn.data();
+      ap.out_dtype = DType::F32;
+      ap.out_stride = q_cols;
+      ap.num_q_heads = nq;
+      ap.num_kv_heads = nkv;
+      ap.head_dim = hd;
+      ap.sm_scale = float(1.0 / std::sqrt(double(hd)));
+      ap.kv = C.kv;
+      ap.batch = batch;
+      if (L.sparse && !cache_opts_.dense) {
+        if (!have_topk)
+          throw Error("layer " + std::to_string(l) +
+                      " shares the index top-k but no earlier sparse layer computed one");
+        ap.topk_idx = topk.as<int32_t>();
+        ap.topk = K;
+      }
+      ops::attention(ap, stream_);
+      matmul(attn.data(), q_cols, L.o_proj, h.data(), H, n, true);
+
+      // FFN
+      norm(h.data(), xn.data(), L.post_norm, n);
+      if (L.moe) {
+        const int E = cfg_.num_local_experts, k = cfg_.num_experts_per_tok;
+        matmul(xn.data(), H, L.router, router_logits.data(), E, n, false);
+        ops::MoeRouteParams mr;
+        mr.logits = router_logits.as<float>();
+        mr.bias = L.router_bias.rows ? static_cast<const float*>(L.router_bias.data()) : nullptr;
+        mr.num_tokens = n;
+        mr.num_experts = E;
+        mr.topk = k;
+        mr.renormalize = cfg_.norm_topk_prob;
+        mr.scaling = cfg_.routed_scaling_factor;
+        mr.ids = route_ids.as<int32_t>();
+        mr.weights = route_w.as<float>();
+        ops::moe_route(mr, stream_);
+        ops::MoeExpertsParams me;
+        me.x = xn.data();
+        me.act_dtype = DType::F32;
+        me.num_tokens = n;
+        me.hidden = H;
+        me.inter = cfg_.intermediate_size;
+        me.num_experts = E;
+        me.topk = k;
+        me.ids = route_ids.as<int32_t>();
+        me.weights = route_w.as<float>();
+        me.w_gate_up = static_cast<const void* const*>(L.expert_gate_up_ptrs.data());
+        me.w_down = static_cast<const void* const*>(L.expert_down_ptrs.data());
+        me.w_dtype = L.expert_gate_up[0].dtype;
+        me.alpha = cfg_.swiglu_alpha;
+        me.limit = cfg_.swiglu_limit;
+        me.beta = cfg_.swiglu_beta;
+        me.out = h.data();
+        ops::moe_experts(me, stream_);
+        if (L.shared_gate_up.rows) mlp(L.shared_gate_up, L.shared_down, xn, gate_up, act, h, n);
+      } else {
+        mlp(L.mlp_gate_up, L.mlp_down, xn, gate_up, act, h, n);
+      }
+    }
+
+    // Final norm and lm_head on the requested rows only.
+    const int64_t nl = int64_t(in.logits_indices.size());
+    const int64_t V = cfg_.vocab_size;
+    logits.assign(size_t(nl * V), 0.0f);
+    if (nl == 0) return;
+    Buffer sel(dev_, size_t(nl * H) * 4), out(dev_, size_t(nl * V) * 4);
+    for (int64_t i = 0; i < nl; ++i) {
+      ops::RmsNormParams np = norm_params(w_.norm, 1);
+      np.x = static_cast<float*>(h.data()) + int64_t(in.logits_indices[i]) * H;
+      np.y = static_cast<float*>(sel.data()) + i * H;
+      ops::rms_norm(np, stream_);
+    }
+    matmul(sel.data(), H, w_.lm_head, out.data(), V, nl, false);
+    copy_to_host(dev_, logits.data(), out.data(), logits.size() * sizeof(float));
+  }
+
+ private:
+  void validate(const StepInputs& in) const {
+    const size_t n = in.token_ids.size();
+    const size_t ns = in.seq_lens.size();
+    if (in.positions.size() != n || in.slot_mapping.size() != n)
+      throw Error("step inputs: positions and slot_mapping must have one entry per token");
+    if (in.query_start_loc.size() != ns + 1 || in.query_start_loc[0] != 0 ||
+        size_t(in.query_start_loc[ns]) != n)
+      throw Error("step inputs: query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
+    if (in.block_tables.size() != ns * size_t(in.max_blocks_per_seq))
+      throw Error("step inputs: block_tables must be num_seqs x max_blocks_per_seq");
+    const int64_t slots = cache_opts_.num_blocks * cfg_.sparse_block_size;
+    for (size_t i = 0; i < n; ++i) {
+      if (in.token_ids[i] < 0 || in.token_ids[i] >= cfg_.vocab_size)
+        throw Error("token id " + std::to_string(in.token_ids[i]) + " is outside the vocabulary [0, " +
+                    std::to_string(cfg_.vocab_size) + ")");
+      if (in.slot_mapping[i] >= slots) throw Error("step inputs: slot outside the cache");
+    }
+    for (size_t s = 0; s < ns; ++s) {
+      const int32_t q = in.query_start_loc[s + 1] - in.query_start_loc[s];
+      if (q < 0 || in.seq_lens[s] < q)
+        throw Error("step inputs: sequence " + std::to_string(s) + " has fewer keys than new tokens");
+      const int64_t blocks = (in.seq_lens[s] + cfg_.sparse_block_size - 1) / cfg_.sparse_block_size;
+      if (blocks > in.max_blocks_per_seq)
+        throw Error("step inputs: sequence " + std::to_string(s) + " needs more blocks than its table has");
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t phys = in.block_tables[s * in.max_blocks_per_seq + b];
+        if (phys < 0 || phys >= cache_opts_.num_blocks)
+          throw Error("step inputs: block table entry outside the cache");
+      }
+    }
+    for (int32_t r : in.logits_indices)
+      if (r < 0 || size_t(r) >= n) throw Error("step inputs: logits index outside the batch");
+  }
+
+  void ensure_rope_table(int64_t positions) {
+    if (positions <= rope_positions_) return;
+    int64_t want = std::max<int64_t>(positions, std::max<int64_t>(rope_positions_ * 2, 4096));
+    if (cfg_.max_position_embeddings > 0) want = std::max(positions, std::min(want, cfg_.max_position_embeddings));
+    std::vector<float> table(size_t(want * cfg_.rotary_dim));
+    if (cfg_.rotary_dim > 0) ops::build_rope_table(table.data(), want, cfg_.rotary_dim, cfg_.rope_theta);
+    rope_ = upload_vec(dev_, table);
+    rope_positions_ = want;
+  }
+
+  ops::RmsNormParams norm_params(const Weight& w, int64_t rows) const {
+    ops::RmsNormParams np;
+    np.x_dtype = DType::F32;
+    np.y_dtype = DType::F32;
+    np.weight = w.data();
+    np.weight_dtype = w.dtype;
+    np.rows = rows;
+    np.dim = cfg_.hidden_size;
+    np.ldx = np.ldy = cfg_.hidden_size;
+    np.eps = cfg_.rms_norm_eps;
+    np.gemma = cfg_.use_gemma_norm;
+    return np;
+  }
+
+  void norm(void* x, void* y, const Weight& w, int64_t rows) {
+    ops::RmsNormParams np = norm_params(w, rows);
+    np.x = x;
+    np.y = y;
+    ops::rms_norm(np, stream_);
+  }
+
+  // y[m, w.rows] (+)= x[m, w.cols] . w^T
+  void matmul(const void* x, int64_t ldx, const Weight& w, void* y, int64_t ldy, int64_t m, bool acc) {
+    ops::MatmulParams mp;
+    mp.x = x;
+    mp.x_dtype = DType::F32;
+    mp.w = w.data();
+    mp.w_dtype = w.dtype;
+    mp.y = y;
+    mp.y_dtype = DType::F32;
+    mp.m = m;
+    mp.n = w.rows;
+    mp.k = w.cols;
+    mp.ldx = ldx;
+    mp.ldy = ldy;
+    mp.accumulate = acc;
+    ops::matmul(mp, stream_);
+  }
+
+  // out += down(swiglu_oai(gate_up(x)))
+  void mlp(const Weight& gu, const Weight& down, Buffer& x, Buffer& gate_up, Buffer& act, Buffer& out,
+           int64_t n) {
+    const int64_t I = down.cols;
+    matmul(x.data(), cfg_.hidden_size, gu, gate_up.data(), 2 * I, n, false);
+    ops::SwigluOaiParams sp;
+    sp.gate_up = gate_up.data();
+    sp.out = act.data();
+    sp.dtype = DType::F32;
+    sp.rows = n;
+    sp.inter = I;
+    sp.ld_in = 2 * I;
+    sp.ld_out = I;
+    sp.alpha = cfg_.swiglu_alpha;
+    sp.limit = cfg_.swiglu_limit;
+    sp.beta = cfg_.swiglu_beta;
+    ops::swiglu_oai(sp, stream_);
+    matmul(act.data(), I, down, out.data(), cfg_.hidden_size, n, true);
+  }
+
+  ModelConfig cfg_;
+  ModelWeights w_;
+  Device dev_;
+  ops::Stream stream_;
+  CacheOptions cache_opts_;
+  std::vector<LayerCache> caches_;
+  Buffer rope_;
+  int64_t rope_positions_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opts) {
+  ModelConfig cfg = load_model_config(dir, opts.hf_overrides);
+  if (cfg.hidden_act != "swigluoai" && cfg.hidden_act != "swiglu_oai")
+    throw Error(dir + "/config.json: hidden_act \"" + cfg.hidden_act + "\" is not supported (expected swigluoai)");
+  if (cfg.num_local_experts > 0 && cfg.scoring_func != "sigmoid")
+    throw Error(dir + "/config.json: scoring_func \"" + cfg.scoring_func + "\" is not supported (expected sigmoid)");
+  Checkpoint ckpt = Checkpoint::open(dir);
+  ModelWeights w = load_weights(ckpt, cfg, opts.device);
+  return std::make_unique<MiniMaxM3>(std::move(cfg), std::move(w), opts.device);
+}
+
+}  // namespace sieve::model
