@@ -85,9 +85,9 @@ TEST(Safetensors, RoundTripEveryDtype) {
   int k = 0;
   for (DType dt : kAllDtypes) {
     // Odd shapes so element sizes do not line up by accident; one scalar and one empty tensor.
-    std::string name = "t" + std::to_string(k++);
-    name += ".";
-    name += dtype_name(dt);
+    std::string name = std::to_string(k++);
+    name.insert(0, 1, 't');
+    name.append(".").append(dtype_name(dt));
     ts.push_back(random_tensor(rng, name, dt,
                                {int64_t(1 + rng() % 7), int64_t(1 + rng() % 13)}));
   }
