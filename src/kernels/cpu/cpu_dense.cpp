@@ -2,7 +2,8 @@
 // moe_experts (kernels/ops.h has the contract; docs/kernels.md "CPU reference ops" summarises it).
 //
 // Precision: inputs are converted exactly to fp32; arithmetic is fp32 (matmul: fp32 products
-// and fp32 accumulation in 8 lanes per output, summed pairwise at the end; rms_norm: sum of
+// and fp32 accumulation in 8 lanes per output, lane l taking k = l mod 8, lanes summed pairwise,
+// then the k % 8 tail; the result does not depend on blocking or threads; rms_norm: sum of
 // squares in double); the only rounding is the store to the output dtype (BF16 outputs round
 // once, at the store).
 //
@@ -29,6 +30,11 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_parallel.h"
 
+// v8f values only pass between inline functions of this file, so the AVX ABI note is moot.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 namespace sieve::cpu {
 
 namespace {
@@ -44,46 +50,80 @@ void convert_row(const void* src, DType t, size_t offset, int64_t n, float* dst)
   }
 }
 
-inline float reduce8(const float* a) {
-  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+// 8 fp32 lanes (GCC/Clang vector extension; two SSE registers on baseline x86-64, one on AVX).
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
 }
 
-// out[r] = <x, w_r> for 4 rows of w: 8 fp32 lanes per row, pairwise-summed, then the k % 8 tail.
-inline void dot4(const float* __restrict x, const float* __restrict w0, const float* __restrict w1,
-                 const float* __restrict w2, const float* __restrict w3, int64_t k, float* out) {
-  float a0[8] = {}, a1[8] = {}, a2[8] = {}, a3[8] = {};
+inline float reduce8(v8f v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// Every (x row, w row) dot product has the same arithmetic whatever the blocking: lane l sums
+// x[i] * w[i] for i = l mod 8 over the full groups of 8 in order, the lanes are summed pairwise,
+// then the k % 8 tail is added in order. So results do not depend on m, n, tiling or threads.
+template <int R, int C>
+inline void dot_block(const float* const* x, const float* const* w, int64_t k, float* out,
+                      int64_t out_stride) {
+  v8f acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = v8f{};
+  }
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
-    for (int l = 0; l < 8; ++l) {
-      const float xv = x[i + l];
-      a0[l] += xv * w0[i + l];
-      a1[l] += xv * w1[i + l];
-      a2[l] += xv * w2[i + l];
-      a3[l] += xv * w3[i + l];
+    v8f wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load8(w[c] + i);
+    for (int r = 0; r < R; ++r) {
+      const v8f xv = load8(x[r] + i);
+      for (int c = 0; c < C; ++c) acc[r][c] += xv * wv[c];
     }
   }
-  float s0 = reduce8(a0), s1 = reduce8(a1), s2 = reduce8(a2), s3 = reduce8(a3);
-  for (; i < k; ++i) {
-    s0 += x[i] * w0[i];
-    s1 += x[i] * w1[i];
-    s2 += x[i] * w2[i];
-    s3 += x[i] * w3[i];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      float s = reduce8(acc[r][c]);
+      for (int64_t j = i; j < k; ++j) s += x[r][j] * w[c][j];
+      out[r * out_stride + c] = s;
+    }
   }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
 }
 
-inline float dot1(const float* __restrict x, const float* __restrict w, int64_t k) {
-  float a[8] = {};
+// Dots of every x row with `nt` rows of W (a tile): res[i * nt + r] = <x_i, w_r>. Built for
+// AVX2 and baseline x86-64 (chosen at load time) where GCC supports it; the arithmetic is the
+// same in both (no FMA contraction in ISO C++ mode), so results are identical.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void tile_dots(const float* X, int64_t xs, int64_t m, const float* W, int64_t nt, int64_t k,
+               float* res) {
   int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    for (int l = 0; l < 8; ++l) a[l] += x[i + l] * w[i + l];
+  for (; i + 2 <= m; i += 2) {
+    const float* xr[2] = {X + i * xs, X + (i + 1) * xs};
+    int64_t r = 0;
+    for (; r + 4 <= nt; r += 4) {
+      const float* wr[4] = {W + r * k, W + (r + 1) * k, W + (r + 2) * k, W + (r + 3) * k};
+      dot_block<2, 4>(xr, wr, k, res + i * nt + r, nt);
+    }
+    for (; r < nt; ++r) {
+      const float* wr[1] = {W + r * k};
+      dot_block<2, 1>(xr, wr, k, res + i * nt + r, nt);
+    }
   }
-  float s = reduce8(a);
-  for (; i < k; ++i) s += x[i] * w[i];
-  return s;
+  for (; i < m; ++i) {
+    const float* xr[1] = {X + i * xs};
+    int64_t r = 0;
+    for (; r + 4 <= nt; r += 4) {
+      const float* wr[4] = {W + r * k, W + (r + 1) * k, W + (r + 2) * k, W + (r + 3) * k};
+      dot_block<1, 4>(xr, wr, k, res + i * nt + r, nt);
+    }
+    for (; r < nt; ++r) {
+      const float* wr[1] = {W + r * k};
+      dot_block<1, 1>(xr, wr, k, res + i * nt + r, nt);
+    }
+  }
 }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -128,6 +168,7 @@ void run_matmul(const ops::MatmulParams& p) {
   auto work = [&](int64_t n0, int64_t n1) {
     std::vector<float> wbuf;
     if (p.w_dtype != DType::F32) wbuf.resize(size_t(kTile * k));
+    std::vector<float> res(size_t(m * kTile));
     for (int64_t j0 = n0; j0 < n1; j0 += kTile) {
       const int64_t nt = std::min(kTile, n1 - j0);
       const float* W;
@@ -139,15 +180,13 @@ void run_matmul(const ops::MatmulParams& p) {
         for (int64_t r = 0; r < nt; ++r) convert_row(p.w, p.w_dtype, size_t((j0 + r) * k), k, &wbuf[size_t(r * k)]);
         W = wbuf.data();
       }
+      if (k > 0) {
+        tile_dots(X, xs, m, W, nt, k, res.data());
+      } else {
+        std::fill(res.begin(), res.end(), 0.0f);
+      }
       for (int64_t i = 0; i < m; ++i) {
-        const float* xr = k > 0 ? X + i * xs : nullptr;
-        int64_t r = 0;
-        float out[4];
-        for (; r + 4 <= nt; r += 4) {
-          dot4(xr, W + r * k, W + (r + 1) * k, W + (r + 2) * k, W + (r + 3) * k, k, out);
-          for (int c = 0; c < 4; ++c) store(i, j0 + r + c, out[c]);
-        }
-        for (; r < nt; ++r) store(i, j0 + r, k > 0 ? dot1(xr, W + r * k, k) : 0.0f);
+        for (int64_t r = 0; r < nt; ++r) store(i, j0 + r, res[size_t(i * nt + r)]);
       }
     }
   };
