@@ -11,8 +11,5 @@ bool run_add(const ops::AddParams&, void*) { return false; }
 bool run_swiglu_oai(const ops::SwigluOaiParams&, void*) { return false; }
 bool run_moe_route(const ops::MoeRouteParams&, void*) { return false; }
 bool run_moe_experts(const ops::MoeExpertsParams&, void*) { return false; }
-bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams&, void*) { return false; }
-bool run_attention(const ops::AttentionParams&, void*) { return false; }
-bool run_indexer(const ops::IndexerParams&, void*) { return false; }
 
 }  // namespace sieve::cuda

@@ -1,0 +1,653 @@
+// Lightning indexer (ops::IndexerParams): block scores + per-token top-k block selection.
+//
+// Decode path (max_query_len * num_index_heads <= 16): one CTA per (request, chunk of blocks),
+// grid from batch.max_seq_len only (CUDA-graph safe). The request's query vectors (all rows and
+// index heads, <= 16) form the 16-row A operand of mma.sync m16n8k16, so each index key is read
+// once per request. Keys stream straight from global memory into B fragments: the dot product
+// sums over dims, so the k-slot -> dim mapping is permuted to make each lane's slots contiguous
+// in memory (16-byte loads), with the query fragments permuted the same way. Each CTA keeps the
+// top-k of its chunk; the last CTA of a request (atomic counter, reset by itself) merges the
+// chunk lists into the final -1-padded top-k. bf16 cache: bf16 MMA; fp8 cache: the keys convert
+// exactly to f16 and the query is rounded to f16 (f16 MMA).
+//
+// Prefill path: one CTA per (128-token tile of one request, index head); the tile's queries
+// stay in registers, key blocks (128 keys) stream through shared memory in bf16 (fp8 converts
+// exactly), 8 warps x 16 rows compute 128x128 scores per block with mma.sync, reduce each row
+// to the block max and insert it into a per-row running top-k in shared memory. No tokens x
+// tokens (or tokens x blocks) matrix is materialised.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/internal.h"
+
+namespace sieve::cuda {
+
+namespace {
+
+constexpr int kBlock = 128;
+constexpr int kDim = 128;
+constexpr int kMaxTopk = 32;
+constexpr int kMaxChunks = 128;
+constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
+
+struct IdxArgs {
+  const void* q;
+  bool q_bf16;
+  bool q_fp8_round;  // q_in_cache_dtype with an fp8 cache
+  int64_t q_stride;
+  int H;
+  float scale;
+  const uint8_t* cache;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int mbps;
+  int num_seqs;
+  int chunks, chunk_blocks;
+  int topk, init_blocks, local_blocks;
+  int32_t* topk_idx;
+  float* block_scores;  // optional [tokens, H, mbps]
+  float* part_s;        // [num_seqs, chunks, 16, topk]
+  int32_t* part_i;
+  int32_t* counters;  // [num_seqs]
+  float* full_scores;  // baseline: [num_seqs, 16, max_blocks]
+  int max_blocks;
+};
+
+__device__ __forceinline__ float forced_score(float s, int b, int n_blk, int init, int local) {
+  if (b >= n_blk - local) return kLocalScore;
+  if (b < init) return kInitScore;
+  return s != s ? kNanScore : s;
+}
+
+__device__ __forceinline__ float load_q(const IdxArgs& a, int64_t tok, int h, int d) {
+  float v = load_act(a.q, tok * a.q_stride + int64_t(h) * kDim + d, a.q_bf16);
+  if (a.q_fp8_round) v = fp8_to_f32(f32_to_fp8_bits(v));
+  return v;
+}
+
+// k-step s, quad lane q: the four dims this lane's slots (2q, 2q+1 | 2q+8, 2q+9) stand for are
+// dbase + {0,1 | 2,3}; chosen so a lane's dims for all 8 k-steps are 16-byte runs in memory.
+template <bool kFp8>
+__device__ __forceinline__ int dbase(int s, int q) {
+  return kFp8 ? (s / 4) * 64 + q * 16 + (s % 4) * 4 : (s / 2) * 32 + q * 8 + (s % 2) * 4;
+}
+
+template <bool kFp8>
+__device__ __forceinline__ uint32_t pack_op(float lo, float hi) {
+  return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
+
+// Loads 8 keys' worth (one n-tile) of B-fragment data for this lane: key row `row` of the cache.
+template <bool kFp8>
+struct KeyRegs {
+  static constexpr int kVec = kFp8 ? 2 : 4;
+  uint4 v[kVec];
+  __device__ __forceinline__ void load(const uint8_t* row, int q) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      v[i] = ldg_stream(row + (kFp8 ? i * 64 + q * 16 : (i * 32 + q * 8) * 2));
+  }
+  // B fragment registers for k-step s.
+  __device__ __forceinline__ void frag(int s, uint32_t& b0, uint32_t& b1) const {
+    if constexpr (kFp8) {
+      const uint4& u = v[s / 4];
+      uint32_t w = (s % 4 == 0) ? u.x : (s % 4 == 1) ? u.y : (s % 4 == 2) ? u.z : u.w;
+      b0 = fp8x2_to_f16x2(uint16_t(w & 0xffff));
+      b1 = fp8x2_to_f16x2(uint16_t(w >> 16));
+    } else {
+      const uint4& u = v[s / 2];
+      b0 = (s % 2 == 0) ? u.x : u.z;
+      b1 = (s % 2 == 0) ? u.y : u.w;
+    }
+  }
+};
+
+// Ranks each valid (row, block) of a chunk's scores sc[16][nb] and writes the chunk's sorted
+// top-k list; empty slots get (-inf, -1). Called by all threads of the CTA.
+__device__ void select_chunk(const IdxArgs& a, const float* sc, int nb_stride, int nv, int b0,
+                             int nb, const int* n_blk_row, float* out_s, int32_t* out_i) {
+  const int K = a.topk;
+  for (int e = threadIdx.x; e < nv * nb; e += blockDim.x) {
+    const int v = e / nb, i = e % nb;
+    const float s = sc[v * nb_stride + i];
+    if (b0 + i >= n_blk_row[v]) continue;
+    int rank = 0;
+    for (int j = 0; j < nb && rank < K; ++j) {
+      if (b0 + j >= n_blk_row[v]) break;
+      rank += beats(sc[v * nb_stride + j], j, s, i);
+    }
+    if (rank < K) {
+      out_s[v * K + rank] = s;
+      out_i[v * K + rank] = b0 + i;
+    }
+  }
+  for (int e = threadIdx.x; e < 16 * K; e += blockDim.x) {
+    const int v = e / K, k = e % K;
+    const int valid = v < nv ? max(0, min(nb, n_blk_row[v] - b0)) : 0;
+    if (k >= valid) {
+      out_s[e] = kNegInf;
+      out_i[e] = -1;
+    }
+  }
+}
+
+// Merges the chunk lists of request `s` into the final top-k. One warp per query vector.
+// Candidates that the topk-th best chunk maximum beats cannot be selected, so only the others
+// (at most topk * topk) are ranked against each other.
+__device__ void merge_request(const IdxArgs& a, int s, int nv, const int* n_blk_row,
+                              float* smem) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  const int K = a.topk, C = a.chunks;
+  float* cm_s = smem + warp * (kMaxChunks * 2 + K * K * 2 + 4);
+  int* cm_i = reinterpret_cast<int*>(cm_s + kMaxChunks);
+  float* sv_s = cm_s + kMaxChunks * 2;
+  int* sv_i = reinterpret_cast<int*>(sv_s + K * K);
+  int* misc = reinterpret_cast<int*>(sv_s + K * K * 2);
+  const int64_t tok0 = a.qsl[s];
+  for (int v = warp; v < nv; v += nwarps) {
+    const float* ps = a.part_s + (int64_t(s) * C * 16 + v) * K;
+    const int32_t* pi = a.part_i + (int64_t(s) * C * 16 + v) * K;
+    const int64_t cstride = 16 * K;
+    for (int c = lane; c < C; c += 32) {
+      cm_s[c] = __ldcg(ps + c * cstride);
+      cm_i[c] = __ldcg(pi + c * cstride);
+    }
+    if (lane == 0) misc[0] = 0;
+    __syncwarp();
+    float ts = kNegInf;
+    int ti = 0x7fffffff;  // threshold: nothing is filtered unless topk chunk maxima exist
+    for (int c = lane; c < C; c += 32) {
+      if (cm_i[c] < 0) continue;
+      int rank = 0;
+      for (int j = 0; j < C; ++j) rank += cm_i[j] >= 0 && beats(cm_s[j], cm_i[j], cm_s[c], cm_i[c]);
+      if (rank == K - 1) ts = cm_s[c], ti = cm_i[c];
+    }
+    // Exactly one lane (or none) found the threshold; share it.
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float os = __shfl_xor_sync(0xffffffffu, ts, o);
+      int oi = __shfl_xor_sync(0xffffffffu, ti, o);
+      if (oi != 0x7fffffff) ts = os, ti = oi;
+    }
+    for (int e = lane; e < C * K; e += 32) {
+      const int c = e / K, k = e % K;
+      if (cm_i[c] < 0) continue;
+      const int id = __ldcg(pi + c * cstride + k);
+      if (id < 0) continue;
+      const float sc = __ldcg(ps + c * cstride + k);
+      if (ti != 0x7fffffff && beats(ts, ti, sc, id)) continue;
+      const int slot = atomicAdd(&misc[0], 1);
+      sv_s[slot] = sc;
+      sv_i[slot] = id;
+    }
+    __syncwarp();
+    const int n = misc[0];
+    int32_t* out = a.topk_idx + ((tok0 + v / a.H) * a.H + v % a.H) * K;
+    for (int e = lane; e < n; e += 32) {
+      int rank = 0;
+      for (int j = 0; j < n; ++j) rank += beats(sv_s[j], sv_i[j], sv_s[e], sv_i[e]);
+      if (rank < K) out[rank] = sv_i[e];
+    }
+    const int valid = min(K, n_blk_row[v]);
+    for (int k = valid + lane; k < K; k += 32) out[k] = -1;
+    __syncwarp();
+  }
+}
+
+constexpr int kDecThreads = 128;
+
+// kMode 0: fused (score + chunk top-k + last-CTA merge); 1: baseline step 1 (scores only).
+template <bool kFp8, int kMode>
+__global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) {
+  extern __shared__ float smem[];
+  __shared__ float red[2][4][16];
+  __shared__ int n_blk_row[16];
+  __shared__ int is_last;
+  const int s = blockIdx.x / a.chunks, c = blockIdx.x % a.chunks;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
+  const int nv = qlen * a.H;
+  const int n_blk_req = qlen > 0 ? (seq_len - 1) / kBlock + 1 : 0;
+  if (threadIdx.x < 16) {
+    const int v = threadIdx.x;
+    n_blk_row[v] = v < nv ? (seq_len - qlen + v / a.H) / kBlock + 1 : 0;
+  }
+  const int b0 = c * a.chunk_blocks;
+  const int nb = max(0, min(a.chunk_blocks, n_blk_req - b0));
+  float* sc = smem;  // [16][chunk_blocks]
+
+  // Query fragments (rows g and g + 8 = query vectors), permuted dims.
+  const int v0 = g, v1 = g + 8;
+  const int pos0 = seq_len - qlen + v0 / max(a.H, 1), pos1 = seq_len - qlen + v1 / max(a.H, 1);
+  uint32_t qa[8][4];
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    const int d = dbase<kFp8>(st, q);
+    float x0[4] = {0, 0, 0, 0}, x1[4] = {0, 0, 0, 0};
+    if (v0 < nv)
+      for (int i = 0; i < 4; ++i) x0[i] = load_q(a, tok0 + v0 / a.H, v0 % a.H, d + i);
+    if (v1 < nv)
+      for (int i = 0; i < 4; ++i) x1[i] = load_q(a, tok0 + v1 / a.H, v1 % a.H, d + i);
+    qa[st][0] = pack_op<kFp8>(x0[0], x0[1]);
+    qa[st][1] = pack_op<kFp8>(x1[0], x1[1]);
+    qa[st][2] = pack_op<kFp8>(x0[2], x0[3]);
+    qa[st][3] = pack_op<kFp8>(x1[2], x1[3]);
+  }
+  __syncthreads();
+
+  const int64_t row_bytes = kFp8 ? kDim : kDim * 2;
+  for (int i = 0; i < nb; ++i) {
+    const int b = b0 + i;
+    const int64_t phys = a.block_tables[int64_t(s) * a.mbps + b];
+    const uint8_t* base = a.cache + (phys * kBlock + warp * 32) * row_bytes;
+    KeyRegs<kFp8> kr[4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) kr[nt].load(base + (nt * 8 + g) * row_bytes, q);
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+        uint32_t bb0, bb1;
+        kr[nt].frag(st, bb0, bb1);
+        mma16816<kFp8>(acc[nt], qa[st], bb0, bb1);
+      }
+    }
+    // Block max per row over this warp's 32 keys, causal.
+    float m0 = kNegInf, m1 = kNegInf;
+    const int kbase = b * kBlock + warp * 32 + 2 * q;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = kbase + nt * 8 + j;
+        if (key <= pos0) m0 = fmaxf(m0, acc[nt][j]);
+        if (key <= pos1) m1 = fmaxf(m1, acc[nt][2 + j]);
+      }
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+    }
+    if (q == 0) {
+      red[i & 1][warp][v0] = m0;
+      red[i & 1][warp][v1] = m1;
+    }
+    __syncthreads();
+    if (threadIdx.x < nv) {
+      const int v = threadIdx.x;
+      float m = fmaxf(fmaxf(red[i & 1][0][v], red[i & 1][1][v]), fmaxf(red[i & 1][2][v], red[i & 1][3][v]));
+      float score = kNegInf;
+      if (b < n_blk_row[v]) score = forced_score(m * a.scale, b, n_blk_row[v], a.init_blocks, a.local_blocks);
+      if constexpr (kMode == 1) {
+        a.full_scores[(int64_t(s) * 16 + v) * a.max_blocks + b] = score;
+      } else {
+        sc[v * a.chunk_blocks + i] = score;
+      }
+    }
+  }
+  if constexpr (kMode == 1) {
+    // Blocks past this request's horizon are never candidates.
+    for (int e = threadIdx.x; e < nv * a.chunk_blocks; e += blockDim.x) {
+      const int v = e / a.chunk_blocks, b = b0 + e % a.chunk_blocks;
+      if (b >= b0 + nb && b < a.max_blocks) a.full_scores[(int64_t(s) * 16 + v) * a.max_blocks + b] = kNegInf;
+    }
+    return;
+  } else {
+    __syncthreads();
+    if (a.block_scores) {
+      const int hi = c == a.chunks - 1 ? a.mbps : min(a.mbps, b0 + a.chunk_blocks);
+      const int w = max(0, hi - b0);
+      for (int e = threadIdx.x; e < nv * w; e += blockDim.x) {
+        const int v = e / w, i = e % w;
+        a.block_scores[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * a.mbps + b0 + i] =
+            i < nb ? sc[v * a.chunk_blocks + i] : kNegInf;
+      }
+    }
+    const int K = a.topk;
+    float* ps = a.part_s + (int64_t(s) * a.chunks + c) * 16 * K;
+    int32_t* pi = a.part_i + (int64_t(s) * a.chunks + c) * 16 * K;
+    select_chunk(a, sc, a.chunk_blocks, nv, b0, nb, n_blk_row, ps, pi);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[s], 1) == a.chunks - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    merge_request(a, s, nv, n_blk_row, smem + 16 * a.chunk_blocks);
+    if (threadIdx.x == 0) a.counters[s] = 0;
+  }
+}
+
+// Baseline step 2: per (request, chunk), top-k of the score tensor's chunk.
+__global__ void __launch_bounds__(kDecThreads) baseline_chunk_topk_kernel(IdxArgs a) {
+  extern __shared__ float smem[];
+  __shared__ int n_blk_row[16];
+  const int s = blockIdx.x / a.chunks, c = blockIdx.x % a.chunks;
+  const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
+  const int nv = qlen * a.H;
+  if (threadIdx.x < 16)
+    n_blk_row[threadIdx.x] = int(threadIdx.x) < nv ? (seq_len - qlen + int(threadIdx.x) / a.H) / kBlock + 1 : 0;
+  const int b0 = c * a.chunk_blocks;
+  const int nb = max(0, min(a.chunk_blocks, a.max_blocks - b0));
+  for (int e = threadIdx.x; e < nv * nb; e += blockDim.x)
+    smem[e] = a.full_scores[(int64_t(s) * 16 + e / nb) * a.max_blocks + b0 + e % nb];
+  __syncthreads();
+  const int K = a.topk;
+  select_chunk(a, smem, nb, nv, b0, nb, n_blk_row,
+               a.part_s + (int64_t(s) * a.chunks + c) * 16 * K,
+               a.part_i + (int64_t(s) * a.chunks + c) * 16 * K);
+}
+
+// Baseline step 3: merge per request.
+__global__ void __launch_bounds__(kDecThreads) baseline_merge_kernel(IdxArgs a) {
+  extern __shared__ float smem[];
+  __shared__ int n_blk_row[16];
+  const int s = blockIdx.x;
+  const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
+  const int nv = qlen * a.H;
+  if (threadIdx.x < 16)
+    n_blk_row[threadIdx.x] = int(threadIdx.x) < nv ? (seq_len - qlen + int(threadIdx.x) / a.H) / kBlock + 1 : 0;
+  __syncthreads();
+  merge_request(a, s, nv, n_blk_row, smem);
+}
+
+size_t merge_smem_bytes(int topk) {
+  return size_t(kDecThreads / 32) * (kMaxChunks * 2 + topk * topk * 2 + 4) * sizeof(float);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill
+
+constexpr int kPreRows = 128;  // query rows per CTA (8 warps x 16)
+constexpr int kPreThreads = 256;
+constexpr int kKStride = kDim + 8;  // padded smem row (bf16 elems): conflict-free ldmatrix
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a) {
+  extern __shared__ uint4 smem_raw[];
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);  // [128][kKStride]
+  float* lst_s = reinterpret_cast<float*>(ks + kBlock * kKStride);  // [kPreRows][topk]
+  int* lst_i = reinterpret_cast<int*>(lst_s + kPreRows * a.topk);
+  const int h = blockIdx.y;
+  // Find this CTA's (request, tile).
+  int tile = blockIdx.x, s = 0;
+  for (; s < a.num_seqs; ++s) {
+    const int qlen = a.qsl[s + 1] - a.qsl[s];
+    const int nt = (qlen + kPreRows - 1) / kPreRows;
+    if (tile < nt) break;
+    tile -= nt;
+  }
+  if (s >= a.num_seqs) return;
+  const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
+  const int r0 = tile * kPreRows;
+  const int rows = min(kPreRows, qlen - r0);
+  const int pos_first = seq_len - qlen + r0;
+  const int pos_last = pos_first + rows - 1;
+  const int n_blocks = pos_last / kBlock + 1;
+  const int K = a.topk;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int tid = threadIdx.x;
+
+  for (int e = tid; e < kPreRows * K; e += kPreThreads) {
+    lst_s[e] = kNegInf;
+    lst_i[e] = -1;
+  }
+  // Query fragments (standard layout), bf16.
+  const int wr0 = warp * 16 + g, wr1 = wr0 + 8;
+  uint32_t qa[8][4];
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    float x[2][4];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = rr ? wr1 : wr0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int d = st * 16 + (i / 2) * 8 + 2 * q + (i % 2);
+        x[rr][i] = r < rows ? load_q(a, tok0 + r0 + r, h, d) : 0.f;
+      }
+    }
+    qa[st][0] = pack_bf16x2(x[0][0], x[0][1]);
+    qa[st][1] = pack_bf16x2(x[1][0], x[1][1]);
+    qa[st][2] = pack_bf16x2(x[0][2], x[0][3]);
+    qa[st][3] = pack_bf16x2(x[1][2], x[1][3]);
+  }
+  const int wpos_lo = pos_first + warp * 16;                 // first row of this warp
+  const int wpos_hi = min(pos_last, pos_first + warp * 16 + 15);
+  const bool warp_active = warp * 16 < rows;
+  const int p0 = pos_first + wr0, p1 = pos_first + wr1;
+
+  constexpr int kLoads = kFp8 ? 4 : 8;  // 16-byte loads per thread per block
+  uint4 stage[kLoads];
+  auto issue = [&](int b) {
+    const int64_t phys = a.block_tables[int64_t(s) * a.mbps + b];
+    const uint8_t* src = a.cache + phys * kBlock * kDim * (kFp8 ? 1 : 2);
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) stage[i] = ldg_stream(src + (int64_t(tid) + i * kPreThreads) * 16);
+  };
+  issue(0);
+  for (int b = 0; b < n_blocks; ++b) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int cidx = tid + i * kPreThreads;
+      if constexpr (kFp8) {
+        const int key = cidx / 8, part = cidx % 8;
+        uint32_t w[4] = {stage[i].x, stage[i].y, stage[i].z, stage[i].w};
+        uint32_t o[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          o[2 * j] = fp8x2_to_bf16x2(uint16_t(w[j] & 0xffff));
+          o[2 * j + 1] = fp8x2_to_bf16x2(uint16_t(w[j] >> 16));
+        }
+        uint4* dst = reinterpret_cast<uint4*>(ks + key * kKStride + part * 16);
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      } else {
+        const int key = cidx / 16, part = cidx % 16;
+        *reinterpret_cast<uint4*>(ks + key * kKStride + part * 8) = stage[i];
+      }
+    }
+    __syncthreads();
+    if (b + 1 < n_blocks) issue(b + 1);
+    // Rows whose own block is before b see no key of it.
+    if (warp_active && wpos_hi / kBlock >= b) {
+      float acc[16][4];
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+#pragma unroll
+        for (int jp = 0; jp < 8; ++jp) {
+          const int mi = lane / 8, rr = lane % 8;
+          uint32_t bf[4];
+          ldmatrix_x4(bf, ks + ((2 * jp + mi / 2) * 8 + rr) * kKStride + st * 16 + (mi % 2) * 8);
+          mma_bf16(acc[2 * jp], qa[st], bf[0], bf[1]);
+          mma_bf16(acc[2 * jp + 1], qa[st], bf[2], bf[3]);
+        }
+      }
+      float m0 = kNegInf, m1 = kNegInf;
+      const bool diag = b * kBlock + kBlock - 1 > wpos_lo;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = b * kBlock + nt * 8 + 2 * q + j;
+          if (!diag || key <= p0) m0 = fmaxf(m0, acc[nt][j]);
+          if (!diag || key <= p1) m1 = fmaxf(m1, acc[nt][2 + j]);
+        }
+      }
+#pragma unroll
+      for (int o = 1; o <= 2; o <<= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+      }
+      if (q == 0) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int r = rr ? wr1 : wr0;
+          const int p = rr ? p1 : p0;
+          const int nbr = p / kBlock + 1;
+          if (r >= rows || b >= nbr) continue;
+          const float sc =
+              forced_score((rr ? m1 : m0) * a.scale, b, nbr, a.init_blocks, a.local_blocks);
+          if (a.block_scores)
+            a.block_scores[((tok0 + r0 + r) * int64_t(a.H) + h) * a.mbps + b] = sc;
+          float* ls = lst_s + r * K;
+          int* li = lst_i + r * K;
+          if (sc > ls[K - 1]) {
+            int k = K - 1;
+            while (k > 0 && sc > ls[k - 1]) {
+              ls[k] = ls[k - 1];
+              li[k] = li[k - 1];
+              --k;
+            }
+            ls[k] = sc;
+            li[k] = b;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < rows * K; e += kPreThreads) {
+    const int r = e / K, k = e % K;
+    a.topk_idx[((tok0 + r0 + r) * int64_t(a.H) + h) * K + k] = lst_i[e];
+  }
+  if (a.block_scores) {
+    for (int r = warp; r < rows; r += kPreThreads / 32) {
+      const int nbr = (pos_first + r) / kBlock + 1;
+      for (int b = nbr + lane; b < a.mbps; b += 32)
+        a.block_scores[((tok0 + r0 + r) * int64_t(a.H) + h) * a.mbps + b] = kNegInf;
+    }
+  }
+}
+
+bool supported(const ops::IndexerParams& p) {
+  if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
+  if (p.cache.dtype != DType::BF16 && p.cache.dtype != DType::FP8_E4M3) return false;
+  if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;
+  if (p.topk <= 0 || p.topk > kMaxTopk || p.num_index_heads <= 0) return false;
+  return true;
+}
+
+IdxArgs make_args(const ops::IndexerParams& p) {
+  IdxArgs a{};
+  a.q = p.index_q;
+  a.q_bf16 = p.q_dtype == DType::BF16;
+  a.q_fp8_round = p.q_in_cache_dtype && p.cache.dtype == DType::FP8_E4M3;
+  a.q_stride = p.q_stride;
+  a.H = p.num_index_heads;
+  a.scale = p.score_scale;
+  a.cache = static_cast<const uint8_t*>(p.cache.k);
+  a.qsl = p.batch.query_start_loc;
+  a.seq_lens = p.batch.seq_lens;
+  a.block_tables = p.batch.block_tables;
+  a.mbps = p.batch.max_blocks_per_seq;
+  a.num_seqs = p.batch.num_seqs;
+  a.topk = p.topk;
+  a.init_blocks = p.init_blocks;
+  a.local_blocks = p.local_blocks;
+  a.topk_idx = p.topk_idx;
+  a.block_scores = p.block_scores;
+  a.max_blocks = std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq);
+  return a;
+}
+
+void decode_grid(IdxArgs& a) {
+  const int target = num_sms() * 4;
+  int chunks = std::clamp((target + a.num_seqs - 1) / a.num_seqs, 1, kMaxChunks);
+  chunks = std::min(chunks, std::max(a.max_blocks, 1));
+  a.chunk_blocks = (std::max(a.max_blocks, 1) + chunks - 1) / chunks;
+  a.chunks = (std::max(a.max_blocks, 1) + a.chunk_blocks - 1) / a.chunk_blocks;
+}
+
+template <class Kernel>
+void set_smem(Kernel k, size_t bytes) {
+  if (bytes > 48 * 1024)
+    cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+               "cudaFuncSetAttribute");
+}
+
+}  // namespace
+
+bool use_decode_indexer(const ops::IndexerParams& p) {
+  return p.batch.max_query_len * p.num_index_heads <= 16;
+}
+
+bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath path) {
+  if (!supported(p)) return false;
+  if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  IdxArgs a = make_args(p);
+  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
+  if (path == IndexerPath::kAuto) path = use_decode_indexer(p) ? IndexerPath::kDecodeFused : IndexerPath::kPrefill;
+  if (path != IndexerPath::kPrefill && !use_decode_indexer(p)) return false;
+
+  if (path == IndexerPath::kPrefill) {
+    const int tiles = int((p.batch.num_tokens + kPreRows - 1) / kPreRows) + p.batch.num_seqs;
+    const size_t smem = size_t(kBlock) * kKStride * 2 + size_t(kPreRows) * p.topk * 8;
+    dim3 grid(tiles, p.num_index_heads);
+    if (fp8) {
+      set_smem(prefill_indexer_kernel<true>, smem);
+      prefill_indexer_kernel<true><<<grid, kPreThreads, smem, stream>>>(a);
+    } else {
+      set_smem(prefill_indexer_kernel<false>, smem);
+      prefill_indexer_kernel<false><<<grid, kPreThreads, smem, stream>>>(a);
+    }
+    SIEVE_LAUNCH_CHECK("indexer prefill");
+    return true;
+  }
+
+  decode_grid(a);
+  const size_t part = size_t(a.num_seqs) * a.chunks * 16 * a.topk;
+  size_t ws_bytes = part * 8;
+  if (path == IndexerPath::kDecodeBaseline) ws_bytes += size_t(a.num_seqs) * 16 * a.max_blocks * 4;
+  char* ws = static_cast<char*>(workspace(stream, ws_bytes));
+  a.part_s = reinterpret_cast<float*>(ws);
+  a.part_i = reinterpret_cast<int32_t*>(ws + part * 4);
+  a.full_scores = reinterpret_cast<float*>(ws + part * 8);
+  const int grid = a.num_seqs * a.chunks;
+  if (path == IndexerPath::kDecodeFused) {
+    a.counters = zeroed_counters(stream, size_t(a.num_seqs));
+    const size_t smem = size_t(16) * a.chunk_blocks * 4 + merge_smem_bytes(a.topk);
+    if (fp8) {
+      set_smem(decode_indexer_kernel<true, 0>, smem);
+      decode_indexer_kernel<true, 0><<<grid, kDecThreads, smem, stream>>>(a);
+    } else {
+      set_smem(decode_indexer_kernel<false, 0>, smem);
+      decode_indexer_kernel<false, 0><<<grid, kDecThreads, smem, stream>>>(a);
+    }
+    SIEVE_LAUNCH_CHECK("indexer decode");
+    return true;
+  }
+  // Baseline: score kernel -> score tensor -> chunk top-k kernel -> merge kernel.
+  if (fp8) {
+    decode_indexer_kernel<true, 1><<<grid, kDecThreads, 0, stream>>>(a);
+  } else {
+    decode_indexer_kernel<false, 1><<<grid, kDecThreads, 0, stream>>>(a);
+  }
+  SIEVE_LAUNCH_CHECK("indexer baseline score");
+  const size_t smem2 = size_t(16) * a.chunk_blocks * 4;
+  set_smem(baseline_chunk_topk_kernel, smem2);
+  baseline_chunk_topk_kernel<<<grid, kDecThreads, smem2, stream>>>(a);
+  SIEVE_LAUNCH_CHECK("indexer baseline topk");
+  const size_t smem3 = merge_smem_bytes(a.topk);
+  set_smem(baseline_merge_kernel, smem3);
+  baseline_merge_kernel<<<a.num_seqs, kDecThreads, smem3, stream>>>(a);
+  SIEVE_LAUNCH_CHECK("indexer baseline merge");
+  return true;
+}
+
+bool run_indexer(const ops::IndexerParams& p, void* stream) {
+  return run_indexer_path(p, stream, IndexerPath::kAuto);
+}
+
+}  // namespace sieve::cuda
