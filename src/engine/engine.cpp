@@ -1,0 +1,364 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/runner.h"
+
+namespace sieve::engine {
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// ---------------------------------------------------------------------------------------------
+// RequestStream
+
+FinishReason RequestStream::next(std::vector<TokenOutput>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return !pending_.empty() || finish_ != FinishReason::None; });
+  for (auto& t : pending_) out.push_back(std::move(t));
+  pending_.clear();
+  return finish_;
+}
+
+void RequestStream::push(TokenOutput t) {
+  {
+    std::lock_guard lk(mu_);
+    pending_.push_back(std::move(t));
+  }
+  cv_.notify_all();
+}
+
+void RequestStream::finish(FinishReason r, std::string error) {
+  {
+    std::lock_guard lk(mu_);
+    if (finish_ != FinishReason::None) return;
+    finish_ = r;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+Engine::Engine(model::Model& model, EngineConfig cfg)
+    : model_(model),
+      cfg_(std::move(cfg)),
+      kv_(cfg_.num_blocks, model.block_size(), cfg_.enable_prefix_caching),
+      scheduler_(cfg_.scheduler, kv_) {
+  const int64_t capacity = cfg_.num_blocks * model.block_size();
+  if (cfg_.scheduler.max_model_len > capacity)
+    throw Error("--max-model-len " + std::to_string(cfg_.scheduler.max_model_len) + " is more than the KV cache holds (" +
+                std::to_string(cfg_.num_blocks) + " blocks of " + std::to_string(model.block_size()) + " = " +
+                std::to_string(capacity) + " tokens); lower --max-model-len or give the cache more memory");
+  stats_.num_blocks = cfg_.num_blocks;
+  stats_.num_free_blocks = cfg_.num_blocks;
+  stats_.block_size = model.block_size();
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() {
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lk(inbox_mu_);
+    stop_ = true;
+  }
+  inbox_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Anything submitted after the loop ended still gets an answer.
+  std::lock_guard lk(inbox_mu_);
+  for (auto& p : inbox_) p.stream->finish(FinishReason::Abort, "the server is shutting down");
+  inbox_.clear();
+}
+
+std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, const SamplingParams& params) {
+  const int64_t V = model_.vocab_size();
+  const int64_t max_len = cfg_.scheduler.max_model_len;
+  if (prompt.empty()) throw Error("the prompt is empty; give at least one token");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= V)
+      throw Error("token id " + std::to_string(prompt[i]) + " at prompt position " + std::to_string(i) +
+                  " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  if (params.max_tokens < 1) throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
+  const int64_t n = int64_t(prompt.size());
+  if (n >= max_len || n + params.max_tokens > max_len)
+    throw Error("This model's maximum context length is " + std::to_string(max_len) + " tokens. However, you requested " +
+                std::to_string(n + params.max_tokens) + " tokens (" + std::to_string(n) + " in the messages, " +
+                std::to_string(params.max_tokens) + " in the completion). Please reduce the length of the messages or completion.");
+  for (int32_t t : params.stop_token_ids)
+    if (t < 0 || t >= V) throw Error("stop_token_ids: " + std::to_string(t) + " is outside the vocabulary");
+
+  auto r = std::make_unique<Request>();
+  r->id = next_id_++;
+  r->num_prompt_tokens = n;
+  r->tokens = std::move(prompt);
+  r->params = params;
+  r->max_total_tokens = std::min<int64_t>(n + params.max_tokens, max_len);
+  r->eos_ids = cfg_.eos_ids;
+  if (params.has_seed) {
+    r->rng.seed(params.seed);
+  } else {
+    std::random_device rd;
+    r->rng.seed((uint64_t(rd()) << 32) ^ rd() ^ r->id);
+  }
+  r->arrival_s = now_seconds();
+  auto stream = std::make_shared<RequestStream>(r->id, n);
+  {
+    std::lock_guard lk(inbox_mu_);
+    if (stop_) throw Error("the server is shutting down");
+    idle_ = false;
+    inbox_.push_back(Pending{std::move(r), stream});
+  }
+  inbox_cv_.notify_all();
+  return stream;
+}
+
+void Engine::abort(RequestId id) {
+  {
+    std::lock_guard lk(inbox_mu_);
+    aborts_.push_back(id);
+  }
+  inbox_cv_.notify_all();
+}
+
+void Engine::abort_all() {
+  {
+    std::lock_guard lk(inbox_mu_);
+    abort_all_ = true;
+  }
+  inbox_cv_.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lk(stats_mu_);
+  return stats_;
+}
+
+bool Engine::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(inbox_mu_);
+  return idle_cv_.wait_for(lk, timeout, [&] { return idle_; });
+}
+
+void Engine::drain_inbox() {
+  std::vector<Pending> fresh;
+  std::vector<RequestId> aborts;
+  bool all = false;
+  {
+    std::lock_guard lk(inbox_mu_);
+    fresh.swap(inbox_);
+    aborts.swap(aborts_);
+    all = abort_all_;
+    abort_all_ = false;
+  }
+  for (auto& p : fresh) {
+    Request* r = p.req.get();
+    scheduler_.add(r);
+    live_.emplace(r->id, std::move(p));
+  }
+  if (all) {
+    std::vector<RequestId> ids;
+    for (auto& [id, p] : live_) ids.push_back(id);
+    aborts.insert(aborts.end(), ids.begin(), ids.end());
+  }
+  for (RequestId id : aborts) {
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    scheduler_.abort(id);
+    finish_request(it->second.req.get(), FinishReason::Abort);
+  }
+  update_gauges();
+}
+
+void Engine::finish_request(Request* r, FinishReason reason, const std::string& error) {
+  auto it = live_.find(r->id);
+  if (it == live_.end()) return;
+  if (r->status != RequestStatus::Finished) scheduler_.finish(r);
+  r->finish = reason;
+  const double t = now_seconds();
+  {
+    std::lock_guard lk(stats_mu_);
+    switch (reason) {
+      case FinishReason::Stop: ++stats_.finished_stop; break;
+      case FinishReason::Length: ++stats_.finished_length; break;
+      case FinishReason::Abort: ++stats_.finished_abort; break;
+      default: ++stats_.finished_error; break;
+    }
+    if (reason == FinishReason::Stop || reason == FinishReason::Length) stats_.e2e.observe(t - r->arrival_s);
+  }
+  it->second.stream->finish(reason, error);
+  live_.erase(it);
+}
+
+void Engine::update_gauges() {
+  std::lock_guard lk(stats_mu_);
+  stats_.num_running = int64_t(scheduler_.num_running());
+  stats_.num_waiting = int64_t(scheduler_.num_waiting());
+  stats_.num_free_blocks = kv_.num_free_blocks();
+  stats_.kv_usage = kv_.usage();
+  stats_.prefix_query_tokens = uint64_t(kv_.prefix_query_tokens());
+  stats_.prefix_hit_tokens = uint64_t(kv_.prefix_hit_tokens());
+}
+
+void Engine::trace(const std::string& name, double t0, double t1, const std::string& args) {
+  if (!profiling_.load(std::memory_order_relaxed)) return;
+  std::lock_guard lk(trace_mu_);
+  const double base = std::chrono::duration<double>(trace_t0_.time_since_epoch()).count();
+  trace_.push_back(TraceEvent{name, "engine", (t0 - base) * 1e6, (t1 - t0) * 1e6, 0, args});
+}
+
+void Engine::start_profile() {
+  std::lock_guard lk(trace_mu_);
+  trace_.clear();
+  trace_t0_ = std::chrono::steady_clock::now();
+  profiling_ = true;
+}
+
+std::string Engine::stop_profile() {
+  profiling_ = false;
+  std::lock_guard lk(trace_mu_);
+  std::ostringstream os;
+  os << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"sieve engine\"}}";
+  for (const auto& e : trace_) {
+    os << ",{\"name\":\"" << e.name << "\",\"cat\":\"" << e.cat << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << e.tid
+       << ",\"ts\":" << e.ts_us << ",\"dur\":" << e.dur_us;
+    if (!e.args_json.empty()) os << ",\"args\":" << e.args_json;
+    os << "}";
+  }
+  os << "]}";
+  trace_.clear();
+  return os.str();
+}
+
+void Engine::loop() {
+  while (true) {
+    {
+      std::unique_lock lk(inbox_mu_);
+      if (!scheduler_.has_work()) {
+        if (inbox_.empty() && aborts_.empty() && !abort_all_) {
+          idle_ = true;
+          idle_cv_.notify_all();
+        }
+        inbox_cv_.wait(lk, [&] { return stop_ || !inbox_.empty() || !aborts_.empty() || abort_all_; });
+      }
+      if (stop_) break;
+    }
+    drain_inbox();
+    if (scheduler_.has_work()) step();
+  }
+  // Shutdown: everything still in flight ends as aborted, and its blocks go back.
+  drain_inbox();
+  std::vector<Request*> left;
+  for (auto& [id, p] : live_) left.push_back(p.req.get());
+  for (Request* r : left) {
+    scheduler_.abort(r->id);
+    finish_request(r, FinishReason::Abort, "the server is shutting down");
+  }
+  update_gauges();
+  std::lock_guard lk(inbox_mu_);
+  idle_ = true;
+  idle_cv_.notify_all();
+}
+
+void Engine::step() {
+  const double t0 = now_seconds();
+  StepPlan plan = scheduler_.schedule();
+  const double t1 = now_seconds();
+  if (!plan.preempted.empty()) {
+    std::lock_guard lk(stats_mu_);
+    stats_.preemptions += plan.preempted.size();
+    SIEVE_LOG(Debug, "preempted " << plan.preempted.size() << " request(s): out of KV cache blocks");
+  }
+  if (plan.empty()) {
+    // Nothing fits right now (cannot happen with the admission checks); do not spin.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return;
+  }
+  std::vector<int> sample_seq;
+  model::StepInputs in = build_step_inputs(plan, model_.block_size(), &sample_seq);
+  const double t2 = now_seconds();
+  try {
+    model_.forward(in, logits_);
+  } catch (const std::exception& e) {
+    SIEVE_LOG(Error, "forward failed: " << e.what());
+    for (const auto& s : plan.seqs) {
+      auto it = live_.find(s.request_id);
+      if (it != live_.end()) finish_request(it->second.req.get(), FinishReason::Error, e.what());
+    }
+    return;
+  }
+  const double t3 = now_seconds();
+  const int64_t V = model_.vocab_size();
+  SIEVE_CHECK(int64_t(logits_.size()) >= int64_t(sample_seq.size()) * V, "model returned too few logits");
+
+  std::vector<std::pair<Request*, FinishReason>> done;
+  uint64_t prompt_tokens = 0, gen_tokens = 0;
+  std::vector<double> ttfts, itls;
+  const double now = now_seconds();
+  for (size_t row = 0; row < sample_seq.size(); ++row) {
+    const ScheduledSeq& s = plan.seqs[size_t(sample_seq[row])];
+    auto it = live_.find(s.request_id);
+    if (it == live_.end()) continue;
+    Request* r = it->second.req.get();
+    const SamplingParams& p = r->params;
+    std::vector<int32_t> stop_ids = p.stop_token_ids;
+    if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), r->eos_ids.begin(), r->eos_ids.end());
+    std::span<const float> row_logits(logits_.data() + row * size_t(V), size_t(V));
+    SampleResult res = sample_token(row_logits, p, r->tokens, r->num_prompt_tokens, stop_ids, r->rng);
+    r->tokens.push_back(res.token);
+    ++gen_tokens;
+    if (r->first_token_s == 0) {
+      r->first_token_s = now;
+      ttfts.push_back(now - r->arrival_s);
+      prompt_tokens += uint64_t(r->num_prompt_tokens);
+    } else {
+      itls.push_back(now - r->last_token_s);
+    }
+    r->last_token_s = now;
+    it->second.stream->push(TokenOutput{res.token, res.logprob, std::move(res.top)});
+
+    const int64_t n_out = r->num_output_tokens();
+    const bool is_eos = !p.ignore_eos && std::find(r->eos_ids.begin(), r->eos_ids.end(), res.token) != r->eos_ids.end();
+    const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), res.token) != p.stop_token_ids.end();
+    if ((is_eos || is_stop_id) && n_out >= p.min_tokens) done.push_back({r, FinishReason::Stop});
+    else if (n_out >= p.max_tokens || int64_t(r->tokens.size()) >= r->max_total_tokens) done.push_back({r, FinishReason::Length});
+  }
+  scheduler_.step_done(plan);
+  for (auto& [r, reason] : done) finish_request(r, reason);
+  const double t4 = now_seconds();
+
+  {
+    std::lock_guard lk(stats_mu_);
+    stats_.prompt_tokens += prompt_tokens;
+    stats_.generation_tokens += gen_tokens;
+    for (double v : ttfts) stats_.ttft.observe(v);
+    for (double v : itls) stats_.itl.observe(v);
+    ++stats_.steps;
+  }
+  update_gauges();
+  if (profiling_.load(std::memory_order_relaxed)) {
+    int64_t decodes = 0;
+    for (const auto& s : plan.seqs) decodes += s.token_ids.size() == 1 && s.sample;
+    std::ostringstream args;
+    args << "{\"num_seqs\":" << plan.seqs.size() << ",\"num_tokens\":" << plan.num_tokens << ",\"num_decodes\":" << decodes
+         << ",\"num_preempted\":" << plan.preempted.size() << ",\"kv_usage\":" << kv_.usage() << "}";
+    trace("step", t0, t4, args.str());
+    trace("schedule", t0, t1);
+    trace("prepare_inputs", t1, t2);
+    trace("forward", t2, t3);
+    trace("sample_and_update", t3, t4);
+  }
+}
+
+}  // namespace sieve::engine

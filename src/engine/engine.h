@@ -1,0 +1,148 @@
+// The engine loop: one thread owns the model, the scheduler and the cache tables. Other threads
+// submit and abort requests through a queue and read each request's tokens from its
+// RequestStream; they detokenize on their side, so the model thread never does.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/kv_cache_manager.h"
+#include "engine/metrics.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace sieve::engine {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int64_t num_blocks = 0;  // the model's caches must already hold this many blocks
+  bool enable_prefix_caching = false;
+  std::vector<int32_t> eos_ids;  // end-of-sequence ids (tokenizer / config)
+};
+
+struct TokenOutput {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+};
+
+// Tokens of one request as the engine produces them; read by one consumer thread.
+class RequestStream {
+ public:
+  explicit RequestStream(RequestId id, int64_t num_prompt_tokens) : id_(id), num_prompt_tokens_(num_prompt_tokens) {}
+  RequestId id() const { return id_; }
+  int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
+
+  // Waits up to `timeout` for tokens or the end; appends new tokens to `out`. Returns the finish
+  // reason once every token has been handed out (None while running).
+  FinishReason next(std::vector<TokenOutput>& out, std::chrono::milliseconds timeout);
+  const std::string& error() const { return error_; }
+
+  // Engine side.
+  void push(TokenOutput t);
+  void finish(FinishReason r, std::string error = {});
+
+ private:
+  RequestId id_;
+  int64_t num_prompt_tokens_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<TokenOutput> pending_;
+  FinishReason finish_ = FinishReason::None;
+  std::string error_;
+};
+
+// One profiler event (Chrome trace "X" event), microseconds since the profile started.
+struct TraceEvent {
+  std::string name, cat;
+  double ts_us = 0, dur_us = 0;
+  int tid = 0;
+  std::string args_json;  // object text or empty
+};
+
+class Engine {
+ public:
+  Engine(model::Model& model, EngineConfig cfg);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void start();
+  // Aborts whatever is still in flight and joins the engine thread.
+  void stop();
+
+  // Validates and queues a request; throws Error (a user error: 400) for an empty prompt, ids
+  // outside the vocabulary, or a prompt + max_tokens longer than max_model_len.
+  std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const SamplingParams& params);
+  // Frees the request's blocks at the next loop turn (within one step); no-op when done.
+  void abort(RequestId id);
+  void abort_all();
+
+  EngineStats stats() const;
+  const EngineConfig& config() const { return cfg_; }
+  int64_t max_model_len() const { return cfg_.scheduler.max_model_len; }
+  int64_t vocab_size() const { return model_.vocab_size(); }
+  int block_size() const { return model_.block_size(); }
+  // Blocks until no request is queued or running (tests, shutdown), up to `timeout`.
+  bool wait_idle(std::chrono::milliseconds timeout);
+
+  // Profiling of engine steps (Chrome trace). stop_profile returns the trace JSON text.
+  void start_profile();
+  std::string stop_profile();
+  bool profiling() const { return profiling_.load(); }
+
+ private:
+  struct Pending {
+    std::unique_ptr<Request> req;
+    std::shared_ptr<RequestStream> stream;
+  };
+  void loop();
+  void drain_inbox();
+  void step();
+  void finish_request(Request* r, FinishReason reason, const std::string& error = {});
+  void update_gauges();
+  void trace(const std::string& name, double t0, double t1, const std::string& args = {});
+
+  model::Model& model_;
+  EngineConfig cfg_;
+  cache::KvCacheManager kv_;
+  Scheduler scheduler_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<RequestId> next_id_{1};
+
+  mutable std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::vector<Pending> inbox_;
+  std::vector<RequestId> aborts_;
+  bool abort_all_ = false;
+  std::condition_variable idle_cv_;
+  bool idle_ = true;
+
+  // Engine-thread state.
+  std::unordered_map<RequestId, Pending> live_;
+  std::vector<float> logits_;
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+
+  std::atomic<bool> profiling_{false};
+  std::mutex trace_mu_;
+  std::vector<TraceEvent> trace_;
+  std::chrono::steady_clock::time_point trace_t0_;
+};
+
+double now_seconds();  // steady clock
+
+}  // namespace sieve::engine

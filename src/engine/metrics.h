@@ -1,0 +1,35 @@
+// Counters and latency histograms the engine keeps for /metrics (Prometheus semantics:
+// cumulative buckets, _sum and _count).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace sieve::engine {
+
+struct Histogram {
+  std::vector<double> bounds;     // upper bounds, ascending (+Inf implied)
+  std::vector<uint64_t> counts;   // per bucket (not cumulative), size bounds + 1
+  double sum = 0;
+  uint64_t count = 0;
+
+  explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double v);
+};
+
+// Latency buckets in seconds, as vLLM uses for TTFT / inter-token / end-to-end.
+std::vector<double> ttft_buckets();
+std::vector<double> itl_buckets();
+std::vector<double> e2e_buckets();
+
+struct EngineStats {
+  int64_t num_running = 0, num_waiting = 0;
+  int64_t num_blocks = 0, num_free_blocks = 0, block_size = 0;
+  double kv_usage = 0;  // fraction of blocks in use
+  uint64_t prompt_tokens = 0, generation_tokens = 0, preemptions = 0, steps = 0;
+  uint64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  uint64_t finished_stop = 0, finished_length = 0, finished_abort = 0, finished_error = 0;
+  Histogram ttft{ttft_buckets()}, itl{itl_buckets()}, e2e{e2e_buckets()};
+};
+
+}  // namespace sieve::engine

@@ -1,0 +1,55 @@
+// What a request asks for and what the engine keeps about it while it runs.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace sieve::engine {
+
+using RequestId = uint64_t;
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0 = greedy
+  double top_p = 1.0;        // (0, 1]
+  int top_k = 0;             // 0 or -1 = off
+  double min_p = 0.0;        // [0, 1]
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  bool has_seed = false;
+  uint64_t seed = 0;
+  int64_t max_tokens = 16;
+  int64_t min_tokens = 0;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;
+  bool logprobs = false;
+  int top_logprobs = 0;  // alternatives per position, natural log
+};
+
+enum class FinishReason { None, Stop, Length, Abort, Error };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+enum class RequestStatus { Waiting, Running, Finished };
+
+// Engine-side state. Only the engine thread touches it.
+struct Request {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;  // prompt followed by the generated tokens
+  int64_t num_prompt_tokens = 0;
+  int64_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
+  int64_t max_total_tokens = 0;     // prompt + max_tokens, capped by max_model_len
+  SamplingParams params;
+  std::vector<int32_t> eos_ids;  // the model's end-of-sequence ids
+  std::mt19937_64 rng;
+  RequestStatus status = RequestStatus::Waiting;
+  FinishReason finish = FinishReason::None;
+  int num_preemptions = 0;
+  // For latency metrics (seconds, steady clock).
+  double arrival_s = 0, first_token_s = 0, last_token_s = 0;
+
+  int64_t num_output_tokens() const { return int64_t(tokens.size()) - num_prompt_tokens; }
+};
+
+}  // namespace sieve::engine

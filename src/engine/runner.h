@@ -1,0 +1,14 @@
+// Turns a StepPlan into the model's step inputs (kernels/ops.h "Conventions"): positions, slot
+// mapping, query start offsets, sequence lengths, padded block tables and the rows whose logits
+// are sampled. Host arrays only; a device backend copies them as they are.
+#pragma once
+
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace sieve::engine {
+
+// `sample_seq[i]` receives the plan index of the sequence that logits row i belongs to.
+model::StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::vector<int>* sample_seq = nullptr);
+
+}  // namespace sieve::engine

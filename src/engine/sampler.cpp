@@ -1,0 +1,140 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+namespace sieve::engine {
+
+std::vector<float> log_softmax(std::span<const float> logits) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (float x : logits) mx = std::max(mx, double(x));
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x) - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<float> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = float(double(logits[i]) - lse);
+  return out;
+}
+
+SampleResult sample_token(std::span<const float> logits, const SamplingParams& p,
+                          std::span<const int32_t> history, int64_t num_prompt_tokens,
+                          std::span<const int32_t> stop_ids, std::mt19937_64& rng) {
+  const int64_t V = int64_t(logits.size());
+  SampleResult res;
+  std::vector<float> raw_lp;
+  if (p.logprobs || p.top_logprobs > 0) raw_lp = log_softmax(logits);
+
+  std::vector<float> x(logits.begin(), logits.end());
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t num_out = int64_t(history.size()) - num_prompt_tokens;
+  if (num_out < p.min_tokens)
+    for (int32_t t : stop_ids)
+      if (t >= 0 && t < V) x[size_t(t)] = neg_inf;
+
+  if (p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) {
+    std::unordered_map<int32_t, int> out_counts;
+    std::vector<int32_t> seen;
+    for (int64_t i = 0; i < int64_t(history.size()); ++i) {
+      int32_t t = history[size_t(i)];
+      if (t < 0 || t >= V) continue;
+      if (i >= num_prompt_tokens) ++out_counts[t];
+      seen.push_back(t);
+    }
+    if (p.repetition_penalty != 1.0) {
+      std::sort(seen.begin(), seen.end());
+      seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+      const float rp = float(p.repetition_penalty);
+      for (int32_t t : seen) {
+        float& v = x[size_t(t)];
+        v = v > 0 ? v / rp : v * rp;
+      }
+    }
+    for (auto [t, c] : out_counts)
+      x[size_t(t)] -= float(p.frequency_penalty * c + p.presence_penalty);
+  }
+
+  int32_t chosen = 0;
+  if (p.temperature < 1e-5) {
+    float best = neg_inf;
+    for (int64_t i = 0; i < V; ++i)
+      if (x[size_t(i)] > best) {
+        best = x[size_t(i)];
+        chosen = int32_t(i);
+      }
+  } else {
+    // Candidates sorted by logit (descending, ties to the lower id) so the filters are prefixes.
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    const double inv_t = 1.0 / p.temperature;
+    size_t keep = idx.size();
+    if (p.top_k > 0 && p.top_k < V) {
+      keep = size_t(p.top_k);
+      std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
+        return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b);
+      });
+    } else if (p.top_p < 1.0 || p.min_p > 0) {
+      std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+        return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b);
+      });
+    }
+    double mx = -std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < keep; ++i) mx = std::max(mx, double(x[size_t(idx[i])]) * inv_t);
+    std::vector<double> prob(keep);
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      double v = double(x[size_t(idx[i])]);
+      prob[i] = std::isinf(v) && v < 0 ? 0.0 : std::exp(v * inv_t - mx);
+      total += prob[i];
+    }
+    // min-p: drop tokens below min_p times the most likely one's probability.
+    if (p.min_p > 0) {
+      const double floor = p.min_p * prob[0];
+      size_t k = 0;
+      while (k < keep && prob[k] >= floor) ++k;
+      keep = std::max<size_t>(k, 1);
+      total = std::accumulate(prob.begin(), prob.begin() + long(keep), 0.0);
+    }
+    // top-p: the smallest prefix whose mass reaches top_p (at least one token).
+    if (p.top_p < 1.0) {
+      double acc = 0;
+      size_t k = 0;
+      while (k < keep) {
+        acc += prob[k] / total;
+        ++k;
+        if (acc >= p.top_p) break;
+      }
+      keep = std::max<size_t>(k, 1);
+      total = std::accumulate(prob.begin(), prob.begin() + long(keep), 0.0);
+    }
+    // One uniform draw per token keeps the RNG stream independent of the vocabulary filters.
+    std::uniform_real_distribution<double> uni(0.0, 1.0);
+    const double u = uni(rng) * total;
+    double acc = 0;
+    chosen = idx[0];
+    for (size_t i = 0; i < keep; ++i) {
+      if (prob[i] <= 0) continue;
+      acc += prob[i];
+      chosen = idx[i];
+      if (u < acc) break;
+    }
+  }
+  res.token = chosen;
+  if (!raw_lp.empty()) {
+    res.logprob = raw_lp[size_t(chosen)];
+    if (p.top_logprobs > 0) {
+      const size_t k = std::min<size_t>(size_t(p.top_logprobs), raw_lp.size());
+      std::vector<int32_t> idx(raw_lp.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(), [&](int32_t a, int32_t b) {
+        return raw_lp[size_t(a)] > raw_lp[size_t(b)] || (raw_lp[size_t(a)] == raw_lp[size_t(b)] && a < b);
+      });
+      for (size_t i = 0; i < k; ++i) res.top.push_back({idx[i], raw_lp[size_t(idx[i])]});
+    }
+  }
+  return res;
+}
+
+}  // namespace sieve::engine

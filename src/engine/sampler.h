@@ -1,0 +1,36 @@
+// Per-request sampling from one row of logits. Order (as vLLM): logprobs from the raw logits;
+// min_tokens masks the stop ids; repetition, frequency and presence penalties; then greedy
+// (temperature 0: argmax, ties to the lower id) or temperature, min-p, top-k, top-p and one draw
+// from the request's own RNG, so a seeded request samples the same tokens in any batch.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace sieve::engine {
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0;                // of `token` under the raw distribution (when asked)
+  std::vector<TokenLogprob> top;    // top_logprobs alternatives, most likely first
+};
+
+// `history` is prompt + output so far (repetition penalty counts both); the output part starts at
+// `num_prompt_tokens`. `stop_ids` are masked while fewer than min_tokens were generated.
+SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
+                          std::span<const int32_t> history, int64_t num_prompt_tokens,
+                          std::span<const int32_t> stop_ids, std::mt19937_64& rng);
+
+// log_softmax over the whole row (natural log), in double for accuracy.
+std::vector<float> log_softmax(std::span<const float> logits);
+
+}  // namespace sieve::engine

@@ -1,0 +1,252 @@
+// The engine loop on the fake model: batching, chunking, preemption and prefix caching must not
+// change any request's output; aborts free blocks.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <random>
+
+#include "core/error.h"
+#include "fake_model.h"
+
+namespace sieve::engine {
+namespace {
+
+using testing::FakeModel;
+using namespace std::chrono_literals;
+
+struct Job {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishReason finish = FinishReason::None;
+};
+
+Result collect(RequestStream& s) {
+  Result r;
+  std::vector<TokenOutput> out;
+  while (true) {
+    FinishReason f = s.next(out, 100ms);
+    if (f != FinishReason::None) {
+      r.finish = f;
+      break;
+    }
+  }
+  for (auto& t : out) {
+    r.tokens.push_back(t.token);
+    r.logprobs.push_back(t.logprob);
+  }
+  return r;
+}
+
+struct Rig {
+  int64_t num_blocks = 64;
+  int block_size = 16;
+  int64_t vocab = 97;
+  SchedulerConfig sched{.max_num_batched_tokens = 256, .max_num_seqs = 64, .max_model_len = 256};
+  bool caching = false;
+  std::vector<int32_t> eos;
+};
+
+std::vector<Result> run(const Rig& st, const std::vector<Job>& jobs, EngineStats* stats = nullptr) {
+  FakeModel model(st.vocab, st.block_size);
+  model.allocate_caches({.num_blocks = st.num_blocks});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, st.caching, st.eos});
+  engine.start();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& j : jobs) streams.push_back(engine.submit(j.prompt, j.params));
+  std::vector<Result> results;
+  for (auto& s : streams) results.push_back(collect(*s));
+  EXPECT_TRUE(engine.wait_idle(5s));
+  if (stats) *stats = engine.stats();
+  EXPECT_EQ(engine.stats().num_free_blocks, st.num_blocks);
+  engine.stop();
+  return results;
+}
+
+std::vector<Job> random_jobs(int n, int min_len, int max_len, int64_t vocab, uint64_t seed, int max_tokens) {
+  std::mt19937_64 rng(seed);
+  std::vector<Job> jobs;
+  for (int i = 0; i < n; ++i) {
+    Job j;
+    int len = min_len + int(rng() % uint64_t(max_len - min_len + 1));
+    for (int k = 0; k < len; ++k) j.prompt.push_back(int32_t(rng() % uint64_t(vocab)));
+    j.params.max_tokens = max_tokens;
+    if (i % 2) {
+      j.params.temperature = 0;
+    } else {
+      j.params.temperature = 0.8;
+      j.params.top_p = 0.9;
+      j.params.has_seed = true;
+      j.params.seed = 1000 + uint64_t(i);
+    }
+    j.params.logprobs = true;
+    jobs.push_back(j);
+  }
+  return jobs;
+}
+
+std::vector<Result> run_alone(const Rig& st, const std::vector<Job>& jobs) {
+  std::vector<Result> out;
+  for (const auto& j : jobs) out.push_back(run(st, {j})[0]);
+  return out;
+}
+
+TEST(Engine, BatchedAndChunkedOutputsEqualSoloRuns) {
+  Rig solo;
+  auto jobs = random_jobs(12, 1, 70, solo.vocab, 7, 20);
+  auto alone = run_alone(solo, jobs);
+  Rig batched = solo;
+  batched.sched.max_num_batched_tokens = 24;  // forces chunked prefill mixed with decodes
+  EngineStats stats;
+  auto together = run(batched, jobs, &stats);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(together[i].logprobs, alone[i].logprobs) << "request " << i;
+    EXPECT_EQ(together[i].finish, FinishReason::Length);
+    EXPECT_EQ(together[i].tokens.size(), 20u);
+  }
+  EXPECT_EQ(stats.generation_tokens, 12u * 20u);
+  EXPECT_EQ(stats.finished_length, 12u);
+  EXPECT_EQ(stats.ttft.count, 12u);
+  EXPECT_EQ(stats.itl.count, 12u * 19u);
+  // Outputs depend on the prompt: not all the same.
+  EXPECT_NE(alone[0].tokens, alone[2].tokens);
+}
+
+TEST(Engine, CacheExhaustionPreemptsAndResumesWithTheSameOutput) {
+  Rig solo;
+  solo.num_blocks = 12;  // 192 token slots
+  solo.sched.max_model_len = 160;
+  auto jobs = random_jobs(8, 60, 100, solo.vocab, 11, 40);
+  auto alone = run_alone(solo, jobs);
+  EngineStats stats;
+  auto together = run(solo, jobs, &stats);
+  EXPECT_GT(stats.preemptions, 0u);
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+}
+
+TEST(Engine, PrefixCachingReusesBlocksWithoutChangingOutputs) {
+  Rig st;
+  st.caching = true;
+  auto jobs = random_jobs(1, 70, 70, st.vocab, 3, 10);
+  jobs.push_back(jobs[0]);
+  jobs[1].params = jobs[0].params;
+  // Same prompt, run one after the other in the same engine.
+  FakeModel model(st.vocab, st.block_size);
+  model.allocate_caches({.num_blocks = st.num_blocks});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, true, {}});
+  engine.start();
+  auto a = collect(*engine.submit(jobs[0].prompt, jobs[0].params));
+  auto b = collect(*engine.submit(jobs[1].prompt, jobs[1].params));
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(engine.stats().prefix_hit_tokens, 64u);  // 4 full blocks of the 70-token prompt
+  Rig plain;
+  EXPECT_EQ(run(plain, {jobs[0]})[0].tokens, a.tokens);
+}
+
+TEST(Engine, AbortFreesBlocksAtOnce) {
+  Rig st;
+  FakeModel model(st.vocab, st.block_size);
+  model.allocate_caches({.num_blocks = st.num_blocks});
+  model.delay_us = 2000;
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  engine.start();
+  SamplingParams p;
+  p.max_tokens = 200;
+  auto s = engine.submit(std::vector<int32_t>(40, 5), p);
+  std::vector<TokenOutput> out;
+  while (out.size() < 3) s->next(out, 100ms);
+  EXPECT_LT(engine.stats().num_free_blocks, st.num_blocks);
+  engine.abort(s->id());
+  FinishReason f = FinishReason::None;
+  while (f == FinishReason::None) f = s->next(out, 100ms);
+  EXPECT_EQ(f, FinishReason::Abort);
+  EXPECT_TRUE(engine.wait_idle(2s));
+  auto stats = engine.stats();
+  EXPECT_EQ(stats.num_free_blocks, st.num_blocks);
+  EXPECT_EQ(stats.num_running, 0);
+  EXPECT_EQ(stats.finished_abort, 1u);
+}
+
+TEST(Engine, StopsOnEosAndStopIdsHonouringMinTokensAndIgnoreEos) {
+  Rig st;
+  st.vocab = 4;  // small vocabulary: stop ids come up quickly
+  st.eos = {2};
+  auto jobs = random_jobs(1, 5, 5, st.vocab, 5, 50);
+  jobs[0].params.temperature = 1.0;
+  jobs[0].params.has_seed = true;
+  auto r = run(st, jobs)[0];
+  EXPECT_EQ(r.finish, FinishReason::Stop);
+  EXPECT_EQ(r.tokens.back(), 2);
+  for (size_t i = 0; i + 1 < r.tokens.size(); ++i) EXPECT_NE(r.tokens[i], 2);
+
+  jobs[0].params.min_tokens = 10;
+  r = run(st, jobs)[0];
+  EXPECT_GE(r.tokens.size(), 11u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_NE(r.tokens[i], 2);
+
+  jobs[0].params.min_tokens = 0;
+  jobs[0].params.ignore_eos = true;
+  r = run(st, jobs)[0];
+  EXPECT_EQ(r.finish, FinishReason::Length);
+  EXPECT_EQ(r.tokens.size(), 50u);
+
+  jobs[0].params.ignore_eos = false;
+  jobs[0].params.stop_token_ids = {3};
+  r = run(st, jobs)[0];
+  EXPECT_EQ(r.finish, FinishReason::Stop);
+  EXPECT_TRUE(r.tokens.back() == 2 || r.tokens.back() == 3);
+}
+
+TEST(Engine, RejectsInvalidRequests) {
+  Rig st;
+  FakeModel model(st.vocab, st.block_size);
+  model.allocate_caches({.num_blocks = st.num_blocks});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  SamplingParams p;
+  EXPECT_THROW(engine.submit({}, p), Error);
+  EXPECT_THROW(engine.submit({1, 97}, p), Error);
+  EXPECT_THROW(engine.submit({-1}, p), Error);
+  EXPECT_THROW(engine.submit(std::vector<int32_t>(256, 1), p), Error);
+  p.max_tokens = 250;
+  EXPECT_THROW(engine.submit(std::vector<int32_t>(10, 1), p), Error);
+  p.max_tokens = 0;
+  EXPECT_THROW(engine.submit({1}, p), Error);
+  // A max_model_len beyond the cache is refused at construction.
+  EXPECT_THROW(Engine(model, EngineConfig{{.max_num_batched_tokens = 8, .max_num_seqs = 1, .max_model_len = 64 * 16 + 1},
+                                          st.num_blocks, false, {}}),
+               Error);
+}
+
+TEST(Engine, ProfilerWritesAChromeTrace) {
+  Rig st;
+  FakeModel model(st.vocab, st.block_size);
+  model.allocate_caches({.num_blocks = st.num_blocks});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  engine.start();
+  engine.start_profile();
+  SamplingParams p;
+  p.max_tokens = 3;
+  collect(*engine.submit({1, 2, 3}, p));
+  auto trace = nlohmann::json::parse(engine.stop_profile());
+  int steps = 0, forwards = 0;
+  for (auto& e : trace["traceEvents"]) {
+    if (e["name"] == "step") {
+      ++steps;
+      EXPECT_EQ(e["ph"], "X");
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+    }
+    forwards += e["name"] == "forward";
+  }
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(forwards, 3);
+}
+
+}  // namespace
+}  // namespace sieve::engine

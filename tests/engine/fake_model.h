@@ -1,0 +1,80 @@
+// A stand-in for the model with the same paging contract: forward() stores each new token in its
+// cache slot, and the logits of a row are a pseudo-random function of the whole sequence read
+// back through the block table. A wrong slot mapping, block table, position or a block shared by
+// mistake changes the logits, so engine outputs match a solo run only if paging is right.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "model/model.h"
+
+namespace sieve::engine::testing {
+
+class FakeModel : public model::Model {
+ public:
+  FakeModel(int64_t vocab, int block_size) {
+    cfg_.vocab_size = vocab;
+    cfg_.sparse_block_size = block_size;
+    cfg_.use_sparse_attention = true;
+  }
+  const ModelConfig& config() const override { return cfg_; }
+  size_t cache_bytes_per_block(DType, DType) const override { return size_t(cfg_.sparse_block_size) * 16; }
+  void allocate_caches(const model::CacheOptions& o) override {
+    opts_ = o;
+    slots_.assign(size_t(o.num_blocks * cfg_.sparse_block_size), -1);
+  }
+  const model::CacheOptions& cache_options() const override { return opts_; }
+
+  void forward(const model::StepInputs& in, std::vector<float>& logits) override {
+    ++steps;
+    if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us.load()));
+    const int bs = cfg_.sparse_block_size;
+    const size_t nseq = in.seq_lens.size();
+    if (in.query_start_loc.size() != nseq + 1 || in.token_ids.size() != in.positions.size() ||
+        in.slot_mapping.size() != in.token_ids.size() || in.block_tables.size() != nseq * size_t(in.max_blocks_per_seq))
+      throw std::runtime_error("inconsistent step inputs");
+    for (size_t i = 0; i < in.token_ids.size(); ++i) {
+      if (in.slot_mapping[i] < 0 || in.slot_mapping[i] >= int64_t(slots_.size())) throw std::runtime_error("bad slot");
+      slots_[size_t(in.slot_mapping[i])] = in.token_ids[i];
+    }
+    logits.assign(in.logits_indices.size() * size_t(cfg_.vocab_size), 0.0f);
+    for (size_t row = 0; row < in.logits_indices.size(); ++row) {
+      const int32_t tok = in.logits_indices[row];
+      size_t s = 0;
+      while (s < nseq && in.query_start_loc[s + 1] <= tok) ++s;
+      if (s == nseq) throw std::runtime_error("logits index out of range");
+      const int32_t pos = in.positions[size_t(tok)];
+      if (pos != in.seq_lens[s] - (in.query_start_loc[s + 1] - tok)) throw std::runtime_error("position mismatch");
+      uint64_t h = 1469598103934665603ull;
+      for (int32_t p = 0; p <= pos; ++p) {
+        const int32_t blk = in.block_tables[s * size_t(in.max_blocks_per_seq) + size_t(p / bs)];
+        const int32_t t = slots_[size_t(int64_t(blk) * bs + p % bs)];
+        if (t < 0) throw std::runtime_error("read of an unwritten cache slot");
+        h = (h ^ uint64_t(uint32_t(t)) ^ (uint64_t(p) << 32)) * 1099511628211ull;
+      }
+      float* out = logits.data() + row * size_t(cfg_.vocab_size);
+      for (int64_t v = 0; v < cfg_.vocab_size; ++v) {
+        uint64_t x = (h ^ uint64_t(v) * 0x9e3779b97f4a7c15ull);
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        out[v] = float(double(x >> 11) / double(1ull << 53) * 8.0 - 4.0);
+      }
+    }
+  }
+
+  std::atomic<int64_t> steps{0};
+  std::atomic<int> delay_us{0};  // per step, to give other threads time to act mid-request
+
+ private:
+  ModelConfig cfg_;
+  model::CacheOptions opts_;
+  std::vector<int32_t> slots_;
+};
+
+}  // namespace sieve::engine::testing

@@ -1,0 +1,126 @@
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+namespace sieve::engine {
+namespace {
+
+SampleResult draw(const std::vector<float>& logits, const SamplingParams& p, std::mt19937_64& rng,
+                  std::vector<int32_t> history = {0}, int64_t num_prompt = 1, std::vector<int32_t> stops = {}) {
+  return sample_token(logits, p, history, num_prompt, stops, rng);
+}
+
+TEST(Sampler, GreedyTakesArgmaxWithLowerIdOnTies) {
+  std::mt19937_64 rng(1);
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(draw({0.1f, 2.0f, -1.0f, 2.0f}, p, rng).token, 1);
+  EXPECT_EQ(draw({5.0f, 2.0f}, p, rng).token, 0);
+}
+
+TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
+  std::mt19937_64 rng(1);
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  p.top_logprobs = 2;
+  p.repetition_penalty = 3.0;  // changes the choice, not the reported logprobs
+  std::vector<float> logits = {1.0f, 2.0f, 0.5f};
+  auto r = draw(logits, p, rng, {1}, 1);
+  const double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(0.5));
+  EXPECT_EQ(r.token, 0);  // token 1 was in the prompt: 2.0 / 3 < 1.0
+  EXPECT_NEAR(r.logprob, 1.0 - lse, 1e-6);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].token, 1);
+  EXPECT_NEAR(r.top[0].logprob, 2.0 - lse, 1e-6);
+  EXPECT_EQ(r.top[1].token, 0);
+}
+
+TEST(Sampler, SeededDrawsReproduceAndFollowTheDistribution) {
+  std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams p;
+  std::map<int, int> counts;
+  std::mt19937_64 a(42), b(42);
+  for (int i = 0; i < 20000; ++i) {
+    int ta = draw(logits, p, a).token;
+    EXPECT_EQ(ta, draw(logits, p, b).token);
+    ++counts[ta];
+  }
+  EXPECT_NEAR(counts[0] / 20000.0, 0.5, 0.02);
+  EXPECT_NEAR(counts[1] / 20000.0, 0.3, 0.02);
+  EXPECT_NEAR(counts[2] / 20000.0, 0.2, 0.02);
+}
+
+TEST(Sampler, TemperatureSharpens) {
+  std::vector<float> logits = {std::log(0.6f), std::log(0.4f)};
+  SamplingParams p;
+  p.temperature = 0.25;  // 0.6^4 : 0.4^4 = 0.835 : 0.165
+  std::mt19937_64 rng(3);
+  int zeros = 0;
+  for (int i = 0; i < 10000; ++i) zeros += draw(logits, p, rng).token == 0;
+  EXPECT_NEAR(zeros / 10000.0, 0.835, 0.02);
+}
+
+TEST(Sampler, TopKTopPMinPRestrictTheCandidates) {
+  std::vector<float> logits = {std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)};
+  std::mt19937_64 rng(5);
+  SamplingParams k;
+  k.top_k = 2;
+  SamplingParams tp;
+  tp.top_p = 0.65;  // {0.4, 0.3} reach 0.7
+  SamplingParams mp;
+  mp.min_p = 0.6;  // keeps p >= 0.24
+  std::map<int, int> ck, cp, cm;
+  for (int i = 0; i < 5000; ++i) {
+    ++ck[draw(logits, k, rng).token];
+    ++cp[draw(logits, tp, rng).token];
+    ++cm[draw(logits, mp, rng).token];
+  }
+  EXPECT_EQ(ck.count(2) + ck.count(3), 0u);
+  EXPECT_NEAR(ck[0] / 5000.0, 0.4 / 0.7, 0.03);
+  EXPECT_EQ(cp.count(2) + cp.count(3), 0u);
+  EXPECT_GT(cp[1], 1000);
+  EXPECT_EQ(cm.count(2) + cm.count(3), 0u);
+  EXPECT_GT(cm[1], 1000);
+}
+
+TEST(Sampler, PenaltiesFollowTheOpenAIDefinitions) {
+  std::mt19937_64 rng(1);
+  SamplingParams p;
+  p.temperature = 0;
+  // Output so far: token 0 twice. Frequency 0.6 * 2 + presence 0.5 = 1.7 off token 0.
+  std::vector<float> logits = {3.0f, 1.5f};
+  p.frequency_penalty = 0.6;
+  p.presence_penalty = 0.5;
+  EXPECT_EQ(draw(logits, p, rng, {1, 0, 0}, 1).token, 1);
+  p.frequency_penalty = 0.2;  // 0.4 + 0.5 = 0.9 off: 2.1 > 1.5
+  EXPECT_EQ(draw(logits, p, rng, {1, 0, 0}, 1).token, 0);
+  // Prompt tokens count for the repetition penalty but not for frequency/presence.
+  SamplingParams q;
+  q.temperature = 0;
+  q.frequency_penalty = 2.0;
+  EXPECT_EQ(draw(logits, q, rng, {0, 0, 0}, 3).token, 0);
+  q.repetition_penalty = 2.5;  // 3.0 / 2.5 = 1.2 < 1.5
+  EXPECT_EQ(draw(logits, q, rng, {0, 0, 0}, 3).token, 1);
+  // Negative logits are multiplied.
+  SamplingParams r;
+  r.temperature = 0;
+  r.repetition_penalty = 2.0;
+  EXPECT_EQ(draw({-1.0f, -1.5f}, r, rng, {0}, 1).token, 1);
+}
+
+TEST(Sampler, MinTokensMasksStopIds) {
+  std::mt19937_64 rng(1);
+  SamplingParams p;
+  p.temperature = 0;
+  p.min_tokens = 2;
+  std::vector<float> logits = {0.0f, 5.0f, 1.0f};
+  EXPECT_EQ(draw(logits, p, rng, {0, 9}, 1, {1}).token, 2);       // 1 output so far
+  EXPECT_EQ(draw(logits, p, rng, {0, 9, 9}, 1, {1}).token, 1);    // 2 outputs: allowed
+}
+
+}  // namespace
+}  // namespace sieve::engine
