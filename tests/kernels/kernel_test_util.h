@@ -13,6 +13,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -395,6 +396,35 @@ inline bool close(double a, double b, double atol, double rtol) {
   if (std::isnan(a) || std::isnan(b)) return false;
   if (std::isinf(a) || std::isinf(b)) return a == b;
   return std::fabs(a - b) <= atol + rtol * std::fabs(b);
+}
+
+// Top-k parity up to near ties: `got` (topk ids, -1 padded) is accepted for the block scores
+// `scores` ([n_blk], the CPU reference's, sentinels applied) when it has the same number of
+// valid entries as the exact selection, its ids are distinct and in [0, n_blk), and at every
+// rank its score is within atol + rtol * |score| of the exact selection's score at that rank
+// (so blocks may swap only with blocks of nearly equal score). `why` gets the first mismatch.
+inline bool topk_equivalent(const float* scores, int n_blk, const int32_t* got, int topk,
+                            double atol, double rtol, std::string* why = nullptr) {
+  std::vector<int32_t> want(static_cast<size_t>(topk));
+  cpu::select_topk_blocks(scores, n_blk, topk, want.data());
+  auto fail = [&](const std::string& m) {
+    if (why) *why = m;
+    return false;
+  };
+  std::vector<char> seen(size_t(std::max(n_blk, 0)), 0);
+  for (int i = 0; i < topk; ++i) {
+    if ((want[size_t(i)] < 0) != (got[i] < 0)) return fail("padding differs at rank " + std::to_string(i));
+    if (got[i] < 0) continue;
+    if (got[i] >= n_blk) return fail("id " + std::to_string(got[i]) + " >= n_blk");
+    if (seen[size_t(got[i])]++) return fail("id " + std::to_string(got[i]) + " repeated");
+    const double a = scores[got[i]], b = scores[want[size_t(i)]];
+    if (!(a == b || std::fabs(a - b) <= atol + rtol * std::fabs(b))) {
+      return fail("rank " + std::to_string(i) + ": block " + std::to_string(got[i]) + " (score " +
+                  std::to_string(a) + ") instead of block " + std::to_string(want[size_t(i)]) +
+                  " (score " + std::to_string(b) + ")");
+    }
+  }
+  return true;
 }
 
 }  // namespace sieve::test

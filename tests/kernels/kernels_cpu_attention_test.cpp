@@ -658,5 +658,71 @@ TEST(CpuIndexer, SelectionDrivesSparseAttention) {
   }
 }
 
+// Padded rows (past query_start_loc[num_seqs]) and sequences without new tokens are not
+// written; the other rows still are.
+TEST(CpuAttentionIndexer, PaddedRowsAndEmptySequencesUntouched) {
+  Rng rng(80);
+  PagedBatch b = make_paged_batch({{50, 0}, {10, 3}, {0, 0}, {30, 1}}, 16, rng);
+  const int64_t T = b.num_tokens, Tpad = T + 2;
+  ASSERT_EQ(T, 4);
+  KvCache kv(DType::BF16, b.num_blocks, 16, 1, 8);
+  IndexCache ic(DType::BF16, b.num_blocks, 16, 8);
+  fill_caches_random(b, &kv, &ic, rng);
+  ops::BatchView view = b.view();
+  view.num_tokens = Tpad;
+  auto q = random_vector(size_t(Tpad * 16), rng);
+  std::vector<float> out(size_t(Tpad * 16), kNaN);
+  ops::AttentionParams p;
+  p.q = q.data();
+  p.q_stride = 16;
+  p.out = out.data();
+  p.out_stride = 16;
+  p.num_q_heads = 2;
+  p.num_kv_heads = 1;
+  p.head_dim = 8;
+  p.sm_scale = 0.3f;
+  p.kv = kv.view();
+  p.batch = view;
+  cpu::run_attention(p);
+  for (int64_t i = 0; i < Tpad * 16; ++i) EXPECT_EQ(std::isnan(out[size_t(i)]), i >= T * 16) << i;
+
+  std::vector<int32_t> topk(size_t(Tpad * 2 * 3), -7);
+  std::vector<float> scores(size_t(Tpad * 2 * b.max_blocks_per_seq), kNaN);
+  ops::IndexerParams ip;
+  ip.index_q = q.data();
+  ip.q_stride = 16;
+  ip.num_index_heads = 2;
+  ip.index_dim = 8;
+  ip.cache = ic.view();
+  ip.batch = view;
+  ip.topk = 3;
+  ip.local_blocks = 1;
+  ip.topk_idx = topk.data();
+  ip.block_scores = scores.data();
+  cpu::run_indexer(ip);
+  for (int64_t i = 0; i < Tpad * 2 * 3; ++i) EXPECT_EQ(topk[size_t(i)] == -7, i >= T * 2 * 3) << i;
+  for (int64_t i = 0; i < Tpad * 2 * b.max_blocks_per_seq; ++i) {
+    EXPECT_EQ(std::isnan(scores[size_t(i)]), i >= T * 2 * b.max_blocks_per_seq) << i;
+  }
+}
+
+TEST(CpuTestUtil, TopkEquivalentAllowsOnlyNearTieSwaps) {
+  std::vector<float> s = {1e29f, 0.5f, 0.50001f, 0.2f, 0.1f};
+  std::vector<int32_t> exact = {0, 2, 1, -1}, swapped = {0, 1, 2, -1}, wrong = {0, 2, 3, -1};
+  // n_blk = 5, topk = 4: the exact selection is {0, 2, 1, 3}.
+  exact[3] = swapped[3] = 3;
+  wrong[3] = 1;
+  std::string why;
+  EXPECT_TRUE(topk_equivalent(s.data(), 5, exact.data(), 4, 0, 0));
+  EXPECT_FALSE(topk_equivalent(s.data(), 5, swapped.data(), 4, 0, 0, &why));
+  EXPECT_TRUE(topk_equivalent(s.data(), 5, swapped.data(), 4, 1e-4, 1e-4));
+  EXPECT_FALSE(topk_equivalent(s.data(), 5, wrong.data(), 4, 1e-4, 1e-4, &why));
+  std::vector<int32_t> padded = {0, 2, 1, 3, 4, -1};
+  EXPECT_TRUE(topk_equivalent(s.data(), 5, padded.data(), 6, 0, 0));
+  padded[5] = 4;
+  EXPECT_FALSE(topk_equivalent(s.data(), 5, padded.data(), 6, 0, 0, &why));
+  EXPECT_NE(why.find("padding"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace sieve
