@@ -116,6 +116,24 @@ struct PagedBatch {
   }
 };
 
+// `n` random sequences: a third prefill (no cache), a third decode (q_len 1 after a random
+// prefix), a third chunked prefill / speculative verification (prefix + q_len in [2, max_q]).
+inline std::vector<SeqSpec> random_seq_specs(int n, int max_len, Rng& rng, int max_q = 8) {
+  std::vector<SeqSpec> v;
+  for (int i = 0; i < n; ++i) {
+    SeqSpec sp;
+    switch (rng.uniform_int(0, 2)) {
+      case 0: sp.cached = 0; sp.q_len = rng.uniform_int(1, max_len); break;
+      case 1: sp.q_len = 1; sp.cached = rng.uniform_int(0, max_len - 1); break;
+      default:
+        sp.q_len = rng.uniform_int(std::min(2, max_len), std::max(std::min(max_q, max_len), 1));
+        sp.cached = rng.uniform_int(0, max_len - sp.q_len);
+    }
+    v.push_back(sp);
+  }
+  return v;
+}
+
 // A batch of the given sequences with shuffled physical blocks: every sequence gets
 // ceil(seq_len / block_size) distinct random blocks out of num_blocks = total + extra_blocks;
 // max_blocks_per_seq = the longest sequence's blocks + extra_cols (entries past a sequence's

@@ -411,6 +411,14 @@ TEST(CpuAttention, SparseFp8Block128) {
   c.topk = 2;
   run_attention_case(c, 27);
 }
+TEST(CpuAttention, RandomBatches) {
+  for (uint64_t seed = 90; seed < 94; ++seed) {
+    Rng rng(seed);
+    AttnCase c{seed % 2 ? DType::FP8_E4M3 : DType::BF16, 16, random_seq_specs(6, 200, rng)};
+    c.sparse = seed >= 92;
+    run_attention_case(c, seed);
+  }
+}
 TEST(CpuAttention, SparseBf16ManyBlocks) {
   AttnCase c{DType::BF16, 8, {{0, 60}, {250, 50}}};
   c.sparse = true;
@@ -560,6 +568,17 @@ TEST(CpuIndexer, RandomValuesAllCacheDtypes) {
       c.local = 2;
       run_indexer_case(c, 36 + uint64_t(qc));
     }
+  }
+}
+TEST(CpuIndexer, RandomBatches) {
+  for (uint64_t seed = 95; seed < 99; ++seed) {
+    Rng rng(seed);
+    IdxCase c{seed % 2 ? DType::FP8_E4M3 : DType::BF16, 16, random_seq_specs(6, 300, rng)};
+    c.grid = seed < 97;
+    c.topk = 1 + int(seed % 6);
+    c.init = int(seed % 3);
+    c.local = int(seed % 4);
+    run_indexer_case(c, seed);
   }
 }
 TEST(CpuIndexer, InitAndLocalOverlap) {

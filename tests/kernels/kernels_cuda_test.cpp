@@ -1,0 +1,584 @@
+// Parity of the CUDA kernels (kernels/cuda/) with the CPU reference ops (kernels/cpu/) on fresh
+// random inputs: paged batches with shuffled blocks, block-boundary lengths, ties, several query
+// rows per request, mixed decode/prefill batches, bf16 and fp8 caches. Device outputs are
+// poisoned before every run. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/internal.h"
+#include "kernels/memory.h"
+#include "kernels/ops.h"
+
+namespace sieve {
+namespace {
+
+using namespace sieve::test;
+
+const Device kGpu{DeviceKind::CUDA, 0};
+const ops::Stream kStream{kGpu, nullptr};
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+// Device copy of a host vector / byte buffer.
+struct Dev {
+  Buffer buf;
+  explicit Dev(size_t bytes) : buf(kGpu, std::max<size_t>(bytes, 16)) {}
+  template <class T>
+  static Dev of(const std::vector<T>& v) {
+    Dev d(v.size() * sizeof(T));
+    if (!v.empty()) copy_to_device(kGpu, d.buf.data(), v.data(), v.size() * sizeof(T));
+    return d;
+  }
+  static Dev of(const TypedBuffer& t) {
+    Dev d(t.bytes.size());
+    if (!t.bytes.empty()) copy_to_device(kGpu, d.buf.data(), t.bytes.data(), t.bytes.size());
+    return d;
+  }
+  template <class T>
+  T* as() const {
+    return buf.as<T>();
+  }
+  void* p() const { return buf.data(); }
+  template <class T>
+  std::vector<T> get(size_t n) const {
+    std::vector<T> v(n);
+    if (n) copy_to_host(kGpu, v.data(), buf.data(), n * sizeof(T));
+    return v;
+  }
+  std::vector<uint8_t> bytes(size_t n) const { return get<uint8_t>(n); }
+  void poison(uint8_t v) { fill_bytes(kGpu, buf.data(), v, buf.bytes()); }
+};
+
+// Device copies of a paged batch's index arrays, and a BatchView over them.
+struct DevBatch {
+  Dev qsl, seq_lens, tables;
+  ops::BatchView view;
+  explicit DevBatch(const PagedBatch& b)
+      : qsl(Dev::of(b.query_start_loc)), seq_lens(Dev::of(b.seq_lens)), tables(Dev::of(b.block_tables)) {
+    view = b.view();
+    view.query_start_loc = qsl.as<int32_t>();
+    view.seq_lens = seq_lens.as<int32_t>();
+    view.block_tables = tables.as<int32_t>();
+  }
+};
+
+std::string name(DType t) { return std::string(dtype_name(t)); }
+
+// ---------------------------------------------------------------------------------------------
+// qkv_norm_rope_cache
+
+void check_qkv(DType act, DType kv_dtype, DType idx_dtype, uint64_t seed) {
+  SCOPED_TRACE("act " + name(act) + " kv " + name(kv_dtype) + " index " + name(idx_dtype));
+  Rng rng(seed);
+  const QkvLayout l = QkvLayout::make(4, 2, 128, 2, 128, 64, 8);
+  const QkvWeights w = QkvWeights::make(l, 8192, rng);
+  PagedBatch b = make_paged_batch({{0, 5}, {130, 3}, {255, 1}, {1000, 2}}, 128, rng);
+  b.slot_mapping[1] = -1;  // a skipped token
+  const int64_t T = b.num_tokens;
+  auto rows = random_vector(size_t(T * l.row_stride), rng, -2.f, 2.f);
+  TypedBuffer in = TypedBuffer::from(act, rows);
+  std::vector<float> cpu_rows(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) cpu_rows[i] = in.get(i);
+
+  KvCache kv_cpu(kv_dtype, b.num_blocks, 128, l.num_kv_heads, l.head_dim);
+  IndexCache ic_cpu(idx_dtype, b.num_blocks, 128, l.index_dim);
+  KvCache kv_gpu_host = kv_cpu;  // same poison bytes
+  IndexCache ic_gpu_host = ic_cpu;
+  auto pc = make_qkv_params(l, w, cpu_rows.data(), DType::F32, T, b.positions.data(),
+                            b.slot_mapping.data(), kv_cpu, &ic_cpu);
+  cpu::run_qkv_norm_rope_cache(pc);
+
+  Dev d_qkv = Dev::of(in), d_k = Dev::of(kv_gpu_host.k), d_v = Dev::of(kv_gpu_host.v);
+  Dev d_ks = Dev::of(kv_gpu_host.k_scale), d_vs = Dev::of(kv_gpu_host.v_scale);
+  Dev d_ik = Dev::of(ic_gpu_host.k);
+  Dev d_qn = Dev::of(w.q_norm), d_kn = Dev::of(w.k_norm), d_iqn = Dev::of(w.index_q_norm),
+      d_ikn = Dev::of(w.index_k_norm), d_cs = Dev::of(w.cos_sin);
+  Dev d_pos = Dev::of(b.positions), d_slots = Dev::of(b.slot_mapping);
+  auto pg = make_qkv_params(l, w, d_qkv.p(), act, T, d_pos.as<int32_t>(), d_slots.as<int64_t>(),
+                            kv_gpu_host, &ic_gpu_host);
+  pg.q_norm = d_qn.p(), pg.k_norm = d_kn.p(), pg.index_q_norm = d_iqn.p(), pg.index_k_norm = d_ikn.p();
+  pg.cos_sin = d_cs.as<float>();
+  pg.kv.k = d_k.p(), pg.kv.v = d_v.p();
+  pg.kv.k_scale = kv_dtype == DType::FP8_E4M3 ? d_ks.as<float>() : nullptr;
+  pg.kv.v_scale = kv_dtype == DType::FP8_E4M3 ? d_vs.as<float>() : nullptr;
+  pg.index_cache.k = d_ik.p();
+  ops::qkv_norm_rope_cache(pg, kStream);
+  device_synchronize(kGpu);
+
+  // Rows: q / index_q transformed, everything else untouched.
+  TypedBuffer out(act, rows.size());
+  copy_to_host(kGpu, out.data(), d_qkv.p(), out.bytes.size());
+  const double tol = act == DType::BF16 ? 1.6e-2 : 2e-5;
+  int bad = 0;
+  for (size_t i = 0; i < rows.size() && bad < 5; ++i) {
+    const float g = out.get(i), c = act == DType::BF16 ? round_bf16(cpu_rows[i]) : cpu_rows[i];
+    if (!close(g, c, tol, tol)) {
+      ADD_FAILURE() << "qkv row element " << i << " (col " << i % l.row_stride << "): gpu " << g << " cpu " << c;
+      ++bad;
+    }
+  }
+  // Caches, dequantised; unwritten entries stay poisoned (NaN) in both.
+  KvCache kv_g = kv_cpu;
+  IndexCache ic_g = ic_cpu;
+  copy_to_host(kGpu, kv_g.k.data(), d_k.p(), kv_g.k.bytes.size());
+  copy_to_host(kGpu, kv_g.v.data(), d_v.p(), kv_g.v.bytes.size());
+  if (kv_dtype == DType::FP8_E4M3) {
+    copy_to_host(kGpu, kv_g.k_scale.data(), d_ks.p(), kv_g.k_scale.size() * 4);
+    copy_to_host(kGpu, kv_g.v_scale.data(), d_vs.p(), kv_g.v_scale.size() * 4);
+  }
+  copy_to_host(kGpu, ic_g.k.data(), d_ik.p(), ic_g.k.bytes.size());
+  const bool fp8 = kv_dtype == DType::FP8_E4M3;
+  for (int64_t slot = 0; slot < b.num_blocks * 128 && bad < 10; ++slot) {
+    for (int h = 0; h < l.num_kv_heads; ++h) {
+      const size_t r = kv_cpu.row(slot, h);
+      for (int kvsel = 0; kvsel < 2; ++kvsel) {
+        const TypedBuffer& cb = kvsel ? kv_cpu.v : kv_cpu.k;
+        const TypedBuffer& gb = kvsel ? kv_g.v : kv_g.k;
+        float cs = 1.f, gs = 1.f;
+        if (fp8) {
+          cs = kvsel ? kv_cpu.v_scale[r] : kv_cpu.k_scale[r];
+          gs = kvsel ? kv_g.v_scale[r] : kv_g.k_scale[r];
+          if (std::isnan(cs) != std::isnan(gs) || (!std::isnan(cs) && !close(gs, cs, 0, 1e-2))) {
+            ADD_FAILURE() << "scale slot " << slot << " head " << h << ": gpu " << gs << " cpu " << cs;
+            ++bad;
+          }
+        }
+        for (int d = 0; d < 128; ++d) {
+          const float c = cb.get(r * 128 + d) * cs, g = gb.get(r * 128 + d) * gs;
+          if (std::isnan(c) && std::isnan(g)) continue;
+          const double t = fp8 ? 0.13 * std::fabs(c) + cs * 0.004 + 1e-6 : 8e-3 * std::fabs(c) + 1e-6;
+          if (std::isnan(c) || std::isnan(g) || std::fabs(c - g) > t) {
+            ADD_FAILURE() << (kvsel ? "v" : "k") << " cache slot " << slot << " head " << h << " dim " << d
+                          << ": gpu " << g << " cpu " << c;
+            ++bad;
+            break;
+          }
+        }
+      }
+    }
+    for (int d = 0; d < 128; ++d) {
+      const float c = ic_cpu.read(slot, d), g = ic_g.read(slot, d);
+      if (std::isnan(c) && std::isnan(g)) continue;
+      const double t = idx_dtype == DType::FP8_E4M3 ? 0.13 * std::fabs(c) + 0.004 : 8e-3 * std::fabs(c) + 1e-6;
+      if (std::isnan(c) || std::isnan(g) || std::fabs(c - g) > t) {
+        ADD_FAILURE() << "index cache slot " << slot << " dim " << d << ": gpu " << g << " cpu " << c;
+        ++bad;
+        break;
+      }
+    }
+  }
+}
+
+TEST(CudaQkvNormRopeCache, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (DType act : {DType::BF16, DType::F32})
+    for (DType kvd : {DType::BF16, DType::FP8_E4M3})
+      for (DType idd : {DType::BF16, DType::FP8_E4M3}) check_qkv(act, kvd, idd, seed++);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Indexer
+
+struct IndexerCase {
+  std::vector<SeqSpec> specs;
+  int H = 1;
+  DType cache = DType::BF16;
+  DType q_dtype = DType::BF16;
+  int topk = 16, init = 0, local = 1;
+  bool ties = false;
+  bool q_in_cache = false;
+  cuda::IndexerPath path = cuda::IndexerPath::kAuto;
+};
+
+void check_indexer(const IndexerCase& c, uint64_t seed) {
+  SCOPED_TRACE("cache " + name(c.cache) + " q " + name(c.q_dtype) + " H " + std::to_string(c.H) +
+               " topk " + std::to_string(c.topk) + " init " + std::to_string(c.init) + " local " +
+               std::to_string(c.local) + (c.ties ? " ties" : "") + " path " + std::to_string(int(c.path)) +
+               " seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int D = 128;
+  PagedBatch b = make_paged_batch(c.specs, 128, rng);
+  IndexCache ic(c.cache, b.num_blocks, 128, D);
+  if (c.ties) {
+    for (int s = 0; s < b.num_seqs(); ++s)
+      for (int pos = 0; pos < b.seq_lens[size_t(s)]; ++pos) {
+        std::vector<float> x(D);
+        for (auto& v : x) v = rng.grid(2, 1);  // {-1, -0.5, 0, 0.5, 1}: exact dots, many ties
+        ic.write(b.slot(s, pos), x.data());
+      }
+  } else {
+    fill_caches_random(b, nullptr, &ic, rng, 1.0f);
+  }
+  const int64_t T = b.num_tokens;
+  const int64_t q_stride = int64_t(c.H) * D + 8;
+  std::vector<float> qv(size_t(T * q_stride));
+  for (auto& v : qv) v = c.ties ? rng.grid(2, 1) : rng.uniform(-1.f, 1.f);
+  TypedBuffer q = TypedBuffer::from(c.q_dtype, qv);
+  const int mbps = b.max_blocks_per_seq;
+
+  ops::IndexerParams p;
+  p.index_q = q.data();
+  p.q_dtype = c.q_dtype;
+  p.q_stride = q_stride;
+  p.num_index_heads = c.H;
+  p.index_dim = D;
+  p.score_scale = float(1.0 / std::sqrt(128.0) * 1.4426950408889634);
+  p.q_in_cache_dtype = c.q_in_cache;
+  p.cache = ic.view();
+  p.batch = b.view();
+  p.topk = c.topk;
+  p.init_blocks = c.init;
+  p.local_blocks = c.local;
+  std::vector<int32_t> cpu_idx(size_t(T * c.H * c.topk), -7);
+  std::vector<float> cpu_scores(size_t(T * c.H * mbps), kNaN);
+  p.topk_idx = cpu_idx.data();
+  p.block_scores = cpu_scores.data();
+  cpu::run_indexer(p);
+
+  DevBatch db(b);
+  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
+  Dev d_idx(cpu_idx.size() * 4), d_scores(cpu_scores.size() * 4);
+  d_idx.poison(0x55);
+  d_scores.poison(0xff);
+  ops::IndexerParams g = p;
+  g.index_q = d_q.p();
+  g.cache.k = d_cache.p();
+  g.batch = db.view;
+  g.topk_idx = d_idx.as<int32_t>();
+  const bool want_scores = c.path != cuda::IndexerPath::kDecodeBaseline;
+  g.block_scores = want_scores ? d_scores.as<float>() : nullptr;
+  ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, c.path));
+  device_synchronize(kGpu);
+  auto gpu_idx = d_idx.get<int32_t>(cpu_idx.size());
+  auto gpu_scores = d_scores.get<float>(cpu_scores.size());
+
+  // Scores: exact for ties (exact dots), else fp32-accumulation close; q rounded to bf16 on the
+  // GPU when it is given in fp32 (docs/kernels.md).
+  const double stol = c.ties ? 0 : (c.q_dtype == DType::F32 ? 2e-2 : 2e-4);
+  int bad = 0;
+  if (want_scores) {
+    for (size_t i = 0; i < cpu_scores.size() && bad < 5; ++i) {
+      const float cs = cpu_scores[i], gs = gpu_scores[i];
+      if (cs == gs) continue;
+      if (!close(gs, cs, stol, stol)) {
+        ADD_FAILURE() << "block score " << i << " (token " << i / (c.H * mbps) << ", block " << i % mbps
+                      << "): gpu " << gs << " cpu " << cs;
+        ++bad;
+      }
+    }
+  }
+  // Top-k as sets; any block the GPU picks that the CPU did not must score within tolerance of
+  // the CPU's k-th score (near-ties), and exact-tie cases must agree exactly, order included.
+  for (int64_t t = 0; t < T; ++t) {
+    for (int h = 0; h < c.H; ++h) {
+      const size_t o = size_t((t * c.H + h) * c.topk);
+      const float* srow = &cpu_scores[size_t((t * c.H + h) * mbps)];
+      std::vector<int32_t> ci(cpu_idx.begin() + o, cpu_idx.begin() + o + c.topk);
+      std::vector<int32_t> gi(gpu_idx.begin() + o, gpu_idx.begin() + o + c.topk);
+      if (c.ties) {
+        if (ci != gi && bad++ < 5) ADD_FAILURE() << "token " << t << " head " << h << ": top-k order differs";
+        continue;
+      }
+      const int nc = int(std::count_if(ci.begin(), ci.end(), [](int v) { return v >= 0; }));
+      const int ng = int(std::count_if(gi.begin(), gi.end(), [](int v) { return v >= 0; }));
+      bool ok = nc == ng;
+      for (int k = 0; k < c.topk && ok; ++k) ok = (k < ng) == (gi[size_t(k)] >= 0);  // left-packed
+      std::set<int32_t> cs(ci.begin(), ci.begin() + nc), gs(gi.begin(), gi.begin() + std::max(ng, 0));
+      ok = ok && int(gs.size()) == ng;  // no duplicates
+      const float kth = nc > 0 ? srow[ci[size_t(nc - 1)]] : 0.f;
+      for (int32_t id : gs) {
+        if (!ok) break;
+        if (id < 0 || id >= mbps) {
+          ok = false;
+          break;
+        }
+        if (!cs.count(id)) ok = std::fabs(srow[id] - kth) <= 1e-2 * std::max(1.f, std::fabs(kth)) + stol;
+      }
+      if (!ok && bad++ < 5) {
+        std::string s = "token " + std::to_string(t) + " head " + std::to_string(h) + ": cpu";
+        for (int v : ci) s += " " + std::to_string(v);
+        s += " | gpu";
+        for (int v : gi) s += " " + std::to_string(v);
+        ADD_FAILURE() << s;
+      }
+    }
+  }
+}
+
+const std::vector<SeqSpec> kDecodeSpecs = {{0, 1},   {126, 1},  {127, 1},  {128, 1},  {300, 1},
+                                           {2047, 1}, {2048, 1}, {2175, 1}, {5000, 1}, {9000, 1}};
+const std::vector<SeqSpec> kSpecSpecs = {{200, 4}, {2044, 4}, {3000, 4}, {124, 4}};
+const std::vector<SeqSpec> kPrefillSpecs = {{0, 300}, {1000, 129}, {0, 1}, {3000, 200}, {127, 130}};
+
+TEST(CudaIndexer, DecodeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1000;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeBaseline}) {
+      IndexerCase c;
+      c.specs = kDecodeSpecs;
+      c.cache = cd;
+      c.path = path;
+      check_indexer(c, seed++);
+    }
+    IndexerCase c;
+    c.specs = kDecodeSpecs;
+    c.cache = cd;
+    c.topk = 8, c.init = 1, c.local = 2;
+    check_indexer(c, seed++);
+    c.q_dtype = DType::F32;
+    c.q_in_cache = cd == DType::FP8_E4M3;
+    check_indexer(c, seed++);
+  }
+}
+
+TEST(CudaIndexer, SeveralRowsAndHeadsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2000;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (int H : {1, 2, 4}) {
+      IndexerCase c;
+      c.specs = kSpecSpecs;
+      c.cache = cd;
+      c.H = H;
+      check_indexer(c, seed++);
+    }
+  }
+}
+
+TEST(CudaIndexer, PrefillMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 3000;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (int H : {1, 2}) {
+      IndexerCase c;
+      c.specs = kPrefillSpecs;
+      c.cache = cd;
+      c.H = H;
+      check_indexer(c, seed++);
+    }
+    // The prefill kernel on decode-shaped batches too.
+    IndexerCase c;
+    c.specs = kDecodeSpecs;
+    c.cache = cd;
+    c.path = cuda::IndexerPath::kPrefill;
+    c.init = 1;
+    check_indexer(c, seed++);
+  }
+}
+
+TEST(CudaIndexer, ExactTiesFollowTheLowerBlockRule) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 4000;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kPrefill}) {
+      IndexerCase c;
+      c.specs = path == cuda::IndexerPath::kPrefill ? kPrefillSpecs : kDecodeSpecs;
+      c.cache = cd;
+      c.ties = true;
+      c.path = path;
+      check_indexer(c, seed++);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+struct AttnCase {
+  std::vector<SeqSpec> specs;
+  int nq = 16, nkv = 1;
+  DType kv = DType::BF16;
+  DType out = DType::F32;
+  bool sparse = true;
+  int topk = 16;
+};
+
+void check_attention(const AttnCase& c, uint64_t seed) {
+  SCOPED_TRACE("kv " + name(c.kv) + (c.sparse ? " sparse" : " dense") + " nq " + std::to_string(c.nq) +
+               " nkv " + std::to_string(c.nkv) + " out " + name(c.out) + " seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int D = 128;
+  PagedBatch b = make_paged_batch(c.specs, 128, rng);
+  KvCache kv(c.kv, b.num_blocks, 128, c.nkv, D);
+  fill_caches_random(b, &kv, nullptr, rng, 1.0f);
+  const int64_t T = b.num_tokens;
+  const int64_t q_stride = int64_t(c.nq) * D + 8;
+  std::vector<float> qv(size_t(T * q_stride));
+  for (auto& v : qv) v = rng.uniform(-1.f, 1.f);
+  TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
+  std::vector<int32_t> topk;
+  if (c.sparse) {
+    topk.assign(size_t(T * c.nkv * c.topk), -1);
+    for (int64_t t = 0; t < T; ++t) {
+      const int n_blk = b.positions[size_t(t)] / 128 + 1;
+      for (int g = 0; g < c.nkv; ++g) {
+        std::vector<int32_t> ids(size_t(n_blk - 1));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng.gen);
+        ids.resize(std::min<size_t>(ids.size(), size_t(c.topk - 1)));
+        ids.insert(ids.begin() + rng.uniform_int(0, int(ids.size())), n_blk - 1);  // own block
+        std::copy(ids.begin(), ids.end(), topk.begin() + (t * c.nkv + g) * c.topk);
+      }
+    }
+  }
+  const int64_t out_stride = int64_t(c.nq) * D + 16;
+  ops::AttentionParams p;
+  p.q = q.data();
+  p.q_dtype = DType::BF16;
+  p.q_stride = q_stride;
+  std::vector<float> cpu_out(size_t(T * out_stride), kNaN);
+  p.out = cpu_out.data();
+  p.out_dtype = DType::F32;
+  p.out_stride = out_stride;
+  p.num_q_heads = c.nq;
+  p.num_kv_heads = c.nkv;
+  p.head_dim = D;
+  p.sm_scale = float(1.0 / std::sqrt(128.0));
+  p.kv = kv.view();
+  p.batch = b.view();
+  p.topk_idx = c.sparse ? topk.data() : nullptr;
+  p.topk = c.sparse ? c.topk : 0;
+  cpu::run_attention(p);
+
+  DevBatch db(b);
+  Dev d_q = Dev::of(q), d_k = Dev::of(kv.k), d_v = Dev::of(kv.v), d_ks = Dev::of(kv.k_scale),
+      d_vs = Dev::of(kv.v_scale), d_topk = Dev::of(topk);
+  TypedBuffer gout(c.out, cpu_out.size());
+  Dev d_out(gout.bytes.size());
+  d_out.poison(0xff);
+  ops::AttentionParams g = p;
+  g.q = d_q.p();
+  g.out = d_out.p();
+  g.out_dtype = c.out;
+  g.kv.k = d_k.p(), g.kv.v = d_v.p();
+  g.kv.k_scale = c.kv == DType::FP8_E4M3 ? d_ks.as<float>() : nullptr;
+  g.kv.v_scale = c.kv == DType::FP8_E4M3 ? d_vs.as<float>() : nullptr;
+  g.batch = db.view;
+  g.topk_idx = c.sparse ? d_topk.as<int32_t>() : nullptr;
+  ops::attention(g, kStream);
+  device_synchronize(kGpu);
+  copy_to_host(kGpu, gout.data(), d_out.p(), gout.bytes.size());
+
+  int bad = 0;
+  for (int64_t t = 0; t < T && bad < 5; ++t) {
+    for (int h = 0; h < c.nq && bad < 5; ++h) {
+      double num = 0, den = 0, worst = 0;
+      for (int d = 0; d < D; ++d) {
+        const size_t i = size_t(t * out_stride + h * D + d);
+        const double cv = cpu_out[i], gv = gout.get(i);
+        if (std::isnan(gv)) {
+          worst = 1e30;
+          break;
+        }
+        num += (gv - cv) * (gv - cv);
+        den += cv * cv;
+        worst = std::max(worst, std::fabs(gv - cv));
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-30));
+      if (worst > 2.5e-2 || (den > 1e-6 && rel > 2e-2)) {
+        ADD_FAILURE() << "token " << t << " (pos " << b.positions[size_t(t)] << ") head " << h
+                      << ": max abs err " << worst << ", rel l2 " << rel;
+        ++bad;
+      }
+    }
+  }
+  // Padding columns of the output rows are never written.
+  for (int64_t t = 0; t < T; ++t)
+    for (int i = c.nq * D; i < out_stride; ++i)
+      if (!std::isnan(gout.get(size_t(t * out_stride + i)))) {
+        ADD_FAILURE() << "wrote past the heads of token " << t;
+        return;
+      }
+}
+
+TEST(CudaAttention, SparseDecodeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 5000;
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+    AttnCase c;
+    c.specs = kDecodeSpecs;
+    c.kv = kvd;
+    check_attention(c, seed++);
+    c.specs = kSpecSpecs;
+    c.out = DType::BF16;
+    check_attention(c, seed++);
+    c.nq = 8, c.nkv = 2, c.topk = 6;  // GQA 4, padded mma rows
+    c.specs = kDecodeSpecs;
+    check_attention(c, seed++);
+  }
+}
+
+TEST(CudaAttention, SparsePrefillMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 6000;
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+    AttnCase c;
+    c.specs = kPrefillSpecs;
+    c.kv = kvd;
+    check_attention(c, seed++);
+  }
+}
+
+TEST(CudaAttention, DenseMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7000;
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+    AttnCase c;
+    c.sparse = false;
+    c.kv = kvd;
+    c.specs = kDecodeSpecs;
+    check_attention(c, seed++);
+    c.specs = kPrefillSpecs;
+    c.nq = 8, c.nkv = 2;
+    check_attention(c, seed++);
+  }
+}
+
+// The fused decode indexer inside a CUDA graph captured at a larger max_seq_len (the serving
+// engine's capture) gives the same result as an eager call.
+TEST(CudaIndexer, GraphReplayMatchesEager) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(8000);
+  PagedBatch b = make_paged_batch(kDecodeSpecs, 128, rng, 3, 40);
+  IndexCache ic(DType::FP8_E4M3, b.num_blocks, 128, 128);
+  fill_caches_random(b, nullptr, &ic, rng);
+  const int64_t T = b.num_tokens;
+  auto qv = random_vector(size_t(T * 128), rng);
+  TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
+  DevBatch db(b);
+  db.view.max_seq_len = b.max_blocks_per_seq * 128;  // capture-time bound
+  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k), d_a(size_t(T) * 16 * 4), d_b(size_t(T) * 16 * 4);
+  ops::IndexerParams g;
+  g.index_q = d_q.p();
+  g.q_dtype = DType::BF16;
+  g.q_stride = 128;
+  g.num_index_heads = 1;
+  g.index_dim = 128;
+  g.score_scale = 0.1f;
+  g.cache = ic.view();
+  g.cache.k = d_cache.p();
+  g.batch = db.view;
+  g.topk = 16;
+  g.local_blocks = 1;
+  g.topk_idx = d_a.as<int32_t>();
+  d_a.poison(0x55);
+  ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFused));
+  device_synchronize(kGpu);
+  g.topk_idx = d_b.as<int32_t>();
+  d_b.poison(0x55);
+  ASSERT_TRUE(cuda::run_indexer_graph_check(g));
+  EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16));
+}
+
+}  // namespace
+}  // namespace sieve
