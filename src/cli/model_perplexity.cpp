@@ -1,0 +1,125 @@
+// `sieve eval perplexity`: mean negative log-likelihood of a text over windows of the full
+// context length, through the engine's paged (chunked) prefill path.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "model/locate.h"
+#include "model/model.h"
+#ifdef SIEVE_HAVE_TEXT
+#include "text/tokenizer.h"
+#endif
+
+namespace sieve::cli {
+namespace {
+
+int run_perplexity(const std::vector<std::string>& argv) {
+  Args a("eval perplexity", argv);
+  a.opt({"--model"}, "DIR", "model directory (default: the bundled model)")
+      .opt({"--file"}, "TEXT", "text file to score")
+      .opt({"--max-model-len"}, "N", "window length in tokens (default: the model's context)")
+      .opt({"--prefill-chunk"}, "N", "prefill each window in chunks of N tokens", "2048")
+      .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto, bf16, fp8 or fp32", "auto")
+      .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE",
+           "auto, bf16, fp8 or fp32 (default: the kv cache dtype)")
+      .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
+      .opt({"--max-windows"}, "N", "score at most N windows; 0 = all", "0")
+      .flag({"--dense"}, "select every block in sparse layers")
+      .flag({"--json"}, "print one JSON object");
+  if (!a.parse()) return 0;
+#ifndef SIEVE_HAVE_TEXT
+  throw Error("eval perplexity needs the tokenizer, which this build lacks");
+#else
+  std::string dir = a.get("--model");
+  if (dir.empty()) dir = model::bundled_model_dir(SIEVE_SOURCE_DIR);
+  if (dir.empty()) throw Error("--model: no model directory given and no bundled model under models/");
+  if (!a.has("--file")) throw Error("--file: give the text to score");
+  std::ifstream f(a.get("--file"), std::ios::binary);
+  if (!f) throw Error("--file: cannot read " + a.get("--file"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+
+  model::LoadOptions lo;
+  lo.hf_overrides = a.get("--hf-overrides");
+  auto m = model::Model::load(dir, lo);
+  const ModelConfig& cfg = m->config();
+  text::Tokenizer tok = text::Tokenizer::load(dir);
+  std::vector<int32_t> ids = tok.encode(ss.str(), false);
+
+  long long window = a.has("--max-model-len") ? a.get_int("--max-model-len") : cfg.max_position_embeddings;
+  if (window < 2) throw Error("--max-model-len must be at least 2");
+  window = std::min<long long>(window, (long long)ids.size());
+  if (window < 2) throw Error("--file: the text has fewer than 2 tokens");
+  const long long chunk = a.get_int("--prefill-chunk");
+  if (chunk < 1) throw Error("--prefill-chunk must be >= 1");
+
+  model::CacheOptions co;
+  co.kv_dtype = model::parse_cache_dtype(a.get("--kv-cache-dtype"), "--kv-cache-dtype");
+  co.index_dtype = a.has("--index-cache-dtype")
+                       ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
+                       : co.kv_dtype;
+  co.dense = a.get_flag("--dense");
+  const int bs = m->block_size();
+  const int blocks = int((window + bs - 1) / bs);
+  co.num_blocks = blocks;
+  m->allocate_caches(co);
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = blocks - 1 - b;
+
+  const long long max_windows = a.get_int("--max-windows");
+  double nll = 0;
+  long long count = 0, windows = 0;
+  const int64_t V = cfg.vocab_size;
+  for (size_t w0 = 0; w0 + 1 < ids.size(); w0 += size_t(window)) {
+    if (max_windows > 0 && windows >= max_windows) break;
+    const size_t wlen = std::min(size_t(window), ids.size() - w0);
+    if (wlen < 2) break;
+    ++windows;
+    for (size_t at = 0; at < wlen; at += size_t(chunk)) {
+      const size_t end = std::min(wlen, at + size_t(chunk));
+      model::StepInputs in;
+      for (size_t i = at; i < end; ++i) {
+        in.token_ids.push_back(ids[w0 + i]);
+        in.positions.push_back(int32_t(i));
+        in.slot_mapping.push_back(int64_t(table[i / bs]) * bs + int64_t(i % bs));
+        in.logits_indices.push_back(int32_t(i - at));
+      }
+      in.query_start_loc = {0, int32_t(end - at)};
+      in.seq_lens = {int32_t(end)};
+      in.block_tables = table;
+      in.max_blocks_per_seq = blocks;
+      std::vector<float> logits;
+      m->forward(in, logits);
+      for (size_t i = at; i < end; ++i) {
+        if (i + 1 >= wlen) break;
+        const float* row = logits.data() + (i - at) * V;
+        double mx = -INFINITY;
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
+        double z = 0;
+        for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v]) - mx);
+        nll += mx + std::log(z) - double(row[ids[w0 + i + 1]]);
+        ++count;
+      }
+    }
+  }
+  const double mean = nll / double(count);
+  if (a.get_flag("--json")) {
+    std::printf("{\"tokens\": %lld, \"windows\": %lld, \"mean_nll\": %.6f, \"perplexity\": %.4f}\n",
+                count, windows, mean, std::exp(mean));
+  } else {
+    std::printf("tokens scored: %lld (%lld windows of up to %lld)\n", count, windows, window);
+    std::printf("mean nll: %.6f\n", mean);
+    std::printf("perplexity: %.4f\n", std::exp(mean));
+  }
+  return 0;
+#endif
+}
+
+Register reg{"eval perplexity", "perplexity of a text file through the paged prefill path", &run_perplexity};
+
+}  // namespace
+}  // namespace sieve::cli
