@@ -96,12 +96,6 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
   bool tokenizer = !a.get_flag("--no-tokenizer");
   const std::string out = a.get("--out");
 
-#ifdef SIEVE_TINY_TOKENIZER
-  // The tokenizer goes first: its special tokens must fit in the vocabulary.
-  if (tokenizer) sieve::text::write_byte_level_tokenizer(out, o.vocab_size);
-#else
-  tokenizer = false;  // this build has no text library
-#endif
 
   if (a.has("--bos-token-id")) o.bos_token_id = a.get_int("--bos-token-id");
   if (a.has("--eos-token-id")) {
@@ -132,6 +126,12 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
                        " is outside the vocabulary (" + std::to_string(o.vocab_size) + ")");
 
   sieve::write_tiny_model(o, out);
+#ifdef SIEVE_TINY_TOKENIZER
+  // 256 byte tokens plus the chat special tokens; the text library checks they fit the vocab.
+  if (tokenizer) sieve::text::write_byte_level_tokenizer(out, o.vocab_size);
+#else
+  tokenizer = false;  // this build has no text library
+#endif
   sieve::ModelConfig c = sieve::tiny_model_config(o);
   int sparse = 0, moe = 0;
   for (int i = 0; i < c.num_hidden_layers; ++i) {

@@ -200,7 +200,11 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
   auto linear = [&](const std::string& name, int64_t rows, int64_t cols, bool quantize) {
     auto v = normal_values(o.seed, name, size_t(rows * cols), 0.0, ws / std::sqrt(double(cols)));
     std::string base = name.substr(0, name.size() - std::string(".weight").size());
-    if (quantize && o.mxfp8) add_mxfp8(ts, base, rows, cols, v);
+    if (quantize && o.mxfp8) {
+      // Quantize the BF16 weights, as published MXFP8 checkpoints come from the BF16 ones.
+      for (auto& x : v) x = round_bf16(x);
+      add_mxfp8(ts, base, rows, cols, v);
+    }
     else ts.push_back(to_tensor(name, DType::BF16, {rows, cols}, v));
   };
   // Gemma norms store raw w (the op computes x_hat * (1 + w)): small values around 0.
