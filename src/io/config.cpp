@@ -212,8 +212,10 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
   c.num_key_value_heads = t.get_int32("num_key_value_heads", c.num_attention_heads);
   c.vocab_size = t.get_int("vocab_size", 0);
   if (c.hidden_size <= 0) t.fail("hidden_size", "= " + std::to_string(c.hidden_size) + ", expected > 0");
-  if (c.num_hidden_layers <= 0)
-    t.fail("num_hidden_layers", "= " + std::to_string(c.num_hidden_layers) + ", expected > 0");
+  // The bound keeps a corrupt value from turning into a multi-gigabyte per-layer table.
+  if (c.num_hidden_layers <= 0 || c.num_hidden_layers > 100000)
+    t.fail("num_hidden_layers",
+           "= " + std::to_string(c.num_hidden_layers) + ", expected 1..100000");
   if (c.num_attention_heads <= 0)
     t.fail("num_attention_heads", "= " + std::to_string(c.num_attention_heads) + ", expected > 0");
   if (c.num_key_value_heads <= 0)
@@ -495,7 +497,40 @@ ModelConfig load_model_config(const std::string& dir, const std::string& hf_over
   } catch (const json::exception& e) {
     throw Error(path + ": invalid JSON (" + std::string(e.what()) + ")");
   }
-  return parse_model_config(j, hf_overrides, path);
+  ModelConfig c = parse_model_config(j, hf_overrides, path);
+
+  // generation_config.json is where HF generation takes its stop ids from; its eos ids join the
+  // config's (a chat model often lists its end-of-turn token only there).
+  std::string gen_path = dir + "/generation_config.json";
+  std::ifstream g(gen_path, std::ios::binary);
+  if (g) {
+    std::stringstream gs;
+    gs << g.rdbuf();
+    json gj;
+    try {
+      gj = json::parse(gs.str());
+    } catch (const json::exception& e) {
+      throw Error(gen_path + ": invalid JSON (" + std::string(e.what()) + ")");
+    }
+    if (!gj.is_object()) throw Error(gen_path + ": expected a JSON object, got " + type_name(gj));
+    Reader gr(gj, gen_path, "");
+    if (c.bos_token_id < 0) c.bos_token_id = gr.get_int("bos_token_id", -1);
+    if (gr.has("eos_token_id")) {
+      const json& e = gj.at("eos_token_id");
+      std::vector<int64_t> ids;
+      if (e.is_number_integer()) ids.push_back(e.get<int64_t>());
+      else if (e.is_array())
+        for (const auto& x : e) {
+          if (!x.is_number_integer()) gr.wrong_type("eos_token_id", "an integer or a list of integers");
+          ids.push_back(x.get<int64_t>());
+        }
+      else gr.wrong_type("eos_token_id", "an integer or a list of integers");
+      for (int64_t id : ids)
+        if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+          c.eos_token_ids.push_back(id);
+    }
+  }
+  return c;
 }
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {

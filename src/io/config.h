@@ -43,7 +43,10 @@ struct ModelConfig {
   bool use_routing_bias = true;
   float routed_scaling_factor = 1.0f;
   bool norm_topk_prob = true;
-  std::vector<int> moe_layer_freq;  // per layer: 1 = MoE, 0 = dense MLP
+  // Per layer: 1 = MoE, 0 = dense MLP. The config may give a list, or an int k: layer i is MoE iff
+  // i >= first_k_dense_replace and i % k == 0 (the DeepSeek-V2/V3 convention; 0 = no MoE);
+  // absent = every layer MoE when num_local_experts > 0.
+  std::vector<int> moe_layer_freq;
   bool tie_word_embeddings = false;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
@@ -84,7 +87,9 @@ struct ModelConfig {
 // Loads DIR/config.json (throws Error naming the file and key on any problem), merges
 // `hf_overrides` (a JSON object text; keys apply to the text config; "text_config" nested
 // objects are merged too) and validates (block size 128 for sparse models, score type "max",
-// index heads == kv heads, list lengths == num_hidden_layers, ...).
+// index heads == kv heads, list lengths == num_hidden_layers, ...). DIR/generation_config.json,
+// when present, adds its eos_token_id(s) to eos_token_ids (and bos_token_id when config.json has
+// none).
 ModelConfig load_model_config(const std::string& dir, const std::string& hf_overrides = "");
 // Same, from JSON already in memory; `source` names it in errors.
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& hf_overrides = "",

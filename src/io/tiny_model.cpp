@@ -194,6 +194,18 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
     throw Error("cannot create output directory " + dir + (ec ? " (" + ec.message() + ")" : ""));
 
   const int64_t H = c.hidden_size, D = c.head_dim;
+  {
+    // Everything is built in memory first; refuse sizes that are not "tiny" before allocating.
+    double per_layer = double(H) * double(D) * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) +
+                       double(H) * double(std::max<int64_t>(c.dense_intermediate_size, 0)) * 3.0 +
+                       double(H) * double(c.num_local_experts) * double(c.intermediate_size) * 3.0 +
+                       double(H) * double(c.shared_intermediate_size) * 3.0 +
+                       double(H) * double(c.sparse_index_dim) * (c.sparse_num_index_heads + 1.0);
+    double total = per_layer * c.num_hidden_layers + 2.0 * double(c.vocab_size) * double(H);
+    if (total > 4e9)
+      throw Error("make-tiny-model: about " + std::to_string(int64_t(total / 1e6)) +
+                  "M parameters is too large for a generated model (limit 4000M)");
+  }
   const double ws = o.weight_scale;
   std::vector<TensorToWrite> ts;
   // A projection [rows, cols] ~ N(0, scale/sqrt(cols)): each output is O(1) when the input is.

@@ -382,3 +382,57 @@ TEST(Config, RandomOverridesNeverCrash) {
 
 }  // namespace
 }  // namespace sieve
+
+namespace sieve {
+namespace {
+
+TEST(Config, GenerationConfigAddsEosIds) {
+  std::string dir = ::testing::TempDir() + "/sieve_config_gen";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << real_config().dump();
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [200020, 200021], "bos_token_id": 1})";
+  ModelConfig c = load_model_config(dir);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{200020, 200021}));  // no duplicate 200020
+  EXPECT_EQ(c.bos_token_id, 200034);  // config.json wins
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": "x"})";
+  std::string msg = error_of([&] { load_model_config(dir); });
+  EXPECT_NE(msg.find("generation_config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("eos_token_id"), std::string::npos) << msg;
+  std::ofstream(dir + "/generation_config.json") << "{";
+  msg = error_of([&] { load_model_config(dir); });
+  EXPECT_NE(msg.find("generation_config.json"), std::string::npos) << msg;
+  std::filesystem::remove(dir + "/generation_config.json");
+  EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{200020}));
+}
+
+// Random byte edits of the config text: an Error naming the file or a config, never a crash.
+TEST(Config, RandomlyCorruptedFileNeverCrashes) {
+  std::mt19937 rng(std::random_device{}());
+  std::string dir = ::testing::TempDir() + "/sieve_config_fuzz";
+  std::filesystem::create_directories(dir);
+  const std::string text = real_config()["text_config"].dump();
+  int ok = 0, err = 0;
+  for (int i = 0; i < 1000; ++i) {
+    std::string t = text;
+    for (int e = 0, n = 1 + int(rng() % 3); e < n; ++e) {
+      size_t pos = rng() % t.size();
+      if (rng() % 8 == 0) t.resize(pos);
+      else t[pos] = "0123456789[]{},:\"-eE.SFtruefalsn "[rng() % 34];
+      if (t.empty()) break;
+    }
+    std::ofstream(dir + "/config.json", std::ios::trunc) << t;
+    try {
+      ModelConfig c = load_model_config(dir);
+      for (int l = 0; l < c.num_hidden_layers; ++l) (void)c.shares_index_topk(l);
+      ++ok;
+    } catch (const Error& e) {
+      ASSERT_NE(std::string(e.what()).find(dir + "/config.json"), std::string::npos) << e.what();
+      ++err;
+    }
+  }
+  EXPECT_GT(err, 100);
+  EXPECT_GT(ok, 10);
+}
+
+}  // namespace
+}  // namespace sieve
