@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <deque>
 #include <fstream>
 #include <queue>
@@ -84,6 +85,31 @@ bool is_unicode_space(uint32_t cp) {
          cp == 0x205F || cp == 0x3000;
 }
 
+// Hash for string-keyed maps that are looked up with string_views (no temporary strings).
+struct SvHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <class V>
+using SvMap = std::unordered_map<std::string, V, SvHash, std::equal_to<>>;
+
+std::atomic<uint64_t> next_serial{1};
+
+// Per-thread cache of word -> ids: prose repeats words, and BPE dominates encode time. Keyed
+// by the tokenizer's serial number, not its address, so a new tokenizer never sees old entries.
+struct WordCache {
+  uint64_t owner = 0;
+  SvMap<std::vector<int32_t>> map;
+};
+WordCache& word_cache(uint64_t serial) {
+  thread_local WordCache c;
+  if (c.owner != serial || c.map.size() > 100000) {
+    c.map.clear();
+    c.owner = serial;
+  }
+  return c;
+}
+
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct PreTokStep {
@@ -103,7 +129,7 @@ struct AddedToken {
 // Finds added tokens in text: leftmost match, longest at that position (what the Rust crate's
 // aho-corasick LeftmostLongest does).
 struct AddedMatcher {
-  std::unordered_map<std::string, size_t> by_content;  // -> index in tokens
+  SvMap<size_t> by_content;  // -> index in tokens
   std::vector<size_t> lengths;                           // distinct, longest first
   std::array<bool, 256> first{};
   const std::vector<AddedToken>* tokens = nullptr;
@@ -140,8 +166,9 @@ uint32_t code_point_before(std::string_view s, size_t end) {
 
 struct TokenizerImpl {
   std::string origin;
+  uint64_t serial = next_serial++;
   // Model
-  std::unordered_map<std::string, int32_t> vocab;  // raw bytes -> id
+  SvMap<int32_t> vocab;  // raw bytes -> id
   std::array<int32_t, 256> byte_id{};
   struct Merge {
     int32_t rank, new_id;
@@ -185,7 +212,7 @@ struct TokenizerImpl {
       size_t len = 0;
       for (size_t l : m.lengths) {
         if (i + l > text.size()) continue;
-        auto it = m.by_content.find(std::string(text.substr(i, l)));
+        auto it = m.by_content.find(text.substr(i, l));
         if (it != m.by_content.end()) {
           hit = &added[it->second];
           len = l;
@@ -310,37 +337,60 @@ struct TokenizerImpl {
   void bpe(std::string_view word, std::vector<int32_t>& out) const {
     if (word.empty()) return;
     if (ignore_merges || word.size() == 1) {
-      auto it = vocab.find(std::string(word));
+      auto it = vocab.find(word);
       if (it != vocab.end()) {
         out.push_back(it->second);
         return;
       }
     }
-    const size_t n = word.size();
-    if (n <= 48) {
-      // Short words (nearly all): repeatedly merge the best-ranked adjacent pair.
-      int32_t ids[48];
-      size_t m = n;
-      for (size_t i = 0; i < n; ++i) ids[i] = byte_id_of(static_cast<uint8_t>(word[i]));
-      while (m > 1) {
-        int32_t best_rank = INT32_MAX, best_id = -1;
-        size_t best = 0;
-        for (size_t i = 0; i + 1 < m; ++i) {
-          auto it = merges.find(key(ids[i], ids[i + 1]));
-          if (it != merges.end() && it->second.rank < best_rank) {
-            best_rank = it->second.rank;
-            best_id = it->second.new_id;
-            best = i;
-          }
-        }
-        if (best_id < 0) break;
-        ids[best] = best_id;
-        for (size_t i = best + 1; i + 1 < m; ++i) ids[i] = ids[i + 1];
-        --m;
+    if (word.size() <= 48) {
+      WordCache& cache = word_cache(serial);
+      auto hit = cache.map.find(word);
+      if (hit != cache.map.end()) {
+        out.insert(out.end(), hit->second.begin(), hit->second.end());
+        return;
       }
-      out.insert(out.end(), ids, ids + m);
+      size_t before = out.size();
+      bpe_short(word, out);
+      cache.map.emplace(std::string(word), std::vector<int32_t>(out.begin() + before, out.end()));
       return;
     }
+    bpe_long(word, out);
+  }
+
+  // Short words (nearly all): repeatedly merge the best-ranked adjacent pair; the rank of each
+  // pair is kept and only the two pairs next to a merge are looked up again.
+  void bpe_short(std::string_view word, std::vector<int32_t>& out) const {
+    const size_t n = word.size();
+    int32_t ids[48], rank[48], merged[48];
+    size_t m = n;
+    for (size_t i = 0; i < n; ++i) ids[i] = byte_id_of(static_cast<uint8_t>(word[i]));
+    auto lookup = [&](size_t i) {
+      auto it = merges.find(key(ids[i], ids[i + 1]));
+      rank[i] = it == merges.end() ? INT32_MAX : it->second.rank;
+      merged[i] = it == merges.end() ? -1 : it->second.new_id;
+    };
+    for (size_t i = 0; i + 1 < m; ++i) lookup(i);
+    while (m > 1) {
+      size_t best = 0;
+      for (size_t i = 1; i + 1 < m; ++i)
+        if (rank[i] < rank[best]) best = i;
+      if (rank[best] == INT32_MAX) break;
+      ids[best] = merged[best];
+      for (size_t i = best + 1; i + 1 < m; ++i) {
+        ids[i] = ids[i + 1];
+        rank[i] = rank[i + 1];
+        merged[i] = merged[i + 1];
+      }
+      --m;
+      if (best + 1 < m) lookup(best);
+      if (best > 0) lookup(best - 1);
+    }
+    out.insert(out.end(), ids, ids + m);
+  }
+
+  void bpe_long(std::string_view word, std::vector<int32_t>& out) const {
+    const size_t n = word.size();
     // Long words (whitespace or punctuation runs): a heap of candidate merges, lowest rank and
     // then leftmost first, as the Rust crate does.
     struct Sym {
