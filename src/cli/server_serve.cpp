@@ -1,0 +1,200 @@
+// `sieve serve`: the OpenAI-compatible server (vLLM's flags and routes) over one model.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "cache/sizing.h"
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "model/locate.h"
+#include "model/model.h"
+#include "server/server.h"
+#include "text/tokenizer.h"
+
+namespace sieve::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where a generated tiny model goes when no model is bundled: next to the binary (build/), else
+// the user's cache directory.
+std::string tiny_model_dir() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path dir = exe.parent_path() / "tiny-model";
+    if (fs::exists(dir / "config.json") || ::access(exe.parent_path().c_str(), W_OK) == 0) return dir.string();
+  }
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
+  return (base / "sieve" / "tiny-model").string();
+}
+
+std::string default_model() {
+  std::string dir = model::bundled_model_dir(SIEVE_SOURCE_DIR);
+  if (!dir.empty()) {
+    SIEVE_LOG(Info, "no --model given: serving the bundled model " << dir);
+    return dir;
+  }
+  dir = tiny_model_dir();
+  if (fs::exists(fs::path(dir) / "config.json") && fs::exists(fs::path(dir) / "tokenizer.json")) {
+    SIEVE_LOG(Info, "no --model given and no bundled model under models/: serving the generated tiny model " << dir);
+    return dir;
+  }
+  auto& cmds = commands();
+  auto it = cmds.find("make-tiny-model");
+  if (it == cmds.end()) throw Error("--model: no model given, none bundled under models/, and this build cannot generate one");
+  SIEVE_LOG(Info, "no --model given and no bundled model under models/: generating a random tiny model (byte-level tokenizer) into "
+                      << dir << " and serving it; its output is noise");
+  fs::create_directories(dir);
+  int rc = it->second.fn({"--out", dir});
+  if (rc != 0) throw Error("generating the tiny model into " + dir + " failed");
+  return dir;
+}
+
+sigset_t shutdown_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+int run_serve(const std::vector<std::string>& argv) {
+  Args a("serve", argv);
+  a.opt({"--model"}, "DIR", "model directory (default: the bundled model, else a generated tiny model)")
+      .opt({"--host"}, "HOST", "address to listen on", "127.0.0.1")
+      .opt({"--port", "--server-port"}, "PORT", "port to listen on (0: any free port)", "8000")
+      .opt({"--served-model-name"}, "NAME", "model name in the API (default: the --model path)")
+      .opt({"--api-key"}, "KEY", "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
+      .opt({"--tensor-parallel-size", "-tp"}, "N", "tensor-parallel ranks (only 1 is supported)", "1")
+      .opt({"--block-size"}, "N", "tokens per KV cache block (128 for MiniMax-M3)", "128")
+      .opt({"--max-num-batched-tokens"}, "N", "token budget of one engine step (chunked prefill)", "8192")
+      .opt({"--max-model-len"}, "N", "longest prompt + completion (default: the model's, capped by the cache)")
+      .opt({"--max-num-seqs"}, "N", "most requests in one step", "256")
+      .opt({"--gpu-memory-utilization"}, "F", "fraction of GPU memory the engine may use (GPU backend)", "0.9")
+      .opt({"--kv-cache-memory"}, "BYTES", "KV + index cache size on the CPU, e.g. 512MiB, 4G", "512MiB")
+      .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto (bf16), bf16, fp8 or fp32", "auto")
+      .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE", "index-key cache dtype (default: the kv cache dtype)")
+      .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
+      .opt({"--profiler-dir", "--torch-profiler-dir"}, "DIR", "enable POST /start_profile and /stop_profile, writing Chrome traces here")
+      .opt({"--max-request-bytes"}, "BYTES", "largest request body accepted (larger: 413)", "32MiB")
+      .flag({"--trust-remote-code"}, "accepted for vLLM compatibility; no effect")
+      .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes")
+      .flag({"--no-enable-prefix-caching"}, "do not reuse prompt prefixes (the default)");
+  if (!a.parse()) return 0;
+
+  const long long tp = a.get_int("--tensor-parallel-size");
+  if (tp != 1) throw Error("--tensor-parallel-size " + std::to_string(tp) + " is not supported yet: this engine runs on one device (use 1)");
+  const long long port = a.get_int("--port");
+  if (port < 0 || port > 65535) throw Error("--port must be in 0..65535, got " + std::to_string(port));
+  const long long max_seqs = a.get_int("--max-num-seqs");
+  if (max_seqs < 1 || max_seqs > 65536) throw Error("--max-num-seqs must be in 1..65536");
+  const long long max_batched = a.get_int("--max-num-batched-tokens");
+  if (max_batched < 1) throw Error("--max-num-batched-tokens must be at least 1");
+  const double gpu_util = a.get_double("--gpu-memory-utilization");
+  if (!(gpu_util > 0 && gpu_util <= 1)) throw Error("--gpu-memory-utilization must be in (0, 1]");
+  if (a.get_flag("--enable-prefix-caching") && a.get_flag("--no-enable-prefix-caching"))
+    throw Error("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
+  const bool prefix_caching = a.get_flag("--enable-prefix-caching");
+  const uint64_t cache_bytes = cache::parse_bytes(a.get("--kv-cache-memory"), "--kv-cache-memory");
+  const uint64_t max_body = cache::parse_bytes(a.get("--max-request-bytes"), "--max-request-bytes");
+
+  std::string api_key = a.get("--api-key");
+  if (api_key.empty())
+    for (const char* env : {"SIEVE_API_KEY", "VLLM_API_KEY"})
+      if (const char* v = std::getenv(env); v && *v) {
+        api_key = v;
+        break;
+      }
+
+  const std::string dir = a.has("--model") ? a.get("--model") : default_model();
+  model::LoadOptions lo;
+  lo.hf_overrides = a.get("--hf-overrides");
+  auto m = model::Model::load(dir, lo);
+  const ModelConfig& cfg = m->config();
+  cache::check_block_size(int(a.get_int("--block-size")), m->block_size(), cfg.use_sparse_attention);
+
+  text::Tokenizer tok = text::Tokenizer::load(dir);
+
+  model::CacheOptions co;
+  co.kv_dtype = model::parse_cache_dtype(a.get("--kv-cache-dtype"), "--kv-cache-dtype");
+  co.index_dtype = a.has("--index-cache-dtype") ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
+                                                : co.kv_dtype;
+  const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype);
+  // The CPU backend sizes the cache from --kv-cache-memory; a GPU backend uses
+  // cache::blocks_for_gpu with --gpu-memory-utilization once it reports device memory.
+  co.num_blocks = cache::blocks_for_bytes(cache_bytes, per_block, "--kv-cache-memory");
+  const int64_t capacity = co.num_blocks * m->block_size();
+  int64_t max_len = std::min<int64_t>(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : capacity, capacity);
+  if (a.has("--max-model-len")) {
+    max_len = a.get_int("--max-model-len");
+    if (max_len < 2) throw Error("--max-model-len must be at least 2");
+    if (cfg.max_position_embeddings > 0 && max_len > cfg.max_position_embeddings)
+      throw Error("--max-model-len " + std::to_string(max_len) + " is longer than the model's max_position_embeddings (" +
+                  std::to_string(cfg.max_position_embeddings) + ")");
+  }
+  m->allocate_caches(co);
+
+  engine::EngineConfig ec;
+  ec.scheduler = {.max_num_batched_tokens = max_batched, .max_num_seqs = int(max_seqs), .max_model_len = max_len};
+  ec.num_blocks = co.num_blocks;
+  ec.enable_prefix_caching = prefix_caching;
+  ec.eos_ids = tok.eos_ids();
+  for (int64_t e : cfg.eos_token_ids)
+    if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end()) ec.eos_ids.push_back(int32_t(e));
+  engine::Engine engine(*m, ec);
+
+  server::ServerOptions so;
+  so.host = a.get("--host");
+  so.port = int(port);
+  so.served_model_names = {a.has("--served-model-name") ? a.get("--served-model-name") : dir};
+  so.model_dir = dir;
+  so.api_key = api_key;
+  so.max_body_bytes = size_t(max_body);
+  so.profiler_dir = a.get("--profiler-dir");
+
+  // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
+  // started below), which drains the server.
+  sigset_t sigs = shutdown_signals();
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  server::Server srv(engine, tok, so);
+  srv.bind();
+  engine.start();
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    SIEVE_LOG(Info, "signal " << sig << ": shutting down (finishing in-flight requests)");
+    std::thread([sigs]() mutable {
+      int again = 0;
+      sigwait(&sigs, &again);
+      std::_Exit(0);  // a second signal: stop now
+    }).detach();
+    srv.shutdown();
+  });
+  SIEVE_LOG(Info, "serving " << so.served_model_names[0] << " on http://" << so.host << ":" << srv.port() << " ("
+                             << co.num_blocks << " cache blocks of " << m->block_size() << " tokens, max model len " << max_len
+                             << ", prefix caching " << (prefix_caching ? "on" : "off") << ")");
+  srv.run();
+  engine.stop();
+  // run() also returns on a listener failure; make the watcher exit either way.
+  pthread_kill(watcher.native_handle(), SIGTERM);
+  watcher.join();
+  SIEVE_LOG(Info, "server stopped");
+  return 0;
+}
+
+Register reg{"serve", "OpenAI-compatible server (continuous batching over paged caches)", &run_serve};
+
+}  // namespace
+}  // namespace sieve::cli

@@ -1,0 +1,65 @@
+// The OpenAI request schema as vLLM accepts it: parsing and validation of /v1/completions and
+// /v1/chat/completions bodies into engine parameters, and OpenAI-style error objects. Pure
+// functions of the JSON, so they are unit- and fuzz-tested without a server.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/request.h"
+
+namespace sieve::server {
+
+// A request the server refuses. Answered as {"error": {"message", "type", "param", "code"}}.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string type = {})
+      : std::runtime_error(message), status(status), param(std::move(param)), type(std::move(type)) {}
+  int status;
+  std::string param;
+  std::string type;  // empty: derived from the status
+};
+
+nlohmann::json error_json(int status, const std::string& message, const std::string& param = {},
+                          const std::string& type = {});
+
+struct GenerateRequest {
+  bool chat = false;
+  std::string model;  // empty: the served model
+  bool stream = false;
+  bool include_usage = false;       // stream_options.include_usage
+  bool continuous_usage = false;    // stream_options.continuous_usage_stats
+  // Completions: text or token ids.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool has_prompt_ids = false;
+  bool echo = false;
+  // Chat.
+  nlohmann::ordered_json messages, tools, chat_template_kwargs;
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+  bool add_special_tokens = true;  // completions: true, chat: false (the template adds them)
+
+  engine::SamplingParams params;
+  bool max_tokens_given = false;
+  std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+  // Completions: logprobs = N alternatives (0..20); chat: logprobs bool + top_logprobs.
+  bool want_logprobs = false;
+  int top_logprobs = 0;
+};
+
+// Throws ApiError(400) naming the field for anything malformed: wrong types, out-of-range
+// values, n > 1, best_of > 1, missing prompt/messages.
+GenerateRequest parse_generate_request(const nlohmann::ordered_json& body, bool chat);
+
+// Parses a request body that must be a JSON object; ApiError(400) otherwise.
+nlohmann::ordered_json parse_json_body(const std::string& body);
+
+}  // namespace sieve::server

@@ -1,0 +1,611 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/stop_strings.h"
+#include "server/protocol.h"
+#include "text/chat_template.h"
+#include "text/detokenizer.h"
+
+namespace sieve::server {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string random_hex(int n) {
+  thread_local std::mt19937_64 rng{std::random_device{}() ^ uint64_t(std::hash<std::thread::id>{}(std::this_thread::get_id()))};
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < n; ++i) s += d[rng() & 15];
+  return s;
+}
+
+int64_t unix_now() { return int64_t(std::time(nullptr)); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void send_error(httplib::Response& res, int status, const std::string& msg, const std::string& param = {}) {
+  send_json(res, status, error_json(status, msg, param));
+}
+
+std::string sse(const json& j) {
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace
+
+// Per-request output assembly: detokenize, match stop strings, collect logprobs.
+struct Output {
+  const text::Tokenizer& tok;
+  text::StreamDecoder dec;
+  engine::StopStringMatcher stop;
+  bool include_stop;
+  bool chat;
+  bool want_logprobs;
+  int64_t completion_tokens = 0;
+  bool stopped_by_string = false;
+  std::string text;  // everything emitted so far
+  json stop_reason = nullptr;
+  // Completions logprobs (legacy format) or chat logprobs content entries, for what was emitted.
+  json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array(), lp_offsets = json::array();
+  json chat_lp = json::array();
+
+  Output(const text::Tokenizer& t, const GenerateRequest& g)
+      : tok(t), dec(t, g.skip_special_tokens), stop(g.stop), include_stop(g.include_stop_str_in_output),
+        chat(g.chat), want_logprobs(g.want_logprobs) {}
+
+  // A model's vocabulary may be larger than its tokenizer's (padded embeddings); ids without a
+  // token decode to nothing rather than failing the request.
+  bool known(int32_t id) const { return id >= 0 && id < tok.vocab_size(); }
+  std::string token_str(int32_t id) const { return known(id) ? tok.decode({id}, false) : std::string(); }
+  json token_bytes(int32_t id) const {
+    json b = json::array();
+    if (known(id))
+      for (unsigned char c : tok.token_bytes(id)) b.push_back(int(c));
+    return b;
+  }
+
+  // Feeds one token; returns the text it releases. Sets stopped_by_string on a match.
+  std::string push(const engine::TokenOutput& t, json* lp_delta) {
+    ++completion_tokens;
+    std::string piece = known(t.token) ? dec.push(t.token) : std::string();
+    std::string out = stop.push(piece);
+    if (stop.stopped()) {
+      stopped_by_string = true;
+      stop_reason = stop.matched();
+      if (include_stop) out += stop.matched();
+    }
+    if (want_logprobs) {
+      if (chat) {
+        json e = {{"token", token_str(t.token)}, {"logprob", t.logprob}, {"bytes", token_bytes(t.token)}};
+        json top = json::array();
+        for (const auto& a : t.top)
+          top.push_back({{"token", token_str(a.token)}, {"logprob", a.logprob}, {"bytes", token_bytes(a.token)}});
+        e["top_logprobs"] = top;
+        chat_lp.push_back(e);
+        if (lp_delta) lp_delta->push_back(e);
+      } else {
+        json top = json::object();
+        for (const auto& a : t.top) top[token_str(a.token)] = a.logprob;
+        const std::string ts = token_str(t.token);
+        lp_tokens.push_back(ts);
+        lp_values.push_back(t.logprob);
+        lp_top.push_back(top);
+        lp_offsets.push_back(text.size());
+        if (lp_delta) {
+          (*lp_delta)["tokens"].push_back(ts);
+          (*lp_delta)["token_logprobs"].push_back(t.logprob);
+          (*lp_delta)["top_logprobs"].push_back(top);
+          (*lp_delta)["text_offset"].push_back(text.size());
+        }
+      }
+    }
+    text += out;
+    return out;
+  }
+  // End of generation: what the decoder and the stop matcher still hold.
+  std::string finish() {
+    if (stopped_by_string) return {};
+    std::string out = stop.push(dec.flush());
+    if (stop.stopped()) {
+      stopped_by_string = true;
+      stop_reason = stop.matched();
+      if (include_stop) out += stop.matched();
+    } else {
+      out += stop.flush();
+    }
+    text += out;
+    return out;
+  }
+  json completion_logprobs() const {
+    return {{"text_offset", lp_offsets}, {"token_logprobs", lp_values}, {"tokens", lp_tokens}, {"top_logprobs", lp_top}};
+  }
+};
+
+struct Server::Impl {
+  engine::Engine& engine;
+  const text::Tokenizer& tok;
+  ServerOptions opts;
+  httplib::Server http;
+  Server* owner;
+  std::atomic<int> in_flight{0};
+
+  Impl(engine::Engine& e, const text::Tokenizer& t, ServerOptions o, Server* s)
+      : engine(e), tok(t), opts(std::move(o)), owner(s) {}
+
+  const std::string& model_name() const { return opts.served_model_names.front(); }
+
+  void check_model(const std::string& m) const {
+    if (m.empty()) return;
+    for (const auto& n : opts.served_model_names)
+      if (n == m) return;
+    throw ApiError(404, "The model `" + m + "` does not exist.", "model");
+  }
+
+  std::vector<int32_t> prompt_ids(const GenerateRequest& g, std::string* prompt_text) const {
+    try {
+      if (g.chat) {
+        std::string rendered = text::render_chat(tok, g.messages, g.tools.is_null() ? ojson() : g.tools,
+                                                 g.add_generation_prompt,
+                                                 g.chat_template_kwargs.is_null() ? ojson::object() : g.chat_template_kwargs);
+        if (prompt_text) *prompt_text = rendered;
+        return tok.encode(rendered, g.add_special_tokens);
+      }
+      if (g.has_prompt_ids) {
+        if (prompt_text && g.echo) *prompt_text = tok.decode(g.prompt_ids, g.skip_special_tokens);
+        return g.prompt_ids;
+      }
+      if (prompt_text) *prompt_text = *g.prompt_text;
+      return tok.encode(*g.prompt_text, g.add_special_tokens);
+    } catch (const ApiError&) {
+      throw;
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), g.chat ? "messages" : "prompt");
+    }
+  }
+
+  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    if (owner->draining()) throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
+    ojson body = parse_json_body(req.body);
+    GenerateRequest g = parse_generate_request(body, chat);
+    check_model(g.model);
+    std::string prompt_text;
+    std::vector<int32_t> ids = prompt_ids(g, &prompt_text);
+    const int64_t max_len = engine.max_model_len();
+    if (ids.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt");
+    if (int64_t(ids.size()) >= max_len)
+      throw ApiError(400, "This model's maximum context length is " + std::to_string(max_len) + " tokens. However, your request has " +
+                              std::to_string(ids.size()) + " input tokens. Please reduce the length of the input.",
+                     chat ? "messages" : "prompt");
+    if (!g.max_tokens_given) {
+      // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
+      g.params.max_tokens = chat ? max_len - int64_t(ids.size()) : 16;
+      if (!chat) g.params.max_tokens = std::min<int64_t>(16, max_len - int64_t(ids.size()));
+      if (g.params.min_tokens > g.params.max_tokens) g.params.min_tokens = g.params.max_tokens;
+    }
+    std::shared_ptr<engine::RequestStream> rs;
+    try {
+      rs = engine.submit(ids, g.params);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), chat ? "messages" : "prompt");
+    }
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+    const int64_t created = unix_now();
+    if (g.stream) stream_response(res, g, rs, id, created, int64_t(ids.size()));
+    else full_response(res, g, rs, id, created, int64_t(ids.size()), prompt_text);
+  }
+
+  static const char* finish_name(engine::FinishReason f, bool stopped_by_string) {
+    if (stopped_by_string) return "stop";
+    switch (f) {
+      case engine::FinishReason::Stop: return "stop";
+      case engine::FinishReason::Length: return "length";
+      default: return "abort";
+    }
+  }
+
+  json usage(int64_t prompt, int64_t completion) const {
+    return {{"prompt_tokens", prompt}, {"total_tokens", prompt + completion}, {"completion_tokens", completion}, {"prompt_tokens_details", nullptr}};
+  }
+
+  void full_response(httplib::Response& res, const GenerateRequest& g, std::shared_ptr<engine::RequestStream> rs,
+                     const std::string& id, int64_t created, int64_t n_prompt, const std::string& prompt_text) {
+    Output out(tok, g);
+    std::vector<engine::TokenOutput> toks;
+    engine::FinishReason fin = engine::FinishReason::None;
+    while (fin == engine::FinishReason::None && !out.stopped_by_string) {
+      toks.clear();
+      fin = rs->next(toks, 100ms);
+      for (const auto& t : toks) {
+        out.push(t, nullptr);
+        if (out.stopped_by_string) break;
+      }
+    }
+    if (out.stopped_by_string) engine.abort(rs->id());
+    else out.finish();
+    if (fin == engine::FinishReason::Error) throw ApiError(500, "generation failed: " + rs->error());
+    json stop_reason = out.stop_reason;
+    if (stop_reason.is_null() && fin == engine::FinishReason::Stop && !toks.empty()) {
+      // Not EOS-only: report which stop token id ended it, as vLLM does.
+      const int32_t last = toks.back().token;
+      if (std::find(g.params.stop_token_ids.begin(), g.params.stop_token_ids.end(), last) != g.params.stop_token_ids.end())
+        stop_reason = last;
+    }
+    json choice;
+    if (g.chat) {
+      choice = {{"index", 0},
+                {"message", {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}}},
+                {"logprobs", g.want_logprobs ? json{{"content", out.chat_lp}} : json(nullptr)},
+                {"finish_reason", finish_name(fin, out.stopped_by_string)},
+                {"stop_reason", stop_reason}};
+    } else {
+      choice = {{"index", 0},
+                {"text", g.echo ? prompt_text + out.text : out.text},
+                {"logprobs", g.want_logprobs ? out.completion_logprobs() : json(nullptr)},
+                {"finish_reason", finish_name(fin, out.stopped_by_string)},
+                {"stop_reason", stop_reason}};
+    }
+    json body = {{"id", id},
+                 {"object", g.chat ? "chat.completion" : "text_completion"},
+                 {"created", created},
+                 {"model", model_name()},
+                 {"choices", json::array({choice})},
+                 {"usage", usage(n_prompt, out.completion_tokens)}};
+    send_json(res, 200, body);
+  }
+
+  struct StreamState {
+    std::shared_ptr<engine::RequestStream> rs;
+    GenerateRequest g;
+    std::unique_ptr<Output> out;
+    std::string id;
+    int64_t created = 0, n_prompt = 0;
+    bool started = false, finished = false;
+  };
+
+  void stream_response(httplib::Response& res, const GenerateRequest& g, std::shared_ptr<engine::RequestStream> rs,
+                       const std::string& id, int64_t created, int64_t n_prompt) {
+    auto st = std::make_shared<StreamState>();
+    st->rs = rs;
+    st->g = g;
+    st->out = std::make_unique<Output>(tok, st->g);
+    st->id = id;
+    st->created = created;
+    st->n_prompt = n_prompt;
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st](size_t, httplib::DataSink& sink) {
+          try {
+            return stream_step(*st, sink);
+          } catch (const std::exception& e) {
+            // Headers are out: report in the stream, then end it.
+            SIEVE_LOG(Error, "stream " << st->id << ": " << e.what());
+            const std::string msg = sse(error_json(500, std::string("internal error: ") + e.what())) + "data: [DONE]\n\n";
+            sink.write(msg.data(), msg.size());
+            abort_stream(*st);
+            sink.done();
+            return true;
+          }
+        },
+        [this, st](bool) {
+          // The client went away (or the server stops) before the end: free the blocks now.
+          if (!st->finished) {
+            st->finished = true;
+            engine.abort(st->rs->id());
+          }
+        });
+  }
+
+  json chunk_base(const StreamState& st) const {
+    return {{"id", st.id},
+            {"object", st.g.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", st.created},
+            {"model", model_name()}};
+  }
+
+  json chunk(const StreamState& st, const std::string& text, const json& lp, const json& finish, const json& stop_reason,
+             bool with_role = false) const {
+    json c = chunk_base(st);
+    json choice;
+    if (st.g.chat) {
+      json delta = json::object();
+      if (with_role) delta["role"] = "assistant";
+      if (with_role || !text.empty()) delta["content"] = text;
+      choice = {{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
+    } else {
+      choice = {{"index", 0}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
+    }
+    if (!finish.is_null()) choice["stop_reason"] = stop_reason;
+    c["choices"] = json::array({choice});
+    if (st.g.continuous_usage) c["usage"] = usage(st.n_prompt, st.out->completion_tokens);
+    return c;
+  }
+
+  bool stream_step(StreamState& st, httplib::DataSink& sink) {
+    auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+    if (st.finished) {
+      sink.done();
+      return true;
+    }
+    if (!st.started) {
+      st.started = true;
+      if (st.g.chat && !write(sse(chunk(st, "", nullptr, nullptr, nullptr, true)))) return abort_stream(st);
+      return true;
+    }
+    std::vector<engine::TokenOutput> toks;
+    engine::FinishReason fin = st.rs->next(toks, 50ms);
+    Output& out = *st.out;
+    std::string text;
+    json lp = nullptr;
+    if (st.g.want_logprobs)
+      lp = st.g.chat ? json{{"content", json::array()}}
+                     : json{{"text_offset", json::array()}, {"token_logprobs", json::array()}, {"tokens", json::array()}, {"top_logprobs", json::array()}};
+    for (const auto& t : toks) {
+      text += out.push(t, lp.is_null() ? nullptr : (st.g.chat ? &lp["content"] : &lp));
+      if (out.stopped_by_string) break;
+    }
+    if (out.stopped_by_string) {
+      engine.abort(st.rs->id());
+      fin = engine::FinishReason::Stop;
+    }
+    if (fin == engine::FinishReason::None) {
+      if ((!text.empty() || (!toks.empty() && st.g.want_logprobs)) && !write(sse(chunk(st, text, lp, nullptr, nullptr))))
+        return abort_stream(st);
+      return true;
+    }
+    // The end: remaining text, the finish reason, usage, [DONE].
+    st.finished = true;
+    if (fin == engine::FinishReason::Error) {
+      write(sse(error_json(500, "generation failed: " + st.rs->error())));
+      write("data: [DONE]\n\n");
+      sink.done();
+      return true;
+    }
+    text += out.finish();
+    json stop_reason = out.stop_reason;
+    if (stop_reason.is_null() && fin == engine::FinishReason::Stop && !toks.empty()) {
+      const int32_t last = toks.back().token;
+      if (std::find(st.g.params.stop_token_ids.begin(), st.g.params.stop_token_ids.end(), last) != st.g.params.stop_token_ids.end())
+        stop_reason = last;
+    }
+    bool ok = write(sse(chunk(st, text, lp, finish_name(fin, out.stopped_by_string), stop_reason)));
+    if (ok && st.g.include_usage) {
+      json u = chunk_base(st);
+      u["choices"] = json::array();
+      u["usage"] = usage(st.n_prompt, out.completion_tokens);
+      ok = write(sse(u));
+    }
+    if (ok) ok = write("data: [DONE]\n\n");
+    if (!ok) return false;
+    sink.done();
+    return true;
+  }
+
+  bool abort_stream(StreamState& st) {
+    if (!st.finished) {
+      st.finished = true;
+      engine.abort(st.rs->id());
+    }
+    return false;
+  }
+
+  // --- other routes -----------------------------------------------------------------------
+
+  void handle_models(httplib::Response& res) {
+    json data = json::array();
+    for (const auto& n : opts.served_model_names)
+      data.push_back({{"id", n},
+                      {"object", "model"},
+                      {"created", unix_now()},
+                      {"owned_by", "sieve"},
+                      {"root", opts.model_dir.empty() ? n : opts.model_dir},
+                      {"parent", nullptr},
+                      {"max_model_len", engine.max_model_len()},
+                      {"permission", json::array()}});
+    send_json(res, 200, {{"object", "list"}, {"data", data}});
+  }
+
+  void handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+    ojson body = parse_json_body(req.body);
+    if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+      if (!m->is_string()) throw ApiError(400, "model: expected a string", "model");
+      check_model(m->get<std::string>());
+    }
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+      GenerateRequest g = parse_generate_request(body, true);
+      ids = prompt_ids(g, nullptr);
+    } else {
+      auto p = body.find("prompt");
+      if (p == body.end() || !p->is_string()) throw ApiError(400, "prompt: expected a string", "prompt");
+      bool add = true;
+      if (auto a = body.find("add_special_tokens"); a != body.end() && !a->is_null()) {
+        if (!a->is_boolean()) throw ApiError(400, "add_special_tokens: expected a boolean", "add_special_tokens");
+        add = a->get<bool>();
+      }
+      try {
+        ids = tok.encode(p->get<std::string>(), add);
+      } catch (const Error& e) {
+        throw ApiError(400, e.what(), "prompt");
+      }
+    }
+    send_json(res, 200, {{"count", ids.size()}, {"max_model_len", engine.max_model_len()}, {"tokens", ids}, {"token_strs", nullptr}});
+  }
+
+  void handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+    ojson body = parse_json_body(req.body);
+    if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+      if (!m->is_string()) throw ApiError(400, "model: expected a string", "model");
+      check_model(m->get<std::string>());
+    }
+    auto t = body.find("tokens");
+    if (t == body.end() || !t->is_array()) throw ApiError(400, "tokens: expected an array of token ids", "tokens");
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < t->size(); ++i) {
+      const ojson& v = (*t)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= engine.vocab_size())
+        throw ApiError(400, "tokens[" + std::to_string(i) + "]: " + v.dump() + " is not a token id of this model (0.." +
+                                std::to_string(engine.vocab_size() - 1) + ")", "tokens");
+      ids.push_back(int32_t(v.get<int64_t>()));
+    }
+    std::string text;
+    try {
+      text = tok.decode(ids, true);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "tokens");
+    }
+    send_json(res, 200, {{"prompt", text}});
+  }
+
+  void handle_profile(httplib::Response& res, bool start) {
+    if (opts.profiler_dir.empty())
+      throw ApiError(400, "profiling is off: start the server with --profiler-dir DIR");
+    if (start) {
+      engine.start_profile();
+      send_json(res, 200, {{"status", "profiling"}});
+      return;
+    }
+    if (!engine.profiling()) throw ApiError(400, "no profile is running: POST /start_profile first");
+    std::string trace = engine.stop_profile();
+    std::filesystem::create_directories(opts.profiler_dir);
+    const std::string path = (std::filesystem::path(opts.profiler_dir) /
+                              ("sieve-trace-" + std::to_string(unix_now()) + "-" + random_hex(6) + ".json")).string();
+    std::ofstream f(path);
+    f << trace;
+    if (!f) throw ApiError(500, "could not write the trace to " + path);
+    SIEVE_LOG(Info, "profile written to " << path);
+    send_json(res, 200, {{"status", "stopped"}, {"trace", path}});
+  }
+
+  // Wraps a handler: ApiError -> its status; anything else -> 500; all as error objects.
+  template <class F>
+  httplib::Server::Handler wrap(F f) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      ++in_flight;
+      try {
+        f(req, res);
+      } catch (const ApiError& e) {
+        send_json(res, e.status, error_json(e.status, e.what(), e.param, e.type));
+      } catch (const Error& e) {
+        send_error(res, 400, e.what());
+      } catch (const std::exception& e) {
+        SIEVE_LOG(Error, req.method << ' ' << req.path << ": " << e.what());
+        send_error(res, 500, std::string("internal error: ") + e.what());
+      }
+      --in_flight;
+    };
+  }
+
+  void setup() {
+    int threads = opts.http_threads;
+    if (threads <= 0) threads = std::clamp(2 * engine.config().scheduler.max_num_seqs + 32, 64, 1024);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    http.set_payload_max_length(opts.max_body_bytes);
+    http.set_keep_alive_timeout(30);
+    http.set_read_timeout(60);
+    http.set_write_timeout(30);
+    http.set_tcp_nodelay(true);
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (opts.api_key.empty() || req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+      const std::string auth = req.get_header_value("Authorization");
+      if (auth != "Bearer " + opts.api_key) {
+        send_json(res, 401, error_json(401, auth.empty() ? "Missing API key: send Authorization: Bearer <key>" : "Invalid API key",
+                                       {}, "authentication_error"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      if (res.status == 404) send_error(res, 404, "Not Found: " + req.method + " " + req.path);
+      else if (res.status == 413) send_error(res, 413, "the request body is larger than the server accepts");
+      else if (res.status == 400) send_error(res, 400, "malformed HTTP request");
+      else send_error(res, res.status, "HTTP error " + std::to_string(res.status));
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string msg = "internal error";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        msg += std::string(": ") + e.what();
+      } catch (...) {
+      }
+      send_error(res, 500, msg);
+    });
+
+    http.Post("/v1/completions", wrap([this](const auto& q, auto& r) { handle_generate(q, r, false); }));
+    http.Post("/v1/chat/completions", wrap([this](const auto& q, auto& r) { handle_generate(q, r, true); }));
+    http.Get("/v1/models", wrap([this](const auto&, auto& r) { handle_models(r); }));
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+      if (owner->draining()) send_error(r, 503, "the server is shutting down");
+      else r.status = 200;
+    });
+    http.Get("/ping", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
+    http.Get("/version", [](const httplib::Request&, httplib::Response& r) { send_json(r, 200, {{"version", "0.1.0"}}); });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(prometheus_text(engine.stats(), model_name()), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    http.Post("/tokenize", wrap([this](const auto& q, auto& r) { handle_tokenize(q, r); }));
+    http.Post("/detokenize", wrap([this](const auto& q, auto& r) { handle_detokenize(q, r); }));
+    http.Post("/start_profile", wrap([this](const auto&, auto& r) { handle_profile(r, true); }));
+    http.Post("/stop_profile", wrap([this](const auto&, auto& r) { handle_profile(r, false); }));
+  }
+};
+
+Server::Server(engine::Engine& engine, const text::Tokenizer& tok, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(engine, tok, std::move(opts), this)) {
+  if (impl_->opts.served_model_names.empty()) impl_->opts.served_model_names = {"sieve"};
+  impl_->setup();
+}
+
+Server::~Server() { shutdown(); }
+
+void Server::bind() {
+  auto& o = impl_->opts;
+  if (o.port == 0) {
+    port_ = impl_->http.bind_to_any_port(o.host);
+    if (port_ <= 0) throw Error("cannot listen on " + o.host + " (any port)");
+  } else {
+    if (!impl_->http.bind_to_port(o.host, o.port))
+      throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (address in use or not available)");
+    port_ = o.port;
+  }
+}
+
+void Server::run() { impl_->http.listen_after_bind(); }
+
+void Server::shutdown() {
+  std::lock_guard lk(shutdown_mu_);
+  if (draining_.exchange(true)) return;
+  auto& e = impl_->engine;
+  // New generation requests now get 503; running ones may finish within the grace period.
+  if (!e.wait_idle(std::chrono::milliseconds(int64_t(impl_->opts.shutdown_grace_s * 1000)))) {
+    SIEVE_LOG(Info, "aborting requests still running after " << impl_->opts.shutdown_grace_s << " s");
+    e.abort_all();
+    e.wait_idle(2s);
+  }
+  // Let handler threads write their last chunks before the listener goes.
+  for (int i = 0; i < 100 && impl_->in_flight.load() > 0; ++i) std::this_thread::sleep_for(10ms);
+  impl_->http.stop();
+}
+
+}  // namespace sieve::server

@@ -1,0 +1,62 @@
+// The OpenAI-compatible HTTP server (vLLM's routes and response shapes) over one Engine.
+// HTTP threads parse, tokenize, detokenize and match stop strings; the engine thread only runs
+// steps. A streaming client that goes away aborts its request, which frees its blocks.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "text/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace sieve::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (see port())
+  std::vector<std::string> served_model_names = {"sieve"};
+  std::string model_dir;                       // reported as the model's root
+  std::string api_key;                         // empty: no authentication
+  size_t max_body_bytes = 32u << 20;           // larger bodies get 413
+  std::string profiler_dir;                    // empty: /start_profile is refused
+  int http_threads = 0;                        // 0: from max_num_seqs
+  double shutdown_grace_s = 3.0;               // in-flight requests may finish this long
+};
+
+// Prometheus text exposition of the engine's counters, gauges and histograms.
+std::string prometheus_text(const engine::EngineStats& s, const std::string& model_name);
+
+class Server {
+ public:
+  Server(engine::Engine& engine, const text::Tokenizer& tok, ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket; throws Error when the address cannot be used.
+  void bind();
+  int port() const { return port_; }
+  // Serves until shutdown(); returns then.
+  void run();
+  // Stops accepting, lets in-flight requests finish for up to shutdown_grace_s, aborts the rest,
+  // and makes run() return. Safe to call from any thread, more than once.
+  void shutdown();
+  bool draining() const { return draining_.load(); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+  std::atomic<bool> draining_{false};
+  std::mutex shutdown_mu_;
+};
+
+}  // namespace sieve::server
