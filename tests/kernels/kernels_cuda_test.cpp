@@ -303,8 +303,13 @@ void check_indexer(const IndexerCase& c, uint64_t seed) {
         }
         if (!cs.count(id)) ok = std::fabs(srow[id] - kth) <= 1e-2 * std::max(1.f, std::fabs(kth)) + stol;
       }
+      std::string why;
+      if (ok && !topk_equivalent(srow, int(b.positions[size_t(t)] / 128 + 1), gi.data(), c.topk, stol + 1e-3,
+                                 1e-2, &why)) {
+        ok = false;
+      }
       if (!ok && bad++ < 5) {
-        std::string s = "token " + std::to_string(t) + " head " + std::to_string(h) + ": cpu";
+        std::string s = why + " token " + std::to_string(t) + " head " + std::to_string(h) + ": cpu";
         for (int v : ci) s += " " + std::to_string(v);
         s += " | gpu";
         for (int v : gi) s += " " + std::to_string(v);
@@ -388,6 +393,19 @@ TEST(CudaIndexer, ExactTiesFollowTheLowerBlockRule) {
       c.path = path;
       check_indexer(c, seed++);
     }
+  }
+}
+
+TEST(CudaIndexer, RandomBatchesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(4500);
+  for (int trial = 0; trial < 6; ++trial) {
+    IndexerCase c;
+    c.specs = random_seq_specs(5, 3000, rng, trial % 2 ? 16 : 4);
+    c.cache = trial % 2 ? DType::FP8_E4M3 : DType::BF16;
+    c.H = 1 + trial % 3;
+    c.init = trial % 2;
+    check_indexer(c, 4600 + uint64_t(trial));
   }
 }
 
@@ -526,6 +544,18 @@ TEST(CudaAttention, SparsePrefillMatchesCpu) {
     c.specs = kPrefillSpecs;
     c.kv = kvd;
     check_attention(c, seed++);
+  }
+}
+
+TEST(CudaAttention, RandomBatchesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(6500);
+  for (int trial = 0; trial < 4; ++trial) {
+    AttnCase c;
+    c.specs = random_seq_specs(5, 2500, rng, 8);
+    c.kv = trial % 2 ? DType::FP8_E4M3 : DType::BF16;
+    c.sparse = trial < 2;
+    check_attention(c, 6600 + uint64_t(trial));
   }
 }
 

@@ -238,13 +238,19 @@ __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) 
   __syncthreads();
 
   const int64_t row_bytes = kFp8 ? kDim : kDim * 2;
-  for (int i = 0; i < nb; ++i) {
-    const int b = b0 + i;
+  // Keys of block b for this lane (4 n-tiles of 8 keys); the next block's loads are issued
+  // before the current block's math so two blocks per warp are in flight.
+  auto load_block = [&](KeyRegs<kFp8> (&kr)[4], int b) {
     const int64_t phys = a.block_tables[int64_t(s) * a.mbps + b];
     const uint8_t* base = a.cache + (phys * kBlock + warp * 32) * row_bytes;
-    KeyRegs<kFp8> kr[4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) kr[nt].load(base + (nt * 8 + g) * row_bytes, q);
+  };
+  KeyRegs<kFp8> kr[4], kn[4];
+  if (nb > 0) load_block(kr, b0);
+  for (int i = 0; i < nb; ++i) {
+    const int b = b0 + i;
+    if (i + 1 < nb) load_block(kn, b + 1);
     float acc[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -278,6 +284,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) 
       red[i & 1][warp][v0] = m0;
       red[i & 1][warp][v1] = m1;
     }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) kr[nt] = kn[nt];
     __syncthreads();
     if (threadIdx.x < nv) {
       const int v = threadIdx.x;
@@ -644,6 +652,25 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   baseline_merge_kernel<<<a.num_seqs, kDecThreads, smem3, stream>>>(a);
   SIEVE_LAUNCH_CHECK("indexer baseline merge");
   return true;
+}
+
+bool run_indexer_graph_check(const ops::IndexerParams& p) {
+  cudaStream_t s = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  const bool ok = run_indexer_path(p, s, IndexerPath::kDecodeFused);
+  cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  if (ok) {
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+    cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    cudaGraphExecDestroy(exec);
+  }
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return ok;
 }
 
 bool run_indexer(const ops::IndexerParams& p, void* stream) {

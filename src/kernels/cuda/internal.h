@@ -17,3 +17,9 @@ bool use_decode_indexer(const ops::IndexerParams& p);
 bool run_indexer_path(const ops::IndexerParams& p, void* stream, IndexerPath path);
 
 }  // namespace sieve::cuda
+
+namespace sieve::cuda {
+// Captures the fused decode indexer into a CUDA graph on a private stream, replays it twice and
+// waits; for the test that the captured grid gives the eager result.
+bool run_indexer_graph_check(const ops::IndexerParams& p);
+}  // namespace sieve::cuda

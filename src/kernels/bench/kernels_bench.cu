@@ -1,0 +1,554 @@
+// Kernel benchmark (see bench.h). Each case builds several input sets on the device (caches,
+// shuffled block tables, queries) totalling more than 4x the L2, rotates through them, and
+// times every launch with CUDA events (median of opt.iters after warm-up), eagerly and replayed
+// from a CUDA graph.
+#include <cuda_runtime.h>
+#ifdef SIEVE_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/bench/bench.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/internal.h"
+
+namespace sieve::kernels_bench {
+
+using cuda::cuda_check;
+
+namespace {
+
+struct DevMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevMem(size_t n) : bytes(n) { cuda_check(cudaMalloc(&p, std::max<size_t>(n, 16)), "cudaMalloc (bench)"); }
+  ~DevMem() { cudaFree(p); }
+  DevMem(const DevMem&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+using DevPtr = std::unique_ptr<DevMem>;
+DevPtr dev(size_t n) { return std::make_unique<DevMem>(n); }
+template <class T>
+DevPtr upload(const std::vector<T>& v) {
+  auto d = dev(v.size() * sizeof(T));
+  cuda_check(cudaMemcpy(d->p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  return d;
+}
+
+__device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return float(x >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+}
+
+// kind 0: bf16 in [-a, a]; 1: fp8 of [-a*448, a*448]; 2: f32 in [lo, lo + a]
+__global__ void fill_kernel(void* p, int kind, size_t n, uint64_t seed, float a, float lo) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = hash_uniform(seed, i);
+    if (kind == 0) static_cast<uint16_t*>(p)[i] = cuda::f32_to_bf16_bits(u * a);
+    else if (kind == 1) static_cast<uint8_t*>(p)[i] = cuda::f32_to_fp8_bits(u * a * 448.f);
+    else static_cast<float*>(p)[i] = lo + (u * 0.5f + 0.5f) * a;
+  }
+}
+void fill(void* p, int kind, size_t n, uint64_t seed, float a = 1.f, float lo = 0.f) {
+  fill_kernel<<<1024, 256>>>(p, kind, n, seed, a, lo);
+  cuda_check(cudaGetLastError(), "fill");
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.f : v[v.size() / 2];
+}
+
+// Times fn(set) over rotating sets: eager (events around each launch) or, when graph, one
+// graph per set captured from fn and replayed. Returns the median in microseconds.
+double time_it(int iters, int sets, const std::function<void(int, cudaStream_t)>& fn, bool graph,
+               cudaStream_t stream) {
+  std::vector<cudaGraphExec_t> execs;
+  if (graph) {
+    for (int s = 0; s < sets; ++s) {
+      fn(s, stream);  // sizes the workspace outside capture
+      cudaGraph_t g;
+      cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+      fn(s, stream);
+      cuda_check(cudaStreamEndCapture(stream, &g), "end capture");
+      cudaGraphExec_t e;
+      cuda_check(cudaGraphInstantiate(&e, g, 0), "instantiate");
+      cudaGraphDestroy(g);
+      execs.push_back(e);
+    }
+  }
+  auto launch = [&](int i) {
+    if (graph) cuda_check(cudaGraphLaunch(execs[size_t(i % sets)], stream), "graph launch");
+    else fn(i % sets, stream);
+  };
+  for (int i = 0; i < std::max(10, sets * 2); ++i) launch(i);
+  std::vector<cudaEvent_t> ev(size_t(iters) * 2);
+  for (auto& e : ev) cuda_check(cudaEventCreate(&e), "event");
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(ev[size_t(2 * i)], stream);
+    launch(i);
+    cudaEventRecord(ev[size_t(2 * i + 1)], stream);
+  }
+  cuda_check(cudaStreamSynchronize(stream), "bench sync");
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
+  for (auto& e : ev) cudaEventDestroy(e);
+  for (auto& e : execs) cudaGraphExecDestroy(e);
+  return double(median(ms)) * 1000.0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One input set of a paged batch: index cache, KV cache (+ scales), q, index_q, outputs.
+
+struct BatchShape {
+  std::vector<int> cached, qlen;  // per sequence
+  int num_tokens() const { return std::accumulate(qlen.begin(), qlen.end(), 0); }
+};
+
+struct Set {
+  DevPtr qsl, seq_lens, tables, ic, k, v, ks, vs, iq, q, topk, out;
+  ops::BatchView batch;
+};
+
+struct Case {
+  BatchShape shape;
+  bool fp8 = false;
+  bool need_kv = true, need_index = true;
+  int64_t blocks_per_set = 0;
+  std::vector<Set> sets;
+  int64_t T = 0;
+  int max_seq = 0, mbps = 0;
+
+  void build(uint64_t seed, double l2_bytes) {
+    const int S = int(shape.cached.size());
+    T = shape.num_tokens();
+    std::vector<int32_t> qsl(1, 0), lens;
+    for (int s = 0; s < S; ++s) {
+      lens.push_back(shape.cached[s] + shape.qlen[s]);
+      qsl.push_back(qsl.back() + shape.qlen[s]);
+      max_seq = std::max(max_seq, lens.back());
+      blocks_per_set += (lens.back() + 127) / 128;
+    }
+    mbps = (max_seq + 127) / 128;
+    const size_t esz = fp8 ? 1 : 2;
+    const double set_bytes = double(blocks_per_set) * 128 * 128 * esz * ((need_index ? 1 : 0) + (need_kv ? 2 : 0));
+    const int nsets = std::clamp(int(std::ceil(4.0 * l2_bytes / std::max(set_bytes, 1.0))), 2, 16);
+    std::mt19937_64 rng(seed);
+    for (int si = 0; si < nsets; ++si) {
+      Set st;
+      std::vector<int32_t> phys(static_cast<size_t>(blocks_per_set));
+      std::iota(phys.begin(), phys.end(), 0);
+      std::shuffle(phys.begin(), phys.end(), rng);
+      std::vector<int32_t> tables(size_t(S) * mbps, 0);
+      size_t next = 0;
+      for (int s = 0; s < S; ++s)
+        for (int b = 0; b < (lens[s] + 127) / 128; ++b) tables[size_t(s) * mbps + b] = phys[next++];
+      st.qsl = upload(qsl);
+      st.seq_lens = upload(lens);
+      st.tables = upload(tables);
+      const size_t keys = size_t(blocks_per_set) * 128;
+      const uint64_t sd = seed * 977 + si * 13;
+      if (need_index) {
+        st.ic = dev(keys * 128 * esz);
+        fill(st.ic->p, fp8 ? 1 : 0, keys * 128, sd + 1, fp8 ? 0.25f : 1.f);
+      }
+      if (need_kv) {
+        st.k = dev(keys * 128 * esz);
+        st.v = dev(keys * 128 * esz);
+        fill(st.k->p, fp8 ? 1 : 0, keys * 128, sd + 2, fp8 ? 0.9f : 1.f);
+        fill(st.v->p, fp8 ? 1 : 0, keys * 128, sd + 3, fp8 ? 0.9f : 1.f);
+        if (fp8) {
+          st.ks = dev(keys * 4);
+          st.vs = dev(keys * 4);
+          fill(st.ks->p, 2, keys, sd + 4, 0.002f, 0.001f);
+          fill(st.vs->p, 2, keys, sd + 5, 0.002f, 0.001f);
+        }
+      }
+      st.iq = dev(size_t(T) * 128 * 2);
+      fill(st.iq->p, 0, size_t(T) * 128, sd + 6);
+      st.q = dev(size_t(T) * 16 * 128 * 2);
+      fill(st.q->p, 0, size_t(T) * 16 * 128, sd + 7);
+      st.topk = dev(size_t(T) * 16 * 4);
+      st.out = dev(size_t(T) * 16 * 128 * 2);
+      st.batch.num_seqs = S;
+      st.batch.num_tokens = T;
+      st.batch.query_start_loc = st.qsl->as<int32_t>();
+      st.batch.seq_lens = st.seq_lens->as<int32_t>();
+      st.batch.block_tables = st.tables->as<int32_t>();
+      st.batch.max_blocks_per_seq = mbps;
+      st.batch.max_seq_len = max_seq;
+      st.batch.max_query_len = *std::max_element(shape.qlen.begin(), shape.qlen.end());
+      sets.push_back(std::move(st));
+    }
+    cuda_check(cudaDeviceSynchronize(), "bench inputs");
+  }
+
+  ops::IndexerParams indexer(int si) const {
+    const Set& st = sets[size_t(si)];
+    ops::IndexerParams p;
+    p.index_q = st.iq->p;
+    p.q_dtype = DType::BF16;
+    p.q_stride = 128;
+    p.num_index_heads = 1;
+    p.index_dim = 128;
+    p.score_scale = float(1.0 / std::sqrt(128.0) * 1.4426950408889634);
+    p.cache.k = st.ic ? st.ic->p : nullptr;
+    p.cache.dtype = fp8 ? DType::FP8_E4M3 : DType::BF16;
+    p.cache.num_blocks = blocks_per_set;
+    p.cache.block_size = 128;
+    p.cache.index_dim = 128;
+    p.batch = st.batch;
+    p.topk = 16;
+    p.init_blocks = 0;
+    p.local_blocks = 1;
+    p.topk_idx = st.topk->as<int32_t>();
+    return p;
+  }
+  ops::AttentionParams attention(int si, bool sparse) const {
+    const Set& st = sets[size_t(si)];
+    ops::AttentionParams p;
+    p.q = st.q->p;
+    p.q_dtype = DType::BF16;
+    p.q_stride = 16 * 128;
+    p.out = st.out->p;
+    p.out_dtype = DType::BF16;
+    p.out_stride = 16 * 128;
+    p.num_q_heads = 16;
+    p.num_kv_heads = 1;
+    p.head_dim = 128;
+    p.sm_scale = float(1.0 / std::sqrt(128.0));
+    p.kv.k = st.k->p;
+    p.kv.v = st.v->p;
+    p.kv.k_scale = st.ks ? st.ks->as<float>() : nullptr;
+    p.kv.v_scale = st.vs ? st.vs->as<float>() : nullptr;
+    p.kv.dtype = fp8 ? DType::FP8_E4M3 : DType::BF16;
+    p.kv.num_blocks = blocks_per_set;
+    p.kv.block_size = 128;
+    p.kv.num_kv_heads = 1;
+    p.kv.head_dim = 128;
+    p.batch = st.batch;
+    p.topk_idx = sparse ? st.topk->as<int32_t>() : nullptr;
+    p.topk = sparse ? 16 : 0;
+    return p;
+  }
+  // Bytes and FLOPs that must be spent.
+  double index_bytes() const {
+    double keys = 0;
+    for (size_t s = 0; s < shape.cached.size(); ++s) keys += shape.cached[s] + shape.qlen[s];
+    return keys * 128 * (fp8 ? 1 : 2) + double(T) * 128 * 2 + double(T) * 16 * 4;
+  }
+  // Keys each new token attends to (sparse: its top-16 blocks, the own block partial).
+  double attended_keys(bool sparse) const {
+    double keys = 0;
+    for (size_t s = 0; s < shape.cached.size(); ++s)
+      for (int i = 0; i < shape.qlen[s]; ++i) {
+        const int pos = shape.cached[s] + i;
+        const int n_blk = pos / 128 + 1;
+        keys += sparse ? double(std::min(16, n_blk) - 1) * 128 + (pos % 128 + 1) : pos + 1;
+      }
+    return keys;
+  }
+  double attn_bytes(bool sparse) const {
+    // Decode: every attended key's K and V row (+ scales) once; q and out once.
+    const double per_key = 2.0 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0);
+    return attended_keys(sparse) * per_key + double(T) * 16 * 128 * 2 * 2;
+  }
+  double attn_flops(bool sparse) const { return attended_keys(sparse) * 16 * 128 * 4; }
+  double index_flops() const { return attended_keys(false) * 128 * 2; }
+};
+
+std::string ctx_name(const BatchShape& s) {
+  if (s.cached.size() == 1 && s.qlen[0] > 1)
+    return std::to_string(s.qlen[0]) + " new" + (s.cached[0] ? " after " + std::to_string(s.cached[0]) : "");
+  return "b" + std::to_string(s.cached.size()) + " ctx" + std::to_string(s.cached[0] + s.qlen[0]);
+}
+
+BatchShape decode_shape(int batch, int ctx) {
+  BatchShape s;
+  s.cached.assign(size_t(batch), ctx - 1);
+  s.qlen.assign(size_t(batch), 1);
+  return s;
+}
+BatchShape prefill_shape(int cached, int n) {
+  BatchShape s;
+  s.cached = {cached};
+  s.qlen = {n};
+  return s;
+}
+
+bool wanted(const Options& o, const std::string& what) {
+  return o.filter.empty() || what.find(o.filter) != std::string::npos;
+}
+
+}  // namespace
+
+Env measure_env() {
+  Env e;
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+  e.gpu = prop.name;
+  e.sms = prop.multiProcessorCount;
+  e.l2_mb = prop.l2CacheSize / 1048576.0;
+  cudaStream_t st;
+  cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  {
+    const size_t n = size_t(2) << 30;  // 2 GiB copied: far past the L2
+    DevMem a(n), b(n);
+    fill(a.p, 2, n / 4, 1, 1.f, 0.f);
+    const double us = time_it(20, 1, [&](int, cudaStream_t s) { cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice, s); }, false, st);
+    e.copy_gbps = 2.0 * double(n) / (us * 1e-6) / 1e9;
+  }
+#ifdef SIEVE_HAVE_CUBLAS
+  {
+    const int N = 8192;
+    DevMem A(size_t(N) * N * 2), B(size_t(N) * N * 2), C(size_t(N) * N * 2);
+    fill(A.p, 0, size_t(N) * N, 11);
+    fill(B.p, 0, size_t(N) * N, 12);
+    cublasHandle_t h;
+    if (cublasCreate(&h) == CUBLAS_STATUS_SUCCESS) {
+      cublasSetStream(h, st);
+      const float alpha = 1.f, beta = 0.f;
+      const double us = time_it(20, 1, [&](int, cudaStream_t) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &alpha, A.p, CUDA_R_16BF, N, B.p, CUDA_R_16BF, N,
+                     &beta, C.p, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      }, false, st);
+      e.bf16_tflops = 2.0 * N * double(N) * N / (us * 1e-6) / 1e12;
+      e.matrix_source = "cublas 8192^3 bf16, random data";
+      cublasDestroy(h);
+    }
+  }
+#endif
+  if (e.bf16_tflops <= 0) {
+    e.bf16_tflops = 790;
+    e.matrix_source = "assumed (no cuBLAS in this build)";
+  }
+  cudaStreamDestroy(st);
+  return e;
+}
+
+void run_all(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row) {
+  cudaStream_t st;
+  cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  const double l2 = env.l2_mb * 1048576.0;
+  const double bw = env.copy_gbps * 1e9;
+  const double rate = env.bf16_tflops * 1e12;
+  const int iters = std::max(50, opt.iters);
+  auto emit = [&](Row r, const Case& c) {
+    r.runs = iters;
+    r.input_sets = int(c.sets.size());
+    on_row(r);
+  };
+
+  // ---- Decode.
+  struct DShape {
+    int batch, ctx;
+  };
+  const std::vector<DShape> dshapes = {{1, 9216}, {32, 9216}, {128, 9216}, {32, 32768}, {8, 131072}};
+  for (bool fp8 : {true, false}) {
+    const std::string dt = fp8 ? "fp8" : "bf16";
+    for (const auto& ds : dshapes) {
+      Case c;
+      c.shape = decode_shape(ds.batch, ds.ctx);
+      c.fp8 = fp8;
+      const std::string shape = ctx_name(c.shape);
+      if (!wanted(opt, "decode " + shape + " " + dt)) continue;
+      c.build(uint64_t(ds.batch) * 7 + ds.ctx + fp8, l2);
+      const int sets = int(c.sets.size());
+      const bool main_shape = ds.batch == 32 && ds.ctx == 9216;
+
+      // Indexer.
+      const double ifloor = c.index_bytes() / bw * 1e6;
+      Row r{"decode indexer", shape, dt, "", 0, ifloor, "bytes"};
+      r.target_us = main_shape ? (fp8 ? 12 : 22) : 1.4 * ifloor + 2;
+      r.target_note = main_shape ? "issue target" : "1.4 x floor + 2 us";
+      auto run_path = [&](cuda::IndexerPath path) {
+        return [&c, path](int s, cudaStream_t stream) {
+          if (!cuda::run_indexer_path(c.indexer(s), stream, path)) throw Error("bench: indexer unsupported");
+        };
+      };
+      r.mode = "fused, eager";
+      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeFused), false, st);
+      emit(r, c);
+      r.mode = "fused, graph";
+      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeFused), true, st);
+      emit(r, c);
+      r.mode = "baseline 3 kernels, eager";
+      r.target_us = 0, r.target_note = "";
+      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeBaseline), false, st);
+      emit(r, c);
+      r.mode = "baseline 3 kernels, graph";
+      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeBaseline), true, st);
+      emit(r, c);
+      // Leave a real selection in every set for the attention.
+      for (int s = 0; s < sets; ++s) run_path(cuda::IndexerPath::kDecodeFused)(s, st);
+
+      // Sparse attention.
+      auto attn = [&c](bool sparse) {
+        return [&c, sparse](int s, cudaStream_t stream) {
+          if (!cuda::run_attention(c.attention(s, sparse), stream)) throw Error("bench: attention unsupported");
+        };
+      };
+      const double afloor = c.attn_bytes(true) / bw * 1e6;
+      Row a{"sparse decode attention", shape, dt, "", 0, afloor, "bytes"};
+      a.target_us = main_shape ? (fp8 ? 7 : 11) : 0;
+      a.target_note = main_shape ? "issue target" : "";
+      a.mode = "eager";
+      a.us = time_it(iters, sets, attn(true), false, st);
+      emit(a, c);
+      a.mode = "graph";
+      a.us = time_it(iters, sets, attn(true), true, st);
+      emit(a, c);
+
+      // One decode step of a sparse layer: indexer + attention.
+      auto step = [&](int s, cudaStream_t stream) {
+        run_path(cuda::IndexerPath::kDecodeFused)(s, stream);
+        attn(true)(s, stream);
+      };
+      Row sr{"decode step (indexer + sparse attention)", shape, dt, "", 0, ifloor + afloor, "bytes"};
+      sr.mode = "eager";
+      sr.us = time_it(iters, sets, step, false, st);
+      emit(sr, c);
+      sr.mode = "graph";
+      sr.us = time_it(iters, sets, step, true, st);
+      emit(sr, c);
+
+      // Dense attention (dense layers).
+      const double dfloor = c.attn_bytes(false) / bw * 1e6;
+      Row d{"dense decode attention", shape, dt, "", 0, dfloor, "bytes"};
+      d.target_us = main_shape ? 1.3 * dfloor : 0;
+      d.target_note = main_shape ? "1.3 x floor" : "";
+      d.mode = "eager";
+      d.us = time_it(iters, sets, attn(false), false, st);
+      emit(d, c);
+      d.mode = "graph";
+      d.us = time_it(iters, sets, attn(false), true, st);
+      emit(d, c);
+    }
+  }
+
+  // ---- Prefill.
+  struct PShape {
+    int cached, n;
+  };
+  for (const auto& ps : std::vector<PShape>{{0, 8192}, {0, 32768}, {57344, 8192}}) {
+    for (bool fp8 : {false, true}) {
+      Case c;
+      c.shape = prefill_shape(ps.cached, ps.n);
+      c.fp8 = fp8;
+      const std::string dt = fp8 ? "fp8" : "bf16";
+      const std::string shape = ctx_name(c.shape);
+      if (!wanted(opt, "prefill " + shape + " " + dt)) continue;
+      if (fp8 && !(ps.cached == 0 && ps.n == 8192)) continue;  // fp8 prefill: one shape
+      c.build(uint64_t(ps.cached) + ps.n + fp8, l2);
+      const int sets = int(c.sets.size());
+      const double ifl = c.index_flops() / rate * 1e6;
+      Row r{"prefill indexer", shape, dt, "eager", 0, ifl, "flops"};
+      if (!fp8 && ps.cached == 0) {
+        r.target_us = ps.n == 8192 ? 35 : 280;
+        r.target_note = "issue target";
+      }
+      r.us = time_it(iters, sets, [&](int s, cudaStream_t stream) {
+        if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefill)) throw Error("bench: indexer");
+      }, false, st);
+      emit(r, c);
+      for (int s = 0; s < sets; ++s) cuda::run_indexer(c.indexer(s), st);
+      const double afl = c.attn_flops(true) / rate * 1e6;
+      Row a{"sparse prefill attention", shape, dt, "eager", 0, afl, "flops"};
+      if (!fp8 && ps.cached == 0 && ps.n == 8192) {
+        a.target_us = afl * 2;
+        a.target_note = ">= 50% of bf16 matrix rate";
+      }
+      a.us = time_it(iters, sets, [&](int s, cudaStream_t stream) {
+        cuda::run_attention(c.attention(s, true), stream);
+      }, false, st);
+      emit(a, c);
+    }
+  }
+
+  // ---- Cache write (qkv norm + RoPE + KV/index cache), decode b32 and prefill 8192.
+  for (int tokens : {32, 8192}) {
+    for (bool fp8 : {true, false}) {
+      const std::string dt = fp8 ? "fp8" : "bf16";
+      const std::string shape = std::to_string(tokens) + " tokens";
+      if (!wanted(opt, "cache write " + shape + " " + dt)) continue;
+      const int64_t stride = 16 * 128 + 128 + 128 + 128 + 128;
+      const int nsets = 4;
+      std::vector<DevPtr> rows, kc, vc, ksc, vsc, icc;
+      const size_t slots = size_t(tokens) * 4;
+      std::vector<int64_t> slot_map(static_cast<size_t>(tokens));
+      std::vector<int32_t> pos(static_cast<size_t>(tokens));
+      for (int t = 0; t < tokens; ++t) slot_map[size_t(t)] = int64_t(t) * 3 % int64_t(slots), pos[size_t(t)] = t;
+      auto d_slots = upload(slot_map), d_pos = upload(pos);
+      std::vector<float> cs(size_t(tokens) * 64);
+      ops::build_rope_table(cs.data(), tokens, 64, 5e6);
+      auto d_cs = upload(cs);
+      auto w = dev(128 * 2);
+      fill(w->p, 0, 128, 5, 0.5f);
+      for (int s = 0; s < nsets; ++s) {
+        rows.push_back(dev(size_t(tokens) * stride * 2));
+        fill(rows.back()->p, 0, size_t(tokens) * stride, 40 + s, 2.f);
+        kc.push_back(dev(slots * 128 * (fp8 ? 1 : 2)));
+        vc.push_back(dev(slots * 128 * (fp8 ? 1 : 2)));
+        ksc.push_back(dev(slots * 4));
+        vsc.push_back(dev(slots * 4));
+        icc.push_back(dev(slots * 128 * (fp8 ? 1 : 2)));
+      }
+      auto params = [&](int s) {
+        ops::QkvNormRopeCacheParams p;
+        p.qkv = rows[size_t(s)]->p;
+        p.act_dtype = DType::BF16;
+        p.num_tokens = tokens;
+        p.row_stride = stride;
+        p.num_q_heads = 16, p.num_kv_heads = 1, p.head_dim = 128;
+        p.q_offset = 0, p.k_offset = 2048, p.v_offset = 2176;
+        p.num_index_heads = 1, p.index_dim = 128, p.index_q_offset = 2304, p.index_k_offset = 2432;
+        p.q_norm = p.k_norm = p.index_q_norm = p.index_k_norm = w->p;
+        p.positions = d_pos->as<int32_t>();
+        p.cos_sin = d_cs->as<float>();
+        p.rotary_dim = 64;
+        p.slot_mapping = d_slots->as<int64_t>();
+        p.kv.k = kc[size_t(s)]->p, p.kv.v = vc[size_t(s)]->p;
+        p.kv.k_scale = ksc[size_t(s)]->as<float>(), p.kv.v_scale = vsc[size_t(s)]->as<float>();
+        p.kv.dtype = fp8 ? DType::FP8_E4M3 : DType::BF16;
+        p.kv.num_blocks = int64_t(slots / 128), p.kv.block_size = 128, p.kv.num_kv_heads = 1, p.kv.head_dim = 128;
+        p.index_cache.k = icc[size_t(s)]->p;
+        p.index_cache.dtype = p.kv.dtype;
+        p.index_cache.num_blocks = p.kv.num_blocks, p.index_cache.block_size = 128, p.index_cache.index_dim = 128;
+        return p;
+      };
+      cuda_check(cudaDeviceSynchronize(), "bench inputs");
+      // Bytes: the row read once, q + index_q written back, k, v, index_k cached (+ scales).
+      const double esz = fp8 ? 1 : 2;
+      const double bytes = double(tokens) * (stride * 2.0 + (2048 + 128) * 2.0 + 3 * 128 * esz + (fp8 ? 8 : 0));
+      Row r{"qkv norm+rope+cache write", shape, dt, "eager", 0, bytes / bw * 1e6, "bytes"};
+      r.us = time_it(iters, nsets, [&](int s, cudaStream_t stream) { cuda::run_qkv_norm_rope_cache(params(s), stream); }, false, st);
+      r.runs = iters, r.input_sets = nsets;
+      on_row(r);
+      r.mode = "graph";
+      r.us = time_it(iters, nsets, [&](int s, cudaStream_t stream) { cuda::run_qkv_norm_rope_cache(params(s), stream); }, true, st);
+      on_row(r);
+    }
+  }
+  cuda_check(cudaStreamSynchronize(st), "bench end");
+  cudaStreamDestroy(st);
+}
+
+}  // namespace sieve::kernels_bench
