@@ -229,7 +229,11 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
                          normal_values(o.seed, M + "embed_tokens.weight",
                                        size_t(c.vocab_size * H), 0.0, 1.0)));
   norm(M + "norm.weight", H);
-  linear("language_model.lm_head.weight", c.vocab_size, H, false);
+  // lm_head ~ N(0, 3/sqrt(H)): logits spread over several nats like a trained model's, so the
+  // top tokens are separated by clear margins (stable greedy comparisons in tests).
+  ts.push_back(to_tensor("language_model.lm_head.weight", DType::BF16, {c.vocab_size, H},
+                         normal_values(o.seed, "language_model.lm_head.weight",
+                                       size_t(c.vocab_size * H), 0.0, 3.0 * ws / std::sqrt(double(H)))));
 
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string L = M + "layers." + std::to_string(i) + ".";

@@ -158,6 +158,7 @@ TEST(TinyModel, DefaultLayoutAndConfig) {
   EXPECT_NEAR(stddev(ck.get(L + "block_sparse_moe.experts.3.w2.weight")), 1.0 / 8.0, 0.015);
   EXPECT_NEAR(stddev(ck.get(L + "block_sparse_moe.gate.weight")), 1.0 / std::sqrt(128.0), 0.01);
   EXPECT_NEAR(stddev(ck.get("language_model.model.embed_tokens.weight")), 1.0, 0.03);
+  EXPECT_NEAR(stddev(ck.get("language_model.lm_head.weight")), 3.0 / std::sqrt(128.0), 0.02);
   EXPECT_NEAR(stddev(ck.get(L + "input_layernorm.weight")), 0.1, 0.03);
   EXPECT_NEAR(stddev(ck.get(L + "block_sparse_moe.e_score_correction_bias")), 0.1, 0.08);
   // Different tensors are not copies of one stream.
