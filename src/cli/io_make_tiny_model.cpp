@@ -125,13 +125,27 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
     throw sieve::Error("sieve make-tiny-model: --bos-token-id " + std::to_string(o.bos_token_id) +
                        " is outside the vocabulary (" + std::to_string(o.vocab_size) + ")");
 
-  sieve::write_tiny_model(o, out);
+  (void)sieve::tiny_model_config(o);  // invalid options fail before anything is written
+
 #ifdef SIEVE_TINY_TOKENIZER
-  // 256 byte tokens plus the chat special tokens; the text library checks they fit the vocab.
-  if (tokenizer) sieve::text::write_byte_level_tokenizer(out, o.vocab_size);
+  // 256 byte tokens plus the chat special tokens (the text library checks they fit the vocab);
+  // its bos/eos go into config.json and generation_config.json unless given explicitly.
+  if (tokenizer) {
+    if (o.vocab_size > std::numeric_limits<int32_t>::max())
+      throw sieve::Error("sieve make-tiny-model: --vocab-size is too large for a tokenizer");
+    sieve::text::ByteLevelTokenizerInfo info;
+    try {
+      info = sieve::text::write_byte_level_tokenizer(out, int32_t(o.vocab_size));
+    } catch (const sieve::Error& e) {
+      throw sieve::Error(std::string(e.what()) + " (--no-tokenizer writes the model alone)");
+    }
+    if (!a.has("--bos-token-id")) o.bos_token_id = info.bos_id;
+    if (!a.has("--eos-token-id")) o.eos_token_ids = {info.eos_id};
+  }
 #else
   tokenizer = false;  // this build has no text library
 #endif
+  sieve::write_tiny_model(o, out);
   sieve::ModelConfig c = sieve::tiny_model_config(o);
   int sparse = 0, moe = 0;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
