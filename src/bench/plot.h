@@ -1,0 +1,41 @@
+// `sieve bench plot`: TPOT and TTFT against output throughput across runs (one point per
+// result JSON, one curve per engine/label), the picture engines are compared by. SVG only.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace sieve::bench {
+
+struct PlotPoint {
+  double output_throughput = 0;  // tok/s
+  double tpot_ms = 0, ttft_ms = 0;
+  int concurrency = -1;          // max_concurrency of the run, -1 when unlimited
+  double request_rate = -1;      // -1 for inf
+};
+
+struct PlotSeries {
+  std::string name;
+  std::vector<PlotPoint> points;  // sorted by concurrency, then throughput
+};
+
+struct PlotOptions {
+  std::string stat = "mean";      // mean, median or pNN: which TPOT/TTFT statistic
+  std::string group_by = "label"; // label (label, else backend + model), model, or file
+  std::string title;
+};
+
+// `files`: (path, parsed result JSON) pairs as `sieve bench serve --save-result` (or vLLM)
+// writes them. Throws Error naming the file when a needed field is missing.
+std::vector<PlotSeries> series_from_results(const std::vector<std::pair<std::string, nlohmann::json>>& files,
+                                            const PlotOptions& o);
+
+std::string render_svg(const std::vector<PlotSeries>& series, const PlotOptions& o);
+
+// Axis ticks at 1, 2 or 5 times a power of ten covering [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi, int target = 5);
+
+}  // namespace sieve::bench

@@ -1,0 +1,48 @@
+// `sieve bench plot`: TPOT and TTFT against output throughput from saved benchmark results.
+#include <fstream>
+#include <iostream>
+
+#include "bench/plot.h"
+#include "cli/command.h"
+#include "core/error.h"
+
+namespace {
+
+int run_bench_plot(const std::vector<std::string>& argv) {
+  sieve::cli::Args a("bench plot", argv);
+  a.opt({"--out", "-o"}, "FILE", "output picture (.svg)", "bench.svg")
+      .opt({"--stat"}, "STAT", "which TPOT/TTFT statistic: mean, median or pNN", "mean")
+      .opt({"--group-by"}, "KEY", "one curve per label (label, else backend + model), model or file", "label")
+      .opt({"--title"}, "TEXT", "title of the picture");
+  if (!a.parse()) return 0;
+  if (a.positional().empty())
+    throw sieve::Error("sieve bench plot: give result files (RESULT.json ...) from `sieve bench serve --save-result`");
+  std::string out = a.get("--out");
+  if (out.size() < 4 || out.substr(out.size() - 4) != ".svg")
+    throw sieve::Error("sieve bench plot: --out " + out + ": only SVG is written; name the file *.svg");
+  std::vector<std::pair<std::string, nlohmann::json>> files;
+  for (const auto& p : a.positional()) {
+    std::ifstream f(p);
+    if (!f) throw sieve::Error("cannot open result file " + p);
+    auto j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded()) throw sieve::Error(p + ": not JSON");
+    files.emplace_back(p, std::move(j));
+  }
+  sieve::bench::PlotOptions o;
+  o.stat = a.get("--stat");
+  o.group_by = a.get("--group-by");
+  o.title = a.get("--title");
+  auto series = sieve::bench::series_from_results(files, o);
+  std::ofstream f(out);
+  if (!f) throw sieve::Error("cannot write " + out);
+  f << sieve::bench::render_svg(series, o);
+  size_t points = 0;
+  for (const auto& s : series) points += s.points.size();
+  std::cout << "wrote " << out << ": " << series.size() << " curve(s), " << points << " point(s)\n";
+  return 0;
+}
+
+sieve::cli::Register reg{"bench plot", "draw TPOT and TTFT against output throughput from result JSONs (SVG)",
+                         &run_bench_plot};
+
+}  // namespace
