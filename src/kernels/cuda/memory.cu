@@ -1,6 +1,9 @@
 // Device allocation and copies for kernels/memory.h.
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include <string>
 
 #include "core/error.h"
