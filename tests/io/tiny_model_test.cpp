@@ -370,6 +370,22 @@ TEST(TinyModel, CommandLine) {
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{5, 6}));
   check_layout(dir, true);
 
+#ifdef SIEVE_TEST_TOKENIZER
+  // With the text library the default model also gets a tokenizer, and its bos/eos ids.
+  std::string tdir = fresh_dir("cli_tok");
+  ASSERT_EQ(run(sieve + " make-tiny-model --out " + tdir, &out), 0) << out;
+  EXPECT_TRUE(fs::exists(tdir + "/tokenizer.json"));
+  ModelConfig tc = load_model_config(tdir);
+  EXPECT_GE(tc.bos_token_id, 256);
+  ASSERT_EQ(tc.eos_token_ids.size(), 1u);
+  EXPECT_GE(tc.eos_token_ids[0], 256);
+  EXPECT_LT(tc.eos_token_ids[0], tc.vocab_size);
+  EXPECT_NE(tc.eos_token_ids[0], tc.bos_token_id);
+  EXPECT_EQ(run(sieve + " make-tiny-model --out " + tdir + " --vocab-size 200", &out), 2) << out;
+  EXPECT_EQ(run(sieve + " make-tiny-model --out " + tdir + " --vocab-size 200 --no-tokenizer", &out), 0)
+      << out;
+#endif
+
   for (const std::string bad :
        std::vector<std::string>{" make-tiny-model", " make-tiny-model --out " + dir + " --num-heads 3",
         " make-tiny-model --out " + dir + " --sparse-layers 9",
