@@ -33,13 +33,16 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
       .opt({"--rotary-dim"}, "N", "rotated dimensions per head", std::to_string(d.rotary_dim))
       .opt({"--vocab-size"}, "N", "vocabulary size", std::to_string(d.vocab_size))
       .opt({"--num-experts"}, "N", "routed experts", std::to_string(d.num_experts))
-      .opt({"--experts-per-tok"}, "K", "experts chosen per token", std::to_string(d.experts_per_tok))
-      .opt({"--expert-intermediate"}, "N", "routed expert width", std::to_string(d.expert_intermediate))
+      .opt({"--experts-per-tok"}, "K", "experts chosen per token",
+           std::to_string(d.experts_per_tok))
+      .opt({"--expert-intermediate"}, "N", "routed expert width",
+           std::to_string(d.expert_intermediate))
       .opt({"--shared-intermediate"}, "N", "shared expert width (0 = none)",
            std::to_string(d.shared_intermediate))
       .opt({"--dense-intermediate"}, "N", "dense MLP width", std::to_string(d.dense_intermediate))
       .opt({"--index-dim"}, "N", "indexer head dimension", std::to_string(d.index_dim))
-      .opt({"--topk-blocks"}, "K", "blocks kept per query in sparse layers", std::to_string(d.topk_blocks))
+      .opt({"--topk-blocks"}, "K", "blocks kept per query in sparse layers",
+           std::to_string(d.topk_blocks))
       .opt({"--init-blocks"}, "N", "forced leading blocks", std::to_string(d.init_blocks))
       .opt({"--local-blocks"}, "N", "forced trailing blocks", std::to_string(d.local_blocks))
       .opt({"--max-position"}, "N", "max_position_embeddings", std::to_string(d.max_position))
@@ -48,8 +51,10 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
       .opt({"--dtype-scale", "--weight-scale"}, "X",
            "multiplies the standard deviation of every projection", "1")
       .opt({"--shards"}, "N", "safetensors files (> 1 writes model.safetensors.index.json)", "1")
-      .opt({"--bos-token-id"}, "ID", "bos id written to the configs (default: none, or the tokenizer's)")
-      .opt({"--eos-token-id"}, "IDS", "eos id(s), comma separated (default: none, or the tokenizer's)")
+      .opt({"--bos-token-id"}, "ID",
+           "bos id written to the configs (default: none, or the tokenizer's)")
+      .opt({"--eos-token-id"}, "IDS",
+           "eos id(s), comma separated (default: none, or the tokenizer's)")
       .flag({"--mxfp8"}, "write MXFP8 projections (fp8 e4m3 + E8M0 weight_scale_inv per 1x32)")
       .flag({"--no-tokenizer"}, "do not write tokenizer files");
   if (!a.parse()) return 0;
@@ -67,7 +72,8 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
   o.seed = uint64_t(seed);
   o.num_layers = int(int_opt("--num-layers", 1));
   if (a.has("--sparse-layers"))
-    o.sparse_layers = sieve::parse_layer_list(a.get("--sparse-layers"), o.num_layers, "--sparse-layers");
+    o.sparse_layers =
+        sieve::parse_layer_list(a.get("--sparse-layers"), o.num_layers, "--sparse-layers");
   if (a.has("--moe-layers"))
     o.moe_layers = sieve::parse_layer_list(a.get("--moe-layers"), o.num_layers, "--moe-layers");
   o.hidden_size = int_opt("--hidden-size", 1);
@@ -95,7 +101,6 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
   o.mxfp8 = a.get_flag("--mxfp8");
   bool tokenizer = !a.get_flag("--no-tokenizer");
   const std::string out = a.get("--out");
-
 
   if (a.has("--bos-token-id")) o.bos_token_id = a.get_int("--bos-token-id");
   if (a.has("--eos-token-id")) {
@@ -154,8 +159,7 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
   }
   std::printf("wrote %s: %d layers (%d sparse, %d MoE), hidden %lld, vocab %lld, %s%s\n",
               out.c_str(), c.num_hidden_layers, sparse, moe, (long long)c.hidden_size,
-              (long long)c.vocab_size, o.mxfp8 ? "MXFP8" : "BF16",
-              tokenizer ? ", tokenizer" : "");
+              (long long)c.vocab_size, o.mxfp8 ? "MXFP8" : "BF16", tokenizer ? ", tokenizer" : "");
   return 0;
 }
 

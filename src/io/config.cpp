@@ -16,11 +16,11 @@ using nlohmann::json;
 // Keys that live inside text_config.sparse_attention_config in the published config. An override
 // (or a plain text config) may give them flat at the text-config level; they are moved inside.
 const std::set<std::string>& sparse_keys() {
-  static const std::set<std::string> keys = {
-      "use_sparse_attention", "sparse_attention_freq",  "sparse_block_size",
-      "sparse_num_index_heads", "sparse_index_dim",     "sparse_topk_blocks",
-      "sparse_init_block",    "sparse_local_block",     "sparse_score_type",
-      "sparse_disable_index_value"};
+  static const std::set<std::string> keys = {"use_sparse_attention", "sparse_attention_freq",
+                                             "sparse_block_size",    "sparse_num_index_heads",
+                                             "sparse_index_dim",     "sparse_topk_blocks",
+                                             "sparse_init_block",    "sparse_local_block",
+                                             "sparse_score_type",    "sparse_disable_index_value"};
   return keys;
 }
 
@@ -211,7 +211,8 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
   // HF convention: absent num_key_value_heads means plain multi-head attention.
   c.num_key_value_heads = t.get_int32("num_key_value_heads", c.num_attention_heads);
   c.vocab_size = t.get_int("vocab_size", 0);
-  if (c.hidden_size <= 0) t.fail("hidden_size", "= " + std::to_string(c.hidden_size) + ", expected > 0");
+  if (c.hidden_size <= 0)
+    t.fail("hidden_size", "= " + std::to_string(c.hidden_size) + ", expected > 0");
   // The bound keeps a corrupt value from turning into a multi-gigabyte per-layer table.
   if (c.num_hidden_layers <= 0 || c.num_hidden_layers > 100000)
     t.fail("num_hidden_layers",
@@ -220,7 +221,8 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
     t.fail("num_attention_heads", "= " + std::to_string(c.num_attention_heads) + ", expected > 0");
   if (c.num_key_value_heads <= 0)
     t.fail("num_key_value_heads", "= " + std::to_string(c.num_key_value_heads) + ", expected > 0");
-  if (c.vocab_size <= 0) t.fail("vocab_size", "= " + std::to_string(c.vocab_size) + ", expected > 0");
+  if (c.vocab_size <= 0)
+    t.fail("vocab_size", "= " + std::to_string(c.vocab_size) + ", expected > 0");
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     t.fail("num_attention_heads", "= " + std::to_string(c.num_attention_heads) +
                                       " is not divisible by num_key_value_heads = " +
@@ -230,9 +232,9 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
     c.head_dim = t.get_int32("head_dim", 0);
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
-      t.fail("hidden_size", "= " + std::to_string(c.hidden_size) +
-                                " is not divisible by num_attention_heads = " +
-                                std::to_string(c.num_attention_heads) + " (and head_dim is absent)");
+      t.fail("hidden_size",
+             "= " + std::to_string(c.hidden_size) + " is not divisible by num_attention_heads = " +
+                 std::to_string(c.num_attention_heads) + " (and head_dim is absent)");
     c.head_dim = int(c.hidden_size / c.num_attention_heads);
   }
   if (c.head_dim <= 0) t.fail("head_dim", "= " + std::to_string(c.head_dim) + ", expected > 0");
@@ -332,18 +334,18 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
       t.fail("intermediate_size",
              "= " + std::to_string(c.intermediate_size) + ", expected > 0 for MoE layers");
     if (c.shared_intermediate_size < 0)
-      t.fail("shared_intermediate_size", "= " + std::to_string(c.shared_intermediate_size) +
-                                             ", expected >= 0");
+      t.fail("shared_intermediate_size",
+             "= " + std::to_string(c.shared_intermediate_size) + ", expected >= 0");
     if (c.scoring_func != "sigmoid")
-      t.fail("scoring_func", "= \"" + c.scoring_func + "\" is not supported (expected \"sigmoid\")");
+      t.fail("scoring_func",
+             "= \"" + c.scoring_func + "\" is not supported (expected \"sigmoid\")");
   }
   if (any_dense && c.dense_intermediate_size <= 0)
     t.fail("dense_intermediate_size", "= " + std::to_string(c.dense_intermediate_size) +
                                           ", expected > 0 for dense-MLP layers");
 
-  c.tie_word_embeddings =
-      t.has("tie_word_embeddings") ? t.get_bool("tie_word_embeddings", false)
-                                   : top.get_bool("tie_word_embeddings", false);
+  c.tie_word_embeddings = t.has("tie_word_embeddings") ? t.get_bool("tie_word_embeddings", false)
+                                                       : top.get_bool("tie_word_embeddings", false);
   // Token ids may sit in the text config or the wrapper; the text config wins.
   const Reader& ids = t.has("eos_token_id") || t.has("bos_token_id") ? t : top;
   c.bos_token_id = ids.get_int("bos_token_id", -1);
@@ -353,7 +355,8 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
       c.eos_token_ids.push_back(e.get<int64_t>());
     } else if (e.is_array()) {
       for (const auto& x : e) {
-        if (!x.is_number_integer()) ids.wrong_type("eos_token_id", "an integer or a list of integers");
+        if (!x.is_number_integer())
+          ids.wrong_type("eos_token_id", "an integer or a list of integers");
         c.eos_token_ids.push_back(x.get<int64_t>());
       }
     } else {
@@ -361,9 +364,12 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
     }
   }
   // transformers >= 5 writes "dtype"; older exports "torch_dtype".
-  if (t.has("torch_dtype")) c.torch_dtype = t.get_string("torch_dtype", "bfloat16");
-  else if (t.has("dtype")) c.torch_dtype = t.get_string("dtype", "bfloat16");
-  else if (top.has("torch_dtype")) c.torch_dtype = top.get_string("torch_dtype", "bfloat16");
+  if (t.has("torch_dtype"))
+    c.torch_dtype = t.get_string("torch_dtype", "bfloat16");
+  else if (t.has("dtype"))
+    c.torch_dtype = t.get_string("dtype", "bfloat16");
+  else if (top.has("torch_dtype"))
+    c.torch_dtype = top.get_string("torch_dtype", "bfloat16");
 
   // sparse_attention_config: nested in the published config; flat keys are accepted for plain
   // text configs.
@@ -396,9 +402,9 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
 
   if (c.use_sparse_attention) {
     if (int(c.sparse_attention_freq.size()) != n)
-      s.fail("sparse_attention_freq", "has " + std::to_string(c.sparse_attention_freq.size()) +
-                                          " entries, expected num_hidden_layers = " +
-                                          std::to_string(n));
+      s.fail("sparse_attention_freq",
+             "has " + std::to_string(c.sparse_attention_freq.size()) +
+                 " entries, expected num_hidden_layers = " + std::to_string(n));
     if (int(c.sparse_disable_index_value.size()) != n)
       s.fail("sparse_disable_index_value",
              "has " + std::to_string(c.sparse_disable_index_value.size()) +
@@ -407,18 +413,16 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
       s.fail("sparse_block_size", "= " + std::to_string(c.sparse_block_size) +
                                       ": block size 128 is required for sparse models");
     if (c.sparse_score_type != "max")
-      s.fail("sparse_score_type",
-             "= \"" + c.sparse_score_type + "\": only \"max\" is supported");
+      s.fail("sparse_score_type", "= \"" + c.sparse_score_type + "\": only \"max\" is supported");
     if (c.sparse_num_index_heads != c.num_key_value_heads)
-      s.fail("sparse_num_index_heads", "= " + std::to_string(c.sparse_num_index_heads) +
-                                           ", expected num_key_value_heads = " +
-                                           std::to_string(c.num_key_value_heads) +
-                                           " (one index head per kv head)");
+      s.fail("sparse_num_index_heads",
+             "= " + std::to_string(c.sparse_num_index_heads) + ", expected num_key_value_heads = " +
+                 std::to_string(c.num_key_value_heads) + " (one index head per kv head)");
     if (c.sparse_index_dim <= 0 || c.sparse_index_dim % 2 != 0 || c.sparse_index_dim < c.rotary_dim)
-      s.fail("sparse_index_dim", "= " + std::to_string(c.sparse_index_dim) +
-                                     ", expected an even number >= rotary_dim = " +
-                                     std::to_string(c.rotary_dim) +
-                                     " (the indexer shares the main RoPE)");
+      s.fail("sparse_index_dim",
+             "= " + std::to_string(c.sparse_index_dim) +
+                 ", expected an even number >= rotary_dim = " + std::to_string(c.rotary_dim) +
+                 " (the indexer shares the main RoPE)");
     if (c.sparse_topk_blocks < 1)
       s.fail("sparse_topk_blocks", "= " + std::to_string(c.sparse_topk_blocks) + ", expected >= 1");
     if (c.sparse_init_block < 0)
@@ -458,8 +462,10 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
   // quantization_config sits at the top of the wrapper in published checkpoints.
   const json* q = nullptr;
   std::string qprefix;
-  if (top.has("quantization_config")) q = &config.at("quantization_config"), qprefix = "";
-  else if (t.has("quantization_config")) q = &text.at("quantization_config"), qprefix = prefix;
+  if (top.has("quantization_config"))
+    q = &config.at("quantization_config"), qprefix = "";
+  else if (t.has("quantization_config"))
+    q = &text.at("quantization_config"), qprefix = prefix;
   if (q) {
     if (!q->is_object()) (qprefix.empty() ? top : t).wrong_type("quantization_config", "an object");
     Reader qr(*q, source, qprefix + "quantization_config.");
@@ -518,13 +524,16 @@ ModelConfig load_model_config(const std::string& dir, const std::string& hf_over
     if (gr.has("eos_token_id")) {
       const json& e = gj.at("eos_token_id");
       std::vector<int64_t> ids;
-      if (e.is_number_integer()) ids.push_back(e.get<int64_t>());
+      if (e.is_number_integer())
+        ids.push_back(e.get<int64_t>());
       else if (e.is_array())
         for (const auto& x : e) {
-          if (!x.is_number_integer()) gr.wrong_type("eos_token_id", "an integer or a list of integers");
+          if (!x.is_number_integer())
+            gr.wrong_type("eos_token_id", "an integer or a list of integers");
           ids.push_back(x.get<int64_t>());
         }
-      else gr.wrong_type("eos_token_id", "an integer or a list of integers");
+      else
+        gr.wrong_type("eos_token_id", "an integer or a list of integers");
       for (int64_t id : ids)
         if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
           c.eos_token_ids.push_back(id);
@@ -585,8 +594,10 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
   // swiglu_beta is not in the published config; write it only when it differs from the default.
   if (c.swiglu_beta != 1.0f) text["swiglu_beta"] = c.swiglu_beta;
   if (c.bos_token_id >= 0) text["bos_token_id"] = c.bos_token_id;
-  if (c.eos_token_ids.size() == 1) text["eos_token_id"] = c.eos_token_ids[0];
-  else if (!c.eos_token_ids.empty()) text["eos_token_id"] = c.eos_token_ids;
+  if (c.eos_token_ids.size() == 1)
+    text["eos_token_id"] = c.eos_token_ids[0];
+  else if (!c.eos_token_ids.empty())
+    text["eos_token_id"] = c.eos_token_ids;
   // Index sharing is not part of the published config: written only when in use.
   if (c.use_index_cache) {
     text["use_index_cache"] = true;
@@ -602,8 +613,10 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
       {"text_config", text},
   };
   if (!c.quant_method.empty()) {
-    json q = {{"quant_method", c.quant_method}, {"activation_scheme", "dynamic"},
-              {"weight_block_size", {1, 32}}, {"ignored_layers", c.quant_ignored_layers}};
+    json q = {{"quant_method", c.quant_method},
+              {"activation_scheme", "dynamic"},
+              {"weight_block_size", {1, 32}},
+              {"ignored_layers", c.quant_ignored_layers}};
     out["quantization_config"] = q;
   }
   return out;

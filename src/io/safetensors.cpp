@@ -28,7 +28,9 @@ using nlohmann::json;
 // bound keeps a garbage length from turning into a huge allocation.
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
 
-std::string errno_str() { return std::strerror(errno); }
+std::string errno_str() {
+  return std::strerror(errno);
+}
 
 std::string kind_of(const json& v) {
   if (v.is_null()) return "null";
@@ -186,8 +188,8 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (end - begin != nbytes)
       throw Error(where + ": data_offsets " + e["data_offsets"].dump() + " span " +
                   std::to_string(end - begin) + " bytes, expected " + std::to_string(nbytes) +
-                  " (" + std::string(dtype_name(info.dtype)) + " x shape " +
-                  e["shape"].dump() + ")");
+                  " (" + std::string(dtype_name(info.dtype)) + " x shape " + e["shape"].dump() +
+                  ")");
     info.data = base + data_start + begin;
     info.nbytes = size_t(nbytes);
     auto [pos, inserted] = f->tensors_.emplace(name, std::move(info));
@@ -291,8 +293,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   for (const auto& t : tensors) {
     if (t.name == "__metadata__" || t.name.empty())
       throw Error(path + ": invalid tensor name \"" + t.name + "\"");
-    if (!names.insert(t.name).second)
-      throw Error(path + ": tensor \"" + t.name + "\" given twice");
+    if (!names.insert(t.name).second) throw Error(path + ": tensor \"" + t.name + "\" given twice");
     uint64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) throw Error(path + ": tensor \"" + t.name + "\" has a negative dimension");

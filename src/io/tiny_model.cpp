@@ -61,10 +61,10 @@ TensorToWrite to_tensor(const std::string& name, DType dt, std::vector<int64_t> 
 void add_mxfp8(std::vector<TensorToWrite>& out, const std::string& base, int64_t rows, int64_t cols,
                const std::vector<float>& v) {
   int64_t kb = (cols + 31) / 32;
-  TensorToWrite w{base + ".weight", DType::FP8_E4M3, {rows, cols},
-                  std::vector<uint8_t>(size_t(rows * cols))};
-  TensorToWrite s{base + ".weight_scale_inv", DType::U8, {rows, kb},
-                  std::vector<uint8_t>(size_t(rows * kb))};
+  TensorToWrite w{
+      base + ".weight", DType::FP8_E4M3, {rows, cols}, std::vector<uint8_t>(size_t(rows * cols))};
+  TensorToWrite s{
+      base + ".weight_scale_inv", DType::U8, {rows, kb}, std::vector<uint8_t>(size_t(rows * kb))};
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < kb; ++b) {
       int64_t c0 = b * 32, c1 = std::min(cols, c0 + 32);
@@ -103,7 +103,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-std::vector<int> parse_layer_list(const std::string& text, int num_layers, const std::string& what) {
+std::vector<int> parse_layer_list(const std::string& text, int num_layers,
+                                  const std::string& what) {
   std::vector<int> flags(size_t(std::max(num_layers, 0)), 0);
   if (text.empty() || text == "none") return flags;
   if (text == "all") return std::vector<int>(flags.size(), 1);
@@ -125,7 +126,8 @@ std::vector<int> parse_layer_list(const std::string& text, int num_layers, const
                   tok + "\")");
     items.push_back(v);
   }
-  bool all01 = std::all_of(items.begin(), items.end(), [](long long x) { return x == 0 || x == 1; });
+  bool all01 =
+      std::all_of(items.begin(), items.end(), [](long long x) { return x == 0 || x == 1; });
   if (int(items.size()) == num_layers && all01) {
     for (size_t i = 0; i < items.size(); ++i) flags[i] = int(items[i]);
     return flags;
@@ -140,7 +142,8 @@ std::vector<int> parse_layer_list(const std::string& text, int num_layers, const
 }
 
 ModelConfig tiny_model_config(const TinyModelOptions& o) {
-  if (o.num_layers < 1) throw Error("num_layers = " + std::to_string(o.num_layers) + ", expected >= 1");
+  if (o.num_layers < 1)
+    throw Error("num_layers = " + std::to_string(o.num_layers) + ", expected >= 1");
   std::vector<int> sparse = default_or(o.sparse_layers, o.num_layers, "sparse layers");
   std::vector<int> moe = default_or(o.moe_layers, o.num_layers, "MoE layers");
   bool any_sparse = std::any_of(sparse.begin(), sparse.end(), [](int x) { return x != 0; });
@@ -187,7 +190,8 @@ ModelConfig tiny_model_config(const TinyModelOptions& o) {
 
 void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
   ModelConfig c = tiny_model_config(o);
-  if (o.num_shards < 1) throw Error("num_shards = " + std::to_string(o.num_shards) + ", expected >= 1");
+  if (o.num_shards < 1)
+    throw Error("num_shards = " + std::to_string(o.num_shards) + ", expected >= 1");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir))
@@ -196,11 +200,12 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
   const int64_t H = c.hidden_size, D = c.head_dim;
   {
     // Everything is built in memory first; refuse sizes that are not "tiny" before allocating.
-    double per_layer = double(H) * double(D) * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) +
-                       double(H) * double(std::max<int64_t>(c.dense_intermediate_size, 0)) * 3.0 +
-                       double(H) * double(c.num_local_experts) * double(c.intermediate_size) * 3.0 +
-                       double(H) * double(c.shared_intermediate_size) * 3.0 +
-                       double(H) * double(c.sparse_index_dim) * (c.sparse_num_index_heads + 1.0);
+    double per_layer =
+        double(H) * double(D) * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) +
+        double(H) * double(std::max<int64_t>(c.dense_intermediate_size, 0)) * 3.0 +
+        double(H) * double(c.num_local_experts) * double(c.intermediate_size) * 3.0 +
+        double(H) * double(c.shared_intermediate_size) * 3.0 +
+        double(H) * double(c.sparse_index_dim) * (c.sparse_num_index_heads + 1.0);
     double total = per_layer * c.num_hidden_layers + 2.0 * double(c.vocab_size) * double(H);
     if (total > 4e9)
       throw Error("make-tiny-model: about " + std::to_string(int64_t(total / 1e6)) +
@@ -216,24 +221,26 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
       // Quantize the BF16 weights, as published MXFP8 checkpoints come from the BF16 ones.
       for (auto& x : v) x = round_bf16(x);
       add_mxfp8(ts, base, rows, cols, v);
-    }
-    else ts.push_back(to_tensor(name, DType::BF16, {rows, cols}, v));
+    } else
+      ts.push_back(to_tensor(name, DType::BF16, {rows, cols}, v));
   };
   // Gemma norms store raw w (the op computes x_hat * (1 + w)): small values around 0.
   auto norm = [&](const std::string& name, int64_t n) {
-    ts.push_back(to_tensor(name, DType::BF16, {n}, normal_values(o.seed, name, size_t(n), 0.0, 0.1)));
+    ts.push_back(
+        to_tensor(name, DType::BF16, {n}, normal_values(o.seed, name, size_t(n), 0.0, 0.1)));
   };
 
   const std::string M = "language_model.model.";
-  ts.push_back(to_tensor(M + "embed_tokens.weight", DType::BF16, {c.vocab_size, H},
-                         normal_values(o.seed, M + "embed_tokens.weight",
-                                       size_t(c.vocab_size * H), 0.0, 1.0)));
+  ts.push_back(to_tensor(
+      M + "embed_tokens.weight", DType::BF16, {c.vocab_size, H},
+      normal_values(o.seed, M + "embed_tokens.weight", size_t(c.vocab_size * H), 0.0, 1.0)));
   norm(M + "norm.weight", H);
   // lm_head ~ N(0, 3/sqrt(H)): logits spread over several nats like a trained model's, so the
   // top tokens are separated by clear margins (stable greedy comparisons in tests).
-  ts.push_back(to_tensor("language_model.lm_head.weight", DType::BF16, {c.vocab_size, H},
-                         normal_values(o.seed, "language_model.lm_head.weight",
-                                       size_t(c.vocab_size * H), 0.0, 3.0 * ws / std::sqrt(double(H)))));
+  ts.push_back(
+      to_tensor("language_model.lm_head.weight", DType::BF16, {c.vocab_size, H},
+                normal_values(o.seed, "language_model.lm_head.weight", size_t(c.vocab_size * H),
+                              0.0, 3.0 * ws / std::sqrt(double(H)))));
 
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string L = M + "layers." + std::to_string(i) + ".";
@@ -259,8 +266,9 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
       ts.push_back(to_tensor(B + "gate.weight", DType::F32, {E, H},
                              normal_values(o.seed, B + "gate.weight", size_t(E * H), 0.0,
                                            1.0 / std::sqrt(double(H)))));
-      ts.push_back(to_tensor(B + "e_score_correction_bias", DType::F32, {E},
-                             normal_values(o.seed, B + "e_score_correction_bias", size_t(E), 0.0, 0.1)));
+      ts.push_back(
+          to_tensor(B + "e_score_correction_bias", DType::F32, {E},
+                    normal_values(o.seed, B + "e_score_correction_bias", size_t(E), 0.0, 0.1)));
       for (int64_t e = 0; e < E; ++e) {
         const std::string X = B + "experts." + std::to_string(e) + ".";
         linear(X + "w1.weight", I, H, true);
@@ -316,8 +324,10 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
   write_text(dir + "/config.json", cfg.dump(2) + "\n");
   json gen = {{"do_sample", false}};
   if (c.bos_token_id >= 0) gen["bos_token_id"] = c.bos_token_id;
-  if (c.eos_token_ids.size() == 1) gen["eos_token_id"] = c.eos_token_ids[0];
-  else if (!c.eos_token_ids.empty()) gen["eos_token_id"] = c.eos_token_ids;
+  if (c.eos_token_ids.size() == 1)
+    gen["eos_token_id"] = c.eos_token_ids[0];
+  else if (!c.eos_token_ids.empty())
+    gen["eos_token_id"] = c.eos_token_ids;
   write_text(dir + "/generation_config.json", gen.dump(2) + "\n");
 }
 

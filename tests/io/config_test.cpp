@@ -204,7 +204,7 @@ TEST(Config, OverridesAnyKeyAndNestedSparse) {
           "rope_theta": 10000, "text_config": {"num_experts_per_tok": 2}})");
   EXPECT_EQ(c.sparse_topk_blocks, 8);
   EXPECT_EQ(c.sparse_init_block, 1);
-  EXPECT_EQ(c.sparse_local_block, 1);           // untouched sibling kept
+  EXPECT_EQ(c.sparse_local_block, 1);  // untouched sibling kept
   EXPECT_EQ(c.sparse_attention_freq, m3_layers());
   EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
   EXPECT_EQ(c.num_experts_per_tok, 2);
@@ -237,8 +237,11 @@ TEST(Config, PlainTextConfig) {
   EXPECT_EQ(c.sparse_attention_freq, m3_layers());
 
   // Keys left to their defaults.
-  json minimal = {{"hidden_size", 256}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-                  {"vocab_size", 100}, {"intermediate_size", 64}};
+  json minimal = {{"hidden_size", 256},
+                  {"num_hidden_layers", 2},
+                  {"num_attention_heads", 4},
+                  {"vocab_size", 100},
+                  {"intermediate_size", 64}};
   ModelConfig m = parse_model_config(minimal);
   EXPECT_EQ(m.num_key_value_heads, 4);
   EXPECT_EQ(m.head_dim, 64);
@@ -253,7 +256,8 @@ TEST(Config, PlainTextConfig) {
 
 TEST(Config, RoundTripThroughJson) {
   ModelConfig c = parse_model_config(
-      real_config(), R"({"use_index_cache": true, "index_topk_pattern": "FSS", "sparse_topk_blocks": 2})");
+      real_config(),
+      R"({"use_index_cache": true, "index_topk_pattern": "FSS", "sparse_topk_blocks": 2})");
   json j = model_config_to_json(c);
   EXPECT_EQ(j["model_type"], "minimax_m3_vl");
   ASSERT_TRUE(j["text_config"].contains("sparse_attention_config"));
@@ -272,10 +276,11 @@ TEST(Config, RoundTripThroughJson) {
 
 TEST(Config, Mxfp8QuantizationConfig) {
   json j = real_config();
-  j["quantization_config"] = {{"quant_method", "mxfp8"},
-                              {"activation_scheme", "dynamic"},
-                              {"weight_block_size", {1, 32}},
-                              {"ignored_layers", {"lm_head", "model.embed_tokens", "vision_tower"}}};
+  j["quantization_config"] = {
+      {"quant_method", "mxfp8"},
+      {"activation_scheme", "dynamic"},
+      {"weight_block_size", {1, 32}},
+      {"ignored_layers", {"lm_head", "model.embed_tokens", "vision_tower"}}};
   ModelConfig c = parse_model_config(j);
   EXPECT_EQ(c.quant_method, "mxfp8");
   EXPECT_EQ(c.quant_ignored_layers,
@@ -297,13 +302,17 @@ struct BadCase {
 
 TEST(Config, ValidationErrorsNameKeyAndExpectation) {
   std::vector<BadCase> cases = {
-      {R"({"sparse_block_size": 64})", {"sparse_block_size", "64", "block size 128 is required for sparse models"}},
+      {R"({"sparse_block_size": 64})",
+       {"sparse_block_size", "64", "block size 128 is required for sparse models"}},
       {R"({"sparse_score_type": "mean"})", {"sparse_score_type", "mean", "max"}},
-      {R"({"sparse_num_index_heads": 8})", {"sparse_num_index_heads", "8", "num_key_value_heads = 4"}},
+      {R"({"sparse_num_index_heads": 8})",
+       {"sparse_num_index_heads", "8", "num_key_value_heads = 4"}},
       {R"({"sparse_attention_freq": [0, 1, 1]})", {"sparse_attention_freq", "3 entries", "60"}},
-      {R"({"sparse_disable_index_value": [1, 1]})", {"sparse_disable_index_value", "2 entries", "60"}},
+      {R"({"sparse_disable_index_value": [1, 1]})",
+       {"sparse_disable_index_value", "2 entries", "60"}},
       {R"({"moe_layer_freq": [1, 1, 1, 1]})", {"moe_layer_freq", "4 entries", "60"}},
-      {R"({"num_key_value_heads": 5, "sparse_num_index_heads": 5})", {"num_attention_heads", "64", "num_key_value_heads = 5"}},
+      {R"({"num_key_value_heads": 5, "sparse_num_index_heads": 5})",
+       {"num_attention_heads", "64", "num_key_value_heads = 5"}},
       {R"({"rotary_dim": 63})", {"rotary_dim", "63", "even"}},
       {R"({"rotary_dim": 256})", {"rotary_dim", "256", "head_dim = 128"}},
       {R"({"index_topk_freq": 0})", {"index_topk_freq", "0", ">= 1"}},
@@ -317,15 +326,18 @@ TEST(Config, ValidationErrorsNameKeyAndExpectation) {
       {R"({"hidden_act": "gelu"})", {"hidden_act", "gelu", "swigluoai"}},
   };
   for (const auto& bc : cases) {
-    std::string msg = error_of([&] { parse_model_config(real_config(), bc.overrides, "m3/config.json"); });
+    std::string msg =
+        error_of([&] { parse_model_config(real_config(), bc.overrides, "m3/config.json"); });
     EXPECT_EQ(msg.find("m3/config.json"), 0u) << bc.overrides << " -> " << msg;
     for (const auto& s : bc.must_contain)
-      EXPECT_NE(msg.find(s), std::string::npos) << bc.overrides << " -> " << msg << " (missing '" << s << "')";
+      EXPECT_NE(msg.find(s), std::string::npos)
+          << bc.overrides << " -> " << msg << " (missing '" << s << "')";
   }
 }
 
 TEST(Config, MissingRequiredKeys) {
-  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"}) {
+  for (const char* key :
+       {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"}) {
     json j = real_config();
     j["text_config"].erase(key);
     std::string msg = error_of([&] { parse_model_config(j); });
@@ -342,7 +354,8 @@ TEST(Config, MissingRequiredKeys) {
 }
 
 TEST(Config, InvalidOverrides) {
-  std::string msg = error_of([&] { parse_model_config(real_config(), "{\"use_index_cache\": tru"); });
+  std::string msg =
+      error_of([&] { parse_model_config(real_config(), "{\"use_index_cache\": tru"); });
   EXPECT_EQ(msg.find("--hf-overrides"), 0u) << msg;
   EXPECT_NE(msg.find("invalid JSON"), std::string::npos) << msg;
   msg = error_of([&] { parse_model_config(real_config(), "[1, 2]"); });
@@ -355,14 +368,25 @@ TEST(Config, InvalidOverrides) {
 // Random garbage as overrides or config values: an Error or a valid config, never anything else.
 TEST(Config, RandomOverridesNeverCrash) {
   std::mt19937 rng(std::random_device{}());
-  std::vector<std::string> keys = {"hidden_size", "num_hidden_layers", "num_attention_heads",
-                                   "num_key_value_heads", "head_dim", "rotary_dim",
-                                   "moe_layer_freq", "sparse_attention_freq", "sparse_topk_blocks",
-                                   "index_topk_pattern", "eos_token_id", "num_local_experts",
-                                   "num_experts_per_tok", "sparse_attention_config", "text_config"};
-  std::vector<json> values = {json(nullptr), json(-1), json(0), json(1), json(3), json(1e30),
-                              json("S"), json("FS"), json::array(), json::array({1, 0}),
-                              json::object(), json(true), json(2.5), json(INT64_MAX)};
+  std::vector<std::string> keys = {"hidden_size",
+                                   "num_hidden_layers",
+                                   "num_attention_heads",
+                                   "num_key_value_heads",
+                                   "head_dim",
+                                   "rotary_dim",
+                                   "moe_layer_freq",
+                                   "sparse_attention_freq",
+                                   "sparse_topk_blocks",
+                                   "index_topk_pattern",
+                                   "eos_token_id",
+                                   "num_local_experts",
+                                   "num_experts_per_tok",
+                                   "sparse_attention_config",
+                                   "text_config"};
+  std::vector<json> values = {
+      json(nullptr),  json(-1),   json(0),    json(1),        json(3),
+      json(1e30),     json("S"),  json("FS"), json::array(),  json::array({1, 0}),
+      json::object(), json(true), json(2.5),  json(INT64_MAX)};
   int ok = 0, err = 0;
   for (int i = 0; i < 500; ++i) {
     json ov = json::object();
@@ -390,10 +414,11 @@ TEST(Config, GenerationConfigAddsEosIds) {
   std::string dir = ::testing::TempDir() + "/sieve_config_gen";
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << real_config().dump();
-  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [200020, 200021], "bos_token_id": 1})";
+  std::ofstream(dir + "/generation_config.json")
+      << R"({"eos_token_id": [200020, 200021], "bos_token_id": 1})";
   ModelConfig c = load_model_config(dir);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{200020, 200021}));  // no duplicate 200020
-  EXPECT_EQ(c.bos_token_id, 200034);  // config.json wins
+  EXPECT_EQ(c.bos_token_id, 200034);                                   // config.json wins
   std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": "x"})";
   std::string msg = error_of([&] { load_model_config(dir); });
   EXPECT_NE(msg.find("generation_config.json"), std::string::npos) << msg;
@@ -416,8 +441,10 @@ TEST(Config, RandomlyCorruptedFileNeverCrashes) {
     std::string t = text;
     for (int e = 0, n = 1 + int(rng() % 3); e < n; ++e) {
       size_t pos = rng() % t.size();
-      if (rng() % 8 == 0) t.resize(pos);
-      else t[pos] = "0123456789[]{},:\"-eE.SFtruefalsn "[rng() % 34];
+      if (rng() % 8 == 0)
+        t.resize(pos);
+      else
+        t[pos] = "0123456789[]{},:\"-eE.SFtruefalsn "[rng() % 34];
       if (t.empty()) break;
     }
     std::ofstream(dir + "/config.json", std::ios::trunc) << t;

@@ -57,7 +57,8 @@ void write_raw(const std::string& path, const std::string& header, const std::ve
   b.insert(b.end(), data.begin(), data.end());
   write_all(path, b);
 }
-void write_raw(const std::string& path, const std::string& header, const std::vector<uint8_t>& data) {
+void write_raw(const std::string& path, const std::string& header,
+               const std::vector<uint8_t>& data) {
   write_raw(path, header, data, header.size());
 }
 
@@ -76,7 +77,7 @@ std::string error_of(F&& fn) {
 }
 
 const std::vector<DType> kAllDtypes = {DType::BF16, DType::F16, DType::F32, DType::FP8_E4M3,
-                                       DType::U8, DType::I32, DType::I64};
+                                       DType::U8,   DType::I32, DType::I64};
 
 TEST(Safetensors, RoundTripEveryDtype) {
   std::mt19937 rng(std::random_device{}());
@@ -88,8 +89,7 @@ TEST(Safetensors, RoundTripEveryDtype) {
     std::string name = std::to_string(k++);
     name.insert(0, 1, 't');
     name.append(".").append(dtype_name(dt));
-    ts.push_back(random_tensor(rng, name, dt,
-                               {int64_t(1 + rng() % 7), int64_t(1 + rng() % 13)}));
+    ts.push_back(random_tensor(rng, name, dt, {int64_t(1 + rng() % 7), int64_t(1 + rng() % 13)}));
   }
   ts.push_back(random_tensor(rng, "scalar", DType::F32, {}));
   ts.push_back(random_tensor(rng, "empty", DType::BF16, {0, 5}));
@@ -205,12 +205,14 @@ TEST(Safetensors, DirectoryErrors) {
 TEST(Safetensors, WriterRejectsBadInput) {
   std::string dir = fresh_dir("writer");
   std::string msg = error_of([&] {
-    write_safetensors(dir + "/a.safetensors", {{"w", DType::F32, {2, 3}, std::vector<uint8_t>(20)}});
+    write_safetensors(dir + "/a.safetensors",
+                      {{"w", DType::F32, {2, 3}, std::vector<uint8_t>(20)}});
   });
   EXPECT_NE(msg.find("\"w\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("24"), std::string::npos) << msg;
   msg = error_of([&] {
-    write_safetensors(dir + "/a.safetensors", {{"w", DType::U8, {1}, {1}}, {"w", DType::U8, {1}, {2}}});
+    write_safetensors(dir + "/a.safetensors",
+                      {{"w", DType::U8, {1}, {1}}, {"w", DType::U8, {1}, {2}}});
   });
   EXPECT_NE(msg.find("twice"), std::string::npos) << msg;
   msg = error_of([&] { write_safetensors(dir + "/no/such/dir/a.safetensors", {}); });
@@ -294,8 +296,8 @@ TEST(Safetensors, TruncatedFilesAndAbsurdLengths) {
   std::vector<Case> cases = {{0, "too short"},
                              {5, "too short"},
                              {8, "exceeds the file"},
-                             {8 + size_t(hl) / 2, "exceeds the file"},           // truncated header
-                             {8 + size_t(hl) + 3, "outside the data section"},   // truncated data
+                             {8 + size_t(hl) / 2, "exceeds the file"},          // truncated header
+                             {8 + size_t(hl) + 3, "outside the data section"},  // truncated data
                              {bytes.size() - 1, "outside the data section"}};
   for (const auto& c : cases) {
     write_all(bad, std::vector<uint8_t>(bytes.begin(), bytes.begin() + long(c.keep)));
@@ -344,10 +346,14 @@ TEST(Safetensors, RandomCorruptionNeverCrashes) {
       size_t limit = (rng() % 4 == 0) ? b.size() : std::min(b.size(), size_t(8 + hl));
       if (limit == 0) break;
       size_t pos = rng() % limit;
-      if (mode == 0) b[pos] ^= uint8_t(1u << (rng() % 8));
-      else if (mode == 1) b[pos] = uint8_t(rng());
-      else if (mode == 2) b[pos] = uint8_t("0123456789[]{},:\"-eE. "[rng() % 22]);
-      else b.resize(pos);
+      if (mode == 0)
+        b[pos] ^= uint8_t(1u << (rng() % 8));
+      else if (mode == 1)
+        b[pos] = uint8_t(rng());
+      else if (mode == 2)
+        b[pos] = uint8_t("0123456789[]{},:\"-eE. "[rng() % 22]);
+      else
+        b.resize(pos);
     }
     write_all(bad, b);
     try {

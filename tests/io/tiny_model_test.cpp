@@ -100,7 +100,8 @@ void check_layout(const std::string& dir, bool mxfp8) {
     EXPECT_EQ(ck.get(name).dtype, e.dtype) << name;
     EXPECT_EQ(ck.get(name).shape, e.shape) << name;
   }
-  for (const auto& [name, info] : ck.tensors()) EXPECT_TRUE(want.count(name)) << "unexpected " << name;
+  for (const auto& [name, info] : ck.tensors())
+    EXPECT_TRUE(want.count(name)) << "unexpected " << name;
   EXPECT_EQ(ck.tensors().size(), want.size());
 }
 
@@ -259,7 +260,8 @@ TEST(TinyModel, Mxfp8DequantizesToTheBf16Weights) {
         float scale = e8m0_to_f32(sc[r * kb + b]);
         float amax = 0;
         for (int64_t k = b * 32; k < std::min(cols, b * 32 + 32); ++k)
-          amax = std::max(amax, std::fabs(load_as_f32(ref.data, DType::BF16, size_t(r * cols + k))));
+          amax =
+              std::max(amax, std::fabs(load_as_f32(ref.data, DType::BF16, size_t(r * cols + k))));
         // The scale is the smallest power of two that fits the block in e4m3.
         EXPECT_LE(amax, 448.0f * scale) << name;
         EXPECT_GT(amax, 224.0f * scale) << name;
@@ -268,7 +270,8 @@ TEST(TinyModel, Mxfp8DequantizesToTheBf16Weights) {
           float want = load_as_f32(ref.data, DType::BF16, size_t(r * cols + k));
           // Half an e4m3 ulp (2^-4 relative) plus the bf16 rounding of the reference, or half
           // the subnormal step (2^-10 * scale) for tiny values.
-          float tol = std::max(std::fabs(want) * (1.0f / 16 + 1.0f / 256), scale * std::ldexp(1.0f, -10));
+          float tol =
+              std::max(std::fabs(want) * (1.0f / 16 + 1.0f / 256), scale * std::ldexp(1.0f, -10));
           ASSERT_NEAR(deq, want, tol) << name << " [" << r << ", " << k << "]";
           ++checked;
         }
@@ -382,16 +385,17 @@ TEST(TinyModel, CommandLine) {
   EXPECT_LT(tc.eos_token_ids[0], tc.vocab_size);
   EXPECT_NE(tc.eos_token_ids[0], tc.bos_token_id);
   EXPECT_EQ(run(sieve + " make-tiny-model --out " + tdir + " --vocab-size 200", &out), 2) << out;
-  EXPECT_EQ(run(sieve + " make-tiny-model --out " + tdir + " --vocab-size 200 --no-tokenizer", &out), 0)
+  EXPECT_EQ(
+      run(sieve + " make-tiny-model --out " + tdir + " --vocab-size 200 --no-tokenizer", &out), 0)
       << out;
 #endif
 
-  for (const std::string bad :
-       std::vector<std::string>{" make-tiny-model", " make-tiny-model --out " + dir + " --num-heads 3",
-        " make-tiny-model --out " + dir + " --sparse-layers 9",
-        " make-tiny-model --out " + dir + " --hidden-size abc",
-        " make-tiny-model --out " + dir + " --bogus 1",
-        " make-tiny-model --out /proc/sieve_cannot_write_here"}) {
+  for (const std::string bad : std::vector<std::string>{
+           " make-tiny-model", " make-tiny-model --out " + dir + " --num-heads 3",
+           " make-tiny-model --out " + dir + " --sparse-layers 9",
+           " make-tiny-model --out " + dir + " --hidden-size abc",
+           " make-tiny-model --out " + dir + " --bogus 1",
+           " make-tiny-model --out /proc/sieve_cannot_write_here"}) {
     EXPECT_EQ(run(sieve + bad, &out), 2) << bad << ": " << out;
     EXPECT_EQ(out.rfind("error: ", 0), 0u) << bad << ": " << out;
   }
