@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -171,9 +174,11 @@ int run_serve(const std::vector<std::string>& argv) {
   server::Server srv(engine, tok, so);
   srv.bind();
   engine.start();
+  std::atomic<bool> stopped{false};
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
+    if (stopped) return;
     SIEVE_LOG(Info, "signal " << sig << ": shutting down (finishing in-flight requests)");
     std::thread([sigs]() mutable {
       int again = 0;
@@ -181,6 +186,14 @@ int run_serve(const std::vector<std::string>& argv) {
       std::_Exit(0);  // a second signal: stop now
     }).detach();
     srv.shutdown();
+    // A client that stopped reading keeps its handler thread blocked in a socket write; do not
+    // let it hold the exit beyond a few seconds.
+    for (int i = 0; i < 200 && !stopped; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!stopped) {
+      SIEVE_LOG(Warn, "connections still open after shutdown; exiting anyway");
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
   });
   SIEVE_LOG(Info, "serving " << so.served_model_names[0] << " on http://" << so.host << ":" << srv.port() << " ("
                              << co.num_blocks << " cache blocks of " << m->block_size() << " tokens, max model len " << max_len
@@ -188,7 +201,7 @@ int run_serve(const std::vector<std::string>& argv) {
   srv.run();
   engine.stop();
   // run() also returns on a listener failure; make the watcher exit either way.
-  pthread_kill(watcher.native_handle(), SIGTERM);
+  if (!stopped.exchange(true)) pthread_kill(watcher.native_handle(), SIGTERM);
   watcher.join();
   SIEVE_LOG(Info, "server stopped");
   return 0;

@@ -278,6 +278,7 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
   }
   r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
   r.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
+  r.return_tokens_as_token_ids = get_bool(body, "return_tokens_as_token_ids", false);
   r.add_special_tokens = get_bool(body, "add_special_tokens", !chat);
 
   if (chat) {

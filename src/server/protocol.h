@@ -50,6 +50,7 @@ struct GenerateRequest {
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
+  bool return_tokens_as_token_ids = false;  // logprobs name tokens "token_id:N" (vLLM's option)
   // Completions: logprobs = N alternatives (0..20); chat: logprobs bool + top_logprobs.
   bool want_logprobs = false;
   int top_logprobs = 0;

@@ -58,6 +58,7 @@ struct Output {
   bool include_stop;
   bool chat;
   bool want_logprobs;
+  bool ids_as_tokens;
   int64_t completion_tokens = 0;
   bool stopped_by_string = false;
   std::string text;  // everything emitted so far
@@ -68,12 +69,15 @@ struct Output {
 
   Output(const text::Tokenizer& t, const GenerateRequest& g)
       : tok(t), dec(t, g.skip_special_tokens), stop(g.stop), include_stop(g.include_stop_str_in_output),
-        chat(g.chat), want_logprobs(g.want_logprobs) {}
+        chat(g.chat), want_logprobs(g.want_logprobs), ids_as_tokens(g.return_tokens_as_token_ids) {}
 
   // A model's vocabulary may be larger than its tokenizer's (padded embeddings); ids without a
   // token decode to nothing rather than failing the request.
   bool known(int32_t id) const { return id >= 0 && id < tok.vocab_size(); }
-  std::string token_str(int32_t id) const { return known(id) ? tok.decode({id}, false) : std::string(); }
+  std::string token_str(int32_t id) const {
+    if (ids_as_tokens) return "token_id:" + std::to_string(id);
+    return known(id) ? tok.decode({id}, false) : std::string();
+  }
   json token_bytes(int32_t id) const {
     json b = json::array();
     if (known(id))
@@ -464,7 +468,8 @@ struct Server::Impl {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= engine.vocab_size())
         throw ApiError(400, "tokens[" + std::to_string(i) + "]: " + v.dump() + " is not a token id of this model (0.." +
                                 std::to_string(engine.vocab_size() - 1) + ")", "tokens");
-      ids.push_back(int32_t(v.get<int64_t>()));
+      // Ids of the model's padded vocabulary that have no token decode to nothing, as in outputs.
+      if (v.get<int64_t>() < tok.vocab_size()) ids.push_back(int32_t(v.get<int64_t>()));
     }
     std::string text;
     try {

@@ -28,7 +28,7 @@ struct ServerOptions {
   size_t max_body_bytes = 32u << 20;           // larger bodies get 413
   std::string profiler_dir;                    // empty: /start_profile is refused
   int http_threads = 0;                        // 0: from max_num_seqs
-  double shutdown_grace_s = 3.0;               // in-flight requests may finish this long
+  double shutdown_grace_s = 1.5;               // in-flight requests may finish this long
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.

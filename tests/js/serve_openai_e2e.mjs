@@ -1,0 +1,331 @@
+// End-to-end: the real `sieve serve` on a loopback port, driven by the official `openai` client
+// (and raw fetch for malformed requests). Usage:
+//   node tests/js/serve_openai_e2e.mjs --sieve build/sieve --workdir /tmp/sieve-e2e
+import OpenAI from 'openai';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { ensureTinyModel, startServer, stopServer, metrics, waitIdle, check, eq, section, summary, parseArgs } from './serve_lib.mjs';
+
+const args = parseArgs(process.argv.slice(2));
+const sieve = path.resolve(args.sieve || 'build/sieve');
+const work = path.resolve(args.workdir || '/tmp/sieve-serve-e2e');
+fs.mkdirSync(work, { recursive: true });
+const model = ensureTinyModel(sieve, path.join(work, 'tiny-model'));
+const KEY = 'sk-e2e-secret';
+const NAME = 'tiny';
+const MAX_LEN = 1024;
+const profiles = path.join(work, 'profiles');
+fs.rmSync(profiles, { recursive: true, force: true });
+
+const srv = await startServer(sieve, ['--model', model, '--served-model-name', NAME, '--api-key', KEY,
+  '--kv-cache-memory', '64MiB', '--max-model-len', String(MAX_LEN), '--max-request-bytes', '1MiB',
+  '--max-num-batched-tokens', '256', '--profiler-dir', profiles, '--trust-remote-code']);
+const client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: KEY, maxRetries: 0, timeout: 120000 });
+
+const idsOf = (lp) => lp.tokens.map((t) => Number(t.replace('token_id:', '')));
+const greedy = { temperature: 0, ignore_eos: true };
+
+async function complete(prompt, max_tokens, extra = {}) {
+  return client.completions.create({ model: NAME, prompt, max_tokens, ...greedy, ...extra });
+}
+async function streamText(params) {
+  const stream = await client.completions.create({ model: NAME, stream: true, ...params });
+  let text = '';
+  let finish = null;
+  for await (const c of stream) {
+    if (c.choices.length) {
+      text += c.choices[0].text;
+      if (c.choices[0].finish_reason) finish = c.choices[0].finish_reason;
+    }
+  }
+  return { text, finish };
+}
+
+await section('models', async () => {
+  const list = await client.models.list();
+  eq(list.data.map((m) => m.id), [NAME], 'served model name');
+  eq(list.data[0].max_model_len, MAX_LEN, 'max_model_len');
+});
+
+await section('greedy through the server equals sieve generate', async () => {
+  const prompt = [5, 17, 99, 260, 3, 42, 7, 128, 300, 11];
+  const n = 24;
+  const r = await complete(prompt, n, { logprobs: 1, return_tokens_as_token_ids: true });
+  eq(r.object, 'text_completion', 'object');
+  check(r.id.startsWith('cmpl-'), 'id prefix', r.id);
+  eq(r.model, NAME, 'model');
+  check(Number.isInteger(r.created), 'created');
+  eq([r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens], [prompt.length, n, prompt.length + n], 'usage');
+  eq(r.choices[0].finish_reason, 'length', 'finish_reason');
+  const gen = JSON.parse(execFileSync(sieve, ['generate', '--model', model, '--prompt-ids', prompt.join(','),
+    '--max-tokens', String(n), '--temperature', '0', '--ignore-eos', '--json']).toString());
+  eq(idsOf(r.choices[0].logprobs), gen.token_ids, 'token ids equal sieve generate');
+  const lp = r.choices[0].logprobs.token_logprobs;
+  check(lp.every((v, i) => Math.abs(v - gen.logprobs[i]) < 1e-3), 'logprobs equal sieve generate', { lp, gen: gen.logprobs });
+});
+
+let greedyText = '';
+await section('completions: streaming equals non-streaming; text prompts', async () => {
+  const r = await complete('Once upon a time', 40);
+  greedyText = r.choices[0].text;
+  check(r.usage.completion_tokens === 40, 'completion tokens', r.usage);
+  const s = await streamText({ prompt: 'Once upon a time', max_tokens: 40, ...greedy });
+  eq(s.text, greedyText, 'streamed text');
+  eq(s.finish, 'length', 'stream finish_reason');
+  const echo = await complete('Once upon a time', 5, { echo: true });
+  check(echo.choices[0].text.startsWith('Once upon a time'), 'echo prepends the prompt', echo.choices[0].text);
+});
+
+await section('chat: streaming and not, include_usage', async () => {
+  const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Say something.' }];
+  const r = await client.chat.completions.create({ model: NAME, messages, max_tokens: 12, ...greedy });
+  eq(r.object, 'chat.completion', 'object');
+  check(r.id.startsWith('chatcmpl-'), 'id prefix', r.id);
+  eq(r.choices[0].message.role, 'assistant', 'role');
+  eq(r.choices[0].finish_reason, 'length', 'finish_reason');
+  eq(r.usage.completion_tokens, 12, 'completion tokens');
+  const stream = await client.chat.completions.create({ model: NAME, messages, max_tokens: 12, stream: true,
+    stream_options: { include_usage: true }, ...greedy });
+  let content = '';
+  let first = null, finish = null, usage = null, chunks = 0;
+  for await (const c of stream) {
+    ++chunks;
+    eq(c.object, 'chat.completion.chunk', 'chunk object');
+    if (c.usage) { usage = c.usage; eq(c.choices, [], 'usage chunk has no choices'); }
+    if (!c.choices.length) continue;
+    if (first === null) first = c.choices[0].delta;
+    content += c.choices[0].delta.content || '';
+    if (c.choices[0].finish_reason) finish = c.choices[0].finish_reason;
+  }
+  eq(first && first.role, 'assistant', 'first delta carries the role');
+  eq(content, r.choices[0].message.content, 'streamed content equals non-streamed');
+  eq(finish, 'length', 'stream finish_reason');
+  eq(usage, r.usage, 'stream usage equals non-stream usage');
+  // Content parts are joined; the result is the same prompt.
+  const parts = await client.chat.completions.create({ model: NAME, max_tokens: 12, ...greedy,
+    messages: [messages[0], { role: 'user', content: [{ type: 'text', text: 'Say something.' }] }] });
+  eq(parts.choices[0].message.content, r.choices[0].message.content, 'content parts');
+});
+
+await section('logprobs', async () => {
+  // Token ids as names, so that alternatives that decode to the same text stay apart.
+  const r = await complete('The', 8, { logprobs: 3, return_tokens_as_token_ids: true });
+  const lp = r.choices[0].logprobs;
+  const named = await complete('The', 8, { logprobs: 3 });
+  eq(named.choices[0].text, r.choices[0].text, 'same text either way');
+  check(named.choices[0].logprobs.tokens.every((t) => typeof t === 'string' && !t.startsWith('token_id:')), 'token strings');
+  eq(lp.tokens.length, 8, 'one entry per token');
+  check(lp.token_logprobs.every((v) => v <= 0 && Number.isFinite(v)), 'log probabilities', lp.token_logprobs);
+  check(lp.top_logprobs.every((t) => Object.keys(t).length === 3), 'top_logprobs size', lp.top_logprobs);
+  // Greedy picks the most likely raw token: its logprob is the best alternative's.
+  lp.top_logprobs.forEach((t, i) => check(Math.abs(Math.max(...Object.values(t)) - lp.token_logprobs[i]) < 1e-6, `greedy token is top-1 at ${i}`));
+  const c = await client.chat.completions.create({ model: NAME, max_tokens: 6, ...greedy, logprobs: true, top_logprobs: 2,
+    messages: [{ role: 'user', content: 'hi' }] });
+  const content = c.choices[0].logprobs.content;
+  eq(content.length, 6, 'chat logprobs entries');
+  for (const e of content) {
+    eq(e.top_logprobs.length, 2, 'chat top_logprobs count');
+    check(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob, 'sorted');
+    check(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6, 'chat greedy token is top-1');
+    check(Array.isArray(e.bytes), 'bytes');
+  }
+  let sawLp = 0;
+  const stream = await client.chat.completions.create({ model: NAME, max_tokens: 6, ...greedy, logprobs: true, top_logprobs: 1,
+    messages: [{ role: 'user', content: 'hi' }], stream: true });
+  for await (const ch of stream) if (ch.choices.length && ch.choices[0].logprobs) sawLp += ch.choices[0].logprobs.content.length;
+  eq(sawLp, 6, 'streamed chat logprobs');
+});
+
+await section('stop strings (across tokens, excluded from the output)', async () => {
+  // A two-character stop string whose first occurrence straddles a token boundary: the prefix
+  // text of every token count comes from /detokenize.
+  const prompt = 'Once upon a time';
+  const r0 = await complete(prompt, 80, { logprobs: 0, return_tokens_as_token_ids: true });
+  const full = r0.choices[0].text;
+  const ids = idsOf(r0.choices[0].logprobs);
+  const clean = (c) => c && c >= '!' && c <= '~';
+  let stop = null;
+  for (let k = 1; k < ids.length && stop === null; ++k) {
+    const prefix = (await raw('POST', '/detokenize', { tokens: ids.slice(0, k) })).json.prompt;
+    const b = prefix.length;
+    if (!full.startsWith(prefix) || b < 1 || b >= full.length) continue;
+    const cand = full.slice(b - 1, b + 1);
+    if (clean(cand[0]) && clean(cand[1]) && full.indexOf(cand) === b - 1) stop = cand;
+  }
+  check(stop !== null, 'found a stop string across a token boundary', full);
+  if (stop === null) return;
+  const expected = full.slice(0, full.indexOf(stop));
+  const r = await complete(prompt, 80, { stop: [stop, 'never-appears-123'] });
+  eq(r.choices[0].text, expected, 'text before the stop string');
+  eq(r.choices[0].finish_reason, 'stop', 'finish_reason stop');
+  eq(r.choices[0].stop_reason, stop, 'stop_reason');
+  check(r.usage.completion_tokens < 80, 'generation ended at the stop string', r.usage);
+  const s = await streamText({ prompt, max_tokens: 80, ...greedy, stop });
+  eq(s.text, expected, 'streamed text before the stop string');
+  eq(s.finish, 'stop', 'streamed finish_reason');
+  const inc = await complete(prompt, 80, { stop, include_stop_str_in_output: true });
+  eq(inc.choices[0].text, expected + stop, 'include_stop_str_in_output');
+  await waitIdle(srv.base);
+});
+
+await section('seeded sampling reproduces, in any batch', async () => {
+  const p = { prompt: 'Seeds:', max_tokens: 20, temperature: 1.0, top_p: 0.95, ignore_eos: true };
+  const a = await client.completions.create({ model: NAME, ...p, seed: 1234, logprobs: 0, return_tokens_as_token_ids: true });
+  const b = await client.completions.create({ model: NAME, ...p, seed: 1234, logprobs: 0, return_tokens_as_token_ids: true });
+  const c = await client.completions.create({ model: NAME, ...p, seed: 99, logprobs: 0, return_tokens_as_token_ids: true });
+  eq(idsOf(b.choices[0].logprobs), idsOf(a.choices[0].logprobs), 'same seed, same tokens');
+  check(JSON.stringify(idsOf(c.choices[0].logprobs)) !== JSON.stringify(idsOf(a.choices[0].logprobs)), 'another seed differs');
+  const solo = [];
+  for (let i = 0; i < 6; ++i)
+    solo.push((await client.completions.create({ model: NAME, ...p, prompt: `Seeds ${i}:`, seed: 7 + i })).choices[0].text);
+  const together = await Promise.all([...Array(6).keys()].map((i) =>
+    client.completions.create({ model: NAME, ...p, prompt: `Seeds ${i}:`, seed: 7 + i })));
+  eq(together.map((r) => r.choices[0].text), solo, 'seeded outputs under concurrency');
+});
+
+await section('64 concurrent streams complete with their solo outputs', async () => {
+  const prompts = [...Array(64).keys()].map((i) => `Request ${i}: ${'abcdefghij'.slice(0, i % 10)} tell me`);
+  const solo = [];
+  for (const p of prompts) solo.push((await complete(p, 16)).choices[0].text);
+  const before = await metrics(srv.base);
+  const res = await Promise.all(prompts.map((p) => streamText({ prompt: p, max_tokens: 16, ...greedy })));
+  eq(res.map((r) => r.text), solo, 'concurrent streamed outputs equal solo outputs');
+  check(res.every((r) => r.finish === 'length'), 'all finished');
+  const after = await waitIdle(srv.base);
+  eq(after['sieve:generation_tokens_total'] - before['sieve:generation_tokens_total'], 64 * 16, 'generation token counter');
+});
+
+await section('a client that disconnects mid-stream frees its blocks', async () => {
+  const controller = new AbortController();
+  const stream = await client.completions.create({ model: NAME, prompt: 'long story', max_tokens: 900, stream: true, ...greedy },
+    { signal: controller.signal });
+  let got = 0;
+  let busy = null;
+  try {
+    for await (const c of stream) {
+      if (++got === 3) busy = await metrics(srv.base);
+      if (got === 5) controller.abort();
+    }
+  } catch (e) {
+    // The abort surfaces as an error in the loop.
+  }
+  check(busy && busy['sieve:num_requests_running'] === 1, 'running while streaming', busy);
+  check(busy && busy['sieve:kv_cache_blocks_free'] < busy['sieve:kv_cache_blocks_total'], 'holding blocks while streaming', busy);
+  const m = await waitIdle(srv.base, 5000);
+  eq(m['sieve:num_requests_running'], 0, 'nothing running after the disconnect');
+});
+
+async function raw(method, pathname, body, { key = KEY, headers = {} } = {}) {
+  const h = { ...headers };
+  if (key !== null) h.Authorization = `Bearer ${key}`;
+  if (body !== undefined && !h['Content-Type']) h['Content-Type'] = 'application/json';
+  const res = await fetch(`${srv.base}${pathname}`, { method, headers: h, body: typeof body === 'string' ? body : body === undefined ? undefined : JSON.stringify(body) });
+  const text = await res.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* checked by the caller */ }
+  return { status: res.status, json, text };
+}
+async function expectError(what, status, method, pathname, body, opts) {
+  const r = await raw(method, pathname, body, opts);
+  check(r.status === status, `${what}: status`, `got ${r.status} ${r.text.slice(0, 200)}`);
+  const e = r.json && r.json.error;
+  check(e && typeof e.message === 'string' && e.message.length > 0 && typeof e.type === 'string' && 'param' in e && e.code === status,
+    `${what}: OpenAI error object`, r.text.slice(0, 300));
+}
+
+await section('bad input gets a 4xx error object and the server keeps serving', async () => {
+  const C = '/v1/completions', CH = '/v1/chat/completions';
+  await expectError('malformed JSON', 400, 'POST', C, '{"prompt": "x", "max_tokens": ');
+  await expectError('not an object', 400, 'POST', C, '[1,2]');
+  await expectError('empty body', 400, 'POST', C, '');
+  await expectError('prompt of a wrong type', 400, 'POST', C, { model: NAME, prompt: 5 });
+  await expectError('max_tokens of a wrong type', 400, 'POST', C, { prompt: 'x', max_tokens: 'ten' });
+  await expectError('temperature of a wrong type', 400, 'POST', C, { prompt: 'x', temperature: 'hot' });
+  await expectError('stream of a wrong type', 400, 'POST', C, { prompt: 'x', stream: 'yes' });
+  await expectError('stop of a wrong type', 400, 'POST', C, { prompt: 'x', stop: 5 });
+  await expectError('messages of a wrong type', 400, 'POST', CH, { messages: 'hi' });
+  await expectError('message without a role', 400, 'POST', CH, { messages: [{ content: 'hi' }] });
+  await expectError('empty messages', 400, 'POST', CH, { messages: [] });
+  await expectError('missing prompt', 400, 'POST', C, { max_tokens: 3 });
+  await expectError('max_tokens 0', 400, 'POST', C, { prompt: 'x', max_tokens: 0 });
+  await expectError('max_tokens negative', 400, 'POST', C, { prompt: 'x', max_tokens: -5 });
+  await expectError('chat max_tokens negative', 400, 'POST', CH, { messages: [{ role: 'user', content: 'x' }], max_tokens: -1 });
+  await expectError('negative temperature', 400, 'POST', C, { prompt: 'x', temperature: -0.5 });
+  await expectError('top_p 0', 400, 'POST', C, { prompt: 'x', top_p: 0 });
+  await expectError('n = 2', 400, 'POST', C, { prompt: 'x', n: 2 });
+  await expectError('best_of = 3', 400, 'POST', C, { prompt: 'x', best_of: 3 });
+  await expectError('prompt longer than max-model-len', 400, 'POST', C, { prompt: Array(MAX_LEN + 10).fill(1) });
+  await expectError('prompt + max_tokens over max-model-len', 400, 'POST', C, { prompt: Array(1000).fill(1), max_tokens: 100 });
+  await expectError('long text prompt', 400, 'POST', C, { prompt: 'z'.repeat(4 * MAX_LEN) });
+  await expectError('token id above the vocabulary', 400, 'POST', C, { prompt: [1, 2, 999999] });
+  await expectError('token id just past the vocabulary', 400, 'POST', C, { prompt: [1, 512] });
+  await expectError('negative token id', 400, 'POST', C, { prompt: [1, -3] });
+  await expectError('fractional token id', 400, 'POST', C, { prompt: [1, 2.5] });
+  await expectError('body over the limit', 413, 'POST', C, { prompt: 'y'.repeat(2 << 20) });
+  await expectError('unknown model', 404, 'POST', C, { model: 'no-such-model', prompt: 'x' });
+  await expectError('unknown model (chat)', 404, 'POST', CH, { model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] });
+  await expectError('missing API key', 401, 'POST', C, { prompt: 'x' }, { key: null });
+  await expectError('wrong API key', 401, 'POST', C, { prompt: 'x' }, { key: 'sk-wrong' });
+  await expectError('wrong API key on /v1/models', 401, 'GET', '/v1/models', undefined, { key: 'nope' });
+  await expectError('unknown route', 404, 'GET', '/v1/nothing-here');
+  await expectError('unknown route (POST)', 404, 'POST', '/v2/completions', { prompt: 'x' });
+  await expectError('detokenize outside the vocabulary', 400, 'POST', '/detokenize', { tokens: [1, 100000] });
+  // The official client sees these as APIError with the status.
+  let status = 0;
+  try { await client.completions.create({ model: NAME, prompt: 'x', max_tokens: 0 }); } catch (e) { status = e.status; }
+  eq(status, 400, 'openai client: APIError 400');
+  try { await new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'bad', maxRetries: 0 }).models.list(); } catch (e) { status = e.status; }
+  eq(status, 401, 'openai client: APIError 401');
+  // Still serving.
+  const ok = await complete('still alive?', 4);
+  eq(ok.choices[0].finish_reason, 'length', 'serves after bad input');
+  eq((await fetch(`${srv.base}/health`)).status, 200, 'health');
+  await waitIdle(srv.base);
+});
+
+await section('tokenize / detokenize', async () => {
+  const t = await raw('POST', '/tokenize', { model: NAME, prompt: 'Hello' });
+  eq(t.status, 200, 'tokenize status');
+  eq(t.json.count, t.json.tokens.length, 'count');
+  const d = await raw('POST', '/detokenize', { model: NAME, tokens: t.json.tokens });
+  eq(d.json.prompt, 'Hello', 'round trip');
+  const c = await raw('POST', '/tokenize', { model: NAME, messages: [{ role: 'user', content: 'Hello' }] });
+  check(c.status === 200 && c.json.count > 5, 'chat tokenize', c.text);
+});
+
+await section('profiler writes a Chrome trace', async () => {
+  eq((await raw('POST', '/start_profile')).status, 200, 'start_profile');
+  await complete('profile me', 4);
+  const r = await raw('POST', '/stop_profile');
+  eq(r.status, 200, 'stop_profile');
+  const trace = JSON.parse(fs.readFileSync(r.json.trace, 'utf8'));
+  const steps = trace.traceEvents.filter((e) => e.name === 'step');
+  check(steps.length >= 4, 'step events', steps.length);
+  check(trace.traceEvents.some((e) => e.name === 'forward' && e.ph === 'X' && e.dur >= 0), 'forward events');
+});
+
+await section('metrics exposition', async () => {
+  const text = await (await fetch(`${srv.base}/metrics`)).text();
+  for (const name of ['sieve:num_requests_running', 'sieve:num_requests_waiting', 'sieve:kv_cache_usage_perc',
+    'sieve:prompt_tokens_total', 'sieve:generation_tokens_total', 'sieve:num_preemptions_total',
+    'sieve:time_to_first_token_seconds_bucket', 'sieve:inter_token_latency_seconds_count', 'sieve:e2e_request_latency_seconds_sum'])
+    check(text.includes(name), `metric ${name}`);
+});
+
+await section('SIGTERM with requests in flight exits 0 within seconds', async () => {
+  // One client reads its stream to the end, one stops reading: neither may hold the exit.
+  const reading = await client.completions.create({ model: NAME, prompt: 'forever', max_tokens: 1000, stream: true, ...greedy });
+  const stalled = await client.completions.create({ model: NAME, prompt: 'stalled', max_tokens: 1000, stream: true, ...greedy });
+  const it = stalled[Symbol.asyncIterator]();
+  await it.next();
+  let chunks = 0;
+  const drain = (async () => { try { for await (const c of reading) ++chunks; } catch { /* cut off is allowed */ } })();
+  const r = await stopServer(srv, 15000);
+  eq(r.code, 0, 'exit code');
+  check(r.ms < 8000, 'exit time (ms)', r.ms);
+  await drain;
+  check(chunks > 0, 'the reading client got its stream', chunks);
+});
+
+process.exit(summary());
