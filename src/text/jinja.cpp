@@ -340,6 +340,15 @@ class Parser {
  private:
   std::vector<Token> t_;
   size_t k_ = 0;
+  int depth_ = 0;  // nesting of expressions and blocks: bounded so deep input cannot overflow
+
+  struct Nest {
+    Parser& p;
+    Nest(Parser& parser, size_t pos) : p(parser) {
+      if (++p.depth_ > 200) fail(pos, "template nested too deeply (more than 200 levels)");
+    }
+    ~Nest() { --p.depth_; }
+  };
 
   const Token& cur() const { return t_[k_]; }
   const Token& peek(size_t n = 1) const { return t_[std::min(k_ + n, t_.size() - 1)]; }
@@ -414,6 +423,7 @@ class Parser {
   }
 
   NodeP parse_statement() {
+    Nest nest(*this, cur().pos);
     const Token& tk = cur();
     std::string kw = tk.text;
     size_t pos = tk.pos;
@@ -629,6 +639,7 @@ class Parser {
     return l;
   }
   ExprP parse_not() {
+    Nest nest(*this, cur().pos);
     if (is_name("not")) {
       auto e = make(Expr::kNot, cur().pos);
       ++k_;
@@ -710,6 +721,7 @@ class Parser {
     return l;
   }
   ExprP parse_unary(bool with_filter) {
+    Nest nest(*this, cur().pos);
     ExprP e;
     if (is_op("-") || is_op("+")) {
       e = make(is_op("-") ? Expr::kNeg : Expr::kPos, cur().pos);

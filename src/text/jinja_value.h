@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+
 namespace sieve::text::jinja {
 
 struct Value;
@@ -114,7 +116,9 @@ struct Value {
 };
 
 template <class J>
-Value from_json(const J& j) {
+Value from_json(const J& j, int depth = 0) {
+  // Bounded so that hostile request JSON cannot overflow the stack here or in the renderer.
+  if (depth > 256) throw sieve::Error("chat template input is nested deeper than 256 levels");
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value::none();
@@ -130,13 +134,13 @@ Value from_json(const J& j) {
       return Value::string(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
       Value v = Value::make_list();
-      for (const auto& e : j) v.list->push_back(from_json(e));
+      for (const auto& e : j) v.list->push_back(from_json(e, depth + 1));
       return v;
     }
     case nlohmann::json::value_t::object: {
       Value v = Value::make_map();
       for (auto it = j.begin(); it != j.end(); ++it)
-        v.map->items.emplace_back(it.key(), from_json(it.value()));
+        v.map->items.emplace_back(it.key(), from_json(it.value(), depth + 1));
       return v;
     }
     default:

@@ -555,11 +555,21 @@ Tokenizer Tokenizer::from_json(const json& tj, const json& cfg, const json& gen,
     parse_pre_tokenizer(*t, tj.value("pre_tokenizer", json()));
     check_decoder(*t, tj.value("decoder", json()));
 
-    int32_t max_id = -1;
-    for (const auto& [tok, idj] : model.at("vocab").items()) max_id = std::max<int32_t>(max_id, idj);
+    int64_t max_id = -1;
+    auto check_id = [&](const json& idj, const std::string& tok) {
+      if (!idj.is_number_integer() || idj.get<int64_t>() < 0)
+        throw Error(origin + ": token " + tok + " has an invalid id " + idj.dump());
+      max_id = std::max<int64_t>(max_id, idj.get<int64_t>());
+    };
+    for (const auto& [tok, idj] : model.at("vocab").items()) check_id(idj, tok);
     for (const auto& a : tj.value("added_tokens", json::array()))
-      max_id = std::max<int32_t>(max_id, a.at("id"));
-    t->size = max_id + 1;
+      check_id(a.at("id"), a.at("content").dump());
+    // Ids index dense tables: refuse absurd ones rather than allocate gigabytes.
+    size_t entries = model.at("vocab").size() + tj.value("added_tokens", json::array()).size();
+    if (max_id >= static_cast<int64_t>(entries * 2 + 65536))
+      throw Error(origin + ": token id " + std::to_string(max_id) + " is far beyond the " +
+                  std::to_string(entries) + " tokens defined (ids must be dense)");
+    t->size = static_cast<int32_t>(max_id + 1);
     t->id_text.assign(t->size, "");
     t->id_bytes.assign(t->size, "");
     t->special.assign(t->size, false);
@@ -567,7 +577,6 @@ Tokenizer Tokenizer::from_json(const json& tj, const json& cfg, const json& gen,
     t->vocab.reserve(model.at("vocab").size() * 2);
     for (const auto& [tok, idj] : model.at("vocab").items()) {
       int32_t id = idj;
-      if (id < 0) throw Error(origin + ": negative id for token " + tok);
       auto bytes = byte_level_decode(tok);
       std::string raw = bytes ? *bytes : tok;
       t->id_text[id] = tok;

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "core/error.h"
 #include "text/text_test_util.h"
 
@@ -162,6 +165,43 @@ TEST(ChatTemplate, WhitespaceControl) {
   EXPECT_EQ(r("{% if true +%}\nk{% endif %}"), "\nk");
   EXPECT_EQ(r("a {# c #}\nb"), "a b");
   EXPECT_EQ(r("line\r\nnext\r\n"), "line\nnext");
+}
+
+}  // namespace
+}  // namespace sieve::text
+
+namespace sieve::text {
+namespace {
+
+TEST(ChatTemplate, DeepNestingIsAnErrorNotACrash) {
+  std::string deep = "{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}";
+  EXPECT_NE(error_of(deep).find("nested too deeply"), std::string::npos);
+  std::string ifs;
+  for (int k = 0; k < 5000; ++k) ifs += "{% if true %}";
+  EXPECT_NE(error_of(ifs).find("nested too deeply"), std::string::npos);
+  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("recursion"),
+            std::string::npos);
+  nlohmann::json deep_json = 1;
+  for (int k = 0; k < 1000; ++k) deep_json = nlohmann::json::array({deep_json});
+  nlohmann::json ctx = {{"x", deep_json}};
+  EXPECT_THROW(JinjaTemplate::parse("{{ x }}").render(ctx), Error);
+}
+
+TEST(ChatTemplate, ConcurrentRenders) {
+  ordered_json cases = golden_cases();
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&] {
+      for (const auto& c : cases) {
+        if (c["template"] != "qwen3") continue;
+        if (render_chat(qwen3(), c["messages"], c["tools"], c["add_generation_prompt"].get<bool>(),
+                        c["kwargs"]) != c["expected"].get<std::string>())
+          ++bad;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 }  // namespace

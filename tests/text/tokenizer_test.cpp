@@ -224,3 +224,28 @@ TEST(Tokenizer, LoadErrorsNameTheFile) {
 
 }  // namespace
 }  // namespace sieve::text
+
+namespace sieve::text {
+namespace {
+
+TEST(Tokenizer, HostileTokenizerJsonIsRefusedNotACrash) {
+  nlohmann::json tj = tiny_tokenizer_json();
+  auto m = tj;
+  m["model"]["vocab"]["big"] = 2000000000;  // would need a 2-billion-entry table
+  EXPECT_THROW(Tokenizer::from_json(m), Error);
+  m = tj;
+  m["model"]["vocab"]["neg"] = -5;
+  EXPECT_THROW(Tokenizer::from_json(m), Error);
+  m = tj;
+  m["model"]["vocab"]["str"] = "7";
+  EXPECT_THROW(Tokenizer::from_json(m), Error);
+  m = tj;
+  m["model"]["merges"] = {"a b"};  // "ab" is not in the vocabulary
+  EXPECT_THROW(Tokenizer::from_json(m), Error);
+  m = tj;
+  m.erase("model");
+  EXPECT_THROW(Tokenizer::from_json(m), Error);
+}
+
+}  // namespace
+}  // namespace sieve::text
