@@ -33,6 +33,7 @@ struct AttnArgs {
   void* out;
   bool out_bf16;
   int64_t out_stride;
+  bool out_vec;  // out and out_stride allow 16-byte (f32) / 8-byte (bf16) stores
   int nq, nkv, gqa;
   float scale_log2;  // sm_scale * log2(e)
   const uint8_t* k;
@@ -152,6 +153,19 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
           for (int u = 0; u < kVV; ++u)
             vr[i][jj][kk][u] = ldg_stream(vb + (16 * i + 8 * jj + 2 * q + kk) * kv_row +
                                           (kFp8 ? g * 16 : g * 32 + u * 16));
+    // Keys past the query (the tail of its own block) may hold anything, NaN included: their
+    // probabilities are 0, so zero their V rows too (0 * NaN would poison the sum).
+    if (key0 + 31 > pos) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+          for (int kk = 0; kk < 2; ++kk)
+            if (key0 + 16 * i + 8 * jj + 2 * q + kk > pos)
+#pragma unroll
+              for (int u = 0; u < kVV; ++u) vr[i][jj][kk][u] = make_uint4(0, 0, 0, 0);
+    }
     float2 ksc[4], vsc[4];
     if constexpr (kFp8) {
 #pragma unroll
@@ -222,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
         l0 += p[j];
         l1 += p[2 + j];
         if constexpr (kFp8) {
-          const float vs = j ? vsc[nt].y : vsc[nt].x;
+          const float vs = key0 + nt * 8 + 2 * q + j <= pos ? (j ? vsc[nt].y : vsc[nt].x) : 0.f;
           p[j] *= vs;
           p[2 + j] *= vs;
         }
@@ -304,25 +318,63 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
   }
 }
 
-// Merges the splits of one (token, kv head): thread per dim.
-__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnArgs a) {
-  const int t = blockIdx.x, kvh = blockIdx.y, d = threadIdx.x;
+// Merges the splits of one (token, kv head). The (max, sum) pairs are staged in shared memory;
+// each thread then owns 8 (head, dim) outputs and streams the split partials with independent
+// loads.
+constexpr int kMergeThreads = 256;
+constexpr int kMaxSplits = 128;
+__global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(AttnArgs a) {
+  __shared__ float w_s[kMaxSplits][16];
+  __shared__ float inv_l[16];
+  const int t = blockIdx.x, kvh = blockIdx.y;
   const int64_t base = (int64_t(t) * a.nkv + kvh) * a.splits * 16;
-  for (int r = 0; r < a.gqa; ++r) {
+  const int S = a.splits;
+  for (int e = threadIdx.x; e < S * 16; e += kMergeThreads) w_s[e / 16][e % 16] = a.part_ml[(base + e) * 2];
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int r = threadIdx.x;
     float M = kNegInf;
-    for (int sp = 0; sp < a.splits; ++sp) M = fmaxf(M, a.part_ml[(base + sp * 16 + r) * 2]);
+    for (int sp = 0; sp < S; ++sp) M = fmaxf(M, w_s[sp][r]);
     const float Mu = M == kNegInf ? 0.f : M;
-    float L = 0.f, acc = 0.f;
-    for (int sp = 0; sp < a.splits; ++sp) {
-      const int64_t pr = base + sp * 16 + r;
-      const float f = exp2f(a.part_ml[pr * 2] - Mu);
-      L += a.part_ml[pr * 2 + 1] * f;
-      acc += a.part_o[pr * kDim + d] * f;
+    float L = 0.f;
+    for (int sp = 0; sp < S; ++sp) {
+      const float f = exp2f(w_s[sp][r] - Mu);
+      L += a.part_ml[(base + sp * 16 + r) * 2 + 1] * f;
+      w_s[sp][r] = f;
     }
-    const float val = L > 0.f ? acc / L : 0.f;
-    const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d;
-    if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi] = f32_to_bf16_bits(val);
-    else static_cast<float*>(a.out)[oi] = val;
+    inv_l[r] = L > 0.f ? 1.f / L : 0.f;
+  }
+  __syncthreads();
+  // Thread owns dims d4..d4+3 of rows r0 and r0 + 8 (float4 loads of the partials).
+  const int r0 = threadIdx.x / 32, d4 = (threadIdx.x % 32) * 4;
+  float4 acc0 = make_float4(0, 0, 0, 0), acc1 = acc0;
+#pragma unroll 4
+  for (int sp = 0; sp < S; ++sp) {
+    const float4 x0 = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + sp * 16 + r0) * kDim + d4));
+    const float4 x1 = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + sp * 16 + r0 + 8) * kDim + d4));
+    const float f0 = w_s[sp][r0], f1 = w_s[sp][r0 + 8];
+    acc0.x += x0.x * f0, acc0.y += x0.y * f0, acc0.z += x0.z * f0, acc0.w += x0.w * f0;
+    acc1.x += x1.x * f1, acc1.y += x1.y * f1, acc1.z += x1.z * f1, acc1.w += x1.w * f1;
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = r0 + 8 * rr;
+    if (r >= a.gqa) continue;
+    const float4 v = rr ? acc1 : acc0;
+    const float il = inv_l[r];
+    const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d4;
+    if (!a.out_vec) {
+      const float o4[4] = {v.x * il, v.y * il, v.z * il, v.w * il};
+      for (int i = 0; i < 4; ++i) {
+        if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi + i] = f32_to_bf16_bits(o4[i]);
+        else static_cast<float*>(a.out)[oi + i] = o4[i];
+      }
+    } else if (a.out_bf16) {
+      uint2 pk = make_uint2(pack_bf16x2(v.x * il, v.y * il), pack_bf16x2(v.z * il, v.w * il));
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + oi) = pk;
+    } else {
+      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + oi) = make_float4(v.x * il, v.y * il, v.z * il, v.w * il);
+    }
   }
 }
 
@@ -349,6 +401,10 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   a.out = p.out;
   a.out_bf16 = p.out_dtype == DType::BF16;
   a.out_stride = p.out_stride;
+  {
+    const size_t esz = a.out_bf16 ? 2 : 4;
+    a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (4 * esz) == 0 && (p.out_stride * esz) % (4 * esz) == 0;
+  }
   a.nq = p.num_q_heads;
   a.nkv = p.num_kv_heads;
   a.gqa = gqa;
@@ -371,7 +427,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   const int units = p.topk_idx ? p.topk
                                : std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock,
                                                       p.batch.max_blocks_per_seq));
-  int splits = int(std::clamp<int64_t>((target + rows - 1) / rows, 1, units));
+  int splits = int(std::clamp<int64_t>((target + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
   a.per_split = (units + splits - 1) / splits;
   a.splits = (units + a.per_split - 1) / a.per_split;
   if (a.splits > 1) {
@@ -388,7 +444,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   }
   SIEVE_LAUNCH_CHECK("attention");
   if (a.splits > 1) {
-    attention_merge_kernel<<<dim3(unsigned(p.batch.num_tokens), p.num_kv_heads), kThreads, 0, stream>>>(a);
+    attention_merge_kernel<<<dim3(unsigned(p.batch.num_tokens), p.num_kv_heads), kMergeThreads, 0, stream>>>(a);
     SIEVE_LAUNCH_CHECK("attention merge");
   }
   return true;

@@ -53,6 +53,10 @@ struct IdxArgs {
   int32_t* counters;  // [num_seqs]
   float* full_scores;  // baseline: [num_seqs, 16, max_blocks]
   int max_blocks;
+  // Prefill: key blocks per split, splits (grid.y), per-split row lists, per-tile counters.
+  int pre_kb, pre_splits;
+  float* pre_s;  // [tiles, H, splits, kPreRows, topk]
+  int32_t* pre_i;
 };
 
 __device__ __forceinline__ float forced_score(float s, int b, int n_blk, int init, int local) {
@@ -133,66 +137,61 @@ __device__ void select_chunk(const IdxArgs& a, const float* sc, int nb_stride, i
   }
 }
 
-// Merges the chunk lists of request `s` into the final top-k. One warp per query vector.
-// Candidates that the topk-th best chunk maximum beats cannot be selected, so only the others
-// (at most topk * topk) are ranked against each other.
+// Merges the chunk lists of request `s` into the final top-k, one query vector at a time with
+// the whole CTA: the lists are staged in shared memory with coalesced loads; candidates that the
+// topk-th best chunk maximum beats cannot be selected, so only the others (at most topk * topk)
+// are ranked exactly against each other.
 __device__ void merge_request(const IdxArgs& a, int s, int nv, const int* n_blk_row,
                               float* smem) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-  const int K = a.topk, C = a.chunks;
-  float* cm_s = smem + warp * (kMaxChunks * 2 + K * K * 2 + 4);
-  int* cm_i = reinterpret_cast<int*>(cm_s + kMaxChunks);
-  float* sv_s = cm_s + kMaxChunks * 2;
-  int* sv_i = reinterpret_cast<int*>(sv_s + K * K);
-  int* misc = reinterpret_cast<int*>(sv_s + K * K * 2);
+  const int K = a.topk, C = a.chunks, n = C * K;
+  float* cs = smem;                                       // [C * K]
+  int* ci = reinterpret_cast<int*>(cs + n);               // [C * K]
+  float* sv_s = reinterpret_cast<float*>(ci + n);         // [K * K]
+  int* sv_i = reinterpret_cast<int*>(sv_s + K * K);       // [K * K]
+  int* misc = sv_i + K * K;                               // [0] survivors, [1] threshold id
+  float* misc_f = reinterpret_cast<float*>(misc + 2);     // threshold score
   const int64_t tok0 = a.qsl[s];
-  for (int v = warp; v < nv; v += nwarps) {
+  for (int v = 0; v < nv; ++v) {
     const float* ps = a.part_s + (int64_t(s) * C * 16 + v) * K;
     const int32_t* pi = a.part_i + (int64_t(s) * C * 16 + v) * K;
-    const int64_t cstride = 16 * K;
-    for (int c = lane; c < C; c += 32) {
-      cm_s[c] = __ldcg(ps + c * cstride);
-      cm_i[c] = __ldcg(pi + c * cstride);
-    }
-    if (lane == 0) misc[0] = 0;
-    __syncwarp();
-    float ts = kNegInf;
-    int ti = 0x7fffffff;  // threshold: nothing is filtered unless topk chunk maxima exist
-    for (int c = lane; c < C; c += 32) {
-      if (cm_i[c] < 0) continue;
-      int rank = 0;
-      for (int j = 0; j < C; ++j) rank += cm_i[j] >= 0 && beats(cm_s[j], cm_i[j], cm_s[c], cm_i[c]);
-      if (rank == K - 1) ts = cm_s[c], ti = cm_i[c];
-    }
-    // Exactly one lane (or none) found the threshold; share it.
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float os = __shfl_xor_sync(0xffffffffu, ts, o);
-      int oi = __shfl_xor_sync(0xffffffffu, ti, o);
-      if (oi != 0x7fffffff) ts = os, ti = oi;
-    }
-    for (int e = lane; e < C * K; e += 32) {
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
       const int c = e / K, k = e % K;
-      if (cm_i[c] < 0) continue;
-      const int id = __ldcg(pi + c * cstride + k);
+      cs[e] = __ldcg(ps + int64_t(c) * 16 * K + k);
+      ci[e] = __ldcg(pi + int64_t(c) * 16 * K + k);
+    }
+    if (threadIdx.x == 0) misc[0] = 0, misc[1] = 0x7fffffff, misc_f[0] = kNegInf;
+    __syncthreads();
+    // Threshold: the chunk maximum of rank K - 1 among chunk maxima (lists are sorted).
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const int id = ci[c * K];
       if (id < 0) continue;
-      const float sc = __ldcg(ps + c * cstride + k);
-      if (ti != 0x7fffffff && beats(ts, ti, sc, id)) continue;
+      const float sc = cs[c * K];
+      int rank = 0;
+      for (int j = 0; j < C; ++j) rank += ci[j * K] >= 0 && beats(cs[j * K], ci[j * K], sc, id);
+      if (rank == K - 1) misc[1] = id, misc_f[0] = sc;
+    }
+    __syncthreads();
+    const int ti = misc[1];
+    const float ts = misc_f[0];
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+      const int id = ci[e];
+      if (id < 0) continue;
+      if (ti != 0x7fffffff && beats(ts, ti, cs[e], id)) continue;
       const int slot = atomicAdd(&misc[0], 1);
-      sv_s[slot] = sc;
+      sv_s[slot] = cs[e];
       sv_i[slot] = id;
     }
-    __syncwarp();
-    const int n = misc[0];
+    __syncthreads();
+    const int ns = misc[0];
     int32_t* out = a.topk_idx + ((tok0 + v / a.H) * a.H + v % a.H) * K;
-    for (int e = lane; e < n; e += 32) {
+    for (int e = threadIdx.x; e < ns; e += blockDim.x) {
       int rank = 0;
-      for (int j = 0; j < n; ++j) rank += beats(sv_s[j], sv_i[j], sv_s[e], sv_i[e]);
+      for (int j = 0; j < ns; ++j) rank += beats(sv_s[j], sv_i[j], sv_s[e], sv_i[e]);
       if (rank < K) out[rank] = sv_i[e];
     }
     const int valid = min(K, n_blk_row[v]);
-    for (int k = valid + lane; k < K; k += 32) out[k] = -1;
-    __syncwarp();
+    for (int k = valid + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
+    __syncthreads();
   }
 }
 
@@ -365,8 +364,8 @@ __global__ void __launch_bounds__(kDecThreads) baseline_merge_kernel(IdxArgs a) 
   merge_request(a, s, nv, n_blk_row, smem);
 }
 
-size_t merge_smem_bytes(int topk) {
-  return size_t(kDecThreads / 32) * (kMaxChunks * 2 + topk * topk * 2 + 4) * sizeof(float);
+size_t merge_smem_bytes(int topk, int chunks) {
+  return (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * sizeof(float);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -382,7 +381,7 @@ __global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a)
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);  // [128][kKStride]
   float* lst_s = reinterpret_cast<float*>(ks + kBlock * kKStride);  // [kPreRows][topk]
   int* lst_i = reinterpret_cast<int*>(lst_s + kPreRows * a.topk);
-  const int h = blockIdx.y;
+  const int h = blockIdx.z, split = blockIdx.y;
   // Find this CTA's (request, tile).
   int tile = blockIdx.x, s = 0;
   for (; s < a.num_seqs; ++s) {
@@ -398,6 +397,10 @@ __global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a)
   const int pos_first = seq_len - qlen + r0;
   const int pos_last = pos_first + rows - 1;
   const int n_blocks = pos_last / kBlock + 1;
+  // This CTA's key blocks; splits past the tile's last block have nothing to do.
+  const int nsplit = (n_blocks + a.pre_kb - 1) / a.pre_kb;
+  if (split >= nsplit) return;
+  const int b_begin = split * a.pre_kb, b_end = min(n_blocks, b_begin + a.pre_kb);
   const int K = a.topk;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int tid = threadIdx.x;
@@ -439,8 +442,8 @@ __global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a)
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) stage[i] = ldg_stream(src + (int64_t(tid) + i * kPreThreads) * 16);
   };
-  issue(0);
-  for (int b = 0; b < n_blocks; ++b) {
+  issue(b_begin);
+  for (int b = b_begin; b < b_end; ++b) {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int cidx = tid + i * kPreThreads;
@@ -462,7 +465,7 @@ __global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a)
       }
     }
     __syncthreads();
-    if (b + 1 < n_blocks) issue(b + 1);
+    if (b + 1 < b_end) issue(b + 1);
     // Rows whose own block is before b see no key of it.
     if (warp_active && wpos_hi / kBlock >= b) {
       float acc[16][4];
@@ -525,15 +528,67 @@ __global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a)
     }
     __syncthreads();
   }
-  for (int e = tid; e < rows * K; e += kPreThreads) {
-    const int r = e / K, k = e % K;
-    a.topk_idx[((tok0 + r0 + r) * int64_t(a.H) + h) * K + k] = lst_i[e];
-  }
-  if (a.block_scores) {
+  if (a.block_scores && split == nsplit - 1) {
     for (int r = warp; r < rows; r += kPreThreads / 32) {
       const int nbr = (pos_first + r) / kBlock + 1;
       for (int b = nbr + lane; b < a.mbps; b += 32)
         a.block_scores[((tok0 + r0 + r) * int64_t(a.H) + h) * a.mbps + b] = kNegInf;
+    }
+  }
+  if (nsplit == 1) {
+    for (int e = tid; e < rows * K; e += kPreThreads) {
+      const int r = e / K, k = e % K;
+      a.topk_idx[((tok0 + r0 + r) * int64_t(a.H) + h) * K + k] = lst_i[e];
+    }
+  } else {
+    // Publish this split's sorted row lists; the tile's last split to finish merges them.
+    const int64_t tile_base = (int64_t(blockIdx.x) * a.H + h) * a.pre_splits;
+    for (int e = tid; e < rows * K; e += kPreThreads) {
+      a.pre_s[(tile_base + split) * kPreRows * K + e] = lst_s[e];
+      a.pre_i[(tile_base + split) * kPreRows * K + e] = lst_i[e];
+    }
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      int32_t* ctr = a.counters + int64_t(blockIdx.x) * a.H + h;
+      is_last = atomicAdd(ctr, 1) == nsplit - 1;
+      if (is_last) *ctr = 0;  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    // k-way merge of the nsplit (<= 32) sorted lists of each row: one warp per row, lane c
+    // holds list c's head; K rounds of a warp arg-max under "higher score, then lower id".
+    float* st_s = lst_s + warp * (32 * K);  // reuses the row lists + key tile: 8 * 32 * K * 8 B
+    int* st_i = reinterpret_cast<int*>(ks) + warp * (32 * K);
+    __syncthreads();
+    for (int r = warp; r < rows; r += kPreThreads / 32) {
+      for (int e = lane; e < nsplit * K; e += 32) {
+        const int c = e / K, k = e % K;
+        st_s[e] = __ldcg(a.pre_s + ((tile_base + c) * kPreRows + r) * K + k);
+        st_i[e] = __ldcg(a.pre_i + ((tile_base + c) * kPreRows + r) * K + k);
+      }
+      __syncwarp();
+      int head = 0, mine = -1;
+      for (int k = 0; k < K; ++k) {
+        float hs = kNegInf;
+        int hi = 0x7fffffff;
+        if (lane < nsplit && head < K && st_i[lane * K + head] >= 0)
+          hs = st_s[lane * K + head], hi = st_i[lane * K + head];
+        float bs = hs;
+        int bi = hi;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+          const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+          if (oi != 0x7fffffff && (bi == 0x7fffffff || beats(os, oi, bs, bi))) bs = os, bi = oi;
+        }
+        if (lane == k) mine = bi == 0x7fffffff ? -1 : bi;
+        if (hi == bi && bi != 0x7fffffff) ++head;
+      }
+      if (lane < K) a.topk_idx[((tok0 + r0 + r) * int64_t(a.H) + h) * K + lane] = mine;
+      __syncwarp();
     }
   }
 }
@@ -601,8 +656,20 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
 
   if (path == IndexerPath::kPrefill) {
     const int tiles = int((p.batch.num_tokens + kPreRows - 1) / kPreRows) + p.batch.num_seqs;
+    // Key blocks are split across CTAs so short tiles and long ones both fill the GPU; at most
+    // 32 splits per tile (the merge is one warp lane per split).
+    const int max_blocks = std::max(1, (p.batch.max_seq_len + kBlock - 1) / kBlock);
+    a.pre_kb = std::max(8, (max_blocks + 31) / 32);
+    a.pre_splits = (max_blocks + a.pre_kb - 1) / a.pre_kb;
+    if (a.pre_splits > 1) {
+      const size_t n = size_t(tiles) * p.num_index_heads * a.pre_splits * kPreRows * p.topk;
+      char* ws = static_cast<char*>(workspace(stream, n * 8));
+      a.pre_s = reinterpret_cast<float*>(ws);
+      a.pre_i = reinterpret_cast<int32_t*>(ws + n * 4);
+      a.counters = zeroed_counters(stream, size_t(tiles) * p.num_index_heads);
+    }
     const size_t smem = size_t(kBlock) * kKStride * 2 + size_t(kPreRows) * p.topk * 8;
-    dim3 grid(tiles, p.num_index_heads);
+    dim3 grid(tiles, a.pre_splits, p.num_index_heads);
     if (fp8) {
       set_smem(prefill_indexer_kernel<true>, smem);
       prefill_indexer_kernel<true><<<grid, kPreThreads, smem, stream>>>(a);
@@ -625,7 +692,7 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   const int grid = a.num_seqs * a.chunks;
   if (path == IndexerPath::kDecodeFused) {
     a.counters = zeroed_counters(stream, size_t(a.num_seqs));
-    const size_t smem = size_t(16) * a.chunk_blocks * 4 + merge_smem_bytes(a.topk);
+    const size_t smem = size_t(16) * a.chunk_blocks * 4 + merge_smem_bytes(a.topk, a.chunks);
     if (fp8) {
       set_smem(decode_indexer_kernel<true, 0>, smem);
       decode_indexer_kernel<true, 0><<<grid, kDecThreads, smem, stream>>>(a);
@@ -647,7 +714,7 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   set_smem(baseline_chunk_topk_kernel, smem2);
   baseline_chunk_topk_kernel<<<grid, kDecThreads, smem2, stream>>>(a);
   SIEVE_LAUNCH_CHECK("indexer baseline topk");
-  const size_t smem3 = merge_smem_bytes(a.topk);
+  const size_t smem3 = merge_smem_bytes(a.topk, a.chunks);
   set_smem(baseline_merge_kernel, smem3);
   baseline_merge_kernel<<<a.num_seqs, kDecThreads, smem3, stream>>>(a);
   SIEVE_LAUNCH_CHECK("indexer baseline merge");

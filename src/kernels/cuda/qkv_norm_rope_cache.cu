@@ -74,12 +74,24 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
   const int64_t row = t * p.row_stride + col;
   const int per_lane = dim / 32;
 
-  float x[kMaxPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i)
-    x[i] = i < per_lane ? load_act(p.qkv, row + i * 32 + lane, a.act_bf16) : 0.f;
-
+  // Issue every independent load up front (the op is latency-bound per warp): the vector, its
+  // norm weight, the cache slot, and the RoPE cos/sin of this lane's dims.
   const bool transform = kind != kV;
+  const bool cached = kind != kQ && kind != kIq;
+  const int64_t slot = cached ? p.slot_mapping[t] : -1;
+  const int rot = p.rotary_dim, half = rot / 2;
+  const float* cs = transform && rot > 0 ? p.cos_sin + int64_t(p.positions[t]) * rot : nullptr;
+  float x[kMaxPerLane], wv[kMaxPerLane], cv[kMaxPerLane], sv[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int d = i * 32 + lane;
+    x[i] = i < per_lane ? load_act(p.qkv, row + d, a.act_bf16) : 0.f;
+    wv[i] = transform && i < per_lane ? load_act(w, d, a.norm_bf16) : 0.f;
+    const int f = d < half ? d : d - half;
+    cv[i] = cs && i < per_lane && d < rot ? cs[f] : 1.f;
+    sv[i] = cs && i < per_lane && d < rot ? cs[half + f] : 0.f;
+  }
+
   if (transform) {
     float ss = 0.f;
 #pragma unroll
@@ -90,22 +102,16 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       if (i < per_lane) {
-        float wv = load_act(w, i * 32 + lane, a.norm_bf16);
-        x[i] = x[i] * inv * (1.f + wv);
+        x[i] = x[i] * inv * (1.f + wv[i]);
         xs[warp][i * 32 + lane] = x[i];
       }
     }
     __syncwarp();
-    const int rot = p.rotary_dim, half = rot / 2;
-    const float* cs = p.cos_sin + int64_t(p.positions[t]) * rot;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int d = i * 32 + lane;
-      if (i < per_lane && d < rot) {
-        const int f = d < half ? d : d - half;
-        const float c = cs[f], s = cs[half + f];
-        x[i] = d < half ? x[i] * c - xs[warp][d + half] * s : x[i] * c + xs[warp][d - half] * s;
-      }
+      if (i < per_lane && d < rot)
+        x[i] = d < half ? x[i] * cv[i] - xs[warp][d + half] * sv[i] : x[i] * cv[i] + xs[warp][d - half] * sv[i];
     }
   }
 
@@ -123,10 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
         if (i < per_lane) o[i * 32 + lane] = x[i];
     }
   }
-  if (kind == kQ || kind == kIq) return;
-
-  const int64_t slot = p.slot_mapping[t];
-  if (slot < 0) return;
+  if (!cached || slot < 0) return;
   if (kind == kIk) {
     if (!a.write_index) return;
     const auto& ic = p.index_cache;
