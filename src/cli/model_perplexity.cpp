@@ -28,6 +28,8 @@ int run_perplexity(const std::vector<std::string>& argv) {
            "auto, bf16, fp8 or fp32 (default: the kv cache dtype)")
       .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
       .opt({"--max-windows"}, "N", "score at most N windows; 0 = all", "0")
+      .opt({"--compare-index-dtype"}, "DTYPE",
+           "also select blocks from index keys stored in DTYPE and report how often the selections agree")
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--json"}, "print one JSON object");
   if (!a.parse()) return 0;
@@ -63,6 +65,10 @@ int run_perplexity(const std::vector<std::string>& argv) {
                        ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
                        : co.kv_dtype;
   co.dense = a.get_flag("--dense");
+  if (a.has("--compare-index-dtype")) {
+    co.compare_index = true;
+    co.compare_index_dtype = model::parse_cache_dtype(a.get("--compare-index-dtype"), "--compare-index-dtype");
+  }
   const int bs = m->block_size();
   const int blocks = int((window + bs - 1) / bs);
   co.num_blocks = blocks;
@@ -107,10 +113,22 @@ int run_perplexity(const std::vector<std::string>& argv) {
     }
   }
   const double mean = nll / double(count);
+  const model::SelectionStats st = m->selection_stats();
+  const double agree = st.selected ? double(st.agreed) / double(st.selected) : 1.0;
+  const double same = st.dropping_rows ? double(st.identical_rows) / double(st.dropping_rows) : 1.0;
   if (a.get_flag("--json")) {
-    std::printf("{\"tokens\": %lld, \"windows\": %lld, \"mean_nll\": %.6f, \"perplexity\": %.4f}\n",
+    std::printf("{\"tokens\": %lld, \"windows\": %lld, \"mean_nll\": %.6f, \"perplexity\": %.4f",
                 count, windows, mean, std::exp(mean));
+    if (co.compare_index)
+      std::printf(", \"selection_rows\": %lld, \"dropping_rows\": %lld, \"block_agreement\": %.6f, "
+                  "\"identical_rows\": %.6f",
+                  (long long)st.rows, (long long)st.dropping_rows, agree, same);
+    std::printf("}\n");
   } else {
+    if (co.compare_index)
+      std::printf("selection vs %s index keys: %.4f of selected blocks agree; %.4f of %lld rows that drop "
+                  "blocks select the same set\n",
+                  a.get("--compare-index-dtype").c_str(), agree, same, (long long)st.dropping_rows);
     std::printf("tokens scored: %lld (%lld windows of up to %lld)\n", count, windows, window);
     std::printf("mean nll: %.6f\n", mean);
     std::printf("perplexity: %.4f\n", std::exp(mean));

@@ -52,6 +52,7 @@ class MiniMaxM3 final : public Model {
 
   const ModelConfig& config() const override { return cfg_; }
   const CacheOptions& cache_options() const override { return cache_opts_; }
+  SelectionStats selection_stats() const override { return stats_; }
 
   // Index keys are cached only by sparse layers that compute their own top-k.
   bool has_index_cache(int layer) const {
@@ -75,6 +76,7 @@ class MiniMaxM3 final : public Model {
         throw Error("cache dtype must be fp32, bf16 or fp8, got " + std::string(dtype_name(t)));
     if (o.num_blocks <= 0) throw Error("the KV cache needs at least one block");
     cache_opts_ = o;
+    stats_ = {};
     caches_.clear();
     caches_.resize(cfg_.num_hidden_layers);
     const int64_t bs = cfg_.sparse_block_size;
@@ -228,6 +230,7 @@ class MiniMaxM3 final : public Model {
         ip.topk_idx = topk.as<int32_t>();
         ops::indexer(ip, stream_);
         have_topk = true;
+        if (cache_opts_.compare_index) compare_selection(ip, in);
       }
 
       ops::AttentionParams ap;
@@ -344,6 +347,52 @@ class MiniMaxM3 final : public Model {
       if (r < 0 || size_t(r) >= n) throw Error("step inputs: logits index outside the batch");
   }
 
+  // Re-runs the indexer of a full sparse layer on its index keys re-stored in
+  // compare_index_dtype (exactly what that cache would hold: fp8 keys are cast from the
+  // bf16-rounded value) and counts where the two selections agree.
+  void compare_selection(const ops::IndexerParams& ip, const StepInputs& in) {
+    const ops::IndexCacheView& c = ip.cache;
+    const size_t elems = size_t(c.num_blocks) * size_t(c.block_size) * size_t(c.index_dim);
+    std::vector<uint8_t> src(elems * dtype_size(c.dtype));
+    copy_to_host(dev_, src.data(), c.k, src.size());
+    const DType to = cache_opts_.compare_index_dtype;
+    std::vector<uint8_t> dst(elems * dtype_size(to));
+    for (size_t i = 0; i < elems; ++i) {
+      float v = load_as_f32(src.data(), c.dtype, i);
+      if (to == DType::FP8_E4M3) v = round_bf16(v);
+      store_from_f32(dst.data(), to, i, v);
+    }
+    Buffer shadow(dev_, dst.size());
+    copy_to_device(dev_, shadow.data(), dst.data(), dst.size());
+    const size_t n = size_t(ip.batch.num_tokens) * size_t(ip.num_index_heads) * size_t(ip.topk);
+    Buffer other(dev_, n * sizeof(int32_t));
+    ops::IndexerParams p2 = ip;
+    p2.cache.k = shadow.data();
+    p2.cache.dtype = to;
+    p2.topk_idx = other.as<int32_t>();
+    ops::indexer(p2, stream_);
+    std::vector<int32_t> a(n), b(n);
+    copy_to_host(dev_, a.data(), ip.topk_idx, n * sizeof(int32_t));
+    copy_to_host(dev_, b.data(), other.data(), n * sizeof(int32_t));
+    const int K = ip.topk, bs = c.block_size;
+    for (int64_t t = 0; t < ip.batch.num_tokens; ++t) {
+      const int n_blk = in.positions[size_t(t)] / bs + 1;
+      for (int h = 0; h < ip.num_index_heads; ++h) {
+        const int32_t* ra = a.data() + (size_t(t) * ip.num_index_heads + h) * K;
+        const int32_t* rb = b.data() + (size_t(t) * ip.num_index_heads + h) * K;
+        ++stats_.rows;
+        if (n_blk <= K) continue;
+        ++stats_.dropping_rows;
+        int agreed = 0;
+        for (int i = 0; i < K; ++i)
+          if (ra[i] >= 0 && std::find(rb, rb + K, ra[i]) != rb + K) ++agreed;
+        stats_.selected += K;
+        stats_.agreed += agreed;
+        if (agreed == K) ++stats_.identical_rows;
+      }
+    }
+  }
+
   void ensure_rope_table(int64_t positions) {
     if (positions <= rope_positions_) return;
     int64_t want = std::max<int64_t>(positions, std::max<int64_t>(rope_positions_ * 2, 4096));
@@ -421,6 +470,7 @@ class MiniMaxM3 final : public Model {
   std::vector<LayerCache> caches_;
   Buffer rope_;
   int64_t rope_positions_ = 0;
+  SelectionStats stats_;
 };
 
 }  // namespace

@@ -28,6 +28,20 @@ struct CacheOptions {
   int64_t num_blocks = 0;           // physical blocks of block_size tokens, shared by all layers
   // Select every block in sparse layers (dense attention everywhere); for quality comparisons.
   bool dense = false;
+  // Quality measurement: when set, every full sparse layer also selects blocks from a copy of
+  // its index keys stored in this dtype (same activations), and selection_stats() counts how
+  // often the two selections agree. The model's output always uses index_dtype.
+  bool compare_index = false;
+  DType compare_index_dtype = DType::FP8_E4M3;
+};
+
+// Agreement between the selections of index_dtype and compare_index_dtype (CacheOptions).
+struct SelectionStats {
+  int64_t rows = 0;            // (token, index head, full sparse layer) selections compared
+  int64_t dropping_rows = 0;   // of those, rows with more candidate blocks than topk
+  int64_t selected = 0;        // selected blocks in dropping rows (index_dtype)
+  int64_t agreed = 0;          // of those, also selected by compare_index_dtype
+  int64_t identical_rows = 0;  // dropping rows whose two selections are the same set
 };
 
 // One engine step, as host arrays. Sequence s owns tokens [query_start_loc[s],
@@ -59,6 +73,7 @@ class Model {
   // (Re)allocates the paged caches; contents are undefined until written by forward().
   virtual void allocate_caches(const CacheOptions& opts) = 0;
   virtual const CacheOptions& cache_options() const = 0;
+  virtual SelectionStats selection_stats() const { return {}; }
 
   // Runs one step: writes the new tokens' K/V/index keys into the caches, and fills
   // logits [logits_indices.size(), vocab] (fp32, host memory).
