@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "bench/report.h"
 #include "core/error.h"
 
 namespace sieve::bench {
@@ -126,9 +127,9 @@ BenchRun run_benchmark(const std::vector<SampleRequest>& reqs, const BenchConfig
   }
 
   log << "Starting main benchmark run..." << std::endl;
-  log << "Traffic request rate: " << (std::isinf(c.request_rate) ? std::string("inf") : std::to_string(c.request_rate))
+  log << "Traffic request rate: " << python_float(c.request_rate)
       << std::endl;
-  log << "Burstiness factor: " << c.burstiness
+  log << "Burstiness factor: " << python_float(c.burstiness)
       << (c.burstiness == 1.0 ? " (Poisson process)" : " (Gamma distribution)") << std::endl;
   log << "Maximum request concurrency: "
       << (c.max_concurrency ? std::to_string(*c.max_concurrency) : std::string("None")) << std::endl;

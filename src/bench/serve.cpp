@@ -182,7 +182,7 @@ ServeOutcome run_serve(const ServeOptions& o, std::atomic<bool>* stop, std::ostr
     }
     std::ofstream f(p);
     if (!f) throw Error("cannot write result file " + p.string());
-    f << j.dump();
+    f << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     res.saved_path = p.string();
   }
   return res;

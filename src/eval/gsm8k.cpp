@@ -291,7 +291,7 @@ Gsm8kResult run_gsm8k(const Gsm8kOptions& o, std::atomic<bool>* stop, std::ostre
                                 {"response", res.responses[i]}, {"flexible-extract", f}, {"strict-match", s},
                                 {"flexible_correct", flex.back()}, {"strict_correct", strict.back()},
                                 {"failed", bool(failed[i])}}
-                     .dump()
+                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
   }
   if (res.failed_requests > 0)
