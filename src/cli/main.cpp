@@ -16,6 +16,10 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--version") {
+    std::printf("sieve %s\n", SIEVE_VERSION);
+    return 0;
+  }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     usage();
@@ -31,6 +35,15 @@ int main(int argc, char** argv) {
   }
   auto it = cmds.find(name);
   if (it == cmds.end()) {
+    // A group word alone ("sieve bench"): list its commands.
+    std::vector<std::string> group;
+    for (const auto& [n, info] : cmds)
+      if (n.rfind(name + " ", 0) == 0) group.push_back(n);
+    if (!group.empty()) {
+      std::fprintf(stderr, "error: \"%s\" needs a subcommand:\n", name.c_str());
+      for (const auto& g : group) std::fprintf(stderr, "  sieve %-18s %s\n", g.c_str(), cmds[g].summary.c_str());
+      return 2;
+    }
     std::fprintf(stderr, "error: unknown command \"%s\"\n\n", name.c_str());
     usage();
     return 2;
