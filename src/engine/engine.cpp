@@ -335,18 +335,8 @@ void Engine::step() {
     else if (n_out >= p.max_tokens || int64_t(r->tokens.size()) >= r->max_total_tokens) done.push_back({r, FinishReason::Length});
   }
   scheduler_.step_done(plan);
-  for (auto& [r, reason] : done) finish_request(r, reason);
   const double t4 = now_seconds();
-
-  {
-    std::lock_guard lk(stats_mu_);
-    stats_.prompt_tokens += prompt_tokens;
-    stats_.generation_tokens += gen_tokens;
-    for (double v : ttfts) stats_.ttft.observe(v);
-    for (double v : itls) stats_.itl.observe(v);
-    ++stats_.steps;
-  }
-  update_gauges();
+  // Trace before finishing: a finished request's reader may stop the profile right away.
   if (profiling_.load(std::memory_order_relaxed)) {
     int64_t decodes = 0;
     for (const auto& s : plan.seqs) decodes += s.token_ids.size() == 1 && s.sample;
@@ -359,6 +349,17 @@ void Engine::step() {
     trace("forward", t2, t3);
     trace("sample_and_update", t3, t4);
   }
+  {
+    std::lock_guard lk(stats_mu_);
+    stats_.prompt_tokens += prompt_tokens;
+    stats_.generation_tokens += gen_tokens;
+    for (double v : ttfts) stats_.ttft.observe(v);
+    for (double v : itls) stats_.itl.observe(v);
+    ++stats_.steps;
+  }
+  for (auto& [r, reason] : done) finish_request(r, reason);
+
+  update_gauges();
 }
 
 }  // namespace sieve::engine

@@ -1,0 +1,37 @@
+#include <gtest/gtest.h>
+
+#include "server/server.h"
+
+namespace sieve::server {
+
+TEST(Prometheus, ExposesGaugesCountersAndCumulativeHistograms) {
+  engine::EngineStats s;
+  s.num_running = 3;
+  s.num_waiting = 2;
+  s.num_blocks = 10;
+  s.num_free_blocks = 4;
+  s.kv_usage = 0.6;
+  s.prompt_tokens = 100;
+  s.generation_tokens = 42;
+  s.preemptions = 5;
+  s.ttft = engine::Histogram({0.1, 1.0});
+  s.ttft.observe(0.05);
+  s.ttft.observe(0.5);
+  s.ttft.observe(5.0);
+  const std::string t = prometheus_text(s, "m\"x");
+  auto has = [&](const std::string& line) { return t.find(line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has("sieve:num_requests_running{model_name=\"m\\\"x\"} 3"));
+  EXPECT_TRUE(has("sieve:num_requests_waiting{model_name=\"m\\\"x\"} 2"));
+  EXPECT_TRUE(has("sieve:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.6"));
+  EXPECT_TRUE(has("sieve:kv_cache_blocks_free{model_name=\"m\\\"x\"} 4"));
+  EXPECT_TRUE(has("sieve:generation_tokens_total{model_name=\"m\\\"x\"} 42"));
+  EXPECT_TRUE(has("sieve:num_preemptions_total{model_name=\"m\\\"x\"} 5"));
+  EXPECT_TRUE(has("# TYPE sieve:time_to_first_token_seconds histogram"));
+  EXPECT_TRUE(has("sieve:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.1\"} 1"));
+  EXPECT_TRUE(has("sieve:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"1\"} 2"));
+  EXPECT_TRUE(has("sieve:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"+Inf\"} 3"));
+  EXPECT_TRUE(has("sieve:time_to_first_token_seconds_count{model_name=\"m\\\"x\"} 3"));
+  EXPECT_TRUE(has("sieve:time_to_first_token_seconds_sum{model_name=\"m\\\"x\"} 5.55"));
+}
+
+}  // namespace sieve::server

@@ -1,0 +1,224 @@
+#include "server/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+
+namespace sieve::server {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+GenerateRequest parse(const std::string& body, bool chat) { return parse_generate_request(parse_json_body(body), chat); }
+
+// The request is refused with 400 and the error names `param`.
+void refused(const std::string& body, bool chat, const std::string& param, int status = 400) {
+  try {
+    parse(body, chat);
+    ADD_FAILURE() << "accepted: " << body;
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, status) << body;
+    EXPECT_EQ(e.param, param) << body << " -> " << e.what();
+  }
+}
+
+TEST(Protocol, ParsesACompletionRequest) {
+  auto r = parse(R"({"model":"m","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,
+    "presence_penalty":0.5,"frequency_penalty":-0.5,"repetition_penalty":1.1,"seed":42,"stop":["a","bc"],
+    "stop_token_ids":[3,4],"ignore_eos":true,"min_tokens":2,"logprobs":3,"stream":true,
+    "stream_options":{"include_usage":true},"n":1,"best_of":null,"user":"ignored","unknown_field":{"x":1}})", false);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(*r.prompt_text, "hi");
+  EXPECT_EQ(r.params.max_tokens, 7);
+  EXPECT_TRUE(r.max_tokens_given);
+  EXPECT_DOUBLE_EQ(r.params.temperature, 0.5);
+  EXPECT_DOUBLE_EQ(r.params.top_p, 0.9);
+  EXPECT_EQ(r.params.top_k, 40);
+  EXPECT_DOUBLE_EQ(r.params.min_p, 0.05);
+  EXPECT_DOUBLE_EQ(r.params.frequency_penalty, -0.5);
+  EXPECT_TRUE(r.params.has_seed);
+  EXPECT_EQ(r.params.seed, 42u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{3, 4}));
+  EXPECT_TRUE(r.params.ignore_eos);
+  EXPECT_EQ(r.params.min_tokens, 2);
+  EXPECT_TRUE(r.params.logprobs);
+  EXPECT_EQ(r.params.top_logprobs, 3);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.add_special_tokens);
+}
+
+TEST(Protocol, PromptsAsTokenIds) {
+  auto r = parse(R"({"prompt":[1,2,3]})", false);
+  EXPECT_TRUE(r.has_prompt_ids);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r.max_tokens_given);
+  EXPECT_EQ(parse(R"({"prompt":[[5,6]]})", false).prompt_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(*parse(R"({"prompt":["x"]})", false).prompt_text, "x");
+  refused(R"({"prompt":[1,-2]})", false, "prompt");
+  refused(R"({"prompt":[1,2.5]})", false, "prompt");
+  refused(R"({"prompt":[1,99999999999]})", false, "prompt");
+  refused(R"({"prompt":["a","b"]})", false, "prompt");
+  refused(R"({"prompt":[]})", false, "prompt");
+  refused(R"({"prompt":[true]})", false, "prompt");
+  refused(R"({"max_tokens":3})", false, "prompt");
+}
+
+TEST(Protocol, ParsesChat) {
+  auto r = parse(R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},
+    {"type":"text","text":"b"}]}],"max_completion_tokens":5,"logprobs":true,"top_logprobs":2,
+    "chat_template_kwargs":{"enable_thinking":false}})", true);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1]["content"], "a\nb");
+  EXPECT_EQ(r.params.max_tokens, 5);
+  EXPECT_TRUE(r.params.logprobs);
+  EXPECT_EQ(r.params.top_logprobs, 2);
+  EXPECT_FALSE(r.add_special_tokens);
+  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);
+  refused(R"({"messages":"hi"})", true, "messages");
+  refused(R"({"messages":[]})", true, "messages");
+  refused(R"({"messages":[{"content":"x"}]})", true, "messages[0].role");
+  refused(R"({"messages":[{"role":"user","content":5}]})", true, "messages[0].content");
+  refused(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", true, "messages[0].content[0].type");
+  refused(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, "top_logprobs");
+}
+
+TEST(Protocol, RefusesBadValuesNamingTheField) {
+  EXPECT_THROW(parse_json_body("{\"prompt\": "), ApiError);
+  EXPECT_THROW(parse_json_body("[1]"), ApiError);
+  EXPECT_THROW(parse_json_body(""), ApiError);
+  refused(R"({"prompt":"x","max_tokens":0})", false, "max_tokens");
+  refused(R"({"prompt":"x","max_tokens":-3})", false, "max_tokens");
+  refused(R"({"prompt":"x","max_tokens":"3"})", false, "max_tokens");
+  refused(R"({"prompt":"x","max_tokens":2.5})", false, "max_tokens");
+  refused(R"({"prompt":"x","temperature":-0.1})", false, "temperature");
+  refused(R"({"prompt":"x","temperature":"hot"})", false, "temperature");
+  refused(R"({"prompt":"x","top_p":0})", false, "top_p");
+  refused(R"({"prompt":"x","top_p":1.5})", false, "top_p");
+  refused(R"({"prompt":"x","top_k":-2})", false, "top_k");
+  refused(R"({"prompt":"x","min_p":2})", false, "min_p");
+  refused(R"({"prompt":"x","presence_penalty":3})", false, "presence_penalty");
+  refused(R"({"prompt":"x","repetition_penalty":0})", false, "repetition_penalty");
+  refused(R"({"prompt":"x","seed":"1"})", false, "seed");
+  refused(R"({"prompt":"x","n":2})", false, "n");
+  refused(R"({"prompt":"x","best_of":2})", false, "best_of");
+  refused(R"({"prompt":"x","stop":5})", false, "stop");
+  refused(R"({"prompt":"x","stop":["a",1]})", false, "stop");
+  refused(R"({"prompt":"x","stop":[""]})", false, "stop");
+  refused(R"({"prompt":"x","stream":"yes"})", false, "stream");
+  refused(R"({"prompt":"x","stream_options":{"include_usage":true}})", false, "stream_options");
+  refused(R"({"prompt":"x","logprobs":21})", false, "logprobs");
+  refused(R"({"prompt":"x","logprobs":true})", false, "logprobs");
+  refused(R"({"prompt":"x","max_tokens":3,"min_tokens":4})", false, "min_tokens");
+  refused(R"({"prompt":"x","model":7})", false, "model");
+  refused(R"({"prompt":"x","logit_bias":{"1":5}})", false, "logit_bias");
+  refused(R"({"prompt":"x","echo":true,"logprobs":1})", false, "echo");
+  // Top-k -1 means off, as in vLLM; null means "default" everywhere.
+  EXPECT_EQ(parse(R"({"prompt":"x","top_k":-1,"temperature":null,"max_tokens":null})", false).params.top_k, 0);
+}
+
+// Random JSON values, biased towards the request's own fields and the edges of their ranges.
+ojson random_value(std::mt19937_64& rng, int depth) {
+  switch (rng() % (depth > 2 ? 7 : 9)) {
+    case 0: return nullptr;
+    case 1: return bool(rng() & 1);
+    case 2: {
+      static const int64_t edges[] = {0, 1, -1, 2, 20, 21, INT32_MAX, int64_t(INT32_MAX) + 1, INT64_MIN, INT64_MAX, 511, 512};
+      return edges[rng() % 12];
+    }
+    case 3: {
+      static const double edges[] = {0.0, -0.0, 0.5, 1.0, 1.0000001, -1e308, 1e308, 2.5, -2.0, 1e-320};
+      return edges[rng() % 10];
+    }
+    case 4: return uint64_t(rng());
+    case 5: {
+      std::string s;
+      size_t n = rng() % 8;
+      for (size_t i = 0; i < n; ++i) s += char(rng() % 256);
+      return s;
+    }
+    case 6: return std::string(rng() % 2 ? "text" : "user");
+    case 7: {
+      ojson a = ojson::array();
+      size_t n = rng() % 4;
+      for (size_t i = 0; i < n; ++i) a.push_back(random_value(rng, depth + 1));
+      return a;
+    }
+    default: {
+      ojson o = ojson::object();
+      static const char* keys[] = {"role", "content", "type", "text", "include_usage", "x"};
+      size_t n = rng() % 4;
+      for (size_t i = 0; i < n; ++i) o[keys[rng() % 6]] = random_value(rng, depth + 1);
+      return o;
+    }
+  }
+}
+
+TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
+  static const char* fields[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                                 "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                                 "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
+                                 "logprobs", "top_logprobs", "stream", "stream_options", "n", "best_of", "echo",
+                                 "suffix", "logit_bias", "tools", "chat_template_kwargs", "add_generation_prompt",
+                                 "continue_final_message", "include_stop_str_in_output", "skip_special_tokens",
+                                 "add_special_tokens", "return_tokens_as_token_ids"};
+  constexpr size_t num_fields = sizeof(fields) / sizeof(fields[0]);
+  std::mt19937_64 rng(20261202);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  int64_t iters = 0, accepted = 0, refused_count = 0;
+  const std::string valid = R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"stop":["ab"],"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"logprobs":2})";
+  while (std::chrono::steady_clock::now() < deadline && iters < 400000) {
+    ++iters;
+    std::string body;
+    if (iters % 3 == 0) {
+      // Byte-level mutations of a valid body: truncation, flips, insertions.
+      body = valid;
+      int edits = 1 + int(rng() % 4);
+      for (int e = 0; e < edits && !body.empty(); ++e) {
+        size_t at = rng() % body.size();
+        switch (rng() % 3) {
+          case 0: body.resize(at); break;
+          case 1: body[at] = char(rng() % 256); break;
+          default: body.insert(at, 1, "{}[],:\"0-.e\\"[rng() % 12]);
+        }
+      }
+    } else {
+      ojson o = ojson::object();
+      size_t n = rng() % 8;
+      for (size_t i = 0; i < n; ++i) o[fields[rng() % num_fields]] = random_value(rng, 0);
+      if (rng() % 2) o["prompt"] = random_value(rng, 0);
+      if (rng() % 2) o["messages"] = ojson::array({{{"role", "user"}, {"content", random_value(rng, 1)}}});
+      body = o.dump(-1, ' ', false, ojson::error_handler_t::replace);
+    }
+    for (bool chat : {false, true}) {
+      try {
+        auto r = parse_generate_request(parse_json_body(body), chat);
+        ++accepted;
+        // What is accepted is within the documented ranges.
+        EXPECT_GE(r.params.temperature, 0.0);
+        EXPECT_GT(r.params.top_p, 0.0);
+        EXPECT_LE(r.params.top_p, 1.0);
+        EXPECT_GE(r.params.max_tokens, 1);
+        EXPECT_GE(r.params.min_tokens, 0);
+        EXPECT_LE(r.params.top_logprobs, 20);
+        EXPECT_GE(r.params.top_logprobs, 0);
+        for (int32_t id : r.prompt_ids) EXPECT_GE(id, 0);
+        if (!chat) EXPECT_TRUE(r.has_prompt_ids || r.prompt_text.has_value());
+        else EXPECT_FALSE(r.messages.empty());
+      } catch (const ApiError& e) {
+        ++refused_count;
+        EXPECT_EQ(e.status, 400);
+        EXPECT_FALSE(std::string(e.what()).empty());
+      }
+    }
+  }
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused_count, 100);
+  RecordProperty("iterations", std::to_string(iters));
+}
+
+}  // namespace
+}  // namespace sieve::server
