@@ -65,7 +65,7 @@ MetricStats stats_ms(const std::vector<double>& seconds, const std::vector<doubl
 Metrics compute_metrics(const std::vector<RequestRecord>& records, double duration_s,
                         const std::vector<double>& percentiles, const GoodputConfig& goodput) {
   Metrics m;
-  std::vector<double> ttfts, tpots, all_tpots, itls, e2els;
+  std::vector<double> ttfts, tpots, all_tpots, itls, e2els, queues, e2els_q;
   for (const auto& r : records) {
     if (!r.success()) {
       m.output_lens.push_back(0);
@@ -85,6 +85,8 @@ Metrics compute_metrics(const std::vector<RequestRecord>& records, double durati
     for (double g : r.itls()) itls.push_back(g);
     ttfts.push_back(r.ttft());
     e2els.push_back(r.latency());
+    queues.push_back(r.queue_time());
+    e2els_q.push_back(r.latency() + r.queue_time());
     ++m.completed;
   }
 
@@ -110,6 +112,8 @@ Metrics compute_metrics(const std::vector<RequestRecord>& records, double durati
   m.tpot = stats_ms(tpots, percentiles);
   m.itl = stats_ms(itls, percentiles);
   m.e2el = stats_ms(e2els, percentiles);
+  m.client_queue_time = stats_ms(queues, percentiles);
+  m.e2el_including_client_queue = stats_ms(e2els_q, percentiles);
 
   // Peak output tokens per second: one stamp per chunk (first chunk + each ITL), in 1-s buckets
   // from the earliest successful start, as vLLM counts it.

@@ -48,6 +48,8 @@ struct Metrics {
   double request_throughput = 0, request_goodput = 0, output_throughput = 0,
          total_token_throughput = 0;
   MetricStats ttft, tpot, itl, e2el;
+  // Client-side wait for a --max-concurrency slot, and E2EL including it (successful requests).
+  MetricStats client_queue_time, e2el_including_client_queue;
   double max_output_tokens_per_s = 0;
   int max_concurrent_requests = 0;
   std::vector<int> output_lens;  // per request, 0 for failed ones

@@ -30,6 +30,8 @@ const MetricStats& stats_for(const Metrics& m, const std::string& name) {
   if (name == "ttft") return m.ttft;
   if (name == "tpot") return m.tpot;
   if (name == "itl") return m.itl;
+  if (name == "client_queue_time") return m.client_queue_time;
+  if (name == "e2el_including_client_queue") return m.e2el_including_client_queue;
   return m.e2el;
 }
 
@@ -43,7 +45,17 @@ constexpr MetricSection kSections[] = {
     {"tpot", "TPOT", "Time per Output Token (excl. 1st token)"},
     {"itl", "ITL", "Inter-token Latency"},
     {"e2el", "E2EL", "End-to-end Latency"},
+    {"client_queue_time", "Client Queue Time", "Client-side Queueing"},
+    {"e2el_including_client_queue", "E2EL incl. Client Queue", "Queue-inclusive End-to-end Latency"},
 };
+
+// vLLM reports the queue metrics only when a concurrency limit can make requests wait, and the
+// queue-inclusive latency only when requests also arrive over time.
+bool applicable(const ReportOptions& o, const std::string& key) {
+  if (key == "client_queue_time") return o.max_concurrency.has_value();
+  if (key == "e2el_including_client_queue") return o.max_concurrency.has_value() && !std::isinf(o.request_rate);
+  return true;
+}
 
 }  // namespace
 
@@ -70,7 +82,7 @@ std::string format_report(const Metrics& m, const ReportOptions& o) {
   s += line_f2("Peak concurrent requests:", m.max_concurrent_requests);
   s += line_f2("Total token throughput (tok/s):", m.total_token_throughput);
   for (const auto& sec : kSections) {
-    if (!selected(o, sec.key)) continue;
+    if (!selected(o, sec.key) || !applicable(o, sec.key)) continue;
     const MetricStats& st = stats_for(m, sec.key);
     s += centered(sec.header, '-') + "\n";
     s += line_f2(std::string("Mean ") + sec.name + " (ms):", st.mean_ms);
@@ -122,7 +134,7 @@ nlohmann::ordered_json benchmark_json(const Metrics& m, const std::vector<Reques
   j["max_concurrent_requests"] = m.max_concurrent_requests;
   j["rtfx"] = 0.0;
   for (const auto& sec : kSections) {
-    if (!selected(o, sec.key)) continue;
+    if (!selected(o, sec.key) || !applicable(o, sec.key)) continue;
     const MetricStats& st = stats_for(m, sec.key);
     std::string k = sec.key;
     j["mean_" + k + "_ms"] = st.mean_ms;

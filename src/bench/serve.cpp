@@ -24,8 +24,10 @@ std::vector<std::string> parse_metric_list(const std::string& s) {
   std::string item;
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
-    if (item != "ttft" && item != "tpot" && item != "itl" && item != "e2el")
-      throw Error("--percentile-metrics: unknown metric \"" + item + "\" (ttft, tpot, itl, e2el)");
+    if (item != "ttft" && item != "tpot" && item != "itl" && item != "e2el" &&
+        item != "client_queue_time" && item != "e2el_including_client_queue")
+      throw Error("--percentile-metrics: unknown metric \"" + item +
+                  "\" (ttft, tpot, itl, e2el, client_queue_time, e2el_including_client_queue)");
     out.push_back(item);
   }
   return out;

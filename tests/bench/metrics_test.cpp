@@ -187,6 +187,32 @@ TEST(BenchReport, BlockMatchesVllmLayout) {
   EXPECT_EQ(format_report(m, o), want);
 }
 
+TEST(BenchMetrics, ClientQueueTimes) {
+  auto t = timeline();
+  t[0].arrival_time = -0.3;  // waited 0.3 s for a concurrency slot
+  t[3].arrival_time = 0.9;   // 0.1 s
+  Metrics m = compute_metrics(t, 3.0, {99}, {});
+  EXPECT_NEAR(m.client_queue_time.mean_ms, 1000.0 * 0.4 / 3.0, 1e-6);
+  EXPECT_NEAR(m.e2el_including_client_queue.mean_ms, 1000.0 * (1.3 + 0.3 + 1.6) / 3.0, 1e-6);
+  ReportOptions o;
+  o.duration_s = 3.0;
+  o.percentile_metrics = {"client_queue_time", "e2el_including_client_queue"};
+  o.request_rate = INFINITY;
+  EXPECT_EQ(format_report(m, o).find("Queue"), std::string::npos);  // no limit: nothing queues
+  o.max_concurrency = 2;
+  std::string s = format_report(m, o);
+  EXPECT_NE(s.find("---------------Client-side Queueing---------------\n"
+                   "Mean Client Queue Time (ms):             133.33    \n"), std::string::npos) << s;
+  EXPECT_EQ(s.find("Queue-inclusive"), std::string::npos);  // only with a finite request rate
+  o.request_rate = 4;
+  s = format_report(m, o);
+  EXPECT_NE(s.find("--------Queue-inclusive End-to-end Latency--------\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("Median E2EL incl. Client Queue (ms):     1300.00   \n"), std::string::npos) << s;
+  auto j = benchmark_json(m, t, o);
+  EXPECT_NEAR(j["p99_client_queue_time_ms"].get<double>(), 100.0 + 0.98 * 200.0, 1e-6);  // of 0, 0.1, 0.3 s
+  EXPECT_TRUE(j.contains("mean_e2el_including_client_queue_ms"));
+}
+
 TEST(BenchReport, DefaultsOmitOptionalLines) {
   Metrics m = compute_metrics(timeline(), 3.0, {90, 99.9}, {});
   ReportOptions o;
