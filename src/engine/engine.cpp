@@ -254,8 +254,20 @@ void Engine::loop() {
       }
       if (stop_) break;
     }
-    drain_inbox();
-    if (scheduler_.has_work()) step();
+    try {
+      drain_inbox();
+      if (scheduler_.has_work()) step();
+    } catch (const std::exception& e) {
+      // A bug must not take the server down with every request hanging: fail what is in flight.
+      SIEVE_LOG(Error, "engine step failed: " << e.what());
+      std::vector<Request*> left;
+      for (auto& [id, p] : live_) left.push_back(p.req.get());
+      for (Request* r : left) {
+        scheduler_.abort(r->id);
+        finish_request(r, FinishReason::Error, e.what());
+      }
+      update_gauges();
+    }
   }
   // Shutdown: everything still in flight ends as aborted, and its blocks go back.
   drain_inbox();

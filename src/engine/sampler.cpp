@@ -69,26 +69,45 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
     std::vector<int32_t> idx(static_cast<size_t>(V));
     std::iota(idx.begin(), idx.end(), 0);
     const double inv_t = 1.0 / p.temperature;
+    auto by_logit = [&](int32_t a, int32_t b) {
+      return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b);
+    };
+    auto weight = [&](int32_t t, double mx) {
+      const double v = double(x[size_t(t)]);
+      return std::isinf(v) && v < 0 ? 0.0 : std::exp(v * inv_t - mx);
+    };
     size_t keep = idx.size();
+    double tail_mass = 0;  // unnormalized mass of candidates past `keep` (head-only sorting)
+    double mx = -std::numeric_limits<double>::infinity();
     if (p.top_k > 0 && p.top_k < V) {
       keep = size_t(p.top_k);
-      std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
-        return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b);
-      });
+      std::partial_sort(idx.begin(), idx.begin() + long(keep), idx.end(), by_logit);
+      mx = double(x[size_t(idx[0])]) * inv_t;
     } else if (p.top_p < 1.0 || p.min_p > 0) {
-      std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-        return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b);
-      });
+      // Sorting a 200k vocabulary per token is slow. The head almost always holds the top-p mass
+      // and every min-p survivor; sort only the head when it provably does.
+      const size_t head = std::min<size_t>(idx.size(), 1024);
+      std::partial_sort(idx.begin(), idx.begin() + long(head), idx.end(), by_logit);
+      mx = double(x[size_t(idx[0])]) * inv_t;
+      if (head < idx.size()) {
+        double head_mass = 0;
+        for (size_t i = 0; i < idx.size(); ++i) (i < head ? head_mass : tail_mass) += weight(idx[i], mx);
+        const bool min_p_cuts_in_head = p.min_p > 0 && weight(idx[head], mx) < p.min_p;
+        const bool top_p_cuts_in_head = p.top_p < 1.0 && head_mass >= p.top_p * (head_mass + tail_mass);
+        if (min_p_cuts_in_head || top_p_cuts_in_head) {
+          keep = head;
+          if (min_p_cuts_in_head) tail_mass = 0;
+        } else {
+          std::sort(idx.begin(), idx.end(), by_logit);
+          tail_mass = 0;
+        }
+      }
+    } else {
+      for (int32_t t : idx) mx = std::max(mx, double(x[size_t(t)]) * inv_t);
     }
-    double mx = -std::numeric_limits<double>::infinity();
-    for (size_t i = 0; i < keep; ++i) mx = std::max(mx, double(x[size_t(idx[i])]) * inv_t);
     std::vector<double> prob(keep);
     double total = 0;
-    for (size_t i = 0; i < keep; ++i) {
-      double v = double(x[size_t(idx[i])]);
-      prob[i] = std::isinf(v) && v < 0 ? 0.0 : std::exp(v * inv_t - mx);
-      total += prob[i];
-    }
+    for (size_t i = 0; i < keep; ++i) total += prob[i] = weight(idx[i], mx);
     // min-p: drop tokens below min_p times the most likely one's probability.
     if (p.min_p > 0) {
       const double floor = p.min_p * prob[0];
@@ -99,10 +118,11 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
     }
     // top-p: the smallest prefix whose mass reaches top_p (at least one token).
     if (p.top_p < 1.0) {
+      const double norm = total + tail_mass;
       double acc = 0;
       size_t k = 0;
       while (k < keep) {
-        acc += prob[k] / total;
+        acc += prob[k] / norm;
         ++k;
         if (acc >= p.top_p) break;
       }

@@ -46,6 +46,13 @@ std::string StopStringMatcher::push(const std::string& piece) {
   return out;
 }
 
+std::string StopStringMatcher::push_unchecked(const std::string& piece) {
+  if (stopped_) return {};
+  std::string out;
+  out.swap(pending_);
+  return out + piece;
+}
+
 std::string StopStringMatcher::flush() {
   if (stopped_) return {};
   std::string out;

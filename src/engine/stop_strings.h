@@ -15,6 +15,9 @@ class StopStringMatcher {
   // Appends newly decoded text; returns the text that is now safe to emit. After a match,
   // stopped() is true and later pushes return nothing.
   std::string push(const std::string& piece);
+  // Appends text that must not end generation (before min_tokens): emitted as is, together with
+  // anything held back.
+  std::string push_unchecked(const std::string& piece);
   // End of generation without a match: releases the held-back text.
   std::string flush();
   bool stopped() const { return stopped_; }

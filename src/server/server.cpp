@@ -59,6 +59,7 @@ struct Output {
   bool chat;
   bool want_logprobs;
   bool ids_as_tokens;
+  int64_t min_tokens;
   int64_t completion_tokens = 0;
   bool stopped_by_string = false;
   std::string text;  // everything emitted so far
@@ -69,7 +70,8 @@ struct Output {
 
   Output(const text::Tokenizer& t, const GenerateRequest& g)
       : tok(t), dec(t, g.skip_special_tokens), stop(g.stop), include_stop(g.include_stop_str_in_output),
-        chat(g.chat), want_logprobs(g.want_logprobs), ids_as_tokens(g.return_tokens_as_token_ids) {}
+        chat(g.chat), want_logprobs(g.want_logprobs), ids_as_tokens(g.return_tokens_as_token_ids),
+        min_tokens(g.params.min_tokens) {}
 
   // A model's vocabulary may be larger than its tokenizer's (padded embeddings); ids without a
   // token decode to nothing rather than failing the request.
@@ -89,7 +91,8 @@ struct Output {
   std::string push(const engine::TokenOutput& t, json* lp_delta) {
     ++completion_tokens;
     std::string piece = known(t.token) ? dec.push(t.token) : std::string();
-    std::string out = stop.push(piece);
+    // As vLLM: stop strings count only once min_tokens tokens were generated.
+    std::string out = completion_tokens >= min_tokens ? stop.push(piece) : stop.push_unchecked(piece);
     if (stop.stopped()) {
       stopped_by_string = true;
       stop_reason = stop.matched();

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <set>
 
 namespace sieve::engine {
 namespace {
@@ -120,6 +122,58 @@ TEST(Sampler, MinTokensMasksStopIds) {
   std::vector<float> logits = {0.0f, 5.0f, 1.0f};
   EXPECT_EQ(draw(logits, p, rng, {0, 9}, 1, {1}).token, 2);       // 1 output so far
   EXPECT_EQ(draw(logits, p, rng, {0, 9, 9}, 1, {1}).token, 1);    // 2 outputs: allowed
+}
+
+}  // namespace
+}  // namespace sieve::engine
+
+namespace sieve::engine {
+namespace {
+
+// Head-only sorting for top-p / min-p over a large vocabulary must pick what a full sort picks.
+TEST(Sampler, LargeVocabularyTopPMatchesTheDefinition) {
+  const int V = 5000;
+  std::mt19937_64 gen(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<float> logits(V);
+    for (auto& l : logits) l = nd(gen) * (trial < 2 ? 6.0f : 0.3f);  // peaked and flat
+    SamplingParams p;
+    p.top_p = 0.8;
+    if (trial % 2) p.min_p = 0.01;
+    // The definition: sort everything, keep the smallest prefix with mass >= top_p.
+    std::vector<int> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    double z = 0;
+    for (float l : logits) z += std::exp(double(l - logits[order[0]]));
+    std::vector<double> pr(V);
+    for (int i = 0; i < V; ++i) pr[i] = std::exp(double(logits[order[i]] - logits[order[0]])) / z;
+    size_t kept = 0;
+    if (p.min_p > 0) {
+      while (kept < size_t(V) && pr[kept] >= p.min_p * pr[0]) ++kept;
+      double m = 0;
+      for (size_t i = 0; i < kept; ++i) m += pr[i];
+      for (size_t i = 0; i < kept; ++i) pr[i] /= m;
+    } else {
+      kept = V;
+    }
+    double acc = 0;
+    size_t cut = 0;
+    while (cut < kept) {
+      acc += pr[cut++];
+      if (acc >= p.top_p) break;
+    }
+    std::set<int> allowed(order.begin(), order.begin() + long(cut));
+    std::mt19937_64 rng(trial);
+    std::set<int> seen;
+    for (int i = 0; i < 3000; ++i) {
+      int t = sample_token(logits, p, std::vector<int32_t>{0}, 1, {}, rng).token;
+      EXPECT_TRUE(allowed.count(t)) << "trial " << trial << " token " << t;
+      seen.insert(t);
+    }
+    if (cut > 1) EXPECT_GT(seen.size(), 1u);
+  }
 }
 
 }  // namespace

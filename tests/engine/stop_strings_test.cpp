@@ -36,6 +36,12 @@ TEST(StopStrings, EarliestMatchWinsAndFlushReleasesHeldText) {
   StopStringMatcher n({"END"});
   EXPECT_EQ(n.push("the EN"), "the ");
   EXPECT_EQ(n.flush(), "EN");
+  StopStringMatcher early({"ab"});
+  EXPECT_EQ(early.push("xa"), "x");
+  EXPECT_EQ(early.push_unchecked("b"), "ab");  // min_tokens not reached: no stop
+  EXPECT_FALSE(early.stopped());
+  EXPECT_EQ(early.push("zab"), "z");
+  EXPECT_TRUE(early.stopped());
   StopStringMatcher none({});
   EXPECT_EQ(none.push("abc"), "abc");
 }
