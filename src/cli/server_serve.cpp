@@ -16,10 +16,15 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "kernels/memory.h"
 #include "model/locate.h"
 #include "model/model.h"
 #include "server/server.h"
 #include "text/tokenizer.h"
+
+#ifdef SIEVE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace sieve::cli {
 namespace {
@@ -78,6 +83,7 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--port", "--server-port"}, "PORT", "port to listen on (0: any free port)", "8000")
       .opt({"--served-model-name"}, "NAME", "model name in the API (default: the --model path)")
       .opt({"--api-key"}, "KEY", "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
+      .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
       .opt({"--tensor-parallel-size", "-tp"}, "N", "tensor-parallel ranks (only 1 is supported)", "1")
       .opt({"--block-size"}, "N", "tokens per KV cache block (128 for MiniMax-M3)", "128")
       .opt({"--max-num-batched-tokens"}, "N", "token budget of one engine step (chunked prefill)", "8192")
@@ -122,6 +128,14 @@ int run_serve(const std::vector<std::string>& argv) {
   const std::string dir = a.has("--model") ? a.get("--model") : default_model();
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
+  const std::string dev = a.get("--device");
+  if (dev == "cuda" || dev.rfind("cuda:", 0) == 0 || (dev == "auto" && cuda_device_count() > 0)) {
+    if (cuda_device_count() == 0) throw Error("--device " + dev + ": no CUDA device in this build or machine");
+    lo.device.kind = DeviceKind::CUDA;
+    if (dev.size() > 5) lo.device.index = int(std::stoi(dev.substr(5)));
+  } else if (dev != "cpu" && dev != "auto") {
+    throw Error("--device must be auto, cpu, cuda or cuda:N, got '" + dev + "'");
+  }
   auto m = model::Model::load(dir, lo);
   const ModelConfig& cfg = m->config();
   cache::check_block_size(int(a.get_int("--block-size")), m->block_size(), cfg.use_sparse_attention);
@@ -133,9 +147,18 @@ int run_serve(const std::vector<std::string>& argv) {
   co.index_dtype = a.has("--index-cache-dtype") ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
                                                 : co.kv_dtype;
   const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype);
-  // The CPU backend sizes the cache from --kv-cache-memory; a GPU backend uses
-  // cache::blocks_for_gpu with --gpu-memory-utilization once it reports device memory.
-  co.num_blocks = cache::blocks_for_bytes(cache_bytes, per_block, "--kv-cache-memory");
+  if (lo.device.is_cuda()) {
+    // As vLLM: the engine may use this fraction of the device; weights (loaded above) and
+    // whatever else is resident come off it, the rest is cache.
+    size_t free_b = 0, total_b = 0;
+#ifdef SIEVE_HAVE_CUDA
+    if (cudaSetDevice(lo.device.index) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+      throw Error("cannot query the memory of " + lo.device.str());
+#endif
+    co.num_blocks = cache::blocks_for_gpu(total_b, free_b, gpu_util, per_block);
+  } else {
+    co.num_blocks = cache::blocks_for_bytes(cache_bytes, per_block, "--kv-cache-memory");
+  }
   const int64_t capacity = co.num_blocks * m->block_size();
   int64_t max_len = std::min<int64_t>(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : capacity, capacity);
   if (a.has("--max-model-len")) {
