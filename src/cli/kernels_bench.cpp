@@ -62,7 +62,7 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
   kb::run_all(opt, env, [&](const kb::Row& r) {
     rows.push_back(r);
     std::printf("%-42s %-22s %-5s %-27s %10.2f %10.2f %7.2f %9s %s\n", r.kernel.c_str(), r.shape.c_str(),
-                r.dtype.c_str(), r.mode.c_str(), r.us, r.floor_us, r.us / r.floor_us,
+                r.dtype.c_str(), r.mode.c_str(), r.us, r.floor_us, (r.floor_us > 0 ? r.us / r.floor_us : 0.0),
                 r.target_us > 0 ? fmt(r.target_us).c_str() : "", verdict(r).c_str());
     std::fflush(stdout);
   });
@@ -97,7 +97,7 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
     f << "|---|---|---|---|---:|---:|---|---:|---:|---|\n";
     for (const auto& r : rows)
       f << "| " << r.kernel << " | " << r.shape << " | " << r.dtype << " | " << r.mode << " | " << fmt(r.us) << " | "
-        << fmt(r.floor_us) << " | " << r.floor_kind << " | " << fmt(r.us / r.floor_us) << " | "
+        << fmt(r.floor_us) << " | " << r.floor_kind << " | " << (r.floor_us > 0 ? fmt(r.us / r.floor_us) : std::string("-")) << " | "
         << (r.target_us > 0 ? fmt(r.target_us) + " (" + r.target_note + ")" : "") << " | " << verdict(r) << " |\n";
   }
   return 0;

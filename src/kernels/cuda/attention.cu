@@ -25,6 +25,7 @@ namespace {
 constexpr int kBlock = 128;
 constexpr int kDim = 128;
 constexpr int kThreads = 128;
+constexpr int kMaxSplits = 128;
 
 struct AttnArgs {
   const void* q;
@@ -49,6 +50,7 @@ struct AttnArgs {
   int splits, per_split;  // sparse: topk entries per split; dense: blocks per split
   float* part_o;          // [tokens, nkv, splits, 16, 128]
   float* part_ml;         // [tokens, nkv, splits, 16, 2]
+  int32_t* counters;      // [tokens, nkv], zero between calls
 };
 
 template <bool kFp8>
@@ -316,65 +318,49 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
       }
     }
   }
-}
+  if (a.splits == 1) return;
 
-// Merges the splits of one (token, kv head). The (max, sum) pairs are staged in shared memory;
-// each thread then owns 8 (head, dim) outputs and streams the split partials with independent
-// loads.
-constexpr int kMergeThreads = 256;
-constexpr int kMaxSplits = 128;
-__global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(AttnArgs a) {
-  __shared__ float w_s[kMaxSplits][16];
-  __shared__ float inv_l[16];
-  const int t = blockIdx.x, kvh = blockIdx.y;
-  const int64_t base = (int64_t(t) * a.nkv + kvh) * a.splits * 16;
+  // The last split of this (token, kv head) to finish merges all splits (no second launch; the
+  // counter returns to zero for the next call, so graph replays need no memset).
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* ctr = a.counters + int64_t(t) * a.nkv + kvh;
+    is_last = atomicAdd(ctr, 1) == a.splits - 1;
+    if (is_last) *ctr = 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
   const int S = a.splits;
-  for (int e = threadIdx.x; e < S * 16; e += kMergeThreads) w_s[e / 16][e % 16] = a.part_ml[(base + e) * 2];
+  float* w_s = &o_s[0][0][0];  // [S][16] merge weights (o_s is free now)
+  float* inv_l = &m_s[0][0];   // [16]
+  const int64_t base = (int64_t(t) * a.nkv + kvh) * S * 16;
+  for (int e = threadIdx.x; e < S * 16; e += kThreads) w_s[e] = __ldcg(a.part_ml + (base + e) * 2);
   __syncthreads();
   if (threadIdx.x < 16) {
     const int r = threadIdx.x;
     float M = kNegInf;
-    for (int sp = 0; sp < S; ++sp) M = fmaxf(M, w_s[sp][r]);
+    for (int sp = 0; sp < S; ++sp) M = fmaxf(M, w_s[sp * 16 + r]);
     const float Mu = M == kNegInf ? 0.f : M;
     float L = 0.f;
     for (int sp = 0; sp < S; ++sp) {
-      const float f = exp2f(w_s[sp][r] - Mu);
-      L += a.part_ml[(base + sp * 16 + r) * 2 + 1] * f;
-      w_s[sp][r] = f;
+      const float f = exp2f(w_s[sp * 16 + r] - Mu);
+      L += __ldcg(a.part_ml + (base + sp * 16 + r) * 2 + 1) * f;
+      w_s[sp * 16 + r] = f;
     }
     inv_l[r] = L > 0.f ? 1.f / L : 0.f;
   }
   __syncthreads();
-  // Thread owns dims d4..d4+3 of rows r0 and r0 + 8 (float4 loads of the partials).
-  const int r0 = threadIdx.x / 32, d4 = (threadIdx.x % 32) * 4;
-  float4 acc0 = make_float4(0, 0, 0, 0), acc1 = acc0;
-#pragma unroll 4
-  for (int sp = 0; sp < S; ++sp) {
-    const float4 x0 = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + sp * 16 + r0) * kDim + d4));
-    const float4 x1 = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + sp * 16 + r0 + 8) * kDim + d4));
-    const float f0 = w_s[sp][r0], f1 = w_s[sp][r0 + 8];
-    acc0.x += x0.x * f0, acc0.y += x0.y * f0, acc0.z += x0.z * f0, acc0.w += x0.w * f0;
-    acc1.x += x1.x * f1, acc1.y += x1.y * f1, acc1.z += x1.z * f1, acc1.w += x1.w * f1;
-  }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int r = r0 + 8 * rr;
-    if (r >= a.gqa) continue;
-    const float4 v = rr ? acc1 : acc0;
-    const float il = inv_l[r];
-    const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d4;
-    if (!a.out_vec) {
-      const float o4[4] = {v.x * il, v.y * il, v.z * il, v.w * il};
-      for (int i = 0; i < 4; ++i) {
-        if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi + i] = f32_to_bf16_bits(o4[i]);
-        else static_cast<float*>(a.out)[oi + i] = o4[i];
-      }
-    } else if (a.out_bf16) {
-      uint2 pk = make_uint2(pack_bf16x2(v.x * il, v.y * il), pack_bf16x2(v.z * il, v.w * il));
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + oi) = pk;
-    } else {
-      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + oi) = make_float4(v.x * il, v.y * il, v.z * il, v.w * il);
-    }
+  for (int r = 0; r < a.gqa; ++r) {
+    float acc = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < S; ++sp) acc += __ldcg(a.part_o + (base + sp * 16 + r) * kDim + d) * w_s[sp * 16 + r];
+    const float val = acc * inv_l[r];
+    const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d;
+    if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi] = f32_to_bf16_bits(val);
+    else static_cast<float*>(a.out)[oi] = val;
   }
 }
 
@@ -423,7 +409,8 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
 
   // Splits from shapes only: enough CTAs to fill the GPU a few times over.
   const int64_t rows = p.batch.num_tokens * p.num_kv_heads;
-  const int target = num_sms() * 4;
+  // About two resident CTAs per SM (the kernel holds ~255 registers per thread): one wave.
+  const int target = num_sms() * 2;
   const int units = p.topk_idx ? p.topk
                                : std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock,
                                                       p.batch.max_blocks_per_seq));
@@ -435,6 +422,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     char* ws = static_cast<char*>(workspace(stream, n * (kDim + 2) * 4));
     a.part_o = reinterpret_cast<float*>(ws);
     a.part_ml = reinterpret_cast<float*>(ws + n * kDim * 4);
+    a.counters = zeroed_counters(stream, size_t(rows));
   }
   dim3 grid(unsigned(p.batch.num_tokens), p.num_kv_heads, a.splits);
   if (fp8) {
@@ -443,10 +431,6 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     attention_kernel<false><<<grid, kThreads, 0, stream>>>(a);
   }
   SIEVE_LAUNCH_CHECK("attention");
-  if (a.splits > 1) {
-    attention_merge_kernel<<<dim3(unsigned(p.batch.num_tokens), p.num_kv_heads), kMergeThreads, 0, stream>>>(a);
-    SIEVE_LAUNCH_CHECK("attention merge");
-  }
   return true;
 }
 

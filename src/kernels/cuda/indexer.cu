@@ -16,6 +16,8 @@
 // to the block max and insert it into a per-row running top-k in shared memory. No tokens x
 // tokens (or tokens x blocks) matrix is materialised.
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -93,6 +95,22 @@ struct KeyRegs {
     for (int i = 0; i < kVec; ++i)
       v[i] = ldg_stream(row + (kFp8 ? i * 64 + q * 16 : (i * 32 + q * 8) * 2));
   }
+  // From a block staged in shared memory (row = this lane's key row). Lanes of odd keys read the
+  // 16-byte runs in the other order so the two keys of a quarter-warp hit different banks.
+  __device__ __forceinline__ void load_smem(const uint8_t* row, int q, int g) {
+    const int flip = g & 1;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int j = i ^ flip;
+      v[i] = *reinterpret_cast<const uint4*>(row + (kFp8 ? j * 64 + q * 16 : (j * 32 + q * 8) * 2));
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; i += 2) {
+      const uint4 a0 = v[i], a1 = v[i + 1];
+      v[i] = flip ? a1 : a0;
+      v[i + 1] = flip ? a0 : a1;
+    }
+  }
   // B fragment registers for k-step s.
   __device__ __forceinline__ void frag(int s, uint32_t& b0, uint32_t& b1) const {
     if constexpr (kFp8) {
@@ -107,6 +125,33 @@ struct KeyRegs {
     }
   }
 };
+
+// Bulk (TMA, 1-D) copies of whole cache blocks into shared memory, completing on an mbarrier.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  }
+}
 
 // Ranks each valid (row, block) of a chunk's scores sc[16][nb] and writes the chunk's sorted
 // top-k list; empty slots get (-inf, -1). Called by all threads of the CTA.
@@ -197,6 +242,14 @@ __device__ void merge_request(const IdxArgs& a, int s, int nv, const int* n_blk_
 
 constexpr int kDecThreads = 128;
 
+size_t merge_smem_bytes(int topk, int chunks);
+// Dynamic shared memory of the fused decode kernel: chunk scores, merge scratch, then the
+// 128-byte aligned stages and their mbarriers.
+__host__ __device__ inline size_t stage_offset_impl(int chunk_blocks, int topk, int chunks) {
+  size_t o = size_t(16) * chunk_blocks * 4 + (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * 4;
+  return (o + 127) / 128 * 128;
+}
+
 // kMode 0: fused (score + chunk top-k + last-CTA merge); 1: baseline step 1 (scores only).
 template <bool kFp8, int kMode>
 __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) {
@@ -236,20 +289,31 @@ __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) 
   }
   __syncthreads();
 
-  const int64_t row_bytes = kFp8 ? kDim : kDim * 2;
-  // Keys of block b for this lane (4 n-tiles of 8 keys); the next block's loads are issued
-  // before the current block's math so two blocks per warp are in flight.
-  auto load_block = [&](KeyRegs<kFp8> (&kr)[4], int b) {
-    const int64_t phys = a.block_tables[int64_t(s) * a.mbps + b];
-    const uint8_t* base = a.cache + (phys * kBlock + warp * 32) * row_bytes;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) kr[nt].load(base + (nt * 8 + g) * row_bytes, q);
+  const int row_bytes = kFp8 ? kDim : kDim * 2;
+  const uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
+  // Whole cache blocks (contiguous 16 / 32 KB) stream into a ring of shared-memory stages by
+  // bulk copies, kStages blocks ahead, so many bytes are in flight without registers.
+  constexpr int kStages = kFp8 ? 4 : 3;
+  uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + stage_offset_impl(a.chunk_blocks, a.topk, a.chunks);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(stage + kStages * block_bytes);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(&bars[i], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int i) {  // block b0 + i into stage i % kStages (thread 0)
+    const int64_t phys = a.block_tables[int64_t(s) * a.mbps + b0 + i];
+    bulk_load(stage + (i % kStages) * block_bytes, a.cache + phys * block_bytes, block_bytes, &bars[i % kStages]);
   };
-  KeyRegs<kFp8> kr[4], kn[4];
-  if (nb > 0) load_block(kr, b0);
+  if (threadIdx.x == 0)
+    for (int i = 0; i < min(nb, kStages); ++i) issue(i);
   for (int i = 0; i < nb; ++i) {
     const int b = b0 + i;
-    if (i + 1 < nb) load_block(kn, b + 1);
+    mbar_wait(&bars[i % kStages], uint32_t(i / kStages) & 1u);
+    const uint8_t* base = stage + (i % kStages) * block_bytes + warp * 32 * row_bytes;
+    KeyRegs<kFp8> kr[4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) kr[nt].load_smem(base + (nt * 8 + g) * row_bytes, q, g);
     float acc[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -283,9 +347,9 @@ __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) 
       red[i & 1][warp][v0] = m0;
       red[i & 1][warp][v1] = m1;
     }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) kr[nt] = kn[nt];
     __syncthreads();
+    // Every warp is done with this stage: refill it with the block kStages ahead.
+    if (threadIdx.x == 0 && i + kStages < nb) issue(i + kStages);
     if (threadIdx.x < nv) {
       const int v = threadIdx.x;
       float m = fmaxf(fmaxf(red[i & 1][0][v], red[i & 1][1][v]), fmaxf(red[i & 1][2][v], red[i & 1][3][v]));
@@ -624,9 +688,16 @@ IdxArgs make_args(const ops::IndexerParams& p) {
   return a;
 }
 
+size_t decode_smem_bytes(const IdxArgs& a, bool fp8) {
+  const int stages = fp8 ? 4 : 3;
+  return stage_offset_impl(a.chunk_blocks, a.topk, a.chunks) + size_t(stages) * kBlock * kDim * (fp8 ? 1 : 2) +
+         8 * stages;
+}
+
 void decode_grid(IdxArgs& a) {
-  const int target = num_sms() * 4;
-  int chunks = std::clamp((target + a.num_seqs - 1) / a.num_seqs, 1, kMaxChunks);
+  // Two to three CTAs fit an SM (their shared-memory stages): aim at about two per SM.
+  const int target = num_sms() * 2;
+  int chunks = std::clamp(target / a.num_seqs, 1, kMaxChunks);  // floor: stay within one wave
   chunks = std::min(chunks, std::max(a.max_blocks, 1));
   a.chunk_blocks = (std::max(a.max_blocks, 1) + chunks - 1) / chunks;
   a.chunks = (std::max(a.max_blocks, 1) + a.chunk_blocks - 1) / a.chunk_blocks;
@@ -634,9 +705,16 @@ void decode_grid(IdxArgs& a) {
 
 template <class Kernel>
 void set_smem(Kernel k, size_t bytes) {
-  if (bytes > 48 * 1024)
-    cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-               "cudaFuncSetAttribute");
+  // Raise each kernel's dynamic shared-memory limit once, to the most any launch asks for.
+  static std::mutex mu;
+  static std::map<const void*, size_t> limit;
+  if (bytes <= 48 * 1024) return;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = limit[reinterpret_cast<const void*>(k)];
+  if (bytes <= have) return;
+  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             "cudaFuncSetAttribute");
+  have = bytes;
 }
 
 }  // namespace
@@ -692,7 +770,7 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   const int grid = a.num_seqs * a.chunks;
   if (path == IndexerPath::kDecodeFused) {
     a.counters = zeroed_counters(stream, size_t(a.num_seqs));
-    const size_t smem = size_t(16) * a.chunk_blocks * 4 + merge_smem_bytes(a.topk, a.chunks);
+    const size_t smem = decode_smem_bytes(a, fp8);
     if (fp8) {
       set_smem(decode_indexer_kernel<true, 0>, smem);
       decode_indexer_kernel<true, 0><<<grid, kDecThreads, smem, stream>>>(a);
@@ -704,10 +782,13 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
     return true;
   }
   // Baseline: score kernel -> score tensor -> chunk top-k kernel -> merge kernel.
+  const size_t smem1 = decode_smem_bytes(a, fp8);
   if (fp8) {
-    decode_indexer_kernel<true, 1><<<grid, kDecThreads, 0, stream>>>(a);
+    set_smem(decode_indexer_kernel<true, 1>, smem1);
+    decode_indexer_kernel<true, 1><<<grid, kDecThreads, smem1, stream>>>(a);
   } else {
-    decode_indexer_kernel<false, 1><<<grid, kDecThreads, 0, stream>>>(a);
+    set_smem(decode_indexer_kernel<false, 1>, smem1);
+    decode_indexer_kernel<false, 1><<<grid, kDecThreads, smem1, stream>>>(a);
   }
   SIEVE_LAUNCH_CHECK("indexer baseline score");
   const size_t smem2 = size_t(16) * a.chunk_blocks * 4;

@@ -14,7 +14,7 @@ namespace sieve::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxDim = 256;
+constexpr int kMaxDim = 128;  // MiniMax-M3 head and index dims; fewer registers, more warps in flight
 constexpr int kMaxPerLane = kMaxDim / 32;
 
 enum Job : int { kQ, kK, kV, kIq, kIk };
