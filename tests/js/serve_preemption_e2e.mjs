@@ -57,6 +57,32 @@ await section('more concurrent requests than the cache holds: preempted, resumed
   eq((await fetch(`${srv.base}/health`)).status, 200, 'healthy');
 });
 
+// The same long prompts, greedy, on the cache-starved server above (no prefix caching) are the
+// reference for a server that reuses prefix blocks (KV and index keys together).
+const shared = [...Array(300).keys()].map((k) => (k * 13 + 5) % 500);
+const variants = [0, 1, 2].map((v) => [...shared, 7 + v, 11 * v + 3, 42]);
+const job = (prompt) => ({ model: 'tiny', prompt, max_tokens: 40, temperature: 0, ignore_eos: true, logprobs: 0, return_tokens_as_token_ids: true });
+const reference = [];
+await section('reference outputs without prefix caching', async () => {
+  for (const p of variants) reference.push(idsOf(await client.completions.create(job(p))));
+});
 const r = await stopServer(srv);
 eq(r.code, 0, 'clean exit');
+
+const pc = await startServer(sieve, ['--model', model, '--served-model-name', 'tiny', '--kv-cache-memory', '8MiB',
+  '--max-model-len', '1024', '--enable-prefix-caching']);
+const pclient = new OpenAI({ baseURL: `${pc.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+await section('prefix caching reuses blocks without changing outputs', async () => {
+  const first = idsOf(await pclient.completions.create(job(variants[0])));
+  eq(first, reference[0], 'first request (cold cache)');
+  const m0 = await metrics(pc.base);
+  const again = await Promise.all(variants.map((p) => pclient.completions.create(job(p))));
+  again.forEach((a, i) => eq(idsOf(a), reference[i], `variant ${i} with cached prefix blocks`));
+  const m1 = await waitIdle(pc.base);
+  // Each of the three requests finds the two full blocks of the shared 300-token prefix.
+  check(m1['sieve:prefix_cache_hits_total'] - m0['sieve:prefix_cache_hits_total'] >= 3 * 256, 'prefix cache hits',
+    m1['sieve:prefix_cache_hits_total'] - m0['sieve:prefix_cache_hits_total']);
+});
+const r2 = await stopServer(pc);
+eq(r2.code, 0, 'clean exit (prefix caching server)');
 process.exit(summary());
