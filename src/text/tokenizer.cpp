@@ -22,9 +22,10 @@ using json = nlohmann::json;
 // GPT-2's byte <-> printable character table (bytes_to_unicode in the original encoder.py).
 struct ByteLevelTable {
   std::array<uint32_t, 256> to_cp{};
-  std::unordered_map<uint32_t, uint8_t> to_byte;
+  std::array<int16_t, 324> to_byte;  // code point -> byte, -1 if not in the table
   ByteLevelTable() {
     int n = 0;
+    to_byte.fill(-1);
     for (int b = 0; b < 256; ++b) {
       bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
       to_cp[b] = printable ? b : 256 + n++;
@@ -42,9 +43,9 @@ std::optional<std::string> byte_level_decode(std::string_view tok) {
   const auto& t = byte_level();
   std::string out;
   for (size_t i = 0; i < tok.size();) {
-    auto it = t.to_byte.find(next_code_point(tok, i));
-    if (it == t.to_byte.end()) return std::nullopt;
-    out += static_cast<char>(it->second);
+    uint32_t cp = next_code_point(tok, i);
+    if (cp >= t.to_byte.size() || t.to_byte[cp] < 0) return std::nullopt;
+    out += static_cast<char>(t.to_byte[cp]);
   }
   return out;
 }
@@ -584,25 +585,33 @@ Tokenizer Tokenizer::from_json(const json& tj, const json& cfg, const json& gen,
       t->vocab.emplace(raw, id);
       if (raw.size() == 1) t->byte_id[static_cast<uint8_t>(raw[0])] = id;
     }
+    // Merges name tokens as written in the vocabulary; look them up in that form (cheaper than
+    // decoding both halves of every merge).
+    SvMap<int32_t> by_text;
+    by_text.reserve(t->id_text.size() * 2);
+    for (int32_t id = 0; id < t->size; ++id)
+      if (!t->id_text[id].empty()) by_text.emplace(t->id_text[id], id);
     int32_t rank = 0;
     t->merges.reserve(model.at("merges").size() * 2);
+    std::string ab;
     for (const auto& m : model.at("merges")) {
-      std::string a, b;
+      std::string_view a, b;
       if (m.is_string()) {
-        std::string s = m;
+        const std::string& s = m.get_ref<const std::string&>();
         auto sp = s.find(' ');
         if (sp == std::string::npos) throw Error(origin + ": merge \"" + s + "\" has no space");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
+        a = std::string_view(s).substr(0, sp);
+        b = std::string_view(s).substr(sp + 1);
       } else {
-        a = m.at(0);
-        b = m.at(1);
+        a = m.at(0).get_ref<const std::string&>();
+        b = m.at(1).get_ref<const std::string&>();
       }
-      auto ra = byte_level_decode(a), rb = byte_level_decode(b);
-      std::string sa = ra ? *ra : a, sb = rb ? *rb : b;
-      auto ia = t->vocab.find(sa), ib = t->vocab.find(sb), ic = t->vocab.find(sa + sb);
-      if (ia == t->vocab.end() || ib == t->vocab.end() || ic == t->vocab.end())
-        throw Error(origin + ": merge \"" + a + " " + b + "\" uses a token not in the vocabulary");
+      ab.assign(a);
+      ab.append(b);
+      auto ia = by_text.find(a), ib = by_text.find(b), ic = by_text.find(ab);
+      if (ia == by_text.end() || ib == by_text.end() || ic == by_text.end())
+        throw Error(origin + ": merge \"" + std::string(a) + " " + std::string(b) +
+                    "\" uses a token not in the vocabulary");
       t->merges.emplace(TokenizerImpl::key(ia->second, ib->second),
                         TokenizerImpl::Merge{rank++, ic->second});
     }
