@@ -1,7 +1,9 @@
 // `sieve bench plot`: TPOT and TTFT against output throughput across runs (one point per
-// result JSON, one curve per engine/label), the picture engines are compared by. SVG only.
+// result JSON, one curve per engine/label), the picture engines are compared by. The picture is
+// laid out once as a list of shapes, then written as SVG or rasterised to PNG.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +36,16 @@ std::vector<PlotSeries> series_from_results(const std::vector<std::pair<std::str
                                             const PlotOptions& o);
 
 std::string render_svg(const std::vector<PlotSeries>& series, const PlotOptions& o);
+
+// The same picture as a PNG file's bytes (8-bit RGB; text in a built-in 5x7 bitmap font).
+std::vector<uint8_t> render_png(const std::vector<PlotSeries>& series, const PlotOptions& o);
+
+// The rasterised picture: width x height RGB bytes, rows top to bottom.
+std::vector<uint8_t> render_rgb(const std::vector<PlotSeries>& series, const PlotOptions& o, int& width,
+                                int& height);
+
+// PNG encoding of a W x H RGB buffer (rows top to bottom).
+std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t>& rgb);
 
 // Axis ticks at 1, 2 or 5 times a power of ten covering [lo, hi].
 std::vector<double> nice_ticks(double lo, double hi, int target = 5);

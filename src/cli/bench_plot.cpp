@@ -1,4 +1,5 @@
-// `sieve bench plot`: TPOT and TTFT against output throughput from saved benchmark results.
+// `sieve bench plot`: TPOT and TTFT against output throughput from saved benchmark results,
+// as SVG or PNG.
 #include <fstream>
 #include <iostream>
 
@@ -10,7 +11,7 @@ namespace {
 
 int run_bench_plot(const std::vector<std::string>& argv) {
   sieve::cli::Args a("bench plot", argv);
-  a.opt({"--out", "-o"}, "FILE", "output picture (.svg)", "bench.svg")
+  a.opt({"--out", "-o"}, "FILE", "output picture: .svg or .png", "bench.svg")
       .opt({"--stat"}, "STAT", "which TPOT/TTFT statistic: mean, median or pNN", "mean")
       .opt({"--group-by"}, "KEY", "one curve per label (label, else backend + model), model or file", "label")
       .opt({"--title"}, "TEXT", "title of the picture");
@@ -18,8 +19,9 @@ int run_bench_plot(const std::vector<std::string>& argv) {
   if (a.positional().empty())
     throw sieve::Error("sieve bench plot: give result files (RESULT.json ...) from `sieve bench serve --save-result`");
   std::string out = a.get("--out");
-  if (out.size() < 4 || out.substr(out.size() - 4) != ".svg")
-    throw sieve::Error("sieve bench plot: --out " + out + ": only SVG is written; name the file *.svg");
+  std::string ext = out.size() >= 4 ? out.substr(out.size() - 4) : "";
+  if (ext != ".svg" && ext != ".png")
+    throw sieve::Error("sieve bench plot: --out " + out + ": name the picture *.svg or *.png");
   std::vector<std::pair<std::string, nlohmann::json>> files;
   for (const auto& p : a.positional()) {
     std::ifstream f(p);
@@ -33,16 +35,21 @@ int run_bench_plot(const std::vector<std::string>& argv) {
   o.group_by = a.get("--group-by");
   o.title = a.get("--title");
   auto series = sieve::bench::series_from_results(files, o);
-  std::ofstream f(out);
+  std::ofstream f(out, std::ios::binary);
   if (!f) throw sieve::Error("cannot write " + out);
-  f << sieve::bench::render_svg(series, o);
+  if (ext == ".png") {
+    auto png = sieve::bench::render_png(series, o);
+    f.write(reinterpret_cast<const char*>(png.data()), std::streamsize(png.size()));
+  } else {
+    f << sieve::bench::render_svg(series, o);
+  }
   size_t points = 0;
   for (const auto& s : series) points += s.points.size();
   std::cout << "wrote " << out << ": " << series.size() << " curve(s), " << points << " point(s)\n";
   return 0;
 }
 
-sieve::cli::Register reg{"bench plot", "draw TPOT and TTFT against output throughput from result JSONs (SVG)",
+sieve::cli::Register reg{"bench plot", "draw TPOT and TTFT against output throughput from result JSONs (SVG/PNG)",
                          &run_bench_plot};
 
 }  // namespace

@@ -67,5 +67,57 @@ TEST(BenchPlot, SeriesGroupedAndSorted) {
   EXPECT_NE(svg.find(">3000<"), std::string::npos);  // 2433 tok/s plus a 5% margin: axis to 3000
 }
 
+uint32_t be32(const std::vector<uint8_t>& v, size_t at) {
+  return uint32_t(v[at]) << 24 | uint32_t(v[at + 1]) << 16 | uint32_t(v[at + 2]) << 8 | v[at + 3];
+}
+
+TEST(BenchPlot, PngFileStructure) {
+  std::vector<uint8_t> rgb(3 * 2 * 3, 0);
+  auto png = encode_png(3, 2, rgb);
+  ASSERT_GT(png.size(), 8u + 25 + 12 + 12);
+  EXPECT_EQ(std::vector<uint8_t>(png.begin(), png.begin() + 8),
+            (std::vector<uint8_t>{0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'}));
+  // Chunks: IHDR (3 x 2, 8-bit RGB), IDAT, IEND; each CRC covers type and data.
+  std::vector<std::string> types;
+  size_t at = 8;
+  while (at + 12 <= png.size()) {
+    uint32_t len = be32(png, at);
+    std::string type(png.begin() + long(at + 4), png.begin() + long(at + 8));
+    types.push_back(type);
+    uint32_t crc = 0xffffffffu;
+    for (size_t i = at + 4; i < at + 8 + len; ++i) {
+      crc ^= png[i];
+      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? 0xEDB88320u ^ (crc >> 1) : crc >> 1;
+    }
+    EXPECT_EQ(~crc, be32(png, at + 8 + len)) << type;
+    if (type == "IHDR") {
+      EXPECT_EQ(be32(png, at + 8), 3u);
+      EXPECT_EQ(be32(png, at + 12), 2u);
+      EXPECT_EQ(png[at + 16], 8);
+      EXPECT_EQ(png[at + 17], 2);
+    }
+    at += 12 + len;
+  }
+  EXPECT_EQ(at, png.size());
+  EXPECT_EQ(types, (std::vector<std::string>{"IHDR", "IDAT", "IEND"}));
+  EXPECT_THROW(encode_png(3, 3, rgb), std::exception);
+}
+
+TEST(BenchPlot, RasterDrawsTheCurves) {
+  std::vector<std::pair<std::string, nlohmann::json>> files{{"a.json", result("x", 4, 500, 7.5, 260)},
+                                                            {"b.json", result("x", 32, 1800, 16.7, 512)}};
+  PlotOptions o;
+  int w = 0, h = 0;
+  auto rgb = render_rgb(series_from_results(files, o), o, w, h);
+  ASSERT_EQ(rgb.size(), size_t(w) * size_t(h) * 3);
+  size_t blue = 0, white = 0;
+  for (size_t i = 0; i < rgb.size(); i += 3) {
+    if (rgb[i] == 0x1f && rgb[i + 1] == 0x77 && rgb[i + 2] == 0xb4) ++blue;  // the first series' colour
+    if (rgb[i] == 255 && rgb[i + 1] == 255 && rgb[i + 2] == 255) ++white;
+  }
+  EXPECT_GT(blue, 400u);                 // two curves, four points, the legend
+  EXPECT_GT(white, rgb.size() / 3 / 2);  // mostly background
+}
+
 }  // namespace
 }  // namespace sieve::bench
