@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "core/error.h"
@@ -260,6 +262,96 @@ TEST(Tokenizer, HostileTokenizerJsonIsRefusedNotACrash) {
   m = tj;
   m.erase("model");
   EXPECT_THROW(Tokenizer::from_json(m), Error);
+}
+
+}  // namespace
+}  // namespace sieve::text
+
+namespace sieve::text {
+namespace {
+
+std::string temp_model_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           ("sieve_text_cfg_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+nlohmann::json with_specials() {
+  nlohmann::json tj = tiny_tokenizer_json();
+  tj["added_tokens"] = {{{"id", 94}, {"content", "<s>"}, {"special", true}},
+                        {{"id", 95}, {"content", "</s>"}, {"special", true}},
+                        {{"id", 96}, {"content", "<eot>"}, {"special", true}}};
+  return tj;
+}
+
+TEST(Tokenizer, ConfigFilesBosEosAndTemplatePrecedence) {
+  std::string dir = temp_model_dir("files");
+  std::ofstream(dir + "/tokenizer.json") << with_specials().dump();
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"bos_token": {"content": "<s>", "special": true}, "eos_token": "</s>",
+             "add_bos_token": true, "chat_template": "from config"})";
+  Tokenizer a = Tokenizer::load(dir);
+  EXPECT_EQ(a.bos_id(), 94);
+  EXPECT_EQ(a.bos_token(), "<s>");
+  EXPECT_EQ(a.eos_ids(), std::vector<int32_t>{95});  // no generation_config: eos_token's id
+  EXPECT_EQ(a.chat_template(), "from config");
+  EXPECT_EQ(a.encode("ab", true), (std::vector<int32_t>{94, 'a' - '!', 'b' - '!'}));
+  EXPECT_EQ(a.encode("ab", false), (std::vector<int32_t>{'a' - '!', 'b' - '!'}));
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [95, 96]})";
+  std::ofstream(dir + "/chat_template.jinja") << "from file";
+  Tokenizer b = Tokenizer::load(dir);
+  EXPECT_EQ(b.eos_ids(), (std::vector<int32_t>{95, 96}));
+  EXPECT_EQ(b.chat_template(), "from file");
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": 96})";
+  EXPECT_EQ(Tokenizer::load(dir).eos_ids(), std::vector<int32_t>{96});
+  std::ofstream(dir + "/tokenizer_config.json") << "{not json";
+  try {
+    Tokenizer::load(dir);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Tokenizer, TemplateProcessingAddsSpecialTokensUnlessConfigSays) {
+  nlohmann::json tj = with_specials();
+  tj["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                  {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {94}}, {"tokens", {"<s>"}}}},
+                          {"</s>", {{"id", "</s>"}, {"ids", {95}}, {"tokens", {"</s>"}}}}}}};
+  nlohmann::json cfg = {{"bos_token", "<s>"}};
+  Tokenizer t = Tokenizer::from_json(tj, cfg);
+  EXPECT_EQ(t.encode("a", true), (std::vector<int32_t>{94, 'a' - '!', 95}));
+  EXPECT_TRUE(t.add_bos_token());
+  cfg["add_bos_token"] = false;
+  EXPECT_EQ(Tokenizer::from_json(tj, cfg).encode("a", true), std::vector<int32_t>{'a' - '!'});
+}
+
+TEST(StreamDecoder, HoldsBackACharacterSplitAcrossTokens) {
+  const Tokenizer& t = qwen3();
+  // Qwen3 writes " 👋" as "ĠðŁĳ" (space + the emoji's first 3 bytes) then "ĭ" (its last byte).
+  std::vector<int32_t> ids = t.encode(" 👋", false);
+  ASSERT_EQ(ids, (std::vector<int32_t>{61804, 233}));
+  StreamDecoder sd(t);
+  EXPECT_EQ(sd.push(61804), " ");
+  EXPECT_EQ(sd.pending_bytes(), 3u);
+  EXPECT_EQ(sd.push(233), "👋");
+  EXPECT_EQ(sd.pending_bytes(), 0u);
+  // A stream that stops mid-character ends with U+FFFD, as decode does.
+  StreamDecoder cut(t);
+  EXPECT_EQ(cut.push(61804), " ");
+  EXPECT_EQ(cut.flush(), "\uFFFD");
+  EXPECT_EQ(t.decode({61804}), " \uFFFD");
+  // A lone continuation byte can never complete: replaced at once, not held.
+  StreamDecoder lone(t);
+  EXPECT_EQ(lone.push(233), "\uFFFD");
+  EXPECT_EQ(lone.pending_bytes(), 0u);
 }
 
 }  // namespace
