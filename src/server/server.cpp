@@ -187,9 +187,9 @@ struct Server::Impl {
     }
   }
 
-  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void handle_generate(const std::string& req_body, httplib::Response& res, bool chat) {
     if (owner->draining()) throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
-    ojson body = parse_json_body(req.body);
+    ojson body = parse_json_body(req_body);
     GenerateRequest g = parse_generate_request(body, chat);
     check_model(g.model);
     std::string prompt_text;
@@ -430,8 +430,8 @@ struct Server::Impl {
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   }
 
-  void handle_tokenize(const httplib::Request& req, httplib::Response& res) {
-    ojson body = parse_json_body(req.body);
+  void handle_tokenize(const std::string& req_body, httplib::Response& res) {
+    ojson body = parse_json_body(req_body);
     if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
       if (!m->is_string()) throw ApiError(400, "model: expected a string", "model");
       check_model(m->get<std::string>());
@@ -457,8 +457,8 @@ struct Server::Impl {
     send_json(res, 200, {{"count", ids.size()}, {"max_model_len", engine.max_model_len()}, {"tokens", ids}, {"token_strs", nullptr}});
   }
 
-  void handle_detokenize(const httplib::Request& req, httplib::Response& res) {
-    ojson body = parse_json_body(req.body);
+  void handle_detokenize(const std::string& req_body, httplib::Response& res) {
+    ojson body = parse_json_body(req_body);
     if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
       if (!m->is_string()) throw ApiError(400, "model: expected a string", "model");
       check_model(m->get<std::string>());
@@ -522,6 +522,41 @@ struct Server::Impl {
     };
   }
 
+  // POST routes read their body themselves: httplib's own reader caps bodies sent as
+  // application/x-www-form-urlencoded (curl -d's default) at 8 KiB, and a chunked body would
+  // not meet the size limit. The body is JSON whatever the Content-Type says, as in vLLM.
+  template <class F>
+  void post(const std::string& pattern, F f) {
+    http.Post(pattern, [this, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      if (req.get_header_value("Content-Type").rfind("multipart/", 0) == 0) {
+        res.set_header("Connection", "close");
+        send_error(res, 415, "multipart bodies are not accepted: send JSON");
+        return;
+      }
+      std::string body;
+      bool too_big = false;
+      const bool ok = reader([&](const char* data, size_t n) {
+        if (body.size() + n > opts.max_body_bytes) {
+          too_big = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (too_big) {
+        res.set_header("Connection", "close");
+        send_error(res, 413, "the request body is larger than the server accepts (" + std::to_string(opts.max_body_bytes) + " bytes)");
+        return;
+      }
+      if (!ok) {
+        res.set_header("Connection", "close");
+        send_error(res, 400, "could not read the request body");
+        return;
+      }
+      wrap([&](const httplib::Request&, httplib::Response& r) { f(body, r); })(req, res);
+    });
+  }
+
   void setup() {
     int threads = opts.http_threads;
     if (threads <= 0) threads = std::clamp(2 * engine.config().scheduler.max_num_seqs + 32, 64, 1024);
@@ -536,6 +571,7 @@ struct Server::Impl {
       if (opts.api_key.empty() || req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
       const std::string auth = req.get_header_value("Authorization");
       if (auth != "Bearer " + opts.api_key) {
+        res.set_header("Connection", "close");
         send_json(res, 401, error_json(401, auth.empty() ? "Missing API key: send Authorization: Bearer <key>" : "Invalid API key",
                                        {}, "authentication_error"));
         return httplib::Server::HandlerResponse::Handled;
@@ -560,8 +596,8 @@ struct Server::Impl {
       send_error(res, 500, msg);
     });
 
-    http.Post("/v1/completions", wrap([this](const auto& q, auto& r) { handle_generate(q, r, false); }));
-    http.Post("/v1/chat/completions", wrap([this](const auto& q, auto& r) { handle_generate(q, r, true); }));
+    post("/v1/completions", [this](const std::string& b, auto& r) { handle_generate(b, r, false); });
+    post("/v1/chat/completions", [this](const std::string& b, auto& r) { handle_generate(b, r, true); });
     http.Get("/v1/models", wrap([this](const auto&, auto& r) { handle_models(r); }));
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
       if (owner->draining()) send_error(r, 503, "the server is shutting down");
@@ -572,10 +608,10 @@ struct Server::Impl {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(prometheus_text(engine.stats(), model_name()), "text/plain; version=0.0.4; charset=utf-8");
     });
-    http.Post("/tokenize", wrap([this](const auto& q, auto& r) { handle_tokenize(q, r); }));
-    http.Post("/detokenize", wrap([this](const auto& q, auto& r) { handle_detokenize(q, r); }));
-    http.Post("/start_profile", wrap([this](const auto&, auto& r) { handle_profile(r, true); }));
-    http.Post("/stop_profile", wrap([this](const auto&, auto& r) { handle_profile(r, false); }));
+    post("/tokenize", [this](const std::string& b, auto& r) { handle_tokenize(b, r); });
+    post("/detokenize", [this](const std::string& b, auto& r) { handle_detokenize(b, r); });
+    post("/start_profile", [this](const std::string&, auto& r) { handle_profile(r, true); });
+    post("/stop_profile", [this](const std::string&, auto& r) { handle_profile(r, false); });
   }
 };
 
