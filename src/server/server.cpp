@@ -543,7 +543,8 @@ struct Server::Impl {
         body.append(data, n);
         return true;
       });
-      if (too_big) {
+      // httplib refuses a Content-Length over the limit before reading (status 413).
+      if (too_big || (!ok && res.status == 413)) {
         res.set_header("Connection", "close");
         send_error(res, 413, "the request body is larger than the server accepts (" + std::to_string(opts.max_body_bytes) + " bytes)");
         return;
