@@ -263,6 +263,19 @@ await section('bad input gets a 4xx error object and the server keeps serving', 
   await expectError('negative token id', 400, 'POST', C, { prompt: [1, -3] });
   await expectError('fractional token id', 400, 'POST', C, { prompt: [1, 2.5] });
   await expectError('body over the limit', 413, 'POST', C, { prompt: 'y'.repeat(2 << 20) });
+  {
+    // curl -d sends JSON as application/x-www-form-urlencoded; it is still JSON to us.
+    const r = await raw('POST', C, { model: NAME, prompt: 'hi', max_tokens: 2, pad: 'x'.repeat(20000) },
+      { headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    eq(r.status, 200, 'form-encoded content type with a 20 kB JSON body');
+    // A chunked body (no Content-Length) over the limit.
+    const chunk = new TextEncoder().encode('{"prompt": "' + 'z'.repeat(64 * 1024));
+    let sent = 0;
+    const body = new ReadableStream({ pull(c) { if (sent++ < 40) c.enqueue(chunk); else c.close(); } });
+    const res = await fetch(`${srv.base}${C}`, { method: 'POST', body, duplex: 'half',
+      headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' } }).catch((e) => ({ status: -1, e }));
+    eq(res.status, 413, 'chunked body over the limit');
+  }
   await expectError('unknown model', 404, 'POST', C, { model: 'no-such-model', prompt: 'x' });
   await expectError('unknown model (chat)', 404, 'POST', CH, { model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] });
   await expectError('missing API key', 401, 'POST', C, { prompt: 'x' }, { key: null });
