@@ -26,6 +26,7 @@ constexpr int kBlock = 128;
 constexpr int kDim = 128;
 constexpr int kThreads = 128;
 constexpr int kMaxSplits = 128;
+constexpr int kBatch = 64;  // block ids staged per batch
 
 struct AttnArgs {
   const void* q;
@@ -124,12 +125,25 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     e_end = min(n_blk, e_begin + a.per_split);
   }
   const int32_t* sel = a.topk_idx ? a.topk_idx + (int64_t(t) * a.nkv + kvh) * a.topk : nullptr;
-  for (int e = e_begin; e < e_end; ++e) {
-    const int b = sel ? sel[e] : e;
-    if (b < 0 || b >= n_blk) continue;
+  // The split's block ids and physical blocks are fetched in parallel, a batch at a time, so the
+  // loop below waits on K/V loads only (not on two dependent index loads per block).
+  __shared__ int blk_s[kBatch], phys_s[kBatch];
+  for (int e0 = e_begin; e0 < e_end; e0 += kBatch) {
+  const int ne = min(kBatch, e_end - e0);
+  __syncthreads();
+  for (int i = threadIdx.x; i < ne; i += kThreads) {
+    const int b = sel ? sel[e0 + i] : e0 + i;
+    const bool ok = b >= 0 && b < n_blk;
+    blk_s[i] = ok ? b : -1;
+    phys_s[i] = ok ? a.block_tables[int64_t(s) * a.mbps + b] : 0;
+  }
+  __syncthreads();
+  for (int ei = 0; ei < ne; ++ei) {
+    const int b = blk_s[ei];
+    if (b < 0) continue;
     const int key0 = b * kBlock + warp * 32;  // this warp's first key
     if (key0 > pos) continue;
-    const int64_t phys = a.block_tables[int64_t(s) * a.mbps + b];
+    const int64_t phys = phys_s[ei];
     const int64_t tok_base = (phys * a.nkv + kvh) * kBlock + warp * 32;  // token-row index
     const uint8_t* kb = a.k + tok_base * kv_row;
     const uint8_t* vb = a.v + tok_base * kv_row;
@@ -272,6 +286,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
       }
     }
   }
+  }
 
   // ---- Merge the 4 warps.
 #pragma unroll
@@ -353,14 +368,39 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     inv_l[r] = L > 0.f ? 1.f / L : 0.f;
   }
   __syncthreads();
-  for (int r = 0; r < a.gqa; ++r) {
-    float acc = 0.f;
-#pragma unroll 8
-    for (int sp = 0; sp < S; ++sp) acc += __ldcg(a.part_o + (base + sp * 16 + r) * kDim + d) * w_s[sp * 16 + r];
-    const float val = acc * inv_l[r];
-    const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d;
-    if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi] = f32_to_bf16_bits(val);
-    else static_cast<float*>(a.out)[oi] = val;
+  // Thread owns dims d4..d4+3 of rows r0, r0 + 4, r0 + 8, r0 + 12: float4 loads, 4 in flight.
+  const int r0 = threadIdx.x / 32, d4 = (threadIdx.x % 32) * 4;
+  float4 acc[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 2
+  for (int sp = 0; sp < S; ++sp) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int r = r0 + 4 * k;
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + sp * 16 + r) * kDim + d4));
+      const float f = w_s[sp * 16 + r];
+      acc[k].x += x.x * f, acc[k].y += x.y * f, acc[k].z += x.z * f, acc[k].w += x.w * f;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int r = r0 + 4 * k;
+    if (r >= a.gqa) continue;
+    const float il = inv_l[r];
+    const float o4[4] = {acc[k].x * il, acc[k].y * il, acc[k].z * il, acc[k].w * il};
+    const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d4;
+    if (a.out_vec && a.out_bf16) {
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + oi) =
+          make_uint2(pack_bf16x2(o4[0], o4[1]), pack_bf16x2(o4[2], o4[3]));
+    } else if (a.out_vec) {
+      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + oi) = make_float4(o4[0], o4[1], o4[2], o4[3]);
+    } else {
+      for (int i = 0; i < 4; ++i) {
+        if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi + i] = f32_to_bf16_bits(o4[i]);
+        else static_cast<float*>(a.out)[oi + i] = o4[i];
+      }
+    }
   }
 }
 

@@ -245,8 +245,11 @@ constexpr int kDecThreads = 128;
 size_t merge_smem_bytes(int topk, int chunks);
 // Dynamic shared memory of the fused decode kernel: chunk scores, merge scratch, then the
 // 128-byte aligned stages and their mbarriers.
+__host__ __device__ inline size_t table_offset_impl(int chunk_blocks, int topk, int chunks) {
+  return size_t(16) * chunk_blocks * 4 + (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * 4;
+}
 __host__ __device__ inline size_t stage_offset_impl(int chunk_blocks, int topk, int chunks) {
-  size_t o = size_t(16) * chunk_blocks * 4 + (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * 4;
+  const size_t o = table_offset_impl(chunk_blocks, topk, chunks) + size_t(chunk_blocks) * 4;
   return (o + 127) / 128 * 128;
 }
 
@@ -296,13 +299,16 @@ __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) 
   constexpr int kStages = kFp8 ? 4 : 3;
   uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + stage_offset_impl(a.chunk_blocks, a.topk, a.chunks);
   uint64_t* bars = reinterpret_cast<uint64_t*>(stage + kStages * block_bytes);
+  // The chunk's physical block ids, fetched in parallel up front (one latency, not one per block).
+  int* tbl = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(smem) + table_offset_impl(a.chunk_blocks, a.topk, a.chunks));
+  for (int i = threadIdx.x; i < nb; i += kDecThreads) tbl[i] = a.block_tables[int64_t(s) * a.mbps + b0 + i];
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&bars[i], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   auto issue = [&](int i) {  // block b0 + i into stage i % kStages (thread 0)
-    const int64_t phys = a.block_tables[int64_t(s) * a.mbps + b0 + i];
+    const int64_t phys = tbl[i];
     bulk_load(stage + (i % kStages) * block_bytes, a.cache + phys * block_bytes, block_bytes, &bars[i % kStages]);
   };
   if (threadIdx.x == 0)
