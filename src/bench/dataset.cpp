@@ -69,11 +69,26 @@ std::vector<SampleRequest> random_dataset(const RandomConfig& c, const TextCodec
       // Decoding random ids and encoding again rarely gives the same ids; keep the text and
       // report the length the server will see, cut back to the target when it grew.
       int target = int(ids.size());
-      r.text = tok->decode(ids);
-      std::vector<int> again = tok->encode(r.text);
+      std::vector<int> cur = ids, again;
+      for (int attempt = 0; attempt < 16; ++attempt) {
+        r.text = tok->decode(cur);
+        again = tok->encode(r.text);
+        if (int(again.size()) <= target) break;
+        cur = again;
+        cur.resize(size_t(std::max(1, target - attempt)));
+      }
       if (int(again.size()) > target) {
-        again.resize(size_t(target));
-        r.text = tok->decode(again);
+        // Still too long (decode/encode keeps growing): keep the longest text prefix, cut on a
+        // UTF-8 boundary, that encodes to at most `target` tokens.
+        size_t lo = 0, hi = r.text.size();
+        while (lo < hi) {
+          size_t mid = (lo + hi + 1) / 2;
+          while (mid > 0 && mid < r.text.size() && (static_cast<unsigned char>(r.text[mid]) & 0xC0) == 0x80) --mid;
+          if (mid <= lo) break;
+          if (int(tok->encode(r.text.substr(0, mid)).size()) <= target) lo = mid;
+          else hi = mid - 1;
+        }
+        r.text.resize(lo);
         again = tok->encode(r.text);
       }
       r.prompt_len = int(again.size());

@@ -69,6 +69,36 @@ TEST(BenchDataset, RandomTokenIdPrompts) {
   }
 }
 
+// Decoding then encoding does not give the same ids back: id 0 decodes to two characters.
+class GrowingCodec : public TextCodec {
+ public:
+  std::vector<int> encode(const std::string& text) const override {
+    std::vector<int> ids;
+    for (char c : text) ids.push_back(c == 'X' ? 0 : c - 'a' + 1);
+    return ids;
+  }
+  std::string decode(const std::vector<int>& ids) const override {
+    std::string s;
+    for (int id : ids) s += id == 0 ? std::string("XX") : std::string(1, char('a' + (id - 1) % 26));
+    return s;
+  }
+  int vocab_size() const override { return 27; }
+};
+
+TEST(BenchDataset, RandomTextPromptsWithATokenizer) {
+  GrowingCodec tok;
+  RandomConfig c;
+  c.input_len = 40;
+  c.output_len = 4;
+  c.num_prompts = 50;
+  for (const auto& r : random_dataset(c, &tok)) {
+    EXPECT_FALSE(r.use_ids);
+    EXPECT_EQ(r.prompt_len, int(tok.encode(r.text).size()));  // the length the server will see
+    EXPECT_LE(r.prompt_len, 40);
+    EXPECT_GE(r.prompt_len, 30);
+  }
+}
+
 TEST(BenchDataset, Gsm8kAndJsonl) {
   std::string path = ::testing::TempDir() + "/bench_ds.jsonl";
   {
