@@ -124,10 +124,10 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, const
   return stream;
 }
 
-void Engine::abort(RequestId id) {
+void Engine::abort(RequestId id, FinishReason reason) {
   {
     std::lock_guard lk(inbox_mu_);
-    aborts_.push_back(id);
+    aborts_.push_back({id, reason});
   }
   inbox_cv_.notify_all();
 }
@@ -152,7 +152,7 @@ bool Engine::wait_idle(std::chrono::milliseconds timeout) {
 
 void Engine::drain_inbox() {
   std::vector<Pending> fresh;
-  std::vector<RequestId> aborts;
+  std::vector<std::pair<RequestId, FinishReason>> aborts;
   bool all = false;
   {
     std::lock_guard lk(inbox_mu_);
@@ -166,16 +166,13 @@ void Engine::drain_inbox() {
     scheduler_.add(r);
     live_.emplace(r->id, std::move(p));
   }
-  if (all) {
-    std::vector<RequestId> ids;
-    for (auto& [id, p] : live_) ids.push_back(id);
-    aborts.insert(aborts.end(), ids.begin(), ids.end());
-  }
-  for (RequestId id : aborts) {
+  if (all)
+    for (auto& [id, p] : live_) aborts.push_back({id, FinishReason::Abort});
+  for (auto [id, reason] : aborts) {
     auto it = live_.find(id);
     if (it == live_.end()) continue;
     scheduler_.abort(id);
-    finish_request(it->second.req.get(), FinishReason::Abort);
+    finish_request(it->second.req.get(), reason);
   }
   update_gauges();
 }

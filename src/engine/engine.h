@@ -86,7 +86,8 @@ class Engine {
   // outside the vocabulary, or a prompt + max_tokens longer than max_model_len.
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const SamplingParams& params);
   // Frees the request's blocks at the next loop turn (within one step); no-op when done.
-  void abort(RequestId id);
+  // `reason` is what the metrics count: Stop when the caller matched a stop string.
+  void abort(RequestId id, FinishReason reason = FinishReason::Abort);
   void abort_all();
 
   EngineStats stats() const;
@@ -125,7 +126,7 @@ class Engine {
   mutable std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
   std::vector<Pending> inbox_;
-  std::vector<RequestId> aborts_;
+  std::vector<std::pair<RequestId, FinishReason>> aborts_;
   bool abort_all_ = false;
   std::condition_variable idle_cv_;
   bool idle_ = true;

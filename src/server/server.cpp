@@ -1,8 +1,13 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -46,6 +51,60 @@ void send_error(httplib::Response& res, int status, const std::string& msg, cons
 
 std::string sse(const json& j) {
   return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+std::string addr_str(const sockaddr_storage& a, int* port) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (a.ss_family == AF_INET) {
+    auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
+    *port = ntohs(v4->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
+    *port = ntohs(v6->sin6_port);
+  } else {
+    *port = -1;
+  }
+  return buf;
+}
+
+// The socket of this request's connection. httplib 0.11 does not hand it to handlers, and the
+// only way to notice a client that went away while nothing is being written (a request still
+// queued or prefilling, a non-streaming request) is to look at the socket itself.
+int find_client_socket(const httplib::Request& req) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (*end != 0 || fd < 0) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    int lport = -1, pport = -1;
+    addr_str(local, &lport);
+    const std::string paddr = addr_str(peer, &pport);
+    if (lport == req.local_port && pport == req.remote_port && paddr == req.remote_addr) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+// True when the peer closed the connection (EOF or a socket error); pending bytes of a pipelined
+// request mean it is still there.
+bool peer_gone(int fd) {
+  if (fd < 0) return false;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return true;
+  if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  return false;
 }
 
 }  // namespace
@@ -187,7 +246,7 @@ struct Server::Impl {
     }
   }
 
-  void handle_generate(const std::string& req_body, httplib::Response& res, bool chat) {
+  void handle_generate(const httplib::Request& req, const std::string& req_body, httplib::Response& res, bool chat) {
     if (owner->draining()) throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
     ojson body = parse_json_body(req_body);
     GenerateRequest g = parse_generate_request(body, chat);
@@ -214,8 +273,9 @@ struct Server::Impl {
     }
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
     const int64_t created = unix_now();
-    if (g.stream) stream_response(res, g, rs, id, created, int64_t(ids.size()));
-    else full_response(res, g, rs, id, created, int64_t(ids.size()), prompt_text);
+    const int client_fd = find_client_socket(req);
+    if (g.stream) stream_response(res, g, rs, id, created, int64_t(ids.size()), client_fd);
+    else full_response(res, g, rs, id, created, int64_t(ids.size()), prompt_text, client_fd);
   }
 
   static const char* finish_name(engine::FinishReason f, bool stopped_by_string) {
@@ -232,19 +292,25 @@ struct Server::Impl {
   }
 
   void full_response(httplib::Response& res, const GenerateRequest& g, std::shared_ptr<engine::RequestStream> rs,
-                     const std::string& id, int64_t created, int64_t n_prompt, const std::string& prompt_text) {
+                     const std::string& id, int64_t created, int64_t n_prompt, const std::string& prompt_text, int client_fd) {
     Output out(tok, g);
     std::vector<engine::TokenOutput> toks;
     engine::FinishReason fin = engine::FinishReason::None;
     while (fin == engine::FinishReason::None && !out.stopped_by_string) {
       toks.clear();
       fin = rs->next(toks, 100ms);
+      if (fin == engine::FinishReason::None && peer_gone(client_fd)) {
+        engine.abort(rs->id());
+        res.set_header("Connection", "close");
+        send_error(res, 499, "the client closed the connection");
+        return;
+      }
       for (const auto& t : toks) {
         out.push(t, nullptr);
         if (out.stopped_by_string) break;
       }
     }
-    if (out.stopped_by_string) engine.abort(rs->id());
+    if (out.stopped_by_string) engine.abort(rs->id(), engine::FinishReason::Stop);
     else out.finish();
     if (fin == engine::FinishReason::Error) throw ApiError(500, "generation failed: " + rs->error());
     json stop_reason = out.stop_reason;
@@ -284,11 +350,13 @@ struct Server::Impl {
     std::string id;
     int64_t created = 0, n_prompt = 0;
     bool started = false, finished = false;
+    int client_fd = -1;
   };
 
   void stream_response(httplib::Response& res, const GenerateRequest& g, std::shared_ptr<engine::RequestStream> rs,
-                       const std::string& id, int64_t created, int64_t n_prompt) {
+                       const std::string& id, int64_t created, int64_t n_prompt, int client_fd) {
     auto st = std::make_shared<StreamState>();
+    st->client_fd = client_fd;
     st->rs = rs;
     st->g = g;
     st->out = std::make_unique<Output>(tok, st->g);
@@ -370,9 +438,10 @@ struct Server::Impl {
       if (out.stopped_by_string) break;
     }
     if (out.stopped_by_string) {
-      engine.abort(st.rs->id());
+      engine.abort(st.rs->id(), engine::FinishReason::Stop);
       fin = engine::FinishReason::Stop;
     }
+    if (fin == engine::FinishReason::None && toks.empty() && peer_gone(st.client_fd)) return abort_stream(st);
     if (fin == engine::FinishReason::None) {
       if ((!text.empty() || (!toks.empty() && st.g.want_logprobs)) && !write(sse(chunk(st, text, lp, nullptr, nullptr))))
         return abort_stream(st);
@@ -554,7 +623,7 @@ struct Server::Impl {
         send_error(res, 400, "could not read the request body");
         return;
       }
-      wrap([&](const httplib::Request&, httplib::Response& r) { f(body, r); })(req, res);
+      wrap([&](const httplib::Request& q, httplib::Response& r) { f(q, body, r); })(req, res);
     });
   }
 
@@ -597,8 +666,8 @@ struct Server::Impl {
       send_error(res, 500, msg);
     });
 
-    post("/v1/completions", [this](const std::string& b, auto& r) { handle_generate(b, r, false); });
-    post("/v1/chat/completions", [this](const std::string& b, auto& r) { handle_generate(b, r, true); });
+    post("/v1/completions", [this](const httplib::Request& q, const std::string& b, auto& r) { handle_generate(q, b, r, false); });
+    post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b, auto& r) { handle_generate(q, b, r, true); });
     http.Get("/v1/models", wrap([this](const auto&, auto& r) { handle_models(r); }));
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
       if (owner->draining()) send_error(r, 503, "the server is shutting down");
@@ -609,10 +678,10 @@ struct Server::Impl {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(prometheus_text(engine.stats(), model_name()), "text/plain; version=0.0.4; charset=utf-8");
     });
-    post("/tokenize", [this](const std::string& b, auto& r) { handle_tokenize(b, r); });
-    post("/detokenize", [this](const std::string& b, auto& r) { handle_detokenize(b, r); });
-    post("/start_profile", [this](const std::string&, auto& r) { handle_profile(r, true); });
-    post("/stop_profile", [this](const std::string&, auto& r) { handle_profile(r, false); });
+    post("/tokenize", [this](const httplib::Request&, const std::string& b, auto& r) { handle_tokenize(b, r); });
+    post("/detokenize", [this](const httplib::Request&, const std::string& b, auto& r) { handle_detokenize(b, r); });
+    post("/start_profile", [this](const httplib::Request&, const std::string&, auto& r) { handle_profile(r, true); });
+    post("/stop_profile", [this](const httplib::Request&, const std::string&, auto& r) { handle_profile(r, false); });
   }
 };
 

@@ -216,6 +216,25 @@ await section('a client that disconnects mid-stream frees its blocks', async () 
   eq(m['sieve:num_requests_running'], 0, 'nothing running after the disconnect');
 });
 
+async function abortedCount() {
+  const text = await (await fetch(`${srv.base}/metrics`)).text();
+  const m = text.match(/sieve:request_success_total\{[^}]*finished_reason="abort"\} (\d+)/);
+  return m ? Number(m[1]) : NaN;
+}
+
+await section('a non-streaming client that disconnects frees its blocks', async () => {
+  const before = await abortedCount();
+  const controller = new AbortController();
+  const pending = client.completions.create({ model: NAME, prompt: 'a long answer', max_tokens: 900, ...greedy },
+    { signal: controller.signal }).then(() => 'completed', () => 'aborted');
+  const t0 = Date.now();
+  while ((await metrics(srv.base))['sieve:num_requests_running'] !== 1 && Date.now() - t0 < 5000) await new Promise((r) => setTimeout(r, 10));
+  controller.abort();
+  eq(await pending, 'aborted', 'client side');
+  await waitIdle(srv.base, 3000);
+  eq(await abortedCount(), before + 1, 'the server aborted the request');
+});
+
 async function raw(method, pathname, body, { key = KEY, headers = {} } = {}) {
   const h = { ...headers };
   if (key !== null) h.Authorization = `Bearer ${key}`;
