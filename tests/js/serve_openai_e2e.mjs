@@ -316,6 +316,53 @@ await section('bad input gets a 4xx error object and the server keeps serving', 
   await waitIdle(srv.base);
 });
 
+await section('randomized requests over HTTP: every answer is a result or an error object', async () => {
+  // Mutations of valid requests, through the whole path (JSON, validation, chat template,
+  // tokenizer, engine, detokenizer). Bounded: 600 requests, 8 at a time, short generations.
+  let seed = 12345;
+  const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+  const values = [null, true, false, 0, 1, -1, 2, 3, 0.5, -0.5, 1e9, -1e300, 2147483648, 511, 512, '', 'x', '\u0000',
+    'stop', '\ud800', 'é', '😀', [], [1], [[1, 2]], ['a', 'b'], [-1], [1.5], {}, { role: 'user' }, { role: 'user', content: 'hi' },
+    [{ role: 'user', content: 'hi' }], [{ role: 'user', content: [{ type: 'text', text: 'x' }] }], [{ role: 'tool' }],
+    [{ role: 'user', content: null }], '{{ raise_exception("boom") }}', '<|im_start|>', 'a'.repeat(300)];
+  const fields = ['model', 'prompt', 'messages', 'max_tokens', 'max_completion_tokens', 'temperature', 'top_p', 'top_k',
+    'min_p', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'seed', 'stop', 'stop_token_ids', 'ignore_eos',
+    'min_tokens', 'logprobs', 'top_logprobs', 'stream', 'stream_options', 'n', 'echo', 'tools', 'chat_template_kwargs',
+    'add_generation_prompt', 'continue_final_message', 'include_stop_str_in_output', 'skip_special_tokens', 'add_special_tokens'];
+  const small = [1, 2, 3, 0, -1, 'x', null];
+  let ok = 0, refused = 0, bad = 0;
+  const one = async (i) => {
+    const chat = rnd(2) === 1;
+    const body = chat ? { messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 } : { prompt: 'hello', max_tokens: 3 };
+    const edits = 1 + rnd(4);
+    for (let e = 0; e < edits; ++e) body[fields[rnd(fields.length)]] = values[rnd(values.length)];
+    if (!('max_tokens' in body) || typeof body.max_tokens !== 'number' || body.max_tokens > 3) body.max_tokens = small[rnd(small.length)];
+    if (body.max_completion_tokens !== undefined) body.max_completion_tokens = small[rnd(small.length)];
+    if (typeof body.min_tokens === 'number' && body.min_tokens > 3) body.min_tokens = 1;
+    let text = JSON.stringify(body);
+    if (rnd(5) === 0) text = text.slice(0, rnd(text.length + 1));
+    const res = await fetch(`${srv.base}${chat ? '/v1/chat/completions' : '/v1/completions'}`, {
+      method: 'POST', headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' }, body: text,
+      signal: AbortSignal.timeout(30000) });
+    const out = await res.text();
+    if (res.status === 200) {
+      ++ok;
+      if (body.stream === true) { if (!out.trimEnd().endsWith('data: [DONE]')) { ++bad; console.log('bad stream', text, out.slice(-200)); } }
+      else { try { const j = JSON.parse(out); if (!j.choices) throw 0; } catch { ++bad; console.log('bad 200', text, out.slice(0, 200)); } }
+    } else {
+      let e = null;
+      try { e = JSON.parse(out).error; } catch { /* counted below */ }
+      if (res.status >= 400 && res.status < 500 && e && typeof e.message === 'string' && e.code === res.status) ++refused;
+      else { ++bad; console.log('bad answer', res.status, text, out.slice(0, 200)); }
+    }
+  };
+  for (let i = 0; i < 600; i += 8) await Promise.all([...Array(8).keys()].map((k) => one(i + k)));
+  eq(bad, 0, 'answers that are neither results nor 4xx error objects');
+  check(ok > 30 && refused > 30, 'both kinds of answer', { ok, refused });
+  eq((await fetch(`${srv.base}/health`)).status, 200, 'still healthy');
+  await waitIdle(srv.base);
+});
+
 await section('tokenize / detokenize', async () => {
   const t = await raw('POST', '/tokenize', { model: NAME, prompt: 'Hello' });
   eq(t.status, 200, 'tokenize status');
