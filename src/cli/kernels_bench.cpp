@@ -79,7 +79,7 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
       const auto& r = rows[i];
       f << "    {\"kernel\": \"" << json_escape(r.kernel) << "\", \"shape\": \"" << r.shape << "\", \"dtype\": \""
         << r.dtype << "\", \"mode\": \"" << r.mode << "\", \"us\": " << r.us << ", \"floor_us\": " << r.floor_us
-        << ", \"floor_kind\": \"" << r.floor_kind << "\", \"ratio\": " << r.us / r.floor_us
+        << ", \"floor_kind\": \"" << r.floor_kind << "\", \"ratio\": " << (r.floor_us > 0 ? r.us / r.floor_us : 0.0)
         << ", \"target_us\": " << r.target_us << ", \"target_note\": \"" << r.target_note
         << "\", \"runs\": " << r.runs << ", \"input_sets\": " << r.input_sets << "}"
         << (i + 1 < rows.size() ? "," : "") << "\n";
