@@ -76,6 +76,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     if (a.qsl[mid] <= t) lo = mid; else hi = mid - 1;
   }
   const int s = lo;
+  // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
+  if (t < a.qsl[0] || t >= a.qsl[a.num_seqs]) return;
   const int qlen = a.qsl[s + 1] - a.qsl[s];
   const int pos = a.seq_lens[s] - qlen + (t - a.qsl[s]);
   const int n_blk = pos / kBlock + 1;

@@ -705,6 +705,8 @@ void decode_grid(IdxArgs& a) {
   const int target = num_sms() * 2;
   int chunks = std::clamp(target / a.num_seqs, 1, kMaxChunks);  // floor: stay within one wave
   chunks = std::min(chunks, std::max(a.max_blocks, 1));
+  // At most 1024 blocks per chunk: bounds the chunk's score array in shared memory (64 KB).
+  chunks = std::max(chunks, (a.max_blocks + 1023) / 1024);
   a.chunk_blocks = (std::max(a.max_blocks, 1) + chunks - 1) / chunks;
   a.chunks = (std::max(a.max_blocks, 1) + a.chunk_blocks - 1) / a.chunk_blocks;
 }
