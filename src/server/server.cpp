@@ -274,7 +274,7 @@ struct Server::Impl {
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
     const int64_t created = unix_now();
     const int client_fd = find_client_socket(req);
-    if (g.stream) stream_response(res, g, rs, id, created, int64_t(ids.size()), client_fd);
+    if (g.stream) stream_response(res, g, rs, id, created, int64_t(ids.size()), client_fd, g.echo ? prompt_text : std::string());
     else full_response(res, g, rs, id, created, int64_t(ids.size()), prompt_text, client_fd);
   }
 
@@ -351,12 +351,14 @@ struct Server::Impl {
     int64_t created = 0, n_prompt = 0;
     bool started = false, finished = false;
     int client_fd = -1;
+    std::string echo;  // completions with echo: the prompt text, sent first
   };
 
   void stream_response(httplib::Response& res, const GenerateRequest& g, std::shared_ptr<engine::RequestStream> rs,
-                       const std::string& id, int64_t created, int64_t n_prompt, int client_fd) {
+                       const std::string& id, int64_t created, int64_t n_prompt, int client_fd, std::string echo) {
     auto st = std::make_shared<StreamState>();
     st->client_fd = client_fd;
+    st->echo = std::move(echo);
     st->rs = rs;
     st->g = g;
     st->out = std::make_unique<Output>(tok, st->g);
@@ -423,6 +425,7 @@ struct Server::Impl {
     if (!st.started) {
       st.started = true;
       if (st.g.chat && !write(sse(chunk(st, "", nullptr, nullptr, nullptr, true)))) return abort_stream(st);
+      if (!st.g.chat && !st.echo.empty() && !write(sse(chunk(st, st.echo, nullptr, nullptr, nullptr)))) return abort_stream(st);
       return true;
     }
     std::vector<engine::TokenOutput> toks;

@@ -75,6 +75,8 @@ await section('completions: streaming equals non-streaming; text prompts', async
   eq(s.finish, 'length', 'stream finish_reason');
   const echo = await complete('Once upon a time', 5, { echo: true });
   check(echo.choices[0].text.startsWith('Once upon a time'), 'echo prepends the prompt', echo.choices[0].text);
+  const echoed = await streamText({ prompt: 'Once upon a time', max_tokens: 5, echo: true, ...greedy });
+  eq(echoed.text, echo.choices[0].text, 'streamed echo');
 });
 
 await section('chat: streaming and not, include_usage', async () => {
