@@ -83,10 +83,14 @@ std::vector<SampleRequest> random_dataset(const RandomConfig& c, const TextCodec
         size_t lo = 0, hi = r.text.size();
         while (lo < hi) {
           size_t mid = (lo + hi + 1) / 2;
-          while (mid > 0 && mid < r.text.size() && (static_cast<unsigned char>(r.text[mid]) & 0xC0) == 0x80) --mid;
+          while (mid > 0 && mid < r.text.size() &&
+                 (static_cast<unsigned char>(r.text[mid]) & 0xC0) == 0x80)
+            --mid;
           if (mid <= lo) break;
-          if (int(tok->encode(r.text.substr(0, mid)).size()) <= target) lo = mid;
-          else hi = mid - 1;
+          if (int(tok->encode(r.text.substr(0, mid)).size()) <= target)
+            lo = mid;
+          else
+            hi = mid - 1;
         }
         r.text.resize(lo);
         again = tok->encode(r.text);
@@ -175,7 +179,8 @@ std::vector<SampleRequest> jsonl_dataset(const std::string& path, int num_prompt
       }
       r.prompt_len = int(r.token_ids.size());
     } else {
-      throw Error(path + ": row " + std::to_string(i + 1) + ": \"prompt\" must be text or token ids");
+      throw Error(path + ": row " + std::to_string(i + 1) +
+                  ": \"prompt\" must be text or token ids");
     }
     r.output_len = output_len;
     for (const char* k : {"output_len", "max_tokens"})

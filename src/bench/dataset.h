@@ -24,11 +24,11 @@ std::unique_ptr<TextCodec> load_tokenizer(const std::string& dir);
 bool tokenizer_available();
 
 struct SampleRequest {
-  std::string text;                // the prompt when !use_ids
-  std::vector<int> token_ids;      // the prompt when use_ids
+  std::string text;            // the prompt when !use_ids
+  std::vector<int> token_ids;  // the prompt when use_ids
   bool use_ids = false;
-  int prompt_len = 0;              // 0 when unknown (text without a tokenizer: from usage)
-  int output_len = 0;              // max_tokens
+  int prompt_len = 0;  // 0 when unknown (text without a tokenizer: from usage)
+  int output_len = 0;  // max_tokens
 };
 
 // atom: uniform integers in [int(L*r), L] (ATOM's benchmark_serving).

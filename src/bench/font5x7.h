@@ -107,7 +107,9 @@ inline constexpr Glyph kGlyphs[] = {
     {'~', {".....", ".....", ".#...", "#.#.#", "...#.", ".....", "....."}},
 };
 
-inline int drop_rows(char c) { return c == 'g' || c == 'p' || c == 'q' || c == 'y' ? 2 : 0; }
+inline int drop_rows(char c) {
+  return c == 'g' || c == 'p' || c == 'q' || c == 'y' ? 2 : 0;
+}
 
 // The glyph of `c`, or nullptr for characters outside printable ASCII.
 inline const Glyph* glyph(char c) {

@@ -35,8 +35,10 @@ void split_base_url(const std::string& base_url, std::string& host, std::string&
 void set_timeout(httplib::Client& c, double s, bool read) {
   time_t sec = time_t(std::floor(s));
   time_t usec = time_t((s - double(sec)) * 1e6);
-  if (read) c.set_read_timeout(sec, usec);
-  else c.set_connection_timeout(sec, usec);
+  if (read)
+    c.set_read_timeout(sec, usec);
+  else
+    c.set_connection_timeout(sec, usec);
 }
 
 }  // namespace
@@ -120,7 +122,8 @@ void HttpSession::stream_post(const std::string& path, const std::string& body, 
     return;
   }
   if (rec.error.empty() && rec.chunk_times.empty())
-    rec.error = "Never received a valid chunk to calculate TTFT. This response will be marked as failed!";
+    rec.error =
+        "Never received a valid chunk to calculate TTFT. This response will be marked as failed!";
 }
 
 HttpResponse HttpSession::get(const std::string& path) {
@@ -150,7 +153,8 @@ std::string first_model(const std::string& base_url, ClientOptions opts) {
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
       !j["data"][0].contains("id"))
-    throw Error("no models found at " + base_url + "/v1/models (expected {\"data\": [{\"id\": ...}]})");
+    throw Error("no models found at " + base_url +
+                "/v1/models (expected {\"data\": [{\"id\": ...}]})");
   return j["data"][0]["id"].get<std::string>();
 }
 

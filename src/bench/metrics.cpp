@@ -12,7 +12,8 @@ namespace sieve::bench {
 std::vector<double> RequestRecord::itls() const {
   std::vector<double> out;
   if (!success()) return out;
-  for (size_t i = 1; i < chunk_times.size(); ++i) out.push_back(chunk_times[i] - chunk_times[i - 1]);
+  for (size_t i = 1; i < chunk_times.size(); ++i)
+    out.push_back(chunk_times[i] - chunk_times[i - 1]);
   return out;
 }
 
@@ -47,7 +48,9 @@ double percentile_of(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * frac;
 }
 
-double median_of(const std::vector<double>& v) { return percentile_of(v, 50.0); }
+double median_of(const std::vector<double>& v) {
+  return percentile_of(v, 50.0);
+}
 
 namespace {
 

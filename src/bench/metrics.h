@@ -11,14 +11,14 @@ namespace sieve::bench {
 
 // One request as the client saw it. Times are seconds on one monotonic clock.
 struct RequestRecord {
-  double arrival_time = 0;           // when the schedule released it (before the client queue)
-  double start_time = 0;             // just before the POST
-  std::vector<double> chunk_times;   // arrival of each SSE data chunk that carried `choices`
-  int prompt_len = 0;                // input tokens
-  int output_tokens = -1;            // usage.completion_tokens; -1 when the server sent none
-  int fallback_output_tokens = -1;   // count used when usage is missing (re-tokenized text)
+  double arrival_time = 0;          // when the schedule released it (before the client queue)
+  double start_time = 0;            // just before the POST
+  std::vector<double> chunk_times;  // arrival of each SSE data chunk that carried `choices`
+  int prompt_len = 0;               // input tokens
+  int output_tokens = -1;           // usage.completion_tokens; -1 when the server sent none
+  int fallback_output_tokens = -1;  // count used when usage is missing (re-tokenized text)
   std::string generated_text;
-  std::string error;                 // empty on success
+  std::string error;  // empty on success
 
   // A request succeeded when no error was recorded and at least one choice chunk arrived
   // (vLLM: "Never received a valid chunk to calculate TTFT" otherwise).

@@ -27,7 +27,8 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
     }
   std::vector<double> t;
   // The last tick is at or above hi, so that the axis holds every point.
-  long long first = (long long)std::floor(lo / step + 1e-9), last = (long long)std::ceil(hi / step - 1e-9);
+  long long first = (long long)std::floor(lo / step + 1e-9),
+            last = (long long)std::ceil(hi / step - 1e-9);
   for (long long k = first; k <= last; ++k) t.push_back(double(k) * step);
   return t;
 }
@@ -38,27 +39,35 @@ double stat_of(const nlohmann::json& j, const std::string& metric, const std::st
                const std::string& path) {
   std::string key = stat + "_" + metric + "_ms";
   if (!j.contains(key) || !j[key].is_number())
-    throw Error(path + ": no \"" + key + "\" (run `sieve bench serve` with --percentile-metrics including " +
-                metric + (stat[0] == 'p' ? " and --metric-percentiles " + stat.substr(1) : "") + ")");
+    throw Error(path + ": no \"" + key +
+                "\" (run `sieve bench serve` with --percentile-metrics including " + metric +
+                (stat[0] == 'p' ? " and --metric-percentiles " + stat.substr(1) : "") + ")");
   return j[key].get<double>();
 }
 
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '"')
+      o += "&quot;";
+    else
+      o += c;
   }
   return o;
 }
 
 std::string num(double v) {
   char buf[64];
-  if (v != 0 && (std::abs(v) >= 1e6 || std::abs(v) < 1e-3)) std::snprintf(buf, sizeof buf, "%.3g", v);
-  else std::snprintf(buf, sizeof buf, "%.10g", std::round(v * 1000) / 1000);
+  if (v != 0 && (std::abs(v) >= 1e6 || std::abs(v) < 1e-3))
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.10g", std::round(v * 1000) / 1000);
   return buf;
 }
 
@@ -73,8 +82,8 @@ const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
 
 }  // namespace
 
-std::vector<PlotSeries> series_from_results(const std::vector<std::pair<std::string, nlohmann::json>>& files,
-                                            const PlotOptions& o) {
+std::vector<PlotSeries> series_from_results(
+    const std::vector<std::pair<std::string, nlohmann::json>>& files, const PlotOptions& o) {
   if (o.stat != "mean" && o.stat != "median" && !(o.stat.size() > 1 && o.stat[0] == 'p'))
     throw Error("--stat must be mean, median or pNN (e.g. p99), got \"" + o.stat + "\"");
   std::map<std::string, PlotSeries> by_name;
@@ -88,8 +97,10 @@ std::vector<PlotSeries> series_from_results(const std::vector<std::pair<std::str
     } else if (o.group_by == "model") {
       name = j.value("model_id", std::string("?"));
     } else if (o.group_by == "label") {
-      if (j.contains("label") && j["label"].is_string()) name = j["label"].get<std::string>();
-      else name = j.value("backend", std::string("openai")) + " " + j.value("model_id", std::string());
+      if (j.contains("label") && j["label"].is_string())
+        name = j["label"].get<std::string>();
+      else
+        name = j.value("backend", std::string("openai")) + " " + j.value("model_id", std::string());
     } else {
       throw Error("--group-by must be label, model or file, got \"" + o.group_by + "\"");
     }
@@ -99,7 +110,8 @@ std::vector<PlotSeries> series_from_results(const std::vector<std::pair<std::str
     p.ttft_ms = stat_of(j, "ttft", o.stat, path);
     if (j.contains("max_concurrency") && j["max_concurrency"].is_number_integer())
       p.concurrency = j["max_concurrency"].get<int>();
-    if (j.contains("request_rate") && j["request_rate"].is_number()) p.request_rate = j["request_rate"].get<double>();
+    if (j.contains("request_rate") && j["request_rate"].is_number())
+      p.request_rate = j["request_rate"].get<double>();
     if (!by_name.count(name)) {
       order.push_back(name);
       by_name[name].name = name;
@@ -124,7 +136,8 @@ struct Shape {
   enum Kind { line, polyline, rect, circle, text };
   Shape(Kind k, std::vector<std::pair<double, double>> p) : kind(k), pts(std::move(p)) {}
   Kind kind;
-  std::vector<std::pair<double, double>> pts;  // line: 2, polyline: n, rect: corner + size, circle: centre
+  std::vector<std::pair<double, double>>
+      pts;  // line: 2, polyline: n, rect: corner + size, circle: centre
   uint32_t color = 0x000000;
   double width = 1, radius = 0, size = 12;
   std::string str, title, css;  // text; circle tooltip; class attribute
@@ -132,7 +145,9 @@ struct Shape {
   bool vertical = false;        // text rotated by -90 degrees about its anchor point
 };
 
-uint32_t parse_color(const char* hex) { return uint32_t(std::stoul(std::string(hex + 1), nullptr, 16)); }
+uint32_t parse_color(const char* hex) {
+  return uint32_t(std::stoul(std::string(hex + 1), nullptr, 16));
+}
 
 std::string color_str(uint32_t c) {
   char buf[8];
@@ -172,7 +187,9 @@ Layout layout(const std::vector<PlotSeries>& series, const PlotOptions& o) {
       tpot_max = std::max(tpot_max, p.tpot_ms);
       ttft_max = std::max(ttft_max, p.ttft_ms);
     }
-  std::string stat_label = o.stat == "mean" ? "Mean" : o.stat == "median" ? "Median" : "P" + o.stat.substr(1);
+  std::string stat_label = o.stat == "mean"     ? "Mean"
+                           : o.stat == "median" ? "Median"
+                                                : "P" + o.stat.substr(1);
   L.text(L.W / 2.0, 30, o.title.empty() ? "Latency against output throughput" : o.title, 18, 'm');
   struct Panel {
     int x0;
@@ -206,7 +223,8 @@ Layout layout(const std::vector<PlotSeries>& series, const PlotOptions& o) {
       uint32_t color = parse_color(kColors[si % (sizeof kColors / sizeof *kColors)]);
       if (s.points.size() > 1) {
         Shape pl{Shape::polyline, {}};
-        for (const auto& p : s.points) pl.pts.emplace_back(X(p.output_throughput), Y(pn.tpot ? p.tpot_ms : p.ttft_ms));
+        for (const auto& p : s.points)
+          pl.pts.emplace_back(X(p.output_throughput), Y(pn.tpot ? p.tpot_ms : p.ttft_ms));
         pl.color = color;
         pl.width = 2;
         pl.css = "series";
@@ -221,8 +239,9 @@ Layout layout(const std::vector<PlotSeries>& series, const PlotOptions& o) {
         c.title = s.name + ": " + num(p.output_throughput) + " tok/s, " + num(v) + " ms" +
                   (p.concurrency > 0 ? ", concurrency " + std::to_string(p.concurrency) : "");
         L.shapes.push_back(std::move(c));
-        std::string tag = p.concurrency > 0 ? "c=" + std::to_string(p.concurrency)
-                          : p.request_rate > 0 ? num(p.request_rate) + " rps" : "";
+        std::string tag = p.concurrency > 0    ? "c=" + std::to_string(p.concurrency)
+                          : p.request_rate > 0 ? num(p.request_rate) + " rps"
+                                               : "";
         if (!tag.empty()) L.text(X(p.output_throughput) + 6, Y(v) - 6, tag, 10, 's', color);
       }
     }
@@ -253,8 +272,10 @@ struct Raster {
   // Anti-aliased by the distance from each pixel centre to the segment.
   void segment(double x1, double y1, double x2, double y2, double w, uint32_t c) {
     double hw = w / 2;
-    int xa = int(std::floor(std::min(x1, x2) - hw - 1)), xb = int(std::ceil(std::max(x1, x2) + hw + 1));
-    int ya = int(std::floor(std::min(y1, y2) - hw - 1)), yb = int(std::ceil(std::max(y1, y2) + hw + 1));
+    int xa = int(std::floor(std::min(x1, x2) - hw - 1)),
+        xb = int(std::ceil(std::max(x1, x2) + hw + 1));
+    int ya = int(std::floor(std::min(y1, y2) - hw - 1)),
+        yb = int(std::ceil(std::max(y1, y2) + hw + 1));
     double dx = x2 - x1, dy = y2 - y1, len2 = dx * dx + dy * dy;
     for (int y = std::max(ya, 0); y <= std::min(yb, H - 1); ++y)
       for (int x = std::max(xa, 0); x <= std::min(xb, W - 1); ++x) {
@@ -285,9 +306,12 @@ struct Raster {
           for (int sy = 0; sy < scale; ++sy)
             for (int sx = 0; sx < scale; ++sx) {
               double u = u0 + double(i) * 6 * scale + col * scale + sx;  // along the text
-              double v = -7.0 * scale + (row + font::drop_rows(g->c)) * scale + sy;  // down from the top
-              int x = s.vertical ? int(std::floor(s.pts[0].first + v)) : int(std::floor(s.pts[0].first + u));
-              int y = s.vertical ? int(std::floor(s.pts[0].second - u)) : int(std::floor(s.pts[0].second + v));
+              double v =
+                  -7.0 * scale + (row + font::drop_rows(g->c)) * scale + sy;  // down from the top
+              int x = s.vertical ? int(std::floor(s.pts[0].first + v))
+                                 : int(std::floor(s.pts[0].first + u));
+              int y = s.vertical ? int(std::floor(s.pts[0].second - u))
+                                 : int(std::floor(s.pts[0].second + v));
               blend(x, y, s.color, 1.0);
             }
         }
@@ -361,39 +385,46 @@ std::string render_svg(const std::vector<PlotSeries>& series, const PlotOptions&
   Layout L = layout(series, o);
   std::string W = std::to_string(L.W), H = std::to_string(L.H);
   std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + W + "\" height=\"" + H +
-                    "\" viewBox=\"0 0 " + W + " " + H + "\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n";
+                    "\" viewBox=\"0 0 " + W + " " + H +
+                    "\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n";
   svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   for (const auto& s : L.shapes) {
     std::string cls = s.css.empty() ? "" : " class=\"" + s.css + "\"";
     switch (s.kind) {
       case Shape::line:
         svg += "<line x1=\"" + f1(s.pts[0].first) + "\" y1=\"" + f1(s.pts[0].second) + "\" x2=\"" +
-               f1(s.pts[1].first) + "\" y2=\"" + f1(s.pts[1].second) + "\" stroke=\"" + color_str(s.color) + "\"" +
+               f1(s.pts[1].first) + "\" y2=\"" + f1(s.pts[1].second) + "\" stroke=\"" +
+               color_str(s.color) + "\"" +
                (s.width != 1 ? " stroke-width=\"" + num(s.width) + "\"" : "") + "/>\n";
         break;
       case Shape::polyline: {
         std::string pts;
         for (const auto& p : s.pts) pts += f1(p.first) + "," + f1(p.second) + " ";
-        svg += "<polyline" + cls + " fill=\"none\" stroke=\"" + color_str(s.color) + "\" stroke-width=\"" +
-               num(s.width) + "\" points=\"" + pts + "\"/>\n";
+        svg += "<polyline" + cls + " fill=\"none\" stroke=\"" + color_str(s.color) +
+               "\" stroke-width=\"" + num(s.width) + "\" points=\"" + pts + "\"/>\n";
         break;
       }
       case Shape::rect:
         svg += "<rect x=\"" + f1(s.pts[0].first) + "\" y=\"" + f1(s.pts[0].second) + "\" width=\"" +
-               f1(s.pts[1].first) + "\" height=\"" + f1(s.pts[1].second) + "\" fill=\"none\" stroke=\"" +
-               color_str(s.color) + "\"/>\n";
+               f1(s.pts[1].first) + "\" height=\"" + f1(s.pts[1].second) +
+               "\" fill=\"none\" stroke=\"" + color_str(s.color) + "\"/>\n";
         break;
       case Shape::circle:
-        svg += "<circle" + cls + " cx=\"" + f1(s.pts[0].first) + "\" cy=\"" + f1(s.pts[0].second) + "\" r=\"" +
-               num(s.radius) + "\" fill=\"" + color_str(s.color) + "\"><title>" + esc(s.title) + "</title></circle>\n";
+        svg += "<circle" + cls + " cx=\"" + f1(s.pts[0].first) + "\" cy=\"" + f1(s.pts[0].second) +
+               "\" r=\"" + num(s.radius) + "\" fill=\"" + color_str(s.color) + "\"><title>" +
+               esc(s.title) + "</title></circle>\n";
         break;
       case Shape::text: {
-        std::string anchor = s.anchor == 'm' ? " text-anchor=\"middle\"" : s.anchor == 'e' ? " text-anchor=\"end\"" : "";
+        std::string anchor = s.anchor == 'm'   ? " text-anchor=\"middle\""
+                             : s.anchor == 'e' ? " text-anchor=\"end\""
+                                               : "";
         std::string fill = s.color ? " fill=\"" + color_str(s.color) + "\"" : "";
-        std::string pos = s.vertical ? " transform=\"translate(" + f1(s.pts[0].first) + "," + f1(s.pts[0].second) +
-                                           ") rotate(-90)\""
-                                     : " x=\"" + f1(s.pts[0].first) + "\" y=\"" + f1(s.pts[0].second) + "\"";
-        svg += "<text" + pos + anchor + " font-size=\"" + num(s.size) + "\"" + fill + ">" + esc(s.str) + "</text>\n";
+        std::string pos =
+            s.vertical ? " transform=\"translate(" + f1(s.pts[0].first) + "," +
+                             f1(s.pts[0].second) + ") rotate(-90)\""
+                       : " x=\"" + f1(s.pts[0].first) + "\" y=\"" + f1(s.pts[0].second) + "\"";
+        svg += "<text" + pos + anchor + " font-size=\"" + num(s.size) + "\"" + fill + ">" +
+               esc(s.str) + "</text>\n";
         break;
       }
     }
@@ -404,12 +435,14 @@ std::string render_svg(const std::vector<PlotSeries>& series, const PlotOptions&
 
 std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t>& rgb) {
   if (width <= 0 || height <= 0 || rgb.size() != size_t(width) * size_t(height) * 3)
-    throw Error("encode_png: buffer does not match " + std::to_string(width) + "x" + std::to_string(height));
+    throw Error("encode_png: buffer does not match " + std::to_string(width) + "x" +
+                std::to_string(height));
   std::vector<uint8_t> out{0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   std::vector<uint8_t> ihdr;
   put32(ihdr, uint32_t(width));
   put32(ihdr, uint32_t(height));
-  for (uint8_t b : {8, 2, 0, 0, 0}) ihdr.push_back(b);  // 8-bit RGB, deflate, no filter, no interlace
+  for (uint8_t b : {8, 2, 0, 0, 0})
+    ihdr.push_back(b);  // 8-bit RGB, deflate, no filter, no interlace
   chunk(out, "IHDR", ihdr);
   std::vector<uint8_t> raw;
   raw.reserve(size_t(height) * (size_t(width) * 3 + 1));
@@ -423,18 +456,20 @@ std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t
   return out;
 }
 
-std::vector<uint8_t> render_rgb(const std::vector<PlotSeries>& series, const PlotOptions& o, int& width,
-                                int& height) {
+std::vector<uint8_t> render_rgb(const std::vector<PlotSeries>& series, const PlotOptions& o,
+                                int& width, int& height) {
   Layout L = layout(series, o);
   Raster r(L.W, L.H);
   for (const auto& s : L.shapes) {
     switch (s.kind) {
       case Shape::line:
-        r.segment(s.pts[0].first, s.pts[0].second, s.pts[1].first, s.pts[1].second, s.width, s.color);
+        r.segment(s.pts[0].first, s.pts[0].second, s.pts[1].first, s.pts[1].second, s.width,
+                  s.color);
         break;
       case Shape::polyline:
         for (size_t i = 1; i < s.pts.size(); ++i)
-          r.segment(s.pts[i - 1].first, s.pts[i - 1].second, s.pts[i].first, s.pts[i].second, s.width, s.color);
+          r.segment(s.pts[i - 1].first, s.pts[i - 1].second, s.pts[i].first, s.pts[i].second,
+                    s.width, s.color);
         break;
       case Shape::rect: {
         double x = s.pts[0].first, y = s.pts[0].second, w = s.pts[1].first, h = s.pts[1].second;

@@ -15,8 +15,8 @@ namespace sieve::bench {
 struct PlotPoint {
   double output_throughput = 0;  // tok/s
   double tpot_ms = 0, ttft_ms = 0;
-  int concurrency = -1;          // max_concurrency of the run, -1 when unlimited
-  double request_rate = -1;      // -1 for inf
+  int concurrency = -1;      // max_concurrency of the run, -1 when unlimited
+  double request_rate = -1;  // -1 for inf
 };
 
 struct PlotSeries {
@@ -25,15 +25,15 @@ struct PlotSeries {
 };
 
 struct PlotOptions {
-  std::string stat = "mean";      // mean, median or pNN: which TPOT/TTFT statistic
-  std::string group_by = "label"; // label (label, else backend + model), model, or file
+  std::string stat = "mean";       // mean, median or pNN: which TPOT/TTFT statistic
+  std::string group_by = "label";  // label (label, else backend + model), model, or file
   std::string title;
 };
 
 // `files`: (path, parsed result JSON) pairs as `sieve bench serve --save-result` (or vLLM)
 // writes them. Throws Error naming the file when a needed field is missing.
-std::vector<PlotSeries> series_from_results(const std::vector<std::pair<std::string, nlohmann::json>>& files,
-                                            const PlotOptions& o);
+std::vector<PlotSeries> series_from_results(
+    const std::vector<std::pair<std::string, nlohmann::json>>& files, const PlotOptions& o);
 
 std::string render_svg(const std::vector<PlotSeries>& series, const PlotOptions& o);
 
@@ -41,8 +41,8 @@ std::string render_svg(const std::vector<PlotSeries>& series, const PlotOptions&
 std::vector<uint8_t> render_png(const std::vector<PlotSeries>& series, const PlotOptions& o);
 
 // The rasterised picture: width x height RGB bytes, rows top to bottom.
-std::vector<uint8_t> render_rgb(const std::vector<PlotSeries>& series, const PlotOptions& o, int& width,
-                                int& height);
+std::vector<uint8_t> render_rgb(const std::vector<PlotSeries>& series, const PlotOptions& o,
+                                int& width, int& height);
 
 // PNG encoding of a W x H RGB buffer (rows top to bottom).
 std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t>& rgb);

@@ -46,14 +46,16 @@ constexpr MetricSection kSections[] = {
     {"itl", "ITL", "Inter-token Latency"},
     {"e2el", "E2EL", "End-to-end Latency"},
     {"client_queue_time", "Client Queue Time", "Client-side Queueing"},
-    {"e2el_including_client_queue", "E2EL incl. Client Queue", "Queue-inclusive End-to-end Latency"},
+    {"e2el_including_client_queue", "E2EL incl. Client Queue",
+     "Queue-inclusive End-to-end Latency"},
 };
 
 // vLLM reports the queue metrics only when a concurrency limit can make requests wait, and the
 // queue-inclusive latency only when requests also arrive over time.
 bool applicable(const ReportOptions& o, const std::string& key) {
   if (key == "client_queue_time") return o.max_concurrency.has_value();
-  if (key == "e2el_including_client_queue") return o.max_concurrency.has_value() && !std::isinf(o.request_rate);
+  if (key == "e2el_including_client_queue")
+    return o.max_concurrency.has_value() && !std::isinf(o.request_rate);
   return true;
 }
 
@@ -168,7 +170,8 @@ std::string default_result_filename(const std::string& label, double request_rat
   auto slash = base.rfind('/');
   if (slash != std::string::npos) base = base.substr(slash + 1);
   std::string conc = max_concurrency ? "-concurrency" + std::to_string(*max_concurrency) : "";
-  return label + "-" + python_float(request_rate) + "qps" + conc + "-" + base + "-" + date + ".json";
+  return label + "-" + python_float(request_rate) + "qps" + conc + "-" + base + "-" + date +
+         ".json";
 }
 
 }  // namespace sieve::bench

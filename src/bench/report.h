@@ -37,8 +37,8 @@ std::string python_float(double v);
 
 // {label}-{rate}qps[-concurrency{N}]-{model basename}-{YYYYmmdd-HHMMSS}.json
 std::string default_result_filename(const std::string& label, double request_rate,
-                                     std::optional<int> max_concurrency, const std::string& model_id,
-                                     const std::string& date);
+                                    std::optional<int> max_concurrency, const std::string& model_id,
+                                    const std::string& date);
 
 // Lines "{:=^50}" / "{:-^50}": the title centred, left padding rounded down.
 std::string centered(const std::string& title, char fill, int width = 50);

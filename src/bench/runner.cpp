@@ -24,13 +24,16 @@ nlohmann::json make_payload(const SampleRequest& r, const BenchConfig& c) {
   p["model"] = c.model;
   if (is_chat_endpoint(c.endpoint)) {
     if (r.use_ids)
-      throw Error("--endpoint " + c.endpoint +
-                  " takes text prompts; token-id prompts need /v1/completions (or give --tokenizer)");
+      throw Error(
+          "--endpoint " + c.endpoint +
+          " takes text prompts; token-id prompts need /v1/completions (or give --tokenizer)");
     p["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", r.text}}});
     p["max_completion_tokens"] = r.output_len;
   } else {
-    if (r.use_ids) p["prompt"] = r.token_ids;
-    else p["prompt"] = r.text;
+    if (r.use_ids)
+      p["prompt"] = r.token_ids;
+    else
+      p["prompt"] = r.text;
     p["max_tokens"] = r.output_len;
   }
   if (c.temperature) p["temperature"] = *c.temperature;
@@ -90,8 +93,8 @@ void run_one(HttpSession& s, const SampleRequest& r, const BenchConfig& c, doubl
   if (rec.output_tokens < 0 && rec.success()) {
     // No usage in the stream: re-tokenize the text (vLLM's rule), or count chunks without a
     // tokenizer (vLLM would count 1).
-    rec.fallback_output_tokens = c.tok ? int(c.tok->encode(rec.generated_text).size())
-                                       : int(rec.chunk_times.size());
+    rec.fallback_output_tokens =
+        c.tok ? int(c.tok->encode(rec.generated_text).size()) : int(rec.chunk_times.size());
   }
 }
 
@@ -127,12 +130,12 @@ BenchRun run_benchmark(const std::vector<SampleRequest>& reqs, const BenchConfig
   }
 
   log << "Starting main benchmark run..." << std::endl;
-  log << "Traffic request rate: " << python_float(c.request_rate)
-      << std::endl;
+  log << "Traffic request rate: " << python_float(c.request_rate) << std::endl;
   log << "Burstiness factor: " << python_float(c.burstiness)
       << (c.burstiness == 1.0 ? " (Poisson process)" : " (Gamma distribution)") << std::endl;
   log << "Maximum request concurrency: "
-      << (c.max_concurrency ? std::to_string(*c.max_concurrency) : std::string("None")) << std::endl;
+      << (c.max_concurrency ? std::to_string(*c.max_concurrency) : std::string("None"))
+      << std::endl;
 
   std::vector<double> rel = release_times(n, c.request_rate, c.burstiness, c.seed);
   std::vector<RequestRecord> recs(static_cast<size_t>(n));

@@ -30,8 +30,8 @@ struct BenchConfig {
   int num_warmups = 0;
   uint64_t seed = 0;
   ClientOptions client;
-  bool progress = false;            // progress bar on stderr
-  const TextCodec* tok = nullptr;   // counts output tokens when usage is missing
+  bool progress = false;           // progress bar on stderr
+  const TextCodec* tok = nullptr;  // counts output tokens when usage is missing
 };
 
 bool is_chat_endpoint(const std::string& endpoint);

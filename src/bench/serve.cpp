@@ -98,13 +98,15 @@ ServeOutcome run_serve(const ServeOptions& o, std::atomic<bool>* stop, std::ostr
     rc.seed = o.seed;
     reqs = random_dataset(rc, tok.get());
     if (chat && !tok)
-      throw Error("--dataset-name random with " + o.endpoint +
-                  " needs --tokenizer (chat messages are text; token-id prompts need /v1/completions)");
+      throw Error(
+          "--dataset-name random with " + o.endpoint +
+          " needs --tokenizer (chat messages are text; token-id prompts need /v1/completions)");
     // As vLLM: random prompts run to their sampled length.
     ignore_eos = true;
   } else if (o.dataset_name == "gsm8k") {
-    std::string path = o.dataset_path.empty() ? std::string(SIEVE_SOURCE_DIR) + "/data/gsm8k/test.jsonl"
-                                              : o.dataset_path;
+    std::string path = o.dataset_path.empty()
+                           ? std::string(SIEVE_SOURCE_DIR) + "/data/gsm8k/test.jsonl"
+                           : o.dataset_path;
     reqs = gsm8k_dataset(path, o.num_prompts, o.output_len, o.seed, tok.get());
   } else if (o.dataset_name == "jsonl") {
     if (o.dataset_path.empty()) throw Error("--dataset-name jsonl needs --dataset-path FILE");
@@ -139,11 +141,13 @@ ServeOutcome run_serve(const ServeOptions& o, std::atomic<bool>* stop, std::ostr
   Metrics m = compute_metrics(run.records, run.duration_s, o.metric_percentiles, goodput);
 
   if (run.interrupted)
-    out << "Interrupted: results of the " << run.records.size() << " requests that finished" << std::endl;
+    out << "Interrupted: results of the " << run.records.size() << " requests that finished"
+        << std::endl;
   int shown = 0;
   for (const auto& r : run.records) {
     if (r.success()) continue;
-    if (shown == 0) out << "Failed requests during benchmark run detected (capping to 10):" << std::endl;
+    if (shown == 0)
+      out << "Failed requests during benchmark run detected (capping to 10):" << std::endl;
     if (shown < 10) out << "Error " << shown << ": " << r.error << std::endl;
     ++shown;
   }
@@ -174,9 +178,10 @@ ServeOutcome run_serve(const ServeOptions& o, std::atomic<bool>* stop, std::ostr
   res.result = j;
 
   if (o.save_result) {
-    std::string name = o.result_filename.empty()
-                           ? default_result_filename(label, o.request_rate, o.max_concurrency, model, date)
-                           : o.result_filename;
+    std::string name =
+        o.result_filename.empty()
+            ? default_result_filename(label, o.request_rate, o.max_concurrency, model, date)
+            : o.result_filename;
     std::filesystem::path p(name);
     if (!o.result_dir.empty()) {
       std::filesystem::create_directories(o.result_dir);

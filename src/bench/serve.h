@@ -24,12 +24,12 @@ struct ServeOptions {
   std::string tokenizer_dir;  // empty: none
   std::string label;          // empty: "openai" or "openai-chat" (vLLM's backend names)
   std::string dataset_name = "random";
-  std::string dataset_path;   // gsm8k: default data/gsm8k/test.jsonl of the source tree
+  std::string dataset_path;  // gsm8k: default data/gsm8k/test.jsonl of the source tree
   int random_input_len = 1024, random_output_len = 128, random_prefix_len = 0;
   double random_range_ratio = 0.0;
   std::string range_ratio_mode = "vllm";
   int random_vocab_size = 1000;
-  int output_len = 256;       // gsm8k / jsonl rows without their own length
+  int output_len = 256;  // gsm8k / jsonl rows without their own length
   int num_prompts = 1000;
   std::optional<int> max_concurrency;
   double request_rate = std::numeric_limits<double>::infinity();
@@ -38,7 +38,7 @@ struct ServeOptions {
   std::optional<double> temperature;
   std::vector<std::string> percentile_metrics{"ttft", "tpot", "itl"};
   std::vector<double> metric_percentiles{99};
-  std::string goodput;        // "ttft:500 tpot:50"
+  std::string goodput;  // "ttft:500 tpot:50"
   int num_warmups = 0;
   uint64_t seed = 0;
   bool save_result = false, save_detailed = false;

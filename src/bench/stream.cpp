@@ -29,7 +29,8 @@ void apply_sse_payload(std::string_view payload, double t, StreamState& st, Requ
   }
   auto j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    if (rec.error.empty()) rec.error = "invalid JSON in SSE chunk: " + std::string(payload.substr(0, 200));
+    if (rec.error.empty())
+      rec.error = "invalid JSON in SSE chunk: " + std::string(payload.substr(0, 200));
     return;
   }
   if (j.contains("error") && !j["error"].is_null()) {

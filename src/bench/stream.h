@@ -22,9 +22,9 @@ class SseSplitter {
 
 // What one request's stream told us beyond the record's own fields.
 struct StreamState {
-  bool chat = false;          // /v1/chat/completions: text in choices[0].delta.content
+  bool chat = false;  // /v1/chat/completions: text in choices[0].delta.content
   int usage_prompt_tokens = -1;
-  bool done = false;          // saw [DONE]
+  bool done = false;  // saw [DONE]
 };
 
 // Applies one payload received at time `t`: a chunk with non-empty `choices` stamps a chunk time

@@ -36,13 +36,17 @@ class SieveTextCodec final : public TextCodec {
 
 }  // namespace
 
-bool tokenizer_available() { return true; }
+bool tokenizer_available() {
+  return true;
+}
 
 std::unique_ptr<TextCodec> load_tokenizer(const std::string& dir) {
   return std::make_unique<SieveTextCodec>(sieve::text::Tokenizer::load(dir));
 }
 #else
-bool tokenizer_available() { return false; }
+bool tokenizer_available() {
+  return false;
+}
 
 std::unique_ptr<TextCodec> load_tokenizer(const std::string& dir) {
   throw Error("--tokenizer " + dir +

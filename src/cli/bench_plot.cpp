@@ -13,11 +13,14 @@ int run_bench_plot(const std::vector<std::string>& argv) {
   sieve::cli::Args a("bench plot", argv);
   a.opt({"--out", "-o"}, "FILE", "output picture: .svg or .png", "bench.svg")
       .opt({"--stat"}, "STAT", "which TPOT/TTFT statistic: mean, median or pNN", "mean")
-      .opt({"--group-by"}, "KEY", "one curve per label (label, else backend + model), model or file", "label")
+      .opt({"--group-by"}, "KEY",
+           "one curve per label (label, else backend + model), model or file", "label")
       .opt({"--title"}, "TEXT", "title of the picture");
   if (!a.parse()) return 0;
   if (a.positional().empty())
-    throw sieve::Error("sieve bench plot: give result files (RESULT.json ...) from `sieve bench serve --save-result`");
+    throw sieve::Error(
+        "sieve bench plot: give result files (RESULT.json ...) from `sieve bench serve "
+        "--save-result`");
   std::string out = a.get("--out");
   std::string ext = out.size() >= 4 ? out.substr(out.size() - 4) : "";
   if (ext != ".svg" && ext != ".png")
@@ -49,7 +52,8 @@ int run_bench_plot(const std::vector<std::string>& argv) {
   return 0;
 }
 
-sieve::cli::Register reg{"bench plot", "draw TPOT and TTFT against output throughput from result JSONs (SVG/PNG)",
+sieve::cli::Register reg{"bench plot",
+                         "draw TPOT and TTFT against output throughput from result JSONs (SVG/PNG)",
                          &run_bench_plot};
 
 }  // namespace

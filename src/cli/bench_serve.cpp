@@ -38,38 +38,52 @@ int run_bench_serve(const std::vector<std::string>& argv) {
       .opt({"--port"}, "PORT", "server port when --base-url is not given", "8000")
       .opt({"--endpoint"}, "PATH", "/v1/completions or /v1/chat/completions", "/v1/completions")
       .opt({"--model"}, "NAME", "model name sent in requests (default: the first of /v1/models)")
-      .opt({"--tokenizer"}, "DIR", "tokenizer directory, for text prompts and output counts without usage")
+      .opt({"--tokenizer"}, "DIR",
+           "tokenizer directory, for text prompts and output counts without usage")
       .opt({"--label"}, "NAME", "result label (default: openai / openai-chat)")
       .opt({"--dataset-name"}, "NAME", "random, gsm8k or jsonl", "random")
-      .opt({"--dataset-path"}, "FILE", "gsm8k: a jsonl of {question, answer} (default data/gsm8k/test.jsonl); jsonl: rows {prompt, output_len?}")
+      .opt({"--dataset-path"}, "FILE",
+           "gsm8k: a jsonl of {question, answer} (default data/gsm8k/test.jsonl); jsonl: rows "
+           "{prompt, output_len?}")
       .opt({"--random-input-len", "--input-len"}, "N", "random dataset: input tokens", "1024")
       .opt({"--random-output-len"}, "N", "random dataset: output tokens", "128")
-      .opt({"--output-len"}, "N", "gsm8k/jsonl: max output tokens (random: same as --random-output-len)")
+      .opt({"--output-len"}, "N",
+           "gsm8k/jsonl: max output tokens (random: same as --random-output-len)")
       .opt({"--random-range-ratio"}, "R", "length spread, see --range-ratio-mode", "0")
-      .opt({"--range-ratio-mode"}, "MODE", "vllm: lengths in [L(1-r), L(1+r)]; atom: in [L*r, L] (ATOM's tables)", "vllm")
-      .opt({"--random-prefix-len"}, "N", "random dataset: shared prefix tokens before each prompt", "0")
-      .opt({"--random-vocab-size"}, "N", "token ids are drawn from [0, N) when there is no --tokenizer", "1000")
+      .opt({"--range-ratio-mode"}, "MODE",
+           "vllm: lengths in [L(1-r), L(1+r)]; atom: in [L*r, L] (ATOM's tables)", "vllm")
+      .opt({"--random-prefix-len"}, "N", "random dataset: shared prefix tokens before each prompt",
+           "0")
+      .opt({"--random-vocab-size"}, "N",
+           "token ids are drawn from [0, N) when there is no --tokenizer", "1000")
       .opt({"--num-prompts"}, "N", "number of requests", "1000")
       .opt({"--max-concurrency"}, "N", "client-side limit on requests in flight")
-      .opt({"--request-rate"}, "RPS", "inf: all at t=0; else Poisson (or gamma with --burstiness) arrivals", "inf")
+      .opt({"--request-rate"}, "RPS",
+           "inf: all at t=0; else Poisson (or gamma with --burstiness) arrivals", "inf")
       .opt({"--burstiness"}, "B", "gamma shape of the arrival gaps (1 = Poisson)", "1.0")
-      .flag({"--ignore-eos"}, "set ignore_eos in each request (always on for the random dataset, as vLLM)")
+      .flag({"--ignore-eos"},
+            "set ignore_eos in each request (always on for the random dataset, as vLLM)")
       .opt({"--temperature"}, "T", "sampling temperature sent in requests (default: the server's)")
-      .opt({"--percentile-metrics"}, "LIST", "metrics to report: ttft,tpot,itl,e2el", "ttft,tpot,itl")
+      .opt({"--percentile-metrics"}, "LIST", "metrics to report: ttft,tpot,itl,e2el",
+           "ttft,tpot,itl")
       .opt({"--metric-percentiles"}, "LIST", "percentiles to report, e.g. 50,90,99", "99")
-      .opt({"--goodput"}, "SLOS", "SLOs in ms, e.g. \"ttft:500 tpot:50\" (vLLM's space-separated form works too)")
+      .opt({"--goodput"}, "SLOS",
+           "SLOs in ms, e.g. \"ttft:500 tpot:50\" (vLLM's space-separated form works too)")
       .opt({"--num-warmups"}, "N", "warm-up requests before the run", "0")
       .opt({"--seed"}, "N", "random seed", "0")
       .flag({"--save-result"}, "write the result JSON")
       .flag({"--save-detailed"}, "keep per-request arrays in the JSON")
       .opt({"--result-dir"}, "DIR", "directory for the result JSON")
-      .opt({"--result-filename"}, "FILE", "name of the result JSON (default {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json)")
+      .opt({"--result-filename"}, "FILE",
+           "name of the result JSON (default "
+           "{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json)")
       .opt({"--request-timeout"}, "S", "fail a request after S seconds without data", "21600")
       .flag({"--disable-tqdm"}, "no progress bar");
   if (!a.parse()) return 0;
 
   sieve::bench::ServeOptions o;
-  o.base_url = a.has("--base-url") ? a.get("--base-url") : "http://" + a.get("--host") + ":" + a.get("--port");
+  o.base_url = a.has("--base-url") ? a.get("--base-url")
+                                   : "http://" + a.get("--host") + ":" + a.get("--port");
   o.endpoint = a.get("--endpoint");
   o.model = a.get("--model");
   o.tokenizer_dir = a.get("--tokenizer");

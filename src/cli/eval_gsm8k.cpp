@@ -27,9 +27,11 @@ int run_eval_gsm8k(const std::vector<std::string>& argv) {
       .opt({"--num-concurrent"}, "N", "requests in flight", "32")
       .flag({"--chat"}, "use /v1/chat/completions with the examples as earlier turns")
       .opt({"--max-gen-toks"}, "N", "max tokens per answer", "256")
-      .opt({"--data-dir"}, "DIR", "folder with train.jsonl and test.jsonl", std::string(SIEVE_SOURCE_DIR) + "/data/gsm8k")
+      .opt({"--data-dir"}, "DIR", "folder with train.jsonl and test.jsonl",
+           std::string(SIEVE_SOURCE_DIR) + "/data/gsm8k")
       .opt({"--seed"}, "N", "seed of the few-shot draw", "1234")
-      .opt({"--output-path"}, "FILE", "write one JSON line per question (reply, extractions, score)")
+      .opt({"--output-path"}, "FILE",
+           "write one JSON line per question (reply, extractions, score)")
       .opt({"--request-timeout"}, "S", "fail a request after S seconds without data", "3600");
   if (!a.parse()) return 0;
   if (!a.positional().empty())
@@ -60,7 +62,8 @@ int run_eval_gsm8k(const std::vector<std::string>& argv) {
   return g_stop ? 130 : 0;
 }
 
-sieve::cli::Register reg{"eval gsm8k", "5-shot GSM8K accuracy of an OpenAI-compatible server (lm-eval's table)",
+sieve::cli::Register reg{"eval gsm8k",
+                         "5-shot GSM8K accuracy of an OpenAI-compatible server (lm-eval's table)",
                          &run_eval_gsm8k};
 
 }  // namespace

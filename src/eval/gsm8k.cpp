@@ -29,7 +29,8 @@ std::vector<Gsm8kDoc> load_gsm8k(const std::string& path) {
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("question") || !j.contains("answer") ||
         !j["question"].is_string() || !j["answer"].is_string())
-      throw Error(path + ":" + std::to_string(n) + ": expected {\"question\": str, \"answer\": str}");
+      throw Error(path + ":" + std::to_string(n) +
+                  ": expected {\"question\": str, \"answer\": str}");
     docs.push_back({j["question"].get<std::string>(), j["answer"].get<std::string>()});
   }
   if (docs.empty()) throw Error("GSM8K file " + path + " has no rows");
@@ -56,7 +57,8 @@ std::string extract_flexible(const std::string& response) {
   static const std::regex re("(-?[$0-9.,]{2,})|(-?[0-9]+)");
   std::string last;
   bool found = false;
-  for (auto it = std::sregex_iterator(response.begin(), response.end(), re); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(response.begin(), response.end(), re);
+       it != std::sregex_iterator(); ++it) {
     const auto& m = *it;
     last = m[1].matched && m[1].length() > 0 ? m[1].str() : m[2].str();
     found = true;
@@ -66,12 +68,14 @@ std::string extract_flexible(const std::string& response) {
 }
 
 std::string normalize_answer(const std::string& s) {
-  static const std::regex comma(","), dollar("\\$"), through_hashes("[\\s\\S]*#### "), final_dot("\\.$");
+  static const std::regex comma(","), dollar("\\$"), through_hashes("[\\s\\S]*#### "),
+      final_dot("\\.$");
   std::string r = std::regex_replace(s, comma, "");
   r = std::regex_replace(r, dollar, "");
   r = std::regex_replace(r, through_hashes, "");
   r = std::regex_replace(r, final_dot, "");
-  std::transform(r.begin(), r.end(), r.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  std::transform(r.begin(), r.end(), r.begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
   return r;
 }
 
@@ -158,13 +162,14 @@ std::string fmt4(double v) {
 }  // namespace
 
 std::string format_table(const Score& flexible, const Score& strict, int num_fewshot) {
-  std::vector<std::string> head{"Tasks", "Version", "Filter", "n-shot", "Metric", "", "Value", "", "Stderr"};
+  std::vector<std::string> head{"Tasks", "Version", "Filter", "n-shot", "Metric",
+                                "",      "Value",   "",       "Stderr"};
   std::vector<char> align{'l', 'r', 'l', 'r', 'l', 'l', 'r', 'l', 'r'};
   std::vector<std::vector<std::string>> rows{
       {"gsm8k", "3", "flexible-extract", std::to_string(num_fewshot), "exact_match", "↑",
        fmt4(flexible.value), "±", fmt4(flexible.stderr_)},
-      {"", "", "strict-match", std::to_string(num_fewshot), "exact_match", "↑", fmt4(strict.value), "±",
-       fmt4(strict.stderr_)}};
+      {"", "", "strict-match", std::to_string(num_fewshot), "exact_match", "↑", fmt4(strict.value),
+       "±", fmt4(strict.stderr_)}};
   std::vector<size_t> w(head.size(), 3);
   auto width = [](const std::string& s) {
     size_t n = 0;
@@ -222,9 +227,13 @@ Gsm8kResult run_gsm8k(const Gsm8kOptions& o, std::atomic<bool>* stop, std::ostre
       size_t i = next++;
       if (i >= n || cancel->load()) return;
       std::vector<Gsm8kDoc> shots;
-      for (size_t k : fewshot_indices(train.size(), o.num_fewshot, o.seed, i)) shots.push_back(train[k]);
-      nlohmann::json body{{"model", model}, {"temperature", 0}, {"stop", gsm8k_stop_strings()},
-                          {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+      for (size_t k : fewshot_indices(train.size(), o.num_fewshot, o.seed, i))
+        shots.push_back(train[k]);
+      nlohmann::json body{{"model", model},
+                          {"temperature", 0},
+                          {"stop", gsm8k_stop_strings()},
+                          {"stream", true},
+                          {"stream_options", {{"include_usage", true}}}};
       if (o.chat) {
         body["messages"] = chat_messages(shots, test[i]);
         body["max_completion_tokens"] = o.max_gen_toks;
@@ -287,9 +296,14 @@ Gsm8kResult run_gsm8k(const Gsm8kOptions& o, std::atomic<bool>* stop, std::ostre
     strict.push_back(exact_match(s, test[i].answer));
     res.failed_requests += failed[i];
     if (samples)
-      samples << nlohmann::json{{"doc_id", i}, {"question", test[i].question}, {"target", test[i].answer},
-                                {"response", res.responses[i]}, {"flexible-extract", f}, {"strict-match", s},
-                                {"flexible_correct", flex.back()}, {"strict_correct", strict.back()},
+      samples << nlohmann::json{{"doc_id", i},
+                                {"question", test[i].question},
+                                {"target", test[i].answer},
+                                {"response", res.responses[i]},
+                                {"flexible-extract", f},
+                                {"strict-match", s},
+                                {"flexible_correct", flex.back()},
+                                {"strict_correct", strict.back()},
                                 {"failed", bool(failed[i])}}
                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";

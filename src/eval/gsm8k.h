@@ -58,7 +58,7 @@ std::string format_table(const Score& flexible, const Score& strict, int num_few
 
 struct Gsm8kOptions {
   std::string base_url = "http://127.0.0.1:8000";
-  std::string model;  // empty: the first of /v1/models
+  std::string model;     // empty: the first of /v1/models
   std::string data_dir;  // holds train.jsonl and test.jsonl
   int num_fewshot = 5;
   std::optional<int> limit;

@@ -56,7 +56,8 @@ TEST(BenchDataset, RandomTokenIdPrompts) {
       EXPECT_GE(t, 0);
       EXPECT_LT(t, 97);
     }
-    EXPECT_TRUE(std::equal(reqs[0].token_ids.begin(), reqs[0].token_ids.begin() + 7, r.token_ids.begin()));
+    EXPECT_TRUE(
+        std::equal(reqs[0].token_ids.begin(), reqs[0].token_ids.begin() + 7, r.token_ids.begin()));
     lens.insert(r.prompt_len);
   }
   EXPECT_GT(lens.size(), 20u);  // lengths do vary
@@ -103,8 +104,10 @@ TEST(BenchDataset, Gsm8kAndJsonl) {
   std::string path = ::testing::TempDir() + "/bench_ds.jsonl";
   {
     std::ofstream f(path);
-    f << R"({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"})" << "\n";
-    f << R"({"question": "Q2", "answer": "#### 5"})" << "\n";
+    f << R"({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"})"
+      << "\n";
+    f << R"({"question": "Q2", "answer": "#### 5"})"
+      << "\n";
   }
   auto g = gsm8k_dataset(path, 3, 64, 1, nullptr);
   ASSERT_EQ(g.size(), 3u);
@@ -115,10 +118,14 @@ TEST(BenchDataset, Gsm8kAndJsonl) {
     EXPECT_EQ(r.prompt_len, 0);  // unknown without a tokenizer: taken from usage later
     texts.insert(r.text);
   }
-  EXPECT_EQ(texts, (std::set<std::string>{"Question: What is 2+2?\nAnswer:", "Question: Q2\nAnswer:"}));
+  EXPECT_EQ(texts,
+            (std::set<std::string>{"Question: What is 2+2?\nAnswer:", "Question: Q2\nAnswer:"}));
   {
     std::ofstream f(path);
-    f << R"({"prompt": [1, 2, 3], "output_len": 9})" << "\n" << R"({"prompt": "hi"})" << "\n";
+    f << R"({"prompt": [1, 2, 3], "output_len": 9})"
+      << "\n"
+      << R"({"prompt": "hi"})"
+      << "\n";
   }
   auto j = jsonl_dataset(path, 2, 16, 0, nullptr);
   ASSERT_EQ(j.size(), 2u);

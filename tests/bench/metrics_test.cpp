@@ -10,7 +10,8 @@
 namespace sieve::bench {
 namespace {
 
-RequestRecord rec(double start, std::vector<double> chunks, int prompt, int out, std::string err = "") {
+RequestRecord rec(double start, std::vector<double> chunks, int prompt, int out,
+                  std::string err = "") {
   RequestRecord r;
   r.arrival_time = start;
   r.start_time = start;
@@ -122,7 +123,8 @@ TEST(BenchMetrics, PeakOutputPerSecondAndConcurrency) {
 
 TEST(BenchMetrics, Goodput) {
   auto t = timeline();
-  EXPECT_NEAR(compute_metrics(t, 3.0, {99}, parse_goodput("ttft:450")).request_goodput, 2.0 / 3.0, kTol);
+  EXPECT_NEAR(compute_metrics(t, 3.0, {99}, parse_goodput("ttft:450")).request_goodput, 2.0 / 3.0,
+              kTol);
   // B's TPOT counts as 0 for goodput; D's 137.5 ms fits 150.
   EXPECT_NEAR(compute_metrics(t, 3.0, {99}, parse_goodput("ttft:450 tpot:150")).request_goodput,
               2.0 / 3.0, kTol);
@@ -202,14 +204,18 @@ TEST(BenchMetrics, ClientQueueTimes) {
   o.max_concurrency = 2;
   std::string s = format_report(m, o);
   EXPECT_NE(s.find("---------------Client-side Queueing---------------\n"
-                   "Mean Client Queue Time (ms):             133.33    \n"), std::string::npos) << s;
+                   "Mean Client Queue Time (ms):             133.33    \n"),
+            std::string::npos)
+      << s;
   EXPECT_EQ(s.find("Queue-inclusive"), std::string::npos);  // only with a finite request rate
   o.request_rate = 4;
   s = format_report(m, o);
   EXPECT_NE(s.find("--------Queue-inclusive End-to-end Latency--------\n"), std::string::npos) << s;
-  EXPECT_NE(s.find("Median E2EL incl. Client Queue (ms):     1300.00   \n"), std::string::npos) << s;
+  EXPECT_NE(s.find("Median E2EL incl. Client Queue (ms):     1300.00   \n"), std::string::npos)
+      << s;
   auto j = benchmark_json(m, t, o);
-  EXPECT_NEAR(j["p99_client_queue_time_ms"].get<double>(), 100.0 + 0.98 * 200.0, 1e-6);  // of 0, 0.1, 0.3 s
+  EXPECT_NEAR(j["p99_client_queue_time_ms"].get<double>(), 100.0 + 0.98 * 200.0,
+              1e-6);  // of 0, 0.1, 0.3 s
   EXPECT_TRUE(j.contains("mean_e2el_including_client_queue_ms"));
 }
 
@@ -237,15 +243,39 @@ TEST(BenchReport, JsonFieldsAndOrder) {
   auto j = benchmark_json(m, t, o);
   std::vector<std::string> keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
-  std::vector<std::string> want{"duration", "completed", "failed", "total_input_tokens",
-                                "total_output_tokens", "request_throughput", "request_goodput",
-                                "output_throughput", "total_token_throughput", "input_lens",
-                                "output_lens", "ttfts", "itls", "latencies", "start_times",
-                                "queue_times", "generated_texts", "errors",
-                                "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
-                                "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
-                                "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms",
-                                "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p99_itl_ms"};
+  std::vector<std::string> want{"duration",
+                                "completed",
+                                "failed",
+                                "total_input_tokens",
+                                "total_output_tokens",
+                                "request_throughput",
+                                "request_goodput",
+                                "output_throughput",
+                                "total_token_throughput",
+                                "input_lens",
+                                "output_lens",
+                                "ttfts",
+                                "itls",
+                                "latencies",
+                                "start_times",
+                                "queue_times",
+                                "generated_texts",
+                                "errors",
+                                "max_output_tokens_per_s",
+                                "max_concurrent_requests",
+                                "rtfx",
+                                "mean_ttft_ms",
+                                "median_ttft_ms",
+                                "std_ttft_ms",
+                                "p99_ttft_ms",
+                                "mean_tpot_ms",
+                                "median_tpot_ms",
+                                "std_tpot_ms",
+                                "p99_tpot_ms",
+                                "mean_itl_ms",
+                                "median_itl_ms",
+                                "std_itl_ms",
+                                "p99_itl_ms"};
   EXPECT_EQ(keys, want);
   EXPECT_TRUE(j["request_goodput"].is_null());
   EXPECT_EQ(j["input_lens"], nlohmann::json({10, 20, 30, 40}));
@@ -266,8 +296,10 @@ TEST(BenchReport, FileNameAndPythonFloats) {
   EXPECT_EQ(percentile_word(99.9), "99.9");
   EXPECT_EQ(default_result_filename("openai", INFINITY, 32, "org/MiniMax-M3", "20261202-101500"),
             "openai-infqps-concurrency32-MiniMax-M3-20261202-101500.json");
-  EXPECT_EQ(default_result_filename("sieve", 2, std::nullopt, "tiny", "d"), "sieve-2.0qps-tiny-d.json");
-  EXPECT_EQ(centered(" Serving Benchmark Result ", '='), "============ Serving Benchmark Result ============");
+  EXPECT_EQ(default_result_filename("sieve", 2, std::nullopt, "tiny", "d"),
+            "sieve-2.0qps-tiny-d.json");
+  EXPECT_EQ(centered(" Serving Benchmark Result ", '='),
+            "============ Serving Benchmark Result ============");
   EXPECT_EQ(centered("Time per Output Token (excl. 1st token)", '-'),
             "-----Time per Output Token (excl. 1st token)------");
 }

@@ -9,9 +9,9 @@ namespace sieve::bench {
 namespace {
 
 nlohmann::json result(const std::string& label, int conc, double tput, double tpot, double ttft) {
-  nlohmann::json j{{"label", label},          {"model_id", "m"},        {"max_concurrency", conc},
-                   {"request_rate", "inf"},   {"output_throughput", tput}, {"mean_tpot_ms", tpot},
-                   {"mean_ttft_ms", ttft},    {"p99_tpot_ms", tpot * 2}, {"p99_ttft_ms", ttft * 3}};
+  nlohmann::json j{{"label", label},        {"model_id", "m"},           {"max_concurrency", conc},
+                   {"request_rate", "inf"}, {"output_throughput", tput}, {"mean_tpot_ms", tpot},
+                   {"mean_ttft_ms", ttft},  {"p99_tpot_ms", tpot * 2},   {"p99_ttft_ms", ttft * 3}};
   if (label.empty()) j["label"] = nullptr, j["backend"] = "openai";
   return j;
 }
@@ -48,7 +48,8 @@ TEST(BenchPlot, SeriesGroupedAndSorted) {
   o.stat = "mean";
   o.group_by = "file";
   EXPECT_EQ(series_from_results(files, o).size(), 4u);
-  EXPECT_THROW(series_from_results({{"x.json", nlohmann::json{{"a", 1}}}}, PlotOptions{}), std::exception);
+  EXPECT_THROW(series_from_results({{"x.json", nlohmann::json{{"a", 1}}}}, PlotOptions{}),
+               std::exception);
 
   o.group_by = "label";
   std::string svg = render_svg(series_from_results(files, o), o);
@@ -58,7 +59,7 @@ TEST(BenchPlot, SeriesGroupedAndSorted) {
     std::regex re(pattern);
     return std::distance(std::sregex_iterator(svg.begin(), svg.end(), re), std::sregex_iterator());
   };
-  EXPECT_EQ(count("<circle class=\"point\""), 8);   // 4 runs in 2 panels
+  EXPECT_EQ(count("<circle class=\"point\""), 8);     // 4 runs in 2 panels
   EXPECT_EQ(count("<polyline class=\"series\""), 2);  // the 3-point curve, once per panel
   EXPECT_NE(svg.find("Mean TPOT (ms)"), std::string::npos);
   EXPECT_NE(svg.find("Mean TTFT (ms)"), std::string::npos);
@@ -104,15 +105,16 @@ TEST(BenchPlot, PngFileStructure) {
 }
 
 TEST(BenchPlot, RasterDrawsTheCurves) {
-  std::vector<std::pair<std::string, nlohmann::json>> files{{"a.json", result("x", 4, 500, 7.5, 260)},
-                                                            {"b.json", result("x", 32, 1800, 16.7, 512)}};
+  std::vector<std::pair<std::string, nlohmann::json>> files{
+      {"a.json", result("x", 4, 500, 7.5, 260)}, {"b.json", result("x", 32, 1800, 16.7, 512)}};
   PlotOptions o;
   int w = 0, h = 0;
   auto rgb = render_rgb(series_from_results(files, o), o, w, h);
   ASSERT_EQ(rgb.size(), size_t(w) * size_t(h) * 3);
   size_t blue = 0, white = 0;
   for (size_t i = 0; i < rgb.size(); i += 3) {
-    if (rgb[i] == 0x1f && rgb[i + 1] == 0x77 && rgb[i + 2] == 0xb4) ++blue;  // the first series' colour
+    if (rgb[i] == 0x1f && rgb[i + 1] == 0x77 && rgb[i + 2] == 0xb4)
+      ++blue;  // the first series' colour
     if (rgb[i] == 255 && rgb[i + 1] == 255 && rgb[i + 2] == 255) ++white;
   }
   EXPECT_GT(blue, 400u);                 // two curves, four points, the legend

@@ -67,19 +67,23 @@ TEST(BenchCli, ServeCommandAgainstFakeServer) {
   std::string dir = ::testing::TempDir() + "/bench_cli_results";
   std::filesystem::remove_all(dir);
   int rc = -1;
-  std::string out = run_capture(kSieve + " bench serve --base-url " + s.base_url() +
-                                    " --num-prompts 6 --random-input-len 10 --random-output-len 6"
-                                    " --max-concurrency 2 --request-rate 50 --percentile-metrics ttft,tpot,itl,e2el"
-                                    " --metric-percentiles 50,99 --goodput ttft:60000 tpot:60000 --save-result"
-                                    " --save-detailed --result-dir " + dir + " --result-filename r.json",
-                                &rc);
+  std::string out = run_capture(
+      kSieve + " bench serve --base-url " + s.base_url() +
+          " --num-prompts 6 --random-input-len 10 --random-output-len 6"
+          " --max-concurrency 2 --request-rate 50 --percentile-metrics ttft,tpot,itl,e2el"
+          " --metric-percentiles 50,99 --goodput ttft:60000 tpot:60000 --save-result"
+          " --save-detailed --result-dir " +
+          dir + " --result-filename r.json",
+      &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(block_line(out, "Successful requests:"), int_line("Successful requests:", 6)) << out;
   EXPECT_EQ(block_line(out, "Total input tokens:"), int_line("Total input tokens:", 60));
   EXPECT_EQ(block_line(out, "Total generated tokens:"), int_line("Total generated tokens:", 36));
-  EXPECT_EQ(block_line(out, "Request rate configured (RPS):"), "Request rate configured (RPS):           50.00     ");
-  EXPECT_EQ(block_line(out, "Request goodput (req/s):"), block_line(out, "Request goodput (req/s):").substr(0, 41) +
-                                                              block_line(out, "Request throughput (req/s):").substr(41));
+  EXPECT_EQ(block_line(out, "Request rate configured (RPS):"),
+            "Request rate configured (RPS):           50.00     ");
+  EXPECT_EQ(block_line(out, "Request goodput (req/s):"),
+            block_line(out, "Request goodput (req/s):").substr(0, 41) +
+                block_line(out, "Request throughput (req/s):").substr(41));
   EXPECT_NE(block_line(out, "P50 E2EL (ms):"), "");
   EXPECT_NE(block_line(out, "P99 ITL (ms):"), "");
   EXPECT_NE(out.find("==================================================\n"), std::string::npos);
@@ -95,7 +99,8 @@ TEST(BenchCli, ServeCommandAgainstFakeServer) {
   EXPECT_FALSE(j["request_goodput"].is_null());
 
   // User errors exit 2 with a message naming the option.
-  out = run_capture(kSieve + " bench serve --base-url " + s.base_url() + " --dataset-name nope", &rc);
+  out =
+      run_capture(kSieve + " bench serve --base-url " + s.base_url() + " --dataset-name nope", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("--dataset-name"), std::string::npos) << out;
 }
@@ -135,7 +140,8 @@ TEST(BenchRealServer, TinyModelOverLoopback) {
       dup2(fileno(lf), 2);
     }
     std::string p = std::to_string(port);
-    execl(kSieve.c_str(), kSieve.c_str(), "serve", "--model", model.c_str(), "--port", p.c_str(), (char*)nullptr);
+    execl(kSieve.c_str(), kSieve.c_str(), "serve", "--model", model.c_str(), "--port", p.c_str(),
+          (char*)nullptr);
     _exit(127);
   }
   struct Killer {

@@ -15,8 +15,8 @@
 namespace sieve::bench {
 namespace {
 
-using testing::Fault;
 using testing::FakeOpenAIServer;
+using testing::Fault;
 
 // The line of the result block starting with `label` (notes printed before the block are skipped).
 std::string line_of(const std::string& text, const std::string& label) {
@@ -62,16 +62,20 @@ TEST(BenchServe, TokenIdPromptsGiveExactCounts) {
   EXPECT_NE(text.find("============ Serving Benchmark Result ============\n"), std::string::npos);
   EXPECT_EQ(line_of(text, "Successful requests:"), int_line("Successful requests:", 12));
   EXPECT_EQ(line_of(text, "Failed requests:"), int_line("Failed requests:", 0));
-  EXPECT_EQ(line_of(text, "Maximum request concurrency:"), int_line("Maximum request concurrency:", 4));
+  EXPECT_EQ(line_of(text, "Maximum request concurrency:"),
+            int_line("Maximum request concurrency:", 4));
   EXPECT_EQ(line_of(text, "Total input tokens:"), int_line("Total input tokens:", 12 * 32));
   EXPECT_EQ(line_of(text, "Total generated tokens:"), int_line("Total generated tokens:", 12 * 16));
   EXPECT_EQ(line_of(text, "Request rate configured"), "");  // inf is not printed
-  for (const char* l : {"Benchmark duration (s):", "Request throughput (req/s):", "Output token throughput (tok/s):",
-                        "Peak output token throughput (tok/s):", "Peak concurrent requests:",
-                        "Total token throughput (tok/s):", "Mean TTFT (ms):", "Median TTFT (ms):",
-                        "P99 TTFT (ms):", "Mean TPOT (ms):", "P99 ITL (ms):", "Mean E2EL (ms):"})
-    EXPECT_TRUE(std::regex_match(line_of(text, l), std::regex(std::regex_replace(std::string(l), std::regex(R"([()/])"), R"(\$&)") +
-                                                                  " +[0-9]+\\.[0-9]{2} *")))
+  for (const char* l : {"Benchmark duration (s):", "Request throughput (req/s):",
+                        "Output token throughput (tok/s):", "Peak output token throughput (tok/s):",
+                        "Peak concurrent requests:", "Total token throughput (tok/s):",
+                        "Mean TTFT (ms):", "Median TTFT (ms):", "P99 TTFT (ms):", "Mean TPOT (ms):",
+                        "P99 ITL (ms):", "Mean E2EL (ms):"})
+    EXPECT_TRUE(std::regex_match(
+        line_of(text, l),
+        std::regex(std::regex_replace(std::string(l), std::regex(R"([()/])"), R"(\$&)") +
+                   " +[0-9]+\\.[0-9]{2} *")))
         << l << " -> \"" << line_of(text, l) << "\"";
   EXPECT_NE(text.find("\n==================================================\n"), std::string::npos);
 
@@ -90,8 +94,9 @@ TEST(BenchServe, TokenIdPromptsGiveExactCounts) {
 
   // The JSON on disk.
   ASSERT_FALSE(r.saved_path.empty());
-  EXPECT_TRUE(std::regex_match(std::filesystem::path(r.saved_path).filename().string(),
-                               std::regex(R"(openai-infqps-concurrency4-fake-model-\d{8}-\d{6}\.json)")));
+  EXPECT_TRUE(
+      std::regex_match(std::filesystem::path(r.saved_path).filename().string(),
+                       std::regex(R"(openai-infqps-concurrency4-fake-model-\d{8}-\d{6}\.json)")));
   std::ifstream f(r.saved_path);
   auto j = nlohmann::json::parse(f);
   EXPECT_EQ(j["completed"], 12);
@@ -114,10 +119,10 @@ TEST(BenchServe, TokenIdPromptsGiveExactCounts) {
     EXPECT_GT(j["ttfts"][i].get<double>(), 0.0);
     EXPECT_GE(j["latencies"][i].get<double>(), j["ttfts"][i].get<double>());
   }
-  for (const char* k : {"duration", "request_throughput", "output_throughput", "total_token_throughput",
-                        "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
-                        "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms", "max_output_tokens_per_s",
-                        "queue_times", "latencies", "date"})
+  for (const char* k : {"duration", "request_throughput", "output_throughput",
+                        "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
+                        "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
+                        "max_output_tokens_per_s", "queue_times", "latencies", "date"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_NEAR(j["output_throughput"].get<double>(), 12 * 16 / j["duration"].get<double>(), 1e-6);
   EXPECT_NEAR(j["request_throughput"].get<double>(), 12 / j["duration"].get<double>(), 1e-9);
@@ -148,7 +153,8 @@ TEST(BenchServe, ChunksCarryingSeveralTokensAndNoDetail) {
 TEST(BenchServe, FailuresAreCountedAndTheRunCompletes) {
   FakeOpenAIServer s;
   s.stall_s = 2.5;
-  s.faults = {{2, Fault::http_500}, {5, Fault::disconnect}, {8, Fault::stall}, {11, Fault::error_event}};
+  s.faults = {
+      {2, Fault::http_500}, {5, Fault::disconnect}, {8, Fault::stall}, {11, Fault::error_event}};
   ServeOptions o = base_options(s);
   o.model = "fake-model";
   o.num_prompts = 20;
@@ -173,9 +179,11 @@ TEST(BenchServe, FailuresAreCountedAndTheRunCompletes) {
   EXPECT_NE(errors.find("injected failure"), std::string::npos) << errors;
   EXPECT_NE(errors.find("connection lost"), std::string::npos) << errors;
   EXPECT_NE(errors.find("timed out"), std::string::npos) << errors;
-  EXPECT_NE(errors.find("server error in stream: injected stream error"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("server error in stream: injected stream error"), std::string::npos)
+      << errors;
   std::string text = out.str();
-  EXPECT_NE(text.find("Failed requests during benchmark run detected (capping to 10):"), std::string::npos);
+  EXPECT_NE(text.find("Failed requests during benchmark run detected (capping to 10):"),
+            std::string::npos);
   EXPECT_EQ(line_of(text, "Failed requests:"), int_line("Failed requests:", 4));
 }
 

@@ -16,8 +16,10 @@ TEST(BenchSse, SplitsAcrossArbitraryPieces) {
     SseSplitter sp;
     std::vector<std::string> got;
     for (size_t i = 0; i < stream.size(); i += piece)
-      sp.feed(std::string_view(stream).substr(i, piece), [&](std::string_view p) { got.emplace_back(p); });
-    EXPECT_EQ(got, (std::vector<std::string>{"{\"a\":1}", "{\"b\":2}", "[DONE]"})) << "piece " << piece;
+      sp.feed(std::string_view(stream).substr(i, piece),
+              [&](std::string_view p) { got.emplace_back(p); });
+    EXPECT_EQ(got, (std::vector<std::string>{"{\"a\":1}", "{\"b\":2}", "[DONE]"}))
+        << "piece " << piece;
   }
 }
 
@@ -27,8 +29,11 @@ TEST(BenchSse, CompletionChunksAndUsage) {
   r.start_time = 1.0;
   apply_sse_payload(R"({"choices":[{"index":0,"text":"Hel"}]})", 1.5, st, r);
   apply_sse_payload(R"({"choices":[{"index":0,"text":"lo","finish_reason":null}]})", 1.7, st, r);
-  apply_sse_payload(R"({"choices":[{"index":0,"text":"","finish_reason":"length"}],"usage":null})", 1.8, st, r);
-  apply_sse_payload(R"({"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}})", 1.9, st, r);
+  apply_sse_payload(R"({"choices":[{"index":0,"text":"","finish_reason":"length"}],"usage":null})",
+                    1.8, st, r);
+  apply_sse_payload(
+      R"({"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}})", 1.9,
+      st, r);
   apply_sse_payload("[DONE]", 2.0, st, r);
   EXPECT_EQ(r.generated_text, "Hello");
   EXPECT_EQ(r.chunk_times, (std::vector<double>{1.5, 1.7, 1.8}));  // the usage chunk is no token
@@ -43,7 +48,8 @@ TEST(BenchSse, ChatDeltas) {
   StreamState st;
   st.chat = true;
   RequestRecord r;
-  apply_sse_payload(R"({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})", 1, st, r);
+  apply_sse_payload(R"({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})", 1, st,
+                    r);
   apply_sse_payload(R"({"choices":[{"index":0,"delta":{"content":"Hi"}}]})", 2, st, r);
   apply_sse_payload(R"({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})", 3, st, r);
   EXPECT_EQ(r.generated_text, "Hi");

@@ -32,9 +32,9 @@ TEST(Gsm8kScoring, StrictTakesTheFirstHashAnswer) {
 TEST(Gsm8kScoring, FlexibleTakesTheLastNumber) {
   EXPECT_EQ(extract_flexible("16 - 3 - 4 = 9 eggs, 9 * 2 = 18"), "18");
   EXPECT_EQ(extract_flexible("It costs $1,250.50 in total."), "$1,250.50");
-  EXPECT_EQ(extract_flexible("so 5 apples"), "5");          // one digit: the second alternative
+  EXPECT_EQ(extract_flexible("so 5 apples"), "5");  // one digit: the second alternative
   EXPECT_EQ(extract_flexible("answer: -7"), "-7");
-  EXPECT_EQ(extract_flexible("first 12 then 3."), "3.");    // "3." matches the 2+ class
+  EXPECT_EQ(extract_flexible("first 12 then 3."), "3.");  // "3." matches the 2+ class
   EXPECT_EQ(extract_flexible("no digits here"), "[invalid]");
 }
 
@@ -43,13 +43,14 @@ TEST(Gsm8kScoring, NormalisationAsLmEval) {
   EXPECT_EQ(normalize_answer(gold), "1018");
   EXPECT_TRUE(exact_match("1,018", gold));
   EXPECT_TRUE(exact_match("$1,018", gold));
-  EXPECT_TRUE(exact_match("1018.", gold));                 // a final period is dropped
-  EXPECT_FALSE(exact_match("1018.0", gold));               // no numeric equivalence
+  EXPECT_TRUE(exact_match("1018.", gold));    // a final period is dropped
+  EXPECT_FALSE(exact_match("1018.0", gold));  // no numeric equivalence
   EXPECT_FALSE(exact_match("[invalid]", gold));
   EXPECT_TRUE(exact_match(extract_flexible("So she makes $1,018."), gold));
-  EXPECT_TRUE(exact_match(extract_strict("x\n#### $1,018"), gold) == false);  // strict needs digits after "#### "
+  EXPECT_TRUE(exact_match(extract_strict("x\n#### $1,018"), gold) ==
+              false);  // strict needs digits after "#### "
   EXPECT_TRUE(exact_match(extract_strict("x\n#### 1,018"), gold));
-  EXPECT_EQ(normalize_answer("ABC"), "abc");               // ignore_case
+  EXPECT_EQ(normalize_answer("ABC"), "abc");  // ignore_case
 }
 
 TEST(Gsm8kScoring, ResponsesScoredBothWays) {
@@ -72,7 +73,8 @@ TEST(Gsm8kScoring, ResponsesScoredBothWays) {
 TEST(Gsm8kPrompt, FewShotLayout) {
   std::vector<Gsm8kDoc> shots{{"q1?", "a1\n#### 1"}, {"q2?", "a2\n#### 2"}};
   EXPECT_EQ(completion_prompt(shots, {"q?", "x"}),
-            "Question: q1?\nAnswer: a1\n#### 1\n\nQuestion: q2?\nAnswer: a2\n#### 2\n\nQuestion: q?\nAnswer:");
+            "Question: q1?\nAnswer: a1\n#### 1\n\nQuestion: q2?\nAnswer: a2\n#### 2\n\nQuestion: "
+            "q?\nAnswer:");
   EXPECT_EQ(completion_prompt({}, {"q?", "x"}), "Question: q?\nAnswer:");
   auto m = chat_messages(shots, {"q?", "x"});
   ASSERT_EQ(m.size(), 5u);
@@ -107,7 +109,8 @@ TEST(Gsm8kTable, StderrAndLayout) {
 class FakeGsm8kServer {
  public:
   explicit FakeGsm8kServer(const std::vector<Gsm8kDoc>& test, size_t correct) {
-    for (size_t i = 0; i < test.size(); ++i) answers_[test[i].question] = {test[i].answer, i < correct};
+    for (size_t i = 0; i < test.size(); ++i)
+      answers_[test[i].question] = {test[i].answer, i < correct};
     svr_.new_task_queue = [] { return new httplib::ThreadPool(16); };
     svr_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       auto body = nlohmann::json::parse(req.body);
@@ -127,13 +130,16 @@ class FakeGsm8kServer {
       std::string q = prompt.substr(q0, q1 - q0);
       // Five worked examples precede the question.
       size_t shots = 0;
-      for (size_t at = prompt.find("\n#### "); at != std::string::npos; at = prompt.find("\n#### ", at + 1)) ++shots;
+      for (size_t at = prompt.find("\n#### "); at != std::string::npos;
+           at = prompt.find("\n#### ", at + 1))
+        ++shots;
       EXPECT_EQ(shots, 5u);
       auto it = answers_.find(q);
       std::string reply = it == answers_.end() ? "unknown"
-                          : it->second.second ? " " + it->second.first + "\n\nQuestion: more 99"
-                                              : " I do not know, maybe 123456789.";
-      nlohmann::json chunk{{"choices", {{{"index", 0}, {"text", reply}, {"finish_reason", "stop"}}}}};
+                          : it->second.second  ? " " + it->second.first + "\n\nQuestion: more 99"
+                                               : " I do not know, maybe 123456789.";
+      nlohmann::json chunk{
+          {"choices", {{{"index", 0}, {"text", reply}, {"finish_reason", "stop"}}}}};
       res.set_content("data: " + chunk.dump() + "\n\ndata: [DONE]\n\n", "text/event-stream");
     });
     port_ = svr_.bind_to_any_port("127.0.0.1");
@@ -175,7 +181,8 @@ TEST(Gsm8kRun, ScoresAgainstALoopbackServer) {
   EXPECT_DOUBLE_EQ(r.flexible.value, 0.75);
   EXPECT_DOUBLE_EQ(r.strict.value, 0.75);
   EXPECT_NEAR(r.strict.stderr_, std::sqrt(0.75 * 0.25 * 40 / 39) / std::sqrt(40.0), 1e-12);
-  EXPECT_NE(out.str().find("|gsm8k|      3|flexible-extract|     5|exact_match|↑  |0.7500|±  |"), std::string::npos)
+  EXPECT_NE(out.str().find("|gsm8k|      3|flexible-extract|     5|exact_match|↑  |0.7500|±  |"),
+            std::string::npos)
       << out.str();
   EXPECT_EQ(r.responses[0].find("Question:"), std::string::npos);  // cut at the stop string
   std::ifstream f(o.output_path);
