@@ -122,6 +122,7 @@ struct Output {
   int64_t completion_tokens = 0;
   bool stopped_by_string = false;
   std::string text;  // everything emitted so far
+  int64_t text_chars = 0;
   json stop_reason = nullptr;
   // Completions logprobs (legacy format) or chat logprobs content entries, for what was emitted.
   json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array(), lp_offsets = json::array();
@@ -173,17 +174,22 @@ struct Output {
         lp_tokens.push_back(ts);
         lp_values.push_back(t.logprob);
         lp_top.push_back(top);
-        lp_offsets.push_back(text.size());
+        lp_offsets.push_back(text_chars);
         if (lp_delta) {
           (*lp_delta)["tokens"].push_back(ts);
           (*lp_delta)["token_logprobs"].push_back(t.logprob);
           (*lp_delta)["top_logprobs"].push_back(top);
-          (*lp_delta)["text_offset"].push_back(text.size());
+          (*lp_delta)["text_offset"].push_back(text_chars);
         }
       }
     }
-    text += out;
+    append(out);
     return out;
+  }
+  // Offsets count characters (code points), as Python's str does in vLLM, not bytes.
+  void append(const std::string& s) {
+    text += s;
+    for (unsigned char c : s) text_chars += (c & 0xC0) != 0x80;
   }
   // End of generation: what the decoder and the stop matcher still hold.
   std::string finish() {
@@ -196,7 +202,7 @@ struct Output {
     } else {
       out += stop.flush();
     }
-    text += out;
+    append(out);
     return out;
   }
   json completion_logprobs() const {
