@@ -105,6 +105,44 @@ TEST(BenchCli, ServeCommandAgainstFakeServer) {
   EXPECT_NE(out.find("--dataset-name"), std::string::npos) << out;
 }
 
+TEST(BenchCli, CtrlCPrintsTheResultsSoFar) {
+  if (!has_command("bench serve")) GTEST_SKIP() << kSieve << " with `bench serve` is not built";
+  testing::FakeOpenAIServer s;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    std::string url = s.base_url();
+    execl(kSieve.c_str(), kSieve.c_str(), "bench", "serve", "--base-url", url.c_str(),
+          "--num-prompts", "200", "--request-rate", "10", "--random-input-len", "8",
+          "--random-output-len", "4", (char*)nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  kill(pid, SIGINT);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) out.append(buf, size_t(n));
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_EQ(WEXITSTATUS(st), 130) << out;
+  EXPECT_NE(out.find("Interrupted"), std::string::npos) << out;
+  std::string ok = block_line(out, "Successful requests:");
+  ASSERT_NE(ok, "") << out;
+  int done = std::stoi(ok.substr(41));
+  EXPECT_GT(done, 0);
+  EXPECT_LT(done, 200);
+  EXPECT_NE(out.find("=================================================="), std::string::npos);
+}
+
 // Starts `sieve serve` on a tiny model and benchmarks it with token-id prompts: every count in
 // the block and the JSON is known exactly.
 TEST(BenchRealServer, TinyModelOverLoopback) {

@@ -142,6 +142,24 @@ class FakeGsm8kServer {
           {"choices", {{{"index", 0}, {"text", reply}, {"finish_reason", "stop"}}}}};
       res.set_content("data: " + chunk.dump() + "\n\ndata: [DONE]\n\n", "text/event-stream");
     });
+    // Chat: the examples are earlier turns; the reply is right for the first `correct` questions,
+    // and comes as deltas split over two chunks.
+    svr_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      auto body = nlohmann::json::parse(req.body);
+      const auto& msgs = body["messages"];
+      EXPECT_EQ(msgs.size(), 11u);  // 5 x (user, assistant) + the question
+      EXPECT_EQ(msgs[1]["role"], "assistant");
+      std::string last = msgs.back()["content"];
+      std::string q = last.substr(10, last.rfind("\nAnswer:") - 10);
+      auto it = answers_.find(q);
+      std::string reply = it != answers_.end() && it->second.second ? it->second.first : "no idea";
+      std::string sse;
+      for (const std::string& part : {reply.substr(0, 5), reply.substr(5)}) {
+        nlohmann::json chunk{{"choices", {{{"index", 0}, {"delta", {{"content", part}}}}}}};
+        sse += "data: " + chunk.dump() + "\n\n";
+      }
+      res.set_content(sse + "data: [DONE]\n\n", "text/event-stream");
+    });
     port_ = svr_.bind_to_any_port("127.0.0.1");
     th_ = std::thread([this] { svr_.listen_after_bind(); });
     while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -190,6 +208,25 @@ TEST(Gsm8kRun, ScoresAgainstALoopbackServer) {
   std::string l;
   while (std::getline(f, l)) ++lines;
   EXPECT_EQ(lines, 40);
+}
+
+TEST(Gsm8kRun, ChatEndpoint) {
+  const std::string dir = SIEVE_SOURCE_DIR "/data/gsm8k";
+  auto test = load_gsm8k(dir + "/test.jsonl");
+  FakeGsm8kServer s(test, 6);
+  Gsm8kOptions o;
+  o.base_url = s.url();
+  o.model = "fake";
+  o.data_dir = dir;
+  o.limit = 8;
+  o.chat = true;
+  o.num_concurrent = 3;
+  std::ostringstream out;
+  Gsm8kResult r = run_gsm8k(o, nullptr, out);
+  EXPECT_DOUBLE_EQ(r.flexible.value, 0.75);
+  EXPECT_DOUBLE_EQ(r.strict.value, 0.75);
+  EXPECT_EQ(r.responses[0], test[0].answer);  // deltas joined
+  EXPECT_NE(out.str().find("local-chat-completions"), std::string::npos);
 }
 
 TEST(Gsm8kRun, FailedRequestsCountAsWrong) {
