@@ -65,7 +65,8 @@ int run_chat_template(const std::vector<std::string>& argv) {
   return 0;
 }
 
-Register reg{"chat-template", "print the prompt a chat template makes of messages", &run_chat_template};
+Register reg{"chat-template", "print the prompt a chat template makes of messages",
+             &run_chat_template};
 
 }  // namespace
 }  // namespace sieve::cli

@@ -29,7 +29,8 @@ int run_tokenize(const std::vector<std::string>& argv) {
       .flag({"--json"}, "print {\"ids\", \"tokens\"} as JSON")
       .flag({"--no-special-tokens"}, "do not add bos/eos (add_special_tokens=False)");
   if (!a.parse()) return 0;
-  if (!a.has("--tokenizer")) throw Error("sieve tokenize: --tokenizer DIR (or --model DIR) is required");
+  if (!a.has("--tokenizer"))
+    throw Error("sieve tokenize: --tokenizer DIR (or --model DIR) is required");
   int sources = a.has("--text") + a.has("--file") + a.has("--jsonl");
   if (sources != 1) throw Error("sieve tokenize: give exactly one of --text, --file, --jsonl");
   text::Tokenizer tok = text::Tokenizer::load(a.get("--tokenizer"));
@@ -81,7 +82,8 @@ int run_detokenize(const std::vector<std::string>& argv) {
       .opt({"--ids"}, "IDS", "token ids, separated by commas or spaces (a JSON array works too)")
       .flag({"--skip-special-tokens"}, "leave special tokens out of the text");
   if (!a.parse()) return 0;
-  if (!a.has("--tokenizer")) throw Error("sieve detokenize: --tokenizer DIR (or --model DIR) is required");
+  if (!a.has("--tokenizer"))
+    throw Error("sieve detokenize: --tokenizer DIR (or --model DIR) is required");
   if (!a.has("--ids")) throw Error("sieve detokenize: --ids is required");
   std::vector<int32_t> ids;
   std::string s = a.get("--ids"), cur;
@@ -98,8 +100,10 @@ int run_detokenize(const std::vector<std::string>& argv) {
     cur.clear();
   };
   for (char c : s) {
-    if (c == ',' || c == ' ' || c == '[' || c == ']' || c == '\n' || c == '\t') flush();
-    else cur += c;
+    if (c == ',' || c == ' ' || c == '[' || c == ']' || c == '\n' || c == '\t')
+      flush();
+    else
+      cur += c;
   }
   flush();
   text::Tokenizer tok = text::Tokenizer::load(a.get("--tokenizer"));

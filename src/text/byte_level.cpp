@@ -42,7 +42,7 @@ ByteLevelTokenizerInfo write_byte_level_tokenizer(const std::string& dir, int32_
   // special: the MiniMax turn markers and namespace token are control tokens; <think> stays
   // visible in decoded text so reasoning parsers can find it.
   const std::vector<std::pair<std::string, bool>> specials = {
-      {"]~!b[", true}, {"]~b]", true}, {"[e~[", true}, {"]<]minimax[>[", true},
+      {"]~!b[", true},    {"]~b]", true},      {"[e~[", true},         {"]<]minimax[>[", true},
       {"<think>", false}, {"</think>", false}, {"<tool_call>", false}, {"</tool_call>", false}};
   const int32_t needed = 256 + static_cast<int32_t>(specials.size());
   if (vocab_size < needed)
@@ -56,8 +56,13 @@ ByteLevelTokenizerInfo write_byte_level_tokenizer(const std::string& dir, int32_
   nlohmann::ordered_json added = nlohmann::ordered_json::array();
   int32_t id = 256;
   for (const auto& [content, special] : specials) {
-    added.push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", special}});
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", special}});
     info.special_tokens.emplace_back(content, id);
     if (content == "]~!b[") info.bos_id = id;
     if (content == "[e~[") info.eos_id = id;
@@ -65,7 +70,8 @@ ByteLevelTokenizerInfo write_byte_level_tokenizer(const std::string& dir, int32_
   }
   // A few English merges so that encoding is not purely byte by byte.
   const std::vector<std::pair<std::string, std::string>> merge_list = {
-      {"Ġ", "t"}, {"h", "e"}, {"Ġ", "a"}, {"i", "n"}, {"Ġt", "he"}, {"e", "r"}, {"o", "n"}, {"Ġ", "s"}};
+      {"Ġ", "t"},   {"h", "e"}, {"Ġ", "a"}, {"i", "n"},
+      {"Ġt", "he"}, {"e", "r"}, {"o", "n"}, {"Ġ", "s"}};
   nlohmann::ordered_json merges = nlohmann::ordered_json::array();
   for (const auto& [a, b] : merge_list) {
     if (static_cast<int>(merges.size()) >= max_merges || id >= vocab_size) break;
@@ -90,16 +96,31 @@ ByteLevelTokenizerInfo write_byte_level_tokenizer(const std::string& dir, int32_
               "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
            {"behavior", "Isolated"},
            {"invert", false}},
-          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+          {{"type", "ByteLevel"},
+           {"add_prefix_space", false},
+           {"trim_offsets", false},
            {"use_regex", false}}}}}},
       {"post_processor",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", false},
+        {"use_regex", false}}},
       {"decoder",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", false},
+        {"use_regex", false}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-        {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false},
-        {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}}}};
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", merges}}}};
   nlohmann::ordered_json cfg = {{"add_bos_token", false},
                                 {"add_eos_token", false},
                                 {"bos_token", "]~!b["},

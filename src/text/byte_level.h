@@ -11,9 +11,9 @@
 namespace sieve::text {
 
 struct ByteLevelTokenizerInfo {
-  int32_t bos_id;       // ]~!b[
-  int32_t eos_id;       // [e~[
-  int32_t used_ids;     // ids 0 .. used_ids-1 are taken; the rest of the vocabulary is unused
+  int32_t bos_id;    // ]~!b[
+  int32_t eos_id;    // [e~[
+  int32_t used_ids;  // ids 0 .. used_ids-1 are taken; the rest of the vocabulary is unused
   std::vector<std::pair<std::string, int32_t>> special_tokens;  // content, id
 };
 

@@ -23,10 +23,14 @@ struct TemplateError {
   size_t pos;
   std::string msg;
 };
-[[noreturn]] void fail(size_t pos, std::string msg) { throw TemplateError{pos, std::move(msg)}; }
+[[noreturn]] void fail(size_t pos, std::string msg) {
+  throw TemplateError{pos, std::move(msg)};
+}
 // For builtins that do not know where they were called: the caller fills in the position.
 constexpr size_t kHere = std::string::npos;
-[[noreturn]] void fail_here(std::string msg) { throw TemplateError{kHere, std::move(msg)}; }
+[[noreturn]] void fail_here(std::string msg) {
+  throw TemplateError{kHere, std::move(msg)};
+}
 
 struct RaiseException {
   std::string msg;
@@ -37,8 +41,19 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 // ---------------------------------------------------------------- lexer
 
-enum class Tok { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat,
-                 kOp, kEof };
+enum class Tok {
+  kText,
+  kVarBegin,
+  kVarEnd,
+  kBlockBegin,
+  kBlockEnd,
+  kName,
+  kString,
+  kInt,
+  kFloat,
+  kOp,
+  kEof
+};
 
 struct Token {
   Tok kind;
@@ -48,7 +63,9 @@ struct Token {
   double f = 0;
 };
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 std::string rstrip_ws(const std::string& s) {
   size_t e = s.size();
@@ -109,8 +126,7 @@ class Lexer {
 
   size_t find_tag(size_t from) const {
     for (size_t p = s_.find('{', from); p != std::string::npos; p = s_.find('{', p + 1))
-      if (p + 1 < s_.size() && (s_[p + 1] == '{' || s_[p + 1] == '%' || s_[p + 1] == '#'))
-        return p;
+      if (p + 1 < s_.size() && (s_[p + 1] == '{' || s_[p + 1] == '%' || s_[p + 1] == '#')) return p;
     return std::string::npos;
   }
 
@@ -135,7 +151,8 @@ class Lexer {
     if (s_.compare(p, 3, "raw") != 0) return false;
     p += 3;
     while (p < s_.size() && is_space(s_[p])) ++p;
-    return s_.compare(p, 2, "%}") == 0 || s_.compare(p, 3, "-%}") == 0 || s_.compare(p, 3, "+%}") == 0;
+    return s_.compare(p, 2, "%}") == 0 || s_.compare(p, 3, "-%}") == 0 ||
+           s_.compare(p, 3, "+%}") == 0;
   }
 
   size_t lex_raw(size_t k, size_t body, bool& line_starting) {
@@ -165,7 +182,8 @@ class Lexer {
     int depth = 0;  // open brackets: "}}" inside a dict literal does not end the tag
     while (true) {
       while (p < s_.size() && is_space(s_[p])) ++p;
-      if (p >= s_.size()) fail(start - 2, std::string("unterminated ") + (close == '}' ? "{{" : "{%"));
+      if (p >= s_.size())
+        fail(start - 2, std::string("unterminated ") + (close == '}' ? "{{" : "{%"));
       // End delimiter, optionally with '-' (strip what follows) or '+' (keep the newline).
       char sign = 0;
       size_t q = p;
@@ -181,14 +199,17 @@ class Lexer {
       char c = s_[p];
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t e = p;
-        while (e < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[e])) || s_[e] == '_')) ++e;
+        while (e < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[e])) || s_[e] == '_'))
+          ++e;
         toks_.push_back({Tok::kName, s_.substr(p, e - p), p});
         p = e;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         size_t e = p;
-        while (e < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[e])) || s_[e] == '_')) ++e;
+        while (e < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[e])) || s_[e] == '_'))
+          ++e;
         bool is_float = false;
-        if (e + 1 < s_.size() && s_[e] == '.' && std::isdigit(static_cast<unsigned char>(s_[e + 1]))) {
+        if (e + 1 < s_.size() && s_[e] == '.' &&
+            std::isdigit(static_cast<unsigned char>(s_[e + 1]))) {
           is_float = true;
           ++e;
           while (e < s_.size() && std::isdigit(static_cast<unsigned char>(s_[e]))) ++e;
@@ -206,16 +227,18 @@ class Lexer {
         for (size_t k = p; k < e; ++k)
           if (s_[k] != '_') num += s_[k];
         Token t{is_float ? Tok::kFloat : Tok::kInt, num, p};
-        if (is_float) t.f = std::stod(num);
-        else t.i = std::stoll(num);
+        if (is_float)
+          t.f = std::stod(num);
+        else
+          t.i = std::stoll(num);
         toks_.push_back(t);
         p = e;
       } else if (c == '\'' || c == '"') {
         toks_.push_back({Tok::kString, lex_string(p), p});
       } else {
-        static const char* ops[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                    "~", "<", ">", "=", "(", ")", "[", "]", "{", "}", ",", ".",
-                                    ":", "|"};
+        static const char* ops[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                                    "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                    "]",  "{",  "}",  ",",  ".",  ":",  "|"};
         bool found = false;
         for (const char* op : ops) {
           size_t n = std::char_traits<char>::length(op);
@@ -249,19 +272,44 @@ class Lexer {
       if (p >= s_.size()) fail(start, "unterminated string");
       char e = s_[p++];
       switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '0': out += '\0'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case '\n': break;
-        case 'x': case 'u': case 'U': {
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case '0':
+          out += '\0';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case '\n':
+          break;
+        case 'x':
+        case 'u':
+        case 'U': {
           size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
           if (p + n > s_.size()) fail(p, "bad escape in string");
           uint32_t cp = static_cast<uint32_t>(std::stoul(s_.substr(p, n), nullptr, 16));
@@ -283,16 +331,35 @@ struct Expr;
 using ExprP = std::shared_ptr<Expr>;
 
 struct Expr {
-  enum Kind { kLiteral, kName, kAttr, kItem, kSlice, kCall, kFilter, kTest, kNeg, kPos, kNot,
-              kBinary, kCompare, kAnd, kOr, kCond, kList, kTuple, kDict };
+  enum Kind {
+    kLiteral,
+    kName,
+    kAttr,
+    kItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNeg,
+    kPos,
+    kNot,
+    kBinary,
+    kCompare,
+    kAnd,
+    kOr,
+    kCond,
+    kList,
+    kTuple,
+    kDict
+  };
   Kind kind;
   size_t pos;
   Value lit;
-  std::string name;                     // name, attribute, filter, test, operator
-  std::vector<ExprP> a;                 // operands / args / list items (dict: k, v, k, v ...)
-  std::vector<std::string> ops;         // comparison operators
+  std::string name;              // name, attribute, filter, test, operator
+  std::vector<ExprP> a;          // operands / args / list items (dict: k, v, k, v ...)
+  std::vector<std::string> ops;  // comparison operators
   std::vector<std::pair<std::string, ExprP>> kw;
-  bool negated = false;                 // `is not`
+  bool negated = false;  // `is not`
 };
 
 struct Node;
@@ -300,20 +367,31 @@ using NodeP = std::shared_ptr<Node>;
 using Body = std::vector<NodeP>;
 
 struct Node {
-  enum Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kFilterBlock, kBreak, kContinue,
-              kCallBlock };
+  enum Kind {
+    kText,
+    kOutput,
+    kIf,
+    kFor,
+    kSet,
+    kSetBlock,
+    kMacro,
+    kFilterBlock,
+    kBreak,
+    kContinue,
+    kCallBlock
+  };
   Kind kind;
   size_t pos;
   std::string text;
-  ExprP expr;                                  // output, set value, for iterable, call
+  ExprP expr;                                    // output, set value, for iterable, call
   std::vector<std::pair<ExprP, Body>> branches;  // if/elif/else (else has null condition)
-  std::vector<std::string> targets;            // for / set names
-  std::string attr;                            // set ns.attr
-  ExprP cond;                                  // for ... if cond
+  std::vector<std::string> targets;              // for / set names
+  std::string attr;                              // set ns.attr
+  ExprP cond;                                    // for ... if cond
   Body body, else_body;
   std::vector<std::pair<std::string, ExprP>> params;  // macro parameters with defaults
-  std::vector<ExprP> filters;                  // filter block / set block filters (kFilter exprs
-                                               // with a null operand)
+  std::vector<ExprP> filters;  // filter block / set block filters (kFilter exprs
+                               // with a null operand)
 };
 
 }  // namespace
@@ -360,10 +438,14 @@ class Parser {
   }
   std::string got() const {
     switch (cur().kind) {
-      case Tok::kEof: return ", got end of template";
-      case Tok::kBlockEnd: return ", got end of statement block";
-      case Tok::kVarEnd: return ", got end of print statement";
-      default: return ", got '" + cur().text + "'";
+      case Tok::kEof:
+        return ", got end of template";
+      case Tok::kBlockEnd:
+        return ", got end of statement block";
+      case Tok::kVarEnd:
+        return ", got end of print statement";
+      default:
+        return ", got '" + cur().text + "'";
     }
   }
   std::string expect_name() {
@@ -740,9 +822,12 @@ class Parser {
     if (tk.kind == Tok::kName) {
       ++k_;
       auto e = make(Expr::kLiteral, pos);
-      if (tk.text == "true" || tk.text == "True") e->lit = Value::boolean(true);
-      else if (tk.text == "false" || tk.text == "False") e->lit = Value::boolean(false);
-      else if (tk.text == "none" || tk.text == "None") e->lit = Value::none();
+      if (tk.text == "true" || tk.text == "True")
+        e->lit = Value::boolean(true);
+      else if (tk.text == "false" || tk.text == "False")
+        e->lit = Value::boolean(false);
+      else if (tk.text == "none" || tk.text == "None")
+        e->lit = Value::none();
       else {
         e->kind = Expr::kName;
         e->name = tk.text;
@@ -944,15 +1029,24 @@ struct Scope {
 
 std::string type_name(const Value& v) {
   switch (v.type) {
-    case Value::kUndefined: return "undefined";
-    case Value::kNone: return "NoneType";
-    case Value::kBool: return "bool";
-    case Value::kInt: return "int";
-    case Value::kFloat: return "float";
-    case Value::kStr: return "str";
-    case Value::kList: return "list";
-    case Value::kMap: return "dict";
-    case Value::kFunc: return "function";
+    case Value::kUndefined:
+      return "undefined";
+    case Value::kNone:
+      return "NoneType";
+    case Value::kBool:
+      return "bool";
+    case Value::kInt:
+      return "int";
+    case Value::kFloat:
+      return "float";
+    case Value::kStr:
+      return "str";
+    case Value::kList:
+      return "list";
+    case Value::kMap:
+      return "dict";
+    case Value::kFunc:
+      return "function";
   }
   return "?";
 }
@@ -1257,9 +1351,8 @@ class Interpreter {
       case Node::kMacro: {
         const Node* node = &n;
         Interpreter* self = this;
-        sc.vars[n.text] = Value::function([self, node](const CallArgs& args) {
-          return self->call_macro(*node, args);
-        });
+        sc.vars[n.text] = Value::function(
+            [self, node](const CallArgs& args) { return self->call_macro(*node, args); });
         return;
       }
       case Node::kFilterBlock: {
@@ -1347,9 +1440,12 @@ class Interpreter {
     sc.parent = &globals_;
     for (size_t k = 0; k < n.params.size(); ++k) {
       const auto& [name, def] = n.params[k];
-      if (const Value* v = args.get(k, name)) sc.vars[name] = *v;
-      else if (def) sc.vars[name] = eval(*def, sc);
-      else sc.vars[name] = Value::undefined(name);
+      if (const Value* v = args.get(k, name))
+        sc.vars[name] = *v;
+      else if (def)
+        sc.vars[name] = eval(*def, sc);
+      else
+        sc.vars[name] = Value::undefined(name);
     }
     if (args.pos.size() > n.params.size())
       fail(n.pos, "macro '" + n.text + "' takes " + std::to_string(n.params.size()) +
@@ -1392,7 +1488,8 @@ class Interpreter {
       }
       case Expr::kNeg: {
         Value v = eval(*e.a[0], sc);
-        if (v.type == Value::kInt || v.type == Value::kBool) return Value::integer(-(v.type == Value::kBool ? v.b : v.i));
+        if (v.type == Value::kInt || v.type == Value::kBool)
+          return Value::integer(-(v.type == Value::kBool ? v.b : v.i));
         if (v.type == Value::kFloat) return Value::number(-v.f);
         fail(e.pos, "bad operand type for unary -: '" + type_name(v) + "'");
       }
@@ -1435,10 +1532,14 @@ class Interpreter {
           const std::string& op = e.ops[k];
           bool ok;
           size_t pos = e.a[k + 1]->pos;
-          if (op == "==") ok = values_equal(l, r);
-          else if (op == "!=") ok = !values_equal(l, r);
-          else if (op == "in") ok = contains(r, l, pos);
-          else if (op == "notin") ok = !contains(r, l, pos);
+          if (op == "==")
+            ok = values_equal(l, r);
+          else if (op == "!=")
+            ok = !values_equal(l, r);
+          else if (op == "in")
+            ok = contains(r, l, pos);
+          else if (op == "notin")
+            ok = !contains(r, l, pos);
           else {
             int c = compare_values(l, r, pos);
             ok = op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0;
@@ -1613,11 +1714,11 @@ class Interpreter {
 
   // Python methods of str, dict and list that templates call, bound to `obj`.
   Value method_or_undefined(const Value& obj, const std::string& name) {
-    static const char* str_methods[] = {"startswith", "endswith", "split", "rsplit", "strip",
-                                        "lstrip", "rstrip", "replace", "upper", "lower", "title",
-                                        "capitalize", "find", "rfind", "count", "join", "format",
-                                        "isdigit", "isalpha", "isspace", "isalnum", "islower",
-                                        "isupper", "splitlines", "index"};
+    static const char* str_methods[] = {
+        "startswith", "endswith", "split",      "rsplit",  "strip",      "lstrip",  "rstrip",
+        "replace",    "upper",    "lower",      "title",   "capitalize", "find",    "rfind",
+        "count",      "join",     "format",     "isdigit", "isalpha",    "isspace", "isalnum",
+        "islower",    "isupper",  "splitlines", "index"};
     static const char* map_methods[] = {"items", "keys", "values", "get"};
     static const char* list_methods[] = {"index", "count"};
     auto has = [&](auto& arr) {
@@ -1625,13 +1726,13 @@ class Interpreter {
         if (name == m) return true;
       return false;
     };
-    if ((obj.is_str() && has(str_methods)) || (obj.is_map() && !obj.map->is_namespace && has(map_methods)) ||
+    if ((obj.is_str() && has(str_methods)) ||
+        (obj.is_map() && !obj.map->is_namespace && has(map_methods)) ||
         (obj.is_list() && has(list_methods))) {
       Interpreter* self = this;
       Value bound = obj;
-      return Value::function([self, bound, name](const CallArgs& a) {
-        return self->call_method(bound, name, a);
-      });
+      return Value::function(
+          [self, bound, name](const CallArgs& a) { return self->call_method(bound, name, a); });
     }
     return Value::undefined(name);
   }
@@ -1642,7 +1743,8 @@ class Interpreter {
     size_t pos = call_pos_;
     auto arg_str = [&](size_t i, const char* kw) -> const Value* {
       const Value* v = a.get(i, kw);
-      if (v && !v->is_str() && !v->is_none()) fail(pos, name + "() argument must be str, not " + type_name(*v));
+      if (v && !v->is_str() && !v->is_none())
+        fail(pos, name + "() argument must be str, not " + type_name(*v));
       return v;
     };
     if (obj.is_str()) {
@@ -1655,7 +1757,8 @@ class Interpreter {
           if (!o.is_str()) fail(pos, name + "() argument must be str or a tuple of str");
           bool hit = name == "startswith"
                          ? s.compare(0, o.s.size(), o.s) == 0
-                         : s.size() >= o.s.size() && s.compare(s.size() - o.s.size(), o.s.size(), o.s) == 0;
+                         : s.size() >= o.s.size() &&
+                               s.compare(s.size() - o.s.size(), o.s.size(), o.s) == 0;
           if (hit) return Value::boolean(true);
         }
         return Value::boolean(false);
@@ -1729,7 +1832,9 @@ class Interpreter {
         if (!sub || !sub->is_str()) fail(pos, "count() takes a string");
         if (sub->s.empty()) return Value::integer(static_cast<int64_t>(str_len(s) + 1));
         int64_t n = 0;
-        for (size_t p = s.find(sub->s); p != std::string::npos; p = s.find(sub->s, p + sub->s.size())) ++n;
+        for (size_t p = s.find(sub->s); p != std::string::npos;
+             p = s.find(sub->s, p + sub->s.size()))
+          ++n;
         return Value::integer(n);
       }
       if (name == "join") {
@@ -1738,7 +1843,8 @@ class Interpreter {
         std::string r;
         bool first = true;
         for (const auto& x : iterate(*it, pos)) {
-          if (!x.is_str()) fail(pos, "sequence item: expected str instance, " + type_name(x) + " found");
+          if (!x.is_str())
+            fail(pos, "sequence item: expected str instance, " + type_name(x) + " found");
           r += (first ? "" : s) + x.s;
           first = false;
         }
@@ -1760,9 +1866,12 @@ class Interpreter {
             if (e == std::string::npos) fail(pos, "format(): unmatched '{'");
             std::string field = s.substr(k + 1, e - k - 1);
             const Value* v = nullptr;
-            if (field.empty()) v = a.get(auto_idx++, "");
-            else if (std::isdigit(static_cast<unsigned char>(field[0]))) v = a.get(std::stoul(field), "");
-            else v = a.kwarg(field);
+            if (field.empty())
+              v = a.get(auto_idx++, "");
+            else if (std::isdigit(static_cast<unsigned char>(field[0])))
+              v = a.get(std::stoul(field), "");
+            else
+              v = a.kwarg(field);
             if (!v) fail(pos, "format(): no value for {" + field + "}");
             r += to_str(*v);
             k = e;
@@ -1779,8 +1888,10 @@ class Interpreter {
         return Value::boolean(true);
       };
       if (name == "isdigit") return all_of([](unsigned char c) { return std::isdigit(c) != 0; });
-      if (name == "isalpha") return all_of([](unsigned char c) { return std::isalpha(c) != 0 || c >= 0x80; });
-      if (name == "isalnum") return all_of([](unsigned char c) { return std::isalnum(c) != 0 || c >= 0x80; });
+      if (name == "isalpha")
+        return all_of([](unsigned char c) { return std::isalpha(c) != 0 || c >= 0x80; });
+      if (name == "isalnum")
+        return all_of([](unsigned char c) { return std::isalnum(c) != 0 || c >= 0x80; });
       if (name == "isspace") return all_of([](unsigned char c) { return std::isspace(c) != 0; });
       if (name == "islower") return Value::boolean(ascii_lower(s) == s && ascii_upper(s) != s);
       if (name == "isupper") return Value::boolean(ascii_upper(s) == s && ascii_lower(s) != s);
@@ -1914,11 +2025,16 @@ class Interpreter {
     }
     if (name == "length" || name == "count") {
       switch (v.type) {
-        case Value::kStr: return Value::integer(static_cast<int64_t>(str_len(v.s)));
-        case Value::kList: return Value::integer(static_cast<int64_t>(v.list->size()));
-        case Value::kMap: return Value::integer(static_cast<int64_t>(v.map->items.size()));
-        case Value::kUndefined: return Value::integer(0);
-        default: fail(pos, "object of type '" + type_name(v) + "' has no len()");
+        case Value::kStr:
+          return Value::integer(static_cast<int64_t>(str_len(v.s)));
+        case Value::kList:
+          return Value::integer(static_cast<int64_t>(v.list->size()));
+        case Value::kMap:
+          return Value::integer(static_cast<int64_t>(v.map->items.size()));
+        case Value::kUndefined:
+          return Value::integer(0);
+        default:
+          fail(pos, "object of type '" + type_name(v) + "' has no len()");
       }
     }
     if (name == "default" || name == "d") {
@@ -1965,7 +2081,8 @@ class Interpreter {
       const Value* to = a.get(1, "new");
       if (!from || !to) fail(pos, "replace needs two arguments");
       const Value* c = a.get(2, "count");
-      return Value::string(py_replace(to_str(v), to_str(*from), to_str(*to), c ? to_int(*c, pos, "count") : -1));
+      return Value::string(
+          py_replace(to_str(v), to_str(*from), to_str(*to), c ? to_int(*c, pos, "count") : -1));
     }
     if (name == "first" || name == "last") {
       List items = iterate(v, pos);
@@ -2090,8 +2207,10 @@ class Interpreter {
       Value acc = start ? *start : Value::integer(0);
       for (const auto& x : iterate(v, pos)) {
         Value item = attr ? attr_of(x, to_str(*attr), pos) : x;
-        if (acc.type == Value::kFloat || item.type == Value::kFloat) acc = Value::number(acc.as_double() + item.as_double());
-        else acc = Value::integer(to_int(acc, pos, "sum") + to_int(item, pos, "sum"));
+        if (acc.type == Value::kFloat || item.type == Value::kFloat)
+          acc = Value::number(acc.as_double() + item.as_double());
+        else
+          acc = Value::integer(to_int(acc, pos, "sum") + to_int(item, pos, "sum"));
       }
       return acc;
     }
@@ -2109,7 +2228,8 @@ class Interpreter {
       const Value* w = a.get(0, "width");
       const Value* first = a.get(1, "first");
       const Value* blank = a.get(2, "blank");
-      std::string pad = w && w->is_str() ? w->s : std::string(w ? to_int(*w, pos, "width") : 4, ' ');
+      std::string pad =
+          w && w->is_str() ? w->s : std::string(w ? to_int(*w, pos, "width") : 4, ' ');
       std::string s = to_str(v), out;
       auto lines = py_split(s, nullptr, -1);  // placeholder to keep types; replaced below
       (void)lines;
@@ -2122,23 +2242,35 @@ class Interpreter {
         }
       for (size_t k = 0; k < ls.size(); ++k) {
         if (k) out += "\n";
-        bool do_pad = (k > 0 || (first && first->truthy())) &&
-                      (!ls[k].empty() || (blank && blank->truthy()));
+        bool do_pad =
+            (k > 0 || (first && first->truthy())) && (!ls[k].empty() || (blank && blank->truthy()));
         out += (do_pad ? pad : "") + ls[k];
       }
       return Value::string(out);
     }
-    if (name == "wordcount") return Value::integer(static_cast<int64_t>(py_split(to_str(v), nullptr, -1).size()));
+    if (name == "wordcount")
+      return Value::integer(static_cast<int64_t>(py_split(to_str(v), nullptr, -1).size()));
     if (name == "e" || name == "escape" || name == "forceescape") {
       std::string r;
       for (char c : to_str(v)) {
         switch (c) {
-          case '&': r += "&amp;"; break;
-          case '<': r += "&lt;"; break;
-          case '>': r += "&gt;"; break;
-          case '"': r += "&#34;"; break;
-          case '\'': r += "&#39;"; break;
-          default: r += c;
+          case '&':
+            r += "&amp;";
+            break;
+          case '<':
+            r += "&lt;";
+            break;
+          case '>':
+            r += "&gt;";
+            break;
+          case '"':
+            r += "&#34;";
+            break;
+          case '\'':
+            r += "&#39;";
+            break;
+          default:
+            r += c;
         }
       }
       return Value::string(r);
@@ -2238,7 +2370,8 @@ void add_globals(Scope& g) {
       if (a.pos[k].type == Value::kBool) return static_cast<int64_t>(a.pos[k].b);
       fail_here("range() arguments must be integers");
     };
-    if (a.pos.size() == 1) stop = num(0);
+    if (a.pos.size() == 1)
+      stop = num(0);
     else if (a.pos.size() >= 2) {
       start = num(0);
       stop = num(1);

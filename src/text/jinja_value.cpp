@@ -78,7 +78,9 @@ std::string float_repr(double x) {
   std::string out;
   if (exp >= -4 && exp < 16) {
     if (exp < 0) {
-      out = "0." + std::string(-exp - 1, '0') + digits;
+      out = "0.";
+      out.append(static_cast<size_t>(-exp - 1), '0');
+      out += digits;
     } else if (static_cast<int>(digits.size()) <= exp + 1) {
       out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
     } else {
@@ -86,12 +88,16 @@ std::string float_repr(double x) {
     }
   } else {
     out = digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
+    if (digits.size() > 1) {
+      out += '.';
+      out.append(digits, 1, std::string::npos);
+    }
     char eb[16];
     std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
     out += eb;
   }
-  return neg ? "-" + out : out;
+  if (neg) out.insert(out.begin(), '-');
+  return out;
 }
 
 std::string str_repr(const std::string& s) {
@@ -100,11 +106,16 @@ std::string str_repr(const std::string& s) {
   char q = has_single && !has_double ? '"' : '\'';
   std::string out(1, q);
   for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == q) out += std::string("\\") + static_cast<char>(q);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == q)
+      out += std::string("\\") + static_cast<char>(q);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
       char b[8];
       std::snprintf(b, sizeof b, "\\x%02x", c);
@@ -121,13 +132,27 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char b[8];
@@ -144,7 +169,9 @@ std::string json_string(const std::string& s) {
 void json_into(std::string& out, const Value& v, int indent, int level, const std::string& isep,
                const std::string& ksep, bool sort_keys) {
   auto newline = [&](int lvl) {
-    if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent * lvl), ' ');
+    if (indent < 0) return;
+    out += '\n';
+    out.append(static_cast<size_t>(indent * lvl), ' ');
   };
   switch (v.type) {
     case Value::kUndefined:
@@ -158,9 +185,12 @@ void json_into(std::string& out, const Value& v, int indent, int level, const st
       out += std::to_string(v.i);
       return;
     case Value::kFloat:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
-      else out += float_repr(v.f);
+      if (std::isnan(v.f))
+        out += "NaN";
+      else if (std::isinf(v.f))
+        out += v.f > 0 ? "Infinity" : "-Infinity";
+      else
+        out += float_repr(v.f);
       return;
     case Value::kStr:
       out += json_string(v.s);

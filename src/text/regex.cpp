@@ -38,14 +38,16 @@ Regex::Regex(const std::string& pattern, bool literal, const std::string& what) 
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    throw Error(what + ": cannot compile regex /" + pattern + "/ at offset " +
-                std::to_string(off) + ": " + reinterpret_cast<char*>(msg));
+    throw Error(what + ": cannot compile regex /" + pattern + "/ at offset " + std::to_string(off) +
+                ": " + reinterpret_cast<char*>(msg));
   }
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
   code_ = code;
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
 
 void Regex::for_each_match(std::string_view s,
                            const std::function<void(size_t, size_t)>& fn) const {

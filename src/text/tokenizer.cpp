@@ -62,7 +62,9 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+bool file_exists(const std::string& path) {
+  return std::ifstream(path).good();
+}
 
 json parse_json_file(const std::string& path) {
   try {
@@ -130,8 +132,8 @@ struct AddedToken {
 // Finds added tokens in text: leftmost match, longest at that position (what the Rust crate's
 // aho-corasick LeftmostLongest does).
 struct AddedMatcher {
-  SvMap<size_t> by_content;  // -> index in tokens
-  std::vector<size_t> lengths;                           // distinct, longest first
+  SvMap<size_t> by_content;     // -> index in tokens
+  std::vector<size_t> lengths;  // distinct, longest first
   std::array<bool, 256> first{};
   const std::vector<AddedToken>* tokens = nullptr;
 
@@ -193,9 +195,7 @@ struct TokenizerImpl {
   std::string bos_tok, eos_tok, chat_template;
   bool add_bos = false;
 
-  static uint64_t key(int32_t a, int32_t b) {
-    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
-  }
+  static uint64_t key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
   void split_added(std::string_view text, const AddedMatcher& m, std::vector<Segment>& out) const {
     if (m.empty()) {
@@ -265,7 +265,11 @@ struct TokenizerImpl {
       for (std::string_view p : pieces) {
         if (step.kind == PreTokStep::kByteLevel && step.add_prefix_space &&
             (p.empty() || p[0] != ' ')) {
-          owned.push_back(" " + std::string(p));
+          std::string spaced;
+          spaced.reserve(p.size() + 1);
+          spaced += ' ';
+          spaced.append(p);
+          owned.push_back(std::move(spaced));
           p = owned.back();
         }
         if (!step.regex) {
@@ -306,8 +310,10 @@ struct TokenizerImpl {
       case SplitBehavior::kMergedWithPrevious: {
         std::vector<Span> merged;
         for (auto& s : spans) {
-          if (s.m && !merged.empty()) merged.back().b = s.b;
-          else merged.push_back(s);
+          if (s.m && !merged.empty())
+            merged.back().b = s.b;
+          else
+            merged.push_back(s);
         }
         for (auto& s : merged) out.push_back(p.substr(s.a, s.b - s.a));
         break;
@@ -316,8 +322,10 @@ struct TokenizerImpl {
         std::vector<Span> merged;
         bool carry = false;
         for (auto& s : spans) {
-          if (carry) merged.back().b = s.b;
-          else merged.push_back(s);
+          if (carry)
+            merged.back().b = s.b;
+          else
+            merged.push_back(s);
           carry = s.m;
         }
         for (auto& s : merged) out.push_back(p.substr(s.a, s.b - s.a));
@@ -326,8 +334,10 @@ struct TokenizerImpl {
       case SplitBehavior::kContiguous: {
         std::vector<Span> merged;
         for (auto& s : spans) {
-          if (!merged.empty() && merged.back().m == s.m) merged.back().b = s.b;
-          else merged.push_back(s);
+          if (!merged.empty() && merged.back().m == s.m)
+            merged.back().b = s.b;
+          else
+            merged.push_back(s);
         }
         for (auto& s : merged) out.push_back(p.substr(s.a, s.b - s.a));
         break;
@@ -407,9 +417,7 @@ struct TokenizerImpl {
       int32_t rank;
       int pos;
       int32_t new_id;
-      bool operator>(const Cand& o) const {
-        return rank != o.rank ? rank > o.rank : pos > o.pos;
-      }
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
     };
     std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
     auto push = [&](int pos) {
@@ -477,12 +485,18 @@ void parse_pre_tokenizer(TokenizerImpl& t, const json& p) {
     else
       throw Error(t.origin + ": Split pre-tokenizer pattern needs Regex or String");
     std::string b = p.value("behavior", "Isolated");
-    if (b == "Isolated") st.behavior = SplitBehavior::kIsolated;
-    else if (b == "Removed") st.behavior = SplitBehavior::kRemoved;
-    else if (b == "MergedWithPrevious") st.behavior = SplitBehavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") st.behavior = SplitBehavior::kMergedWithNext;
-    else if (b == "Contiguous") st.behavior = SplitBehavior::kContiguous;
-    else throw Error(t.origin + ": unsupported Split behavior \"" + b + "\"");
+    if (b == "Isolated")
+      st.behavior = SplitBehavior::kIsolated;
+    else if (b == "Removed")
+      st.behavior = SplitBehavior::kRemoved;
+    else if (b == "MergedWithPrevious")
+      st.behavior = SplitBehavior::kMergedWithPrevious;
+    else if (b == "MergedWithNext")
+      st.behavior = SplitBehavior::kMergedWithNext;
+    else if (b == "Contiguous")
+      st.behavior = SplitBehavior::kContiguous;
+    else
+      throw Error(t.origin + ": unsupported Split behavior \"" + b + "\"");
     st.invert = p.value("invert", false);
     t.pre.push_back(std::move(st));
   } else if (type == "ByteLevel") {
@@ -616,8 +630,12 @@ Tokenizer Tokenizer::from_json(const json& tj, const json& cfg, const json& gen,
                         TokenizerImpl::Merge{rank++, ic->second});
     }
     for (const auto& a : tj.value("added_tokens", json::array())) {
-      AddedToken at{a.at("id"), a.at("content"), a.value("lstrip", false), a.value("rstrip", false),
-                    a.value("single_word", false), a.value("normalized", false),
+      AddedToken at{a.at("id"),
+                    a.at("content"),
+                    a.value("lstrip", false),
+                    a.value("rstrip", false),
+                    a.value("single_word", false),
+                    a.value("normalized", false),
                     a.value("special", false)};
       t->id_text[at.id] = at.content;
       auto bytes = byte_level_decode(at.content);
@@ -661,7 +679,8 @@ Tokenizer Tokenizer::from_json(const json& tj, const json& cfg, const json& gen,
   if (!t->add_bos) t->add_bos = !t->prefix_ids.empty() && t->bos && t->prefix_ids[0] == *t->bos;
   if (gen.is_object() && gen.contains("eos_token_id")) {
     const json& e = gen["eos_token_id"];
-    if (e.is_number_integer()) t->eos.push_back(e);
+    if (e.is_number_integer())
+      t->eos.push_back(e);
     else if (e.is_array())
       for (const auto& x : e) t->eos.push_back(x);
   }
@@ -675,7 +694,8 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   if (!file_exists(tj_path)) throw Error("no tokenizer.json in " + dir);
   json tj = parse_json_file(tj_path);
   json cfg, gen;
-  if (file_exists(dir + "/tokenizer_config.json")) cfg = parse_json_file(dir + "/tokenizer_config.json");
+  if (file_exists(dir + "/tokenizer_config.json"))
+    cfg = parse_json_file(dir + "/tokenizer_config.json");
   if (file_exists(dir + "/generation_config.json"))
     gen = parse_json_file(dir + "/generation_config.json");
   // A chat_template.jinja file wins over the config's template (as in transformers).
@@ -738,7 +758,9 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return utf8_lossy(bytes);
 }
 
-int32_t Tokenizer::vocab_size() const { return impl_->size; }
+int32_t Tokenizer::vocab_size() const {
+  return impl_->size;
+}
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   for (const auto& a : impl_->added)
@@ -757,12 +779,24 @@ std::string Tokenizer::id_to_token(int32_t id) const {
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < impl_->size && impl_->special[id];
 }
-std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
-std::vector<int32_t> Tokenizer::eos_ids() const { return impl_->eos; }
-std::string Tokenizer::bos_token() const { return impl_->bos_tok; }
-std::string Tokenizer::eos_token() const { return impl_->eos_tok; }
-const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
-bool Tokenizer::add_bos_token() const { return impl_->add_bos; }
+std::optional<int32_t> Tokenizer::bos_id() const {
+  return impl_->bos;
+}
+std::vector<int32_t> Tokenizer::eos_ids() const {
+  return impl_->eos;
+}
+std::string Tokenizer::bos_token() const {
+  return impl_->bos_tok;
+}
+std::string Tokenizer::eos_token() const {
+  return impl_->eos_tok;
+}
+const std::string& Tokenizer::chat_template() const {
+  return impl_->chat_template;
+}
+bool Tokenizer::add_bos_token() const {
+  return impl_->add_bos;
+}
 
 std::vector<std::pair<int32_t, std::string>> Tokenizer::added_tokens() const {
   std::vector<std::pair<int32_t, std::string>> r;

@@ -13,7 +13,8 @@ namespace sieve::text {
 namespace {
 
 std::string temp_dir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("sieve_text_" + name + "_" + std::to_string(::getpid()));
+  auto d = std::filesystem::temp_directory_path() /
+           ("sieve_text_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
   return d.string();
 }
@@ -37,8 +38,9 @@ TEST(ByteLevelTokenizer, WritesALoadableTokenizerWithChatTokens) {
   std::vector<int32_t> ids = tok.encode("a the", false);
   EXPECT_EQ(ids, (std::vector<int32_t>{'a', 268}));
   EXPECT_EQ(tok.decode(ids), "a the");
-  std::string prompt = render_chat(
-      tok, nlohmann::json::parse(R"([{"role":"user","content":"héllo 👋"}])"), nullptr, true, nullptr);
+  std::string prompt =
+      render_chat(tok, nlohmann::json::parse(R"([{"role":"user","content":"héllo 👋"}])"), nullptr,
+                  true, nullptr);
   EXPECT_EQ(prompt, "]~!b[]~b]user\nhéllo 👋[e~[\n]~b]ai\n<think>\n");
   std::vector<int32_t> pids = tok.encode(prompt, false);
   EXPECT_EQ(pids.front(), 256);

@@ -47,8 +47,8 @@ TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
     if (name == "features" || name == "deepseek_v3") continue;
     const Tokenizer& tok = name == "qwen3" ? qwen3() : name == "llama3" ? llama3() : no_template();
     if (name == "minimax") ASSERT_TRUE(tok.chat_template().empty());
-    std::string got = render_chat(tok, c["messages"], c["tools"], c["add_generation_prompt"].get<bool>(),
-                                  c["kwargs"]);
+    std::string got = render_chat(tok, c["messages"], c["tools"],
+                                  c["add_generation_prompt"].get<bool>(), c["kwargs"]);
     EXPECT_EQ(got, c["expected"].get<std::string>())
         << name << " / " << c["conversation"].get<std::string>()
         << " gen=" << c["add_generation_prompt"].get<bool>();
@@ -73,8 +73,10 @@ TEST(ChatTemplateGolden, DeepSeekV3TemplateMatchesJinja2) {
   int n = 0;
   for (const auto& c : golden_cases()) {
     if (c["template"] != "deepseek_v3") continue;
-    ordered_json ctx = {{"bos_token", tok.bos_token()}, {"eos_token", tok.eos_token()},
-                        {"messages", c["messages"]}, {"tools", c["tools"]},
+    ordered_json ctx = {{"bos_token", tok.bos_token()},
+                        {"eos_token", tok.eos_token()},
+                        {"messages", c["messages"]},
+                        {"tools", c["tools"]},
                         {"add_generation_prompt", c["add_generation_prompt"]}};
     EXPECT_EQ(t.render(ctx), c["expected"].get<std::string>()) << c["conversation"];
     ++n;
@@ -87,8 +89,9 @@ TEST(ChatTemplateGolden, SortedJsonOverloadMatchesWhenKeyOrderIsIrrelevant) {
     if (c["template"] != "qwen3" || !c["tools"].is_null()) continue;
     nlohmann::json messages = nlohmann::json::parse(c["messages"].dump());
     nlohmann::json kwargs = nlohmann::json::parse(c["kwargs"].dump());
-    EXPECT_EQ(render_chat(qwen3(), messages, nullptr, c["add_generation_prompt"].get<bool>(), kwargs),
-              c["expected"].get<std::string>());
+    EXPECT_EQ(
+        render_chat(qwen3(), messages, nullptr, c["add_generation_prompt"].get<bool>(), kwargs),
+        c["expected"].get<std::string>());
   }
 }
 
@@ -188,7 +191,9 @@ TEST(ChatTemplate, ErrorsReportLineAndColumn) {
 }
 
 TEST(ChatTemplate, WhitespaceControl) {
-  auto r = [](const std::string& s) { return JinjaTemplate::parse(s).render(nlohmann::json::object()); };
+  auto r = [](const std::string& s) {
+    return JinjaTemplate::parse(s).render(nlohmann::json::object());
+  };
   EXPECT_EQ(r("a\n  {% if true %}\nb\n  {% endif %}\nc\n"), "a\nb\nc");
   EXPECT_EQ(r("a  {%- if true -%}  b  {%- endif -%}  c"), "abc");
   EXPECT_EQ(r("x {{- ' y ' -}} z"), "x y z");

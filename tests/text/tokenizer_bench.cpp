@@ -2,8 +2,8 @@
 // Usage: text_tokenizer_bench   (reads Moby-Dick and the tokenizers from tests/js/node_modules)
 // Prints load time and encode/decode MB/s per tokenizer (thread CPU time, so other load on the
 // machine does not count); docs/performance.md keeps the numbers.
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 
 #include "text/detokenizer.h"
@@ -21,7 +21,9 @@ struct Clock {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
   }
 };
-static double seconds_since(double t) { return Clock::now() - t; }
+static double seconds_since(double t) {
+  return Clock::now() - t;
+}
 
 int main() {
   std::string book;
@@ -34,7 +36,8 @@ int main() {
   while ((static_cast<unsigned char>(prompt.back()) & 0xC0) == 0x80 ||
          static_cast<unsigned char>(prompt.back()) >= 0xC0)
     prompt.pop_back();  // do not cut a character
-  std::printf("text: Moby-Dick %.2f MB; prompt %.1f KB\n", book.size() / 1e6, prompt.size() / 1024.0);
+  std::printf("text: Moby-Dick %.2f MB; prompt %.1f KB\n", book.size() / 1e6,
+              prompt.size() / 1024.0);
   struct Item {
     const char* name;
     std::string dir;
@@ -70,8 +73,9 @@ int main() {
     n += sd.flush().size();
     double stream = seconds_since(t0);
     std::printf("%-8s %8.2f %14.2f %14.2f %14.2f %14.1f %12.1f   (%zu tokens, round trip %s)\n",
-                it.name, load, cold_prompt * 1e3, best_prompt * 1e3, book.size() / 1e6 / enc, book.size() / 1e6 / dec,
-                n / 1e6 / stream, ids.size(), back == book ? "exact" : "DIFFERS");
+                it.name, load, cold_prompt * 1e3, best_prompt * 1e3, book.size() / 1e6 / enc,
+                book.size() / 1e6 / dec, n / 1e6 / stream, ids.size(),
+                back == book ? "exact" : "DIFFERS");
   }
   return 0;
 }

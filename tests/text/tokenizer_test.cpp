@@ -40,7 +40,9 @@ const Tokenizer& gpt2() {
   return t;
 }
 
-std::string show(const std::string& s) { return nlohmann::json(s).dump().substr(0, 80); }
+std::string show(const std::string& s) {
+  return nlohmann::json(s).dump().substr(0, 80);
+}
 
 void check_goldens(const Tokenizer& tok, const std::string& file, bool nfc_normalizes) {
   nlohmann::json g = golden(file);
@@ -69,16 +71,24 @@ void check_goldens(const Tokenizer& tok, const std::string& file, bool nfc_norma
   EXPECT_EQ(checked, static_cast<int>(g["cases"].size()));
 }
 
-TEST(TokenizerGolden, Qwen3) { check_goldens(qwen3(), "tokenizer_goldens_qwen3.json", true); }
-TEST(TokenizerGolden, Llama3) { check_goldens(llama3(), "tokenizer_goldens_llama3.json", false); }
+TEST(TokenizerGolden, Qwen3) {
+  check_goldens(qwen3(), "tokenizer_goldens_qwen3.json", true);
+}
+TEST(TokenizerGolden, Llama3) {
+  check_goldens(llama3(), "tokenizer_goldens_llama3.json", false);
+}
 // Three Split pre-tokenizers (digits, CJK ranges, punctuation-aware words) and an empty
 // normalizer Sequence.
 TEST(TokenizerGolden, DeepSeekV3) {
   check_goldens(deepseek_v3(), "tokenizer_goldens_deepseek_v3.json", false);
 }
 // o200k's pattern (\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M} classes) as Split behavior Removed, inverted.
-TEST(TokenizerGolden, Gpt4o) { check_goldens(gpt4o(), "tokenizer_goldens_gpt4o.json", false); }
-TEST(TokenizerGolden, Gpt2) { check_goldens(gpt2(), "tokenizer_goldens_gpt2.json", false); }
+TEST(TokenizerGolden, Gpt4o) {
+  check_goldens(gpt4o(), "tokenizer_goldens_gpt4o.json", false);
+}
+TEST(TokenizerGolden, Gpt2) {
+  check_goldens(gpt2(), "tokenizer_goldens_gpt2.json", false);
+}
 
 TEST(TokenizerGolden, Qwen3DecodeMatchesReference) {
   // Qwen3 does no clean-up of spaces, so the reference's decode is comparable byte for byte.
@@ -121,8 +131,9 @@ TEST(Tokenizer, SkipSpecialTokensInDecode) {
 }
 
 TEST(Tokenizer, InvalidUtf8IsAnErrorWithOffset) {
-  for (std::string bad : {std::string("ab\xff"), std::string("ok \xc3"),
-                          std::string("\xed\xa0\x80 surrogate"), std::string("\xc0\xaf overlong")}) {
+  for (std::string bad :
+       {std::string("ab\xff"), std::string("ok \xc3"), std::string("\xed\xa0\x80 surrogate"),
+        std::string("\xc0\xaf overlong")}) {
     try {
       qwen3().encode(bad);
       ADD_FAILURE() << "no error for " << show(bad);
@@ -171,7 +182,8 @@ TEST(Tokenizer, UnsupportedPartsAreRefusedByName) {
   m["model"]["type"] = "WordPiece";
   expect_refused(m, "WordPiece");
   m = tj;
-  m["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+  m["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
   expect_refused(m, "Lowercase");
   m = tj;
   m["normalizer"] = {{"type", "NFKD"}};
@@ -186,7 +198,8 @@ TEST(Tokenizer, UnsupportedPartsAreRefusedByName) {
   m["decoder"] = {{"type", "WordPiece"}};
   expect_refused(m, "WordPiece");
   m = tj;
-  m["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  m["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_THROW(Tokenizer::from_json(m), Error);
 }
 
@@ -199,12 +212,24 @@ TEST(Tokenizer, MissingByteTokenIsAnErrorNotACrash) {
 TEST(Tokenizer, AddedTokenStripFlags) {
   nlohmann::json tj = tiny_tokenizer_json();
   tj["model"]["vocab"]["Ġ"] = 94;  // the space byte
-  tj["added_tokens"] = {{{"id", 95}, {"content", "<L>"}, {"lstrip", true}, {"rstrip", false},
-                         {"normalized", false}, {"special", true}},
-                        {{"id", 96}, {"content", "<R>"}, {"lstrip", false}, {"rstrip", true},
-                         {"normalized", false}, {"special", false}},
-                        {{"id", 97}, {"content", "<RR>"}, {"lstrip", false}, {"rstrip", false},
-                         {"normalized", false}, {"special", false}}};
+  tj["added_tokens"] = {{{"id", 95},
+                         {"content", "<L>"},
+                         {"lstrip", true},
+                         {"rstrip", false},
+                         {"normalized", false},
+                         {"special", true}},
+                        {{"id", 96},
+                         {"content", "<R>"},
+                         {"lstrip", false},
+                         {"rstrip", true},
+                         {"normalized", false},
+                         {"special", false}},
+                        {{"id", 97},
+                         {"content", "<RR>"},
+                         {"lstrip", false},
+                         {"rstrip", false},
+                         {"normalized", false},
+                         {"special", false}}};
   Tokenizer t = Tokenizer::from_json(tj);
   int32_t a = 'a' - '!', sp = 94;
   EXPECT_EQ(t.encode("a  <L>  a", false), (std::vector<int32_t>{a, 95, sp, sp, a}));
@@ -318,13 +343,14 @@ TEST(Tokenizer, ConfigFilesBosEosAndTemplatePrecedence) {
 
 TEST(Tokenizer, TemplateProcessingAddsSpecialTokensUnlessConfigSays) {
   nlohmann::json tj = with_specials();
-  tj["post_processor"] = {
-      {"type", "TemplateProcessing"},
-      {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                  {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
-      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {94}}, {"tokens", {"<s>"}}}},
-                          {"</s>", {{"id", "</s>"}, {"ids", {95}}, {"tokens", {"</s>"}}}}}}};
+  tj["post_processor"] = {{"type", "TemplateProcessing"},
+                          {"single",
+                           {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                            {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                            {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
+                          {"special_tokens",
+                           {{"<s>", {{"id", "<s>"}, {"ids", {94}}, {"tokens", {"<s>"}}}},
+                            {"</s>", {{"id", "</s>"}, {"ids", {95}}, {"tokens", {"</s>"}}}}}}};
   nlohmann::json cfg = {{"bos_token", "<s>"}};
   Tokenizer t = Tokenizer::from_json(tj, cfg);
   EXPECT_EQ(t.encode("a", true), (std::vector<int32_t>{94, 'a' - '!', 95}));
