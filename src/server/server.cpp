@@ -394,7 +394,9 @@ struct Server::Impl {
             st->finished = true;
             engine.abort(st->rs->id());
           }
+          --in_flight;
         });
+    ++in_flight;  // until the stream is written out: shutdown waits for it
   }
 
   json chunk_base(const StreamState& st) const {
@@ -726,8 +728,9 @@ void Server::shutdown() {
     e.abort_all();
     e.wait_idle(2s);
   }
-  // Let handler threads write their last chunks before the listener goes.
-  for (int i = 0; i < 100 && impl_->in_flight.load() > 0; ++i) std::this_thread::sleep_for(10ms);
+  // Let handlers and streams write their last chunks before the listener goes (a stream
+  // counts until its provider is released, which is after its last chunk).
+  for (int i = 0; i < 150 && impl_->in_flight.load() > 0; ++i) std::this_thread::sleep_for(10ms);
   impl_->http.stop();
 }
 

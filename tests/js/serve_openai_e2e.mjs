@@ -401,12 +401,21 @@ await section('SIGTERM with requests in flight exits 0 within seconds', async ()
   const it = stalled[Symbol.asyncIterator]();
   await it.next();
   let chunks = 0;
-  const drain = (async () => { try { for await (const c of reading) ++chunks; } catch { /* cut off is allowed */ } })();
+  let finish = null;
+  const drain = (async () => {
+    try {
+      for await (const c of reading) {
+        ++chunks;
+        if (c.choices.length && c.choices[0].finish_reason) finish = c.choices[0].finish_reason;
+      }
+    } catch { /* checked below */ }
+  })();
   const r = await stopServer(srv, 15000);
   eq(r.code, 0, 'exit code');
   check(r.ms < 8000, 'exit time (ms)', r.ms);
   await drain;
   check(chunks > 0, 'the reading client got its stream', chunks);
+  check(finish === 'abort' || finish === 'length', 'the reading client saw the end of its stream', finish);
 });
 
 process.exit(summary());
