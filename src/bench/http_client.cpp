@@ -52,7 +52,6 @@ struct HttpSession::Impl {
     cli = std::make_unique<httplib::Client>(host);
     set_timeout(*cli, opts.connect_timeout_s, false);
     set_timeout(*cli, opts.read_timeout_s, true);
-    set_timeout(*cli, opts.read_timeout_s, true);
     cli->set_write_timeout(time_t(std::ceil(opts.read_timeout_s)), 0);
     cli->set_keep_alive(true);
   }

@@ -146,7 +146,7 @@ BenchRun run_benchmark(const std::vector<SampleRequest>& reqs, const BenchConfig
   bool closed = false;
   std::atomic<int> done{0};
 
-  const double t0 = now_s();
+  double t0 = 0;  // set once the workers exist, so that starting threads is not measured
   std::vector<std::thread> pool;
   for (int w = 0; w < workers; ++w)
     pool.emplace_back([&] {
@@ -169,6 +169,7 @@ BenchRun run_benchmark(const std::vector<SampleRequest>& reqs, const BenchConfig
       }
     });
 
+  t0 = now_s();
   std::thread bar;
   std::atomic<bool> bar_stop{false};
   if (c.progress)
