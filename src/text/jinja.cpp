@@ -2,6 +2,7 @@
 // lstrip_blocks), a recursive-descent parser with Jinja2's operator precedence, and a
 // tree-walking interpreter with Python's semantics for the values templates use.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <ctime>
 #include <map>
@@ -228,9 +229,11 @@ class Lexer {
           if (s_[k] != '_') num += s_[k];
         Token t{is_float ? Tok::kFloat : Tok::kInt, num, p};
         if (is_float)
-          t.f = std::stod(num);
+          t.f = std::strtod(num.c_str(), nullptr);  // 1e999 is inf, as in Python
         else
-          t.i = std::stoll(num);
+          errno = 0;
+        t.i = std::strtoll(num.c_str(), nullptr, 10);
+        if (errno == ERANGE) fail(p, "integer literal " + num + " is too large");
         toks_.push_back(t);
         p = e;
       } else if (c == '\'' || c == '"') {
@@ -312,7 +315,18 @@ class Lexer {
         case 'U': {
           size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
           if (p + n > s_.size()) fail(p, "bad escape in string");
-          uint32_t cp = static_cast<uint32_t>(std::stoul(s_.substr(p, n), nullptr, 16));
+          uint32_t cp = 0;
+          for (size_t d = 0; d < n; ++d) {
+            char h = s_[p + d];
+            int v = std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
+                    : (h >= 'a' && h <= 'f')                    ? h - 'a' + 10
+                    : (h >= 'A' && h <= 'F')                    ? h - 'A' + 10
+                                                                : -1;
+            if (v < 0) fail(p - 2, "bad \\" + std::string(1, e) + " escape in string");
+            cp = cp * 16 + static_cast<uint32_t>(v);
+          }
+          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            fail(p - 2, "escape names no Unicode scalar value");
           p += n;
           append_utf8(out, cp);
           break;
@@ -1286,7 +1300,10 @@ List iterate(const Value& v, size_t pos) {
 int64_t to_int(const Value& v, size_t pos, const char* what) {
   if (v.type == Value::kInt) return v.i;
   if (v.type == Value::kBool) return v.b;
-  if (v.type == Value::kFloat) return static_cast<int64_t>(v.f);
+  if (v.type == Value::kFloat) {
+    if (!(std::fabs(v.f) < 9.2e18)) fail(pos, std::string(what) + " is out of range");
+    return static_cast<int64_t>(v.f);
+  }
   fail(pos, std::string(what) + " must be an integer, got " + type_name(v));
 }
 
@@ -1488,8 +1505,11 @@ class Interpreter {
       }
       case Expr::kNeg: {
         Value v = eval(*e.a[0], sc);
-        if (v.type == Value::kInt || v.type == Value::kBool)
-          return Value::integer(-(v.type == Value::kBool ? v.b : v.i));
+        if (v.type == Value::kInt || v.type == Value::kBool) {
+          int64_t x = v.type == Value::kBool ? v.b : v.i;
+          if (x == INT64_MIN) fail(e.pos, "integer overflow");
+          return Value::integer(-x);
+        }
         if (v.type == Value::kFloat) return Value::number(-v.f);
         fail(e.pos, "bad operand type for unary -: '" + type_name(v) + "'");
       }
@@ -1593,9 +1613,23 @@ class Interpreter {
     bool ints = l.type != Value::kFloat && r.type != Value::kFloat;
     int64_t li = l.type == Value::kBool ? l.b : l.i, ri = r.type == Value::kBool ? r.b : r.i;
     double lf = l.as_double(), rf = r.as_double();
-    if (op == "+") return ints ? Value::integer(li + ri) : Value::number(lf + rf);
-    if (op == "-") return ints ? Value::integer(li - ri) : Value::number(lf - rf);
-    if (op == "*") return ints ? Value::integer(li * ri) : Value::number(lf * rf);
+    // Python ints do not overflow; Sieve's are 64-bit and overflow is an error.
+    int64_t r64 = 0;
+    if (op == "+") {
+      if (!ints) return Value::number(lf + rf);
+      if (__builtin_add_overflow(li, ri, &r64)) fail(e.pos, "integer overflow");
+      return Value::integer(r64);
+    }
+    if (op == "-") {
+      if (!ints) return Value::number(lf - rf);
+      if (__builtin_sub_overflow(li, ri, &r64)) fail(e.pos, "integer overflow");
+      return Value::integer(r64);
+    }
+    if (op == "*") {
+      if (!ints) return Value::number(lf * rf);
+      if (__builtin_mul_overflow(li, ri, &r64)) fail(e.pos, "integer overflow");
+      return Value::integer(r64);
+    }
     if (op == "/") {
       if (rf == 0) fail(e.pos, "division by zero");
       return Value::number(lf / rf);
@@ -1603,6 +1637,7 @@ class Interpreter {
     if (op == "//" || op == "%") {
       if (rf == 0) fail(e.pos, "integer division or modulo by zero");
       if (ints) {
+        if (li == INT64_MIN && ri == -1) fail(e.pos, "integer overflow");
         int64_t q = li / ri, m = li % ri;
         if (m != 0 && ((m < 0) != (ri < 0))) {
           --q;
@@ -1615,8 +1650,11 @@ class Interpreter {
     }
     if (op == "**") {
       if (ints && ri >= 0) {
-        int64_t x = 1;
-        for (int64_t k = 0; k < ri; ++k) x *= li;
+        int64_t x = 1, b = li;
+        for (int64_t k = ri; k > 0; k >>= 1) {  // square and multiply, overflow checked
+          if ((k & 1) && __builtin_mul_overflow(x, b, &x)) fail(e.pos, "integer overflow");
+          if (k > 1 && __builtin_mul_overflow(b, b, &b)) fail(e.pos, "integer overflow");
+        }
         return Value::integer(x);
       }
       return Value::number(std::pow(lf, rf));
@@ -1869,7 +1907,9 @@ class Interpreter {
             if (field.empty())
               v = a.get(auto_idx++, "");
             else if (std::isdigit(static_cast<unsigned char>(field[0])))
-              v = a.get(std::stoul(field), "");
+              v = field.size() < 6 && std::all_of(field.begin(), field.end(), ::isdigit)
+                      ? a.get(std::stoul(field), "")
+                      : nullptr;
             else
               v = a.kwarg(field);
             if (!v) fail(pos, "format(): no value for {" + field + "}");
@@ -1995,7 +2035,9 @@ class Interpreter {
       std::string part = path.substr(st, d == std::string::npos ? std::string::npos : d - st);
       if (cur.is_undefined()) return cur;
       if (!part.empty() && std::isdigit(static_cast<unsigned char>(part[0])))
-        cur = get_item(cur, Value::integer(std::stoll(part)), pos);
+        cur = part.size() < 12 && std::all_of(part.begin(), part.end(), ::isdigit)
+                  ? get_item(cur, Value::integer(std::stoll(part)), pos)
+                  : Value::undefined(part);
       else
         cur = cur.is_map() ? (cur.map->find(part) ? *cur.map->find(part) : Value::undefined(part))
                            : get_attr(cur, part, pos);
@@ -2165,7 +2207,9 @@ class Interpreter {
     }
     if (name == "abs") {
       if (v.type == Value::kFloat) return Value::number(std::fabs(v.f));
-      return Value::integer(std::llabs(to_int(v, pos, "abs")));
+      int64_t x = to_int(v, pos, "abs");
+      if (x == INT64_MIN) fail(pos, "integer overflow");
+      return Value::integer(x < 0 ? -x : x);
     }
     if (name == "int") {
       if (v.is_str()) {
@@ -2174,7 +2218,9 @@ class Interpreter {
           std::string t = py_strip(v.s, nullptr, true, true);
           long long x = std::stoll(t, &used);
           if (used == t.size()) return Value::integer(x);
-          return Value::integer(static_cast<int64_t>(std::stod(t)));
+          double d = std::stod(t);
+          if (!(std::fabs(d) < 9.2e18)) throw std::out_of_range(t);
+          return Value::integer(static_cast<int64_t>(d));
         } catch (...) {
           const Value* d = a.get(0, "default");
           return d ? *d : Value::integer(0);
