@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -106,6 +109,55 @@ bool peer_gone(int fd) {
   if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
   return false;
 }
+
+// httplib serves a connection on one pool thread for as long as it stays open (keep-alive
+// included), so a fixed pool stalls new clients behind idle connections under load. This pool
+// starts a thread whenever every thread is busy, up to a cap, as a thread-per-connection server
+// with a bound would.
+class GrowingPool : public httplib::TaskQueue {
+ public:
+  explicit GrowingPool(size_t max_threads) : max_(max_threads) {}
+  ~GrowingPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard lk(mu_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
+    else cv_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock lk(mu_);
+    while (true) {
+      ++idle_;
+      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty()) return;  // stopping, and nothing left to run
+      auto fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lk.unlock();
+      fn();
+      lk.lock();
+    }
+  }
+  size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stop_ = false;
+};
 
 }  // namespace
 
@@ -640,10 +692,10 @@ struct Server::Impl {
 
   void setup() {
     int threads = opts.http_threads;
-    if (threads <= 0) threads = std::clamp(2 * engine.config().scheduler.max_num_seqs + 32, 64, 1024);
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    if (threads <= 0) threads = std::clamp(4 * engine.config().scheduler.max_num_seqs + 64, 256, 4096);
+    http.new_task_queue = [threads] { return new GrowingPool(size_t(threads)); };
     http.set_payload_max_length(opts.max_body_bytes);
-    http.set_keep_alive_timeout(30);
+    http.set_keep_alive_timeout(5);
     http.set_read_timeout(60);
     http.set_write_timeout(30);
     http.set_tcp_nodelay(true);

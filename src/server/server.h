@@ -27,7 +27,7 @@ struct ServerOptions {
   std::string api_key;                         // empty: no authentication
   size_t max_body_bytes = 32u << 20;           // larger bodies get 413
   std::string profiler_dir;                    // empty: /start_profile is refused
-  int http_threads = 0;                        // 0: from max_num_seqs
+  int http_threads = 0;                        // most connection threads; 0: from max_num_seqs
   double shutdown_grace_s = 1.5;               // in-flight requests may finish this long
 };
 
