@@ -224,6 +224,28 @@ TEST(Engine, RejectsInvalidRequests) {
                Error);
 }
 
+TEST(Engine, AFailingStepFailsItsRequestsAndTheEngineGoesOn) {
+  Rig st;
+  FakeModel model(st.vocab, st.block_size);
+  model.allocate_caches({.num_blocks = st.num_blocks});
+  model.fail_on_token = 13;
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  engine.start();
+  SamplingParams p;
+  p.max_tokens = 4;
+  auto bad = engine.submit({1, 13, 2}, p);
+  auto r = collect(*bad);
+  EXPECT_EQ(r.finish, FinishReason::Error);
+  EXPECT_NE(bad->error().find("injected failure"), std::string::npos);
+  EXPECT_TRUE(engine.wait_idle(2s));
+  EXPECT_EQ(engine.stats().num_free_blocks, st.num_blocks);
+  p.temperature = 0;
+  auto good = collect(*engine.submit({1, 2, 3}, p));
+  EXPECT_EQ(good.finish, FinishReason::Length);
+  EXPECT_EQ(good.tokens.size(), 4u);
+  EXPECT_EQ(engine.stats().finished_error, 1u);
+}
+
 TEST(Engine, ProfilerWritesAChromeTrace) {
   Rig st;
   FakeModel model(st.vocab, st.block_size);

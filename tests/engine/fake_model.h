@@ -38,6 +38,8 @@ class FakeModel : public model::Model {
     if (in.query_start_loc.size() != nseq + 1 || in.token_ids.size() != in.positions.size() ||
         in.slot_mapping.size() != in.token_ids.size() || in.block_tables.size() != nseq * size_t(in.max_blocks_per_seq))
       throw std::runtime_error("inconsistent step inputs");
+    for (size_t i = 0; i < in.token_ids.size(); ++i)
+      if (in.token_ids[i] == fail_on_token) throw std::runtime_error("injected failure");
     for (size_t i = 0; i < in.token_ids.size(); ++i) {
       if (in.slot_mapping[i] < 0 || in.slot_mapping[i] >= int64_t(slots_.size())) throw std::runtime_error("bad slot");
       slots_[size_t(in.slot_mapping[i])] = in.token_ids[i];
@@ -69,7 +71,8 @@ class FakeModel : public model::Model {
   }
 
   std::atomic<int64_t> steps{0};
-  std::atomic<int> delay_us{0};  // per step, to give other threads time to act mid-request
+  std::atomic<int> delay_us{0};
+  int32_t fail_on_token = -1;  // forward() throws when this token is fed (error handling tests)  // per step, to give other threads time to act mid-request
 
  private:
   ModelConfig cfg_;
