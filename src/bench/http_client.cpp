@@ -106,6 +106,8 @@ void HttpSession::stream_post(const std::string& path, const std::string& body, 
       what = "interrupted";
     } else if (err == httplib::Error::Read && silent >= impl_->opts.read_timeout_s * 0.95) {
       what = "timed out: no data for " + std::to_string(impl_->opts.read_timeout_s) + " s (Read)";
+    } else if (err == httplib::Error::Read && status == 0) {
+      what = "connection closed or reset before a response (Read)";
     } else if (err == httplib::Error::Read) {
       what = "connection lost while reading the response (Read)";
     } else if (err == httplib::Error::Connection || err == httplib::Error::ConnectionTimeout) {
