@@ -29,16 +29,74 @@ ThreadMatchState& state() {
 }
 }  // namespace
 
-Regex::Regex(const std::string& pattern, bool literal, const std::string& what) {
+// Oniguruma's \s (what the Rust crate compiles patterns with) is Unicode White_Space. PCRE2's
+// \s under UCP (and its \p{Xps}) also takes U+180E, which left White_Space in Unicode 6.3, so
+// \s and \S are spelled out as the White_Space list. (\S inside a [...] class is left to PCRE2;
+// byte-level patterns do not use it.)
+constexpr const char* kWhiteSpace =
+    "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
+    "\\x{202F}\\x{205F}\\x{3000}";
+
+std::string oniguruma_to_pcre2(const std::string& p) {
+  std::string out;
+  out.reserve(p.size() + 32);
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      char n = p[i + 1];
+      if (n == 's') {
+        if (in_class) {
+          out += kWhiteSpace;
+        } else {
+          out += '[';
+          out += kWhiteSpace;
+          out += ']';
+        }
+      } else if (n == 'S' && !in_class) {
+        out += "[^";
+        out += kWhiteSpace;
+        out += ']';
+      } else {
+        out += c;
+        out += n;
+      }
+      ++i;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' (or '^]') right after the opening bracket is a literal member.
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {
+      size_t e = p.find(":]", i + 2);  // POSIX class such as [:alpha:]
+      if (e != std::string::npos) {
+        out.append(p, i, e + 2 - i);
+        i = e + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+Regex::Regex(const std::string& source, bool literal, const std::string& what) {
   int err = 0;
   PCRE2_SIZE off = 0;
+  const std::string pattern = literal ? source : oniguruma_to_pcre2(source);
   uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : 0);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    opts, &err, &off, nullptr);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    throw Error(what + ": cannot compile regex /" + pattern + "/ at offset " + std::to_string(off) +
+    throw Error(what + ": cannot compile regex /" + source + "/ at offset " + std::to_string(off) +
                 ": " + reinterpret_cast<char*>(msg));
   }
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;

@@ -52,6 +52,8 @@ const adversarial = [
   "snake_case camelCase PascalCase kebab-case SCREAMING_CASE", "ÀÉÎÕÜ àéîõü ß ẞ ſ ǅ ǈ İı",
   "\u0000\u0001\u0007\u001b[31mred\u001b[0m\u007f", "\ufeffBOM at start", "Ω≈ç√∫˜µ≤≥÷ ¡™£¢∞§¶•ªº–≠",
   "𝓗𝓮𝓵𝓵𝓸 𝕎𝕠𝕣𝕝𝕕 𐍈 𒀭 \u{10FFFD}", "a\u0300\u0301\u0302\u0303\u0304\u0305\u0306\u0307\u0308",
+  "a\u180eb c\u0085d e\u1680f g\u202fh i\u205fj k\u2029l m\u001cn o\u000bp q\u000cr s\u200bt",
+  " \u180e \u0085 \u1680  \u202f\u205f \u2029x\u3000\u3000y\u00a0\u00a0 \u2028",
   "!!!???...,,,;;;:::", "----====____****####", "    indented\n        more\n    less",
   "word\n\nword\n\n\nword \n word", "a  b   c    d     e", "'s's 's 'S", "x'll'd've",
 ];
