@@ -175,6 +175,7 @@ struct Output {
   bool stopped_by_string = false;
   std::string text;  // everything emitted so far
   int64_t text_chars = 0;
+  int32_t last_token = -1;
   json stop_reason = nullptr;
   // Completions logprobs (legacy format) or chat logprobs content entries, for what was emitted.
   json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array(), lp_offsets = json::array();
@@ -202,6 +203,7 @@ struct Output {
   // Feeds one token; returns the text it releases. Sets stopped_by_string on a match.
   std::string push(const engine::TokenOutput& t, json* lp_delta) {
     ++completion_tokens;
+    last_token = t.token;
     std::string piece = known(t.token) ? dec.push(t.token) : std::string();
     // As vLLM: stop strings count only once min_tokens tokens were generated.
     std::string out = completion_tokens >= min_tokens ? stop.push(piece) : stop.push_unchecked(piece);
@@ -372,9 +374,9 @@ struct Server::Impl {
     else out.finish();
     if (fin == engine::FinishReason::Error) throw ApiError(500, "generation failed: " + rs->error());
     json stop_reason = out.stop_reason;
-    if (stop_reason.is_null() && fin == engine::FinishReason::Stop && !toks.empty()) {
+    if (stop_reason.is_null() && fin == engine::FinishReason::Stop) {
       // Not EOS-only: report which stop token id ended it, as vLLM does.
-      const int32_t last = toks.back().token;
+      const int32_t last = out.last_token;
       if (std::find(g.params.stop_token_ids.begin(), g.params.stop_token_ids.end(), last) != g.params.stop_token_ids.end())
         stop_reason = last;
     }
@@ -520,8 +522,8 @@ struct Server::Impl {
     }
     text += out.finish();
     json stop_reason = out.stop_reason;
-    if (stop_reason.is_null() && fin == engine::FinishReason::Stop && !toks.empty()) {
-      const int32_t last = toks.back().token;
+    if (stop_reason.is_null() && fin == engine::FinishReason::Stop) {
+      const int32_t last = out.last_token;
       if (std::find(st.g.params.stop_token_ids.begin(), st.g.params.stop_token_ids.end(), last) != st.g.params.stop_token_ids.end())
         stop_reason = last;
     }

@@ -171,6 +171,25 @@ await section('stop strings (across tokens, excluded from the output)', async ()
   await waitIdle(srv.base);
 });
 
+await section('stop token ids, min_tokens, ignore_eos', async () => {
+  const prompt = [9, 8, 7, 6, 5];
+  const base = idsOf((await complete(prompt, 20, { logprobs: 0, return_tokens_as_token_ids: true })).choices[0].logprobs);
+  const stopId = base[5];
+  const first = base.indexOf(stopId);
+  const r = await complete(prompt, 20, { stop_token_ids: [stopId], logprobs: 0, return_tokens_as_token_ids: true });
+  eq(idsOf(r.choices[0].logprobs), base.slice(0, first + 1), 'ends with the stop token');
+  eq(r.choices[0].finish_reason, 'stop', 'finish_reason');
+  eq(r.choices[0].stop_reason, stopId, 'stop_reason is the token id');
+  const s = await client.completions.create({ model: NAME, prompt, max_tokens: 20, ...greedy, stop_token_ids: [stopId], stream: true });
+  let finish = null, stopReason;
+  for await (const c of s) if (c.choices.length && c.choices[0].finish_reason) { finish = c.choices[0].finish_reason; stopReason = c.choices[0].stop_reason; }
+  eq([finish, stopReason], ['stop', stopId], 'streamed stop token');
+  const m = await complete(prompt, 20, { stop_token_ids: [stopId], min_tokens: first + 3, logprobs: 0, return_tokens_as_token_ids: true });
+  const mi = idsOf(m.choices[0].logprobs);
+  check(mi.length >= first + 3, 'min_tokens holds the stop token back', mi);
+  check(mi.slice(0, first + 2).every((t) => t !== stopId), 'no stop token before min_tokens', mi);
+});
+
 await section('seeded sampling reproduces, in any batch', async () => {
   const p = { prompt: 'Seeds:', max_tokens: 20, temperature: 1.0, top_p: 0.95, ignore_eos: true };
   const a = await client.completions.create({ model: NAME, ...p, seed: 1234, logprobs: 0, return_tokens_as_token_ids: true });
