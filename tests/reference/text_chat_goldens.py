@@ -105,6 +105,15 @@ conversations = {
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4", "reasoning_content": "Adding two and two.\n"},
         {"role": "user", "content": "And 3+3? 🤔"}], None, {"enable_thinking": False}),
+    "think_in_content": ([
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "<think>\nstep one\n</think>\n\nA1"},
+        {"role": "user", "content": "Q2"},
+        {"role": "assistant", "content": "Calling.", "tool_calls": [
+            {"type": "function", "function": {"name": "search", "arguments": {"query": "x", "limit": 2}}}]},
+        {"role": "tool", "content": "result"},
+        {"role": "assistant", "content": "<think>\nlast\n</think>\n\nDone."}], [search_tool], {}),
     "tools_no_system": ([
         {"role": "user", "content": "Find news about whales."}], [search_tool], {"enable_thinking": True}),
 }
@@ -129,6 +138,11 @@ for tname, (src, bos, eos) in templates.items():
     convs = {"features": features_conversation} if tname == "features" else conversations
     if tname == "llama3":  # its template knows no tools or reasoning
         convs = {k: v for k, v in conversations.items() if k in ("system_user", "multi_turn")}
+    if tname == "qwen3":  # its template reads system content as a string
+        convs = {k: v for k, v in conversations.items() if k != "think_in_content"}
+        convs["think_in_content"] = ([{"role": "system", "content": "Be brief."}] +
+                                     conversations["think_in_content"][0][1:],
+                                     conversations["think_in_content"][1], {})
     if tname == "deepseek_v3":  # tool-call arguments as JSON strings, content None
         convs = {k: v for k, v in conversations.items() if k in ("system_user", "multi_turn")}
         convs["tool_string_arguments"] = deepseek_tools
