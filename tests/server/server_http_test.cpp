@@ -1,0 +1,125 @@
+// The HTTP server in-process on a loopback port, over the paged fake model: paths the end-to-end
+// tests cannot reach with a real model (a failing step, before and after a stream started) and
+// shutdown while a stream is open.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "../engine/fake_model.h"
+#include "server/server.h"
+#include "text/byte_level.h"
+#include "text/tokenizer.h"
+
+namespace sieve::server {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+struct Rig {
+  std::string dir;
+  text::Tokenizer tok;
+  engine::testing::FakeModel model{300, 16};
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<Server> srv;
+  std::thread runner;
+
+  static std::string make_dir() {
+    auto d = std::filesystem::temp_directory_path() / ("sieve-server-http-test-" + std::to_string(::getpid()));
+    text::write_byte_level_tokenizer(d.string(), 300);
+    return d.string();
+  }
+  Rig() : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
+    model.allocate_caches({.num_blocks = 32});
+    engine = std::make_unique<engine::Engine>(
+        model, engine::EngineConfig{{.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256}, 32, false, {}});
+    ServerOptions o;
+    o.port = 0;
+    srv = std::make_unique<Server>(*engine, tok, o);
+    srv->bind();
+    engine->start();
+    runner = std::thread([this] { srv->run(); });
+  }
+  ~Rig() {
+    srv->shutdown();
+    runner.join();
+    engine->stop();
+    std::filesystem::remove_all(dir);
+  }
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", srv->port());
+    c.set_read_timeout(10, 0);
+    return c;
+  }
+};
+
+TEST(ServerHttp, CompletesAndAnswersErrorsAsObjects) {
+  Rig rig;
+  auto c = rig.client();
+  auto r = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":5,"temperature":0})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  auto nf = c.Get("/nowhere");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_EQ(json::parse(nf->body)["error"]["code"], 404);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+TEST(ServerHttp, AFailingStepIsA500OrAnErrorEvent) {
+  Rig rig;
+  rig.model.fail_on_token = 77;
+  auto c = rig.client();
+  auto r = c.Post("/v1/completions", R"({"prompt":[1,77],"max_tokens":3})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500);
+  auto e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["code"], 500);
+  EXPECT_NE(e["message"].get<std::string>().find("injected failure"), std::string::npos);
+  auto s = c.Post("/v1/completions", R"({"prompt":[2,77],"max_tokens":3,"stream":true})", "application/json");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->status, 200);
+  EXPECT_NE(s->body.find("data: {\"error\""), std::string::npos) << s->body;
+  EXPECT_NE(s->body.find("data: [DONE]\n\n"), std::string::npos);
+  // And the engine goes on.
+  auto ok = c.Post("/v1/completions", R"({"prompt":[1,2],"max_tokens":2})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_TRUE(rig.engine->wait_idle(2s));
+  EXPECT_EQ(rig.engine->stats().num_free_blocks, 32);
+}
+
+TEST(ServerHttp, ShutdownEndsOpenStreamsAndRefusesNewWork) {
+  Rig rig;
+  rig.model.delay_us = 20000;  // 250 tokens take 5 s: longer than the shutdown grace period
+  std::string body;
+  std::thread client([&] {
+    auto c = rig.client();
+    auto r = c.Post("/v1/completions", R"({"prompt":[1,2],"max_tokens":250,"stream":true,"ignore_eos":true})", "application/json");
+    if (r) body = r->body;
+  });
+  for (int i = 0; i < 200 && rig.engine->stats().num_running == 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(rig.engine->stats().num_running, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread stopper([&] { rig.srv->shutdown(); });
+  std::this_thread::sleep_for(100ms);
+  auto c = rig.client();
+  auto refused = c.Post("/v1/completions", R"({"prompt":[1],"max_tokens":1})", "application/json");
+  if (refused) EXPECT_EQ(refused->status, 503);  // or the listener is already gone
+  stopper.join();
+  client.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_NE(body.find("\"finish_reason\":\"abort\""), std::string::npos) << body.substr(body.size() > 300 ? body.size() - 300 : 0);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(rig.engine->stats().num_free_blocks, 32);
+}
+
+}  // namespace
+}  // namespace sieve::server
