@@ -978,9 +978,7 @@ class Parser {
   ExprP parse_filter_call(ExprP operand) {
     auto f = make(Expr::kFilter, cur().pos);
     f->name = expect_name();
-    while (is_op(".")) {  // dotted filter names are not used; keep the error clear
-      fail(cur().pos, "dotted filter names are not supported");
-    }
+    if (is_op(".")) fail(cur().pos, "dotted filter names are not supported");
     f->a.push_back(operand);
     if (is_op("(")) {
       ExprP tmp = make(Expr::kCall, cur().pos);
@@ -1004,9 +1002,6 @@ class Parser {
           ++k_;
         }
         t->name = expect_name();
-        if (t->name == "none" || t->name == "true" || t->name == "false") {
-          // `is none` etc. are names that also parse as literals
-        }
         t->a.push_back(e);
         if (is_op("(")) {
           ExprP tmp = make(Expr::kCall, cur().pos);
@@ -2047,7 +2042,7 @@ class Interpreter {
   }
 
   Value filter(const std::string& name, const Value& v, const CallArgs& a, size_t pos, Scope& sc) {
-    if (name == "safe" || name == "forceescape_off") return v;
+    if (name == "safe") return v;  // no autoescaping, so nothing to mark
     if (name == "trim") {
       if (!v.is_str()) return Value::string(py_strip(to_str(v), a.get(0, "chars"), true, true));
       return Value::string(py_strip(v.s, a.get(0, "chars"), true, true));
@@ -2277,8 +2272,6 @@ class Interpreter {
       std::string pad =
           w && w->is_str() ? w->s : std::string(w ? to_int(*w, pos, "width") : 4, ' ');
       std::string s = to_str(v), out;
-      auto lines = py_split(s, nullptr, -1);  // placeholder to keep types; replaced below
-      (void)lines;
       std::vector<std::string> ls;
       size_t st = 0;
       for (size_t k = 0; k <= s.size(); ++k)
@@ -2479,7 +2472,6 @@ std::string render_program(const Program& p, const Value& context) {
   return out;
 }
 
-// A raise_exception call surfaces with the location of the call: the interpreter records it.
 }  // namespace jinja
 
 namespace {
