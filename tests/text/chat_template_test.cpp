@@ -44,7 +44,7 @@ TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
   std::map<std::string, int> per_template;
   for (const auto& c : cases) {
     std::string name = c["template"];
-    if (name == "features" || name == "deepseek_v3") continue;
+    if (name == "features" || name == "whitespace" || name == "deepseek_v3") continue;
     const Tokenizer& tok = name == "qwen3" ? qwen3() : name == "llama3" ? llama3() : no_template();
     if (name == "minimax") ASSERT_TRUE(tok.chat_template().empty());
     std::string got = render_chat(tok, c["messages"], c["tools"],
@@ -95,32 +95,36 @@ TEST(ChatTemplateGolden, SortedJsonOverloadMatchesWhenKeyOrderIsIrrelevant) {
   }
 }
 
-TEST(ChatTemplateGolden, FeatureTemplateMatchesJinja2) {
-  JinjaTemplate t = JinjaTemplate::parse(
-      read_all(std::string(SIEVE_TEST_DATA_DIR) + "/text/chat_features.jinja"));
-  int n = 0;
-  for (const auto& c : golden_cases()) {
-    if (c["template"] != "features") continue;
-    ordered_json ctx = {{"bos_token", c["bos_token"]}, {"eos_token", c["eos_token"]}};
-    for (auto it = c["kwargs"].begin(); it != c["kwargs"].end(); ++it) ctx[it.key()] = it.value();
-    ctx["messages"] = c["messages"];
-    ctx["tools"] = c["tools"];
-    ctx["add_generation_prompt"] = c["add_generation_prompt"];
-    std::string got = t.render(ctx);
-    std::string want = c["expected"];
-    EXPECT_EQ(got, want);
-    if (got != want) {
-      // Point at the first differing line: the feature template has one feature per line.
-      size_t k = 0;
-      while (k < got.size() && k < want.size() && got[k] == want[k]) ++k;
-      size_t ls = want.rfind('\n', k == 0 ? 0 : k - 1);
-      ls = ls == std::string::npos ? 0 : ls + 1;
-      ADD_FAILURE() << "first difference at byte " << k << "\nwant: " << want.substr(ls, 160)
-                    << "\n got: " << got.substr(ls, 160);
+// chat_features.jinja uses every supported feature; chat_whitespace.jinja the whitespace rules
+// (trim_blocks, lstrip_blocks, '-' and '+' markers, comments, raw, the trailing newline).
+TEST(ChatTemplateGolden, FeatureAndWhitespaceTemplatesMatchJinja2) {
+  for (std::string name : {"features", "whitespace"}) {
+    JinjaTemplate t = JinjaTemplate::parse(
+        read_all(std::string(SIEVE_TEST_DATA_DIR) + "/text/chat_" + name + ".jinja"));
+    int n = 0;
+    for (const auto& c : golden_cases()) {
+      if (c["template"] != name) continue;
+      ordered_json ctx = {{"bos_token", c["bos_token"]}, {"eos_token", c["eos_token"]}};
+      for (auto it = c["kwargs"].begin(); it != c["kwargs"].end(); ++it) ctx[it.key()] = it.value();
+      ctx["messages"] = c["messages"];
+      ctx["tools"] = c["tools"];
+      ctx["add_generation_prompt"] = c["add_generation_prompt"];
+      std::string got = t.render(ctx);
+      std::string want = c["expected"];
+      EXPECT_EQ(got, want) << name;
+      if (got != want) {
+        // Point at the first differing line: the templates have one feature per line.
+        size_t k = 0;
+        while (k < got.size() && k < want.size() && got[k] == want[k]) ++k;
+        size_t ls = want.rfind('\n', k == 0 ? 0 : k - 1);
+        ls = ls == std::string::npos ? 0 : ls + 1;
+        ADD_FAILURE() << name << ": first difference at byte " << k
+                      << "\nwant: " << want.substr(ls, 160) << "\n got: " << got.substr(ls, 160);
+      }
+      ++n;
     }
-    ++n;
+    EXPECT_EQ(n, 2) << name;
   }
-  EXPECT_EQ(n, 2);
 }
 
 TEST(ChatTemplate, ToolCallArgumentsAsJsonStringAreParsed) {
