@@ -474,7 +474,9 @@ struct Server::Impl {
     }
     if (!finish.is_null()) choice["stop_reason"] = stop_reason;
     c["choices"] = json::array({choice});
+    // OpenAI: with include_usage every other chunk carries "usage": null.
     if (st.g.continuous_usage) c["usage"] = usage(st.n_prompt, st.out->completion_tokens);
+    else if (st.g.include_usage) c["usage"] = nullptr;
     return c;
   }
 
