@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "model/locate.h"
 #include "model/model.h"
+#include "model/single_sequence.h"
 #ifdef SIEVE_HAVE_TEXT
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
@@ -169,43 +170,11 @@ int run_generate(const std::vector<std::string>& argv) {
   const long long chunk = a.get_int("--prefill-chunk");
   if (chunk < 1) throw Error("--prefill-chunk must be >= 1");
 
-  model::CacheOptions co;
-  co.kv_dtype = model::parse_cache_dtype(a.get("--kv-cache-dtype"), "--kv-cache-dtype");
-  co.index_dtype = a.has("--index-cache-dtype")
-                       ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
-                       : co.kv_dtype;
-  const int bs = m->block_size();
-  const int blocks = int((total + bs - 1) / bs);
-  co.num_blocks = blocks;
+  model::CacheOptions co =
+      model::cache_options_from_flags(a.get("--kv-cache-dtype"), a.get("--index-cache-dtype"));
   co.dense = a.get_flag("--dense");
-  m->allocate_caches(co);
-
-  // Physical blocks in reverse order: logical and physical ids differ, as they do when serving.
-  std::vector<int32_t> table(blocks);
-  for (int b = 0; b < blocks; ++b) table[b] = blocks - 1 - b;
-  auto step = [&](const std::vector<int32_t>& ids, int32_t start) {
-    model::StepInputs in;
-    in.token_ids = ids;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      int32_t p = start + int32_t(i);
-      in.positions.push_back(p);
-      in.slot_mapping.push_back(int64_t(table[p / bs]) * bs + p % bs);
-    }
-    in.query_start_loc = {0, int32_t(ids.size())};
-    in.seq_lens = {start + int32_t(ids.size())};
-    in.block_tables = table;
-    in.max_blocks_per_seq = blocks;
-    in.logits_indices = {int32_t(ids.size()) - 1};
-    std::vector<float> logits;
-    m->forward(in, logits);
-    return logits;
-  };
-
-  std::vector<float> logits;
-  for (size_t at = 0; at < prompt.size(); at += size_t(chunk)) {
-    size_t end = std::min(prompt.size(), at + size_t(chunk));
-    logits = step(std::vector<int32_t>(prompt.begin() + at, prompt.begin() + end), int32_t(at));
-  }
+  model::SingleSequence seq(*m, co, total);
+  std::vector<float> logits = seq.append(prompt, false, chunk);
   std::mt19937_64 rng(uint64_t(a.get_int("--seed")));
   std::vector<int32_t> eos(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
 #ifdef SIEVE_HAVE_TEXT
@@ -213,13 +182,12 @@ int run_generate(const std::vector<std::string>& argv) {
     for (int32_t e : tok->eos_ids()) eos.push_back(e);
 #endif
   std::vector<Choice> out;
-  int32_t pos = int32_t(prompt.size());
   for (long long t = 0; t < max_tokens; ++t) {
     Choice c = sample(logits.data(), cfg.vocab_size, temperature, top_p, top_k, n_logprobs, rng);
     out.push_back(c);
     if (!a.get_flag("--ignore-eos") && std::find(eos.begin(), eos.end(), c.id) != eos.end()) break;
     if (t + 1 == max_tokens) break;
-    logits = step({c.id}, pos++);
+    logits = seq.append({c.id}, false, 1);
   }
 
   if (a.get_flag("--json")) {

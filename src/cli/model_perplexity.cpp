@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/locate.h"
 #include "model/model.h"
+#include "model/single_sequence.h"
 #ifdef SIEVE_HAVE_TEXT
 #include "text/tokenizer.h"
 #endif
@@ -59,22 +60,14 @@ int run_perplexity(const std::vector<std::string>& argv) {
   const long long chunk = a.get_int("--prefill-chunk");
   if (chunk < 1) throw Error("--prefill-chunk must be >= 1");
 
-  model::CacheOptions co;
-  co.kv_dtype = model::parse_cache_dtype(a.get("--kv-cache-dtype"), "--kv-cache-dtype");
-  co.index_dtype = a.has("--index-cache-dtype")
-                       ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
-                       : co.kv_dtype;
+  model::CacheOptions co =
+      model::cache_options_from_flags(a.get("--kv-cache-dtype"), a.get("--index-cache-dtype"));
   co.dense = a.get_flag("--dense");
   if (a.has("--compare-index-dtype")) {
     co.compare_index = true;
     co.compare_index_dtype = model::parse_cache_dtype(a.get("--compare-index-dtype"), "--compare-index-dtype");
   }
-  const int bs = m->block_size();
-  const int blocks = int((window + bs - 1) / bs);
-  co.num_blocks = blocks;
-  m->allocate_caches(co);
-  std::vector<int32_t> table(blocks);
-  for (int b = 0; b < blocks; ++b) table[b] = blocks - 1 - b;
+  model::SingleSequence seq(*m, co, window);
 
   const long long max_windows = a.get_int("--max-windows");
   double nll = 0;
@@ -85,31 +78,17 @@ int run_perplexity(const std::vector<std::string>& argv) {
     const size_t wlen = std::min(size_t(window), ids.size() - w0);
     if (wlen < 2) break;
     ++windows;
-    for (size_t at = 0; at < wlen; at += size_t(chunk)) {
-      const size_t end = std::min(wlen, at + size_t(chunk));
-      model::StepInputs in;
-      for (size_t i = at; i < end; ++i) {
-        in.token_ids.push_back(ids[w0 + i]);
-        in.positions.push_back(int32_t(i));
-        in.slot_mapping.push_back(int64_t(table[i / bs]) * bs + int64_t(i % bs));
-        in.logits_indices.push_back(int32_t(i - at));
-      }
-      in.query_start_loc = {0, int32_t(end - at)};
-      in.seq_lens = {int32_t(end)};
-      in.block_tables = table;
-      in.max_blocks_per_seq = blocks;
-      std::vector<float> logits;
-      m->forward(in, logits);
-      for (size_t i = at; i < end; ++i) {
-        if (i + 1 >= wlen) break;
-        const float* row = logits.data() + (i - at) * V;
-        double mx = -INFINITY;
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
-        double z = 0;
-        for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v]) - mx);
-        nll += mx + std::log(z) - double(row[ids[w0 + i + 1]]);
-        ++count;
-      }
+    seq.reset();
+    std::vector<int32_t> ids_w(ids.begin() + w0, ids.begin() + w0 + wlen);
+    std::vector<float> logits = seq.append(ids_w, true, chunk);
+    for (size_t i = 0; i + 1 < wlen; ++i) {
+      const float* row = logits.data() + i * V;
+      double mx = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
+      double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v]) - mx);
+      nll += mx + std::log(z) - double(row[ids_w[i + 1]]);
+      ++count;
     }
   }
   const double mean = nll / double(count);
