@@ -38,7 +38,10 @@ BlockPool::BlockPool(int64_t num_blocks, bool enable_caching)
 void BlockPool::queue_push_back(int32_t b) {
   prev_[b] = tail_;
   next_[b] = -1;
-  if (tail_ >= 0) next_[tail_] = b; else head_ = b;
+  if (tail_ >= 0)
+    next_[tail_] = b;
+  else
+    head_ = b;
   tail_ = b;
   in_queue_[b] = true;
   ++num_free_;
@@ -46,8 +49,14 @@ void BlockPool::queue_push_back(int32_t b) {
 
 void BlockPool::queue_remove(int32_t b) {
   SIEVE_CHECK(in_queue_[b], "block not in free queue");
-  if (prev_[b] >= 0) next_[prev_[b]] = next_[b]; else head_ = next_[b];
-  if (next_[b] >= 0) prev_[next_[b]] = prev_[b]; else tail_ = prev_[b];
+  if (prev_[b] >= 0)
+    next_[prev_[b]] = next_[b];
+  else
+    head_ = next_[b];
+  if (next_[b] >= 0)
+    prev_[next_[b]] = prev_[b];
+  else
+    tail_ = prev_[b];
   prev_[b] = next_[b] = -1;
   in_queue_[b] = false;
   --num_free_;
@@ -77,7 +86,8 @@ std::optional<std::vector<int32_t>> BlockPool::allocate(int64_t n) {
 
 void BlockPool::release(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
-    SIEVE_CHECK(b >= 0 && b < num_blocks_ && refs_[b] > 0, "release of a free block " + std::to_string(b));
+    SIEVE_CHECK(b >= 0 && b < num_blocks_ && refs_[b] > 0,
+                "release of a free block " + std::to_string(b));
     if (--refs_[b] == 0) {
       // Without prefix caching a freed block holds nothing worth keeping.
       if (!caching_) evict(b);
@@ -99,12 +109,14 @@ std::optional<int32_t> BlockPool::lookup(BlockHash hash, BlockHash parent,
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return std::nullopt;
   const Cached& c = cached_[it->second];
-  if (c.parent != parent || !std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin(), tokens.end()))
+  if (c.parent != parent ||
+      !std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin(), tokens.end()))
     return std::nullopt;
   return it->second;
 }
 
-void BlockPool::insert(int32_t block, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) {
+void BlockPool::insert(int32_t block, BlockHash hash, BlockHash parent,
+                       std::span<const int32_t> tokens) {
   if (!caching_) return;
   SIEVE_CHECK(refs_[block] > 0, "caching an unreferenced block");
   if (cached_[block].valid) return;

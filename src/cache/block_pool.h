@@ -46,7 +46,8 @@ class BlockPool {
   int ref_count(int32_t block) const { return refs_.at(size_t(block)); }
 
   // The cached block holding exactly `tokens` after prefix `parent`, if any.
-  std::optional<int32_t> lookup(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const;
+  std::optional<int32_t> lookup(BlockHash hash, BlockHash parent,
+                                std::span<const int32_t> tokens) const;
   // Records that `block` (referenced, full) holds `tokens` after `parent`. A hash already held by
   // another block keeps that block.
   void insert(int32_t block, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens);

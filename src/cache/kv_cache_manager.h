@@ -26,7 +26,9 @@ class KvCacheManager {
 
   int block_size() const { return block_size_; }
   const BlockPool& pool() const { return pool_; }
-  int64_t blocks_for(int64_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
+  int64_t blocks_for(int64_t num_tokens) const {
+    return (num_tokens + block_size_ - 1) / block_size_;
+  }
 
   // Longest run of cached full blocks at the start of `tokens`. At least one token is always
   // left to compute, because the step that samples needs the logits of the last one. Takes no

@@ -19,7 +19,8 @@ int64_t blocks_for_bytes(uint64_t bytes, size_t bytes_per_block, const std::stri
 
 // vLLM's rule on a GPU: the engine may use `utilization` of the device's total memory; what is
 // already in use (weights, workspace, other processes) comes off that budget, the rest is cache.
-int64_t blocks_for_gpu(size_t total_bytes, size_t free_bytes, double utilization, size_t bytes_per_block);
+int64_t blocks_for_gpu(size_t total_bytes, size_t free_bytes, double utilization,
+                       size_t bytes_per_block);
 
 // Sparse models need one cache page per sparse block; the block size must equal it (128).
 void check_block_size(int block_size, int model_block_size, bool sparse_model);

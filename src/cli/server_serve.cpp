@@ -38,7 +38,8 @@ std::string tiny_model_dir() {
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     fs::path dir = exe.parent_path() / "tiny-model";
-    if (fs::exists(dir / "config.json") || ::access(exe.parent_path().c_str(), W_OK) == 0) return dir.string();
+    if (fs::exists(dir / "config.json") || ::access(exe.parent_path().c_str(), W_OK) == 0)
+      return dir.string();
   }
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
@@ -54,14 +55,21 @@ std::string default_model() {
   }
   dir = tiny_model_dir();
   if (fs::exists(fs::path(dir) / "config.json") && fs::exists(fs::path(dir) / "tokenizer.json")) {
-    SIEVE_LOG(Info, "no --model given and no bundled model under models/: serving the generated tiny model " << dir);
+    SIEVE_LOG(
+        Info,
+        "no --model given and no bundled model under models/: serving the generated tiny model "
+            << dir);
     return dir;
   }
   auto& cmds = commands();
   auto it = cmds.find("make-tiny-model");
-  if (it == cmds.end()) throw Error("--model: no model given, none bundled under models/, and this build cannot generate one");
-  SIEVE_LOG(Info, "no --model given and no bundled model under models/: generating a random tiny model (byte-level tokenizer) into "
-                      << dir << " and serving it; its output is noise");
+  if (it == cmds.end())
+    throw Error(
+        "--model: no model given, none bundled under models/, and this build cannot generate one");
+  SIEVE_LOG(Info,
+            "no --model given and no bundled model under models/: generating a random tiny model "
+            "(byte-level tokenizer) into "
+                << dir << " and serving it; its output is noise");
   fs::create_directories(dir);
   int rc = it->second.fn({"--out", dir});
   if (rc != 0) throw Error("generating the tiny model into " + dir + " failed");
@@ -78,23 +86,33 @@ sigset_t shutdown_signals() {
 
 int run_serve(const std::vector<std::string>& argv) {
   Args a("serve", argv);
-  a.opt({"--model"}, "DIR", "model directory (default: the bundled model, else a generated tiny model)")
+  a.opt({"--model"}, "DIR",
+        "model directory (default: the bundled model, else a generated tiny model)")
       .opt({"--host"}, "HOST", "address to listen on", "127.0.0.1")
       .opt({"--port", "--server-port"}, "PORT", "port to listen on (0: any free port)", "8000")
       .opt({"--served-model-name"}, "NAME", "model name in the API (default: the --model path)")
-      .opt({"--api-key"}, "KEY", "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
+      .opt({"--api-key"}, "KEY",
+           "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
       .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
-      .opt({"--tensor-parallel-size", "-tp"}, "N", "tensor-parallel ranks (only 1 is supported)", "1")
+      .opt({"--tensor-parallel-size", "-tp"}, "N", "tensor-parallel ranks (only 1 is supported)",
+           "1")
       .opt({"--block-size"}, "N", "tokens per KV cache block (128 for MiniMax-M3)", "128")
-      .opt({"--max-num-batched-tokens"}, "N", "token budget of one engine step (chunked prefill)", "8192")
-      .opt({"--max-model-len"}, "N", "longest prompt + completion (default: the model's, capped by the cache)")
+      .opt({"--max-num-batched-tokens"}, "N", "token budget of one engine step (chunked prefill)",
+           "8192")
+      .opt({"--max-model-len"}, "N",
+           "longest prompt + completion (default: the model's, capped by the cache)")
       .opt({"--max-num-seqs"}, "N", "most requests in one step", "256")
-      .opt({"--gpu-memory-utilization"}, "F", "fraction of GPU memory the engine may use (GPU backend)", "0.9")
-      .opt({"--kv-cache-memory"}, "BYTES", "KV + index cache size on the CPU, e.g. 512MiB, 4G", "512MiB")
-      .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto (bf16), bf16, fp8 or fp32", "auto")
-      .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE", "index-key cache dtype (default: the kv cache dtype)")
+      .opt({"--gpu-memory-utilization"}, "F",
+           "fraction of GPU memory the engine may use (GPU backend)", "0.9")
+      .opt({"--kv-cache-memory"}, "BYTES", "KV + index cache size on the CPU, e.g. 512MiB, 4G",
+           "512MiB")
+      .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto (bf16), bf16, fp8 or fp32",
+           "auto")
+      .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE",
+           "index-key cache dtype (default: the kv cache dtype)")
       .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
-      .opt({"--profiler-dir", "--torch-profiler-dir"}, "DIR", "enable POST /start_profile and /stop_profile, writing Chrome traces here")
+      .opt({"--profiler-dir", "--torch-profiler-dir"}, "DIR",
+           "enable POST /start_profile and /stop_profile, writing Chrome traces here")
       .opt({"--max-request-bytes"}, "BYTES", "largest request body accepted (larger: 413)", "32MiB")
       .flag({"--trust-remote-code"}, "accepted for vLLM compatibility; no effect")
       .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes")
@@ -102,9 +120,12 @@ int run_serve(const std::vector<std::string>& argv) {
   if (!a.parse()) return 0;
 
   const long long tp = a.get_int("--tensor-parallel-size");
-  if (tp != 1) throw Error("--tensor-parallel-size " + std::to_string(tp) + " is not supported yet: this engine runs on one device (use 1)");
+  if (tp != 1)
+    throw Error("--tensor-parallel-size " + std::to_string(tp) +
+                " is not supported yet: this engine runs on one device (use 1)");
   const long long port = a.get_int("--port");
-  if (port < 0 || port > 65535) throw Error("--port must be in 0..65535, got " + std::to_string(port));
+  if (port < 0 || port > 65535)
+    throw Error("--port must be in 0..65535, got " + std::to_string(port));
   const long long max_seqs = a.get_int("--max-num-seqs");
   if (max_seqs < 1 || max_seqs > 65536) throw Error("--max-num-seqs must be in 1..65536");
   const long long max_batched = a.get_int("--max-num-batched-tokens");
@@ -130,7 +151,8 @@ int run_serve(const std::vector<std::string>& argv) {
   lo.hf_overrides = a.get("--hf-overrides");
   const std::string dev = a.get("--device");
   if (dev == "cuda" || dev.rfind("cuda:", 0) == 0 || (dev == "auto" && cuda_device_count() > 0)) {
-    if (cuda_device_count() == 0) throw Error("--device " + dev + ": no CUDA device in this build or machine");
+    if (cuda_device_count() == 0)
+      throw Error("--device " + dev + ": no CUDA device in this build or machine");
     lo.device.kind = DeviceKind::CUDA;
     if (dev.size() > 5) lo.device.index = int(std::stoi(dev.substr(5)));
   } else if (dev != "cpu" && dev != "auto") {
@@ -138,21 +160,25 @@ int run_serve(const std::vector<std::string>& argv) {
   }
   auto m = model::Model::load(dir, lo);
   const ModelConfig& cfg = m->config();
-  cache::check_block_size(int(a.get_int("--block-size")), m->block_size(), cfg.use_sparse_attention);
+  cache::check_block_size(int(a.get_int("--block-size")), m->block_size(),
+                          cfg.use_sparse_attention);
 
   text::Tokenizer tok = text::Tokenizer::load(dir);
 
   model::CacheOptions co;
   co.kv_dtype = model::parse_cache_dtype(a.get("--kv-cache-dtype"), "--kv-cache-dtype");
-  co.index_dtype = a.has("--index-cache-dtype") ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
-                                                : co.kv_dtype;
+  co.index_dtype =
+      a.has("--index-cache-dtype")
+          ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
+          : co.kv_dtype;
   const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype);
   if (lo.device.is_cuda()) {
     // As vLLM: the engine may use this fraction of the device; weights (loaded above) and
     // whatever else is resident come off it, the rest is cache.
     size_t free_b = 0, total_b = 0;
 #ifdef SIEVE_HAVE_CUDA
-    if (cudaSetDevice(lo.device.index) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+    if (cudaSetDevice(lo.device.index) != cudaSuccess ||
+        cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
       throw Error("cannot query the memory of " + lo.device.str());
 #endif
     co.num_blocks = cache::blocks_for_gpu(total_b, free_b, gpu_util, per_block);
@@ -160,23 +186,28 @@ int run_serve(const std::vector<std::string>& argv) {
     co.num_blocks = cache::blocks_for_bytes(cache_bytes, per_block, "--kv-cache-memory");
   }
   const int64_t capacity = co.num_blocks * m->block_size();
-  int64_t max_len = std::min<int64_t>(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : capacity, capacity);
+  int64_t max_len = std::min<int64_t>(
+      cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : capacity, capacity);
   if (a.has("--max-model-len")) {
     max_len = a.get_int("--max-model-len");
     if (max_len < 2) throw Error("--max-model-len must be at least 2");
     if (cfg.max_position_embeddings > 0 && max_len > cfg.max_position_embeddings)
-      throw Error("--max-model-len " + std::to_string(max_len) + " is longer than the model's max_position_embeddings (" +
+      throw Error("--max-model-len " + std::to_string(max_len) +
+                  " is longer than the model's max_position_embeddings (" +
                   std::to_string(cfg.max_position_embeddings) + ")");
   }
   m->allocate_caches(co);
 
   engine::EngineConfig ec;
-  ec.scheduler = {.max_num_batched_tokens = max_batched, .max_num_seqs = int(max_seqs), .max_model_len = max_len};
+  ec.scheduler = {.max_num_batched_tokens = max_batched,
+                  .max_num_seqs = int(max_seqs),
+                  .max_model_len = max_len};
   ec.num_blocks = co.num_blocks;
   ec.enable_prefix_caching = prefix_caching;
   ec.eos_ids = tok.eos_ids();
   for (int64_t e : cfg.eos_token_ids)
-    if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end()) ec.eos_ids.push_back(int32_t(e));
+    if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end())
+      ec.eos_ids.push_back(int32_t(e));
   engine::Engine engine(*m, ec);
 
   server::ServerOptions so;
@@ -211,15 +242,17 @@ int run_serve(const std::vector<std::string>& argv) {
     srv.shutdown();
     // A client that stopped reading keeps its handler thread blocked in a socket write; do not
     // let it hold the exit beyond a few seconds.
-    for (int i = 0; i < 200 && !stopped; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 200 && !stopped; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (!stopped) {
       SIEVE_LOG(Warn, "connections still open after shutdown; exiting anyway");
       std::fflush(nullptr);
       std::_Exit(0);
     }
   });
-  SIEVE_LOG(Info, "serving " << so.served_model_names[0] << " on http://" << so.host << ":" << srv.port() << " ("
-                             << co.num_blocks << " cache blocks of " << m->block_size() << " tokens, max model len " << max_len
+  SIEVE_LOG(Info, "serving " << so.served_model_names[0] << " on http://" << so.host << ":"
+                             << srv.port() << " (" << co.num_blocks << " cache blocks of "
+                             << m->block_size() << " tokens, max model len " << max_len
                              << ", prefix caching " << (prefix_caching ? "on" : "off") << ")");
   srv.run();
   engine.stop();
@@ -230,7 +263,8 @@ int run_serve(const std::vector<std::string>& argv) {
   return 0;
 }
 
-Register reg{"serve", "OpenAI-compatible server (continuous batching over paged caches)", &run_serve};
+Register reg{"serve", "OpenAI-compatible server (continuous batching over paged caches)",
+             &run_serve};
 
 }  // namespace
 }  // namespace sieve::cli

@@ -53,15 +53,19 @@ Engine::Engine(model::Model& model, EngineConfig cfg)
       scheduler_(cfg_.scheduler, kv_) {
   const int64_t capacity = cfg_.num_blocks * model.block_size();
   if (cfg_.scheduler.max_model_len > capacity)
-    throw Error("--max-model-len " + std::to_string(cfg_.scheduler.max_model_len) + " is more than the KV cache holds (" +
-                std::to_string(cfg_.num_blocks) + " blocks of " + std::to_string(model.block_size()) + " = " +
-                std::to_string(capacity) + " tokens); lower --max-model-len or give the cache more memory");
+    throw Error("--max-model-len " + std::to_string(cfg_.scheduler.max_model_len) +
+                " is more than the KV cache holds (" + std::to_string(cfg_.num_blocks) +
+                " blocks of " + std::to_string(model.block_size()) + " = " +
+                std::to_string(capacity) +
+                " tokens); lower --max-model-len or give the cache more memory");
   stats_.num_blocks = cfg_.num_blocks;
   stats_.num_free_blocks = cfg_.num_blocks;
   stats_.block_size = model.block_size();
 }
 
-Engine::~Engine() { stop(); }
+Engine::~Engine() {
+  stop();
+}
 
 void Engine::start() {
   if (thread_.joinable()) return;
@@ -82,22 +86,27 @@ void Engine::stop() {
   inbox_.clear();
 }
 
-std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, const SamplingParams& params) {
+std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt,
+                                              const SamplingParams& params) {
   const int64_t V = model_.vocab_size();
   const int64_t max_len = cfg_.scheduler.max_model_len;
   if (prompt.empty()) throw Error("the prompt is empty; give at least one token");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= V)
-      throw Error("token id " + std::to_string(prompt[i]) + " at prompt position " + std::to_string(i) +
-                  " is outside the vocabulary [0, " + std::to_string(V) + ")");
-  if (params.max_tokens < 1) throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
+      throw Error("token id " + std::to_string(prompt[i]) + " at prompt position " +
+                  std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  if (params.max_tokens < 1)
+    throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
   const int64_t n = int64_t(prompt.size());
   if (n >= max_len || n + params.max_tokens > max_len)
-    throw Error("This model's maximum context length is " + std::to_string(max_len) + " tokens. However, you requested " +
-                std::to_string(n + params.max_tokens) + " tokens (" + std::to_string(n) + " in the messages, " +
-                std::to_string(params.max_tokens) + " in the completion). Please reduce the length of the messages or completion.");
+    throw Error("This model's maximum context length is " + std::to_string(max_len) +
+                " tokens. However, you requested " + std::to_string(n + params.max_tokens) +
+                " tokens (" + std::to_string(n) + " in the messages, " +
+                std::to_string(params.max_tokens) +
+                " in the completion). Please reduce the length of the messages or completion.");
   for (int32_t t : params.stop_token_ids)
-    if (t < 0 || t >= V) throw Error("stop_token_ids: " + std::to_string(t) + " is outside the vocabulary");
+    if (t < 0 || t >= V)
+      throw Error("stop_token_ids: " + std::to_string(t) + " is outside the vocabulary");
 
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
@@ -186,12 +195,21 @@ void Engine::finish_request(Request* r, FinishReason reason, const std::string& 
   {
     std::lock_guard lk(stats_mu_);
     switch (reason) {
-      case FinishReason::Stop: ++stats_.finished_stop; break;
-      case FinishReason::Length: ++stats_.finished_length; break;
-      case FinishReason::Abort: ++stats_.finished_abort; break;
-      default: ++stats_.finished_error; break;
+      case FinishReason::Stop:
+        ++stats_.finished_stop;
+        break;
+      case FinishReason::Length:
+        ++stats_.finished_length;
+        break;
+      case FinishReason::Abort:
+        ++stats_.finished_abort;
+        break;
+      default:
+        ++stats_.finished_error;
+        break;
     }
-    if (reason == FinishReason::Stop || reason == FinishReason::Length) stats_.e2e.observe(t - r->arrival_s);
+    if (reason == FinishReason::Stop || reason == FinishReason::Length)
+      stats_.e2e.observe(t - r->arrival_s);
   }
   it->second.stream->finish(reason, error);
   live_.erase(it);
@@ -226,10 +244,12 @@ std::string Engine::stop_profile() {
   std::lock_guard lk(trace_mu_);
   std::ostringstream os;
   os << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
-  os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"sieve engine\"}}";
+  os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"sieve "
+        "engine\"}}";
   for (const auto& e : trace_) {
-    os << ",{\"name\":\"" << e.name << "\",\"cat\":\"" << e.cat << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << e.tid
-       << ",\"ts\":" << e.ts_us << ",\"dur\":" << e.dur_us;
+    os << ",{\"name\":\"" << e.name << "\",\"cat\":\"" << e.cat
+       << "\",\"ph\":\"X\",\"pid\":1,\"tid\":" << e.tid << ",\"ts\":" << e.ts_us
+       << ",\"dur\":" << e.dur_us;
     if (!e.args_json.empty()) os << ",\"args\":" << e.args_json;
     os << "}";
   }
@@ -247,7 +267,8 @@ void Engine::loop() {
           idle_ = true;
           idle_cv_.notify_all();
         }
-        inbox_cv_.wait(lk, [&] { return stop_ || !inbox_.empty() || !aborts_.empty() || abort_all_; });
+        inbox_cv_.wait(lk,
+                       [&] { return stop_ || !inbox_.empty() || !aborts_.empty() || abort_all_; });
       }
       if (stop_) break;
     }
@@ -287,7 +308,8 @@ void Engine::step() {
   if (!plan.preempted.empty()) {
     std::lock_guard lk(stats_mu_);
     stats_.preemptions += plan.preempted.size();
-    SIEVE_LOG(Debug, "preempted " << plan.preempted.size() << " request(s): out of KV cache blocks");
+    SIEVE_LOG(Debug,
+              "preempted " << plan.preempted.size() << " request(s): out of KV cache blocks");
   }
   if (plan.empty()) {
     // Nothing fits right now (cannot happen with the admission checks); do not spin.
@@ -309,7 +331,8 @@ void Engine::step() {
   }
   const double t3 = now_seconds();
   const int64_t V = model_.vocab_size();
-  SIEVE_CHECK(int64_t(logits_.size()) >= int64_t(sample_seq.size()) * V, "model returned too few logits");
+  SIEVE_CHECK(int64_t(logits_.size()) >= int64_t(sample_seq.size()) * V,
+              "model returned too few logits");
 
   std::vector<std::pair<Request*, FinishReason>> done;
   uint64_t prompt_tokens = 0, gen_tokens = 0;
@@ -324,7 +347,8 @@ void Engine::step() {
     std::vector<int32_t> stop_ids = p.stop_token_ids;
     if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), r->eos_ids.begin(), r->eos_ids.end());
     std::span<const float> row_logits(logits_.data() + row * size_t(V), size_t(V));
-    SampleResult res = sample_token(row_logits, p, r->tokens, r->num_prompt_tokens, stop_ids, r->rng);
+    SampleResult res =
+        sample_token(row_logits, p, r->tokens, r->num_prompt_tokens, stop_ids, r->rng);
     r->tokens.push_back(res.token);
     ++gen_tokens;
     if (r->first_token_s == 0) {
@@ -338,10 +362,14 @@ void Engine::step() {
     it->second.stream->push(TokenOutput{res.token, res.logprob, std::move(res.top)});
 
     const int64_t n_out = r->num_output_tokens();
-    const bool is_eos = !p.ignore_eos && std::find(r->eos_ids.begin(), r->eos_ids.end(), res.token) != r->eos_ids.end();
-    const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), res.token) != p.stop_token_ids.end();
-    if ((is_eos || is_stop_id) && n_out >= p.min_tokens) done.push_back({r, FinishReason::Stop});
-    else if (n_out >= p.max_tokens || int64_t(r->tokens.size()) >= r->max_total_tokens) done.push_back({r, FinishReason::Length});
+    const bool is_eos = !p.ignore_eos && std::find(r->eos_ids.begin(), r->eos_ids.end(),
+                                                   res.token) != r->eos_ids.end();
+    const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
+                                      res.token) != p.stop_token_ids.end();
+    if ((is_eos || is_stop_id) && n_out >= p.min_tokens)
+      done.push_back({r, FinishReason::Stop});
+    else if (n_out >= p.max_tokens || int64_t(r->tokens.size()) >= r->max_total_tokens)
+      done.push_back({r, FinishReason::Length});
   }
   scheduler_.step_done(plan);
   const double t4 = now_seconds();
@@ -350,8 +378,9 @@ void Engine::step() {
     int64_t decodes = 0;
     for (const auto& s : plan.seqs) decodes += s.token_ids.size() == 1 && s.sample;
     std::ostringstream args;
-    args << "{\"num_seqs\":" << plan.seqs.size() << ",\"num_tokens\":" << plan.num_tokens << ",\"num_decodes\":" << decodes
-         << ",\"num_preempted\":" << plan.preempted.size() << ",\"kv_usage\":" << kv_.usage() << "}";
+    args << "{\"num_seqs\":" << plan.seqs.size() << ",\"num_tokens\":" << plan.num_tokens
+         << ",\"num_decodes\":" << decodes << ",\"num_preempted\":" << plan.preempted.size()
+         << ",\"kv_usage\":" << kv_.usage() << "}";
     trace("step", t0, t4, args.str());
     trace("schedule", t0, t1);
     trace("prepare_inputs", t1, t2);

@@ -40,7 +40,8 @@ struct TokenOutput {
 // Tokens of one request as the engine produces them; read by one consumer thread.
 class RequestStream {
  public:
-  explicit RequestStream(RequestId id, int64_t num_prompt_tokens) : id_(id), num_prompt_tokens_(num_prompt_tokens) {}
+  explicit RequestStream(RequestId id, int64_t num_prompt_tokens)
+      : id_(id), num_prompt_tokens_(num_prompt_tokens) {}
   RequestId id() const { return id_; }
   int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
 

@@ -8,12 +8,13 @@
 namespace sieve::engine {
 
 struct Histogram {
-  std::vector<double> bounds;     // upper bounds, ascending (+Inf implied)
-  std::vector<uint64_t> counts;   // per bucket (not cumulative), size bounds + 1
+  std::vector<double> bounds;    // upper bounds, ascending (+Inf implied)
+  std::vector<uint64_t> counts;  // per bucket (not cumulative), size bounds + 1
   double sum = 0;
   uint64_t count = 0;
 
-  explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  explicit Histogram(std::vector<double> b = {})
+      : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
   void observe(double v);
 };
 

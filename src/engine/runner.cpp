@@ -4,7 +4,8 @@
 
 namespace sieve::engine {
 
-model::StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::vector<int>* sample_seq) {
+model::StepInputs build_step_inputs(const StepPlan& plan, int block_size,
+                                    std::vector<int>* sample_seq) {
   model::StepInputs in;
   const size_t num_seqs = plan.seqs.size();
   int max_blocks = 1;
@@ -23,16 +24,19 @@ model::StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::v
     const int64_t n = int64_t(s.token_ids.size());
     const int64_t end = s.start_pos + n;
     SIEVE_CHECK(n > 0, "empty scheduled sequence");
-    SIEVE_CHECK(int64_t(s.block_table.size()) * block_size >= end, "block table too short for the step");
+    SIEVE_CHECK(int64_t(s.block_table.size()) * block_size >= end,
+                "block table too short for the step");
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = s.start_pos + i;
       in.token_ids.push_back(s.token_ids[size_t(i)]);
       in.positions.push_back(int32_t(pos));
-      in.slot_mapping.push_back(int64_t(s.block_table[size_t(pos / block_size)]) * block_size + pos % block_size);
+      in.slot_mapping.push_back(int64_t(s.block_table[size_t(pos / block_size)]) * block_size +
+                                pos % block_size);
     }
     in.query_start_loc.push_back(int32_t(in.token_ids.size()));
     in.seq_lens.push_back(int32_t(end));
-    std::copy(s.block_table.begin(), s.block_table.end(), in.block_tables.begin() + long(si * size_t(max_blocks)));
+    std::copy(s.block_table.begin(), s.block_table.end(),
+              in.block_tables.begin() + long(si * size_t(max_blocks)));
     if (s.sample) {
       in.logits_indices.push_back(int32_t(in.token_ids.size()) - 1);
       if (sample_seq) sample_seq->push_back(int(si));

@@ -9,6 +9,7 @@
 namespace sieve::engine {
 
 // `sample_seq[i]` receives the plan index of the sequence that logits row i belongs to.
-model::StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::vector<int>* sample_seq = nullptr);
+model::StepInputs build_step_inputs(const StepPlan& plan, int block_size,
+                                    std::vector<int>* sample_seq = nullptr);
 
 }  // namespace sieve::engine

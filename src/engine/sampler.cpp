@@ -91,9 +91,11 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
       mx = double(x[size_t(idx[0])]) * inv_t;
       if (head < idx.size()) {
         double head_mass = 0;
-        for (size_t i = 0; i < idx.size(); ++i) (i < head ? head_mass : tail_mass) += weight(idx[i], mx);
+        for (size_t i = 0; i < idx.size(); ++i)
+          (i < head ? head_mass : tail_mass) += weight(idx[i], mx);
         const bool min_p_cuts_in_head = p.min_p > 0 && weight(idx[head], mx) < p.min_p;
-        const bool top_p_cuts_in_head = p.top_p < 1.0 && head_mass >= p.top_p * (head_mass + tail_mass);
+        const bool top_p_cuts_in_head =
+            p.top_p < 1.0 && head_mass >= p.top_p * (head_mass + tail_mass);
         if (min_p_cuts_in_head || top_p_cuts_in_head) {
           keep = head;
           if (min_p_cuts_in_head) tail_mass = 0;
@@ -149,7 +151,8 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
       std::vector<int32_t> idx(raw_lp.size());
       std::iota(idx.begin(), idx.end(), 0);
       std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(), [&](int32_t a, int32_t b) {
-        return raw_lp[size_t(a)] > raw_lp[size_t(b)] || (raw_lp[size_t(a)] == raw_lp[size_t(b)] && a < b);
+        return raw_lp[size_t(a)] > raw_lp[size_t(b)] ||
+               (raw_lp[size_t(a)] == raw_lp[size_t(b)] && a < b);
       });
       for (size_t i = 0; i < k; ++i) res.top.push_back({idx[i], raw_lp[size_t(idx[i])]});
     }

@@ -20,8 +20,8 @@ struct TokenLogprob {
 
 struct SampleResult {
   int32_t token = 0;
-  float logprob = 0;                // of `token` under the raw distribution (when asked)
-  std::vector<TokenLogprob> top;    // top_logprobs alternatives, most likely first
+  float logprob = 0;              // of `token` under the raw distribution (when asked)
+  std::vector<TokenLogprob> top;  // top_logprobs alternatives, most likely first
 };
 
 // `history` is prompt + output so far (repetition penalty counts both); the output part starts at

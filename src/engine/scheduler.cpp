@@ -8,11 +8,16 @@ namespace sieve::engine {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-    case FinishReason::Abort: return "abort";
-    case FinishReason::Error: return "error";
-    default: return "";
+    case FinishReason::Stop:
+      return "stop";
+    case FinishReason::Length:
+      return "length";
+    case FinishReason::Abort:
+      return "abort";
+    case FinishReason::Error:
+      return "error";
+    default:
+      return "";
   }
 }
 
@@ -41,7 +46,8 @@ bool Scheduler::abort(RequestId id) {
     r = *it;
     running_.erase(it);
   } else {
-    auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](Request* q) { return q->id == id; });
+    auto w =
+        std::find_if(waiting_.begin(), waiting_.end(), [&](Request* q) { return q->id == id; });
     if (w == waiting_.end()) return false;
     r = *w;
     waiting_.erase(w);

@@ -7,13 +7,18 @@ namespace sieve::server {
 
 using ojson = nlohmann::ordered_json;
 
-nlohmann::json error_json(int status, const std::string& message, const std::string& param, const std::string& type) {
+nlohmann::json error_json(int status, const std::string& message, const std::string& param,
+                          const std::string& type) {
   std::string t = type;
   if (t.empty()) {
-    if (status == 401) t = "authentication_error";
-    else if (status == 404) t = "not_found_error";
-    else if (status >= 500) t = "server_error";
-    else t = "invalid_request_error";
+    if (status == 401)
+      t = "authentication_error";
+    else if (status == 404)
+      t = "not_found_error";
+    else if (status >= 500)
+      t = "server_error";
+    else
+      t = "invalid_request_error";
   }
   nlohmann::json e = {{"message", message}, {"type", t}, {"param", nullptr}, {"code", status}};
   if (!param.empty()) e["param"] = param;
@@ -35,15 +40,23 @@ namespace {
 
 const char* type_name(const ojson& v) {
   switch (v.type()) {
-    case ojson::value_t::null: return "null";
-    case ojson::value_t::boolean: return "a boolean";
+    case ojson::value_t::null:
+      return "null";
+    case ojson::value_t::boolean:
+      return "a boolean";
     case ojson::value_t::number_integer:
-    case ojson::value_t::number_unsigned: return "an integer";
-    case ojson::value_t::number_float: return "a number";
-    case ojson::value_t::string: return "a string";
-    case ojson::value_t::array: return "an array";
-    case ojson::value_t::object: return "an object";
-    default: return "an unsupported value";
+    case ojson::value_t::number_unsigned:
+      return "an integer";
+    case ojson::value_t::number_float:
+      return "a number";
+    case ojson::value_t::string:
+      return "a string";
+    case ojson::value_t::array:
+      return "an array";
+    case ojson::value_t::object:
+      return "an object";
+    default:
+      return "an unsupported value";
   }
 }
 
@@ -71,7 +84,8 @@ double get_number(const ojson& body, const char* name, double def, double lo, do
   if (!v->is_number()) bad(name, std::string("expected a number, got ") + type_name(*v));
   double x = v->get<double>();
   if (!std::isfinite(x) || x < lo || x > hi)
-    bad(name, "must be between " + nlohmann::json(lo).dump() + " and " + nlohmann::json(hi).dump() + ", got " + v->dump());
+    bad(name, "must be between " + nlohmann::json(lo).dump() + " and " + nlohmann::json(hi).dump() +
+                  ", got " + v->dump());
   return x;
 }
 
@@ -80,7 +94,8 @@ int64_t get_int(const ojson& body, const char* name, int64_t def, int64_t lo, in
   if (!v) return def;
   int64_t x = 0;
   if (v->is_number_integer()) {
-    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
       bad(name, "must be at most " + std::to_string(hi) + ", got " + v->dump());
     x = v->get<int64_t>();
   } else if (v->is_number_float()) {
@@ -92,7 +107,9 @@ int64_t get_int(const ojson& body, const char* name, int64_t def, int64_t lo, in
   } else {
     bad(name, std::string("expected an integer, got ") + type_name(*v));
   }
-  if (x < lo || x > hi) bad(name, "must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + std::to_string(x));
+  if (x < lo || x > hi)
+    bad(name, "must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " +
+                  std::to_string(x));
   return x;
 }
 
@@ -101,9 +118,13 @@ std::vector<int32_t> get_id_list(const ojson& arr, const std::string& name) {
   ids.reserve(arr.size());
   for (size_t i = 0; i < arr.size(); ++i) {
     const ojson& v = arr[i];
-    if (!v.is_number_integer()) bad(name, "element " + std::to_string(i) + ": expected a token id (integer), got " + type_name(v));
-    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT32_MAX) : (v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))
-      bad(name, "element " + std::to_string(i) + ": token id " + v.dump() + " is outside the vocabulary");
+    if (!v.is_number_integer())
+      bad(name,
+          "element " + std::to_string(i) + ": expected a token id (integer), got " + type_name(v));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT32_MAX)
+                               : (v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))
+      bad(name,
+          "element " + std::to_string(i) + ": token id " + v.dump() + " is outside the vocabulary");
     ids.push_back(int32_t(v.get<int64_t>()));
   }
   return ids;
@@ -116,7 +137,8 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
     r.prompt_text = p->get<std::string>();
     return;
   }
-  if (!p->is_array()) bad("prompt", std::string("expected a string or an array of token ids, got ") + type_name(*p));
+  if (!p->is_array())
+    bad("prompt", std::string("expected a string or an array of token ids, got ") + type_name(*p));
   if (p->empty()) bad("prompt", "is empty");
   const ojson& first = (*p)[0];
   if (first.is_number()) {
@@ -127,7 +149,8 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
   // A batch of prompts: this server answers one prompt per request (as with n > 1, send more
   // requests); a batch of one is accepted.
   if (p->size() != 1)
-    bad("prompt", "batches of " + std::to_string(p->size()) + " prompts are not supported; send one prompt per request");
+    bad("prompt", "batches of " + std::to_string(p->size()) +
+                      " prompts are not supported; send one prompt per request");
   if (first.is_string()) {
     r.prompt_text = first.get<std::string>();
   } else if (first.is_array()) {
@@ -135,7 +158,8 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
     r.prompt_ids = get_id_list(first, "prompt");
     r.has_prompt_ids = true;
   } else {
-    bad("prompt", std::string("expected a string or token ids, got an array of ") + type_name(first) + "s");
+    bad("prompt",
+        std::string("expected a string or token ids, got an array of ") + type_name(first) + "s");
   }
 }
 
@@ -150,7 +174,8 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!msg.is_object()) bad(where, std::string("expected an object, got ") + type_name(msg));
     auto role = msg.find("role");
-    if (role == msg.end() || !role->is_string()) bad(where + ".role", "is required and must be a string");
+    if (role == msg.end() || !role->is_string())
+      bad(where + ".role", "is required and must be a string");
     ojson copy = msg;
     auto content = msg.find("content");
     if (content != msg.end() && !content->is_null()) {
@@ -163,15 +188,20 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
           if (!part.is_object()) bad(pw, std::string("expected an object, got ") + type_name(part));
           auto type = part.find("type");
           if (type == part.end() || !type->is_string()) bad(pw + ".type", "is required");
-          if (*type != "text") bad(pw + ".type", "'" + type->get<std::string>() + "' content is not supported by this text model");
+          if (*type != "text")
+            bad(pw + ".type",
+                "'" + type->get<std::string>() + "' content is not supported by this text model");
           auto t = part.find("text");
-          if (t == part.end() || !t->is_string()) bad(pw + ".text", "is required and must be a string");
+          if (t == part.end() || !t->is_string())
+            bad(pw + ".text", "is required and must be a string");
           if (!text.empty()) text += "\n";
           text += t->get<std::string>();
         }
         copy["content"] = text;
       } else if (!content->is_string()) {
-        bad(where + ".content", std::string("expected a string or an array of content parts, got ") + type_name(*content));
+        bad(where + ".content",
+            std::string("expected a string or an array of content parts, got ") +
+                type_name(*content));
       }
     } else if (!msg.contains("tool_calls")) {
       copy["content"] = "";
@@ -181,12 +211,14 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
   r.messages = std::move(out);
   const ojson* tools = field(body, "tools");
   if (tools) {
-    if (!tools->is_array()) bad("tools", std::string("expected an array, got ") + type_name(*tools));
+    if (!tools->is_array())
+      bad("tools", std::string("expected an array, got ") + type_name(*tools));
     r.tools = *tools;
   }
   const ojson* kw = field(body, "chat_template_kwargs");
   if (kw) {
-    if (!kw->is_object()) bad("chat_template_kwargs", std::string("expected an object, got ") + type_name(*kw));
+    if (!kw->is_object())
+      bad("chat_template_kwargs", std::string("expected an object, got ") + type_name(*kw));
     r.chat_template_kwargs = *kw;
   }
   r.add_generation_prompt = get_bool(body, "add_generation_prompt", true);
@@ -206,25 +238,31 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
     if (!m->is_string()) bad("model", std::string("expected a string, got ") + type_name(*m));
     r.model = m->get<std::string>();
   }
-  if (chat) parse_messages(body, r);
-  else parse_prompt(body, r);
+  if (chat)
+    parse_messages(body, r);
+  else
+    parse_prompt(body, r);
 
-  if (get_int(body, "n", 1, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()) != 1)
+  if (get_int(body, "n", 1, std::numeric_limits<int64_t>::min(),
+              std::numeric_limits<int64_t>::max()) != 1)
     bad("n", "only n = 1 is supported; send several requests for several completions");
-  if (get_int(body, "best_of", 1, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()) != 1)
+  if (get_int(body, "best_of", 1, std::numeric_limits<int64_t>::min(),
+              std::numeric_limits<int64_t>::max()) != 1)
     bad("best_of", "only best_of = 1 is supported");
   if (const ojson* s = field(body, "suffix")) {
     if (!s->is_string()) bad("suffix", std::string("expected a string, got ") + type_name(*s));
     if (!s->get<std::string>().empty()) bad("suffix", "is not supported");
   }
   if (const ojson* lb = field(body, "logit_bias")) {
-    if (!lb->is_object()) bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));
+    if (!lb->is_object())
+      bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));
     if (!lb->empty()) bad("logit_bias", "is not supported");
   }
 
   r.stream = get_bool(body, "stream", false);
   if (const ojson* so = field(body, "stream_options")) {
-    if (!so->is_object()) bad("stream_options", std::string("expected an object, got ") + type_name(*so));
+    if (!so->is_object())
+      bad("stream_options", std::string("expected an object, got ") + type_name(*so));
     if (!r.stream) bad("stream_options", "is only allowed when stream is true");
     r.include_usage = get_bool(*so, "include_usage", false);
     r.continuous_usage = get_bool(*so, "continuous_usage_stats", false);
@@ -235,7 +273,8 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
   const char* max_name = "max_tokens";
   if (chat && field(body, "max_completion_tokens")) max_name = "max_completion_tokens";
   if (field(body, max_name)) {
-    p.max_tokens = get_int(body, max_name, 16, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+    p.max_tokens = get_int(body, max_name, 16, std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max());
     if (p.max_tokens < 1) bad(max_name, "must be at least 1, got " + std::to_string(p.max_tokens));
     r.max_tokens_given = true;
   }
@@ -250,16 +289,19 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
   p.repetition_penalty = get_number(body, "repetition_penalty", 1.0, 0.0, 1e6);
   if (p.repetition_penalty <= 0.0) bad("repetition_penalty", "must be greater than 0");
   if (const ojson* s = field(body, "seed")) {
-    if (!s->is_number_integer()) bad("seed", std::string("expected an integer, got ") + type_name(*s));
+    if (!s->is_number_integer())
+      bad("seed", std::string("expected an integer, got ") + type_name(*s));
     p.has_seed = true;
     p.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
   }
   p.min_tokens = get_int(body, "min_tokens", 0, 0, kMax);
   if (r.max_tokens_given && p.min_tokens > p.max_tokens)
-    bad("min_tokens", "must be at most max_tokens (" + std::to_string(p.max_tokens) + "), got " + std::to_string(p.min_tokens));
+    bad("min_tokens", "must be at most max_tokens (" + std::to_string(p.max_tokens) + "), got " +
+                          std::to_string(p.min_tokens));
   p.ignore_eos = get_bool(body, "ignore_eos", false);
   if (const ojson* ids = field(body, "stop_token_ids")) {
-    if (!ids->is_array()) bad("stop_token_ids", std::string("expected an array of token ids, got ") + type_name(*ids));
+    if (!ids->is_array())
+      bad("stop_token_ids", std::string("expected an array of token ids, got ") + type_name(*ids));
     p.stop_token_ids = get_id_list(*ids, "stop_token_ids");
   }
   if (const ojson* st = field(body, "stop")) {
@@ -267,7 +309,9 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
       r.stop.push_back(st->get<std::string>());
     } else if (st->is_array()) {
       for (size_t i = 0; i < st->size(); ++i) {
-        if (!(*st)[i].is_string()) bad("stop", "element " + std::to_string(i) + ": expected a string, got " + type_name((*st)[i]));
+        if (!(*st)[i].is_string())
+          bad("stop",
+              "element " + std::to_string(i) + ": expected a string, got " + type_name((*st)[i]));
         r.stop.push_back((*st)[i].get<std::string>());
       }
     } else {
@@ -287,12 +331,14 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
     if (r.top_logprobs > 0 && !r.want_logprobs) bad("top_logprobs", "requires logprobs to be true");
   } else {
     if (const ojson* lp = field(body, "logprobs")) {
-      if (lp->is_boolean()) bad("logprobs", "expected an integer (the number of alternatives, 0..20), got a boolean");
+      if (lp->is_boolean())
+        bad("logprobs", "expected an integer (the number of alternatives, 0..20), got a boolean");
       r.top_logprobs = int(get_int(body, "logprobs", 0, 0, 20));
       r.want_logprobs = true;
     }
     r.echo = get_bool(body, "echo", false);
-    if (r.echo && r.want_logprobs) bad("echo", "echo together with logprobs (prompt logprobs) is not supported");
+    if (r.echo && r.want_logprobs)
+      bad("echo", "echo together with logprobs (prompt logprobs) is not supported");
   }
   p.logprobs = r.want_logprobs;
   p.top_logprobs = r.top_logprobs;

@@ -19,7 +19,10 @@ namespace sieve::server {
 class ApiError : public std::runtime_error {
  public:
   ApiError(int status, std::string message, std::string param = {}, std::string type = {})
-      : std::runtime_error(message), status(status), param(std::move(param)), type(std::move(type)) {}
+      : std::runtime_error(message),
+        status(status),
+        param(std::move(param)),
+        type(std::move(type)) {}
   int status;
   std::string param;
   std::string type;  // empty: derived from the status
@@ -32,8 +35,8 @@ struct GenerateRequest {
   bool chat = false;
   std::string model;  // empty: the served model
   bool stream = false;
-  bool include_usage = false;       // stream_options.include_usage
-  bool continuous_usage = false;    // stream_options.continuous_usage_stats
+  bool include_usage = false;     // stream_options.include_usage
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats
   // Completions: text or token ids.
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_ids;

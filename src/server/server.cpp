@@ -7,14 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <functional>
+#include <cstdlib>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -34,21 +34,25 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string random_hex(int n) {
-  thread_local std::mt19937_64 rng{std::random_device{}() ^ uint64_t(std::hash<std::thread::id>{}(std::this_thread::get_id()))};
+  thread_local std::mt19937_64 rng{
+      std::random_device{}() ^ uint64_t(std::hash<std::thread::id>{}(std::this_thread::get_id()))};
   static const char* d = "0123456789abcdef";
   std::string s;
   for (int i = 0; i < n; ++i) s += d[rng() & 15];
   return s;
 }
 
-int64_t unix_now() { return int64_t(std::time(nullptr)); }
+int64_t unix_now() {
+  return int64_t(std::time(nullptr));
+}
 
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-void send_error(httplib::Response& res, int status, const std::string& msg, const std::string& param = {}) {
+void send_error(httplib::Response& res, int status, const std::string& msg,
+                const std::string& param = {}) {
   send_json(res, status, error_json(status, msg, param));
 }
 
@@ -122,8 +126,10 @@ class GrowingPool : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     std::lock_guard lk(mu_);
     jobs_.push_back(std::move(fn));
-    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
-    else cv_.notify_one();
+    if (jobs_.size() > idle_ && threads_.size() < max_)
+      threads_.emplace_back([this] { work(); });
+    else
+      cv_.notify_one();
   }
   void shutdown() override {
     {
@@ -178,12 +184,18 @@ struct Output {
   int32_t last_token = -1;
   json stop_reason = nullptr;
   // Completions logprobs (legacy format) or chat logprobs content entries, for what was emitted.
-  json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array(), lp_offsets = json::array();
+  json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array(),
+       lp_offsets = json::array();
   json chat_lp = json::array();
 
   Output(const text::Tokenizer& t, const GenerateRequest& g)
-      : tok(t), dec(t, g.skip_special_tokens), stop(g.stop), include_stop(g.include_stop_str_in_output),
-        chat(g.chat), want_logprobs(g.want_logprobs), ids_as_tokens(g.return_tokens_as_token_ids),
+      : tok(t),
+        dec(t, g.skip_special_tokens),
+        stop(g.stop),
+        include_stop(g.include_stop_str_in_output),
+        chat(g.chat),
+        want_logprobs(g.want_logprobs),
+        ids_as_tokens(g.return_tokens_as_token_ids),
         min_tokens(g.params.min_tokens) {}
 
   // A model's vocabulary may be larger than its tokenizer's (padded embeddings); ids without a
@@ -206,7 +218,8 @@ struct Output {
     last_token = t.token;
     std::string piece = known(t.token) ? dec.push(t.token) : std::string();
     // As vLLM: stop strings count only once min_tokens tokens were generated.
-    std::string out = completion_tokens >= min_tokens ? stop.push(piece) : stop.push_unchecked(piece);
+    std::string out =
+        completion_tokens >= min_tokens ? stop.push(piece) : stop.push_unchecked(piece);
     if (stop.stopped()) {
       stopped_by_string = true;
       stop_reason = stop.matched();
@@ -214,10 +227,13 @@ struct Output {
     }
     if (want_logprobs) {
       if (chat) {
-        json e = {{"token", token_str(t.token)}, {"logprob", t.logprob}, {"bytes", token_bytes(t.token)}};
+        json e = {
+            {"token", token_str(t.token)}, {"logprob", t.logprob}, {"bytes", token_bytes(t.token)}};
         json top = json::array();
         for (const auto& a : t.top)
-          top.push_back({{"token", token_str(a.token)}, {"logprob", a.logprob}, {"bytes", token_bytes(a.token)}});
+          top.push_back({{"token", token_str(a.token)},
+                         {"logprob", a.logprob},
+                         {"bytes", token_bytes(a.token)}});
         e["top_logprobs"] = top;
         chat_lp.push_back(e);
         if (lp_delta) lp_delta->push_back(e);
@@ -260,7 +276,10 @@ struct Output {
     return out;
   }
   json completion_logprobs() const {
-    return {{"text_offset", lp_offsets}, {"token_logprobs", lp_values}, {"tokens", lp_tokens}, {"top_logprobs", lp_top}};
+    return {{"text_offset", lp_offsets},
+            {"token_logprobs", lp_values},
+            {"tokens", lp_tokens},
+            {"top_logprobs", lp_top}};
   }
 };
 
@@ -287,9 +306,9 @@ struct Server::Impl {
   std::vector<int32_t> prompt_ids(const GenerateRequest& g, std::string* prompt_text) const {
     try {
       if (g.chat) {
-        std::string rendered = text::render_chat(tok, g.messages, g.tools.is_null() ? ojson() : g.tools,
-                                                 g.add_generation_prompt,
-                                                 g.chat_template_kwargs.is_null() ? ojson::object() : g.chat_template_kwargs);
+        std::string rendered = text::render_chat(
+            tok, g.messages, g.tools.is_null() ? ojson() : g.tools, g.add_generation_prompt,
+            g.chat_template_kwargs.is_null() ? ojson::object() : g.chat_template_kwargs);
         if (prompt_text) *prompt_text = rendered;
         return tok.encode(rendered, g.add_special_tokens);
       }
@@ -306,8 +325,10 @@ struct Server::Impl {
     }
   }
 
-  void handle_generate(const httplib::Request& req, const std::string& req_body, httplib::Response& res, bool chat) {
-    if (owner->draining()) throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
+  void handle_generate(const httplib::Request& req, const std::string& req_body,
+                       httplib::Response& res, bool chat) {
+    if (owner->draining())
+      throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
     ojson body = parse_json_body(req_body);
     GenerateRequest g = parse_generate_request(body, chat);
     check_model(g.model);
@@ -316,8 +337,10 @@ struct Server::Impl {
     const int64_t max_len = engine.max_model_len();
     if (ids.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt");
     if (int64_t(ids.size()) >= max_len)
-      throw ApiError(400, "This model's maximum context length is " + std::to_string(max_len) + " tokens. However, your request has " +
-                              std::to_string(ids.size()) + " input tokens. Please reduce the length of the input.",
+      throw ApiError(400,
+                     "This model's maximum context length is " + std::to_string(max_len) +
+                         " tokens. However, your request has " + std::to_string(ids.size()) +
+                         " input tokens. Please reduce the length of the input.",
                      chat ? "messages" : "prompt");
     if (!g.max_tokens_given) {
       // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
@@ -334,25 +357,36 @@ struct Server::Impl {
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
     const int64_t created = unix_now();
     const int client_fd = find_client_socket(req);
-    if (g.stream) stream_response(res, g, rs, id, created, int64_t(ids.size()), client_fd, g.echo ? prompt_text : std::string());
-    else full_response(res, g, rs, id, created, int64_t(ids.size()), prompt_text, client_fd);
+    if (g.stream)
+      stream_response(res, g, rs, id, created, int64_t(ids.size()), client_fd,
+                      g.echo ? prompt_text : std::string());
+    else
+      full_response(res, g, rs, id, created, int64_t(ids.size()), prompt_text, client_fd);
   }
 
   static const char* finish_name(engine::FinishReason f, bool stopped_by_string) {
     if (stopped_by_string) return "stop";
     switch (f) {
-      case engine::FinishReason::Stop: return "stop";
-      case engine::FinishReason::Length: return "length";
-      default: return "abort";
+      case engine::FinishReason::Stop:
+        return "stop";
+      case engine::FinishReason::Length:
+        return "length";
+      default:
+        return "abort";
     }
   }
 
   json usage(int64_t prompt, int64_t completion) const {
-    return {{"prompt_tokens", prompt}, {"total_tokens", prompt + completion}, {"completion_tokens", completion}, {"prompt_tokens_details", nullptr}};
+    return {{"prompt_tokens", prompt},
+            {"total_tokens", prompt + completion},
+            {"completion_tokens", completion},
+            {"prompt_tokens_details", nullptr}};
   }
 
-  void full_response(httplib::Response& res, const GenerateRequest& g, std::shared_ptr<engine::RequestStream> rs,
-                     const std::string& id, int64_t created, int64_t n_prompt, const std::string& prompt_text, int client_fd) {
+  void full_response(httplib::Response& res, const GenerateRequest& g,
+                     std::shared_ptr<engine::RequestStream> rs, const std::string& id,
+                     int64_t created, int64_t n_prompt, const std::string& prompt_text,
+                     int client_fd) {
     Output out(tok, g);
     std::vector<engine::TokenOutput> toks;
     engine::FinishReason fin = engine::FinishReason::None;
@@ -370,20 +404,25 @@ struct Server::Impl {
         if (out.stopped_by_string) break;
       }
     }
-    if (out.stopped_by_string) engine.abort(rs->id(), engine::FinishReason::Stop);
-    else out.finish();
-    if (fin == engine::FinishReason::Error) throw ApiError(500, "generation failed: " + rs->error());
+    if (out.stopped_by_string)
+      engine.abort(rs->id(), engine::FinishReason::Stop);
+    else
+      out.finish();
+    if (fin == engine::FinishReason::Error)
+      throw ApiError(500, "generation failed: " + rs->error());
     json stop_reason = out.stop_reason;
     if (stop_reason.is_null() && fin == engine::FinishReason::Stop) {
       // Not EOS-only: report which stop token id ended it, as vLLM does.
       const int32_t last = out.last_token;
-      if (std::find(g.params.stop_token_ids.begin(), g.params.stop_token_ids.end(), last) != g.params.stop_token_ids.end())
+      if (std::find(g.params.stop_token_ids.begin(), g.params.stop_token_ids.end(), last) !=
+          g.params.stop_token_ids.end())
         stop_reason = last;
     }
     json choice;
     if (g.chat) {
       choice = {{"index", 0},
-                {"message", {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}}},
+                {"message",
+                 {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}}},
                 {"logprobs", g.want_logprobs ? json{{"content", out.chat_lp}} : json(nullptr)},
                 {"finish_reason", finish_name(fin, out.stopped_by_string)},
                 {"stop_reason", stop_reason}};
@@ -414,8 +453,9 @@ struct Server::Impl {
     std::string echo;  // completions with echo: the prompt text, sent first
   };
 
-  void stream_response(httplib::Response& res, const GenerateRequest& g, std::shared_ptr<engine::RequestStream> rs,
-                       const std::string& id, int64_t created, int64_t n_prompt, int client_fd, std::string echo) {
+  void stream_response(httplib::Response& res, const GenerateRequest& g,
+                       std::shared_ptr<engine::RequestStream> rs, const std::string& id,
+                       int64_t created, int64_t n_prompt, int client_fd, std::string echo) {
     auto st = std::make_shared<StreamState>();
     st->client_fd = client_fd;
     st->echo = std::move(echo);
@@ -435,7 +475,9 @@ struct Server::Impl {
           } catch (const std::exception& e) {
             // Headers are out: report in the stream, then end it.
             SIEVE_LOG(Error, "stream " << st->id << ": " << e.what());
-            const std::string msg = sse(error_json(500, std::string("internal error: ") + e.what())) + "data: [DONE]\n\n";
+            const std::string msg =
+                sse(error_json(500, std::string("internal error: ") + e.what())) +
+                "data: [DONE]\n\n";
             sink.write(msg.data(), msg.size());
             abort_stream(*st);
             sink.done();
@@ -460,8 +502,8 @@ struct Server::Impl {
             {"model", model_name()}};
   }
 
-  json chunk(const StreamState& st, const std::string& text, const json& lp, const json& finish, const json& stop_reason,
-             bool with_role = false) const {
+  json chunk(const StreamState& st, const std::string& text, const json& lp, const json& finish,
+             const json& stop_reason, bool with_role = false) const {
     json c = chunk_base(st);
     json choice;
     if (st.g.chat) {
@@ -475,8 +517,10 @@ struct Server::Impl {
     if (!finish.is_null()) choice["stop_reason"] = stop_reason;
     c["choices"] = json::array({choice});
     // OpenAI: with include_usage every other chunk carries "usage": null.
-    if (st.g.continuous_usage) c["usage"] = usage(st.n_prompt, st.out->completion_tokens);
-    else if (st.g.include_usage) c["usage"] = nullptr;
+    if (st.g.continuous_usage)
+      c["usage"] = usage(st.n_prompt, st.out->completion_tokens);
+    else if (st.g.include_usage)
+      c["usage"] = nullptr;
     return c;
   }
 
@@ -488,8 +532,11 @@ struct Server::Impl {
     }
     if (!st.started) {
       st.started = true;
-      if (st.g.chat && !write(sse(chunk(st, "", nullptr, nullptr, nullptr, true)))) return abort_stream(st);
-      if (!st.g.chat && !st.echo.empty() && !write(sse(chunk(st, st.echo, nullptr, nullptr, nullptr)))) return abort_stream(st);
+      if (st.g.chat && !write(sse(chunk(st, "", nullptr, nullptr, nullptr, true))))
+        return abort_stream(st);
+      if (!st.g.chat && !st.echo.empty() &&
+          !write(sse(chunk(st, st.echo, nullptr, nullptr, nullptr))))
+        return abort_stream(st);
       return true;
     }
     std::vector<engine::TokenOutput> toks;
@@ -499,7 +546,10 @@ struct Server::Impl {
     json lp = nullptr;
     if (st.g.want_logprobs)
       lp = st.g.chat ? json{{"content", json::array()}}
-                     : json{{"text_offset", json::array()}, {"token_logprobs", json::array()}, {"tokens", json::array()}, {"top_logprobs", json::array()}};
+                     : json{{"text_offset", json::array()},
+                            {"token_logprobs", json::array()},
+                            {"tokens", json::array()},
+                            {"top_logprobs", json::array()}};
     for (const auto& t : toks) {
       text += out.push(t, lp.is_null() ? nullptr : (st.g.chat ? &lp["content"] : &lp));
       if (out.stopped_by_string) break;
@@ -508,9 +558,11 @@ struct Server::Impl {
       engine.abort(st.rs->id(), engine::FinishReason::Stop);
       fin = engine::FinishReason::Stop;
     }
-    if (fin == engine::FinishReason::None && toks.empty() && peer_gone(st.client_fd)) return abort_stream(st);
+    if (fin == engine::FinishReason::None && toks.empty() && peer_gone(st.client_fd))
+      return abort_stream(st);
     if (fin == engine::FinishReason::None) {
-      if ((!text.empty() || (!toks.empty() && st.g.want_logprobs)) && !write(sse(chunk(st, text, lp, nullptr, nullptr))))
+      if ((!text.empty() || (!toks.empty() && st.g.want_logprobs)) &&
+          !write(sse(chunk(st, text, lp, nullptr, nullptr))))
         return abort_stream(st);
       return true;
     }
@@ -526,7 +578,8 @@ struct Server::Impl {
     json stop_reason = out.stop_reason;
     if (stop_reason.is_null() && fin == engine::FinishReason::Stop) {
       const int32_t last = out.last_token;
-      if (std::find(st.g.params.stop_token_ids.begin(), st.g.params.stop_token_ids.end(), last) != st.g.params.stop_token_ids.end())
+      if (std::find(st.g.params.stop_token_ids.begin(), st.g.params.stop_token_ids.end(), last) !=
+          st.g.params.stop_token_ids.end())
         stop_reason = last;
     }
     bool ok = write(sse(chunk(st, text, lp, finish_name(fin, out.stopped_by_string), stop_reason)));
@@ -578,10 +631,12 @@ struct Server::Impl {
       ids = prompt_ids(g, nullptr);
     } else {
       auto p = body.find("prompt");
-      if (p == body.end() || !p->is_string()) throw ApiError(400, "prompt: expected a string", "prompt");
+      if (p == body.end() || !p->is_string())
+        throw ApiError(400, "prompt: expected a string", "prompt");
       bool add = true;
       if (auto a = body.find("add_special_tokens"); a != body.end() && !a->is_null()) {
-        if (!a->is_boolean()) throw ApiError(400, "add_special_tokens: expected a boolean", "add_special_tokens");
+        if (!a->is_boolean())
+          throw ApiError(400, "add_special_tokens: expected a boolean", "add_special_tokens");
         add = a->get<bool>();
       }
       try {
@@ -590,7 +645,11 @@ struct Server::Impl {
         throw ApiError(400, e.what(), "prompt");
       }
     }
-    send_json(res, 200, {{"count", ids.size()}, {"max_model_len", engine.max_model_len()}, {"tokens", ids}, {"token_strs", nullptr}});
+    send_json(res, 200,
+              {{"count", ids.size()},
+               {"max_model_len", engine.max_model_len()},
+               {"tokens", ids},
+               {"token_strs", nullptr}});
   }
 
   void handle_detokenize(const std::string& req_body, httplib::Response& res) {
@@ -600,13 +659,17 @@ struct Server::Impl {
       check_model(m->get<std::string>());
     }
     auto t = body.find("tokens");
-    if (t == body.end() || !t->is_array()) throw ApiError(400, "tokens: expected an array of token ids", "tokens");
+    if (t == body.end() || !t->is_array())
+      throw ApiError(400, "tokens: expected an array of token ids", "tokens");
     std::vector<int32_t> ids;
     for (size_t i = 0; i < t->size(); ++i) {
       const ojson& v = (*t)[i];
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= engine.vocab_size())
-        throw ApiError(400, "tokens[" + std::to_string(i) + "]: " + v.dump() + " is not a token id of this model (0.." +
-                                std::to_string(engine.vocab_size() - 1) + ")", "tokens");
+        throw ApiError(400,
+                       "tokens[" + std::to_string(i) + "]: " + v.dump() +
+                           " is not a token id of this model (0.." +
+                           std::to_string(engine.vocab_size() - 1) + ")",
+                       "tokens");
       // Ids of the model's padded vocabulary that have no token decode to nothing, as in outputs.
       if (v.get<int64_t>() < tok.vocab_size()) ids.push_back(int32_t(v.get<int64_t>()));
     }
@@ -627,11 +690,14 @@ struct Server::Impl {
       send_json(res, 200, {{"status", "profiling"}});
       return;
     }
-    if (!engine.profiling()) throw ApiError(400, "no profile is running: POST /start_profile first");
+    if (!engine.profiling())
+      throw ApiError(400, "no profile is running: POST /start_profile first");
     std::string trace = engine.stop_profile();
     std::filesystem::create_directories(opts.profiler_dir);
-    const std::string path = (std::filesystem::path(opts.profiler_dir) /
-                              ("sieve-trace-" + std::to_string(unix_now()) + "-" + random_hex(6) + ".json")).string();
+    const std::string path =
+        (std::filesystem::path(opts.profiler_dir) /
+         ("sieve-trace-" + std::to_string(unix_now()) + "-" + random_hex(6) + ".json"))
+            .string();
     std::ofstream f(path);
     f << trace;
     if (!f) throw ApiError(500, "could not write the trace to " + path);
@@ -663,7 +729,8 @@ struct Server::Impl {
   // not meet the size limit. The body is JSON whatever the Content-Type says, as in vLLM.
   template <class F>
   void post(const std::string& pattern, F f) {
-    http.Post(pattern, [this, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    http.Post(pattern, [this, f](const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& reader) {
       if (req.get_header_value("Content-Type").rfind("multipart/", 0) == 0) {
         res.set_header("Connection", "close");
         send_error(res, 415, "multipart bodies are not accepted: send JSON");
@@ -682,7 +749,9 @@ struct Server::Impl {
       // httplib refuses a Content-Length over the limit before reading (status 413).
       if (too_big || (!ok && res.status == 413)) {
         res.set_header("Connection", "close");
-        send_error(res, 413, "the request body is larger than the server accepts (" + std::to_string(opts.max_body_bytes) + " bytes)");
+        send_error(res, 413,
+                   "the request body is larger than the server accepts (" +
+                       std::to_string(opts.max_body_bytes) + " bytes)");
         return;
       }
       if (!ok) {
@@ -696,7 +765,8 @@ struct Server::Impl {
 
   void setup() {
     int threads = opts.http_threads;
-    if (threads <= 0) threads = std::clamp(4 * engine.config().scheduler.max_num_seqs + 64, 256, 4096);
+    if (threads <= 0)
+      threads = std::clamp(4 * engine.config().scheduler.max_num_seqs + 64, 256, 4096);
     http.new_task_queue = [threads] { return new GrowingPool(size_t(threads)); };
     http.set_payload_max_length(opts.max_body_bytes);
     http.set_keep_alive_timeout(5);
@@ -705,50 +775,74 @@ struct Server::Impl {
     http.set_tcp_nodelay(true);
 
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (opts.api_key.empty() || req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+      if (opts.api_key.empty() || req.path.rfind("/v1", 0) != 0)
+        return httplib::Server::HandlerResponse::Unhandled;
       const std::string auth = req.get_header_value("Authorization");
       if (auth != "Bearer " + opts.api_key) {
         res.set_header("Connection", "close");
-        send_json(res, 401, error_json(401, auth.empty() ? "Missing API key: send Authorization: Bearer <key>" : "Invalid API key",
-                                       {}, "authentication_error"));
+        send_json(res, 401,
+                  error_json(401,
+                             auth.empty() ? "Missing API key: send Authorization: Bearer <key>"
+                                          : "Invalid API key",
+                             {}, "authentication_error"));
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
-      if (res.status == 404) send_error(res, 404, "Not Found: " + req.method + " " + req.path);
-      else if (res.status == 413) send_error(res, 413, "the request body is larger than the server accepts");
-      else if (res.status == 400) send_error(res, 400, "malformed HTTP request");
-      else send_error(res, res.status, "HTTP error " + std::to_string(res.status));
+      if (res.status == 404)
+        send_error(res, 404, "Not Found: " + req.method + " " + req.path);
+      else if (res.status == 413)
+        send_error(res, 413, "the request body is larger than the server accepts");
+      else if (res.status == 400)
+        send_error(res, 400, "malformed HTTP request");
+      else
+        send_error(res, res.status, "HTTP error " + std::to_string(res.status));
     });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string msg = "internal error";
-      try {
-        if (ep) std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        msg += std::string(": ") + e.what();
-      } catch (...) {
-      }
-      send_error(res, 500, msg);
-    });
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string msg = "internal error";
+          try {
+            if (ep) std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            msg += std::string(": ") + e.what();
+          } catch (...) {
+          }
+          send_error(res, 500, msg);
+        });
 
-    post("/v1/completions", [this](const httplib::Request& q, const std::string& b, auto& r) { handle_generate(q, b, r, false); });
-    post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b, auto& r) { handle_generate(q, b, r, true); });
+    post("/v1/completions", [this](const httplib::Request& q, const std::string& b, auto& r) {
+      handle_generate(q, b, r, false);
+    });
+    post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b, auto& r) {
+      handle_generate(q, b, r, true);
+    });
     http.Get("/v1/models", wrap([this](const auto&, auto& r) { handle_models(r); }));
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
-      if (owner->draining()) send_error(r, 503, "the server is shutting down");
-      else r.status = 200;
+      if (owner->draining())
+        send_error(r, 503, "the server is shutting down");
+      else
+        r.status = 200;
     });
     http.Get("/ping", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
-    http.Get("/version", [](const httplib::Request&, httplib::Response& r) { send_json(r, 200, {{"version", "0.1.0"}}); });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
-      r.set_content(prometheus_text(engine.stats(), model_name()), "text/plain; version=0.0.4; charset=utf-8");
+    http.Get("/version", [](const httplib::Request&, httplib::Response& r) {
+      send_json(r, 200, {{"version", "0.1.0"}});
     });
-    post("/tokenize", [this](const httplib::Request&, const std::string& b, auto& r) { handle_tokenize(b, r); });
-    post("/detokenize", [this](const httplib::Request&, const std::string& b, auto& r) { handle_detokenize(b, r); });
-    post("/start_profile", [this](const httplib::Request&, const std::string&, auto& r) { handle_profile(r, true); });
-    post("/stop_profile", [this](const httplib::Request&, const std::string&, auto& r) { handle_profile(r, false); });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(prometheus_text(engine.stats(), model_name()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+    });
+    post("/tokenize",
+         [this](const httplib::Request&, const std::string& b, auto& r) { handle_tokenize(b, r); });
+    post("/detokenize", [this](const httplib::Request&, const std::string& b, auto& r) {
+      handle_detokenize(b, r);
+    });
+    post("/start_profile",
+         [this](const httplib::Request&, const std::string&, auto& r) { handle_profile(r, true); });
+    post("/stop_profile", [this](const httplib::Request&, const std::string&, auto& r) {
+      handle_profile(r, false);
+    });
   }
 };
 
@@ -758,7 +852,9 @@ Server::Server(engine::Engine& engine, const text::Tokenizer& tok, ServerOptions
   impl_->setup();
 }
 
-Server::~Server() { shutdown(); }
+Server::~Server() {
+  shutdown();
+}
 
 void Server::bind() {
   auto& o = impl_->opts;
@@ -767,12 +863,15 @@ void Server::bind() {
     if (port_ <= 0) throw Error("cannot listen on " + o.host + " (any port)");
   } else {
     if (!impl_->http.bind_to_port(o.host, o.port))
-      throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (address in use or not available)");
+      throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
+                  " (address in use or not available)");
     port_ = o.port;
   }
 }
 
-void Server::run() { impl_->http.listen_after_bind(); }
+void Server::run() {
+  impl_->http.listen_after_bind();
+}
 
 void Server::shutdown() {
   std::lock_guard lk(shutdown_mu_);
@@ -780,7 +879,8 @@ void Server::shutdown() {
   auto& e = impl_->engine;
   // New generation requests now get 503; running ones may finish within the grace period.
   if (!e.wait_idle(std::chrono::milliseconds(int64_t(impl_->opts.shutdown_grace_s * 1000)))) {
-    SIEVE_LOG(Info, "aborting requests still running after " << impl_->opts.shutdown_grace_s << " s");
+    SIEVE_LOG(Info,
+              "aborting requests still running after " << impl_->opts.shutdown_grace_s << " s");
     e.abort_all();
     e.wait_idle(2s);
   }

@@ -23,12 +23,12 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (see port())
   std::vector<std::string> served_model_names = {"sieve"};
-  std::string model_dir;                       // reported as the model's root
-  std::string api_key;                         // empty: no authentication
-  size_t max_body_bytes = 32u << 20;           // larger bodies get 413
-  std::string profiler_dir;                    // empty: /start_profile is refused
-  int http_threads = 0;                        // most connection threads; 0: from max_num_seqs
-  double shutdown_grace_s = 1.5;               // in-flight requests may finish this long
+  std::string model_dir;              // reported as the model's root
+  std::string api_key;                // empty: no authentication
+  size_t max_body_bytes = 32u << 20;  // larger bodies get 413
+  std::string profiler_dir;           // empty: /start_profile is refused
+  int http_threads = 0;               // most connection threads; 0: from max_num_seqs
+  double shutdown_grace_s = 1.5;      // in-flight requests may finish this long
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.

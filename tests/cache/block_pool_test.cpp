@@ -55,8 +55,8 @@ TEST(BlockPool, PrefixLookupComparesTokensAndParent) {
   pool.insert((*a)[0], h, 0, toks);
   EXPECT_EQ(pool.lookup(h, 0, toks), (*a)[0]);
   std::vector<int32_t> other = {1, 2, 3, 5};
-  EXPECT_FALSE(pool.lookup(h, 0, other));     // same hash key, different tokens: no false hit
-  EXPECT_FALSE(pool.lookup(h, 77, toks));     // different prefix
+  EXPECT_FALSE(pool.lookup(h, 0, other));  // same hash key, different tokens: no false hit
+  EXPECT_FALSE(pool.lookup(h, 77, toks));  // different prefix
   EXPECT_NE(hash_block(0, toks), hash_block(1, toks));
   EXPECT_NE(hash_block(0, toks), hash_block(0, other));
 }

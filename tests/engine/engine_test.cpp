@@ -69,7 +69,8 @@ std::vector<Result> run(const Rig& st, const std::vector<Job>& jobs, EngineStats
   return results;
 }
 
-std::vector<Job> random_jobs(int n, int min_len, int max_len, int64_t vocab, uint64_t seed, int max_tokens) {
+std::vector<Job> random_jobs(int n, int min_len, int max_len, int64_t vocab, uint64_t seed,
+                             int max_tokens) {
   std::mt19937_64 rng(seed);
   std::vector<Job> jobs;
   for (int i = 0; i < n; ++i) {
@@ -128,7 +129,8 @@ TEST(Engine, CacheExhaustionPreemptsAndResumesWithTheSameOutput) {
   EngineStats stats;
   auto together = run(solo, jobs, &stats);
   EXPECT_GT(stats.preemptions, 0u);
-  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+  for (size_t i = 0; i < jobs.size(); ++i)
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
 }
 
 TEST(Engine, PrefixCachingReusesBlocksWithoutChangingOutputs) {
@@ -219,8 +221,12 @@ TEST(Engine, RejectsInvalidRequests) {
   p.max_tokens = 0;
   EXPECT_THROW(engine.submit({1}, p), Error);
   // A max_model_len beyond the cache is refused at construction.
-  EXPECT_THROW(Engine(model, EngineConfig{{.max_num_batched_tokens = 8, .max_num_seqs = 1, .max_model_len = 64 * 16 + 1},
-                                          st.num_blocks, false, {}}),
+  EXPECT_THROW(Engine(model, EngineConfig{{.max_num_batched_tokens = 8,
+                                           .max_num_seqs = 1,
+                                           .max_model_len = 64 * 16 + 1},
+                                          st.num_blocks,
+                                          false,
+                                          {}}),
                Error);
 }
 

@@ -6,9 +6,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstdint>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "model/model.h"
@@ -23,7 +23,9 @@ class FakeModel : public model::Model {
     cfg_.use_sparse_attention = true;
   }
   const ModelConfig& config() const override { return cfg_; }
-  size_t cache_bytes_per_block(DType, DType) const override { return size_t(cfg_.sparse_block_size) * 16; }
+  size_t cache_bytes_per_block(DType, DType) const override {
+    return size_t(cfg_.sparse_block_size) * 16;
+  }
   void allocate_caches(const model::CacheOptions& o) override {
     opts_ = o;
     slots_.assign(size_t(o.num_blocks * cfg_.sparse_block_size), -1);
@@ -36,12 +38,14 @@ class FakeModel : public model::Model {
     const int bs = cfg_.sparse_block_size;
     const size_t nseq = in.seq_lens.size();
     if (in.query_start_loc.size() != nseq + 1 || in.token_ids.size() != in.positions.size() ||
-        in.slot_mapping.size() != in.token_ids.size() || in.block_tables.size() != nseq * size_t(in.max_blocks_per_seq))
+        in.slot_mapping.size() != in.token_ids.size() ||
+        in.block_tables.size() != nseq * size_t(in.max_blocks_per_seq))
       throw std::runtime_error("inconsistent step inputs");
     for (size_t i = 0; i < in.token_ids.size(); ++i)
       if (in.token_ids[i] == fail_on_token) throw std::runtime_error("injected failure");
     for (size_t i = 0; i < in.token_ids.size(); ++i) {
-      if (in.slot_mapping[i] < 0 || in.slot_mapping[i] >= int64_t(slots_.size())) throw std::runtime_error("bad slot");
+      if (in.slot_mapping[i] < 0 || in.slot_mapping[i] >= int64_t(slots_.size()))
+        throw std::runtime_error("bad slot");
       slots_[size_t(in.slot_mapping[i])] = in.token_ids[i];
     }
     logits.assign(in.logits_indices.size() * size_t(cfg_.vocab_size), 0.0f);
@@ -51,7 +55,8 @@ class FakeModel : public model::Model {
       while (s < nseq && in.query_start_loc[s + 1] <= tok) ++s;
       if (s == nseq) throw std::runtime_error("logits index out of range");
       const int32_t pos = in.positions[size_t(tok)];
-      if (pos != in.seq_lens[s] - (in.query_start_loc[s + 1] - tok)) throw std::runtime_error("position mismatch");
+      if (pos != in.seq_lens[s] - (in.query_start_loc[s + 1] - tok))
+        throw std::runtime_error("position mismatch");
       uint64_t h = 1469598103934665603ull;
       for (int32_t p = 0; p <= pos; ++p) {
         const int32_t blk = in.block_tables[s * size_t(in.max_blocks_per_seq) + size_t(p / bs)];
@@ -72,7 +77,8 @@ class FakeModel : public model::Model {
 
   std::atomic<int64_t> steps{0};
   std::atomic<int> delay_us{0};
-  int32_t fail_on_token = -1;  // forward() throws when this token is fed (error handling tests)  // per step, to give other threads time to act mid-request
+  int32_t fail_on_token = -1;  // forward() throws when this token is fed (error handling tests)  //
+                               // per step, to give other threads time to act mid-request
 
  private:
   ModelConfig cfg_;

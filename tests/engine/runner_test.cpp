@@ -14,7 +14,8 @@ TEST(Runner, BuildsStepInputsFromAPlan) {
   auto in = build_step_inputs(plan, 4, &sample_seq);
   EXPECT_EQ(in.token_ids, (std::vector<int32_t>{10, 11, 12, 20}));
   EXPECT_EQ(in.positions, (std::vector<int32_t>{4, 5, 6, 9}));
-  // pos 4..6 -> block index 1 (physical 2), offsets 0..2; pos 9 -> block index 2 (physical 8), offset 1.
+  // pos 4..6 -> block index 1 (physical 2), offsets 0..2; pos 9 -> block index 2 (physical 8),
+  // offset 1.
   EXPECT_EQ(in.slot_mapping, (std::vector<int64_t>{8, 9, 10, 33}));
   EXPECT_EQ(in.query_start_loc, (std::vector<int32_t>{0, 3, 4}));
   EXPECT_EQ(in.seq_lens, (std::vector<int32_t>{7, 10}));

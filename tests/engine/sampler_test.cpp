@@ -11,7 +11,8 @@ namespace sieve::engine {
 namespace {
 
 SampleResult draw(const std::vector<float>& logits, const SamplingParams& p, std::mt19937_64& rng,
-                  std::vector<int32_t> history = {0}, int64_t num_prompt = 1, std::vector<int32_t> stops = {}) {
+                  std::vector<int32_t> history = {0}, int64_t num_prompt = 1,
+                  std::vector<int32_t> stops = {}) {
   return sample_token(logits, p, history, num_prompt, stops, rng);
 }
 
@@ -120,8 +121,8 @@ TEST(Sampler, MinTokensMasksStopIds) {
   p.temperature = 0;
   p.min_tokens = 2;
   std::vector<float> logits = {0.0f, 5.0f, 1.0f};
-  EXPECT_EQ(draw(logits, p, rng, {0, 9}, 1, {1}).token, 2);       // 1 output so far
-  EXPECT_EQ(draw(logits, p, rng, {0, 9, 9}, 1, {1}).token, 1);    // 2 outputs: allowed
+  EXPECT_EQ(draw(logits, p, rng, {0, 9}, 1, {1}).token, 2);     // 1 output so far
+  EXPECT_EQ(draw(logits, p, rng, {0, 9, 9}, 1, {1}).token, 1);  // 2 outputs: allowed
 }
 
 }  // namespace

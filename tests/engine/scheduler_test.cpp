@@ -37,7 +37,8 @@ struct Sim {
     for (const auto& s : plan.seqs) {
       Request* r = get(s.request_id);
       // Every scheduled token has a slot in the table.
-      EXPECT_GE(int64_t(s.block_table.size()) * kv.block_size(), s.start_pos + int64_t(s.token_ids.size()));
+      EXPECT_GE(int64_t(s.block_table.size()) * kv.block_size(),
+                s.start_pos + int64_t(s.token_ids.size()));
       if (s.sample) {
         r->tokens.push_back(7);
         if (r->num_output_tokens() >= r->params.max_tokens) done.push_back(r);

@@ -26,7 +26,7 @@ TEST(StopStrings, MatchesAcrossPiecesAndExcludesTheStop) {
 TEST(StopStrings, EarliestMatchWinsAndFlushReleasesHeldText) {
   StopStringMatcher m({"bc", "abcd"});
   EXPECT_EQ(m.push("xab"), "x");  // "ab" could start abcd
-  EXPECT_EQ(m.push("cd"), "");  // "abcd" starts before "bc"
+  EXPECT_EQ(m.push("cd"), "");    // "abcd" starts before "bc"
   EXPECT_TRUE(m.stopped());
   EXPECT_EQ(m.matched(), "abcd");
   StopStringMatcher k({"bc", "abcd"});

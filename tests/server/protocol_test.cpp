@@ -10,7 +10,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-GenerateRequest parse(const std::string& body, bool chat) { return parse_generate_request(parse_json_body(body), chat); }
+GenerateRequest parse(const std::string& body, bool chat) {
+  return parse_generate_request(parse_json_body(body), chat);
+}
 
 // The request is refused with 400 and the error names `param`.
 void refused(const std::string& body, bool chat, const std::string& param, int status = 400) {
@@ -24,10 +26,12 @@ void refused(const std::string& body, bool chat, const std::string& param, int s
 }
 
 TEST(Protocol, ParsesACompletionRequest) {
-  auto r = parse(R"({"model":"m","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,
+  auto r = parse(
+      R"({"model":"m","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,
     "presence_penalty":0.5,"frequency_penalty":-0.5,"repetition_penalty":1.1,"seed":42,"stop":["a","bc"],
     "stop_token_ids":[3,4],"ignore_eos":true,"min_tokens":2,"logprobs":3,"stream":true,
-    "stream_options":{"include_usage":true},"n":1,"best_of":null,"user":"ignored","unknown_field":{"x":1}})", false);
+    "stream_options":{"include_usage":true},"n":1,"best_of":null,"user":"ignored","unknown_field":{"x":1}})",
+      false);
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(*r.prompt_text, "hi");
   EXPECT_EQ(r.params.max_tokens, 7);
@@ -67,9 +71,11 @@ TEST(Protocol, PromptsAsTokenIds) {
 }
 
 TEST(Protocol, ParsesChat) {
-  auto r = parse(R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},
+  auto r = parse(
+      R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},
     {"type":"text","text":"b"}]}],"max_completion_tokens":5,"logprobs":true,"top_logprobs":2,
-    "chat_template_kwargs":{"enable_thinking":false}})", true);
+    "chat_template_kwargs":{"enable_thinking":false}})",
+      true);
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[1]["content"], "a\nb");
   EXPECT_EQ(r.params.max_tokens, 5);
@@ -82,7 +88,8 @@ TEST(Protocol, ParsesChat) {
   refused(R"({"messages":[]})", true, "messages");
   refused(R"({"messages":[{"content":"x"}]})", true, "messages[0].role");
   refused(R"({"messages":[{"role":"user","content":5}]})", true, "messages[0].content");
-  refused(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", true, "messages[0].content[0].type");
+  refused(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", true,
+          "messages[0].content[0].type");
   refused(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, "top_logprobs");
 }
 
@@ -117,30 +124,38 @@ TEST(Protocol, RefusesBadValuesNamingTheField) {
   refused(R"({"prompt":"x","logit_bias":{"1":5}})", false, "logit_bias");
   refused(R"({"prompt":"x","echo":true,"logprobs":1})", false, "echo");
   // Top-k -1 means off, as in vLLM; null means "default" everywhere.
-  EXPECT_EQ(parse(R"({"prompt":"x","top_k":-1,"temperature":null,"max_tokens":null})", false).params.top_k, 0);
+  EXPECT_EQ(parse(R"({"prompt":"x","top_k":-1,"temperature":null,"max_tokens":null})", false)
+                .params.top_k,
+            0);
 }
 
 // Random JSON values, biased towards the request's own fields and the edges of their ranges.
 ojson random_value(std::mt19937_64& rng, int depth) {
   switch (rng() % (depth > 2 ? 7 : 9)) {
-    case 0: return nullptr;
-    case 1: return bool(rng() & 1);
+    case 0:
+      return nullptr;
+    case 1:
+      return bool(rng() & 1);
     case 2: {
-      static const int64_t edges[] = {0, 1, -1, 2, 20, 21, INT32_MAX, int64_t(INT32_MAX) + 1, INT64_MIN, INT64_MAX, 511, 512};
+      static const int64_t edges[] = {
+          0, 1, -1, 2, 20, 21, INT32_MAX, int64_t(INT32_MAX) + 1, INT64_MIN, INT64_MAX, 511, 512};
       return edges[rng() % 12];
     }
     case 3: {
-      static const double edges[] = {0.0, -0.0, 0.5, 1.0, 1.0000001, -1e308, 1e308, 2.5, -2.0, 1e-320};
+      static const double edges[] = {0.0,    -0.0,  0.5, 1.0,  1.0000001,
+                                     -1e308, 1e308, 2.5, -2.0, 1e-320};
       return edges[rng() % 10];
     }
-    case 4: return uint64_t(rng());
+    case 4:
+      return uint64_t(rng());
     case 5: {
       std::string s;
       size_t n = rng() % 8;
       for (size_t i = 0; i < n; ++i) s += char(rng() % 256);
       return s;
     }
-    case 6: return std::string(rng() % 2 ? "text" : "user");
+    case 6:
+      return std::string(rng() % 2 ? "text" : "user");
     case 7: {
       ojson a = ojson::array();
       size_t n = rng() % 4;
@@ -158,18 +173,46 @@ ojson random_value(std::mt19937_64& rng, int depth) {
 }
 
 TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
-  static const char* fields[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
-                                 "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                                 "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
-                                 "logprobs", "top_logprobs", "stream", "stream_options", "n", "best_of", "echo",
-                                 "suffix", "logit_bias", "tools", "chat_template_kwargs", "add_generation_prompt",
-                                 "continue_final_message", "include_stop_str_in_output", "skip_special_tokens",
-                                 "add_special_tokens", "return_tokens_as_token_ids"};
+  static const char* fields[] = {"model",
+                                 "prompt",
+                                 "messages",
+                                 "max_tokens",
+                                 "max_completion_tokens",
+                                 "temperature",
+                                 "top_p",
+                                 "top_k",
+                                 "min_p",
+                                 "presence_penalty",
+                                 "frequency_penalty",
+                                 "repetition_penalty",
+                                 "seed",
+                                 "stop",
+                                 "stop_token_ids",
+                                 "ignore_eos",
+                                 "min_tokens",
+                                 "logprobs",
+                                 "top_logprobs",
+                                 "stream",
+                                 "stream_options",
+                                 "n",
+                                 "best_of",
+                                 "echo",
+                                 "suffix",
+                                 "logit_bias",
+                                 "tools",
+                                 "chat_template_kwargs",
+                                 "add_generation_prompt",
+                                 "continue_final_message",
+                                 "include_stop_str_in_output",
+                                 "skip_special_tokens",
+                                 "add_special_tokens",
+                                 "return_tokens_as_token_ids"};
   constexpr size_t num_fields = sizeof(fields) / sizeof(fields[0]);
   std::mt19937_64 rng(20261202);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
   int64_t iters = 0, accepted = 0, refused_count = 0;
-  const std::string valid = R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"stop":["ab"],"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"logprobs":2})";
+  const std::string valid =
+      R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"stop":["ab"],"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"logprobs":2})";
   while (std::chrono::steady_clock::now() < deadline && iters < 400000) {
     ++iters;
     std::string body;
@@ -180,9 +223,14 @@ TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
       for (int e = 0; e < edits && !body.empty(); ++e) {
         size_t at = rng() % body.size();
         switch (rng() % 3) {
-          case 0: body.resize(at); break;
-          case 1: body[at] = char(rng() % 256); break;
-          default: body.insert(at, 1, "{}[],:\"0-.e\\"[rng() % 12]);
+          case 0:
+            body.resize(at);
+            break;
+          case 1:
+            body[at] = char(rng() % 256);
+            break;
+          default:
+            body.insert(at, 1, "{}[],:\"0-.e\\"[rng() % 12]);
         }
       }
     } else {
@@ -190,7 +238,8 @@ TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
       size_t n = rng() % 8;
       for (size_t i = 0; i < n; ++i) o[fields[rng() % num_fields]] = random_value(rng, 0);
       if (rng() % 2) o["prompt"] = random_value(rng, 0);
-      if (rng() % 2) o["messages"] = ojson::array({{{"role", "user"}, {"content", random_value(rng, 1)}}});
+      if (rng() % 2)
+        o["messages"] = ojson::array({{{"role", "user"}, {"content", random_value(rng, 1)}}});
       body = o.dump(-1, ' ', false, ojson::error_handler_t::replace);
     }
     for (bool chat : {false, true}) {
@@ -206,8 +255,10 @@ TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
         EXPECT_LE(r.params.top_logprobs, 20);
         EXPECT_GE(r.params.top_logprobs, 0);
         for (int32_t id : r.prompt_ids) EXPECT_GE(id, 0);
-        if (!chat) EXPECT_TRUE(r.has_prompt_ids || r.prompt_text.has_value());
-        else EXPECT_FALSE(r.messages.empty());
+        if (!chat)
+          EXPECT_TRUE(r.has_prompt_ids || r.prompt_text.has_value());
+        else
+          EXPECT_FALSE(r.messages.empty());
       } catch (const ApiError& e) {
         ++refused_count;
         EXPECT_EQ(e.status, 400);

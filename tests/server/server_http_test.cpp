@@ -27,14 +27,19 @@ struct Rig {
   std::thread runner;
 
   static std::string make_dir() {
-    auto d = std::filesystem::temp_directory_path() / ("sieve-server-http-test-" + std::to_string(::getpid()));
+    auto d = std::filesystem::temp_directory_path() /
+             ("sieve-server-http-test-" + std::to_string(::getpid()));
     text::write_byte_level_tokenizer(d.string(), 300);
     return d.string();
   }
   Rig() : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
     model.allocate_caches({.num_blocks = 32});
     engine = std::make_unique<engine::Engine>(
-        model, engine::EngineConfig{{.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256}, 32, false, {}});
+        model, engine::EngineConfig{
+                   {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256},
+                   32,
+                   false,
+                   {}});
     ServerOptions o;
     o.port = 0;
     srv = std::make_unique<Server>(*engine, tok, o);
@@ -58,7 +63,8 @@ struct Rig {
 TEST(ServerHttp, CompletesAndAnswersErrorsAsObjects) {
   Rig rig;
   auto c = rig.client();
-  auto r = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":5,"temperature":0})", "application/json");
+  auto r = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":5,"temperature":0})",
+                  "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   auto j = json::parse(r->body);
@@ -83,7 +89,8 @@ TEST(ServerHttp, AFailingStepIsA500OrAnErrorEvent) {
   auto e = json::parse(r->body)["error"];
   EXPECT_EQ(e["code"], 500);
   EXPECT_NE(e["message"].get<std::string>().find("injected failure"), std::string::npos);
-  auto s = c.Post("/v1/completions", R"({"prompt":[2,77],"max_tokens":3,"stream":true})", "application/json");
+  auto s = c.Post("/v1/completions", R"({"prompt":[2,77],"max_tokens":3,"stream":true})",
+                  "application/json");
   ASSERT_TRUE(s);
   EXPECT_EQ(s->status, 200);
   EXPECT_NE(s->body.find("data: {\"error\""), std::string::npos) << s->body;
@@ -102,10 +109,13 @@ TEST(ServerHttp, ShutdownEndsOpenStreamsAndRefusesNewWork) {
   std::string body;
   std::thread client([&] {
     auto c = rig.client();
-    auto r = c.Post("/v1/completions", R"({"prompt":[1,2],"max_tokens":250,"stream":true,"ignore_eos":true})", "application/json");
+    auto r = c.Post("/v1/completions",
+                    R"({"prompt":[1,2],"max_tokens":250,"stream":true,"ignore_eos":true})",
+                    "application/json");
     if (r) body = r->body;
   });
-  for (int i = 0; i < 200 && rig.engine->stats().num_running == 0; ++i) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 200 && rig.engine->stats().num_running == 0; ++i)
+    std::this_thread::sleep_for(5ms);
   EXPECT_EQ(rig.engine->stats().num_running, 1);
   const auto t0 = std::chrono::steady_clock::now();
   std::thread stopper([&] { rig.srv->shutdown(); });
@@ -116,7 +126,8 @@ TEST(ServerHttp, ShutdownEndsOpenStreamsAndRefusesNewWork) {
   stopper.join();
   client.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
-  EXPECT_NE(body.find("\"finish_reason\":\"abort\""), std::string::npos) << body.substr(body.size() > 300 ? body.size() - 300 : 0);
+  EXPECT_NE(body.find("\"finish_reason\":\"abort\""), std::string::npos)
+      << body.substr(body.size() > 300 ? body.size() - 300 : 0);
   EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
   EXPECT_EQ(rig.engine->stats().num_free_blocks, 32);
 }
