@@ -228,6 +228,8 @@ void Engine::update_gauges() {
 void Engine::trace(const std::string& name, double t0, double t1, const std::string& args) {
   if (!profiling_.load(std::memory_order_relaxed)) return;
   std::lock_guard lk(trace_mu_);
+  // A profile nobody stops must not grow without bound: keep the first million events.
+  if (trace_.size() >= 1000000) return;
   const double base = std::chrono::duration<double>(trace_t0_.time_since_epoch()).count();
   trace_.push_back(TraceEvent{name, "engine", (t0 - base) * 1e6, (t1 - t0) * 1e6, 0, args});
 }
