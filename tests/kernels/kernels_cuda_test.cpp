@@ -199,7 +199,7 @@ struct IndexerCase {
   cuda::IndexerPath path = cuda::IndexerPath::kAuto;
 };
 
-void check_indexer(const IndexerCase& c, uint64_t seed) {
+void check_indexer_once(const IndexerCase& c, uint64_t seed) {
   SCOPED_TRACE("cache " + name(c.cache) + " q " + name(c.q_dtype) + " H " + std::to_string(c.H) +
                " topk " + std::to_string(c.topk) + " init " + std::to_string(c.init) + " local " +
                std::to_string(c.local) + (c.ties ? " ties" : "") + " path " + std::to_string(int(c.path)) +
@@ -319,6 +319,23 @@ void check_indexer(const IndexerCase& c, uint64_t seed) {
   }
 }
 
+// Runs the check for each kernel variant that the case's path has: v1, and v2 where the path is
+// the fused decode kernel (or kAuto, which follows the variant switch).
+void check_indexer(const IndexerCase& c, uint64_t seed) {
+  const int prev = cuda::kernel_variant();
+  for (int v : {1, 2}) {
+    IndexerCase cv = c;
+    if (v == 2) {
+      if (c.path == cuda::IndexerPath::kDecodeFused) cv.path = cuda::IndexerPath::kDecodeFusedV2;
+      else if (c.path != cuda::IndexerPath::kAuto) continue;
+    }
+    SCOPED_TRACE("kernel variant " + std::to_string(v));
+    cuda::set_kernel_variant(v);
+    check_indexer_once(cv, seed);
+  }
+  cuda::set_kernel_variant(prev);
+}
+
 const std::vector<SeqSpec> kDecodeSpecs = {{0, 1},   {126, 1},  {127, 1},  {128, 1},  {300, 1},
                                            {2047, 1}, {2048, 1}, {2175, 1}, {5000, 1}, {9000, 1}};
 const std::vector<SeqSpec> kSpecSpecs = {{200, 4}, {2044, 4}, {3000, 4}, {124, 4}};
@@ -421,7 +438,7 @@ struct AttnCase {
   int topk = 16;
 };
 
-void check_attention(const AttnCase& c, uint64_t seed) {
+void check_attention_once(const AttnCase& c, uint64_t seed) {
   SCOPED_TRACE("kv " + name(c.kv) + (c.sparse ? " sparse" : " dense") + " nq " + std::to_string(c.nq) +
                " nkv " + std::to_string(c.nkv) + " out " + name(c.out) + " seed " + std::to_string(seed));
   Rng rng(seed);
@@ -519,6 +536,17 @@ void check_attention(const AttnCase& c, uint64_t seed) {
       }
 }
 
+// Runs the check with each kernel variant (run_attention follows the variant switch).
+void check_attention(const AttnCase& c, uint64_t seed) {
+  const int prev = cuda::kernel_variant();
+  for (int v : {1, 2}) {
+    SCOPED_TRACE("kernel variant " + std::to_string(v));
+    cuda::set_kernel_variant(v);
+    check_attention_once(c, seed);
+  }
+  cuda::set_kernel_variant(prev);
+}
+
 TEST(CudaAttention, SparseDecodeMatchesCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 5000;
@@ -574,6 +602,29 @@ TEST(CudaAttention, DenseMatchesCpu) {
   }
 }
 
+// The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps
+// many times and the last-CTA merge sees 1 or 2 chunk lists.
+TEST(CudaIndexer, V2LongChunksMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 4800;
+  for (int max_chunks : {1, 2, 3}) {
+    cuda::set_indexer_v2_max_chunks(max_chunks);
+    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+      for (int H : {1, 4}) {
+        IndexerCase c;
+        c.specs = H == 1 ? kDecodeSpecs : kSpecSpecs;
+        c.cache = cd;
+        c.H = H;
+        c.init = 1;
+        c.path = cuda::IndexerPath::kDecodeFusedV2;
+        SCOPED_TRACE("max chunks " + std::to_string(max_chunks));
+        check_indexer_once(c, seed++);
+      }
+    }
+  }
+  cuda::set_indexer_v2_max_chunks(0);
+}
+
 // The fused decode indexer inside a CUDA graph captured at a larger max_seq_len (the serving
 // engine's capture) gives the same result as an eager call.
 TEST(CudaIndexer, GraphReplayMatchesEager) {
@@ -602,12 +653,17 @@ TEST(CudaIndexer, GraphReplayMatchesEager) {
   g.local_blocks = 1;
   g.topk_idx = d_a.as<int32_t>();
   d_a.poison(0x55);
-  ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFused));
-  device_synchronize(kGpu);
-  g.topk_idx = d_b.as<int32_t>();
-  d_b.poison(0x55);
-  ASSERT_TRUE(cuda::run_indexer_graph_check(g));
-  EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16));
+  for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeFusedV2}) {
+    SCOPED_TRACE("path " + std::to_string(int(path)));
+    g.topk_idx = d_a.as<int32_t>();
+    d_a.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, path));
+    device_synchronize(kGpu);
+    g.topk_idx = d_b.as<int32_t>();
+    d_b.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_graph_check(g, path));
+    EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16));
+  }
 }
 
 }  // namespace

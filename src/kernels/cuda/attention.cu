@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
 
@@ -409,6 +410,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
 }  // namespace
 
 bool run_attention(const ops::AttentionParams& p, void* stream_v) {
+  if (kernel_variant() == 2) return run_attention_v2(p, stream_v);
   if (p.head_dim != kDim || p.kv.head_dim != kDim || p.kv.block_size != kBlock) return false;
   if (p.kv.dtype != DType::BF16 && p.kv.dtype != DType::FP8_E4M3) return false;
   if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;

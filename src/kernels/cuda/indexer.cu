@@ -737,7 +737,11 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   IdxArgs a = make_args(p);
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
-  if (path == IndexerPath::kAuto) path = use_decode_indexer(p) ? IndexerPath::kDecodeFused : IndexerPath::kPrefill;
+  if (path == IndexerPath::kAuto) {
+    path = use_decode_indexer(p) ? IndexerPath::kDecodeFused : IndexerPath::kPrefill;
+    if (path == IndexerPath::kDecodeFused && kernel_variant() == 2) path = IndexerPath::kDecodeFusedV2;
+  }
+  if (path == IndexerPath::kDecodeFusedV2) return run_indexer_decode_v2(p, stream_v);
   if (path != IndexerPath::kPrefill && !use_decode_indexer(p)) return false;
 
   if (path == IndexerPath::kPrefill) {
@@ -810,13 +814,13 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   return true;
 }
 
-bool run_indexer_graph_check(const ops::IndexerParams& p) {
+bool run_indexer_graph_check(const ops::IndexerParams& p, IndexerPath path) {
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-  const bool ok = run_indexer_path(p, s, IndexerPath::kDecodeFused);
+  const bool ok = run_indexer_path(p, s, path);
   cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
   if (ok) {
     cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");

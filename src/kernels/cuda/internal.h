@@ -11,6 +11,7 @@ enum class IndexerPath {
   kDecodeFused,     // score + partial top-k + last-CTA merge, one kernel
   kDecodeBaseline,  // score kernel -> score tensor -> chunk top-k kernel -> merge kernel
   kPrefill,         // tiled tensor-core scoring with a running per-row top-k
+  kDecodeFusedV2,   // variant 2 of the fused decode kernel (indexer_decode_v2.cu)
 };
 // Decode path applies when max_query_len * num_index_heads <= 16.
 bool use_decode_indexer(const ops::IndexerParams& p);
@@ -21,5 +22,18 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream, IndexerPath pat
 namespace sieve::cuda {
 // Captures the fused decode indexer into a CUDA graph on a private stream, replays it twice and
 // waits; for the test that the captured grid gives the eager result.
-bool run_indexer_graph_check(const ops::IndexerParams& p);
+bool run_indexer_graph_check(const ops::IndexerParams& p,
+                             IndexerPath path = IndexerPath::kDecodeFused);
+
+// Process-wide kernel variant of the decode indexer / decode attention: 1 (default) or 2.
+// Read once from SIEVE_CUDA_KERNELS=v1|v2 unless set first; set_kernel_variant overrides it
+// (tests and the benchmark switch it between calls; not meant to change during a capture).
+int kernel_variant();
+void set_kernel_variant(int v);
+
+// Variant-2 entry points (also reachable through run_indexer / run_attention when selected).
+bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream);
+bool run_attention_v2(const ops::AttentionParams& p, void* stream);
+// Test hook: caps the v2 decode indexer's chunks per request (0 = automatic grid).
+void set_indexer_v2_max_chunks(int n);
 }  // namespace sieve::cuda
