@@ -108,17 +108,27 @@ __global__ void __launch_bounds__(kThreads) attention_v2_kernel(AttnArgs a) {
     if (int(threadIdx.x) < min(kBatch, a.per_split) && e < a.topk)
       sel_pre = a.topk_idx[(int64_t(t) * a.nkv + kvh) * a.topk + e];
   }
-  // Request of token t: the largest s with qsl[s] <= t = the number of i in [1, num_seqs) with
-  // qsl[i] <= t (qsl is non-decreasing), counted by the whole CTA at once.
-  int s = 0;
+  // Request of token t: the one sequence i with qsl[i] <= t < qsl[i + 1] (qsl is
+  // non-decreasing; this is the binary search's answer). All (qsl[i], qsl[i + 1], seq_lens[i])
+  // are loaded in parallel and the owner publishes its own: one memory round trip, not
+  // log2(num_seqs) + 1 dependent ones. Tokens outside [qsl[0], qsl[num_seqs]) have no owner and
+  // are not written (as on CPU).
+  __shared__ int seq_info[4];  // s, qsl[s], qsl[s + 1], seq_lens[s]
+  int found = 0;
   for (int i0 = 0; i0 < a.num_seqs; i0 += kThreads) {
     const int i = i0 + int(threadIdx.x);
-    s += __syncthreads_count(i >= 1 && i < a.num_seqs && a.qsl[i] <= t);
+    bool own = false;
+    if (i < a.num_seqs) {
+      const int q0 = a.qsl[i], q1 = a.qsl[i + 1], sl = a.seq_lens[i];
+      own = q0 <= t && t < q1;
+      if (own) seq_info[0] = i, seq_info[1] = q0, seq_info[2] = q1, seq_info[3] = sl;
+    }
+    found += __syncthreads_count(own);
   }
-  // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
-  if (t < a.qsl[0] || t >= a.qsl[a.num_seqs]) return;
-  const int qlen = a.qsl[s + 1] - a.qsl[s];
-  const int pos = a.seq_lens[s] - qlen + (t - a.qsl[s]);
+  if (found == 0) return;
+  const int s = seq_info[0];
+  const int qlen = seq_info[2] - seq_info[1];
+  const int pos = seq_info[3] - qlen + (t - seq_info[1]);
   const int n_blk = pos / kBlock + 1;
 
   float o[16][4];
