@@ -291,6 +291,33 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
   int* mx = reinterpret_cast<int*>(smem);  // same array: encoded block maxima (during the loop)
   for (int e = threadIdx.x; e < 16 * a.chunk_blocks; e += kThreads) mx[e] = enc_max(kNegInf);
 
+  const int row_bytes = kFp8 ? kDim : kDim * 2;
+  const uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
+  constexpr int kStages = stages<kFp8>();
+  uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + stage_offset(a.chunk_blocks, a.topk, a.chunks);
+  uint64_t* full = reinterpret_cast<uint64_t*>(stage + kStages * block_bytes);
+  uint64_t* empty = full + kStages;
+  int* tbl = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(smem) + table_offset(a.chunk_blocks, a.topk, a.chunks));
+  // The chunk's physical block ids, all fetched in parallel. They depend on the CTA's place
+  // only, so they are read for the whole chunk (entries past the request's length exist in
+  // block_tables and are never used).
+  for (int i = threadIdx.x; i < a.chunk_blocks && b0 + i < a.mbps; i += kThreads)
+    tbl[i] = a.block_tables[int64_t(s) * a.mbps + b0 + i];
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int i) {
+    const int64_t phys = tbl[i];
+    bulk_load(stage + (i % kStages) * block_bytes, a.cache + phys * block_bytes, block_bytes, &full[i % kStages]);
+  };
+  if (threadIdx.x == 0)
+    for (int i = 0; i < min(nb, kStages); ++i) issue(i);
+  // Query fragments after the first copies are in flight (rows g and g + 8 = query vectors).
   const int v0 = g, v1 = g + 8;
   const int pos0 = seq_len - qlen + v0 / max(a.H, 1), pos1 = seq_len - qlen + v1 / max(a.H, 1);
   uint32_t qa[8][4];
@@ -308,28 +335,6 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
     qa[st][3] = pack_op<kFp8>(x1[2], x1[3]);
   }
 
-  const int row_bytes = kFp8 ? kDim : kDim * 2;
-  const uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
-  constexpr int kStages = stages<kFp8>();
-  uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + stage_offset(a.chunk_blocks, a.topk, a.chunks);
-  uint64_t* full = reinterpret_cast<uint64_t*>(stage + kStages * block_bytes);
-  uint64_t* empty = full + kStages;
-  int* tbl = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(smem) + table_offset(a.chunk_blocks, a.topk, a.chunks));
-  for (int i = threadIdx.x; i < nb; i += kThreads) tbl[i] = a.block_tables[int64_t(s) * a.mbps + b0 + i];
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kWarps);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  auto issue = [&](int i) {
-    const int64_t phys = tbl[i];
-    bulk_load(stage + (i % kStages) * block_bytes, a.cache + phys * block_bytes, block_bytes, &full[i % kStages]);
-  };
-  if (threadIdx.x == 0)
-    for (int i = 0; i < min(nb, kStages); ++i) issue(i);
   for (int i = 0; i < nb; ++i) {
     const int b = b0 + i;
     const int st_i = i % kStages;
