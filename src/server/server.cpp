@@ -856,6 +856,27 @@ Server::~Server() {
   shutdown();
 }
 
+void widen_listen_backlog(int port) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (!end || *end != '\0' || fd < 0) continue;
+    int accepting = 0;
+    socklen_t len = sizeof accepting;
+    if (getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int p = addr.ss_family == AF_INET    ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
+            : addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                         : -1;
+    if (p == port) ::listen(int(fd), SOMAXCONN);
+  }
+  closedir(d);
+}
+
 void Server::bind() {
   auto& o = impl_->opts;
   if (o.port == 0) {
@@ -867,6 +888,7 @@ void Server::bind() {
                   " (address in use or not available)");
     port_ = o.port;
   }
+  widen_listen_backlog(port_);
 }
 
 void Server::run() {

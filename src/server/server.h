@@ -59,4 +59,9 @@ class Server {
   std::mutex shutdown_mu_;
 };
 
+// cpp-httplib 0.11 listens with a backlog of 5, so a burst of simultaneous connections (a
+// benchmark releasing 64 requests at once) sees resets. This re-listens on this process's
+// listening socket bound to `port` with the system maximum backlog.
+void widen_listen_backlog(int port);
+
 }  // namespace sieve::server

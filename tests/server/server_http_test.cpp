@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <thread>
 
@@ -77,6 +83,41 @@ TEST(ServerHttp, CompletesAndAnswersErrorsAsObjects) {
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);
+}
+
+// A burst of simultaneous connections must queue, not be refused: the listen backlog holds them
+// while no thread accepts yet.
+TEST(ServerHttp, WidenedBacklogHoldsABurstOfConnections) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(lfd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 5), 0);  // what cpp-httplib does
+  socklen_t alen = sizeof a;
+  ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen), 0);
+  widen_listen_backlog(ntohs(a.sin_port));
+  int connected = 0;
+  std::vector<int> fds;
+  for (int i = 0; i < 64; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    ::fcntl(fd, F_SETFL, O_NONBLOCK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      ++connected;
+      continue;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::poll(&p, 1, 300) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0)
+      ++connected;
+  }
+  for (int fd : fds) ::close(fd);
+  ::close(lfd);
+  EXPECT_EQ(connected, 64);
 }
 
 TEST(ServerHttp, AFailingStepIsA500OrAnErrorEvent) {
