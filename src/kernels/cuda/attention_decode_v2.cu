@@ -3,9 +3,10 @@
 // describes the fragment layouts. v1 is latency-bound (one wave of 255-register CTAs, each
 // waiting on a chain of dependent loads: a binary search over query_start_loc, q, the block
 // list, then each block's K/V in turn). v2 shortens that chain:
-//  - q fragments are loaded first (they depend only on the token), then the request is found by
-//    one parallel compare-and-count over query_start_loc (__syncthreads_count) instead of a
-//    log2(num_seqs)-deep chain of dependent loads;
+//  - q fragments and the split's first block-list entries are loaded first (they depend only on
+//    the token), then the request is found in one parallel pass over query_start_loc and
+//    seq_lens (the owning thread publishes them) instead of a log2(num_seqs)-deep binary search
+//    followed by dependent loads;
 //  - as soon as the split's block ids are known, the K/V rows (and fp8 scales) that the query
 //    can see are prefetched into L2 with bulk prefetches (cp.async.bulk.prefetch.L2), kAhead
 //    blocks ahead of the compute loop, so the register loads of later blocks hit L2 while the
