@@ -1,4 +1,5 @@
 #include "engine/engine.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <sstream>
@@ -65,6 +66,7 @@ Engine::Engine(model::Model& model, EngineConfig cfg)
 
 Engine::~Engine() {
   stop();
+  if (profiling_.load()) ops::set_op_observer({});  // the observer refers to this engine
 }
 
 void Engine::start() {
@@ -235,14 +237,25 @@ void Engine::trace(const std::string& name, double t0, double t1, const std::str
 }
 
 void Engine::start_profile() {
-  std::lock_guard lk(trace_mu_);
-  trace_.clear();
-  trace_t0_ = std::chrono::steady_clock::now();
-  profiling_ = true;
+  {
+    std::lock_guard lk(trace_mu_);
+    trace_.clear();
+    trace_t0_ = std::chrono::steady_clock::now();
+    profiling_ = true;
+  }
+  // Op timings come from the model thread, on their own row of the trace.
+  ops::set_op_observer([this](const char* op, double t0, double t1) {
+    if (!profiling_.load(std::memory_order_relaxed)) return;
+    std::lock_guard lk(trace_mu_);
+    if (trace_.size() >= 1000000) return;
+    const double base = std::chrono::duration<double>(trace_t0_.time_since_epoch()).count();
+    trace_.push_back(TraceEvent{op, "op", (t0 - base) * 1e6, (t1 - t0) * 1e6, 1, {}});
+  });
 }
 
 std::string Engine::stop_profile() {
   profiling_ = false;
+  ops::set_op_observer({});
   std::lock_guard lk(trace_mu_);
   std::ostringstream os;
   os << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";

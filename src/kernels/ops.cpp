@@ -1,6 +1,9 @@
 #include "kernels/ops.h"
 
+#include <chrono>
 #include <cmath>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/error.h"
@@ -12,13 +15,25 @@
 namespace sieve::ops {
 
 namespace {
+std::mutex g_observer_mu;
+std::shared_ptr<const OpObserver> g_observer;  // read under the mutex, called outside it
+
+std::shared_ptr<const OpObserver> current_observer() {
+  std::lock_guard lk(g_observer_mu);
+  return g_observer;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 [[noreturn]] void no_cuda(const char* op, const char* why) {
   throw Error(std::string("op ") + op + " is not available on CUDA: " + why);
 }
 }  // namespace
 
 #ifdef SIEVE_HAVE_CUDA
-#define SIEVE_DISPATCH(op, p, s)                                                       \
+#define SIEVE_DISPATCH_RAW(op, p, s)                                                   \
   do {                                                                                 \
     if ((s).device.is_cpu()) {                                                         \
       cpu::run_##op(p);                                                                \
@@ -27,7 +42,7 @@ namespace {
     }                                                                                  \
   } while (0)
 #else
-#define SIEVE_DISPATCH(op, p, s)                                                       \
+#define SIEVE_DISPATCH_RAW(op, p, s)                                                   \
   do {                                                                                 \
     if ((s).device.is_cpu()) {                                                         \
       cpu::run_##op(p);                                                                \
@@ -36,6 +51,23 @@ namespace {
     }                                                                                  \
   } while (0)
 #endif
+
+#define SIEVE_DISPATCH(op, p, s)                  \
+  do {                                            \
+    auto observer = current_observer();           \
+    if (!observer) {                              \
+      SIEVE_DISPATCH_RAW(op, p, s);               \
+    } else {                                      \
+      const double t0 = now_s();                  \
+      SIEVE_DISPATCH_RAW(op, p, s);               \
+      (*observer)(#op, t0, now_s());              \
+    }                                             \
+  } while (0)
+
+void set_op_observer(OpObserver fn) {
+  std::lock_guard lk(g_observer_mu);
+  g_observer = fn ? std::make_shared<const OpObserver>(std::move(fn)) : nullptr;
+}
 
 void matmul(const MatmulParams& p, const Stream& s) { SIEVE_DISPATCH(matmul, p, s); }
 void embedding(const EmbeddingParams& p, const Stream& s) { SIEVE_DISPATCH(embedding, p, s); }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -254,6 +255,12 @@ void moe_experts(const MoeExpertsParams& p, const Stream& s);
 void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s);
 void attention(const AttentionParams& p, const Stream& s);
 void indexer(const IndexerParams& p, const Stream& s);
+
+// Profiling: when an observer is set, every dispatched op reports its name and host wall-clock
+// interval (steady_clock, seconds since its epoch). CPU ops report their run time; CUDA ops the
+// launch only (nothing synchronises for the observer).
+using OpObserver = std::function<void(const char* op, double t0, double t1)>;
+void set_op_observer(OpObserver fn);  // an empty function stops reporting
 
 // The table `cos_sin` [max_position, rotary_dim] used by qkv_norm_rope_cache, built in fp32 as
 // transformers does: inv_freq[j] = 1 / theta^(2j / rotary_dim), angle = float(pos) * inv_freq[j].
