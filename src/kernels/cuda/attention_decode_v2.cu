@@ -102,9 +102,10 @@ __global__ void __launch_bounds__(kThreads) attention_v2_kernel(AttnArgs a) {
     }
   }
 
-  // The first entries of this split's block list depend on the token only: load them now too.
+  // The first entries of this split's block list depend on the token only: load them now too
+  // (fp8 only: with bf16 the extra live register makes ptxas spill at 255 registers).
   int sel_pre = -1;
-  if (a.topk_idx) {
+  if (kFp8 && a.topk_idx) {
     const int e = split * a.per_split + int(threadIdx.x);
     if (int(threadIdx.x) < min(kBatch, a.per_split) && e < a.topk)
       sel_pre = a.topk_idx[(int64_t(t) * a.nkv + kvh) * a.topk + e];
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) attention_v2_kernel(AttnArgs a) {
   const int ne = min(kBatch, e_end - e0);
   __syncthreads();
   for (int i = threadIdx.x; i < ne; i += kThreads) {
-    const int b = sel ? (e0 == e_begin ? sel_pre : sel[e0 + i]) : e0 + i;  // first batch: i == threadIdx.x
+    const int b = sel ? (kFp8 && e0 == e_begin ? sel_pre : sel[e0 + i]) : e0 + i;  // first batch: i == threadIdx.x
     const bool ok = b >= 0 && b < n_blk;
     blk_s[i] = ok ? b : -1;
     phys_s[i] = ok ? a.block_tables[int64_t(s) * a.mbps + b] : 0;
