@@ -536,16 +536,7 @@ void check_attention_once(const AttnCase& c, uint64_t seed) {
       }
 }
 
-// Runs the check with each kernel variant (run_attention follows the variant switch).
-void check_attention(const AttnCase& c, uint64_t seed) {
-  const int prev = cuda::kernel_variant();
-  for (int v : {1, 2}) {
-    SCOPED_TRACE("kernel variant " + std::to_string(v));
-    cuda::set_kernel_variant(v);
-    check_attention_once(c, seed);
-  }
-  cuda::set_kernel_variant(prev);
-}
+void check_attention(const AttnCase& c, uint64_t seed) { check_attention_once(c, seed); }
 
 TEST(CudaAttention, SparseDecodeMatchesCpu) {
   SKIP_WITHOUT_GPU();

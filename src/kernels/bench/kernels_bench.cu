@@ -436,16 +436,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       a.mode = "graph";
       a.us = time_it(iters, sets, attn(true), true, st);
       emit(a, c);
-      // Variant 2 (run_attention follows the process-wide switch; restored after).
-      const int prev_variant = cuda::kernel_variant();
-      cuda::set_kernel_variant(2);
-      a.mode = "v2, eager";
-      a.us = time_it(iters, sets, attn(true), false, st);
-      emit(a, c);
-      a.mode = "v2, graph";
-      a.us = time_it(iters, sets, attn(true), true, st);
-      emit(a, c);
-      cuda::set_kernel_variant(prev_variant);
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
@@ -463,14 +453,12 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         run_path(cuda::IndexerPath::kDecodeFusedV2)(s, stream);
         attn(true)(s, stream);
       };
-      cuda::set_kernel_variant(2);
-      sr.mode = "v2, eager";
+      sr.mode = "indexer v2, eager";
       sr.us = time_it(iters, sets, step_v2, false, st);
       emit(sr, c);
-      sr.mode = "v2, graph";
+      sr.mode = "indexer v2, graph";
       sr.us = time_it(iters, sets, step_v2, true, st);
       emit(sr, c);
-      cuda::set_kernel_variant(prev_variant);
 
       // Dense attention (dense layers).
       const double dfloor = c.attn_bytes(false) / bw * 1e6;
@@ -483,14 +471,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       d.mode = "graph";
       d.us = time_it(iters, sets, attn(false), true, st);
       emit(d, c);
-      cuda::set_kernel_variant(2);
-      d.mode = "v2, eager";
-      d.us = time_it(iters, sets, attn(false), false, st);
-      emit(d, c);
-      d.mode = "v2, graph";
-      d.us = time_it(iters, sets, attn(false), true, st);
-      emit(d, c);
-      cuda::set_kernel_variant(prev_variant);
     }
   }
 

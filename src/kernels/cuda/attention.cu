@@ -410,7 +410,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
 }  // namespace
 
 bool run_attention(const ops::AttentionParams& p, void* stream_v) {
-  if (kernel_variant() == 2) return run_attention_v2(p, stream_v);
   if (p.head_dim != kDim || p.kv.head_dim != kDim || p.kv.block_size != kBlock) return false;
   if (p.kv.dtype != DType::BF16 && p.kv.dtype != DType::FP8_E4M3) return false;
   if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;

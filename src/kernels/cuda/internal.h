@@ -25,15 +25,14 @@ namespace sieve::cuda {
 bool run_indexer_graph_check(const ops::IndexerParams& p,
                              IndexerPath path = IndexerPath::kDecodeFused);
 
-// Process-wide kernel variant of the decode indexer / decode attention: 1 (default) or 2.
-// Read once from SIEVE_CUDA_KERNELS=v1|v2 unless set first; set_kernel_variant overrides it
+// Process-wide variant of the fused decode indexer that IndexerPath::kAuto picks: 2 (default)
+// or 1. Read once from SIEVE_CUDA_KERNELS=v1|v2 unless set first; set_kernel_variant overrides it
 // (tests and the benchmark switch it between calls; not meant to change during a capture).
 int kernel_variant();
 void set_kernel_variant(int v);
 
-// Variant-2 entry points (also reachable through run_indexer / run_attention when selected).
+// Variant-2 entry point (also reachable through run_indexer when selected).
 bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream);
-bool run_attention_v2(const ops::AttentionParams& p, void* stream);
 // Test hook: caps the v2 decode indexer's chunks per request (0 = automatic grid).
 void set_indexer_v2_max_chunks(int n);
 }  // namespace sieve::cuda
