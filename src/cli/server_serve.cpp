@@ -90,7 +90,7 @@ int run_serve(const std::vector<std::string>& argv) {
         "model directory (default: the bundled model, else a generated tiny model)")
       .opt({"--host"}, "HOST", "address to listen on", "127.0.0.1")
       .opt({"--port", "--server-port"}, "PORT", "port to listen on (0: any free port)", "8000")
-      .opt({"--served-model-name"}, "NAME", "model name in the API (default: the --model path)")
+      .opt({"--served-model-name"}, "NAME", "model name in the API (default: the --model argument, or the bundled model's folder name)")
       .opt({"--api-key"}, "KEY",
            "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
       .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
@@ -213,7 +213,10 @@ int run_serve(const std::vector<std::string>& argv) {
   server::ServerOptions so;
   so.host = a.get("--host");
   so.port = int(port);
-  so.served_model_names = {a.has("--served-model-name") ? a.get("--served-model-name") : dir};
+  // As vLLM: the --model argument names the model; the bundled default goes by its folder name.
+  so.served_model_names = {a.has("--served-model-name") ? a.get("--served-model-name")
+                           : a.has("--model")            ? dir
+                                                         : fs::path(dir).filename().string()};
   so.model_dir = dir;
   so.api_key = api_key;
   so.max_body_bytes = size_t(max_body);
