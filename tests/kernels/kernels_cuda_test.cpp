@@ -319,15 +319,22 @@ void check_indexer_once(const IndexerCase& c, uint64_t seed) {
   }
 }
 
-// Runs the check for each kernel variant that the case's path has: v1, and v2 where the path is
-// the fused decode kernel (or kAuto, which follows the variant switch).
+// Runs the check for each kernel variant that the case's path has: v1, and v2 / v3 where the
+// path is the fused decode kernel (or kAuto, which follows the variant switch); the prefill path
+// runs both prefill kernels.
 void check_indexer(const IndexerCase& c, uint64_t seed) {
   const int prev = cuda::kernel_variant();
-  for (int v : {1, 2}) {
+  for (int v : {1, 2, 3}) {
     IndexerCase cv = c;
-    if (v == 2) {
-      if (c.path == cuda::IndexerPath::kDecodeFused) cv.path = cuda::IndexerPath::kDecodeFusedV2;
-      else if (c.path != cuda::IndexerPath::kAuto) continue;
+    if (v >= 2) {
+      if (c.path == cuda::IndexerPath::kDecodeFused) {
+        cv.path = v == 2 ? cuda::IndexerPath::kDecodeFusedV2 : cuda::IndexerPath::kDecodeFusedV3;
+      } else if (c.path == cuda::IndexerPath::kPrefill) {
+        if (v == 3) continue;
+        cv.path = cuda::IndexerPath::kPrefillV1;
+      } else if (c.path != cuda::IndexerPath::kAuto) {
+        continue;
+      }
     }
     SCOPED_TRACE("kernel variant " + std::to_string(v));
     cuda::set_kernel_variant(v);
@@ -644,7 +651,8 @@ TEST(CudaIndexer, GraphReplayMatchesEager) {
   g.local_blocks = 1;
   g.topk_idx = d_a.as<int32_t>();
   d_a.poison(0x55);
-  for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeFusedV2}) {
+  for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeFusedV2,
+                    cuda::IndexerPath::kDecodeFusedV3}) {
     SCOPED_TRACE("path " + std::to_string(int(path)));
     g.topk_idx = d_a.as<int32_t>();
     d_a.poison(0x55);

@@ -739,12 +739,19 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
   if (path == IndexerPath::kAuto) {
     path = use_decode_indexer(p) ? IndexerPath::kDecodeFused : IndexerPath::kPrefill;
-    if (path == IndexerPath::kDecodeFused && kernel_variant() == 2) path = IndexerPath::kDecodeFusedV2;
+    if (path == IndexerPath::kDecodeFused) {
+      const int v = kernel_variant();
+      if (v == 3 && run_indexer_decode_v3(p, stream_v)) return true;
+      if (v >= 2) path = IndexerPath::kDecodeFusedV2;
+    }
   }
   if (path == IndexerPath::kDecodeFusedV2) return run_indexer_decode_v2(p, stream_v);
-  if (path != IndexerPath::kPrefill && !use_decode_indexer(p)) return false;
+  if (path == IndexerPath::kDecodeFusedV3) return run_indexer_decode_v3(p, stream_v);
+  if (path == IndexerPath::kPrefill && run_indexer_prefill_v2(p, stream_v)) return true;
+  if (path == IndexerPath::kPrefill) path = IndexerPath::kPrefillV1;
+  if (path != IndexerPath::kPrefillV1 && !use_decode_indexer(p)) return false;
 
-  if (path == IndexerPath::kPrefill) {
+  if (path == IndexerPath::kPrefillV1) {
     const int tiles = int((p.batch.num_tokens + kPreRows - 1) / kPreRows) + p.batch.num_seqs;
     // Key blocks are split across CTAs so short tiles and long ones both fill the GPU; at most
     // 32 splits per tile (the merge is one warp lane per split).

@@ -31,11 +31,12 @@ namespace sieve::cuda {
 namespace {
 std::atomic<int> g_variant{0};  // 0 = not read yet
 int variant_from_env() {
-  // v2 is the default: measured faster than v1 at every decode shape on an H200
-  // (docs/performance.md); SIEVE_CUDA_KERNELS=v1 selects the first design.
+  // v3 is the default (v2 where v3 does not support the parameters); SIEVE_CUDA_KERNELS=v1|v2
+  // selects an earlier design (docs/performance.md compares them).
   const char* e = std::getenv("SIEVE_CUDA_KERNELS");
   if (e && (std::strcmp(e, "v1") == 0 || std::strcmp(e, "1") == 0)) return 1;
-  return 2;
+  if (e && (std::strcmp(e, "v2") == 0 || std::strcmp(e, "2") == 0)) return 2;
+  return 3;
 }
 }  // namespace
 
@@ -48,7 +49,7 @@ int kernel_variant() {
   }
   return v;
 }
-void set_kernel_variant(int v) { g_variant.store(v == 2 ? 2 : 1, std::memory_order_relaxed); }
+void set_kernel_variant(int v) { g_variant.store(v == 2 || v == 3 ? v : 1, std::memory_order_relaxed); }
 
 namespace {
 std::atomic<int> g_max_chunks{0};

@@ -12,6 +12,10 @@ enum class IndexerPath {
   kDecodeBaseline,  // score kernel -> score tensor -> chunk top-k kernel -> merge kernel
   kPrefill,         // tiled tensor-core scoring with a running per-row top-k
   kDecodeFusedV2,   // variant 2 of the fused decode kernel (indexer_decode_v2.cu)
+  kDecodeFusedV3,   // variant 3: cluster CTAs per request, merge in distributed shared memory
+                    // (indexer_decode_v3.cu)
+  kPrefillV1,       // the first prefill kernel (kPrefill uses indexer_prefill.cu when it
+                    // supports the parameters, else this one)
 };
 // Decode path applies when max_query_len * num_index_heads <= 16.
 bool use_decode_indexer(const ops::IndexerParams& p);
@@ -25,14 +29,19 @@ namespace sieve::cuda {
 bool run_indexer_graph_check(const ops::IndexerParams& p,
                              IndexerPath path = IndexerPath::kDecodeFused);
 
-// Process-wide variant of the fused decode indexer that IndexerPath::kAuto picks: 2 (default)
-// or 1. Read once from SIEVE_CUDA_KERNELS=v1|v2 unless set first; set_kernel_variant overrides it
+// Process-wide variant of the fused decode indexer that IndexerPath::kAuto picks: 3 (default),
+// 2 or 1. Read once from SIEVE_CUDA_KERNELS=v1|v2|v3 unless set first; set_kernel_variant overrides it
 // (tests and the benchmark switch it between calls; not meant to change during a capture).
 int kernel_variant();
 void set_kernel_variant(int v);
 
 // Variant-2 entry point (also reachable through run_indexer when selected).
 bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream);
+// Variant-3 entry point (indexer_decode_v3.cu); false where it does not support the parameters.
+bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream);
+// Tensor-core prefill indexer (indexer_prefill.cu); false where it does not support the
+// parameters (the caller then runs the first prefill kernel).
+bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream);
 // Test hook: caps the v2 decode indexer's chunks per request (0 = automatic grid).
 void set_indexer_v2_max_chunks(int n);
 }  // namespace sieve::cuda
