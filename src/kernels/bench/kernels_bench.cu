@@ -77,17 +77,27 @@ float median(std::vector<float> v) {
   return v.empty() ? 0.f : v[v.size() / 2];
 }
 
-// Times fn(set) over rotating sets: eager (events around each launch) or, when graph, one
-// graph per set captured from fn and replayed. Returns the median in microseconds.
+// Times fn(set) over rotating sets, median in microseconds per call:
+//  - batch 0, eager: CUDA events around each launch;
+//  - graph (batch 1): one graph per set captured from fn and replayed, events around each
+//    replay (launch overhead included, as for a lone kernel);
+//  - graph with batch n > 1: one graph of n consecutive calls over the rotating sets (as the
+//    kernels of consecutive layers run inside one decode-step graph), events around each
+//    replay, divided by n (the per-call cost without the per-launch event and launch latency).
 double time_it(int iters, int sets, const std::function<void(int, cudaStream_t)>& fn, bool graph,
-               cudaStream_t stream) {
+               cudaStream_t stream, int batch = 1) {
   std::vector<cudaGraphExec_t> execs;
   if (graph) {
-    for (int s = 0; s < sets; ++s) {
-      fn(s, stream);  // sizes the workspace outside capture
+    const int ngraphs = batch > 1 ? 1 : sets;
+    for (int s = 0; s < sets; ++s) fn(s, stream);  // sizes the workspace outside capture
+    for (int gi = 0; gi < ngraphs; ++gi) {
       cudaGraph_t g;
       cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-      fn(s, stream);
+      if (batch > 1) {
+        for (int i = 0; i < batch; ++i) fn(i % sets, stream);
+      } else {
+        fn(gi, stream);
+      }
       cuda_check(cudaStreamEndCapture(stream, &g), "end capture");
       cudaGraphExec_t e;
       cuda_check(cudaGraphInstantiate(&e, g, 0), "instantiate");
@@ -96,7 +106,7 @@ double time_it(int iters, int sets, const std::function<void(int, cudaStream_t)>
     }
   }
   auto launch = [&](int i) {
-    if (graph) cuda_check(cudaGraphLaunch(execs[size_t(i % sets)], stream), "graph launch");
+    if (graph) cuda_check(cudaGraphLaunch(execs[size_t(i) % execs.size()], stream), "graph launch");
     else fn(i % sets, stream);
   };
   for (int i = 0; i < std::max(10, sets * 2); ++i) launch(i);
@@ -112,8 +122,12 @@ double time_it(int iters, int sets, const std::function<void(int, cudaStream_t)>
   for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
   for (auto& e : ev) cudaEventDestroy(e);
   for (auto& e : execs) cudaGraphExecDestroy(e);
-  return double(median(ms)) * 1000.0;
+  return double(median(ms)) * 1000.0 / (graph && batch > 1 ? batch : 1);
 }
+
+// Calls per graph in the batched graph mode.
+constexpr int kGraphBatch = 16;
+const std::string kBatchMode = "graph x" + std::to_string(kGraphBatch) + " (per call)";
 
 // ---------------------------------------------------------------------------------------------
 // One input set of a paged batch: index cache, KV cache (+ scales), q, index_q, outputs.
@@ -369,6 +383,9 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     r.mode = "graph";
     r.us = time_it(iters, 1, fn, true, st);
     on_row(r);
+    r.mode = kBatchMode;
+    r.us = time_it(iters, 1, fn, true, st, kGraphBatch);
+    on_row(r);
   }
 
   // ---- Decode.
@@ -388,37 +405,46 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       const int sets = int(c.sets.size());
       const bool main_shape = ds.batch == 32 && ds.ctx == 9216;
 
-      // Indexer.
+      // Indexer: the default path (what run_indexer picks) with the targets, then the earlier
+      // variants and the unfused baseline for comparison. A path that does not support the
+      // shape is skipped.
       const double ifloor = c.index_bytes() / bw * 1e6;
-      Row r{"decode indexer", shape, dt, "", 0, ifloor, "bytes"};
-      r.target_us = main_shape ? (fp8 ? 12 : 22) : 1.4 * ifloor + 2;
-      r.target_note = main_shape ? "issue target" : "1.4 x floor + 2 us";
       auto run_path = [&](cuda::IndexerPath path) {
         return [&c, path](int s, cudaStream_t stream) {
           if (!cuda::run_indexer_path(c.indexer(s), stream, path)) throw Error("bench: indexer unsupported");
         };
       };
-      r.mode = "fused, eager";
-      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeFused), false, st);
-      emit(r, c);
-      r.mode = "fused, graph";
-      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeFused), true, st);
-      emit(r, c);
-      r.mode = "fused v2, eager";
-      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeFusedV2), false, st);
-      emit(r, c);
-      r.mode = "fused v2, graph";
-      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeFusedV2), true, st);
-      emit(r, c);
-      r.mode = "baseline 3 kernels, eager";
-      r.target_us = 0, r.target_note = "";
-      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeBaseline), false, st);
-      emit(r, c);
-      r.mode = "baseline 3 kernels, graph";
-      r.us = time_it(iters, sets, run_path(cuda::IndexerPath::kDecodeBaseline), true, st);
-      emit(r, c);
+      struct IPath {
+        cuda::IndexerPath path;
+        std::string name;
+        bool target, eager;
+      };
+      const std::vector<IPath> ipaths = {{cuda::IndexerPath::kAuto, "fused (default)", true, true},
+                                         {cuda::IndexerPath::kDecodeFused, "fused v1", false, false},
+                                         {cuda::IndexerPath::kDecodeFusedV2, "fused v2", false, false},
+                                         {cuda::IndexerPath::kDecodeFusedV3, "fused v3", false, false},
+                                         {cuda::IndexerPath::kDecodeBaseline, "baseline 3 kernels", false, false}};
+      for (const auto& ip : ipaths) {
+        if (!cuda::run_indexer_path(c.indexer(0), st, ip.path)) continue;
+        Row r{"decode indexer", shape, dt, "", 0, ifloor, "bytes"};
+        if (ip.target) {
+          r.target_us = main_shape ? (fp8 ? 12 : 22) : 1.4 * ifloor + 2;
+          r.target_note = main_shape ? "issue target" : "1.4 x floor + 2 us";
+        }
+        if (ip.eager) {
+          r.mode = ip.name + ", eager";
+          r.us = time_it(iters, sets, run_path(ip.path), false, st);
+          emit(r, c);
+        }
+        r.mode = ip.name + ", graph";
+        r.us = time_it(iters, sets, run_path(ip.path), true, st);
+        emit(r, c);
+        r.mode = ip.name + ", " + kBatchMode;
+        r.us = time_it(iters, sets, run_path(ip.path), true, st, kGraphBatch);
+        emit(r, c);
+      }
       // Leave a real selection in every set for the attention.
-      for (int s = 0; s < sets; ++s) run_path(cuda::IndexerPath::kDecodeFused)(s, st);
+      for (int s = 0; s < sets; ++s) run_path(cuda::IndexerPath::kAuto)(s, st);
 
       // Sparse attention.
       auto attn = [&c](bool sparse) {
@@ -436,10 +462,13 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       a.mode = "graph";
       a.us = time_it(iters, sets, attn(true), true, st);
       emit(a, c);
+      a.mode = kBatchMode;
+      a.us = time_it(iters, sets, attn(true), true, st, kGraphBatch);
+      emit(a, c);
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
-        run_path(cuda::IndexerPath::kDecodeFused)(s, stream);
+        run_path(cuda::IndexerPath::kAuto)(s, stream);
         attn(true)(s, stream);
       };
       Row sr{"decode step (indexer + sparse attention)", shape, dt, "", 0, ifloor + afloor, "bytes"};
@@ -449,15 +478,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       sr.mode = "graph";
       sr.us = time_it(iters, sets, step, true, st);
       emit(sr, c);
-      auto step_v2 = [&](int s, cudaStream_t stream) {
-        run_path(cuda::IndexerPath::kDecodeFusedV2)(s, stream);
-        attn(true)(s, stream);
-      };
-      sr.mode = "indexer v2, eager";
-      sr.us = time_it(iters, sets, step_v2, false, st);
-      emit(sr, c);
-      sr.mode = "indexer v2, graph";
-      sr.us = time_it(iters, sets, step_v2, true, st);
+      sr.mode = kBatchMode;
+      sr.us = time_it(iters, sets, step, true, st, kGraphBatch);
       emit(sr, c);
 
       // Dense attention (dense layers).
@@ -470,6 +492,9 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       emit(d, c);
       d.mode = "graph";
       d.us = time_it(iters, sets, attn(false), true, st);
+      emit(d, c);
+      d.mode = kBatchMode;
+      d.us = time_it(iters, sets, attn(false), true, st, kGraphBatch);
       emit(d, c);
     }
   }
@@ -497,6 +522,12 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       }
       r.us = time_it(iters, sets, [&](int s, cudaStream_t stream) {
         if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefill)) throw Error("bench: indexer");
+      }, false, st);
+      emit(r, c);
+      r.mode = "eager, first kernel";
+      r.target_us = 0, r.target_note = "";
+      r.us = time_it(std::min(iters, 50), sets, [&](int s, cudaStream_t stream) {
+        if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefillV1)) throw Error("bench: indexer");
       }, false, st);
       emit(r, c);
       for (int s = 0; s < sets; ++s) cuda::run_indexer(c.indexer(s), st);

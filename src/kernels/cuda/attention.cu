@@ -1,19 +1,36 @@
 // Paged GQA attention, block-sparse (topk_idx) or dense (ops::AttentionParams).
 //
-// One CTA per (query token, kv head, split). The 16 q heads of the kv group form the 16 rows of
-// mma.sync m16n8k16, so each K/V element read from the cache is used by all heads of its group.
-// 4 warps each take 32 keys of every 128-key block of the split (a flash-attention loop with
-// base-2 online softmax per warp); warps and then splits are merged with their (max, sum).
-// K and V go straight from global memory into mma fragments without shared memory:
-//  - S = Q K^T: the dot sums over dims, so each lane's k-slots map to dims that are 16-byte runs
-//    in memory (Q fragments use the same mapping);
-//  - O = P V: the output dims are permuted (mma column n of n-tile j is dim n * 16 + j) so that
-//    each lane's V elements of a key are one 16-element run; the permutation is undone at write.
-// Splits come from shapes only (topk, batch.max_seq_len), so the grid is CUDA-graph safe.
+// Work: one "row" per (query token, kv head). A row's units (sparse: its topk entries; dense:
+// its key blocks 0..n_blk-1) are split over S CTAs. The S CTAs of a row form thread-block
+// clusters of C CTAs (C <= 8), G = S / C clusters per row:
+//  - each CTA has 4 consumer warps and 1 producer warp. The producer reads the unit list
+//    (topk entries -> block table) 32 at a time and streams each unit's K block, then its V
+//    block (fp8: + the 128 per-token scales), with bulk copies (cp.async.bulk) into a ring of
+//    shared-memory slots, one mbarrier pair (full / empty) per slot. Copies start as soon as
+//    the block table entries arrive; the ring keeps up to 6 (fp8, 16.5 KB) or 3 (bf16, 32 KB)
+//    K/V halves in flight per CTA, two CTAs per SM.
+//  - consumer warp w takes keys 32w..32w+31 of every block: S = Q K^T with mma.sync m16n8k16
+//    (the 16 q heads of the kv group are the 16 rows, so each K/V byte serves all heads),
+//    base-2 online softmax, O += P V. K/V fragments come from shared memory; the reduction dims
+//    of S are permuted so that each lane reads 16-byte runs (Q uses the same permutation) and
+//    the output dims of P V are permuted (mma column n of n-tile j is dim 16 n + j) so that
+//    each lane's V elements of a key are one run; lanes alternate the order of their runs so
+//    that the reads of a warp spread over all banks.
+//  - the 4 warps merge in shared memory; the C CTAs of a cluster merge through distributed
+//    shared memory (each CTA finishes 16 / C of the rows), with no global round trip. Only
+//    when G > 1 (few rows, long contexts) do clusters write partials to global memory, and the
+//    last CTA of the row to arrive (an atomic counter that it returns to zero) merges them.
+// The unit list ends with a sentinel the producer posts in the next slot, so consumers never
+// need the row's valid-unit count. S, C, G and the stage count come from shapes only (topk,
+// num_tokens, batch.max_seq_len), so the grid is CUDA-graph safe.
 // Precision: bf16 KV -> bf16 MMA (Q rounded to bf16); fp8 KV -> Q K^T in f16 (keys convert
 // exactly; Q rounded to f16), k_scale applied to the fp32 scores; P * v_scale rounded to bf16
 // and fp8 V converted exactly to bf16 for P V. Softmax and accumulation in fp32.
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -23,11 +40,30 @@ namespace sieve::cuda {
 
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kBlock = 128;
 constexpr int kDim = 128;
-constexpr int kThreads = 128;
+constexpr int kConsumers = 4;                    // consumer warps
+constexpr int kThreads = (kConsumers + 1) * 32;  // + the producer warp
 constexpr int kMaxSplits = 128;
-constexpr int kBatch = 64;  // block ids staged per batch
+constexpr int kMaxCluster = 8;
+constexpr int kMaxStages = 8;
+constexpr int kRing = 16;  // unit ids in flight between producer and consumers (>= stages / 2 + 1)
+constexpr int kOStride = kDim + 4;
+// Shared memory for the merges (reusing the slot ring after the loop): the 4 warps' O, then
+// the CTA's O (at a fixed offset: other CTAs of the cluster read it).
+constexpr size_t kWarpOBytes = size_t(kConsumers) * 16 * kOStride * 4;
+constexpr size_t kMergeBytes = kWarpOBytes + size_t(16) * kDim * 4;
+
+template <bool kFp8>
+struct Geo {
+  static constexpr int kRowBytes = kFp8 ? kDim : kDim * 2;
+  static constexpr int kDataBytes = kBlock * kRowBytes;
+  static constexpr int kScaleBytes = kFp8 ? kBlock * 4 : 0;
+  static constexpr int kSlotBytes = kDataBytes + kScaleBytes;
+  static constexpr int kMaxSlots = kFp8 ? 6 : 3;
+};
 
 struct AttnArgs {
   const void* q;
@@ -37,7 +73,7 @@ struct AttnArgs {
   bool out_bf16;
   int64_t out_stride;
   bool out_vec;  // out and out_stride allow 16-byte (f32) / 8-byte (bf16) stores
-  int nq, nkv, gqa;
+  int nkv, gqa;
   float scale_log2;  // sm_scale * log2(e)
   const uint8_t* k;
   const uint8_t* v;
@@ -49,11 +85,42 @@ struct AttnArgs {
   int mbps, num_seqs;
   const int32_t* topk_idx;
   int topk;
-  int splits, per_split;  // sparse: topk entries per split; dense: blocks per split
-  float* part_o;          // [tokens, nkv, splits, 16, 128]
-  float* part_ml;         // [tokens, nkv, splits, 16, 2]
-  int32_t* counters;      // [tokens, nkv], zero between calls
+  int splits, cluster, groups, per_split, stages;
+  float* part_o;      // [rows, groups, 16, 128]
+  float* part_ml;     // [rows, groups, 16, 2]
+  int32_t* counters;  // [rows], zero between calls
 };
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  }
+}
 
 template <bool kFp8>
 __device__ __forceinline__ int dbase(int s, int q) {
@@ -64,28 +131,38 @@ __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
 }
 
-template <bool kFp8>
-__global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
-  __shared__ float o_s[4][16][kDim + 4];
-  __shared__ float m_s[4][16], l_s[4][16];
-  const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  // Request of token t.
-  int lo = 0, hi = a.num_seqs - 1;
+// Request of token t: decode batches (one token per request) hit the first guess.
+__device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t) {
+  const int g = min(t, num_seqs - 1);
+  if (qsl[g] <= t && t < qsl[g + 1]) return g;
+  int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (a.qsl[mid] <= t) lo = mid; else hi = mid - 1;
+    if (qsl[mid] <= t) lo = mid; else hi = mid - 1;
   }
-  const int s = lo;
-  // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
-  if (t < a.qsl[0] || t >= a.qsl[a.num_seqs]) return;
-  const int qlen = a.qsl[s + 1] - a.qsl[s];
-  const int pos = a.seq_lens[s] - qlen + (t - a.qsl[s]);
-  const int n_blk = pos / kBlock + 1;
+  return lo;
+}
 
-  // Q fragments: rows g, g + 8 = heads of this kv group.
+template <bool kFp8>
+__global__ void __maxnreg__(200) attention_kernel(AttnArgs a) {
+  using G = Geo<kFp8>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
+  __shared__ int blk_ring[kRing];
+  __shared__ float m_s[kConsumers][16], l_s[kConsumers][16];
+  __shared__ float cm_s[16], cl_s[16];  // the CTA's (max, sum) per row (read by the cluster)
+  __shared__ int is_last;
+
+  const int S = a.splits, NS = a.stages;
+  const int t = blockIdx.x / S, split = blockIdx.x % S, kvh = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
+  // The whole cluster shares t, so it leaves together.
+  if (t < a.qsl[0] || t >= a.qsl[a.num_seqs]) return;
+
+  // Q fragments first (they depend on t only): rows g, g + 8 = heads of this kv group.
   uint32_t qa[8][4];
-  {
+  if (warp < kConsumers) {
     const int h0 = kvh * a.gqa + g, h1 = h0 + 8;
     const bool ok0 = g < a.gqa, ok1 = g + 8 < a.gqa;
 #pragma unroll
@@ -110,6 +187,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
       }
     }
   }
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < NS; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int s = find_seq(a.qsl, a.num_seqs, t);
+  const int qlen = a.qsl[s + 1] - a.qsl[s];
+  const int pos = a.seq_lens[s] - qlen + (t - a.qsl[s]);
+  const int n_blk = pos / kBlock + 1;
+  const int e_begin = split * a.per_split;
+  const int e_end = min(a.topk_idx ? a.topk : n_blk, e_begin + a.per_split);
 
   float o[16][4];
 #pragma unroll
@@ -118,271 +210,341 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
-  const int64_t kv_row = kFp8 ? kDim : kDim * 2;  // bytes per key row
-  int e_begin, e_end;
-  if (a.topk_idx) {
-    e_begin = split * a.per_split;
-    e_end = min(a.topk, e_begin + a.per_split);
+  if (warp == kConsumers) {
+    // ---- Producer: unit list -> bulk copies into the slot ring.
+    const int32_t* sel = a.topk_idx ? a.topk_idx + (int64_t(t) * a.nkv + kvh) * a.topk : nullptr;
+    int item = 0, vi = 0;
+    auto acquire = [&](int i) {
+      const int slot = i % NS, use = i / NS;
+      if (use > 0) mbar_wait(&empty[slot], uint32_t(use - 1) & 1u);
+      return slot;
+    };
+    for (int e0 = e_begin; e0 < e_end; e0 += 32) {
+      const int e = e0 + lane;
+      int b = -1;
+      int64_t phys = 0;
+      if (e < e_end) {
+        b = sel ? __ldg(sel + e) : e;
+        if (b < 0 || b >= n_blk) b = -1;
+        else phys = __ldg(a.block_tables + int64_t(s) * a.mbps + b);
+      }
+      uint32_t valid = __ballot_sync(0xffffffffu, b >= 0);
+      while (valid) {
+        const int j = __ffs(valid) - 1;
+        valid &= valid - 1;
+        const int bj = __shfl_sync(0xffffffffu, b, j);
+        const int64_t pj = __shfl_sync(0xffffffffu, phys, j);
+        if (lane == 0) {
+          const int64_t base = pj * a.nkv + kvh;  // (block, kv head) index
+          int slot = acquire(item++);
+          blk_ring[vi % kRing] = bj;
+          uint8_t* dst = smem + size_t(slot) * G::kSlotBytes;
+          mbar_expect_tx(&full[slot], G::kSlotBytes);
+          bulk_copy(dst, a.k + base * G::kDataBytes, G::kDataBytes, &full[slot]);
+          if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.k_scale + base * kBlock, G::kScaleBytes, &full[slot]);
+          slot = acquire(item++);
+          dst = smem + size_t(slot) * G::kSlotBytes;
+          mbar_expect_tx(&full[slot], G::kSlotBytes);
+          bulk_copy(dst, a.v + base * G::kDataBytes, G::kDataBytes, &full[slot]);
+          if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.v_scale + base * kBlock, G::kScaleBytes, &full[slot]);
+          ++vi;
+        }
+        __syncwarp();
+      }
+    }
+    // Sentinel: the next K slot completes without data and carries id -1.
+    if (lane == 0) {
+      const int slot = acquire(item);
+      blk_ring[vi % kRing] = -1;
+      mbar_arrive(&full[slot]);
+    }
+    __syncwarp();
   } else {
-    e_begin = split * a.per_split;
-    e_end = min(n_blk, e_begin + a.per_split);
-  }
-  const int32_t* sel = a.topk_idx ? a.topk_idx + (int64_t(t) * a.nkv + kvh) * a.topk : nullptr;
-  // The split's block ids and physical blocks are fetched in parallel, a batch at a time, so the
-  // loop below waits on K/V loads only (not on two dependent index loads per block).
-  __shared__ int blk_s[kBatch], phys_s[kBatch];
-  for (int e0 = e_begin; e0 < e_end; e0 += kBatch) {
-  const int ne = min(kBatch, e_end - e0);
-  __syncthreads();
-  for (int i = threadIdx.x; i < ne; i += kThreads) {
-    const int b = sel ? sel[e0 + i] : e0 + i;
-    const bool ok = b >= 0 && b < n_blk;
-    blk_s[i] = ok ? b : -1;
-    phys_s[i] = ok ? a.block_tables[int64_t(s) * a.mbps + b] : 0;
-  }
-  __syncthreads();
-  for (int ei = 0; ei < ne; ++ei) {
-    const int b = blk_s[ei];
-    if (b < 0) continue;
-    const int key0 = b * kBlock + warp * 32;  // this warp's first key
-    if (key0 > pos) continue;
-    const int64_t phys = phys_s[ei];
-    const int64_t tok_base = (phys * a.nkv + kvh) * kBlock + warp * 32;  // token-row index
-    const uint8_t* kb = a.k + tok_base * kv_row;
-    const uint8_t* vb = a.v + tok_base * kv_row;
-
-    // ---- S = Q K^T for 32 keys (4 n-tiles).
-    constexpr int kKV = kFp8 ? 2 : 4;
-    uint4 kr[4][kKV];
+    // ---- Consumers.
+    constexpr int kKV = kFp8 ? 2 : 4;  // 16-byte runs per K row and lane
+    constexpr int kVV = kFp8 ? 1 : 2;  // 16-byte runs per V row and lane
+    const int flip = g & 1;
+    const int vflip = kFp8 ? 0 : (g >> 2) & 1;
+    for (int vi = 0;; ++vi) {
+      const int iK = 2 * vi, sK = iK % NS;
+      mbar_wait(&full[sK], uint32_t(iK / NS) & 1u);
+      const int b = blk_ring[vi % kRing];
+      if (b < 0) break;
+      const int key0 = b * kBlock + warp * 32;  // this warp's first key
+      const bool active = key0 <= pos;
+      const uint8_t* ks = smem + size_t(sK) * G::kSlotBytes + size_t(warp) * 32 * G::kRowBytes;
+      float sacc[4][4];
+      float2 ksc[4];
+      if (active) {
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < 4; ++nt) {
+          uint4 kr[kKV];
+          const uint8_t* row = ks + (nt * 8 + g) * G::kRowBytes;
 #pragma unroll
-      for (int i = 0; i < kKV; ++i)
-        kr[nt][i] = ldg_stream(kb + (nt * 8 + g) * kv_row + (kFp8 ? i * 64 + q * 16 : (i * 32 + q * 8) * 2));
-    // V rows of this lane: keys 16 i + 8 jj + 2 q + kk (i: k-step, jj: half, kk: pair), dims g*16..+15.
-    constexpr int kVV = kFp8 ? 1 : 2;
-    uint4 vr[2][2][2][kVV];
+          for (int i = 0; i < kKV; ++i) kr[i] = *reinterpret_cast<const uint4*>(row + (i ^ flip) * 64 + q * 16);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+          for (int i = 0; i < kKV; i += 2) {
+            const uint4 x0 = kr[i], x1 = kr[i + 1];
+            kr[i] = flip ? x1 : x0;
+            kr[i + 1] = flip ? x0 : x1;
+          }
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj)
+          for (int j = 0; j < 4; ++j) sacc[nt][j] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-          for (int u = 0; u < kVV; ++u)
-            vr[i][jj][kk][u] = ldg_stream(vb + (16 * i + 8 * jj + 2 * q + kk) * kv_row +
-                                          (kFp8 ? g * 16 : g * 32 + u * 16));
-    // Keys past the query (the tail of its own block) may hold anything, NaN included: their
-    // probabilities are 0, so zero their V rows too (0 * NaN would poison the sum).
-    if (key0 + 31 > pos) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-          for (int kk = 0; kk < 2; ++kk)
-            if (key0 + 16 * i + 8 * jj + 2 * q + kk > pos)
-#pragma unroll
-              for (int u = 0; u < kVV; ++u) vr[i][jj][kk][u] = make_uint4(0, 0, 0, 0);
-    }
-    float2 ksc[4], vsc[4];
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        ksc[nt] = *reinterpret_cast<const float2*>(a.k_scale + tok_base + nt * 8 + 2 * q);
-        vsc[nt] = *reinterpret_cast<const float2*>(a.v_scale + tok_base + nt * 8 + 2 * q);
-      }
-    }
-    float sacc[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) sacc[nt][j] = 0.f;
-#pragma unroll
-      for (int st = 0; st < 8; ++st) {
-        uint32_t b0, b1;
-        if constexpr (kFp8) {
-          const uint32_t w = word_of(kr[nt][st / 4], st % 4);
-          b0 = fp8x2_to_f16x2(uint16_t(w & 0xffff));
-          b1 = fp8x2_to_f16x2(uint16_t(w >> 16));
-          mma_f16(sacc[nt], qa[st], b0, b1);
-        } else {
-          b0 = word_of(kr[nt][st / 2], (st % 2) * 2);
-          b1 = word_of(kr[nt][st / 2], (st % 2) * 2 + 1);
-          mma_bf16(sacc[nt], qa[st], b0, b1);
-        }
-      }
-    }
-    // Scale, mask, online softmax (base 2).
-    float mx0 = kNegInf, mx1 = kNegInf;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key = key0 + nt * 8 + 2 * q + j;
-        float f = a.scale_log2;
-        if constexpr (kFp8) f *= (j ? ksc[nt].y : ksc[nt].x);
-        const bool ok = key <= pos;
-        sacc[nt][j] = ok ? sacc[nt][j] * f : kNegInf;
-        sacc[nt][2 + j] = ok ? sacc[nt][2 + j] * f : kNegInf;
-        mx0 = fmaxf(mx0, sacc[nt][j]);
-        mx1 = fmaxf(mx1, sacc[nt][2 + j]);
-      }
-    }
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-    }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-    const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-    m0 = mn0, m1 = mn1;
-    l0 *= al0, l1 *= al1;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[j][0] *= al0, o[j][1] *= al0;
-      o[j][2] *= al1, o[j][3] *= al1;
-    }
-    uint32_t pa[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      float p[4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        p[j] = exp2f(sacc[nt][j] - mu0);
-        p[2 + j] = exp2f(sacc[nt][2 + j] - mu1);
-        l0 += p[j];
-        l1 += p[2 + j];
-        if constexpr (kFp8) {
-          const float vs = key0 + nt * 8 + 2 * q + j <= pos ? (j ? vsc[nt].y : vsc[nt].x) : 0.f;
-          p[j] *= vs;
-          p[2 + j] *= vs;
-        }
-      }
-      // n-tile nt holds keys 8 nt..: k-step nt / 2, low (even nt) or high (odd nt) k half.
-      pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf16x2(p[0], p[1]);
-      pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p[2], p[3]);
-    }
-    // ---- O += P V over two k-steps of 16 keys; 16 n-tiles of 8 (permuted) dims.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        uint32_t bb[2];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
+          for (int st = 0; st < 8; ++st) {
+            if constexpr (kFp8) {
+              const uint32_t w = word_of(kr[st / 4], st % 4);
+              mma_f16(sacc[nt], qa[st], fp8x2_to_f16x2(uint16_t(w & 0xffff)), fp8x2_to_f16x2(uint16_t(w >> 16)));
+            } else {
+              mma_bf16(sacc[nt], qa[st], word_of(kr[st / 2], (st % 2) * 2), word_of(kr[st / 2], (st % 2) * 2 + 1));
+            }
+          }
           if constexpr (kFp8) {
-            const uint32_t wa = word_of(vr[i][jj][0][0], nt / 4);
-            const uint32_t wb = word_of(vr[i][jj][1][0], nt / 4);
-            const uint32_t sel2 = (nt % 4) | ((4 + nt % 4) << 4);
-            bb[jj] = fp8x2_to_bf16x2(uint16_t(__byte_perm(wa, wb, sel2)));
-          } else {
-            const uint32_t wa = word_of(vr[i][jj][0][nt / 8], (nt % 8) / 2);
-            const uint32_t wb = word_of(vr[i][jj][1][nt / 8], (nt % 8) / 2);
-            bb[jj] = __byte_perm(wa, wb, (nt % 2) ? 0x7632 : 0x5410);
+            const float* sc = reinterpret_cast<const float*>(smem + size_t(sK) * G::kSlotBytes + G::kDataBytes);
+            ksc[nt] = *reinterpret_cast<const float2*>(sc + warp * 32 + nt * 8 + 2 * q);
           }
         }
-        // P's A fragment for k-step i: a0/a1 = keys 16i + 2q.. (rows g, g+8), a2/a3 = 16i + 8 + 2q..
-        const uint32_t af[4] = {pa[i][0], pa[i][1], pa[i][2], pa[i][3]};
-        mma_bf16(o[nt], af, bb[0], bb[1]);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[sK]);
+
+      const int iV = iK + 1, sV = iV % NS;
+      mbar_wait(&full[sV], uint32_t(iV / NS) & 1u);
+      if (active) {
+        const uint8_t* vs = smem + size_t(sV) * G::kSlotBytes;
+        // Scale, mask, online softmax (base 2).
+        float mx0 = kNegInf, mx1 = kNegInf;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int key = key0 + nt * 8 + 2 * q + j;
+            float f = a.scale_log2;
+            if constexpr (kFp8) f *= (j ? ksc[nt].y : ksc[nt].x);
+            const bool ok = key <= pos;
+            sacc[nt][j] = ok ? sacc[nt][j] * f : kNegInf;
+            sacc[nt][2 + j] = ok ? sacc[nt][2 + j] * f : kNegInf;
+            mx0 = fmaxf(mx0, sacc[nt][j]);
+            mx1 = fmaxf(mx1, sacc[nt][2 + j]);
+          }
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mn0, m1 = mn1;
+        l0 *= al0, l1 *= al1;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          o[j][0] *= al0, o[j][1] *= al0;
+          o[j][2] *= al1, o[j][3] *= al1;
+        }
+        const float* vsc = reinterpret_cast<const float*>(vs + G::kDataBytes) + warp * 32;
+        uint32_t pa[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          float p[4];
+          float2 vv = make_float2(1.f, 1.f);
+          if constexpr (kFp8) vv = *reinterpret_cast<const float2*>(vsc + nt * 8 + 2 * q);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            p[j] = exp2f(sacc[nt][j] - mu0);
+            p[2 + j] = exp2f(sacc[nt][2 + j] - mu1);
+            l0 += p[j];
+            l1 += p[2 + j];
+            if constexpr (kFp8) {
+              const float f = key0 + nt * 8 + 2 * q + j <= pos ? (j ? vv.y : vv.x) : 0.f;
+              p[j] *= f;
+              p[2 + j] *= f;
+            }
+          }
+          // n-tile nt holds keys 8 nt..: k-step nt / 2, low (even nt) or high (odd nt) k half.
+          pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf16x2(p[0], p[1]);
+          pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p[2], p[3]);
+        }
+        // ---- O += P V over two k-steps of 16 keys; 16 n-tiles of 8 (permuted) dims.
+        const uint8_t* vw = vs + size_t(warp) * 32 * G::kRowBytes;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          // V rows of this lane: keys 16 i + 8 jj + 2 q + kk, dims g*16..+15.
+          uint4 vr[2][2][kVV];
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+              const int kr = 16 * i + 8 * jj + 2 * q + kk;
+              const uint8_t* row = vw + kr * G::kRowBytes;
+              if constexpr (kFp8) {
+                vr[jj][kk][0] = *reinterpret_cast<const uint4*>(row + g * 16);
+              } else {
+                const uint4 x0 = *reinterpret_cast<const uint4*>(row + g * 32 + vflip * 16);
+                const uint4 x1 = *reinterpret_cast<const uint4*>(row + g * 32 + (vflip ^ 1) * 16);
+                vr[jj][kk][0] = vflip ? x1 : x0;
+                vr[jj][kk][1] = vflip ? x0 : x1;
+              }
+              // Keys past the query (the tail of its own block) may hold anything, NaN
+              // included: their probabilities are 0, so zero their V rows too.
+              if (key0 + kr > pos)
+#pragma unroll
+                for (int u = 0; u < kVV; ++u) vr[jj][kk][u] = make_uint4(0, 0, 0, 0);
+            }
+          // P's A fragment for k-step i: a0/a1 = keys 16i + 2q.. (rows g, g+8), a2/a3 = 16i + 8 + 2q..
+          const uint32_t af[4] = {pa[i][0], pa[i][1], pa[i][2], pa[i][3]};
+#pragma unroll
+          for (int nt = 0; nt < 16; ++nt) {
+            uint32_t bb[2];
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              if constexpr (kFp8) {
+                const uint32_t wa = word_of(vr[jj][0][0], nt / 4);
+                const uint32_t wb = word_of(vr[jj][1][0], nt / 4);
+                const uint32_t sel2 = (nt % 4) | ((4 + nt % 4) << 4);
+                bb[jj] = fp8x2_to_bf16x2(uint16_t(__byte_perm(wa, wb, sel2)));
+              } else {
+                const uint32_t wa = word_of(vr[jj][0][nt / 8], (nt % 8) / 2);
+                const uint32_t wb = word_of(vr[jj][1][nt / 8], (nt % 8) / 2);
+                bb[jj] = __byte_perm(wa, wb, (nt % 2) ? 0x7632 : 0x5410);
+              }
+            }
+            mma_bf16(o[nt], af, bb[0], bb[1]);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[sV]);
+    }
+  }
+
+  // ---- Merge the 4 consumer warps (the slot ring is free: every copy was consumed).
+  __syncthreads();
+  float* o_s = reinterpret_cast<float*>(smem);                 // [4][16][kOStride]
+  float* co_s = reinterpret_cast<float*>(smem + kWarpOBytes);  // [16][128], the CTA's O
+  if (warp < kConsumers) {
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+      l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    if (q == 0) {
+      m_s[warp][g] = m0, m_s[warp][g + 8] = m1;
+      l_s[warp][g] = l0, l_s[warp][g + 8] = l1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int dim = (2 * q + j) * 16 + nt;
+        o_s[(warp * 16 + g) * kOStride + dim] = o[nt][j];
+        o_s[(warp * 16 + g + 8) * kOStride + dim] = o[nt][2 + j];
       }
     }
   }
+  __syncthreads();
+  if (threadIdx.x < kDim) {
+    const int d = threadIdx.x;
+    for (int r = 0; r < 16; ++r) {
+      float M = kNegInf;
+#pragma unroll
+      for (int w = 0; w < kConsumers; ++w) M = fmaxf(M, m_s[w][r]);
+      const float Mu = M == kNegInf ? 0.f : M;
+      float L = 0.f, acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < kConsumers; ++w) {
+        const float f = exp2f(m_s[w][r] - Mu);
+        L += l_s[w][r] * f;
+        acc += o_s[(w * 16 + r) * kOStride + d] * f;
+      }
+      co_s[r * kDim + d] = acc;
+      if (d == 0) cm_s[r] = M, cl_s[r] = L;
+    }
   }
 
-  // ---- Merge the 4 warps.
-#pragma unroll
-  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
-  }
-  if (q == 0) {
-    m_s[warp][g] = m0, m_s[warp][g + 8] = m1;
-    l_s[warp][g] = l0, l_s[warp][g + 8] = l1;
-  }
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int dim = (2 * q + j) * 16 + nt;
-      o_s[warp][g][dim] = o[nt][j];
-      o_s[warp][g + 8][dim] = o[nt][2 + j];
-    }
-  }
-  __syncthreads();
-  const int d = threadIdx.x;  // one output dim per thread
-  const int64_t pbase = ((int64_t(t) * a.nkv + kvh) * a.splits + split) * 16;
-  for (int r = 0; r < a.gqa; ++r) {
-    float M = fmaxf(fmaxf(m_s[0][r], m_s[1][r]), fmaxf(m_s[2][r], m_s[3][r]));
+  // ---- Merge the cluster's CTAs through distributed shared memory: CTA `rank` finishes rows
+  // rank, rank + C, ...
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int C = a.cluster, rank = int(cluster.block_rank());
+  const int grp = split / C;
+  const int64_t row_id = int64_t(t) * a.nkv + kvh;
+  for (int r = rank; r < a.gqa; r += C) {
+    float M = kNegInf;
+    for (int c = 0; c < C; ++c) M = fmaxf(M, *cluster.map_shared_rank(&cm_s[r], c));
     const float Mu = M == kNegInf ? 0.f : M;
     float L = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float f = exp2f(m_s[w][r] - Mu);
-      L += l_s[w][r] * f;
-      acc += o_s[w][r][d] * f;
+    const int d = threadIdx.x;
+    for (int c = 0; c < C; ++c) {
+      const float f = exp2f(*cluster.map_shared_rank(&cm_s[r], c) - Mu);
+      L += *cluster.map_shared_rank(&cl_s[r], c) * f;
+      if (d < kDim) acc += *cluster.map_shared_rank(&co_s[r * kDim + d], c) * f;
     }
-    if (a.splits == 1) {
+    if (d >= kDim) continue;
+    if (a.groups == 1) {
       const float val = L > 0.f ? acc / L : 0.f;
       const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d;
       if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi] = f32_to_bf16_bits(val);
       else static_cast<float*>(a.out)[oi] = val;
     } else {
-      a.part_o[(pbase + r) * kDim + d] = acc;
+      const int64_t pi = (row_id * a.groups + grp) * 16 + r;
+      a.part_o[pi * kDim + d] = acc;
       if (d == 0) {
-        a.part_ml[(pbase + r) * 2] = M;
-        a.part_ml[(pbase + r) * 2 + 1] = L;
+        a.part_ml[pi * 2] = M;
+        a.part_ml[pi * 2 + 1] = L;
       }
     }
   }
-  if (a.splits == 1) return;
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
+  if (a.groups == 1) return;
 
-  // The last split of this (token, kv head) to finish merges all splits (no second launch; the
-  // counter returns to zero for the next call, so graph replays need no memset).
-  __shared__ int is_last;
+  // ---- Several clusters per row: the last CTA of the row to finish merges their partials (no
+  // second launch; the counter returns to zero for the next call, so graph replays need no
+  // memset).
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    int32_t* ctr = a.counters + int64_t(t) * a.nkv + kvh;
-    is_last = atomicAdd(ctr, 1) == a.splits - 1;
+    int32_t* ctr = a.counters + row_id;
+    is_last = atomicAdd(ctr, 1) == S - 1;
     if (is_last) *ctr = 0;
   }
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  const int S = a.splits;
-  float* w_s = &o_s[0][0][0];  // [S][16] merge weights (o_s is free now)
-  float* inv_l = &m_s[0][0];   // [16]
-  const int64_t base = (int64_t(t) * a.nkv + kvh) * S * 16;
-  for (int e = threadIdx.x; e < S * 16; e += kThreads) w_s[e] = __ldcg(a.part_ml + (base + e) * 2);
+  const int Gn = a.groups;
+  float* w_s = reinterpret_cast<float*>(smem);  // [Gn][16] merge weights
+  float* inv_l = &cm_s[0];                      // [16]
+  const int64_t base = row_id * Gn * 16;
+  for (int e = threadIdx.x; e < Gn * 16; e += kThreads) w_s[e] = __ldcg(a.part_ml + (base + e) * 2);
   __syncthreads();
   if (threadIdx.x < 16) {
     const int r = threadIdx.x;
     float M = kNegInf;
-    for (int sp = 0; sp < S; ++sp) M = fmaxf(M, w_s[sp * 16 + r]);
+    for (int gi = 0; gi < Gn; ++gi) M = fmaxf(M, w_s[gi * 16 + r]);
     const float Mu = M == kNegInf ? 0.f : M;
     float L = 0.f;
-    for (int sp = 0; sp < S; ++sp) {
-      const float f = exp2f(w_s[sp * 16 + r] - Mu);
-      L += __ldcg(a.part_ml + (base + sp * 16 + r) * 2 + 1) * f;
-      w_s[sp * 16 + r] = f;
+    for (int gi = 0; gi < Gn; ++gi) {
+      const float f = exp2f(w_s[gi * 16 + r] - Mu);
+      L += __ldcg(a.part_ml + (base + gi * 16 + r) * 2 + 1) * f;
+      w_s[gi * 16 + r] = f;
     }
     inv_l[r] = L > 0.f ? 1.f / L : 0.f;
   }
   __syncthreads();
+  if (threadIdx.x >= kDim) return;
   // Thread owns dims d4..d4+3 of rows r0, r0 + 4, r0 + 8, r0 + 12: float4 loads, 4 in flight.
   const int r0 = threadIdx.x / 32, d4 = (threadIdx.x % 32) * 4;
   float4 acc[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 2
-  for (int sp = 0; sp < S; ++sp) {
+  for (int gi = 0; gi < Gn; ++gi) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int r = r0 + 4 * k;
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + sp * 16 + r) * kDim + d4));
-      const float f = w_s[sp * 16 + r];
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + gi * 16 + r) * kDim + d4));
+      const float f = w_s[gi * 16 + r];
       acc[k].x += x.x * f, acc[k].y += x.y * f, acc[k].z += x.z * f, acc[k].w += x.w * f;
     }
   }
@@ -405,6 +567,39 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
       }
     }
   }
+}
+
+template <class Kernel>
+void set_smem(Kernel k, size_t bytes) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> limit;
+  if (bytes <= 48 * 1024) return;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = limit[reinterpret_cast<const void*>(k)];
+  if (bytes <= have) return;
+  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             "cudaFuncSetAttribute");
+  have = bytes;
+}
+
+template <bool kFp8>
+void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
+  using G = Geo<kFp8>;
+  const size_t smem = std::max(size_t(a.stages) * G::kSlotBytes, kMergeBytes);
+  set_smem(attention_kernel<kFp8>, smem);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(a.cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cuda_check(cudaLaunchKernelEx(&cfg, attention_kernel<kFp8>, a), "attention launch");
 }
 
 }  // namespace
@@ -434,7 +629,6 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     const size_t esz = a.out_bf16 ? 2 : 4;
     a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (4 * esz) == 0 && (p.out_stride * esz) % (4 * esz) == 0;
   }
-  a.nq = p.num_q_heads;
   a.nkv = p.num_kv_heads;
   a.gqa = gqa;
   a.scale_log2 = p.sm_scale * kLog2e;
@@ -450,30 +644,30 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   a.topk_idx = p.topk_idx;
   a.topk = p.topk;
 
-  // Splits from shapes only: enough CTAs to fill the GPU a few times over.
+  // Splits from shapes only. About two resident CTAs per SM; one cluster of up to 8 CTAs per
+  // row when that already covers the GPU, else several clusters per row.
   const int64_t rows = p.batch.num_tokens * p.num_kv_heads;
-  // About two resident CTAs per SM (the kernel holds ~255 registers per thread): one wave.
-  const int target = num_sms() * 2;
+  const int sms = num_sms();
   const int units = p.topk_idx ? p.topk
                                : std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock,
                                                       p.batch.max_blocks_per_seq));
-  int splits = int(std::clamp<int64_t>((target + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
-  a.per_split = (units + splits - 1) / splits;
-  a.splits = (units + a.per_split - 1) / a.per_split;
-  if (a.splits > 1) {
-    const size_t n = size_t(rows) * a.splits * 16;
+  int splits = int(std::clamp<int64_t>((2 * sms + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
+  if (rows * kMaxCluster >= sms) splits = std::min(splits, kMaxCluster);
+  a.cluster = std::min(splits, kMaxCluster);
+  a.groups = (splits + a.cluster - 1) / a.cluster;
+  a.splits = a.cluster * a.groups;
+  a.per_split = (units + a.splits - 1) / a.splits;
+  const int max_slots = fp8 ? Geo<true>::kMaxSlots : Geo<false>::kMaxSlots;
+  a.stages = std::clamp(2 * a.per_split, 2, max_slots);
+  if (a.groups > 1) {
+    const size_t n = size_t(rows) * a.groups * 16;
     char* ws = static_cast<char*>(workspace(stream, n * (kDim + 2) * 4));
     a.part_o = reinterpret_cast<float*>(ws);
     a.part_ml = reinterpret_cast<float*>(ws + n * kDim * 4);
     a.counters = zeroed_counters(stream, size_t(rows));
   }
-  dim3 grid(unsigned(p.batch.num_tokens), p.num_kv_heads, a.splits);
-  if (fp8) {
-    attention_kernel<true><<<grid, kThreads, 0, stream>>>(a);
-  } else {
-    attention_kernel<false><<<grid, kThreads, 0, stream>>>(a);
-  }
-  SIEVE_LAUNCH_CHECK("attention");
+  if (fp8) launch<true>(a, p.batch.num_tokens, p.num_kv_heads, stream);
+  else launch<false>(a, p.batch.num_tokens, p.num_kv_heads, stream);
   return true;
 }
 
