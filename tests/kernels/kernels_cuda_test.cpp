@@ -585,6 +585,34 @@ TEST(CudaAttention, RandomBatchesMatchCpu) {
   }
 }
 
+// The benchmark's decode shape (32 requests near 9216 tokens: one cluster of 8 CTAs per row,
+// the slot ring wrapping for dense), 40 requests (clusters of 7), and 3 long requests (several
+// clusters per row, merged through global memory), sparse and dense, bf16 and fp8.
+TEST(CudaAttention, ClusterShapesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7300;
+  Rng rng(7300);
+  for (int shape = 0; shape < 3; ++shape) {
+    std::vector<SeqSpec> specs;
+    const int n = shape == 0 ? 32 : shape == 1 ? 40 : 3;
+    for (int i = 0; i < n; ++i) {
+      const int len = shape == 0 ? rng.uniform_int(8900, 9216) : shape == 1 ? rng.uniform_int(1, 3000)
+                                                                             : rng.uniform_int(20000, 24000);
+      specs.push_back({len - 1, 1});
+    }
+    for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+      for (bool sparse : {true, false}) {
+        AttnCase c;
+        c.specs = specs;
+        c.kv = kvd;
+        c.sparse = sparse;
+        c.out = DType::BF16;
+        check_attention(c, seed++);
+      }
+    }
+  }
+}
+
 TEST(CudaAttention, DenseMatchesCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 7000;
