@@ -1,7 +1,544 @@
-// Tensor-core prefill indexer (placeholder until the kernel lands: reports "not supported", so
-// run_indexer falls back to the first prefill kernel).
+// Tensor-core prefill indexer, variant 2 (IndexerPath::kPrefill; falls back to the first prefill
+// kernel in indexer.cu where this returns false). Same contract and outputs as that kernel.
+//
+// Work unit = one CTA = (query tile of 128 rows of one request, key split of <= kb blocks, index
+// head). Grid (tiles_upper, max_splits, H) with tiles_upper = ceil(num_tokens / 128) + num_seqs
+// and max_splits = ceil(ceil(max_seq_len / 128) / kb), host values only; a CTA finds its
+// (request, tile) by scanning query_start_loc and exits at once when its split lies past the
+// tile's last block. kb (4..24 blocks) is chosen so the causal work is about 6 units per
+// resident CTA slot (2 CTAs per SM), and so a tile has at most 64 splits.
+//
+// CTA = 256 threads = 2 warpgroups; warpgroup w owns query rows [64w, 64w + 64) of the tile.
+// Shared memory (dynamic, 1024-byte aligned by hand):
+//   q tile   32 KB: bf16 [2 dim-chunks][128 rows][128 B], 128-byte swizzled (16-byte unit u of a
+//            row r sits at unit u ^ (r & 7)), written once per CTA (q rounded to bf16; to fp8
+//            first when q_in_cache_dtype with an fp8 cache: fp8(bf16(q)) as the CPU reference);
+//   keys     2 stages x 32 KB, one 128-key block each, same swizzled bf16 layout;
+//   table    [128 rows][25] fp32 block scores of this split (sentinels applied, -inf where the
+//            row does not see the block).
+// Keys: bf16 cache -> cp.async 16-byte copies straight into the swizzled stage; fp8 cache ->
+// 16-byte global loads into registers (issued before the current block's math), converted
+// exactly to bf16 and stored swizzled after it. Double-buffered: block i+1 is in flight while
+// block i is multiplied; one CTA barrier per block (after the copy of block i has landed and
+// every warp is done with block i-1).
+// Math: per block and warpgroup, 8 x wgmma.m64n128k16 (bf16 x bf16 -> fp32, A = the warpgroup's
+// 64 query rows and B = the 128 keys, both from shared memory through 128B-swizzle K-major
+// descriptors: SBO 1024 B, start + 32 B per k16 step, + 16 KB per 64-dim chunk). A warpgroup
+// whose rows all precede the block skips it. Environment SIEVE_PREFILL_V2_MMA=sync selects an
+// mma.sync m16n8k16 + ldmatrix path over the same shared-memory layout (same accumulator
+// layout; kept as a cross-check of the descriptors).
+// Epilogue per block: each thread owns 2 rows x 32 keys of the 64 x 128 accumulator; masked
+// (key <= row position, by selection so NaN keys past the query never enter) only when the
+// block reaches past the warp's first row; fmaxf over the keys, 2 quad shuffles, x score_scale
+// (positive: commutes with the max), forced sentinels (init 1e30 / local 1e29, local wins),
+// NaN -> -1e30; lane q == 0 writes the table entry. No per-block top-k update.
+// After the loop: block_scores (optional) are written from the table with row-contiguous
+// stores (the tile's last split also writes -inf up to max_blocks_per_seq). Then one warp per
+// row ranks the split's <= 24 candidates (rank = number of candidates that beat it under
+// "higher score, then lower block id", the contract's rule) into a sorted list: written to
+// topk_idx directly when the tile has one split, else to the workspace; the tile's last split to
+// finish (atomic counter per (tile, head), reset to zero by that CTA: no memset, graph safe)
+// merges the split lists: one warp per row, lane c holds the heads of lists c and c + 32,
+// topk rounds of a warp arg-max under the same rule (block ids are unique across splits).
+// Empty slots are id -1 (never compared by score), so -inf-scoring candidates still rank.
+// Precision: q bf16 (see above), keys exact in bf16, fp32 accumulation in tensor-core order;
+// ties are exact because every comparison uses the (score, block id) rule.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
-bool run_indexer_prefill_v2(const ops::IndexerParams&, void*) { return false; }
+
+namespace {
+
+constexpr int kBlock = 128;
+constexpr int kDim = 128;
+constexpr int kRows = 128;  // query rows per CTA (2 warpgroups x 64)
+constexpr int kThreads = 256;
+constexpr int kMaxTopk = 32;
+constexpr int kMaxKb = 24;      // key blocks per split (table columns)
+constexpr int kMaxSplits = 64;  // splits per tile (the merge holds 2 list heads per lane)
+constexpr int kTblStride = kMaxKb + 1;
+constexpr int kChunkBytes = kRows * 128;        // one 64-dim chunk of 128 rows: 16 KB
+constexpr int kTileBytes = 2 * kChunkBytes;     // 128 rows x 128 dims bf16: 32 KB
+constexpr int kQOff = 0;
+constexpr int kKOff = kTileBytes;
+constexpr int kTblOff = kKOff + 2 * kTileBytes;
+constexpr int kSmemUsed = kTblOff + kRows * kTblStride * 4;
+constexpr int kSmemBytes = kSmemUsed + 1024;  // + alignment slack
+constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
+
+struct Args {
+  const void* q;
+  bool q_bf16;
+  bool q_fp8_round;
+  int64_t q_stride;
+  int H;
+  float scale;
+  const uint8_t* cache;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int mbps;
+  int num_seqs;
+  int topk, init_blocks, local_blocks;
+  int kb, max_splits;
+  int32_t* topk_idx;
+  float* block_scores;
+  float* part_s;  // [tiles_upper, H, max_splits, kRows, topk]
+  int32_t* part_i;
+  int32_t* counters;  // [tiles_upper, H]
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Pins the accumulators around the asynchronous MMAs (no register move crosses the fences).
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
+  uint64_t d = uint64_t((saddr & 0x3FFFFu) >> 4);  // start address
+  d |= uint64_t(1) << 16;                           // leading byte offset (unused: K fits the swizzle)
+  d |= uint64_t(1024 >> 4) << 32;                   // stride byte offset
+  d |= uint64_t(1) << 62;                           // 128B swizzle
+  return d;
+}
+
+// D[64 x 128] (+)= A[64 x 16] . B[128 x 16]^T, A and B from shared memory, fp32 accumulate.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, "
+      "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+      "%58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void mma_bf16_4(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of (row, dim) in a swizzled [2 chunks][128 rows][128 B] bf16 tile; dim % 8 == 0
+// gives the start of a 16-byte unit.
+__device__ __forceinline__ int swz(int row, int dim) {
+  const int u = (dim & 63) >> 3;
+  return (dim >> 6) * kChunkBytes + row * 128 + ((u ^ (row & 7)) << 4) + (dim & 7) * 2;
+}
+
+__device__ __forceinline__ float load_q(const Args& a, int64_t tok, int h, int d) {
+  float v = load_act(a.q, tok * a.q_stride + int64_t(h) * kDim + d, a.q_bf16);
+  if (a.q_fp8_round) v = fp8_to_f32(f32_to_fp8_bits(round_bf16(v)));
+  return v;
+}
+
+// Block score of a row at position pos for block b (max of its visible dots m).
+__device__ __forceinline__ float row_score(const Args& a, float m, int b, int pos) {
+  const int nblk = pos / kBlock + 1;
+  if (b >= nblk) return kNegInf;
+  if (b >= nblk - a.local_blocks) return kLocalScore;
+  if (b < a.init_blocks) return kInitScore;
+  const float s = m * a.scale;
+  return s != s ? kNanScore : s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel
+
+template <bool kFp8, bool kWgmma>
+__global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ int s_last;
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* qs = smem + kQOff;
+  uint8_t* ks = smem + kKOff;
+  float* tbl = reinterpret_cast<float*>(smem + kTblOff);
+
+  const int h = blockIdx.z, split = blockIdx.y;
+  int tile = blockIdx.x, s = 0;
+  for (; s < a.num_seqs; ++s) {
+    const int qlen = a.qsl[s + 1] - a.qsl[s];
+    const int nt = (qlen + kRows - 1) / kRows;
+    if (tile < nt) break;
+    tile -= nt;
+  }
+  if (s >= a.num_seqs) return;
+  const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
+  const int r0 = tile * kRows;
+  const int rows = min(kRows, qlen - r0);
+  const int pos_first = seq_len - qlen + r0;
+  const int pos_last = pos_first + rows - 1;
+  const int n_blocks = pos_last / kBlock + 1;
+  const int nsplit = (n_blocks + a.kb - 1) / a.kb;
+  if (split >= nsplit) return;
+  const int b_begin = split * a.kb, b_end = min(n_blocks, b_begin + a.kb), nb = b_end - b_begin;
+  const int K = a.topk;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int wg = warp / 4;
+  const int32_t* btab = a.block_tables + int64_t(s) * a.mbps;
+
+  // Keys of block b_begin + i into stage i & 1.
+  constexpr int kRowBytes = kFp8 ? kDim : kDim * 2;
+  constexpr int kLoads = kFp8 ? 4 : 8;  // 16-byte units per thread per block
+  uint4 kreg[kFp8 ? 4 : 1];
+  auto fetch = [&](int i) {
+    const uint8_t* src = a.cache + int64_t(btab[b_begin + i]) * (kBlock * kRowBytes);
+    uint8_t* stage = ks + (i & 1) * kTileBytes;
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int c = tid + l * kThreads;
+      if constexpr (kFp8) {
+        kreg[l] = ldg_stream(src + c * 16);
+      } else {
+        const int n = c >> 4, j = c & 15;  // key, 16-byte unit (8 dims) of its 256-byte row
+        cp_async16(stage + swz(n, j * 8), src + c * 16);
+      }
+    }
+    if constexpr (!kFp8) cp_async_commit();
+  };
+  // fp8: the registers of block i, converted exactly to bf16, into stage i & 1.
+  auto store_fp8 = [&](int i) {
+    if constexpr (kFp8) {
+      uint8_t* stage = ks + (i & 1) * kTileBytes;
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {
+        const int c = tid + l * kThreads;
+        const int n = c >> 3, j = c & 7;  // key, 16 dims j*16 .. j*16+15
+        const uint32_t w[4] = {kreg[l].x, kreg[l].y, kreg[l].z, kreg[l].w};
+        uint32_t o[8];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          o[2 * t] = fp8x2_to_bf16x2(uint16_t(w[t] & 0xffffu));
+          o[2 * t + 1] = fp8x2_to_bf16x2(uint16_t(w[t] >> 16));
+        }
+        *reinterpret_cast<uint4*>(stage + swz(n, j * 16)) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(stage + swz(n, j * 16 + 8)) = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+    }
+  };
+
+  fetch(0);
+  // Query tile: bf16, swizzled; rows past the tile are zero.
+  for (int e = tid; e < kRows * (kDim / 2); e += kThreads) {
+    const int r = e / (kDim / 2), d = (e % (kDim / 2)) * 2;
+    float x0 = 0.f, x1 = 0.f;
+    if (r < rows) {
+      x0 = load_q(a, tok0 + r0 + r, h, d);
+      x1 = load_q(a, tok0 + r0 + r, h, d + 1);
+    }
+    *reinterpret_cast<uint32_t*>(qs + swz(r, d)) = pack_bf16x2(x0, x1);
+  }
+  if constexpr (kFp8) store_fp8(0);
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+  const int wrow = warp * 16;  // this warp's first row (warpgroup wg: rows 64wg .. 64wg+63)
+  const int rA = wrow + g, rB = rA + 8;
+  const int posA = pos_first + rA, posB = pos_first + rB;
+  // Last valid row of this warpgroup (wgmma) or warp (mma.sync); -1 when none.
+  const int unit_lo = kWgmma ? wg * 64 : wrow, unit_n = kWgmma ? 64 : 16;
+  const int unit_last = min(rows - 1, unit_lo + unit_n - 1);
+
+  for (int i = 0; i < nb; ++i) {
+    const int b = b_begin + i;
+    if constexpr (!kFp8) cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // block i in stage i & 1 for all; every warp is done with block i - 1
+    if (i + 1 < nb) fetch(i + 1);
+    const uint8_t* stage = ks + (i & 1) * kTileBytes;
+    const bool active = unit_last >= unit_lo && b * kBlock <= pos_first + unit_last;
+    float mA = kNegInf, mB = kNegInf;
+    if (active) {
+      if constexpr (kWgmma) {
+        const uint32_t qa = smem_addr(qs) + wg * 64 * 128, kbase = smem_addr(stage);
+        fence_acc(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < 8; ++st) {
+          const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
+          wgmma_m64n128k16(acc, make_desc(qa + off), make_desc(kbase + off), st > 0);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_acc(acc);
+      } else {
+        const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+        for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+#pragma unroll
+        for (int st = 0; st < 8; ++st) {
+          uint32_t af[4];
+          ldmatrix_x4(af, qs + swz(wrow + rr + (mi & 1) * 8, st * 16 + (mi >> 1) * 8));
+#pragma unroll
+          for (int jp = 0; jp < 8; ++jp) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, stage + swz(jp * 16 + rr + (mi >> 1) * 8, st * 16 + (mi & 1) * 8));
+            mma_bf16_4(&acc[8 * jp], af, bf[0], bf[1]);
+            mma_bf16_4(&acc[8 * jp + 4], af, bf[2], bf[3]);
+          }
+        }
+      }
+      // acc[4n + {0,1}]: row rA, keys 8n + 2q + {0,1}; acc[4n + {2,3}]: row rB.
+      if (b * kBlock + kBlock - 1 <= pos_first + wrow) {
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          mA = fmaxf(mA, fmaxf(acc[4 * n], acc[4 * n + 1]));
+          mB = fmaxf(mB, fmaxf(acc[4 * n + 2], acc[4 * n + 3]));
+        }
+      } else {
+        const int limA = posA - b * kBlock, limB = posB - b * kBlock;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int key = 8 * n + 2 * q + j;
+            mA = fmaxf(mA, key <= limA ? acc[4 * n + j] : kNegInf);
+            mB = fmaxf(mB, key <= limB ? acc[4 * n + 2 + j] : kNegInf);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 1; o <= 2; o <<= 1) {
+        mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
+        mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
+      }
+    }
+    if (q == 0) {
+      tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
+      tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
+    }
+    if constexpr (kFp8) {
+      if (i + 1 < nb) store_fp8(i + 1);
+    }
+  }
+  __syncthreads();  // table complete
+
+  if (a.block_scores) {
+    for (int e = tid; e < rows * nb; e += kThreads) {
+      const int r = e / nb, i = e % nb;
+      a.block_scores[((tok0 + r0 + r) * int64_t(a.H) + h) * a.mbps + b_begin + i] = tbl[r * kTblStride + i];
+    }
+    if (split == nsplit - 1) {
+      const int w = a.mbps - b_end;
+      for (int e = tid; e < rows * w; e += kThreads) {
+        const int r = e / w, i = e % w;
+        a.block_scores[((tok0 + r0 + r) * int64_t(a.H) + h) * a.mbps + b_end + i] = kNegInf;
+      }
+    }
+  }
+
+  // Rank the split's candidates of each row (one warp per row, one candidate per lane).
+  const int64_t tile_base = (int64_t(blockIdx.x) * a.H + h) * a.max_splits;
+  for (int r = warp; r < rows; r += kThreads / 32) {
+    const int nbr = max(0, min(nb, (pos_first + r) / kBlock + 1 - b_begin));
+    const float* trow = tbl + r * kTblStride;
+    const float sc = lane < nbr ? trow[lane] : kNegInf;
+    const int id = b_begin + lane;
+    int rank = 0;
+    for (int j = 0; j < nbr; ++j) rank += beats(trow[j], b_begin + j, sc, id);
+    const bool take = lane < nbr && rank < K;
+    const int valid = min(K, nbr);
+    if (nsplit == 1) {
+      int32_t* out = a.topk_idx + ((tok0 + r0 + r) * int64_t(a.H) + h) * K;
+      if (take) out[rank] = id;
+      for (int k = valid + lane; k < K; k += 32) out[k] = -1;
+    } else {
+      const int64_t o = ((tile_base + split) * kRows + r) * K;
+      if (take) {
+        a.part_s[o + rank] = sc;
+        a.part_i[o + rank] = id;
+      }
+      for (int k = valid + lane; k < K; k += 32) {
+        a.part_s[o + k] = kNegInf;
+        a.part_i[o + k] = -1;
+      }
+    }
+  }
+  if (nsplit == 1) return;
+
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int32_t* ctr = a.counters + int64_t(blockIdx.x) * a.H + h;
+    s_last = atomicAdd(ctr, 1) == nsplit - 1;
+    if (s_last) *ctr = 0;  // every split has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+
+  // Merge the nsplit sorted lists of each row. Scratch per merging warp: nsplit * K (score, id)
+  // in the (now unused) shared memory.
+  const int per_warp = nsplit * K;
+  const int merge_warps = min(kThreads / 32, int(kSmemUsed / (size_t(per_warp) * 8)));
+  if (warp >= merge_warps) return;
+  float* ms = reinterpret_cast<float*>(smem) + warp * per_warp * 2;
+  int* mi = reinterpret_cast<int*>(ms + per_warp);
+  for (int r = warp; r < rows; r += merge_warps) {
+    for (int e = lane; e < per_warp; e += 32) {
+      const int c = e / K, k = e % K;
+      const int64_t o = ((tile_base + c) * kRows + r) * K + k;
+      ms[e] = __ldcg(a.part_s + o);
+      mi[e] = __ldcg(a.part_i + o);
+    }
+    __syncwarp();
+    int head0 = 0, head1 = 0, mine = -1;
+    const int l0 = lane, l1 = lane + 32;
+    for (int k = 0; k < K; ++k) {
+      float s0 = kNegInf, s1 = kNegInf;
+      int i0 = 0x7fffffff, i1 = 0x7fffffff;
+      if (l0 < nsplit && head0 < K && mi[l0 * K + head0] >= 0) s0 = ms[l0 * K + head0], i0 = mi[l0 * K + head0];
+      if (l1 < nsplit && head1 < K && mi[l1 * K + head1] >= 0) s1 = ms[l1 * K + head1], i1 = mi[l1 * K + head1];
+      float bs = s0;
+      int bi = i0;
+      if (i1 != 0x7fffffff && (bi == 0x7fffffff || beats(s1, i1, bs, bi))) bs = s1, bi = i1;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi != 0x7fffffff && (bi == 0x7fffffff || beats(os, oi, bs, bi))) bs = os, bi = oi;
+      }
+      if (lane == k) mine = bi == 0x7fffffff ? -1 : bi;
+      if (bi != 0x7fffffff) {
+        if (i0 == bi) ++head0;
+        else if (i1 == bi) ++head1;
+      }
+    }
+    if (lane < K) a.topk_idx[((tok0 + r0 + r) * int64_t(a.H) + h) * K + lane] = mine;
+    __syncwarp();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host
+
+template <class Kernel>
+void set_smem(Kernel k, size_t bytes) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> limit;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = limit[reinterpret_cast<const void*>(k)];
+  if (bytes <= have) return;
+  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             "cudaFuncSetAttribute");
+  have = bytes;
+}
+
+bool use_wgmma() {
+  static const bool v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_MMA");
+    return !(e && std::strcmp(e, "sync") == 0);
+  }();
+  return v;
+}
+
+template <bool kFp8, bool kWgmma>
+void launch(const Args& a, dim3 grid, cudaStream_t stream) {
+  set_smem(prefill_v2_kernel<kFp8, kWgmma>, kSmemBytes);
+  prefill_v2_kernel<kFp8, kWgmma><<<grid, kThreads, kSmemBytes, stream>>>(a);
+}
+
+}  // namespace
+
+bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
+  if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
+  if (p.cache.dtype != DType::BF16 && p.cache.dtype != DType::FP8_E4M3) return false;
+  if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;
+  if (p.topk <= 0 || p.topk > kMaxTopk || p.num_index_heads <= 0) return false;
+  if (reinterpret_cast<uintptr_t>(p.cache.k) % 16 != 0) return false;
+  const ops::BatchView& bv = p.batch;
+  if (bv.num_seqs == 0 || bv.num_tokens == 0) return true;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+
+  const int max_blocks = std::max(1, std::min((bv.max_seq_len + kBlock - 1) / kBlock, bv.max_blocks_per_seq));
+  const int64_t full_tiles = (bv.num_tokens + kRows - 1) / kRows;
+  const int64_t tiles_upper = full_tiles + bv.num_seqs;
+  // Causal work estimate in (tile, block) units; about 6 units per resident CTA (2 per SM).
+  const int64_t work = std::max<int64_t>(1, full_tiles * max_blocks / 2);
+  const int64_t slots = int64_t(2) * num_sms();
+  int kb = int(std::clamp<int64_t>((work + 6 * slots - 1) / (6 * slots), 4, kMaxKb));
+  kb = std::max(kb, (max_blocks + kMaxSplits - 1) / kMaxSplits);
+  if (kb > kMaxKb) return false;  // context too long for the split merge: first kernel
+  const int max_splits = (max_blocks + kb - 1) / kb;
+  if (tiles_upper > 0x7fffffff || max_splits > 65535 || p.num_index_heads > 65535) return false;
+
+  Args a{};
+  a.q = p.index_q;
+  a.q_bf16 = p.q_dtype == DType::BF16;
+  a.q_fp8_round = p.q_in_cache_dtype && p.cache.dtype == DType::FP8_E4M3;
+  a.q_stride = p.q_stride;
+  a.H = p.num_index_heads;
+  a.scale = p.score_scale;
+  a.cache = static_cast<const uint8_t*>(p.cache.k);
+  a.qsl = bv.query_start_loc;
+  a.seq_lens = bv.seq_lens;
+  a.block_tables = bv.block_tables;
+  a.mbps = bv.max_blocks_per_seq;
+  a.num_seqs = bv.num_seqs;
+  a.topk = p.topk;
+  a.init_blocks = p.init_blocks;
+  a.local_blocks = p.local_blocks;
+  a.kb = kb;
+  a.max_splits = max_splits;
+  a.topk_idx = p.topk_idx;
+  a.block_scores = p.block_scores;
+  if (max_splits > 1) {
+    const size_t n = size_t(tiles_upper) * p.num_index_heads * max_splits * kRows * p.topk;
+    char* ws = static_cast<char*>(workspace(stream, n * 8));
+    a.part_s = reinterpret_cast<float*>(ws);
+    a.part_i = reinterpret_cast<int32_t*>(ws + n * 4);
+    a.counters = zeroed_counters(stream, size_t(tiles_upper) * p.num_index_heads);
+  }
+  const dim3 grid(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
+  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
+  if (use_wgmma()) {
+    if (fp8) launch<true, true>(a, grid, stream);
+    else launch<false, true>(a, grid, stream);
+  } else {
+    if (fp8) launch<true, false>(a, grid, stream);
+    else launch<false, false>(a, grid, stream);
+  }
+  SIEVE_LAUNCH_CHECK("indexer prefill v2");
+  return true;
+}
+
 }  // namespace sieve::cuda
