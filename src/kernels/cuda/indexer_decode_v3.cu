@@ -1,7 +1,677 @@
-// Decode lightning indexer, variant 3 (placeholder until the kernel lands: reports "not
-// supported", so run_indexer falls back to variant 2).
+// Decode lightning indexer, variant 3 (IndexerPath::kDecodeFusedV3; what kAuto runs by default,
+// falling back to v2 where this returns false). Same contract, supported set and outputs as v2:
+// the scoring loop (16 query vectors of a request = the 16 M rows of m16n8k16, the permuted
+// k-slot -> dim mapping, bf16 / f16 operands, one MMA chain per 8 keys in the same order, so
+// block scores are bitwise v2's), the forced sentinels and the "higher score, then lower block
+// id" order are v2's. What changes is the grid and everything around the scoring loop.
+//
+// v2 measured latency-bound (DRAM 33% of peak, 12% achieved occupancy): a long chain of
+// dependent steps per CTA (lengths -> block table -> barrier -> copies -> math -> chunk top-k ->
+// partials to global -> fence -> atomic -> last CTA re-reads the partials) and CTAs idle while
+// the slowest CTA and the last-CTA merge finish. v3:
+//  - Grid = num_seqs x G groups x C CTAs; the C CTAs of a group are one thread-block cluster
+//    (C in {1, 2, 4, 8}, portable) and each takes a contiguous chunk of chunk_blocks blocks.
+//    C is the largest power of two <= 8 with num_seqs * C <= 2 * SMs (and C <= the blocks of
+//    max_seq_len); G > 1 only for long contexts (G = min(2 * SMs / (num_seqs * C),
+//    max_blocks / (8 * C)), at least max_blocks / (256 * C)). Everything from shapes only
+//    (max_seq_len, max_blocks_per_seq, num_seqs, SM count): graph replays at shorter live
+//    lengths run the same grid; chunks past a request's length score nothing.
+//    b1 ctx9216: C 8, G 1, 9 blocks/CTA. b32 ctx9216: C 8, G 1, 256 CTAs. b128 ctx9216: C 2,
+//    G 1, 36 blocks/CTA. b32 ctx32768: C 8, G 1, 32 blocks/CTA. b8 ctx131072: C 8, G 4,
+//    256 CTAs of 32 blocks.
+//  - CTA = 8 consumer warps (16 keys of every block each, as v2) + 1 producer warp. The
+//    producer's lanes read the chunk's block-table entries in parallel with the request
+//    lengths (one dependent global round trip before the first copy), lane 0 initialises the
+//    mbarriers and lane i issues the bulk copy (cp.async.bulk, complete_tx on an mbarrier) of
+//    block i directly, for all stages at once; lane 0 then refills stages as the consumer warps
+//    release them ("empty" mbarriers, one arrival per warp). Consumers load q (16-byte vector
+//    loads when aligned) while the copies fly and meet the producer at one named barrier (only
+//    the producer's barrier init must be visible); no CTA barrier inside the block loop.
+//  - Stages: as many as fit a budget of ~110 KB (2 CTAs per SM: >= 192 KB in flight per SM),
+//    or ~200 KB when the grid has at most one CTA per SM (b1: the whole chunk is in flight at
+//    once), never more than the chunk's blocks.
+//  - Per-block maxima are folded into a shared [16][chunk] table with an order-preserving
+//    integer atomicMax (as v2). After the loop each CTA ranks its chunk (top-k per row, sorted,
+//    in its own shared memory), then a cluster barrier; CTA r of the cluster merges rows
+//    v = r, r + C, ...: it copies the C sorted lists of its rows out of the other CTAs' shared
+//    memory (distributed shared memory), arrives on the cluster barrier (its remote reads are
+//    done) and ranks the candidates exactly: rank = own position + a binary search in each
+//    other sorted list (no atomics, no global partials, no fence for G == 1). The final wait
+//    on the cluster barrier keeps every CTA's shared memory alive until all reads are done.
+//  - G > 1: the cluster's merged per-row lists go to a global partial; per (request, cluster
+//    rank) a counter counts the G groups; the last CTA merges the G lists the same way and
+//    returns the counter to zero (graph replays need no memset).
+// Test hook: set_indexer_v3_split(C, G) forces the cluster size / group count.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
-bool run_indexer_decode_v3(const ops::IndexerParams&, void*) { return false; }
+
+namespace {
+std::atomic<int> g_force_cluster{0}, g_force_groups{0};
+}  // namespace
+void set_indexer_v3_split(int cluster, int groups) {
+  g_force_cluster.store(cluster, std::memory_order_relaxed);
+  g_force_groups.store(groups, std::memory_order_relaxed);
+}
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kBlock = 128;
+constexpr int kDim = 128;
+constexpr int kMaxTopk = 32;
+constexpr int kConsumerWarps = 8;
+constexpr int kThreads = (kConsumerWarps + 1) * 32;  // + the producer warp
+constexpr int kMaxCluster = 8;
+constexpr int kMaxGroups = 64;
+constexpr int kMaxChunkBlocks = 256;  // producer keeps <= 8 table entries per lane
+constexpr int kMinGroupChunk = 8;     // G > 1 only when every CTA still gets >= 8 blocks
+constexpr int kMaxStages = 16;        // <= 32: lane i issues stage i's first copy
+constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
+
+struct V3Args {
+  const void* q;
+  int q_bf16;
+  int q_fp8_round;
+  int q_vec;  // 16-byte aligned rows: vector loads
+  int64_t q_stride;
+  int H;
+  float scale;
+  const uint8_t* cache;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int mbps;
+  int C, G, chunk_blocks, stages;
+  int topk, init_blocks, local_blocks;
+  int32_t* topk_idx;
+  float* block_scores;
+  float* part_s;  // [num_seqs, G, 16, topk] (G > 1)
+  int32_t* part_i;
+  int32_t* counters;  // [num_seqs, C] (G > 1)
+};
+
+// Dynamic shared memory: [16][chunk] maxima/scores, [16][topk] chunk list (scores, ids), the
+// chunk's physical block ids, then (128-aligned) the stage ring, reused after the loop as the
+// merge buffer, then 2 * stages mbarriers (full, empty).
+struct Layout {
+  uint32_t lists_s, lists_i, phys, region, merge_i, bars, total;
+};
+__host__ __device__ inline Layout make_layout(int chunk_blocks, int topk, int C, int G, int stages,
+                                              uint32_t block_bytes) {
+  Layout L{};
+  uint32_t o = uint32_t(16 * chunk_blocks * 4);
+  L.lists_s = o;
+  o += uint32_t(16 * topk * 4);
+  L.lists_i = o;
+  o += uint32_t(16 * topk * 4);
+  L.phys = o;
+  o += uint32_t(chunk_blocks * 4);
+  o = (o + 127u) & ~127u;
+  L.region = o;
+  const uint32_t merge_n = uint32_t((16 / C) * (C > G ? C : G) * topk);
+  L.merge_i = o + merge_n * 4;
+  const uint32_t ring = uint32_t(stages) * block_bytes, merge = merge_n * 8;
+  o += ring > merge ? ring : merge;
+  o = (o + 15u) & ~15u;
+  L.bars = o;
+  o += uint32_t(2 * stages * 8);
+  L.total = o;
+  return L;
+}
+
+__device__ __forceinline__ float forced_score(float s, int b, int n_blk, int init, int local) {
+  if (b >= n_blk - local) return kLocalScore;
+  if (b < init) return kInitScore;
+  return s != s ? kNanScore : s;
+}
+
+template <bool kFp8>
+__device__ __forceinline__ int dbase(int s, int q) {
+  return kFp8 ? (s / 4) * 64 + q * 16 + (s % 4) * 4 : (s / 2) * 32 + q * 8 + (s % 2) * 4;
+}
+
+template <bool kFp8>
+__device__ __forceinline__ uint32_t pack_op(float lo, float hi) {
+  return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
+
+// A lane's two 16-byte (fp8) / four 16-byte (bf16) runs of one key row (as v2).
+template <bool kFp8>
+struct KeyRegs {
+  static constexpr int kVec = kFp8 ? 2 : 4;
+  uint4 v[kVec];
+  __device__ __forceinline__ void load_smem(const uint8_t* row, int q, int g) {
+    const int flip = g & 1;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int j = i ^ flip;
+      v[i] = *reinterpret_cast<const uint4*>(row + (kFp8 ? j * 64 + q * 16 : (j * 32 + q * 8) * 2));
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; i += 2) {
+      const uint4 a0 = v[i], a1 = v[i + 1];
+      v[i] = flip ? a1 : a0;
+      v[i + 1] = flip ? a0 : a1;
+    }
+  }
+  __device__ __forceinline__ void frag(int s, uint32_t& b0, uint32_t& b1) const {
+    if constexpr (kFp8) {
+      const uint4& u = v[s / 4];
+      uint32_t w = (s % 4 == 0) ? u.x : (s % 4 == 1) ? u.y : (s % 4 == 2) ? u.z : u.w;
+      b0 = fp8x2_to_f16x2(uint16_t(w & 0xffff));
+      b1 = fp8x2_to_f16x2(uint16_t(w >> 16));
+    } else {
+      const uint4& u = v[s / 2];
+      b0 = (s % 2 == 0) ? u.x : u.z;
+      b1 = (s % 2 == 0) ? u.y : u.w;
+    }
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// Named CTA barrier 1 (barrier 0 is __syncthreads): the producer arrives, the consumers wait.
+__device__ __forceinline__ void named_sync(int count) {
+  asm volatile("bar.sync 1, %0;\n" ::"r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int count) {
+  asm volatile("bar.arrive 1, %0;\n" ::"r"(count) : "memory");
+}
+// Split cluster barrier: arrive (release) after the last remote shared-memory read, wait
+// (acquire) before the CTA may exit.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// Order-preserving float <-> int for non-NaN values (integer max == float max).
+__device__ __forceinline__ int enc_max(float f) {
+  const int i = __float_as_int(f);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float dec_max(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
+
+// Query fragments of rows g and g + 8 (v2's permuted k-slot -> dim mapping). The 8 k-steps come
+// in pairs (2p, 2p + 1) whose dims are 8 contiguous values dbase(2p) .. + 7.
+template <bool kFp8>
+__device__ __forceinline__ void load_q_frags(const V3Args& a, int tok0, int nv, int g, int q,
+                                             uint32_t (&qa)[8][4]) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const int d0 = dbase<kFp8>(2 * p, q);
+    float x[2][8];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int v = g + 8 * r;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[r][i] = 0.f;
+      if (v < nv) {
+        const int64_t off = int64_t(tok0 + v / a.H) * a.q_stride + int64_t(v % a.H) * kDim + d0;
+        if (a.q_vec) {
+          if (a.q_bf16) {
+            const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + off));
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              x[r][2 * i] = __uint_as_float(w[i] << 16);
+              x[r][2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            }
+          } else {
+            const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + off);
+            const float4 f0 = __ldg(f), f1 = __ldg(f + 1);
+            x[r][0] = f0.x, x[r][1] = f0.y, x[r][2] = f0.z, x[r][3] = f0.w;
+            x[r][4] = f1.x, x[r][5] = f1.y, x[r][6] = f1.z, x[r][7] = f1.w;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[r][i] = load_act(a.q, off + i, a.q_bf16 != 0);
+        }
+        if (a.q_fp8_round) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[r][i] = fp8_to_f32(f32_to_fp8_bits(x[r][i]));
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int st = 2 * p + h;
+      qa[st][0] = pack_op<kFp8>(x[0][4 * h], x[0][4 * h + 1]);
+      qa[st][1] = pack_op<kFp8>(x[1][4 * h], x[1][4 * h + 1]);
+      qa[st][2] = pack_op<kFp8>(x[0][4 * h + 2], x[0][4 * h + 3]);
+      qa[st][3] = pack_op<kFp8>(x[1][4 * h + 2], x[1][4 * h + 3]);
+    }
+  }
+}
+
+// Rank of candidate (sv, id), at position p of sorted list `self`, among `nl` sorted lists of K
+// (ids < 0: padding, a suffix of each list): its position plus, for each other list, the length
+// of the prefix that beats it (binary search). Ids are distinct across lists (disjoint block
+// ranges), so "beats" is a strict total order and ranks are distinct. Stops counting at K.
+__device__ __forceinline__ int merged_rank(const float* ls, const int* li, int nl, int K, int self, int p,
+                                           float sv, int id) {
+  int rank = p;
+  for (int b = 0; b < nl && rank < K; ++b) {
+    if (b == self) continue;
+    const float* bs = ls + b * K;
+    const int* bi = li + b * K;
+    int lo = 0, hi = K;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      const int mi = bi[mid];
+      if (mi >= 0 && beats(bs[mid], mi, sv, id)) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    rank += lo;
+  }
+  return rank;
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int nbr[16];  // blocks of each query vector (n_blk); 0 past nv
+  __shared__ int is_last;
+  constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
+  constexpr uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
+  const int C = a.C, G = a.G, S = a.stages, CB = a.chunk_blocks, K = a.topk;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());  // == blockIdx.x % C (cluster dims (C, 1, 1))
+  const int grp = int(blockIdx.x / C) % G;
+  const int s = int(blockIdx.x / C) / G;
+  const int c = grp * C + rank;  // chunk of the request
+  const int b0 = c * CB;
+  const Layout L = make_layout(CB, K, C, G, S, block_bytes);
+  int* mx = reinterpret_cast<int*>(smem);  // encoded block maxima (loop), then scores
+  float* sc = reinterpret_cast<float*>(smem);
+  float* ls = reinterpret_cast<float*>(smem + L.lists_s);
+  int* li = reinterpret_cast<int*>(smem + L.lists_i);
+  int* phys = reinterpret_cast<int*>(smem + L.phys);
+  uint8_t* stage = smem + L.region;
+  float* ms = reinterpret_cast<float*>(smem + L.region);  // merge buffer (after the loop)
+  int* mi = reinterpret_cast<int*>(smem + L.merge_i);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
+  uint64_t* empty = full + S;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  // The chunk's block-table entries (producer) are read in parallel with the lengths: they
+  // depend on the CTA's place only (entries past the request's length exist and are unused).
+  int tbl[kMaxChunkBlocks / 32];
+  if (warp == kConsumerWarps) {
+#pragma unroll
+    for (int j = 0; j < kMaxChunkBlocks / 32; ++j) {
+      const int i = lane + 32 * j;
+      tbl[j] = i < CB && b0 + i < a.mbps ? __ldg(a.block_tables + int64_t(s) * a.mbps + b0 + i) : 0;
+    }
+  }
+  const int tok0 = __ldg(a.qsl + s), qlen = __ldg(a.qsl + s + 1) - tok0, seq_len = __ldg(a.seq_lens + s);
+  const int nv = min(16, max(0, qlen * a.H));
+  const int n_blk_req = qlen > 0 ? (seq_len - 1) / kBlock + 1 : 0;
+  const int nb = max(0, min(CB, n_blk_req - b0));
+
+  if (warp == kConsumerWarps) {
+    // ---- producer warp
+    if (lane == 0) {
+      for (int i = 0; i < S; ++i) {
+        mbar_init(&full[i], 1);
+        mbar_init(&empty[i], kConsumerWarps);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    if (lane < min(nb, S))
+      bulk_load(stage + lane * block_bytes, a.cache + int64_t(tbl[0]) * block_bytes, block_bytes, &full[lane]);
+#pragma unroll
+    for (int j = 0; j < kMaxChunkBlocks / 32; ++j)
+      if (lane + 32 * j < CB) phys[lane + 32 * j] = tbl[j];
+    __syncwarp();
+    named_arrive(kThreads);
+    if (lane == 0) {
+      for (int i = S; i < nb; ++i) {
+        const int st = i % S;
+        mbar_wait(&empty[st], uint32_t(i / S - 1) & 1u);
+        bulk_load(stage + st * block_bytes, a.cache + int64_t(phys[i]) * block_bytes, block_bytes, &full[st]);
+      }
+    }
+    __syncwarp();
+  } else {
+    // ---- consumer warps: q fragments while the copies fly, then the block loop.
+    for (int e = threadIdx.x; e < 16 * CB; e += kConsumerWarps * 32) mx[e] = enc_max(kNegInf);
+    if (threadIdx.x < 16) {
+      const int v = threadIdx.x;
+      nbr[v] = v < nv ? (seq_len - qlen + v / a.H) / kBlock + 1 : 0;
+    }
+    const int g = lane / 4, q = lane % 4;
+    const int v0 = g, v1 = g + 8;
+    const int pos0 = seq_len - qlen + v0 / a.H, pos1 = seq_len - qlen + v1 / a.H;
+    uint32_t qa[8][4];
+    load_q_frags<kFp8>(a, tok0, nv, g, q, qa);
+    named_sync(kThreads);
+
+    for (int i = 0; i < nb; ++i) {
+      const int b = b0 + i;
+      const int st_i = i % S;
+      const uint32_t par = uint32_t(i / S) & 1u;
+      mbar_wait(&full[st_i], par);
+      const uint8_t* base = stage + st_i * block_bytes + warp * 16 * row_bytes;
+      KeyRegs<kFp8> kr[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) kr[nt].load_smem(base + (nt * 8 + g) * row_bytes, q, g);
+      // This warp's rows of the stage are in registers: release it to the producer.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[st_i]);
+      float acc[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
+#pragma unroll
+        for (int st = 0; st < 8; ++st) {
+          uint32_t bb0, bb1;
+          kr[nt].frag(st, bb0, bb1);
+          mma16816<kFp8>(acc[nt], qa[st], bb0, bb1);
+        }
+      }
+      float m0 = kNegInf, m1 = kNegInf;
+      const int kbase = b * kBlock + warp * 16 + 2 * q;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = kbase + nt * 8 + j;
+          if (key <= pos0) m0 = fmaxf(m0, acc[nt][j]);
+          if (key <= pos1) m1 = fmaxf(m1, acc[nt][2 + j]);
+        }
+      }
+#pragma unroll
+      for (int o = 1; o <= 2; o <<= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+      }
+      if (q == 0) {
+        if (v0 < nv && m0 != kNegInf) atomicMax(&mx[v0 * CB + i], enc_max(m0));
+        if (v1 < nv && m1 != kNegInf) atomicMax(&mx[v1 * CB + i], enc_max(m1));
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- block scores of the chunk (forced sentinels; -inf past the row's own blocks)
+  for (int e = threadIdx.x; e < nv * CB; e += kThreads) {
+    const int v = e / CB, i = e % CB;
+    if (i >= nb) continue;
+    const float m = dec_max(mx[e]);
+    float score = kNegInf;
+    if (b0 + i < nbr[v]) score = forced_score(m * a.scale, b0 + i, nbr[v], a.init_blocks, a.local_blocks);
+    sc[e] = score;
+  }
+  __syncthreads();
+  if (a.block_scores) {
+    const int hi = c == G * C - 1 ? a.mbps : min(a.mbps, b0 + CB);
+    const int w = max(0, hi - b0);
+    for (int e = threadIdx.x; e < nv * w; e += kThreads) {
+      const int v = e / w, i = e % w;
+      a.block_scores[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * a.mbps + b0 + i] =
+          i < nb ? sc[v * CB + i] : kNegInf;
+    }
+  }
+  // ---- chunk top-k per row: rank = number of the chunk's blocks that beat it (as v2)
+  for (int e = threadIdx.x; e < nv * nb; e += kThreads) {
+    const int v = e / nb, i = e % nb;
+    if (b0 + i >= nbr[v]) continue;
+    const float sv = sc[v * CB + i];
+    int r = 0;
+    for (int j = 0; j < nb && r < K; ++j) {
+      if (b0 + j >= nbr[v]) break;
+      r += beats(sc[v * CB + j], j, sv, i);
+    }
+    if (r < K) {
+      ls[v * K + r] = sv;
+      li[v * K + r] = b0 + i;
+    }
+  }
+  for (int e = threadIdx.x; e < nv * K; e += kThreads) {
+    const int v = e / K, k = e % K;
+    const int valid = max(0, min(nb, nbr[v] - b0));
+    if (k >= valid) {
+      ls[e] = kNegInf;
+      li[e] = -1;
+    }
+  }
+  cluster.sync();  // every chunk list of the cluster is complete
+
+  // ---- cluster merge: this CTA takes rows v = rank + lr * C.
+  const int nrl = nv > rank ? (nv - rank + C - 1) / C : 0;
+  for (int e = threadIdx.x; e < nrl * C * K; e += kThreads) {
+    const int lr = e / (C * K), src = (e / K) % C, k = e % K;
+    const int o = (rank + lr * C) * K + k;
+    ms[e] = cluster.map_shared_rank(ls, src)[o];
+    mi[e] = cluster.map_shared_rank(li, src)[o];
+  }
+  cluster_arrive();  // this CTA's remote reads are done
+  __syncthreads();
+  for (int e = threadIdx.x; e < nrl * C * K; e += kThreads) {
+    const int id = mi[e];
+    if (id < 0) continue;
+    const int lr = e / (C * K), self = (e / K) % C, p = e % K;
+    const float sv = ms[e];
+    const int r = merged_rank(ms + lr * C * K, mi + lr * C * K, C, K, self, p, sv, id);
+    if (r >= K) continue;
+    const int v = rank + lr * C;
+    if (G == 1) {
+      a.topk_idx[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * K + r] = id;
+    } else {
+      const int64_t o = ((int64_t(s) * G + grp) * 16 + v) * K + r;
+      a.part_s[o] = sv;
+      a.part_i[o] = id;
+    }
+  }
+  for (int e = threadIdx.x; e < nrl * K; e += kThreads) {
+    const int lr = e / K, k = e % K, v = rank + lr * C;
+    if (G == 1) {
+      if (k >= min(K, nbr[v])) a.topk_idx[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * K + k] = -1;
+    } else {
+      // The group's candidates: its blocks [grp * C * CB, (grp + 1) * C * CB) below n_blk.
+      const int valid = min(K, max(0, min(C * CB, nbr[v] - grp * C * CB)));
+      if (k >= valid) {
+        const int64_t o = ((int64_t(s) * G + grp) * 16 + v) * K + k;
+        a.part_s[o] = kNegInf;
+        a.part_i[o] = -1;
+      }
+    }
+  }
+
+  // ---- G > 1: the last group of the request (per cluster rank) merges the G group lists.
+  if (G > 1 && nrl > 0) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[s * C + rank], 1) == G - 1;
+    __syncthreads();
+    if (is_last) {
+      __threadfence();
+      for (int e = threadIdx.x; e < nrl * G * K; e += kThreads) {
+        const int lr = e / (G * K), gg = (e / K) % G, k = e % K;
+        const int64_t o = ((int64_t(s) * G + gg) * 16 + rank + lr * C) * K + k;
+        ms[e] = __ldcg(a.part_s + o);
+        mi[e] = __ldcg(a.part_i + o);
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < nrl * G * K; e += kThreads) {
+        const int id = mi[e];
+        if (id < 0) continue;
+        const int lr = e / (G * K), self = (e / K) % G, p = e % K;
+        const int r = merged_rank(ms + lr * G * K, mi + lr * G * K, G, K, self, p, ms[e], id);
+        if (r >= K) continue;
+        const int v = rank + lr * C;
+        a.topk_idx[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * K + r] = id;
+      }
+      for (int e = threadIdx.x; e < nrl * K; e += kThreads) {
+        const int lr = e / K, k = e % K, v = rank + lr * C;
+        if (k >= min(K, nbr[v])) a.topk_idx[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * K + k] = -1;
+      }
+      if (threadIdx.x == 0) a.counters[s * C + rank] = 0;
+    }
+  }
+  cluster_wait();  // the other CTAs have finished reading this CTA's lists
+}
+
+template <class Kernel>
+void set_smem(Kernel k, size_t bytes) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> limit;
+  if (bytes <= 48 * 1024) return;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = limit[reinterpret_cast<const void*>(k)];
+  if (bytes <= have) return;
+  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             "cudaFuncSetAttribute");
+  have = bytes;
+}
+
+int pow2_floor(int x) {
+  int p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
+  if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
+  if (p.cache.dtype != DType::BF16 && p.cache.dtype != DType::FP8_E4M3) return false;
+  if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;
+  if (p.topk <= 0 || p.topk > kMaxTopk || p.num_index_heads <= 0) return false;
+  if (!use_decode_indexer(p)) return false;
+  if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
+  const int N = p.batch.num_seqs;
+  const int max_blocks =
+      std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq));
+
+  // Grid from shapes only (see the header).
+  const int target = 2 * num_sms();
+  int C = kMaxCluster;
+  if (const int f = g_force_cluster.load(std::memory_order_relaxed); f > 0) {
+    C = pow2_floor(std::min(f, kMaxCluster));
+  } else {
+    while (C > 1 && (int64_t(N) * C > target || C > max_blocks)) C /= 2;
+  }
+  int G = 1;
+  if (const int f = g_force_groups.load(std::memory_order_relaxed); f > 0) {
+    G = std::min(f, kMaxGroups);
+  } else {
+    G = std::max(1, std::min(int(target / (int64_t(N) * C)), max_blocks / (C * kMinGroupChunk)));
+  }
+  G = std::max(G, (max_blocks + C * kMaxChunkBlocks - 1) / (C * kMaxChunkBlocks));
+  if (G > kMaxGroups) return false;
+  const int chunk_blocks = (max_blocks + G * C - 1) / (G * C);
+  const int64_t ctas = int64_t(N) * G * C;
+  if (ctas > int64_t(0x7fffffff)) return false;
+
+  const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
+  const Layout fixed = make_layout(chunk_blocks, p.topk, C, G, 0, block_bytes);
+  const uint32_t budget = (ctas <= num_sms() ? 200u : 110u) * 1024u;
+  const uint32_t fixed_bytes = fixed.region + 256;
+  int stages = budget > fixed_bytes ? int((budget - fixed_bytes) / block_bytes) : 1;
+  stages = std::clamp(stages, 1, kMaxStages);
+  stages = std::min(stages, chunk_blocks);
+  const Layout L = make_layout(chunk_blocks, p.topk, C, G, stages, block_bytes);
+  if (L.total > 227u * 1024u) return false;
+
+  V3Args a{};
+  a.q = p.index_q;
+  a.q_bf16 = p.q_dtype == DType::BF16;
+  a.q_fp8_round = p.q_in_cache_dtype && fp8;
+  const size_t esz = a.q_bf16 ? 2 : 4;
+  a.q_vec = reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0 && (size_t(p.q_stride) * esz) % 16 == 0;
+  a.q_stride = p.q_stride;
+  a.H = p.num_index_heads;
+  a.scale = p.score_scale;
+  a.cache = static_cast<const uint8_t*>(p.cache.k);
+  a.qsl = p.batch.query_start_loc;
+  a.seq_lens = p.batch.seq_lens;
+  a.block_tables = p.batch.block_tables;
+  a.mbps = p.batch.max_blocks_per_seq;
+  a.C = C;
+  a.G = G;
+  a.chunk_blocks = chunk_blocks;
+  a.stages = stages;
+  a.topk = p.topk;
+  a.init_blocks = p.init_blocks;
+  a.local_blocks = p.local_blocks;
+  a.topk_idx = p.topk_idx;
+  a.block_scores = p.block_scores;
+  if (G > 1) {
+    const size_t part = size_t(N) * G * 16 * p.topk;
+    char* ws = static_cast<char*>(workspace(stream, part * 8));
+    a.part_s = reinterpret_cast<float*>(ws);
+    a.part_i = reinterpret_cast<int32_t*>(ws + part * 4);
+    a.counters = zeroed_counters(stream, size_t(N) * C);
+  }
+
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(ctas), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = L.total;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(C);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (fp8) {
+    set_smem(decode_indexer_v3_kernel<true>, L.total);
+    cuda_check(cudaLaunchKernelEx(&cfg, decode_indexer_v3_kernel<true>, a), "indexer decode v3 launch");
+  } else {
+    set_smem(decode_indexer_v3_kernel<false>, L.total);
+    cuda_check(cudaLaunchKernelEx(&cfg, decode_indexer_v3_kernel<false>, a), "indexer decode v3 launch");
+  }
+  SIEVE_LAUNCH_CHECK("indexer decode v3");
+  return true;
+}
+
 }  // namespace sieve::cuda

@@ -44,4 +44,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream);
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream);
 // Test hook: caps the v2 decode indexer's chunks per request (0 = automatic grid).
 void set_indexer_v2_max_chunks(int n);
+// Test hook: forces the v3 decode indexer's cluster size (1, 2, 4, 8) and groups per request
+// (G > 1: a second, global merge level); 0 = automatic grid.
+void set_indexer_v3_split(int cluster, int groups);
 }  // namespace sieve::cuda
