@@ -693,5 +693,142 @@ TEST(CudaIndexer, GraphReplayMatchesEager) {
   }
 }
 
+// The v3 decode indexer with forced cluster sizes and group counts: G > 1 runs the second,
+// global merge level (partials + per-rank counters); C = 1 gives one CTA long chunks (the stage
+// ring wraps many times); C = 8 with short requests leaves CTAs with empty chunks.
+TEST(CudaIndexer, V3ForcedSplitsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9000;
+  const std::vector<std::pair<int, int>> splits = {{1, 1}, {2, 3}, {8, 2}, {4, 5}, {1, 4}, {8, 1}, {8, 9}};
+  for (const auto& [cl, gr] : splits) {
+    cuda::set_indexer_v3_split(cl, gr);
+    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+      for (int H : {1, 4}) {
+        IndexerCase c;
+        c.specs = H == 1 ? kDecodeSpecs : kSpecSpecs;
+        c.cache = cd;
+        c.H = H;
+        c.init = 1;
+        c.local = 2;
+        c.topk = H == 1 ? 16 : 32;
+        c.path = cuda::IndexerPath::kDecodeFusedV3;
+        SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
+        check_indexer_once(c, seed++);
+        c.ties = true;
+        check_indexer_once(c, seed++);
+      }
+    }
+  }
+  cuda::set_indexer_v3_split(0, 0);
+}
+
+// Long contexts (up to 1095 blocks: automatic grids with G > 1 and chunks of up to 256 blocks)
+// with several rows and heads, under the automatic grid and forced ones.
+TEST(CudaIndexer, V3LongContextMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9100;
+  const std::vector<SeqSpec> specs = {{140000, 1}, {20000, 1}, {33000, 4}, {0, 1}, {25599, 2}};
+  const std::vector<std::pair<int, int>> splits = {{0, 0}, {1, 1}, {8, 1}, {2, 7}};
+  for (const auto& [cl, gr] : splits) {
+    cuda::set_indexer_v3_split(cl, gr);
+    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+      IndexerCase c;
+      c.specs = specs;
+      c.cache = cd;
+      c.H = 2;
+      c.init = 1;
+      c.topk = 32;
+      c.path = cuda::IndexerPath::kDecodeFusedV3;
+      SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
+      check_indexer_once(c, seed++);
+    }
+  }
+  cuda::set_indexer_v3_split(0, 0);
+  // The same long batch through v2 and v3 with a q in fp32 rounded to fp8 (q_in_cache_dtype).
+  for (auto path : {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3}) {
+    IndexerCase c;
+    c.specs = specs;
+    c.cache = DType::FP8_E4M3;
+    c.q_dtype = DType::F32;
+    c.q_in_cache = true;
+    c.H = 1;
+    c.path = path;
+    check_indexer_once(c, seed);
+  }
+}
+
+// Many requests (more than one wave of CTAs: cluster size 1) of random decode / speculative
+// shapes.
+TEST(CudaIndexer, V3ManySequencesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(9200);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<SeqSpec> specs;
+    const int n = trial == 0 ? 300 : 70 + 40 * trial;
+    for (int i = 0; i < n; ++i) {
+      SeqSpec sp;
+      sp.q_len = rng.uniform_int(1, 2);
+      sp.cached = rng.uniform_int(0, 3000);
+      specs.push_back(sp);
+    }
+    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+      IndexerCase c;
+      c.specs = specs;
+      c.cache = cd;
+      c.H = 2;
+      c.init = trial % 2;
+      c.topk = 8 + 8 * trial;
+      c.path = cuda::IndexerPath::kDecodeFusedV3;
+      check_indexer_once(c, 9300 + uint64_t(trial) * 2 + (cd == DType::FP8_E4M3));
+    }
+  }
+}
+
+// v3 in a CUDA graph captured at a larger max_seq_len with the global merge level forced on:
+// the per-rank counters must return to zero between replays.
+TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(9400);
+  PagedBatch b = make_paged_batch(kDecodeSpecs, 128, rng, 3, 40);
+  IndexCache ic(DType::BF16, b.num_blocks, 128, 128);
+  fill_caches_random(b, nullptr, &ic, rng);
+  const int64_t T = b.num_tokens;
+  auto qv = random_vector(size_t(T * 128), rng);
+  TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
+  DevBatch db(b);
+  db.view.max_seq_len = b.max_blocks_per_seq * 128;
+  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k), d_a(size_t(T) * 16 * 4), d_b(size_t(T) * 16 * 4);
+  ops::IndexerParams g;
+  g.index_q = d_q.p();
+  g.q_dtype = DType::BF16;
+  g.q_stride = 128;
+  g.num_index_heads = 1;
+  g.index_dim = 128;
+  g.score_scale = 0.1f;
+  g.cache = ic.view();
+  g.cache.k = d_cache.p();
+  g.batch = db.view;
+  g.topk = 16;
+  g.init_blocks = 1;
+  g.local_blocks = 1;
+  for (const auto& [cl, gr] : std::vector<std::pair<int, int>>{{0, 0}, {8, 3}, {2, 5}, {1, 2}}) {
+    SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
+    cuda::set_indexer_v3_split(cl, gr);
+    g.topk_idx = d_a.as<int32_t>();
+    d_a.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
+    device_synchronize(kGpu);
+    g.topk_idx = d_b.as<int32_t>();
+    d_b.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV3));
+    device_synchronize(kGpu);
+    EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16)) << "eager v3 vs v2";
+    d_b.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_graph_check(g, cuda::IndexerPath::kDecodeFusedV3));
+    EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16)) << "graph v3 vs v2";
+  }
+  cuda::set_indexer_v3_split(0, 0);
+}
+
 }  // namespace
 }  // namespace sieve

@@ -48,6 +48,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -575,6 +576,61 @@ int pow2_floor(int x) {
   return p;
 }
 
+// Per-CTA shared-memory budgets: two CTAs per SM, or one CTA per SM.
+constexpr uint32_t kBudgetShared = 110u * 1024u;
+constexpr uint32_t kBudgetAlone = 200u * 1024u;
+
+int min_groups(int max_blocks, int C) { return (max_blocks + C * kMaxChunkBlocks - 1) / (C * kMaxChunkBlocks); }
+
+struct Plan {
+  int chunk_blocks, stages;
+  Layout L;
+};
+Plan make_plan(int max_blocks, int topk, int C, int G, uint32_t budget, uint32_t block_bytes) {
+  Plan pl{};
+  pl.chunk_blocks = (max_blocks + G * C - 1) / (G * C);
+  const uint32_t fixed = make_layout(pl.chunk_blocks, topk, C, G, 0, block_bytes).region + 256;
+  int st = budget > fixed ? int((budget - fixed) / block_bytes) : 1;
+  pl.stages = std::min(std::clamp(st, 1, kMaxStages), pl.chunk_blocks);
+  pl.L = make_layout(pl.chunk_blocks, topk, C, G, pl.stages, block_bytes);
+  return pl;
+}
+
+// Clusters of C CTAs with `smem` bytes each that the device holds at once (cached; a failed
+// query counts as "no limit").
+int active_clusters(bool fp8, int C, uint32_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<bool, int, uint32_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(fp8, C, smem);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (fp8) {
+    set_smem(decode_indexer_v3_kernel<true>, smem);
+  } else {
+    set_smem(decode_indexer_v3_kernel<false>, smem);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(C), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(C);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  const cudaError_t e = fp8 ? cudaOccupancyMaxActiveClusters(&n, decode_indexer_v3_kernel<true>, &cfg)
+                            : cudaOccupancyMaxActiveClusters(&n, decode_indexer_v3_kernel<false>, &cfg);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 1 << 30;
+  }
+  cache[key] = n;
+  return n;
+}
+
 }  // namespace
 
 bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
@@ -591,34 +647,50 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
       std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq));
 
   // Grid from shapes only (see the header).
+  const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
   const int target = 2 * num_sms();
+  const int force_c = g_force_cluster.load(std::memory_order_relaxed);
+  const int force_g = g_force_groups.load(std::memory_order_relaxed);
+  auto auto_groups = [&](int C) {
+    int G = force_g > 0 ? std::min(force_g, kMaxGroups)
+                        : std::max(1, std::min(int(target / (int64_t(N) * C)), max_blocks / (C * kMinGroupChunk)));
+    return std::max(G, min_groups(max_blocks, C));
+  };
   int C = kMaxCluster;
-  if (const int f = g_force_cluster.load(std::memory_order_relaxed); f > 0) {
-    C = pow2_floor(std::min(f, kMaxCluster));
+  if (force_c > 0) {
+    C = pow2_floor(std::min(force_c, kMaxCluster));
   } else {
     while (C > 1 && (int64_t(N) * C > target || C > max_blocks)) C /= 2;
   }
-  int G = 1;
-  if (const int f = g_force_groups.load(std::memory_order_relaxed); f > 0) {
-    G = std::min(f, kMaxGroups);
-  } else {
-    G = std::max(1, std::min(int(target / (int64_t(N) * C)), max_blocks / (C * kMinGroupChunk)));
+  int G = auto_groups(C);
+  Plan plan = make_plan(max_blocks, p.topk, C, G, kBudgetShared, block_bytes);
+  if (force_c <= 0 && force_g <= 0) {
+    // Meant as one wave at two CTAs per SM: check that the clusters fit (GPC sizes), else use
+    // smaller clusters / fewer groups.
+    int act = active_clusters(fp8, C, plan.L.total);
+    while (C > 1 && N > act) {
+      C /= 2;
+      G = auto_groups(C);
+      plan = make_plan(max_blocks, p.topk, C, G, kBudgetShared, block_bytes);
+      act = active_clusters(fp8, C, plan.L.total);
+    }
+    if (int64_t(N) * G > act && G > min_groups(max_blocks, C)) {
+      G = std::max(min_groups(max_blocks, C), act / N);
+      plan = make_plan(max_blocks, p.topk, C, G, kBudgetShared, block_bytes);
+    }
   }
-  G = std::max(G, (max_blocks + C * kMaxChunkBlocks - 1) / (C * kMaxChunkBlocks));
   if (G > kMaxGroups) return false;
-  const int chunk_blocks = (max_blocks + G * C - 1) / (G * C);
+  // At most one CTA per SM: give each CTA the whole shared memory (more stages in flight) when
+  // all the clusters still fit at once.
+  if (int64_t(N) * G * C <= num_sms()) {
+    const Plan big = make_plan(max_blocks, p.topk, C, G, kBudgetAlone, block_bytes);
+    if (big.stages > plan.stages && int64_t(N) * G <= active_clusters(fp8, C, big.L.total)) plan = big;
+  }
+  const Layout L = plan.L;
+  if (L.total > kBudgetAlone + 16u * 1024u) return false;
   const int64_t ctas = int64_t(N) * G * C;
   if (ctas > int64_t(0x7fffffff)) return false;
-
-  const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
-  const Layout fixed = make_layout(chunk_blocks, p.topk, C, G, 0, block_bytes);
-  const uint32_t budget = (ctas <= num_sms() ? 200u : 110u) * 1024u;
-  const uint32_t fixed_bytes = fixed.region + 256;
-  int stages = budget > fixed_bytes ? int((budget - fixed_bytes) / block_bytes) : 1;
-  stages = std::clamp(stages, 1, kMaxStages);
-  stages = std::min(stages, chunk_blocks);
-  const Layout L = make_layout(chunk_blocks, p.topk, C, G, stages, block_bytes);
-  if (L.total > 227u * 1024u) return false;
+  const int chunk_blocks = plan.chunk_blocks, stages = plan.stages;
 
   V3Args a{};
   a.q = p.index_q;
