@@ -148,6 +148,26 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, ui
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// The same with A from registers (the mma.sync m16n8k16 A fragment of the warp's 16 rows).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&af)[4], uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, "
+      "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+      "%58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "l"(db), "r"(accumulate));
+}
+
 __device__ __forceinline__ void mma_bf16_4(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -182,8 +202,12 @@ __device__ __forceinline__ float row_score(const Args& a, float m, int b, int po
 // ---------------------------------------------------------------------------------------------
 // Kernel
 
-template <bool kFp8, bool kWgmma>
+// kMode: kSS (wgmma, A and B from shared memory), kRS (wgmma, A in registers), kSync (mma.sync).
+enum Mode { kSS = 0, kRS = 1, kSync = 2 };
+
+template <bool kFp8, int kMode>
 __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
+  constexpr bool kWgmma = kMode != kSync;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -266,6 +290,15 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     *reinterpret_cast<uint32_t*>(qs + swz(r, d)) = pack_bf16x2(x0, x1);
   }
   if constexpr (kFp8) store_fp8(0);
+  // kRS: the warp's 16 query rows as mma A fragments for all 8 k-steps (ldmatrix, swizzled).
+  uint32_t qf[kMode == kRS ? 8 : 1][4];
+  if constexpr (kMode == kRS) {
+    __syncthreads();
+    const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+    for (int st = 0; st < 8; ++st)
+      ldmatrix_x4(qf[st], qs + swz(warp * 16 + rr + (mi & 1) * 8, st * 16 + (mi >> 1) * 8));
+  }
 
   float acc[64];
 #pragma unroll
@@ -295,7 +328,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 #pragma unroll
         for (int st = 0; st < 8; ++st) {
           const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
-          wgmma_m64n128k16(acc, make_desc(qa + off), make_desc(kbase + off), st > 0);
+          if constexpr (kMode == kRS) {
+            wgmma_m64n128k16_rs(acc, qf[st], make_desc(kbase + off), st > 0);
+          } else {
+            wgmma_m64n128k16(acc, make_desc(qa + off), make_desc(kbase + off), st > 0);
+          }
         }
         wgmma_commit();
         wgmma_wait_all();
@@ -463,18 +500,21 @@ void set_smem(Kernel k, size_t bytes) {
   have = bytes;
 }
 
-bool use_wgmma() {
-  static const bool v = [] {
+// SIEVE_PREFILL_V2_MMA = ss | rs | sync (default ss), read once.
+int mma_mode() {
+  static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_MMA");
-    return !(e && std::strcmp(e, "sync") == 0);
+    if (e && std::strcmp(e, "sync") == 0) return int(kSync);
+    if (e && std::strcmp(e, "rs") == 0) return int(kRS);
+    return int(kSS);
   }();
   return v;
 }
 
-template <bool kFp8, bool kWgmma>
+template <bool kFp8, int kMode>
 void launch(const Args& a, dim3 grid, cudaStream_t stream) {
-  set_smem(prefill_v2_kernel<kFp8, kWgmma>, kSmemBytes);
-  prefill_v2_kernel<kFp8, kWgmma><<<grid, kThreads, kSmemBytes, stream>>>(a);
+  set_smem(prefill_v2_kernel<kFp8, kMode>, kSmemBytes);
+  prefill_v2_kernel<kFp8, kMode><<<grid, kThreads, kSmemBytes, stream>>>(a);
 }
 
 }  // namespace
@@ -530,12 +570,18 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   }
   const dim3 grid(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
-  if (use_wgmma()) {
-    if (fp8) launch<true, true>(a, grid, stream);
-    else launch<false, true>(a, grid, stream);
-  } else {
-    if (fp8) launch<true, false>(a, grid, stream);
-    else launch<false, false>(a, grid, stream);
+  switch (mma_mode()) {
+    case kRS:
+      if (fp8) launch<true, kRS>(a, grid, stream);
+      else launch<false, kRS>(a, grid, stream);
+      break;
+    case kSync:
+      if (fp8) launch<true, kSync>(a, grid, stream);
+      else launch<false, kSync>(a, grid, stream);
+      break;
+    default:
+      if (fp8) launch<true, kSS>(a, grid, stream);
+      else launch<false, kSS>(a, grid, stream);
   }
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
   return true;

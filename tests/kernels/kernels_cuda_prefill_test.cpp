@@ -1,0 +1,292 @@
+// Parity of the tensor-core prefill indexer (IndexerPath::kPrefill, indexer_prefill.cu) with the
+// CPU reference on shapes that the small cases of kernels_cuda_test.cpp do not reach: tiles whose
+// first warpgroup lies wholly before the diagonal block, many key splits per tile (more than 32
+// lists per row in the merge), long contexts that force wide splits (up to 24 blocks per split),
+// exact ties across splits, topk 32 with forced blocks, several heads, repeated launches (the
+// merge counters must return to zero). Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/internal.h"
+#include "kernels/memory.h"
+#include "kernels/ops.h"
+
+namespace sieve {
+namespace {
+
+using namespace sieve::test;
+
+const Device kGpu{DeviceKind::CUDA, 0};
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+struct Dev {
+  Buffer buf;
+  explicit Dev(size_t bytes) : buf(kGpu, std::max<size_t>(bytes, 16)) {}
+  template <class T>
+  static Dev of(const std::vector<T>& v) {
+    Dev d(v.size() * sizeof(T));
+    if (!v.empty()) copy_to_device(kGpu, d.buf.data(), v.data(), v.size() * sizeof(T));
+    return d;
+  }
+  static Dev of(const TypedBuffer& t) {
+    Dev d(t.bytes.size());
+    if (!t.bytes.empty()) copy_to_device(kGpu, d.buf.data(), t.bytes.data(), t.bytes.size());
+    return d;
+  }
+  template <class T>
+  T* as() const {
+    return buf.as<T>();
+  }
+  void* p() const { return buf.data(); }
+  template <class T>
+  std::vector<T> get(size_t n) const {
+    std::vector<T> v(n);
+    if (n) copy_to_host(kGpu, v.data(), buf.data(), n * sizeof(T));
+    return v;
+  }
+  void poison(uint8_t v) { fill_bytes(kGpu, buf.data(), v, buf.bytes()); }
+};
+
+struct DevBatch {
+  Dev qsl, seq_lens, tables;
+  ops::BatchView view;
+  explicit DevBatch(const PagedBatch& b)
+      : qsl(Dev::of(b.query_start_loc)), seq_lens(Dev::of(b.seq_lens)), tables(Dev::of(b.block_tables)) {
+    view = b.view();
+    view.query_start_loc = qsl.as<int32_t>();
+    view.seq_lens = seq_lens.as<int32_t>();
+    view.block_tables = tables.as<int32_t>();
+  }
+};
+
+std::string name(DType t) { return std::string(dtype_name(t)); }
+
+struct PrefillCase {
+  std::vector<SeqSpec> specs;
+  int H = 1;
+  DType cache = DType::BF16;
+  DType q_dtype = DType::BF16;
+  int topk = 16, init = 0, local = 1;
+  bool ties = false;
+  bool q_in_cache = false;
+  int launches = 1;  // > 1: the same inputs again (counters must have returned to zero)
+};
+
+// The CPU reference once, then the kPrefill path `launches` times on poisoned outputs; block
+// scores within tolerance (exact for ties), top-k as sets up to near ties (exact order for ties),
+// as check_indexer_once in kernels_cuda_test.cpp does.
+void check_prefill(const PrefillCase& c, uint64_t seed) {
+  SCOPED_TRACE("cache " + name(c.cache) + " q " + name(c.q_dtype) + " H " + std::to_string(c.H) +
+               " topk " + std::to_string(c.topk) + " init " + std::to_string(c.init) + " local " +
+               std::to_string(c.local) + (c.ties ? " ties" : "") + " seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int D = 128;
+  PagedBatch b = make_paged_batch(c.specs, 128, rng);
+  IndexCache ic(c.cache, b.num_blocks, 128, D);
+  if (c.ties) {
+    for (int s = 0; s < b.num_seqs(); ++s)
+      for (int pos = 0; pos < b.seq_lens[size_t(s)]; ++pos) {
+        std::vector<float> x(D);
+        for (auto& v : x) v = rng.grid(2, 1);
+        ic.write(b.slot(s, pos), x.data());
+      }
+  } else {
+    fill_caches_random(b, nullptr, &ic, rng, 1.0f);
+  }
+  const int64_t T = b.num_tokens;
+  const int64_t q_stride = int64_t(c.H) * D + 8;
+  std::vector<float> qv(size_t(T * q_stride));
+  for (auto& v : qv) v = c.ties ? rng.grid(2, 1) : rng.uniform(-1.f, 1.f);
+  TypedBuffer q = TypedBuffer::from(c.q_dtype, qv);
+  const int mbps = b.max_blocks_per_seq;
+
+  ops::IndexerParams p;
+  p.index_q = q.data();
+  p.q_dtype = c.q_dtype;
+  p.q_stride = q_stride;
+  p.num_index_heads = c.H;
+  p.index_dim = D;
+  p.score_scale = float(1.0 / std::sqrt(128.0) * 1.4426950408889634);
+  p.q_in_cache_dtype = c.q_in_cache;
+  p.cache = ic.view();
+  p.batch = b.view();
+  p.topk = c.topk;
+  p.init_blocks = c.init;
+  p.local_blocks = c.local;
+  std::vector<int32_t> cpu_idx(size_t(T * c.H * c.topk), -7);
+  std::vector<float> cpu_scores(size_t(T * c.H * mbps), kNaN);
+  p.topk_idx = cpu_idx.data();
+  p.block_scores = cpu_scores.data();
+  cpu::run_indexer(p);
+
+  DevBatch db(b);
+  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
+  Dev d_idx(cpu_idx.size() * 4), d_scores(cpu_scores.size() * 4);
+  ops::IndexerParams g = p;
+  g.index_q = d_q.p();
+  g.cache.k = d_cache.p();
+  g.batch = db.view;
+  g.topk_idx = d_idx.as<int32_t>();
+  g.block_scores = d_scores.as<float>();
+
+  for (int launch = 0; launch < c.launches; ++launch) {
+    SCOPED_TRACE("launch " + std::to_string(launch));
+    d_idx.poison(uint8_t(0x55 + launch));
+    d_scores.poison(0xff);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kPrefill));
+    device_synchronize(kGpu);
+    auto gpu_idx = d_idx.get<int32_t>(cpu_idx.size());
+    auto gpu_scores = d_scores.get<float>(cpu_scores.size());
+
+    const double stol = c.ties ? 0 : (c.q_dtype == DType::F32 ? 2e-2 : 2e-4);
+    int bad = 0;
+    for (size_t i = 0; i < cpu_scores.size() && bad < 5; ++i) {
+      const float cs = cpu_scores[i], gs = gpu_scores[i];
+      if (cs == gs) continue;
+      if (!close(gs, cs, stol, stol)) {
+        ADD_FAILURE() << "block score " << i << " (token " << i / (c.H * mbps) << ", head "
+                      << (i / mbps) % c.H << ", block " << i % mbps << "): gpu " << gs << " cpu " << cs;
+        ++bad;
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      for (int h = 0; h < c.H; ++h) {
+        const size_t o = size_t((t * c.H + h) * c.topk);
+        const float* srow = &cpu_scores[size_t((t * c.H + h) * mbps)];
+        std::vector<int32_t> ci(cpu_idx.begin() + o, cpu_idx.begin() + o + c.topk);
+        std::vector<int32_t> gi(gpu_idx.begin() + o, gpu_idx.begin() + o + c.topk);
+        if (c.ties) {
+          if (ci != gi && bad++ < 5) {
+            std::string s = "token " + std::to_string(t) + " head " + std::to_string(h) + ": order differs: cpu";
+            for (int v : ci) s.append(" ").append(std::to_string(v));
+            s += " | gpu";
+            for (int v : gi) s.append(" ").append(std::to_string(v));
+            ADD_FAILURE() << s;
+          }
+          continue;
+        }
+        const int nc = int(std::count_if(ci.begin(), ci.end(), [](int v) { return v >= 0; }));
+        const int ng = int(std::count_if(gi.begin(), gi.end(), [](int v) { return v >= 0; }));
+        bool ok = nc == ng;
+        for (int k = 0; k < c.topk && ok; ++k) ok = (k < ng) == (gi[size_t(k)] >= 0);
+        std::set<int32_t> cs(ci.begin(), ci.begin() + nc), gs(gi.begin(), gi.begin() + std::max(ng, 0));
+        ok = ok && int(gs.size()) == ng;
+        const float kth = nc > 0 ? srow[ci[size_t(nc - 1)]] : 0.f;
+        for (int32_t id : gs) {
+          if (!ok) break;
+          if (id < 0 || id >= mbps) {
+            ok = false;
+            break;
+          }
+          if (!cs.count(id)) ok = std::fabs(srow[id] - kth) <= 1e-2 * std::max(1.f, std::fabs(kth)) + stol;
+        }
+        std::string why;
+        if (ok && !topk_equivalent(srow, int(b.positions[size_t(t)] / 128 + 1), gi.data(), c.topk,
+                                   stol + 1e-3, 1e-2, &why)) {
+          ok = false;
+        }
+        if (!ok && bad++ < 5) {
+          std::string s = why + " token " + std::to_string(t) + " head " + std::to_string(h) + ": cpu";
+          for (int v : ci) s.append(" ").append(std::to_string(v));
+          s += " | gpu";
+          for (int v : gi) s.append(" ").append(std::to_string(v));
+          ADD_FAILURE() << s;
+        }
+      }
+    }
+  }
+}
+
+// Tiles that start early in a block (the first warpgroup's 64 rows all precede the next block),
+// tiles of 1..2 rows, block-boundary lengths; several heads, topk 32, forced init/local blocks.
+TEST(CudaIndexerPrefillV2, BoundaryTilesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<SeqSpec> specs = {{10, 300}, {200, 129}, {64, 64}, {63, 66}, {1, 255}, {0, 1}, {383, 2}};
+  uint64_t seed = 7000;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = specs;
+    c.cache = cd;
+    c.H = 3;
+    c.topk = 32, c.init = 2, c.local = 3;
+    check_prefill(c, seed++);
+    c.q_dtype = DType::F32;
+    c.q_in_cache = cd == DType::FP8_E4M3;
+    c.H = 1;
+    c.topk = 5, c.init = 0, c.local = 0;
+    check_prefill(c, seed++);
+  }
+}
+
+// A chunked prefill after a long prefix: 40 key splits per tile (two list heads per merge lane),
+// plus decode rows with long contexts in the same batch; run twice (counters back to zero).
+TEST(CudaIndexerPrefillV2, ManySplitsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<SeqSpec> specs = {{20000, 300}, {0, 1}, {17000, 1}, {3000, 200}};
+  uint64_t seed = 7100;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = specs;
+    c.cache = cd;
+    c.H = 2;
+    c.init = 1;
+    c.launches = 2;
+    check_prefill(c, seed++);
+  }
+}
+
+// Contexts long enough that a split must hold 13 and 22 key blocks (at most 64 splits per tile).
+TEST(CudaIndexerPrefillV2, WideSplitsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7200;
+  for (const auto& specs : {std::vector<SeqSpec>{{100000, 64}, {500, 140}},
+                            std::vector<SeqSpec>{{180000, 40}, {0, 130}}}) {
+    PrefillCase c;
+    c.specs = specs;
+    c.cache = specs[0].cached > 150000 ? DType::FP8_E4M3 : DType::BF16;
+    c.topk = 32, c.init = 1, c.local = 2;
+    check_prefill(c, seed++);
+  }
+}
+
+// Exact ties: the order must match the CPU's "higher score, then lower block id" exactly, also
+// where equal scores come from different key splits and meet in the merge.
+TEST(CudaIndexerPrefillV2, ExactTiesAcrossSplits) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<SeqSpec> specs = {{5000, 200}, {10, 300}, {9000, 1}};
+  uint64_t seed = 7300;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = specs;
+    c.cache = cd;
+    c.ties = true;
+    c.H = 2;
+    c.topk = 32;
+    check_prefill(c, seed++);
+  }
+}
+
+// A multi-tile prompt chunk (12 tiles) with several heads.
+TEST(CudaIndexerPrefillV2, PromptChunkMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7400;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = {{3000, 1500}};
+    c.cache = cd;
+    c.H = 2;
+    check_prefill(c, seed++);
+  }
+}
+
+}  // namespace
+}  // namespace sieve
