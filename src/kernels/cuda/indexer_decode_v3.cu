@@ -16,6 +16,8 @@
 //    max_blocks / (8 * C)), at least max_blocks / (256 * C)). Everything from shapes only
 //    (max_seq_len, max_blocks_per_seq, num_seqs, SM count): graph replays at shorter live
 //    lengths run the same grid; chunks past a request's length score nothing.
+//    The cluster count that is meant to be one wave is checked against
+//    cudaOccupancyMaxActiveClusters (clusters must fit in a GPC): smaller C / fewer groups if not.
 //    b1 ctx9216: C 8, G 1, 9 blocks/CTA. b32 ctx9216: C 8, G 1, 256 CTAs. b128 ctx9216: C 2,
 //    G 1, 36 blocks/CTA. b32 ctx32768: C 8, G 1, 32 blocks/CTA. b8 ctx131072: C 8, G 4,
 //    256 CTAs of 32 blocks.
