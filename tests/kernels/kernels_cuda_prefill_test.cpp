@@ -227,7 +227,7 @@ TEST(CudaIndexerPrefillV2, BoundaryTilesMatchCpu) {
   }
 }
 
-// A chunked prefill after a long prefix: 40 key splits per tile (two list heads per merge lane),
+// A chunked prefill after a long prefix: 53 key splits per tile (two list heads per merge lane),
 // plus decode rows with long contexts in the same batch; run twice (counters back to zero).
 TEST(CudaIndexerPrefillV2, ManySplitsMatchCpu) {
   SKIP_WITHOUT_GPU();

@@ -5,8 +5,9 @@
 // head). Grid (tiles_upper, max_splits, H) with tiles_upper = ceil(num_tokens / 128) + num_seqs
 // and max_splits = ceil(ceil(max_seq_len / 128) / kb), host values only; a CTA finds its
 // (request, tile) by scanning query_start_loc and exits at once when its split lies past the
-// tile's last block. kb (4..24 blocks) is chosen so the causal work is about 6 units per
-// resident CTA slot (2 CTAs per SM), and so a tile has at most 64 splits.
+// tile's last block. kb (2..24 blocks) is chosen so the causal work is about 6 units per
+// resident CTA slot (2 CTAs per SM), and so a tile has at most 64 splits (longer contexts:
+// false, the first kernel runs); SIEVE_PREFILL_V2_KB overrides it for tuning.
 //
 // CTA = 256 threads = 2 warpgroups; warpgroup w owns query rows [64w, 64w + 64) of the tile.
 // Shared memory (dynamic, 1024-byte aligned by hand):
@@ -231,7 +232,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   const int pos_last = pos_first + rows - 1;
   const int n_blocks = pos_last / kBlock + 1;
   const int nsplit = (n_blocks + a.kb - 1) / a.kb;
-  if (split >= nsplit) return;
+  // (nsplit > max_splits only if batch.max_seq_len understates a length: contract violation.)
+  if (split >= nsplit || nsplit > a.max_splits) return;
   const int b_begin = split * a.kb, b_end = min(n_blocks, b_begin + a.kb), nb = b_end - b_begin;
   const int K = a.topk;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
@@ -279,15 +281,15 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   };
 
   fetch(0);
-  // Query tile: bf16, swizzled; rows past the tile are zero.
-  for (int e = tid; e < kRows * (kDim / 2); e += kThreads) {
-    const int r = e / (kDim / 2), d = (e % (kDim / 2)) * 2;
-    float x0 = 0.f, x1 = 0.f;
-    if (r < rows) {
-      x0 = load_q(a, tok0 + r0 + r, h, d);
-      x1 = load_q(a, tok0 + r0 + r, h, d + 1);
-    }
-    *reinterpret_cast<uint32_t*>(qs + swz(r, d)) = pack_bf16x2(x0, x1);
+  // Query tile: bf16, swizzled, one 16-byte unit (8 dims) per item; rows past the tile are zero.
+#pragma unroll 4
+  for (int e = tid; e < kRows * (kDim / 8); e += kThreads) {
+    const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q(a, tok0 + r0 + r, h, d + j) : 0.f;
+    *reinterpret_cast<uint4*>(qs + swz(r, d)) = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
+                                                           pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
   }
   if constexpr (kFp8) store_fp8(0);
   // kRS: the warp's 16 query rows as mma A fragments for all 8 k-steps (ldmatrix, swizzled).
@@ -500,6 +502,15 @@ void set_smem(Kernel k, size_t bytes) {
   have = bytes;
 }
 
+// Tuning override of the blocks per split: SIEVE_PREFILL_V2_KB = 1..24 (0 or unset = automatic).
+int kb_override() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_KB");
+    return e ? std::clamp(std::atoi(e), 0, kMaxKb) : 0;
+  }();
+  return v;
+}
+
 // SIEVE_PREFILL_V2_MMA = ss | rs | sync (default ss), read once.
 int mma_mode() {
   static const int v = [] {
@@ -535,7 +546,8 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   // Causal work estimate in (tile, block) units; about 6 units per resident CTA (2 per SM).
   const int64_t work = std::max<int64_t>(1, full_tiles * max_blocks / 2);
   const int64_t slots = int64_t(2) * num_sms();
-  int kb = int(std::clamp<int64_t>((work + 6 * slots - 1) / (6 * slots), 4, kMaxKb));
+  int kb = int(std::clamp<int64_t>((work + 6 * slots - 1) / (6 * slots), 2, kMaxKb));
+  if (kb_override() > 0) kb = kb_override();
   kb = std::max(kb, (max_blocks + kMaxSplits - 1) / kMaxSplits);
   if (kb > kMaxKb) return false;  // context too long for the split merge: first kernel
   const int max_splits = (max_blocks + kb - 1) / kb;
