@@ -830,5 +830,55 @@ TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
   cuda::set_indexer_v3_split(0, 0);
 }
 
+// v3 gives v2's outputs bit for bit (same MMA order, same maxima, same ranking), also with a
+// q row stride that is not a multiple of 16 bytes (v3's scalar q loads) and several rows/heads.
+TEST(CudaIndexer, V3BitwiseMatchesV2) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(9500);
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (DType qd : {DType::BF16, DType::F32}) {
+      for (int64_t pad : {int64_t(3), int64_t(8)}) {
+        SCOPED_TRACE("cache " + name(cd) + " q " + name(qd) + " pad " + std::to_string(pad));
+        PagedBatch b = make_paged_batch(kSpecSpecs, 128, rng);
+        IndexCache ic(cd, b.num_blocks, 128, 128);
+        fill_caches_random(b, nullptr, &ic, rng, 1.0f);
+        const int H = 2;
+        const int64_t T = b.num_tokens, q_stride = H * 128 + pad;
+        auto qv = random_vector(size_t(T * q_stride), rng);
+        TypedBuffer q = TypedBuffer::from(qd, qv);
+        DevBatch db(b);
+        const int K = 24, mbps = b.max_blocks_per_seq;
+        Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
+        Dev d_i2(size_t(T) * H * K * 4), d_i3(size_t(T) * H * K * 4);
+        Dev d_s2(size_t(T) * H * mbps * 4), d_s3(size_t(T) * H * mbps * 4);
+        ops::IndexerParams g;
+        g.index_q = d_q.p();
+        g.q_dtype = qd;
+        g.q_stride = q_stride;
+        g.num_index_heads = H;
+        g.index_dim = 128;
+        g.score_scale = 0.0883883f;
+        g.q_in_cache_dtype = qd == DType::F32 && cd == DType::FP8_E4M3;
+        g.cache = ic.view();
+        g.cache.k = d_cache.p();
+        g.batch = db.view;
+        g.topk = K;
+        g.init_blocks = 1;
+        g.local_blocks = 1;
+        d_i2.poison(0x55), d_i3.poison(0x55), d_s2.poison(0xff), d_s3.poison(0xff);
+        g.topk_idx = d_i2.as<int32_t>();
+        g.block_scores = d_s2.as<float>();
+        ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
+        g.topk_idx = d_i3.as<int32_t>();
+        g.block_scores = d_s3.as<float>();
+        ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV3));
+        device_synchronize(kGpu);
+        EXPECT_EQ(d_i2.get<int32_t>(size_t(T) * H * K), d_i3.get<int32_t>(size_t(T) * H * K));
+        EXPECT_EQ(d_s2.bytes(size_t(T) * H * mbps * 4), d_s3.bytes(size_t(T) * H * mbps * 4));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sieve
