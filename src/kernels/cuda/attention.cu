@@ -29,6 +29,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -68,6 +69,7 @@ struct Geo {
 struct AttnArgs {
   const void* q;
   bool q_bf16;
+  bool q_vec;  // q and q_stride allow 8-byte (bf16) / 16-byte (f32) loads of 4 elements
   int64_t q_stride;
   void* out;
   bool out_bf16;
@@ -144,7 +146,7 @@ __device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t)
 }
 
 template <bool kFp8>
-__global__ void __maxnreg__(200) attention_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   using G = Geo<kFp8>;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
@@ -156,23 +158,70 @@ __global__ void __maxnreg__(200) attention_kernel(AttnArgs a) {
   const int S = a.splits, NS = a.stages;
   const int t = blockIdx.x / S, split = blockIdx.x % S, kvh = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < NS; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // Everything below depends on t only or on one round of loads: the request is guessed as
+  // t's own index (right for decode batches) and its bounds, length and the producer's first 32
+  // unit ids (sparse) are all read at once; the block table entries follow, then the copies.
+  const bool is_producer = warp == kConsumers;
+  const int32_t* sel = a.topk_idx ? a.topk_idx + (int64_t(t) * a.nkv + kvh) * a.topk : nullptr;
+  const int e_begin = split * a.per_split;
+  int b_first = -1;
+  if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split)) b_first = __ldg(sel + e_begin + lane);
+  const int q_begin = __ldg(a.qsl), q_end = __ldg(a.qsl + a.num_seqs);
+  int s = min(t, a.num_seqs - 1);
+  int qs0 = __ldg(a.qsl + s), qs1 = __ldg(a.qsl + s + 1), slen = __ldg(a.seq_lens + s);
   // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
   // The whole cluster shares t, so it leaves together.
-  if (t < a.qsl[0] || t >= a.qsl[a.num_seqs]) return;
+  if (t < q_begin || t >= q_end) return;
+  if (!(qs0 <= t && t < qs1)) {
+    s = find_seq(a.qsl, a.num_seqs, t);
+    qs0 = a.qsl[s], qs1 = a.qsl[s + 1], slen = a.seq_lens[s];
+  }
+  const int pos = slen - (qs1 - qs0) + (t - qs0);
+  const int n_blk = pos / kBlock + 1;
+  const int e_end = min(sel ? a.topk : n_blk, e_begin + a.per_split);
+  __syncthreads();
 
-  // Q fragments first (they depend on t only): rows g, g + 8 = heads of this kv group.
+  // Q fragments: rows g, g + 8 = heads of this kv group.
   uint32_t qa[8][4];
-  if (warp < kConsumers) {
+  if (!is_producer) {
     const int h0 = kvh * a.gqa + g, h1 = h0 + 8;
     const bool ok0 = g < a.gqa, ok1 = g + 8 < a.gqa;
+    const int64_t r0 = t * a.q_stride + int64_t(h0) * kDim, r1 = t * a.q_stride + int64_t(h1) * kDim;
 #pragma unroll
     for (int st = 0; st < 8; ++st) {
       const int d = dbase<kFp8>(st, q);
-      float x0[4], x1[4];
+      float x0[4] = {0.f, 0.f, 0.f, 0.f}, x1[4] = {0.f, 0.f, 0.f, 0.f};
+      if (a.q_vec) {
+        if (a.q_bf16) {
+          const uint16_t* qp = static_cast<const uint16_t*>(a.q);
+          uint2 u0 = make_uint2(0, 0), u1 = make_uint2(0, 0);
+          if (ok0) u0 = __ldg(reinterpret_cast<const uint2*>(qp + r0 + d));
+          if (ok1) u1 = __ldg(reinterpret_cast<const uint2*>(qp + r1 + d));
+          x0[0] = __uint_as_float(u0.x << 16), x0[1] = __uint_as_float(u0.x & 0xffff0000u);
+          x0[2] = __uint_as_float(u0.y << 16), x0[3] = __uint_as_float(u0.y & 0xffff0000u);
+          x1[0] = __uint_as_float(u1.x << 16), x1[1] = __uint_as_float(u1.x & 0xffff0000u);
+          x1[2] = __uint_as_float(u1.y << 16), x1[3] = __uint_as_float(u1.y & 0xffff0000u);
+        } else {
+          const float* qp = static_cast<const float*>(a.q);
+          float4 f0 = make_float4(0.f, 0.f, 0.f, 0.f), f1 = f0;
+          if (ok0) f0 = __ldg(reinterpret_cast<const float4*>(qp + r0 + d));
+          if (ok1) f1 = __ldg(reinterpret_cast<const float4*>(qp + r1 + d));
+          x0[0] = f0.x, x0[1] = f0.y, x0[2] = f0.z, x0[3] = f0.w;
+          x1[0] = f1.x, x1[1] = f1.y, x1[2] = f1.z, x1[3] = f1.w;
+        }
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x0[i] = ok0 ? load_act(a.q, t * a.q_stride + int64_t(h0) * kDim + d + i, a.q_bf16) : 0.f;
-        x1[i] = ok1 ? load_act(a.q, t * a.q_stride + int64_t(h1) * kDim + d + i, a.q_bf16) : 0.f;
+        for (int i = 0; i < 4; ++i) {
+          x0[i] = ok0 ? load_act(a.q, r0 + d + i, a.q_bf16) : 0.f;
+          x1[i] = ok1 ? load_act(a.q, r1 + d + i, a.q_bf16) : 0.f;
+        }
       }
       if constexpr (kFp8) {
         qa[st][0] = pack_f16x2(x0[0], x0[1]);
@@ -187,21 +236,6 @@ __global__ void __maxnreg__(200) attention_kernel(AttnArgs a) {
       }
     }
   }
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < NS; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kConsumers);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  const int s = find_seq(a.qsl, a.num_seqs, t);
-  const int qlen = a.qsl[s + 1] - a.qsl[s];
-  const int pos = a.seq_lens[s] - qlen + (t - a.qsl[s]);
-  const int n_blk = pos / kBlock + 1;
-  const int e_begin = split * a.per_split;
-  const int e_end = min(a.topk_idx ? a.topk : n_blk, e_begin + a.per_split);
 
   float o[16][4];
 #pragma unroll
@@ -210,9 +244,8 @@ __global__ void __maxnreg__(200) attention_kernel(AttnArgs a) {
     for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
-  if (warp == kConsumers) {
+  if (is_producer) {
     // ---- Producer: unit list -> bulk copies into the slot ring.
-    const int32_t* sel = a.topk_idx ? a.topk_idx + (int64_t(t) * a.nkv + kvh) * a.topk : nullptr;
     int item = 0, vi = 0;
     auto acquire = [&](int i) {
       const int slot = i % NS, use = i / NS;
@@ -224,7 +257,7 @@ __global__ void __maxnreg__(200) attention_kernel(AttnArgs a) {
       int b = -1;
       int64_t phys = 0;
       if (e < e_end) {
-        b = sel ? __ldg(sel + e) : e;
+        b = !sel ? e : e0 == e_begin ? b_first : __ldg(sel + e);
         if (b < 0 || b >= n_blk) b = -1;
         else phys = __ldg(a.block_tables + int64_t(s) * a.mbps + b);
       }
@@ -471,17 +504,30 @@ __global__ void __maxnreg__(200) attention_kernel(AttnArgs a) {
   const int grp = split / C;
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
   for (int r = rank; r < a.gqa; r += C) {
+    // One round of remote loads: every CTA's (max, sum) and this thread's dim of its O.
+    const int d = min(int(threadIdx.x), kDim - 1);
+    float mc[kMaxCluster], lc[kMaxCluster], oc[kMaxCluster];
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c) {
+      mc[c] = kNegInf, lc[c] = 0.f, oc[c] = 0.f;
+      if (c < C) {
+        mc[c] = *cluster.map_shared_rank(&cm_s[r], c);
+        lc[c] = *cluster.map_shared_rank(&cl_s[r], c);
+        oc[c] = *cluster.map_shared_rank(&co_s[r * kDim + d], c);
+      }
+    }
     float M = kNegInf;
-    for (int c = 0; c < C; ++c) M = fmaxf(M, *cluster.map_shared_rank(&cm_s[r], c));
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c) M = fmaxf(M, mc[c]);
     const float Mu = M == kNegInf ? 0.f : M;
     float L = 0.f, acc = 0.f;
-    const int d = threadIdx.x;
-    for (int c = 0; c < C; ++c) {
-      const float f = exp2f(*cluster.map_shared_rank(&cm_s[r], c) - Mu);
-      L += *cluster.map_shared_rank(&cl_s[r], c) * f;
-      if (d < kDim) acc += *cluster.map_shared_rank(&co_s[r * kDim + d], c) * f;
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c) {
+      const float f = c < C ? exp2f(mc[c] - Mu) : 0.f;
+      L += lc[c] * f;
+      acc += oc[c] * f;
     }
-    if (d >= kDim) continue;
+    if (threadIdx.x >= kDim) continue;
     if (a.groups == 1) {
       const float val = L > 0.f ? acc / L : 0.f;
       const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d;
@@ -583,9 +629,43 @@ void set_smem(Kernel k, size_t bytes) {
 }
 
 template <bool kFp8>
+size_t smem_bytes(int stages) {
+  return std::max(size_t(stages) * Geo<kFp8>::kSlotBytes, kMergeBytes);
+}
+
+// How many clusters of `cluster` CTAs of this kernel the device runs at once (cached).
+template <bool kFp8>
+int max_active_clusters(int cluster, int stages) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find({cluster, stages});
+  if (it != cache.end()) return it->second;
+  const size_t smem = smem_bytes<kFp8>(stages);
+  set_smem(attention_kernel<kFp8>, smem);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(cluster * 64), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<kFp8>, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  cache[{cluster, stages}] = n;
+  return n;
+}
+
+template <bool kFp8>
 void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
-  using G = Geo<kFp8>;
-  const size_t smem = std::max(size_t(a.stages) * G::kSlotBytes, kMergeBytes);
+  const size_t smem = smem_bytes<kFp8>(a.stages);
   set_smem(attention_kernel<kFp8>, smem);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1);
@@ -622,6 +702,10 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   a.q = p.q;
   a.q_bf16 = p.q_dtype == DType::BF16;
   a.q_stride = p.q_stride;
+  {
+    const size_t esz = a.q_bf16 ? 2 : 4;
+    a.q_vec = reinterpret_cast<uintptr_t>(p.q) % (4 * esz) == 0 && (p.q_stride * esz) % (4 * esz) == 0;
+  }
   a.out = p.out;
   a.out_bf16 = p.out_dtype == DType::BF16;
   a.out_stride = p.out_stride;
@@ -651,14 +735,41 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   const int units = p.topk_idx ? p.topk
                                : std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock,
                                                       p.batch.max_blocks_per_seq));
+  static const int max_cluster = [] {
+    const char* e = std::getenv("SIEVE_ATTN_MAX_CLUSTER");
+    return e ? std::clamp(std::atoi(e), 1, kMaxCluster) : kMaxCluster;
+  }();
+  static const int max_stages = [] {
+    const char* e = std::getenv("SIEVE_ATTN_MAX_STAGES");
+    return e ? std::clamp(std::atoi(e), 2, kMaxStages) : kMaxStages;
+  }();
+  static const int force_splits = [] {
+    const char* e = std::getenv("SIEVE_ATTN_SPLITS");
+    return e ? std::clamp(std::atoi(e), 1, kMaxSplits) : 0;
+  }();
   int splits = int(std::clamp<int64_t>((2 * sms + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
   if (rows * kMaxCluster >= sms) splits = std::min(splits, kMaxCluster);
-  a.cluster = std::min(splits, kMaxCluster);
+  if (force_splits) splits = std::min(force_splits, units);
+  const int max_slots = fp8 ? Geo<true>::kMaxSlots : Geo<false>::kMaxSlots;
+  // The largest cluster (<= 8 CTAs) with which the whole grid runs in one wave; clusters of one
+  // (plain CTAs, merged through global memory) otherwise.
+  a.cluster = 1;
+  const int c0 = std::min(splits, max_cluster);
+  for (int c : {c0, std::min(c0 - 1, 4), std::min(c0 - 1, 2)}) {
+    if (c < 2 || (c != c0 && (c & (c - 1)))) continue;
+    const int groups = (splits + c - 1) / c;
+    const int per_split = (units + c * groups - 1) / (c * groups);
+    const int stages = std::clamp(2 * per_split, 2, std::min(max_slots, max_stages));
+    const int have = fp8 ? max_active_clusters<true>(c, stages) : max_active_clusters<false>(c, stages);
+    if (int64_t(have) >= rows * groups) {
+      a.cluster = c;
+      break;
+    }
+  }
   a.groups = (splits + a.cluster - 1) / a.cluster;
   a.splits = a.cluster * a.groups;
   a.per_split = (units + a.splits - 1) / a.splits;
-  const int max_slots = fp8 ? Geo<true>::kMaxSlots : Geo<false>::kMaxSlots;
-  a.stages = std::clamp(2 * a.per_split, 2, max_slots);
+  a.stages = std::clamp(2 * a.per_split, 2, std::min(max_slots, max_stages));
   if (a.groups > 1) {
     const size_t n = size_t(rows) * a.groups * 16;
     char* ws = static_cast<char*>(workspace(stream, n * (kDim + 2) * 4));
