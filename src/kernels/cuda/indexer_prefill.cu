@@ -14,6 +14,7 @@
 //   q tile   32 KB: bf16 [2 dim-chunks][128 rows][128 B], 128-byte swizzled (16-byte unit u of a
 //            row r sits at unit u ^ (r & 7)), written once per CTA (q rounded to bf16; to fp8
 //            first when q_in_cache_dtype with an fp8 cache: fp8(bf16(q)) as the CPU reference);
+//            bf16 q with 16-byte aligned rows goes in by cp.async, overlapping the first keys;
 //   keys     2 stages x 32 KB, one 128-key block each, same swizzled bf16 layout;
 //   table    [128 rows][25] fp32 block scores of this split (sentinels applied, -inf where the
 //            row does not see the block).
@@ -78,6 +79,7 @@ struct Args {
   const void* q;
   bool q_bf16;
   bool q_fp8_round;
+  bool q_async;  // bf16 q, no fp8 rounding, 16-byte aligned rows: cp.async straight into the tile
   int64_t q_stride;
   int H;
   float scale;
@@ -282,19 +284,34 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 
   fetch(0);
   // Query tile: bf16, swizzled, one 16-byte unit (8 dims) per item; rows past the tile are zero.
-#pragma unroll 4
-  for (int e = tid; e < kRows * (kDim / 8); e += kThreads) {
-    const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
-    float x[8];
+  if (a.q_async) {
+    const uint16_t* qb = static_cast<const uint16_t*>(a.q);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q(a, tok0 + r0 + r, h, d + j) : 0.f;
-    *reinterpret_cast<uint4*>(qs + swz(r, d)) = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
-                                                           pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
+    for (int e = tid; e < kRows * (kDim / 8); e += kThreads) {
+      const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
+      if (r < rows) {
+        cp_async16(qs + swz(r, d), qb + (tok0 + r0 + r) * a.q_stride + int64_t(h) * kDim + d);
+      } else {
+        *reinterpret_cast<uint4*>(qs + swz(r, d)) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    cp_async_commit();
+  } else {
+#pragma unroll 4
+    for (int e = tid; e < kRows * (kDim / 8); e += kThreads) {
+      const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
+      float x[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q(a, tok0 + r0 + r, h, d + j) : 0.f;
+      *reinterpret_cast<uint4*>(qs + swz(r, d)) = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
+                                                             pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
+    }
   }
   if constexpr (kFp8) store_fp8(0);
   // kRS: the warp's 16 query rows as mma A fragments for all 8 k-steps (ldmatrix, swizzled).
   uint32_t qf[kMode == kRS ? 8 : 1][4];
   if constexpr (kMode == kRS) {
+    cp_async_wait_all();
     __syncthreads();
     const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
@@ -315,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 
   for (int i = 0; i < nb; ++i) {
     const int b = b_begin + i;
-    if constexpr (!kFp8) cp_async_wait_all();
+    cp_async_wait_all();  // bf16: block i (and at i = 0 the cp.async query tile)
     fence_proxy_async();
     __syncthreads();  // block i in stage i & 1 for all; every warp is done with block i - 1
     if (i + 1 < nb) fetch(i + 1);
@@ -557,6 +574,8 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   a.q = p.index_q;
   a.q_bf16 = p.q_dtype == DType::BF16;
   a.q_fp8_round = p.q_in_cache_dtype && p.cache.dtype == DType::FP8_E4M3;
+  a.q_async = a.q_bf16 && !a.q_fp8_round && (p.q_stride * 2) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0;
   a.q_stride = p.q_stride;
   a.H = p.num_index_heads;
   a.scale = p.score_scale;
