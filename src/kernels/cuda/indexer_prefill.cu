@@ -38,11 +38,14 @@
 // stores (the tile's last split also writes -inf up to max_blocks_per_seq). Then one warp per
 // row ranks the split's <= 24 candidates (rank = number of candidates that beat it under
 // "higher score, then lower block id", the contract's rule) into a sorted list: written to
-// topk_idx directly when the tile has one split, else to the workspace; the tile's last split to
-// finish (atomic counter per (tile, head), reset to zero by that CTA: no memset, graph safe)
-// merges the split lists: one warp per row, lane c holds the heads of lists c and c + 32,
-// topk rounds of a warp arg-max under the same rule (block ids are unique across splits).
-// Empty slots are id -1 (never compared by score), so -inf-scoring candidates still rank.
+// topk_idx directly when the tile has one split, else to the workspace as min(topk, kb)
+// entries per (row, split), a row's lists contiguous; the tile's last split to finish (atomic
+// counter per (tile, head), reset to zero by that CTA: no memset, graph safe) merges them:
+// batches of rows staged in shared memory by the whole CTA, then one warp per row, lane c
+// offering the heads of lists c and c + 32, topk rounds of __reduce_max_sync over an
+// order-preserving integer key of the score and __reduce_min_sync over the block ids of the
+// maxima (the same rule; block ids are unique across splits). Empty slots are id -1 (never
+// compared by score), so -inf-scoring candidates still rank.
 // Precision: q bf16 (see above), keys exact in bf16, fp32 accumulation in tensor-core order;
 // ties are exact because every comparison uses the (score, block id) rule.
 #include <algorithm>
@@ -91,9 +94,10 @@ struct Args {
   int num_seqs;
   int topk, init_blocks, local_blocks;
   int kb, max_splits;
+  int list_len;  // entries per split list: min(topk, kb)
   int32_t* topk_idx;
   float* block_scores;
-  float* part_s;  // [tiles_upper, H, max_splits, kRows, topk]
+  float* part_s;  // [tiles_upper, H, kRows, max_splits, list_len]
   int32_t* part_i;
   int32_t* counters;  // [tiles_upper, H]
 };
@@ -200,6 +204,13 @@ __device__ __forceinline__ float row_score(const Args& a, float m, int b, int po
   if (b < a.init_blocks) return kInitScore;
   const float s = m * a.scale;
   return s != s ? kNanScore : s;
+}
+
+// Order-preserving unsigned key of a non-NaN score (-0 taken as +0, as the float compare
+// does); never 0, so 0 can mean "no candidate".
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
+  return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -422,8 +433,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
   }
 
-  // Rank the split's candidates of each row (one warp per row, one candidate per lane).
-  const int64_t tile_base = (int64_t(blockIdx.x) * a.H + h) * a.max_splits;
+  // Rank the split's candidates of each row (one warp per row, one candidate per lane). A split
+  // list holds L = min(topk, kb) entries (a split has at most kb candidates).
+  const int L = a.list_len;
+  const int64_t tile_rows = (int64_t(blockIdx.x) * a.H + h) * kRows;  // row index base
   for (int r = warp; r < rows; r += kThreads / 32) {
     const int nbr = max(0, min(nb, (pos_first + r) / kBlock + 1 - b_begin));
     const float* trow = tbl + r * kTblStride;
@@ -431,19 +444,18 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     const int id = b_begin + lane;
     int rank = 0;
     for (int j = 0; j < nbr; ++j) rank += beats(trow[j], b_begin + j, sc, id);
-    const bool take = lane < nbr && rank < K;
-    const int valid = min(K, nbr);
     if (nsplit == 1) {
       int32_t* out = a.topk_idx + ((tok0 + r0 + r) * int64_t(a.H) + h) * K;
-      if (take) out[rank] = id;
-      for (int k = valid + lane; k < K; k += 32) out[k] = -1;
+      if (lane < nbr && rank < K) out[rank] = id;
+      for (int k = min(K, nbr) + lane; k < K; k += 32) out[k] = -1;
     } else {
-      const int64_t o = ((tile_base + split) * kRows + r) * K;
-      if (take) {
+      // [tile, head, row, split, L]: a row's lists are contiguous for the merge.
+      const int64_t o = ((tile_rows + r) * a.max_splits + split) * L;
+      if (lane < nbr && rank < L) {
         a.part_s[o + rank] = sc;
         a.part_i[o + rank] = id;
       }
-      for (int k = valid + lane; k < K; k += 32) {
+      for (int k = min(L, nbr) + lane; k < L; k += 32) {
         a.part_s[o + k] = kNegInf;
         a.part_i[o + k] = -1;
       }
@@ -462,45 +474,54 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   if (!s_last) return;
   __threadfence();
 
-  // Merge the nsplit sorted lists of each row. Scratch per merging warp: nsplit * K (score, id)
-  // in the (now unused) shared memory.
-  const int per_warp = nsplit * K;
-  const int merge_warps = min(kThreads / 32, int(kSmemUsed / (size_t(per_warp) * 8)));
-  if (warp >= merge_warps) return;
-  float* ms = reinterpret_cast<float*>(smem) + warp * per_warp * 2;
-  int* mi = reinterpret_cast<int*>(ms + per_warp);
-  for (int r = warp; r < rows; r += merge_warps) {
-    for (int e = lane; e < per_warp; e += 32) {
-      const int c = e / K, k = e % K;
-      const int64_t o = ((tile_base + c) * kRows + r) * K + k;
+  // Merge the nsplit sorted lists of each row: batches of rows are staged in the (now unused)
+  // shared memory by the whole CTA (one latency per batch), then one warp per row runs topk
+  // rounds: lane c offers the heads of lists c and c + 32; the warp picks the highest score by
+  // a max-reduction of an order-preserving integer key, ties to the lowest block id by a
+  // min-reduction (the "beats" rule); the winning list advances.
+  const int per_row = nsplit * L;
+  const int batch_rows = min(rows, int(kSmemUsed / (size_t(per_row) * 8)));
+  float* ms = reinterpret_cast<float*>(smem);
+  int* mi = reinterpret_cast<int*>(ms + batch_rows * per_row);
+  for (int rb = 0; rb < rows; rb += batch_rows) {
+    const int nr = min(batch_rows, rows - rb);
+    for (int e = tid; e < nr * per_row; e += kThreads) {
+      const int rr = e / per_row, w = e % per_row;
+      const int64_t o = (tile_rows + rb + rr) * a.max_splits * L + w;
       ms[e] = __ldcg(a.part_s + o);
       mi[e] = __ldcg(a.part_i + o);
     }
-    __syncwarp();
-    int head0 = 0, head1 = 0, mine = -1;
-    const int l0 = lane, l1 = lane + 32;
-    for (int k = 0; k < K; ++k) {
-      float s0 = kNegInf, s1 = kNegInf;
-      int i0 = 0x7fffffff, i1 = 0x7fffffff;
-      if (l0 < nsplit && head0 < K && mi[l0 * K + head0] >= 0) s0 = ms[l0 * K + head0], i0 = mi[l0 * K + head0];
-      if (l1 < nsplit && head1 < K && mi[l1 * K + head1] >= 0) s1 = ms[l1 * K + head1], i1 = mi[l1 * K + head1];
-      float bs = s0;
-      int bi = i0;
-      if (i1 != 0x7fffffff && (bi == 0x7fffffff || beats(s1, i1, bs, bi))) bs = s1, bi = i1;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float os = __shfl_xor_sync(0xffffffffu, bs, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (oi != 0x7fffffff && (bi == 0x7fffffff || beats(os, oi, bs, bi))) bs = os, bi = oi;
+    __syncthreads();
+    for (int rr = warp; rr < nr; rr += kThreads / 32) {
+      const float* ls = ms + rr * per_row;
+      const int* li = mi + rr * per_row;
+      int head0 = 0, head1 = 0, mine = -1;
+      for (int k = 0; k < K; ++k) {
+        uint32_t key0 = 0, key1 = 0;  // 0: no candidate
+        int id0 = -1, id1 = -1;
+        if (lane < nsplit && head0 < L) {
+          id0 = li[lane * L + head0];
+          if (id0 >= 0) key0 = order_key(ls[lane * L + head0]);
+        }
+        if (lane + 32 < nsplit && head1 < L) {
+          id1 = li[(lane + 32) * L + head1];
+          if (id1 >= 0) key1 = order_key(ls[(lane + 32) * L + head1]);
+        }
+        const bool use1 = key1 > key0 || (key1 == key0 && key1 != 0 && id1 < id0);
+        const uint32_t key = use1 ? key1 : key0;
+        const int idl = use1 ? id1 : id0;
+        const uint32_t best = __reduce_max_sync(0xffffffffu, key);
+        if (best == 0) break;  // every list is exhausted: the remaining slots stay -1
+        const uint32_t win = __reduce_min_sync(0xffffffffu, key == best ? uint32_t(idl) : 0xffffffffu);
+        if (lane == k) mine = int(win);
+        if (key == best && uint32_t(idl) == win) {
+          if (use1) ++head1;
+          else ++head0;
+        }
       }
-      if (lane == k) mine = bi == 0x7fffffff ? -1 : bi;
-      if (bi != 0x7fffffff) {
-        if (i0 == bi) ++head0;
-        else if (i1 == bi) ++head1;
-      }
+      if (lane < K) a.topk_idx[((tok0 + r0 + rb + rr) * int64_t(a.H) + h) * K + lane] = mine;
     }
-    if (lane < K) a.topk_idx[((tok0 + r0 + r) * int64_t(a.H) + h) * K + lane] = mine;
-    __syncwarp();
+    __syncthreads();
   }
 }
 
@@ -590,10 +611,11 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   a.local_blocks = p.local_blocks;
   a.kb = kb;
   a.max_splits = max_splits;
+  a.list_len = std::min(p.topk, kb);
   a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
   if (max_splits > 1) {
-    const size_t n = size_t(tiles_upper) * p.num_index_heads * max_splits * kRows * p.topk;
+    const size_t n = size_t(tiles_upper) * p.num_index_heads * max_splits * kRows * a.list_len;
     char* ws = static_cast<char*>(workspace(stream, n * 8));
     a.part_s = reinterpret_cast<float*>(ws);
     a.part_i = reinterpret_cast<int32_t*>(ws + n * 4);
