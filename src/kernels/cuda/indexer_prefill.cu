@@ -26,14 +26,19 @@
 // Math: per block and warpgroup, 8 x wgmma.m64n128k16 (bf16 x bf16 -> fp32, A = the warpgroup's
 // 64 query rows and B = the 128 keys, both from shared memory through 128B-swizzle K-major
 // descriptors: SBO 1024 B, start + 32 B per k16 step, + 16 KB per 64-dim chunk). A warpgroup
-// whose rows all precede the block skips it. Environment SIEVE_PREFILL_V2_MMA=sync selects an
-// mma.sync m16n8k16 + ldmatrix path over the same shared-memory layout (same accumulator
-// layout; kept as a cross-check of the descriptors).
+// whose rows all precede the block skips it. 128 registers, ~110 KB shared memory: 2 CTAs (4
+// warpgroups) per SM, so one CTA's epilogue overlaps the other's MMAs. Environment
+// SIEVE_PREFILL_V2_MMA (read once): ss (default, above), rs (wgmma with the query rows as
+// register A fragments loaded once by ldmatrix: less shared-memory traffic), sync (mma.sync
+// m16n8k16 + ldmatrix over the same layout: a cross-check of the descriptors). The accumulator
+// layout is the same in all three.
 // Epilogue per block: each thread owns 2 rows x 32 keys of the 64 x 128 accumulator; masked
 // (key <= row position, by selection so NaN keys past the query never enter) only when the
 // block reaches past the warp's first row; fmaxf over the keys, 2 quad shuffles, x score_scale
 // (positive: commutes with the max), forced sentinels (init 1e30 / local 1e29, local wins),
-// NaN -> -1e30; lane q == 0 writes the table entry. No per-block top-k update.
+// NaN -> -1e30; lane q == 0 writes the table entry. No per-block top-k update. (A NaN dot of
+// a visible key is dropped by fmaxf, as in the first kernel; the CPU maps it to -1e30 first,
+// which differs only when every visible key of a block is NaN.)
 // After the loop: block_scores (optional) are written from the table with row-contiguous
 // stores (the tile's last split also writes -inf up to max_blocks_per_seq). Then one warp per
 // row ranks the split's <= 24 candidates (rank = number of candidates that beat it under
