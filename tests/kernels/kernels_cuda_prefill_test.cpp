@@ -79,6 +79,7 @@ struct PrefillCase {
   bool ties = false;
   bool q_in_cache = false;
   int launches = 1;  // > 1: the same inputs again (counters must have returned to zero)
+  int q_pad = 8;     // q row stride = H * 128 + q_pad elements (8: 16-byte aligned bf16 rows)
 };
 
 // The CPU reference once, then the kPrefill path `launches` times on poisoned outputs; block
@@ -103,7 +104,7 @@ void check_prefill(const PrefillCase& c, uint64_t seed) {
     fill_caches_random(b, nullptr, &ic, rng, 1.0f);
   }
   const int64_t T = b.num_tokens;
-  const int64_t q_stride = int64_t(c.H) * D + 8;
+  const int64_t q_stride = int64_t(c.H) * D + c.q_pad;
   std::vector<float> qv(size_t(T * q_stride));
   for (auto& v : qv) v = c.ties ? rng.grid(2, 1) : rng.uniform(-1.f, 1.f);
   TypedBuffer q = TypedBuffer::from(c.q_dtype, qv);
@@ -271,6 +272,28 @@ TEST(CudaIndexerPrefillV2, ExactTiesAcrossSplits) {
     c.ties = true;
     c.H = 2;
     c.topk = 32;
+    check_prefill(c, seed++);
+  }
+}
+
+// The query-tile load paths: bf16 q by cp.async (aligned rows), bf16 q element-wise (rows not
+// 16-byte aligned), bf16 q rounded to fp8 (q_in_cache_dtype with an fp8 cache), f32 q.
+TEST(CudaIndexerPrefillV2, QueryLayoutsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<SeqSpec> specs = {{100, 300}, {0, 1}, {900, 140}};
+  uint64_t seed = 7500;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = specs;
+    c.cache = cd;
+    c.H = 2;
+    c.q_pad = 4;
+    check_prefill(c, seed++);
+    c.q_pad = 8;
+    c.q_in_cache = true;
+    check_prefill(c, seed++);
+    c.q_dtype = DType::F32;
+    c.q_pad = 1;
     check_prefill(c, seed++);
   }
 }
