@@ -29,8 +29,10 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <vector>
 #include <mutex>
 
 #include "kernels/cuda/common.cuh"
@@ -91,7 +93,15 @@ struct AttnArgs {
   float* part_o;      // [rows, groups, 16, 128]
   float* part_ml;     // [rows, groups, 16, 2]
   int32_t* counters;  // [rows], zero between calls
+  unsigned long long* trace;  // optional (SIEVE_ATTN_TRACE): [grid CTAs][kTracePoints] timestamps
 };
+
+constexpr int kTracePoints = 8;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -156,6 +166,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   __shared__ int is_last;
 
   const int S = a.splits, NS = a.stages;
+  unsigned long long* tr =
+      a.trace ? a.trace + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kTracePoints : nullptr;
+#define SIEVE_TRACE(i) \
+  if (tr) tr[i] = global_ns()
+  if (threadIdx.x == 0) SIEVE_TRACE(0);
   const int t = blockIdx.x / S, split = blockIdx.x % S, kvh = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   if (threadIdx.x == 0) {
@@ -186,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   const int pos = slen - (qs1 - qs0) + (t - qs0);
   const int n_blk = pos / kBlock + 1;
   const int e_end = min(sel ? a.topk : n_blk, e_begin + a.per_split);
+  if (threadIdx.x == 0) SIEVE_TRACE(1);
   __syncthreads();
 
   // Q fragments: rows g, g + 8 = heads of this kv group.
@@ -286,6 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
       }
     }
     // Sentinel: the next K slot completes without data and carries id -1.
+    if (lane == 0) SIEVE_TRACE(2);
     if (lane == 0) {
       const int slot = acquire(item);
       blk_ring[vi % kRing] = -1;
@@ -301,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
     for (int vi = 0;; ++vi) {
       const int iK = 2 * vi, sK = iK % NS;
       mbar_wait(&full[sK], uint32_t(iK / NS) & 1u);
+      if (vi == 0 && threadIdx.x == 0) SIEVE_TRACE(3);
       const int b = blk_ring[vi % kRing];
       if (b < 0) break;
       const int key0 = b * kBlock + warp * 32;  // this warp's first key
@@ -453,6 +471,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   }
 
   // ---- Merge the 4 consumer warps (the slot ring is free: every copy was consumed).
+  if (threadIdx.x == 0) SIEVE_TRACE(4);
   __syncthreads();
   float* o_s = reinterpret_cast<float*>(smem);                 // [4][16][kOStride]
   float* co_s = reinterpret_cast<float*>(smem + kWarpOBytes);  // [16][128], the CTA's O
@@ -499,7 +518,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   // ---- Merge the cluster's CTAs through distributed shared memory: CTA `rank` finishes rows
   // rank, rank + C, ...
   cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) SIEVE_TRACE(5);
   cluster.sync();
+  if (threadIdx.x == 0) SIEVE_TRACE(6);
   const int C = a.cluster, rank = int(cluster.block_rank());
   const int grp = split / C;
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
@@ -543,6 +564,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
     }
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
+  if (threadIdx.x == 0) SIEVE_TRACE(7);
+#undef SIEVE_TRACE
   if (a.groups == 1) return;
 
   // ---- Several clusters per row: the last CTA of the row to finish merges their partials (no
@@ -682,6 +705,39 @@ void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   cuda_check(cudaLaunchKernelEx(&cfg, attention_kernel<kFp8>, a), "attention launch");
 }
 
+// SIEVE_ATTN_TRACE=1: every call is synchronised and prints where its CTAs spent their time
+// (global timer, ns from the first CTA's start): a development aid, never on in serving.
+bool trace_enabled() {
+  static const bool on = std::getenv("SIEVE_ATTN_TRACE") != nullptr;
+  return on;
+}
+void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, int64_t ctas) {
+  unsigned long long t0 = ~0ull;
+  for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, tr[size_t(c * kTracePoints)]);
+  const char* names[kTracePoints] = {"start", "prologue", "issued", "first K", "loop end", "cta merged",
+                                     "cluster sync", "end"};
+  std::fprintf(stderr, "attention trace: %lld CTAs, splits %d cluster %d groups %d per_split %d stages %d\n",
+               (long long)ctas, a.splits, a.cluster, a.groups, a.per_split, a.stages);
+  if (a.k_scale) {
+    for (int c : {2, 4, 8})
+      std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages, max_active_clusters<true>(c, a.stages));
+  } else {
+    for (int c : {2, 4, 8})
+      std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages, max_active_clusters<false>(c, a.stages));
+  }
+  for (int i = 0; i < kTracePoints; ++i) {
+    std::vector<double> v;
+    for (int64_t c = 0; c < ctas; ++c) {
+      const unsigned long long x = tr[size_t(c * kTracePoints + i)];
+      if (x) v.push_back(double(x - t0) / 1000.0);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr, "  %-13s us from first start: min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f\n",
+                 names[i], v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+  }
+}
+
 }  // namespace
 
 bool run_attention(const ops::AttentionParams& p, void* stream_v) {
@@ -777,8 +833,24 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     a.part_ml = reinterpret_cast<float*>(ws + n * kDim * 4);
     a.counters = zeroed_counters(stream, size_t(rows));
   }
+  unsigned long long* trace = nullptr;
+  const int64_t ctas = int64_t(a.splits) * p.batch.num_tokens * p.num_kv_heads;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
+    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTracePoints * 8), "trace alloc");
+    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
+    a.trace = trace;
+  }
   if (fp8) launch<true>(a, p.batch.num_tokens, p.num_kv_heads, stream);
   else launch<false>(a, p.batch.num_tokens, p.num_kv_heads, stream);
+  if (trace) {
+    std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
+    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
+    cuda_check(cudaStreamSynchronize(stream), "trace sync");
+    print_trace(a, tr, ctas);
+    cudaFree(trace);
+  }
   return true;
 }
 
