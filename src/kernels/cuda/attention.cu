@@ -53,11 +53,12 @@ constexpr int kMaxSplits = 128;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxStages = 8;
 constexpr int kRing = 16;  // unit ids in flight between producer and consumers (>= stages / 2 + 1)
-constexpr int kOStride = kDim + 4;
+constexpr int kCoStride = kDim + 4;
+__host__ __device__ constexpr int co_index(int r, int d) { return r * kCoStride + d + (d >> 5); }
 // Shared memory for the merges (reusing the slot ring after the loop): the 4 warps' O, then
 // the CTA's O (at a fixed offset: other CTAs of the cluster read it).
-constexpr size_t kWarpOBytes = size_t(kConsumers) * 16 * kOStride * 4;
-constexpr size_t kMergeBytes = kWarpOBytes + size_t(16) * kDim * 4;
+constexpr size_t kWarpOBytes = size_t(kConsumers) * 64 * 32 * 4;
+constexpr size_t kMergeBytes = kWarpOBytes + size_t(16) * kCoStride * 4;
 
 template <bool kFp8>
 struct Geo {
@@ -473,8 +474,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   // ---- Merge the 4 consumer warps (the slot ring is free: every copy was consumed).
   if (threadIdx.x == 0) SIEVE_TRACE(4);
   __syncthreads();
-  float* o_s = reinterpret_cast<float*>(smem);                 // [4][16][kOStride]
-  float* co_s = reinterpret_cast<float*>(smem + kWarpOBytes);  // [16][128], the CTA's O
+  // Warps' O in their fragment layout ([warp][element][lane]: conflict-free), scaled to the
+  // CTA's row maxima; the CTA's O in a row layout skewed by one word per 32 dims so that the
+  // fragment-order writes below spread over all banks.
+  float* o_s = reinterpret_cast<float*>(smem);                 // [4][64][32]
+  float* co_s = reinterpret_cast<float*>(smem + kWarpOBytes);  // [16][kCoStride]
   if (warp < kConsumers) {
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -485,33 +489,43 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
       m_s[warp][g] = m0, m_s[warp][g + 8] = m1;
       l_s[warp][g] = l0, l_s[warp][g + 8] = l1;
     }
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int dim = (2 * q + j) * 16 + nt;
-        o_s[(warp * 16 + g) * kOStride + dim] = o[nt][j];
-        o_s[(warp * 16 + g + 8) * kOStride + dim] = o[nt][2 + j];
-      }
-    }
   }
   __syncthreads();
-  if (threadIdx.x < kDim) {
-    const int d = threadIdx.x;
-    for (int r = 0; r < 16; ++r) {
-      float M = kNegInf;
+  if (warp < kConsumers) {
+    float M0 = kNegInf, M1 = kNegInf;
 #pragma unroll
-      for (int w = 0; w < kConsumers; ++w) M = fmaxf(M, m_s[w][r]);
-      const float Mu = M == kNegInf ? 0.f : M;
-      float L = 0.f, acc = 0.f;
+    for (int w = 0; w < kConsumers; ++w) M0 = fmaxf(M0, m_s[w][g]), M1 = fmaxf(M1, m_s[w][g + 8]);
+    const float f0 = exp2f(m0 - (M0 == kNegInf ? 0.f : M0)), f1 = exp2f(m1 - (M1 == kNegInf ? 0.f : M1));
+    float* ow = o_s + warp * 64 * 32 + lane;
 #pragma unroll
-      for (int w = 0; w < kConsumers; ++w) {
-        const float f = exp2f(m_s[w][r] - Mu);
-        L += l_s[w][r] * f;
-        acc += o_s[(w * 16 + r) * kOStride + d] * f;
-      }
-      co_s[r * kDim + d] = acc;
-      if (d == 0) cm_s[r] = M, cl_s[r] = L;
+    for (int nt = 0; nt < 16; ++nt) {
+      ow[(nt * 4 + 0) * 32] = o[nt][0] * f0;
+      ow[(nt * 4 + 1) * 32] = o[nt][1] * f0;
+      ow[(nt * 4 + 2) * 32] = o[nt][2] * f1;
+      ow[(nt * 4 + 3) * 32] = o[nt][3] * f1;
+    }
+  } else if (lane < 16) {
+    const int r = lane;
+    float M = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kConsumers; ++w) M = fmaxf(M, m_s[w][r]);
+    const float Mu = M == kNegInf ? 0.f : M;
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kConsumers; ++w) L += l_s[w][r] * exp2f(m_s[w][r] - Mu);
+    cm_s[r] = M, cl_s[r] = L;
+  }
+  __syncthreads();
+  if (warp < kConsumers) {
+    // Warp w sums elements 16w..16w+15 of every lane's fragment over the 4 warps.
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const int e = warp * 16 + k, nt = e / 4, j = e % 4;
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < kConsumers; ++w) acc += o_s[(w * 64 + e) * 32 + lane];
+      const int r = g + (j >= 2 ? 8 : 0), d = (2 * q + (j & 1)) * 16 + nt;
+      co_s[co_index(r, d)] = acc;
     }
   }
 
@@ -534,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
       if (c < C) {
         mc[c] = *cluster.map_shared_rank(&cm_s[r], c);
         lc[c] = *cluster.map_shared_rank(&cl_s[r], c);
-        oc[c] = *cluster.map_shared_rank(&co_s[r * kDim + d], c);
+        oc[c] = *cluster.map_shared_rank(&co_s[co_index(r, d)], c);
       }
     }
     float M = kNegInf;
@@ -803,29 +817,46 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     const char* e = std::getenv("SIEVE_ATTN_SPLITS");
     return e ? std::clamp(std::atoi(e), 1, kMaxSplits) : 0;
   }();
-  int splits = int(std::clamp<int64_t>((2 * sms + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
-  if (rows * kMaxCluster >= sms) splits = std::min(splits, kMaxCluster);
-  if (force_splits) splits = std::min(force_splits, units);
   const int max_slots = fp8 ? Geo<true>::kMaxSlots : Geo<false>::kMaxSlots;
-  // The largest cluster (<= 8 CTAs) with which the whole grid runs in one wave; clusters of one
-  // (plain CTAs, merged through global memory) otherwise.
+  auto stages_for = [&](int per_split) { return std::clamp(2 * per_split, 2, std::min(max_slots, max_stages)); };
+  auto resident = [&](int c, int per_split) {
+    const int st = stages_for(per_split);
+    return fp8 ? max_active_clusters<true>(c, st) : max_active_clusters<false>(c, st);
+  };
+  int splits = int(std::clamp<int64_t>((2 * sms + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
   a.cluster = 1;
-  const int c0 = std::min(splits, max_cluster);
-  for (int c : {c0, std::min(c0 - 1, 4), std::min(c0 - 1, 2)}) {
-    if (c < 2 || (c != c0 && (c & (c - 1)))) continue;
-    const int groups = (splits + c - 1) / c;
-    const int per_split = (units + c * groups - 1) / (c * groups);
-    const int stages = std::clamp(2 * per_split, 2, std::min(max_slots, max_stages));
-    const int have = fp8 ? max_active_clusters<true>(c, stages) : max_active_clusters<false>(c, stages);
-    if (int64_t(have) >= rows * groups) {
-      a.cluster = c;
-      break;
+  if (force_splits) {
+    splits = std::min(force_splits, units);
+    a.cluster = std::min(splits, max_cluster);
+  } else if (rows * kMaxCluster >= sms) {
+    // Enough rows to fill the GPU with one cluster per row: the largest cluster (<= 8 CTAs,
+    // each a split of the row) with which every row's cluster is resident at once. The merge is
+    // then entirely in distributed shared memory. Rows too many for that: plain CTAs.
+    splits = std::min(splits, kMaxCluster);
+    for (int c : {8, 4, 2}) {
+      if (c > max_cluster || c > units) continue;
+      if (rows <= resident(c, (units + c - 1) / c)) {
+        a.cluster = c;
+        splits = c;
+        break;
+      }
+    }
+  } else {
+    // Few rows: several clusters per row (a last-CTA merge over global memory joins them).
+    const int c0 = std::min(splits, max_cluster);
+    for (int c : {c0, std::min(c0 - 1, 4), std::min(c0 - 1, 2)}) {
+      if (c < 2 || (c != c0 && (c & (c - 1)))) continue;
+      const int groups = (splits + c - 1) / c;
+      if (rows * groups <= resident(c, (units + c * groups - 1) / (c * groups))) {
+        a.cluster = c;
+        break;
+      }
     }
   }
   a.groups = (splits + a.cluster - 1) / a.cluster;
   a.splits = a.cluster * a.groups;
   a.per_split = (units + a.splits - 1) / a.splits;
-  a.stages = std::clamp(2 * a.per_split, 2, std::min(max_slots, max_stages));
+  a.stages = stages_for(a.per_split);
   if (a.groups > 1) {
     const size_t n = size_t(rows) * a.groups * 16;
     char* ws = static_cast<char*>(workspace(stream, n * (kDim + 2) * 4));
