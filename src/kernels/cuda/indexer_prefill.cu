@@ -54,10 +54,12 @@
 // Precision: q bf16 (see above), keys exact in bf16, fp32 accumulation in tensor-core order;
 // ties are exact because every comparison uses the (score, block id) rule.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/internal.h"
@@ -105,7 +107,16 @@ struct Args {
   float* part_s;  // [tiles_upper, H, kRows, max_splits, list_len]
   int32_t* part_i;
   int32_t* counters;  // [tiles_upper, H]
+  int order;          // 0: grid (tiles, splits, H); 1: grid (tiles * splits, 1, H), last tile first
+  unsigned long long* trace;  // optional (SIEVE_PREFILL_TRACE): [CTAs][kTracePoints] timestamps
 };
+
+constexpr int kTracePoints = 8;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -234,15 +245,27 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   uint8_t* ks = smem + kKOff;
   float* tbl = reinterpret_cast<float*>(smem + kTblOff);
 
-  const int h = blockIdx.z, split = blockIdx.y;
-  int tile = blockIdx.x, s = 0;
+  const int h = blockIdx.z;
+  // Tile index over the batch's concatenated tiles (also the counter / workspace slot) and split.
+  const int tile_g = a.order ? int(gridDim.x / a.max_splits) - 1 - int(blockIdx.x / a.max_splits) : int(blockIdx.x);
+  const int split = a.order ? int(blockIdx.x % a.max_splits) : int(blockIdx.y);
+  unsigned long long* tr =
+      a.trace ? a.trace + ((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * kTracePoints
+              : nullptr;
+#define SIEVE_TRACE(i) \
+  if (tr && threadIdx.x == 0) tr[i] = global_ns()
+  SIEVE_TRACE(0);
+  int tile = tile_g, s = 0;
   for (; s < a.num_seqs; ++s) {
     const int qlen = a.qsl[s + 1] - a.qsl[s];
     const int nt = (qlen + kRows - 1) / kRows;
     if (tile < nt) break;
     tile -= nt;
   }
-  if (s >= a.num_seqs) return;
+  if (s >= a.num_seqs) {
+    SIEVE_TRACE(7);
+    return;
+  }
   const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
   const int r0 = tile * kRows;
   const int rows = min(kRows, qlen - r0);
@@ -251,7 +274,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   const int n_blocks = pos_last / kBlock + 1;
   const int nsplit = (n_blocks + a.kb - 1) / a.kb;
   // (nsplit > max_splits only if batch.max_seq_len understates a length: contract violation.)
-  if (split >= nsplit || nsplit > a.max_splits) return;
+  if (split >= nsplit || nsplit > a.max_splits) {
+    SIEVE_TRACE(7);
+    return;
+  }
   const int b_begin = split * a.kb, b_end = min(n_blocks, b_begin + a.kb), nb = b_end - b_begin;
   const int K = a.topk;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
@@ -324,6 +350,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
   }
   if constexpr (kFp8) store_fp8(0);
+  SIEVE_TRACE(1);
   // kRS: the warp's 16 query rows as mma A fragments for all 8 k-steps (ldmatrix, swizzled).
   uint32_t qf[kMode == kRS ? 8 : 1][4];
   if constexpr (kMode == kRS) {
@@ -351,6 +378,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     cp_async_wait_all();  // bf16: block i (and at i = 0 the cp.async query tile)
     fence_proxy_async();
     __syncthreads();  // block i in stage i & 1 for all; every warp is done with block i - 1
+    if (i == 0) SIEVE_TRACE(2);
     if (i + 1 < nb) fetch(i + 1);
     const uint8_t* stage = ks + (i & 1) * kTileBytes;
     const bool active = unit_last >= unit_lo && b * kBlock <= pos_first + unit_last;
@@ -423,6 +451,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
   }
   __syncthreads();  // table complete
+  SIEVE_TRACE(3);
 
   if (a.block_scores) {
     for (int e = tid; e < rows * nb; e += kThreads) {
@@ -441,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   // Rank the split's candidates of each row (one warp per row, one candidate per lane). A split
   // list holds L = min(topk, kb) entries (a split has at most kb candidates).
   const int L = a.list_len;
-  const int64_t tile_rows = (int64_t(blockIdx.x) * a.H + h) * kRows;  // row index base
+  const int64_t tile_rows = (int64_t(tile_g) * a.H + h) * kRows;  // row index base
   for (int r = warp; r < rows; r += kThreads / 32) {
     const int nbr = max(0, min(nb, (pos_first + r) / kBlock + 1 - b_begin));
     const float* trow = tbl + r * kTblStride;
@@ -466,18 +495,26 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
       }
     }
   }
-  if (nsplit == 1) return;
+  SIEVE_TRACE(4);
+  if (nsplit == 1) {
+    SIEVE_TRACE(7);
+    return;
+  }
 
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    int32_t* ctr = a.counters + int64_t(blockIdx.x) * a.H + h;
+    int32_t* ctr = a.counters + int64_t(tile_g) * a.H + h;
     s_last = atomicAdd(ctr, 1) == nsplit - 1;
     if (s_last) *ctr = 0;  // every split has arrived: ready for the next launch
   }
   __syncthreads();
-  if (!s_last) return;
+  if (!s_last) {
+    SIEVE_TRACE(7);
+    return;
+  }
   __threadfence();
+  SIEVE_TRACE(5);
 
   // Merge the nsplit sorted lists of each row: batches of rows are staged in the (now unused)
   // shared memory by the whole CTA (one latency per batch), then one warp per row runs topk
@@ -528,6 +565,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
     __syncthreads();
   }
+  SIEVE_TRACE(6);
+  SIEVE_TRACE(7);
+#undef SIEVE_TRACE
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -563,6 +603,78 @@ int mma_mode() {
     return int(kSS);
   }();
   return v;
+}
+
+// SIEVE_PREFILL_V2_ORDER = 1: one-dimensional grid, a tile's splits adjacent, the batch's last
+// tile (the longest of a single prompt) first; 0 or unset: grid (tiles, splits, heads). Read once.
+int order_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_ORDER");
+    return e && std::atoi(e) == 1 ? 1 : 0;
+  }();
+  return v;
+}
+
+// SIEVE_PREFILL_TRACE=1: every call on a stream that is not capturing is synchronised and prints
+// where its CTAs spent their time (global timer): a development aid, never on in serving.
+bool trace_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_TRACE");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+double pct(const std::vector<double>& v, int p) { return v[std::min(v.size() - 1, v.size() * size_t(p) / 100)]; }
+
+void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned long long>& tr, int64_t ctas) {
+  unsigned long long t0 = ~0ull, t1 = 0;
+  int64_t early = 0, merged = 0, single = 0, started = 0;
+  for (int64_t c = 0; c < ctas; ++c) {
+    const unsigned long long* p = &tr[size_t(c * kTracePoints)];
+    if (!p[0]) continue;
+    ++started;
+    t0 = std::min(t0, p[0]);
+    t1 = std::max(t1, p[7]);
+    if (!p[1]) ++early;
+    if (p[5]) ++merged;
+    if (p[4] && !p[5] && p[7] == p[4]) ++single;
+  }
+  if (!started) return;
+  static const char* names[kTracePoints] = {"start", "q issued", "first K ready", "loop end",
+                                            "lists written", "merge start", "merge end", "end"};
+  std::fprintf(stderr,
+               "prefill trace: grid %u x %u x %u = %lld CTAs (%lld started), kb %d max_splits %d mode %d order %d, "
+               "early exits %lld, merging CTAs %lld, span %.2f us\n",
+               grid.x, grid.y, grid.z, (long long)ctas, (long long)started, a.kb, a.max_splits, mode, a.order,
+               (long long)early, (long long)merged, double(t1 - t0) / 1000.0);
+  for (int i = 0; i < kTracePoints; ++i) {
+    std::vector<double> v, d;  // from the first start; from the CTA's own start
+    for (int64_t c = 0; c < ctas; ++c) {
+      const unsigned long long* p = &tr[size_t(c * kTracePoints)];
+      if (!p[0] || !p[i] || (i == kTracePoints - 1 && !p[1])) continue;  // end: working CTAs only
+      v.push_back(double(p[i] - t0) / 1000.0);
+      d.push_back(double(p[i] - p[0]) / 1000.0);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::sort(d.begin(), d.end());
+    std::fprintf(stderr,
+                 "  %-13s n %6zu | from first start: min %7.2f p10 %7.2f med %7.2f p90 %7.2f max %7.2f"
+                 " | from own start: med %7.2f p90 %7.2f max %7.2f\n",
+                 names[i], v.size(), v.front(), pct(v, 10), pct(v, 50), pct(v, 90), v.back(), pct(d, 50), pct(d, 90),
+                 d.back());
+  }
+  if (early) {
+    std::vector<double> d;
+    for (int64_t c = 0; c < ctas; ++c) {
+      const unsigned long long* p = &tr[size_t(c * kTracePoints)];
+      if (p[0] && !p[1]) d.push_back(double(p[0] - t0) / 1000.0);
+    }
+    std::sort(d.begin(), d.end());
+    std::fprintf(stderr, "  early exits start (from first start): min %.2f med %.2f max %.2f\n", d.front(), pct(d, 50),
+                 d.back());
+  }
 }
 
 template <bool kFp8, int kMode>
@@ -626,8 +738,20 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     a.part_i = reinterpret_cast<int32_t*>(ws + n * 4);
     a.counters = zeroed_counters(stream, size_t(tiles_upper) * p.num_index_heads);
   }
-  const dim3 grid(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
+  a.order = order_knob();
+  if (a.order && int64_t(tiles_upper) * max_splits > 0x7fffffff) a.order = 0;
+  const dim3 grid = a.order ? dim3(unsigned(tiles_upper * max_splits), 1u, unsigned(p.num_index_heads))
+                            : dim3(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
+  unsigned long long* trace = nullptr;
+  const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
+    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTracePoints * 8), "trace alloc");
+    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
+    a.trace = trace;
+  }
   switch (mma_mode()) {
     case kRS:
       if (fp8) launch<true, kRS>(a, grid, stream);
@@ -642,6 +766,13 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
       else launch<false, kSS>(a, grid, stream);
   }
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
+  if (trace) {
+    std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
+    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
+    cuda_check(cudaStreamSynchronize(stream), "trace sync");
+    print_trace(a, grid, mma_mode(), tr, ctas);
+    cudaFree(trace);
+  }
   return true;
 }
 
