@@ -48,9 +48,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -102,7 +106,22 @@ struct V3Args {
   float* part_s;  // [num_seqs, G, 16, topk] (G > 1)
   int32_t* part_i;
   int32_t* counters;  // [num_seqs, C] (G > 1)
+  unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTracePoints] timestamps
 };
+
+// SIEVE_INDEXER_TRACE points (one writer thread per CTA and point, %globaltimer in ns).
+constexpr int kTracePoints = 9;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// The timer read after `dep` is available (the load that produces it has completed).
+__device__ __forceinline__ unsigned long long global_ns_after(int dep) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep) : "memory");
+  return t;
+}
 
 // Dynamic shared memory: [16][chunk] maxima/scores, [16][topk] chunk list (scores, ids), the
 // chunk's physical block ids, then (128-aligned) the stage ring, reused after the loop as the
@@ -337,6 +356,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + S;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned long long* const tr = a.trace ? a.trace + int64_t(blockIdx.x) * kTracePoints : nullptr;
+  if (tr && threadIdx.x == 0) tr[0] = global_ns();
 
   // The chunk's block-table entries (producer) are read in parallel with the lengths: they
   // depend on the CTA's place only (entries past the request's length exist and are unused).
@@ -363,12 +384,14 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncwarp();
+    if (tr && lane == 0) tr[1] = global_ns_after(tbl[0] + nb);
     if (lane < min(nb, S))
       bulk_load(stage + lane * block_bytes, a.cache + int64_t(tbl[0]) * block_bytes, block_bytes, &full[lane]);
 #pragma unroll
     for (int j = 0; j < kMaxChunkBlocks / 32; ++j)
       if (lane + 32 * j < CB) phys[lane + 32 * j] = tbl[j];
     __syncwarp();
+    if (tr && lane == 0) tr[2] = global_ns();
     named_arrive(kThreads);
     if (lane == 0) {
       for (int i = S; i < nb; ++i) {
@@ -397,6 +420,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       const int st_i = i % S;
       const uint32_t par = uint32_t(i / S) & 1u;
       mbar_wait(&full[st_i], par);
+      if (tr && i == 0 && threadIdx.x == 0) tr[3] = global_ns();
       const uint8_t* base = stage + st_i * block_bytes + warp * 16 * row_bytes;
       KeyRegs<kFp8> kr[2];
 #pragma unroll
@@ -439,6 +463,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     }
   }
   __syncthreads();
+  if (tr && threadIdx.x == 0) tr[4] = global_ns();
 
   // ---- block scores of the chunk (forced sentinels; -inf past the row's own blocks)
   for (int e = threadIdx.x; e < nv * CB; e += kThreads) {
@@ -482,7 +507,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       li[e] = -1;
     }
   }
+  if (tr) {
+    __syncthreads();
+    if (threadIdx.x == 0) tr[5] = global_ns();
+  }
   cluster.sync();  // every chunk list of the cluster is complete
+  if (tr && threadIdx.x == 0) tr[6] = global_ns();
 
   // ---- cluster merge: this CTA takes rows v = rank + lr * C.
   const int nrl = nv > rank ? (nv - rank + C - 1) / C : 0;
@@ -525,6 +555,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     }
   }
 
+  if (tr) {
+    __syncthreads();
+    if (threadIdx.x == 0) tr[7] = global_ns();
+  }
   // ---- G > 1: the last group of the request (per cluster rank) merges the G group lists.
   if (G > 1 && nrl > 0) {
     __threadfence();
@@ -557,6 +591,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     }
   }
   cluster_wait();  // the other CTAs have finished reading this CTA's lists
+  if (tr) {
+    __syncthreads();
+    if (threadIdx.x == 0) tr[8] = global_ns();
+  }
 }
 
 template <class Kernel>
@@ -588,12 +626,13 @@ struct Plan {
   int chunk_blocks, stages;
   Layout L;
 };
-Plan make_plan(int max_blocks, int topk, int C, int G, uint32_t budget, uint32_t block_bytes) {
+Plan make_plan(int max_blocks, int topk, int C, int G, uint32_t budget, uint32_t block_bytes, int max_stages) {
   Plan pl{};
   pl.chunk_blocks = (max_blocks + G * C - 1) / (G * C);
   const uint32_t fixed = make_layout(pl.chunk_blocks, topk, C, G, 0, block_bytes).region + 256;
   int st = budget > fixed ? int((budget - fixed) / block_bytes) : 1;
   pl.stages = std::min(std::clamp(st, 1, kMaxStages), pl.chunk_blocks);
+  if (max_stages > 0) pl.stages = std::min(pl.stages, max_stages);
   pl.L = make_layout(pl.chunk_blocks, topk, C, G, pl.stages, block_bytes);
   return pl;
 }
@@ -633,6 +672,72 @@ int active_clusters(bool fp8, int C, uint32_t smem) {
   return n;
 }
 
+// Development knobs (environment, read once; 0 / unset = automatic). The test hook
+// set_indexer_v3_split wins over SIEVE_V3_C / SIEVE_V3_G where it is set.
+//   SIEVE_V3_C       cluster size (1, 2, 4, 8)
+//   SIEVE_V3_G       groups per request (> 1: global partials + last-CTA merge)
+//   SIEVE_V3_BUDGET  shared-memory budget per CTA in KB (both the two-per-SM and the alone plan)
+//   SIEVE_V3_STAGES  at most this many stages
+// Forcing C or G skips the cudaOccupancyMaxActiveClusters fallback (the grid may then take
+// more than one wave).
+struct Knobs {
+  int C = 0, G = 0, budget_kb = 0, stages = 0;
+};
+const Knobs& knobs() {
+  static const Knobs k = [] {
+    Knobs r;
+    auto get = [](const char* n) {
+      const char* v = std::getenv(n);
+      return v && *v ? std::atoi(v) : 0;
+    };
+    r.C = get("SIEVE_V3_C");
+    r.G = get("SIEVE_V3_G");
+    r.budget_kb = get("SIEVE_V3_BUDGET");
+    r.stages = get("SIEVE_V3_STAGES");
+    return r;
+  }();
+  return k;
+}
+
+// SIEVE_INDEXER_TRACE=1: every call outside a stream capture is synchronised and prints where
+// its CTAs spent their time (global timer, us from the first CTA's start) to stderr: a
+// development aid, never on in serving.
+bool trace_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SIEVE_INDEXER_TRACE");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
+void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vector<unsigned long long>& tr,
+                 int64_t ctas) {
+  unsigned long long t0 = ~0ull;
+  for (int64_t c = 0; c < ctas; ++c)
+    if (tr[size_t(c * kTracePoints)]) t0 = std::min(t0, tr[size_t(c * kTracePoints)]);
+  const char* names[kTracePoints] = {"start",        "prologue",     "issued",      "first block", "loop end",
+                                     "chunk top-k", "cluster sync", "cluster mrg", "end"};
+  std::fprintf(stderr,
+               "indexer v3 trace (%s): %d seqs, %lld CTAs, cluster %d groups %d chunk_blocks %d stages %d "
+               "smem %u B, SMs %d\n",
+               fp8 ? "fp8" : "bf16", N, (long long)ctas, a.C, a.G, a.chunk_blocks, a.stages, smem, num_sms());
+  std::fprintf(stderr, "  max active clusters at %u B:", smem);
+  for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, active_clusters(fp8, c, smem));
+  std::fprintf(stderr, "\n");
+  for (int i = 0; i < kTracePoints; ++i) {
+    std::vector<double> v;
+    for (int64_t c = 0; c < ctas; ++c) {
+      const unsigned long long x = tr[size_t(c * kTracePoints + i)];
+      if (x) v.push_back(double(x - t0) / 1000.0);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr,
+                 "  %-12s us from first start: min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f  (n %zu)\n",
+                 names[i], v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back(),
+                 v.size());
+  }
+}
+
 }  // namespace
 
 bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
@@ -651,8 +756,12 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   // Grid from shapes only (see the header).
   const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
   const int target = 2 * num_sms();
-  const int force_c = g_force_cluster.load(std::memory_order_relaxed);
-  const int force_g = g_force_groups.load(std::memory_order_relaxed);
+  const Knobs& kn = knobs();
+  int force_c = g_force_cluster.load(std::memory_order_relaxed);
+  int force_g = g_force_groups.load(std::memory_order_relaxed);
+  if (force_c <= 0 && force_g <= 0) force_c = kn.C, force_g = kn.G;
+  const uint32_t budget_shared = kn.budget_kb > 0 ? uint32_t(kn.budget_kb) * 1024u : kBudgetShared;
+  const uint32_t budget_alone = kn.budget_kb > 0 ? uint32_t(kn.budget_kb) * 1024u : kBudgetAlone;
   auto auto_groups = [&](int C) {
     int G = force_g > 0 ? std::min(force_g, kMaxGroups)
                         : std::max(1, std::min(int(target / (int64_t(N) * C)), max_blocks / (C * kMinGroupChunk)));
@@ -665,7 +774,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     while (C > 1 && (int64_t(N) * C > target || C > max_blocks)) C /= 2;
   }
   int G = auto_groups(C);
-  Plan plan = make_plan(max_blocks, p.topk, C, G, kBudgetShared, block_bytes);
+  Plan plan = make_plan(max_blocks, p.topk, C, G, budget_shared, block_bytes, kn.stages);
   if (force_c <= 0 && force_g <= 0) {
     // Meant as one wave at two CTAs per SM: check that the clusters fit (GPC sizes), else use
     // smaller clusters / fewer groups.
@@ -673,23 +782,23 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     while (C > 1 && N > act) {
       C /= 2;
       G = auto_groups(C);
-      plan = make_plan(max_blocks, p.topk, C, G, kBudgetShared, block_bytes);
+      plan = make_plan(max_blocks, p.topk, C, G, budget_shared, block_bytes, kn.stages);
       act = active_clusters(fp8, C, plan.L.total);
     }
     if (int64_t(N) * G > act && G > min_groups(max_blocks, C)) {
       G = std::max(min_groups(max_blocks, C), act / N);
-      plan = make_plan(max_blocks, p.topk, C, G, kBudgetShared, block_bytes);
+      plan = make_plan(max_blocks, p.topk, C, G, budget_shared, block_bytes, kn.stages);
     }
   }
   if (G > kMaxGroups) return false;
   // At most one CTA per SM: give each CTA the whole shared memory (more stages in flight) when
   // all the clusters still fit at once.
   if (int64_t(N) * G * C <= num_sms()) {
-    const Plan big = make_plan(max_blocks, p.topk, C, G, kBudgetAlone, block_bytes);
+    const Plan big = make_plan(max_blocks, p.topk, C, G, budget_alone, block_bytes, kn.stages);
     if (big.stages > plan.stages && int64_t(N) * G <= active_clusters(fp8, C, big.L.total)) plan = big;
   }
   const Layout L = plan.L;
-  if (L.total > kBudgetAlone + 16u * 1024u) return false;
+  if (L.total + 1024u > 227u * 1024u) return false;
   const int64_t ctas = int64_t(N) * G * C;
   if (ctas > int64_t(0x7fffffff)) return false;
   const int chunk_blocks = plan.chunk_blocks, stages = plan.stages;
@@ -725,6 +834,15 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     a.counters = zeroed_counters(stream, size_t(N) * C);
   }
 
+  unsigned long long* trace = nullptr;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
+    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTracePoints * 8), "trace alloc");
+    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
+    a.trace = trace;
+  }
+
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(ctas), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
@@ -745,6 +863,13 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     cuda_check(cudaLaunchKernelEx(&cfg, decode_indexer_v3_kernel<false>, a), "indexer decode v3 launch");
   }
   SIEVE_LAUNCH_CHECK("indexer decode v3");
+  if (trace) {
+    std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
+    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
+    cuda_check(cudaStreamSynchronize(stream), "trace sync");
+    print_trace(fp8, a, N, L.total, tr, ctas);
+    cudaFree(trace);
+  }
   return true;
 }
 
