@@ -107,6 +107,7 @@ struct Args {
   float* part_s;  // [tiles_upper, H, kRows, max_splits, list_len]
   int32_t* part_i;
   int32_t* counters;  // [tiles_upper, H]
+  int merge_rank;     // 1: rank merge (binary searches, no per-row rounds); 0: topk rounds
   int order;          // 0: grid (tiles, splits, H); 1: grid (tiles * splits, 1, H), last tile first
   unsigned long long* trace;  // optional (SIEVE_PREFILL_TRACE): [CTAs][kTracePoints] timestamps
 };
@@ -129,6 +130,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -233,11 +235,16 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 // Kernel
 
 // kMode: kSS (wgmma, A and B from shared memory), kRS (wgmma, A in registers), kSync (mma.sync).
-enum Mode { kSS = 0, kRS = 1, kSync = 2 };
+// kRS3 (bf16 cache only): kRS with a 3-stage key ring whose third stage is the query tile's
+// shared memory (free once the query fragments are in registers): two blocks in flight.
+enum Mode { kSS = 0, kRS = 1, kSync = 2, kRS3 = 3 };
 
 template <bool kFp8, int kMode>
 __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   constexpr bool kWgmma = kMode != kSync;
+  constexpr bool kRegA = kMode == kRS || kMode == kRS3;
+  constexpr int kStages = kMode == kRS3 ? 3 : 2;
+  static_assert(!(kFp8 && kMode == kRS3), "kRS3: bf16 cache only");
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -288,9 +295,14 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   constexpr int kRowBytes = kFp8 ? kDim : kDim * 2;
   constexpr int kLoads = kFp8 ? 4 : 8;  // 16-byte units per thread per block
   uint4 kreg[kFp8 ? 4 : 1];
+  // Stage j of the key ring: the two key buffers, then (kRS3) the query tile's buffer.
+  auto stage_of = [&](int i) -> uint8_t* {
+    const int j = kStages == 3 ? i % 3 : (i & 1);
+    return j < 2 ? ks + j * kTileBytes : qs;
+  };
   auto fetch = [&](int i) {
     const uint8_t* src = a.cache + int64_t(btab[b_begin + i]) * (kBlock * kRowBytes);
-    uint8_t* stage = ks + (i & 1) * kTileBytes;
+    uint8_t* stage = stage_of(i);
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const int c = tid + l * kThreads;
@@ -352,14 +364,17 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   if constexpr (kFp8) store_fp8(0);
   SIEVE_TRACE(1);
   // kRS: the warp's 16 query rows as mma A fragments for all 8 k-steps (ldmatrix, swizzled).
-  uint32_t qf[kMode == kRS ? 8 : 1][4];
-  if constexpr (kMode == kRS) {
+  uint32_t qf[kRegA ? 8 : 1][4];
+  if constexpr (kRegA) {
     cp_async_wait_all();
     __syncthreads();
     const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int st = 0; st < 8; ++st)
       ldmatrix_x4(qf[st], qs + swz(warp * 16 + rr + (mi & 1) * 8, st * 16 + (mi >> 1) * 8));
+    // kRS3: block 1 into stage 1 now; block 2 goes into the query buffer after the loop's first
+    // barrier (every warp has its fragments by then).
+    if (kMode == kRS3 && nb > 1) fetch(1);
   }
 
   float acc[64];
@@ -375,12 +390,20 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 
   for (int i = 0; i < nb; ++i) {
     const int b = b_begin + i;
-    cp_async_wait_all();  // bf16: block i (and at i = 0 the cp.async query tile)
+    if (kMode == kRS3 && i + 1 < nb) {
+      cp_async_wait_1();  // block i; block i + 1 may stay in flight
+    } else {
+      cp_async_wait_all();  // bf16: block i (and at i = 0 the cp.async query tile)
+    }
     fence_proxy_async();
-    __syncthreads();  // block i in stage i & 1 for all; every warp is done with block i - 1
+    __syncthreads();  // block i in its stage for all; every warp is done with block i - 1
     if (i == 0) SIEVE_TRACE(2);
-    if (i + 1 < nb) fetch(i + 1);
-    const uint8_t* stage = ks + (i & 1) * kTileBytes;
+    if constexpr (kMode == kRS3) {
+      if (i + 2 < nb) fetch(i + 2);  // into the stage of block i - 1 (at i = 0: the query buffer)
+    } else {
+      if (i + 1 < nb) fetch(i + 1);
+    }
+    const uint8_t* stage = stage_of(i);
     const bool active = unit_last >= unit_lo && b * kBlock <= pos_first + unit_last;
     float mA = kNegInf, mB = kNegInf;
     if (active) {
@@ -391,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 #pragma unroll
         for (int st = 0; st < 8; ++st) {
           const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
-          if constexpr (kMode == kRS) {
+          if constexpr (kRegA) {
             wgmma_m64n128k16_rs(acc, qf[st], make_desc(kbase + off), st > 0);
           } else {
             wgmma_m64n128k16(acc, make_desc(qa + off), make_desc(kbase + off), st > 0);
@@ -534,6 +557,41 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
       mi[e] = __ldcg(a.part_i + o);
     }
     __syncthreads();
+    if (a.merge_rank) {
+      // Rank merge: every staged candidate (one per thread at a time) finds its final rank =
+      // its position in its own (sorted) list + the number of entries of each other list that
+      // beat it (a prefix of that sorted list: binary search; empty slots, id -1, never beat).
+      for (int e = tid; e < nr * per_row; e += kThreads) {
+        const int rr = e / per_row, w = e % per_row, c = w / L;
+        const int id = mi[e];
+        if (id < 0) continue;
+        const float sc = ms[e];
+        const float* ls = ms + rr * per_row;
+        const int* li = mi + rr * per_row;
+        int rank = w - c * L;
+        for (int c2 = 0; c2 < nsplit && rank < K; ++c2) {
+          if (c2 == c) continue;
+          int lo = 0, hi = L;  // entries [0, lo) beat the candidate, [hi, L) do not
+          while (lo < hi) {
+            const int m = (lo + hi) >> 1;
+            const int im = li[c2 * L + m];
+            if (im >= 0 && beats(ls[c2 * L + m], im, sc, id)) lo = m + 1;
+            else hi = m;
+          }
+          rank += lo;
+        }
+        if (rank < K) a.topk_idx[((tok0 + r0 + rb + rr) * int64_t(a.H) + h) * K + rank] = id;
+      }
+      // Slots past the row's candidate count: -1.
+      for (int rr = warp; rr < nr; rr += kThreads / 32) {
+        int cnt = 0;
+        for (int w = lane; w < per_row; w += 32) cnt += mi[rr * per_row + w] >= 0;
+        cnt = __reduce_add_sync(0xffffffffu, cnt);
+        for (int k = cnt + lane; k < K; k += 32) a.topk_idx[((tok0 + r0 + rb + rr) * int64_t(a.H) + h) * K + k] = -1;
+      }
+      __syncthreads();
+      continue;
+    }
     for (int rr = warp; rr < nr; rr += kThreads / 32) {
       const float* ls = ms + rr * per_row;
       const int* li = mi + rr * per_row;
@@ -594,13 +652,24 @@ int kb_override() {
   return v;
 }
 
-// SIEVE_PREFILL_V2_MMA = ss | rs | sync (default ss), read once.
+// SIEVE_PREFILL_V2_MMA = ss | rs | rs3 | sync (default ss), read once. rs3 with an fp8 cache runs rs.
 int mma_mode() {
   static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_MMA");
+    if (e && std::strcmp(e, "rs3") == 0) return int(kRS3);
     if (e && std::strcmp(e, "sync") == 0) return int(kSync);
     if (e && std::strcmp(e, "rs") == 0) return int(kRS);
     return int(kSS);
+  }();
+  return v;
+}
+
+// SIEVE_PREFILL_V2_MERGE = rank: the last split's merge ranks every candidate by binary searches
+// in the other sorted lists (all threads, no per-row rounds); rounds or unset: topk rounds.
+int merge_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_MERGE");
+    return e && std::strcmp(e, "rank") == 0 ? 1 : 0;
   }();
   return v;
 }
@@ -644,9 +713,10 @@ void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned 
   static const char* names[kTracePoints] = {"start", "q issued", "first K ready", "loop end",
                                             "lists written", "merge start", "merge end", "end"};
   std::fprintf(stderr,
-               "prefill trace: grid %u x %u x %u = %lld CTAs (%lld started), kb %d max_splits %d mode %d order %d, "
-               "early exits %lld, merging CTAs %lld, span %.2f us\n",
+               "prefill trace: grid %u x %u x %u = %lld CTAs (%lld started), kb %d max_splits %d mode %d order %d "
+               "merge %s, early exits %lld, merging CTAs %lld, span %.2f us\n",
                grid.x, grid.y, grid.z, (long long)ctas, (long long)started, a.kb, a.max_splits, mode, a.order,
+               a.merge_rank ? "rank" : "rounds",
                (long long)early, (long long)merged, double(t1 - t0) / 1000.0);
   for (int i = 0; i < kTracePoints; ++i) {
     std::vector<double> v, d;  // from the first start; from the CTA's own start
@@ -739,6 +809,7 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     a.counters = zeroed_counters(stream, size_t(tiles_upper) * p.num_index_heads);
   }
   a.order = order_knob();
+  a.merge_rank = merge_knob();
   if (a.order && int64_t(tiles_upper) * max_splits > 0x7fffffff) a.order = 0;
   const dim3 grid = a.order ? dim3(unsigned(tiles_upper * max_splits), 1u, unsigned(p.num_index_heads))
                             : dim3(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
@@ -753,6 +824,10 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     a.trace = trace;
   }
   switch (mma_mode()) {
+    case kRS3:
+      if (fp8) launch<true, kRS>(a, grid, stream);
+      else launch<false, kRS3>(a, grid, stream);
+      break;
     case kRS:
       if (fp8) launch<true, kRS>(a, grid, stream);
       else launch<false, kRS>(a, grid, stream);
