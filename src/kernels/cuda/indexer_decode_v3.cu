@@ -106,6 +106,7 @@ struct V3Args {
   float* part_s;  // [num_seqs, G, 16, topk] (G > 1)
   int32_t* part_i;
   int32_t* counters;  // [num_seqs, C] (G > 1)
+  int merge_ilp;  // SIEVE_V3_MERGE=1: unrolled chunk top-k, merged_rank_ilp
   unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTracePoints] timestamps
 };
 
@@ -330,6 +331,31 @@ __device__ __forceinline__ int merged_rank(const float* ls, const int* li, int n
   return rank;
 }
 
+// merged_rank for SIEVE_V3_MERGE=1: the same value wherever it is < K (the callers drop the
+// others), without the serial chain: no early exit, a fixed-step branch-free search per list
+// (steps 32 .. 1, K <= 32), lists unrolled by 4 so their shared-memory loads overlap.
+__device__ __forceinline__ int merged_rank_ilp(const float* ls, const int* li, int nl, int K, int self, int p,
+                                               float sv, int id) {
+  int rank = p;
+#pragma unroll 4
+  for (int b = 0; b < nl; ++b) {
+    const float* bs = ls + b * K;
+    const int* bi = li + b * K;
+    int lo = 0;
+#pragma unroll
+    for (int step = kMaxTopk; step > 0; step >>= 1) {
+      const int m = lo + step - 1;
+      if (m < K) {
+        const int x = bi[m];
+        const float y = bs[m];
+        if (x >= 0 && beats(y, x, sv, id)) lo += step;
+      }
+    }
+    rank += b == self ? 0 : lo;
+  }
+  return rank;
+}
+
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -490,9 +516,21 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     if (b0 + i >= nbr[v]) continue;
     const float sv = sc[v * CB + i];
     int r = 0;
-    for (int j = 0; j < nb && r < K; ++j) {
-      if (b0 + j >= nbr[v]) break;
-      r += beats(sc[v * CB + j], j, sv, i);
+    if (a.merge_ilp) {
+      // Same verdict (r < K and its value) as the loop below: early exit every 8 blocks only.
+      const int lim = min(nb, nbr[v] - b0);
+      for (int j0 = 0; j0 < lim && r < K; j0 += 8) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int j = j0 + u;
+          if (j < lim) r += beats(sc[v * CB + j], j, sv, i);
+        }
+      }
+    } else {
+      for (int j = 0; j < nb && r < K; ++j) {
+        if (b0 + j >= nbr[v]) break;
+        r += beats(sc[v * CB + j], j, sv, i);
+      }
     }
     if (r < K) {
       ls[v * K + r] = sv;
@@ -529,7 +567,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     if (id < 0) continue;
     const int lr = e / (C * K), self = (e / K) % C, p = e % K;
     const float sv = ms[e];
-    const int r = merged_rank(ms + lr * C * K, mi + lr * C * K, C, K, self, p, sv, id);
+    const int r = a.merge_ilp ? merged_rank_ilp(ms + lr * C * K, mi + lr * C * K, C, K, self, p, sv, id)
+                              : merged_rank(ms + lr * C * K, mi + lr * C * K, C, K, self, p, sv, id);
     if (r >= K) continue;
     const int v = rank + lr * C;
     if (G == 1) {
@@ -578,7 +617,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
         const int id = mi[e];
         if (id < 0) continue;
         const int lr = e / (G * K), self = (e / K) % G, p = e % K;
-        const int r = merged_rank(ms + lr * G * K, mi + lr * G * K, G, K, self, p, ms[e], id);
+        const int r = a.merge_ilp ? merged_rank_ilp(ms + lr * G * K, mi + lr * G * K, G, K, self, p, ms[e], id)
+                                  : merged_rank(ms + lr * G * K, mi + lr * G * K, G, K, self, p, ms[e], id);
         if (r >= K) continue;
         const int v = rank + lr * C;
         a.topk_idx[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * K + r] = id;
@@ -678,10 +718,12 @@ int active_clusters(bool fp8, int C, uint32_t smem) {
 //   SIEVE_V3_G       groups per request (> 1: global partials + last-CTA merge)
 //   SIEVE_V3_BUDGET  shared-memory budget per CTA in KB (both the two-per-SM and the alone plan)
 //   SIEVE_V3_STAGES  at most this many stages
+//   SIEVE_V3_MERGE   1: chunk top-k unrolled by 8, cluster / group merges by merged_rank_ilp
+//                    (same results; default 0 = the serial loops)
 // Forcing C or G skips the cudaOccupancyMaxActiveClusters fallback (the grid may then take
 // more than one wave).
 struct Knobs {
-  int C = 0, G = 0, budget_kb = 0, stages = 0;
+  int C = 0, G = 0, budget_kb = 0, stages = 0, merge = 0;
 };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -694,6 +736,7 @@ const Knobs& knobs() {
     r.G = get("SIEVE_V3_G");
     r.budget_kb = get("SIEVE_V3_BUDGET");
     r.stages = get("SIEVE_V3_STAGES");
+    r.merge = get("SIEVE_V3_MERGE");
     return r;
   }();
   return k;
@@ -718,8 +761,9 @@ void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vec
                                      "chunk top-k", "cluster sync", "cluster mrg", "end"};
   std::fprintf(stderr,
                "indexer v3 trace (%s): %d seqs, %lld CTAs, cluster %d groups %d chunk_blocks %d stages %d "
-               "smem %u B, SMs %d\n",
-               fp8 ? "fp8" : "bf16", N, (long long)ctas, a.C, a.G, a.chunk_blocks, a.stages, smem, num_sms());
+               "smem %u B, SMs %d, merge %s\n",
+               fp8 ? "fp8" : "bf16", N, (long long)ctas, a.C, a.G, a.chunk_blocks, a.stages, smem, num_sms(),
+               a.merge_ilp ? "ilp" : "serial");
   std::fprintf(stderr, "  max active clusters at %u B:", smem);
   for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, active_clusters(fp8, c, smem));
   std::fprintf(stderr, "\n");
@@ -826,6 +870,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   a.local_blocks = p.local_blocks;
   a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
+  a.merge_ilp = kn.merge > 0;
   if (G > 1) {
     const size_t part = size_t(N) * G * 16 * p.topk;
     char* ws = static_cast<char*>(workspace(stream, part * 8));
