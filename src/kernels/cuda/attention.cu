@@ -47,11 +47,13 @@ namespace cg = cooperative_groups;
 
 constexpr int kBlock = 128;
 constexpr int kDim = 128;
-constexpr int kConsumers = 4;                    // consumer warps
+constexpr int kGroupWarps = 4;                   // warps of a consumer group (32 keys each)
+constexpr int kGroups = 2;                       // consumer groups (alternate units)
+constexpr int kConsumers = kGroupWarps * kGroups;
 constexpr int kThreads = (kConsumers + 1) * 32;  // + the producer warp
 constexpr int kMaxSplits = 128;
 constexpr int kMaxCluster = 8;
-constexpr int kMaxStages = 8;
+constexpr int kMaxStages = 12;
 constexpr int kRing = 16;  // unit ids in flight between producer and consumers (>= stages / 2 + 1)
 constexpr int kCoStride = kDim + 4;
 __host__ __device__ constexpr int co_index(int r, int d) { return r * kCoStride + d + (d >> 5); }
@@ -66,7 +68,7 @@ struct Geo {
   static constexpr int kDataBytes = kBlock * kRowBytes;
   static constexpr int kScaleBytes = kFp8 ? kBlock * 4 : 0;
   static constexpr int kSlotBytes = kDataBytes + kScaleBytes;
-  static constexpr int kMaxSlots = kFp8 ? 6 : 3;
+  static constexpr int kMaxSlots = kFp8 ? 12 : 6;  // ~200 KB: one CTA per SM
 };
 
 struct AttnArgs {
@@ -157,7 +159,7 @@ __device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t)
 }
 
 template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
   using G = Geo<kFp8>;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   if (threadIdx.x == 0) {
     for (int i = 0; i < NS; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kConsumers);
+      mbar_init(&empty[i], kGroupWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -302,12 +304,16 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
         __syncwarp();
       }
     }
-    // Sentinel: the next K slot completes without data and carries id -1.
+    // Sentinels: the K slots of units vi and vi + 1 (one per consumer group) complete without
+    // data and carry id -1.
     if (lane == 0) SIEVE_TRACE(2);
     if (lane == 0) {
-      const int slot = acquire(item);
-      blk_ring[vi % kRing] = -1;
-      mbar_arrive(&full[slot]);
+      for (int k = 0; k < kGroups; ++k) {
+        const int slot = acquire(item);
+        blk_ring[(vi + k) % kRing] = -1;
+        mbar_arrive(&full[slot]);
+        item += 2;
+      }
     }
     __syncwarp();
   } else {
@@ -316,15 +322,17 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
     constexpr int kVV = kFp8 ? 1 : 2;  // 16-byte runs per V row and lane
     const int flip = g & 1;
     const int vflip = kFp8 ? 0 : (g >> 2) & 1;
-    for (int vi = 0;; ++vi) {
+    // Group gr takes units gr, gr + 2, ...; warp wg of the group keys 32 wg..32 wg + 31.
+    const int gr = warp / kGroupWarps, wg = warp % kGroupWarps;
+    for (int vi = gr;; vi += kGroups) {
       const int iK = 2 * vi, sK = iK % NS;
       mbar_wait(&full[sK], uint32_t(iK / NS) & 1u);
       if (vi == 0 && threadIdx.x == 0) SIEVE_TRACE(3);
       const int b = blk_ring[vi % kRing];
       if (b < 0) break;
-      const int key0 = b * kBlock + warp * 32;  // this warp's first key
+      const int key0 = b * kBlock + wg * 32;  // this warp's first key
       const bool active = key0 <= pos;
-      const uint8_t* ks = smem + size_t(sK) * G::kSlotBytes + size_t(warp) * 32 * G::kRowBytes;
+      const uint8_t* ks = smem + size_t(sK) * G::kSlotBytes + size_t(wg) * 32 * G::kRowBytes;
       float sacc[4][4];
       float2 ksc[4];
       if (active) {
@@ -353,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
           }
           if constexpr (kFp8) {
             const float* sc = reinterpret_cast<const float*>(smem + size_t(sK) * G::kSlotBytes + G::kDataBytes);
-            ksc[nt] = *reinterpret_cast<const float2*>(sc + warp * 32 + nt * 8 + 2 * q);
+            ksc[nt] = *reinterpret_cast<const float2*>(sc + wg * 32 + nt * 8 + 2 * q);
           }
         }
       }
@@ -395,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
           o[j][0] *= al0, o[j][1] *= al0;
           o[j][2] *= al1, o[j][3] *= al1;
         }
-        const float* vsc = reinterpret_cast<const float*>(vs + G::kDataBytes) + warp * 32;
+        const float* vsc = reinterpret_cast<const float*>(vs + G::kDataBytes) + wg * 32;
         uint32_t pa[2][4];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -419,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
           pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p[2], p[3]);
         }
         // ---- O += P V over two k-steps of 16 keys; 16 n-tiles of 8 (permuted) dims.
-        const uint8_t* vw = vs + size_t(warp) * 32 * G::kRowBytes;
+        const uint8_t* vw = vs + size_t(wg) * 32 * G::kRowBytes;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           // V rows of this lane: keys 16 i + 8 jj + 2 q + kk, dims g*16..+15.
@@ -517,10 +525,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   }
   __syncthreads();
   if (warp < kConsumers) {
-    // Warp w sums elements 16w..16w+15 of every lane's fragment over the 4 warps.
+    // Warp w sums elements of every lane's fragment over the warps, 64 / kConsumers each.
+    constexpr int kPer = 64 / kConsumers;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int e = warp * 16 + k, nt = e / 4, j = e % 4;
+    for (int k = 0; k < kPer; ++k) {
+      const int e = warp * kPer + k, nt = e / 4, j = e % 4;
       float acc = 0.f;
 #pragma unroll
       for (int w = 0; w < kConsumers; ++w) acc += o_s[(w * 64 + e) * 32 + lane];
@@ -538,9 +547,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
   const int C = a.cluster, rank = int(cluster.block_rank());
   const int grp = split / C;
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
-  for (int r = rank; r < a.gqa; r += C) {
-    // One round of remote loads: every CTA's (max, sum) and this thread's dim of its O.
-    const int d = min(int(threadIdx.x), kDim - 1);
+  // This CTA's outputs: rows rank, rank + C, ... times 128 dims, spread over all threads with
+  // every remote load of an output issued at once.
+  const int my_rows = (a.gqa - rank + C - 1) / C;
+  for (int idx = threadIdx.x; idx < my_rows * kDim; idx += kThreads) {
+    const int r = rank + (idx / kDim) * C, d = idx % kDim;
     float mc[kMaxCluster], lc[kMaxCluster], oc[kMaxCluster];
 #pragma unroll
     for (int c = 0; c < kMaxCluster; ++c) {
@@ -562,7 +573,6 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttnArgs a) {
       L += lc[c] * f;
       acc += oc[c] * f;
     }
-    if (threadIdx.x >= kDim) continue;
     if (a.groups == 1) {
       const float val = L > 0.f ? acc / L : 0.f;
       const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d;
