@@ -53,6 +53,21 @@
 // compared by score), so -inf-scoring candidates still rank.
 // Precision: q bf16 (see above), keys exact in bf16, fp32 accumulation in tensor-core order;
 // ties are exact because every comparison uses the (score, block id) rule.
+//
+// Development knobs (environment, read once; defaults = the behaviour above):
+//   SIEVE_PREFILL_V2_MMA=rs3    bf16 cache: rs with a 3-stage key ring (the query buffer becomes
+//                               the third stage once the fragments are in registers), two key
+//                               blocks in flight during a block's math (fp8 cache: rs).
+//   SIEVE_PREFILL_V2_MERGE=rank the merging CTA ranks every staged candidate (all 256 threads):
+//                               its own list position + a binary search per other sorted list
+//                               (prefix of entries that beat it); no per-row topk rounds.
+//   SIEVE_PREFILL_V2_ORDER=1    1-D grid, a tile's splits adjacent, the batch's last tile first
+//                               (the longest tile of a prompt starts, and merges, early).
+//   SIEVE_PREFILL_TRACE=1       eager calls only (stream not capturing): thread 0 of each CTA
+//                               stores %globaltimer at start, q issued, first key block ready,
+//                               loop end, lists written, merge start / end, end; the host syncs
+//                               and prints per-phase percentiles (stderr). scripts/dev-prefill-sweep
+//                               runs the tests, traces and a knob sweep.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -698,7 +713,7 @@ double pct(const std::vector<double>& v, int p) { return v[std::min(v.size() - 1
 
 void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned long long>& tr, int64_t ctas) {
   unsigned long long t0 = ~0ull, t1 = 0;
-  int64_t early = 0, merged = 0, single = 0, started = 0;
+  int64_t early = 0, merged = 0, started = 0;
   for (int64_t c = 0; c < ctas; ++c) {
     const unsigned long long* p = &tr[size_t(c * kTracePoints)];
     if (!p[0]) continue;
@@ -707,7 +722,6 @@ void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned 
     t1 = std::max(t1, p[7]);
     if (!p[1]) ++early;
     if (p[5]) ++merged;
-    if (p[4] && !p[5] && p[7] == p[4]) ++single;
   }
   if (!started) return;
   static const char* names[kTracePoints] = {"start", "q issued", "first K ready", "loop end",
