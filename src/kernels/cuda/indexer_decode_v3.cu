@@ -107,11 +107,12 @@ struct V3Args {
   int32_t* part_i;
   int32_t* counters;  // [num_seqs, C] (G > 1)
   int merge_ilp;  // SIEVE_V3_MERGE=1: unrolled chunk top-k, merged_rank_ilp
-  unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTracePoints] timestamps
+  unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTraceSlots]: timestamps, SM id
 };
 
 // SIEVE_INDEXER_TRACE points (one writer thread per CTA and point, %globaltimer in ns).
 constexpr int kTracePoints = 9;
+constexpr int kTraceSlots = kTracePoints + 1;  // + the SM id (+ 1) of the CTA
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -382,8 +383,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + S;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned long long* const tr = a.trace ? a.trace + int64_t(blockIdx.x) * kTracePoints : nullptr;
-  if (tr && threadIdx.x == 0) tr[0] = global_ns();
+  unsigned long long* const tr = a.trace ? a.trace + int64_t(blockIdx.x) * kTraceSlots : nullptr;
+  if (tr && threadIdx.x == 0) {
+    tr[0] = global_ns();
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    tr[kTracePoints] = sm + 1ull;
+  }
 
   // The chunk's block-table entries (producer) are read in parallel with the lengths: they
   // depend on the CTA's place only (entries past the request's length exist and are unused).
@@ -756,7 +762,7 @@ void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vec
                  int64_t ctas) {
   unsigned long long t0 = ~0ull;
   for (int64_t c = 0; c < ctas; ++c)
-    if (tr[size_t(c * kTracePoints)]) t0 = std::min(t0, tr[size_t(c * kTracePoints)]);
+    if (tr[size_t(c * kTraceSlots)]) t0 = std::min(t0, tr[size_t(c * kTraceSlots)]);
   const char* names[kTracePoints] = {"start",        "prologue",     "issued",      "first block", "loop end",
                                      "chunk top-k", "cluster sync", "cluster mrg", "end"};
   std::fprintf(stderr,
@@ -767,10 +773,19 @@ void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vec
   std::fprintf(stderr, "  max active clusters at %u B:", smem);
   for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, active_clusters(fp8, c, smem));
   std::fprintf(stderr, "\n");
+  {
+    std::map<unsigned long long, int> per_sm;
+    for (int64_t c = 0; c < ctas; ++c)
+      if (tr[size_t(c * kTraceSlots + kTracePoints)]) ++per_sm[tr[size_t(c * kTraceSlots + kTracePoints)]];
+    int most = 0;
+    for (const auto& kv : per_sm) most = std::max(most, kv.second);
+    std::fprintf(stderr, "  SMs used %zu of %d, at most %d CTAs on one SM (over the whole call)\n", per_sm.size(),
+                 num_sms(), most);
+  }
   for (int i = 0; i < kTracePoints; ++i) {
     std::vector<double> v;
     for (int64_t c = 0; c < ctas; ++c) {
-      const unsigned long long x = tr[size_t(c * kTracePoints + i)];
+      const unsigned long long x = tr[size_t(c * kTraceSlots + i)];
       if (x) v.push_back(double(x - t0) / 1000.0);
     }
     if (v.empty()) continue;
@@ -883,8 +898,8 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
   if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
-    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTracePoints * 8), "trace alloc");
-    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
+    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTraceSlots * 8), "trace alloc");
+    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTraceSlots * 8, stream), "trace memset");
     a.trace = trace;
   }
 
@@ -909,7 +924,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   }
   SIEVE_LAUNCH_CHECK("indexer decode v3");
   if (trace) {
-    std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
+    std::vector<unsigned long long> tr(size_t(ctas) * kTraceSlots);
     cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
     cuda_check(cudaStreamSynchronize(stream), "trace sync");
     print_trace(fp8, a, N, L.total, tr, ctas);
