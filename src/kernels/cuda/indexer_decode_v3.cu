@@ -106,6 +106,7 @@ struct V3Args {
   float* part_s;  // [num_seqs, G, 16, topk] (G > 1)
   int32_t* part_i;
   int32_t* counters;  // [num_seqs, C] (G > 1)
+  int pdl;        // SIEVE_V3_PDL=1: launched with programmatic stream serialization
   int merge_ilp;  // SIEVE_V3_MERGE=1: unrolled chunk top-k, merged_rank_ilp
   unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTraceSlots]: timestamps, SM id
 };
@@ -390,6 +391,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     tr[kTracePoints] = sm + 1ull;
   }
+  // Programmatic dependent launch: nothing global is read or written before the previous
+  // kernel of the stream has completed (and flushed).
+  if (a.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   // The chunk's block-table entries (producer) are read in parallel with the lengths: they
   // depend on the CTA's place only (entries past the request's length exist and are unused).
@@ -496,6 +500,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   }
   __syncthreads();
   if (tr && threadIdx.x == 0) tr[4] = global_ns();
+  // The next kernel may start launching (it waits for this grid's completion before it reads).
+  if (a.pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // ---- block scores of the chunk (forced sentinels; -inf past the row's own blocks)
   for (int e = threadIdx.x; e < nv * CB; e += kThreads) {
@@ -726,10 +732,13 @@ int active_clusters(bool fp8, int C, uint32_t smem) {
 //   SIEVE_V3_STAGES  at most this many stages
 //   SIEVE_V3_MERGE   1: chunk top-k unrolled by 8, cluster / group merges by merged_rank_ilp
 //                    (same results; default 0 = the serial loops)
+//   SIEVE_V3_PDL     1: programmatic dependent launch (griddepcontrol.wait before any global
+//                    access, launch_dependents after the block loop): hides the launch of a call
+//                    behind the tail of the previous kernel of the stream
 // Forcing C or G skips the cudaOccupancyMaxActiveClusters fallback (the grid may then take
 // more than one wave).
 struct Knobs {
-  int C = 0, G = 0, budget_kb = 0, stages = 0, merge = 0;
+  int C = 0, G = 0, budget_kb = 0, stages = 0, merge = 0, pdl = 0;
 };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -743,6 +752,7 @@ const Knobs& knobs() {
     r.budget_kb = get("SIEVE_V3_BUDGET");
     r.stages = get("SIEVE_V3_STAGES");
     r.merge = get("SIEVE_V3_MERGE");
+    r.pdl = get("SIEVE_V3_PDL");
     return r;
   }();
   return k;
@@ -767,9 +777,9 @@ void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vec
                                      "chunk top-k", "cluster sync", "cluster mrg", "end"};
   std::fprintf(stderr,
                "indexer v3 trace (%s): %d seqs, %lld CTAs, cluster %d groups %d chunk_blocks %d stages %d "
-               "smem %u B, SMs %d, merge %s\n",
+               "smem %u B, SMs %d, merge %s, pdl %d\n",
                fp8 ? "fp8" : "bf16", N, (long long)ctas, a.C, a.G, a.chunk_blocks, a.stages, smem, num_sms(),
-               a.merge_ilp ? "ilp" : "serial");
+               a.merge_ilp ? "ilp" : "serial", a.pdl);
   std::fprintf(stderr, "  max active clusters at %u B:", smem);
   for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, active_clusters(fp8, c, smem));
   std::fprintf(stderr, "\n");
@@ -886,6 +896,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
   a.merge_ilp = kn.merge > 0;
+  a.pdl = kn.pdl > 0;
   if (G > 1) {
     const size_t part = size_t(N) * G * 16 * p.topk;
     char* ws = static_cast<char*>(workspace(stream, part * 8));
@@ -908,13 +919,15 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = L.total;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(C);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = a.pdl ? 2 : 1;
   if (fp8) {
     set_smem(decode_indexer_v3_kernel<true>, L.total);
     cuda_check(cudaLaunchKernelEx(&cfg, decode_indexer_v3_kernel<true>, a), "indexer decode v3 launch");
