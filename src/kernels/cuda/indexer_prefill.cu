@@ -127,7 +127,7 @@ struct Args {
   unsigned long long* trace;  // optional (SIEVE_PREFILL_TRACE): [CTAs][kTracePoints] timestamps
 };
 
-constexpr int kTracePoints = 8;
+constexpr int kTracePoints = 9;  // 8 timestamps + (smid << 32 | key blocks)
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -412,7 +412,14 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
     fence_proxy_async();
     __syncthreads();  // block i in its stage for all; every warp is done with block i - 1
-    if (i == 0) SIEVE_TRACE(2);
+    if (i == 0) {
+      SIEVE_TRACE(2);
+      if (tr && threadIdx.x == 0) {
+        uint32_t smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        tr[8] = (uint64_t(smid) << 32) | uint32_t(nb);
+      }
+    }
     if constexpr (kMode == kRS3) {
       if (i + 2 < nb) fetch(i + 2);  // into the stage of block i - 1 (at i = 0: the query buffer)
     } else {
@@ -724,7 +731,7 @@ void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned 
     if (p[5]) ++merged;
   }
   if (!started) return;
-  static const char* names[kTracePoints] = {"start", "q issued", "first K ready", "loop end",
+  static const char* names[8] = {"start", "q issued", "first K ready", "loop end",
                                             "lists written", "merge start", "merge end", "end"};
   std::fprintf(stderr,
                "prefill trace: grid %u x %u x %u = %lld CTAs (%lld started), kb %d max_splits %d mode %d order %d "
@@ -732,11 +739,11 @@ void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned 
                grid.x, grid.y, grid.z, (long long)ctas, (long long)started, a.kb, a.max_splits, mode, a.order,
                a.merge_rank ? "rank" : "rounds",
                (long long)early, (long long)merged, double(t1 - t0) / 1000.0);
-  for (int i = 0; i < kTracePoints; ++i) {
+  for (int i = 0; i < 8; ++i) {
     std::vector<double> v, d;  // from the first start; from the CTA's own start
     for (int64_t c = 0; c < ctas; ++c) {
       const unsigned long long* p = &tr[size_t(c * kTracePoints)];
-      if (!p[0] || !p[i] || (i == kTracePoints - 1 && !p[1])) continue;  // end: working CTAs only
+      if (!p[0] || !p[i] || (i == 7 && !p[1])) continue;  // end: working CTAs only
       v.push_back(double(p[i] - t0) / 1000.0);
       d.push_back(double(p[i] - p[0]) / 1000.0);
     }
@@ -748,6 +755,31 @@ void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned 
                  " | from own start: med %7.2f p90 %7.2f max %7.2f\n",
                  names[i], v.size(), v.front(), pct(v, 10), pct(v, 50), pct(v, 90), v.back(), pct(d, 50), pct(d, 90),
                  d.back());
+  }
+  // Working CTAs: key-loop time per block (first block ready .. loop end, / blocks), blocks per
+  // CTA, and how the CTAs spread over the SMs.
+  {
+    std::vector<double> per_block, nbs;
+    std::map<int, int> per_sm;
+    for (int64_t c = 0; c < ctas; ++c) {
+      const unsigned long long* p = &tr[size_t(c * kTracePoints)];
+      if (!p[2] || !p[3] || !p[8]) continue;
+      const int nb = int(p[8] & 0xffffffffu);
+      nbs.push_back(nb);
+      per_block.push_back(double(p[3] - p[2]) / 1000.0 / std::max(1, nb));
+      ++per_sm[int(p[8] >> 32)];
+    }
+    if (!per_block.empty()) {
+      std::sort(per_block.begin(), per_block.end());
+      std::sort(nbs.begin(), nbs.end());
+      int most = 0;
+      for (const auto& kv : per_sm) most = std::max(most, kv.second);
+      std::fprintf(stderr,
+                   "  loop us/block med %.3f p90 %.3f max %.3f | blocks/CTA med %.0f max %.0f | SMs used %zu, most "
+                   "CTAs on one SM %d\n",
+                   pct(per_block, 50), pct(per_block, 90), per_block.back(), pct(nbs, 50), nbs.back(), per_sm.size(),
+                   most);
+    }
   }
   if (early) {
     std::vector<double> d;
