@@ -271,11 +271,12 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   // Tile index over the batch's concatenated tiles (also the counter / workspace slot) and split.
   const int tile_g = a.order ? int(gridDim.x / a.max_splits) - 1 - int(blockIdx.x / a.max_splits) : int(blockIdx.x);
   const int split = a.order ? int(blockIdx.x % a.max_splits) : int(blockIdx.y);
-  unsigned long long* tr =
-      a.trace ? a.trace + ((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * kTracePoints
-              : nullptr;
+  // Trace slot of this CTA, recomputed at each point (a.trace lives in parameter space: no
+  // register is held across the key loop).
+#define SIEVE_TRACE_AT(i) \
+  a.trace[((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * kTracePoints + (i)]
 #define SIEVE_TRACE(i) \
-  if (tr && threadIdx.x == 0) tr[i] = global_ns()
+  if (a.trace && threadIdx.x == 0) SIEVE_TRACE_AT(i) = global_ns()
   SIEVE_TRACE(0);
   int tile = tile_g, s = 0;
   for (; s < a.num_seqs; ++s) {
@@ -414,10 +415,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     __syncthreads();  // block i in its stage for all; every warp is done with block i - 1
     if (i == 0) {
       SIEVE_TRACE(2);
-      if (tr && threadIdx.x == 0) {
+      if (a.trace && threadIdx.x == 0) {
         uint32_t smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        tr[8] = (uint64_t(smid) << 32) | uint32_t(nb);
+        SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(nb);
       }
     }
     if constexpr (kMode == kRS3) {
@@ -648,6 +649,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   SIEVE_TRACE(6);
   SIEVE_TRACE(7);
 #undef SIEVE_TRACE
+#undef SIEVE_TRACE_AT
 }
 
 // ---------------------------------------------------------------------------------------------
