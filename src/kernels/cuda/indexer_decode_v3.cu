@@ -44,6 +44,9 @@
 //    rank) a counter counts the G groups; the last CTA merges the G lists the same way and
 //    returns the counter to zero (graph replays need no memset).
 // Test hook: set_indexer_v3_split(C, G) forces the cluster size / group count.
+// Development: SIEVE_INDEXER_TRACE=1 prints per-phase CTA timestamps of every call made outside
+// a stream capture; SIEVE_V3_C / _G / _BUDGET / _STAGES / _MERGE / _PDL change the grid and
+// the variants (see "Development knobs" below; scripts/dev-indexer-sweep sweeps them).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -385,15 +388,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   uint64_t* empty = full + S;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned long long* const tr = a.trace ? a.trace + int64_t(blockIdx.x) * kTraceSlots : nullptr;
+  // Programmatic dependent launch: nothing global is read or written before the previous
+  // kernel of the stream has completed (and flushed); with it, "start" is when that happened.
+  if (a.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (tr && threadIdx.x == 0) {
     tr[0] = global_ns();
     uint32_t sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     tr[kTracePoints] = sm + 1ull;
   }
-  // Programmatic dependent launch: nothing global is read or written before the previous
-  // kernel of the stream has completed (and flushed).
-  if (a.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   // The chunk's block-table entries (producer) are read in parallel with the lengths: they
   // depend on the CTA's place only (entries past the request's length exist and are unused).
