@@ -47,10 +47,14 @@ namespace cg = cooperative_groups;
 
 constexpr int kBlock = 128;
 constexpr int kDim = 128;
-constexpr int kGroupWarps = 4;                   // warps of a consumer group (32 keys each)
-constexpr int kGroups = 2;                       // consumer groups (alternate units)
-constexpr int kConsumers = kGroupWarps * kGroups;
-constexpr int kThreads = (kConsumers + 1) * 32;  // + the producer warp
+constexpr int kGroupWarps = 4;  // warps of a consumer group (32 keys each)
+// Consumer groups (kGroups, a template parameter: 1 or 2) take alternate units; a CTA has
+// kGroups * 4 consumer warps and one producer warp.
+template <int kGroups>
+constexpr int threads_of() {
+  return (kGroupWarps * kGroups + 1) * 32;
+}
+constexpr int kMaxConsumers = 2 * kGroupWarps;
 constexpr int kMaxSplits = 128;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxStages = 12;
@@ -59,7 +63,7 @@ constexpr int kCoStride = kDim + 4;
 __host__ __device__ constexpr int co_index(int r, int d) { return r * kCoStride + d + (d >> 5); }
 // Shared memory for the merges (reusing the slot ring after the loop): the 4 warps' O, then
 // the CTA's O (at a fixed offset: other CTAs of the cluster read it).
-constexpr size_t kWarpOBytes = size_t(kConsumers) * 64 * 32 * 4;
+constexpr size_t kWarpOBytes = size_t(kMaxConsumers) * 64 * 32 * 4;
 constexpr size_t kMergeBytes = kWarpOBytes + size_t(16) * kCoStride * 4;
 
 template <bool kFp8>
@@ -68,7 +72,9 @@ struct Geo {
   static constexpr int kDataBytes = kBlock * kRowBytes;
   static constexpr int kScaleBytes = kFp8 ? kBlock * 4 : 0;
   static constexpr int kSlotBytes = kDataBytes + kScaleBytes;
-  static constexpr int kMaxSlots = kFp8 ? 12 : 6;  // ~200 KB: one CTA per SM
+  // Slots per CTA: ~200 KB with one CTA per SM (two consumer groups), ~100 KB with two.
+  static constexpr int kMaxSlots2 = kFp8 ? 12 : 6;
+  static constexpr int kMaxSlots1 = kFp8 ? 6 : 3;
 };
 
 struct AttnArgs {
@@ -93,6 +99,7 @@ struct AttnArgs {
   const int32_t* topk_idx;
   int topk;
   int splits, cluster, groups, per_split, stages;
+  int cgroups;  // consumer groups of the launched kernel (host side)
   float* part_o;      // [rows, groups, 16, 128]
   float* part_ml;     // [rows, groups, 16, 2]
   int32_t* counters;  // [rows], zero between calls
@@ -158,8 +165,10 @@ __device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t)
   return lo;
 }
 
-template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
+template <bool kFp8, int kGroups>
+__global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) attention_kernel(AttnArgs a) {
+  constexpr int kConsumers = kGroupWarps * kGroups;
+  constexpr int kThreads = threads_of<kGroups>();
   using G = Geo<kFp8>;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
@@ -606,46 +615,49 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
   if (!is_last) return;
   __threadfence();
   const int Gn = a.groups;
-  float* w_s = reinterpret_cast<float*>(smem);  // [Gn][16] merge weights
-  float* inv_l = &cm_s[0];                      // [16]
-  const int64_t base = row_id * Gn * 16;
-  for (int e = threadIdx.x; e < Gn * 16; e += kThreads) w_s[e] = __ldcg(a.part_ml + (base + e) * 2);
-  __syncthreads();
-  if (threadIdx.x < 16) {
-    const int r = threadIdx.x;
-    float M = kNegInf;
-    for (int gi = 0; gi < Gn; ++gi) M = fmaxf(M, w_s[gi * 16 + r]);
-    const float Mu = M == kNegInf ? 0.f : M;
-    float L = 0.f;
-    for (int gi = 0; gi < Gn; ++gi) {
-      const float f = exp2f(w_s[gi * 16 + r] - Mu);
-      L += __ldcg(a.part_ml + (base + gi * 16 + r) * 2 + 1) * f;
-      w_s[gi * 16 + r] = f;
-    }
-    inv_l[r] = L > 0.f ? 1.f / L : 0.f;
-  }
-  __syncthreads();
   if (threadIdx.x >= kDim) return;
-  // Thread owns dims d4..d4+3 of rows r0, r0 + 4, r0 + 8, r0 + 12: float4 loads, 4 in flight.
+  // Thread owns dims d4..d4+3 of rows r0, r0 + 4, r0 + 8, r0 + 12 and folds the partials in
+  // with a running (max, sum): the loads of 4 partials are in flight at once.
+  const int64_t base = row_id * Gn * 16;
   const int r0 = threadIdx.x / 32, d4 = (threadIdx.x % 32) * 4;
   float4 acc[4];
+  float mr[4], lr[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 2
-  for (int gi = 0; gi < Gn; ++gi) {
+  for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f), mr[k] = kNegInf, lr[k] = 0.f;
+  for (int g0 = 0; g0 < Gn; g0 += 4) {
+    float2 ml[4][4];
+    float4 x[4][4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int r = r0 + 4 * k;
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(a.part_o + (base + gi * 16 + r) * kDim + d4));
-      const float f = w_s[gi * 16 + r];
-      acc[k].x += x.x * f, acc[k].y += x.y * f, acc[k].z += x.z * f, acc[k].w += x.w * f;
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int gi = min(g0 + u, Gn - 1);
+        const int64_t pi = base + gi * 16 + r0 + 4 * k;
+        ml[u][k] = __ldcg(reinterpret_cast<const float2*>(a.part_ml + pi * 2));
+        x[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + pi * kDim + d4));
+      }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (g0 + u >= Gn) break;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float mn = fmaxf(mr[k], ml[u][k].x);
+        const float mu = mn == kNegInf ? 0.f : mn;
+        const float fo = exp2f(mr[k] - mu), fn = exp2f(ml[u][k].x - mu);
+        lr[k] = lr[k] * fo + ml[u][k].y * fn;
+        acc[k].x = acc[k].x * fo + x[u][k].x * fn;
+        acc[k].y = acc[k].y * fo + x[u][k].y * fn;
+        acc[k].z = acc[k].z * fo + x[u][k].z * fn;
+        acc[k].w = acc[k].w * fo + x[u][k].w * fn;
+        mr[k] = mn;
+      }
     }
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int r = r0 + 4 * k;
     if (r >= a.gqa) continue;
-    const float il = inv_l[r];
+    const float il = lr[k] > 0.f ? 1.f / lr[k] : 0.f;
     const float o4[4] = {acc[k].x * il, acc[k].y * il, acc[k].z * il, acc[k].w * il};
     const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d4;
     if (a.out_vec && a.out_bf16) {
@@ -681,7 +693,7 @@ size_t smem_bytes(int stages) {
 }
 
 // How many clusters of `cluster` CTAs of this kernel the device runs at once (cached).
-template <bool kFp8>
+template <bool kFp8, int kGroups>
 int max_active_clusters(int cluster, int stages) {
   static std::mutex mu;
   static std::map<std::pair<int, int>, int> cache;
@@ -689,10 +701,10 @@ int max_active_clusters(int cluster, int stages) {
   auto it = cache.find({cluster, stages});
   if (it != cache.end()) return it->second;
   const size_t smem = smem_bytes<kFp8>(stages);
-  set_smem(attention_kernel<kFp8>, smem);
+  set_smem(attention_kernel<kFp8, kGroups>, smem);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(cluster * 64), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(threads_of<kGroups>(), 1, 1);
   cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -702,21 +714,25 @@ int max_active_clusters(int cluster, int stages) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<kFp8>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<kFp8, kGroups>, &cfg) != cudaSuccess) {
     cudaGetLastError();
     n = 0;
   }
   cache[{cluster, stages}] = n;
   return n;
 }
+int max_active_clusters_of(bool fp8, int groups, int cluster, int stages) {
+  if (fp8) return groups == 2 ? max_active_clusters<true, 2>(cluster, stages) : max_active_clusters<true, 1>(cluster, stages);
+  return groups == 2 ? max_active_clusters<false, 2>(cluster, stages) : max_active_clusters<false, 1>(cluster, stages);
+}
 
-template <bool kFp8>
+template <bool kFp8, int kGroups>
 void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   const size_t smem = smem_bytes<kFp8>(a.stages);
-  set_smem(attention_kernel<kFp8>, smem);
+  set_smem(attention_kernel<kFp8, kGroups>, smem);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(threads_of<kGroups>(), 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -726,7 +742,7 @@ void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cuda_check(cudaLaunchKernelEx(&cfg, attention_kernel<kFp8>, a), "attention launch");
+  cuda_check(cudaLaunchKernelEx(&cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
 }
 
 // SIEVE_ATTN_TRACE=1: every call is synchronised and prints where its CTAs spent their time
@@ -736,19 +752,17 @@ bool trace_enabled() {
   return on;
 }
 void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, int64_t ctas) {
+  const bool fp8 = a.k_scale != nullptr;
   unsigned long long t0 = ~0ull;
   for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, tr[size_t(c * kTracePoints)]);
   const char* names[kTracePoints] = {"start", "prologue", "issued", "first K", "loop end", "cta merged",
                                      "cluster sync", "end"};
-  std::fprintf(stderr, "attention trace: %lld CTAs, splits %d cluster %d groups %d per_split %d stages %d\n",
-               (long long)ctas, a.splits, a.cluster, a.groups, a.per_split, a.stages);
-  if (a.k_scale) {
-    for (int c : {2, 4, 8})
-      std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages, max_active_clusters<true>(c, a.stages));
-  } else {
-    for (int c : {2, 4, 8})
-      std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages, max_active_clusters<false>(c, a.stages));
-  }
+  std::fprintf(stderr,
+               "attention trace: %lld CTAs, splits %d cluster %d groups %d per_split %d stages %d consumer groups %d\n",
+               (long long)ctas, a.splits, a.cluster, a.groups, a.per_split, a.stages, a.cgroups);
+  for (int c : {2, 4, 8})
+    std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages,
+                 max_active_clusters_of(fp8, a.cgroups, c, a.stages));
   for (int i = 0; i < kTracePoints; ++i) {
     std::vector<double> v;
     for (int64_t c = 0; c < ctas; ++c) {
@@ -827,13 +841,21 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     const char* e = std::getenv("SIEVE_ATTN_SPLITS");
     return e ? std::clamp(std::atoi(e), 1, kMaxSplits) : 0;
   }();
-  const int max_slots = fp8 ? Geo<true>::kMaxSlots : Geo<false>::kMaxSlots;
-  auto stages_for = [&](int per_split) { return std::clamp(2 * per_split, 2, std::min(max_slots, max_stages)); };
-  auto resident = [&](int c, int per_split) {
-    const int st = stages_for(per_split);
-    return fp8 ? max_active_clusters<true>(c, st) : max_active_clusters<false>(c, st);
-  };
+  static const int force_groups = [] {
+    const char* e = std::getenv("SIEVE_ATTN_GROUPS");
+    return e ? std::clamp(std::atoi(e), 1, 2) : 0;
+  }();
   int splits = int(std::clamp<int64_t>((2 * sms + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
+  // Two consumer groups (one CTA per SM, 8 consumer warps, ~200 KB in flight) when the grid has
+  // no more CTAs than SMs; one group (two CTAs per SM) otherwise.
+  a.cgroups = force_groups ? force_groups : (rows * std::min(splits, kMaxCluster) <= sms ? 2 : 1);
+  const int max_slots = std::min(max_stages, fp8 ? (a.cgroups == 2 ? Geo<true>::kMaxSlots2 : Geo<true>::kMaxSlots1)
+                                                 : (a.cgroups == 2 ? Geo<false>::kMaxSlots2 : Geo<false>::kMaxSlots1));
+  // With two groups at least 4 slots: the two end-of-list sentinels (one per group) are never
+  // released, so the second one must not need the first one's slot (which 2 slots would).
+  const int min_slots = a.cgroups == 2 ? 4 : 2;
+  auto stages_for = [&](int per_split) { return std::max(min_slots, std::min(2 * per_split, max_slots)); };
+  auto resident = [&](int c, int per_split) { return max_active_clusters_of(fp8, a.cgroups, c, stages_for(per_split)); };
   a.cluster = 1;
   if (force_splits) {
     splits = std::min(force_splits, units);
@@ -883,8 +905,13 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
     a.trace = trace;
   }
-  if (fp8) launch<true>(a, p.batch.num_tokens, p.num_kv_heads, stream);
-  else launch<false>(a, p.batch.num_tokens, p.num_kv_heads, stream);
+  if (fp8) {
+    if (a.cgroups == 2) launch<true, 2>(a, p.batch.num_tokens, p.num_kv_heads, stream);
+    else launch<true, 1>(a, p.batch.num_tokens, p.num_kv_heads, stream);
+  } else {
+    if (a.cgroups == 2) launch<false, 2>(a, p.batch.num_tokens, p.num_kv_heads, stream);
+    else launch<false, 1>(a, p.batch.num_tokens, p.num_kv_heads, stream);
+  }
   if (trace) {
     std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
     cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
