@@ -1,5 +1,5 @@
-// Decode lightning indexer, variant 3 (IndexerPath::kDecodeFusedV3; what kAuto runs by default,
-// falling back to v2 where this returns false). Same contract, supported set and outputs as v2:
+// Decode lightning indexer, variant 3 (IndexerPath::kDecodeFusedV3; kAuto runs it when
+// SIEVE_CUDA_KERNELS=v3, falling back to v2 where this returns false). Same contract, supported set and outputs as v2:
 // the scoring loop (16 query vectors of a request = the 16 M rows of m16n8k16, the permuted
 // k-slot -> dim mapping, bf16 / f16 operands, one MMA chain per 8 keys in the same order, so
 // block scores are bitwise v2's), the forced sentinels and the "higher score, then lower block
@@ -18,9 +18,10 @@
 //    lengths run the same grid; chunks past a request's length score nothing.
 //    The cluster count that is meant to be one wave is checked against
 //    cudaOccupancyMaxActiveClusters (clusters must fit in a GPC): smaller C / fewer groups if not.
-//    b1 ctx9216: C 8, G 1, 9 blocks/CTA. b32 ctx9216: C 8, G 1, 256 CTAs. b128 ctx9216: C 2,
-//    G 1, 36 blocks/CTA. b32 ctx32768: C 8, G 1, 32 blocks/CTA. b8 ctx131072: C 8, G 4,
-//    256 CTAs of 32 blocks.
+//    Before that check: b1 ctx9216 C 8, G 1, 9 blocks/CTA; b32 ctx9216 C 8, G 1, 256 CTAs;
+//    b128 ctx9216 C 2, G 1, 36 blocks/CTA; b32 ctx32768 C 8, G 1, 32 blocks/CTA; b8 ctx131072
+//    C 8, G 4, 256 CTAs of 32 blocks. On the H200 only 30 clusters of 8 (62 of 4) fit at two
+//    CTAs per SM, so b32 ctx9216 runs as C 4, G 1: 128 CTAs of 18 blocks.
 //  - CTA = 8 consumer warps (16 keys of every block each, as v2) + 1 producer warp. The
 //    producer's lanes read the chunk's block-table entries in parallel with the request
 //    lengths (one dependent global round trip before the first copy), lane 0 initialises the
@@ -46,7 +47,8 @@
 // Test hook: set_indexer_v3_split(C, G) forces the cluster size / group count.
 // Development: SIEVE_INDEXER_TRACE=1 prints per-phase CTA timestamps of every call made outside
 // a stream capture; SIEVE_V3_C / _G / _BUDGET / _STAGES / _MERGE / _PDL change the grid and
-// the variants (see "Development knobs" below; scripts/dev-indexer-sweep sweeps them).
+// the variants (see "Development knobs" below; `sieve bench kernels --filter decode` under the
+// variables sweeps them).
 #include <cooperative_groups.h>
 
 #include <algorithm>
