@@ -3,7 +3,11 @@
 // first warpgroup lies wholly before the diagonal block, many key splits per tile (more than 32
 // lists per row in the merge), long contexts that force wide splits (up to 24 blocks per split),
 // exact ties across splits, topk 32 with forced blocks, several heads, repeated launches (the
-// merge counters must return to zero). Skips without a CUDA device.
+// merge counters must return to zero). The development knobs of the kernel (MMA variant, split
+// width, grid order, merge, and the select path: global score rows + per-row selection) are forced
+// through cuda::set_indexer_prefill_v2_knobs; each configuration runs with and without the
+// block_scores output (without it the select path keeps its score rows in the workspace).
+// Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -80,7 +84,36 @@ struct PrefillCase {
   bool q_in_cache = false;
   int launches = 1;  // > 1: the same inputs again (counters must have returned to zero)
   int q_pad = 8;     // q row stride = H * 128 + q_pad elements (8: 16-byte aligned bf16 rows)
+  // Knob configurations to run (each against the same CPU reference); empty: the defaults only.
+  std::vector<cuda::PrefillV2Knobs> knobs;
 };
+
+std::string knob_name(const cuda::PrefillV2Knobs& k) {
+  return "knobs mma " + std::to_string(k.mma) + " kb " + std::to_string(k.kb) + " order " +
+         std::to_string(k.order) + " merge " + std::to_string(k.merge) + " select " + std::to_string(k.select);
+}
+
+// Restores the environment's knobs when a check ends (also on a failed assertion).
+struct KnobGuard {
+  ~KnobGuard() { cuda::set_indexer_prefill_v2_knobs(cuda::PrefillV2Knobs{}); }
+};
+
+cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select) {
+  cuda::PrefillV2Knobs k;
+  k.mma = mma, k.kb = kb, k.order = order, k.merge = merge, k.select = select;
+  return k;
+}
+
+// The select path: auto split width (grid order 1 by default there), register-A MMAs with a
+// 3-stage ring over narrow splits in the 3-D grid, mma.sync with 3-block splits, wide 64-block
+// splits, one block per split (the most splits meeting at the counter).
+const std::vector<cuda::PrefillV2Knobs> kSelectKnobs = {
+    knobs(-1, 0, -1, -1, 1), knobs(3, 5, 0, -1, 1), knobs(2, 3, -1, -1, 1), knobs(1, 64, 1, -1, 1),
+    knobs(0, 1, 1, -1, 1)};
+// The list path's knobs: defaults, rs3 + rank merge, grid order 1, rs, sync.
+const std::vector<cuda::PrefillV2Knobs> kListKnobs = {
+    knobs(-1, -1, -1, -1, 0), knobs(3, -1, -1, 1, 0), knobs(0, 0, 1, 0, 0), knobs(1, -1, 0, -1, 0),
+    knobs(2, -1, -1, 1, 0)};
 
 // The CPU reference once, then the kPrefill path `launches` times on poisoned outputs; block
 // scores within tolerance (exact for ties), top-k as sets up to near ties (exact order for ties),
@@ -139,14 +172,24 @@ void check_prefill(const PrefillCase& c, uint64_t seed) {
   g.topk_idx = d_idx.as<int32_t>();
   g.block_scores = d_scores.as<float>();
 
-  for (int launch = 0; launch < c.launches; ++launch) {
-    SCOPED_TRACE("launch " + std::to_string(launch));
+  KnobGuard guard;
+  const std::vector<cuda::PrefillV2Knobs> configs =
+      c.knobs.empty() ? std::vector<cuda::PrefillV2Knobs>{cuda::PrefillV2Knobs{}} : c.knobs;
+  // Each configuration with the block_scores output, then (knob runs only) without it.
+  const int variants = c.knobs.empty() ? 1 : 2;
+  for (int run = 0; run < int(configs.size()) * variants * c.launches; ++run) {
+    const int launch = run % c.launches, cfg = run / c.launches / variants;
+    const bool with_scores = (run / c.launches) % variants == 0;
+    cuda::set_indexer_prefill_v2_knobs(configs[size_t(cfg)]);
+    SCOPED_TRACE(knob_name(configs[size_t(cfg)]) + (with_scores ? "" : " no block_scores") + " launch " +
+                 std::to_string(launch));
     d_idx.poison(uint8_t(0x55 + launch));
     d_scores.poison(0xff);
+    g.block_scores = with_scores ? d_scores.as<float>() : nullptr;
     ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kPrefill));
     device_synchronize(kGpu);
     auto gpu_idx = d_idx.get<int32_t>(cpu_idx.size());
-    auto gpu_scores = d_scores.get<float>(cpu_scores.size());
+    auto gpu_scores = with_scores ? d_scores.get<float>(cpu_scores.size()) : cpu_scores;
 
     const double stol = c.ties ? 0 : (c.q_dtype == DType::F32 ? 2e-2 : 2e-4);
     int bad = 0;
@@ -241,6 +284,7 @@ TEST(CudaIndexerPrefillV2, ManySplitsMatchCpu) {
     c.H = 2;
     c.init = 1;
     c.launches = 2;
+    c.knobs = kListKnobs;
     check_prefill(c, seed++);
   }
 }
@@ -272,6 +316,7 @@ TEST(CudaIndexerPrefillV2, ExactTiesAcrossSplits) {
     c.ties = true;
     c.H = 2;
     c.topk = 32;
+    c.knobs = kListKnobs;
     check_prefill(c, seed++);
   }
 }
@@ -307,6 +352,119 @@ TEST(CudaIndexerPrefillV2, PromptChunkMatchesCpu) {
     c.specs = {{3000, 1500}};
     c.cache = cd;
     c.H = 2;
+    c.knobs = kListKnobs;
+    check_prefill(c, seed++);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The select path (SIEVE_PREFILL_V2_SELECT=1): every configuration of kSelectKnobs, with and
+// without block_scores, against one CPU reference per shape.
+
+// The benchmark's shape at a smaller size: one prompt of 4000 tokens (32 tiles), one index head,
+// topk 16, local 1; bf16 cache.
+TEST(CudaIndexerPrefillSelect, PromptBf16MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  PrefillCase c;
+  c.specs = {{0, 4000}};
+  c.knobs = kSelectKnobs;
+  check_prefill(c, 8000);
+}
+
+// The same prompt with an fp8 cache, q rounded to fp8 (q_in_cache_dtype), topk 32, init 1.
+TEST(CudaIndexerPrefillSelect, PromptFp8MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  PrefillCase c;
+  c.specs = {{0, 4000}};
+  c.cache = DType::FP8_E4M3;
+  c.q_in_cache = true;
+  c.topk = 32, c.init = 1;
+  c.knobs = kSelectKnobs;
+  check_prefill(c, 8001);
+}
+
+// A 12-tile chunk after a 3000-token prefix, two heads.
+TEST(CudaIndexerPrefillSelect, ChunkAfterPrefixMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 8100;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = {{3000, 1500}};
+    c.cache = cd;
+    c.H = 2;
+    c.knobs = kSelectKnobs;
+    check_prefill(c, seed++);
+  }
+}
+
+// Chunks after long prefixes mixed with decode rows (one-row tiles with 133 visible blocks);
+// two launches per configuration (the counters must return to zero).
+TEST(CudaIndexerPrefillSelect, MixedDecodeRowsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 8200;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = {{20000, 300}, {0, 1}, {17000, 1}, {3000, 200}};
+    c.cache = cd;
+    c.H = 2;
+    c.init = 1;
+    c.launches = 2;
+    c.knobs = kSelectKnobs;
+    check_prefill(c, seed++);
+  }
+}
+
+// Exact ties: the order must be "higher score, then lower block id" exactly.
+TEST(CudaIndexerPrefillSelect, ExactTiesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 8300;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = {{5000, 200}, {10, 300}, {9000, 1}};
+    c.cache = cd;
+    c.ties = true;
+    c.H = 2;
+    c.topk = 32;
+    c.knobs = kSelectKnobs;
+    check_prefill(c, seed++);
+  }
+}
+
+// Tiles of 1..2 rows, rows that see fewer blocks than topk (slots -1), block-boundary lengths,
+// three heads with forced init/local blocks; f32 q; q rows not 16-byte aligned.
+TEST(CudaIndexerPrefillSelect, BoundaryTilesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<SeqSpec> specs = {{10, 300}, {200, 129}, {64, 64}, {63, 66}, {1, 255}, {0, 1}, {383, 2}};
+  uint64_t seed = 8400;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    PrefillCase c;
+    c.specs = specs;
+    c.cache = cd;
+    c.H = 3;
+    c.topk = 32, c.init = 2, c.local = 3;
+    c.knobs = kSelectKnobs;
+    check_prefill(c, seed++);
+    c.q_dtype = DType::F32;
+    c.q_in_cache = cd == DType::FP8_E4M3;
+    c.H = 1;
+    c.topk = 5, c.init = 0, c.local = 0;
+    c.q_pad = 1;
+    check_prefill(c, seed++);
+  }
+}
+
+// Long contexts (782 and 1407 blocks a row: 25 and 44 blocks per lane in the selection) with
+// the automatic split width and 100-block splits.
+TEST(CudaIndexerPrefillSelect, LongContextsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 8500;
+  for (const auto& specs : {std::vector<SeqSpec>{{100000, 64}, {500, 140}},
+                            std::vector<SeqSpec>{{180000, 40}, {0, 130}}}) {
+    PrefillCase c;
+    c.specs = specs;
+    c.cache = specs[0].cached > 150000 ? DType::FP8_E4M3 : DType::BF16;
+    c.topk = 32, c.init = 1, c.local = 2;
+    c.knobs = {knobs(-1, 0, -1, -1, 1), knobs(3, 100, 0, -1, 1), knobs(0, 7, 1, -1, 1)};
     check_prefill(c, seed++);
   }
 }

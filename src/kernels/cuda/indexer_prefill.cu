@@ -69,6 +69,7 @@
 //                               and prints per-phase percentiles (stderr). scripts/dev-prefill-sweep
 //                               runs the tests, traces and a knob sweep.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -99,6 +100,9 @@ constexpr int kTblOff = kKOff + 2 * kTileBytes;
 constexpr int kSmemUsed = kTblOff + kRows * kTblStride * 4;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // + alignment slack
 constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
+// Select mode: the selecting CTA stages one score row per warp in shared memory as order keys.
+constexpr int kSelMaxBlocks = 2048;  // longest row (blocks) the select mode takes: 262144 positions
+static_assert(kThreads / 32 * kSelMaxBlocks * 4 <= kSmemUsed, "select staging exceeds shared memory");
 
 struct Args {
   const void* q;
@@ -124,6 +128,12 @@ struct Args {
   int32_t* counters;  // [tiles_upper, H]
   int merge_rank;     // 1: rank merge (binary searches, no per-row rounds); 0: topk rounds
   int order;          // 0: grid (tiles, splits, H); 1: grid (tiles * splits, 1, H), last tile first
+  // Select mode (1): the epilogue writes each row's block scores straight to sbuf (no table, no
+  // split lists); the tile's last split selects every row's top-k from its full score row.
+  int select;
+  float* sbuf;      // [num_tokens, H, sstride]: block_scores when requested, else the workspace
+  int64_t sstride;  // elements per (token, head) row of sbuf
+  int max_blocks;   // blocks a row of sbuf holds (a tile reaching further exits: contract violation)
   unsigned long long* trace;  // optional (SIEVE_PREFILL_TRACE): [CTAs][kTracePoints] timestamps
 };
 
@@ -254,7 +264,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 // shared memory (free once the query fragments are in registers): two blocks in flight.
 enum Mode { kSS = 0, kRS = 1, kSync = 2, kRS3 = 3 };
 
-template <bool kFp8, int kMode>
+template <bool kFp8, int kMode, bool kSelect>
 __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   constexpr bool kWgmma = kMode != kSync;
   constexpr bool kRegA = kMode == kRS || kMode == kRS3;
@@ -297,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   const int n_blocks = pos_last / kBlock + 1;
   const int nsplit = (n_blocks + a.kb - 1) / a.kb;
   // (nsplit > max_splits only if batch.max_seq_len understates a length: contract violation.)
-  if (split >= nsplit || nsplit > a.max_splits) {
+  if (split >= nsplit || nsplit > a.max_splits || (kSelect && n_blocks > a.max_blocks)) {
     SIEVE_TRACE(7);
     return;
   }
@@ -400,6 +410,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   const int wrow = warp * 16;  // this warp's first row (warpgroup wg: rows 64wg .. 64wg+63)
   const int rA = wrow + g, rB = rA + 8;
   const int posA = pos_first + rA, posB = pos_first + rB;
+  // kSelect: this thread's score row of row rA (row rB = rA + 8 lies 8 * H * sstride further).
+  float* const srowA = kSelect ? a.sbuf + (int64_t(tok0 + r0 + rA) * a.H + h) * a.sstride : nullptr;
   // Last valid row of this warpgroup (wgmma) or warp (mma.sync); -1 when none.
   const int unit_lo = kWgmma ? wg * 64 : wrow, unit_n = kWgmma ? 64 : 16;
   const int unit_last = min(rows - 1, unit_lo + unit_n - 1);
@@ -489,8 +501,14 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
       }
     }
     if (q == 0) {
-      tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
-      tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
+      if constexpr (kSelect) {
+        // Straight to the score rows (rows past the tile have none).
+        if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
+        if (rB < rows) srowA[int64_t(8 * a.H) * a.sstride + b] = row_score(a, mB, b, posB);
+      } else {
+        tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
+        tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
+      }
     }
     if constexpr (kFp8) {
       if (i + 1 < nb) store_fp8(i + 1);
@@ -498,6 +516,72 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   }
   __syncthreads();  // table complete
   SIEVE_TRACE(3);
+
+  if constexpr (kSelect) {
+    // The tile's last split writes -inf past its last block in block_scores (which is sbuf).
+    if (a.block_scores && split == nsplit - 1) {
+      const int w = a.mbps - b_end;
+      for (int e = tid; e < rows * w; e += kThreads) {
+        const int r = e / w, i = e % w;
+        a.block_scores[((tok0 + r0 + r) * int64_t(a.H) + h) * a.mbps + b_end + i] = kNegInf;
+      }
+    }
+    SIEVE_TRACE(4);
+    __threadfence();
+    __syncthreads();
+    if (nsplit > 1) {
+      if (tid == 0) {
+        int32_t* ctr = a.counters + int64_t(tile_g) * a.H + h;
+        s_last = atomicAdd(ctr, 1) == nsplit - 1;
+        if (s_last) *ctr = 0;  // every split has arrived: ready for the next launch
+      }
+      __syncthreads();
+      if (!s_last) {
+        SIEVE_TRACE(7);
+        return;
+      }
+      __threadfence();
+    }
+    SIEVE_TRACE(5);
+    // One warp per row: the row's visible scores (blocks 0 .. pos / 128) as order keys in the
+    // warp's slice of shared memory, lane l owning blocks l, l + 32, ...; each lane keeps its best
+    // (highest key, then lowest block: ascending scan, strict compare). topk rounds: the warp's
+    // best key by __reduce_max_sync, the lowest block among the lanes holding it by
+    // __reduce_min_sync (the contract's rule; block ids unique), the owning lane clears it (key 0
+    // = taken) and rescans its own blocks. Every lane touches only its own blocks.
+    uint32_t* wk = reinterpret_cast<uint32_t*>(smem) + warp * kSelMaxBlocks;
+    for (int r = warp; r < rows; r += kThreads / 32) {
+      const int64_t row = (tok0 + r0 + r) * int64_t(a.H) + h;
+      const float* srow = a.sbuf + row * a.sstride;
+      const int nvis = (pos_first + r) / kBlock + 1;
+      uint32_t bk = 0, bi = 0xffffffffu;
+      for (int j = lane; j < nvis; j += 32) {
+        const uint32_t k = order_key(__ldcg(srow + j));
+        wk[j] = k;
+        if (k > bk) bk = k, bi = uint32_t(j);
+      }
+      int mine = -1;
+      for (int k = 0; k < K; ++k) {
+        const uint32_t best = __reduce_max_sync(0xffffffffu, bk);
+        if (best == 0) break;  // fewer visible blocks than topk: the remaining slots stay -1
+        const uint32_t win = __reduce_min_sync(0xffffffffu, bk == best ? bi : 0xffffffffu);
+        if (lane == k) mine = int(win);
+        if (bi == win) {  // the owning lane (bk == best: ids are unique)
+          wk[win] = 0;
+          bk = 0, bi = 0xffffffffu;
+          for (int j = lane; j < nvis; j += 32) {
+            const uint32_t kj = wk[j];
+            if (kj > bk) bk = kj, bi = uint32_t(j);
+          }
+        }
+      }
+      if (lane < K) a.topk_idx[row * K + lane] = mine;
+      __syncwarp();
+    }
+    SIEVE_TRACE(6);
+    SIEVE_TRACE(7);
+    return;
+  }
 
   if (a.block_scores) {
     for (int e = tid; e < rows * nb; e += kThreads) {
@@ -667,13 +751,18 @@ void set_smem(Kernel k, size_t bytes) {
   have = bytes;
 }
 
-// Tuning override of the blocks per split: SIEVE_PREFILL_V2_KB = 1..24 (0 or unset = automatic).
+// Test-hook overrides of the knobs below (set_indexer_prefill_v2_knobs; -1 = environment).
+std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1};
+
+// Tuning override of the blocks per split: SIEVE_PREFILL_V2_KB = 1..24 for the list path, up to
+// kSelMaxBlocks for the select path (0 or unset = automatic). Clamped by the caller.
 int kb_override() {
   static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_KB");
-    return e ? std::clamp(std::atoi(e), 0, kMaxKb) : 0;
+    return e ? std::clamp(std::atoi(e), 0, kSelMaxBlocks) : 0;
   }();
-  return v;
+  const int f = g_kb.load(std::memory_order_relaxed);
+  return f >= 0 ? std::min(f, kSelMaxBlocks) : v;
 }
 
 // SIEVE_PREFILL_V2_MMA = ss | rs | rs3 | sync (default ss), read once. rs3 with an fp8 cache runs rs.
@@ -685,7 +774,8 @@ int mma_mode() {
     if (e && std::strcmp(e, "rs") == 0) return int(kRS);
     return int(kSS);
   }();
-  return v;
+  const int f = g_mma.load(std::memory_order_relaxed);
+  return f >= 0 && f <= 3 ? f : v;
 }
 
 // SIEVE_PREFILL_V2_MERGE = rank: the last split's merge ranks every candidate by binary searches
@@ -695,17 +785,31 @@ int merge_knob() {
     const char* e = std::getenv("SIEVE_PREFILL_V2_MERGE");
     return e && std::strcmp(e, "rank") == 0 ? 1 : 0;
   }();
-  return v;
+  const int f = g_merge.load(std::memory_order_relaxed);
+  return f >= 0 ? (f ? 1 : 0) : v;
 }
 
 // SIEVE_PREFILL_V2_ORDER = 1: one-dimensional grid, a tile's splits adjacent, the batch's last
-// tile (the longest of a single prompt) first; 0 or unset: grid (tiles, splits, heads). Read once.
+// tile (the longest of a single prompt) first; 0: grid (tiles, splits, heads); unset (-1): 1 with
+// the select path, else 0. Read once.
 int order_knob() {
   static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_ORDER");
+    return e && *e ? (std::atoi(e) == 1 ? 1 : 0) : -1;
+  }();
+  const int f = g_order.load(std::memory_order_relaxed);
+  return f >= 0 ? (f == 1 ? 1 : 0) : v;
+}
+
+// SIEVE_PREFILL_V2_SELECT = 1: the select path (global score rows, per-row selection by the
+// tile's last split); 0 or unset: split lists + merge. Read once.
+int select_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_SELECT");
     return e && std::atoi(e) == 1 ? 1 : 0;
   }();
-  return v;
+  const int f = g_select.load(std::memory_order_relaxed);
+  return f >= 0 ? (f ? 1 : 0) : v;
 }
 
 // SIEVE_PREFILL_TRACE=1: every call on a stream that is not capturing is synchronised and prints
@@ -739,7 +843,7 @@ void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned 
                "prefill trace: grid %u x %u x %u = %lld CTAs (%lld started), kb %d max_splits %d mode %d order %d "
                "merge %s, early exits %lld, merging CTAs %lld, span %.2f us\n",
                grid.x, grid.y, grid.z, (long long)ctas, (long long)started, a.kb, a.max_splits, mode, a.order,
-               a.merge_rank ? "rank" : "rounds",
+               a.select ? "select" : a.merge_rank ? "rank" : "rounds",
                (long long)early, (long long)merged, double(t1 - t0) / 1000.0);
   for (int i = 0; i < 8; ++i) {
     std::vector<double> v, d;  // from the first start; from the CTA's own start
@@ -795,13 +899,42 @@ void print_trace(const Args& a, dim3 grid, int mode, const std::vector<unsigned 
   }
 }
 
-template <bool kFp8, int kMode>
+template <bool kFp8, int kMode, bool kSelect>
 void launch(const Args& a, dim3 grid, cudaStream_t stream) {
-  set_smem(prefill_v2_kernel<kFp8, kMode>, kSmemBytes);
-  prefill_v2_kernel<kFp8, kMode><<<grid, kThreads, kSmemBytes, stream>>>(a);
+  set_smem(prefill_v2_kernel<kFp8, kMode, kSelect>, kSmemBytes);
+  prefill_v2_kernel<kFp8, kMode, kSelect><<<grid, kThreads, kSmemBytes, stream>>>(a);
+}
+
+template <bool kSelect>
+void dispatch(const Args& a, dim3 grid, cudaStream_t stream, bool fp8, int mode) {
+  switch (mode) {
+    case kRS3:
+      if (fp8) launch<true, kRS, kSelect>(a, grid, stream);
+      else launch<false, kRS3, kSelect>(a, grid, stream);
+      break;
+    case kRS:
+      if (fp8) launch<true, kRS, kSelect>(a, grid, stream);
+      else launch<false, kRS, kSelect>(a, grid, stream);
+      break;
+    case kSync:
+      if (fp8) launch<true, kSync, kSelect>(a, grid, stream);
+      else launch<false, kSync, kSelect>(a, grid, stream);
+      break;
+    default:
+      if (fp8) launch<true, kSS, kSelect>(a, grid, stream);
+      else launch<false, kSS, kSelect>(a, grid, stream);
+  }
 }
 
 }  // namespace
+
+void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k) {
+  g_mma.store(k.mma, std::memory_order_relaxed);
+  g_kb.store(k.kb, std::memory_order_relaxed);
+  g_order.store(k.order, std::memory_order_relaxed);
+  g_merge.store(k.merge, std::memory_order_relaxed);
+  g_select.store(k.select, std::memory_order_relaxed);
+}
 
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
@@ -819,10 +952,19 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   // Causal work estimate in (tile, block) units; about 6 units per resident CTA (2 per SM).
   const int64_t work = std::max<int64_t>(1, full_tiles * max_blocks / 2);
   const int64_t slots = int64_t(2) * num_sms();
-  int kb = int(std::clamp<int64_t>((work + 6 * slots - 1) / (6 * slots), 2, kMaxKb));
-  if (kb_override() > 0) kb = kb_override();
-  kb = std::max(kb, (max_blocks + kMaxSplits - 1) / kMaxSplits);
-  if (kb > kMaxKb) return false;  // context too long for the split merge: first kernel
+  const bool select = select_knob() && max_blocks <= kSelMaxBlocks;
+  int kb;
+  if (select) {
+    // No table and no lists: any split width. About 8 waves of kb-block CTAs (at least 4 blocks
+    // a CTA: the query tile and the pipeline fill are paid once per CTA).
+    kb = int(std::clamp<int64_t>((work + 8 * slots - 1) / (8 * slots), 4, 64));
+    if (kb_override() > 0) kb = kb_override();
+  } else {
+    kb = int(std::clamp<int64_t>((work + 6 * slots - 1) / (6 * slots), 2, kMaxKb));
+    if (kb_override() > 0) kb = std::min(kb_override(), kMaxKb);
+    kb = std::max(kb, (max_blocks + kMaxSplits - 1) / kMaxSplits);
+    if (kb > kMaxKb) return false;  // context too long for the split merge: first kernel
+  }
   const int max_splits = (max_blocks + kb - 1) / kb;
   if (tiles_upper > 0x7fffffff || max_splits > 65535 || p.num_index_heads > 65535) return false;
 
@@ -849,14 +991,25 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   a.list_len = std::min(p.topk, kb);
   a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
-  if (max_splits > 1) {
+  a.select = select ? 1 : 0;
+  a.max_blocks = max_blocks;
+  if (select) {
+    if (p.block_scores) {
+      a.sbuf = p.block_scores;
+      a.sstride = bv.max_blocks_per_seq;
+    } else {
+      a.sbuf = static_cast<float*>(workspace(stream, size_t(bv.num_tokens) * p.num_index_heads * max_blocks * 4));
+      a.sstride = max_blocks;
+    }
+    if (max_splits > 1) a.counters = zeroed_counters(stream, size_t(tiles_upper) * p.num_index_heads);
+  } else if (max_splits > 1) {
     const size_t n = size_t(tiles_upper) * p.num_index_heads * max_splits * kRows * a.list_len;
     char* ws = static_cast<char*>(workspace(stream, n * 8));
     a.part_s = reinterpret_cast<float*>(ws);
     a.part_i = reinterpret_cast<int32_t*>(ws + n * 4);
     a.counters = zeroed_counters(stream, size_t(tiles_upper) * p.num_index_heads);
   }
-  a.order = order_knob();
+  a.order = order_knob() >= 0 ? order_knob() : (select ? 1 : 0);
   a.merge_rank = merge_knob();
   if (a.order && int64_t(tiles_upper) * max_splits > 0x7fffffff) a.order = 0;
   const dim3 grid = a.order ? dim3(unsigned(tiles_upper * max_splits), 1u, unsigned(p.num_index_heads))
@@ -871,23 +1024,8 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
     a.trace = trace;
   }
-  switch (mma_mode()) {
-    case kRS3:
-      if (fp8) launch<true, kRS>(a, grid, stream);
-      else launch<false, kRS3>(a, grid, stream);
-      break;
-    case kRS:
-      if (fp8) launch<true, kRS>(a, grid, stream);
-      else launch<false, kRS>(a, grid, stream);
-      break;
-    case kSync:
-      if (fp8) launch<true, kSync>(a, grid, stream);
-      else launch<false, kSync>(a, grid, stream);
-      break;
-    default:
-      if (fp8) launch<true, kSS>(a, grid, stream);
-      else launch<false, kSS>(a, grid, stream);
-  }
+  if (select) dispatch<true>(a, grid, stream, fp8, mma_mode());
+  else dispatch<false>(a, grid, stream, fp8, mma_mode());
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
   if (trace) {
     std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);

@@ -47,4 +47,16 @@ void set_indexer_v2_max_chunks(int n);
 // Test hook: forces the v3 decode indexer's cluster size (1, 2, 4, 8) and groups per request
 // (G > 1: a second, global merge level); 0 = automatic grid.
 void set_indexer_v3_split(int cluster, int groups);
+
+// Test hook: forces the development knobs of the tensor-core prefill indexer
+// (indexer_prefill.cu), which are otherwise read once from the environment. -1 = the
+// environment's value (or the default where unset). mma: 0 ss, 1 rs, 2 sync, 3 rs3
+// (SIEVE_PREFILL_V2_MMA); kb: key blocks per split, 0 = automatic (SIEVE_PREFILL_V2_KB);
+// order: 0 or 1 (SIEVE_PREFILL_V2_ORDER); merge: 0 rounds, 1 rank (SIEVE_PREFILL_V2_MERGE);
+// select: 0 split lists + merge, 1 global score rows + per-row selection by the tile's last
+// split (SIEVE_PREFILL_V2_SELECT).
+struct PrefillV2Knobs {
+  int mma = -1, kb = -1, order = -1, merge = -1, select = -1;
+};
+void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 }  // namespace sieve::cuda
