@@ -63,11 +63,34 @@
 //                               (prefix of entries that beat it); no per-row topk rounds.
 //   SIEVE_PREFILL_V2_ORDER=1    1-D grid, a tile's splits adjacent, the batch's last tile first
 //                               (the longest tile of a prompt starts, and merges, early).
+//   SIEVE_PREFILL_V2_SELECT=1   the select path (below).
+//   SIEVE_PREFILL_V2_ROWS=256   select path, bf16 cache: prefill_wide_kernel, 256 query rows per
+//                               CTA (two m64 halves per warpgroup), 1 CTA per SM (see there).
+//   SIEVE_PREFILL_V2_KB=n       blocks per split (list path: 1..24; select path: 1..2048).
 //   SIEVE_PREFILL_TRACE=1       eager calls only (stream not capturing): thread 0 of each CTA
 //                               stores %globaltimer at start, q issued, first key block ready,
-//                               loop end, lists written, merge start / end, end; the host syncs
-//                               and prints per-phase percentiles (stderr). scripts/dev-prefill-sweep
-//                               runs the tests, traces and a knob sweep.
+//                               loop end, lists (select: scores) written, merge (select) start /
+//                               end, end; the host syncs and prints per-phase percentiles (stderr).
+// The knobs are swept with `sieve bench kernels --filter prefill` run under these environment
+// variables (with SIEVE_PREFILL_TRACE=1 for the phase breakdown); the tests force every path through
+// the hook set_indexer_prefill_v2_knobs (internal.h), which overrides the environment.
+//
+// Select path (SIEVE_PREFILL_V2_SELECT=1; the kSelect instantiations, so the list path's code is
+// unchanged). Measured on the H200 with the list path at 8192 prompt tokens: the last split's merge
+// of 32 lists x 128 rows ran ~70-85 us and was the critical path, and ranking / writing the split
+// lists cost ~7 us a CTA. The select path has neither: the epilogue stores each row's block score
+// (sentinels applied, -inf where the row does not see the block) straight into a global score row,
+// [num_tokens, H, stride] fp32 -- block_scores itself when requested (stride max_blocks_per_seq), else
+// the workspace (stride max_blocks: 2 MB at 8192 tokens, 32 MB at 32768) -- so a split has no table
+// and any width (no 24-block or 64-split limit); the tile's last split (the same atomic counter per
+// (tile, head), reset by that CTA) selects every row's top-k from its full score row (select_tile:
+// batches of rows staged as order keys in shared memory by the whole CTA, then per row a warp
+// finds a lower bound of the k-th largest score key from the 32 lane maxima, compacts the
+// candidates above it by ballots and ranks them by counting; no per-slot rounds). Grid order 1 by
+// default there (the longest tile starts, and selects, first), and kb about one unit of work per
+// resident CTA (4..32 blocks). Rows longer than 2048 blocks: the list path. With 128-row tiles a
+// CTA moves 32 KB from L2 per 4.2 MFLOP (~4 TB/s at the measured ~2 us per block per CTA over 264
+// CTAs, near what L2 gives): SIEVE_PREFILL_V2_ROWS=256 halves that (prefill_wide_kernel).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -100,9 +123,11 @@ constexpr int kTblOff = kKOff + 2 * kTileBytes;
 constexpr int kSmemUsed = kTblOff + kRows * kTblStride * 4;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // + alignment slack
 constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
-// Select mode: the selecting CTA stages one score row per warp in shared memory as order keys.
-constexpr int kSelMaxBlocks = 2048;  // longest row (blocks) the select mode takes: 262144 positions
-static_assert(kThreads / 32 * kSelMaxBlocks * 4 <= kSmemUsed, "select staging exceeds shared memory");
+// Select mode: longest row (blocks) it takes (262144 positions; longer: the list path), and the
+// candidates per row of the fast selection (more: topk rounds); see select_tile.
+constexpr int kSelMaxBlocks = 2048;
+constexpr int kCandCap = 256;
+static_assert((kSmemUsed - kThreads / 32 * (kCandCap * 8 + 128)) / 4 >= kSelMaxBlocks, "select staging");
 
 struct Args {
   const void* q;
@@ -254,6 +279,118 @@ __device__ __forceinline__ float row_score(const Args& a, float m, int b, int po
 __device__ __forceinline__ uint32_t order_key(float f) {
   const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
   return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Select path: top-k of full score rows
+
+// Top-k of one row (one warp) from its n >= 1 order keys in shared memory (block j at keys[j],
+// never 0) into out[0, K). Composite c(j) = key << 32 | (2^32 - 1 - j): unique, and c(i) > c(j)
+// exactly when block i beats block j (higher score, then lower id). Lane l owns blocks l, l + 32,
+// ...; its best key is m_l (0 when it owns none). When n >= K, the K-th largest m_l, t0, is a lower
+// bound of the row's K-th largest key (K lanes hold a key >= t0), so the top K are among the
+// candidates key(j) >= t0 (n < K: t0 = 0, every block); the candidates are compacted by ballots
+// into cand (kCandCap entries), and each finds its rank by counting the candidates above it: the
+// rank among the candidates is its rank in the row (everything above a top-K element is a
+// candidate). No serial dependency per output slot: a few hundred independent instructions per
+// row. More than kCandCap candidates (wide ties at t0, or contrived rows): topk rounds of __reduce_max_sync
+// over the lane bests, the winner lane clearing its key and rescanning its blocks. Slots past
+// min(K, n): -1.
+__device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigned long long* cand, uint32_t* mk,
+                                           int32_t* out, int lane) {
+  uint32_t bk = 0, bi = 0xffffffffu;
+  for (int j = lane; j < n; j += 32) {
+    const uint32_t k = keys[j];
+    if (k > bk) bk = k, bi = uint32_t(j);  // ascending j, strict: the lowest block among equal keys
+  }
+  uint32_t t0 = 0;
+  if (n >= K) {
+    // min(n, 32) >= K lanes hold blocks: t0 = the K-th largest lane best (with multiplicity), the
+    // lanes holding it have gt < K <= ge. Lane bests are read back as 8 broadcast 16-byte loads
+    // (shuffles are 32 results per clock per SM).
+    mk[lane] = bk;
+    __syncwarp();
+    const uint4* m4 = reinterpret_cast<const uint4*>(mk);
+    int gt = 0, ge = 0;
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      const uint4 w = m4[v];
+      gt += int(w.x > bk) + int(w.y > bk) + int(w.z > bk) + int(w.w > bk);
+      ge += int(w.x >= bk) + int(w.y >= bk) + int(w.z >= bk) + int(w.w >= bk);
+    }
+    const unsigned bal = __ballot_sync(0xffffffffu, bk != 0 && gt < K && K <= ge);
+    t0 = __shfl_sync(0xffffffffu, bk, __ffs(int(bal)) - 1);
+    __syncwarp();  // mk read by every lane before the next row writes it
+  }
+  int c = 0;
+  for (int base = 0; base < n; base += 32) {
+    const int j = base + lane;
+    const uint32_t kj = j < n ? keys[j] : 0u;
+    const unsigned long long cj = (static_cast<unsigned long long>(kj) << 32) | (0xffffffffu - uint32_t(j));
+    const bool p = j < n && kj >= t0;
+    const unsigned bal = __ballot_sync(0xffffffffu, p);
+    const int off = c + __popc(bal & ((1u << lane) - 1u));
+    if (p && off < kCandCap) cand[off] = cj;
+    c += __popc(bal);
+  }
+  __syncwarp();
+  if (c <= kCandCap) {
+    for (int e = lane; e < c; e += 32) {
+      const unsigned long long ce = cand[e];
+      int rank = 0;
+      for (int f = 0; f < c; ++f) rank += cand[f] > ce;
+      if (rank < K) out[rank] = int(0xffffffffu - uint32_t(ce));
+    }
+  } else {
+    int win_k = -1;
+    for (int k = 0; k < K; ++k) {
+      const uint32_t best = __reduce_max_sync(0xffffffffu, bk);
+      if (best == 0) break;
+      const uint32_t win = __reduce_min_sync(0xffffffffu, bk == best ? bi : 0xffffffffu);
+      if (lane == k) win_k = int(win);
+      if (bi == win) {  // the owning lane (ids are unique)
+        keys[win] = 0;
+        bk = 0, bi = 0xffffffffu;
+        for (int j = lane; j < n; j += 32) {
+          const uint32_t kj = keys[j];
+          if (kj > bk) bk = kj, bi = uint32_t(j);
+        }
+      }
+    }
+    if (lane < K) out[lane] = win_k;
+  }
+  for (int k = min(K, n) + lane; k < K; k += 32) out[k] = -1;
+  __syncwarp();
+}
+
+// The tile's rows r < rows (all threads of the CTA): row r sees n_r = (pos_first + r) / 128 + 1
+// <= n_max blocks, scores at sbuf[((row0 + r) * H + h) * sstride + j]. Batches of rows are staged
+// as order keys in shared memory by the whole CTA (many loads in flight: one L2 latency per
+// batch, not per row), then one warp per row runs select_row. smem_bytes from smem are free.
+__device__ void select_tile(const Args& a, uint8_t* smem, int smem_bytes, int64_t row0, int h, int rows, int pos_first,
+                            int n_max) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, nwarps = blockDim.x / 32;
+  unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem) + warp * kCandCap;
+  uint32_t* mk = reinterpret_cast<uint32_t*>(smem + nwarps * kCandCap * 8) + warp * 32;  // lane bests
+  uint32_t* stg = reinterpret_cast<uint32_t*>(smem + nwarps * (kCandCap * 8 + 128));
+  const int words = (smem_bytes - nwarps * (kCandCap * 8 + 128)) / 4;
+  const int batch = max(1, min(rows, words / n_max));
+  for (int rb = 0; rb < rows; rb += batch) {
+    const int nr = min(batch, rows - rb);
+    __syncthreads();  // shared memory free (the previous batch consumed)
+#pragma unroll 4
+    for (int e = tid; e < nr * n_max; e += blockDim.x) {
+      const int rr = e / n_max, j = e - rr * n_max;
+      if (j <= (pos_first + rb + rr) / kBlock)
+        stg[e] = order_key(__ldcg(a.sbuf + ((row0 + rb + rr) * a.H + h) * a.sstride + j));
+    }
+    __syncthreads();
+    for (int rr = warp; rr < nr; rr += nwarps) {
+      const int r = rb + rr;
+      select_row(stg + rr * n_max, (pos_first + r) / kBlock + 1, a.topk, cand, mk,
+                 a.topk_idx + ((row0 + r) * a.H + h) * a.topk, lane);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,41 +680,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
       __threadfence();
     }
     SIEVE_TRACE(5);
-    // One warp per row: the row's visible scores (blocks 0 .. pos / 128) as order keys in the
-    // warp's slice of shared memory, lane l owning blocks l, l + 32, ...; each lane keeps its best
-    // (highest key, then lowest block: ascending scan, strict compare). topk rounds: the warp's
-    // best key by __reduce_max_sync, the lowest block among the lanes holding it by
-    // __reduce_min_sync (the contract's rule; block ids unique), the owning lane clears it (key 0
-    // = taken) and rescans its own blocks. Every lane touches only its own blocks.
-    uint32_t* wk = reinterpret_cast<uint32_t*>(smem) + warp * kSelMaxBlocks;
-    for (int r = warp; r < rows; r += kThreads / 32) {
-      const int64_t row = (tok0 + r0 + r) * int64_t(a.H) + h;
-      const float* srow = a.sbuf + row * a.sstride;
-      const int nvis = (pos_first + r) / kBlock + 1;
-      uint32_t bk = 0, bi = 0xffffffffu;
-      for (int j = lane; j < nvis; j += 32) {
-        const uint32_t k = order_key(__ldcg(srow + j));
-        wk[j] = k;
-        if (k > bk) bk = k, bi = uint32_t(j);
-      }
-      int mine = -1;
-      for (int k = 0; k < K; ++k) {
-        const uint32_t best = __reduce_max_sync(0xffffffffu, bk);
-        if (best == 0) break;  // fewer visible blocks than topk: the remaining slots stay -1
-        const uint32_t win = __reduce_min_sync(0xffffffffu, bk == best ? bi : 0xffffffffu);
-        if (lane == k) mine = int(win);
-        if (bi == win) {  // the owning lane (bk == best: ids are unique)
-          wk[win] = 0;
-          bk = 0, bi = 0xffffffffu;
-          for (int j = lane; j < nvis; j += 32) {
-            const uint32_t kj = wk[j];
-            if (kj > bk) bk = kj, bi = uint32_t(j);
-          }
-        }
-      }
-      if (lane < K) a.topk_idx[row * K + lane] = mine;
-      __syncwarp();
-    }
+    select_tile(a, smem, kSmemUsed, tok0 + r0, h, rows, pos_first, n_blocks);
     SIEVE_TRACE(6);
     SIEVE_TRACE(7);
     return;
@@ -737,6 +840,236 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Wide variant of the select path (SIEVE_PREFILL_V2_ROWS=256; bf16 cache): 256 query rows per CTA,
+// each warpgroup owning 128 rows as two m64 halves (two 64-register accumulators), so a key block
+// read from L2 into shared memory feeds twice the MMAs of the 128-row kernel (that kernel moves
+// 32 KB per 4.2 MFLOP; ~4 TB/s from L2 at its measured ~2 us per block per CTA, 264 CTAs). Shared
+// memory: the query tile as two 128-row tiles (64 KB, warpgroup w reads tile w) + a 3-stage key
+// ring (96 KB): one CTA (2 warpgroups) per SM, 255 registers allowed. Per block: one CTA barrier
+// (block i landed: cp.async.wait_group 1 leaves only block i + 1 in flight; every warp is done with
+// block i - 1), block i + 2 issued into the stage of block i - 1, then per warpgroup both halves'
+// 8 wgmma each in two commit groups; wait_group 1 -> the first half's epilogue runs while the
+// tensor cores work on the second half; wait_group 0 -> the second half's epilogue. Epilogue,
+// score rows, counter and selection as in the select path of prefill_v2_kernel (select_tile over
+// 256 rows).
+constexpr int kWRows = 256;
+constexpr int kWStages = 3;
+constexpr int kWKOff = 2 * kTileBytes;
+constexpr int kWSmemUsed = kWKOff + kWStages * kTileBytes;  // 160 KB
+constexpr int kWSmemBytes = kWSmemUsed + 1024;
+static_assert((kWSmemUsed - kThreads / 32 * (kCandCap * 8 + 128)) / 4 >= kSelMaxBlocks, "wide select staging");
+
+__device__ __forceinline__ void wgmma_wait_1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+// Max over the visible keys of rows rA = rbase + g and rB = rA + 8 of one m64 accumulator (rbase:
+// the warp's first row of the half), then the score rows (rows of the tile only).
+__device__ __forceinline__ void wide_epilogue(const Args& a, const float (&acc)[64], bool act, int b, int rbase, int g,
+                                              int q, int rows, int pos_first, int64_t row0, int h) {
+  const int rA = rbase + g, rB = rA + 8;
+  const int posA = pos_first + rA, posB = pos_first + rB;
+  float mA = kNegInf, mB = kNegInf;
+  if (act) {
+    if (b * kBlock + kBlock - 1 <= pos_first + rbase) {
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        mA = fmaxf(mA, fmaxf(acc[4 * n], acc[4 * n + 1]));
+        mB = fmaxf(mB, fmaxf(acc[4 * n + 2], acc[4 * n + 3]));
+      }
+    } else {
+      const int limA = posA - b * kBlock, limB = posB - b * kBlock;
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = 8 * n + 2 * q + j;
+          mA = fmaxf(mA, key <= limA ? acc[4 * n + j] : kNegInf);
+          mB = fmaxf(mB, key <= limB ? acc[4 * n + 2 + j] : kNegInf);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
+      mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
+    }
+  }
+  if (q == 0) {
+    if (rA < rows) a.sbuf[((row0 + rA) * a.H + h) * a.sstride + b] = row_score(a, mA, b, posA);
+    if (rB < rows) a.sbuf[((row0 + rB) * a.H + h) * a.sstride + b] = row_score(a, mB, b, posB);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ int s_last;
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* qs = smem;
+  uint8_t* ks = smem + kWKOff;
+
+  const int h = blockIdx.z;
+  const int tile_g = a.order ? int(gridDim.x / a.max_splits) - 1 - int(blockIdx.x / a.max_splits) : int(blockIdx.x);
+  const int split = a.order ? int(blockIdx.x % a.max_splits) : int(blockIdx.y);
+#define SIEVE_TRACE_AT(i) \
+  a.trace[((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * kTracePoints + (i)]
+#define SIEVE_TRACE(i) \
+  if (a.trace && threadIdx.x == 0) SIEVE_TRACE_AT(i) = global_ns()
+  SIEVE_TRACE(0);
+  int tile = tile_g, s = 0;
+  for (; s < a.num_seqs; ++s) {
+    const int qlen = a.qsl[s + 1] - a.qsl[s];
+    const int nt = (qlen + kWRows - 1) / kWRows;
+    if (tile < nt) break;
+    tile -= nt;
+  }
+  if (s >= a.num_seqs) {
+    SIEVE_TRACE(7);
+    return;
+  }
+  const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
+  const int r0 = tile * kWRows;
+  const int rows = min(kWRows, qlen - r0);
+  const int pos_first = seq_len - qlen + r0;
+  const int pos_last = pos_first + rows - 1;
+  const int n_blocks = pos_last / kBlock + 1;
+  const int nsplit = (n_blocks + a.kb - 1) / a.kb;
+  if (split >= nsplit || nsplit > a.max_splits || n_blocks > a.max_blocks) {
+    SIEVE_TRACE(7);
+    return;
+  }
+  const int b_begin = split * a.kb, b_end = min(n_blocks, b_begin + a.kb), nb = b_end - b_begin;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int wg = warp / 4, wiw = warp % 4;
+  const int32_t* btab = a.block_tables + int64_t(s) * a.mbps;
+  const int64_t row0 = int64_t(tok0) + r0;
+
+  // Block b_begin + i (i < nb) into stage i % 3; always one commit group (empty past the split).
+  auto fetch = [&](int i) {
+    if (i < nb) {
+      const uint8_t* src = a.cache + int64_t(btab[b_begin + i]) * (kBlock * kDim * 2);
+      uint8_t* stage = ks + (i % kWStages) * kTileBytes;
+#pragma unroll
+      for (int l = 0; l < 8; ++l) {
+        const int c = tid + l * kThreads;
+        const int n = c >> 4, j = c & 15;  // key, 16-byte unit (8 dims) of its 256-byte row
+        cp_async16(stage + swz(n, j * 8), src + c * 16);
+      }
+    }
+    cp_async_commit();
+  };
+
+  fetch(0);
+  // Query rows r < 256: tile r >> 7, row r & 127 of its swizzled layout; rows past the tile zero.
+  if (a.q_async) {
+    const uint16_t* qb = static_cast<const uint16_t*>(a.q);
+#pragma unroll 4
+    for (int e = tid; e < kWRows * (kDim / 8); e += kThreads) {
+      const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
+      uint8_t* dst = qs + (r >> 7) * kTileBytes + swz(r & 127, d);
+      if (r < rows) {
+        cp_async16(dst, qb + (row0 + r) * a.q_stride + int64_t(h) * kDim + d);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  } else {
+#pragma unroll 2
+    for (int e = tid; e < kWRows * (kDim / 8); e += kThreads) {
+      const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
+      float x[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q(a, row0 + r, h, d + j) : 0.f;
+      *reinterpret_cast<uint4*>(qs + (r >> 7) * kTileBytes + swz(r & 127, d)) =
+          make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
+                     pack_bf16x2(x[6], x[7]));
+    }
+  }
+  cp_async_commit();  // the query group (empty when stored synchronously)
+  fetch(1);
+  SIEVE_TRACE(1);
+
+  float acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc0[i] = 0.f, acc1[i] = 0.f;
+  // Halves of this warpgroup: rows [lo, lo + 64), lo = 128 wg + 64 hh; last valid row (or -1).
+  const int lo0 = wg * 128, lo1 = lo0 + 64;
+  const int last0 = min(rows - 1, lo0 + 63), last1 = min(rows - 1, lo1 + 63);
+  const uint32_t qa = smem_addr(qs) + wg * kTileBytes;
+
+  for (int i = 0; i < nb; ++i) {
+    const int b = b_begin + i;
+    cp_async_wait_1();  // groups so far: ..., block i, block i + 1 (i = 0: block 0, query, block 1)
+    fence_proxy_async();
+    __syncthreads();  // block i in its stage for all; every warp is done with block i - 1
+    if (i == 0) {
+      SIEVE_TRACE(2);
+      if (a.trace && threadIdx.x == 0) {
+        uint32_t smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(nb);
+      }
+    }
+    fetch(i + 2);  // into the stage of block i - 1
+    const uint32_t kbase = smem_addr(ks + (i % kWStages) * kTileBytes);
+    const bool act0 = last0 >= lo0 && b * kBlock <= pos_first + last0;
+    const bool act1 = last1 >= lo1 && b * kBlock <= pos_first + last1;
+    // Both halves always run (no wgmma on a divergent path, which ptxas serialises): a half whose
+    // rows all precede the block (act false) only wastes its MMAs; its epilogue stores -inf.
+    fence_acc(acc0);
+    fence_acc(acc1);
+    wgmma_fence();
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
+      wgmma_m64n128k16(acc0, make_desc(qa + off), make_desc(kbase + off), st > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
+      wgmma_m64n128k16(acc1, make_desc(qa + 64 * 128 + off), make_desc(kbase + off), st > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_1();
+    fence_acc(acc0);
+    wide_epilogue(a, acc0, act0, b, lo0 + wiw * 16, g, q, rows, pos_first, row0, h);
+    wgmma_wait_all();
+    fence_acc(acc1);
+    wide_epilogue(a, acc1, act1, b, lo1 + wiw * 16, g, q, rows, pos_first, row0, h);
+  }
+  __syncthreads();
+  SIEVE_TRACE(3);
+  if (a.block_scores && split == nsplit - 1) {
+    const int w = a.mbps - b_end;
+    for (int e = tid; e < rows * w; e += kThreads) {
+      const int r = e / w, i = e % w;
+      a.block_scores[((row0 + r) * a.H + h) * a.mbps + b_end + i] = kNegInf;
+    }
+  }
+  SIEVE_TRACE(4);
+  __threadfence();
+  __syncthreads();
+  if (nsplit > 1) {
+    if (tid == 0) {
+      int32_t* ctr = a.counters + int64_t(tile_g) * a.H + h;
+      s_last = atomicAdd(ctr, 1) == nsplit - 1;
+      if (s_last) *ctr = 0;  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!s_last) {
+      SIEVE_TRACE(7);
+      return;
+    }
+    __threadfence();
+  }
+  SIEVE_TRACE(5);
+  select_tile(a, smem, kWSmemUsed, row0, h, rows, pos_first, n_blocks);
+  SIEVE_TRACE(6);
+  SIEVE_TRACE(7);
+#undef SIEVE_TRACE
+#undef SIEVE_TRACE_AT
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host
 
 template <class Kernel>
@@ -752,7 +1085,7 @@ void set_smem(Kernel k, size_t bytes) {
 }
 
 // Test-hook overrides of the knobs below (set_indexer_prefill_v2_knobs; -1 = environment).
-std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1};
+std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1};
 
 // Tuning override of the blocks per split: SIEVE_PREFILL_V2_KB = 1..24 for the list path, up to
 // kSelMaxBlocks for the select path (0 or unset = automatic). Clamped by the caller.
@@ -810,6 +1143,17 @@ int select_knob() {
   }();
   const int f = g_select.load(std::memory_order_relaxed);
   return f >= 0 ? (f ? 1 : 0) : v;
+}
+
+// SIEVE_PREFILL_V2_ROWS = 256: the select path with a bf16 cache runs prefill_wide_kernel (256
+// query rows per CTA); 128 or unset: prefill_v2_kernel. Read once.
+int rows_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_ROWS");
+    return e && std::atoi(e) == 256 ? 256 : 128;
+  }();
+  const int f = g_rows.load(std::memory_order_relaxed);
+  return f >= 0 ? (f == 256 ? 256 : 128) : v;
 }
 
 // SIEVE_PREFILL_TRACE=1: every call on a stream that is not capturing is synchronised and prints
@@ -934,6 +1278,7 @@ void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k) {
   g_order.store(k.order, std::memory_order_relaxed);
   g_merge.store(k.merge, std::memory_order_relaxed);
   g_select.store(k.select, std::memory_order_relaxed);
+  g_rows.store(k.rows, std::memory_order_relaxed);
 }
 
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
@@ -947,17 +1292,23 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
 
   const int max_blocks = std::max(1, std::min((bv.max_seq_len + kBlock - 1) / kBlock, bv.max_blocks_per_seq));
-  const int64_t full_tiles = (bv.num_tokens + kRows - 1) / kRows;
-  const int64_t tiles_upper = full_tiles + bv.num_seqs;
-  // Causal work estimate in (tile, block) units; about 6 units per resident CTA (2 per SM).
-  const int64_t work = std::max<int64_t>(1, full_tiles * max_blocks / 2);
-  const int64_t slots = int64_t(2) * num_sms();
+  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
   const bool select = select_knob() && max_blocks <= kSelMaxBlocks;
+  const bool wide = select && !fp8 && rows_knob() == kWRows;  // prefill_wide_kernel: 256-row tiles
+  const int tile_rows = wide ? kWRows : kRows;
+  const int64_t full_tiles = (bv.num_tokens + tile_rows - 1) / tile_rows;
+  const int64_t tiles_upper = full_tiles + bv.num_seqs;
+  // Causal work estimate in (tile, block) units; about 6 units per resident CTA (2 per SM; the
+  // wide kernel: 1 per SM).
+  const int64_t work = std::max<int64_t>(1, full_tiles * max_blocks / 2);
+  const int64_t slots = int64_t(wide ? 1 : 2) * num_sms();
   int kb;
   if (select) {
-    // No table and no lists: any split width. About 8 waves of kb-block CTAs (at least 4 blocks
-    // a CTA: the query tile and the pipeline fill are paid once per CTA).
-    kb = int(std::clamp<int64_t>((work + 8 * slots - 1) / (8 * slots), 4, 64));
+    // No table and no lists: any split width. About one unit of work per resident CTA slot
+    // (8192 prompt tokens: 8 blocks a split, ~1.1 waves), at least 4 blocks (the query tile and
+    // the pipeline fill are paid once per CTA), at most 32 (a long prompt: ~4 waves of equal
+    // CTAs, the longest tiles first, so the short last tiles fill the tail).
+    kb = int(std::clamp<int64_t>((work + slots - 1) / slots, 4, 32));
     if (kb_override() > 0) kb = kb_override();
   } else {
     kb = int(std::clamp<int64_t>((work + 6 * slots - 1) / (6 * slots), 2, kMaxKb));
@@ -1014,7 +1365,6 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   if (a.order && int64_t(tiles_upper) * max_splits > 0x7fffffff) a.order = 0;
   const dim3 grid = a.order ? dim3(unsigned(tiles_upper * max_splits), 1u, unsigned(p.num_index_heads))
                             : dim3(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
-  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
   unsigned long long* trace = nullptr;
   const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -1024,14 +1374,20 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
     a.trace = trace;
   }
-  if (select) dispatch<true>(a, grid, stream, fp8, mma_mode());
-  else dispatch<false>(a, grid, stream, fp8, mma_mode());
+  if (wide) {
+    set_smem(prefill_wide_kernel, kWSmemBytes);
+    prefill_wide_kernel<<<grid, kThreads, kWSmemBytes, stream>>>(a);
+  } else if (select) {
+    dispatch<true>(a, grid, stream, fp8, mma_mode());
+  } else {
+    dispatch<false>(a, grid, stream, fp8, mma_mode());
+  }
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
   if (trace) {
     std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
     cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
     cuda_check(cudaStreamSynchronize(stream), "trace sync");
-    print_trace(a, grid, mma_mode(), tr, ctas);
+    print_trace(a, grid, wide ? 256 : mma_mode(), tr, ctas);
     cudaFree(trace);
   }
   return true;
