@@ -62,7 +62,8 @@
 //                               its own list position + a binary search per other sorted list
 //                               (prefix of entries that beat it); no per-row topk rounds.
 //   SIEVE_PREFILL_V2_ORDER=1    1-D grid, a tile's splits adjacent, the batch's last tile first
-//                               (the longest tile of a prompt starts, and merges, early).
+//                               (the longest tile of a prompt starts, and merges, early). Unset:
+//                               0 on the list path, 1 on the select path; =0 forces the 3-D grid.
 //   SIEVE_PREFILL_V2_SELECT=1   the select path (below).
 //   SIEVE_PREFILL_V2_ROWS=256   select path, bf16 cache: prefill_wide_kernel, 256 query rows per
 //                               CTA (two m64 halves per warpgroup), 1 CTA per SM (see there).
@@ -847,11 +848,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 // memory: the query tile as two 128-row tiles (64 KB, warpgroup w reads tile w) + a 3-stage key
 // ring (96 KB): one CTA (2 warpgroups) per SM, 255 registers allowed. Per block: one CTA barrier
 // (block i landed: cp.async.wait_group 1 leaves only block i + 1 in flight; every warp is done with
-// block i - 1), block i + 2 issued into the stage of block i - 1, then per warpgroup both halves'
-// 8 wgmma each in two commit groups; wait_group 1 -> the first half's epilogue runs while the
-// tensor cores work on the second half; wait_group 0 -> the second half's epilogue. Epilogue,
-// score rows, counter and selection as in the select path of prefill_v2_kernel (select_tile over
-// 256 rows).
+// block i - 1), then per warpgroup both halves' 8 wgmma each in two commit groups, block i + 2
+// issued into the stage of block i - 1 behind them; wait_group 1 -> the first half's epilogue
+// runs while the tensor cores work on the second half; wait_group 0 -> the second half's
+// epilogue. Epilogue, score rows, counter and selection as in the select path of
+// prefill_v2_kernel (select_tile over 256 rows).
 constexpr int kWRows = 256;
 constexpr int kWStages = 3;
 constexpr int kWKOff = 2 * kTileBytes;
@@ -1008,7 +1009,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
         SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(nb);
       }
     }
-    fetch(i + 2);  // into the stage of block i - 1
     const uint32_t kbase = smem_addr(ks + (i % kWStages) * kTileBytes);
     const bool act0 = last0 >= lo0 && b * kBlock <= pos_first + last0;
     const bool act1 = last1 >= lo1 && b * kBlock <= pos_first + last1;
@@ -1029,6 +1029,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
       wgmma_m64n128k16(acc1, make_desc(qa + 64 * 128 + off), make_desc(kbase + off), st > 0);
     }
     wgmma_commit();
+    fetch(i + 2);  // into the stage of block i - 1 (no warp reads it now), while the MMAs run
     wgmma_wait_1();
     fence_acc(acc0);
     wide_epilogue(a, acc0, act0, b, lo0 + wiw * 16, g, q, rows, pos_first, row0, h);
