@@ -91,7 +91,7 @@ struct PrefillCase {
 std::string knob_name(const cuda::PrefillV2Knobs& k) {
   return "knobs mma " + std::to_string(k.mma) + " kb " + std::to_string(k.kb) + " order " +
          std::to_string(k.order) + " merge " + std::to_string(k.merge) + " select " + std::to_string(k.select) +
-         " rows " + std::to_string(k.rows);
+         " rows " + std::to_string(k.rows) + " pipe " + std::to_string(k.pipe);
 }
 
 // Restores the environment's knobs when a check ends (also on a failed assertion).
@@ -99,21 +99,22 @@ struct KnobGuard {
   ~KnobGuard() { cuda::set_indexer_prefill_v2_knobs(cuda::PrefillV2Knobs{}); }
 };
 
-cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select, int rows = -1) {
+cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select, int rows = -1, int pipe = -1) {
   cuda::PrefillV2Knobs k;
-  k.mma = mma, k.kb = kb, k.order = order, k.merge = merge, k.select = select, k.rows = rows;
+  k.mma = mma, k.kb = kb, k.order = order, k.merge = merge, k.select = select, k.rows = rows, k.pipe = pipe;
   return k;
 }
 
 // The select path: auto split width (grid order 1 by default there), register-A MMAs with a
 // 3-stage ring over narrow splits in the 3-D grid, mma.sync with 3-block splits, wide 64-block
 // splits, one block per split (the most splits meeting at the counter); then the 256-row kernel
-// (bf16 cache; fp8 runs the 128-row kernel) with the automatic width, 3-block splits in the 3-D
-// grid, and one block per split.
+// (bf16 cache; fp8 runs the 128-row kernel), pipelined: the automatic width, 3-block splits in
+// the 3-D grid, one and two blocks per split; not pipelined: the automatic width, 3-block splits.
 const std::vector<cuda::PrefillV2Knobs> kSelectKnobs = {
-    knobs(-1, 0, -1, -1, 1),     knobs(3, 5, 0, -1, 1),      knobs(2, 3, -1, -1, 1),
-    knobs(1, 64, 1, -1, 1),      knobs(0, 1, 1, -1, 1),      knobs(-1, 0, -1, -1, 1, 256),
-    knobs(-1, 3, 0, -1, 1, 256), knobs(-1, 1, 1, -1, 1, 256)};
+    knobs(-1, 0, -1, -1, 1),          knobs(3, 5, 0, -1, 1),          knobs(2, 3, -1, -1, 1),
+    knobs(1, 64, 1, -1, 1),           knobs(0, 1, 1, -1, 1),          knobs(-1, 0, -1, -1, 1, 256),
+    knobs(-1, 3, 0, -1, 1, 256),      knobs(-1, 1, 1, -1, 1, 256),    knobs(-1, 2, 1, -1, 1, 256),
+    knobs(-1, 0, -1, -1, 1, 256, 0),  knobs(-1, 3, 0, -1, 1, 256, 0)};
 // The list path's knobs: defaults, rs3 + rank merge, grid order 1, rs, sync.
 const std::vector<cuda::PrefillV2Knobs> kListKnobs = {
     knobs(-1, -1, -1, -1, 0), knobs(3, -1, -1, 1, 0), knobs(0, 0, 1, 0, 0), knobs(1, -1, 0, -1, 0),
@@ -468,8 +469,8 @@ TEST(CudaIndexerPrefillSelect, LongContextsMatchCpu) {
     c.specs = specs;
     c.cache = specs[0].cached > 150000 ? DType::FP8_E4M3 : DType::BF16;
     c.topk = 32, c.init = 1, c.local = 2;
-    c.knobs = {knobs(-1, 0, -1, -1, 1), knobs(3, 100, 0, -1, 1), knobs(0, 7, 1, -1, 1), knobs(-1, 0, -1, -1, 1, 256),
-               knobs(-1, 50, 0, -1, 1, 256)};
+    c.knobs = {knobs(-1, 0, -1, -1, 1),      knobs(3, 100, 0, -1, 1),          knobs(0, 7, 1, -1, 1),
+               knobs(-1, 0, -1, -1, 1, 256), knobs(-1, 50, 0, -1, 1, 256),     knobs(-1, 0, -1, -1, 1, 256, 0)};
     check_prefill(c, seed++);
   }
 }

@@ -67,6 +67,7 @@
 //   SIEVE_PREFILL_V2_SELECT=1   the select path (below).
 //   SIEVE_PREFILL_V2_ROWS=256   select path, bf16 cache: prefill_wide_kernel, 256 query rows per
 //                               CTA (two m64 halves per warpgroup), 1 CTA per SM (see there).
+//   SIEVE_PREFILL_V2_WIDE_PIPE=0  prefill_wide_kernel without its cross-block pipeline.
 //   SIEVE_PREFILL_V2_KB=n       blocks per split (list path: 1..24; select path: 1..2048).
 //   SIEVE_PREFILL_TRACE=1       eager calls only (stream not capturing): thread 0 of each CTA
 //                               stores %globaltimer at start, q issued, first key block ready,
@@ -182,6 +183,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_2() { asm volatile("cp.async.wait_group 2;\n" ::: "memory"); }
 // Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -858,6 +860,10 @@ constexpr int kWStages = 3;
 constexpr int kWKOff = 2 * kTileBytes;
 constexpr int kWSmemUsed = kWKOff + kWStages * kTileBytes;  // 160 KB
 constexpr int kWSmemBytes = kWSmemUsed + 1024;
+constexpr int kWPipeStages = 4;  // kPipe: 4-stage ring (192 KB with the query tile)
+constexpr int kWPipeSmemUsed = kWKOff + kWPipeStages * kTileBytes;
+constexpr int kWPipeSmemBytes = kWPipeSmemUsed + 1024;
+static_assert(kWPipeSmemBytes <= 227 * 1024, "wide pipelined kernel: shared memory");
 static_assert((kWSmemUsed - kThreads / 32 * (kCandCap * 8 + 128)) / 4 >= kSelMaxBlocks, "wide select staging");
 
 __device__ __forceinline__ void wgmma_wait_1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
@@ -900,7 +906,19 @@ __device__ __forceinline__ void wide_epilogue(const Args& a, const float (&acc)[
   }
 }
 
+// kPipe (SIEVE_PREFILL_V2_WIDE_PIPE, default 1): the CTA barrier of block i + 1 (its keys landed)
+// sits between block i's first-half epilogue and the wait for its second half, so the barrier and
+// the warps' skew hide under the second half's MMAs; the next issue needs no barrier. A 4-stage
+// ring (192 KB with the query tile): block i + 3 goes into the stage of block i - 1 right after
+// that barrier (every warp retired block i - 1 before it), two blocks ahead as in kPipe 0.
+// (Issuing block i + 1's first half before block i's second-half epilogue would overlap that
+// epilogue too, but touching one accumulator while the other's wgmma is pending between two
+// issues makes ptxas serialise the wgmmas, C7514: two accumulators allow one overlapped epilogue.)
+// kPipe 0: the loop described above.
+template <bool kPipe>
 __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
+  constexpr int kStages = kPipe ? kWPipeStages : kWStages;
+  constexpr int kSmemUsedW = kPipe ? kWPipeSmemUsed : kWSmemUsed;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -947,7 +965,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
   auto fetch = [&](int i) {
     if (i < nb) {
       const uint8_t* src = a.cache + int64_t(btab[b_begin + i]) * (kBlock * kDim * 2);
-      uint8_t* stage = ks + (i % kWStages) * kTileBytes;
+      uint8_t* stage = ks + (i % kStages) * kTileBytes;
 #pragma unroll
       for (int l = 0; l < 8; ++l) {
         const int c = tid + l * kThreads;
@@ -986,6 +1004,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
   }
   cp_async_commit();  // the query group (empty when stored synchronously)
   fetch(1);
+  if constexpr (kPipe) fetch(2);
   SIEVE_TRACE(1);
 
   float acc0[64], acc1[64];
@@ -996,7 +1015,48 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
   const int last0 = min(rows - 1, lo0 + 63), last1 = min(rows - 1, lo1 + 63);
   const uint32_t qa = smem_addr(qs) + wg * kTileBytes;
 
-  for (int i = 0; i < nb; ++i) {
+  if constexpr (kPipe) {
+    auto act_of = [&](int lo, int last, int b) { return last >= lo && b * kBlock <= pos_first + last; };
+    // The 8 MMAs of one half (A at q row offset aoff) with the keys of block i, one commit group.
+    auto issue = [&](float (&acc)[64], uint32_t aoff, int i) {
+      const uint32_t kbase = smem_addr(ks + (i % kStages) * kTileBytes);
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+        const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
+        wgmma_m64n128k16(acc, make_desc(qa + aoff + off), make_desc(kbase + off), st > 0);
+      }
+      wgmma_commit();
+    };
+    cp_async_wait_2();  // groups: block 0, query, block 1, block 2 -> block 0 and the query landed
+    fence_proxy_async();
+    __syncthreads();
+    SIEVE_TRACE(2);
+    if (a.trace && threadIdx.x == 0) {
+      uint32_t smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(nb);
+    }
+    for (int i = 0; i < nb; ++i) {
+      const int b = b_begin + i;
+      issue(acc0, 0, i);
+      issue(acc1, 64 * 128, i);
+      wgmma_wait_1();  // the first half of block i (the second stays in flight)
+      fence_acc(acc0);
+      wide_epilogue(a, acc0, act_of(lo0, last0, b), b, lo0 + wiw * 16, g, q, rows, pos_first, row0, h);
+      if (i + 1 < nb) {  // (no wgmma in here)
+        cp_async_wait_1();  // groups: ..., block i + 1, block i + 2 -> block i + 1 landed
+        fence_proxy_async();
+        __syncthreads();  // block i + 1 in its stage for all; every warp's MMAs of block i - 1 retired
+        fetch(i + 3);     // into the stage of block i - 1
+      }
+      wgmma_wait_all();  // the second half of block i
+      fence_acc(acc1);
+      wide_epilogue(a, acc1, act_of(lo1, last1, b), b, lo1 + wiw * 16, g, q, rows, pos_first, row0, h);
+    }
+  }
+  for (int i = 0; i < (kPipe ? 0 : nb); ++i) {
     const int b = b_begin + i;
     cp_async_wait_1();  // groups so far: ..., block i, block i + 1 (i = 0: block 0, query, block 1)
     fence_proxy_async();
@@ -1009,7 +1069,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
         SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(nb);
       }
     }
-    const uint32_t kbase = smem_addr(ks + (i % kWStages) * kTileBytes);
+    const uint32_t kbase = smem_addr(ks + (i % kStages) * kTileBytes);
     const bool act0 = last0 >= lo0 && b * kBlock <= pos_first + last0;
     const bool act1 = last1 >= lo1 && b * kBlock <= pos_first + last1;
     // Both halves always run (no wgmma on a divergent path, which ptxas serialises): a half whose
@@ -1063,7 +1123,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
     __threadfence();
   }
   SIEVE_TRACE(5);
-  select_tile(a, smem, kWSmemUsed, row0, h, rows, pos_first, n_blocks);
+  select_tile(a, smem, kSmemUsedW, row0, h, rows, pos_first, n_blocks);
   SIEVE_TRACE(6);
   SIEVE_TRACE(7);
 #undef SIEVE_TRACE
@@ -1086,7 +1146,7 @@ void set_smem(Kernel k, size_t bytes) {
 }
 
 // Test-hook overrides of the knobs below (set_indexer_prefill_v2_knobs; -1 = environment).
-std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1};
+std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1}, g_pipe{-1};
 
 // Tuning override of the blocks per split: SIEVE_PREFILL_V2_KB = 1..24 for the list path, up to
 // kSelMaxBlocks for the select path (0 or unset = automatic). Clamped by the caller.
@@ -1143,6 +1203,17 @@ int select_knob() {
     return e && std::atoi(e) == 1 ? 1 : 0;
   }();
   const int f = g_select.load(std::memory_order_relaxed);
+  return f >= 0 ? (f ? 1 : 0) : v;
+}
+
+// SIEVE_PREFILL_V2_WIDE_PIPE = 0: prefill_wide_kernel without the cross-block pipeline (kPipe);
+// 1 or unset: with it. Read once.
+int pipe_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_WIDE_PIPE");
+    return e && *e && std::atoi(e) == 0 ? 0 : 1;
+  }();
+  const int f = g_pipe.load(std::memory_order_relaxed);
   return f >= 0 ? (f ? 1 : 0) : v;
 }
 
@@ -1280,6 +1351,7 @@ void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k) {
   g_merge.store(k.merge, std::memory_order_relaxed);
   g_select.store(k.select, std::memory_order_relaxed);
   g_rows.store(k.rows, std::memory_order_relaxed);
+  g_pipe.store(k.pipe, std::memory_order_relaxed);
 }
 
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
@@ -1375,9 +1447,12 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
     a.trace = trace;
   }
-  if (wide) {
-    set_smem(prefill_wide_kernel, kWSmemBytes);
-    prefill_wide_kernel<<<grid, kThreads, kWSmemBytes, stream>>>(a);
+  if (wide && pipe_knob()) {
+    set_smem(prefill_wide_kernel<true>, kWPipeSmemBytes);
+    prefill_wide_kernel<true><<<grid, kThreads, kWPipeSmemBytes, stream>>>(a);
+  } else if (wide) {
+    set_smem(prefill_wide_kernel<false>, kWSmemBytes);
+    prefill_wide_kernel<false><<<grid, kThreads, kWSmemBytes, stream>>>(a);
   } else if (select) {
     dispatch<true>(a, grid, stream, fp8, mma_mode());
   } else {
@@ -1388,7 +1463,7 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
     cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
     cuda_check(cudaStreamSynchronize(stream), "trace sync");
-    print_trace(a, grid, wide ? 256 : mma_mode(), tr, ctas);
+    print_trace(a, grid, wide ? 256 + pipe_knob() : mma_mode(), tr, ctas);
     cudaFree(trace);
   }
   return true;

@@ -55,9 +55,10 @@ void set_indexer_v3_split(int cluster, int groups);
 // order: 0 or 1 (SIEVE_PREFILL_V2_ORDER); merge: 0 rounds, 1 rank (SIEVE_PREFILL_V2_MERGE);
 // select: 0 split lists + merge, 1 global score rows + per-row selection by the tile's last
 // split (SIEVE_PREFILL_V2_SELECT); rows: query rows per CTA of the select path with a bf16 cache,
-// 128 or 256 (SIEVE_PREFILL_V2_ROWS).
+// 128 or 256 (SIEVE_PREFILL_V2_ROWS); pipe: 0 or 1, the 256-row kernel's cross-block pipeline
+// (SIEVE_PREFILL_V2_WIDE_PIPE, default 1).
 struct PrefillV2Knobs {
-  int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1;
+  int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1, pipe = -1;
 };
 void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 }  // namespace sieve::cuda
