@@ -109,12 +109,14 @@ cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select, in
 // 3-stage ring over narrow splits in the 3-D grid, mma.sync with 3-block splits, wide 64-block
 // splits, one block per split (the most splits meeting at the counter); then the 256-row kernel
 // (bf16 cache; fp8 runs the 128-row kernel), pipelined: the automatic width, 3-block splits in
-// the 3-D grid, one and two blocks per split; not pipelined: the automatic width, 3-block splits.
+// the 3-D grid, one and two blocks per split; not pipelined: the automatic width, 3-block splits;
+// then the selection as its own kernel (select 2) after the 128-row and the 256-row kernels.
 const std::vector<cuda::PrefillV2Knobs> kSelectKnobs = {
     knobs(-1, 0, -1, -1, 1),          knobs(3, 5, 0, -1, 1),          knobs(2, 3, -1, -1, 1),
     knobs(1, 64, 1, -1, 1),           knobs(0, 1, 1, -1, 1),          knobs(-1, 0, -1, -1, 1, 256),
     knobs(-1, 3, 0, -1, 1, 256),      knobs(-1, 1, 1, -1, 1, 256),    knobs(-1, 2, 1, -1, 1, 256),
-    knobs(-1, 0, -1, -1, 1, 256, 0),  knobs(-1, 3, 0, -1, 1, 256, 0)};
+    knobs(-1, 0, -1, -1, 1, 256, 0),  knobs(-1, 3, 0, -1, 1, 256, 0), knobs(-1, 0, -1, -1, 2),
+    knobs(3, 5, 0, -1, 2),            knobs(-1, 0, -1, -1, 2, 256),   knobs(-1, 2, 0, -1, 2, 256, 0)};
 // The list path's knobs: defaults, rs3 + rank merge, grid order 1, rs, sync.
 const std::vector<cuda::PrefillV2Knobs> kListKnobs = {
     knobs(-1, -1, -1, -1, 0), knobs(3, -1, -1, 1, 0), knobs(0, 0, 1, 0, 0), knobs(1, -1, 0, -1, 0),
@@ -470,7 +472,8 @@ TEST(CudaIndexerPrefillSelect, LongContextsMatchCpu) {
     c.cache = specs[0].cached > 150000 ? DType::FP8_E4M3 : DType::BF16;
     c.topk = 32, c.init = 1, c.local = 2;
     c.knobs = {knobs(-1, 0, -1, -1, 1),      knobs(3, 100, 0, -1, 1),          knobs(0, 7, 1, -1, 1),
-               knobs(-1, 0, -1, -1, 1, 256), knobs(-1, 50, 0, -1, 1, 256),     knobs(-1, 0, -1, -1, 1, 256, 0)};
+               knobs(-1, 0, -1, -1, 1, 256), knobs(-1, 50, 0, -1, 1, 256),     knobs(-1, 0, -1, -1, 1, 256, 0),
+               knobs(-1, 0, -1, -1, 2),      knobs(-1, 0, -1, -1, 2, 256)};
     check_prefill(c, seed++);
   }
 }

@@ -64,7 +64,8 @@
 //   SIEVE_PREFILL_V2_ORDER=1    1-D grid, a tile's splits adjacent, the batch's last tile first
 //                               (the longest tile of a prompt starts, and merges, early). Unset:
 //                               0 on the list path, 1 on the select path; =0 forces the 3-D grid.
-//   SIEVE_PREFILL_V2_SELECT=1   the select path (below).
+//   SIEVE_PREFILL_V2_SELECT=1   the select path (below); =2: the same with the selection in its
+//                               own kernel after the scoring kernel (prefill_select_kernel).
 //   SIEVE_PREFILL_V2_ROWS=256   select path, bf16 cache: prefill_wide_kernel, 256 query rows per
 //                               CTA (two m64 halves per warpgroup), 1 CTA per SM (see there).
 //   SIEVE_PREFILL_V2_WIDE_PIPE=0  prefill_wide_kernel without its cross-block pipeline.
@@ -155,8 +156,9 @@ struct Args {
   int32_t* counters;  // [tiles_upper, H]
   int merge_rank;     // 1: rank merge (binary searches, no per-row rounds); 0: topk rounds
   int order;          // 0: grid (tiles, splits, H); 1: grid (tiles * splits, 1, H), last tile first
-  // Select mode (1): the epilogue writes each row's block scores straight to sbuf (no table, no
-  // split lists); the tile's last split selects every row's top-k from its full score row.
+  // Select mode (1, 2): the epilogue writes each row's block scores straight to sbuf (no table,
+  // no split lists); 1: the tile's last split selects every row's top-k from its full score row;
+  // 2: prefill_select_kernel does, after the scoring kernel (no counters).
   int select;
   float* sbuf;      // [num_tokens, H, sstride]: block_scores when requested, else the workspace
   int64_t sstride;  // elements per (token, head) row of sbuf
@@ -667,6 +669,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
       }
     }
     SIEVE_TRACE(4);
+    if (a.select == 2) {  // prefill_select_kernel selects after this kernel
+      SIEVE_TRACE(7);
+      return;
+    }
     __threadfence();
     __syncthreads();
     if (nsplit > 1) {
@@ -1107,6 +1113,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
     }
   }
   SIEVE_TRACE(4);
+  if (a.select == 2) {  // prefill_select_kernel selects after this kernel
+    SIEVE_TRACE(7);
+    return;
+  }
   __threadfence();
   __syncthreads();
   if (nsplit > 1) {
@@ -1128,6 +1138,38 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
   SIEVE_TRACE(7);
 #undef SIEVE_TRACE
 #undef SIEVE_TRACE_AT
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIEVE_PREFILL_V2_SELECT=2: the selection as its own kernel after the scoring kernel, one warp per
+// (token, head) row over the whole GPU, instead of 128 (256) rows by the tile's last split at the
+// end of the scoring kernel (the tail of the fused select path). Dynamic shared memory per warp:
+// cand + lane bests + the row's keys (n_max words).
+__global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_t nrows, int n_max) {
+  extern __shared__ __align__(16) uint8_t sel_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = kThreads / 32;
+  const int64_t row = int64_t(blockIdx.x) * nwarps + warp;  // token * H + head
+  if (row >= nrows) return;  // warp-uniform; no CTA barrier below
+  unsigned long long* cand = reinterpret_cast<unsigned long long*>(sel_smem) + warp * kCandCap;
+  uint32_t* mk = reinterpret_cast<uint32_t*>(sel_smem + nwarps * kCandCap * 8) + warp * 32;
+  uint32_t* keys = reinterpret_cast<uint32_t*>(sel_smem + nwarps * (kCandCap * 8 + 128)) + int64_t(warp) * n_max;
+  const int64_t tok = row / a.H;
+  // The request holding tok: the last s with query_start_loc[s] <= tok (empty requests skipped).
+  int lo = 0, hi = a.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (a.qsl[mid] <= tok) lo = mid;
+    else hi = mid - 1;
+  }
+  const int tok0 = a.qsl[lo], tok1 = a.qsl[lo + 1];
+  if (tok < tok0 || tok >= tok1) return;  // a padding token past the last request
+  const int pos = a.seq_lens[lo] - (tok1 - tok0) + int(tok - tok0);
+  const int n = pos / kBlock + 1;
+  if (pos < 0 || n > n_max) return;  // contract violation (the scoring kernel skipped the tile)
+  const float* srow = a.sbuf + row * a.sstride;
+  for (int j = lane; j < n; j += 32) keys[j] = order_key(__ldcg(srow + j));
+  __syncwarp();
+  select_row(keys, n, a.topk, cand, mk, a.topk_idx + row * a.topk, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1196,14 +1238,16 @@ int order_knob() {
 }
 
 // SIEVE_PREFILL_V2_SELECT = 1: the select path (global score rows, per-row selection by the
-// tile's last split); 0 or unset: split lists + merge. Read once.
+// tile's last split); 2: the same scores, selection by prefill_select_kernel launched after the
+// scoring kernel; 0 or unset: split lists + merge. Read once.
 int select_knob() {
   static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_SELECT");
-    return e && std::atoi(e) == 1 ? 1 : 0;
+    const int x = e ? std::atoi(e) : 0;
+    return x == 1 || x == 2 ? x : 0;
   }();
   const int f = g_select.load(std::memory_order_relaxed);
-  return f >= 0 ? (f ? 1 : 0) : v;
+  return f >= 0 ? (f == 1 || f == 2 ? f : 0) : v;
 }
 
 // SIEVE_PREFILL_V2_WIDE_PIPE = 0: prefill_wide_kernel without the cross-block pipeline (kPipe);
@@ -1415,7 +1459,7 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   a.list_len = std::min(p.topk, kb);
   a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
-  a.select = select ? 1 : 0;
+  a.select = select ? select_knob() : 0;
   a.max_blocks = max_blocks;
   if (select) {
     if (p.block_scores) {
@@ -1425,7 +1469,9 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
       a.sbuf = static_cast<float*>(workspace(stream, size_t(bv.num_tokens) * p.num_index_heads * max_blocks * 4));
       a.sstride = max_blocks;
     }
-    if (max_splits > 1) a.counters = zeroed_counters(stream, size_t(tiles_upper) * p.num_index_heads);
+    if (max_splits > 1 && a.select == 1) {
+      a.counters = zeroed_counters(stream, size_t(tiles_upper) * p.num_index_heads);
+    }
   } else if (max_splits > 1) {
     const size_t n = size_t(tiles_upper) * p.num_index_heads * max_splits * kRows * a.list_len;
     char* ws = static_cast<char*>(workspace(stream, n * 8));
@@ -1457,6 +1503,14 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     dispatch<true>(a, grid, stream, fp8, mma_mode());
   } else {
     dispatch<false>(a, grid, stream, fp8, mma_mode());
+  }
+  if (a.select == 2) {
+    SIEVE_LAUNCH_CHECK("indexer prefill v2");
+    const int64_t nrows = int64_t(bv.num_tokens) * p.num_index_heads;
+    const int nw = kThreads / 32;
+    const size_t smem = size_t(nw) * (kCandCap * 8 + 128) + size_t(nw) * max_blocks * 4;
+    set_smem(prefill_select_kernel, smem);
+    prefill_select_kernel<<<unsigned((nrows + nw - 1) / nw), kThreads, smem, stream>>>(a, nrows, max_blocks);
   }
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
   if (trace) {

@@ -54,9 +54,9 @@ void set_indexer_v3_split(int cluster, int groups);
 // (SIEVE_PREFILL_V2_MMA); kb: key blocks per split, 0 = automatic (SIEVE_PREFILL_V2_KB);
 // order: 0 or 1 (SIEVE_PREFILL_V2_ORDER); merge: 0 rounds, 1 rank (SIEVE_PREFILL_V2_MERGE);
 // select: 0 split lists + merge, 1 global score rows + per-row selection by the tile's last
-// split (SIEVE_PREFILL_V2_SELECT); rows: query rows per CTA of the select path with a bf16 cache,
-// 128 or 256 (SIEVE_PREFILL_V2_ROWS); pipe: 0 or 1, the 256-row kernel's cross-block pipeline
-// (SIEVE_PREFILL_V2_WIDE_PIPE, default 1).
+// split, 2 the same with the selection as its own kernel (SIEVE_PREFILL_V2_SELECT); rows: query
+// rows per CTA of the select path with a bf16 cache, 128 or 256 (SIEVE_PREFILL_V2_ROWS); pipe:
+// 0 or 1, the 256-row kernel's cross-block pipeline (SIEVE_PREFILL_V2_WIDE_PIPE, default 1).
 struct PrefillV2Knobs {
   int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1, pipe = -1;
 };
