@@ -65,7 +65,8 @@
 //                               (the longest tile of a prompt starts, and merges, early). Unset:
 //                               0 on the list path, 1 on the select path; =0 forces the 3-D grid.
 //   SIEVE_PREFILL_V2_SELECT=1   the select path (below); =2: the same with the selection in its
-//                               own kernel after the scoring kernel (prefill_select_kernel).
+//                               own kernel after the scoring kernel (prefill_select_kernel,
+//                               launched with PDL unless SIEVE_PREFILL_V2_SELECT_PDL=0).
 //   SIEVE_PREFILL_V2_ROWS=256   select path, bf16 cache: prefill_wide_kernel, 256 query rows per
 //                               CTA (two m64 halves per warpgroup), 1 CTA per SM (see there).
 //   SIEVE_PREFILL_V2_WIDE_PIPE=0  prefill_wide_kernel without its cross-block pipeline.
@@ -1147,6 +1148,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
 // cand + lane bests + the row's keys (n_max words).
 __global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_t nrows, int n_max) {
   extern __shared__ __align__(16) uint8_t sel_smem[];
+  // Launched with programmatic stream serialisation (SIEVE_PREFILL_V2_SELECT_PDL, default on): wait
+  // for the scoring grid to complete and its writes to be visible (a no-op without it).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = kThreads / 32;
   const int64_t row = int64_t(blockIdx.x) * nwarps + warp;  // token * H + head
   if (row >= nrows) return;  // warp-uniform; no CTA barrier below
@@ -1248,6 +1252,16 @@ int select_knob() {
   }();
   const int f = g_select.load(std::memory_order_relaxed);
   return f >= 0 ? (f == 1 || f == 2 ? f : 0) : v;
+}
+
+// SIEVE_PREFILL_V2_SELECT_PDL = 0: prefill_select_kernel (select 2) launched plainly; 1 or unset:
+// with programmatic stream serialisation (its launch overlaps the scoring grid's end). Read once.
+bool select_pdl() {
+  static const bool v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_SELECT_PDL");
+    return !(e && *e && std::atoi(e) == 0);
+  }();
+  return v;
 }
 
 // SIEVE_PREFILL_V2_WIDE_PIPE = 0: prefill_wide_kernel without the cross-block pipeline (kPipe);
@@ -1510,7 +1524,17 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     const int nw = kThreads / 32;
     const size_t smem = size_t(nw) * (kCandCap * 8 + 128) + size_t(nw) * max_blocks * 4;
     set_smem(prefill_select_kernel, smem);
-    prefill_select_kernel<<<unsigned((nrows + nw - 1) / nw), kThreads, smem, stream>>>(a, nrows, max_blocks);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned((nrows + nw - 1) / nw));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = select_pdl() ? 1 : 0;
+    cuda_check(cudaLaunchKernelEx(&cfg, prefill_select_kernel, a, nrows, max_blocks), "indexer prefill select launch");
   }
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
   if (trace) {
