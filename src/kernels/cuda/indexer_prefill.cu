@@ -1424,7 +1424,10 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
 
   const int max_blocks = std::max(1, std::min((bv.max_seq_len + kBlock - 1) / kBlock, bv.max_blocks_per_seq));
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
-  const bool select = select_knob() && max_blocks <= kSelMaxBlocks;
+  // The select path keeps [num_tokens, H, max_blocks] fp32 scores in the workspace unless
+  // block_scores is requested: at most 512 MB of it (else the list path).
+  const bool select = select_knob() && max_blocks <= kSelMaxBlocks &&
+                      (p.block_scores || int64_t(bv.num_tokens) * p.num_index_heads * max_blocks * 4 <= (int64_t(512) << 20));
   const bool wide = select && !fp8 && rows_knob() == kWRows;  // prefill_wide_kernel: 256-row tiles
   const int tile_rows = wide ? kWRows : kRows;
   const int64_t full_tiles = (bv.num_tokens + tile_rows - 1) / tile_rows;
