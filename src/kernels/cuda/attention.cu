@@ -107,47 +107,6 @@ struct AttnArgs {
 };
 
 constexpr int kTracePoints = 8;
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  }
-}
-
-template <bool kFp8>
-__device__ __forceinline__ int dbase(int s, int q) {
-  return kFp8 ? (s / 4) * 64 + q * 16 + (s % 4) * 4 : (s / 2) * 32 + q * 8 + (s % 2) * 4;
-}
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
@@ -674,19 +633,6 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   }
 }
 
-template <class Kernel>
-void set_smem(Kernel k, size_t bytes) {
-  static std::mutex mu;
-  static std::map<const void*, size_t> limit;
-  if (bytes <= 48 * 1024) return;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& have = limit[reinterpret_cast<const void*>(k)];
-  if (bytes <= have) return;
-  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-             "cudaFuncSetAttribute");
-  have = bytes;
-}
-
 template <bool kFp8>
 size_t smem_bytes(int stages) {
   return std::max(size_t(stages) * Geo<kFp8>::kSlotBytes, kMergeBytes);
@@ -700,24 +646,8 @@ int max_active_clusters(int cluster, int stages) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find({cluster, stages});
   if (it != cache.end()) return it->second;
-  const size_t smem = smem_bytes<kFp8>(stages);
-  set_smem(attention_kernel<kFp8, kGroups>, smem);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(cluster * 64), 1, 1);
-  cfg.blockDim = dim3(threads_of<kGroups>(), 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<kFp8, kGroups>, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    n = 0;
-  }
+  const int n = resident_clusters(attention_kernel<kFp8, kGroups>, threads_of<kGroups>(), smem_bytes<kFp8>(stages),
+                                  cluster, 64, 0);
   cache[{cluster, stages}] = n;
   return n;
 }
@@ -730,19 +660,9 @@ template <bool kFp8, int kGroups>
 void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   const size_t smem = smem_bytes<kFp8>(a.stages);
   set_smem(attention_kernel<kFp8, kGroups>, smem);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1);
-  cfg.blockDim = dim3(threads_of<kGroups>(), 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(a.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cuda_check(cudaLaunchKernelEx(&cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
+  ClusterLaunch l(dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1), dim3(threads_of<kGroups>(), 1, 1),
+                  smem, stream, a.cluster);
+  cuda_check(cudaLaunchKernelEx(&l.cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
 }
 
 // SIEVE_ATTN_TRACE=1: every call is synchronised and prints where its CTAs spent their time

@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -124,9 +126,123 @@ __device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
   return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
+// The permuted k-slot -> dim mapping of m16n8k16 over 128-dim rows (Q K^T, index q . k): for
+// k-step s, quad lane q, the four dims this lane's slots (2q, 2q+1 | 2q+8, 2q+9) stand for are
+// dbase + {0,1 | 2,3}; chosen so a lane's dims for all 8 k-steps are 16-byte runs in memory.
+template <bool kFp8>
+__device__ __forceinline__ int dbase(int s, int q) {
+  return kFp8 ? (s / 4) * 64 + q * 16 + (s % 4) * 4 : (s / 2) * 32 + q * 8 + (s % 2) * 4;
+}
+
 // The "beats" order of top-k: higher score, then lower block id.
 __device__ __forceinline__ bool beats(float sa, int ia, float sb, int ib) {
   return sa > sb || (sa == sb && ia < ib);
+}
+
+// Raises a kernel's dynamic shared-memory limit once, to the most any launch asks for (launches
+// of at most 48 KB need nothing).
+template <class Kernel>
+void set_smem(Kernel k, size_t bytes) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> limit;
+  if (bytes <= 48 * 1024) return;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = limit[reinterpret_cast<const void*>(k)];
+  if (bytes <= have) return;
+  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             "cudaFuncSetAttribute");
+  have = bytes;
+}
+
+// Launch configuration of a grid in thread-block clusters of `cluster` CTAs along x
+// (attrs[0]); allow_programmatic_serialization() adds programmatic dependent launch. Not
+// copyable: cfg.attrs points into the object.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attrs[2]{};
+  ClusterLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int cluster) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = unsigned(cluster);
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  void allow_programmatic_serialization() {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.numAttrs = 2;
+  }
+};
+
+// How many clusters of `cluster` CTAs of `kernel` (`threads` per CTA, `smem` bytes of dynamic
+// shared memory) the device keeps resident at once (cudaOccupancyMaxActiveClusters, asked with
+// a grid of `grid_clusters` clusters); `on_error` where the query fails.
+template <class Kernel>
+int resident_clusters(Kernel kernel, int threads, size_t smem, int cluster, int grid_clusters, int on_error) {
+  set_smem(kernel, smem);
+  ClusterLaunch l(dim3(unsigned(cluster * grid_clusters), 1, 1), dim3(unsigned(threads), 1, 1), smem, nullptr,
+                  cluster);
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &l.cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = on_error;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory addresses, mbarriers and 1-D bulk copies (TMA) into shared memory.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Arrives on `bar` and expects `bytes` more bytes of bulk copies to complete on it.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+// Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) completing on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+// One bulk copy that is the whole of the barrier's next phase.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  mbar_expect_tx(bar, bytes);
+  bulk_copy(dst, src, bytes, bar);
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+// Global timer (ns), for the development traces.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 }  // namespace sieve::cuda

@@ -16,11 +16,10 @@
 // to the block max and insert it into a per-row running top-k in shared memory. No tokens x
 // tokens (or tokens x blocks) matrix is materialised.
 #include <algorithm>
-#include <map>
-#include <mutex>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/indexer_common.cuh"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
@@ -31,7 +30,6 @@ constexpr int kBlock = 128;
 constexpr int kDim = 128;
 constexpr int kMaxTopk = 32;
 constexpr int kMaxChunks = 128;
-constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
 
 struct IdxArgs {
   const void* q;
@@ -61,197 +59,9 @@ struct IdxArgs {
   int32_t* pre_i;
 };
 
-__device__ __forceinline__ float forced_score(float s, int b, int n_blk, int init, int local) {
-  if (b >= n_blk - local) return kLocalScore;
-  if (b < init) return kInitScore;
-  return s != s ? kNanScore : s;
-}
-
-__device__ __forceinline__ float load_q(const IdxArgs& a, int64_t tok, int h, int d) {
-  float v = load_act(a.q, tok * a.q_stride + int64_t(h) * kDim + d, a.q_bf16);
-  if (a.q_fp8_round) v = fp8_to_f32(f32_to_fp8_bits(v));
-  return v;
-}
-
-// k-step s, quad lane q: the four dims this lane's slots (2q, 2q+1 | 2q+8, 2q+9) stand for are
-// dbase + {0,1 | 2,3}; chosen so a lane's dims for all 8 k-steps are 16-byte runs in memory.
-template <bool kFp8>
-__device__ __forceinline__ int dbase(int s, int q) {
-  return kFp8 ? (s / 4) * 64 + q * 16 + (s % 4) * 4 : (s / 2) * 32 + q * 8 + (s % 2) * 4;
-}
-
-template <bool kFp8>
-__device__ __forceinline__ uint32_t pack_op(float lo, float hi) {
-  return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
-}
-
-// Loads 8 keys' worth (one n-tile) of B-fragment data for this lane: key row `row` of the cache.
-template <bool kFp8>
-struct KeyRegs {
-  static constexpr int kVec = kFp8 ? 2 : 4;
-  uint4 v[kVec];
-  __device__ __forceinline__ void load(const uint8_t* row, int q) {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i)
-      v[i] = ldg_stream(row + (kFp8 ? i * 64 + q * 16 : (i * 32 + q * 8) * 2));
-  }
-  // From a block staged in shared memory (row = this lane's key row). Lanes of odd keys read the
-  // 16-byte runs in the other order so the two keys of a quarter-warp hit different banks.
-  __device__ __forceinline__ void load_smem(const uint8_t* row, int q, int g) {
-    const int flip = g & 1;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const int j = i ^ flip;
-      v[i] = *reinterpret_cast<const uint4*>(row + (kFp8 ? j * 64 + q * 16 : (j * 32 + q * 8) * 2));
-    }
-#pragma unroll
-    for (int i = 0; i < kVec; i += 2) {
-      const uint4 a0 = v[i], a1 = v[i + 1];
-      v[i] = flip ? a1 : a0;
-      v[i + 1] = flip ? a0 : a1;
-    }
-  }
-  // B fragment registers for k-step s.
-  __device__ __forceinline__ void frag(int s, uint32_t& b0, uint32_t& b1) const {
-    if constexpr (kFp8) {
-      const uint4& u = v[s / 4];
-      uint32_t w = (s % 4 == 0) ? u.x : (s % 4 == 1) ? u.y : (s % 4 == 2) ? u.z : u.w;
-      b0 = fp8x2_to_f16x2(uint16_t(w & 0xffff));
-      b1 = fp8x2_to_f16x2(uint16_t(w >> 16));
-    } else {
-      const uint4& u = v[s / 2];
-      b0 = (s % 2 == 0) ? u.x : u.z;
-      b1 = (s % 2 == 0) ? u.y : u.w;
-    }
-  }
-};
-
-// Bulk (TMA, 1-D) copies of whole cache blocks into shared memory, completing on an mbarrier.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  }
-}
-
-// Ranks each valid (row, block) of a chunk's scores sc[16][nb] and writes the chunk's sorted
-// top-k list; empty slots get (-inf, -1). Called by all threads of the CTA.
-__device__ void select_chunk(const IdxArgs& a, const float* sc, int nb_stride, int nv, int b0,
-                             int nb, const int* n_blk_row, float* out_s, int32_t* out_i) {
-  const int K = a.topk;
-  for (int e = threadIdx.x; e < nv * nb; e += blockDim.x) {
-    const int v = e / nb, i = e % nb;
-    const float s = sc[v * nb_stride + i];
-    if (b0 + i >= n_blk_row[v]) continue;
-    int rank = 0;
-    for (int j = 0; j < nb && rank < K; ++j) {
-      if (b0 + j >= n_blk_row[v]) break;
-      rank += beats(sc[v * nb_stride + j], j, s, i);
-    }
-    if (rank < K) {
-      out_s[v * K + rank] = s;
-      out_i[v * K + rank] = b0 + i;
-    }
-  }
-  for (int e = threadIdx.x; e < 16 * K; e += blockDim.x) {
-    const int v = e / K, k = e % K;
-    const int valid = v < nv ? max(0, min(nb, n_blk_row[v] - b0)) : 0;
-    if (k >= valid) {
-      out_s[e] = kNegInf;
-      out_i[e] = -1;
-    }
-  }
-}
-
-// Merges the chunk lists of request `s` into the final top-k, one query vector at a time with
-// the whole CTA: the lists are staged in shared memory with coalesced loads; candidates that the
-// topk-th best chunk maximum beats cannot be selected, so only the others (at most topk * topk)
-// are ranked exactly against each other.
-__device__ void merge_request(const IdxArgs& a, int s, int nv, const int* n_blk_row,
-                              float* smem) {
-  const int K = a.topk, C = a.chunks, n = C * K;
-  float* cs = smem;                                       // [C * K]
-  int* ci = reinterpret_cast<int*>(cs + n);               // [C * K]
-  float* sv_s = reinterpret_cast<float*>(ci + n);         // [K * K]
-  int* sv_i = reinterpret_cast<int*>(sv_s + K * K);       // [K * K]
-  int* misc = sv_i + K * K;                               // [0] survivors, [1] threshold id
-  float* misc_f = reinterpret_cast<float*>(misc + 2);     // threshold score
-  const int64_t tok0 = a.qsl[s];
-  for (int v = 0; v < nv; ++v) {
-    const float* ps = a.part_s + (int64_t(s) * C * 16 + v) * K;
-    const int32_t* pi = a.part_i + (int64_t(s) * C * 16 + v) * K;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-      const int c = e / K, k = e % K;
-      cs[e] = __ldcg(ps + int64_t(c) * 16 * K + k);
-      ci[e] = __ldcg(pi + int64_t(c) * 16 * K + k);
-    }
-    if (threadIdx.x == 0) misc[0] = 0, misc[1] = 0x7fffffff, misc_f[0] = kNegInf;
-    __syncthreads();
-    // Threshold: the chunk maximum of rank K - 1 among chunk maxima (lists are sorted).
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      const int id = ci[c * K];
-      if (id < 0) continue;
-      const float sc = cs[c * K];
-      int rank = 0;
-      for (int j = 0; j < C; ++j) rank += ci[j * K] >= 0 && beats(cs[j * K], ci[j * K], sc, id);
-      if (rank == K - 1) misc[1] = id, misc_f[0] = sc;
-    }
-    __syncthreads();
-    const int ti = misc[1];
-    const float ts = misc_f[0];
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-      const int id = ci[e];
-      if (id < 0) continue;
-      if (ti != 0x7fffffff && beats(ts, ti, cs[e], id)) continue;
-      const int slot = atomicAdd(&misc[0], 1);
-      sv_s[slot] = cs[e];
-      sv_i[slot] = id;
-    }
-    __syncthreads();
-    const int ns = misc[0];
-    int32_t* out = a.topk_idx + ((tok0 + v / a.H) * a.H + v % a.H) * K;
-    for (int e = threadIdx.x; e < ns; e += blockDim.x) {
-      int rank = 0;
-      for (int j = 0; j < ns; ++j) rank += beats(sv_s[j], sv_i[j], sv_s[e], sv_i[e]);
-      if (rank < K) out[rank] = sv_i[e];
-    }
-    const int valid = min(K, n_blk_row[v]);
-    for (int k = valid + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
-    __syncthreads();
-  }
-}
-
 constexpr int kDecThreads = 128;
 
 size_t merge_smem_bytes(int topk, int chunks);
-// Dynamic shared memory of the fused decode kernel: chunk scores, merge scratch, then the
-// 128-byte aligned stages and their mbarriers.
-__host__ __device__ inline size_t table_offset_impl(int chunk_blocks, int topk, int chunks) {
-  return size_t(16) * chunk_blocks * 4 + (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * 4;
-}
-__host__ __device__ inline size_t stage_offset_impl(int chunk_blocks, int topk, int chunks) {
-  const size_t o = table_offset_impl(chunk_blocks, topk, chunks) + size_t(chunk_blocks) * 4;
-  return (o + 127) / 128 * 128;
-}
 
 // kMode 0: fused (score + chunk top-k + last-CTA merge); 1: baseline step 1 (scores only).
 template <bool kFp8, int kMode>
@@ -297,10 +107,10 @@ __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) 
   // Whole cache blocks (contiguous 16 / 32 KB) stream into a ring of shared-memory stages by
   // bulk copies, kStages blocks ahead, so many bytes are in flight without registers.
   constexpr int kStages = kFp8 ? 4 : 3;
-  uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + stage_offset_impl(a.chunk_blocks, a.topk, a.chunks);
+  uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + stage_offset(a.chunk_blocks, a.topk, a.chunks);
   uint64_t* bars = reinterpret_cast<uint64_t*>(stage + kStages * block_bytes);
   // The chunk's physical block ids, fetched in parallel up front (one latency, not one per block).
-  int* tbl = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(smem) + table_offset_impl(a.chunk_blocks, a.topk, a.chunks));
+  int* tbl = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(smem) + table_offset(a.chunk_blocks, a.topk, a.chunks));
   for (int i = threadIdx.x; i < nb; i += kDecThreads) tbl[i] = a.block_tables[int64_t(s) * a.mbps + b0 + i];
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&bars[i], 1);
@@ -320,35 +130,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_indexer_kernel(IdxArgs a) 
     KeyRegs<kFp8> kr[4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) kr[nt].load_smem(base + (nt * 8 + g) * row_bytes, q, g);
-    float acc[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
-#pragma unroll
-      for (int st = 0; st < 8; ++st) {
-        uint32_t bb0, bb1;
-        kr[nt].frag(st, bb0, bb1);
-        mma16816<kFp8>(acc[nt], qa[st], bb0, bb1);
-      }
-    }
-    // Block max per row over this warp's 32 keys, causal.
-    float m0 = kNegInf, m1 = kNegInf;
-    const int kbase = b * kBlock + warp * 32 + 2 * q;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key = kbase + nt * 8 + j;
-        if (key <= pos0) m0 = fmaxf(m0, acc[nt][j]);
-        if (key <= pos1) m1 = fmaxf(m1, acc[nt][2 + j]);
-      }
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-    }
+    float m0, m1;
+    warp_block_max<kFp8>(kr, qa, b * kBlock + warp * 32 + 2 * q, pos0, pos1, m0, m1);
     if (q == 0) {
       red[i & 1][warp][v0] = m0;
       red[i & 1][warp][v1] = m1;
@@ -696,7 +479,7 @@ IdxArgs make_args(const ops::IndexerParams& p) {
 
 size_t decode_smem_bytes(const IdxArgs& a, bool fp8) {
   const int stages = fp8 ? 4 : 3;
-  return stage_offset_impl(a.chunk_blocks, a.topk, a.chunks) + size_t(stages) * kBlock * kDim * (fp8 ? 1 : 2) +
+  return stage_offset(a.chunk_blocks, a.topk, a.chunks) + size_t(stages) * kBlock * kDim * (fp8 ? 1 : 2) +
          8 * stages;
 }
 
@@ -709,20 +492,6 @@ void decode_grid(IdxArgs& a) {
   chunks = std::max(chunks, (a.max_blocks + 1023) / 1024);
   a.chunk_blocks = (std::max(a.max_blocks, 1) + chunks - 1) / chunks;
   a.chunks = (std::max(a.max_blocks, 1) + a.chunk_blocks - 1) / a.chunk_blocks;
-}
-
-template <class Kernel>
-void set_smem(Kernel k, size_t bytes) {
-  // Raise each kernel's dynamic shared-memory limit once, to the most any launch asks for.
-  static std::mutex mu;
-  static std::map<const void*, size_t> limit;
-  if (bytes <= 48 * 1024) return;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& have = limit[reinterpret_cast<const void*>(k)];
-  if (bytes <= have) return;
-  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-             "cudaFuncSetAttribute");
-  have = bytes;
 }
 
 }  // namespace

@@ -12,16 +12,15 @@
 //    mbarriers (one arrival per warp once its key rows are in registers); lane 0 of warp 0 waits
 //    on it and refills the stage with a bulk copy.
 //  - Grid sized to ~3 CTAs per SM for fp8 (4 stages of 16 KB) and ~2 for bf16 (3 stages of 32 KB).
-// Chunk top-k and the last-CTA merge are the v1 algorithms (copied, 256 threads).
+// Chunk top-k and the last-CTA merge are the v1 algorithms (indexer_common.cuh; 256 threads).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/indexer_common.cuh"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
@@ -64,7 +63,6 @@ constexpr int kMaxTopk = 32;
 constexpr int kMaxChunks = 128;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
 
 struct IdxArgs {
   const void* q;
@@ -89,186 +87,6 @@ struct IdxArgs {
   int max_blocks;
 };
 
-__device__ __forceinline__ float forced_score(float s, int b, int n_blk, int init, int local) {
-  if (b >= n_blk - local) return kLocalScore;
-  if (b < init) return kInitScore;
-  return s != s ? kNanScore : s;
-}
-
-__device__ __forceinline__ float load_q(const IdxArgs& a, int64_t tok, int h, int d) {
-  float v = load_act(a.q, tok * a.q_stride + int64_t(h) * kDim + d, a.q_bf16);
-  if (a.q_fp8_round) v = fp8_to_f32(f32_to_fp8_bits(v));
-  return v;
-}
-
-template <bool kFp8>
-__device__ __forceinline__ int dbase(int s, int q) {
-  return kFp8 ? (s / 4) * 64 + q * 16 + (s % 4) * 4 : (s / 2) * 32 + q * 8 + (s % 2) * 4;
-}
-
-template <bool kFp8>
-__device__ __forceinline__ uint32_t pack_op(float lo, float hi) {
-  return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
-}
-
-template <bool kFp8>
-struct KeyRegs {
-  static constexpr int kVec = kFp8 ? 2 : 4;
-  uint4 v[kVec];
-  __device__ __forceinline__ void load_smem(const uint8_t* row, int q, int g) {
-    const int flip = g & 1;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const int j = i ^ flip;
-      v[i] = *reinterpret_cast<const uint4*>(row + (kFp8 ? j * 64 + q * 16 : (j * 32 + q * 8) * 2));
-    }
-#pragma unroll
-    for (int i = 0; i < kVec; i += 2) {
-      const uint4 a0 = v[i], a1 = v[i + 1];
-      v[i] = flip ? a1 : a0;
-      v[i + 1] = flip ? a0 : a1;
-    }
-  }
-  __device__ __forceinline__ void frag(int s, uint32_t& b0, uint32_t& b1) const {
-    if constexpr (kFp8) {
-      const uint4& u = v[s / 4];
-      uint32_t w = (s % 4 == 0) ? u.x : (s % 4 == 1) ? u.y : (s % 4 == 2) ? u.z : u.w;
-      b0 = fp8x2_to_f16x2(uint16_t(w & 0xffff));
-      b1 = fp8x2_to_f16x2(uint16_t(w >> 16));
-    } else {
-      const uint4& u = v[s / 2];
-      b0 = (s % 2 == 0) ? u.x : u.z;
-      b1 = (s % 2 == 0) ? u.y : u.w;
-    }
-  }
-};
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  }
-}
-
-// Order-preserving float <-> int for non-NaN values (integer max == float max).
-__device__ __forceinline__ int enc_max(float f) {
-  const int i = __float_as_int(f);
-  return i >= 0 ? i : i ^ 0x7fffffff;
-}
-__device__ __forceinline__ float dec_max(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
-
-// As v1 select_chunk.
-__device__ void select_chunk(const IdxArgs& a, const float* sc, int nb_stride, int nv, int b0,
-                             int nb, const int* n_blk_row, float* out_s, int32_t* out_i) {
-  const int K = a.topk;
-  for (int e = threadIdx.x; e < nv * nb; e += blockDim.x) {
-    const int v = e / nb, i = e % nb;
-    const float s = sc[v * nb_stride + i];
-    if (b0 + i >= n_blk_row[v]) continue;
-    int rank = 0;
-    for (int j = 0; j < nb && rank < K; ++j) {
-      if (b0 + j >= n_blk_row[v]) break;
-      rank += beats(sc[v * nb_stride + j], j, s, i);
-    }
-    if (rank < K) {
-      out_s[v * K + rank] = s;
-      out_i[v * K + rank] = b0 + i;
-    }
-  }
-  for (int e = threadIdx.x; e < 16 * K; e += blockDim.x) {
-    const int v = e / K, k = e % K;
-    const int valid = v < nv ? max(0, min(nb, n_blk_row[v] - b0)) : 0;
-    if (k >= valid) {
-      out_s[e] = kNegInf;
-      out_i[e] = -1;
-    }
-  }
-}
-
-// As v1 merge_request.
-__device__ void merge_request(const IdxArgs& a, int s, int nv, const int* n_blk_row, float* smem) {
-  const int K = a.topk, C = a.chunks, n = C * K;
-  float* cs = smem;
-  int* ci = reinterpret_cast<int*>(cs + n);
-  float* sv_s = reinterpret_cast<float*>(ci + n);
-  int* sv_i = reinterpret_cast<int*>(sv_s + K * K);
-  int* misc = sv_i + K * K;
-  float* misc_f = reinterpret_cast<float*>(misc + 2);
-  const int64_t tok0 = a.qsl[s];
-  for (int v = 0; v < nv; ++v) {
-    const float* ps = a.part_s + (int64_t(s) * C * 16 + v) * K;
-    const int32_t* pi = a.part_i + (int64_t(s) * C * 16 + v) * K;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-      const int c = e / K, k = e % K;
-      cs[e] = __ldcg(ps + int64_t(c) * 16 * K + k);
-      ci[e] = __ldcg(pi + int64_t(c) * 16 * K + k);
-    }
-    if (threadIdx.x == 0) misc[0] = 0, misc[1] = 0x7fffffff, misc_f[0] = kNegInf;
-    __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      const int id = ci[c * K];
-      if (id < 0) continue;
-      const float sc = cs[c * K];
-      int rank = 0;
-      for (int j = 0; j < C; ++j) rank += ci[j * K] >= 0 && beats(cs[j * K], ci[j * K], sc, id);
-      if (rank == K - 1) misc[1] = id, misc_f[0] = sc;
-    }
-    __syncthreads();
-    const int ti = misc[1];
-    const float ts = misc_f[0];
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-      const int id = ci[e];
-      if (id < 0) continue;
-      if (ti != 0x7fffffff && beats(ts, ti, cs[e], id)) continue;
-      const int slot = atomicAdd(&misc[0], 1);
-      sv_s[slot] = cs[e];
-      sv_i[slot] = id;
-    }
-    __syncthreads();
-    const int ns = misc[0];
-    int32_t* out = a.topk_idx + ((tok0 + v / a.H) * a.H + v % a.H) * K;
-    for (int e = threadIdx.x; e < ns; e += blockDim.x) {
-      int rank = 0;
-      for (int j = 0; j < ns; ++j) rank += beats(sv_s[j], sv_i[j], sv_s[e], sv_i[e]);
-      if (rank < K) out[rank] = sv_i[e];
-    }
-    const int valid = min(K, n_blk_row[v]);
-    for (int k = valid + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
-    __syncthreads();
-  }
-}
-
-// Shared memory: [16][chunk_blocks] maxima/scores, merge scratch, block table, then the
-// 128-byte aligned stages and 2 * kStages mbarriers (full, empty).
-__host__ __device__ inline size_t table_offset(int chunk_blocks, int topk, int chunks) {
-  return size_t(16) * chunk_blocks * 4 + (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * 4;
-}
-__host__ __device__ inline size_t stage_offset(int chunk_blocks, int topk, int chunks) {
-  const size_t o = table_offset(chunk_blocks, topk, chunks) + size_t(chunk_blocks) * 4;
-  return (o + 127) / 128 * 128;
-}
 template <bool kFp8>
 __host__ __device__ constexpr int stages() {
   return kFp8 ? 4 : 3;
@@ -358,34 +176,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
       }
       __syncwarp();
     }
-    float acc[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
-#pragma unroll
-      for (int st = 0; st < 8; ++st) {
-        uint32_t bb0, bb1;
-        kr[nt].frag(st, bb0, bb1);
-        mma16816<kFp8>(acc[nt], qa[st], bb0, bb1);
-      }
-    }
-    float m0 = kNegInf, m1 = kNegInf;
-    const int kbase = b * kBlock + warp * 16 + 2 * q;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key = kbase + nt * 8 + j;
-        if (key <= pos0) m0 = fmaxf(m0, acc[nt][j]);
-        if (key <= pos1) m1 = fmaxf(m1, acc[nt][2 + j]);
-      }
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-    }
+    float m0, m1;
+    warp_block_max<kFp8>(kr, qa, b * kBlock + warp * 16 + 2 * q, pos0, pos1, m0, m1);
     if (q == 0) {
       if (v0 < nv && m0 != kNegInf) atomicMax(&mx[v0 * a.chunk_blocks + i], enc_max(m0));
       if (v1 < nv && m1 != kNegInf) atomicMax(&mx[v1 * a.chunk_blocks + i], enc_max(m1));
@@ -422,19 +214,6 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
   __threadfence();
   merge_request(a, s, nv, n_blk_row, smem + 16 * a.chunk_blocks);
   if (threadIdx.x == 0) a.counters[s] = 0;
-}
-
-template <class Kernel>
-void set_smem(Kernel k, size_t bytes) {
-  static std::mutex mu;
-  static std::map<const void*, size_t> limit;
-  if (bytes <= 48 * 1024) return;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& have = limit[reinterpret_cast<const void*>(k)];
-  if (bytes <= have) return;
-  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-             "cudaFuncSetAttribute");
-  have = bytes;
 }
 
 }  // namespace

@@ -63,6 +63,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/indexer_common.cuh"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
@@ -89,7 +90,6 @@ constexpr int kMaxGroups = 64;
 constexpr int kMaxChunkBlocks = 256;  // producer keeps <= 8 table entries per lane
 constexpr int kMinGroupChunk = 8;     // G > 1 only when every CTA still gets >= 8 blocks
 constexpr int kMaxStages = 16;        // <= 32: lane i issues stage i's first copy
-constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
 
 struct V3Args {
   const void* q;
@@ -119,11 +119,6 @@ struct V3Args {
 // SIEVE_INDEXER_TRACE points (one writer thread per CTA and point, %globaltimer in ns).
 constexpr int kTracePoints = 9;
 constexpr int kTraceSlots = kTracePoints + 1;  // + the SM id (+ 1) of the CTA
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 // The timer read after `dep` is available (the load that produces it has completed).
 __device__ __forceinline__ unsigned long long global_ns_after(int dep) {
   unsigned long long t;
@@ -160,83 +155,6 @@ __host__ __device__ inline Layout make_layout(int chunk_blocks, int topk, int C,
   return L;
 }
 
-__device__ __forceinline__ float forced_score(float s, int b, int n_blk, int init, int local) {
-  if (b >= n_blk - local) return kLocalScore;
-  if (b < init) return kInitScore;
-  return s != s ? kNanScore : s;
-}
-
-template <bool kFp8>
-__device__ __forceinline__ int dbase(int s, int q) {
-  return kFp8 ? (s / 4) * 64 + q * 16 + (s % 4) * 4 : (s / 2) * 32 + q * 8 + (s % 2) * 4;
-}
-
-template <bool kFp8>
-__device__ __forceinline__ uint32_t pack_op(float lo, float hi) {
-  return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
-}
-
-// A lane's two 16-byte (fp8) / four 16-byte (bf16) runs of one key row (as v2).
-template <bool kFp8>
-struct KeyRegs {
-  static constexpr int kVec = kFp8 ? 2 : 4;
-  uint4 v[kVec];
-  __device__ __forceinline__ void load_smem(const uint8_t* row, int q, int g) {
-    const int flip = g & 1;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const int j = i ^ flip;
-      v[i] = *reinterpret_cast<const uint4*>(row + (kFp8 ? j * 64 + q * 16 : (j * 32 + q * 8) * 2));
-    }
-#pragma unroll
-    for (int i = 0; i < kVec; i += 2) {
-      const uint4 a0 = v[i], a1 = v[i + 1];
-      v[i] = flip ? a1 : a0;
-      v[i + 1] = flip ? a0 : a1;
-    }
-  }
-  __device__ __forceinline__ void frag(int s, uint32_t& b0, uint32_t& b1) const {
-    if constexpr (kFp8) {
-      const uint4& u = v[s / 4];
-      uint32_t w = (s % 4 == 0) ? u.x : (s % 4 == 1) ? u.y : (s % 4 == 2) ? u.z : u.w;
-      b0 = fp8x2_to_f16x2(uint16_t(w & 0xffff));
-      b1 = fp8x2_to_f16x2(uint16_t(w >> 16));
-    } else {
-      const uint4& u = v[s / 2];
-      b0 = (s % 2 == 0) ? u.x : u.z;
-      b1 = (s % 2 == 0) ? u.y : u.w;
-    }
-  }
-};
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  }
-}
 // Named CTA barrier 1 (barrier 0 is __syncthreads): the producer arrives, the consumers wait.
 __device__ __forceinline__ void named_sync(int count) {
   asm volatile("bar.sync 1, %0;\n" ::"r"(count) : "memory");
@@ -252,13 +170,6 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
 }
-
-// Order-preserving float <-> int for non-NaN values (integer max == float max).
-__device__ __forceinline__ int enc_max(float f) {
-  const int i = __float_as_int(f);
-  return i >= 0 ? i : i ^ 0x7fffffff;
-}
-__device__ __forceinline__ float dec_max(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
 
 // Query fragments of rows g and g + 8 (v2's permuted k-slot -> dim mapping). The 8 k-steps come
 // in pairs (2p, 2p + 1) whose dims are 8 contiguous values dbase(2p) .. + 7.
@@ -469,34 +380,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       // This warp's rows of the stage are in registers: release it to the producer.
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[st_i]);
-      float acc[2][4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
-#pragma unroll
-        for (int st = 0; st < 8; ++st) {
-          uint32_t bb0, bb1;
-          kr[nt].frag(st, bb0, bb1);
-          mma16816<kFp8>(acc[nt], qa[st], bb0, bb1);
-        }
-      }
-      float m0 = kNegInf, m1 = kNegInf;
-      const int kbase = b * kBlock + warp * 16 + 2 * q;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int key = kbase + nt * 8 + j;
-          if (key <= pos0) m0 = fmaxf(m0, acc[nt][j]);
-          if (key <= pos1) m1 = fmaxf(m1, acc[nt][2 + j]);
-        }
-      }
-#pragma unroll
-      for (int o = 1; o <= 2; o <<= 1) {
-        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-      }
+      float m0, m1;
+      warp_block_max<kFp8>(kr, qa, b * kBlock + warp * 16 + 2 * q, pos0, pos1, m0, m1);
       if (q == 0) {
         if (v0 < nv && m0 != kNegInf) atomicMax(&mx[v0 * CB + i], enc_max(m0));
         if (v1 < nv && m1 != kNegInf) atomicMax(&mx[v1 * CB + i], enc_max(m1));
@@ -654,19 +539,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   }
 }
 
-template <class Kernel>
-void set_smem(Kernel k, size_t bytes) {
-  static std::mutex mu;
-  static std::map<const void*, size_t> limit;
-  if (bytes <= 48 * 1024) return;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& have = limit[reinterpret_cast<const void*>(k)];
-  if (bytes <= have) return;
-  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-             "cudaFuncSetAttribute");
-  have = bytes;
-}
-
 int pow2_floor(int x) {
   int p = 1;
   while (p * 2 <= x) p *= 2;
@@ -702,29 +574,8 @@ int active_clusters(bool fp8, int C, uint32_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(fp8, C, smem);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (fp8) {
-    set_smem(decode_indexer_v3_kernel<true>, smem);
-  } else {
-    set_smem(decode_indexer_v3_kernel<false>, smem);
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(C), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(C);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  const cudaError_t e = fp8 ? cudaOccupancyMaxActiveClusters(&n, decode_indexer_v3_kernel<true>, &cfg)
-                            : cudaOccupancyMaxActiveClusters(&n, decode_indexer_v3_kernel<false>, &cfg);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    n = 1 << 30;
-  }
+  const int n = fp8 ? resident_clusters(decode_indexer_v3_kernel<true>, kThreads, smem, C, 1, 1 << 30)
+                     : resident_clusters(decode_indexer_v3_kernel<false>, kThreads, smem, C, 1, 1 << 30);
   cache[key] = n;
   return n;
 }
@@ -919,26 +770,14 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     a.trace = trace;
   }
 
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(ctas), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = L.total;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(C);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = a.pdl ? 2 : 1;
+  ClusterLaunch l(dim3(unsigned(ctas), 1, 1), dim3(kThreads, 1, 1), L.total, stream, C);
+  if (a.pdl) l.allow_programmatic_serialization();
   if (fp8) {
     set_smem(decode_indexer_v3_kernel<true>, L.total);
-    cuda_check(cudaLaunchKernelEx(&cfg, decode_indexer_v3_kernel<true>, a), "indexer decode v3 launch");
+    cuda_check(cudaLaunchKernelEx(&l.cfg, decode_indexer_v3_kernel<true>, a), "indexer decode v3 launch");
   } else {
     set_smem(decode_indexer_v3_kernel<false>, L.total);
-    cuda_check(cudaLaunchKernelEx(&cfg, decode_indexer_v3_kernel<false>, a), "indexer decode v3 launch");
+    cuda_check(cudaLaunchKernelEx(&l.cfg, decode_indexer_v3_kernel<false>, a), "indexer decode v3 launch");
   }
   SIEVE_LAUNCH_CHECK("indexer decode v3");
   if (trace) {

@@ -101,10 +101,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/indexer_common.cuh"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
@@ -126,7 +126,6 @@ constexpr int kKOff = kTileBytes;
 constexpr int kTblOff = kKOff + 2 * kTileBytes;
 constexpr int kSmemUsed = kTblOff + kRows * kTblStride * 4;
 constexpr int kSmemBytes = kSmemUsed + 1024;  // + alignment slack
-constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
 // Select mode: longest row (blocks) it takes (262144 positions; longer: the list path), and the
 // candidates per row of the fast selection (more: topk rounds); see select_tile.
 constexpr int kSelMaxBlocks = 2048;
@@ -168,20 +167,12 @@ struct Args {
 };
 
 constexpr int kTracePoints = 9;  // 8 timestamps + (smid << 32 | key blocks)
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
@@ -264,7 +255,7 @@ __device__ __forceinline__ int swz(int row, int dim) {
   return (dim >> 6) * kChunkBytes + row * 128 + ((u ^ (row & 7)) << 4) + (dim & 7) * 2;
 }
 
-__device__ __forceinline__ float load_q(const Args& a, int64_t tok, int h, int d) {
+__device__ __forceinline__ float load_q_rounded(const Args& a, int64_t tok, int h, int d) {
   float v = load_act(a.q, tok * a.q_stride + int64_t(h) * kDim + d, a.q_bf16);
   if (a.q_fp8_round) v = fp8_to_f32(f32_to_fp8_bits(round_bf16(v)));
   return v;
@@ -274,10 +265,7 @@ __device__ __forceinline__ float load_q(const Args& a, int64_t tok, int h, int d
 __device__ __forceinline__ float row_score(const Args& a, float m, int b, int pos) {
   const int nblk = pos / kBlock + 1;
   if (b >= nblk) return kNegInf;
-  if (b >= nblk - a.local_blocks) return kLocalScore;
-  if (b < a.init_blocks) return kInitScore;
-  const float s = m * a.scale;
-  return s != s ? kNanScore : s;
+  return forced_score(m * a.scale, b, nblk, a.init_blocks, a.local_blocks);
 }
 
 // Order-preserving unsigned key of a non-NaN score (-0 taken as +0, as the float compare
@@ -415,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   static_assert(!(kFp8 && kMode == kRS3), "kRS3: bf16 cache only");
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
-  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* qs = smem + kQOff;
   uint8_t* ks = smem + kKOff;
   float* tbl = reinterpret_cast<float*>(smem + kTblOff);
@@ -525,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
       const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
       float x[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q(a, tok0 + r0 + r, h, d + j) : 0.f;
+      for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q_rounded(a, tok0 + r0 + r, h, d + j) : 0.f;
       *reinterpret_cast<uint4*>(qs + swz(r, d)) = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
                                                              pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
     }
@@ -586,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     float mA = kNegInf, mB = kNegInf;
     if (active) {
       if constexpr (kWgmma) {
-        const uint32_t qa = smem_addr(qs) + wg * 64 * 128, kbase = smem_addr(stage);
+        const uint32_t qa = smem_u32(qs) + wg * 64 * 128, kbase = smem_u32(stage);
         fence_acc(acc);
         wgmma_fence();
 #pragma unroll
@@ -928,7 +916,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
   constexpr int kSmemUsedW = kPipe ? kWPipeSmemUsed : kWSmemUsed;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
-  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* qs = smem;
   uint8_t* ks = smem + kWKOff;
 
@@ -1003,7 +991,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
       const int r = e / (kDim / 8), d = (e % (kDim / 8)) * 8;
       float x[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q(a, row0 + r, h, d + j) : 0.f;
+      for (int j = 0; j < 8; ++j) x[j] = r < rows ? load_q_rounded(a, row0 + r, h, d + j) : 0.f;
       *reinterpret_cast<uint4*>(qs + (r >> 7) * kTileBytes + swz(r & 127, d)) =
           make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
                      pack_bf16x2(x[6], x[7]));
@@ -1020,13 +1008,13 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
   // Halves of this warpgroup: rows [lo, lo + 64), lo = 128 wg + 64 hh; last valid row (or -1).
   const int lo0 = wg * 128, lo1 = lo0 + 64;
   const int last0 = min(rows - 1, lo0 + 63), last1 = min(rows - 1, lo1 + 63);
-  const uint32_t qa = smem_addr(qs) + wg * kTileBytes;
+  const uint32_t qa = smem_u32(qs) + wg * kTileBytes;
 
   if constexpr (kPipe) {
     auto act_of = [&](int lo, int last, int b) { return last >= lo && b * kBlock <= pos_first + last; };
     // The 8 MMAs of one half (A at q row offset aoff) with the keys of block i, one commit group.
     auto issue = [&](float (&acc)[64], uint32_t aoff, int i) {
-      const uint32_t kbase = smem_addr(ks + (i % kStages) * kTileBytes);
+      const uint32_t kbase = smem_u32(ks + (i % kStages) * kTileBytes);
       fence_acc(acc);
       wgmma_fence();
 #pragma unroll
@@ -1076,7 +1064,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
         SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(nb);
       }
     }
-    const uint32_t kbase = smem_addr(ks + (i % kStages) * kTileBytes);
+    const uint32_t kbase = smem_u32(ks + (i % kStages) * kTileBytes);
     const bool act0 = last0 >= lo0 && b * kBlock <= pos_first + last0;
     const bool act1 = last1 >= lo1 && b * kBlock <= pos_first + last1;
     // Both halves always run (no wgmma on a divergent path, which ptxas serialises): a half whose
@@ -1178,18 +1166,6 @@ __global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_
 
 // ---------------------------------------------------------------------------------------------
 // Host
-
-template <class Kernel>
-void set_smem(Kernel k, size_t bytes) {
-  static std::mutex mu;
-  static std::map<const void*, size_t> limit;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& have = limit[reinterpret_cast<const void*>(k)];
-  if (bytes <= have) return;
-  cuda_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-             "cudaFuncSetAttribute");
-  have = bytes;
-}
 
 // Test-hook overrides of the knobs below (set_indexer_prefill_v2_knobs; -1 = environment).
 std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1}, g_pipe{-1};

@@ -1,0 +1,219 @@
+// Device pieces shared by the decode lightning indexers (indexer.cu: v1 and the unfused
+// baseline, indexer_decode_v2.cu, indexer_decode_v3.cu) and the prefill indexers: the forced
+// block sentinels, the permuted k-slot -> dim mapping of the 16-row MMA over index keys, key
+// fragments, the order-preserving float encoding of the per-block maxima, the fused decode
+// kernels' shared-memory layout, and the chunk ranking and last-CTA merge of v1 and v2 (their
+// argument structs differ; the fields used here have the same names and meaning).
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace sieve::cuda {
+
+// Forced scores: init blocks, local blocks (local wins when both), and what a NaN score becomes.
+constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
+
+__device__ __forceinline__ float forced_score(float s, int b, int n_blk, int init, int local) {
+  if (b >= n_blk - local) return kLocalScore;
+  if (b < init) return kInitScore;
+  return s != s ? kNanScore : s;
+}
+
+// Element d of index-q head h of token tok as the fp32 value the decode kernels use (v1, v2): the
+// activation, rounded to e4m3 first in the fp8-MMA mode (q_in_cache_dtype with an fp8 cache).
+template <class Args>
+__device__ __forceinline__ float load_q(const Args& a, int64_t tok, int h, int d) {
+  float v = load_act(a.q, tok * a.q_stride + int64_t(h) * 128 + d, a.q_bf16);
+  if (a.q_fp8_round) v = fp8_to_f32(f32_to_fp8_bits(v));
+  return v;
+}
+
+template <bool kFp8>
+__device__ __forceinline__ uint32_t pack_op(float lo, float hi) {
+  return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
+
+// Loads 8 keys' worth (one n-tile) of B-fragment data for this lane: key row `row` of the cache.
+template <bool kFp8>
+struct KeyRegs {
+  static constexpr int kVec = kFp8 ? 2 : 4;
+  uint4 v[kVec];
+  __device__ __forceinline__ void load(const uint8_t* row, int q) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      v[i] = ldg_stream(row + (kFp8 ? i * 64 + q * 16 : (i * 32 + q * 8) * 2));
+  }
+  // From a block staged in shared memory (row = this lane's key row). Lanes of odd keys read the
+  // 16-byte runs in the other order so the two keys of a quarter-warp hit different banks.
+  __device__ __forceinline__ void load_smem(const uint8_t* row, int q, int g) {
+    const int flip = g & 1;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int j = i ^ flip;
+      v[i] = *reinterpret_cast<const uint4*>(row + (kFp8 ? j * 64 + q * 16 : (j * 32 + q * 8) * 2));
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; i += 2) {
+      const uint4 a0 = v[i], a1 = v[i + 1];
+      v[i] = flip ? a1 : a0;
+      v[i + 1] = flip ? a0 : a1;
+    }
+  }
+  // B fragment registers for k-step s.
+  __device__ __forceinline__ void frag(int s, uint32_t& b0, uint32_t& b1) const {
+    if constexpr (kFp8) {
+      const uint4& u = v[s / 4];
+      uint32_t w = (s % 4 == 0) ? u.x : (s % 4 == 1) ? u.y : (s % 4 == 2) ? u.z : u.w;
+      b0 = fp8x2_to_f16x2(uint16_t(w & 0xffff));
+      b1 = fp8x2_to_f16x2(uint16_t(w >> 16));
+    } else {
+      const uint4& u = v[s / 2];
+      b0 = (s % 2 == 0) ? u.x : u.z;
+      b1 = (s % 2 == 0) ? u.y : u.w;
+    }
+  }
+};
+
+// One 128-key block's scores for this warp's NT n-tiles of 8 keys (fragments in kr) against the
+// 16 query vectors (qa), then the causal maximum per row over the warp's keys: m0 for row g
+// (position pos0), m1 for row g + 8 (pos1); kbase is the key of this lane's first slot. Keys
+// past a row's position do not count; -inf when none counts.
+template <bool kFp8, int NT>
+__device__ __forceinline__ void warp_block_max(const KeyRegs<kFp8> (&kr)[NT], const uint32_t (&qa)[8][4], int kbase,
+                                               int pos0, int pos1, float& m0, float& m1) {
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[nt][j] = 0.f;
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      uint32_t bb0, bb1;
+      kr[nt].frag(st, bb0, bb1);
+      mma16816<kFp8>(acc[nt], qa[st], bb0, bb1);
+    }
+  }
+  m0 = kNegInf, m1 = kNegInf;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int key = kbase + nt * 8 + j;
+      if (key <= pos0) m0 = fmaxf(m0, acc[nt][j]);
+      if (key <= pos1) m1 = fmaxf(m1, acc[nt][2 + j]);
+    }
+  }
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+  }
+}
+
+// Order-preserving float <-> int for non-NaN values (integer max == float max).
+__device__ __forceinline__ int enc_max(float f) {
+  const int i = __float_as_int(f);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float dec_max(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
+
+// Dynamic shared memory of the v1 / v2 fused decode kernels: [16][chunk_blocks] chunk scores,
+// the merge scratch, (v2: the chunk's block table,) then the 128-byte aligned stages and their
+// mbarriers.
+__host__ __device__ inline size_t table_offset(int chunk_blocks, int topk, int chunks) {
+  return size_t(16) * chunk_blocks * 4 + (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * 4;
+}
+__host__ __device__ inline size_t stage_offset(int chunk_blocks, int topk, int chunks) {
+  const size_t o = table_offset(chunk_blocks, topk, chunks) + size_t(chunk_blocks) * 4;
+  return (o + 127) / 128 * 128;
+}
+
+// Ranks each valid (row, block) of a chunk's scores sc[16][nb] and writes the chunk's sorted
+// top-k list; empty slots get (-inf, -1). Called by all threads of the CTA.
+template <class Args>
+__device__ void select_chunk(const Args& a, const float* sc, int nb_stride, int nv, int b0,
+                             int nb, const int* n_blk_row, float* out_s, int32_t* out_i) {
+  const int K = a.topk;
+  for (int e = threadIdx.x; e < nv * nb; e += blockDim.x) {
+    const int v = e / nb, i = e % nb;
+    const float s = sc[v * nb_stride + i];
+    if (b0 + i >= n_blk_row[v]) continue;
+    int rank = 0;
+    for (int j = 0; j < nb && rank < K; ++j) {
+      if (b0 + j >= n_blk_row[v]) break;
+      rank += beats(sc[v * nb_stride + j], j, s, i);
+    }
+    if (rank < K) {
+      out_s[v * K + rank] = s;
+      out_i[v * K + rank] = b0 + i;
+    }
+  }
+  for (int e = threadIdx.x; e < 16 * K; e += blockDim.x) {
+    const int v = e / K, k = e % K;
+    const int valid = v < nv ? max(0, min(nb, n_blk_row[v] - b0)) : 0;
+    if (k >= valid) {
+      out_s[e] = kNegInf;
+      out_i[e] = -1;
+    }
+  }
+}
+
+// Merges the chunk lists of request `s` into the final top-k, one query vector at a time with
+// the whole CTA: the lists are staged in shared memory with coalesced loads; candidates that the
+// topk-th best chunk maximum beats cannot be selected, so only the others (at most topk * topk)
+// are ranked exactly against each other.
+template <class Args>
+__device__ void merge_request(const Args& a, int s, int nv, const int* n_blk_row, float* smem) {
+  const int K = a.topk, C = a.chunks, n = C * K;
+  float* cs = smem;                                       // [C * K]
+  int* ci = reinterpret_cast<int*>(cs + n);               // [C * K]
+  float* sv_s = reinterpret_cast<float*>(ci + n);         // [K * K]
+  int* sv_i = reinterpret_cast<int*>(sv_s + K * K);       // [K * K]
+  int* misc = sv_i + K * K;                               // [0] survivors, [1] threshold id
+  float* misc_f = reinterpret_cast<float*>(misc + 2);     // threshold score
+  const int64_t tok0 = a.qsl[s];
+  for (int v = 0; v < nv; ++v) {
+    const float* ps = a.part_s + (int64_t(s) * C * 16 + v) * K;
+    const int32_t* pi = a.part_i + (int64_t(s) * C * 16 + v) * K;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+      const int c = e / K, k = e % K;
+      cs[e] = __ldcg(ps + int64_t(c) * 16 * K + k);
+      ci[e] = __ldcg(pi + int64_t(c) * 16 * K + k);
+    }
+    if (threadIdx.x == 0) misc[0] = 0, misc[1] = 0x7fffffff, misc_f[0] = kNegInf;
+    __syncthreads();
+    // Threshold: the chunk maximum of rank K - 1 among chunk maxima (lists are sorted).
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const int id = ci[c * K];
+      if (id < 0) continue;
+      const float sc = cs[c * K];
+      int rank = 0;
+      for (int j = 0; j < C; ++j) rank += ci[j * K] >= 0 && beats(cs[j * K], ci[j * K], sc, id);
+      if (rank == K - 1) misc[1] = id, misc_f[0] = sc;
+    }
+    __syncthreads();
+    const int ti = misc[1];
+    const float ts = misc_f[0];
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+      const int id = ci[e];
+      if (id < 0) continue;
+      if (ti != 0x7fffffff && beats(ts, ti, cs[e], id)) continue;
+      const int slot = atomicAdd(&misc[0], 1);
+      sv_s[slot] = cs[e];
+      sv_i[slot] = id;
+    }
+    __syncthreads();
+    const int ns = misc[0];
+    int32_t* out = a.topk_idx + ((tok0 + v / a.H) * a.H + v % a.H) * K;
+    for (int e = threadIdx.x; e < ns; e += blockDim.x) {
+      int rank = 0;
+      for (int j = 0; j < ns; ++j) rank += beats(sv_s[j], sv_i[j], sv_s[e], sv_i[e]);
+      if (rank < K) out[rank] = sv_i[e];
+    }
+    const int valid = min(K, n_blk_row[v]);
+    for (int k = valid + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
+    __syncthreads();
+  }
+}
+
+}  // namespace sieve::cuda
