@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/internal.h"
@@ -21,56 +22,7 @@ namespace {
 
 using namespace sieve::test;
 
-const Device kGpu{DeviceKind::CUDA, 0};
 const ops::Stream kStream{kGpu, nullptr};
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
-// Device copy of a host vector / byte buffer.
-struct Dev {
-  Buffer buf;
-  explicit Dev(size_t bytes) : buf(kGpu, std::max<size_t>(bytes, 16)) {}
-  template <class T>
-  static Dev of(const std::vector<T>& v) {
-    Dev d(v.size() * sizeof(T));
-    if (!v.empty()) copy_to_device(kGpu, d.buf.data(), v.data(), v.size() * sizeof(T));
-    return d;
-  }
-  static Dev of(const TypedBuffer& t) {
-    Dev d(t.bytes.size());
-    if (!t.bytes.empty()) copy_to_device(kGpu, d.buf.data(), t.bytes.data(), t.bytes.size());
-    return d;
-  }
-  template <class T>
-  T* as() const {
-    return buf.as<T>();
-  }
-  void* p() const { return buf.data(); }
-  template <class T>
-  std::vector<T> get(size_t n) const {
-    std::vector<T> v(n);
-    if (n) copy_to_host(kGpu, v.data(), buf.data(), n * sizeof(T));
-    return v;
-  }
-  std::vector<uint8_t> bytes(size_t n) const { return get<uint8_t>(n); }
-  void poison(uint8_t v) { fill_bytes(kGpu, buf.data(), v, buf.bytes()); }
-};
-
-// Device copies of a paged batch's index arrays, and a BatchView over them.
-struct DevBatch {
-  Dev qsl, seq_lens, tables;
-  ops::BatchView view;
-  explicit DevBatch(const PagedBatch& b)
-      : qsl(Dev::of(b.query_start_loc)), seq_lens(Dev::of(b.seq_lens)), tables(Dev::of(b.block_tables)) {
-    view = b.view();
-    view.query_start_loc = qsl.as<int32_t>();
-    view.seq_lens = seq_lens.as<int32_t>();
-    view.block_tables = tables.as<int32_t>();
-  }
-};
-
-std::string name(DType t) { return std::string(dtype_name(t)); }
 
 // ---------------------------------------------------------------------------------------------
 // qkv_norm_rope_cache
@@ -264,59 +216,8 @@ void check_indexer_once(const IndexerCase& c, uint64_t seed) {
   // Scores: exact for ties (exact dots), else fp32-accumulation close; q rounded to bf16 on the
   // GPU when it is given in fp32 (docs/kernels.md).
   const double stol = c.ties ? 0 : (c.q_dtype == DType::F32 ? 2e-2 : 2e-4);
-  int bad = 0;
-  if (want_scores) {
-    for (size_t i = 0; i < cpu_scores.size() && bad < 5; ++i) {
-      const float cs = cpu_scores[i], gs = gpu_scores[i];
-      if (cs == gs) continue;
-      if (!close(gs, cs, stol, stol)) {
-        ADD_FAILURE() << "block score " << i << " (token " << i / (c.H * mbps) << ", block " << i % mbps
-                      << "): gpu " << gs << " cpu " << cs;
-        ++bad;
-      }
-    }
-  }
-  // Top-k as sets; any block the GPU picks that the CPU did not must score within tolerance of
-  // the CPU's k-th score (near-ties), and exact-tie cases must agree exactly, order included.
-  for (int64_t t = 0; t < T; ++t) {
-    for (int h = 0; h < c.H; ++h) {
-      const size_t o = size_t((t * c.H + h) * c.topk);
-      const float* srow = &cpu_scores[size_t((t * c.H + h) * mbps)];
-      std::vector<int32_t> ci(cpu_idx.begin() + o, cpu_idx.begin() + o + c.topk);
-      std::vector<int32_t> gi(gpu_idx.begin() + o, gpu_idx.begin() + o + c.topk);
-      if (c.ties) {
-        if (ci != gi && bad++ < 5) ADD_FAILURE() << "token " << t << " head " << h << ": top-k order differs";
-        continue;
-      }
-      const int nc = int(std::count_if(ci.begin(), ci.end(), [](int v) { return v >= 0; }));
-      const int ng = int(std::count_if(gi.begin(), gi.end(), [](int v) { return v >= 0; }));
-      bool ok = nc == ng;
-      for (int k = 0; k < c.topk && ok; ++k) ok = (k < ng) == (gi[size_t(k)] >= 0);  // left-packed
-      std::set<int32_t> cs(ci.begin(), ci.begin() + nc), gs(gi.begin(), gi.begin() + std::max(ng, 0));
-      ok = ok && int(gs.size()) == ng;  // no duplicates
-      const float kth = nc > 0 ? srow[ci[size_t(nc - 1)]] : 0.f;
-      for (int32_t id : gs) {
-        if (!ok) break;
-        if (id < 0 || id >= mbps) {
-          ok = false;
-          break;
-        }
-        if (!cs.count(id)) ok = std::fabs(srow[id] - kth) <= 1e-2 * std::max(1.f, std::fabs(kth)) + stol;
-      }
-      std::string why;
-      if (ok && !topk_equivalent(srow, int(b.positions[size_t(t)] / 128 + 1), gi.data(), c.topk, stol + 1e-3,
-                                 1e-2, &why)) {
-        ok = false;
-      }
-      if (!ok && bad++ < 5) {
-        std::string s = why + " token " + std::to_string(t) + " head " + std::to_string(h) + ": cpu";
-        for (int v : ci) s += " " + std::to_string(v);
-        s += " | gpu";
-        for (int v : gi) s += " " + std::to_string(v);
-        ADD_FAILURE() << s;
-      }
-    }
-  }
+  expect_indexer_matches(b, c.H, c.topk, cpu_idx, cpu_scores, gpu_idx, want_scores ? &gpu_scores : nullptr, c.ties,
+                         stol);
 }
 
 // Runs the check for each kernel variant that the case's path has: v1, and v2 / v3 where the
