@@ -488,14 +488,16 @@ TEST(CudaAttention, RandomBatchesMatchCpu) {
 
 // The benchmark's decode shape (32 requests near 9216 tokens: one cluster of 8 CTAs per row,
 // the slot ring wrapping for dense), 40 requests (clusters of 7), and 3 long requests (several
-// clusters per row, merged through global memory), sparse and dense, bf16 and fp8.
+// clusters per row, merged through global memory), sparse and dense, bf16 and fp8; and 8 long
+// requests (33 plain CTAs per row, two consumer groups, 6 bf16 slots: 3 per group; this shape
+// faulted while the two groups shared the ring's slots).
 TEST(CudaAttention, ClusterShapesMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 7300;
   Rng rng(7300);
-  for (int shape = 0; shape < 3; ++shape) {
+  for (int shape = 0; shape < 4; ++shape) {
     std::vector<SeqSpec> specs;
-    const int n = shape == 0 ? 32 : shape == 1 ? 40 : 3;
+    const int n = shape == 0 ? 32 : shape == 1 ? 40 : shape == 2 ? 3 : 8;
     for (int i = 0; i < n; ++i) {
       const int len = shape == 0 ? rng.uniform_int(8900, 9216) : shape == 1 ? rng.uniform_int(1, 3000)
                                                                              : rng.uniform_int(20000, 24000);

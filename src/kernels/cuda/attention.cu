@@ -124,6 +124,23 @@ __device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t)
   return lo;
 }
 
+// Slot ring: the K (half 0) and V (half 1) copies of unit vi. With two consumer groups the ring
+// is split in two halves, one per group (group vi % 2), so that each slot only ever passes
+// between the producer and one group. A group then waits on a slot's full barrier only after
+// it has consumed that slot's previous fill itself; were the two groups to share a slot, the
+// faster group could wait on phase u + 1 while phase u (the other group's fill) is still open,
+// and the parity wait, which tells only two phases apart, would let it through early.
+struct SlotUse {
+  int slot;
+  uint32_t use;  // how many earlier fills the slot had
+};
+template <int kGroups>
+__device__ __forceinline__ SlotUse slot_of(int vi, int half, int stages) {
+  const int per_group = stages / kGroups;
+  const int local = 2 * (vi / kGroups) + half;
+  return {(vi % kGroups) * per_group + local % per_group, uint32_t(local / per_group)};
+}
+
 template <bool kFp8, int kGroups>
 __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) attention_kernel(AttnArgs a) {
   constexpr int kConsumers = kGroupWarps * kGroups;
@@ -233,11 +250,11 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
 
   if (is_producer) {
     // ---- Producer: unit list -> bulk copies into the slot ring.
-    int item = 0, vi = 0;
-    auto acquire = [&](int i) {
-      const int slot = i % NS, use = i / NS;
-      if (use > 0) mbar_wait(&empty[slot], uint32_t(use - 1) & 1u);
-      return slot;
+    int vi = 0;
+    auto acquire = [&](int unit, int half) {
+      const SlotUse u = slot_of<kGroups>(unit, half, NS);
+      if (u.use > 0) mbar_wait(&empty[u.slot], (u.use - 1) & 1u);
+      return u.slot;
     };
     for (int e0 = e_begin; e0 < e_end; e0 += 32) {
       const int e = e0 + lane;
@@ -256,13 +273,13 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
         const int64_t pj = __shfl_sync(0xffffffffu, phys, j);
         if (lane == 0) {
           const int64_t base = pj * a.nkv + kvh;  // (block, kv head) index
-          int slot = acquire(item++);
+          int slot = acquire(vi, 0);
           blk_ring[vi % kRing] = bj;
           uint8_t* dst = smem + size_t(slot) * G::kSlotBytes;
           mbar_expect_tx(&full[slot], G::kSlotBytes);
           bulk_copy(dst, a.k + base * G::kDataBytes, G::kDataBytes, &full[slot]);
           if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.k_scale + base * kBlock, G::kScaleBytes, &full[slot]);
-          slot = acquire(item++);
+          slot = acquire(vi, 1);
           dst = smem + size_t(slot) * G::kSlotBytes;
           mbar_expect_tx(&full[slot], G::kSlotBytes);
           bulk_copy(dst, a.v + base * G::kDataBytes, G::kDataBytes, &full[slot]);
@@ -277,10 +294,9 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     if (lane == 0) SIEVE_TRACE(2);
     if (lane == 0) {
       for (int k = 0; k < kGroups; ++k) {
-        const int slot = acquire(item);
+        const int slot = acquire(vi + k, 0);
         blk_ring[(vi + k) % kRing] = -1;
         mbar_arrive(&full[slot]);
-        item += 2;
       }
     }
     __syncwarp();
@@ -293,8 +309,9 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     // Group gr takes units gr, gr + 2, ...; warp wg of the group keys 32 wg..32 wg + 31.
     const int gr = warp / kGroupWarps, wg = warp % kGroupWarps;
     for (int vi = gr;; vi += kGroups) {
-      const int iK = 2 * vi, sK = iK % NS;
-      mbar_wait(&full[sK], uint32_t(iK / NS) & 1u);
+      const SlotUse uK = slot_of<kGroups>(vi, 0, NS);
+      const int sK = uK.slot;
+      mbar_wait(&full[sK], uK.use & 1u);
       if (vi == 0 && threadIdx.x == 0) SIEVE_TRACE(3);
       const int b = blk_ring[vi % kRing];
       if (b < 0) break;
@@ -336,8 +353,9 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[sK]);
 
-      const int iV = iK + 1, sV = iV % NS;
-      mbar_wait(&full[sV], uint32_t(iV / NS) & 1u);
+      const SlotUse uV = slot_of<kGroups>(vi, 1, NS);
+      const int sV = uV.slot;
+      mbar_wait(&full[sV], uV.use & 1u);
       if (active) {
         const uint8_t* vs = smem + size_t(sV) * G::kSlotBytes;
         // Scale, mask, online softmax (base 2).
@@ -765,31 +783,30 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     const char* e = std::getenv("SIEVE_ATTN_GROUPS");
     return e ? std::clamp(std::atoi(e), 1, 2) : 0;
   }();
-  int splits = int(std::clamp<int64_t>((2 * sms + rows - 1) / rows, 1, std::min(units, kMaxSplits)));
-  // Two consumer groups (one CTA per SM, 8 consumer warps, ~200 KB in flight) when the grid has
-  // no more CTAs than SMs; one group (two CTAs per SM) otherwise.
-  a.cgroups = force_groups ? force_groups : (rows * std::min(splits, kMaxCluster) <= sms ? 2 : 1);
+  // Up to about 33 rows on the H200 (at least 4 splits a row): one CTA per SM, each with two
+  // consumer groups (8 consumer warps, ~200 KB of K/V in flight), floor(SMs / rows) splits a row,
+  // so the grid is one wave. Measured at batch 32, context 9216 (4 splits in 2 clusters of 2):
+  // 38.8 us against 42.5 for 8 splits in clusters of 2 at two CTAs per SM (dense, fp8), 19.2
+  // against 21.7 (sparse, fp8). More rows: about two CTAs (one group each) per SM.
+  const bool one_per_sm = rows * 4 <= sms;
+  int splits = int(std::clamp<int64_t>(one_per_sm ? sms / rows : (2 * sms + rows - 1) / rows, 1,
+                                       std::min(units, kMaxSplits)));
+  a.cgroups = force_groups ? force_groups : (one_per_sm ? 2 : 1);
   const int max_slots = std::min(max_stages, fp8 ? (a.cgroups == 2 ? Geo<true>::kMaxSlots2 : Geo<true>::kMaxSlots1)
                                                  : (a.cgroups == 2 ? Geo<false>::kMaxSlots2 : Geo<false>::kMaxSlots1));
-  // With two groups at least 4 slots: the two end-of-list sentinels (one per group) are never
-  // released, so the second one must not need the first one's slot (which 2 slots would).
-  const int min_slots = a.cgroups == 2 ? 4 : 2;
-  auto stages_for = [&](int per_split) { return std::max(min_slots, std::min(2 * per_split, max_slots)); };
+  // Each consumer group has its own half of the ring (slot_of): an even count with two groups,
+  // at least 2 slots (one unit's K and V) per group.
+  const int min_slots = 2 * a.cgroups;
+  auto stages_for = [&](int per_split) {
+    const int n = std::max(min_slots, std::min(2 * per_split, max_slots));
+    return n - n % a.cgroups;
+  };
   auto resident = [&](int c, int per_split) { return max_active_clusters_of(fp8, a.cgroups, c, stages_for(per_split)); };
   a.cluster = 1;
   if (force_splits) {
     splits = std::min(force_splits, units);
     a.cluster = std::min(splits, max_cluster);
-  } else if (!p.topk_idx && rows * kMaxCluster >= sms && rows * kMaxCluster <= 2 * sms) {
-    // Dense rows of many blocks, about one row per 4 SMs: 8 splits of a row (two CTAs per SM),
-    // in 4 clusters of 2 when those are resident (measured faster on the H200 than 4 splits in
-    // one cluster of 4 at batch 32, context 9216: 40 vs 53 us with fp8).
-    splits = std::min(kMaxCluster, units);
-    if (max_cluster >= 2 && splits >= 2) {
-      const int groups = (splits + 1) / 2;
-      if (rows * groups <= resident(2, (units + 2 * groups - 1) / (2 * groups))) a.cluster = 2;
-    }
-  } else if (rows * kMaxCluster >= sms) {
+  } else if (!one_per_sm) {
     // Enough rows to fill the GPU with one cluster per row: the largest cluster (<= 8 CTAs,
     // each a split of the row) with which every row's cluster is resident at once. The merge is
     // then entirely in distributed shared memory. Rows too many for that: plain CTAs.
@@ -803,7 +820,8 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
       }
     }
   } else {
-    // Few rows: several clusters per row (a last-CTA merge over global memory joins them).
+    // Few rows: several clusters per row (a last-CTA merge over global memory joins them), the
+    // largest power-of-two cluster (<= 8) with which they are all resident.
     const int c0 = std::min(splits, max_cluster);
     for (int c : {c0, std::min(c0 - 1, 4), std::min(c0 - 1, 2)}) {
       if (c < 2 || (c != c0 && (c & (c - 1)))) continue;
