@@ -500,6 +500,19 @@ bool use_decode_indexer(const ops::IndexerParams& p) {
   return p.batch.max_query_len * p.num_index_heads <= 16;
 }
 
+// The fused decode variant that kAuto runs by default, from shapes only (graph safe). Measured on
+// the H200 (docs/performance.md, graph x16 per call): v2 is faster for one request and, with an
+// fp8 cache, up to 32 requests at any context (b32 ctx32768: 55 vs 66 us); v3 (cluster CTAs per
+// request) is faster for 128 requests (fp8 b128 ctx9216: 47 vs 57 us) and, with a bf16 cache,
+// from about 32 requests x 9216 tokens of work up (bf16 b128: 76 vs 96 us, b32 ctx32768: 78 vs
+// 88, b8 ctx131072: 83 vs 88). Where v3 does not support the parameters, v2 runs.
+int auto_decode_variant(const ops::IndexerParams& p) {
+  const int64_t blocks = std::max(1, std::min((p.batch.max_seq_len + 127) / 128, p.batch.max_blocks_per_seq));
+  const int64_t work = blocks * p.batch.num_seqs;  // key blocks of the batch, at most
+  if (p.cache.dtype == DType::FP8_E4M3) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;
+  return work >= 2048 ? 3 : 2;
+}
+
 bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath path) {
   if (!supported(p)) return false;
   if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
@@ -509,7 +522,8 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
   if (path == IndexerPath::kAuto) {
     path = use_decode_indexer(p) ? IndexerPath::kDecodeFused : IndexerPath::kPrefill;
     if (path == IndexerPath::kDecodeFused) {
-      const int v = kernel_variant();
+      int v = kernel_variant();
+      if (v == kVariantAuto) v = auto_decode_variant(p);
       if (v == 3 && run_indexer_decode_v3(p, stream_v)) return true;
       if (v >= 2) path = IndexerPath::kDecodeFusedV2;
     }

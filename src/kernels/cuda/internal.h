@@ -29,9 +29,11 @@ namespace sieve::cuda {
 bool run_indexer_graph_check(const ops::IndexerParams& p,
                              IndexerPath path = IndexerPath::kDecodeFused);
 
-// Process-wide variant of the fused decode indexer that IndexerPath::kAuto picks: 2 (default),
-// 3 or 1. Read once from SIEVE_CUDA_KERNELS=v1|v2|v3 unless set first; set_kernel_variant overrides it
-// (tests and the benchmark switch it between calls; not meant to change during a capture).
+// Process-wide variant of the fused decode indexer that IndexerPath::kAuto picks: kVariantAuto
+// (default: v2 or v3 by shape), or 1, 2, 3 forced. Read once from SIEVE_CUDA_KERNELS=v1|v2|v3
+// unless set first; set_kernel_variant overrides it (tests and the benchmark switch it between
+// calls; not meant to change during a capture).
+constexpr int kVariantAuto = 4;
 int kernel_variant();
 void set_kernel_variant(int v);
 
