@@ -64,9 +64,11 @@
 //   SIEVE_PREFILL_V2_ORDER=1    1-D grid, a tile's splits adjacent, the batch's last tile first
 //                               (the longest tile of a prompt starts, and merges, early). Unset:
 //                               0 on the list path, 1 on the select path; =0 forces the 3-D grid.
-//   SIEVE_PREFILL_V2_SELECT=1   the select path (below); =2: the same with the selection in its
-//                               own kernel after the scoring kernel (prefill_select_kernel,
-//                               launched with PDL unless SIEVE_PREFILL_V2_SELECT_PDL=0).
+//   SIEVE_PREFILL_V2_SELECT=2   (default) the select path (below) with the selection in its own
+//                               kernel after the scoring kernel (prefill_select_kernel, launched
+//                               with PDL unless SIEVE_PREFILL_V2_SELECT_PDL=0); =1: the select
+//                               path with the selection by each tile's last split; =0: the list
+//                               path (split lists + merge, described above).
 //   SIEVE_PREFILL_V2_ROWS=256   select path, bf16 cache: prefill_wide_kernel, 256 query rows per
 //                               CTA (two m64 halves per warpgroup), 1 CTA per SM (see there).
 //   SIEVE_PREFILL_V2_WIDE_PIPE=0  prefill_wide_kernel without its cross-block pipeline.
@@ -79,8 +81,7 @@
 // variables (with SIEVE_PREFILL_TRACE=1 for the phase breakdown); the tests force every path through
 // the hook set_indexer_prefill_v2_knobs (internal.h), which overrides the environment.
 //
-// Select path (SIEVE_PREFILL_V2_SELECT=1; the kSelect instantiations, so the list path's code is
-// unchanged). Measured on the H200 with the list path at 8192 prompt tokens: the last split's merge
+// Select path (the default; the kSelect instantiations, so the list path's code is unchanged). Measured on the H200 with the list path at 8192 prompt tokens: the last split's merge
 // of 32 lists x 128 rows ran ~70-85 us and was the critical path, and ranking / writing the split
 // lists cost ~7 us a CTA. The select path has neither: the epilogue stores each row's block score
 // (sentinels applied, -inf where the row does not see the block) straight into a global score row,
@@ -1218,12 +1219,13 @@ int order_knob() {
 }
 
 // SIEVE_PREFILL_V2_SELECT = 1: the select path (global score rows, per-row selection by the
-// tile's last split); 2: the same scores, selection by prefill_select_kernel launched after the
-// scoring kernel; 0 or unset: split lists + merge. Read once.
+// tile's last split); 2 or unset: the same scores, selection by prefill_select_kernel launched
+// after the scoring kernel (the default: 45 us against the list path's 125 us at 8192 prompt
+// tokens on the H200); 0: split lists + merge. Read once.
 int select_knob() {
   static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_SELECT");
-    const int x = e ? std::atoi(e) : 0;
+    const int x = e && *e ? std::atoi(e) : 2;
     return x == 1 || x == 2 ? x : 0;
   }();
   const int f = g_select.load(std::memory_order_relaxed);
