@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   if (threadIdx.x == 0) {
     for (int i = 0; i < NS; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kGroupWarps);
+      mbar_init(&empty[i], kGroupWarps * 32);  // every consumer thread of a group releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -350,8 +350,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
           }
         }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[sK]);
+      mbar_arrive(&empty[sK]);  // each thread releases its own reads of the slot
 
       const SlotUse uV = slot_of<kGroups>(vi, 1, NS);
       const int sV = uV.slot;
@@ -460,8 +459,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
           }
         }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[sV]);
+      mbar_arrive(&empty[sV]);
     }
   }
 

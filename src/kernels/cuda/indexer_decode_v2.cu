@@ -9,7 +9,7 @@
 //    [16][chunk_blocks] table with an integer atomicMax on an order-preserving encoding of the
 //    float (maxima are never NaN: fmaxf from -inf drops NaN, exactly as v1); scores are formed
 //    from the table after the loop (one barrier). Stage reuse is tracked by per-stage "empty"
-//    mbarriers (one arrival per warp once its key rows are in registers); lane 0 of warp 0 waits
+//    mbarriers (one arrival per thread once its key rows are in registers); lane 0 of warp 0 waits
 //    on it and refills the stage with a bulk copy.
 //  - Grid sized to ~3 CTAs per SM for fp8 (4 stages of 16 KB) and ~2 for bf16 (3 stages of 32 KB).
 // Chunk top-k and the last-CTA merge are the v1 algorithms (indexer_common.cuh; 256 threads).
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kWarps);
+      mbar_init(&empty[i], kThreads);  // every thread releases (its own reads)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -168,10 +168,9 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
     KeyRegs<kFp8> kr[2];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) kr[nt].load_smem(base + (nt * 8 + g) * row_bytes, q, g);
-    // This warp's rows of the stage are in registers: release it; warp 0 refills it once all
-    // warps have released it.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[st_i]);
+    // This thread's rows of the stage are in registers: release it (each thread for its own
+    // reads); warp 0 refills it once all threads have released it.
+    mbar_arrive(&empty[st_i]);
     if (warp == 0) {
       if (lane == 0 && i + kStages < nb) {
         mbar_wait(&empty[st_i], par);

@@ -27,9 +27,10 @@
 //    lengths (one dependent global round trip before the first copy), lane 0 initialises the
 //    mbarriers and lane i issues the bulk copy (cp.async.bulk, complete_tx on an mbarrier) of
 //    block i directly, for all stages at once; lane 0 then refills stages as the consumer warps
-//    release them ("empty" mbarriers, one arrival per warp). Consumers load q (16-byte vector
-//    loads when aligned) while the copies fly and meet the producer at one named barrier (only
-//    the producer's barrier init must be visible); no CTA barrier inside the block loop.
+//    release them ("empty" mbarriers, one arrival per consumer thread). Consumers load q
+//    (16-byte vector loads when aligned) while the copies fly and meet the producer at one named
+//    barrier (only the producer's barrier init must be visible); no CTA barrier inside the
+//    block loop.
 //  - Stages: as many as fit a budget of ~110 KB (2 CTAs per SM: >= 192 KB in flight per SM),
 //    or ~200 KB when the grid has at most one CTA per SM (b1: the whole chunk is in flight at
 //    once), never more than the chunk's blocks.
@@ -331,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     if (lane == 0) {
       for (int i = 0; i < S; ++i) {
         mbar_init(&full[i], 1);
-        mbar_init(&empty[i], kConsumerWarps);
+        mbar_init(&empty[i], kConsumerWarps * 32);  // every consumer thread releases
       }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -377,9 +378,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       KeyRegs<kFp8> kr[2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) kr[nt].load_smem(base + (nt * 8 + g) * row_bytes, q, g);
-      // This warp's rows of the stage are in registers: release it to the producer.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[st_i]);
+      // This thread's rows of the stage are in registers: release it to the producer (each
+      // thread for its own reads).
+      mbar_arrive(&empty[st_i]);
       float m0, m1;
       warp_block_max<kFp8>(kr, qa, b * kBlock + warp * 16 + 2 * q, pos0, pos1, m0, m1);
       if (q == 0) {
