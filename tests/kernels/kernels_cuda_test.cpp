@@ -27,10 +27,13 @@ const ops::Stream kStream{kGpu, nullptr};
 // ---------------------------------------------------------------------------------------------
 // qkv_norm_rope_cache
 
-void check_qkv(DType act, DType kv_dtype, DType idx_dtype, uint64_t seed) {
-  SCOPED_TRACE("act " + name(act) + " kv " + name(kv_dtype) + " index " + name(idx_dtype));
+// pad: unused columns per row (8: every vector 4-element aligned, the vectorised path; 3: rows
+// unaligned, the scalar path).
+void check_qkv(DType act, DType kv_dtype, DType idx_dtype, uint64_t seed, int pad = 8) {
+  SCOPED_TRACE("act " + name(act) + " kv " + name(kv_dtype) + " index " + name(idx_dtype) + " pad " +
+               std::to_string(pad));
   Rng rng(seed);
-  const QkvLayout l = QkvLayout::make(4, 2, 128, 2, 128, 64, 8);
+  const QkvLayout l = QkvLayout::make(4, 2, 128, 2, 128, 64, pad);
   const QkvWeights w = QkvWeights::make(l, 8192, rng);
   PagedBatch b = make_paged_batch({{0, 5}, {130, 3}, {255, 1}, {1000, 2}}, 128, rng);
   b.slot_mapping[1] = -1;  // a skipped token
@@ -135,6 +138,8 @@ TEST(CudaQkvNormRopeCache, MatchesCpu) {
   for (DType act : {DType::BF16, DType::F32})
     for (DType kvd : {DType::BF16, DType::FP8_E4M3})
       for (DType idd : {DType::BF16, DType::FP8_E4M3}) check_qkv(act, kvd, idd, seed++);
+  check_qkv(DType::BF16, DType::FP8_E4M3, DType::BF16, seed++, 3);
+  check_qkv(DType::F32, DType::BF16, DType::FP8_E4M3, seed++, 3);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 // Fused Gemma RMSNorm + partial NeoX RoPE + paged cache writes (ops::QkvNormRopeCacheParams).
 //
 // One warp per (token, head vector); the head vectors of a token are its q heads, kv heads
-// (k: norm + RoPE + cache; v: raw to cache), index-q heads and the index-k head. Each row of
-// the packed projection is read once and each output written once, so the op moves the
-// minimum bytes; a warp holds a whole head vector in registers (head_dim / 32 per lane) so the
-// norm needs only a warp reduction, and RoPE partners meet through a small per-warp shared
-// buffer.
+// (k: norm + RoPE + cache; v: raw to cache), index-q heads and the index-k head. Grid (tokens,
+// ceil(vectors per token / 8)), 8 warps a CTA: a warp finds its token and vector from the grid
+// without integer division. Each row of the packed projection is read once and each output
+// written once, so the op moves the minimum bytes. Lane l holds dims 4l..4l+3 of the vector
+// (head_dim <= 128): one 8-byte (bf16) or 16-byte (fp32) load and one store per lane and
+// tensor where the layout is aligned (checked on the host; else the same lanes use scalar
+// accesses), so the norm needs one warp reduction and RoPE partners meet through a small
+// per-warp shared buffer. Slots are split into (block, offset) in 32-bit arithmetic when the
+// cache has fewer than 2^31 slots.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -14,8 +18,8 @@ namespace sieve::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxDim = 128;  // MiniMax-M3 head and index dims; fewer registers, more warps in flight
-constexpr int kMaxPerLane = kMaxDim / 32;
+constexpr int kMaxDim = 128;  // MiniMax-M3 head and index dims
+constexpr int kVec = 4;       // consecutive dims per lane
 
 enum Job : int { kQ, kK, kV, kIq, kIk };
 
@@ -26,13 +30,51 @@ struct KernelArgs {
   bool norm_bf16;
   bool index;  // index branch normed/roped
   bool write_index;
+  bool vec_rows;   // qkv rows: every vector starts 4-element aligned (vector loads / stores)
+  bool vec_norm;   // norm weights 4-element aligned
+  bool vec_cs;     // cos/sin: 4 consecutive dims share a side of rotary_dim / 2, 16-byte aligned
+  bool vec_cache;  // cache pointers 16-byte aligned
+  bool slot32;     // every KV cache slot < 2^31
 };
 
-__device__ __forceinline__ void store_cache(void* base, int64_t i, DType dt, float v) {
-  switch (dt) {
-    case DType::F32: static_cast<float*>(base)[i] = v; break;
-    case DType::BF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16_bits(v); break;
-    default: static_cast<uint8_t*>(base)[i] = f32_to_fp8_bits(v); break;
+__device__ __forceinline__ void load4(const void* base, int64_t i, bool bf16, bool vec, float (&x)[kVec]) {
+  if (vec && bf16) {
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + i);
+    x[0] = __uint_as_float(u.x << 16), x[1] = __uint_as_float(u.x & 0xffff0000u);
+    x[2] = __uint_as_float(u.y << 16), x[3] = __uint_as_float(u.y & 0xffff0000u);
+  } else if (vec) {
+    const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) x[k] = load_act(base, i + k, bf16);
+  }
+}
+
+// Four values to base[i..i+3] in dtype dt (F32, BF16 or FP8_E4M3 bits).
+__device__ __forceinline__ void store4(void* base, int64_t i, DType dt, bool vec, const float (&x)[kVec]) {
+  if (dt == DType::F32) {
+    float* o = static_cast<float*>(base) + i;
+    if (vec) *reinterpret_cast<float4*>(o) = make_float4(x[0], x[1], x[2], x[3]);
+    else
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = x[k];
+  } else if (dt == DType::BF16) {
+    uint16_t* o = static_cast<uint16_t*>(base) + i;
+    if (vec) *reinterpret_cast<uint2*>(o) = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+    else
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = f32_to_bf16_bits(x[k]);
+  } else {
+    uint8_t* o = static_cast<uint8_t*>(base) + i;
+    uint8_t b[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) b[k] = f32_to_fp8_bits(x[k]);
+    if (vec)
+      *reinterpret_cast<uint32_t*>(o) = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+    else
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = b[k];
   }
 }
 
@@ -40,10 +82,9 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
   __shared__ float xs[kWarps][kMaxDim];
   const auto& p = a.p;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t job_global = int64_t(blockIdx.x) * kWarps + warp;
-  const int64_t t = job_global / a.jobs_per_token;
-  if (t >= p.num_tokens) return;
-  int j = int(job_global % a.jobs_per_token);
+  const int64_t t = blockIdx.x;
+  int j = int(blockIdx.y) * kWarps + warp;
+  if (j >= a.jobs_per_token) return;
 
   // Which head vector this warp owns.
   Job kind;
@@ -72,95 +113,101 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
     default: col = p.index_k_offset, w = p.index_k_norm; break;
   }
   const int64_t row = t * p.row_stride + col;
-  const int per_lane = dim / 32;
+  const int d0 = lane * kVec;
+  const bool on = d0 < dim;  // dim is a multiple of 32: a lane has all 4 dims or none
 
   // Issue every independent load up front (the op is latency-bound per warp): the vector, its
   // norm weight, the cache slot, and the RoPE cos/sin of this lane's dims.
   const bool transform = kind != kV;
   const bool cached = kind != kQ && kind != kIq;
-  const int64_t slot = cached ? p.slot_mapping[t] : -1;
+  const int64_t slot = cached && p.slot_mapping ? p.slot_mapping[t] : -1;
   const int rot = p.rotary_dim, half = rot / 2;
   const float* cs = transform && rot > 0 ? p.cos_sin + int64_t(p.positions[t]) * rot : nullptr;
-  float x[kMaxPerLane], wv[kMaxPerLane], cv[kMaxPerLane], sv[kMaxPerLane];
+  float x[kVec] = {0.f, 0.f, 0.f, 0.f}, wv[kVec] = {0.f, 0.f, 0.f, 0.f};
+  float cv[kVec] = {1.f, 1.f, 1.f, 1.f}, sv[kVec] = {0.f, 0.f, 0.f, 0.f};
+  if (on) {
+    load4(p.qkv, row + d0, a.act_bf16, a.vec_rows, x);
+    if (transform) load4(w, d0, a.norm_bf16, a.vec_norm, wv);
+    if (cs && d0 < rot) {
+      const int f0 = d0 < half ? d0 : d0 - half;
+      if (a.vec_cs) {
+        const float4 c = *reinterpret_cast<const float4*>(cs + f0);
+        const float4 sn = *reinterpret_cast<const float4*>(cs + half + f0);
+        cv[0] = c.x, cv[1] = c.y, cv[2] = c.z, cv[3] = c.w;
+        sv[0] = sn.x, sv[1] = sn.y, sv[2] = sn.z, sv[3] = sn.w;
+      } else {
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int d = i * 32 + lane;
-    x[i] = i < per_lane ? load_act(p.qkv, row + d, a.act_bf16) : 0.f;
-    wv[i] = transform && i < per_lane ? load_act(w, d, a.norm_bf16) : 0.f;
-    const int f = d < half ? d : d - half;
-    cv[i] = cs && i < per_lane && d < rot ? cs[f] : 1.f;
-    sv[i] = cs && i < per_lane && d < rot ? cs[half + f] : 0.f;
+        for (int k = 0; k < kVec; ++k) {
+          const int d = d0 + k;
+          if (d < rot) {
+            const int f = d < half ? d : d - half;
+            cv[k] = cs[f], sv[k] = cs[half + f];
+          }
+        }
+      }
+    }
   }
 
   if (transform) {
     float ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) ss += x[i] * x[i];
+    for (int k = 0; k < kVec; ++k) ss += x[k] * x[k];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float inv = rsqrtf(ss / float(dim) + p.eps);
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      if (i < per_lane) {
-        x[i] = x[i] * inv * (1.f + wv[i]);
-        xs[warp][i * 32 + lane] = x[i];
-      }
-    }
-    __syncwarp();
+    for (int k = 0; k < kVec; ++k) x[k] = x[k] * inv * (1.f + wv[k]);
+    if (on)
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int d = i * 32 + lane;
-      if (i < per_lane && d < rot)
-        x[i] = d < half ? x[i] * cv[i] - xs[warp][d + half] * sv[i] : x[i] * cv[i] + xs[warp][d - half] * sv[i];
-    }
+      for (int k = 0; k < kVec; ++k) xs[warp][d0 + k] = x[k];
+    __syncwarp();
+    if (on)
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const int d = d0 + k;
+        if (d < rot)
+          x[k] = d < half ? x[k] * cv[k] - xs[warp][d + half] * sv[k] : x[k] * cv[k] + xs[warp][d - half] * sv[k];
+      }
   }
 
   // q and index_q: back in place, in the activation dtype.
   if (kind == kQ || kind == kIq) {
-    if (a.act_bf16) {
-      uint16_t* o = static_cast<uint16_t*>(p.qkv) + row;
-#pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i)
-        if (i < per_lane) o[i * 32 + lane] = f32_to_bf16_bits(x[i]);
-    } else {
-      float* o = static_cast<float*>(p.qkv) + row;
-#pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i)
-        if (i < per_lane) o[i * 32 + lane] = x[i];
-    }
+    if (on) store4(p.qkv, row + d0, a.act_bf16 ? DType::BF16 : DType::F32, a.vec_rows, x);
+    return;
   }
-  if (!cached || slot < 0) return;
+  if (slot < 0) return;
   if (kind == kIk) {
-    if (!a.write_index) return;
+    if (!a.write_index || !on) return;
     const auto& ic = p.index_cache;
-    const int64_t base = slot * ic.index_dim;  // [num_blocks, block_size, dim] == slot-major
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (i < per_lane) store_cache(ic.k, base + i * 32 + lane, ic.dtype, round_bf16(x[i]));
+    for (int k = 0; k < kVec; ++k) x[k] = round_bf16(x[k]);
+    store4(ic.k, slot * ic.index_dim + d0, ic.dtype, a.vec_cache, x);  // [num_blocks, block_size, dim]
     return;
   }
   const auto& kv = p.kv;
-  const int64_t blk = slot / kv.block_size, off = slot % kv.block_size;
+  int64_t blk, off;
+  if (a.slot32) {
+    const uint32_t s32 = uint32_t(slot), bs = uint32_t(kv.block_size);
+    blk = s32 / bs, off = s32 - uint32_t(blk) * bs;
+  } else {
+    blk = slot / kv.block_size, off = slot % kv.block_size;
+  }
   const int64_t tok_head = (blk * kv.num_kv_heads + head) * kv.block_size + off;
   void* dst = kind == kK ? kv.k : kv.v;
-  float scale = 1.f;
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) x[i] = round_bf16(x[i]);
+  for (int k = 0; k < kVec; ++k) x[k] = round_bf16(x[k]);
   if (kv.dtype == DType::FP8_E4M3) {
     float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    for (int k = 0; k < kVec; ++k) amax = fmaxf(amax, fabsf(x[k]));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    scale = amax > 0.f ? amax / 448.f : 1.f;
+    const float scale = amax > 0.f ? amax / 448.f : 1.f;
     if (lane == 0) (kind == kK ? kv.k_scale : kv.v_scale)[tok_head] = scale;
-  }
-  const int64_t base = tok_head * kv.head_dim;
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i)
-    if (i < per_lane)
-      store_cache(dst, base + i * 32 + lane, kv.dtype,
-                  kv.dtype == DType::FP8_E4M3 ? x[i] / scale : x[i]);
+    for (int k = 0; k < kVec; ++k) x[k] = x[k] / scale;
+  }
+  if (on) store4(dst, tok_head * kv.head_dim + d0, kv.dtype, a.vec_cache, x);
 }
 
 bool cache_dtype_ok(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::FP8_E4M3; }
@@ -188,9 +235,20 @@ bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p, void* stream)
   // Shared-top-k layers (norm_rope_index false) neither transform nor cache index vectors.
   a.write_index = a.index && p.index_cache.k != nullptr;
   a.jobs_per_token = p.num_q_heads + 2 * p.num_kv_heads + (has_index ? p.num_index_heads + 1 : 0);
-  const int64_t jobs = p.num_tokens * a.jobs_per_token;
-  const int64_t grid = (jobs + kWarps - 1) / kWarps;
-  qkv_kernel<<<unsigned(grid), kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  if (p.num_tokens > int64_t(0x7fffffff)) return false;
+  auto aligned = [](const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
+  const size_t act_esz = a.act_bf16 ? 2 : 4;
+  a.vec_rows = aligned(p.qkv, 4 * act_esz) && p.row_stride % 4 == 0 && p.q_offset % 4 == 0 &&
+               p.k_offset % 4 == 0 && p.v_offset % 4 == 0 &&
+               (!a.index || (p.index_q_offset % 4 == 0 && p.index_k_offset % 4 == 0));
+  const size_t norm_esz = a.norm_bf16 ? 2 : 4;
+  a.vec_norm = aligned(p.q_norm, 4 * norm_esz) && aligned(p.k_norm, 4 * norm_esz) &&
+               (!a.index || (aligned(p.index_q_norm, 4 * norm_esz) && aligned(p.index_k_norm, 4 * norm_esz)));
+  a.vec_cs = p.rotary_dim % 8 == 0 && aligned(p.cos_sin, 16);
+  a.vec_cache = aligned(p.kv.k, 16) && aligned(p.kv.v, 16) && (!a.write_index || aligned(p.index_cache.k, 16));
+  a.slot32 = p.kv.num_blocks * int64_t(p.kv.block_size) <= int64_t(0x7fffffff);
+  const dim3 grid(unsigned(p.num_tokens), unsigned((a.jobs_per_token + kWarps - 1) / kWarps));
+  qkv_kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(a);
   SIEVE_LAUNCH_CHECK("qkv_norm_rope_cache");
   return true;
 }
