@@ -1410,17 +1410,21 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   const int tile_rows = wide ? kWRows : kRows;
   const int64_t full_tiles = (bv.num_tokens + tile_rows - 1) / tile_rows;
   const int64_t tiles_upper = full_tiles + bv.num_seqs;
-  // Causal work estimate in (tile, block) units; about 6 units per resident CTA (2 per SM; the
-  // wide kernel: 1 per SM).
-  const int64_t work = std::max<int64_t>(1, full_tiles * max_blocks / 2);
+  // Causal work estimate in (tile, block) units, as for one request whose new tokens end at
+  // max_seq_len (tile i of n sees the prefix and blocks up to its own: max_blocks - n / 2 on
+  // average); resident CTA slots: 2 per SM (the wide kernel: 1 per SM).
+  const int64_t work = std::max<int64_t>(1, full_tiles * std::max<int64_t>(1, max_blocks - full_tiles / 2));
   const int64_t slots = int64_t(wide ? 1 : 2) * num_sms();
   int kb;
   if (select) {
-    // No table and no lists: any split width. About one unit of work per resident CTA slot
-    // (8192 prompt tokens: 8 blocks a split, ~1.1 waves), at least 4 blocks (the query tile and
-    // the pipeline fill are paid once per CTA), at most 32 (a long prompt: ~4 waves of equal
-    // CTAs, the longest tiles first, so the short last tiles fill the tail).
-    kb = int(std::clamp<int64_t>((work + slots - 1) / slots, 4, 32));
+    // No table and no lists: any split width. One wave where it fits: a split of kb blocks
+    // gives about work / kb + tiles / 2 working CTAs (the last split of each tile is partial),
+    // so kb = work / (slots - tiles / 2) (8192 prompt tokens: 9 blocks, 260 CTAs for 264
+    // slots). At least 4 blocks (the query tile and the pipeline fill are paid once per CTA),
+    // at most 32 (a long prompt: several waves of equal CTAs, the longest tiles first, so the
+    // short last tiles fill the tail).
+    const int64_t room = std::max(slots - full_tiles / 2, slots / 2);
+    kb = int(std::clamp<int64_t>((work + room - 1) / room, 4, 32));
     if (kb_override() > 0) kb = kb_override();
   } else {
     kb = int(std::clamp<int64_t>((work + 6 * slots - 1) / (6 * slots), 2, kMaxKb));
