@@ -92,8 +92,9 @@
 // batches of rows staged as order keys in shared memory by the whole CTA, then per row a warp
 // finds a lower bound of the k-th largest score key from the 32 lane maxima, compacts the
 // candidates above it by ballots and ranks them by counting; no per-slot rounds). Grid order 1 by
-// default there (the longest tile starts, and selects, first), and kb about one unit of work per
-// resident CTA (4..32 blocks). Rows longer than 2048 blocks: the list path. With 128-row tiles a
+// default there (the longest tile starts, and selects, first), and kb so that the working CTAs
+// fit one wave where they can (4..32 blocks; see the host). Rows longer than 2048 blocks: the
+// list path. With 128-row tiles a
 // CTA moves 32 KB from L2 per 4.2 MFLOP (~4 TB/s at the measured ~2 us per block per CTA over 264
 // CTAs, near what L2 gives): SIEVE_PREFILL_V2_ROWS=256 halves that (prefill_wide_kernel).
 #include <algorithm>
