@@ -1,6 +1,6 @@
 // Helpers of the CUDA parity tests (kernels_cuda_test.cpp, kernels_cuda_prefill_test.cpp):
-// device buffers, a paged batch on the device, and the comparison of an indexer's outputs with
-// the CPU reference's.
+// device buffers, a paged batch on the device, an indexer case with its CPU reference run, and
+// the comparison of an indexer's outputs with the CPU reference's.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/memory.h"
 #include "kernels/ops.h"
 
@@ -132,5 +133,105 @@ inline void expect_indexer_matches(const PagedBatch& b, int H, int topk, const s
     }
   }
 }
+
+// Inputs of one indexer parity case.
+struct IndexerInputs {
+  std::vector<SeqSpec> specs;
+  int H = 1;
+  DType cache = DType::BF16;
+  DType q_dtype = DType::BF16;
+  int topk = 16, init = 0, local = 1;
+  bool ties = false;  // cache and q on the grid {-1, -0.5, 0, 0.5, 1}: exact dots, many ties
+  bool q_in_cache = false;
+  int q_pad = 8;  // q row stride = H * 128 + q_pad elements (8: 16-byte aligned bf16 rows)
+
+  std::string describe() const {
+    return "cache " + name(cache) + " q " + name(q_dtype) + " H " + std::to_string(H) + " topk " +
+           std::to_string(topk) + " init " + std::to_string(init) + " local " + std::to_string(local) +
+           (ties ? " ties" : "");
+  }
+};
+
+// An indexer case drawn from `seed` and run through the CPU reference (top-k [tokens, H, topk]
+// and block scores [tokens, H, mbps]), with its inputs and output buffers on the device: `gpu` is
+// the CPU run's parameters with every pointer on the device (outputs not poisoned yet).
+struct IndexerRef {
+  static constexpr int kDim = 128;
+  Rng rng;
+  PagedBatch b;
+  IndexCache ic;
+  TypedBuffer q;
+  std::vector<int32_t> cpu_idx;
+  std::vector<float> cpu_scores;
+  DevBatch db;
+  Dev d_q, d_cache, d_idx, d_scores;
+  ops::IndexerParams gpu;
+  bool ties;
+  double stol;  // block-score tolerance: exact for ties, else fp32-accumulation close (q rounded
+                // to bf16 on the GPU when it is given in fp32: docs/kernels.md)
+
+  IndexerRef(const IndexerInputs& c, uint64_t seed)
+      : rng(seed),
+        b(make_paged_batch(c.specs, 128, rng)),
+        ic(c.cache, b.num_blocks, 128, kDim),
+        q(fill_cache_then_draw_q(c, b, ic, rng)),
+        cpu_idx(size_t(b.num_tokens * c.H * c.topk), -7),
+        cpu_scores(size_t(b.num_tokens * c.H * b.max_blocks_per_seq), kNaN),
+        db(b),
+        d_q(Dev::of(q)),
+        d_cache(Dev::of(ic.k)),
+        d_idx(cpu_idx.size() * 4),
+        d_scores(cpu_scores.size() * 4),
+        ties(c.ties),
+        stol(c.ties ? 0 : (c.q_dtype == DType::F32 ? 2e-2 : 2e-4)) {
+    ops::IndexerParams p;
+    p.index_q = q.data();
+    p.q_dtype = c.q_dtype;
+    p.q_stride = int64_t(c.H) * kDim + c.q_pad;
+    p.num_index_heads = c.H;
+    p.index_dim = kDim;
+    p.score_scale = float(1.0 / std::sqrt(128.0) * 1.4426950408889634);
+    p.q_in_cache_dtype = c.q_in_cache;
+    p.cache = ic.view();
+    p.batch = b.view();
+    p.topk = c.topk;
+    p.init_blocks = c.init;
+    p.local_blocks = c.local;
+    p.topk_idx = cpu_idx.data();
+    p.block_scores = cpu_scores.data();
+    cpu::run_indexer(p);
+    gpu = p;
+    gpu.index_q = d_q.p();
+    gpu.cache.k = d_cache.p();
+    gpu.batch = db.view;
+    gpu.topk_idx = d_idx.as<int32_t>();
+    gpu.block_scores = d_scores.as<float>();
+  }
+
+  // The GPU run's outputs (block scores: compared only when `with_scores`) against the CPU's.
+  void expect_gpu_matches(bool with_scores) const {
+    const auto gpu_idx = d_idx.get<int32_t>(cpu_idx.size());
+    const auto gpu_scores = with_scores ? d_scores.get<float>(cpu_scores.size()) : std::vector<float>{};
+    expect_indexer_matches(b, gpu.num_index_heads, gpu.topk, cpu_idx, cpu_scores, gpu_idx,
+                           with_scores ? &gpu_scores : nullptr, ties, stol);
+  }
+
+ private:
+  static TypedBuffer fill_cache_then_draw_q(const IndexerInputs& c, const PagedBatch& b, IndexCache& ic, Rng& rng) {
+    if (c.ties) {
+      for (int s = 0; s < b.num_seqs(); ++s)
+        for (int pos = 0; pos < b.seq_lens[size_t(s)]; ++pos) {
+          std::vector<float> x(kDim);
+          for (auto& v : x) v = rng.grid(2, 1);
+          ic.write(b.slot(s, pos), x.data());
+        }
+    } else {
+      fill_caches_random(b, nullptr, &ic, rng, 1.0f);
+    }
+    std::vector<float> qv(size_t(b.num_tokens * (int64_t(c.H) * kDim + c.q_pad)));
+    for (auto& v : qv) v = c.ties ? rng.grid(2, 1) : rng.uniform(-1.f, 1.f);
+    return TypedBuffer::from(c.q_dtype, qv);
+  }
+};
 
 }  // namespace sieve::test

@@ -28,16 +28,8 @@ namespace {
 
 using namespace sieve::test;
 
-struct PrefillCase {
-  std::vector<SeqSpec> specs;
-  int H = 1;
-  DType cache = DType::BF16;
-  DType q_dtype = DType::BF16;
-  int topk = 16, init = 0, local = 1;
-  bool ties = false;
-  bool q_in_cache = false;
+struct PrefillCase : IndexerInputs {
   int launches = 1;  // > 1: the same inputs again (counters must have returned to zero)
-  int q_pad = 8;     // q row stride = H * 128 + q_pad elements (8: 16-byte aligned bf16 rows)
   // Knob configurations to run (each against the same CPU reference); empty: the defaults only.
   std::vector<cuda::PrefillV2Knobs> knobs;
 };
@@ -80,59 +72,8 @@ const std::vector<cuda::PrefillV2Knobs> kListKnobs = {
 // scores within tolerance (exact for ties), top-k as sets up to near ties (exact order for ties),
 // as check_indexer_once in kernels_cuda_test.cpp does.
 void check_prefill(const PrefillCase& c, uint64_t seed) {
-  SCOPED_TRACE("cache " + name(c.cache) + " q " + name(c.q_dtype) + " H " + std::to_string(c.H) +
-               " topk " + std::to_string(c.topk) + " init " + std::to_string(c.init) + " local " +
-               std::to_string(c.local) + (c.ties ? " ties" : "") + " seed " + std::to_string(seed));
-  Rng rng(seed);
-  const int D = 128;
-  PagedBatch b = make_paged_batch(c.specs, 128, rng);
-  IndexCache ic(c.cache, b.num_blocks, 128, D);
-  if (c.ties) {
-    for (int s = 0; s < b.num_seqs(); ++s)
-      for (int pos = 0; pos < b.seq_lens[size_t(s)]; ++pos) {
-        std::vector<float> x(D);
-        for (auto& v : x) v = rng.grid(2, 1);
-        ic.write(b.slot(s, pos), x.data());
-      }
-  } else {
-    fill_caches_random(b, nullptr, &ic, rng, 1.0f);
-  }
-  const int64_t T = b.num_tokens;
-  const int64_t q_stride = int64_t(c.H) * D + c.q_pad;
-  std::vector<float> qv(size_t(T * q_stride));
-  for (auto& v : qv) v = c.ties ? rng.grid(2, 1) : rng.uniform(-1.f, 1.f);
-  TypedBuffer q = TypedBuffer::from(c.q_dtype, qv);
-  const int mbps = b.max_blocks_per_seq;
-
-  ops::IndexerParams p;
-  p.index_q = q.data();
-  p.q_dtype = c.q_dtype;
-  p.q_stride = q_stride;
-  p.num_index_heads = c.H;
-  p.index_dim = D;
-  p.score_scale = float(1.0 / std::sqrt(128.0) * 1.4426950408889634);
-  p.q_in_cache_dtype = c.q_in_cache;
-  p.cache = ic.view();
-  p.batch = b.view();
-  p.topk = c.topk;
-  p.init_blocks = c.init;
-  p.local_blocks = c.local;
-  std::vector<int32_t> cpu_idx(size_t(T * c.H * c.topk), -7);
-  std::vector<float> cpu_scores(size_t(T * c.H * mbps), kNaN);
-  p.topk_idx = cpu_idx.data();
-  p.block_scores = cpu_scores.data();
-  cpu::run_indexer(p);
-
-  DevBatch db(b);
-  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
-  Dev d_idx(cpu_idx.size() * 4), d_scores(cpu_scores.size() * 4);
-  ops::IndexerParams g = p;
-  g.index_q = d_q.p();
-  g.cache.k = d_cache.p();
-  g.batch = db.view;
-  g.topk_idx = d_idx.as<int32_t>();
-  g.block_scores = d_scores.as<float>();
-
+  SCOPED_TRACE(c.describe() + " seed " + std::to_string(seed));
+  IndexerRef r(c, seed);
   KnobGuard guard;
   const std::vector<cuda::PrefillV2Knobs> configs =
       c.knobs.empty() ? std::vector<cuda::PrefillV2Knobs>{cuda::PrefillV2Knobs{}} : c.knobs;
@@ -144,17 +85,12 @@ void check_prefill(const PrefillCase& c, uint64_t seed) {
     cuda::set_indexer_prefill_v2_knobs(configs[size_t(cfg)]);
     SCOPED_TRACE(knob_name(configs[size_t(cfg)]) + (with_scores ? "" : " no block_scores") + " launch " +
                  std::to_string(launch));
-    d_idx.poison(uint8_t(0x55 + launch));
-    d_scores.poison(0xff);
-    g.block_scores = with_scores ? d_scores.as<float>() : nullptr;
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kPrefill));
+    r.d_idx.poison(uint8_t(0x55 + launch));
+    r.d_scores.poison(0xff);
+    r.gpu.block_scores = with_scores ? r.d_scores.as<float>() : nullptr;
+    ASSERT_TRUE(cuda::run_indexer_path(r.gpu, nullptr, cuda::IndexerPath::kPrefill));
     device_synchronize(kGpu);
-    auto gpu_idx = d_idx.get<int32_t>(cpu_idx.size());
-    auto gpu_scores = with_scores ? d_scores.get<float>(cpu_scores.size()) : cpu_scores;
-
-    const double stol = c.ties ? 0 : (c.q_dtype == DType::F32 ? 2e-2 : 2e-4);
-    expect_indexer_matches(b, c.H, c.topk, cpu_idx, cpu_scores, gpu_idx, with_scores ? &gpu_scores : nullptr, c.ties,
-                           stol);
+    r.expect_gpu_matches(with_scores);
   }
 }
 

@@ -145,84 +145,20 @@ TEST(CudaQkvNormRopeCache, MatchesCpu) {
 // ---------------------------------------------------------------------------------------------
 // Indexer
 
-struct IndexerCase {
-  std::vector<SeqSpec> specs;
-  int H = 1;
-  DType cache = DType::BF16;
-  DType q_dtype = DType::BF16;
-  int topk = 16, init = 0, local = 1;
-  bool ties = false;
-  bool q_in_cache = false;
+struct IndexerCase : IndexerInputs {
   cuda::IndexerPath path = cuda::IndexerPath::kAuto;
 };
 
 void check_indexer_once(const IndexerCase& c, uint64_t seed) {
-  SCOPED_TRACE("cache " + name(c.cache) + " q " + name(c.q_dtype) + " H " + std::to_string(c.H) +
-               " topk " + std::to_string(c.topk) + " init " + std::to_string(c.init) + " local " +
-               std::to_string(c.local) + (c.ties ? " ties" : "") + " path " + std::to_string(int(c.path)) +
-               " seed " + std::to_string(seed));
-  Rng rng(seed);
-  const int D = 128;
-  PagedBatch b = make_paged_batch(c.specs, 128, rng);
-  IndexCache ic(c.cache, b.num_blocks, 128, D);
-  if (c.ties) {
-    for (int s = 0; s < b.num_seqs(); ++s)
-      for (int pos = 0; pos < b.seq_lens[size_t(s)]; ++pos) {
-        std::vector<float> x(D);
-        for (auto& v : x) v = rng.grid(2, 1);  // {-1, -0.5, 0, 0.5, 1}: exact dots, many ties
-        ic.write(b.slot(s, pos), x.data());
-      }
-  } else {
-    fill_caches_random(b, nullptr, &ic, rng, 1.0f);
-  }
-  const int64_t T = b.num_tokens;
-  const int64_t q_stride = int64_t(c.H) * D + 8;
-  std::vector<float> qv(size_t(T * q_stride));
-  for (auto& v : qv) v = c.ties ? rng.grid(2, 1) : rng.uniform(-1.f, 1.f);
-  TypedBuffer q = TypedBuffer::from(c.q_dtype, qv);
-  const int mbps = b.max_blocks_per_seq;
-
-  ops::IndexerParams p;
-  p.index_q = q.data();
-  p.q_dtype = c.q_dtype;
-  p.q_stride = q_stride;
-  p.num_index_heads = c.H;
-  p.index_dim = D;
-  p.score_scale = float(1.0 / std::sqrt(128.0) * 1.4426950408889634);
-  p.q_in_cache_dtype = c.q_in_cache;
-  p.cache = ic.view();
-  p.batch = b.view();
-  p.topk = c.topk;
-  p.init_blocks = c.init;
-  p.local_blocks = c.local;
-  std::vector<int32_t> cpu_idx(size_t(T * c.H * c.topk), -7);
-  std::vector<float> cpu_scores(size_t(T * c.H * mbps), kNaN);
-  p.topk_idx = cpu_idx.data();
-  p.block_scores = cpu_scores.data();
-  cpu::run_indexer(p);
-
-  DevBatch db(b);
-  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
-  Dev d_idx(cpu_idx.size() * 4), d_scores(cpu_scores.size() * 4);
-  d_idx.poison(0x55);
-  d_scores.poison(0xff);
-  ops::IndexerParams g = p;
-  g.index_q = d_q.p();
-  g.cache.k = d_cache.p();
-  g.batch = db.view;
-  g.topk_idx = d_idx.as<int32_t>();
+  SCOPED_TRACE(c.describe() + " path " + std::to_string(int(c.path)) + " seed " + std::to_string(seed));
+  IndexerRef r(c, seed);
+  r.d_idx.poison(0x55);
+  r.d_scores.poison(0xff);
   const bool want_scores = c.path != cuda::IndexerPath::kDecodeBaseline;
-  g.block_scores = want_scores ? d_scores.as<float>() : nullptr;
-  ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, c.path));
+  if (!want_scores) r.gpu.block_scores = nullptr;
+  ASSERT_TRUE(cuda::run_indexer_path(r.gpu, nullptr, c.path));
   device_synchronize(kGpu);
-  auto gpu_idx = d_idx.get<int32_t>(cpu_idx.size());
-  auto gpu_scores = d_scores.get<float>(cpu_scores.size());
-
-  // Scores: exact for ties (exact dots), else fp32-accumulation close; q rounded to bf16 on the
-  // GPU when it is given in fp32 (docs/kernels.md).
-  const double stol = c.ties ? 0 : (c.q_dtype == DType::F32 ? 2e-2 : 2e-4);
-  expect_indexer_matches(b, c.H, c.topk, cpu_idx, cpu_scores, gpu_idx, want_scores ? &gpu_scores : nullptr, c.ties,
-                         stol);
+  r.expect_gpu_matches(want_scores);
 }
 
 // Runs the check for each kernel variant that the case's path has: v1, and v2 / v3 where the
