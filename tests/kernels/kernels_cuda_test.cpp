@@ -497,30 +497,60 @@ TEST(CudaIndexer, V2LongChunksMatchCpu) {
 
 // The fused decode indexer inside a CUDA graph captured at a larger max_seq_len (the serving
 // engine's capture) gives the same result as an eager call.
+// A decode batch (kDecodeSpecs, blocks scattered over a pool, 40 blocks a row) on the device
+// with a random index cache and bf16 q, and indexer parameters for it (topk 16, one local
+// block; outputs into d_a or d_b) whose max_seq_len is the capture-time bound (the whole row),
+// for the graph-replay tests.
+struct GraphReplayInputs {
+  Rng rng;
+  PagedBatch b;
+  IndexCache ic;
+  int64_t T;
+  TypedBuffer q;
+  DevBatch db;
+  Dev d_q, d_cache, d_a, d_b;
+  ops::IndexerParams g;
+
+  GraphReplayInputs(uint64_t seed, DType cache)
+      : rng(seed),
+        b(make_paged_batch(kDecodeSpecs, 128, rng, 3, 40)),
+        ic(random_cache(b, cache, rng)),
+        T(b.num_tokens),
+        q(TypedBuffer::from(DType::BF16, random_vector(size_t(T * 128), rng))),
+        db(b),
+        d_q(Dev::of(q)),
+        d_cache(Dev::of(ic.k)),
+        d_a(size_t(T) * 16 * 4),
+        d_b(size_t(T) * 16 * 4) {
+    db.view.max_seq_len = b.max_blocks_per_seq * 128;  // capture-time bound
+    g.index_q = d_q.p();
+    g.q_dtype = DType::BF16;
+    g.q_stride = 128;
+    g.num_index_heads = 1;
+    g.index_dim = 128;
+    g.score_scale = 0.1f;
+    g.cache = ic.view();
+    g.cache.k = d_cache.p();
+    g.batch = db.view;
+    g.topk = 16;
+    g.local_blocks = 1;
+  }
+  std::vector<int32_t> a_ids() const { return d_a.get<int32_t>(size_t(T) * 16); }
+  std::vector<int32_t> b_ids() const { return d_b.get<int32_t>(size_t(T) * 16); }
+
+ private:
+  static IndexCache random_cache(const PagedBatch& b, DType dtype, Rng& rng) {
+    IndexCache ic(dtype, b.num_blocks, 128, 128);
+    fill_caches_random(b, nullptr, &ic, rng);
+    return ic;
+  }
+};
+
 TEST(CudaIndexer, GraphReplayMatchesEager) {
   SKIP_WITHOUT_GPU();
-  Rng rng(8000);
-  PagedBatch b = make_paged_batch(kDecodeSpecs, 128, rng, 3, 40);
-  IndexCache ic(DType::FP8_E4M3, b.num_blocks, 128, 128);
-  fill_caches_random(b, nullptr, &ic, rng);
-  const int64_t T = b.num_tokens;
-  auto qv = random_vector(size_t(T * 128), rng);
-  TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
-  DevBatch db(b);
-  db.view.max_seq_len = b.max_blocks_per_seq * 128;  // capture-time bound
-  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k), d_a(size_t(T) * 16 * 4), d_b(size_t(T) * 16 * 4);
-  ops::IndexerParams g;
-  g.index_q = d_q.p();
-  g.q_dtype = DType::BF16;
-  g.q_stride = 128;
-  g.num_index_heads = 1;
-  g.index_dim = 128;
-  g.score_scale = 0.1f;
-  g.cache = ic.view();
-  g.cache.k = d_cache.p();
-  g.batch = db.view;
-  g.topk = 16;
-  g.local_blocks = 1;
+  GraphReplayInputs in(8000, DType::FP8_E4M3);
+  ops::IndexerParams& g = in.g;
+  Dev &d_a = in.d_a, &d_b = in.d_b;
   g.topk_idx = d_a.as<int32_t>();
   d_a.poison(0x55);
   for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeFusedV2,
@@ -533,7 +563,7 @@ TEST(CudaIndexer, GraphReplayMatchesEager) {
     g.topk_idx = d_b.as<int32_t>();
     d_b.poison(0x55);
     ASSERT_TRUE(cuda::run_indexer_graph_check(g, path));
-    EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16));
+    EXPECT_EQ(in.a_ids(), in.b_ids());
   }
 }
 
@@ -632,29 +662,10 @@ TEST(CudaIndexer, V3ManySequencesMatchCpu) {
 // the per-rank counters must return to zero between replays.
 TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
   SKIP_WITHOUT_GPU();
-  Rng rng(9400);
-  PagedBatch b = make_paged_batch(kDecodeSpecs, 128, rng, 3, 40);
-  IndexCache ic(DType::BF16, b.num_blocks, 128, 128);
-  fill_caches_random(b, nullptr, &ic, rng);
-  const int64_t T = b.num_tokens;
-  auto qv = random_vector(size_t(T * 128), rng);
-  TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
-  DevBatch db(b);
-  db.view.max_seq_len = b.max_blocks_per_seq * 128;
-  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k), d_a(size_t(T) * 16 * 4), d_b(size_t(T) * 16 * 4);
-  ops::IndexerParams g;
-  g.index_q = d_q.p();
-  g.q_dtype = DType::BF16;
-  g.q_stride = 128;
-  g.num_index_heads = 1;
-  g.index_dim = 128;
-  g.score_scale = 0.1f;
-  g.cache = ic.view();
-  g.cache.k = d_cache.p();
-  g.batch = db.view;
-  g.topk = 16;
+  GraphReplayInputs in(9400, DType::BF16);
+  ops::IndexerParams& g = in.g;
+  Dev &d_a = in.d_a, &d_b = in.d_b;
   g.init_blocks = 1;
-  g.local_blocks = 1;
   for (const auto& [cl, gr] : std::vector<std::pair<int, int>>{{0, 0}, {8, 3}, {2, 5}, {1, 2}}) {
     SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
     cuda::set_indexer_v3_split(cl, gr);
@@ -666,10 +677,10 @@ TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
     d_b.poison(0x55);
     ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV3));
     device_synchronize(kGpu);
-    EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16)) << "eager v3 vs v2";
+    EXPECT_EQ(in.a_ids(), in.b_ids()) << "eager v3 vs v2";
     d_b.poison(0x55);
     ASSERT_TRUE(cuda::run_indexer_graph_check(g, cuda::IndexerPath::kDecodeFusedV3));
-    EXPECT_EQ(d_a.get<int32_t>(size_t(T) * 16), d_b.get<int32_t>(size_t(T) * 16)) << "graph v3 vs v2";
+    EXPECT_EQ(in.a_ids(), in.b_ids()) << "graph v3 vs v2";
   }
   cuda::set_indexer_v3_split(0, 0);
 }
