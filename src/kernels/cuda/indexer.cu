@@ -446,13 +446,17 @@ __global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a)
   }
 }
 
-bool supported(const ops::IndexerParams& p) {
+}  // namespace
+
+bool indexer_supported(const ops::IndexerParams& p) {
   if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
   if (p.cache.dtype != DType::BF16 && p.cache.dtype != DType::FP8_E4M3) return false;
   if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;
   if (p.topk <= 0 || p.topk > kMaxTopk || p.num_index_heads <= 0) return false;
   return true;
 }
+
+namespace {
 
 IdxArgs make_args(const ops::IndexerParams& p) {
   IdxArgs a{};
@@ -514,7 +518,7 @@ int auto_decode_variant(const ops::IndexerParams& p) {
 }
 
 bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath path) {
-  if (!supported(p)) return false;
+  if (!indexer_supported(p)) return false;
   if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   IdxArgs a = make_args(p);

@@ -62,10 +62,8 @@ namespace {
 
 constexpr int kBlock = 128;
 constexpr int kDim = 128;
-constexpr int kMaxTopk = 32;
 constexpr int kMaxChunks = 128;
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
 
 struct IdxArgs {
   const void* q;
@@ -221,10 +219,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
 }  // namespace
 
 bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream_v) {
-  if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
-  if (p.cache.dtype != DType::BF16 && p.cache.dtype != DType::FP8_E4M3) return false;
-  if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;
-  if (p.topk <= 0 || p.topk > kMaxTopk || p.num_index_heads <= 0) return false;
+  if (!indexer_supported(p)) return false;
   if (!use_decode_indexer(p)) return false;
   if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);

@@ -667,10 +667,7 @@ void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vec
 }  // namespace
 
 bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
-  if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
-  if (p.cache.dtype != DType::BF16 && p.cache.dtype != DType::FP8_E4M3) return false;
-  if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;
-  if (p.topk <= 0 || p.topk > kMaxTopk || p.num_index_heads <= 0) return false;
+  if (!indexer_supported(p)) return false;
   if (!use_decode_indexer(p)) return false;
   if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);

@@ -117,7 +117,6 @@ constexpr int kBlock = 128;
 constexpr int kDim = 128;
 constexpr int kRows = 128;  // query rows per CTA (2 warpgroups x 64)
 constexpr int kThreads = 256;
-constexpr int kMaxTopk = 32;
 constexpr int kMaxKb = 24;      // key blocks per split (table columns)
 constexpr int kMaxSplits = 64;  // splits per tile (the merge holds 2 list heads per lane)
 constexpr int kTblStride = kMaxKb + 1;
@@ -1392,10 +1391,7 @@ void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k) {
 }
 
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
-  if (p.index_dim != kDim || p.cache.index_dim != kDim || p.cache.block_size != kBlock) return false;
-  if (p.cache.dtype != DType::BF16 && p.cache.dtype != DType::FP8_E4M3) return false;
-  if (p.q_dtype != DType::BF16 && p.q_dtype != DType::F32) return false;
-  if (p.topk <= 0 || p.topk > kMaxTopk || p.num_index_heads <= 0) return false;
+  if (!indexer_supported(p)) return false;
   if (reinterpret_cast<uintptr_t>(p.cache.k) % 16 != 0) return false;
   const ops::BatchView& bv = p.batch;
   if (bv.num_seqs == 0 || bv.num_tokens == 0) return true;

@@ -17,6 +17,9 @@ enum class IndexerPath {
   kPrefillV1,       // the first prefill kernel (kPrefill uses indexer_prefill.cu when it
                     // supports the parameters, else this one)
 };
+// What every CUDA indexer kernel supports: index_dim and block_size 128, a bf16 or fp8 cache,
+// bf16 or f32 q, 1 <= topk <= 32, at least one index head (the op returns false otherwise).
+bool indexer_supported(const ops::IndexerParams& p);
 // Decode path applies when max_query_len * num_index_heads <= 16.
 bool use_decode_indexer(const ops::IndexerParams& p);
 bool run_indexer_path(const ops::IndexerParams& p, void* stream, IndexerPath path);
