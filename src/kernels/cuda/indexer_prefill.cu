@@ -81,6 +81,14 @@
 // variables (with SIEVE_PREFILL_TRACE=1 for the phase breakdown); the tests force every path through
 // the hook set_indexer_prefill_v2_knobs (internal.h), which overrides the environment.
 //
+// Stream-K grid (select path with the selection kernel, the default; SIEVE_PREFILL_V2_STREAMK=0
+// for the (tile, split) grid above): 2 CTAs per SM per index head, each taking an equal share of
+// the head's causal work counted in units (per tile: kSkSetup for its query tile and pipeline
+// fill, then one per key block), possibly several tiles in a row; see sk_find. The split's
+// block ids are cached in shared memory (s_bt) so the loop's copies never wait on a global load.
+// SIEVE_PREFILL_DIAG=1|2|3 (development timing, wrong outputs): no key loads | no MMA | no
+// score stores.
+//
 // Select path (the default; the kSelect instantiations, so the list path's code is unchanged). Measured on the H200 with the list path at 8192 prompt tokens: the last split's merge
 // of 32 lists x 128 rows ran ~70-85 us and was the critical path, and ranking / writing the split
 // lists cost ~7 us a CTA. The select path has neither: the epilogue stores each row's block score
@@ -164,6 +172,10 @@ struct Args {
   float* sbuf;      // [num_tokens, H, sstride]: block_scores when requested, else the workspace
   int64_t sstride;  // elements per (token, head) row of sbuf
   int max_blocks;   // blocks a row of sbuf holds (a tile reaching further exits: contract violation)
+  // Select mode 2 only: 1 = stream-K grid (gridDim.x CTAs per head share the head's causal work
+  // evenly; see sk_find), 0 = one (tile, split) per CTA.
+  int streamk;
+  int diag;  // development (SIEVE_PREFILL_DIAG): 1 = no key loads, 2 = no MMA, 3 = no score stores
   unsigned long long* trace;  // optional (SIEVE_PREFILL_TRACE): [CTAs][kTracePoints] timestamps
 };
 
@@ -200,6 +212,11 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
   d |= uint64_t(1) << 62;                           // 128B swizzle
   return d;
 }
+
+// make_desc(saddr + off) from d = make_desc(saddr), for a 16-byte multiple off that keeps the
+// address inside shared memory (the 14-bit start field cannot carry into the next field): one
+// add on the low word instead of the mask, shift and or of a fresh descriptor.
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t off) { return d + (off >> 4); }
 
 // D[64 x 128] (+)= A[64 x 16] . B[128 x 16]^T, A and B from shared memory, fp32 accumulate.
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
@@ -396,6 +413,106 @@ __device__ void select_tile(const Args& a, uint8_t* smem, int smem_bytes, int64_
 // shared memory (free once the query fragments are in registers): two blocks in flight.
 enum Mode { kSS = 0, kRS = 1, kSync = 2, kRS3 = 3 };
 
+// Stream-K work of one index head (select mode 2): the batch's tiles in order (requests in
+// order, a request's tiles in order), tile t of a request = kSkSetup units (its query tile and
+// pipeline fill) then one unit per key block it sees; CTA c of G takes the blocks whose units lie
+// in [T c / G, T (c + 1) / G), T = all units. Every block belongs to exactly one CTA, and the
+// select path's blocks are independent (each writes its own score-row entries), so any cut is
+// exact. A request with prefix P = seq_len - qlen >= 0 and nt tiles: tile t < nt - 1 sees
+// t + c + 1 blocks, c = (P + 127) / 128; the last sees (P + qlen - 1) / 128 + 1; so its units
+// before tile t are F(t) = t (t - 1) / 2 + t (c + 1 + kSkSetup), closed form.
+constexpr int kSkSetup = 1;
+
+struct SkRequest {
+  int nt = 0, c = 0, n_last = 0;  // tiles, full-tile block offset, last tile's blocks
+  __device__ __forceinline__ long long before(int t) const {
+    return (long long)t * (t - 1) / 2 + (long long)t * (c + 1 + kSkSetup);
+  }
+  __device__ __forceinline__ long long total() const { return nt ? before(nt - 1) + n_last + kSkSetup : 0; }
+  __device__ __forceinline__ int blocks(int t) const { return t < nt - 1 ? t + c + 1 : n_last; }
+};
+
+__device__ __forceinline__ SkRequest sk_request(const Args& a, int s) {
+  SkRequest r;
+  const int L = a.qsl[s + 1] - a.qsl[s], P = a.seq_lens[s] - L;
+  if (L <= 0 || P < 0) return r;  // empty, or a contract violation (no rows are scored)
+  r.nt = (L + kRows - 1) / kRows;
+  r.c = (P + kBlock - 1) / kBlock;
+  r.n_last = (P + L - 1) / kBlock + 1;
+  return r;
+}
+
+// Warp 0: the start of CTA c's units in sk (request, tile, the tile's first unit) and its range.
+// Requests 32 at a time (lane = request, one warp scan of their totals), then a binary search of
+// the tile in the request holding the first unit. sk[0..2] = U, u0, u1; ski[0..1] = s, t; s =
+// num_seqs when the CTA has no units.
+__device__ void sk_find(const Args& a, int c, int G, long long* sk, int* ski) {
+  const int lane = threadIdx.x & 31;
+  long long T = 0;
+  // Up to 32 requests: one pass (the totals stay in registers for the search below).
+  const SkRequest r0 = lane < a.num_seqs ? sk_request(a, lane) : SkRequest{};
+  long long incl0 = r0.total();
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const long long y = __shfl_up_sync(0xffffffffu, incl0, o);
+    if (lane >= o) incl0 += y;
+  }
+  if (a.num_seqs <= 32) T = __shfl_sync(0xffffffffu, incl0, 31);
+  for (int s0 = 0; a.num_seqs > 32 && s0 < a.num_seqs; s0 += 32) {
+    const long long tot = s0 + lane < a.num_seqs ? sk_request(a, s0 + lane).total() : 0;
+    T += __shfl_sync(0xffffffffu, [&] {
+      long long x = tot;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      return x;
+    }(), 31);
+  }
+  const long long u0 = T * c / G, u1 = T * (c + 1) / G;
+  int rs = a.num_seqs, rt = 0;
+  long long U = 0, base = 0;
+  if (u0 < u1) {
+    for (int s0 = 0; s0 < a.num_seqs; s0 += 32) {
+      const int s = s0 + lane;
+      const SkRequest r = s0 == 0 ? r0 : s < a.num_seqs ? sk_request(a, s) : SkRequest{};
+      const long long tot = r.total();
+      long long incl = tot;
+      if (s0 == 0) {
+        incl = incl0;
+      } else {
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const long long y = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += y;
+        }
+      }
+      const long long excl = incl - tot;
+      const unsigned hit = __ballot_sync(0xffffffffu, tot > 0 && base + excl <= u0 && u0 < base + incl);
+      if (hit) {
+        const int l = __ffs(hit) - 1;
+        if (lane == l) {
+          const long long v = u0 - base - excl;
+          int lo = 0, hi = r.nt - 1;  // the last tile t with before(t) <= v
+          while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (r.before(mid) <= v) lo = mid;
+            else hi = mid - 1;
+          }
+          rs = s, rt = lo, U = base + excl + r.before(lo);
+        }
+        rs = __shfl_sync(0xffffffffu, rs, l);
+        rt = __shfl_sync(0xffffffffu, rt, l);
+        U = __shfl_sync(0xffffffffu, U, l);
+        break;
+      }
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+  }
+  if (lane == 0) sk[0] = U, sk[1] = u0, sk[2] = u1, ski[0] = rs, ski[1] = rt;
+}
+
 template <bool kFp8, int kMode, bool kSelect>
 __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   constexpr bool kWgmma = kMode != kSync;
@@ -420,16 +537,56 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
 #define SIEVE_TRACE(i) \
   if (a.trace && threadIdx.x == 0) SIEVE_TRACE_AT(i) = global_ns()
   SIEVE_TRACE(0);
-  int tile = tile_g, s = 0;
-  for (; s < a.num_seqs; ++s) {
-    const int qlen = a.qsl[s + 1] - a.qsl[s];
-    const int nt = (qlen + kRows - 1) / kRows;
-    if (tile < nt) break;
-    tile -= nt;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int wg = warp / 4;
+  const int K = a.topk;
+  // Physical blocks of the split's first kBtCache key blocks (the loop's copies then wait on no
+  // global load), and the stream-K cursor (select mode 2 with a.streamk): request, tile, the
+  // tile's first unit, the next unit, the end of this CTA's units.
+  constexpr int kBtCache = 64;
+  __shared__ int s_bt[kBtCache];
+  __shared__ long long s_sk[3];
+  __shared__ int s_ski[2];
+  int sk_s = 0, sk_t = 0;
+  long long sk_U = 0, sk_u0 = 0, sk_u1 = 0;
+  if (kSelect && a.streamk) {
+    if (warp == 0) sk_find(a, blockIdx.x, gridDim.x, s_sk, s_ski);
+    __syncthreads();
+    sk_U = s_sk[0], sk_u0 = s_sk[1], sk_u1 = s_sk[2], sk_s = s_ski[0], sk_t = s_ski[1];
   }
-  if (s >= a.num_seqs) {
-    SIEVE_TRACE(7);
-    return;
+  int total_nb = 0;
+  for (int seg = 0;; ++seg) {
+  int s = 0, tile = 0, b_begin = 0, b_end = 0, nsplit = 1;
+  if (kSelect && a.streamk) {
+    // The next tile holding blocks of this CTA's units (contract-violating tiles are skipped).
+    bool got = false;
+    while (!got && sk_s < a.num_seqs && sk_U + kSkSetup < sk_u1) {
+      const SkRequest r = sk_request(a, sk_s);
+      if (sk_t >= r.nt) {
+        ++sk_s, sk_t = 0;
+        continue;
+      }
+      const int n = r.blocks(sk_t);
+      s = sk_s, tile = sk_t;
+      b_begin = int(max(0ll, sk_u0 - sk_U - kSkSetup));
+      b_end = int(min((long long)n, sk_u1 - sk_U - kSkSetup));
+      got = b_end > b_begin && n <= a.max_blocks;
+      sk_U += kSkSetup + n, sk_u0 = sk_U, ++sk_t;
+    }
+    if (!got) break;
+  } else {
+    if (seg > 0) break;
+    tile = tile_g, s = 0;
+    for (; s < a.num_seqs; ++s) {
+      const int qlen = a.qsl[s + 1] - a.qsl[s];
+      const int nt = (qlen + kRows - 1) / kRows;
+      if (tile < nt) break;
+      tile -= nt;
+    }
+    if (s >= a.num_seqs) {
+      SIEVE_TRACE(7);
+      return;
+    }
   }
   const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
   const int r0 = tile * kRows;
@@ -437,17 +594,22 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   const int pos_first = seq_len - qlen + r0;
   const int pos_last = pos_first + rows - 1;
   const int n_blocks = pos_last / kBlock + 1;
-  const int nsplit = (n_blocks + a.kb - 1) / a.kb;
-  // (nsplit > max_splits only if batch.max_seq_len understates a length: contract violation.)
-  if (split >= nsplit || nsplit > a.max_splits || (kSelect && n_blocks > a.max_blocks)) {
-    SIEVE_TRACE(7);
-    return;
+  if (!(kSelect && a.streamk)) {
+    nsplit = (n_blocks + a.kb - 1) / a.kb;
+    // (nsplit > max_splits only if batch.max_seq_len understates a length: contract violation.)
+    if (split >= nsplit || nsplit > a.max_splits || (kSelect && n_blocks > a.max_blocks)) {
+      SIEVE_TRACE(7);
+      return;
+    }
+    b_begin = split * a.kb, b_end = min(n_blocks, b_begin + a.kb);
   }
-  const int b_begin = split * a.kb, b_end = min(n_blocks, b_begin + a.kb), nb = b_end - b_begin;
-  const int K = a.topk;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
-  const int wg = warp / 4;
+  const int nb = b_end - b_begin;
+  total_nb += nb;
   const int32_t* btab = a.block_tables + int64_t(s) * a.mbps;
+  // Block 0's entry straight from global memory (fetch(0) below); the others through s_bt,
+  // visible after the first barrier (the previous segment's reads of s_bt ended before its
+  // post-loop barrier).
+  if (tid > 0 && tid < min(nb, kBtCache)) s_bt[tid] = btab[b_begin + tid];
 
   // Keys of block b_begin + i into stage i & 1.
   constexpr int kRowBytes = kFp8 ? kDim : kDim * 2;
@@ -458,29 +620,33 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     const int j = kStages == 3 ? i % 3 : (i & 1);
     return j < 2 ? ks + j * kTileBytes : qs;
   };
+  // Unit l of this thread: 16 bytes at tid * 16 + l * 4096 of the block, i.e. (bf16) key
+  // tid / 16 + 16 l, dims (tid % 16) * 8 ..: swz of key tid / 16 + 16 l is swz of key tid / 16
+  // plus 16 l rows (l * 2048 B; the swizzle depends on the key mod 8 only).
   auto fetch = [&](int i) {
-    const uint8_t* src = a.cache + int64_t(btab[b_begin + i]) * (kBlock * kRowBytes);
+    if (a.diag == 1) return;
+    const int k_dst = swz(tid >> 4, (tid & 15) * 8);
+    const int pb = i == 0 || i >= kBtCache ? btab[b_begin + i] : s_bt[i];
+    const uint8_t* src = a.cache + int64_t(pb) * (kBlock * kRowBytes) + tid * 16;
     uint8_t* stage = stage_of(i);
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const int c = tid + l * kThreads;
       if constexpr (kFp8) {
-        kreg[l] = ldg_stream(src + c * 16);
+        kreg[l] = ldg_stream(src + l * (kThreads * 16));
       } else {
-        const int n = c >> 4, j = c & 15;  // key, 16-byte unit (8 dims) of its 256-byte row
-        cp_async16(stage + swz(n, j * 8), src + c * 16);
+        cp_async16(stage + k_dst + l * 2048, src + l * (kThreads * 16));
       }
     }
     if constexpr (!kFp8) cp_async_commit();
   };
   // fp8: the registers of block i, converted exactly to bf16, into stage i & 1.
+  // fp8: unit l is key tid / 8 + 32 l, dims (tid % 8) * 16 ..: + l * 4096 B from key tid / 8.
   auto store_fp8 = [&](int i) {
     if constexpr (kFp8) {
+      const int f_dst0 = swz(tid >> 3, (tid & 7) * 16), f_dst1 = swz(tid >> 3, (tid & 7) * 16 + 8);
       uint8_t* stage = ks + (i & 1) * kTileBytes;
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
-        const int c = tid + l * kThreads;
-        const int n = c >> 3, j = c & 7;  // key, 16 dims j*16 .. j*16+15
         const uint32_t w[4] = {kreg[l].x, kreg[l].y, kreg[l].z, kreg[l].w};
         uint32_t o[8];
 #pragma unroll
@@ -488,8 +654,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
           o[2 * t] = fp8x2_to_bf16x2(uint16_t(w[t] & 0xffffu));
           o[2 * t + 1] = fp8x2_to_bf16x2(uint16_t(w[t] >> 16));
         }
-        *reinterpret_cast<uint4*>(stage + swz(n, j * 16)) = make_uint4(o[0], o[1], o[2], o[3]);
-        *reinterpret_cast<uint4*>(stage + swz(n, j * 16 + 8)) = make_uint4(o[4], o[5], o[6], o[7]);
+        *reinterpret_cast<uint4*>(stage + f_dst0 + l * 4096) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(stage + f_dst1 + l * 4096) = make_uint4(o[4], o[5], o[6], o[7]);
       }
     }
   };
@@ -520,7 +686,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
   }
   if constexpr (kFp8) store_fp8(0);
-  SIEVE_TRACE(1);
+  if (seg == 0) SIEVE_TRACE(1);
   // kRS: the warp's 16 query rows as mma A fragments for all 8 k-steps (ldmatrix, swizzled).
   uint32_t qf[kRegA ? 8 : 1][4];
   if constexpr (kRegA) {
@@ -557,14 +723,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
     fence_proxy_async();
     __syncthreads();  // block i in its stage for all; every warp is done with block i - 1
-    if (i == 0) {
-      SIEVE_TRACE(2);
-      if (a.trace && threadIdx.x == 0) {
-        uint32_t smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(nb);
-      }
-    }
+    if (i == 0 && seg == 0) SIEVE_TRACE(2);
     if constexpr (kMode == kRS3) {
       if (i + 2 < nb) fetch(i + 2);  // into the stage of block i - 1 (at i = 0: the query buffer)
     } else {
@@ -574,17 +733,19 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     const bool active = unit_last >= unit_lo && b * kBlock <= pos_first + unit_last;
     float mA = kNegInf, mB = kNegInf;
     if (active) {
-      if constexpr (kWgmma) {
-        const uint32_t qa = smem_u32(qs) + wg * 64 * 128, kbase = smem_u32(stage);
+      if (kWgmma && a.diag == 2) {
+        // development timing: no MMA (acc keeps its last values)
+      } else if constexpr (kWgmma) {
+        const uint64_t da = make_desc(smem_u32(qs) + wg * 64 * 128), db = make_desc(smem_u32(stage));
         fence_acc(acc);
         wgmma_fence();
 #pragma unroll
         for (int st = 0; st < 8; ++st) {
           const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
           if constexpr (kRegA) {
-            wgmma_m64n128k16_rs(acc, qf[st], make_desc(kbase + off), st > 0);
+            wgmma_m64n128k16_rs(acc, qf[st], desc_add(db, off), st > 0);
           } else {
-            wgmma_m64n128k16(acc, make_desc(qa + off), make_desc(kbase + off), st > 0);
+            wgmma_m64n128k16(acc, desc_add(da, off), desc_add(db, off), st > 0);
           }
         }
         wgmma_commit();
@@ -632,7 +793,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
         mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
       }
     }
-    if (q == 0) {
+    if (q == 0 && a.diag != 3) {
       if constexpr (kSelect) {
         // Straight to the score rows (rows past the tile have none).
         if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
@@ -647,11 +808,16 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
   }
   __syncthreads();  // table complete
-  SIEVE_TRACE(3);
+  SIEVE_TRACE(3);  // (stream-K: the last segment's loop end)
+  if (a.trace && threadIdx.x == 0) {
+    uint32_t smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    SIEVE_TRACE_AT(8) = (uint64_t(smid) << 32) | uint32_t(total_nb);
+  }
 
   if constexpr (kSelect) {
-    // The tile's last split writes -inf past its last block in block_scores (which is sbuf).
-    if (a.block_scores && split == nsplit - 1) {
+    // The CTA holding the tile's last block writes -inf past it in block_scores (which is sbuf).
+    if (a.block_scores && b_end == n_blocks) {
       const int w = a.mbps - b_end;
       for (int e = tid; e < rows * w; e += kThreads) {
         const int r = e / w, i = e % w;
@@ -660,6 +826,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
     SIEVE_TRACE(4);
     if (a.select == 2) {  // prefill_select_kernel selects after this kernel
+      if (a.streamk) continue;
       SIEVE_TRACE(7);
       return;
     }
@@ -833,6 +1000,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     __syncthreads();
   }
   SIEVE_TRACE(6);
+  SIEVE_TRACE(7);
+  return;
+  }  // segments (stream-K: until the CTA's units end; else one)
   SIEVE_TRACE(7);
 #undef SIEVE_TRACE
 #undef SIEVE_TRACE_AT
@@ -1169,7 +1339,7 @@ __global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_
 // Host
 
 // Test-hook overrides of the knobs below (set_indexer_prefill_v2_knobs; -1 = environment).
-std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1}, g_pipe{-1};
+std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1}, g_pipe{-1}, g_streamk{-1};
 
 // Tuning override of the blocks per split: SIEVE_PREFILL_V2_KB = 1..24 for the list path, up to
 // kSelMaxBlocks for the select path (0 or unset = automatic). Clamped by the caller.
@@ -1182,14 +1352,16 @@ int kb_override() {
   return f >= 0 ? std::min(f, kSelMaxBlocks) : v;
 }
 
-// SIEVE_PREFILL_V2_MMA = ss | rs | rs3 | sync (default ss), read once. rs3 with an fp8 cache runs rs.
+// SIEVE_PREFILL_V2_MMA = ss | rs | rs3 | sync, read once; unset (-1): rs on the stream-K select
+// path with a bf16 cache, else ss (see the host). rs3 with an fp8 cache runs rs.
 int mma_mode() {
   static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_MMA");
     if (e && std::strcmp(e, "rs3") == 0) return int(kRS3);
     if (e && std::strcmp(e, "sync") == 0) return int(kSync);
     if (e && std::strcmp(e, "rs") == 0) return int(kRS);
-    return int(kSS);
+    if (e && std::strcmp(e, "ss") == 0) return int(kSS);
+    return -1;
   }();
   const int f = g_mma.load(std::memory_order_relaxed);
   return f >= 0 && f <= 3 ? f : v;
@@ -1238,6 +1410,27 @@ bool select_pdl() {
   static const bool v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_SELECT_PDL");
     return !(e && *e && std::atoi(e) == 0);
+  }();
+  return v;
+}
+
+// SIEVE_PREFILL_V2_STREAMK = 0: select mode 2 with one (tile, split) per CTA; 1 or unset: the
+// stream-K grid (2 CTAs per SM per head sharing the causal work evenly). Read once.
+int streamk_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_STREAMK");
+    return e && *e && std::atoi(e) == 0 ? 0 : 1;
+  }();
+  const int f = g_streamk.load(std::memory_order_relaxed);
+  return f >= 0 ? (f ? 1 : 0) : v;
+}
+
+// SIEVE_PREFILL_DIAG = 1: no key loads; 2: no MMA; 3: no score stores (development timing of
+// the 128-row kernel: the outputs are wrong). Read once.
+int diag_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_DIAG");
+    return e && *e ? std::atoi(e) : 0;
   }();
   return v;
 }
@@ -1388,6 +1581,7 @@ void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k) {
   g_select.store(k.select, std::memory_order_relaxed);
   g_rows.store(k.rows, std::memory_order_relaxed);
   g_pipe.store(k.pipe, std::memory_order_relaxed);
+  g_streamk.store(k.streamk, std::memory_order_relaxed);
 }
 
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
@@ -1429,7 +1623,9 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     kb = std::max(kb, (max_blocks + kMaxSplits - 1) / kMaxSplits);
     if (kb > kMaxKb) return false;  // context too long for the split merge: first kernel
   }
-  const int max_splits = (max_blocks + kb - 1) / kb;
+  // Stream-K (select mode 2, 128-row kernel): 2 CTAs per SM per head, whatever the lengths.
+  const bool streamk = select && !wide && select_knob() == 2 && streamk_knob();
+  const int max_splits = streamk ? 1 : (max_blocks + kb - 1) / kb;
   if (tiles_upper > 0x7fffffff || max_splits > 65535 || p.num_index_heads > 65535) return false;
 
   Args a{};
@@ -1477,9 +1673,13 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   }
   a.order = order_knob() >= 0 ? order_knob() : (select ? 1 : 0);
   a.merge_rank = merge_knob();
+  a.streamk = streamk ? 1 : 0;
+  a.diag = diag_knob();
   if (a.order && int64_t(tiles_upper) * max_splits > 0x7fffffff) a.order = 0;
-  const dim3 grid = a.order ? dim3(unsigned(tiles_upper * max_splits), 1u, unsigned(p.num_index_heads))
-                            : dim3(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
+  const unsigned sk_ctas = unsigned(std::max<int64_t>(1, 2 * num_sms() / p.num_index_heads));
+  const dim3 grid = streamk  ? dim3(sk_ctas, 1u, unsigned(p.num_index_heads))
+                    : a.order ? dim3(unsigned(tiles_upper * max_splits), 1u, unsigned(p.num_index_heads))
+                              : dim3(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
   unsigned long long* trace = nullptr;
   const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -1496,9 +1696,12 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     set_smem(prefill_wide_kernel<false>, kWSmemBytes);
     prefill_wide_kernel<false><<<grid, kThreads, kWSmemBytes, stream>>>(a);
   } else if (select) {
-    dispatch<true>(a, grid, stream, fp8, mma_mode());
+    // Default MMA: rs (query fragments in registers) on the stream-K grid with a bf16 cache
+    // (32768 prompt tokens on the H200: 296 vs 307 us with ss); ss otherwise (the fp8 rs
+    // instantiation spills).
+    dispatch<true>(a, grid, stream, fp8, mma_mode() >= 0 ? mma_mode() : streamk && !fp8 ? int(kRS) : int(kSS));
   } else {
-    dispatch<false>(a, grid, stream, fp8, mma_mode());
+    dispatch<false>(a, grid, stream, fp8, std::max(mma_mode(), int(kSS)));
   }
   if (a.select == 2) {
     SIEVE_LAUNCH_CHECK("indexer prefill v2");

@@ -63,7 +63,7 @@ void set_indexer_v3_split(int cluster, int groups);
 // rows per CTA of the select path with a bf16 cache, 128 or 256 (SIEVE_PREFILL_V2_ROWS); pipe:
 // 0 or 1, the 256-row kernel's cross-block pipeline (SIEVE_PREFILL_V2_WIDE_PIPE, default 1).
 struct PrefillV2Knobs {
-  int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1, pipe = -1;
+  int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1, pipe = -1, streamk = -1;
 };
 void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 }  // namespace sieve::cuda
