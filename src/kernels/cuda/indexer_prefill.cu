@@ -1341,6 +1341,16 @@ __global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_
 // Test-hook overrides of the knobs below (set_indexer_prefill_v2_knobs; -1 = environment).
 std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1}, g_pipe{-1}, g_streamk{-1};
 
+// An on/off knob: on unless the variable is set to 0; and a test-hook override of one (>= 0).
+int env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e && std::atoi(e) == 0 ? 0 : 1;
+}
+int hook_or(const std::atomic<int>& g, int v) {
+  const int f = g.load(std::memory_order_relaxed);
+  return f >= 0 ? (f ? 1 : 0) : v;
+}
+
 // Tuning override of the blocks per split: SIEVE_PREFILL_V2_KB = 1..24 for the list path, up to
 // kSelMaxBlocks for the select path (0 or unset = automatic). Clamped by the caller.
 int kb_override() {
@@ -1374,8 +1384,7 @@ int merge_knob() {
     const char* e = std::getenv("SIEVE_PREFILL_V2_MERGE");
     return e && std::strcmp(e, "rank") == 0 ? 1 : 0;
   }();
-  const int f = g_merge.load(std::memory_order_relaxed);
-  return f >= 0 ? (f ? 1 : 0) : v;
+  return hook_or(g_merge, v);
 }
 
 // SIEVE_PREFILL_V2_ORDER = 1: one-dimensional grid, a tile's splits adjacent, the batch's last
@@ -1407,22 +1416,15 @@ int select_knob() {
 // SIEVE_PREFILL_V2_SELECT_PDL = 0: prefill_select_kernel (select 2) launched plainly; 1 or unset:
 // with programmatic stream serialisation (its launch overlaps the scoring grid's end). Read once.
 bool select_pdl() {
-  static const bool v = [] {
-    const char* e = std::getenv("SIEVE_PREFILL_V2_SELECT_PDL");
-    return !(e && *e && std::atoi(e) == 0);
-  }();
+  static const bool v = env_on("SIEVE_PREFILL_V2_SELECT_PDL");
   return v;
 }
 
 // SIEVE_PREFILL_V2_STREAMK = 0: select mode 2 with one (tile, split) per CTA; 1 or unset: the
 // stream-K grid (2 CTAs per SM per head sharing the causal work evenly). Read once.
 int streamk_knob() {
-  static const int v = [] {
-    const char* e = std::getenv("SIEVE_PREFILL_V2_STREAMK");
-    return e && *e && std::atoi(e) == 0 ? 0 : 1;
-  }();
-  const int f = g_streamk.load(std::memory_order_relaxed);
-  return f >= 0 ? (f ? 1 : 0) : v;
+  static const int v = env_on("SIEVE_PREFILL_V2_STREAMK");
+  return hook_or(g_streamk, v);
 }
 
 // SIEVE_PREFILL_DIAG = 1: no key loads; 2: no MMA; 3: no score stores (development timing of
@@ -1438,12 +1440,8 @@ int diag_knob() {
 // SIEVE_PREFILL_V2_WIDE_PIPE = 0: prefill_wide_kernel without the cross-block pipeline (kPipe);
 // 1 or unset: with it. Read once.
 int pipe_knob() {
-  static const int v = [] {
-    const char* e = std::getenv("SIEVE_PREFILL_V2_WIDE_PIPE");
-    return e && *e && std::atoi(e) == 0 ? 0 : 1;
-  }();
-  const int f = g_pipe.load(std::memory_order_relaxed);
-  return f >= 0 ? (f ? 1 : 0) : v;
+  static const int v = env_on("SIEVE_PREFILL_V2_WIDE_PIPE");
+  return hook_or(g_pipe, v);
 }
 
 // SIEVE_PREFILL_V2_ROWS = 256: the select path with a bf16 cache runs prefill_wide_kernel (256
