@@ -72,7 +72,8 @@
 //   SIEVE_PREFILL_V2_ROWS=256   select path, bf16 cache: prefill_wide_kernel, 256 query rows per
 //                               CTA (two m64 halves per warpgroup), 1 CTA per SM (see there).
 //   SIEVE_PREFILL_V2_WIDE_PIPE=0  prefill_wide_kernel without its cross-block pipeline.
-//   SIEVE_PREFILL_V2_KB=n       blocks per split (list path: 1..24; select path: 1..2048).
+//   SIEVE_PREFILL_V2_KB=n       blocks per split (list path: 1..24; select path on the (tile,
+//                               split) grid: 1..2048; the stream-K grid has no splits).
 //   SIEVE_PREFILL_TRACE=1       eager calls only (stream not capturing): thread 0 of each CTA
 //                               stores %globaltimer at start, q issued, first key block ready,
 //                               loop end, lists (select: scores) written, merge (select) start /
