@@ -443,33 +443,30 @@ __device__ __forceinline__ SkRequest sk_request(const Args& a, int s) {
   return r;
 }
 
+// Inclusive prefix sum over the warp's lanes.
+__device__ __forceinline__ long long warp_inclusive_sum(long long x, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const long long y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+
 // Warp 0: the start of CTA c's units in sk (request, tile, the tile's first unit) and its range.
 // Requests 32 at a time (lane = request, one warp scan of their totals), then a binary search of
 // the tile in the request holding the first unit. sk[0..2] = U, u0, u1; ski[0..1] = s, t; s =
 // num_seqs when the CTA has no units.
 __device__ void sk_find(const Args& a, int c, int G, long long* sk, int* ski) {
   const int lane = threadIdx.x & 31;
-  long long T = 0;
-  // Up to 32 requests: one pass (the totals stay in registers for the search below).
+  // The first 32 requests once: with up to 32 (the usual case) one pass gives the total and
+  // the search below reuses it.
   const SkRequest r0 = lane < a.num_seqs ? sk_request(a, lane) : SkRequest{};
-  long long incl0 = r0.total();
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const long long y = __shfl_up_sync(0xffffffffu, incl0, o);
-    if (lane >= o) incl0 += y;
-  }
-  if (a.num_seqs <= 32) T = __shfl_sync(0xffffffffu, incl0, 31);
-  for (int s0 = 0; a.num_seqs > 32 && s0 < a.num_seqs; s0 += 32) {
+  const long long incl0 = warp_inclusive_sum(r0.total(), lane);
+  long long T = __shfl_sync(0xffffffffu, incl0, 31);
+  for (int s0 = 32; s0 < a.num_seqs; s0 += 32) {
     const long long tot = s0 + lane < a.num_seqs ? sk_request(a, s0 + lane).total() : 0;
-    T += __shfl_sync(0xffffffffu, [&] {
-      long long x = tot;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const long long y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-      }
-      return x;
-    }(), 31);
+    T += __shfl_sync(0xffffffffu, warp_inclusive_sum(tot, lane), 31);
   }
   const long long u0 = T * c / G, u1 = T * (c + 1) / G;
   int rs = a.num_seqs, rt = 0;
@@ -479,16 +476,7 @@ __device__ void sk_find(const Args& a, int c, int G, long long* sk, int* ski) {
       const int s = s0 + lane;
       const SkRequest r = s0 == 0 ? r0 : s < a.num_seqs ? sk_request(a, s) : SkRequest{};
       const long long tot = r.total();
-      long long incl = tot;
-      if (s0 == 0) {
-        incl = incl0;
-      } else {
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const long long y = __shfl_up_sync(0xffffffffu, incl, o);
-          if (lane >= o) incl += y;
-        }
-      }
+      const long long incl = s0 == 0 ? incl0 : warp_inclusive_sum(tot, lane);
       const long long excl = incl - tot;
       const unsigned hit = __ballot_sync(0xffffffffu, tot > 0 && base + excl <= u0 && u0 < base + incl);
       if (hit) {
