@@ -15,6 +15,13 @@
 //   j <= its position. Decode is q_len = 1; speculative verification is q_len = Q.
 // - Paged caches: block b of sequence s is physical block block_tables[s * max_blocks_per_seq + b];
 //   token position p lives in block p / block_size at offset p % block_size.
+// - CUDA streams: with SIEVE_PDL set (a mask; off by default) the decode-step kernels
+//   (qkv_norm_rope_cache, the decode indexer, attention) use programmatic dependent launch. Each
+//   may then read the batch metadata (query_start_loc, seq_lens, block_tables, positions,
+//   slot_mapping) and the cache blocks that hold only positions before its request's first new
+//   token while the previous kernel of the stream is still running; everything else it reads or
+//   writes waits for that kernel. So the kernel just before one of them must not write those
+//   (the metadata comes from host copies; the cache-write op writes only the new tokens' slots).
 #pragma once
 
 #include <cstdint>

@@ -37,7 +37,8 @@ struct PrefillCase : IndexerInputs {
 std::string knob_name(const cuda::PrefillV2Knobs& k) {
   return "knobs mma " + std::to_string(k.mma) + " kb " + std::to_string(k.kb) + " order " +
          std::to_string(k.order) + " merge " + std::to_string(k.merge) + " select " + std::to_string(k.select) +
-         " rows " + std::to_string(k.rows) + " pipe " + std::to_string(k.pipe) + " streamk " + std::to_string(k.streamk);
+         " rows " + std::to_string(k.rows) + " pipe " + std::to_string(k.pipe) + " streamk " + std::to_string(k.streamk) +
+         " overlap " + std::to_string(k.overlap);
 }
 
 // Restores the environment's knobs when a check ends (also on a failed assertion).
@@ -46,10 +47,10 @@ struct KnobGuard {
 };
 
 cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select, int rows = -1, int pipe = -1,
-                           int streamk = -1) {
+                           int streamk = -1, int overlap = -1) {
   cuda::PrefillV2Knobs k;
   k.mma = mma, k.kb = kb, k.order = order, k.merge = merge, k.select = select, k.rows = rows, k.pipe = pipe;
-  k.streamk = streamk;
+  k.streamk = streamk, k.overlap = overlap;
   return k;
 }
 
@@ -59,14 +60,16 @@ cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select, in
 // (bf16 cache; fp8 runs the 128-row kernel), pipelined: the automatic width, 3-block splits in
 // the 3-D grid, one and two blocks per split; not pipelined: the automatic width, 3-block splits;
 // then the selection as its own kernel (select 2) after the 128-row kernel on the stream-K grid
-// (the default, rs with a bf16 cache; with the rs3, sync and ss MMAs) and on the (tile, split)
-// grid, and after the 256-row kernel.
+// (the default, rs with a bf16 cache, the selection overlapping the scoring grid; with the rs3,
+// sync and ss MMAs; without the overlap) and on the (tile, split) grid, and after the 256-row
+// kernel.
 const std::vector<cuda::PrefillV2Knobs> kSelectKnobs = {
     knobs(-1, 0, -1, -1, 1),          knobs(3, 5, 0, -1, 1),          knobs(2, 3, -1, -1, 1),
     knobs(1, 64, 1, -1, 1),           knobs(0, 1, 1, -1, 1),          knobs(-1, 0, -1, -1, 1, 256),
     knobs(-1, 3, 0, -1, 1, 256),      knobs(-1, 1, 1, -1, 1, 256),    knobs(-1, 2, 1, -1, 1, 256),
     knobs(-1, 0, -1, -1, 1, 256, 0),  knobs(-1, 3, 0, -1, 1, 256, 0), knobs(-1, 0, -1, -1, 2),
     knobs(3, 0, -1, -1, 2),           knobs(2, 0, -1, -1, 2),         knobs(0, 0, -1, -1, 2),
+    knobs(-1, 0, -1, -1, 2, -1, -1, -1, 0),
     knobs(-1, 0, -1, -1, 2, -1, -1, 0),
     knobs(3, 5, 0, -1, 2, -1, -1, 0),            knobs(-1, 0, -1, -1, 2, 256),   knobs(-1, 2, 0, -1, 2, 256, 0)};
 // The list path's knobs: defaults, rs3 + rank merge, grid order 1, rs, sync.

@@ -2,6 +2,7 @@
 // random inputs: paged batches with shuffled blocks, block-boundary lengths, ties, several query
 // rows per request, mixed decode/prefill batches, bf16 and fp8 caches. Device outputs are
 // poisoned before every run. Skips without a CUDA device.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -732,6 +733,149 @@ TEST(CudaIndexer, V3BitwiseMatchesV2) {
         EXPECT_EQ(d_s2.bytes(size_t(T) * H * mbps * 4), d_s3.bytes(size_t(T) * H * mbps * 4));
       }
     }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// One decode step, kernels back to back
+
+// The decode-step kernels on one stream without synchronisation (cache write -> indexer ->
+// sparse attention -> dense attention; with programmatic dependent launch each may start before
+// the previous one has ended and reads metadata and older cache blocks early) give bitwise the
+// results of the same kernels run one at a time with the stream synchronised between them. The
+// new tokens' cache slots hold stale random values until the cache write stores theirs, and the
+// indexer has no forced blocks (a request's newest block scores by its keys), so a kernel that
+// read a new token's key or value before the cache write had stored it would differ.
+void check_decode_step(DType cache_dtype, int variant, uint64_t seed) {
+  SCOPED_TRACE("cache " + name(cache_dtype) + " indexer variant " + std::to_string(variant) + " seed " +
+               std::to_string(seed));
+  Rng rng(seed);
+  const QkvLayout l = QkvLayout::make(16, 1, 128, 1, 128, 64, 8);
+  const QkvWeights w = QkvWeights::make(l, 16384, rng);
+  std::vector<SeqSpec> specs;
+  for (int c : {0, 127, 128, 129, 255, 256, 1023, 1024, 2047, 2048, 4096, 9000, 9215}) specs.push_back({c, 1});
+  while (specs.size() < 32) specs.push_back({rng.uniform_int(1, 9215), 1});
+  std::shuffle(specs.begin(), specs.end(), rng.gen);
+  PagedBatch b = make_paged_batch(specs, 128, rng);
+  KvCache kv(cache_dtype, b.num_blocks, 128, 1, 128);
+  IndexCache ic(cache_dtype, b.num_blocks, 128, 128);
+  fill_caches_random(b, &kv, &ic, rng, 1.0f);  // the new tokens' slots too: stale values
+  const int64_t T = b.num_tokens;
+  const int mbps = b.max_blocks_per_seq, K = 16, HD = 16 * 128;
+  TypedBuffer rows = TypedBuffer::from(DType::BF16, random_vector(size_t(T * l.row_stride), rng, -2.f, 2.f));
+
+  Dev d_rows(rows.bytes.size()), d_k(kv.k.bytes.size()), d_v(kv.v.bytes.size());
+  Dev d_ks(kv.k_scale.size() * 4), d_vs(kv.v_scale.size() * 4), d_ic(ic.k.bytes.size());
+  Dev d_qn = Dev::of(w.q_norm), d_kn = Dev::of(w.k_norm), d_iqn = Dev::of(w.index_q_norm),
+      d_ikn = Dev::of(w.index_k_norm), d_cs = Dev::of(w.cos_sin);
+  Dev d_pos = Dev::of(b.positions), d_slots = Dev::of(b.slot_mapping);
+  DevBatch db(b);
+  Dev d_topk(size_t(T) * K * 4), d_scores(size_t(T) * mbps * 4), d_sparse(size_t(T) * HD * 2),
+      d_dense(size_t(T) * HD * 2);
+  const bool fp8 = cache_dtype == DType::FP8_E4M3;
+
+  auto qkv = make_qkv_params(l, w, d_rows.p(), DType::BF16, T, d_pos.as<int32_t>(), d_slots.as<int64_t>(), kv, &ic);
+  qkv.q_norm = d_qn.p(), qkv.k_norm = d_kn.p(), qkv.index_q_norm = d_iqn.p(), qkv.index_k_norm = d_ikn.p();
+  qkv.cos_sin = d_cs.as<float>();
+  qkv.kv.k = d_k.p(), qkv.kv.v = d_v.p();
+  qkv.kv.k_scale = fp8 ? d_ks.as<float>() : nullptr;
+  qkv.kv.v_scale = fp8 ? d_vs.as<float>() : nullptr;
+  qkv.index_cache.k = d_ic.p();
+
+  ops::IndexerParams ip;
+  ip.index_q = static_cast<uint8_t*>(d_rows.p()) + l.index_q_offset * 2;
+  ip.q_dtype = DType::BF16;
+  ip.q_stride = l.row_stride;
+  ip.num_index_heads = 1;
+  ip.index_dim = 128;
+  ip.score_scale = float(1.0 / std::sqrt(128.0) * 1.4426950408889634);
+  ip.cache = qkv.index_cache;
+  ip.batch = db.view;
+  ip.topk = K;
+  ip.init_blocks = 0;
+  ip.local_blocks = 0;
+  ip.topk_idx = d_topk.as<int32_t>();
+  ip.block_scores = d_scores.as<float>();
+
+  ops::AttentionParams ap;
+  ap.q = d_rows.p();
+  ap.q_dtype = DType::BF16;
+  ap.q_stride = l.row_stride;
+  ap.out_dtype = DType::BF16;
+  ap.out_stride = HD;
+  ap.num_q_heads = 16;
+  ap.num_kv_heads = 1;
+  ap.head_dim = 128;
+  ap.sm_scale = float(1.0 / std::sqrt(128.0));
+  ap.kv = qkv.kv;
+  ap.batch = db.view;
+
+  cudaStream_t cs = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), cudaSuccess);
+  const ops::Stream stream{kGpu, cs};
+  struct Out {
+    std::vector<uint8_t> topk, scores, sparse, dense, ic, k;
+  };
+  auto run = [&](bool separated) {
+    copy_to_device(kGpu, d_rows.p(), rows.data(), rows.bytes.size());
+    copy_to_device(kGpu, d_k.p(), kv.k.data(), kv.k.bytes.size());
+    copy_to_device(kGpu, d_v.p(), kv.v.data(), kv.v.bytes.size());
+    if (fp8) {
+      copy_to_device(kGpu, d_ks.p(), kv.k_scale.data(), kv.k_scale.size() * 4);
+      copy_to_device(kGpu, d_vs.p(), kv.v_scale.data(), kv.v_scale.size() * 4);
+    }
+    copy_to_device(kGpu, d_ic.p(), ic.k.data(), ic.k.bytes.size());
+    d_topk.poison(0x55), d_scores.poison(0xff), d_sparse.poison(0xff), d_dense.poison(0xff);
+    device_synchronize(kGpu);
+    auto step = [&] {
+      if (separated) {
+        EXPECT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+      }
+    };
+    ops::qkv_norm_rope_cache(qkv, stream);
+    step();
+    ops::indexer(ip, stream);
+    step();
+    ops::AttentionParams sp = ap;
+    sp.out = d_sparse.p();
+    sp.topk_idx = d_topk.as<int32_t>();
+    sp.topk = K;
+    ops::attention(sp, stream);
+    step();
+    ops::AttentionParams dp = ap;
+    dp.out = d_dense.p();
+    ops::attention(dp, stream);
+    EXPECT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+    return Out{d_topk.bytes(size_t(T) * K * 4), d_scores.bytes(size_t(T) * mbps * 4), d_sparse.bytes(size_t(T) * HD * 2),
+               d_dense.bytes(size_t(T) * HD * 2), d_ic.bytes(ic.k.bytes.size()), d_k.bytes(kv.k.bytes.size())};
+  };
+  const int prev = cuda::kernel_variant();
+  cuda::set_kernel_variant(variant);
+  cuda::set_pdl(7);
+  const Out ref = run(true);
+  // The reference is not the stale cache: the cache write changed every new token's slot.
+  EXPECT_NE(ref.ic, ic.k.bytes);
+  for (int rep = 0; rep < 3; ++rep) {
+    SCOPED_TRACE("back to back, repeat " + std::to_string(rep));
+    const Out got = run(false);
+    EXPECT_EQ(got.ic, ref.ic);
+    EXPECT_EQ(got.k, ref.k);
+    EXPECT_EQ(got.topk, ref.topk);
+    EXPECT_EQ(got.scores, ref.scores);
+    EXPECT_EQ(got.sparse, ref.sparse);
+    EXPECT_EQ(got.dense, ref.dense);
+  }
+  cuda::set_pdl(-1);
+  cuda::set_kernel_variant(prev);
+  cudaStreamDestroy(cs);
+}
+
+TEST(CudaDecodeStep, BackToBackMatchesSynchronised) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9700;
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (int variant : {2, 3}) check_decode_step(cd, variant, seed++);
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -139,6 +140,7 @@ struct BatchShape {
 
 struct Set {
   DevPtr qsl, seq_lens, tables, ic, k, v, ks, vs, iq, q, topk, out;
+  std::vector<int32_t> host_tables;
   ops::BatchView batch;
 };
 
@@ -178,6 +180,7 @@ struct Case {
       st.qsl = upload(qsl);
       st.seq_lens = upload(lens);
       st.tables = upload(tables);
+      st.host_tables = tables;
       const size_t keys = size_t(blocks_per_set) * 128;
       const uint64_t sd = seed * 977 + si * 13;
       if (need_index) {
@@ -404,6 +407,17 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       c.build(uint64_t(ds.batch) * 7 + ds.ctx + fp8, l2);
       const int sets = int(c.sets.size());
       const bool main_shape = ds.batch == 32 && ds.ctx == 9216;
+      // At the main shape, the batched-graph mode again with programmatic dependent launch of the
+      // kernels in `mask` (SIEVE_PDL; same process, same inputs): what PDL gives.
+      auto with_pdl = [&](Row r, const std::function<void(int, cudaStream_t)>& fn, int mask = 7) {
+        if (!main_shape) return;
+        cuda::set_pdl(mask);
+        r.mode += ", PDL mask " + std::to_string(mask);
+        r.target_us = 0, r.target_note = "";
+        r.us = time_it(iters, sets, fn, true, st, kGraphBatch);
+        cuda::set_pdl(-1);
+        emit(r, c);
+      };
 
       // Indexer: the default path (what run_indexer picks) with the targets, then the earlier
       // variants and the unfused baseline for comparison. A path that does not support the
@@ -442,6 +456,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         r.mode = ip.name + ", " + kBatchMode;
         r.us = time_it(iters, sets, run_path(ip.path), true, st, kGraphBatch);
         emit(r, c);
+        if (ip.target) with_pdl(r, run_path(ip.path));
       }
       // Leave a real selection in every set for the attention.
       for (int s = 0; s < sets; ++s) run_path(cuda::IndexerPath::kAuto)(s, st);
@@ -465,6 +480,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       a.mode = kBatchMode;
       a.us = time_it(iters, sets, attn(true), true, st, kGraphBatch);
       emit(a, c);
+      with_pdl(a, attn(true));
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
@@ -481,6 +497,78 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       sr.mode = kBatchMode;
       sr.us = time_it(iters, sets, step, true, st, kGraphBatch);
       emit(sr, c);
+      with_pdl(sr, step);
+
+      // One decode step of a sparse layer's attention as the model runs it: the cache write of the
+      // step's tokens (q / k / index q / index k norm + RoPE; K, V and the index key stored at
+      // each request's new position), the indexer (its query vectors and the new keys from the
+      // cache write), the sparse attention. Norm weights 0 (Gemma's 1 + w = 1), so repeating the
+      // in-place transform keeps the rows' magnitudes.
+      {
+        const int64_t stride = 16 * 128 + 128 + 128 + 128 + 128;
+        std::vector<float> cs(size_t(c.max_seq) * 64);
+        ops::build_rope_table(cs.data(), c.max_seq, 64, 5e6);
+        auto d_cs = upload(cs);
+        auto w = dev(128 * 2);
+        fill(w->p, 0, 128, 5, 0.f);
+        std::vector<DevPtr> rows, poss, slots;
+        for (int s = 0; s < sets; ++s) {
+          std::vector<int32_t> pos;
+          std::vector<int64_t> slot;
+          for (size_t i = 0; i < c.shape.cached.size(); ++i)
+            for (int j = 0; j < c.shape.qlen[i]; ++j) {
+              const int p = c.shape.cached[i] + j;
+              pos.push_back(p);
+              slot.push_back(int64_t(c.sets[size_t(s)].host_tables[i * size_t(c.mbps) + size_t(p / 128)]) * 128 + p % 128);
+            }
+          rows.push_back(dev(size_t(c.T) * stride * 2));
+          fill(rows.back()->p, 0, size_t(c.T) * stride, 60 + s, 2.f);
+          poss.push_back(upload(pos));
+          slots.push_back(upload(slot));
+        }
+        cuda_check(cudaDeviceSynchronize(), "bench inputs");
+        auto full_step = [&](int s, cudaStream_t stream) {
+          const ops::AttentionParams base = c.attention(s, true);
+          ops::QkvNormRopeCacheParams p;
+          p.qkv = rows[size_t(s)]->p;
+          p.act_dtype = DType::BF16;
+          p.num_tokens = c.T;
+          p.row_stride = stride;
+          p.num_q_heads = 16, p.num_kv_heads = 1, p.head_dim = 128;
+          p.q_offset = 0, p.k_offset = 2048, p.v_offset = 2176;
+          p.num_index_heads = 1, p.index_dim = 128, p.index_q_offset = 2304, p.index_k_offset = 2432;
+          p.q_norm = p.k_norm = p.index_q_norm = p.index_k_norm = w->p;
+          p.positions = poss[size_t(s)]->as<int32_t>();
+          p.cos_sin = d_cs->as<float>();
+          p.rotary_dim = 64;
+          p.slot_mapping = slots[size_t(s)]->as<int64_t>();
+          p.kv = base.kv;
+          p.index_cache = c.indexer(s).cache;
+          if (!cuda::run_qkv_norm_rope_cache(p, stream)) throw Error("bench: cache write unsupported");
+          ops::IndexerParams ip = c.indexer(s);
+          ip.index_q = static_cast<uint16_t*>(rows[size_t(s)]->p) + 2304;
+          ip.q_stride = stride;
+          if (!cuda::run_indexer_path(ip, stream, cuda::IndexerPath::kAuto)) throw Error("bench: indexer unsupported");
+          ops::AttentionParams ap = base;
+          ap.q = rows[size_t(s)]->p;
+          ap.q_stride = stride;
+          if (!cuda::run_attention(ap, stream)) throw Error("bench: attention unsupported");
+        };
+        const double wbytes = double(c.T) * (stride * 2.0 + (2048 + 128) * 2.0 + 3 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0));
+        Row fr{"decode step (cache write + indexer + sparse attention)", shape, dt, "", 0,
+               ifloor + afloor + wbytes / bw * 1e6, "bytes"};
+        fr.mode = "eager";
+        fr.us = time_it(iters, sets, full_step, false, st);
+        emit(fr, c);
+        fr.mode = "graph";
+        fr.us = time_it(iters, sets, full_step, true, st);
+        emit(fr, c);
+        fr.mode = kBatchMode;
+        fr.us = time_it(iters, sets, full_step, true, st, kGraphBatch);
+        emit(fr, c);
+        with_pdl(fr, full_step);
+        with_pdl(fr, full_step, 4);  // the attention only
+      }
 
       // Dense attention (dense layers).
       const double dfloor = c.attn_bytes(false) / bw * 1e6;
@@ -496,6 +584,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       d.mode = kBatchMode;
       d.us = time_it(iters, sets, attn(false), true, st, kGraphBatch);
       emit(d, c);
+      with_pdl(d, attn(false));
     }
   }
 
@@ -530,6 +619,18 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       r.mode = "graph";
       r.us = time_it(iters, sets, prefill_fn, true, st);
       emit(r, c);
+      {
+        // The same graph with the selection kernel waiting for the whole scoring grid.
+        cuda::PrefillV2Knobs k;
+        k.overlap = 0;
+        cuda::set_indexer_prefill_v2_knobs(k);
+        Row o = r;
+        o.mode = "graph, selection not overlapped";
+        o.target_us = 0, o.target_note = "";
+        o.us = time_it(iters, sets, prefill_fn, true, st);
+        cuda::set_indexer_prefill_v2_knobs(cuda::PrefillV2Knobs{});
+        emit(o, c);
+      }
       r.mode = "eager, first kernel";
       r.target_us = 0, r.target_note = "";
       r.us = time_it(std::min(iters, 50), sets, [&](int s, cudaStream_t stream) {

@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
 #define SIEVE_TRACE(i) \
   if (tr) tr[i] = global_ns()
   if (threadIdx.x == 0) SIEVE_TRACE(0);
+  pdl_trigger();
   const int t = blockIdx.x / S, split = blockIdx.x % S, kvh = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   if (threadIdx.x == 0) {
@@ -171,23 +172,31 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   // Everything below depends on t only or on one round of loads: the request is guessed as
   // t's own index (right for decode batches) and its bounds, length and the producer's first 32
   // unit ids (sparse) are all read at once; the block table entries follow, then the copies.
+  // PDL (common.cuh): the metadata loads are issued before the wait; the unit ids (the
+  // indexer's output), Q and every write after it; the producer of a dense row copies blocks
+  // that hold only tokens before the request's first new token before it waits.
   const bool is_producer = warp == kConsumers;
   const int32_t* sel = a.topk_idx ? a.topk_idx + (int64_t(t) * a.nkv + kvh) * a.topk : nullptr;
   const int e_begin = split * a.per_split;
-  int b_first = -1;
-  if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split)) b_first = __ldg(sel + e_begin + lane);
   const int q_begin = __ldg(a.qsl), q_end = __ldg(a.qsl + a.num_seqs);
   int s = min(t, a.num_seqs - 1);
   int qs0 = __ldg(a.qsl + s), qs1 = __ldg(a.qsl + s + 1), slen = __ldg(a.seq_lens + s);
+  if (!is_producer || sel) pdl_wait();
+  int b_first = -1;
+  if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split)) b_first = __ldg(sel + e_begin + lane);
   // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
   // The whole cluster shares t, so it leaves together.
-  if (t < q_begin || t >= q_end) return;
+  if (t < q_begin || t >= q_end) {
+    pdl_wait();
+    return;
+  }
   if (!(qs0 <= t && t < qs1)) {
     s = find_seq(a.qsl, a.num_seqs, t);
     qs0 = a.qsl[s], qs1 = a.qsl[s + 1], slen = a.seq_lens[s];
   }
   const int pos = slen - (qs1 - qs0) + (t - qs0);
   const int n_blk = pos / kBlock + 1;
+  const int n_old = (slen - (qs1 - qs0)) / kBlock;  // blocks of tokens before the first new one
   const int e_end = min(sel ? a.topk : n_blk, e_begin + a.per_split);
   if (threadIdx.x == 0) SIEVE_TRACE(1);
   __syncthreads();
@@ -272,6 +281,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
         const int bj = __shfl_sync(0xffffffffu, b, j);
         const int64_t pj = __shfl_sync(0xffffffffu, phys, j);
         if (lane == 0) {
+          if (bj >= n_old) pdl_wait();
           const int64_t base = pj * a.nkv + kvh;  // (block, kv head) index
           int slot = acquire(vi, 0);
           blk_ring[vi % kRing] = bj;
@@ -291,6 +301,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     }
     // Sentinels: the K slots of units vi and vi + 1 (one per consumer group) complete without
     // data and carry id -1.
+    pdl_wait();
     if (lane == 0) SIEVE_TRACE(2);
     if (lane == 0) {
       for (int k = 0; k < kGroups; ++k) {
@@ -678,6 +689,7 @@ void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   set_smem(attention_kernel<kFp8, kGroups>, smem);
   ClusterLaunch l(dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1), dim3(threads_of<kGroups>(), 1, 1),
                   smem, stream, a.cluster);
+  if (pdl_enabled(kPdlAttention)) l.allow_programmatic_serialization();
   cuda_check(cudaLaunchKernelEx(&l.cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
 }
 

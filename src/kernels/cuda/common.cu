@@ -1,4 +1,7 @@
 // Per-device workspace and counters (see common.cuh).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -61,6 +64,19 @@ int32_t* zeroed_counters(cudaStream_t stream, size_t count) {
   }
   return s.counters;
 }
+
+namespace {
+std::atomic<int> g_pdl{-1};
+}  // namespace
+bool pdl_enabled(PdlKernel k) {
+  static const int env = [] {
+    const char* e = std::getenv("SIEVE_PDL");
+    return e && *e ? std::atoi(e) & kPdlAll : 0;
+  }();
+  const int v = g_pdl.load(std::memory_order_relaxed);
+  return ((v < 0 ? env : v) & k) != 0;
+}
+void set_pdl(int mask) { g_pdl.store(mask < 0 ? -1 : mask & kPdlAll, std::memory_order_relaxed); }
 
 int num_sms() {
   static int n = [] {

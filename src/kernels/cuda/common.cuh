@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -30,6 +31,44 @@ void* workspace(cudaStream_t stream, size_t bytes);
 int32_t* zeroed_counters(cudaStream_t stream, size_t count);
 
 int num_sms();
+
+// Programmatic dependent launch (PDL) of the decode-step kernels (cache write, decode indexers,
+// attention): launched with programmatic stream serialisation, a kernel may start while the
+// previous kernel of the stream is still running. Each such kernel lets its dependents start
+// at once (pdl_trigger at its top), does what needs no step data before pdl_wait — reading the
+// batch metadata (query_start_loc, seq_lens, block_tables) and copying cache blocks that hold
+// only tokens older than the request's first new token — and everything else after it; every
+// thread of every CTA passes pdl_wait before it writes global memory or exits, so a grid never
+// completes before the one it depends on. The contract this relies on is in kernels/ops.h.
+// SIEVE_PDL = a mask of the kernels launched so (1 cache write, 2 decode indexers, 4 attention;
+// 7 = all; default 0 = none: measured no faster in a whole decode step on the H200, see
+// docs/performance.md; read once); set_pdl overrides it (-1: the environment's).
+enum PdlKernel : int { kPdlCacheWrite = 1, kPdlIndexer = 2, kPdlAttention = 4, kPdlAll = 7 };
+bool pdl_enabled(PdlKernel k);
+void set_pdl(int mask);
+
+// Launches `kernel` with programmatic stream serialisation when pdl_enabled(k).
+template <class... P, class... A>
+void launch_pdl(PdlKernel k, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                const char* what, A&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1]{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled(k) ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...), what);
+}
+
+// Device side of PDL: the kernels of the next launch may be scheduled (once every CTA of this
+// grid has said so or exited); and waits until the grid this one depends on has completed and
+// its writes are visible (returns at once when launched plainly).
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();

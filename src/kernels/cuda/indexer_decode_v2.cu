@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
   extern __shared__ float smem[];
   __shared__ int n_blk_row[16];
   __shared__ int is_last;
+  pdl_trigger();
   const int s = blockIdx.x / a.chunks, c = blockIdx.x % a.chunks;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int tok0 = a.qsl[s], qlen = a.qsl[s + 1] - tok0, seq_len = a.seq_lens[s];
@@ -137,8 +138,16 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
     const int64_t phys = tbl[i];
     bulk_load(stage + (i % kStages) * block_bytes, a.cache + phys * block_bytes, block_bytes, &full[i % kStages]);
   };
+  // First copies: blocks that hold only tokens before the request's first new token need
+  // nothing from the previous kernel (PDL: common.cuh); the others wait for it.
+  const int n_old = qlen > 0 ? (seq_len - qlen) / kBlock : 0;
   if (threadIdx.x == 0)
-    for (int i = 0; i < min(nb, kStages); ++i) issue(i);
+    for (int i = 0; i < min(nb, kStages); ++i)
+      if (b0 + i < n_old) issue(i);
+  pdl_wait();
+  if (threadIdx.x == 0)
+    for (int i = 0; i < min(nb, kStages); ++i)
+      if (b0 + i >= n_old) issue(i);
   // Query fragments after the first copies are in flight (rows g and g + 8 = query vectors).
   const int v0 = g, v1 = g + 8;
   const int pos0 = seq_len - qlen + v0 / max(a.H, 1), pos1 = seq_len - qlen + v1 / max(a.H, 1);
@@ -265,12 +274,11 @@ bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream_v) {
   const int grid = a.num_seqs * a.chunks;
   if (fp8) {
     set_smem(decode_indexer_v2_kernel<true>, smem);
-    decode_indexer_v2_kernel<true><<<grid, kThreads, smem, stream>>>(a);
+    launch_pdl(kPdlIndexer, decode_indexer_v2_kernel<true>, grid, kThreads, smem, stream, "indexer decode v2", a);
   } else {
     set_smem(decode_indexer_v2_kernel<false>, smem);
-    decode_indexer_v2_kernel<false><<<grid, kThreads, smem, stream>>>(a);
+    launch_pdl(kPdlIndexer, decode_indexer_v2_kernel<false>, grid, kThreads, smem, stream, "indexer decode v2", a);
   }
-  SIEVE_LAUNCH_CHECK("indexer decode v2");
   return true;
 }
 

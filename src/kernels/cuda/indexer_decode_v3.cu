@@ -47,7 +47,7 @@
 //    returns the counter to zero (graph replays need no memset).
 // Test hook: set_indexer_v3_split(C, G) forces the cluster size / group count.
 // Development: SIEVE_INDEXER_TRACE=1 prints per-phase CTA timestamps of every call made outside
-// a stream capture; SIEVE_V3_C / _G / _BUDGET / _STAGES / _MERGE / _PDL change the grid and
+// a stream capture; SIEVE_V3_C / _G / _BUDGET / _STAGES / _MERGE change the grid and
 // the variants (see "Development knobs" below; `sieve bench kernels --filter decode` under the
 // variables sweeps them).
 #include <cooperative_groups.h>
@@ -112,7 +112,7 @@ struct V3Args {
   float* part_s;  // [num_seqs, G, 16, topk] (G > 1)
   int32_t* part_i;
   int32_t* counters;  // [num_seqs, C] (G > 1)
-  int pdl;        // SIEVE_V3_PDL=1: launched with programmatic stream serialization
+  int pdl;        // launched with programmatic stream serialisation (pdl_enabled, common.cuh)
   int merge_ilp;  // SIEVE_V3_MERGE=1: unrolled chunk top-k, merged_rank_ilp
   unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTraceSlots]: timestamps, SM id
 };
@@ -302,9 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   uint64_t* empty = full + S;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned long long* const tr = a.trace ? a.trace + int64_t(blockIdx.x) * kTraceSlots : nullptr;
-  // Programmatic dependent launch: nothing global is read or written before the previous
-  // kernel of the stream has completed (and flushed); with it, "start" is when that happened.
-  if (a.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  pdl_trigger();
   if (tr && threadIdx.x == 0) {
     tr[0] = global_ns();
     uint32_t sm;
@@ -338,7 +336,14 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     }
     __syncwarp();
     if (tr && lane == 0) tr[1] = global_ns_after(tbl[0] + nb);
-    if (lane < min(nb, S))
+    // First copies: blocks that hold only tokens before the request's first new token need
+    // nothing from the previous kernel (PDL: common.cuh); the others wait for it.
+    const int n_old = qlen > 0 ? (seq_len - qlen) / kBlock : 0;
+    const bool first = lane < min(nb, S);
+    if (first && b0 + lane < n_old)
+      bulk_load(stage + lane * block_bytes, a.cache + int64_t(tbl[0]) * block_bytes, block_bytes, &full[lane]);
+    pdl_wait();
+    if (first && b0 + lane >= n_old)
       bulk_load(stage + lane * block_bytes, a.cache + int64_t(tbl[0]) * block_bytes, block_bytes, &full[lane]);
 #pragma unroll
     for (int j = 0; j < kMaxChunkBlocks / 32; ++j)
@@ -365,6 +370,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     const int v0 = g, v1 = g + 8;
     const int pos0 = seq_len - qlen + v0 / a.H, pos1 = seq_len - qlen + v1 / a.H;
     uint32_t qa[8][4];
+    pdl_wait();
     load_q_frags<kFp8>(a, tok0, nv, g, q, qa);
     named_sync(kThreads);
 
@@ -391,8 +397,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   }
   __syncthreads();
   if (tr && threadIdx.x == 0) tr[4] = global_ns();
-  // The next kernel may start launching (it waits for this grid's completion before it reads).
-  if (a.pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // ---- block scores of the chunk (forced sentinels; -inf past the row's own blocks)
   for (int e = threadIdx.x; e < nv * CB; e += kThreads) {
@@ -589,13 +593,10 @@ int active_clusters(bool fp8, int C, uint32_t smem) {
 //   SIEVE_V3_STAGES  at most this many stages
 //   SIEVE_V3_MERGE   1: chunk top-k unrolled by 8, cluster / group merges by merged_rank_ilp
 //                    (same results; default 0 = the serial loops)
-//   SIEVE_V3_PDL     1: programmatic dependent launch (griddepcontrol.wait before any global
-//                    access, launch_dependents after the block loop): hides the launch of a call
-//                    behind the tail of the previous kernel of the stream
 // Forcing C or G skips the cudaOccupancyMaxActiveClusters fallback (the grid may then take
 // more than one wave).
 struct Knobs {
-  int C = 0, G = 0, budget_kb = 0, stages = 0, merge = 0, pdl = 0;
+  int C = 0, G = 0, budget_kb = 0, stages = 0, merge = 0;
 };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -609,7 +610,6 @@ const Knobs& knobs() {
     r.budget_kb = get("SIEVE_V3_BUDGET");
     r.stages = get("SIEVE_V3_STAGES");
     r.merge = get("SIEVE_V3_MERGE");
-    r.pdl = get("SIEVE_V3_PDL");
     return r;
   }();
   return k;
@@ -750,7 +750,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
   a.merge_ilp = kn.merge > 0;
-  a.pdl = kn.pdl > 0;
+  a.pdl = pdl_enabled(kPdlIndexer);
   if (G > 1) {
     const size_t part = size_t(N) * G * 16 * p.topk;
     char* ws = static_cast<char*>(workspace(stream, part * 8));

@@ -176,6 +176,15 @@ struct Args {
   // Select mode 2 only: 1 = stream-K grid (gridDim.x CTAs per head share the head's causal work
   // evenly; see sk_find), 0 = one (tile, split) per CTA.
   int streamk;
+  // Stream-K with the selection kernel overlapped (SIEVE_PREFILL_V2_SELECT_OVERLAP, default on;
+  // null otherwise): the scoring CTA adds each segment's key blocks to tile_done[(first token of
+  // the tile) * H + h] once the segment's scores are stored; prefill_select_kernel, launched
+  // with PDL while the scoring grid runs, selects a row once its tile's count is complete, its
+  // warps count the tile's rows in sel_done (the last returns both to zero), and the last
+  // selection CTA (sel_ctas) waits for the scoring grid before it exits.
+  int32_t* tile_done;
+  int32_t* sel_done;
+  int32_t* sel_ctas;
   int diag;  // development (SIEVE_PREFILL_DIAG): 1 = no key loads, 2 = no MMA, 3 = no score stores
   unsigned long long* trace;  // optional (SIEVE_PREFILL_TRACE): [CTAs][kTracePoints] timestamps
 };
@@ -539,6 +548,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   int sk_s = 0, sk_t = 0;
   long long sk_U = 0, sk_u0 = 0, sk_u1 = 0;
   if (kSelect && a.streamk) {
+    // The selection kernel may launch now (with tile_done it selects each tile once scored;
+    // else it waits for this grid to complete).
+    pdl_trigger();
     if (warp == 0) sk_find(a, blockIdx.x, gridDim.x, s_sk, s_ski);
     __syncthreads();
     sk_U = s_sk[0], sk_u0 = s_sk[1], sk_u1 = s_sk[2], sk_s = s_ski[0], sk_t = s_ski[1];
@@ -815,7 +827,18 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     }
     SIEVE_TRACE(4);
     if (a.select == 2) {  // prefill_select_kernel selects after this kernel
-      if (a.streamk) continue;
+      if (a.streamk) {
+        if (a.tile_done) {
+          // This segment's scores are stored (and fenced): count its blocks for the tile.
+          __threadfence();
+          __syncthreads();
+          if (tid == 0) {
+            __threadfence();
+            atomicAdd(a.tile_done + (int64_t(tok0 + r0) * a.H + h), nb);
+          }
+        }
+        continue;
+      }
       SIEVE_TRACE(7);
       return;
     }
@@ -1294,18 +1317,20 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wide_kernel(Args a) {
 // (token, head) row over the whole GPU, instead of 128 (256) rows by the tile's last split at the
 // end of the scoring kernel (the tail of the fused select path). Dynamic shared memory per warp:
 // cand + lane bests + the row's keys (n_max words).
-__global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_t nrows, int n_max) {
-  extern __shared__ __align__(16) uint8_t sel_smem[];
-  // Launched with programmatic stream serialisation (SIEVE_PREFILL_V2_SELECT_PDL, default on): wait
-  // for the scoring grid to complete and its writes to be visible (a no-op without it).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = kThreads / 32;
-  const int64_t row = int64_t(blockIdx.x) * nwarps + warp;  // token * H + head
-  if (row >= nrows) return;  // warp-uniform; no CTA barrier below
-  unsigned long long* cand = reinterpret_cast<unsigned long long*>(sel_smem) + warp * kCandCap;
-  uint32_t* mk = reinterpret_cast<uint32_t*>(sel_smem + nwarps * kCandCap * 8) + warp * 32;
-  uint32_t* keys = reinterpret_cast<uint32_t*>(sel_smem + nwarps * (kCandCap * 8 + 128)) + int64_t(warp) * n_max;
+__device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// One (token, head) row of prefill_select_kernel (one warp). With a.tile_done: first waits until
+// the scoring kernel has counted every key block of the row's tile (mirroring which tiles the
+// stream-K grid scores: requests with a prefix >= 0, tiles of at most n_max blocks), and after
+// the selection counts the row for its tile.
+__device__ __forceinline__ void select_kernel_row(const Args& a, int64_t row, int n_max, unsigned long long* cand,
+                                                  uint32_t* mk, uint32_t* keys, int lane) {
   const int64_t tok = row / a.H;
+  const int h = int(row % a.H);
   // The request holding tok: the last s with query_start_loc[s] <= tok (empty requests skipped).
   int lo = 0, hi = a.num_seqs - 1;
   while (lo < hi) {
@@ -1315,20 +1340,76 @@ __global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_
   }
   const int tok0 = a.qsl[lo], tok1 = a.qsl[lo + 1];
   if (tok < tok0 || tok >= tok1) return;  // a padding token past the last request
-  const int pos = a.seq_lens[lo] - (tok1 - tok0) + int(tok - tok0);
+  const int L = tok1 - tok0, P = a.seq_lens[lo] - L;
+  const int pos = P + int(tok - tok0);
   const int n = pos / kBlock + 1;
-  if (pos < 0 || n > n_max) return;  // contract violation (the scoring kernel skipped the tile)
-  const float* srow = a.sbuf + row * a.sstride;
-  for (int j = lane; j < n; j += 32) keys[j] = order_key(__ldcg(srow + j));
-  __syncwarp();
-  select_row(keys, n, a.topk, cand, mk, a.topk_idx + row * a.topk, lane);
+  int32_t* done = nullptr;
+  int tile_rows = 0;
+  if (a.tile_done && P >= 0) {
+    const int t = int(tok - tok0) / kRows;
+    tile_rows = min(kRows, L - t * kRows);
+    const int need = (P + t * kRows + tile_rows - 1) / kBlock + 1;  // the tile's key blocks
+    if (need <= n_max) {
+      done = a.tile_done + ((int64_t(tok0) + int64_t(t) * kRows) * a.H + h);
+      if (lane == 0) {
+        // Bounded: a tile the scoring kernel never counts (a contract violation the mirror
+        // above missed) costs at most ~2 s, not a hang.
+        const unsigned long long t_end = global_ns() + 2000000000ull;
+        while (ld_acquire_gpu(done) < need && global_ns() < t_end) __nanosleep(500);
+      }
+      __syncwarp();
+    }
+  }
+  if (pos >= 0 && n <= n_max) {  // else a contract violation (the scoring kernel skipped the tile)
+    const float* srow = a.sbuf + row * a.sstride;
+    for (int j = lane; j < n; j += 32) keys[j] = order_key(__ldcg(srow + j));
+    __syncwarp();
+    select_row(keys, n, a.topk, cand, mk, a.topk_idx + row * a.topk, lane);
+  }
+  if (done && lane == 0) {
+    int32_t* rows_done = a.sel_done + (done - a.tile_done);
+    if (atomicAdd(rows_done, 1) == tile_rows - 1) {  // every row of the tile has read its scores
+      *done = 0;
+      *rows_done = 0;
+    }
+  }
+}
+
+// SIEVE_PREFILL_V2_SELECT=2: the selection as its own kernel after the scoring kernel, one warp per
+// (token, head) row over the whole GPU, instead of 128 (256) rows by the tile's last split at the
+// end of the scoring kernel (the tail of the fused select path). Dynamic shared memory per warp:
+// cand + lane bests + the row's keys (n_max words). Launched with programmatic stream
+// serialisation (SIEVE_PREFILL_V2_SELECT_PDL, default on): without a.tile_done it waits for the
+// scoring grid to complete and its writes to be visible; with it, rows of finished tiles are
+// selected while the scoring grid still runs (on the SMs its CTAs have left), and the last CTA
+// to finish waits for the scoring grid, so this grid never completes before it.
+__global__ void __launch_bounds__(kThreads) prefill_select_kernel(Args a, int64_t nrows, int n_max) {
+  extern __shared__ __align__(16) uint8_t sel_smem[];
+  __shared__ int s_last;
+  if (!a.tile_done) pdl_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = kThreads / 32;
+  const int64_t row = int64_t(blockIdx.x) * nwarps + warp;  // token * H + head
+  unsigned long long* cand = reinterpret_cast<unsigned long long*>(sel_smem) + warp * kCandCap;
+  uint32_t* mk = reinterpret_cast<uint32_t*>(sel_smem + nwarps * kCandCap * 8) + warp * 32;
+  uint32_t* keys = reinterpret_cast<uint32_t*>(sel_smem + nwarps * (kCandCap * 8 + 128)) + int64_t(warp) * n_max;
+  if (row < nrows) select_kernel_row(a, row, n_max, cand, mk, keys, lane);
+  if (a.tile_done) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      s_last = atomicAdd(a.sel_ctas, 1) == int(gridDim.x) - 1;
+      if (s_last) *a.sel_ctas = 0;
+    }
+    __syncthreads();
+    if (s_last) pdl_wait();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host
 
 // Test-hook overrides of the knobs below (set_indexer_prefill_v2_knobs; -1 = environment).
-std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1}, g_pipe{-1}, g_streamk{-1};
+std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_rows{-1}, g_pipe{-1}, g_streamk{-1},
+    g_overlap{-1};
 
 // An on/off knob: on unless the variable is set to 0; and a test-hook override of one (>= 0).
 int env_on(const char* name) {
@@ -1407,6 +1488,14 @@ int select_knob() {
 bool select_pdl() {
   static const bool v = env_on("SIEVE_PREFILL_V2_SELECT_PDL");
   return v;
+}
+
+// SIEVE_PREFILL_V2_SELECT_OVERLAP = 0: the selection kernel waits for the whole stream-K scoring
+// grid; 1 or unset: it selects each tile once scored, overlapping the scoring grid's tail (needs
+// the selection kernel's PDL launch). Read once.
+int overlap_knob() {
+  static const int v = env_on("SIEVE_PREFILL_V2_SELECT_OVERLAP");
+  return hook_or(g_overlap, v);
 }
 
 // SIEVE_PREFILL_V2_STREAMK = 0: select mode 2 with one (tile, split) per CTA; 1 or unset: the
@@ -1569,6 +1658,7 @@ void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k) {
   g_rows.store(k.rows, std::memory_order_relaxed);
   g_pipe.store(k.pipe, std::memory_order_relaxed);
   g_streamk.store(k.streamk, std::memory_order_relaxed);
+  g_overlap.store(k.overlap, std::memory_order_relaxed);
 }
 
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
@@ -1661,6 +1751,13 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   a.order = order_knob() >= 0 ? order_knob() : (select ? 1 : 0);
   a.merge_rank = merge_knob();
   a.streamk = streamk ? 1 : 0;
+  if (streamk && select_pdl() && overlap_knob()) {
+    const size_t n = size_t(bv.num_tokens) * p.num_index_heads;
+    int32_t* ctr = zeroed_counters(stream, 2 * n + 1);
+    a.tile_done = ctr;
+    a.sel_done = ctr + n;
+    a.sel_ctas = ctr + 2 * n;
+  }
   a.diag = diag_knob();
   if (a.order && int64_t(tiles_upper) * max_splits > 0x7fffffff) a.order = 0;
   const unsigned sk_ctas = unsigned(std::max<int64_t>(1, 2 * num_sms() / p.num_index_heads));

@@ -47,6 +47,10 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream);
 // Tensor-core prefill indexer (indexer_prefill.cu); false where it does not support the
 // parameters (the caller then runs the first prefill kernel).
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream);
+// Programmatic dependent launch of the decode-step kernels (common.cuh): a mask, 1 cache write,
+// 2 decode indexers, 4 attention; SIEVE_PDL (default 0: none). set_pdl(mask) forces it, set_pdl(-1)
+// returns to the environment's choice.
+void set_pdl(int mask);
 // Test hook: caps the v2 decode indexer's chunks per request (0 = automatic grid).
 void set_indexer_v2_max_chunks(int n);
 // Test hook: forces the v3 decode indexer's cluster size (1, 2, 4, 8) and groups per request
@@ -62,8 +66,10 @@ void set_indexer_v3_split(int cluster, int groups);
 // split, 2 the same with the selection as its own kernel (SIEVE_PREFILL_V2_SELECT); rows: query
 // rows per CTA of the select path with a bf16 cache, 128 or 256 (SIEVE_PREFILL_V2_ROWS); pipe:
 // 0 or 1, the 256-row kernel's cross-block pipeline (SIEVE_PREFILL_V2_WIDE_PIPE, default 1).
+// overlap: 0 or 1, the selection kernel overlapping the stream-K scoring grid
+// (SIEVE_PREFILL_V2_SELECT_OVERLAP, default 1).
 struct PrefillV2Knobs {
-  int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1, pipe = -1, streamk = -1;
+  int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1, pipe = -1, streamk = -1, overlap = -1;
 };
 void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 }  // namespace sieve::cuda

@@ -84,7 +84,13 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.x;
   int j = int(blockIdx.y) * kWarps + warp;
-  if (j >= a.jobs_per_token) return;
+  // PDL (common.cuh): the next kernel may start; this one reads its position and slot before
+  // waiting for the previous kernel, the activations and every write after it.
+  pdl_trigger();
+  if (j >= a.jobs_per_token) {
+    pdl_wait();
+    return;
+  }
 
   // Which head vector this warp owns.
   Job kind;
@@ -101,7 +107,10 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
     kind = kIk, head = 0;
   }
   const bool is_index = kind == kIq || kind == kIk;
-  if (is_index && !a.index) return;
+  if (is_index && !a.index) {
+    pdl_wait();
+    return;
+  }
   const int dim = is_index ? p.index_dim : p.head_dim;
   int64_t col;
   const void* w;
@@ -125,6 +134,7 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
   const float* cs = transform && rot > 0 ? p.cos_sin + int64_t(p.positions[t]) * rot : nullptr;
   float x[kVec] = {0.f, 0.f, 0.f, 0.f}, wv[kVec] = {0.f, 0.f, 0.f, 0.f};
   float cv[kVec] = {1.f, 1.f, 1.f, 1.f}, sv[kVec] = {0.f, 0.f, 0.f, 0.f};
+  pdl_wait();
   if (on) {
     load4(p.qkv, row + d0, a.act_bf16, a.vec_rows, x);
     if (transform) load4(w, d0, a.norm_bf16, a.vec_norm, wv);
@@ -248,8 +258,7 @@ bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p, void* stream)
   a.vec_cache = aligned(p.kv.k, 16) && aligned(p.kv.v, 16) && (!a.write_index || aligned(p.index_cache.k, 16));
   a.slot32 = p.kv.num_blocks * int64_t(p.kv.block_size) <= int64_t(0x7fffffff);
   const dim3 grid(unsigned(p.num_tokens), unsigned((a.jobs_per_token + kWarps - 1) / kWarps));
-  qkv_kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(a);
-  SIEVE_LAUNCH_CHECK("qkv_norm_rope_cache");
+  launch_pdl(kPdlCacheWrite, qkv_kernel, grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream), "qkv_norm_rope_cache", a);
   return true;
 }
 
