@@ -257,6 +257,13 @@ bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream_v) {
   // Grid from shapes only: about 3 (fp8) / 2 (bf16) resident CTAs per SM, one wave.
   const int target = num_sms() * (fp8 ? 3 : 2);
   int chunks = std::clamp(target / a.num_seqs, 1, kMaxChunks);
+  // Development: SIEVE_V2_CHUNKS = chunks per request (read once; unset: the rule above).
+  static const int force_chunks = [] {
+    const char* e = std::getenv("SIEVE_V2_CHUNKS");
+    const int v = e && *e ? std::atoi(e) : 0;
+    return v > 0 ? std::min(v, kMaxChunks) : 0;
+  }();
+  if (force_chunks > 0) chunks = force_chunks;
   if (const int cap = g_max_chunks.load(std::memory_order_relaxed); cap > 0) chunks = std::min(chunks, cap);
   chunks = std::min(chunks, std::max(a.max_blocks, 1));
   chunks = std::max(chunks, (a.max_blocks + 1023) / 1024);
