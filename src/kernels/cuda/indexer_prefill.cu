@@ -176,6 +176,7 @@ struct Args {
   // Select mode 2 only: 1 = stream-K grid (gridDim.x CTAs per head share the head's causal work
   // evenly; see sk_find), 0 = one (tile, split) per CTA.
   int streamk;
+  int sk_setup;  // stream-K units of a tile's setup (a key block is one; see SkRequest)
   // Stream-K with the selection kernel overlapped (SIEVE_PREFILL_V2_SELECT_OVERLAP, default on;
   // null otherwise): the scoring CTA adds each segment's key blocks to tile_done[(first token of
   // the tile) * H + h] once the segment's scores are stored; prefill_select_kernel, launched
@@ -424,26 +425,27 @@ __device__ void select_tile(const Args& a, uint8_t* smem, int smem_bytes, int64_
 enum Mode { kSS = 0, kRS = 1, kSync = 2, kRS3 = 3 };
 
 // Stream-K work of one index head (select mode 2): the batch's tiles in order (requests in
-// order, a request's tiles in order), tile t of a request = kSkSetup units (its query tile and
-// pipeline fill) then one unit per key block it sees; CTA c of G takes the blocks whose units lie
-// in [T c / G, T (c + 1) / G), T = all units. Every block belongs to exactly one CTA, and the
-// select path's blocks are independent (each writes its own score-row entries), so any cut is
-// exact. A request with prefix P = seq_len - qlen >= 0 and nt tiles: tile t < nt - 1 sees
-// t + c + 1 blocks, c = (P + 127) / 128; the last sees (P + qlen - 1) / 128 + 1; so its units
-// before tile t are F(t) = t (t - 1) / 2 + t (c + 1 + kSkSetup), closed form.
-constexpr int kSkSetup = 1;
-
+// order, a request's tiles in order), tile t of a request = `setup` units (its query tile and
+// pipeline fill; a.sk_setup: 1 unless SIEVE_PREFILL_V2_SK_SETUP says otherwise) then one unit
+// per key block it sees; CTA c of G takes the blocks whose units lie in [T c / G, T (c + 1) / G),
+// T = all units. Every block belongs to exactly one CTA, and the select path's blocks are
+// independent (each writes its own score-row entries), so any cut is exact. A request with
+// prefix P = seq_len - qlen >= 0 and nt tiles: tile t < nt - 1 sees t + c + 1 blocks,
+// c = (P + 127) / 128; the last sees (P + qlen - 1) / 128 + 1; so its units before tile t are
+// F(t) = t (t - 1) / 2 + t (c + 1 + setup), closed form.
 struct SkRequest {
   int nt = 0, c = 0, n_last = 0;  // tiles, full-tile block offset, last tile's blocks
+  int setup = 1;
   __device__ __forceinline__ long long before(int t) const {
-    return (long long)t * (t - 1) / 2 + (long long)t * (c + 1 + kSkSetup);
+    return (long long)t * (t - 1) / 2 + (long long)t * (c + 1 + setup);
   }
-  __device__ __forceinline__ long long total() const { return nt ? before(nt - 1) + n_last + kSkSetup : 0; }
+  __device__ __forceinline__ long long total() const { return nt ? before(nt - 1) + n_last + setup : 0; }
   __device__ __forceinline__ int blocks(int t) const { return t < nt - 1 ? t + c + 1 : n_last; }
 };
 
 __device__ __forceinline__ SkRequest sk_request(const Args& a, int s) {
   SkRequest r;
+  r.setup = a.sk_setup;
   const int L = a.qsl[s + 1] - a.qsl[s], P = a.seq_lens[s] - L;
   if (L <= 0 || P < 0) return r;  // empty, or a contract violation (no rows are scored)
   r.nt = (L + kRows - 1) / kRows;
@@ -561,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   if (kSelect && a.streamk) {
     // The next tile holding blocks of this CTA's units (contract-violating tiles are skipped).
     bool got = false;
-    while (!got && sk_s < a.num_seqs && sk_U + kSkSetup < sk_u1) {
+    while (!got && sk_s < a.num_seqs && sk_U + a.sk_setup < sk_u1) {
       const SkRequest r = sk_request(a, sk_s);
       if (sk_t >= r.nt) {
         ++sk_s, sk_t = 0;
@@ -569,10 +571,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
       }
       const int n = r.blocks(sk_t);
       s = sk_s, tile = sk_t;
-      b_begin = int(max(0ll, sk_u0 - sk_U - kSkSetup));
-      b_end = int(min((long long)n, sk_u1 - sk_U - kSkSetup));
+      b_begin = int(max(0ll, sk_u0 - sk_U - a.sk_setup));
+      b_end = int(min((long long)n, sk_u1 - sk_U - a.sk_setup));
       got = b_end > b_begin && n <= a.max_blocks;
-      sk_U += kSkSetup + n, sk_u0 = sk_U, ++sk_t;
+      sk_U += a.sk_setup + n, sk_u0 = sk_U, ++sk_t;
     }
     if (!got) break;
   } else {
@@ -1519,6 +1521,16 @@ int streamk_knob() {
   return hook_or(g_streamk, v);
 }
 
+// SIEVE_PREFILL_V2_SK_SETUP = 0..64: the stream-K cost of a tile's setup in key blocks (default
+// 1). Read once.
+int sk_setup_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("SIEVE_PREFILL_V2_SK_SETUP");
+    return e && *e ? std::clamp(std::atoi(e), 0, 64) : 1;
+  }();
+  return v;
+}
+
 // SIEVE_PREFILL_DIAG = 1: no key loads; 2: no MMA; 3: no score stores (development timing of
 // the 128-row kernel: the outputs are wrong). Read once.
 int diag_knob() {
@@ -1765,6 +1777,7 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   a.order = order_knob() >= 0 ? order_knob() : (select ? 1 : 0);
   a.merge_rank = merge_knob();
   a.streamk = streamk ? 1 : 0;
+  a.sk_setup = sk_setup_knob();
   if (streamk && select_pdl() && overlap_knob()) {
     const size_t n = size_t(bv.num_tokens) * p.num_index_heads;
     int32_t* ctr = zeroed_counters(stream, 2 * n + 1);
