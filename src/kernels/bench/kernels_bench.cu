@@ -409,6 +409,19 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       const bool main_shape = ds.batch == 32 && ds.ctx == 9216;
       // At the main shape, the batched-graph mode again with programmatic dependent launch of the
       // kernels in `mask` (SIEVE_PDL; same process, same inputs): what PDL gives.
+      // A row in the three timing modes (eager, one-call graph, batched graph); returns the last.
+      auto emit_modes = [&](Row r, const std::function<void(int, cudaStream_t)>& fn) {
+        r.mode = "eager";
+        r.us = time_it(iters, sets, fn, false, st);
+        emit(r, c);
+        r.mode = "graph";
+        r.us = time_it(iters, sets, fn, true, st);
+        emit(r, c);
+        r.mode = kBatchMode;
+        r.us = time_it(iters, sets, fn, true, st, kGraphBatch);
+        emit(r, c);
+        return r;
+      };
       auto with_pdl = [&](Row r, const std::function<void(int, cudaStream_t)>& fn, int mask = 7) {
         if (!main_shape) return;
         cuda::set_pdl(mask);
@@ -471,16 +484,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       Row a{"sparse decode attention", shape, dt, "", 0, afloor, "bytes"};
       a.target_us = main_shape ? (fp8 ? 7 : 11) : 0;
       a.target_note = main_shape ? "issue target" : "";
-      a.mode = "eager";
-      a.us = time_it(iters, sets, attn(true), false, st);
-      emit(a, c);
-      a.mode = "graph";
-      a.us = time_it(iters, sets, attn(true), true, st);
-      emit(a, c);
-      a.mode = kBatchMode;
-      a.us = time_it(iters, sets, attn(true), true, st, kGraphBatch);
-      emit(a, c);
-      with_pdl(a, attn(true));
+      with_pdl(emit_modes(a, attn(true)), attn(true));
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
@@ -488,16 +492,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         attn(true)(s, stream);
       };
       Row sr{"decode step (indexer + sparse attention)", shape, dt, "", 0, ifloor + afloor, "bytes"};
-      sr.mode = "eager";
-      sr.us = time_it(iters, sets, step, false, st);
-      emit(sr, c);
-      sr.mode = "graph";
-      sr.us = time_it(iters, sets, step, true, st);
-      emit(sr, c);
-      sr.mode = kBatchMode;
-      sr.us = time_it(iters, sets, step, true, st, kGraphBatch);
-      emit(sr, c);
-      with_pdl(sr, step);
+      with_pdl(emit_modes(sr, step), step);
 
       // One decode step of a sparse layer's attention as the model runs it: the cache write of the
       // step's tokens (q / k / index q / index k norm + RoPE; K, V and the index key stored at
@@ -557,15 +552,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         const double wbytes = double(c.T) * (stride * 2.0 + (2048 + 128) * 2.0 + 3 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0));
         Row fr{"decode step (cache write + indexer + sparse attention)", shape, dt, "", 0,
                ifloor + afloor + wbytes / bw * 1e6, "bytes"};
-        fr.mode = "eager";
-        fr.us = time_it(iters, sets, full_step, false, st);
-        emit(fr, c);
-        fr.mode = "graph";
-        fr.us = time_it(iters, sets, full_step, true, st);
-        emit(fr, c);
-        fr.mode = kBatchMode;
-        fr.us = time_it(iters, sets, full_step, true, st, kGraphBatch);
-        emit(fr, c);
+        fr = emit_modes(fr, full_step);
         with_pdl(fr, full_step);
         with_pdl(fr, full_step, 4);  // the attention only
       }
@@ -575,16 +562,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       Row d{"dense decode attention", shape, dt, "", 0, dfloor, "bytes"};
       d.target_us = main_shape ? 1.3 * dfloor : 0;
       d.target_note = main_shape ? "1.3 x floor" : "";
-      d.mode = "eager";
-      d.us = time_it(iters, sets, attn(false), false, st);
-      emit(d, c);
-      d.mode = "graph";
-      d.us = time_it(iters, sets, attn(false), true, st);
-      emit(d, c);
-      d.mode = kBatchMode;
-      d.us = time_it(iters, sets, attn(false), true, st, kGraphBatch);
-      emit(d, c);
-      with_pdl(d, attn(false));
+      with_pdl(emit_modes(d, attn(false)), attn(false));
     }
   }
 
