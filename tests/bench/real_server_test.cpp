@@ -123,7 +123,10 @@ TEST(BenchCli, CtrlCPrintsTheResultsSoFar) {
     _exit(127);
   }
   close(fds[1]);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Interrupt once a few requests have reached the server (not after a fixed time: a loaded
+  // machine may take longer to start the client), leaving them time to finish.
+  for (int i = 0; i < 3000 && s.bodies().size() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(pid, SIGINT);
   std::string out;
   char buf[4096];
