@@ -216,4 +216,36 @@ __device__ void merge_request(const Args& a, int s, int nv, const int* n_blk_row
   }
 }
 
+
+// The end of a v1 / v2 fused decode CTA (all threads): the chunk's block scores sc[16][chunk]
+// to block_scores (when asked for; -inf past the request's blocks, the last chunk also up to
+// mbps), its sorted top-k list to the partials, then the last CTA of request s to arrive (a
+// counter it returns to zero) merges the request's lists into topk_idx. `is_last` is a
+// __shared__ int of the kernel; `smem` the dynamic shared memory (scores first).
+template <class Args>
+__device__ void finish_chunk(const Args& a, const float* sc, int s, int c, int tok0, int nv, int b0, int nb,
+                             const int* n_blk_row, float* smem, int* is_last) {
+  if (a.block_scores) {
+    const int hi = c == a.chunks - 1 ? a.mbps : min(a.mbps, b0 + a.chunk_blocks);
+    const int w = max(0, hi - b0);
+    for (int e = threadIdx.x; e < nv * w; e += blockDim.x) {
+      const int v = e / w, i = e % w;
+      a.block_scores[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * a.mbps + b0 + i] =
+          i < nb ? sc[v * a.chunk_blocks + i] : kNegInf;
+    }
+  }
+  const int K = a.topk;
+  float* ps = a.part_s + (int64_t(s) * a.chunks + c) * 16 * K;
+  int32_t* pi = a.part_i + (int64_t(s) * a.chunks + c) * 16 * K;
+  select_chunk(a, sc, a.chunk_blocks, nv, b0, nb, n_blk_row, ps, pi);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *is_last = atomicAdd(&a.counters[s], 1) == a.chunks - 1;
+  __syncthreads();
+  if (!*is_last) return;
+  __threadfence();
+  merge_request(a, s, nv, n_blk_row, smem + 16 * a.chunk_blocks);
+  if (threadIdx.x == 0) a.counters[s] = 0;
+}
+
 }  // namespace sieve::cuda

@@ -202,27 +202,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
     sc[e] = score;
   }
   __syncthreads();
-  if (a.block_scores) {
-    const int hi = c == a.chunks - 1 ? a.mbps : min(a.mbps, b0 + a.chunk_blocks);
-    const int w = max(0, hi - b0);
-    for (int e = threadIdx.x; e < nv * w; e += kThreads) {
-      const int v = e / w, i = e % w;
-      a.block_scores[((tok0 + v / a.H) * int64_t(a.H) + v % a.H) * a.mbps + b0 + i] =
-          i < nb ? sc[v * a.chunk_blocks + i] : kNegInf;
-    }
-  }
-  const int K = a.topk;
-  float* ps = a.part_s + (int64_t(s) * a.chunks + c) * 16 * K;
-  int32_t* pi = a.part_i + (int64_t(s) * a.chunks + c) * 16 * K;
-  select_chunk(a, sc, a.chunk_blocks, nv, b0, nb, n_blk_row, ps, pi);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[s], 1) == a.chunks - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  merge_request(a, s, nv, n_blk_row, smem + 16 * a.chunk_blocks);
-  if (threadIdx.x == 0) a.counters[s] = 0;
+  finish_chunk(a, sc, s, c, tok0, nv, b0, nb, n_blk_row, smem, &is_last);
 }
 
 }  // namespace
