@@ -47,9 +47,9 @@ enum PdlKernel : int { kPdlCacheWrite = 1, kPdlIndexer = 2, kPdlAttention = 4, k
 bool pdl_enabled(PdlKernel k);
 void set_pdl(int mask);
 
-// Launches `kernel` with programmatic stream serialisation when pdl_enabled(k).
+// Launches `kernel`, with programmatic stream serialisation when `pdl` (e.g. pdl_enabled(k)).
 template <class... P, class... A>
-void launch_pdl(PdlKernel k, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 const char* what, A&&... args) {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1]{};
@@ -60,7 +60,7 @@ void launch_pdl(PdlKernel k, void (*kernel)(P...), dim3 grid, dim3 block, size_t
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled(k) ? 1 : 0;
+  cfg.numAttrs = pdl ? 1 : 0;
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...), what);
 }
 

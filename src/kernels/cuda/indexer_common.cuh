@@ -216,7 +216,6 @@ __device__ void merge_request(const Args& a, int s, int nv, const int* n_blk_row
   }
 }
 
-
 // The end of a v1 / v2 fused decode CTA (all threads): the chunk's block scores sc[16][chunk]
 // to block_scores (when asked for; -inf past the request's blocks, the last chunk also up to
 // mbps), its sorted top-k list to the partials, then the last CTA of request s to arrive (a

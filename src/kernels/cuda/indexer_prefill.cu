@@ -84,8 +84,8 @@
 //
 // Stream-K grid (select path with the selection kernel, the default; SIEVE_PREFILL_V2_STREAMK=0
 // for the (tile, split) grid above): 2 CTAs per SM per index head, each taking an equal share of
-// the head's causal work counted in units (per tile: kSkSetup for its query tile and pipeline
-// fill, then one per key block), possibly several tiles in a row; see sk_find. The split's
+// the head's causal work counted in units (per tile: a.sk_setup, 1 by default, for its query tile
+// and pipeline fill, then one per key block), possibly several tiles in a row; see sk_find. The split's
 // block ids are cached in shared memory (s_bt) so the loop's copies never wait on a global load.
 // SIEVE_PREFILL_DIAG=1|2|3 (development timing, wrong outputs): no key loads | no MMA | no
 // score stores.
@@ -443,15 +443,19 @@ struct SkRequest {
   __device__ __forceinline__ int blocks(int t) const { return t < nt - 1 ? t + c + 1 : n_last; }
 };
 
-__device__ __forceinline__ SkRequest sk_request(const Args& a, int s) {
+// A request of L new tokens after a prefix of P (nt = 0: none of its rows is scored).
+__device__ __forceinline__ SkRequest sk_shape(int L, int P, int setup) {
   SkRequest r;
-  r.setup = a.sk_setup;
-  const int L = a.qsl[s + 1] - a.qsl[s], P = a.seq_lens[s] - L;
+  r.setup = setup;
   if (L <= 0 || P < 0) return r;  // empty, or a contract violation (no rows are scored)
   r.nt = (L + kRows - 1) / kRows;
   r.c = (P + kBlock - 1) / kBlock;
   r.n_last = (P + L - 1) / kBlock + 1;
   return r;
+}
+__device__ __forceinline__ SkRequest sk_request(const Args& a, int s) {
+  const int L = a.qsl[s + 1] - a.qsl[s];
+  return sk_shape(L, a.seq_lens[s] - L, a.sk_setup);
 }
 
 // Inclusive prefix sum over the warp's lanes.
@@ -1347,10 +1351,13 @@ __device__ __forceinline__ void select_kernel_row(const Args& a, int64_t row, in
   const int n = pos / kBlock + 1;
   int32_t* done = nullptr;
   int tile_rows = 0;
-  if (a.tile_done && P >= 0) {
+  // The stream-K grid's own description of the request: it scores tile t (r.blocks(t) key
+  // blocks) when the request has tiles and the tile fits n_max (see the segment loop).
+  const SkRequest r = sk_shape(L, P, a.sk_setup);
+  if (a.tile_done && r.nt > 0) {
     const int t = int(tok - tok0) / kRows;
     tile_rows = min(kRows, L - t * kRows);
-    const int need = (P + t * kRows + tile_rows - 1) / kBlock + 1;  // the tile's key blocks
+    const int need = r.blocks(t);
     if (need <= n_max) {
       done = a.tile_done + ((int64_t(tok0) + int64_t(t) * kRows) * a.H + h);
       if (lane == 0) {
@@ -1820,17 +1827,8 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     const int nw = kThreads / 32;
     const size_t smem = size_t(nw) * (kCandCap * 8 + 128) + size_t(nw) * max_blocks * 4;
     set_smem(prefill_select_kernel, smem);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned((nrows + nw - 1) / nw));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = select_pdl() ? 1 : 0;
-    cuda_check(cudaLaunchKernelEx(&cfg, prefill_select_kernel, a, nrows, max_blocks), "indexer prefill select launch");
+    launch_pdl(select_pdl(), prefill_select_kernel, dim3(unsigned((nrows + nw - 1) / nw)), dim3(kThreads), smem, stream,
+               "indexer prefill select launch", a, nrows, max_blocks);
   }
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
   if (trace) {
