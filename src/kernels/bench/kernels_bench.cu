@@ -131,6 +131,40 @@ constexpr int kGraphBatch = 16;
 const std::string kBatchMode = "graph x" + std::to_string(kGraphBatch) + " (per call)";
 
 // ---------------------------------------------------------------------------------------------
+// The cache write of one TP4 rank of MiniMax-M3 (16 q heads, 1 kv head, 1 index head, head dim
+// 128, RoPE on 64 dims) over bf16 projection rows [q 16 x 128 | k | v | index q | index k].
+
+constexpr int64_t kQkvStride = 16 * 128 + 4 * 128;
+
+// `norm` serves as all four norm weights.
+ops::QkvNormRopeCacheParams qkv_params(void* rows, int64_t tokens, const void* norm, const int32_t* positions,
+                                       const float* cos_sin, const int64_t* slots, const ops::KvCacheView& kv,
+                                       const ops::IndexCacheView& ic) {
+  ops::QkvNormRopeCacheParams p;
+  p.qkv = rows;
+  p.act_dtype = DType::BF16;
+  p.num_tokens = tokens;
+  p.row_stride = kQkvStride;
+  p.num_q_heads = 16, p.num_kv_heads = 1, p.head_dim = 128;
+  p.q_offset = 0, p.k_offset = 2048, p.v_offset = 2176;
+  p.num_index_heads = 1, p.index_dim = 128, p.index_q_offset = 2304, p.index_k_offset = 2432;
+  p.q_norm = p.k_norm = p.index_q_norm = p.index_k_norm = norm;
+  p.positions = positions;
+  p.cos_sin = cos_sin;
+  p.rotary_dim = 64;
+  p.slot_mapping = slots;
+  p.kv = kv;
+  p.index_cache = ic;
+  return p;
+}
+
+// Bytes it must move: the rows read once, q + index q written back, k, v and the index key
+// cached (+ the fp8 scales).
+double qkv_bytes(int64_t tokens, bool fp8) {
+  return double(tokens) * (kQkvStride * 2.0 + (2048 + 128) * 2.0 + 3 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0));
+}
+
+// ---------------------------------------------------------------------------------------------
 // One input set of a paged batch: index cache, KV cache (+ scales), q, index_q, outputs.
 
 struct BatchShape {
@@ -407,8 +441,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       c.build(uint64_t(ds.batch) * 7 + ds.ctx + fp8, l2);
       const int sets = int(c.sets.size());
       const bool main_shape = ds.batch == 32 && ds.ctx == 9216;
-      // At the main shape, the batched-graph mode again with programmatic dependent launch of the
-      // kernels in `mask` (SIEVE_PDL; same process, same inputs): what PDL gives.
       // A row in the three timing modes (eager, one-call graph, batched graph); returns the last.
       auto emit_modes = [&](Row r, const std::function<void(int, cudaStream_t)>& fn) {
         r.mode = "eager";
@@ -422,6 +454,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         emit(r, c);
         return r;
       };
+      // At the main shape, the batched-graph mode again with programmatic dependent launch of the
+      // kernels in `mask` (SIEVE_PDL; same process, same inputs): what PDL gives.
       auto with_pdl = [&](Row r, const std::function<void(int, cudaStream_t)>& fn, int mask = 7) {
         if (!main_shape) return;
         cuda::set_pdl(mask);
@@ -500,7 +534,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       // cache write), the sparse attention. Norm weights 0 (Gemma's 1 + w = 1), so repeating the
       // in-place transform keeps the rows' magnitudes.
       {
-        const int64_t stride = 16 * 128 + 128 + 128 + 128 + 128;
         std::vector<float> cs(size_t(c.max_seq) * 64);
         ops::build_rope_table(cs.data(), c.max_seq, 64, 5e6);
         auto d_cs = upload(cs);
@@ -516,42 +549,28 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
               pos.push_back(p);
               slot.push_back(int64_t(c.sets[size_t(s)].host_tables[i * size_t(c.mbps) + size_t(p / 128)]) * 128 + p % 128);
             }
-          rows.push_back(dev(size_t(c.T) * stride * 2));
-          fill(rows.back()->p, 0, size_t(c.T) * stride, 60 + s, 2.f);
+          rows.push_back(dev(size_t(c.T) * kQkvStride * 2));
+          fill(rows.back()->p, 0, size_t(c.T) * kQkvStride, 60 + s, 2.f);
           poss.push_back(upload(pos));
           slots.push_back(upload(slot));
         }
         cuda_check(cudaDeviceSynchronize(), "bench inputs");
         auto full_step = [&](int s, cudaStream_t stream) {
           const ops::AttentionParams base = c.attention(s, true);
-          ops::QkvNormRopeCacheParams p;
-          p.qkv = rows[size_t(s)]->p;
-          p.act_dtype = DType::BF16;
-          p.num_tokens = c.T;
-          p.row_stride = stride;
-          p.num_q_heads = 16, p.num_kv_heads = 1, p.head_dim = 128;
-          p.q_offset = 0, p.k_offset = 2048, p.v_offset = 2176;
-          p.num_index_heads = 1, p.index_dim = 128, p.index_q_offset = 2304, p.index_k_offset = 2432;
-          p.q_norm = p.k_norm = p.index_q_norm = p.index_k_norm = w->p;
-          p.positions = poss[size_t(s)]->as<int32_t>();
-          p.cos_sin = d_cs->as<float>();
-          p.rotary_dim = 64;
-          p.slot_mapping = slots[size_t(s)]->as<int64_t>();
-          p.kv = base.kv;
-          p.index_cache = c.indexer(s).cache;
-          if (!cuda::run_qkv_norm_rope_cache(p, stream)) throw Error("bench: cache write unsupported");
           ops::IndexerParams ip = c.indexer(s);
-          ip.index_q = static_cast<uint16_t*>(rows[size_t(s)]->p) + 2304;
-          ip.q_stride = stride;
+          const auto p = qkv_params(rows[size_t(s)]->p, c.T, w->p, poss[size_t(s)]->as<int32_t>(), d_cs->as<float>(),
+                                    slots[size_t(s)]->as<int64_t>(), base.kv, ip.cache);
+          if (!cuda::run_qkv_norm_rope_cache(p, stream)) throw Error("bench: cache write unsupported");
+          ip.index_q = static_cast<uint16_t*>(rows[size_t(s)]->p) + p.index_q_offset;
+          ip.q_stride = kQkvStride;
           if (!cuda::run_indexer_path(ip, stream, cuda::IndexerPath::kAuto)) throw Error("bench: indexer unsupported");
           ops::AttentionParams ap = base;
           ap.q = rows[size_t(s)]->p;
-          ap.q_stride = stride;
+          ap.q_stride = kQkvStride;
           if (!cuda::run_attention(ap, stream)) throw Error("bench: attention unsupported");
         };
-        const double wbytes = double(c.T) * (stride * 2.0 + (2048 + 128) * 2.0 + 3 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0));
         Row fr{"decode step (cache write + indexer + sparse attention)", shape, dt, "", 0,
-               ifloor + afloor + wbytes / bw * 1e6, "bytes"};
+               ifloor + afloor + qkv_bytes(c.T, fp8) / bw * 1e6, "bytes"};
         fr = emit_modes(fr, full_step);
         with_pdl(fr, full_step);
         with_pdl(fr, full_step, 4);  // the attention only
@@ -635,7 +654,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       const std::string dt = fp8 ? "fp8" : "bf16";
       const std::string shape = std::to_string(tokens) + " tokens";
       if (!wanted(opt, "cache write " + shape + " " + dt)) continue;
-      const int64_t stride = 16 * 128 + 128 + 128 + 128 + 128;
       const int nsets = 4;
       std::vector<DevPtr> rows, kc, vc, ksc, vsc, icc;
       const size_t slots = size_t(tokens) * 4;
@@ -649,8 +667,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       auto w = dev(128 * 2);
       fill(w->p, 0, 128, 5, 0.5f);
       for (int s = 0; s < nsets; ++s) {
-        rows.push_back(dev(size_t(tokens) * stride * 2));
-        fill(rows.back()->p, 0, size_t(tokens) * stride, 40 + s, 2.f);
+        rows.push_back(dev(size_t(tokens) * kQkvStride * 2));
+        fill(rows.back()->p, 0, size_t(tokens) * kQkvStride, 40 + s, 2.f);
         kc.push_back(dev(slots * 128 * (fp8 ? 1 : 2)));
         vc.push_back(dev(slots * 128 * (fp8 ? 1 : 2)));
         ksc.push_back(dev(slots * 4));
@@ -658,33 +676,20 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         icc.push_back(dev(slots * 128 * (fp8 ? 1 : 2)));
       }
       auto params = [&](int s) {
-        ops::QkvNormRopeCacheParams p;
-        p.qkv = rows[size_t(s)]->p;
-        p.act_dtype = DType::BF16;
-        p.num_tokens = tokens;
-        p.row_stride = stride;
-        p.num_q_heads = 16, p.num_kv_heads = 1, p.head_dim = 128;
-        p.q_offset = 0, p.k_offset = 2048, p.v_offset = 2176;
-        p.num_index_heads = 1, p.index_dim = 128, p.index_q_offset = 2304, p.index_k_offset = 2432;
-        p.q_norm = p.k_norm = p.index_q_norm = p.index_k_norm = w->p;
-        p.positions = d_pos->as<int32_t>();
-        p.cos_sin = d_cs->as<float>();
-        p.rotary_dim = 64;
-        p.slot_mapping = d_slots->as<int64_t>();
-        p.kv.k = kc[size_t(s)]->p, p.kv.v = vc[size_t(s)]->p;
-        p.kv.k_scale = ksc[size_t(s)]->as<float>(), p.kv.v_scale = vsc[size_t(s)]->as<float>();
-        p.kv.dtype = fp8 ? DType::FP8_E4M3 : DType::BF16;
-        p.kv.num_blocks = int64_t(slots / 128), p.kv.block_size = 128, p.kv.num_kv_heads = 1, p.kv.head_dim = 128;
-        p.index_cache.k = icc[size_t(s)]->p;
-        p.index_cache.dtype = p.kv.dtype;
-        p.index_cache.num_blocks = p.kv.num_blocks, p.index_cache.block_size = 128, p.index_cache.index_dim = 128;
-        return p;
+        ops::KvCacheView kv;
+        kv.k = kc[size_t(s)]->p, kv.v = vc[size_t(s)]->p;
+        kv.k_scale = ksc[size_t(s)]->as<float>(), kv.v_scale = vsc[size_t(s)]->as<float>();
+        kv.dtype = fp8 ? DType::FP8_E4M3 : DType::BF16;
+        kv.num_blocks = int64_t(slots / 128), kv.block_size = 128, kv.num_kv_heads = 1, kv.head_dim = 128;
+        ops::IndexCacheView ic;
+        ic.k = icc[size_t(s)]->p;
+        ic.dtype = kv.dtype;
+        ic.num_blocks = kv.num_blocks, ic.block_size = 128, ic.index_dim = 128;
+        return qkv_params(rows[size_t(s)]->p, tokens, w->p, d_pos->as<int32_t>(), d_cs->as<float>(),
+                          d_slots->as<int64_t>(), kv, ic);
       };
       cuda_check(cudaDeviceSynchronize(), "bench inputs");
-      // Bytes: the row read once, q + index_q written back, k, v, index_k cached (+ scales).
-      const double esz = fp8 ? 1 : 2;
-      const double bytes = double(tokens) * (stride * 2.0 + (2048 + 128) * 2.0 + 3 * 128 * esz + (fp8 ? 8 : 0));
-      Row r{"qkv norm+rope+cache write", shape, dt, "eager", 0, bytes / bw * 1e6, "bytes"};
+      Row r{"qkv norm+rope+cache write", shape, dt, "eager", 0, qkv_bytes(tokens, fp8) / bw * 1e6, "bytes"};
       r.us = time_it(iters, nsets, [&](int s, cudaStream_t stream) { cuda::run_qkv_norm_rope_cache(params(s), stream); }, false, st);
       r.runs = iters, r.input_sets = nsets;
       on_row(r);
