@@ -43,7 +43,8 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
   args.opt({"--json"}, "PATH", "write all rows as JSON")
       .opt({"--md"}, "PATH", "write a Markdown table")
       .opt({"--iters"}, "N", "timed runs per row (median; at least 50)", "100")
-      .opt({"--filter"}, "TEXT", "only cases whose \"phase shape dtype\" contains TEXT");
+      .opt({"--filter"}, "TEXT", "only cases whose \"phase shape dtype\" contains TEXT")
+      .opt({"--rows"}, "TEXT", "only rows whose kernel name contains TEXT (e.g. \"dense\"; for traces and profilers)");
   if (!args.parse()) return 0;
 #ifndef SIEVE_HAVE_CUDA
   throw sieve::Error("bench kernels: this build has no CUDA backend");
@@ -53,6 +54,7 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
   kb::Options opt;
   opt.iters = int(args.get_int("--iters"));
   opt.filter = args.get("--filter");
+  opt.rows = args.get("--rows");
   const kb::Env env = kb::measure_env();
   std::printf("GPU %s, %d SMs, L2 %.0f MB; copy %.0f GB/s (read+write); bf16 matrix %.0f TFLOP/s (%s)\n",
               env.gpu.c_str(), env.sms, env.l2_mb, env.copy_gbps, env.bf16_tflops, env.matrix_source.c_str());

@@ -35,6 +35,7 @@ struct Row {
 struct Options {
   int iters = 100;
   std::string filter;  // substring of "kernel shape dtype"; empty = all
+  std::string rows;    // substring of the kernel name (the table's first column); empty = all
 };
 
 Env measure_env();

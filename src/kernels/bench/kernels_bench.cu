@@ -348,6 +348,10 @@ BatchShape prefill_shape(int cached, int n) {
 bool wanted(const Options& o, const std::string& what) {
   return o.filter.empty() || what.find(o.filter) != std::string::npos;
 }
+// --rows: a row (by its kernel name) is timed only when wanted.
+bool row_wanted(const Options& o, const std::string& kernel) {
+  return o.rows.empty() || kernel.find(o.rows) != std::string::npos;
+}
 
 }  // namespace
 
@@ -411,7 +415,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
   };
 
   // ---- Calibration: what the timing method reads for a kernel that does nothing.
-  {
+  if (row_wanted(opt, "empty kernel (timing floor)")) {
     Row r{"empty kernel (timing floor)", "1 CTA", "-", "eager", 0, 0, "-"};
     auto fn = [](int, cudaStream_t s) { empty_kernel<<<1, 32, 0, s>>>(); };
     r.us = time_it(iters, 1, fn, false, st);
@@ -486,6 +490,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
                                          {cuda::IndexerPath::kDecodeFusedV3, "fused v3", false, false},
                                          {cuda::IndexerPath::kDecodeBaseline, "baseline 3 kernels", false, false}};
       for (const auto& ip : ipaths) {
+        if (!row_wanted(opt, "decode indexer")) break;
         if (!cuda::run_indexer_path(c.indexer(0), st, ip.path)) continue;
         Row r{"decode indexer", shape, dt, "", 0, ifloor, "bytes"};
         if (ip.target) {
@@ -518,7 +523,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       Row a{"sparse decode attention", shape, dt, "", 0, afloor, "bytes"};
       a.target_us = main_shape ? (fp8 ? 7 : 11) : 0;
       a.target_note = main_shape ? "issue target" : "";
-      with_pdl(emit_modes(a, attn(true)), attn(true));
+      if (row_wanted(opt, a.kernel)) with_pdl(emit_modes(a, attn(true)), attn(true));
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
@@ -526,14 +531,14 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         attn(true)(s, stream);
       };
       Row sr{"decode step (indexer + sparse attention)", shape, dt, "", 0, ifloor + afloor, "bytes"};
-      with_pdl(emit_modes(sr, step), step);
+      if (row_wanted(opt, sr.kernel)) with_pdl(emit_modes(sr, step), step);
 
       // One decode step of a sparse layer's attention as the model runs it: the cache write of the
       // step's tokens (q / k / index q / index k norm + RoPE; K, V and the index key stored at
       // each request's new position), the indexer (its query vectors and the new keys from the
       // cache write), the sparse attention. Norm weights 0 (Gemma's 1 + w = 1), so repeating the
       // in-place transform keeps the rows' magnitudes.
-      {
+      if (row_wanted(opt, "decode step (cache write + indexer + sparse attention)")) {
         std::vector<float> cs(size_t(c.max_seq) * 64);
         ops::build_rope_table(cs.data(), c.max_seq, 64, 5e6);
         auto d_cs = upload(cs);
@@ -581,7 +586,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       Row d{"dense decode attention", shape, dt, "", 0, dfloor, "bytes"};
       d.target_us = main_shape ? 1.3 * dfloor : 0;
       d.target_note = main_shape ? "1.3 x floor" : "";
-      with_pdl(emit_modes(d, attn(false)), attn(false));
+      if (row_wanted(opt, d.kernel)) with_pdl(emit_modes(d, attn(false)), attn(false));
     }
   }
 
@@ -602,38 +607,46 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       const int sets = int(c.sets.size());
       const double ifl = c.index_flops() / rate * 1e6;
       Row r{"prefill indexer", shape, dt, "eager", 0, ifl, "flops"};
+      const bool index_rows = row_wanted(opt, r.kernel);
       if (!fp8 && ps.cached == 0) {
         r.target_us = ps.n == 8192 ? 35 : 280;
         r.target_note = "issue target";
       }
       auto prefill_fn = [&](int s, cudaStream_t stream) {
-        if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefill)) throw Error("bench: indexer");
+        if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefill))
+          throw Error("bench: indexer");
       };
-      r.us = time_it(iters, sets, prefill_fn, false, st);
-      emit(r, c);
-      // The same call as a one-call CUDA graph: the kernels' time without the host's launch
-      // calls (an eager call pays them inside its events: the empty kernel's eager row).
-      r.mode = "graph";
-      r.us = time_it(iters, sets, prefill_fn, true, st);
-      emit(r, c);
-      {
-        // The same graph with the selection kernel waiting for the whole scoring grid.
-        cuda::PrefillV2Knobs k;
-        k.overlap = 0;
-        cuda::set_indexer_prefill_v2_knobs(k);
-        Row o = r;
-        o.mode = "graph, selection not overlapped";
-        o.target_us = 0, o.target_note = "";
-        o.us = time_it(iters, sets, prefill_fn, true, st);
-        cuda::set_indexer_prefill_v2_knobs(cuda::PrefillV2Knobs{});
-        emit(o, c);
+      if (index_rows) {
+        r.us = time_it(iters, sets, prefill_fn, false, st);
+        emit(r, c);
+        // The same call as a one-call CUDA graph: the kernels' time without the host's launch
+        // calls (an eager call pays them inside its events: the empty kernel's eager row).
+        r.mode = "graph";
+        r.us = time_it(iters, sets, prefill_fn, true, st);
+        emit(r, c);
+        {
+          // The same graph with the selection kernel waiting for the whole scoring grid.
+          cuda::PrefillV2Knobs k;
+          k.overlap = 0;
+          cuda::set_indexer_prefill_v2_knobs(k);
+          Row o = r;
+          o.mode = "graph, selection not overlapped";
+          o.target_us = 0, o.target_note = "";
+          o.us = time_it(iters, sets, prefill_fn, true, st);
+          cuda::set_indexer_prefill_v2_knobs(cuda::PrefillV2Knobs{});
+          emit(o, c);
+        }
+        r.mode = "eager, first kernel";
+        r.target_us = 0, r.target_note = "";
+        r.us = time_it(
+            std::min(iters, 50), sets,
+            [&](int s, cudaStream_t stream) {
+              if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefillV1))
+                throw Error("bench: indexer");
+            },
+            false, st);
+        emit(r, c);
       }
-      r.mode = "eager, first kernel";
-      r.target_us = 0, r.target_note = "";
-      r.us = time_it(std::min(iters, 50), sets, [&](int s, cudaStream_t stream) {
-        if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefillV1)) throw Error("bench: indexer");
-      }, false, st);
-      emit(r, c);
       for (int s = 0; s < sets; ++s) cuda::run_indexer(c.indexer(s), st);
       const double afl = c.attn_flops(true) / rate * 1e6;
       Row a{"sparse prefill attention", shape, dt, "eager", 0, afl, "flops"};
@@ -641,6 +654,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         a.target_us = afl * 2;
         a.target_note = ">= 50% of bf16 matrix rate";
       }
+      if (!row_wanted(opt, a.kernel)) continue;
       a.us = time_it(iters, sets, [&](int s, cudaStream_t stream) {
         cuda::run_attention(c.attention(s, true), stream);
       }, false, st);
@@ -653,7 +667,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     for (bool fp8 : {true, false}) {
       const std::string dt = fp8 ? "fp8" : "bf16";
       const std::string shape = std::to_string(tokens) + " tokens";
-      if (!wanted(opt, "cache write " + shape + " " + dt)) continue;
+      if (!wanted(opt, "cache write " + shape + " " + dt) || !row_wanted(opt, "qkv norm+rope+cache write")) continue;
       const int nsets = 4;
       std::vector<DevPtr> rows, kc, vc, ksc, vsc, icc;
       const size_t slots = size_t(tokens) * 4;
