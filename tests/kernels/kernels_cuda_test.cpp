@@ -286,6 +286,9 @@ struct AttnCase {
   DType out = DType::F32;
   bool sparse = true;
   int topk = 16;
+  // fp8: token scales multiplied by 2^u, u uniform in [-spread, 0] for V and [-1, spread / 4]
+  // for K (per-token magnitudes spread over 2^spread; scores spread too).
+  float scale_spread = 0.f;
 };
 
 void check_attention_once(const AttnCase& c, uint64_t seed) {
@@ -296,6 +299,12 @@ void check_attention_once(const AttnCase& c, uint64_t seed) {
   PagedBatch b = make_paged_batch(c.specs, 128, rng);
   KvCache kv(c.kv, b.num_blocks, 128, c.nkv, D);
   fill_caches_random(b, &kv, nullptr, rng, 1.0f);
+  if (c.scale_spread > 0.f && c.kv == DType::FP8_E4M3) {
+    for (auto& x : kv.v_scale)
+      if (!std::isnan(x)) x *= std::exp2(rng.uniform(-c.scale_spread, 0.f));
+    for (auto& x : kv.k_scale)
+      if (!std::isnan(x)) x *= std::exp2(rng.uniform(-1.f, c.scale_spread / 4));
+  }
   const int64_t T = b.num_tokens;
   const int64_t q_stride = int64_t(c.nq) * D + 8;
   std::vector<float> qv(size_t(T * q_stride));
@@ -454,6 +463,26 @@ TEST(CudaAttention, ClusterShapesMatchCpu) {
         c.out = DType::BF16;
         check_attention(c, seed++);
       }
+    }
+  }
+}
+
+// fp8 caches whose token scales spread over 2^20 (V) and whose scores spread widely: the P V
+// step's per-block f16 scaling of p * v_scale (attention.cu) keeps every term's precision.
+TEST(CudaAttention, Fp8WideScalesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7600;
+  Rng rng(7600);
+  std::vector<SeqSpec> longs;
+  for (int i = 0; i < 3; ++i) longs.push_back({rng.uniform_int(9000, 12000), 1});
+  for (const auto& specs : {kDecodeSpecs, kSpecSpecs, longs}) {
+    for (bool sparse : {true, false}) {
+      AttnCase c;
+      c.specs = specs;
+      c.kv = DType::FP8_E4M3;
+      c.sparse = sparse;
+      c.scale_spread = 20.f;
+      check_attention(c, seed++);
     }
   }
 }

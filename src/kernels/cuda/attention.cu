@@ -106,7 +106,7 @@ struct AttnArgs {
   unsigned long long* trace;  // optional (SIEVE_ATTN_TRACE): [grid CTAs][kTracePoints] timestamps
 };
 
-constexpr int kTracePoints = 8;
+constexpr int kTracePoints = 9;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
@@ -122,6 +122,108 @@ __device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t)
     if (qsl[mid] <= t) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// Output dims d4..d4+3 of q head `head` of token t (bf16 or f32; vector stores when aligned).
+__device__ __forceinline__ void store_out4(const AttnArgs& a, int t, int head, int d4, float x0, float x1, float x2,
+                                           float x3) {
+  const int64_t oi = t * a.out_stride + int64_t(head) * kDim + d4;
+  if (a.out_vec && a.out_bf16) {
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + oi) = make_uint2(pack_bf16x2(x0, x1), pack_bf16x2(x2, x3));
+  } else if (a.out_vec) {
+    *reinterpret_cast<float4*>(static_cast<float*>(a.out) + oi) = make_float4(x0, x1, x2, x3);
+  } else {
+    const float o4[4] = {x0, x1, x2, x3};
+    for (int i = 0; i < 4; ++i) {
+      if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi + i] = f32_to_bf16_bits(o4[i]);
+      else static_cast<float*>(a.out)[oi + i] = o4[i];
+    }
+  }
+}
+
+// Output dims d0..d0+kN-1 of q head `head` of token t.
+template <int kN>
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int head, int d0, const float (&x)[kN]) {
+  if constexpr (kN == 4) {
+    store_out4(a, t, head, d0, x[0], x[1], x[2], x[3]);
+  } else {
+    const int64_t oi = t * a.out_stride + int64_t(head) * kDim + d0;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi + i] = f32_to_bf16_bits(x[i]);
+      else static_cast<float*>(a.out)[oi + i] = x[i];
+    }
+  }
+}
+
+struct MergeAt {
+  int t, kvh, C, rank;
+  int64_t part_row;  // (row, cluster group) index of the partials (groups > 1)
+};
+
+// Merge of the cluster's CTAs through distributed shared memory, for rows rank, rank + C, ...:
+// a thread takes kN consecutive dims of one row and issues the loads of every CTA's (max, sum,
+// values) at once; it writes the output (one cluster a row) or the cluster's partial.
+template <int kN, int kThreads>
+__device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_group& cluster, const MergeAt& at,
+                                              int my_rows, const float* cm_s, const float* cl_s, const float* co_s) {
+  constexpr int kPer = kDim / kN;
+  const int C = at.C;
+  for (int idx = threadIdx.x; idx < my_rows * kPer; idx += kThreads) {
+    const int r = at.rank + (idx / kPer) * C, d0 = (idx % kPer) * kN;
+    const int ci = co_index(r, d0);  // the kN dims are consecutive words (within one 32-dim run)
+    float mc[kMaxCluster], lc[kMaxCluster], oc[kMaxCluster][kN];
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c) {
+      mc[c] = kNegInf, lc[c] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kN; ++i) oc[c][i] = 0.f;
+      if (c < C) {
+        const float* cm = C > 1 ? cluster.map_shared_rank(cm_s, c) : cm_s;
+        const float* cl = C > 1 ? cluster.map_shared_rank(cl_s, c) : cl_s;
+        const float* co = C > 1 ? cluster.map_shared_rank(co_s, c) : co_s;
+        mc[c] = cm[r], lc[c] = cl[r];
+#pragma unroll
+        for (int i = 0; i < kN; ++i) oc[c][i] = co[ci + i];
+      }
+    }
+    float M = kNegInf;
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c) M = fmaxf(M, mc[c]);
+    const float Mu = M == kNegInf ? 0.f : M;
+    float L = 0.f, acc[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c) {
+      const float f = c < C ? exp2f(mc[c] - Mu) : 0.f;
+      L += lc[c] * f;
+#pragma unroll
+      for (int i = 0; i < kN; ++i) acc[i] += oc[c][i] * f;
+    }
+    if (a.groups == 1) {
+      const float il = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+      for (int i = 0; i < kN; ++i) acc[i] *= il;
+      store_out<kN>(a, at.t, at.kvh * a.gqa + r, d0, acc);
+    } else {
+      const int64_t pi = at.part_row * 16 + r;
+      float* po = a.part_o + pi * kDim + d0;
+      if constexpr (kN == 4) *reinterpret_cast<float4*>(po) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      else if constexpr (kN == 2) *reinterpret_cast<float2*>(po) = make_float2(acc[0], acc[1]);
+      else po[0] = acc[0];
+      if (d0 == 0) *reinterpret_cast<float2*>(a.part_ml + pi * 2) = make_float2(M, L);
+    }
+  }
+}
+
+// fp8 P V scale exponent of a row for one block: b (>= 0) is the block's largest p * v_scale,
+// lim the smallest exponent that keeps the earlier (rescaled) terms at or below 2^15. Returns kn
+// with b * 2^-kn in [2^14, 2^15) unless lim is larger; never below -120 (b = 0: no new terms).
+__device__ __forceinline__ float p_scale_exponent(float b, float lim) {
+  const int e = int((__float_as_uint(b) >> 23) & 0xffu);
+  const float kb = e > 0 ? float(e - 141) : kNegInf;
+  return fmaxf(fmaxf(kb, lim), -120.f);
 }
 
 // Slot ring: the K (half 0) and V (half 1) copies of unit vi. With two consumer groups the ring
@@ -150,6 +252,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
   __shared__ int blk_ring[kRing];
   __shared__ float m_s[kConsumers][16], l_s[kConsumers][16];
+  __shared__ bool took_s[kConsumers];  // consumer warp w took at least one unit
   __shared__ float cm_s[16], cl_s[16];  // the CTA's (max, sum) per row (read by the cluster)
   __shared__ int is_last;
 
@@ -256,6 +359,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
+  float kc0 = 0.f, kc1 = 0.f;  // fp8: O holds O_true * 2^-kc (per row; see the P V step)
 
   if (is_producer) {
     // ---- Producer: unit list -> bulk copies into the slot ring.
@@ -368,21 +472,31 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       mbar_wait(&full[sV], uV.use & 1u);
       if (active) {
         const uint8_t* vs = smem + size_t(sV) * G::kSlotBytes;
+        // Every key of this warp is at or before the query (warp-uniform): no masking.
+        const bool full_keys = key0 + 31 <= pos;
         // Scale, mask, online softmax (base 2).
         float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const int key = key0 + nt * 8 + 2 * q + j;
             float f = a.scale_log2;
             if constexpr (kFp8) f *= (j ? ksc[nt].y : ksc[nt].x);
-            const bool ok = key <= pos;
-            sacc[nt][j] = ok ? sacc[nt][j] * f : kNegInf;
-            sacc[nt][2 + j] = ok ? sacc[nt][2 + j] * f : kNegInf;
-            mx0 = fmaxf(mx0, sacc[nt][j]);
-            mx1 = fmaxf(mx1, sacc[nt][2 + j]);
+            sacc[nt][j] *= f;
+            sacc[nt][2 + j] *= f;
           }
+        }
+        if (!full_keys) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              if (key0 + nt * 8 + 2 * q + j > pos) sacc[nt][j] = sacc[nt][2 + j] = kNegInf;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          mx0 = fmaxf(mx0, fmaxf(sacc[nt][0], sacc[nt][1]));
+          mx1 = fmaxf(mx1, fmaxf(sacc[nt][2], sacc[nt][3]));
         }
 #pragma unroll
         for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -391,36 +505,68 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
         }
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
         const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-        m0 = mn0, m1 = mn1;
-        l0 *= al0, l1 *= al1;
+        float p[4][4], ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          o[j][0] *= al0, o[j][1] *= al0;
-          o[j][2] *= al1, o[j][3] *= al1;
-        }
-        const float* vsc = reinterpret_cast<const float*>(vs + G::kDataBytes) + wg * 32;
-        uint32_t pa[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          float p[4];
-          float2 vv = make_float2(1.f, 1.f);
-          if constexpr (kFp8) vv = *reinterpret_cast<const float2*>(vsc + nt * 8 + 2 * q);
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            p[j] = exp2f(sacc[nt][j] - mu0);
-            p[2 + j] = exp2f(sacc[nt][2 + j] - mu1);
-            l0 += p[j];
-            l1 += p[2 + j];
-            if constexpr (kFp8) {
-              const float f = key0 + nt * 8 + 2 * q + j <= pos ? (j ? vv.y : vv.x) : 0.f;
-              p[j] *= f;
-              p[2 + j] *= f;
-            }
+            p[nt][j] = ex2_approx(sacc[nt][j] - mu0);
+            p[nt][2 + j] = ex2_approx(sacc[nt][2 + j] - mu1);
+            ls0 += p[nt][j];
+            ls1 += p[nt][2 + j];
           }
-          // n-tile nt holds keys 8 nt..: k-step nt / 2, low (even nt) or high (odd nt) k half.
-          pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf16x2(p[0], p[1]);
-          pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p[2], p[3]);
+        const float al0 = m0 - mu0, al1 = m1 - mu1;  // log2 of the factor that brings O and l to the new maxima
+        const float la0 = ex2_approx(al0), la1 = ex2_approx(al1);
+        l0 = l0 * la0 + ls0, l1 = l1 * la1 + ls1;
+        float oa0 = la0, oa1 = la1;  // O's factor (fp8: with the change of P scale exponent)
+        uint32_t pa[2][4];
+        if constexpr (kFp8) {
+          // P V in f16: P' = p * v_scale * 2^-kn, with kn per row chosen so that the block's
+          // largest P' lies in [2^14, 2^15) (f16 keeps 29 binades of normal numbers below it)
+          // unless an earlier block's terms, brought to the new maximum, are larger: then kn
+          // keeps those at or below 2^15 (the scale never makes a stored term grow). O holds
+          // O_true * 2^-kc; the merge multiplies by 2^kc.
+          const float* vsc = reinterpret_cast<const float*>(vs + G::kDataBytes) + wg * 32;
+          float b0 = 0.f, b1 = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            float2 vv = *reinterpret_cast<const float2*>(vsc + nt * 8 + 2 * q);
+            if (!full_keys) {
+              if (key0 + nt * 8 + 2 * q > pos) vv.x = 0.f;
+              if (key0 + nt * 8 + 2 * q + 1 > pos) vv.y = 0.f;
+            }
+            p[nt][0] *= vv.x, p[nt][2] *= vv.x;
+            p[nt][1] *= vv.y, p[nt][3] *= vv.y;
+            b0 = fmaxf(b0, fmaxf(p[nt][0], p[nt][1]));
+            b1 = fmaxf(b1, fmaxf(p[nt][2], p[nt][3]));
+          }
+#pragma unroll
+          for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            b0 = fmaxf(b0, __shfl_xor_sync(0xffffffffu, b0, o2));
+            b1 = fmaxf(b1, __shfl_xor_sync(0xffffffffu, b1, o2));
+          }
+          const float kn0 = p_scale_exponent(b0, kc0 + al0), kn1 = p_scale_exponent(b1, kc1 + al1);
+          oa0 = ex2_approx(al0 + kc0 - kn0), oa1 = ex2_approx(al1 + kc1 - kn1);
+          kc0 = kn0, kc1 = kn1;
+          const float ps0 = ex2_approx(-kn0), ps1 = ex2_approx(-kn1);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            pa[nt / 2][(nt % 2) * 2 + 0] = pack_f16x2(p[nt][0] * ps0, p[nt][1] * ps0);
+            pa[nt / 2][(nt % 2) * 2 + 1] = pack_f16x2(p[nt][2] * ps1, p[nt][3] * ps1);
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            // n-tile nt holds keys 8 nt..: k-step nt / 2, low (even nt) or high (odd nt) k half.
+            pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf16x2(p[nt][0], p[nt][1]);
+            pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p[nt][2], p[nt][3]);
+          }
+        }
+        m0 = mn0, m1 = mn1;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          o[j][0] *= oa0, o[j][1] *= oa0;
+          o[j][2] *= oa1, o[j][3] *= oa1;
         }
         // ---- O += P V over two k-steps of 16 keys; 16 n-tiles of 8 (permuted) dims.
         const uint8_t* vw = vs + size_t(wg) * 32 * G::kRowBytes;
@@ -442,12 +588,18 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
                 vr[jj][kk][0] = vflip ? x1 : x0;
                 vr[jj][kk][1] = vflip ? x0 : x1;
               }
-              // Keys past the query (the tail of its own block) may hold anything, NaN
-              // included: their probabilities are 0, so zero their V rows too.
-              if (key0 + kr > pos)
-#pragma unroll
-                for (int u = 0; u < kVV; ++u) vr[jj][kk][u] = make_uint4(0, 0, 0, 0);
             }
+          // Keys past the query (the tail of its own block) may hold anything, NaN included:
+          // their probabilities are 0, so zero their V rows too.
+          if (!full_keys) {
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+              for (int kk = 0; kk < 2; ++kk)
+                if (key0 + 16 * i + 8 * jj + 2 * q + kk > pos)
+#pragma unroll
+                  for (int u = 0; u < kVV; ++u) vr[jj][kk][u] = make_uint4(0, 0, 0, 0);
+          }
           // P's A fragment for k-step i: a0/a1 = keys 16i + 2q.. (rows g, g+8), a2/a3 = 16i + 8 + 2q..
           const uint32_t af[4] = {pa[i][0], pa[i][1], pa[i][2], pa[i][3]};
 #pragma unroll
@@ -459,14 +611,15 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
                 const uint32_t wa = word_of(vr[jj][0][0], nt / 4);
                 const uint32_t wb = word_of(vr[jj][1][0], nt / 4);
                 const uint32_t sel2 = (nt % 4) | ((4 + nt % 4) << 4);
-                bb[jj] = fp8x2_to_bf16x2(uint16_t(__byte_perm(wa, wb, sel2)));
+                bb[jj] = fp8x2_to_f16x2(uint16_t(__byte_perm(wa, wb, sel2)));
               } else {
                 const uint32_t wa = word_of(vr[jj][0][nt / 8], (nt % 8) / 2);
                 const uint32_t wb = word_of(vr[jj][1][nt / 8], (nt % 8) / 2);
                 bb[jj] = __byte_perm(wa, wb, (nt % 2) ? 0x7632 : 0x5410);
               }
             }
-            mma_bf16(o[nt], af, bb[0], bb[1]);
+            if constexpr (kFp8) mma_f16(o[nt], af, bb[0], bb[1]);
+            else mma_bf16(o[nt], af, bb[0], bb[1]);
           }
         }
       }
@@ -474,13 +627,14 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     }
   }
 
-  // ---- Merge the 4 consumer warps (the slot ring is free: every copy was consumed).
+  // ---- Merge the consumer warps. Row maxima and sums go to their own arrays at once; after one
+  // barrier (the slot ring is then free: every copy was consumed) each warp's O, scaled to the
+  // CTA's row maxima, goes to the ring's space in its fragment layout ([warp][n-tile][lane] of
+  // float4: conflict-free 16-byte accesses); warps that took no unit are skipped. The CTA's O
+  // is kept in a row layout skewed by one word per 32 dims so that the fragment-order writes
+  // spread over all banks.
   if (threadIdx.x == 0) SIEVE_TRACE(4);
-  __syncthreads();
-  // Warps' O in their fragment layout ([warp][element][lane]: conflict-free), scaled to the
-  // CTA's row maxima; the CTA's O in a row layout skewed by one word per 32 dims so that the
-  // fragment-order writes below spread over all banks.
-  float* o_s = reinterpret_cast<float*>(smem);                 // [4][64][32]
+  float4* o_s = reinterpret_cast<float4*>(smem);               // [kConsumers][16][32]
   float* co_s = reinterpret_cast<float*>(smem + kWarpOBytes);  // [16][kCoStride]
   if (warp < kConsumers) {
 #pragma unroll
@@ -492,20 +646,20 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       m_s[warp][g] = m0, m_s[warp][g + 8] = m1;
       l_s[warp][g] = l0, l_s[warp][g + 8] = l1;
     }
+    const bool took = __any_sync(0xffffffffu, m0 != kNegInf || m1 != kNegInf);
+    if (lane == 0) took_s[warp] = took;
   }
   __syncthreads();
   if (warp < kConsumers) {
-    float M0 = kNegInf, M1 = kNegInf;
+    if (took_s[warp]) {
+      float M0 = kNegInf, M1 = kNegInf;
 #pragma unroll
-    for (int w = 0; w < kConsumers; ++w) M0 = fmaxf(M0, m_s[w][g]), M1 = fmaxf(M1, m_s[w][g + 8]);
-    const float f0 = exp2f(m0 - (M0 == kNegInf ? 0.f : M0)), f1 = exp2f(m1 - (M1 == kNegInf ? 0.f : M1));
-    float* ow = o_s + warp * 64 * 32 + lane;
+      for (int w = 0; w < kConsumers; ++w) M0 = fmaxf(M0, m_s[w][g]), M1 = fmaxf(M1, m_s[w][g + 8]);
+      // fp8: O holds O_true * 2^-kc.
+      const float f0 = exp2f(m0 - (M0 == kNegInf ? 0.f : M0) + kc0), f1 = exp2f(m1 - (M1 == kNegInf ? 0.f : M1) + kc1);
+      float4* ow = o_s + warp * 16 * 32 + lane;
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      ow[(nt * 4 + 0) * 32] = o[nt][0] * f0;
-      ow[(nt * 4 + 1) * 32] = o[nt][1] * f0;
-      ow[(nt * 4 + 2) * 32] = o[nt][2] * f1;
-      ow[(nt * 4 + 3) * 32] = o[nt][3] * f1;
+      for (int nt = 0; nt < 16; ++nt) ow[nt * 32] = make_float4(o[nt][0] * f0, o[nt][1] * f0, o[nt][2] * f1, o[nt][3] * f1);
     }
   } else if (lane < 16) {
     const int r = lane;
@@ -520,86 +674,70 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   }
   __syncthreads();
   if (warp < kConsumers) {
-    // Warp w sums elements of every lane's fragment over the warps, 64 / kConsumers each.
-    constexpr int kPer = 64 / kConsumers;
+    // Warp w sums n-tiles w * kPer.. of every lane's fragment over the warps.
+    constexpr int kPer = 16 / kConsumers;
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      const int e = warp * kPer + k, nt = e / 4, j = e % 4;
-      float acc = 0.f;
+      const int nt = warp * kPer + k;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int w = 0; w < kConsumers; ++w) acc += o_s[(w * 64 + e) * 32 + lane];
-      const int r = g + (j >= 2 ? 8 : 0), d = (2 * q + (j & 1)) * 16 + nt;
-      co_s[co_index(r, d)] = acc;
+      for (int w = 0; w < kConsumers; ++w) {
+        if (!took_s[w]) continue;
+        const float4 x = o_s[(w * 16 + nt) * 32 + lane];
+        acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+      }
+      // Element j of n-tile nt: row g (+ 8 for j >= 2), dim (2 q + j % 2) * 16 + nt.
+      co_s[co_index(g, 2 * q * 16 + nt)] = acc.x;
+      co_s[co_index(g, (2 * q + 1) * 16 + nt)] = acc.y;
+      co_s[co_index(g + 8, 2 * q * 16 + nt)] = acc.z;
+      co_s[co_index(g + 8, (2 * q + 1) * 16 + nt)] = acc.w;
     }
   }
 
   // ---- Merge the cluster's CTAs through distributed shared memory: CTA `rank` finishes rows
   // rank, rank + C, ...
   cg::cluster_group cluster = cg::this_cluster();
+  const int C = a.cluster, rank = C > 1 ? int(cluster.block_rank()) : 0;
   if (threadIdx.x == 0) SIEVE_TRACE(5);
-  cluster.sync();
+  if (C > 1) cluster.sync();
+  else __syncthreads();
   if (threadIdx.x == 0) SIEVE_TRACE(6);
-  const int C = a.cluster, rank = int(cluster.block_rank());
   const int grp = split / C;
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
-  // This CTA's outputs: rows rank, rank + C, ... times 128 dims, spread over all threads with
-  // every remote load of an output issued at once.
+  // This CTA's outputs: rows rank, rank + C, ...; as many dims a thread as it takes for one pass.
   const int my_rows = (a.gqa - rank + C - 1) / C;
-  for (int idx = threadIdx.x; idx < my_rows * kDim; idx += kThreads) {
-    const int r = rank + (idx / kDim) * C, d = idx % kDim;
-    float mc[kMaxCluster], lc[kMaxCluster], oc[kMaxCluster];
-#pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) {
-      mc[c] = kNegInf, lc[c] = 0.f, oc[c] = 0.f;
-      if (c < C) {
-        mc[c] = *cluster.map_shared_rank(&cm_s[r], c);
-        lc[c] = *cluster.map_shared_rank(&cl_s[r], c);
-        oc[c] = *cluster.map_shared_rank(&co_s[co_index(r, d)], c);
-      }
-    }
-    float M = kNegInf;
-#pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) M = fmaxf(M, mc[c]);
-    const float Mu = M == kNegInf ? 0.f : M;
-    float L = 0.f, acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) {
-      const float f = c < C ? exp2f(mc[c] - Mu) : 0.f;
-      L += lc[c] * f;
-      acc += oc[c] * f;
-    }
-    if (a.groups == 1) {
-      const float val = L > 0.f ? acc / L : 0.f;
-      const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d;
-      if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi] = f32_to_bf16_bits(val);
-      else static_cast<float*>(a.out)[oi] = val;
-    } else {
-      const int64_t pi = (row_id * a.groups + grp) * 16 + r;
-      a.part_o[pi * kDim + d] = acc;
-      if (d == 0) {
-        a.part_ml[pi * 2] = M;
-        a.part_ml[pi * 2 + 1] = L;
-      }
-    }
+  const MergeAt at{t, kvh, C, rank, row_id * a.groups + grp};
+  if (my_rows * kDim <= kThreads) cluster_merge<1, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
+  else if (my_rows * kDim <= 2 * kThreads) cluster_merge<2, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
+  else cluster_merge<4, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
+  // No CTA leaves while another still reads its shared memory. Those reads have completed (their
+  // values were used before the barrier), so the arrive is relaxed: it does not wait for this
+  // CTA's global stores (the partials), which the fence below publishes.
+  if (C > 1) {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   }
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
   if (threadIdx.x == 0) SIEVE_TRACE(7);
-#undef SIEVE_TRACE
   if (a.groups == 1) return;
 
   // ---- Several clusters per row: the last CTA of the row to finish merges their partials (no
   // second launch; the counter returns to zero for the next call, so graph replays need no
   // memset).
-  __threadfence();
+  // One thread fences for the CTA after the barrier (as a grid-wide sync does): the release
+  // fence is cumulative over the writes the barrier ordered before it; the last CTA's acquire
+  // fence pairs with the others' through the counter.
   __syncthreads();
   if (threadIdx.x == 0) {
+    fence_acq_rel_gpu();
     int32_t* ctr = a.counters + row_id;
     is_last = atomicAdd(ctr, 1) == S - 1;
-    if (is_last) *ctr = 0;
+    if (is_last) {
+      *ctr = 0;
+      fence_acq_rel_gpu();
+    }
   }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
   const int Gn = a.groups;
   if (threadIdx.x >= kDim) return;
   // Thread owns dims d4..d4+3 of rows r0, r0 + 4, r0 + 8, r0 + 12 and folds the partials in
@@ -644,20 +782,10 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     const int r = r0 + 4 * k;
     if (r >= a.gqa) continue;
     const float il = lr[k] > 0.f ? 1.f / lr[k] : 0.f;
-    const float o4[4] = {acc[k].x * il, acc[k].y * il, acc[k].z * il, acc[k].w * il};
-    const int64_t oi = t * a.out_stride + int64_t(kvh * a.gqa + r) * kDim + d4;
-    if (a.out_vec && a.out_bf16) {
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + oi) =
-          make_uint2(pack_bf16x2(o4[0], o4[1]), pack_bf16x2(o4[2], o4[3]));
-    } else if (a.out_vec) {
-      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + oi) = make_float4(o4[0], o4[1], o4[2], o4[3]);
-    } else {
-      for (int i = 0; i < 4; ++i) {
-        if (a.out_bf16) static_cast<uint16_t*>(a.out)[oi + i] = f32_to_bf16_bits(o4[i]);
-        else static_cast<float*>(a.out)[oi + i] = o4[i];
-      }
-    }
+    store_out4(a, t, kvh * a.gqa + r, d4, acc[k].x * il, acc[k].y * il, acc[k].z * il, acc[k].w * il);
   }
+  if (threadIdx.x == 0) SIEVE_TRACE(8);
+#undef SIEVE_TRACE
 }
 
 template <bool kFp8>
@@ -704,7 +832,7 @@ void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, i
   unsigned long long t0 = ~0ull;
   for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, tr[size_t(c * kTracePoints)]);
   const char* names[kTracePoints] = {"start", "prologue", "issued", "first K", "loop end", "cta merged",
-                                     "cluster sync", "end"};
+                                     "cluster sync", "end", "row merged"};
   std::fprintf(stderr,
                "attention trace: %lld CTAs, splits %d cluster %d groups %d per_split %d stages %d consumer groups %d\n",
                (long long)ctas, a.splits, a.cluster, a.groups, a.per_split, a.stages, a.cgroups);

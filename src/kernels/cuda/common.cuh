@@ -104,6 +104,15 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t v) {
   __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
   return *reinterpret_cast<uint32_t*>(&b);
 }
+// Release + acquire fence at GPU scope (lighter than __threadfence's sequentially consistent one).
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+// 2^x with the special function unit (ex2.approx.ftz: relative error ~2^-22; results below
+// 2^-126 flush to 0; 2^-inf = 0).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&b);
