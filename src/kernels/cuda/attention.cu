@@ -16,7 +16,7 @@
 //    the output dims of P V are permuted (mma column n of n-tile j is dim 16 n + j) so that
 //    each lane's V elements of a key are one run; lanes alternate the order of their runs so
 //    that the reads of a warp spread over all banks.
-//  - the 4 warps merge in shared memory; the C CTAs of a cluster merge through distributed
+//  - the consumer warps merge in shared memory; the C CTAs of a cluster merge through distributed
 //    shared memory (each CTA finishes 16 / C of the rows), with no global round trip. Only
 //    when G > 1 (few rows, long contexts) do clusters write partials to global memory, and the
 //    last CTA of the row to arrive (an atomic counter that it returns to zero) merges them.
@@ -24,8 +24,9 @@
 // need the row's valid-unit count. S, C, G and the stage count come from shapes only (topk,
 // num_tokens, batch.max_seq_len), so the grid is CUDA-graph safe.
 // Precision: bf16 KV -> bf16 MMA (Q rounded to bf16); fp8 KV -> Q K^T in f16 (keys convert
-// exactly; Q rounded to f16), k_scale applied to the fp32 scores; P * v_scale rounded to bf16
-// and fp8 V converted exactly to bf16 for P V. Softmax and accumulation in fp32.
+// exactly; Q rounded to f16), k_scale applied to the fp32 scores; P V in f16 with V converted
+// exactly and P * v_scale * 2^-k rounded to f16 (k per warp and row, see p_scale_exponent).
+// Softmax and accumulation in fp32.
 #include <cooperative_groups.h>
 
 #include <algorithm>
