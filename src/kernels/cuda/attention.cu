@@ -218,6 +218,15 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
   }
 }
 
+// Max of x and of y over the 4 lanes of a quad (the lanes that share an MMA row).
+__device__ __forceinline__ void quad_max2(float& x, float& y) {
+#pragma unroll
+  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o2));
+    y = fmaxf(y, __shfl_xor_sync(0xffffffffu, y, o2));
+  }
+}
+
 // fp8 P V scale exponent of a row for one block: b (>= 0) is the block's largest p * v_scale,
 // lim the smallest exponent that keeps the earlier (rescaled) terms at or below 2^15. Returns kn
 // with b * 2^-kn in [2^14, 2^15) unless lim is larger; never below -120 (b = 0: no new terms).
@@ -499,11 +508,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
           mx0 = fmaxf(mx0, fmaxf(sacc[nt][0], sacc[nt][1]));
           mx1 = fmaxf(mx1, fmaxf(sacc[nt][2], sacc[nt][3]));
         }
-#pragma unroll
-        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-        }
+        quad_max2(mx0, mx1);
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
         const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
         float p[4][4], ls0 = 0.f, ls1 = 0.f;
@@ -541,11 +546,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
             b0 = fmaxf(b0, fmaxf(p[nt][0], p[nt][1]));
             b1 = fmaxf(b1, fmaxf(p[nt][2], p[nt][3]));
           }
-#pragma unroll
-          for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-            b0 = fmaxf(b0, __shfl_xor_sync(0xffffffffu, b0, o2));
-            b1 = fmaxf(b1, __shfl_xor_sync(0xffffffffu, b1, o2));
-          }
+          quad_max2(b0, b1);
           const float kn0 = p_scale_exponent(b0, kc0 + al0), kn1 = p_scale_exponent(b1, kc1 + al1);
           oa0 = ex2_approx(al0 + kc0 - kn0), oa1 = ex2_approx(al1 + kc1 - kn1);
           kc0 = kn0, kc1 = kn1;
