@@ -437,11 +437,13 @@ TEST(CudaAttention, RandomBatchesMatchCpu) {
   }
 }
 
-// The benchmark's decode shape (32 requests near 9216 tokens: one cluster of 8 CTAs per row,
-// the slot ring wrapping for dense), 40 requests (clusters of 7), and 3 long requests (several
-// clusters per row, merged through global memory), sparse and dense, bf16 and fp8; and 8 long
-// requests (33 plain CTAs per row, two consumer groups, 6 bf16 slots: 3 per group; this shape
-// faulted while the two groups shared the ring's slots).
+// The grid shapes of run_attention, sparse and dense, bf16 and fp8: the benchmark's decode shape
+// (32 requests near 9216 tokens: one CTA per SM with two consumer groups, 4 splits a row in 2
+// clusters of 2 merged through global memory, the slot ring wrapping for dense), 40 requests of
+// up to 3000 tokens (two CTAs per SM, one cluster per row), 3 long requests (sparse: one
+// cluster of 8 per row, two units a CTA; dense: several clusters per row) and 8 long requests
+// (dense: two consumer groups with 6 bf16 slots, 3 per group; this shape faulted while the two
+// groups shared the ring's slots).
 TEST(CudaAttention, ClusterShapesMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 7300;
