@@ -353,6 +353,12 @@ bool row_wanted(const Options& o, const std::string& kernel) {
   return o.rows.empty() || kernel.find(o.rows) != std::string::npos;
 }
 
+// Kernel names of the rows whose --rows test comes before the row itself is built.
+constexpr const char* kEmptyKernel = "empty kernel (timing floor)";
+constexpr const char* kDecodeIndexer = "decode indexer";
+constexpr const char* kFullDecodeStep = "decode step (cache write + indexer + sparse attention)";
+constexpr const char* kCacheWrite = "qkv norm+rope+cache write";
+
 }  // namespace
 
 Env measure_env() {
@@ -415,8 +421,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
   };
 
   // ---- Calibration: what the timing method reads for a kernel that does nothing.
-  if (row_wanted(opt, "empty kernel (timing floor)")) {
-    Row r{"empty kernel (timing floor)", "1 CTA", "-", "eager", 0, 0, "-"};
+  if (row_wanted(opt, kEmptyKernel)) {
+    Row r{kEmptyKernel, "1 CTA", "-", "eager", 0, 0, "-"};
     auto fn = [](int, cudaStream_t s) { empty_kernel<<<1, 32, 0, s>>>(); };
     r.us = time_it(iters, 1, fn, false, st);
     r.runs = iters, r.input_sets = 1;
@@ -490,9 +496,9 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
                                          {cuda::IndexerPath::kDecodeFusedV3, "fused v3", false, false},
                                          {cuda::IndexerPath::kDecodeBaseline, "baseline 3 kernels", false, false}};
       for (const auto& ip : ipaths) {
-        if (!row_wanted(opt, "decode indexer")) break;
+        if (!row_wanted(opt, kDecodeIndexer)) break;
         if (!cuda::run_indexer_path(c.indexer(0), st, ip.path)) continue;
-        Row r{"decode indexer", shape, dt, "", 0, ifloor, "bytes"};
+        Row r{kDecodeIndexer, shape, dt, "", 0, ifloor, "bytes"};
         if (ip.target) {
           r.target_us = main_shape ? (fp8 ? 12 : 22) : 1.4 * ifloor + 2;
           r.target_note = main_shape ? "issue target" : "1.4 x floor + 2 us";
@@ -538,7 +544,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       // each request's new position), the indexer (its query vectors and the new keys from the
       // cache write), the sparse attention. Norm weights 0 (Gemma's 1 + w = 1), so repeating the
       // in-place transform keeps the rows' magnitudes.
-      if (row_wanted(opt, "decode step (cache write + indexer + sparse attention)")) {
+      if (row_wanted(opt, kFullDecodeStep)) {
         std::vector<float> cs(size_t(c.max_seq) * 64);
         ops::build_rope_table(cs.data(), c.max_seq, 64, 5e6);
         auto d_cs = upload(cs);
@@ -574,7 +580,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
           ap.q_stride = kQkvStride;
           if (!cuda::run_attention(ap, stream)) throw Error("bench: attention unsupported");
         };
-        Row fr{"decode step (cache write + indexer + sparse attention)", shape, dt, "", 0,
+        Row fr{kFullDecodeStep, shape, dt, "", 0,
                ifloor + afloor + qkv_bytes(c.T, fp8) / bw * 1e6, "bytes"};
         fr = emit_modes(fr, full_step);
         with_pdl(fr, full_step);
@@ -667,7 +673,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     for (bool fp8 : {true, false}) {
       const std::string dt = fp8 ? "fp8" : "bf16";
       const std::string shape = std::to_string(tokens) + " tokens";
-      if (!wanted(opt, "cache write " + shape + " " + dt) || !row_wanted(opt, "qkv norm+rope+cache write")) continue;
+      if (!wanted(opt, "cache write " + shape + " " + dt) || !row_wanted(opt, kCacheWrite)) continue;
       const int nsets = 4;
       std::vector<DevPtr> rows, kc, vc, ksc, vsc, icc;
       const size_t slots = size_t(tokens) * 4;
@@ -703,7 +709,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
                           d_slots->as<int64_t>(), kv, ic);
       };
       cuda_check(cudaDeviceSynchronize(), "bench inputs");
-      Row r{"qkv norm+rope+cache write", shape, dt, "eager", 0, qkv_bytes(tokens, fp8) / bw * 1e6, "bytes"};
+      Row r{kCacheWrite, shape, dt, "eager", 0, qkv_bytes(tokens, fp8) / bw * 1e6, "bytes"};
       r.us = time_it(iters, nsets, [&](int s, cudaStream_t stream) { cuda::run_qkv_norm_rope_cache(params(s), stream); }, false, st);
       r.runs = iters, r.input_sets = nsets;
       on_row(r);
