@@ -139,7 +139,6 @@ constexpr int kSmemBytes = kSmemUsed + 1024;  // + alignment slack
 // Select mode: longest row (blocks) it takes (262144 positions; longer: the list path), and the
 // candidates per row of the fast selection (more: topk rounds); see select_tile.
 constexpr int kSelMaxBlocks = 2048;
-constexpr int kCandCap = 256;
 static_assert((kSmemUsed - kThreads / 32 * (kCandCap * 8 + 128)) / 4 >= kSelMaxBlocks, "select staging");
 
 struct Args {
@@ -297,94 +296,8 @@ __device__ __forceinline__ float row_score(const Args& a, float m, int b, int po
   return forced_score(m * a.scale, b, nblk, a.init_blocks, a.local_blocks);
 }
 
-// Order-preserving unsigned key of a non-NaN score (-0 taken as +0, as the float compare
-// does); never 0, so 0 can mean "no candidate".
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
-  return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
-}
-
 // ---------------------------------------------------------------------------------------------
-// Select path: top-k of full score rows
-
-// Top-k of one row (one warp) from its n >= 1 order keys in shared memory (block j at keys[j],
-// never 0) into out[0, K). Composite c(j) = key << 32 | (2^32 - 1 - j): unique, and c(i) > c(j)
-// exactly when block i beats block j (higher score, then lower id). Lane l owns blocks l, l + 32,
-// ...; its best key is m_l (0 when it owns none). When n >= K, the K-th largest m_l, t0, is a lower
-// bound of the row's K-th largest key (K lanes hold a key >= t0), so the top K are among the
-// candidates key(j) >= t0 (n < K: t0 = 0, every block); the candidates are compacted by ballots
-// into cand (kCandCap entries), and each finds its rank by counting the candidates above it: the
-// rank among the candidates is its rank in the row (everything above a top-K element is a
-// candidate). No serial dependency per output slot: a few hundred independent instructions per
-// row. More than kCandCap candidates (wide ties at t0, or contrived rows): topk rounds of __reduce_max_sync
-// over the lane bests, the winner lane clearing its key and rescanning its blocks. Slots past
-// min(K, n): -1.
-__device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigned long long* cand, uint32_t* mk,
-                                           int32_t* out, int lane) {
-  uint32_t bk = 0, bi = 0xffffffffu;
-  for (int j = lane; j < n; j += 32) {
-    const uint32_t k = keys[j];
-    if (k > bk) bk = k, bi = uint32_t(j);  // ascending j, strict: the lowest block among equal keys
-  }
-  uint32_t t0 = 0;
-  if (n >= K) {
-    // min(n, 32) >= K lanes hold blocks: t0 = the K-th largest lane best (with multiplicity), the
-    // lanes holding it have gt < K <= ge. Lane bests are read back as 8 broadcast 16-byte loads
-    // (shuffles are 32 results per clock per SM).
-    mk[lane] = bk;
-    __syncwarp();
-    const uint4* m4 = reinterpret_cast<const uint4*>(mk);
-    int gt = 0, ge = 0;
-#pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      const uint4 w = m4[v];
-      gt += int(w.x > bk) + int(w.y > bk) + int(w.z > bk) + int(w.w > bk);
-      ge += int(w.x >= bk) + int(w.y >= bk) + int(w.z >= bk) + int(w.w >= bk);
-    }
-    const unsigned bal = __ballot_sync(0xffffffffu, bk != 0 && gt < K && K <= ge);
-    t0 = __shfl_sync(0xffffffffu, bk, __ffs(int(bal)) - 1);
-    __syncwarp();  // mk read by every lane before the next row writes it
-  }
-  int c = 0;
-  for (int base = 0; base < n; base += 32) {
-    const int j = base + lane;
-    const uint32_t kj = j < n ? keys[j] : 0u;
-    const unsigned long long cj = (static_cast<unsigned long long>(kj) << 32) | (0xffffffffu - uint32_t(j));
-    const bool p = j < n && kj >= t0;
-    const unsigned bal = __ballot_sync(0xffffffffu, p);
-    const int off = c + __popc(bal & ((1u << lane) - 1u));
-    if (p && off < kCandCap) cand[off] = cj;
-    c += __popc(bal);
-  }
-  __syncwarp();
-  if (c <= kCandCap) {
-    for (int e = lane; e < c; e += 32) {
-      const unsigned long long ce = cand[e];
-      int rank = 0;
-      for (int f = 0; f < c; ++f) rank += cand[f] > ce;
-      if (rank < K) out[rank] = int(0xffffffffu - uint32_t(ce));
-    }
-  } else {
-    int win_k = -1;
-    for (int k = 0; k < K; ++k) {
-      const uint32_t best = __reduce_max_sync(0xffffffffu, bk);
-      if (best == 0) break;
-      const uint32_t win = __reduce_min_sync(0xffffffffu, bk == best ? bi : 0xffffffffu);
-      if (lane == k) win_k = int(win);
-      if (bi == win) {  // the owning lane (ids are unique)
-        keys[win] = 0;
-        bk = 0, bi = 0xffffffffu;
-        for (int j = lane; j < n; j += 32) {
-          const uint32_t kj = keys[j];
-          if (kj > bk) bk = kj, bi = uint32_t(j);
-        }
-      }
-    }
-    if (lane < K) out[lane] = win_k;
-  }
-  for (int k = min(K, n) + lane; k < K; k += 32) out[k] = -1;
-  __syncwarp();
-}
+// Select path: top-k of full score rows (select_row: indexer_common.cuh)
 
 // The tile's rows r < rows (all threads of the CTA): row r sees n_r = (pos_first + r) / 128 + 1
 // <= n_max blocks, scores at sbuf[((row0 + r) * H + h) * sstride + j]. Batches of rows are staged
