@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <set>
 #include <string>
@@ -167,13 +168,15 @@ void check_indexer_once(const IndexerCase& c, uint64_t seed) {
 // runs both prefill kernels.
 void check_indexer(const IndexerCase& c, uint64_t seed) {
   const int prev = cuda::kernel_variant();
-  for (int v : {1, 2, 3}) {
+  for (int v : {1, 2, 3, 4}) {
     IndexerCase cv = c;
     if (v >= 2) {
       if (c.path == cuda::IndexerPath::kDecodeFused) {
-        cv.path = v == 2 ? cuda::IndexerPath::kDecodeFusedV2 : cuda::IndexerPath::kDecodeFusedV3;
+        cv.path = v == 2   ? cuda::IndexerPath::kDecodeFusedV2
+                  : v == 3 ? cuda::IndexerPath::kDecodeFusedV3
+                           : cuda::IndexerPath::kDecodeFusedV4;
       } else if (c.path == cuda::IndexerPath::kPrefill) {
-        if (v == 3) continue;
+        if (v >= 3) continue;
         cv.path = cuda::IndexerPath::kPrefillV1;
       } else if (c.path != cuda::IndexerPath::kAuto) {
         continue;
@@ -586,7 +589,7 @@ TEST(CudaIndexer, GraphReplayMatchesEager) {
   g.topk_idx = d_a.as<int32_t>();
   d_a.poison(0x55);
   for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeFusedV2,
-                    cuda::IndexerPath::kDecodeFusedV3}) {
+                    cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}) {
     SCOPED_TRACE("path " + std::to_string(int(path)));
     g.topk_idx = d_a.as<int32_t>();
     d_a.poison(0x55);
@@ -650,8 +653,9 @@ TEST(CudaIndexer, V3LongContextMatchCpu) {
     }
   }
   cuda::set_indexer_v3_split(0, 0);
-  // The same long batch through v2 and v3 with a q in fp32 rounded to fp8 (q_in_cache_dtype).
-  for (auto path : {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3}) {
+  // The same long batch through v2, v3 and v4 with a q in fp32 rounded to fp8 (q_in_cache_dtype).
+  for (auto path : {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3,
+                    cuda::IndexerPath::kDecodeFusedV4}) {
     IndexerCase c;
     c.specs = specs;
     c.cache = DType::FP8_E4M3;
@@ -661,6 +665,68 @@ TEST(CudaIndexer, V3LongContextMatchCpu) {
     c.path = path;
     check_indexer_once(c, seed);
   }
+}
+
+// The v4 decode indexer with forced shapes: small grids (most units claimed from the counter,
+// the key ring and the unit slots wrap many times), units longer than the ring, one CTA doing
+// all the work, and long units with several static ones per CTA.
+TEST(CudaIndexer, V4ForcedShapesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9800;
+  struct Shape {
+    int unit, stages, grid, statics;
+  };
+  const std::vector<Shape> shapes = {{1, 2, 8, 1}, {3, 2, 5, 1}, {8, 4, 0, 2}, {2, 6, 16, 3}, {5, 3, 1, 1}, {4, 2, 3, 4}};
+  for (const Shape& sh : shapes) {
+    cuda::set_indexer_v4_shape(sh.unit, sh.stages, sh.grid, sh.statics);
+    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+      for (int H : {1, 4}) {
+        IndexerCase c;
+        c.specs = H == 1 ? kDecodeSpecs : kSpecSpecs;
+        c.cache = cd;
+        c.H = H;
+        c.init = 1;
+        c.local = 2;
+        c.topk = H == 1 ? 16 : 32;
+        c.path = cuda::IndexerPath::kDecodeFusedV4;
+        SCOPED_TRACE("v4 unit " + std::to_string(sh.unit) + " stages " + std::to_string(sh.stages) + " grid " +
+                     std::to_string(sh.grid) + " statics " + std::to_string(sh.statics));
+        check_indexer_once(c, seed++);
+        c.ties = true;
+        check_indexer_once(c, seed++);
+      }
+    }
+  }
+  cuda::set_indexer_v4_shape(0, 0, 0, 0);
+}
+
+// v4 in a CUDA graph captured at a larger max_seq_len than the live lengths (units past them
+// are skipped), under forced shapes with dynamic claims: the unit counter and the request
+// counters must return to zero between replays.
+TEST(CudaIndexer, V4GraphReplayMatchesEager) {
+  SKIP_WITHOUT_GPU();
+  GraphReplayInputs in(9450, DType::FP8_E4M3);
+  ops::IndexerParams& g = in.g;
+  Dev &d_a = in.d_a, &d_b = in.d_b;
+  g.init_blocks = 1;
+  for (const auto& sh : std::vector<std::array<int, 4>>{{0, 0, 0, 0}, {1, 2, 8, 1}, {2, 3, 20, 2}, {3, 2, 1, 1}}) {
+    SCOPED_TRACE("v4 unit " + std::to_string(sh[0]) + " stages " + std::to_string(sh[1]) + " grid " +
+                 std::to_string(sh[2]) + " statics " + std::to_string(sh[3]));
+    cuda::set_indexer_v4_shape(sh[0], sh[1], sh[2], sh[3]);
+    g.topk_idx = d_a.as<int32_t>();
+    d_a.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
+    device_synchronize(kGpu);
+    g.topk_idx = d_b.as<int32_t>();
+    d_b.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV4));
+    device_synchronize(kGpu);
+    EXPECT_EQ(in.a_ids(), in.b_ids()) << "eager v4 vs v2";
+    d_b.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_graph_check(g, cuda::IndexerPath::kDecodeFusedV4));
+    EXPECT_EQ(in.a_ids(), in.b_ids()) << "graph v4 vs v2";
+  }
+  cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
 
 // Many requests (more than one wave of CTAs: cluster size 1) of random decode / speculative
@@ -678,14 +744,16 @@ TEST(CudaIndexer, V3ManySequencesMatchCpu) {
       specs.push_back(sp);
     }
     for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-      IndexerCase c;
-      c.specs = specs;
-      c.cache = cd;
-      c.H = 2;
-      c.init = trial % 2;
-      c.topk = 8 + 8 * trial;
-      c.path = cuda::IndexerPath::kDecodeFusedV3;
-      check_indexer_once(c, 9300 + uint64_t(trial) * 2 + (cd == DType::FP8_E4M3));
+      for (auto path : {cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}) {
+        IndexerCase c;
+        c.specs = specs;
+        c.cache = cd;
+        c.H = 2;
+        c.init = trial % 2;
+        c.topk = 8 + 8 * trial;
+        c.path = path;
+        check_indexer_once(c, 9300 + uint64_t(trial) * 2 + (cd == DType::FP8_E4M3));
+      }
     }
   }
 }
@@ -736,8 +804,8 @@ TEST(CudaIndexer, V3BitwiseMatchesV2) {
         DevBatch db(b);
         const int K = 24, mbps = b.max_blocks_per_seq;
         Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
-        Dev d_i2(size_t(T) * H * K * 4), d_i3(size_t(T) * H * K * 4);
-        Dev d_s2(size_t(T) * H * mbps * 4), d_s3(size_t(T) * H * mbps * 4);
+        Dev d_i2(size_t(T) * H * K * 4), d_i3(size_t(T) * H * K * 4), d_i4(size_t(T) * H * K * 4);
+        Dev d_s2(size_t(T) * H * mbps * 4), d_s3(size_t(T) * H * mbps * 4), d_s4(size_t(T) * H * mbps * 4);
         ops::IndexerParams g;
         g.index_q = d_q.p();
         g.q_dtype = qd;
@@ -753,15 +821,21 @@ TEST(CudaIndexer, V3BitwiseMatchesV2) {
         g.init_blocks = 1;
         g.local_blocks = 1;
         d_i2.poison(0x55), d_i3.poison(0x55), d_s2.poison(0xff), d_s3.poison(0xff);
+        d_i4.poison(0x55), d_s4.poison(0xff);
         g.topk_idx = d_i2.as<int32_t>();
         g.block_scores = d_s2.as<float>();
         ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
         g.topk_idx = d_i3.as<int32_t>();
         g.block_scores = d_s3.as<float>();
         ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV3));
+        g.topk_idx = d_i4.as<int32_t>();
+        g.block_scores = d_s4.as<float>();
+        ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV4));
         device_synchronize(kGpu);
         EXPECT_EQ(d_i2.get<int32_t>(size_t(T) * H * K), d_i3.get<int32_t>(size_t(T) * H * K));
         EXPECT_EQ(d_s2.bytes(size_t(T) * H * mbps * 4), d_s3.bytes(size_t(T) * H * mbps * 4));
+        EXPECT_EQ(d_i2.get<int32_t>(size_t(T) * H * K), d_i4.get<int32_t>(size_t(T) * H * K)) << "v4";
+        EXPECT_EQ(d_s2.bytes(size_t(T) * H * mbps * 4), d_s4.bytes(size_t(T) * H * mbps * 4)) << "v4";
       }
     }
   }
@@ -906,7 +980,7 @@ TEST(CudaDecodeStep, BackToBackMatchesSynchronised) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 9700;
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-    for (int variant : {2, 3}) check_decode_step(cd, variant, seed++);
+    for (int variant : {2, 3, 4}) check_decode_step(cd, variant, seed++);
   }
 }
 

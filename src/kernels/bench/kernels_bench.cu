@@ -494,6 +494,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
                                          {cuda::IndexerPath::kDecodeFused, "fused v1", false, false},
                                          {cuda::IndexerPath::kDecodeFusedV2, "fused v2", false, false},
                                          {cuda::IndexerPath::kDecodeFusedV3, "fused v3", false, false},
+                                         {cuda::IndexerPath::kDecodeFusedV4, "fused v4", false, false},
                                          {cuda::IndexerPath::kDecodeBaseline, "baseline 3 kernels", false, false}};
       for (const auto& ip : ipaths) {
         if (!row_wanted(opt, kDecodeIndexer)) break;

@@ -493,6 +493,7 @@ bool use_decode_indexer(const ops::IndexerParams& p) {
 int auto_decode_variant(const ops::IndexerParams& p) {
   const int64_t blocks = std::max(1, std::min((p.batch.max_seq_len + 127) / 128, p.batch.max_blocks_per_seq));
   const int64_t work = blocks * p.batch.num_seqs;  // key blocks of the batch, at most
+  if (p.batch.num_seqs == 1 && blocks <= 256) return 4;
   if (p.cache.dtype == DType::FP8_E4M3) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;
   return work >= 2048 ? 3 : 2;
 }
@@ -509,11 +510,13 @@ bool run_indexer_path(const ops::IndexerParams& p, void* stream_v, IndexerPath p
       int v = kernel_variant();
       if (v == kVariantAuto) v = auto_decode_variant(p);
       if (v == 3 && run_indexer_decode_v3(p, stream_v)) return true;
+      if (v == 4 && run_indexer_decode_v4(p, stream_v)) return true;
       if (v >= 2) path = IndexerPath::kDecodeFusedV2;
     }
   }
   if (path == IndexerPath::kDecodeFusedV2) return run_indexer_decode_v2(p, stream_v);
   if (path == IndexerPath::kDecodeFusedV3) return run_indexer_decode_v3(p, stream_v);
+  if (path == IndexerPath::kDecodeFusedV4) return run_indexer_decode_v4(p, stream_v);
   if (path == IndexerPath::kPrefill && run_indexer_prefill_v2(p, stream_v)) return true;
   if (path == IndexerPath::kPrefill) path = IndexerPath::kPrefillV1;
   if (path != IndexerPath::kPrefillV1 && !use_decode_indexer(p)) return false;

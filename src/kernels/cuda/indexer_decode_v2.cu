@@ -30,12 +30,13 @@ namespace sieve::cuda {
 namespace {
 std::atomic<int> g_variant{0};  // 0 = not read yet
 int variant_from_env() {
-  // Unset: automatic (kVariantAuto: v2 or v3 by shape, auto_decode_variant in indexer.cu);
-  // SIEVE_CUDA_KERNELS=v1|v2|v3 forces one.
+  // Unset: automatic (kVariantAuto: by shape, auto_decode_variant in indexer.cu);
+  // SIEVE_CUDA_KERNELS=v1|v2|v3|v4 forces one.
   const char* e = std::getenv("SIEVE_CUDA_KERNELS");
   if (e && (std::strcmp(e, "v1") == 0 || std::strcmp(e, "1") == 0)) return 1;
   if (e && (std::strcmp(e, "v2") == 0 || std::strcmp(e, "2") == 0)) return 2;
   if (e && (std::strcmp(e, "v3") == 0 || std::strcmp(e, "3") == 0)) return 3;
+  if (e && (std::strcmp(e, "v4") == 0 || std::strcmp(e, "4") == 0)) return 4;
   return kVariantAuto;
 }
 }  // namespace
@@ -50,7 +51,7 @@ int kernel_variant() {
   return v;
 }
 void set_kernel_variant(int v) {
-  g_variant.store(v == 2 || v == 3 || v == kVariantAuto ? v : 1, std::memory_order_relaxed);
+  g_variant.store(v == 2 || v == 3 || v == 4 || v == kVariantAuto ? v : 1, std::memory_order_relaxed);
 }
 
 namespace {

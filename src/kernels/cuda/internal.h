@@ -14,6 +14,8 @@ enum class IndexerPath {
   kDecodeFusedV2,   // variant 2 of the fused decode kernel (indexer_decode_v2.cu)
   kDecodeFusedV3,   // variant 3: cluster CTAs per request, merge in distributed shared memory
                     // (indexer_decode_v3.cu)
+  kDecodeFusedV4,   // variant 4: persistent grid taking work units from a counter, per-request
+                    // selection from global score rows (indexer_decode_v4.cu)
   kPrefillV1,       // the first prefill kernel (kPrefill uses indexer_prefill.cu when it
                     // supports the parameters, else this one)
 };
@@ -33,10 +35,10 @@ bool run_indexer_graph_check(const ops::IndexerParams& p,
                              IndexerPath path = IndexerPath::kDecodeFused);
 
 // Process-wide variant of the fused decode indexer that IndexerPath::kAuto picks: kVariantAuto
-// (default: v2 or v3 by shape), or 1, 2, 3 forced. Read once from SIEVE_CUDA_KERNELS=v1|v2|v3
+// (default: chosen by shape), or 1, 2, 3, 4 forced. Read once from SIEVE_CUDA_KERNELS=v1|v2|v3|v4
 // unless set first; set_kernel_variant overrides it (tests and the benchmark switch it between
 // calls; not meant to change during a capture).
-constexpr int kVariantAuto = 4;
+constexpr int kVariantAuto = 5;
 int kernel_variant();
 void set_kernel_variant(int v);
 
@@ -44,6 +46,8 @@ void set_kernel_variant(int v);
 bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream);
 // Variant-3 entry point (indexer_decode_v3.cu); false where it does not support the parameters.
 bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream);
+// Variant-4 entry point (indexer_decode_v4.cu); false where it does not support the parameters.
+bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream);
 // Tensor-core prefill indexer (indexer_prefill.cu); false where it does not support the
 // parameters (the caller then runs the first prefill kernel).
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream);
@@ -56,6 +60,9 @@ void set_indexer_v2_max_chunks(int n);
 // Test hook: forces the v3 decode indexer's cluster size (1, 2, 4, 8) and groups per request
 // (G > 1: a second, global merge level); 0 = automatic grid.
 void set_indexer_v3_split(int cluster, int groups);
+// Test hook: forces the v4 decode indexer's blocks per unit, ring stages, CTAs in the grid (at
+// most) and static units per CTA; 0 = automatic for each.
+void set_indexer_v4_shape(int unit, int stages, int grid, int statics);
 
 // Test hook: forces the development knobs of the tensor-core prefill indexer
 // (indexer_prefill.cu), which are otherwise read once from the environment. -1 = the

@@ -1,0 +1,737 @@
+// Decode lightning indexer, variant 4 (IndexerPath::kDecodeFusedV4; SIEVE_CUDA_KERNELS=v4). Same
+// contract, supported set and outputs as v2 (block scores and top-k ids bitwise v2's: the same
+// 16-row MMA over the query vectors of a request, the same per-block maxima, the same "higher
+// score, then lower block id" order). What changes is how work is handed out and where the
+// top-k is taken.
+//
+// v2 / v3 give each CTA a fixed chunk of one request, rank the chunk, and merge the chunk lists
+// per request at the end: every request finishes at the very end of the grid, the merge is a
+// serial tail (fence, counter, list loads, ranking) after the slowest CTA's data, and a CTA
+// whose copies are served late holds up its request (traces: 6.6 us between the median and the
+// last CTA at b32 ctx9216). v4:
+//  - Work units: U consecutive key blocks of one request (unit u: request u / UPR, blocks
+//    (u % UPR) * U ..). Units are numbered request-major. A persistent grid of P CTAs (what
+//    is resident at once, from the occupancy query) takes unit blockIdx.x first, then the next
+//    unnumbered unit from a global counter, so a CTA whose copies are slow simply takes fewer
+//    units, and requests finish one after another instead of all at the end. Grid, U and P
+//    come from shapes only (max_seq_len, num_seqs, SM count); units past a request's live
+//    length are skipped, so a graph captured at max_model_len replays at any live length.
+//  - CTA = 8 consumer warps (v2's scoring loop, 16 keys of every block each), a producer warp
+//    and a finisher warp. The producer claims units one ahead (atomic counter), loads their
+//    lengths and block-table entries two units ahead, copies the unit's query vectors into a
+//    unit slot (bulk copy; plain loads when the rows are not 16-byte aligned) and each key
+//    block into a stage of the ring (cp.async.bulk on an mbarrier), with a small record per
+//    stage (slot, block of the unit, last block of the unit).
+//  - Consumers take stages in order; at a unit's first block they build the query fragments
+//    from the slot; per block they fold the per-row masked maximum into the slot's [16][U]
+//    table (order-preserving integer atomicMax, as v2) and after the unit's last block each
+//    warp arrives on the slot's "done" barrier.
+//  - The finisher forms the unit's block scores (forced sentinels, -inf past a row's own
+//    blocks) into the request's global score rows (block_scores when the caller asks for them,
+//    else the workspace), returns the slot to the producer, and adds the unit's blocks to the
+//    request's counter. The finisher that completes a request selects each row's top-k from
+//    its full score row (select_row: lane bests -> threshold -> candidate ranking, one warp a
+//    row) and returns the counter to zero. Only the last request's selection is left after the
+//    last data; every other selection overlaps the streaming of later units.
+//  - The last CTA to exit returns the unit counter to zero (graph replays need no memset).
+// PDL (common.cuh): the producer reads the metadata and copies blocks older than the request's
+// new tokens of its first unit before pdl_wait; the unit counter, q and every later copy after.
+// Development: SIEVE_INDEXER_TRACE=1 prints per-CTA phase times; SIEVE_V4_UNIT / _STAGES /
+// _CTAS change the unit size, the ring depth and the CTAs per SM.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/indexer_common.cuh"
+#include "kernels/cuda/internal.h"
+
+namespace sieve::cuda {
+
+namespace {
+std::atomic<int> g_force_unit{0}, g_force_stages{0}, g_force_grid{0}, g_force_statics{0};
+}  // namespace
+void set_indexer_v4_shape(int unit, int stages, int grid, int statics) {
+  g_force_unit.store(unit, std::memory_order_relaxed);
+  g_force_stages.store(stages, std::memory_order_relaxed);
+  g_force_grid.store(grid, std::memory_order_relaxed);
+  g_force_statics.store(statics, std::memory_order_relaxed);
+}
+
+namespace {
+
+constexpr int kBlock = 128;
+constexpr int kDim = 128;
+constexpr int kConsumerWarps = 8;
+constexpr int kProducerWarp = kConsumerWarps;  // then the finisher warp
+constexpr int kThreads = (kConsumerWarps + 2) * 32;
+constexpr int kMaxUnit = 32;       // blocks per unit: a producer lane holds one block-table entry each
+constexpr int kMaxSlots = 8;       // units in flight per CTA
+constexpr int kMaxStages = 16;
+constexpr int kMaxBlocks = 2048;   // blocks per request (the selection stages a row's keys)
+constexpr int kMetaInts = 8;
+constexpr int kMaxStatic = 4;      // static units per CTA
+constexpr int kMaxSeqs = 1024;     // requests (the live-unit prefix sums are in shared memory)
+
+struct V4Args {
+  const void* q;
+  int q_bf16, q_fp8_round, q_bulk;
+  int64_t q_stride;
+  int H;
+  float scale;
+  const uint8_t* cache;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int mbps;
+  int max_blocks;  // blocks of max_seq_len (<= mbps): the units cover [0, max_blocks)
+  int num_seqs;
+  int unit, upr, dense_units;  // units of U blocks, UPR per request, num_seqs * UPR in all
+  int static_units;            // R: units blockIdx.x + r * P (r < R) are the CTA's own
+  int stages, slots;
+  uint32_t q_slot_bytes;
+  int topk, init_blocks, local_blocks;
+  int32_t* topk_idx;
+  float* sbuf;      // score rows [tokens * H][mbps]: block_scores, or the workspace
+  int fill_tail;    // sbuf is block_scores: blocks [n_blk_req, mbps) get -inf
+  int32_t* req_done;  // [num_seqs] blocks scored so far (returned to 0 by the selector)
+  int32_t* work;      // [0] units claimed past the first P, [1] CTAs exited
+  unsigned long long* trace;
+};
+
+// SIEVE_INDEXER_TRACE points per CTA (%globaltimer ns): start, first block in, consumers done,
+// finisher done, end; then the units this CTA scored, the requests it selected, and its SM + 1.
+constexpr int kTracePoints = 5;
+constexpr int kTraceSlots = kTracePoints + 3;
+
+struct Layout {
+  uint32_t q, mx, umeta, smeta, cum, cand, mk, keys, bars, total;
+};
+__host__ __device__ inline Layout make_layout(int stages, int slots, int unit, uint32_t q_slot_bytes,
+                                              int max_blocks, int num_seqs, uint32_t block_bytes) {
+  Layout L{};
+  uint32_t o = uint32_t(stages) * block_bytes;  // the stage ring first (128-byte aligned)
+  L.q = o;
+  o += uint32_t(slots) * q_slot_bytes;
+  L.mx = o;
+  o += uint32_t(slots) * 16u * uint32_t(unit) * 4u;
+  L.umeta = o;
+  o += uint32_t(slots) * kMetaInts * 4u;
+  L.smeta = o;
+  o += uint32_t(stages) * 4u;
+  L.cum = o;
+  o += uint32_t(num_seqs + 1) * 4u;
+  o = (o + 15u) & ~15u;
+  L.cand = o;
+  o += kCandCap * 8u;
+  L.mk = o;
+  o += 128u;
+  L.keys = o;
+  o += uint32_t(max_blocks) * 4u;
+  o = (o + 15u) & ~15u;
+  L.bars = o;
+  o += uint32_t(2 * stages + 3 * slots) * 8u;
+  L.total = o;
+  return L;
+}
+
+__device__ __forceinline__ void mbar_arrive_count(uint64_t* bar, int count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// Query fragments of rows g and g + 8 from a unit slot holding the request's nv query vectors
+// as raw rows of 128 elements (bf16 or f32), in v2's permuted k-slot -> dim mapping.
+template <bool kFp8>
+__device__ __forceinline__ void q_frags_from_slot(const V4Args& a, const uint8_t* qs, int nv, int g, int q,
+                                                  uint32_t (&qa)[8][4]) {
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    const int d = dbase<kFp8>(st, q);
+    float x[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int v = g + 8 * r;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[r][i] = 0.f;
+      if (v < nv) {
+        if (a.q_bf16) {
+          const uint2 u = *reinterpret_cast<const uint2*>(qs + (v * kDim + d) * 2);
+          x[r][0] = __uint_as_float(u.x << 16);
+          x[r][1] = __uint_as_float(u.x & 0xffff0000u);
+          x[r][2] = __uint_as_float(u.y << 16);
+          x[r][3] = __uint_as_float(u.y & 0xffff0000u);
+        } else {
+          const float4 f = *reinterpret_cast<const float4*>(qs + (v * kDim + d) * 4);
+          x[r][0] = f.x, x[r][1] = f.y, x[r][2] = f.z, x[r][3] = f.w;
+        }
+        if (a.q_fp8_round) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) x[r][i] = fp8_to_f32(f32_to_fp8_bits(x[r][i]));
+        }
+      }
+    }
+    qa[st][0] = pack_op<kFp8>(x[0][0], x[0][1]);
+    qa[st][1] = pack_op<kFp8>(x[1][0], x[1][1]);
+    qa[st][2] = pack_op<kFp8>(x[0][2], x[0][3]);
+    qa[st][3] = pack_op<kFp8>(x[1][2], x[1][3]);
+  }
+}
+
+// What the producer knows of a unit: lanes 0, 1, 2 hold query_start_loc[s], [s + 1], seq_lens[s]
+// in `meta`; lane j < U the physical id of the unit's block j in `phys`.
+// Key blocks of a request (clamped to the units' range) and of its unit starting at block b0.
+__device__ __forceinline__ int request_blocks(const V4Args& a, int qlen, int seq_len) {
+  return qlen > 0 ? min((seq_len - 1) / kBlock + 1, a.max_blocks) : 0;
+}
+__device__ __forceinline__ int unit_blocks(const V4Args& a, int b0, int qlen, int seq_len) {
+  return max(0, min(a.unit, request_blocks(a, qlen, seq_len) - b0));
+}
+
+struct UnitLoad {
+  int u, s, b0, meta, phys;
+};
+__device__ __forceinline__ UnitLoad load_unit(const V4Args& a, int u, int lane) {
+  UnitLoad r{u, 0, 0, 0, 0};
+  if (u < 0) return r;
+  r.s = u / a.upr;
+  r.b0 = (u - r.s * a.upr) * a.unit;
+  if (lane < 2) r.meta = __ldg(a.qsl + r.s + lane);
+  else if (lane == 2) r.meta = __ldg(a.seq_lens + r.s);
+  if (lane < a.unit && r.b0 + lane < a.max_blocks) r.phys = __ldg(a.block_tables + int64_t(r.s) * a.mbps + r.b0 + lane);
+  return r;
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 2) decode_indexer_v4_kernel(V4Args a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_last;
+  constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
+  constexpr uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
+  const int NS = a.stages, SL = a.slots, U = a.unit, K = a.topk;
+  const Layout L = make_layout(NS, SL, U, a.q_slot_bytes, a.max_blocks, a.num_seqs, block_bytes);
+  uint8_t* stage = smem;
+  uint8_t* qslot = smem + L.q;
+  int* mx = reinterpret_cast<int*>(smem + L.mx);          // [slots][16][U] encoded maxima
+  int* umeta = reinterpret_cast<int*>(smem + L.umeta);    // [slots][kMetaInts]
+  int* smeta = reinterpret_cast<int*>(smem + L.smeta);    // [stages]: slot | j << 8 | last << 16; -1 end
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
+  uint64_t* empty = full + NS;
+  uint64_t* qfull = empty + NS;   // the slot's query rows have landed (producer)
+  uint64_t* udone = qfull + SL;   // every consumer warp is done with the slot's unit
+  uint64_t* ufree = udone + SL;   // the finisher is done with the slot
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned long long* const tr = a.trace ? a.trace + int64_t(blockIdx.x) * kTraceSlots : nullptr;
+  pdl_trigger();
+  if (tr && threadIdx.x == 0) {
+    tr[0] = global_ns();
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    tr[kTracePoints + 2] = sm + 1ull;
+  }
+  // The static units' metadata and block-table entries (units blockIdx.x + r * P, r < R: R * U
+  // blocks fill the ring at the start), in flight while the barriers are set up.
+  const int P = int(gridDim.x), R = a.static_units;
+  UnitLoad stat[kMaxStatic];
+  if (warp == kProducerWarp) {
+#pragma unroll
+    for (int r = 0; r < kMaxStatic; ++r) {
+      const int u = int(blockIdx.x) + r * P;
+      stat[r] = load_unit(a, r < R && u < a.dense_units ? u : -1, lane);
+    }
+  }
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < NS; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kConsumerWarps * 32);  // every consumer thread releases its own reads
+    }
+    for (int i = 0; i < SL; ++i) {
+      mbar_init(&qfull[i], 1);
+      mbar_init(&udone[i], kConsumerWarps);
+      mbar_init(&ufree[i], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  for (int e = threadIdx.x; e < SL * 16 * U; e += kThreads) mx[e] = enc_max(kNegInf);
+  __syncthreads();
+
+  if (warp == kProducerWarp) {
+    // ------------------------------------------------------------------ producer
+    const size_t esz = a.q_bf16 ? 2 : 4;
+    const uint32_t row_b = uint32_t(a.H * kDim * esz);  // one token's query vectors
+    int k = 0;  // units given to the consumers
+    int i = 0;  // stages filled
+    // Gives unit w to the consumers: its record and query rows into the next slot, then its key
+    // blocks from `pre` on into the ring (blocks 0 .. pre - 1 already copied into stages
+    // i - pre .. i - 1). Empty units (past the request's length) take no slot.
+    auto issue_unit = [&](const UnitLoad& w, int pre) {
+      if (w.u < 0) return;
+      const int tok0 = __shfl_sync(0xffffffffu, w.meta, 0);
+      const int qlen = __shfl_sync(0xffffffffu, w.meta, 1) - tok0;
+      const int seq_len = __shfl_sync(0xffffffffu, w.meta, 2);
+      const int nb = unit_blocks(a, w.b0, qlen, seq_len);
+      if (nb == 0) return;
+      const int nv = min(16, max(0, qlen * a.H));
+      const int slot = k % SL;
+      if (lane == 0) mbar_wait(&ufree[slot], uint32_t((k / SL) & 1) ^ 1u);
+      __syncwarp();
+      int* um = umeta + slot * kMetaInts;
+      uint8_t* qs = qslot + size_t(slot) * a.q_slot_bytes;
+      if (lane == 0) {
+        um[0] = w.s, um[1] = w.b0, um[2] = nb, um[3] = tok0, um[4] = qlen, um[5] = seq_len, um[6] = nv;
+      }
+      if (a.q_bulk) {
+        const int rows = min(qlen, int(a.q_slot_bytes / row_b));
+        if (lane == 0) mbar_expect_tx(&qfull[slot], uint32_t(rows) * row_b);
+        __syncwarp();
+        if (lane < rows)
+          bulk_copy(qs + lane * row_b,
+                    static_cast<const uint8_t*>(a.q) + (int64_t(tok0) + lane) * a.q_stride * int64_t(esz), row_b,
+                    &qfull[slot]);
+      } else {
+        for (int e = lane; e < nv * kDim; e += 32) {
+          const int v = e / kDim, d = e % kDim;
+          const int64_t src = int64_t(tok0 + v / a.H) * a.q_stride + int64_t(v % a.H) * kDim + d;
+          if (a.q_bf16) {
+            reinterpret_cast<uint16_t*>(qs)[e] = static_cast<const uint16_t*>(a.q)[src];
+          } else {
+            reinterpret_cast<float*>(qs)[e] = static_cast<const float*>(a.q)[src];
+          }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&qfull[slot]);
+      }
+      for (int j = pre; j < nb; ++j) {
+        const int ph = __shfl_sync(0xffffffffu, w.phys, j);
+        if (lane == 0) {
+          const int st = i % NS;
+          mbar_wait(&empty[st], uint32_t((i / NS) & 1) ^ 1u);
+          smeta[st] = slot | (j << 8) | (j == nb - 1 ? 1 << 16 : 0);
+          bulk_load(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st]);
+        }
+        ++i;
+      }
+      ++k;
+    };
+
+    // The static units first; the first one's blocks older than the request's new tokens are
+    // copied before pdl_wait.
+    int pre = 0;
+    if (stat[0].u >= 0) {
+      const int tok0 = __shfl_sync(0xffffffffu, stat[0].meta, 0);
+      const int qlen = __shfl_sync(0xffffffffu, stat[0].meta, 1) - tok0;
+      const int seq_len = __shfl_sync(0xffffffffu, stat[0].meta, 2);
+      const int nb = unit_blocks(a, stat[0].b0, qlen, seq_len);
+      const int n_old = qlen > 0 ? (seq_len - qlen) / kBlock : 0;
+      while (pre < nb && pre < NS && stat[0].b0 + pre < n_old) {
+        const int ph = __shfl_sync(0xffffffffu, stat[0].phys, pre);
+        if (lane == 0) {
+          smeta[pre] = 0 | (pre << 8) | (pre == nb - 1 ? 1 << 16 : 0);
+          bulk_load(stage + pre * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[pre]);
+        }
+        ++pre;
+      }
+      i = pre;
+    }
+    pdl_wait();
+    int c = 0;  // claim of the first dynamic unit
+    if (lane == 0) c = atomicAdd(a.work, 1);
+#pragma unroll
+    for (int r = 0; r < kMaxStatic; ++r) issue_unit(stat[r], r == 0 ? pre : 0);
+
+    // Dynamic units: claims count the live units (those with blocks) past the static ones, in
+    // unit order. cum[s] = live units of requests before s; l0 = live units that are static.
+    int* cum = reinterpret_cast<int*>(smem + L.cum);
+    int run = 0, l0 = 0;
+    const int static_end = R * P;
+    for (int base = 0; base < a.num_seqs; base += 32) {
+      const int s = base + lane;
+      int nu = 0, in_static = 0;
+      if (s < a.num_seqs) {
+        const int t0 = __ldg(a.qsl + s), t1 = __ldg(a.qsl + s + 1), sl = __ldg(a.seq_lens + s);
+        nu = (unit_blocks(a, 0, t1 - t0, sl) > 0) ? (request_blocks(a, t1 - t0, sl) + a.unit - 1) / a.unit : 0;
+        in_static = min(nu, max(0, static_end - s * a.upr));
+      }
+      int x = nu;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      if (s < a.num_seqs) cum[s + 1] = run + x;
+      run += __shfl_sync(0xffffffffu, x, 31);
+      l0 += __reduce_add_sync(0xffffffffu, in_static);
+    }
+    if (lane == 0) cum[0] = 0;
+    __syncwarp();
+    const int live = run;
+    // Unit index (dense numbering) of live unit number n, or -1 past the last.
+    auto resolve = [&](int n) {
+      if (n >= live) return -1;
+      int lo = 0, hi = a.num_seqs - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (cum[mid] <= n) lo = mid;
+        else hi = mid - 1;
+      }
+      return lo * a.upr + (n - cum[lo]);
+    };
+    // Two units of lookahead: the next two units' metadata loads are in flight and the claims of
+    // the two after them, so neither the counter's nor the metadata's round trip stalls the
+    // copies (claims past the end are harmless: the counter is reset at exit). c < 0: no claim.
+    auto claim = [&]() {
+      int v = 0;
+      if (lane == 0) v = atomicAdd(a.work, 1);
+      return v;
+    };
+    auto next_unit = [&](int cv) { return cv < 0 ? -1 : resolve(l0 + __shfl_sync(0xffffffffu, cv, 0)); };
+    int n1 = next_unit(c);
+    UnitLoad i1 = load_unit(a, n1, lane);
+    int c1 = n1 >= 0 ? claim() : -1;
+    const int n2 = next_unit(c1);
+    UnitLoad i2 = load_unit(a, n2, lane);
+    c1 = n2 >= 0 ? claim() : -1;
+    int c2 = n2 >= 0 ? claim() : -1;
+    while (i1.u >= 0) {
+      const UnitLoad cur = i1;
+      i1 = i2;
+      const int nn = next_unit(c1);
+      i2 = load_unit(a, nn, lane);
+      c1 = c2;
+      c2 = nn >= 0 ? claim() : -1;
+      issue_unit(cur, 0);
+    }
+    // End of the work: a record without data for the consumers, an empty unit for the finisher.
+    if (lane == 0) {
+      const int st = i % NS;
+      mbar_wait(&empty[st], uint32_t((i / NS) & 1) ^ 1u);
+      smeta[st] = -1;
+      mbar_arrive(&full[st]);
+      const int slot = k % SL;
+      mbar_wait(&ufree[slot], uint32_t((k / SL) & 1) ^ 1u);
+      umeta[slot * kMetaInts] = -1;
+      mbar_arrive_count(&udone[slot], kConsumerWarps);
+    }
+    __syncwarp();
+  } else if (warp < kConsumerWarps) {
+    // ------------------------------------------------------------------ consumers
+    pdl_wait();
+    const int g = lane / 4, q = lane % 4;
+    const int v0 = g, v1 = g + 8;
+    uint32_t qa[8][4];
+    int k = -1, slot = 0, nv = 0, pos0 = 0, pos1 = 0, b0 = 0;
+    for (int i = 0;; ++i) {
+      const int st = i % NS;
+      mbar_wait(&full[st], uint32_t(i / NS) & 1u);
+      const int m = smeta[st];
+      if (m < 0) break;
+      const int j = (m >> 8) & 0xff;
+      if (tr && i == 0 && threadIdx.x == 0) tr[1] = global_ns();
+      if (j == 0) {  // a new unit: its query fragments from the slot
+        ++k;
+        slot = m & 0xff;
+        mbar_wait(&qfull[slot], uint32_t((k / SL) & 1));
+        const int* um = umeta + slot * kMetaInts;
+        b0 = um[1];
+        const int qlen = um[4], seq_len = um[5];
+        nv = um[6];
+        pos0 = seq_len - qlen + v0 / a.H;
+        pos1 = seq_len - qlen + v1 / a.H;
+        q_frags_from_slot<kFp8>(a, qslot + size_t(slot) * a.q_slot_bytes, nv, g, q, qa);
+      }
+      const uint8_t* base = stage + st * block_bytes + warp * 16 * row_bytes;
+      KeyRegs<kFp8> kr[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) kr[nt].load_smem(base + (nt * 8 + g) * row_bytes, q, g);
+      mbar_arrive(&empty[st]);
+      float m0, m1;
+      warp_block_max<kFp8>(kr, qa, (b0 + j) * kBlock + warp * 16 + 2 * q, pos0, pos1, m0, m1);
+      int* mxs = mx + slot * 16 * U;
+      if (q == 0) {
+        if (v0 < nv && m0 != kNegInf) atomicMax(&mxs[v0 * U + j], enc_max(m0));
+        if (v1 < nv && m1 != kNegInf) atomicMax(&mxs[v1 * U + j], enc_max(m1));
+      }
+      if (m & (1 << 16)) {  // the unit's last block
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&udone[slot]);
+      }
+    }
+    if (tr) {
+      asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumerWarps * 32) : "memory");
+      if (threadIdx.x == 0) tr[2] = global_ns();
+    }
+  } else {
+    // ------------------------------------------------------------------ finisher
+    pdl_wait();
+    uint32_t* keys = reinterpret_cast<uint32_t*>(smem + L.keys);
+    unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem + L.cand);
+    uint32_t* mk = reinterpret_cast<uint32_t*>(smem + L.mk);
+    int units = 0, selected = 0;
+    for (int k = 0;; ++k) {
+      const int slot = k % SL;
+      mbar_wait(&udone[slot], uint32_t((k / SL) & 1));
+      const int* um = umeta + slot * kMetaInts;
+      const int s = um[0];
+      if (s < 0) break;
+      const int b0 = um[1], nb = um[2], tok0 = um[3], qlen = um[4], seq_len = um[5], nv = um[6];
+      const int n_blk = request_blocks(a, qlen, seq_len);
+      int* mxs = mx + slot * 16 * U;
+      for (int e = lane; e < nv * nb; e += 32) {
+        const int v = e / nb, j = e - v * nb, b = b0 + j;
+        const int nbr = (seq_len - qlen + v / a.H) / kBlock + 1;
+        const float mval = dec_max(mxs[v * U + j]);
+        mxs[v * U + j] = enc_max(kNegInf);
+        const float score = b < nbr ? forced_score(mval * a.scale, b, nbr, a.init_blocks, a.local_blocks) : kNegInf;
+        a.sbuf[((int64_t(tok0) + v / a.H) * a.H + v % a.H) * a.mbps + b] = score;
+      }
+      __syncwarp();
+      int last = 0;
+      if (lane == 0) {
+        mbar_arrive(&ufree[slot]);  // the slot's maxima are reset and its record read
+        // Release: the warp's score stores (ordered before by __syncwarp) before the count.
+        fence_acq_rel_gpu();
+        last = atomicAdd(a.req_done + s, nb) + nb == n_blk;
+      }
+      last = __shfl_sync(0xffffffffu, last, 0);
+      ++units;
+      if (!last) continue;
+      // ---- this unit completed request s: select each row's top-k from its score row.
+      fence_acq_rel_gpu();  // acquire: every unit's scores of the request
+      ++selected;
+      for (int v = 0; v < nv; ++v) {
+        const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
+        const float* srow = a.sbuf + row * a.mbps;
+        const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
+        for (int j0 = 0; j0 < n; j0 += 256) {
+          float x[8];
+#pragma unroll
+          for (int t = 0; t < 8; ++t) {
+            const int j = j0 + 32 * t + lane;
+            x[t] = j < n ? __ldcg(srow + j) : 0.f;
+          }
+#pragma unroll
+          for (int t = 0; t < 8; ++t) {
+            const int j = j0 + 32 * t + lane;
+            if (j < n) keys[j] = order_key(x[t]);
+          }
+        }
+        __syncwarp();
+        select_row(keys, n, K, cand, mk, a.topk_idx + row * K, lane);
+        if (a.fill_tail)
+          for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
+      }
+      if (lane == 0) a.req_done[s] = 0;
+    }
+    if (tr && lane == 0) {
+      tr[3] = global_ns();
+      tr[kTracePoints] = units;
+      tr[kTracePoints + 1] = selected;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // The last CTA out returns the unit counter to zero for the next call.
+    __threadfence();
+    s_last = atomicAdd(a.work + 1, 1) == int(gridDim.x) - 1;
+    if (s_last) {
+      a.work[0] = 0;
+      a.work[1] = 0;
+    }
+    if (tr) tr[4] = global_ns();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+// Development knobs (environment, read once; 0 / unset = automatic).
+//   SIEVE_V4_UNIT    key blocks per work unit
+//   SIEVE_V4_STAGES  stages of the key ring
+//   SIEVE_V4_CTAS    CTAs per SM (1 or 2)
+struct Knobs {
+  int unit = 0, stages = 0, ctas = 0;
+};
+const Knobs& knobs() {
+  static const Knobs k = [] {
+    Knobs r;
+    auto get = [](const char* n) {
+      const char* v = std::getenv(n);
+      return v && *v ? std::atoi(v) : 0;
+    };
+    r.unit = get("SIEVE_V4_UNIT");
+    r.stages = get("SIEVE_V4_STAGES");
+    r.ctas = get("SIEVE_V4_CTAS");
+    return r;
+  }();
+  return k;
+}
+
+bool trace_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SIEVE_INDEXER_TRACE");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const std::vector<unsigned long long>& tr) {
+  unsigned long long t0 = ~0ull;
+  for (int c = 0; c < P; ++c)
+    if (tr[size_t(c) * kTraceSlots]) t0 = std::min(t0, tr[size_t(c) * kTraceSlots]);
+  std::fprintf(stderr,
+               "indexer v4 trace (%s): %d seqs, %d CTAs (SMs %d), unit %d blocks, %d units, stages %d, slots %d, "
+               "static %d, smem %u B\n",
+               fp8 ? "fp8" : "bf16", N, P, num_sms(), a.unit, a.dense_units, a.stages, a.slots, a.static_units, smem);
+  const char* names[kTracePoints] = {"start", "first block", "consumed", "finisher", "end"};
+  for (int i = 0; i < kTracePoints; ++i) {
+    std::vector<double> v;
+    for (int c = 0; c < P; ++c) {
+      const unsigned long long x = tr[size_t(c) * kTraceSlots + i];
+      if (x) v.push_back(double(x - t0) / 1000.0);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr, "  %-12s us: min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f  (n %zu)\n", names[i],
+                 v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back(), v.size());
+  }
+  std::vector<int> units;
+  for (int c = 0; c < P; ++c) units.push_back(int(tr[size_t(c) * kTraceSlots + kTracePoints]));
+  std::sort(units.begin(), units.end());
+  std::fprintf(stderr, "  units per CTA: min %d median %d max %d\n", units.front(), units[units.size() / 2],
+               units.back());
+}
+
+// Resident CTAs per SM of the kernel at `smem` bytes (cached).
+int resident_per_sm(bool fp8, uint32_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<bool, uint32_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(fp8, smem);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  int n = 0;
+  if (fp8) {
+    set_smem(decode_indexer_v4_kernel<true>, smem);
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_indexer_v4_kernel<true>, kThreads, smem),
+               "occupancy v4");
+  } else {
+    set_smem(decode_indexer_v4_kernel<false>, smem);
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_indexer_v4_kernel<false>, kThreads, smem),
+               "occupancy v4");
+  }
+  cache[key] = n;
+  return n;
+}
+
+}  // namespace
+
+bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
+  if (!indexer_supported(p)) return false;
+  if (!use_decode_indexer(p)) return false;
+  if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
+  const int N = p.batch.num_seqs;
+  const int max_blocks =
+      std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq));
+  if (max_blocks > kMaxBlocks || N > kMaxSeqs) return false;
+  const Knobs& kn = knobs();
+  const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
+  const bool q_bf16 = p.q_dtype == DType::BF16;
+  const size_t esz = q_bf16 ? 2 : 4;
+  const int nv_max = std::min(16, std::max(1, p.batch.max_query_len * p.num_index_heads));
+  const uint32_t q_slot_bytes = uint32_t((size_t(nv_max) * kDim * esz + 15) / 16 * 16);
+
+  // Shapes only: CTAs per SM (2 unless forced), the ring that fits the shared-memory budget,
+  // units of U blocks so that there are about 4 units per resident CTA.
+  const int per_sm = kn.ctas == 1 ? 1 : 2;
+  const uint32_t budget = per_sm == 1 ? 200u * 1024u : 110u * 1024u;
+  const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
+  const int64_t work_blocks = int64_t(N) * max_blocks;
+  const int p_full = per_sm * num_sms();
+  int unit = int(std::clamp<int64_t>(work_blocks / (4 * int64_t(p_full)), 1, 8));
+  if (kn.unit > 0) unit = std::min(kn.unit, kMaxUnit);
+  if (const int f = g_force_unit.load(std::memory_order_relaxed); f > 0) unit = std::min(f, kMaxUnit);
+  const Layout fixed = make_layout(0, slots, unit, q_slot_bytes, max_blocks, N, block_bytes);
+  int stages = fixed.total + 256 < budget ? int((budget - fixed.total - 256) / block_bytes) : 1;
+  stages = std::clamp(stages, 2, kMaxStages);
+  if (kn.stages > 0) stages = std::clamp(kn.stages, 1, kMaxStages);
+  if (const int f = g_force_stages.load(std::memory_order_relaxed); f > 0) stages = std::clamp(f, 1, kMaxStages);
+  const Layout L = make_layout(stages, slots, unit, q_slot_bytes, max_blocks, N, block_bytes);
+  if (L.total + 1024u > 227u * 1024u) return false;
+  const int upr = (max_blocks + unit - 1) / unit;
+  const int64_t dense_units = int64_t(N) * upr;
+  if (dense_units > int64_t(1) << 30) return false;
+  const int resident = std::max(1, std::min(per_sm, resident_per_sm(fp8, L.total))) * num_sms();
+  int P = int(std::min<int64_t>(dense_units, resident));
+  if (const int f = g_force_grid.load(std::memory_order_relaxed); f > 0) P = std::min(P, f);
+
+  V4Args a{};
+  a.q = p.index_q;
+  a.q_bf16 = q_bf16;
+  a.q_fp8_round = p.q_in_cache_dtype && fp8;
+  a.q_bulk = reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0 && (size_t(p.q_stride) * esz) % 16 == 0;
+  a.q_stride = p.q_stride;
+  a.H = p.num_index_heads;
+  a.scale = p.score_scale;
+  a.cache = static_cast<const uint8_t*>(p.cache.k);
+  a.qsl = p.batch.query_start_loc;
+  a.seq_lens = p.batch.seq_lens;
+  a.block_tables = p.batch.block_tables;
+  a.mbps = p.batch.max_blocks_per_seq;
+  a.max_blocks = max_blocks;
+  a.unit = unit;
+  a.upr = upr;
+  a.num_seqs = N;
+  a.dense_units = int(dense_units);
+  a.static_units = std::clamp(stages / unit, 1, kMaxStatic);
+  if (const int f = g_force_statics.load(std::memory_order_relaxed); f > 0) a.static_units = std::min(f, kMaxStatic);
+  a.stages = stages;
+  a.slots = slots;
+  a.q_slot_bytes = q_slot_bytes;
+  a.topk = p.topk;
+  a.init_blocks = p.init_blocks;
+  a.local_blocks = p.local_blocks;
+  a.topk_idx = p.topk_idx;
+  if (p.block_scores) {
+    a.sbuf = p.block_scores;
+    a.fill_tail = 1;
+  } else {
+    a.sbuf = static_cast<float*>(workspace(stream, size_t(p.batch.num_tokens) * p.num_index_heads * a.mbps * 4));
+  }
+  int32_t* counters = zeroed_counters(stream, size_t(N) + 2);
+  a.req_done = counters;
+  a.work = counters + N;
+
+  unsigned long long* trace = nullptr;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
+    cuda_check(cudaMalloc(&trace, size_t(P) * kTraceSlots * 8), "trace alloc");
+    cuda_check(cudaMemsetAsync(trace, 0, size_t(P) * kTraceSlots * 8, stream), "trace memset");
+    a.trace = trace;
+  }
+  const bool pdl = pdl_enabled(kPdlIndexer);
+  if (fp8) {
+    set_smem(decode_indexer_v4_kernel<true>, L.total);
+    launch_pdl(pdl, decode_indexer_v4_kernel<true>, P, kThreads, L.total, stream, "indexer decode v4", a);
+  } else {
+    set_smem(decode_indexer_v4_kernel<false>, L.total);
+    launch_pdl(pdl, decode_indexer_v4_kernel<false>, P, kThreads, L.total, stream, "indexer decode v4", a);
+  }
+  if (trace) {
+    std::vector<unsigned long long> tr(size_t(P) * kTraceSlots);
+    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
+    cuda_check(cudaStreamSynchronize(stream), "trace sync");
+    print_trace(fp8, a, N, P, L.total, tr);
+    cudaFree(trace);
+  }
+  return true;
+}
+
+}  // namespace sieve::cuda
