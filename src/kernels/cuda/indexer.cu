@@ -489,7 +489,9 @@ bool use_decode_indexer(const ops::IndexerParams& p) {
 // fp8 cache, up to 32 requests at any context (b32 ctx32768: 55 vs 66 us); v3 (cluster CTAs per
 // request) is faster for 128 requests (fp8 b128 ctx9216: 47 vs 57 us) and, with a bf16 cache,
 // from about 32 requests x 9216 tokens of work up (bf16 b128: 76 vs 96 us, b32 ctx32768: 78 vs
-// 88, b8 ctx131072: 83 vs 88). Where v3 does not support the parameters, v2 runs.
+// 88, b8 ctx131072: 83 vs 88). v4 (work units from a counter, per-request selection) is faster
+// for one request (b1 ctx9216: fp8 9.1 vs 12.9 us, bf16 8.7 vs 13.0) and slower from 32 requests
+// up (b32 ctx9216 fp8: 28.8 vs 21.3). Where v3 / v4 do not support the parameters, v2 runs.
 int auto_decode_variant(const ops::IndexerParams& p) {
   const int64_t blocks = std::max(1, std::min((p.batch.max_seq_len + 127) / 128, p.batch.max_blocks_per_seq));
   const int64_t work = blocks * p.batch.num_seqs;  // key blocks of the batch, at most
