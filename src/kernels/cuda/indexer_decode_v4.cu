@@ -209,7 +209,7 @@ __device__ __forceinline__ UnitLoad load_unit(const V4Args& a, int u, int lane) 
 }
 
 template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 2) decode_indexer_v4_kernel(V4Args a) {
+__global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kernel(V4Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int s_last;
   constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v4_kernel(V4Args a
 // Development knobs (environment, read once; 0 / unset = automatic).
 //   SIEVE_V4_UNIT    key blocks per work unit
 //   SIEVE_V4_STAGES  stages of the key ring
-//   SIEVE_V4_CTAS    CTAs per SM (1 or 2)
+//   SIEVE_V4_CTAS    CTAs per SM (1, 2, or 3 with fp8)
 struct Knobs {
   int unit = 0, stages = 0, ctas = 0;
 };
@@ -649,12 +649,14 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
 
   // Shapes only: CTAs per SM (2 unless forced), the ring that fits the shared-memory budget,
   // units of U blocks so that there are about 4 units per resident CTA.
-  const int per_sm = kn.ctas == 1 ? 1 : 2;
-  const uint32_t budget = per_sm == 1 ? 200u * 1024u : 110u * 1024u;
+  // CTAs per SM: three with an fp8 cache (24 consumer warps per SM: the scoring loop, not the
+  // copies, bounds the fp8 stream), two with bf16 (its registers allow no more).
+  const int per_sm = std::clamp(kn.ctas > 0 ? kn.ctas : fp8 ? 3 : 2, 1, fp8 ? 3 : 2);
+  const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
   const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
   const int64_t work_blocks = int64_t(N) * max_blocks;
   const int p_full = per_sm * num_sms();
-  int unit = int(std::clamp<int64_t>(work_blocks / (4 * int64_t(p_full)), 1, 8));
+  int unit = int(std::clamp<int64_t>((work_blocks + 4 * int64_t(p_full) - 1) / (4 * int64_t(p_full)), 1, 8));
   if (kn.unit > 0) unit = std::min(kn.unit, kMaxUnit);
   if (const int f = g_force_unit.load(std::memory_order_relaxed); f > 0) unit = std::min(f, kMaxUnit);
   const Layout fixed = make_layout(0, slots, unit, q_slot_bytes, max_blocks, N, block_bytes);
