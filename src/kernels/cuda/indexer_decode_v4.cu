@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + NS;
   uint64_t* qfull = empty + NS;   // the slot's query rows have landed (producer)
-  uint64_t* udone = qfull + SL;   // every consumer warp is done with the slot's unit
+  uint64_t* udone = qfull + SL;   // every consumer thread is done with the slot's unit
   uint64_t* ufree = udone + SL;   // the finisher is done with the slot
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned long long* const tr = a.trace ? a.trace + int64_t(blockIdx.x) * kTraceSlots : nullptr;
@@ -253,8 +253,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
     }
     for (int i = 0; i < SL; ++i) {
       mbar_init(&qfull[i], 1);
-      mbar_init(&udone[i], kConsumerWarps);
-      mbar_init(&ufree[i], 1);
+      mbar_init(&udone[i], kConsumerWarps * 32);  // every consumer thread, after its last block
+      mbar_init(&ufree[i], 32);                   // every finisher lane, after its reads
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -279,8 +279,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
       if (nb == 0) return;
       const int nv = min(16, max(0, qlen * a.H));
       const int slot = k % SL;
-      if (lane == 0) mbar_wait(&ufree[slot], uint32_t((k / SL) & 1) ^ 1u);
-      __syncwarp();
+      mbar_wait(&ufree[slot], uint32_t((k / SL) & 1) ^ 1u);  // every lane: its writes below follow
       int* um = umeta + slot * kMetaInts;
       uint8_t* qs = qslot + size_t(slot) * a.q_slot_bytes;
       if (lane == 0) {
@@ -416,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
       const int slot = k % SL;
       mbar_wait(&ufree[slot], uint32_t((k / SL) & 1) ^ 1u);
       umeta[slot * kMetaInts] = -1;
-      mbar_arrive_count(&udone[slot], kConsumerWarps);
+      mbar_arrive_count(&udone[slot], kConsumerWarps * 32);
     }
     __syncwarp();
   } else if (warp < kConsumerWarps) {
@@ -457,10 +456,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
         if (v0 < nv && m0 != kNegInf) atomicMax(&mxs[v0 * U + j], enc_max(m0));
         if (v1 < nv && m1 != kNegInf) atomicMax(&mxs[v1 * U + j], enc_max(m1));
       }
-      if (m & (1 << 16)) {  // the unit's last block
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&udone[slot]);
-      }
+      if (m & (1 << 16)) mbar_arrive(&udone[slot]);  // the unit's last block (after this thread's maxima)
     }
     if (tr) {
       asm volatile("bar.sync 1, %0;\n" ::"r"(kConsumerWarps * 32) : "memory");
@@ -490,10 +486,10 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
         const float score = b < nbr ? forced_score(mval * a.scale, b, nbr, a.init_blocks, a.local_blocks) : kNegInf;
         a.sbuf[((int64_t(tok0) + v / a.H) * a.H + v % a.H) * a.mbps + b] = score;
       }
+      mbar_arrive(&ufree[slot]);  // this lane has read the slot's record and reset its maxima
       __syncwarp();
       int last = 0;
       if (lane == 0) {
-        mbar_arrive(&ufree[slot]);  // the slot's maxima are reset and its record read
         // Release: the warp's score stores (ordered before by __syncwarp) before the count.
         fence_acq_rel_gpu();
         last = atomicAdd(a.req_done + s, nb) + nb == n_blk;
