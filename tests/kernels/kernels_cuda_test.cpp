@@ -573,6 +573,22 @@ struct GraphReplayInputs {
   std::vector<int32_t> a_ids() const { return d_a.get<int32_t>(size_t(T) * 16); }
   std::vector<int32_t> b_ids() const { return d_b.get<int32_t>(size_t(T) * 16); }
 
+  // `path` run eagerly and replayed from a captured graph both give v2's ids.
+  void expect_eager_and_graph_match_v2(cuda::IndexerPath path, const std::string& name) {
+    g.topk_idx = d_a.as<int32_t>();
+    d_a.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
+    device_synchronize(kGpu);
+    g.topk_idx = d_b.as<int32_t>();
+    d_b.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, path));
+    device_synchronize(kGpu);
+    EXPECT_EQ(a_ids(), b_ids()) << "eager " << name << " vs v2";
+    d_b.poison(0x55);
+    ASSERT_TRUE(cuda::run_indexer_graph_check(g, path));
+    EXPECT_EQ(a_ids(), b_ids()) << "graph " << name << " vs v2";
+  }
+
  private:
   static IndexCache random_cache(const PagedBatch& b, DType dtype, Rng& rng) {
     IndexCache ic(dtype, b.num_blocks, 128, 128);
@@ -706,25 +722,12 @@ TEST(CudaIndexer, V4ForcedShapesMatchCpu) {
 TEST(CudaIndexer, V4GraphReplayMatchesEager) {
   SKIP_WITHOUT_GPU();
   GraphReplayInputs in(9450, DType::FP8_E4M3);
-  ops::IndexerParams& g = in.g;
-  Dev &d_a = in.d_a, &d_b = in.d_b;
-  g.init_blocks = 1;
+  in.g.init_blocks = 1;
   for (const auto& sh : std::vector<std::array<int, 4>>{{0, 0, 0, 0}, {1, 2, 8, 1}, {2, 3, 20, 2}, {3, 2, 1, 1}}) {
     SCOPED_TRACE("v4 unit " + std::to_string(sh[0]) + " stages " + std::to_string(sh[1]) + " grid " +
                  std::to_string(sh[2]) + " statics " + std::to_string(sh[3]));
     cuda::set_indexer_v4_shape(sh[0], sh[1], sh[2], sh[3]);
-    g.topk_idx = d_a.as<int32_t>();
-    d_a.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
-    device_synchronize(kGpu);
-    g.topk_idx = d_b.as<int32_t>();
-    d_b.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV4));
-    device_synchronize(kGpu);
-    EXPECT_EQ(in.a_ids(), in.b_ids()) << "eager v4 vs v2";
-    d_b.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_graph_check(g, cuda::IndexerPath::kDecodeFusedV4));
-    EXPECT_EQ(in.a_ids(), in.b_ids()) << "graph v4 vs v2";
+    in.expect_eager_and_graph_match_v2(cuda::IndexerPath::kDecodeFusedV4, "v4");
   }
   cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
@@ -763,24 +766,11 @@ TEST(CudaIndexer, V3ManySequencesMatchCpu) {
 TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
   SKIP_WITHOUT_GPU();
   GraphReplayInputs in(9400, DType::BF16);
-  ops::IndexerParams& g = in.g;
-  Dev &d_a = in.d_a, &d_b = in.d_b;
-  g.init_blocks = 1;
+  in.g.init_blocks = 1;
   for (const auto& [cl, gr] : std::vector<std::pair<int, int>>{{0, 0}, {8, 3}, {2, 5}, {1, 2}}) {
     SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
     cuda::set_indexer_v3_split(cl, gr);
-    g.topk_idx = d_a.as<int32_t>();
-    d_a.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
-    device_synchronize(kGpu);
-    g.topk_idx = d_b.as<int32_t>();
-    d_b.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV3));
-    device_synchronize(kGpu);
-    EXPECT_EQ(in.a_ids(), in.b_ids()) << "eager v3 vs v2";
-    d_b.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_graph_check(g, cuda::IndexerPath::kDecodeFusedV3));
-    EXPECT_EQ(in.a_ids(), in.b_ids()) << "graph v3 vs v2";
+    in.expect_eager_and_graph_match_v2(cuda::IndexerPath::kDecodeFusedV3, "v3");
   }
   cuda::set_indexer_v3_split(0, 0);
 }

@@ -1,8 +1,11 @@
 // Per-device workspace and counters (see common.cuh).
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -86,6 +89,38 @@ int num_sms() {
     return v > 0 ? v : 132;
   }();
   return n;
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
+bool indexer_trace_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SIEVE_INDEXER_TRACE");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+void print_trace_quantiles(const char* const* names, int points, int slots, const std::vector<unsigned long long>& tr,
+                           int64_t ctas) {
+  unsigned long long t0 = ~0ull;
+  for (int64_t c = 0; c < ctas; ++c)
+    if (tr[size_t(c * slots)]) t0 = std::min(t0, tr[size_t(c * slots)]);
+  for (int i = 0; i < points; ++i) {
+    std::vector<double> v;
+    for (int64_t c = 0; c < ctas; ++c) {
+      const unsigned long long x = tr[size_t(c * slots + i)];
+      if (x) v.push_back(double(x - t0) / 1000.0);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr,
+                 "  %-12s us from first start: min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f  (n %zu)\n",
+                 names[i], v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back(), v.size());
+  }
 }
 
 }  // namespace sieve::cuda

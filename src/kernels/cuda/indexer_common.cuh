@@ -257,6 +257,25 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
 }
 
+// One warp stages the order keys of score row srow[0, n) (global memory, read through L2) into
+// keys: 256 scores per round, all eight loads of a lane in flight at once (one L2 round trip per
+// round, not one per 32 scores).
+__device__ __forceinline__ void stage_order_keys(const float* srow, int n, uint32_t* keys, int lane) {
+  for (int j0 = 0; j0 < n; j0 += 256) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = j0 + 32 * u + lane;
+      v[u] = j < n ? __ldcg(srow + j) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = j0 + 32 * u + lane;
+      if (j < n) keys[j] = order_key(v[u]);
+    }
+  }
+}
+
 // Top-k of one row (one warp) from its n >= 1 order keys in shared memory (block j at keys[j],
 // never 0) into out[0, K). Composite c(j) = key << 32 | (2^32 - 1 - j): unique, and c(i) > c(j)
 // exactly when block i beats block j (higher score, then lower id). Lane l owns blocks l, l + 32,

@@ -58,7 +58,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -601,35 +600,18 @@ struct Knobs {
 const Knobs& knobs() {
   static const Knobs k = [] {
     Knobs r;
-    auto get = [](const char* n) {
-      const char* v = std::getenv(n);
-      return v && *v ? std::atoi(v) : 0;
-    };
-    r.C = get("SIEVE_V3_C");
-    r.G = get("SIEVE_V3_G");
-    r.budget_kb = get("SIEVE_V3_BUDGET");
-    r.stages = get("SIEVE_V3_STAGES");
-    r.merge = get("SIEVE_V3_MERGE");
+    r.C = env_int("SIEVE_V3_C");
+    r.G = env_int("SIEVE_V3_G");
+    r.budget_kb = env_int("SIEVE_V3_BUDGET");
+    r.stages = env_int("SIEVE_V3_STAGES");
+    r.merge = env_int("SIEVE_V3_MERGE");
     return r;
   }();
   return k;
 }
 
-// SIEVE_INDEXER_TRACE=1: every call outside a stream capture is synchronised and prints where
-// its CTAs spent their time (global timer, us from the first CTA's start) to stderr: a
-// development aid, never on in serving.
-bool trace_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SIEVE_INDEXER_TRACE");
-    return v && *v && std::string_view(v) != "0";
-  }();
-  return on;
-}
 void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vector<unsigned long long>& tr,
                  int64_t ctas) {
-  unsigned long long t0 = ~0ull;
-  for (int64_t c = 0; c < ctas; ++c)
-    if (tr[size_t(c * kTraceSlots)]) t0 = std::min(t0, tr[size_t(c * kTraceSlots)]);
   const char* names[kTracePoints] = {"start",        "prologue",     "issued",      "first block", "loop end",
                                      "chunk top-k", "cluster sync", "cluster mrg", "end"};
   std::fprintf(stderr,
@@ -649,19 +631,7 @@ void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vec
     std::fprintf(stderr, "  SMs used %zu of %d, at most %d CTAs on one SM (over the whole call)\n", per_sm.size(),
                  num_sms(), most);
   }
-  for (int i = 0; i < kTracePoints; ++i) {
-    std::vector<double> v;
-    for (int64_t c = 0; c < ctas; ++c) {
-      const unsigned long long x = tr[size_t(c * kTraceSlots + i)];
-      if (x) v.push_back(double(x - t0) / 1000.0);
-    }
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::fprintf(stderr,
-                 "  %-12s us from first start: min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f  (n %zu)\n",
-                 names[i], v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back(),
-                 v.size());
-  }
+  print_trace_quantiles(names, kTracePoints, kTraceSlots, tr, ctas);
 }
 
 }  // namespace
@@ -761,8 +731,8 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
 
   unsigned long long* trace = nullptr;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
+  if (indexer_trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (indexer_trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
     cuda_check(cudaMalloc(&trace, size_t(ctas) * kTraceSlots * 8), "trace alloc");
     cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTraceSlots * 8, stream), "trace memset");
     a.trace = trace;

@@ -44,7 +44,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -502,21 +501,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
       ++selected;
       for (int v = 0; v < nv; ++v) {
         const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
-        const float* srow = a.sbuf + row * a.mbps;
         const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
-        for (int j0 = 0; j0 < n; j0 += 256) {
-          float x[8];
-#pragma unroll
-          for (int t = 0; t < 8; ++t) {
-            const int j = j0 + 32 * t + lane;
-            x[t] = j < n ? __ldcg(srow + j) : 0.f;
-          }
-#pragma unroll
-          for (int t = 0; t < 8; ++t) {
-            const int j = j0 + 32 * t + lane;
-            if (j < n) keys[j] = order_key(x[t]);
-          }
-        }
+        stage_order_keys(a.sbuf + row * a.mbps, n, keys, lane);
         __syncwarp();
         select_row(keys, n, K, cand, mk, a.topk_idx + row * K, lane);
         if (a.fill_tail)
@@ -556,46 +542,21 @@ struct Knobs {
 const Knobs& knobs() {
   static const Knobs k = [] {
     Knobs r;
-    auto get = [](const char* n) {
-      const char* v = std::getenv(n);
-      return v && *v ? std::atoi(v) : 0;
-    };
-    r.unit = get("SIEVE_V4_UNIT");
-    r.stages = get("SIEVE_V4_STAGES");
-    r.ctas = get("SIEVE_V4_CTAS");
+    r.unit = env_int("SIEVE_V4_UNIT");
+    r.stages = env_int("SIEVE_V4_STAGES");
+    r.ctas = env_int("SIEVE_V4_CTAS");
     return r;
   }();
   return k;
 }
 
-bool trace_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SIEVE_INDEXER_TRACE");
-    return v && *v && std::string_view(v) != "0";
-  }();
-  return on;
-}
-
 void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const std::vector<unsigned long long>& tr) {
-  unsigned long long t0 = ~0ull;
-  for (int c = 0; c < P; ++c)
-    if (tr[size_t(c) * kTraceSlots]) t0 = std::min(t0, tr[size_t(c) * kTraceSlots]);
   std::fprintf(stderr,
                "indexer v4 trace (%s): %d seqs, %d CTAs (SMs %d), unit %d blocks, %d units, stages %d, slots %d, "
                "static %d, smem %u B\n",
                fp8 ? "fp8" : "bf16", N, P, num_sms(), a.unit, a.dense_units, a.stages, a.slots, a.static_units, smem);
   const char* names[kTracePoints] = {"start", "first block", "consumed", "finisher", "end"};
-  for (int i = 0; i < kTracePoints; ++i) {
-    std::vector<double> v;
-    for (int c = 0; c < P; ++c) {
-      const unsigned long long x = tr[size_t(c) * kTraceSlots + i];
-      if (x) v.push_back(double(x - t0) / 1000.0);
-    }
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::fprintf(stderr, "  %-12s us: min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f  (n %zu)\n", names[i],
-                 v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back(), v.size());
-  }
+  print_trace_quantiles(names, kTracePoints, kTraceSlots, tr, P);
   std::vector<int> units;
   for (int c = 0; c < P; ++c) units.push_back(int(tr[size_t(c) * kTraceSlots + kTracePoints]));
   std::sort(units.begin(), units.end());
@@ -708,8 +669,8 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
 
   unsigned long long* trace = nullptr;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
+  if (indexer_trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (indexer_trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
     cuda_check(cudaMalloc(&trace, size_t(P) * kTraceSlots * 8), "trace alloc");
     cuda_check(cudaMemsetAsync(trace, 0, size_t(P) * kTraceSlots * 8, stream), "trace memset");
     a.trace = trace;

@@ -1283,22 +1283,7 @@ __device__ __forceinline__ void select_kernel_row(const Args& a, int64_t row, in
     }
   }
   if (pos >= 0 && n <= n_max) {  // else a contract violation (the scoring kernel skipped the tile)
-    const float* srow = a.sbuf + row * a.sstride;
-    // 256 scores per round, all of a lane's 8 loads in flight at once (one L2 round trip per
-    // round, not one per 32 scores).
-    for (int j0 = 0; j0 < n; j0 += 256) {
-      float v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int j = j0 + 32 * u + lane;
-        v[u] = j < n ? __ldcg(srow + j) : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int j = j0 + 32 * u + lane;
-        if (j < n) keys[j] = order_key(v[u]);
-      }
-    }
+    stage_order_keys(a.sbuf + row * a.sstride, n, keys, lane);
     __syncwarp();
     select_row(keys, n, a.topk, cand, mk, a.topk_idx + row * a.topk, lane);
   }

@@ -2,6 +2,9 @@
 // one implementation path, and the unfused baselines the benchmark compares against.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "kernels/ops.h"
 
 namespace sieve::cuda {
@@ -79,4 +82,15 @@ struct PrefillV2Knobs {
   int mma = -1, kb = -1, order = -1, merge = -1, select = -1, rows = -1, pipe = -1, streamk = -1, overlap = -1;
 };
 void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
+
+// Development aids of the decode indexers (common.cu). env_int: the integer value of an
+// environment variable, 0 when unset or empty. indexer_trace_enabled: SIEVE_INDEXER_TRACE=1 (read
+// once): v3 and v4 synchronise every call made outside a stream capture and print where their
+// CTAs spent their time, never on in serving. print_trace_quantiles: for each of `points` trace
+// points, the quantiles of the CTAs' timestamps tr[c * slots + i] (ns; 0 = not recorded), in µs
+// from the earliest point-0 timestamp, to stderr.
+int env_int(const char* name);
+bool indexer_trace_enabled();
+void print_trace_quantiles(const char* const* names, int points, int slots, const std::vector<unsigned long long>& tr,
+                           int64_t ctas);
 }  // namespace sieve::cuda
