@@ -618,6 +618,27 @@ TEST(CudaIndexer, GraphReplayMatchesEager) {
   }
 }
 
+// The decode cases under a forced grid of one variant (path): one head over kDecodeSpecs and
+// four heads over kSpecSpecs, bf16 and fp8, with and without ties.
+void check_forced_decode_cases(cuda::IndexerPath path, const std::string& grid, uint64_t& seed) {
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (int H : {1, 4}) {
+      IndexerCase c;
+      c.specs = H == 1 ? kDecodeSpecs : kSpecSpecs;
+      c.cache = cd;
+      c.H = H;
+      c.init = 1;
+      c.local = 2;
+      c.topk = H == 1 ? 16 : 32;
+      c.path = path;
+      SCOPED_TRACE(grid);
+      check_indexer_once(c, seed++);
+      c.ties = true;
+      check_indexer_once(c, seed++);
+    }
+  }
+}
+
 // The v3 decode indexer with forced cluster sizes and group counts: G > 1 runs the second,
 // global merge level (partials + per-rank counters); C = 1 gives one CTA long chunks (the stage
 // ring wraps many times); C = 8 with short requests leaves CTAs with empty chunks.
@@ -627,22 +648,8 @@ TEST(CudaIndexer, V3ForcedSplitsMatchCpu) {
   const std::vector<std::pair<int, int>> splits = {{1, 1}, {2, 3}, {8, 2}, {4, 5}, {1, 4}, {8, 1}, {8, 9}};
   for (const auto& [cl, gr] : splits) {
     cuda::set_indexer_v3_split(cl, gr);
-    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-      for (int H : {1, 4}) {
-        IndexerCase c;
-        c.specs = H == 1 ? kDecodeSpecs : kSpecSpecs;
-        c.cache = cd;
-        c.H = H;
-        c.init = 1;
-        c.local = 2;
-        c.topk = H == 1 ? 16 : 32;
-        c.path = cuda::IndexerPath::kDecodeFusedV3;
-        SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
-        check_indexer_once(c, seed++);
-        c.ties = true;
-        check_indexer_once(c, seed++);
-      }
-    }
+    check_forced_decode_cases(cuda::IndexerPath::kDecodeFusedV3,
+                              "v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr), seed);
   }
   cuda::set_indexer_v3_split(0, 0);
 }
@@ -695,23 +702,10 @@ TEST(CudaIndexer, V4ForcedShapesMatchCpu) {
   const std::vector<Shape> shapes = {{1, 2, 8, 1}, {3, 2, 5, 1}, {8, 4, 0, 2}, {2, 6, 16, 3}, {5, 3, 1, 1}, {4, 2, 3, 4}};
   for (const Shape& sh : shapes) {
     cuda::set_indexer_v4_shape(sh.unit, sh.stages, sh.grid, sh.statics);
-    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-      for (int H : {1, 4}) {
-        IndexerCase c;
-        c.specs = H == 1 ? kDecodeSpecs : kSpecSpecs;
-        c.cache = cd;
-        c.H = H;
-        c.init = 1;
-        c.local = 2;
-        c.topk = H == 1 ? 16 : 32;
-        c.path = cuda::IndexerPath::kDecodeFusedV4;
-        SCOPED_TRACE("v4 unit " + std::to_string(sh.unit) + " stages " + std::to_string(sh.stages) + " grid " +
-                     std::to_string(sh.grid) + " statics " + std::to_string(sh.statics));
-        check_indexer_once(c, seed++);
-        c.ties = true;
-        check_indexer_once(c, seed++);
-      }
-    }
+    check_forced_decode_cases(cuda::IndexerPath::kDecodeFusedV4,
+                              "v4 unit " + std::to_string(sh.unit) + " stages " + std::to_string(sh.stages) +
+                                  " grid " + std::to_string(sh.grid) + " statics " + std::to_string(sh.statics),
+                              seed);
   }
   cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
@@ -732,9 +726,9 @@ TEST(CudaIndexer, V4GraphReplayMatchesEager) {
   cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
 
-// Many requests (more than one wave of CTAs: cluster size 1) of random decode / speculative
-// shapes.
-TEST(CudaIndexer, V3ManySequencesMatchCpu) {
+// Many requests (v3: more than one wave of CTAs, cluster size 1; v4: many units per CTA) of
+// random decode / speculative shapes.
+TEST(CudaIndexer, ManySequencesMatchCpu) {
   SKIP_WITHOUT_GPU();
   Rng rng(9200);
   for (int trial = 0; trial < 3; ++trial) {
@@ -775,9 +769,10 @@ TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
   cuda::set_indexer_v3_split(0, 0);
 }
 
-// v3 gives v2's outputs bit for bit (same MMA order, same maxima, same ranking), also with a
-// q row stride that is not a multiple of 16 bytes (v3's scalar q loads) and several rows/heads.
-TEST(CudaIndexer, V3BitwiseMatchesV2) {
+// v3 and v4 give v2's outputs bit for bit (same MMA order, same maxima, same ranking), also with
+// a q row stride that is not a multiple of 16 bytes (v3's scalar q loads, v4's plain q copy) and
+// several rows/heads.
+TEST(CudaIndexer, BitwiseMatchesV2) {
   SKIP_WITHOUT_GPU();
   Rng rng(9500);
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {

@@ -831,8 +831,6 @@ bool trace_enabled() {
 }
 void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, int64_t ctas) {
   const bool fp8 = a.k_scale != nullptr;
-  unsigned long long t0 = ~0ull;
-  for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, tr[size_t(c * kTracePoints)]);
   const char* names[kTracePoints] = {"start", "prologue", "issued", "first K", "loop end", "cta merged",
                                      "cluster sync", "end", "row merged"};
   std::fprintf(stderr,
@@ -841,17 +839,7 @@ void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, i
   for (int c : {2, 4, 8})
     std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages,
                  max_active_clusters_of(fp8, a.cgroups, c, a.stages));
-  for (int i = 0; i < kTracePoints; ++i) {
-    std::vector<double> v;
-    for (int64_t c = 0; c < ctas; ++c) {
-      const unsigned long long x = tr[size_t(c * kTracePoints + i)];
-      if (x) v.push_back(double(x - t0) / 1000.0);
-    }
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::fprintf(stderr, "  %-13s us from first start: min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f\n",
-                 names[i], v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-  }
+  print_trace_quantiles(names, kTracePoints, kTracePoints, tr, ctas);
 }
 
 }  // namespace

@@ -11,21 +11,21 @@
 // last CTA at b32 ctx9216). v4:
 //  - Work units: U consecutive key blocks of one request (unit u: request u / UPR, blocks
 //    (u % UPR) * U ..). Units are numbered request-major. A persistent grid of P CTAs (what
-//    is resident at once, from the occupancy query) takes unit blockIdx.x first, then the next
-//    unnumbered unit from a global counter, so a CTA whose copies are slow simply takes fewer
-//    units, and requests finish one after another instead of all at the end. Grid, U and P
+//    is resident at once, from the occupancy query) takes its static units blockIdx.x + r * P
+//    (r < R, enough to fill its ring) first, then the next live unit (one with blocks) from a
+//    global counter, so a CTA whose copies are slow simply takes fewer units, and requests finish one after another instead of all at the end. Grid, U and P
 //    come from shapes only (max_seq_len, num_seqs, SM count); units past a request's live
 //    length are skipped, so a graph captured at max_model_len replays at any live length.
 //  - CTA = 8 consumer warps (v2's scoring loop, 16 keys of every block each), a producer warp
-//    and a finisher warp. The producer claims units one ahead (atomic counter), loads their
-//    lengths and block-table entries two units ahead, copies the unit's query vectors into a
+//    and a finisher warp. The producer claims units two ahead (atomic counter), loads the next
+//    two units' lengths and block-table entries while it issues the current one, copies the unit's query vectors into a
 //    unit slot (bulk copy; plain loads when the rows are not 16-byte aligned) and each key
 //    block into a stage of the ring (cp.async.bulk on an mbarrier), with a small record per
 //    stage (slot, block of the unit, last block of the unit).
 //  - Consumers take stages in order; at a unit's first block they build the query fragments
 //    from the slot; per block they fold the per-row masked maximum into the slot's [16][U]
 //    table (order-preserving integer atomicMax, as v2) and after the unit's last block each
-//    warp arrives on the slot's "done" barrier.
+//    thread arrives on the slot's "done" barrier.
 //  - The finisher forms the unit's block scores (forced sentinels, -inf past a row's own
 //    blocks) into the request's global score rows (block_scores when the caller asks for them,
 //    else the workspace), returns the slot to the producer, and adds the unit's blocks to the
@@ -101,7 +101,7 @@ struct V4Args {
   float* sbuf;      // score rows [tokens * H][mbps]: block_scores, or the workspace
   int fill_tail;    // sbuf is block_scores: blocks [n_blk_req, mbps) get -inf
   int32_t* req_done;  // [num_seqs] blocks scored so far (returned to 0 by the selector)
-  int32_t* work;      // [0] units claimed past the first P, [1] CTAs exited
+  int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
   unsigned long long* trace;
 };
 
@@ -207,10 +207,23 @@ __device__ __forceinline__ UnitLoad load_unit(const V4Args& a, int u, int lane) 
   return r;
 }
 
+// A unit's request (all lanes; from the lanes that loaded it): first token, query rows, length,
+// and the unit's blocks under the length.
+struct UnitInfo {
+  int tok0, qlen, seq_len, nb;
+};
+__device__ __forceinline__ UnitInfo unit_info(const V4Args& a, const UnitLoad& w) {
+  UnitInfo r;
+  r.tok0 = __shfl_sync(0xffffffffu, w.meta, 0);
+  r.qlen = __shfl_sync(0xffffffffu, w.meta, 1) - r.tok0;
+  r.seq_len = __shfl_sync(0xffffffffu, w.meta, 2);
+  r.nb = unit_blocks(a, w.b0, r.qlen, r.seq_len);
+  return r;
+}
+
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kernel(V4Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int s_last;
   constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
   constexpr uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
   const int NS = a.stages, SL = a.slots, U = a.unit, K = a.topk;
@@ -266,15 +279,19 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
     const uint32_t row_b = uint32_t(a.H * kDim * esz);  // one token's query vectors
     int k = 0;  // units given to the consumers
     int i = 0;  // stages filled
+    // Lane 0: copies block j of a unit of nb blocks, physical id ph, into stage st with its
+    // record (the unit's slot, j, last-block flag).
+    auto copy_block = [&](int st, int slot, int j, int nb, int ph) {
+      smeta[st] = slot | (j << 8) | (j == nb - 1 ? 1 << 16 : 0);
+      bulk_load(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st]);
+    };
     // Gives unit w to the consumers: its record and query rows into the next slot, then its key
     // blocks from `pre` on into the ring (blocks 0 .. pre - 1 already copied into stages
     // i - pre .. i - 1). Empty units (past the request's length) take no slot.
     auto issue_unit = [&](const UnitLoad& w, int pre) {
       if (w.u < 0) return;
-      const int tok0 = __shfl_sync(0xffffffffu, w.meta, 0);
-      const int qlen = __shfl_sync(0xffffffffu, w.meta, 1) - tok0;
-      const int seq_len = __shfl_sync(0xffffffffu, w.meta, 2);
-      const int nb = unit_blocks(a, w.b0, qlen, seq_len);
+      const UnitInfo ui = unit_info(a, w);
+      const int tok0 = ui.tok0, qlen = ui.qlen, seq_len = ui.seq_len, nb = ui.nb;
       if (nb == 0) return;
       const int nv = min(16, max(0, qlen * a.H));
       const int slot = k % SL;
@@ -310,8 +327,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
         if (lane == 0) {
           const int st = i % NS;
           mbar_wait(&empty[st], uint32_t((i / NS) & 1) ^ 1u);
-          smeta[st] = slot | (j << 8) | (j == nb - 1 ? 1 << 16 : 0);
-          bulk_load(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st]);
+          copy_block(st, slot, j, nb, ph);
         }
         ++i;
       }
@@ -322,17 +338,11 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
     // copied before pdl_wait.
     int pre = 0;
     if (stat[0].u >= 0) {
-      const int tok0 = __shfl_sync(0xffffffffu, stat[0].meta, 0);
-      const int qlen = __shfl_sync(0xffffffffu, stat[0].meta, 1) - tok0;
-      const int seq_len = __shfl_sync(0xffffffffu, stat[0].meta, 2);
-      const int nb = unit_blocks(a, stat[0].b0, qlen, seq_len);
-      const int n_old = qlen > 0 ? (seq_len - qlen) / kBlock : 0;
-      while (pre < nb && pre < NS && stat[0].b0 + pre < n_old) {
+      const UnitInfo ui = unit_info(a, stat[0]);
+      const int n_old = ui.qlen > 0 ? (ui.seq_len - ui.qlen) / kBlock : 0;
+      while (pre < ui.nb && pre < NS && stat[0].b0 + pre < n_old) {
         const int ph = __shfl_sync(0xffffffffu, stat[0].phys, pre);
-        if (lane == 0) {
-          smeta[pre] = 0 | (pre << 8) | (pre == nb - 1 ? 1 << 16 : 0);
-          bulk_load(stage + pre * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[pre]);
-        }
+        if (lane == 0) copy_block(pre, 0, pre, ui.nb, ph);  // the first unit takes slot 0
         ++pre;
       }
       i = pre;
@@ -353,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
       int nu = 0, in_static = 0;
       if (s < a.num_seqs) {
         const int t0 = __ldg(a.qsl + s), t1 = __ldg(a.qsl + s + 1), sl = __ldg(a.seq_lens + s);
-        nu = (unit_blocks(a, 0, t1 - t0, sl) > 0) ? (request_blocks(a, t1 - t0, sl) + a.unit - 1) / a.unit : 0;
+        nu = (request_blocks(a, t1 - t0, sl) + a.unit - 1) / a.unit;
         in_static = min(nu, max(0, static_end - s * a.upr));
       }
       int x = nu;
@@ -520,8 +530,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
   if (threadIdx.x == 0) {
     // The last CTA out returns the unit counter to zero for the next call.
     __threadfence();
-    s_last = atomicAdd(a.work + 1, 1) == int(gridDim.x) - 1;
-    if (s_last) {
+    if (atomicAdd(a.work + 1, 1) == int(gridDim.x) - 1) {
       a.work[0] = 0;
       a.work[1] = 0;
     }
