@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
       mbar_init(&empty[i], kConsumerWarps * 32);  // every consumer thread releases its own reads
     }
     for (int i = 0; i < SL; ++i) {
-      mbar_init(&qfull[i], 1);
+      mbar_init(&qfull[i], 32);  // every producer lane, after its query writes (or copies)
       mbar_init(&udone[i], kConsumerWarps * 32);  // every consumer thread, after its last block
       mbar_init(&ufree[i], 32);                   // every finisher lane, after its reads
     }
@@ -304,6 +304,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
       if (a.q_bulk) {
         const int rows = min(qlen, int(a.q_slot_bytes / row_b));
         if (lane == 0) mbar_expect_tx(&qfull[slot], uint32_t(rows) * row_b);
+        else mbar_arrive(&qfull[slot]);
         __syncwarp();
         if (lane < rows)
           bulk_copy(qs + lane * row_b,
@@ -319,8 +320,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
             reinterpret_cast<float*>(qs)[e] = static_cast<const float*>(a.q)[src];
           }
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&qfull[slot]);
+        mbar_arrive(&qfull[slot]);  // each lane for its own writes (and lane 0's record)
       }
       for (int j = pre; j < nb; ++j) {
         const int ph = __shfl_sync(0xffffffffu, w.phys, j);
