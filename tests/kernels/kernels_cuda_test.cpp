@@ -699,7 +699,8 @@ TEST(CudaIndexer, V4ForcedShapesMatchCpu) {
   struct Shape {
     int unit, stages, grid, statics;
   };
-  const std::vector<Shape> shapes = {{1, 2, 8, 1}, {3, 2, 5, 1}, {8, 4, 0, 2}, {2, 6, 16, 3}, {5, 3, 1, 1}, {4, 2, 3, 4}};
+  const std::vector<Shape> shapes = {{1, 2, 8, 1},  {3, 2, 5, 1},  {8, 4, 0, 2},  {2, 6, 16, 3},
+                                     {5, 3, 1, 1},  {4, 2, 3, 4},  {32, 3, 0, 1}, {12, 4, 6, 2}};
   for (const Shape& sh : shapes) {
     cuda::set_indexer_v4_shape(sh.unit, sh.stages, sh.grid, sh.statics);
     check_forced_decode_cases(cuda::IndexerPath::kDecodeFusedV4,

@@ -485,18 +485,27 @@ bool use_decode_indexer(const ops::IndexerParams& p) {
 }
 
 // The fused decode variant that kAuto runs by default, from shapes only (graph safe). Measured on
-// the H200 (docs/performance.md, graph x16 per call): v2 is faster for one request and, with an
-// fp8 cache, up to 32 requests at any context (b32 ctx32768: 55 vs 66 us); v3 (cluster CTAs per
-// request) is faster for 128 requests (fp8 b128 ctx9216: 47 vs 57 us) and, with a bf16 cache,
-// from about 32 requests x 9216 tokens of work up (bf16 b128: 76 vs 96 us, b32 ctx32768: 78 vs
-// 88, b8 ctx131072: 83 vs 88). v4 (work units from a counter, per-request selection) is faster
-// for one request (b1 ctx9216: fp8 9.1 vs 12.9 us, bf16 8.7 vs 13.0) and slower from 32 requests
-// up (b32 ctx9216 fp8: 28.8 vs 21.3). Where v3 / v4 do not support the parameters, v2 runs.
+// the H200 (docs/performance.md, graph x16 per call, µs):
+//  - v4 with one unit per CTA (v4_single_unit; every unit static) is the fastest for one request
+//    (b1 ctx9216: fp8 9.0 vs v2 12.7, bf16 8.7 vs 13.1), with a bf16 cache wherever that plan
+//    exists (b32 ctx9216: 25.0 vs v3 29.0; b32 ctx32768: 68.0 vs 77.7; b8 ctx131072: 72.4 vs
+//    80.9) and with an fp8 cache from 256 blocks per request (b32 ctx32768: 47.5 vs v2 54.6; b8
+//    ctx131072: 50.3 vs 53.7). With fp8 at b32 ctx9216 it ties v2 (21.7 vs 21.3) and at b128
+//    it loses to v3 (52.0 vs 46.6).
+//  - Otherwise v3 (cluster CTAs per request) for 128 requests with fp8 (46.6 vs v2 55.8) and
+//    for about 32 requests x 9216 tokens of work with bf16 (b128: 76.5 vs 95.6); v2 below.
+// Where v3 / v4 do not support the parameters, v2 runs.
 int auto_decode_variant(const ops::IndexerParams& p) {
   const int64_t blocks = std::max(1, std::min((p.batch.max_seq_len + 127) / 128, p.batch.max_blocks_per_seq));
   const int64_t work = blocks * p.batch.num_seqs;  // key blocks of the batch, at most
-  if (p.batch.num_seqs == 1 && blocks <= 256) return 4;
-  if (p.cache.dtype == DType::FP8_E4M3) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;
+  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
+  // v4 when every CTA of one wave can take one unit of at most 32 blocks (measured faster than
+  // v2 / v3 for one request, for a bf16 cache at 8-32 requests, and for an fp8 cache from 256
+  // blocks (32768 tokens) up; with an fp8 cache at 32 requests of 72 blocks it ties v2, and at
+  // 128 requests v3 is faster: docs/performance.md).
+  const int unit = v4_single_unit(p.batch.num_seqs, blocks, int64_t(v4_ctas_per_sm(fp8)) * num_sms());
+  if (unit > 0 && (!fp8 || p.batch.num_seqs == 1 || blocks >= 256)) return 4;
+  if (fp8) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;
   return work >= 2048 ? 3 : 2;
 }
 

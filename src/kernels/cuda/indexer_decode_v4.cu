@@ -13,9 +13,12 @@
 //    (u % UPR) * U ..). Units are numbered request-major. A persistent grid of P CTAs (what
 //    is resident at once, from the occupancy query) takes its static units blockIdx.x + r * P
 //    (r < R, enough to fill its ring) first, then the next live unit (one with blocks) from a
-//    global counter, so a CTA whose copies are slow simply takes fewer units, and requests finish one after another instead of all at the end. Grid, U and P
-//    come from shapes only (max_seq_len, num_seqs, SM count); units past a request's live
-//    length are skipped, so a graph captured at max_model_len replays at any live length.
+//    global counter, so a CTA whose copies are slow simply takes fewer units, and requests
+//    finish one after another instead of all at the end. When the batch fits, U is the
+//    smallest unit (<= 32 blocks) that gives each CTA at most one unit, R = 1 and nothing is
+//    claimed. Grid, U and P come from shapes only (max_seq_len, num_seqs, SM count); units
+//    past a request's live length are skipped, so a graph captured at max_model_len replays at
+//    any live length.
 //  - CTA = 8 consumer warps (v2's scoring loop, 16 keys of every block each), a producer warp
 //    and a finisher warp. The producer claims units two ahead (atomic counter), loads the next
 //    two units' lengths and block-table entries while it issues the current one, copies the unit's query vectors into a
@@ -546,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kern
 //   SIEVE_V4_STAGES  stages of the key ring
 //   SIEVE_V4_CTAS    CTAs per SM (1, 2, or 3 with fp8)
 struct Knobs {
-  int unit = 0, stages = 0, ctas = 0;
+  int unit = 0, stages = 0, ctas = 0, statics = 0;
 };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -554,6 +557,7 @@ const Knobs& knobs() {
     r.unit = env_int("SIEVE_V4_UNIT");
     r.stages = env_int("SIEVE_V4_STAGES");
     r.ctas = env_int("SIEVE_V4_CTAS");
+    r.statics = env_int("SIEVE_V4_STATIC");
     return r;
   }();
   return k;
@@ -596,6 +600,17 @@ int resident_per_sm(bool fp8, uint32_t smem) {
 
 }  // namespace
 
+int v4_single_unit(int64_t num_seqs, int64_t blocks, int64_t ctas) {
+  for (int u = 1; u <= kMaxUnit; ++u)
+    if (num_seqs * ((blocks + u - 1) / u) <= ctas) return u;
+  return 0;
+}
+
+int v4_ctas_per_sm(bool fp8) {
+  const int forced = knobs().ctas;
+  return std::clamp(forced > 0 ? forced : fp8 ? 3 : 2, 1, fp8 ? 3 : 2);
+}
+
 bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   if (!indexer_supported(p)) return false;
   if (!use_decode_indexer(p)) return false;
@@ -614,15 +629,19 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   const uint32_t q_slot_bytes = uint32_t((size_t(nv_max) * kDim * esz + 15) / 16 * 16);
 
   // Shapes only: CTAs per SM (2 unless forced), the ring that fits the shared-memory budget,
-  // units of U blocks so that there are about 4 units per resident CTA.
+  // units of U blocks (below).
   // CTAs per SM: three with an fp8 cache (24 consumer warps per SM: the scoring loop, not the
   // copies, bounds the fp8 stream), two with bf16 (its registers allow no more).
-  const int per_sm = std::clamp(kn.ctas > 0 ? kn.ctas : fp8 ? 3 : 2, 1, fp8 ? 3 : 2);
+  const int per_sm = v4_ctas_per_sm(fp8);
   const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
   const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
   const int64_t work_blocks = int64_t(N) * max_blocks;
   const int p_full = per_sm * num_sms();
-  int unit = int(std::clamp<int64_t>((work_blocks + 4 * int64_t(p_full) - 1) / (4 * int64_t(p_full)), 1, 8));
+  // One unit per CTA when the batch fits (the smallest such U): every unit is static, no claims,
+  // and each CTA pays one query copy, one finish. Otherwise about 4 units per resident CTA.
+  int unit = v4_single_unit(N, max_blocks, p_full);
+  const bool single = unit > 0;
+  if (!single) unit = int(std::clamp<int64_t>((work_blocks + 4 * int64_t(p_full) - 1) / (4 * int64_t(p_full)), 1, 8));
   if (kn.unit > 0) unit = std::min(kn.unit, kMaxUnit);
   if (const int f = g_force_unit.load(std::memory_order_relaxed); f > 0) unit = std::min(f, kMaxUnit);
   const Layout fixed = make_layout(0, slots, unit, q_slot_bytes, max_blocks, N, block_bytes);
@@ -657,7 +676,8 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   a.upr = upr;
   a.num_seqs = N;
   a.dense_units = int(dense_units);
-  a.static_units = std::clamp(stages / unit, 1, kMaxStatic);
+  a.static_units = single ? 1 : std::clamp(stages / unit, 1, kMaxStatic);
+  if (knobs().statics > 0) a.static_units = std::min(knobs().statics, kMaxStatic);
   if (const int f = g_force_statics.load(std::memory_order_relaxed); f > 0) a.static_units = std::min(f, kMaxStatic);
   a.stages = stages;
   a.slots = slots;
