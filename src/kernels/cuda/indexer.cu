@@ -440,22 +440,8 @@ namespace {
 
 IdxArgs make_args(const ops::IndexerParams& p) {
   IdxArgs a{};
-  a.q = p.index_q;
-  a.q_bf16 = p.q_dtype == DType::BF16;
-  a.q_fp8_round = p.q_in_cache_dtype && p.cache.dtype == DType::FP8_E4M3;
-  a.q_stride = p.q_stride;
-  a.H = p.num_index_heads;
-  a.scale = p.score_scale;
-  a.cache = static_cast<const uint8_t*>(p.cache.k);
-  a.qsl = p.batch.query_start_loc;
-  a.seq_lens = p.batch.seq_lens;
-  a.block_tables = p.batch.block_tables;
-  a.mbps = p.batch.max_blocks_per_seq;
+  fill_indexer_args(a, p);
   a.num_seqs = p.batch.num_seqs;
-  a.topk = p.topk;
-  a.init_blocks = p.init_blocks;
-  a.local_blocks = p.local_blocks;
-  a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
   a.max_blocks = std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq);
   return a;

@@ -7,8 +7,30 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/ops.h"
 
 namespace sieve::cuda {
+
+// The argument fields every indexer kernel shares (same names in each kernel's struct): the
+// query, its dtype and rounding mode, the cache, the batch metadata and the top-k settings.
+template <class Args>
+void fill_indexer_args(Args& a, const ops::IndexerParams& p) {
+  a.q = p.index_q;
+  a.q_bf16 = p.q_dtype == DType::BF16;
+  a.q_fp8_round = p.q_in_cache_dtype && p.cache.dtype == DType::FP8_E4M3;
+  a.q_stride = p.q_stride;
+  a.H = p.num_index_heads;
+  a.scale = p.score_scale;
+  a.cache = static_cast<const uint8_t*>(p.cache.k);
+  a.qsl = p.batch.query_start_loc;
+  a.seq_lens = p.batch.seq_lens;
+  a.block_tables = p.batch.block_tables;
+  a.mbps = p.batch.max_blocks_per_seq;
+  a.topk = p.topk;
+  a.init_blocks = p.init_blocks;
+  a.local_blocks = p.local_blocks;
+  a.topk_idx = p.topk_idx;
+}
 
 // Forced scores: init blocks, local blocks (local wins when both), and what a NaN score becomes.
 constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;

@@ -697,27 +697,13 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   const int chunk_blocks = plan.chunk_blocks, stages = plan.stages;
 
   V3Args a{};
-  a.q = p.index_q;
-  a.q_bf16 = p.q_dtype == DType::BF16;
-  a.q_fp8_round = p.q_in_cache_dtype && fp8;
+  fill_indexer_args(a, p);
   const size_t esz = a.q_bf16 ? 2 : 4;
   a.q_vec = reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0 && (size_t(p.q_stride) * esz) % 16 == 0;
-  a.q_stride = p.q_stride;
-  a.H = p.num_index_heads;
-  a.scale = p.score_scale;
-  a.cache = static_cast<const uint8_t*>(p.cache.k);
-  a.qsl = p.batch.query_start_loc;
-  a.seq_lens = p.batch.seq_lens;
-  a.block_tables = p.batch.block_tables;
-  a.mbps = p.batch.max_blocks_per_seq;
   a.C = C;
   a.G = G;
   a.chunk_blocks = chunk_blocks;
   a.stages = stages;
-  a.topk = p.topk;
-  a.init_blocks = p.init_blocks;
-  a.local_blocks = p.local_blocks;
-  a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
   a.merge_ilp = kn.merge > 0;
   a.pdl = pdl_enabled(kPdlIndexer);

@@ -659,18 +659,8 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   if (const int f = g_force_grid.load(std::memory_order_relaxed); f > 0) P = std::min(P, f);
 
   V4Args a{};
-  a.q = p.index_q;
-  a.q_bf16 = q_bf16;
-  a.q_fp8_round = p.q_in_cache_dtype && fp8;
+  fill_indexer_args(a, p);
   a.q_bulk = reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0 && (size_t(p.q_stride) * esz) % 16 == 0;
-  a.q_stride = p.q_stride;
-  a.H = p.num_index_heads;
-  a.scale = p.score_scale;
-  a.cache = static_cast<const uint8_t*>(p.cache.k);
-  a.qsl = p.batch.query_start_loc;
-  a.seq_lens = p.batch.seq_lens;
-  a.block_tables = p.batch.block_tables;
-  a.mbps = p.batch.max_blocks_per_seq;
   a.max_blocks = max_blocks;
   a.unit = unit;
   a.upr = upr;
@@ -682,10 +672,6 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   a.stages = stages;
   a.slots = slots;
   a.q_slot_bytes = q_slot_bytes;
-  a.topk = p.topk;
-  a.init_blocks = p.init_blocks;
-  a.local_blocks = p.local_blocks;
-  a.topk_idx = p.topk_idx;
   if (p.block_scores) {
     a.sbuf = p.block_scores;
     a.fill_tail = 1;

@@ -1637,27 +1637,13 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   if (tiles_upper > 0x7fffffff || max_splits > 65535 || p.num_index_heads > 65535) return false;
 
   Args a{};
-  a.q = p.index_q;
-  a.q_bf16 = p.q_dtype == DType::BF16;
-  a.q_fp8_round = p.q_in_cache_dtype && p.cache.dtype == DType::FP8_E4M3;
+  fill_indexer_args(a, p);
   a.q_async = a.q_bf16 && !a.q_fp8_round && (p.q_stride * 2) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0;
-  a.q_stride = p.q_stride;
-  a.H = p.num_index_heads;
-  a.scale = p.score_scale;
-  a.cache = static_cast<const uint8_t*>(p.cache.k);
-  a.qsl = bv.query_start_loc;
-  a.seq_lens = bv.seq_lens;
-  a.block_tables = bv.block_tables;
-  a.mbps = bv.max_blocks_per_seq;
   a.num_seqs = bv.num_seqs;
-  a.topk = p.topk;
-  a.init_blocks = p.init_blocks;
-  a.local_blocks = p.local_blocks;
   a.kb = kb;
   a.max_splits = max_splits;
   a.list_len = std::min(p.topk, kb);
-  a.topk_idx = p.topk_idx;
   a.block_scores = p.block_scores;
   a.select = select ? select_knob() : 0;
   a.max_blocks = max_blocks;
