@@ -979,15 +979,8 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     a.part_ml = reinterpret_cast<float*>(ws + n * kDim * 4);
     a.counters = zeroed_counters(stream, size_t(rows));
   }
-  unsigned long long* trace = nullptr;
   const int64_t ctas = int64_t(a.splits) * p.batch.num_tokens * p.num_kv_heads;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
-    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTracePoints * 8), "trace alloc");
-    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
-    a.trace = trace;
-  }
+  a.trace = trace_alloc(trace_enabled(), size_t(ctas) * kTracePoints, stream);
   if (fp8) {
     if (a.cgroups == 2) launch<true, 2>(a, p.batch.num_tokens, p.num_kv_heads, stream);
     else launch<true, 1>(a, p.batch.num_tokens, p.num_kv_heads, stream);
@@ -995,13 +988,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     if (a.cgroups == 2) launch<false, 2>(a, p.batch.num_tokens, p.num_kv_heads, stream);
     else launch<false, 1>(a, p.batch.num_tokens, p.num_kv_heads, stream);
   }
-  if (trace) {
-    std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
-    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
-    cuda_check(cudaStreamSynchronize(stream), "trace sync");
-    print_trace(a, tr, ctas);
-    cudaFree(trace);
-  }
+  if (a.trace) print_trace(a, trace_collect(a.trace, size_t(ctas) * kTracePoints, stream), ctas);
   return true;
 }
 

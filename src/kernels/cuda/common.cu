@@ -91,6 +91,25 @@ int num_sms() {
   return n;
 }
 
+unsigned long long* trace_alloc(bool enabled, size_t words, cudaStream_t stream) {
+  if (!enabled) return nullptr;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
+  unsigned long long* trace = nullptr;
+  cuda_check(cudaMalloc(&trace, words * 8), "trace alloc");
+  cuda_check(cudaMemsetAsync(trace, 0, words * 8, stream), "trace memset");
+  return trace;
+}
+
+std::vector<unsigned long long> trace_collect(unsigned long long* trace, size_t words, cudaStream_t stream) {
+  std::vector<unsigned long long> tr(words);
+  cuda_check(cudaMemcpyAsync(tr.data(), trace, words * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
+  cuda_check(cudaStreamSynchronize(stream), "trace sync");
+  cudaFree(trace);
+  return tr;
+}
+
 int env_int(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : 0;

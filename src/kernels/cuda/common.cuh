@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -29,6 +30,12 @@ inline void cuda_check(cudaError_t e, const char* what) {
 void* workspace(cudaStream_t stream, size_t bytes);
 // Zero-initialised int32 counters that the kernels return to zero themselves (last-CTA merges).
 int32_t* zeroed_counters(cudaStream_t stream, size_t count);
+// Development traces (the SIEVE_*_TRACE knobs): trace_alloc gives a zeroed device buffer of
+// `words` timestamps when `enabled` and the stream is not being captured (a trace is read back
+// right after its call), else nullptr; trace_collect copies it back, synchronising the stream,
+// and frees it.
+unsigned long long* trace_alloc(bool enabled, size_t words, cudaStream_t stream);
+std::vector<unsigned long long> trace_collect(unsigned long long* trace, size_t words, cudaStream_t stream);
 
 int num_sms();
 

@@ -715,14 +715,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     a.counters = zeroed_counters(stream, size_t(N) * C);
   }
 
-  unsigned long long* trace = nullptr;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (indexer_trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (indexer_trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
-    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTraceSlots * 8), "trace alloc");
-    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTraceSlots * 8, stream), "trace memset");
-    a.trace = trace;
-  }
+  a.trace = trace_alloc(indexer_trace_enabled(), size_t(ctas) * kTraceSlots, stream);
 
   ClusterLaunch l(dim3(unsigned(ctas), 1, 1), dim3(kThreads, 1, 1), L.total, stream, C);
   if (a.pdl) l.allow_programmatic_serialization();
@@ -734,13 +727,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     cuda_check(cudaLaunchKernelEx(&l.cfg, decode_indexer_v3_kernel<false>, a), "indexer decode v3 launch");
   }
   SIEVE_LAUNCH_CHECK("indexer decode v3");
-  if (trace) {
-    std::vector<unsigned long long> tr(size_t(ctas) * kTraceSlots);
-    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
-    cuda_check(cudaStreamSynchronize(stream), "trace sync");
-    print_trace(fp8, a, N, L.total, tr, ctas);
-    cudaFree(trace);
-  }
+  if (a.trace) print_trace(fp8, a, N, L.total, trace_collect(a.trace, size_t(ctas) * kTraceSlots, stream), ctas);
   return true;
 }
 

@@ -682,14 +682,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   a.req_done = counters;
   a.work = counters + N;
 
-  unsigned long long* trace = nullptr;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (indexer_trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (indexer_trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
-    cuda_check(cudaMalloc(&trace, size_t(P) * kTraceSlots * 8), "trace alloc");
-    cuda_check(cudaMemsetAsync(trace, 0, size_t(P) * kTraceSlots * 8, stream), "trace memset");
-    a.trace = trace;
-  }
+  a.trace = trace_alloc(indexer_trace_enabled(), size_t(P) * kTraceSlots, stream);
   const bool pdl = pdl_enabled(kPdlIndexer);
   if (fp8) {
     set_smem(decode_indexer_v4_kernel<true>, L.total);
@@ -698,13 +691,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
     set_smem(decode_indexer_v4_kernel<false>, L.total);
     launch_pdl(pdl, decode_indexer_v4_kernel<false>, P, kThreads, L.total, stream, "indexer decode v4", a);
   }
-  if (trace) {
-    std::vector<unsigned long long> tr(size_t(P) * kTraceSlots);
-    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
-    cuda_check(cudaStreamSynchronize(stream), "trace sync");
-    print_trace(fp8, a, N, P, L.total, tr);
-    cudaFree(trace);
-  }
+  if (a.trace) print_trace(fp8, a, N, P, L.total, trace_collect(a.trace, size_t(P) * kTraceSlots, stream));
   return true;
 }
 

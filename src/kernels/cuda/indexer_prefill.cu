@@ -1682,15 +1682,8 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
   const dim3 grid = streamk  ? dim3(sk_ctas, 1u, unsigned(p.num_index_heads))
                     : a.order ? dim3(unsigned(tiles_upper * max_splits), 1u, unsigned(p.num_index_heads))
                               : dim3(unsigned(tiles_upper), unsigned(max_splits), unsigned(p.num_index_heads));
-  unsigned long long* trace = nullptr;
   const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (trace_enabled()) cuda_check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (trace_enabled() && capturing == cudaStreamCaptureStatusNone) {
-    cuda_check(cudaMalloc(&trace, size_t(ctas) * kTracePoints * 8), "trace alloc");
-    cuda_check(cudaMemsetAsync(trace, 0, size_t(ctas) * kTracePoints * 8, stream), "trace memset");
-    a.trace = trace;
-  }
+  a.trace = trace_alloc(trace_enabled(), size_t(ctas) * kTracePoints, stream);
   if (wide && pipe_knob()) {
     set_smem(prefill_wide_kernel<true>, kWPipeSmemBytes);
     prefill_wide_kernel<true><<<grid, kThreads, kWPipeSmemBytes, stream>>>(a);
@@ -1715,13 +1708,9 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
                "indexer prefill select launch", a, nrows, max_blocks);
   }
   SIEVE_LAUNCH_CHECK("indexer prefill v2");
-  if (trace) {
-    std::vector<unsigned long long> tr(size_t(ctas) * kTracePoints);
-    cuda_check(cudaMemcpyAsync(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost, stream), "trace copy");
-    cuda_check(cudaStreamSynchronize(stream), "trace sync");
-    print_trace(a, grid, wide ? 256 + pipe_knob() : mma_mode(), tr, ctas);
-    cudaFree(trace);
-  }
+  if (a.trace)
+    print_trace(a, grid, wide ? 256 + pipe_knob() : mma_mode(),
+                trace_collect(a.trace, size_t(ctas) * kTracePoints, stream), ctas);
   return true;
 }
 
