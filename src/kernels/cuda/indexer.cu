@@ -485,10 +485,7 @@ int auto_decode_variant(const ops::IndexerParams& p) {
   const int64_t blocks = std::max(1, std::min((p.batch.max_seq_len + 127) / 128, p.batch.max_blocks_per_seq));
   const int64_t work = blocks * p.batch.num_seqs;  // key blocks of the batch, at most
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
-  // v4 when every CTA of one wave can take one unit of at most 32 blocks (measured faster than
-  // v2 / v3 for one request, for a bf16 cache at 8-32 requests, and for an fp8 cache from 256
-  // blocks (32768 tokens) up; with an fp8 cache at 32 requests of 72 blocks it ties v2, and at
-  // 128 requests v3 is faster: docs/performance.md).
+  // v4 where its one-unit-per-CTA plan exists and measured faster (above).
   const int unit = v4_single_unit(p.batch.num_seqs, blocks, int64_t(v4_ctas_per_sm(fp8)) * num_sms());
   if (unit > 0 && (!fp8 || p.batch.num_seqs == 1 || blocks >= 256)) return 4;
   if (fp8) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;

@@ -667,7 +667,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   a.num_seqs = N;
   a.dense_units = int(dense_units);
   a.static_units = single ? 1 : std::clamp(stages / unit, 1, kMaxStatic);
-  if (knobs().statics > 0) a.static_units = std::min(knobs().statics, kMaxStatic);
+  if (kn.statics > 0) a.static_units = std::min(kn.statics, kMaxStatic);
   if (const int f = g_force_statics.load(std::memory_order_relaxed); f > 0) a.static_units = std::min(f, kMaxStatic);
   a.stages = stages;
   a.slots = slots;
