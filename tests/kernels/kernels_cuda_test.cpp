@@ -442,15 +442,14 @@ TEST(CudaAttention, RandomBatchesMatchCpu) {
 
 // The grid shapes of run_attention, sparse and dense, bf16 and fp8: the benchmark's decode shape
 // (32 requests near 9216 tokens: one CTA per SM with two consumer groups, 4 splits a row in 2
-// clusters of 2 merged through global memory, the slot ring wrapping for dense), 40 requests of
+// clusters of 2 whose first cluster folds in the second's flagged records, the slot ring
+// wrapping for dense), 40 requests of
 // up to 3000 tokens (two CTAs per SM, one cluster per row), 3 long requests (sparse: one
 // cluster of 8 per row, two units a CTA; dense: several clusters per row) and 8 long requests
 // (dense: two consumer groups with 6 bf16 slots, 3 per group; this shape faulted while the two
 // groups shared the ring's slots).
-TEST(CudaAttention, ClusterShapesMatchCpu) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 7300;
-  Rng rng(7300);
+void check_cluster_shapes(uint64_t seed) {
+  Rng rng(seed);
   for (int shape = 0; shape < 4; ++shape) {
     std::vector<SeqSpec> specs;
     const int n = shape == 0 ? 32 : shape == 1 ? 40 : shape == 2 ? 3 : 8;
@@ -470,6 +469,20 @@ TEST(CudaAttention, ClusterShapesMatchCpu) {
       }
     }
   }
+}
+
+TEST(CudaAttention, ClusterShapesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_cluster_shapes(7300);
+}
+
+// The same shapes with the rows that span several clusters merged through partials and a
+// last-CTA counter (the path for grids that are not resident at once).
+TEST(CudaAttention, ClusterShapesLastCtaMergeMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  cuda::set_attention_flagged_merge(0);
+  check_cluster_shapes(7350);
+  cuda::set_attention_flagged_merge(-1);
 }
 
 // fp8 caches whose token scales spread over 2^20 (V) and whose scores spread widely: the P V

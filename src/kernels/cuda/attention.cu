@@ -30,11 +30,13 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <vector>
 #include <mutex>
+#include <string_view>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -104,6 +106,10 @@ struct AttnArgs {
   float* part_o;      // [rows, groups, 16, 128]
   float* part_ml;     // [rows, groups, 16, 2]
   int32_t* counters;  // [rows], zero between calls
+  // Flagged merge (ll): partials go to `ll_buf` as flagged records that the row's first cluster
+  // waits for, instead of through part_o / part_ml and the last-CTA counter (see cluster_merge).
+  bool ll;
+  uint4* ll_buf;  // [rows][groups - 1][16][kDim / kN] records of kLLChunks x 16 bytes, zero between calls
   unsigned long long* trace;  // optional (SIEVE_ATTN_TRACE): [grid CTAs][kTracePoints] timestamps
 };
 
@@ -160,7 +166,39 @@ __device__ __forceinline__ void store_out(const AttnArgs& a, int t, int head, in
 struct MergeAt {
   int t, kvh, C, rank;
   int64_t part_row;  // (row, cluster group) index of the partials (groups > 1)
+  int64_t row;       // (token, kv head) row
+  int grp;           // this CTA's cluster group of the row
 };
+
+// Flagged records (the flagged merge): a cluster group's partial of kN dims of one q head, with
+// its (max, sum), as 16-byte chunks {value, flag, value, flag}. A reader accepts a chunk when both
+// of its flags are set: each 8-byte half is written and read whole, so a set flag comes with its
+// own value. The reader returns the chunks to zero, so every call starts from zeros (the buffer
+// is private to this kernel) and no epoch is needed.
+constexpr int kLLChunks = 3;  // up to 4 values + max + sum
+constexpr uint32_t kLLFlag = 1;
+__device__ __forceinline__ void ll_store(uint4* p, float x, float y) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(__float_as_uint(x)), "r"(kLLFlag),
+               "r"(__float_as_uint(y)), "r"(kLLFlag)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ll_load(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void ll_clear(uint4* p) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"l"(p), "r"(0u) : "memory");
+}
+// Record of (row, cluster group grp >= 1, q head r, dims d0..d0+kN-1).
+template <int kN>
+__device__ __forceinline__ uint4* ll_record(const AttnArgs& a, int64_t row, int grp, int r, int d0) {
+  const int64_t rec = ((row * (a.groups - 1) + (grp - 1)) * 16 + r) * (kDim / kN) + d0 / kN;
+  return a.ll_buf + rec * kLLChunks;
+}
 
 // Merge of the cluster's CTAs through distributed shared memory, for rows rank, rank + C, ...:
 // a thread takes kN consecutive dims of one row and issues the loads of every CTA's (max, sum,
@@ -202,7 +240,52 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
 #pragma unroll
       for (int i = 0; i < kN; ++i) acc[i] += oc[c][i] * f;
     }
-    if (a.groups == 1) {
+    if (a.ll && at.grp > 0) {
+      // Flagged merge, a later cluster group: post this partial for the row's first group.
+      float v[2 * kLLChunks];
+#pragma unroll
+      for (int i = 0; i < 2 * kLLChunks; ++i) v[i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kN; ++i) v[i] = acc[i];
+      v[kN] = M, v[kN + 1] = L;
+      uint4* rec = ll_record<kN>(a, at.row, at.grp, r, d0);
+#pragma unroll
+      for (int c = 0; c < (kN + 3) / 2; ++c) ll_store(rec + c, v[2 * c], v[2 * c + 1]);
+    } else if (a.groups == 1 || a.ll) {
+      // Flagged merge, the first cluster group: fold in the other groups' partials as their
+      // records arrive (every CTA of the grid is resident: the host checks), then finish.
+      // The records of kBatch groups are loaded at once; only a chunk not there yet is loaded again.
+      constexpr int kChunks = (kN + 3) / 2;  // chunks that hold kN values, the max and the sum
+      constexpr int kBatch = kChunks == 3 ? 2 : 4;
+      for (int g0 = 1; a.ll && g0 < a.groups; g0 += kBatch) {
+        uint4 x[kBatch][kChunks];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+            if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (g0 + u >= a.groups) break;
+          uint4* rec = ll_record<kN>(a, at.row, g0 + u, r, d0);
+          float v[2 * kChunks];
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) {
+            while (x[u][c].y != kLLFlag || x[u][c].w != kLLFlag) x[u][c] = ll_load(rec + c);
+            v[2 * c] = __uint_as_float(x[u][c].x), v[2 * c + 1] = __uint_as_float(x[u][c].z);
+          }
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) ll_clear(rec + c);
+          const float mg = v[kN], lg = v[kN + 1];
+          const float mn = fmaxf(M, mg);
+          const float mu = mn == kNegInf ? 0.f : mn;
+          const float fo = exp2f(M - mu), fn = exp2f(mg - mu);
+          L = L * fo + lg * fn;
+#pragma unroll
+          for (int i = 0; i < kN; ++i) acc[i] = acc[i] * fo + v[i] * fn;
+          M = mn;
+        }
+      }
       const float il = L > 0.f ? 1.f / L : 0.f;
 #pragma unroll
       for (int i = 0; i < kN; ++i) acc[i] *= il;
@@ -379,6 +462,22 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       if (u.use > 0) mbar_wait(&empty[u.slot], (u.use - 1) & 1u);
       return u.slot;
     };
+    // Unit u = block bj at physical block pj: its K, then its V copy.
+    auto issue = [&](int u, int bj, int64_t pj) {
+      if (bj >= n_old) pdl_wait();
+      const int64_t base = pj * a.nkv + kvh;  // (block, kv head) index
+      int slot = acquire(u, 0);
+      blk_ring[u % kRing] = bj;
+      uint8_t* dst = smem + size_t(slot) * G::kSlotBytes;
+      mbar_expect_tx(&full[slot], G::kSlotBytes);
+      bulk_copy(dst, a.k + base * G::kDataBytes, G::kDataBytes, &full[slot]);
+      if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.k_scale + base * kBlock, G::kScaleBytes, &full[slot]);
+      slot = acquire(u, 1);
+      dst = smem + size_t(slot) * G::kSlotBytes;
+      mbar_expect_tx(&full[slot], G::kSlotBytes);
+      bulk_copy(dst, a.v + base * G::kDataBytes, G::kDataBytes, &full[slot]);
+      if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.v_scale + base * kBlock, G::kScaleBytes, &full[slot]);
+    };
     for (int e0 = e_begin; e0 < e_end; e0 += 32) {
       const int e = e0 + lane;
       int b = -1;
@@ -394,22 +493,8 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
         valid &= valid - 1;
         const int bj = __shfl_sync(0xffffffffu, b, j);
         const int64_t pj = __shfl_sync(0xffffffffu, phys, j);
-        if (lane == 0) {
-          if (bj >= n_old) pdl_wait();
-          const int64_t base = pj * a.nkv + kvh;  // (block, kv head) index
-          int slot = acquire(vi, 0);
-          blk_ring[vi % kRing] = bj;
-          uint8_t* dst = smem + size_t(slot) * G::kSlotBytes;
-          mbar_expect_tx(&full[slot], G::kSlotBytes);
-          bulk_copy(dst, a.k + base * G::kDataBytes, G::kDataBytes, &full[slot]);
-          if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.k_scale + base * kBlock, G::kScaleBytes, &full[slot]);
-          slot = acquire(vi, 1);
-          dst = smem + size_t(slot) * G::kSlotBytes;
-          mbar_expect_tx(&full[slot], G::kSlotBytes);
-          bulk_copy(dst, a.v + base * G::kDataBytes, G::kDataBytes, &full[slot]);
-          if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.v_scale + base * kBlock, G::kScaleBytes, &full[slot]);
-          ++vi;
-        }
+        if (lane == 0) issue(vi, bj, pj);
+        ++vi;
         __syncwarp();
       }
     }
@@ -708,7 +793,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
   // This CTA's outputs: rows rank, rank + C, ...; as many dims a thread as it takes for one pass.
   const int my_rows = (a.gqa - rank + C - 1) / C;
-  const MergeAt at{t, kvh, C, rank, row_id * a.groups + grp};
+  const MergeAt at{t, kvh, C, rank, row_id * a.groups + grp, row_id, grp};
   if (my_rows * kDim <= kThreads) cluster_merge<1, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
   else if (my_rows * kDim <= 2 * kThreads) cluster_merge<2, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
   else cluster_merge<4, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
@@ -720,7 +805,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   }
   if (threadIdx.x == 0) SIEVE_TRACE(7);
-  if (a.groups == 1) return;
+  if (a.groups == 1 || a.ll) return;
 
   // ---- Several clusters per row: the last CTA of the row to finish merges their partials (no
   // second launch; the counter returns to zero for the next call, so graph replays need no
@@ -834,15 +919,21 @@ void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, i
   const char* names[kTracePoints] = {"start", "prologue", "issued", "first K", "loop end", "cta merged",
                                      "cluster sync", "end", "row merged"};
   std::fprintf(stderr,
-               "attention trace: %lld CTAs, splits %d cluster %d groups %d per_split %d stages %d consumer groups %d\n",
-               (long long)ctas, a.splits, a.cluster, a.groups, a.per_split, a.stages, a.cgroups);
+               "attention trace: %lld CTAs, splits %d cluster %d groups %d (%s merge) per_split %d stages %d consumer "
+               "groups %d\n",
+               (long long)ctas, a.splits, a.cluster, a.groups, a.groups == 1 ? "no global" : a.ll ? "flagged" : "last-CTA",
+               a.per_split, a.stages, a.cgroups);
   for (int c : {2, 4, 8})
     std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages,
                  max_active_clusters_of(fp8, a.cgroups, c, a.stages));
   print_trace_quantiles(names, kTracePoints, kTracePoints, tr, ctas);
 }
 
+std::atomic<int> g_flagged_merge{-1};
+
 }  // namespace
+
+void set_attention_flagged_merge(int on) { g_flagged_merge.store(on < 0 ? -1 : on != 0, std::memory_order_relaxed); }
 
 bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   if (p.head_dim != kDim || p.kv.head_dim != kDim || p.kv.block_size != kBlock) return false;
@@ -972,7 +1063,22 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   a.splits = a.cluster * a.groups;
   a.per_split = (units + a.splits - 1) / a.splits;
   a.stages = stages_for(a.per_split);
-  if (a.groups > 1) {
+  // Two clusters a row: the flagged merge when every CTA of the grid is resident at once (the
+  // first cluster waits for the second's records), else, and with more clusters a row, partials
+  // and a last-CTA merge. Measured (H200): batch 32 (two clusters of 2 a row) sparse fp8 15.0 ->
+  // 14.1 us, dense fp8 31.5 -> 30.8; with 8 or 9 clusters a row (dense, batch 1 and 8) the
+  // flagged merge was slower (b1 bf16 14.9 -> 17.0 us), so it is not used there.
+  static const bool ll_env = [] {
+    const char* e = std::getenv("SIEVE_ATTN_LL");
+    return !(e && *e && std::string_view(e) == "0");
+  }();
+  const int ll_forced = g_flagged_merge.load(std::memory_order_relaxed);
+  a.ll = (ll_forced < 0 ? ll_env : ll_forced != 0) && a.groups == 2 && a.cluster > 1 &&
+         rows * a.groups <= max_active_clusters_of(fp8, a.cgroups, a.cluster, a.stages);
+  if (a.ll) {
+    const size_t records = size_t(rows) * (a.groups - 1) * 16 * kDim;  // kN = 1 at most
+    a.ll_buf = static_cast<uint4*>(private_scratch(stream, kScratchAttentionMerge, records * kLLChunks * 16));
+  } else if (a.groups > 1) {
     const size_t n = size_t(rows) * a.groups * 16;
     char* ws = static_cast<char*>(workspace(stream, n * (kDim + 2) * 4));
     a.part_o = reinterpret_cast<float*>(ws);

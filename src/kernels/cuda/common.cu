@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -18,6 +19,7 @@ struct DeviceScratch {
   size_t ws_bytes = 0;
   int32_t* counters = nullptr;
   size_t counter_count = 0;
+  std::vector<std::pair<void*, size_t>> owned;  // private_scratch, by id
 };
 std::mutex g_mutex;
 std::vector<DeviceScratch> g_scratch;
@@ -66,6 +68,23 @@ int32_t* zeroed_counters(cudaStream_t stream, size_t count) {
     s.counter_count = grow;
   }
   return s.counters;
+}
+
+void* private_scratch(cudaStream_t stream, int id, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  DeviceScratch& s = scratch_of_current();
+  if (int(s.owned.size()) <= id) s.owned.resize(size_t(id) + 1, {nullptr, 0});
+  auto& [ptr, have] = s.owned[size_t(id)];
+  if (bytes > have) {
+    refuse_growth_in_capture(stream);
+    const size_t grow = bytes + bytes / 2 + (1 << 16);
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, grow), "cudaMalloc (kernel private scratch)");
+    cuda_check(cudaMemset(p, 0, grow), "cudaMemset (kernel private scratch)");
+    ptr = p;
+    have = grow;
+  }
+  return ptr;
 }
 
 namespace {

@@ -71,6 +71,10 @@ void set_indexer_v3_split(int cluster, int groups);
 // Test hook: forces the v4 decode indexer's blocks per unit, ring stages, CTAs in the grid (at
 // most) and static units per CTA; 0 = automatic for each.
 void set_indexer_v4_shape(int unit, int stages, int grid, int statics);
+// Test hook: attention rows split over several clusters merge through flagged records when the
+// whole grid is resident (1, the default) or always through partials and a last-CTA counter (0);
+// -1 returns to the environment's choice (SIEVE_ATTN_LL=0 turns the flagged merge off).
+void set_attention_flagged_merge(int on);
 
 // Test hook: forces the development knobs of the tensor-core prefill indexer
 // (indexer_prefill.cu), which are otherwise read once from the environment. -1 = the
