@@ -520,6 +520,42 @@ TEST(CudaAttention, DenseMatchesCpu) {
   }
 }
 
+// The prefill tiles (attention_prefill.cu: 8 tokens a CTA over the union of their blocks),
+// forced for every batch they support: prompts and chunks after cached prefixes with lengths at
+// and around block boundaries (the request's last block partial or full), a single new token,
+// decode rows, sparse and dense, f32 and bf16 outputs, two kv heads, topk 32 (a tile's 256
+// pairs) and 5; then the automatic rule on a 1500-token prompt.
+TEST(CudaAttentionPrefill, TilesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  cuda::set_attention_prefill_kernel(1);
+  uint64_t seed = 8000;
+  const std::vector<std::vector<SeqSpec>> sets = {
+      kPrefillSpecs,
+      {{0, 127}, {0, 128}, {0, 129}, {128, 128}, {255, 257}, {2047, 2}, {3000, 333}},
+      kDecodeSpecs,
+      kSpecSpecs};
+  for (const auto& specs : sets)
+    for (bool sparse : {true, false})
+      for (DType out : {DType::F32, DType::BF16}) {
+        AttnCase c;
+        c.specs = specs;
+        c.sparse = sparse;
+        c.out = out;
+        check_attention(c, seed++);
+      }
+  for (int topk : {32, 5}) {
+    AttnCase c;
+    c.specs = {{0, 700}, {1500, 77}, {129, 1}};
+    c.nq = 32, c.nkv = 2;
+    c.topk = topk;
+    check_attention(c, seed++);
+  }
+  cuda::set_attention_prefill_kernel(-1);
+  AttnCase c;
+  c.specs = {{0, 1500}};
+  check_attention(c, seed++);
+}
+
 // The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps
 // many times and the last-CTA merge sees 1 or 2 chunk lists.
 TEST(CudaIndexer, V2LongChunksMatchCpu) {

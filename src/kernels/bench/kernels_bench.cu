@@ -661,11 +661,35 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         a.target_us = afl * 2;
         a.target_note = ">= 50% of bf16 matrix rate";
       }
-      if (!row_wanted(opt, a.kernel)) continue;
-      a.us = time_it(iters, sets, [&](int s, cudaStream_t stream) {
-        cuda::run_attention(c.attention(s, true), stream);
-      }, false, st);
-      emit(a, c);
+      auto attn_fn = [&](bool sparse) {
+        return [&c, sparse](int s, cudaStream_t stream) { cuda::run_attention(c.attention(s, sparse), stream); };
+      };
+      if (row_wanted(opt, a.kernel)) {
+        a.us = time_it(iters, sets, attn_fn(true), false, st);
+        emit(a, c);
+        if (!fp8 && ps.n == 8192) {
+          // The decode kernel (one row per token and kv head, its blocks streamed from L2): the
+          // gain of the tiles that share K/V blocks.
+          Row o = a;
+          o.mode = "eager, per-token kernel";
+          o.target_us = 0, o.target_note = "";
+          cuda::set_attention_prefill_kernel(0);
+          o.us = time_it(std::min(iters, 50), sets, attn_fn(true), false, st);
+          cuda::set_attention_prefill_kernel(-1);
+          emit(o, c);
+        }
+      }
+      Row d{"dense prefill attention", shape, dt, "eager", 0, c.attn_flops(false) / rate * 1e6, "flops"};
+      if (fp8 || !row_wanted(opt, d.kernel)) continue;
+      d.us = time_it(iters, sets, attn_fn(false), false, st);
+      emit(d, c);
+      if (ps.n == 8192 && ps.cached == 0) {
+        d.mode = "eager, per-token kernel";
+        cuda::set_attention_prefill_kernel(0);
+        d.us = time_it(std::min(iters, 50), sets, attn_fn(false), false, st);
+        cuda::set_attention_prefill_kernel(-1);
+        emit(d, c);
+      }
     }
   }
 

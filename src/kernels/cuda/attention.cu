@@ -947,6 +947,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   const bool fp8 = p.kv.dtype == DType::FP8_E4M3;
   if (fp8 && (!p.kv.k_scale || !p.kv.v_scale)) return false;
   if (p.batch.num_tokens == 0 || p.batch.num_seqs == 0) return true;
+  if (use_prefill_attention(p) && run_attention_prefill(p, stream_v)) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
 
   AttnArgs a{};

@@ -75,6 +75,15 @@ void set_indexer_v4_shape(int unit, int stages, int grid, int statics);
 // whole grid is resident (1, the default) or always through partials and a last-CTA counter (0);
 // -1 returns to the environment's choice (SIEVE_ATTN_LL=0 turns the flagged merge off).
 void set_attention_flagged_merge(int on);
+// Prefill attention over tiles of 8 tokens that share K/V blocks (attention_prefill.cu): bf16 KV,
+// 16 q heads per kv head, head_dim and block_size 128, topk <= 32. run_attention uses it for
+// batches with a chunk of at least 8 new tokens and at least 512 new tokens in all
+// (SIEVE_ATTN_PREFILL=0: never). Test hook: 1 = for every batch it supports, 0 = never, -1 = the
+// automatic rule.
+void set_attention_prefill_kernel(int mode);
+bool prefill_attention_supported(const ops::AttentionParams& p);
+bool use_prefill_attention(const ops::AttentionParams& p);
+bool run_attention_prefill(const ops::AttentionParams& p, void* stream);
 
 // Test hook: forces the development knobs of the tensor-core prefill indexer
 // (indexer_prefill.cu), which are otherwise read once from the environment. -1 = the

@@ -1,0 +1,556 @@
+// Paged GQA attention for prefill batches (ops::AttentionParams, block-sparse or dense, bf16 KV,
+// 16 q heads per kv head, head_dim and block_size 128): query tiles that share K/V blocks.
+//
+// The decode kernel (attention.cu) gives every (query token, kv head) row its own CTAs, which
+// stream the row's blocks from L2; at 8192 prompt tokens that is ~8.6 GB of L2 reads for 148
+// GFLOP. Here one CTA takes a tile of 8 consecutive new tokens of one request (one kv head) and
+// walks the union of the blocks they attend to (sparse: the union of their topk_idx entries;
+// dense: blocks 0 .. the last token's block), loading each block once for all 8 tokens.
+//
+// CTA = 288 threads: two consumer warpgroups and one producer warp.
+//  - Consumer warpgroup w owns tokens 4w .. 4w+3 of the tile: its 64 wgmma rows are (token,
+//    q head), so warp j of the warpgroup holds token 4w + j's 16 heads (rows g and g + 8 of each
+//    lane), and the token's online-softmax state (m, l, O: 64 fp32 accumulators a thread) lives
+//    in that warp's registers for the whole tile.
+//  - Per union block: S = Q K^T with 8 wgmma.m64n128k16 (Q and K from shared memory, K-major
+//    128-byte-swizzled descriptors), scaled to base 2 and masked: a warp whose token does not
+//    attend to the block gives P = 0 without touching its state; the token's own block masks
+//    keys past its position. Then base-2 online softmax in registers, P rounded to bf16 as the
+//    register A operand of 8 wgmma.m64n128k16 with V from shared memory (B "transposed":
+//    MN-major, the natural [key][dim] layout of the cache block). A warpgroup none of whose
+//    tokens attends to a block skips its math.
+//  - The producer (one lane) issues per block two 2-D TMA copies of K (dims 0-63, 64-127: 128 x
+//    128 B boxes, 128-byte swizzle) and two of V into a ring of 3 stages (64 KB each), each stage
+//    with a full (transaction count) and an empty (8 consumer warps) mbarrier, so the two
+//    warpgroups run independently up to the ring's depth. Tensor maps over the whole cache
+//    ([num_blocks * kv_heads * 128 rows, 128 dims]) are built on the host per call.
+//  - Keys past the request's length in its last block may hold anything (NaN included): S
+//    masks them by selection, and the V rows of that block past the length are zeroed in
+//    shared memory before use (0 * NaN would poison P V).
+// Union of a tile's selections: the (block, token) pairs of its topk_idx entries (entries < 0
+// or past the token's own block dropped) are ranked by the CTA (8 x topk <= 256 pairs), and a
+// block's tokens become an 8-bit mask. Blocks are visited in ascending order.
+// Grid: x = ceil(num_tokens / 8) + num_seqs (an upper bound on the tiles; CTAs past the last
+// tile exit), taken in reverse so the longest tiles of a prompt start first; y = kv head.
+// Precision: as the decode kernel's bf16 path: Q rounded to bf16, bf16 MMA with fp32
+// accumulation, P rounded to bf16 for P V, softmax and the running sums in fp32.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/internal.h"
+
+namespace sieve::cuda {
+
+namespace {
+
+constexpr int kBlock = 128;
+constexpr int kDim = 128;
+constexpr int kTileTokens = 8;
+constexpr int kHeads = 16;                  // q heads per kv head
+constexpr int kConsumers = 256;             // two warpgroups
+constexpr int kThreads = kConsumers;
+constexpr int kChunk = 128 * 128;           // bytes: one 64-dim half of a 128-row bf16 tile
+constexpr int kTileBytes = 2 * kChunk;      // a 128 x 128 bf16 tile (Q, K or V)
+constexpr int kStageBytes = 2 * kTileBytes;  // K and V of one block
+constexpr int kStages = 3;
+constexpr int kMaxPairs = 256;  // kTileTokens * topk
+
+struct PfArgs {
+  const void* q;
+  bool q_bf16;
+  bool q_vec;  // 16-byte (bf16) / 32-byte (f32) aligned rows: vector loads of 8 elements
+  int64_t q_stride;
+  void* out;
+  bool out_bf16;
+  bool out_vec;  // 4-byte (bf16) / 8-byte (f32) aligned pairs: one store per two dims
+  int64_t out_stride;
+  int nkv;
+  float scale_log2;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int mbps, num_seqs;
+  const int32_t* topk_idx;  // null: dense
+  int topk;
+  uint32_t v_lbo, v_sbo;  // V descriptor strides (bytes)
+};
+
+// Shared memory: [Q tile][kStages x (K, V)][full barriers][union blocks][their physical blocks]
+// [union masks][misc].
+constexpr size_t kBarOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
+constexpr size_t kSmemBytes = kBarOffset + kStages * 8 + kMaxPairs * 8 + kMaxPairs + 16 * 4;
+
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// Shared-memory matrix descriptor, 128-byte swizzle: K-major (lbo unused, sbo 1024: 8-row groups)
+// or MN-major (lbo: the next 64 elements along MN, sbo: the next 8 along K).
+__device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = uint64_t((saddr & 0x3FFFFu) >> 4);
+  d |= uint64_t((lbo >> 4) & 0x3FFFu) << 16;
+  d |= uint64_t((sbo >> 4) & 0x3FFFu) << 32;
+  d |= uint64_t(1) << 62;
+  return d;
+}
+
+#define SIEVE_WGMMA_D64                                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define SIEVE_WGMMA_OUT64                                                                                          \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),      \
+      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),      \
+      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
+      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// D[64 x 128] (+)= A[64 x 16] . B, A and B (K-major) from shared memory.
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SIEVE_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+               : SIEVE_WGMMA_OUT64
+               : "l"(da), "l"(db), "r"(accumulate));
+}
+// D[64 x 128] += A[64 x 16] . B, A from registers (m16n8k16 A fragments of each warp's 16 rows),
+// B from shared memory MN-major (transposed).
+__device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SIEVE_WGMMA_D64
+               ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+               : SIEVE_WGMMA_OUT64
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#undef SIEVE_WGMMA_D64
+#undef SIEVE_WGMMA_OUT64
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// Byte offset of (row, dim) in a 128-byte-swizzled [2 halves][128 rows][128 B] bf16 tile (the
+// layout TMA's 128-byte swizzle gives a 128 x 64 box); dim % 8 == 0.
+__device__ __forceinline__ int swz(int row, int dim) {
+  const int u = (dim & 63) >> 3;
+  return (dim >> 6) * kChunk + row * 128 + ((u ^ (row & 7)) << 4);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int kvh = blockIdx.y;
+
+  // The tile: CTAs in reverse order over the requests' tiles of 8 new tokens.
+  const int64_t r = int64_t(gridDim.x) - 1 - blockIdx.x;
+  int seq = -1;
+  int64_t tile = 0;
+  {
+    int64_t acc = 0;
+    for (int s = 0; s < a.num_seqs; ++s) {
+      const int qlen = a.qsl[s + 1] - a.qsl[s];
+      const int64_t n = (qlen + kTileTokens - 1) / kTileTokens;
+      if (r < acc + n) {
+        seq = s;
+        tile = r - acc;
+        break;
+      }
+      acc += n;
+    }
+  }
+  if (seq < 0) return;
+  if ((smem_u32(smem) & 1023u) != 0) __trap();  // the swizzled tiles need 1024-byte alignment
+  const int qlen = a.qsl[seq + 1] - a.qsl[seq];
+  const int seq_len = a.seq_lens[seq];
+  const int64_t tok0 = a.qsl[seq] + tile * kTileTokens;
+  const int ntok = min(kTileTokens, qlen - int(tile) * kTileTokens);
+  const int pos0 = seq_len - qlen + int(tile) * kTileTokens;  // position of the tile's first token
+  const int last_own = (pos0 + ntok - 1) / kBlock;
+
+  uint8_t* qs = smem;
+  uint8_t* stages = smem + kTileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
+  int* ublk = reinterpret_cast<int*>(full + kStages);
+  int* uphys = ublk + kMaxPairs;
+  uint8_t* umask = reinterpret_cast<uint8_t*>(uphys + kMaxPairs);
+  // [0..7] warp head counts, [8] union size, [12 .. 12 + kStages) warps done with a stage's block
+  int* misc = reinterpret_cast<int*>(umask + kMaxPairs);
+  const bool dense = a.topk_idx == nullptr;
+
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&full[i], 1);
+      misc[12 + i] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+
+  {
+    // Q tile: row slot * 16 + h, bf16, swizzled; rows of absent tokens are zero.
+    for (int e = tid; e < 128 * 16; e += kConsumers) {
+      const int row = e >> 4, u = e & 15, slot = row >> 4, h = row & 15;
+      uint4 w = make_uint4(0, 0, 0, 0);
+      if (slot < ntok) {
+        const int64_t base = (tok0 + slot) * a.q_stride + int64_t(kvh * kHeads + h) * kDim + u * 8;
+        if (a.q_bf16 && a.q_vec) {
+          w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + base);
+        } else if (!a.q_bf16 && a.q_vec) {
+          const float4 x0 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base);
+          const float4 x1 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base + 4);
+          w = make_uint4(pack_bf16x2(x0.x, x0.y), pack_bf16x2(x0.z, x0.w), pack_bf16x2(x1.x, x1.y),
+                         pack_bf16x2(x1.z, x1.w));
+        } else {
+          float x[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] = load_act(a.q, base + i, a.q_bf16);
+          w = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
+                         pack_bf16x2(x[6], x[7]));
+        }
+      }
+      *reinterpret_cast<uint4*>(qs + swz(row, u * 8)) = w;
+    }
+    fence_proxy_async();
+
+    // Union of the tile's selections (sparse): rank the (block, slot) pairs, staged in the ring.
+    if (!dense) {
+      int* keys = reinterpret_cast<int*>(stages);
+      int* sorted = keys + kMaxPairs;
+      const int n = kTileTokens * a.topk;
+      int key = INT_MAX;
+      if (tid < n) {
+        const int slot = tid / a.topk, k = tid - slot * a.topk;
+        if (slot < ntok) {
+          const int b = a.topk_idx[((tok0 + slot) * a.nkv + kvh) * a.topk + k];
+          if (b >= 0 && b <= (pos0 + slot) / kBlock) key = b * kTileTokens + slot;
+        }
+      }
+      keys[tid] = key;
+      consumers_sync();
+      int rank = 0;
+      for (int j = 0; j < n; ++j) {
+        const int kj = keys[j];
+        rank += kj < key || (kj == key && j < tid);
+      }
+      if (tid < n) sorted[rank] = key;
+      else sorted[tid] = INT_MAX;
+      consumers_sync();
+      const int kc = sorted[tid];
+      const bool head = kc != INT_MAX && (tid == 0 || (sorted[tid - 1] >> 3) != (kc >> 3));
+      const unsigned bal = __ballot_sync(0xffffffffu, head);
+      if (lane == 0) misc[warp] = __popc(bal);
+      consumers_sync();
+      int u = __popc(bal & ((1u << lane) - 1));
+      for (int w = 0; w < warp; ++w) u += misc[w];
+      if (head) {
+        const int b = kc >> 3;
+        int mask = 0;
+        for (int j = tid; j < n && (sorted[j] >> 3) == b; ++j) mask |= 1 << (sorted[j] & 7);
+        ublk[u] = b;
+        uphys[u] = a.block_tables[int64_t(seq) * a.mbps + b];
+        umask[u] = uint8_t(mask);
+      }
+      if (tid == kConsumers - 1) {
+        int total = 0;
+        for (int w = 0; w < kConsumers / 32; ++w) total += misc[w];
+        misc[8] = total;
+      }
+    } else {
+      for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kConsumers)
+        uphys[b] = a.block_tables[int64_t(seq) * a.mbps + b];
+      if (tid == 0) misc[8] = last_own + 1;
+    }
+  }
+  __syncthreads();  // Q tile, union, barriers ready; the sort's staging area is free again
+  const int nu = misc[8];
+  const int last_blk = (seq_len - 1) / kBlock;
+  const int tail = seq_len - last_blk * kBlock;  // valid keys of the request's last block
+  auto entry = [&](int i, int& b, int& mask) {
+    if (dense) {
+      b = i;
+      mask = 0;
+#pragma unroll
+      for (int s = 0; s < kTileTokens; ++s)
+        if (s < ntok && (pos0 + s) / kBlock >= i) mask |= 1 << s;
+    } else {
+      b = ublk[i];
+      mask = umask[i];
+    }
+  };
+
+  // Copies of union block i into its stage: two 2-D TMA boxes of K, two of V, on full[stage].
+  const int32_t* bt = a.block_tables + int64_t(seq) * a.mbps;
+  auto issue = [&](int i) {
+    const int st = i % kStages;
+    const int phys = i < kMaxPairs ? uphys[i] : bt[i];  // (past kMaxPairs: dense, block i)
+    uint8_t* kd = stages + st * kStageBytes;
+    const int row = (phys * a.nkv + kvh) * kBlock;
+    mbar_expect_tx(&full[st], kStageBytes);
+    tma_load_2d(kd, &tk, 0, row, &full[st]);
+    tma_load_2d(kd + kChunk, &tk, 64, row, &full[st]);
+    tma_load_2d(kd + kTileBytes, &tv, 0, row, &full[st]);
+    tma_load_2d(kd + kTileBytes + kChunk, &tv, 64, row, &full[st]);
+  };
+  if (tid == 0)
+    for (int i = 0; i < min(nu, kStages); ++i) issue(i);
+
+  // Consumers.
+  const int wg = warp >> 2, wq = warp & 3, slot = wg * 4 + wq;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int own = (pos0 + slot) / kBlock, lim = (pos0 + slot) - own * kBlock;
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
+  const uint32_t qa = smem_u32(qs) + wg * 64 * 128;
+  const uint32_t st0 = smem_u32(stages);
+
+  for (int i = 0; i < nu; ++i) {
+    int b, mask;
+    entry(i, b, mask);
+    const int st = i % kStages;
+    mbar_wait(&full[st], (i / kStages) & 1);
+    uint8_t* kd = stages + st * kStageBytes;
+    if (b == last_blk && tail < kBlock) {
+      // Zero the V rows past the request's length (both warpgroups, whatever they use).
+      consumers_sync();
+      for (int e = tid; e < (kBlock - tail) * 16; e += kConsumers) {
+        const int row = tail + (e >> 4), u = e & 15;
+        *reinterpret_cast<uint4*>(kd + kTileBytes + swz(row, u * 8)) = make_uint4(0, 0, 0, 0);
+      }
+      fence_proxy_async();
+      consumers_sync();
+    }
+    const int wmask = (mask >> (4 * wg)) & 15;
+    if (wmask) {
+      const uint32_t ka = st0 + st * kStageBytes, va = ka + kTileBytes;
+      float s[64];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t off = (k >> 2) * kChunk + (k & 3) * 32;
+        wgmma_ss(s, desc(qa + off, 16, 1024), desc(ka + off, 16, 1024), k > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_acc(s);
+      uint32_t pf[8][4];
+      if ((wmask >> wq) & 1) {
+        const bool causal = b == own;
+        float mx0 = kNegInf, mx1 = kNegInf;
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = 8 * c + 2 * t4 + e;
+            const bool ok = !causal || key <= lim;
+            const float v0 = ok ? s[4 * c + e] * a.scale_log2 : kNegInf;
+            const float v1 = ok ? s[4 * c + 2 + e] * a.scale_log2 : kNegInf;
+            s[4 * c + e] = v0;
+            s[4 * c + 2 + e] = v1;
+            mx0 = fmaxf(mx0, v0);
+            mx1 = fmaxf(mx1, v1);
+          }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float al0 = ex2_approx(m0 - n0), al1 = ex2_approx(m1 - n1);
+        m0 = n0, m1 = n1;
+        float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+          s[4 * c + 0] = ex2_approx(s[4 * c + 0] - n0);
+          s[4 * c + 1] = ex2_approx(s[4 * c + 1] - n0);
+          s[4 * c + 2] = ex2_approx(s[4 * c + 2] - n1);
+          s[4 * c + 3] = ex2_approx(s[4 * c + 3] - n1);
+          ls0 += s[4 * c + 0] + s[4 * c + 1];
+          ls1 += s[4 * c + 2] + s[4 * c + 3];
+          o[4 * c + 0] *= al0;
+          o[4 * c + 1] *= al0;
+          o[4 * c + 2] *= al1;
+          o[4 * c + 3] *= al1;
+        }
+        l0 = l0 * al0 + ls0;
+        l1 = l1 * al1 + ls1;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          pf[j][0] = pack_bf16x2(s[8 * j + 0], s[8 * j + 1]);
+          pf[j][1] = pack_bf16x2(s[8 * j + 2], s[8 * j + 3]);
+          pf[j][2] = pack_bf16x2(s[8 * j + 4], s[8 * j + 5]);
+          pf[j][3] = pack_bf16x2(s[8 * j + 6], s[8 * j + 7]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wgmma_rs_tb(o, pf[j], desc(va + j * 2048, a.v_lbo, a.v_sbo));
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_acc(o);
+    }
+    // The last warp done with the stage refills it with block i + kStages.
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence_block();
+      if (atomicAdd(&misc[12 + st], 1) == kConsumers / 32 - 1) {
+        misc[12 + st] = 0;
+        if (i + kStages < nu) issue(i + kStages);
+      }
+    }
+  }
+
+  if (slot >= ntok) return;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  const int64_t tok = tok0 + slot;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int h = kvh * kHeads + g + 8 * hh;
+    const float inv = hh ? i1 : i0;
+    const int64_t base = tok * a.out_stride + int64_t(h) * kDim + 2 * t4;
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const float x = o[4 * c + 2 * hh] * inv, y = o[4 * c + 2 * hh + 1] * inv;
+      if (a.out_bf16) {
+        uint16_t* po = static_cast<uint16_t*>(a.out) + base + 8 * c;
+        if (a.out_vec) {
+          *reinterpret_cast<uint32_t*>(po) = pack_bf16x2(x, y);
+        } else {
+          po[0] = f32_to_bf16_bits(x);
+          po[1] = f32_to_bf16_bits(y);
+        }
+      } else {
+        float* po = static_cast<float*>(a.out) + base + 8 * c;
+        if (a.out_vec) {
+          *reinterpret_cast<float2*>(po) = make_float2(x, y);
+        } else {
+          po[0] = x;
+          po[1] = y;
+        }
+      }
+    }
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// [num_blocks * kv_heads * 128 rows, 128 dims] bf16, boxes of 128 rows x 64 dims, 128-byte swizzle.
+bool cache_map(CUtensorMap* map, const void* base, int64_t rows) {
+  auto fn = encode_fn();
+  if (!fn || reinterpret_cast<uintptr_t>(base) % 16) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(kDim), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(kDim) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(kBlock)};
+  const cuuint32_t estr[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+std::atomic<int> g_prefill_kernel{-1};
+
+}  // namespace
+
+void set_attention_prefill_kernel(int mode) { g_prefill_kernel.store(mode < 0 ? -1 : mode, std::memory_order_relaxed); }
+
+bool prefill_attention_supported(const ops::AttentionParams& p) {
+  return p.kv.dtype == DType::BF16 && p.head_dim == kDim && p.kv.head_dim == kDim && p.kv.block_size == kBlock &&
+         p.num_kv_heads > 0 && p.num_q_heads == kHeads * p.num_kv_heads &&
+         (p.q_dtype == DType::BF16 || p.q_dtype == DType::F32) &&
+         (p.out_dtype == DType::BF16 || p.out_dtype == DType::F32) &&
+         (!p.topk_idx || (p.topk > 0 && kTileTokens * p.topk <= kMaxPairs)) && encode_fn() != nullptr;
+}
+
+bool use_prefill_attention(const ops::AttentionParams& p) {
+  const int forced = g_prefill_kernel.load(std::memory_order_relaxed);
+  if (forced == 0 || !prefill_attention_supported(p)) return false;
+  if (forced > 0) return true;
+  // SIEVE_ATTN_PREFILL=0 keeps every batch on the decode kernel; otherwise batches with a
+  // prompt chunk of at least 8 tokens and at least 512 new tokens in all use the tiles.
+  static const int env = [] {
+    const char* e = std::getenv("SIEVE_ATTN_PREFILL");
+    return e && *e ? std::atoi(e) : 1;
+  }();
+  return env != 0 && p.batch.max_query_len >= kTileTokens && p.batch.num_tokens >= 512;
+}
+
+bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
+  if (!prefill_attention_supported(p)) return false;
+  if (p.batch.num_tokens == 0 || p.batch.num_seqs == 0) return true;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
+  PfArgs a{};
+  a.q = p.q;
+  a.q_bf16 = p.q_dtype == DType::BF16;
+  a.q_stride = p.q_stride;
+  {
+    const size_t esz = a.q_bf16 ? 2 : 4;
+    a.q_vec = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && (p.q_stride * esz) % 16 == 0;
+  }
+  a.out = p.out;
+  a.out_bf16 = p.out_dtype == DType::BF16;
+  a.out_stride = p.out_stride;
+  {
+    const size_t esz = a.out_bf16 ? 2 : 4;
+    a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (2 * esz) == 0 && p.out_stride % 2 == 0;
+  }
+  a.nkv = p.num_kv_heads;
+  a.scale_log2 = p.sm_scale * kLog2e;
+  a.qsl = p.batch.query_start_loc;
+  a.seq_lens = p.batch.seq_lens;
+  a.block_tables = p.batch.block_tables;
+  a.mbps = p.batch.max_blocks_per_seq;
+  a.num_seqs = p.batch.num_seqs;
+  a.topk_idx = p.topk_idx;
+  a.topk = p.topk_idx ? p.topk : 0;
+  static const bool swap = env_int("SIEVE_ATTN_PREFILL_VDESC") == 1;  // development: the other stride order
+  a.v_lbo = swap ? 1024 : kChunk;
+  a.v_sbo = swap ? kChunk : 1024;
+  CUtensorMap tk, tv;
+  const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
+  if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
+  set_smem(prefill_attention_kernel, kSmemBytes);
+  const int64_t tiles = (p.batch.num_tokens + kTileTokens - 1) / kTileTokens + p.batch.num_seqs;
+  prefill_attention_kernel<<<dim3(unsigned(tiles), unsigned(p.num_kv_heads)), kThreads, kSmemBytes, stream>>>(a, tk, tv);
+  SIEVE_LAUNCH_CHECK("prefill attention launch");
+  return true;
+}
+
+}  // namespace sieve::cuda
