@@ -523,8 +523,9 @@ TEST(CudaAttention, DenseMatchesCpu) {
 // The prefill tiles (attention_prefill.cu: 8 tokens a CTA over the union of their blocks),
 // forced for every batch they support: prompts and chunks after cached prefixes with lengths at
 // and around block boundaries (the request's last block partial or full), a single new token,
-// decode rows, sparse and dense, f32 and bf16 outputs, two kv heads, topk 32 (a tile's 256
-// pairs) and 5; then the automatic rule on a 1500-token prompt.
+// decode rows, sparse and dense, bf16 and fp8 caches, f32 and bf16 outputs, two kv heads, topk
+// 32 (a tile's 256 pairs) and 5, widely spread fp8 scales; then the automatic rule on a
+// 1500-token prompt.
 TEST(CudaAttentionPrefill, TilesMatchCpu) {
   SKIP_WITHOUT_GPU();
   cuda::set_attention_prefill_kernel(1);
@@ -534,26 +535,59 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
       {{0, 127}, {0, 128}, {0, 129}, {128, 128}, {255, 257}, {2047, 2}, {3000, 333}},
       kDecodeSpecs,
       kSpecSpecs};
-  for (const auto& specs : sets)
-    for (bool sparse : {true, false})
-      for (DType out : {DType::F32, DType::BF16}) {
-        AttnCase c;
-        c.specs = specs;
-        c.sparse = sparse;
-        c.out = out;
-        check_attention(c, seed++);
-      }
-  for (int topk : {32, 5}) {
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3})
+    for (const auto& specs : sets)
+      for (bool sparse : {true, false})
+        for (DType out : {DType::F32, DType::BF16}) {
+          AttnCase c;
+          c.specs = specs;
+          c.kv = kvd;
+          c.sparse = sparse;
+          c.out = out;
+          check_attention(c, seed++);
+        }
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3})
+    for (int topk : {32, 5}) {
+      AttnCase c;
+      c.specs = {{0, 700}, {1500, 77}, {129, 1}};
+      c.kv = kvd;
+      c.nq = 32, c.nkv = 2;
+      c.topk = topk;
+      check_attention(c, seed++);
+    }
+  // fp8 token scales spread over 2^20 (V): p * v_scale keeps its precision in bf16.
+  for (bool sparse : {true, false}) {
     AttnCase c;
-    c.specs = {{0, 700}, {1500, 77}, {129, 1}};
-    c.nq = 32, c.nkv = 2;
-    c.topk = topk;
+    c.specs = {{0, 600}, {2000, 300}};
+    c.kv = DType::FP8_E4M3;
+    c.sparse = sparse;
+    c.scale_spread = 20.f;
     check_attention(c, seed++);
   }
   cuda::set_attention_prefill_kernel(-1);
-  AttnCase c;
-  c.specs = {{0, 1500}};
-  check_attention(c, seed++);
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+    AttnCase c;
+    c.specs = {{0, 1500}};
+    c.kv = kvd;
+    check_attention(c, seed++);
+  }
+}
+
+// A few small prefill batches through the tiles (the compute-sanitizer runs use this one):
+// partial last blocks, a chunk after a prefix, bf16 and fp8, sparse and dense.
+TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  cuda::set_attention_prefill_kernel(1);
+  uint64_t seed = 8500;
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3})
+    for (bool sparse : {true, false}) {
+      AttnCase c;
+      c.specs = {{0, 45}, {300, 20}, {2100, 9}};
+      c.kv = kvd;
+      c.sparse = sparse;
+      check_attention(c, seed++);
+    }
+  cuda::set_attention_prefill_kernel(-1);
 }
 
 // The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps

@@ -667,7 +667,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       if (row_wanted(opt, a.kernel)) {
         a.us = time_it(iters, sets, attn_fn(true), false, st);
         emit(a, c);
-        if (!fp8 && ps.n == 8192) {
+        if (ps.n == 8192 && ps.cached == 0) {
           // The decode kernel (one row per token and kv head, its blocks streamed from L2): the
           // gain of the tiles that share K/V blocks.
           Row o = a;
@@ -680,7 +680,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         }
       }
       Row d{"dense prefill attention", shape, dt, "eager", 0, c.attn_flops(false) / rate * 1e6, "flops"};
-      if (fp8 || !row_wanted(opt, d.kernel)) continue;
+      if (!row_wanted(opt, d.kernel)) continue;
       d.us = time_it(iters, sets, attn_fn(false), false, st);
       emit(d, c);
       if (ps.n == 8192 && ps.cached == 0) {

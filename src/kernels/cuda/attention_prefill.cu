@@ -59,9 +59,19 @@ constexpr int kConsumers = 256;             // two warpgroups
 constexpr int kThreads = kConsumers;
 constexpr int kChunk = 128 * 128;           // bytes: one 64-dim half of a 128-row bf16 tile
 constexpr int kTileBytes = 2 * kChunk;      // a 128 x 128 bf16 tile (Q, K or V)
-constexpr int kStageBytes = 2 * kTileBytes;  // K and V of one block
-constexpr int kStages = 3;
 constexpr int kMaxPairs = 256;  // kTileTokens * topk
+
+// Ring geometry: bf16 KV, 3 stages of K and V tiles filled by TMA; fp8 KV, 2 stages of the
+// converted tiles plus the block's 128 k and 128 v scales, filled by the CTA's threads.
+template <bool kFp8>
+struct PfGeo {
+  static constexpr int kStages = kFp8 ? 2 : 3;
+  static constexpr int kStageBytes = 2 * kTileBytes + (kFp8 ? 2 * kBlock * 4 : 0);
+  // Shared memory: [Q tile][kStages x (K, V[, scales])][full barriers][union blocks][their
+  // physical blocks][union masks][misc].
+  static constexpr size_t kBarOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
+  static constexpr size_t kSmemBytes = kBarOffset + kStages * 8 + kMaxPairs * 8 + kMaxPairs + 32 * 4;
+};
 
 struct PfArgs {
   const void* q;
@@ -80,13 +90,13 @@ struct PfArgs {
   int mbps, num_seqs;
   const int32_t* topk_idx;  // null: dense
   int topk;
-  uint32_t v_lbo, v_sbo;  // V descriptor strides (bytes)
+  // fp8 KV: the caches and their per-(token, kv head) scales (bf16 KV: read through the maps).
+  const uint8_t* k8;
+  const uint8_t* v8;
+  const float* k_scale;
+  const float* v_scale;
 };
 
-// Shared memory: [Q tile][kStages x (K, V)][full barriers][union blocks][their physical blocks]
-// [union masks][misc].
-constexpr size_t kBarOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
-constexpr size_t kSmemBytes = kBarOffset + kStages * 8 + kMaxPairs * 8 + kMaxPairs + 16 * 4;
 
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -156,6 +166,7 @@ __device__ __forceinline__ int swz(int row, int dim) {
   return (dim >> 6) * kChunk + row * 128 + ((u ^ (row & 7)) << 4);
 }
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -187,6 +198,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ntok = min(kTileTokens, qlen - int(tile) * kTileTokens);
   const int pos0 = seq_len - qlen + int(tile) * kTileTokens;  // position of the tile's first token
   const int last_own = (pos0 + ntok - 1) / kBlock;
+  constexpr int kStages = PfGeo<kFp8>::kStages;
+  constexpr int kStageBytes = PfGeo<kFp8>::kStageBytes;
+  constexpr size_t kBarOffset = PfGeo<kFp8>::kBarOffset;
 
   uint8_t* qs = smem;
   uint8_t* stages = smem + kTileBytes;
@@ -194,7 +208,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* ublk = reinterpret_cast<int*>(full + kStages);
   int* uphys = ublk + kMaxPairs;
   uint8_t* umask = reinterpret_cast<uint8_t*>(uphys + kMaxPairs);
-  // [0..7] warp head counts, [8] union size, [12 .. 12 + kStages) warps done with a stage's block
+  // [0..7] per-warp scratch, [8] union size, [9] the first warpgroup's token slots (8-bit set),
+  // [12 .. 12 + kStages) warps done with a stage's block
   int* misc = reinterpret_cast<int*>(umask + kMaxPairs);
   const bool dense = a.topk_idx == nullptr;
 
@@ -206,83 +221,85 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
 
-  {
-    // Q tile: row slot * 16 + h, bf16, swizzled; rows of absent tokens are zero.
-    for (int e = tid; e < 128 * 16; e += kConsumers) {
-      const int row = e >> 4, u = e & 15, slot = row >> 4, h = row & 15;
-      uint4 w = make_uint4(0, 0, 0, 0);
+  // Union of the tile's blocks, and the warpgroups' token slots.
+  // Sparse: rank the (block, slot) pairs of the tile's topk_idx entries (scratch: the Q tile's
+  // space); a block's slots become its mask.
+  if (!dense) {
+    int* keys = reinterpret_cast<int*>(qs);
+    int* sorted = keys + kMaxPairs;
+    const int n = kTileTokens * a.topk;
+    int key = INT_MAX;
+    if (tid < n) {
+      const int slot = tid / a.topk, k = tid - slot * a.topk;
       if (slot < ntok) {
-        const int64_t base = (tok0 + slot) * a.q_stride + int64_t(kvh * kHeads + h) * kDim + u * 8;
-        if (a.q_bf16 && a.q_vec) {
-          w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + base);
-        } else if (!a.q_bf16 && a.q_vec) {
-          const float4 x0 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base);
-          const float4 x1 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base + 4);
-          w = make_uint4(pack_bf16x2(x0.x, x0.y), pack_bf16x2(x0.z, x0.w), pack_bf16x2(x1.x, x1.y),
-                         pack_bf16x2(x1.z, x1.w));
-        } else {
-          float x[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) x[i] = load_act(a.q, base + i, a.q_bf16);
-          w = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
-                         pack_bf16x2(x[6], x[7]));
-        }
+        const int b = a.topk_idx[((tok0 + slot) * a.nkv + kvh) * a.topk + k];
+        if (b >= 0 && b <= (pos0 + slot) / kBlock) key = b * kTileTokens + slot;
       }
-      *reinterpret_cast<uint4*>(qs + swz(row, u * 8)) = w;
     }
-    fence_proxy_async();
-
-    // Union of the tile's selections (sparse): rank the (block, slot) pairs, staged in the ring.
-    if (!dense) {
-      int* keys = reinterpret_cast<int*>(stages);
-      int* sorted = keys + kMaxPairs;
-      const int n = kTileTokens * a.topk;
-      int key = INT_MAX;
-      if (tid < n) {
-        const int slot = tid / a.topk, k = tid - slot * a.topk;
-        if (slot < ntok) {
-          const int b = a.topk_idx[((tok0 + slot) * a.nkv + kvh) * a.topk + k];
-          if (b >= 0 && b <= (pos0 + slot) / kBlock) key = b * kTileTokens + slot;
-        }
-      }
-      keys[tid] = key;
-      consumers_sync();
-      int rank = 0;
-      for (int j = 0; j < n; ++j) {
-        const int kj = keys[j];
-        rank += kj < key || (kj == key && j < tid);
-      }
-      if (tid < n) sorted[rank] = key;
-      else sorted[tid] = INT_MAX;
-      consumers_sync();
-      const int kc = sorted[tid];
-      const bool head = kc != INT_MAX && (tid == 0 || (sorted[tid - 1] >> 3) != (kc >> 3));
-      const unsigned bal = __ballot_sync(0xffffffffu, head);
-      if (lane == 0) misc[warp] = __popc(bal);
-      consumers_sync();
-      int u = __popc(bal & ((1u << lane) - 1));
-      for (int w = 0; w < warp; ++w) u += misc[w];
-      if (head) {
-        const int b = kc >> 3;
-        int mask = 0;
-        for (int j = tid; j < n && (sorted[j] >> 3) == b; ++j) mask |= 1 << (sorted[j] & 7);
-        ublk[u] = b;
-        uphys[u] = a.block_tables[int64_t(seq) * a.mbps + b];
-        umask[u] = uint8_t(mask);
-      }
-      if (tid == kConsumers - 1) {
-        int total = 0;
-        for (int w = 0; w < kConsumers / 32; ++w) total += misc[w];
-        misc[8] = total;
-      }
-    } else {
-      for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kConsumers)
-        uphys[b] = a.block_tables[int64_t(seq) * a.mbps + b];
-      if (tid == 0) misc[8] = last_own + 1;
+    keys[tid] = key;
+    consumers_sync();
+    int rank = 0;
+    for (int j = 0; j < n; ++j) {
+      const int kj = keys[j];
+      rank += kj < key || (kj == key && j < tid);
     }
+    if (tid < n) sorted[rank] = key;
+    else sorted[tid] = INT_MAX;
+    consumers_sync();
+    const int kc = sorted[tid];
+    const bool head = kc != INT_MAX && (tid == 0 || (sorted[tid - 1] >> 3) != (kc >> 3));
+    const unsigned bal = __ballot_sync(0xffffffffu, head);
+    if (lane == 0) misc[warp] = __popc(bal);
+    consumers_sync();
+    int u = __popc(bal & ((1u << lane) - 1));
+    for (int w = 0; w < warp; ++w) u += misc[w];
+    if (head) {
+      const int b = kc >> 3;
+      int mask = 0;
+      for (int j = tid; j < n && (sorted[j] >> 3) == b; ++j) mask |= 1 << (sorted[j] & 7);
+      ublk[u] = b;
+      uphys[u] = a.block_tables[int64_t(seq) * a.mbps + b];
+      umask[u] = uint8_t(mask);
+    }
+    int total = 0;
+    for (int w = 0; w < kConsumers / 32; ++w) total += misc[w];
+    consumers_sync();  // union written; misc[0..7] read
+    // The split of the tile's tokens over the two warpgroups with the fewest (warpgroup, block)
+    // passes: thread m tries slot set m for the first warpgroup (slot 0 in it, 4 slots); the
+    // consecutive split (m = 15) wins ties.
+    int cost = INT_MAX;
+    if ((tid & 1) && __popc(tid) == 4 && tid < 256) {
+      cost = 0;
+      for (int i = 0; i < total; ++i) cost += ((umask[i] & tid) != 0) + ((umask[i] & ~tid & 0xFF) != 0);
+    }
+    const int best = __reduce_min_sync(0xffffffffu, cost == INT_MAX ? INT_MAX : cost * 256 + tid);
+    if (lane == 0) misc[warp] = best;
+    consumers_sync();
+    if (tid == 0) {
+      int m = INT_MAX;
+      for (int w = 0; w < kConsumers / 32; ++w) m = min(m, misc[w]);
+      misc[8] = total;
+      misc[9] = m == INT_MAX ? 0x0F : (m & 255);
+    }
+  } else {
+    for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kConsumers)
+      uphys[b] = a.block_tables[int64_t(seq) * a.mbps + b];
+    if (tid == 0) misc[8] = last_own + 1, misc[9] = 0x0F;
   }
-  __syncthreads();  // Q tile, union, barriers ready; the sort's staging area is free again
+  __syncthreads();  // union, slot split and barriers ready; the sort's scratch is free again
   const int nu = misc[8];
+  const int wg0_slots = misc[9];
+  // Slot at position p (warp p of the consumers): the first warpgroup's slots, then the others.
+  auto slot_of = [&](int p) {
+    const int set = p < 4 ? wg0_slots : (~wg0_slots & 0xFF);
+    int k = p & 3;
+    for (int sl = 0; sl < kTileTokens; ++sl)
+      if ((set >> sl) & 1) {
+        if (k == 0) return sl;
+        --k;
+      }
+    return 0;
+  };
   const int last_blk = (seq_len - 1) / kBlock;
   const int tail = seq_len - last_blk * kBlock;  // valid keys of the request's last block
   auto entry = [&](int i, int& b, int& mask) {
@@ -311,11 +328,84 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_load_2d(kd + kTileBytes, &tv, 0, row, &full[st]);
     tma_load_2d(kd + kTileBytes + kChunk, &tv, 64, row, &full[st]);
   };
-  if (tid == 0)
+  if (!kFp8 && tid == 0)
     for (int i = 0; i < min(nu, kStages); ++i) issue(i);
 
+  // fp8: block j's bytes and scales, read into registers ahead of the block before it
+  // (fp8_load), then converted exactly to bf16 into its stage (fp8_store), V rows and scales past
+  // the request's length as zeros. Thread tid takes 16-byte units tid + 256 k of K (k < 4) and
+  // of V (k >= 4), and key tid's k scale (tid < 128) or key tid - 128's v scale.
+  uint4 xr[8];
+  float xs = 0.f;
+  auto fp8_load = [&](int j) {
+    int b, mask;
+    entry(j, b, mask);
+    const int phys = j < kMaxPairs ? uphys[j] : bt[j];
+    const int64_t row0 = (int64_t(phys) * a.nkv + kvh) * kBlock;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int e = tid + kConsumers * (k & 3);
+      xr[k] = ldg_stream((k < 4 ? a.k8 : a.v8) + (row0 + (e >> 3)) * kDim + (e & 7) * 16);
+    }
+    xs = tid < kBlock ? a.k_scale[row0 + tid] : a.v_scale[row0 + tid - kBlock];
+  };
+  auto fp8_store = [&](int j) {
+    int b, mask;
+    entry(j, b, mask);
+    const int valid = b == (seq_len - 1) / kBlock ? seq_len - b * kBlock : kBlock;
+    uint8_t* kd = stages + (j % kStages) * kStageBytes;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int e = tid + kConsumers * (k & 3), row = e >> 3, c = e & 7;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (k < 4 || row < valid) {
+        const uint4 x = xr[k];
+        lo = make_uint4(fp8x2_to_bf16x2(uint16_t(x.x)), fp8x2_to_bf16x2(uint16_t(x.x >> 16)),
+                        fp8x2_to_bf16x2(uint16_t(x.y)), fp8x2_to_bf16x2(uint16_t(x.y >> 16)));
+        hi = make_uint4(fp8x2_to_bf16x2(uint16_t(x.z)), fp8x2_to_bf16x2(uint16_t(x.z >> 16)),
+                        fp8x2_to_bf16x2(uint16_t(x.w)), fp8x2_to_bf16x2(uint16_t(x.w >> 16)));
+      }
+      uint8_t* tile = kd + (k < 4 ? 0 : kTileBytes);
+      *reinterpret_cast<uint4*>(tile + swz(row, 16 * c)) = lo;
+      *reinterpret_cast<uint4*>(tile + swz(row, 16 * c + 8)) = hi;
+    }
+    reinterpret_cast<float*>(kd + 2 * kTileBytes)[tid] = tid >= kBlock && tid - kBlock >= valid ? 0.f : xs;
+    fence_proxy_async();
+  };
+
+  // Q tile: row 16 * (the slot's position) + h, bf16, swizzled; rows of absent tokens are zero.
+  for (int e = tid; e < 128 * 16; e += kConsumers) {
+    const int row = e >> 4, u = e & 15, slot = slot_of(row >> 4), h = row & 15;
+    uint4 w = make_uint4(0, 0, 0, 0);
+    if (slot < ntok) {
+      const int64_t base = (tok0 + slot) * a.q_stride + int64_t(kvh * kHeads + h) * kDim + u * 8;
+      if (a.q_bf16 && a.q_vec) {
+        w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + base);
+      } else if (!a.q_bf16 && a.q_vec) {
+        const float4 x0 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base);
+        const float4 x1 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base + 4);
+        w = make_uint4(pack_bf16x2(x0.x, x0.y), pack_bf16x2(x0.z, x0.w), pack_bf16x2(x1.x, x1.y),
+                       pack_bf16x2(x1.z, x1.w));
+      } else {
+        float x[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = load_act(a.q, base + i, a.q_bf16);
+        w = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
+                       pack_bf16x2(x[6], x[7]));
+      }
+    }
+    *reinterpret_cast<uint4*>(qs + swz(row, u * 8)) = w;
+  }
+  fence_proxy_async();
+  if (kFp8 && nu > 0) {
+    fp8_load(0);
+    fp8_store(0);
+  }
+  __syncthreads();  // Q tile ready
+
   // Consumers.
-  const int wg = warp >> 2, wq = warp & 3, slot = wg * 4 + wq;
+  const int wg = warp >> 2, slot = slot_of(warp);
+  const int wg_slots = wg == 0 ? wg0_slots : (~wg0_slots & 0xFF);
   const int g = lane >> 2, t4 = lane & 3;
   const int own = (pos0 + slot) / kBlock, lim = (pos0 + slot) - own * kBlock;
   float o[64];
@@ -329,9 +419,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     int b, mask;
     entry(i, b, mask);
     const int st = i % kStages;
-    mbar_wait(&full[st], (i / kStages) & 1);
     uint8_t* kd = stages + st * kStageBytes;
-    if (b == last_blk && tail < kBlock) {
+    const float* scl = reinterpret_cast<const float*>(kd + 2 * kTileBytes);  // fp8: k, v scales
+    if constexpr (kFp8) {
+      if (i + 1 < nu) fp8_load(i + 1);
+      __syncthreads();  // block i in its stage; every warp done with block i - 1
+    } else {
+      mbar_wait(&full[st], (i / kStages) & 1);
+    }
+    if (!kFp8 && b == last_blk && tail < kBlock) {
       // Zero the V rows past the request's length (both warpgroups, whatever they use).
       consumers_sync();
       for (int e = tid; e < (kBlock - tail) * 16; e += kConsumers) {
@@ -341,8 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async();
       consumers_sync();
     }
-    const int wmask = (mask >> (4 * wg)) & 15;
-    if (wmask) {
+    if (mask & wg_slots) {
       const uint32_t ka = st0 + st * kStageBytes, va = ka + kTileBytes;
       float s[64];
       wgmma_fence();
@@ -355,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait_all();
       fence_acc(s);
       uint32_t pf[8][4];
-      if ((wmask >> wq) & 1) {
+      if ((mask >> slot) & 1) {
         const bool causal = b == own;
         float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
@@ -364,8 +459,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int e = 0; e < 2; ++e) {
             const int key = 8 * c + 2 * t4 + e;
             const bool ok = !causal || key <= lim;
-            const float v0 = ok ? s[4 * c + e] * a.scale_log2 : kNegInf;
-            const float v1 = ok ? s[4 * c + 2 + e] * a.scale_log2 : kNegInf;
+            const float sc = kFp8 ? scl[key] * a.scale_log2 : a.scale_log2;
+            const float v0 = ok ? s[4 * c + e] * sc : kNegInf;
+            const float v1 = ok ? s[4 * c + 2 + e] * sc : kNegInf;
             s[4 * c + e] = v0;
             s[4 * c + 2 + e] = v1;
             mx0 = fmaxf(mx0, v0);
@@ -395,6 +491,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         l0 = l0 * al0 + ls0;
         l1 = l1 * al1 + ls1;
+        if constexpr (kFp8) {
+          // P V with V's scales folded into P (p * v_scale rounded to bf16).
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float2 va0 = *reinterpret_cast<const float2*>(scl + kBlock + 16 * j + 2 * t4);
+            const float2 va1 = *reinterpret_cast<const float2*>(scl + kBlock + 16 * j + 8 + 2 * t4);
+            s[8 * j + 0] *= va0.x, s[8 * j + 1] *= va0.y, s[8 * j + 2] *= va0.x, s[8 * j + 3] *= va0.y;
+            s[8 * j + 4] *= va1.x, s[8 * j + 5] *= va1.y, s[8 * j + 6] *= va1.x, s[8 * j + 7] *= va1.y;
+          }
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           pf[j][0] = pack_bf16x2(s[8 * j + 0], s[8 * j + 1]);
@@ -408,10 +514,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 8; ++j) wgmma_rs_tb(o, pf[j], desc(va + j * 2048, a.v_lbo, a.v_sbo));
+      for (int j = 0; j < 8; ++j) wgmma_rs_tb(o, pf[j], desc(va + j * 2048, kChunk, 1024));
       wgmma_commit();
       wgmma_wait_all();
       fence_acc(o);
+    }
+    if constexpr (kFp8) {
+      if (i + 1 < nu) fp8_store(i + 1);
+      continue;
     }
     // The last warp done with the stage refills it with block i + kStages.
     __syncwarp();
@@ -492,11 +602,13 @@ std::atomic<int> g_prefill_kernel{-1};
 void set_attention_prefill_kernel(int mode) { g_prefill_kernel.store(mode < 0 ? -1 : mode, std::memory_order_relaxed); }
 
 bool prefill_attention_supported(const ops::AttentionParams& p) {
-  return p.kv.dtype == DType::BF16 && p.head_dim == kDim && p.kv.head_dim == kDim && p.kv.block_size == kBlock &&
+  const bool fp8 = p.kv.dtype == DType::FP8_E4M3;
+  if (fp8 ? !p.kv.k_scale || !p.kv.v_scale : p.kv.dtype != DType::BF16) return false;
+  return p.head_dim == kDim && p.kv.head_dim == kDim && p.kv.block_size == kBlock &&
          p.num_kv_heads > 0 && p.num_q_heads == kHeads * p.num_kv_heads &&
          (p.q_dtype == DType::BF16 || p.q_dtype == DType::F32) &&
          (p.out_dtype == DType::BF16 || p.out_dtype == DType::F32) &&
-         (!p.topk_idx || (p.topk > 0 && kTileTokens * p.topk <= kMaxPairs)) && encode_fn() != nullptr;
+         (!p.topk_idx || (p.topk > 0 && kTileTokens * p.topk <= kMaxPairs)) && (fp8 || encode_fn() != nullptr);
 }
 
 bool use_prefill_attention(const ops::AttentionParams& p) {
@@ -540,15 +652,22 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   a.num_seqs = p.batch.num_seqs;
   a.topk_idx = p.topk_idx;
   a.topk = p.topk_idx ? p.topk : 0;
-  static const bool swap = env_int("SIEVE_ATTN_PREFILL_VDESC") == 1;  // development: the other stride order
-  a.v_lbo = swap ? 1024 : kChunk;
-  a.v_sbo = swap ? kChunk : 1024;
-  CUtensorMap tk, tv;
-  const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
-  if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
-  set_smem(prefill_attention_kernel, kSmemBytes);
-  const int64_t tiles = (p.batch.num_tokens + kTileTokens - 1) / kTileTokens + p.batch.num_seqs;
-  prefill_attention_kernel<<<dim3(unsigned(tiles), unsigned(p.num_kv_heads)), kThreads, kSmemBytes, stream>>>(a, tk, tv);
+  const dim3 grid(unsigned((p.batch.num_tokens + kTileTokens - 1) / kTileTokens + p.batch.num_seqs),
+                  unsigned(p.num_kv_heads));
+  CUtensorMap tk{}, tv{};
+  if (p.kv.dtype == DType::FP8_E4M3) {
+    a.k8 = static_cast<const uint8_t*>(p.kv.k);
+    a.v8 = static_cast<const uint8_t*>(p.kv.v);
+    a.k_scale = p.kv.k_scale;
+    a.v_scale = p.kv.v_scale;
+    set_smem(prefill_attention_kernel<true>, PfGeo<true>::kSmemBytes);
+    prefill_attention_kernel<true><<<grid, kThreads, PfGeo<true>::kSmemBytes, stream>>>(a, tk, tv);
+  } else {
+    const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
+    if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
+    set_smem(prefill_attention_kernel<false>, PfGeo<false>::kSmemBytes);
+    prefill_attention_kernel<false><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
+  }
   SIEVE_LAUNCH_CHECK("prefill attention launch");
   return true;
 }
