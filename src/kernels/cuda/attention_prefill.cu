@@ -95,6 +95,7 @@ struct PfArgs {
   const uint8_t* v8;
   const float* k_scale;
   const float* v_scale;
+  bool solo;  // bf16: single-token blocks on their warp alone (SIEVE_ATTN_PREFILL_SOLO=0: off)
 };
 
 
@@ -151,6 +152,19 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const uint32_t (&a)[
 #undef SIEVE_WGMMA_D64
 #undef SIEVE_WGMMA_OUT64
 
+// D[16 x 8] += A[16 x 16] . B[16 x 8] (mma.sync, bf16, fp32 accumulate), D at d[0..3].
+__device__ __forceinline__ void mma4(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
@@ -166,7 +180,7 @@ __device__ __forceinline__ int swz(int row, int dim) {
   return (dim >> 6) * kChunk + row * 128 + ((u ^ (row & 7)) << 4);
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kSolo>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -437,18 +451,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async();
       consumers_sync();
     }
-    if (mask & wg_slots) {
+    const int wbits = mask & wg_slots;
+    // bf16: a block that one token of the warpgroup attends to runs on that token's warp alone
+    // (mma.sync over the same shared-memory tiles; the accumulator layouts are the same), so
+    // the other three warps go on with their own blocks.
+    const bool solo = kSolo && wbits != 0 && (wbits & (wbits - 1)) == 0;
+    if (wbits != 0 && (!solo || wbits == (1 << slot))) {
       const uint32_t ka = st0 + st * kStageBytes, va = ka + kTileBytes;
       float s[64];
-      wgmma_fence();
+      if (solo) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint32_t off = (k >> 2) * kChunk + (k & 3) * 32;
-        wgmma_ss(s, desc(qa + off, 16, 1024), desc(ka + off, 16, 1024), k > 0);
+        for (int x = 0; x < 64; ++x) s[x] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          uint32_t qf[4];
+          ldmatrix_x4(qf, qs + swz(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 16 * k + (lane >> 4) * 8));
+#pragma unroll
+          for (int jp = 0; jp < 8; ++jp) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, kd + swz(16 * jp + (lane & 7) + (lane >> 4) * 8, 16 * k + ((lane >> 3) & 1) * 8));
+            mma4(&s[8 * jp], qf, bf[0], bf[1]);
+            mma4(&s[8 * jp + 4], qf, bf[2], bf[3]);
+          }
+        }
+      } else {
+        // With solo blocks the warps of a warpgroup drift apart; they meet before each wgmma.
+        if constexpr (kSolo) asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const uint32_t off = (k >> 2) * kChunk + (k & 3) * 32;
+          wgmma_ss(s, desc(qa + off, 16, 1024), desc(ka + off, 16, 1024), k > 0);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_acc(s);
       }
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_acc(s);
       uint32_t pf[8][4];
       if ((mask >> slot) & 1) {
         const bool causal = b == own;
@@ -512,12 +550,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
       }
-      wgmma_fence();
+      if (solo) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) wgmma_rs_tb(o, pf[j], desc(va + j * 2048, kChunk, 1024));
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_acc(o);
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int dp = 0; dp < 8; ++dp) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, kd + kTileBytes +
+                                      swz(16 * j + (lane & 7) + ((lane >> 3) & 1) * 8, 16 * dp + (lane >> 4) * 8));
+            mma4(&o[8 * dp], pf[j], bf[0], bf[1]);
+            mma4(&o[8 * dp + 4], pf[j], bf[2], bf[3]);
+          }
+        }
+      } else {
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 8; ++j) wgmma_rs_tb(o, pf[j], desc(va + j * 2048, kChunk, 1024));
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_acc(o);
+      }
     }
     if constexpr (kFp8) {
       if (i + 1 < nu) fp8_store(i + 1);
@@ -652,6 +704,11 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   a.num_seqs = p.batch.num_seqs;
   a.topk_idx = p.topk_idx;
   a.topk = p.topk_idx ? p.topk : 0;
+  static const bool solo_env = [] {
+    const char* e = std::getenv("SIEVE_ATTN_PREFILL_SOLO");
+    return !(e && *e && std::atoi(e) == 0);
+  }();
+  a.solo = solo_env;
   const dim3 grid(unsigned((p.batch.num_tokens + kTileTokens - 1) / kTileTokens + p.batch.num_seqs),
                   unsigned(p.num_kv_heads));
   CUtensorMap tk{}, tv{};
@@ -660,13 +717,20 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     a.v8 = static_cast<const uint8_t*>(p.kv.v);
     a.k_scale = p.kv.k_scale;
     a.v_scale = p.kv.v_scale;
-    set_smem(prefill_attention_kernel<true>, PfGeo<true>::kSmemBytes);
-    prefill_attention_kernel<true><<<grid, kThreads, PfGeo<true>::kSmemBytes, stream>>>(a, tk, tv);
+    set_smem(prefill_attention_kernel<true, false>, PfGeo<true>::kSmemBytes);
+    prefill_attention_kernel<true, false><<<grid, kThreads, PfGeo<true>::kSmemBytes, stream>>>(a, tk, tv);
   } else {
     const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
     if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
-    set_smem(prefill_attention_kernel<false>, PfGeo<false>::kSmemBytes);
-    prefill_attention_kernel<false><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
+    // Solo blocks (sparse only: in a dense tile a block has one token of a warpgroup only at the
+    // warpgroup's last token's block edge).
+    if (a.solo && p.topk_idx) {
+      set_smem(prefill_attention_kernel<false, true>, PfGeo<false>::kSmemBytes);
+      prefill_attention_kernel<false, true><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
+    } else {
+      set_smem(prefill_attention_kernel<false, false>, PfGeo<false>::kSmemBytes);
+      prefill_attention_kernel<false, false><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
+    }
   }
   SIEVE_LAUNCH_CHECK("prefill attention launch");
   return true;
