@@ -1,5 +1,5 @@
-// Paged GQA attention for prefill batches (ops::AttentionParams, block-sparse or dense, bf16 KV,
-// 16 q heads per kv head, head_dim and block_size 128): query tiles that share K/V blocks.
+// Paged GQA attention for prefill batches (ops::AttentionParams, block-sparse or dense, bf16 or
+// fp8 KV, 16 q heads per kv head, head_dim and block_size 128): query tiles that share K/V blocks.
 //
 // The decode kernel (attention.cu) gives every (query token, kv head) row its own CTAs, which
 // stream the row's blocks from L2; at 8192 prompt tokens that is ~8.6 GB of L2 reads for 148
@@ -7,33 +7,43 @@
 // walks the union of the blocks they attend to (sparse: the union of their topk_idx entries;
 // dense: blocks 0 .. the last token's block), loading each block once for all 8 tokens.
 //
-// CTA = 288 threads: two consumer warpgroups and one producer warp.
-//  - Consumer warpgroup w owns tokens 4w .. 4w+3 of the tile: its 64 wgmma rows are (token,
-//    q head), so warp j of the warpgroup holds token 4w + j's 16 heads (rows g and g + 8 of each
-//    lane), and the token's online-softmax state (m, l, O: 64 fp32 accumulators a thread) lives
-//    in that warp's registers for the whole tile.
-//  - Per union block: S = Q K^T with 8 wgmma.m64n128k16 (Q and K from shared memory, K-major
-//    128-byte-swizzled descriptors), scaled to base 2 and masked: a warp whose token does not
-//    attend to the block gives P = 0 without touching its state; the token's own block masks
-//    keys past its position. Then base-2 online softmax in registers, P rounded to bf16 as the
-//    register A operand of 8 wgmma.m64n128k16 with V from shared memory (B "transposed":
-//    MN-major, the natural [key][dim] layout of the cache block). A warpgroup none of whose
-//    tokens attends to a block skips its math.
-//  - The producer (one lane) issues per block two 2-D TMA copies of K (dims 0-63, 64-127: 128 x
-//    128 B boxes, 128-byte swizzle) and two of V into a ring of 3 stages (64 KB each), each stage
-//    with a full (transaction count) and an empty (8 consumer warps) mbarrier, so the two
-//    warpgroups run independently up to the ring's depth. Tensor maps over the whole cache
-//    ([num_blocks * kv_heads * 128 rows, 128 dims]) are built on the host per call.
+// CTA = 256 threads = two warpgroups, each owning 4 of the tile's tokens; which 4 is chosen per
+// tile: of the 35 ways to split the 8 tokens in two, the one with the fewest (warpgroup, block)
+// passes (the consecutive split wins ties).
+//  - Warp j of a warpgroup holds one token's 16 q heads (the wgmma rows 16j .. 16j+15: rows g
+//    and g + 8 of each lane) and that token's online-softmax state (m, l, O: 64 fp32
+//    accumulators a thread) for the whole tile.
+//  - Per union block and warpgroup (skipped when none of its tokens attends to the block):
+//    S = Q K^T with 8 wgmma.m64n128k16 (Q and K from shared memory, K-major 128-byte-swizzled
+//    descriptors), scaled to base 2 and masked: a warp whose token does not attend to the block
+//    gives P = 0 without touching its state; the token's own block masks keys past its
+//    position. Base-2 online softmax in registers, P rounded to bf16 as the register A operand
+//    of 8 wgmma.m64n128k16 with V from shared memory as an MN-major B (the cache block's own
+//    [key][dim] layout: 64-dim halves 16 KB apart, 8-key groups 1 KB apart).
+//  - "Solo" blocks (bf16, sparse): a block that exactly one token of a warpgroup attends to runs
+//    on that token's warp alone, with mma.sync.m16n8k16 and ldmatrix (.trans for V) over the same
+//    swizzled tiles (its accumulators have the wgmma layout), while the other three warps go on
+//    with their own blocks; the warps of a warpgroup meet at a named barrier before each wgmma.
+//  - bf16 KV: thread 0 issues per block two 2-D TMA copies of K (dims 0-63, 64-127: boxes of 128
+//    rows x 128 B, 128-byte swizzle) and two of V into a ring of 3 stages (64 KB each), one
+//    mbarrier (transaction count) per stage; the last of the 8 warps done with a stage (a
+//    shared-memory counter) refills it, so the two warpgroups run apart by up to the ring's
+//    depth. Tensor maps over the whole cache ([num_blocks * kv_heads * 128 rows, 128 dims]) are
+//    built on the host per call. fp8 KV: the CTA reads block i + 1 into registers (16-byte
+//    loads) before block i's math and stores it converted exactly to bf16 after it, into a ring
+//    of 2 stages that also holds the block's 128 k and 128 v scales (one CTA barrier a block).
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
-//    masks them by selection, and the V rows of that block past the length are zeroed in
-//    shared memory before use (0 * NaN would poison P V).
+//    masks them by selection, and the V rows of that block past the length (and their v scales)
+//    are zeroed in shared memory before use (0 * NaN would poison P V).
 // Union of a tile's selections: the (block, token) pairs of its topk_idx entries (entries < 0
 // or past the token's own block dropped) are ranked by the CTA (8 x topk <= 256 pairs), and a
 // block's tokens become an 8-bit mask. Blocks are visited in ascending order.
 // Grid: x = ceil(num_tokens / 8) + num_seqs (an upper bound on the tiles; CTAs past the last
-// tile exit), taken in reverse so the longest tiles of a prompt start first; y = kv head.
+// tile exit), taken in reverse so the longest tiles of a prompt start first; y = kv head. One
+// CTA per SM (~226 KB of shared memory with bf16, ~162 KB with fp8).
 // Precision: as the decode kernel's bf16 path: Q rounded to bf16, bf16 MMA with fp32
-// accumulation, P rounded to bf16 for P V, softmax and the running sums in fp32.
+// accumulation, P rounded to bf16 for P V (fp8: P * v_scale rounded to bf16; k_scale applied
+// to the fp32 scores), softmax and the running sums in fp32.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
