@@ -951,34 +951,20 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
 
   AttnArgs a{};
-  a.q = p.q;
-  a.q_bf16 = p.q_dtype == DType::BF16;
-  a.q_stride = p.q_stride;
+  fill_attention_args(a, p);
   {
     const size_t esz = a.q_bf16 ? 2 : 4;
     a.q_vec = reinterpret_cast<uintptr_t>(p.q) % (4 * esz) == 0 && (p.q_stride * esz) % (4 * esz) == 0;
   }
-  a.out = p.out;
-  a.out_bf16 = p.out_dtype == DType::BF16;
-  a.out_stride = p.out_stride;
   {
     const size_t esz = a.out_bf16 ? 2 : 4;
     a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (4 * esz) == 0 && (p.out_stride * esz) % (4 * esz) == 0;
   }
-  a.nkv = p.num_kv_heads;
   a.gqa = gqa;
-  a.scale_log2 = p.sm_scale * kLog2e;
   a.k = static_cast<const uint8_t*>(p.kv.k);
   a.v = static_cast<const uint8_t*>(p.kv.v);
   a.k_scale = p.kv.k_scale;
   a.v_scale = p.kv.v_scale;
-  a.qsl = p.batch.query_start_loc;
-  a.seq_lens = p.batch.seq_lens;
-  a.block_tables = p.batch.block_tables;
-  a.mbps = p.batch.max_blocks_per_seq;
-  a.num_seqs = p.batch.num_seqs;
-  a.topk_idx = p.topk_idx;
-  a.topk = p.topk;
 
   // Splits from shapes only. About two resident CTAs per SM; one cluster of up to 8 CTAs per
   // row when that already covers the GPU, else several clusters per row.

@@ -691,29 +691,15 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   if (p.batch.num_tokens == 0 || p.batch.num_seqs == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
   PfArgs a{};
-  a.q = p.q;
-  a.q_bf16 = p.q_dtype == DType::BF16;
-  a.q_stride = p.q_stride;
+  fill_attention_args(a, p);
   {
     const size_t esz = a.q_bf16 ? 2 : 4;
     a.q_vec = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && (p.q_stride * esz) % 16 == 0;
   }
-  a.out = p.out;
-  a.out_bf16 = p.out_dtype == DType::BF16;
-  a.out_stride = p.out_stride;
   {
     const size_t esz = a.out_bf16 ? 2 : 4;
     a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (2 * esz) == 0 && p.out_stride % 2 == 0;
   }
-  a.nkv = p.num_kv_heads;
-  a.scale_log2 = p.sm_scale * kLog2e;
-  a.qsl = p.batch.query_start_loc;
-  a.seq_lens = p.batch.seq_lens;
-  a.block_tables = p.batch.block_tables;
-  a.mbps = p.batch.max_blocks_per_seq;
-  a.num_seqs = p.batch.num_seqs;
-  a.topk_idx = p.topk_idx;
-  a.topk = p.topk_idx ? p.topk : 0;
   static const bool solo_env = [] {
     const char* e = std::getenv("SIEVE_ATTN_PREFILL_SOLO");
     return !(e && *e && std::atoi(e) == 0);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace sieve::cuda {
 
@@ -255,6 +256,29 @@ int resident_clusters(Kernel kernel, int threads, size_t smem, int cluster, int 
     n = on_error;
   }
   return n;
+}
+
+// The argument fields both attention kernels (attention.cu, attention_prefill.cu) take from the
+// op's parameters as they are: q and out with their dtypes and strides, kv heads, the base-2
+// softmax scale, the batch metadata and the top-k list (topk 0 when dense). The vector-access
+// flags follow each kernel's own alignment rule and are set by the caller.
+template <class A>
+void fill_attention_args(A& a, const ops::AttentionParams& p) {
+  a.q = p.q;
+  a.q_bf16 = p.q_dtype == DType::BF16;
+  a.q_stride = p.q_stride;
+  a.out = p.out;
+  a.out_bf16 = p.out_dtype == DType::BF16;
+  a.out_stride = p.out_stride;
+  a.nkv = p.num_kv_heads;
+  a.scale_log2 = p.sm_scale * kLog2e;
+  a.qsl = p.batch.query_start_loc;
+  a.seq_lens = p.batch.seq_lens;
+  a.block_tables = p.batch.block_tables;
+  a.mbps = p.batch.max_blocks_per_seq;
+  a.num_seqs = p.batch.num_seqs;
+  a.topk_idx = p.topk_idx;
+  a.topk = p.topk_idx ? p.topk : 0;
 }
 
 // ---------------------------------------------------------------------------------------------
