@@ -533,6 +533,8 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
   const std::vector<std::vector<SeqSpec>> sets = {
       kPrefillSpecs,
       {{0, 127}, {0, 128}, {0, 129}, {128, 128}, {255, 257}, {2047, 2}, {3000, 333}},
+      // Long prefixes, few new tokens: a tile's blocks mostly serve one token (solo blocks).
+      {{20000, 40}, {9000, 17}, {15000, 1}},
       kDecodeSpecs,
       kSpecSpecs};
   for (DType kvd : {DType::BF16, DType::FP8_E4M3})
@@ -574,7 +576,8 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
 }
 
 // A few small prefill batches through the tiles (the compute-sanitizer runs use this one):
-// partial last blocks, a chunk after a prefix, bf16 and fp8, sparse and dense.
+// partial last blocks, chunks after prefixes (the long one with solo blocks), bf16 and fp8,
+// sparse and dense.
 TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
   SKIP_WITHOUT_GPU();
   cuda::set_attention_prefill_kernel(1);
@@ -582,7 +585,7 @@ TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
   for (DType kvd : {DType::BF16, DType::FP8_E4M3})
     for (bool sparse : {true, false}) {
       AttnCase c;
-      c.specs = {{0, 45}, {300, 20}, {2100, 9}};
+      c.specs = {{0, 45}, {300, 20}, {2100, 9}, {20000, 24}};
       c.kv = kvd;
       c.sparse = sparse;
       check_attention(c, seed++);

@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* uphys = ublk + kMaxPairs;
   uint8_t* umask = reinterpret_cast<uint8_t*>(uphys + kMaxPairs);
   // [0..7] per-warp scratch, [8] union size, [9] the first warpgroup's token slots (8-bit set),
+  // [10] the tile runs solo blocks,
   // [12 .. 12 + kStages) warps done with a stage's block
   int* misc = reinterpret_cast<int*>(umask + kMaxPairs);
   const bool dense = a.topk_idx == nullptr;
@@ -304,6 +305,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int w = 0; w < kConsumers / 32; ++w) m = min(m, misc[w]);
       misc[8] = total;
       misc[9] = m == INT_MAX ? 0x0F : (m & 255);
+      // Solo blocks pay off in tiles whose passes mostly serve one token (long prefixes: 8192
+      // tokens after 57344 1331 -> 1095 us); where most serve several (8192-token prompts) they
+      // only add variance (526-547 us without, 547-682 with), so a tile uses them only when its
+      // single-token passes are more than twice its shared ones.
+      if (kSolo) {
+        const int w0 = misc[9], w1 = ~w0 & 0xFF;
+        int single = 0, shared = 0;
+        for (int i = 0; i < total; ++i)
+          for (int set : {w0, w1}) {
+            const int n = __popc(umask[i] & set);
+            single += n == 1;
+            shared += n > 1;
+          }
+        misc[10] = single > 2 * shared;
+      }
     }
   } else {
     for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kConsumers)
@@ -313,6 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // union, slot split and barriers ready; the sort's scratch is free again
   const int nu = misc[8];
   const int wg0_slots = misc[9];
+  const bool solo_tile = kSolo && misc[10] != 0;
   // Slot at position p (warp p of the consumers): the first warpgroup's slots, then the others.
   auto slot_of = [&](int p) {
     const int set = p < 4 ? wg0_slots : (~wg0_slots & 0xFF);
@@ -465,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // bf16: a block that one token of the warpgroup attends to runs on that token's warp alone
     // (mma.sync over the same shared-memory tiles; the accumulator layouts are the same), so
     // the other three warps go on with their own blocks.
-    const bool solo = kSolo && wbits != 0 && (wbits & (wbits - 1)) == 0;
+    const bool solo = solo_tile && wbits != 0 && (wbits & (wbits - 1)) == 0;
     if (wbits != 0 && (!solo || wbits == (1 << slot))) {
       const uint32_t ka = st0 + st * kStageBytes, va = ka + kTileBytes;
       float s[64];
@@ -486,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       } else {
         // With solo blocks the warps of a warpgroup drift apart; they meet before each wgmma.
-        if constexpr (kSolo) asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+        if (solo_tile) asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
