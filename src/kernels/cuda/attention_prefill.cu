@@ -47,15 +47,14 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
-#include <mutex>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace sieve::cuda {
 
@@ -65,9 +64,8 @@ constexpr int kBlock = 128;
 constexpr int kDim = 128;
 constexpr int kTileTokens = 8;
 constexpr int kHeads = 16;                  // q heads per kv head
-constexpr int kConsumers = 256;             // two warpgroups
-constexpr int kThreads = kConsumers;
-constexpr int kChunk = 128 * 128;           // bytes: one 64-dim half of a 128-row bf16 tile
+constexpr int kThreads = 256;               // two warpgroups
+constexpr int kChunk = kSwzHalfBytes;       // bytes: one 64-dim half of a 128-row bf16 tile (swz)
 constexpr int kTileBytes = 2 * kChunk;      // a 128 x 128 bf16 tile (Q, K or V)
 constexpr int kMaxPairs = 256;  // kTileTokens * topk
 
@@ -105,75 +103,9 @@ struct PfArgs {
   const uint8_t* v8;
   const float* k_scale;
   const float* v_scale;
-  bool solo;  // bf16: single-token blocks on their warp alone (SIEVE_ATTN_PREFILL_SOLO=0: off)
 };
 
-
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_acc(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-
-// Shared-memory matrix descriptor, 128-byte swizzle: K-major (lbo unused, sbo 1024: 8-row groups)
-// or MN-major (lbo: the next 64 elements along MN, sbo: the next 8 along K).
-__device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  uint64_t d = uint64_t((saddr & 0x3FFFFu) >> 4);
-  d |= uint64_t((lbo >> 4) & 0x3FFFu) << 16;
-  d |= uint64_t((sbo >> 4) & 0x3FFFu) << 32;
-  d |= uint64_t(1) << 62;
-  return d;
-}
-
-#define SIEVE_WGMMA_D64                                                                                             \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
-  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define SIEVE_WGMMA_OUT64                                                                                          \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
-      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
-      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
-      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),      \
-      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),      \
-      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),      \
-      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
-// D[64 x 128] (+)= A[64 x 16] . B, A and B (K-major) from shared memory.
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SIEVE_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-               : SIEVE_WGMMA_OUT64
-               : "l"(da), "l"(db), "r"(accumulate));
-}
-// D[64 x 128] += A[64 x 16] . B, A from registers (m16n8k16 A fragments of each warp's 16 rows),
-// B from shared memory MN-major (transposed).
-__device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SIEVE_WGMMA_D64
-               ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-               : SIEVE_WGMMA_OUT64
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-#undef SIEVE_WGMMA_D64
-#undef SIEVE_WGMMA_OUT64
-
-// D[16 x 8] += A[16 x 16] . B[16 x 8] (mma.sync, bf16, fp32 accumulate), D at d[0..3].
-__device__ __forceinline__ void mma4(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
 
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
   asm volatile(
@@ -181,13 +113,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
           smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
       : "memory");
-}
-
-// Byte offset of (row, dim) in a 128-byte-swizzled [2 halves][128 rows][128 B] bf16 tile (the
-// layout TMA's 128-byte swizzle gives a 128 x 64 box); dim % 8 == 0.
-__device__ __forceinline__ int swz(int row, int dim) {
-  const int u = (dim & 63) >> 3;
-  return (dim >> 6) * kChunk + row * 128 + ((u ^ (row & 7)) << 4);
 }
 
 template <bool kFp8, bool kSolo>
@@ -287,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       umask[u] = uint8_t(mask);
     }
     int total = 0;
-    for (int w = 0; w < kConsumers / 32; ++w) total += misc[w];
+    for (int w = 0; w < kThreads / 32; ++w) total += misc[w];
     consumers_sync();  // union written; misc[0..7] read
     // The split of the tile's tokens over the two warpgroups with the fewest (warpgroup, block)
     // passes: thread m tries slot set m for the first warpgroup (slot 0 in it, 4 slots); the
@@ -302,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     consumers_sync();
     if (tid == 0) {
       int m = INT_MAX;
-      for (int w = 0; w < kConsumers / 32; ++w) m = min(m, misc[w]);
+      for (int w = 0; w < kThreads / 32; ++w) m = min(m, misc[w]);
       misc[8] = total;
       misc[9] = m == INT_MAX ? 0x0F : (m & 255);
       // Solo blocks pay off in tiles whose passes mostly serve one token (long prefixes: 8192
@@ -322,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kConsumers)
+    for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kThreads)
       uphys[b] = a.block_tables[int64_t(seq) * a.mbps + b];
     if (tid == 0) misc[8] = last_own + 1, misc[9] = 0x0F;
   }
@@ -385,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row0 = (int64_t(phys) * a.nkv + kvh) * kBlock;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const int e = tid + kConsumers * (k & 3);
+      const int e = tid + kThreads * (k & 3);
       xr[k] = ldg_stream((k < 4 ? a.k8 : a.v8) + (row0 + (e >> 3)) * kDim + (e & 7) * 16);
     }
     xs = tid < kBlock ? a.k_scale[row0 + tid] : a.v_scale[row0 + tid - kBlock];
@@ -393,11 +318,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto fp8_store = [&](int j) {
     int b, mask;
     entry(j, b, mask);
-    const int valid = b == (seq_len - 1) / kBlock ? seq_len - b * kBlock : kBlock;
+    const int valid = b == last_blk ? tail : kBlock;
     uint8_t* kd = stages + (j % kStages) * kStageBytes;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const int e = tid + kConsumers * (k & 3), row = e >> 3, c = e & 7;
+      const int e = tid + kThreads * (k & 3), row = e >> 3, c = e & 7;
       uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
       if (k < 4 || row < valid) {
         const uint4 x = xr[k];
@@ -415,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // Q tile: row 16 * (the slot's position) + h, bf16, swizzled; rows of absent tokens are zero.
-  for (int e = tid; e < 128 * 16; e += kConsumers) {
+  for (int e = tid; e < 128 * 16; e += kThreads) {
     const int row = e >> 4, u = e & 15, slot = slot_of(row >> 4), h = row & 15;
     uint4 w = make_uint4(0, 0, 0, 0);
     if (slot < ntok) {
@@ -471,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!kFp8 && b == last_blk && tail < kBlock) {
       // Zero the V rows past the request's length (both warpgroups, whatever they use).
       consumers_sync();
-      for (int e = tid; e < (kBlock - tail) * 16; e += kConsumers) {
+      for (int e = tid; e < (kBlock - tail) * 16; e += kThreads) {
         const int row = tail + (e >> 4), u = e & 15;
         *reinterpret_cast<uint4*>(kd + kTileBytes + swz(row, u * 8)) = make_uint4(0, 0, 0, 0);
       }
@@ -497,8 +422,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int jp = 0; jp < 8; ++jp) {
             uint32_t bf[4];
             ldmatrix_x4(bf, kd + swz(16 * jp + (lane & 7) + (lane >> 4) * 8, 16 * k + ((lane >> 3) & 1) * 8));
-            mma4(&s[8 * jp], qf, bf[0], bf[1]);
-            mma4(&s[8 * jp + 4], qf, bf[2], bf[3]);
+            mma_bf16_4(&s[8 * jp], qf, bf[0], bf[1]);
+            mma_bf16_4(&s[8 * jp + 4], qf, bf[2], bf[3]);
           }
         }
       } else {
@@ -508,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           const uint32_t off = (k >> 2) * kChunk + (k & 3) * 32;
-          wgmma_ss(s, desc(qa + off, 16, 1024), desc(ka + off, 16, 1024), k > 0);
+          wgmma_m64n128k16(s, make_desc(qa + off), make_desc(ka + off), k > 0);
         }
         wgmma_commit();
         wgmma_wait_all();
@@ -585,14 +510,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint32_t bf[4];
             ldmatrix_x4_trans(bf, kd + kTileBytes +
                                       swz(16 * j + (lane & 7) + ((lane >> 3) & 1) * 8, 16 * dp + (lane >> 4) * 8));
-            mma4(&o[8 * dp], pf[j], bf[0], bf[1]);
-            mma4(&o[8 * dp + 4], pf[j], bf[2], bf[3]);
+            mma_bf16_4(&o[8 * dp], pf[j], bf[0], bf[1]);
+            mma_bf16_4(&o[8 * dp + 4], pf[j], bf[2], bf[3]);
           }
         }
       } else {
         wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < 8; ++j) wgmma_rs_tb(o, pf[j], desc(va + j * 2048, kChunk, 1024));
+        for (int j = 0; j < 8; ++j) wgmma_m64n128k16_rs<1>(o, pf[j], smem_desc(va + j * 2048, kChunk, 1024), 1);
         wgmma_commit();
         wgmma_wait_all();
         fence_acc(o);
@@ -606,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) {
       __threadfence_block();
-      if (atomicAdd(&misc[12 + st], 1) == kConsumers / 32 - 1) {
+      if (atomicAdd(&misc[12 + st], 1) == kThreads / 32 - 1) {
         misc[12 + st] = 0;
         if (i + kStages < nu) issue(i + kStages);
       }
@@ -721,7 +646,6 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     const char* e = std::getenv("SIEVE_ATTN_PREFILL_SOLO");
     return !(e && *e && std::atoi(e) == 0);
   }();
-  a.solo = solo_env;
   const dim3 grid(unsigned((p.batch.num_tokens + kTileTokens - 1) / kTileTokens + p.batch.num_seqs),
                   unsigned(p.num_kv_heads));
   CUtensorMap tk{}, tv{};
@@ -737,7 +661,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
     // Solo blocks (sparse only: in a dense tile a block has one token of a warpgroup only at the
     // warpgroup's last token's block edge).
-    if (a.solo && p.topk_idx) {
+    if (solo_env && p.topk_idx) {
       set_smem(prefill_attention_kernel<false, true>, PfGeo<false>::kSmemBytes);
       prefill_attention_kernel<false, true><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
     } else {
