@@ -322,18 +322,18 @@ __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigne
     // min(n, 32) >= K lanes hold blocks: t0 = the K-th largest lane best (with multiplicity), the
     // lanes holding it have gt < K <= ge. Lane bests are read back as 8 broadcast 16-byte loads
     // (shuffles are 32 results per clock per SM).
+    // t0 = the largest lane best that at least K lane bests reach (ge >= K): no larger lane
+    // best has K at or above it, so it is the K-th largest.
     mk[lane] = bk;
     __syncwarp();
     const uint4* m4 = reinterpret_cast<const uint4*>(mk);
-    int gt = 0, ge = 0;
+    int ge = 0;
 #pragma unroll
     for (int v = 0; v < 8; ++v) {
       const uint4 w = m4[v];
-      gt += int(w.x > bk) + int(w.y > bk) + int(w.z > bk) + int(w.w > bk);
       ge += int(w.x >= bk) + int(w.y >= bk) + int(w.z >= bk) + int(w.w >= bk);
     }
-    const unsigned bal = __ballot_sync(0xffffffffu, bk != 0 && gt < K && K <= ge);
-    t0 = __shfl_sync(0xffffffffu, bk, __ffs(int(bal)) - 1);
+    t0 = __reduce_max_sync(0xffffffffu, ge >= K ? bk : 0u);
     __syncwarp();  // mk read by every lane before the next row writes it
   }
   int c = 0;
@@ -347,12 +347,18 @@ __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigne
     if (p && off < kCandCap) cand[off] = cj;
     c += __popc(bal);
   }
+  // An odd count gets a zero pad (beats nothing) so the ranking reads two candidates a load.
+  if (lane == 0 && (c & 1) && c < kCandCap) cand[c] = 0ull;
   __syncwarp();
   if (c <= kCandCap) {
+    const ulonglong2* c2 = reinterpret_cast<const ulonglong2*>(cand);
     for (int e = lane; e < c; e += 32) {
       const unsigned long long ce = cand[e];
       int rank = 0;
-      for (int f = 0; f < c; ++f) rank += cand[f] > ce;
+      for (int f = 0; f < (c + 1) / 2; ++f) {
+        const ulonglong2 w = c2[f];
+        rank += int(w.x > ce) + int(w.y > ce);
+      }
       if (rank < K) out[rank] = int(0xffffffffu - uint32_t(ce));
     }
   } else {
