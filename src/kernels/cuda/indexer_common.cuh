@@ -319,11 +319,10 @@ __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigne
   }
   uint32_t t0 = 0;
   if (n >= K) {
-    // min(n, 32) >= K lanes hold blocks: t0 = the K-th largest lane best (with multiplicity), the
-    // lanes holding it have gt < K <= ge. Lane bests are read back as 8 broadcast 16-byte loads
-    // (shuffles are 32 results per clock per SM).
-    // t0 = the largest lane best that at least K lane bests reach (ge >= K): no larger lane
-    // best has K at or above it, so it is the K-th largest.
+    // min(n, 32) >= K lanes hold blocks: t0 = the K-th largest lane best (with multiplicity) =
+    // the largest lane best that at least K lane bests reach (ge >= K; no larger one has K at or
+    // above it). Lane bests are read back as 8 broadcast 16-byte loads (shuffles are 32 results
+    // per clock per SM).
     mk[lane] = bk;
     __syncwarp();
     const uint4* m4 = reinterpret_cast<const uint4*>(mk);
