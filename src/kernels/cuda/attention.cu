@@ -110,10 +110,11 @@ struct AttnArgs {
   // waits for, instead of through part_o / part_ml and the last-CTA counter (see cluster_merge).
   bool ll;
   uint4* ll_buf;  // [rows][groups - 1][16][kDim / kN] records of kLLChunks x 16 bytes, zero between calls
-  unsigned long long* trace;  // optional (SIEVE_ATTN_TRACE): [grid CTAs][kTracePoints] timestamps
+  unsigned long long* trace;  // optional (SIEVE_ATTN_TRACE): [grid CTAs][kTraceSlots] timestamps, SM id + 1
 };
 
 constexpr int kTracePoints = 9;
+constexpr int kTraceSlots = kTracePoints + 1;  // the last slot: the CTA's SM id + 1
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
@@ -351,10 +352,15 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
 
   const int S = a.splits, NS = a.stages;
   unsigned long long* tr =
-      a.trace ? a.trace + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kTracePoints : nullptr;
+      a.trace ? a.trace + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kTraceSlots : nullptr;
 #define SIEVE_TRACE(i) \
   if (tr) tr[i] = global_ns()
   if (threadIdx.x == 0) SIEVE_TRACE(0);
+  if (tr && threadIdx.x == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    tr[kTracePoints] = sm + 1;
+  }
   pdl_trigger();
   const int t = blockIdx.x / S, split = blockIdx.x % S, kvh = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -910,10 +916,15 @@ void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
 
 // SIEVE_ATTN_TRACE=1: every call is synchronised and prints where its CTAs spent their time
 // (global timer, ns from the first CTA's start): a development aid, never on in serving.
-bool trace_enabled() {
-  static const bool on = std::getenv("SIEVE_ATTN_TRACE") != nullptr;
-  return on;
+// SIEVE_ATTN_TRACE=2 also prints every CTA's SM and phase times.
+int trace_level() {
+  static const int level = [] {
+    const char* e = std::getenv("SIEVE_ATTN_TRACE");
+    return e ? std::max(1, std::atoi(e)) : 0;
+  }();
+  return level;
 }
+bool trace_enabled() { return trace_level() > 0; }
 void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, int64_t ctas) {
   const bool fp8 = a.k_scale != nullptr;
   const char* names[kTracePoints] = {"start", "prologue", "issued", "first K", "loop end", "cta merged",
@@ -926,7 +937,18 @@ void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, i
   for (int c : {2, 4, 8})
     std::fprintf(stderr, "  max active clusters of %d at %d stages: %d\n", c, a.stages,
                  max_active_clusters_of(fp8, a.cgroups, c, a.stages));
-  print_trace_quantiles(names, kTracePoints, kTracePoints, tr, ctas);
+  print_trace_quantiles(names, kTracePoints, kTraceSlots, tr, ctas);
+  if (trace_level() < 2) return;
+  unsigned long long t0 = ~0ull;
+  for (int64_t c = 0; c < ctas; ++c)
+    if (tr[size_t(c * kTraceSlots)]) t0 = std::min(t0, tr[size_t(c * kTraceSlots)]);
+  auto at = [&](int64_t c, int i) {
+    const unsigned long long x = tr[size_t(c * kTraceSlots + i)];
+    return x ? double(x - t0) / 1000.0 : -1.0;
+  };
+  for (int64_t c = 0; c < ctas; ++c)
+    std::fprintf(stderr, "  cta %lld sm %d: first K %.2f loop end %.2f cta merged %.2f end %.2f\n", (long long)c,
+                 int(tr[size_t(c * kTraceSlots + kTracePoints)]) - 1, at(c, 3), at(c, 4), at(c, 5), at(c, 7));
 }
 
 std::atomic<int> g_flagged_merge{-1};
@@ -1073,7 +1095,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     a.counters = zeroed_counters(stream, size_t(rows));
   }
   const int64_t ctas = int64_t(a.splits) * p.batch.num_tokens * p.num_kv_heads;
-  a.trace = trace_alloc(trace_enabled(), size_t(ctas) * kTracePoints, stream);
+  a.trace = trace_alloc(trace_enabled(), size_t(ctas) * kTraceSlots, stream);
   if (fp8) {
     if (a.cgroups == 2) launch<true, 2>(a, p.batch.num_tokens, p.num_kv_heads, stream);
     else launch<true, 1>(a, p.batch.num_tokens, p.num_kv_heads, stream);
@@ -1081,7 +1103,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     if (a.cgroups == 2) launch<false, 2>(a, p.batch.num_tokens, p.num_kv_heads, stream);
     else launch<false, 1>(a, p.batch.num_tokens, p.num_kv_heads, stream);
   }
-  if (a.trace) print_trace(a, trace_collect(a.trace, size_t(ctas) * kTracePoints, stream), ctas);
+  if (a.trace) print_trace(a, trace_collect(a.trace, size_t(ctas) * kTraceSlots, stream), ctas);
   return true;
 }
 
