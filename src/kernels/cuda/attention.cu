@@ -520,7 +520,10 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     // ---- Consumers.
     constexpr int kKV = kFp8 ? 2 : 4;  // 16-byte runs per K row and lane
     constexpr int kVV = kFp8 ? 1 : 2;  // 16-byte runs per V row and lane
-    const int flip = g & 1;
+    // bf16: lanes of odd keys read a K row's 16-byte runs in the other order (conflict-free), and
+    // select them back. fp8 reads them in order: a 2-way conflict on 8 loads a block costs less
+    // than the 32 selects (the fp8 loop is bound by its instruction chains, not shared memory).
+    const int flip = kFp8 ? 0 : g & 1;
     const int vflip = kFp8 ? 0 : (g >> 2) & 1;
     // Group gr takes units gr, gr + 2, ...; warp wg of the group keys 32 wg..32 wg + 31.
     const int gr = warp / kGroupWarps, wg = warp % kGroupWarps;
@@ -701,10 +704,11 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
               if constexpr (kFp8) {
+                // Bytes nt % 4 of the two keys' words: one permute serves n-tiles nt and nt ^ 1.
                 const uint32_t wa = word_of(vr[jj][0][0], nt / 4);
                 const uint32_t wb = word_of(vr[jj][1][0], nt / 4);
-                const uint32_t sel2 = (nt % 4) | ((4 + nt % 4) << 4);
-                bb[jj] = fp8x2_to_f16x2(uint16_t(__byte_perm(wa, wb, sel2)));
+                const uint32_t pr = __byte_perm(wa, wb, (nt % 4) < 2 ? 0x5140 : 0x7362);
+                bb[jj] = fp8x2_to_f16x2(uint16_t((nt & 1) ? pr >> 16 : pr));
               } else {
                 const uint32_t wa = word_of(vr[jj][0][nt / 8], (nt % 8) / 2);
                 const uint32_t wb = word_of(vr[jj][1][nt / 8], (nt % 8) / 2);
