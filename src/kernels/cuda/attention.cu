@@ -14,8 +14,8 @@
 //    base-2 online softmax, O += P V. K/V fragments come from shared memory; the reduction dims
 //    of S are permuted so that each lane reads 16-byte runs (Q uses the same permutation) and
 //    the output dims of P V are permuted (mma column n of n-tile j is dim 16 n + j) so that
-//    each lane's V elements of a key are one run; lanes alternate the order of their runs so
-//    that the reads of a warp spread over all banks.
+//    each lane's V elements of a key are one run; with bf16 KV lanes alternate the order of
+//    their runs so that the reads of a warp spread over all banks (fp8: see the consumers).
 //  - the consumer warps merge in shared memory; the C CTAs of a cluster merge through distributed
 //    shared memory (each CTA finishes 16 / C of the rows), with no global round trip. Only
 //    when G > 1 (few rows, long contexts) do clusters write partials to global memory, and the
