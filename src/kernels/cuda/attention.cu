@@ -943,9 +943,7 @@ void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, i
                  max_active_clusters_of(fp8, a.cgroups, c, a.stages));
   print_trace_quantiles(names, kTracePoints, kTraceSlots, tr, ctas);
   if (trace_level() < 2) return;
-  unsigned long long t0 = ~0ull;
-  for (int64_t c = 0; c < ctas; ++c)
-    if (tr[size_t(c * kTraceSlots)]) t0 = std::min(t0, tr[size_t(c * kTraceSlots)]);
+  const unsigned long long t0 = trace_origin(tr, kTraceSlots, ctas);
   auto at = [&](int64_t c, int i) {
     const unsigned long long x = tr[size_t(c * kTraceSlots + i)];
     return x ? double(x - t0) / 1000.0 : -1.0;

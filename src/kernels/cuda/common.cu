@@ -142,11 +142,16 @@ bool indexer_trace_enabled() {
   return on;
 }
 
-void print_trace_quantiles(const char* const* names, int points, int slots, const std::vector<unsigned long long>& tr,
-                           int64_t ctas) {
+unsigned long long trace_origin(const std::vector<unsigned long long>& tr, int slots, int64_t ctas) {
   unsigned long long t0 = ~0ull;
   for (int64_t c = 0; c < ctas; ++c)
     if (tr[size_t(c * slots)]) t0 = std::min(t0, tr[size_t(c * slots)]);
+  return t0;
+}
+
+void print_trace_quantiles(const char* const* names, int points, int slots, const std::vector<unsigned long long>& tr,
+                           int64_t ctas) {
+  const unsigned long long t0 = trace_origin(tr, slots, ctas);
   for (int i = 0; i < points; ++i) {
     std::vector<double> v;
     for (int64_t c = 0; c < ctas; ++c) {

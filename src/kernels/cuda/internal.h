@@ -107,9 +107,10 @@ void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 // their CTAs spent their time, never on in serving. print_trace_quantiles (those traces and
 // SIEVE_ATTN_TRACE's): for each of `points` trace
 // points, the quantiles of the CTAs' timestamps tr[c * slots + i] (ns; 0 = not recorded), in µs
-// from the earliest point-0 timestamp, to stderr.
+// from the earliest point-0 timestamp (trace_origin), to stderr.
 int env_int(const char* name);
 bool indexer_trace_enabled();
+unsigned long long trace_origin(const std::vector<unsigned long long>& tr, int slots, int64_t ctas);
 void print_trace_quantiles(const char* const* names, int points, int slots, const std::vector<unsigned long long>& tr,
                            int64_t ctas);
 }  // namespace sieve::cuda
