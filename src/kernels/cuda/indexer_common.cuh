@@ -65,10 +65,12 @@ struct KeyRegs {
     for (int i = 0; i < kVec; ++i)
       v[i] = ldg_stream(row + (kFp8 ? i * 64 + q * 16 : (i * 32 + q * 8) * 2));
   }
-  // From a block staged in shared memory (row = this lane's key row). Lanes of odd keys read the
-  // 16-byte runs in the other order so the two keys of a quarter-warp hit different banks.
+  // From a block staged in shared memory (row = this lane's key row). bf16: lanes of odd keys
+  // read the 16-byte runs in the other order so the two keys of a quarter-warp hit different
+  // banks. fp8 reads them in order: a 2-way conflict on 2 of the lane's loads a block costs less
+  // than the 8 selects that put the runs back (the fp8 loop is bound by its instruction chains).
   __device__ __forceinline__ void load_smem(const uint8_t* row, int q, int g) {
-    const int flip = g & 1;
+    const int flip = kFp8 ? 0 : g & 1;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const int j = i ^ flip;
