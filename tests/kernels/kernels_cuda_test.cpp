@@ -774,6 +774,16 @@ TEST(CudaIndexer, V3LongContextMatchCpu) {
     c.path = path;
     check_indexer_once(c, seed);
   }
+  // v4 with an fp8 cache from 256 blocks a request runs two CTAs per SM (its own register
+  // budget): the same batch with bf16 q, two heads, one init block.
+  IndexerCase c;
+  c.specs = specs;
+  c.cache = DType::FP8_E4M3;
+  c.H = 2;
+  c.init = 1;
+  c.topk = 32;
+  c.path = cuda::IndexerPath::kDecodeFusedV4;
+  check_indexer_once(c, seed + 1);
 }
 
 // The v4 decode indexer with forced shapes: small grids (most units claimed from the counter,

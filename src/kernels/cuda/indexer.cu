@@ -486,7 +486,7 @@ int auto_decode_variant(const ops::IndexerParams& p) {
   const int64_t work = blocks * p.batch.num_seqs;  // key blocks of the batch, at most
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
   // v4 where its one-unit-per-CTA plan exists and measured faster (above).
-  const int unit = v4_single_unit(p.batch.num_seqs, blocks, int64_t(v4_ctas_per_sm(fp8)) * num_sms());
+  const int unit = v4_single_unit(p.batch.num_seqs, blocks, int64_t(v4_ctas_per_sm(fp8, blocks)) * num_sms());
   if (unit > 0 && (!fp8 || p.batch.num_seqs == 1 || blocks >= 256)) return 4;
   if (fp8) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;
   return work >= 2048 ? 3 : 2;

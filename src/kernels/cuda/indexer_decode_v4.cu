@@ -224,8 +224,8 @@ __device__ __forceinline__ UnitInfo unit_info(const V4Args& a, const UnitLoad& w
   return r;
 }
 
-template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v4_kernel(V4Args a) {
+template <bool kFp8, int kMinCtas = (kFp8 ? 3 : 2)>
+__global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V4Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
   constexpr uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
@@ -578,22 +578,23 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
 }
 
 // Resident CTAs per SM of the kernel at `smem` bytes (cached).
-int resident_per_sm(bool fp8, uint32_t smem) {
+// CTAs of the kernel that runs (fp8 with at most two CTAs per SM: its own instantiation) that fit
+// on an SM with `smem` bytes each.
+int resident_per_sm(bool fp8, int per_sm, uint32_t smem) {
   static std::mutex mu;
-  static std::map<std::pair<bool, uint32_t>, int> cache;
+  static std::map<std::tuple<bool, bool, uint32_t>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(fp8, smem);
+  const bool two = fp8 && per_sm <= 2;
+  const auto key = std::make_tuple(fp8, two, smem);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   int n = 0;
-  if (fp8) {
-    set_smem(decode_indexer_v4_kernel<true>, smem);
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_indexer_v4_kernel<true>, kThreads, smem),
-               "occupancy v4");
-  } else {
-    set_smem(decode_indexer_v4_kernel<false>, smem);
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_indexer_v4_kernel<false>, kThreads, smem),
-               "occupancy v4");
-  }
+  auto query = [&](auto kernel) {
+    set_smem(kernel, smem);
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem), "occupancy v4");
+  };
+  if (two) query(decode_indexer_v4_kernel<true, 2>);
+  else if (fp8) query(decode_indexer_v4_kernel<true>);
+  else query(decode_indexer_v4_kernel<false>);
   cache[key] = n;
   return n;
 }
@@ -606,9 +607,13 @@ int v4_single_unit(int64_t num_seqs, int64_t blocks, int64_t ctas) {
   return 0;
 }
 
-int v4_ctas_per_sm(bool fp8) {
+// fp8: three CTAs per SM (24 consumer warps at 64 registers, with spills) below 256 blocks per
+// request, two from there (16 warps at 80 registers, no spills). Measured (graph x16, µs, one
+// unit per CTA either way): b32 ctx32768 47.0 -> 42.6, b8 ctx131072 50.0 -> 46.8; b32 ctx9216
+// 20.9 -> 21.4 and b128 ctx9216 52.6 -> 62.8 went the other way, b1 ctx9216 9.0 either way.
+int v4_ctas_per_sm(bool fp8, int64_t blocks) {
   const int forced = knobs().ctas;
-  return std::clamp(forced > 0 ? forced : fp8 ? 3 : 2, 1, fp8 ? 3 : 2);
+  return std::clamp(forced > 0 ? forced : fp8 ? (blocks >= 256 ? 2 : 3) : 2, 1, fp8 ? 3 : 2);
 }
 
 bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
@@ -630,9 +635,10 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
 
   // Shapes only: CTAs per SM (2 unless forced), the ring that fits the shared-memory budget,
   // units of U blocks (below).
-  // CTAs per SM: three with an fp8 cache (24 consumer warps per SM: the scoring loop, not the
-  // copies, bounds the fp8 stream), two with bf16 (its registers allow no more).
-  const int per_sm = v4_ctas_per_sm(fp8);
+  // CTAs per SM (v4_ctas_per_sm): three with an fp8 cache below 256 blocks per request (24
+  // consumer warps per SM: the scoring loop, not the copies, bounds the fp8 stream), else two
+  // (bf16: its registers allow no more; fp8: 80 registers without spills, faster per warp).
+  const int per_sm = v4_ctas_per_sm(fp8, max_blocks);
   const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
   const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
   const int64_t work_blocks = int64_t(N) * max_blocks;
@@ -654,7 +660,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   const int upr = (max_blocks + unit - 1) / unit;
   const int64_t dense_units = int64_t(N) * upr;
   if (dense_units > int64_t(1) << 30) return false;
-  const int resident = std::max(1, std::min(per_sm, resident_per_sm(fp8, L.total))) * num_sms();
+  const int resident = std::max(1, std::min(per_sm, resident_per_sm(fp8, per_sm, L.total))) * num_sms();
   int P = int(std::min<int64_t>(dense_units, resident));
   if (const int f = g_force_grid.load(std::memory_order_relaxed); f > 0) P = std::min(P, f);
 
@@ -684,7 +690,10 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
 
   a.trace = trace_alloc(indexer_trace_enabled(), size_t(P) * kTraceSlots, stream);
   const bool pdl = pdl_enabled(kPdlIndexer);
-  if (fp8) {
+  if (fp8 && per_sm <= 2) {  // the instantiation with 2 CTAs per SM's register budget
+    set_smem(decode_indexer_v4_kernel<true, 2>, L.total);
+    launch_pdl(pdl, decode_indexer_v4_kernel<true, 2>, P, kThreads, L.total, stream, "indexer decode v4", a);
+  } else if (fp8) {
     set_smem(decode_indexer_v4_kernel<true>, L.total);
     launch_pdl(pdl, decode_indexer_v4_kernel<true>, P, kThreads, L.total, stream, "indexer decode v4", a);
   } else {
