@@ -577,9 +577,8 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
                units.back());
 }
 
-// Resident CTAs per SM of the kernel at `smem` bytes (cached).
-// CTAs of the kernel that runs (fp8 with at most two CTAs per SM: its own instantiation) that fit
-// on an SM with `smem` bytes each.
+// Resident CTAs per SM at `smem` bytes each (cached), of the kernel that runs: with an fp8 cache
+// and at most two CTAs per SM, its own instantiation.
 int resident_per_sm(bool fp8, int per_sm, uint32_t smem) {
   static std::mutex mu;
   static std::map<std::tuple<bool, bool, uint32_t>, int> cache;
@@ -633,8 +632,8 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   const int nv_max = std::min(16, std::max(1, p.batch.max_query_len * p.num_index_heads));
   const uint32_t q_slot_bytes = uint32_t((size_t(nv_max) * kDim * esz + 15) / 16 * 16);
 
-  // Shapes only: CTAs per SM (2 unless forced), the ring that fits the shared-memory budget,
-  // units of U blocks (below).
+  // Shapes only: CTAs per SM, the ring that fits the shared-memory budget, units of U blocks
+  // (below).
   // CTAs per SM (v4_ctas_per_sm): three with an fp8 cache below 256 blocks per request (24
   // consumer warps per SM: the scoring loop, not the copies, bounds the fp8 stream), else two
   // (bf16: its registers allow no more; fp8: 80 registers without spills, faster per warp).
