@@ -47,7 +47,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -577,23 +576,24 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
                units.back());
 }
 
-// Resident CTAs per SM at `smem` bytes each (cached), of the kernel that runs: with an fp8 cache
-// and at most two CTAs per SM, its own instantiation.
-int resident_per_sm(bool fp8, int per_sm, uint32_t smem) {
+// The instantiation that runs with `per_sm` CTAs per SM: with an fp8 cache, two or fewer get their
+// own (launch bounds for two CTAs: 80 registers instead of 64).
+using V4Kernel = void (*)(V4Args);
+V4Kernel v4_kernel(bool fp8, int per_sm) {
+  if (!fp8) return decode_indexer_v4_kernel<false>;
+  return per_sm <= 2 ? decode_indexer_v4_kernel<true, 2> : decode_indexer_v4_kernel<true>;
+}
+
+// Resident CTAs per SM of `kernel` at `smem` bytes each (cached).
+int resident_per_sm(V4Kernel kernel, uint32_t smem) {
   static std::mutex mu;
-  static std::map<std::tuple<bool, bool, uint32_t>, int> cache;
+  static std::map<std::pair<V4Kernel, uint32_t>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const bool two = fp8 && per_sm <= 2;
-  const auto key = std::make_tuple(fp8, two, smem);
+  const auto key = std::make_pair(kernel, smem);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   int n = 0;
-  auto query = [&](auto kernel) {
-    set_smem(kernel, smem);
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem), "occupancy v4");
-  };
-  if (two) query(decode_indexer_v4_kernel<true, 2>);
-  else if (fp8) query(decode_indexer_v4_kernel<true>);
-  else query(decode_indexer_v4_kernel<false>);
+  set_smem(kernel, smem);
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem), "occupancy v4");
   cache[key] = n;
   return n;
 }
@@ -606,8 +606,9 @@ int v4_single_unit(int64_t num_seqs, int64_t blocks, int64_t ctas) {
   return 0;
 }
 
-// fp8: three CTAs per SM (24 consumer warps at 64 registers, with spills) below 256 blocks per
-// request, two from there (16 warps at 80 registers, no spills). Measured (graph x16, µs, one
+// fp8: three CTAs per SM (24 consumer warps at 64 registers, with spills: the scoring loop, not
+// the copies, bounds the fp8 stream) below 256 blocks per request, two from there (16 warps at
+// 80 registers, no spills). bf16: two (its registers allow no more). Measured (graph x16, µs, one
 // unit per CTA either way): b32 ctx32768 47.0 -> 42.6, b8 ctx131072 50.0 -> 46.8; b32 ctx9216
 // 20.9 -> 21.4 and b128 ctx9216 52.6 -> 62.8 went the other way, b1 ctx9216 9.0 either way.
 int v4_ctas_per_sm(bool fp8, int64_t blocks) {
@@ -632,12 +633,10 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   const int nv_max = std::min(16, std::max(1, p.batch.max_query_len * p.num_index_heads));
   const uint32_t q_slot_bytes = uint32_t((size_t(nv_max) * kDim * esz + 15) / 16 * 16);
 
-  // Shapes only: CTAs per SM, the ring that fits the shared-memory budget, units of U blocks
-  // (below).
-  // CTAs per SM (v4_ctas_per_sm): three with an fp8 cache below 256 blocks per request (24
-  // consumer warps per SM: the scoring loop, not the copies, bounds the fp8 stream), else two
-  // (bf16: its registers allow no more; fp8: 80 registers without spills, faster per warp).
+  // Shapes only: CTAs per SM (v4_ctas_per_sm), the ring that fits the shared-memory budget,
+  // units of U blocks (below).
   const int per_sm = v4_ctas_per_sm(fp8, max_blocks);
+  const V4Kernel kernel = v4_kernel(fp8, per_sm);
   const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
   const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
   const int64_t work_blocks = int64_t(N) * max_blocks;
@@ -659,7 +658,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   const int upr = (max_blocks + unit - 1) / unit;
   const int64_t dense_units = int64_t(N) * upr;
   if (dense_units > int64_t(1) << 30) return false;
-  const int resident = std::max(1, std::min(per_sm, resident_per_sm(fp8, per_sm, L.total))) * num_sms();
+  const int resident = std::max(1, std::min(per_sm, resident_per_sm(kernel, L.total))) * num_sms();
   int P = int(std::min<int64_t>(dense_units, resident));
   if (const int f = g_force_grid.load(std::memory_order_relaxed); f > 0) P = std::min(P, f);
 
@@ -689,16 +688,8 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
 
   a.trace = trace_alloc(indexer_trace_enabled(), size_t(P) * kTraceSlots, stream);
   const bool pdl = pdl_enabled(kPdlIndexer);
-  if (fp8 && per_sm <= 2) {  // the instantiation with 2 CTAs per SM's register budget
-    set_smem(decode_indexer_v4_kernel<true, 2>, L.total);
-    launch_pdl(pdl, decode_indexer_v4_kernel<true, 2>, P, kThreads, L.total, stream, "indexer decode v4", a);
-  } else if (fp8) {
-    set_smem(decode_indexer_v4_kernel<true>, L.total);
-    launch_pdl(pdl, decode_indexer_v4_kernel<true>, P, kThreads, L.total, stream, "indexer decode v4", a);
-  } else {
-    set_smem(decode_indexer_v4_kernel<false>, L.total);
-    launch_pdl(pdl, decode_indexer_v4_kernel<false>, P, kThreads, L.total, stream, "indexer decode v4", a);
-  }
+  set_smem(kernel, L.total);
+  launch_pdl(pdl, kernel, P, kThreads, L.total, stream, "indexer decode v4", a);
   if (a.trace) print_trace(fp8, a, N, P, L.total, trace_collect(a.trace, size_t(P) * kTraceSlots, stream));
   return true;
 }

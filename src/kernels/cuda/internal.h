@@ -52,8 +52,8 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream);
 // Variant-4 entry point (indexer_decode_v4.cu); false where it does not support the parameters.
 bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream);
 // Decode indexer v4's shape rules: resident CTAs per SM (3 with an fp8 cache below 256 blocks
-// per request, else 2; SIEVE_V4_CTAS), and the smallest unit of at most 32 key blocks that gives every request's
-// `blocks` at most one unit per CTA of `ctas` (0: none does).
+// per request, else 2; SIEVE_V4_CTAS), and the smallest unit of at most 32 key blocks that gives
+// every request's `blocks` at most one unit per CTA of `ctas` (0: none does).
 int v4_ctas_per_sm(bool fp8, int64_t blocks);
 int v4_single_unit(int64_t num_seqs, int64_t blocks, int64_t ctas);
 // Tensor-core prefill indexer (indexer_prefill.cu); false where it does not support the
