@@ -282,18 +282,19 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 // One warp stages the order keys of score row srow[0, n) (global memory, read through L2) into
-// keys: 256 scores per round, all eight loads of a lane in flight at once (one L2 round trip per
-// round, not one per 32 scores).
+// keys: 32 * kLoads scores per round, all kLoads loads of a lane in flight at once (one L2 round
+// trip per round, not one per 32 scores).
+template <int kLoads = 8>
 __device__ __forceinline__ void stage_order_keys(const float* srow, int n, uint32_t* keys, int lane) {
-  for (int j0 = 0; j0 < n; j0 += 256) {
-    float v[8];
+  for (int j0 = 0; j0 < n; j0 += 32 * kLoads) {
+    float v[kLoads];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
+    for (int u = 0; u < kLoads; ++u) {
       const int j = j0 + 32 * u + lane;
       v[u] = j < n ? __ldcg(srow + j) : 0.f;
     }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
+    for (int u = 0; u < kLoads; ++u) {
       const int j = j0 + 32 * u + lane;
       if (j < n) keys[j] = order_key(v[u]);
     }

@@ -514,7 +514,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
       for (int v = 0; v < nv; ++v) {
         const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
         const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
-        stage_order_keys(a.sbuf + row * a.mbps, n, keys, lane);
+        // Long rows: up to 1024 scores' loads in flight at once (one round trip, not n / 256);
+        // not in the three-CTA build, whose 64 registers it would push into spills.
+        if (kMinCtas <= 2 && n > 256) stage_order_keys<32>(a.sbuf + row * a.mbps, n, keys, lane);
+        else stage_order_keys(a.sbuf + row * a.mbps, n, keys, lane);
         __syncwarp();
         select_row(keys, n, K, cand, mk, a.topk_idx + row * K, lane);
         if (a.fill_tail)
