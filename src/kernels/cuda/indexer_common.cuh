@@ -301,54 +301,39 @@ __device__ __forceinline__ void stage_order_keys(const float* srow, int n, uint3
   }
 }
 
-// Top-k of one row (one warp) from its n >= 1 order keys in shared memory (block j at keys[j],
-// never 0) into out[0, K). Composite c(j) = key << 32 | (2^32 - 1 - j): unique, and c(i) > c(j)
-// exactly when block i beats block j (higher score, then lower id). Lane l owns blocks l, l + 32,
-// ...; its best key is m_l (0 when it owns none). When n >= K, the K-th largest m_l, t0, is a lower
-// bound of the row's K-th largest key (K lanes hold a key >= t0), so the top K are among the
-// candidates key(j) >= t0 (n < K: t0 = 0, every block); the candidates are compacted by ballots
-// into cand (kCandCap entries), and each finds its rank by counting the candidates above it: the
-// rank among the candidates is its rank in the row (everything above a top-K element is a
-// candidate). No serial dependency per output slot: a few hundred independent instructions per
-// row. More than kCandCap candidates (wide ties at t0, or contrived rows): topk rounds of __reduce_max_sync
-// over the lane bests, the winner lane clearing its key and rescanning its blocks. Slots past
-// min(K, n): -1.
-__device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigned long long* cand, uint32_t* mk,
-                                           int32_t* out, int lane) {
-  uint32_t bk = 0, bi = 0xffffffffu;
-  for (int j = lane; j < n; j += 32) {
-    const uint32_t k = keys[j];
-    if (k > bk) bk = k, bi = uint32_t(j);  // ascending j, strict: the lowest block among equal keys
-  }
-  uint32_t t0 = 0;
-  if (n >= K) {
-    // min(n, 32) >= K lanes hold blocks: t0 = the K-th largest lane best (with multiplicity) =
-    // the largest lane best that at least K lane bests reach (ge >= K; no larger one has K at or
-    // above it). Lane bests are read back as 8 broadcast 16-byte loads (shuffles are 32 results
-    // per clock per SM).
-    mk[lane] = bk;
-    __syncwarp();
-    const uint4* m4 = reinterpret_cast<const uint4*>(mk);
-    int ge = 0;
+// The K-th largest lane best (with multiplicity) when n >= K, else 0: the largest lane best that at
+// least K lane bests reach (ge >= K; no larger one has K at or above it). Lane bests are read back as
+// 8 broadcast 16-byte loads (shuffles are 32 results per clock per SM).
+__device__ __forceinline__ uint32_t kth_lane_best(uint32_t bk, int n, int K, uint32_t* mk, int lane) {
+  if (n < K) return 0;
+  mk[lane] = bk;
+  __syncwarp();
+  const uint4* m4 = reinterpret_cast<const uint4*>(mk);
+  int ge = 0;
 #pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      const uint4 w = m4[v];
-      ge += int(w.x >= bk) + int(w.y >= bk) + int(w.z >= bk) + int(w.w >= bk);
-    }
-    t0 = __reduce_max_sync(0xffffffffu, ge >= K ? bk : 0u);
-    __syncwarp();  // mk read by every lane before the next row writes it
+  for (int v = 0; v < 8; ++v) {
+    const uint4 w = m4[v];
+    ge += int(w.x >= bk) + int(w.y >= bk) + int(w.z >= bk) + int(w.w >= bk);
   }
-  int c = 0;
-  for (int base = 0; base < n; base += 32) {
-    const int j = base + lane;
-    const uint32_t kj = j < n ? keys[j] : 0u;
-    const unsigned long long cj = (static_cast<unsigned long long>(kj) << 32) | (0xffffffffu - uint32_t(j));
-    const bool p = j < n && kj >= t0;
-    const unsigned bal = __ballot_sync(0xffffffffu, p);
-    const int off = c + __popc(bal & ((1u << lane) - 1u));
-    if (p && off < kCandCap) cand[off] = cj;
-    c += __popc(bal);
-  }
+  const uint32_t t0 = __reduce_max_sync(0xffffffffu, ge >= K ? bk : 0u);
+  __syncwarp();  // mk read by every lane before the next row writes it
+  return t0;
+}
+
+// Appends block j (key kj) to cand when p, in lane order, c counting the candidates so far.
+__device__ __forceinline__ void compact_candidate(bool p, uint32_t kj, int j, unsigned long long* cand, int& c,
+                                                  int lane) {
+  const unsigned long long cj = (static_cast<unsigned long long>(kj) << 32) | (0xffffffffu - uint32_t(j));
+  const unsigned bal = __ballot_sync(0xffffffffu, p);
+  const int off = c + __popc(bal & ((1u << lane) - 1u));
+  if (p && off < kCandCap) cand[off] = cj;
+  c += __popc(bal);
+}
+
+// The end of select_row once the c candidates are in cand: ranking, or (c > kCandCap) topk rounds
+// over the lane bests (bk, bi) rescanning keys.
+__device__ __forceinline__ void rank_candidates(uint32_t* keys, int n, int K, int c, uint32_t bk, uint32_t bi,
+                                                unsigned long long* cand, int32_t* out, int lane) {
   // An odd count gets a zero pad (beats nothing) so the ranking reads two candidates a load.
   if (lane == 0 && (c & 1) && c < kCandCap) cand[c] = 0ull;
   __syncwarp();
@@ -383,6 +368,60 @@ __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigne
   }
   for (int k = min(K, n) + lane; k < K; k += 32) out[k] = -1;
   __syncwarp();
+}
+
+// Top-k of one row (one warp) from its n >= 1 order keys in shared memory (block j at keys[j],
+// never 0) into out[0, K). Composite c(j) = key << 32 | (2^32 - 1 - j): unique, and c(i) > c(j)
+// exactly when block i beats block j (higher score, then lower id). Lane l owns blocks l, l + 32,
+// ...; its best key is m_l (0 when it owns none). When n >= K, the K-th largest m_l, t0, is a lower
+// bound of the row's K-th largest key (K lanes hold a key >= t0), so the top K are among the
+// candidates key(j) >= t0 (n < K: t0 = 0, every block); the candidates are compacted by ballots
+// into cand (kCandCap entries), and each finds its rank by counting the candidates above it: the
+// rank among the candidates is its rank in the row (everything above a top-K element is a
+// candidate). No serial dependency per output slot: a few hundred independent instructions per
+// row. More than kCandCap candidates (wide ties at t0, or contrived rows): topk rounds of __reduce_max_sync
+// over the lane bests, the winner lane clearing its key and rescanning its blocks. Slots past
+// min(K, n): -1.
+template <bool kFromFloats = false, int kUnroll = 1>
+__device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigned long long* cand, uint32_t* mk,
+                                           int32_t* out, int lane) {
+  uint32_t bk = 0, bi = 0xffffffffu;
+#pragma unroll kUnroll
+  for (int j = lane; j < n; j += 32) {
+    uint32_t k = keys[j];
+    if (kFromFloats) keys[j] = k = order_key(__uint_as_float(k));
+    if (k > bk) bk = k, bi = uint32_t(j);  // ascending j, strict: the lowest block among equal keys
+  }
+  const uint32_t t0 = kth_lane_best(bk, n, K, mk, lane);
+  int c = 0;
+#pragma unroll kUnroll
+  for (int base = 0; base < n; base += 32) {
+    const int j = base + lane;
+    const uint32_t kj = j < n ? keys[j] : 0u;
+    compact_candidate(j < n && kj >= t0, kj, j, cand, c, lane);
+  }
+  rank_candidates(keys, n, K, c, bk, bi, cand, out, lane);
+}
+
+// One warp copies score row srow[0, n) (global memory, through L2) into shared memory with
+// 16-byte cp.async copies: no registers held, so every chunk of the row is in flight at once (one
+// round trip for any n; register loads would be split into several round trips by the register
+// budget of the kernel around them). region holds n + 3 words and is 16-byte aligned; the row lands at
+// region + (srow's word offset mod 4), so that chunks are aligned on both sides, and that pointer
+// is returned: keys[j] holds srow[j]'s bits. Then select_row<true, U>(keys, ...) takes the top-k.
+__device__ __forceinline__ uint32_t* stage_row_async(const float* srow, int n, uint32_t* region, int lane) {
+  const int shift = int((reinterpret_cast<uintptr_t>(srow) >> 2) & 3u);
+  uint32_t* keys = region + shift;
+  const int head = min(n, (4 - shift) & 3);  // words before the first aligned chunk
+  const int chunks = (n - head) >> 2;
+  const int tail = head + 4 * chunks;  // words after the last chunk: n - tail < 4
+  if (lane < head) keys[lane] = __float_as_uint(__ldcg(srow + lane));
+  if (lane >= 4 && lane - 4 < n - tail) keys[tail + lane - 4] = __float_as_uint(__ldcg(srow + tail + lane - 4));
+  for (int c = lane; c < chunks; c += 32) cp_async16(keys + head + 4 * c, srow + head + 4 * c);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncwarp();  // every lane's copies and stores visible to the warp
+  return keys;
 }
 
 

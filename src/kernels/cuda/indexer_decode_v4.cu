@@ -108,8 +108,9 @@ struct V4Args {
 };
 
 // SIEVE_INDEXER_TRACE points per CTA (%globaltimer ns): start, first block in, consumers done,
-// finisher done, end; then the units this CTA scored, the requests it selected, and its SM + 1.
-constexpr int kTracePoints = 5;
+// finisher done, end, and (a selecting finisher) its last request counted and selected; then the
+// units this CTA scored, the requests it selected, and its SM + 1.
+constexpr int kTracePoints = 7;
 constexpr int kTraceSlots = kTracePoints + 3;
 
 struct Layout {
@@ -135,7 +136,7 @@ __host__ __device__ inline Layout make_layout(int stages, int slots, int unit, u
   L.mk = o;
   o += 128u;
   L.keys = o;
-  o += uint32_t(max_blocks) * 4u;
+  o += uint32_t(max_blocks + 3) * 4u;  // stage_row_async's alignment shift
   o = (o + 15u) & ~15u;
   L.bars = o;
   o += uint32_t(2 * stages + 3 * slots) * 8u;
@@ -510,20 +511,19 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
       if (!last) continue;
       // ---- this unit completed request s: select each row's top-k from its score row.
       fence_acq_rel_gpu();  // acquire: every unit's scores of the request
+      if (tr && lane == 0) tr[5] = global_ns();
       ++selected;
       for (int v = 0; v < nv; ++v) {
         const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
         const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
-        // Long rows: up to 1024 scores' loads in flight at once (one round trip, not n / 256);
-        // not in the three-CTA build, whose 64 registers it would push into spills.
-        if (kMinCtas <= 2 && n > 256) stage_order_keys<32>(a.sbuf + row * a.mbps, n, keys, lane);
-        else stage_order_keys(a.sbuf + row * a.mbps, n, keys, lane);
-        __syncwarp();
-        select_row(keys, n, K, cand, mk, a.topk_idx + row * K, lane);
+        // The row staged by cp.async (one L2 round trip, no registers), then selected.
+        uint32_t* rk = stage_row_async(a.sbuf + row * a.mbps, n, keys, lane);
+        select_row<true, kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
         if (a.fill_tail)
           for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
       }
       if (lane == 0) a.req_done[s] = 0;
+      if (tr && lane == 0) tr[6] = global_ns();
     }
     if (tr && lane == 0) {
       tr[3] = global_ns();
@@ -570,7 +570,7 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
                "indexer v4 trace (%s): %d seqs, %d CTAs (SMs %d), unit %d blocks, %d units, stages %d, slots %d, "
                "static %d, smem %u B\n",
                fp8 ? "fp8" : "bf16", N, P, num_sms(), a.unit, a.dense_units, a.stages, a.slots, a.static_units, smem);
-  const char* names[kTracePoints] = {"start", "first block", "consumed", "finisher", "end"};
+  const char* names[kTracePoints] = {"start", "first block", "consumed", "finisher", "end", "counted", "selected"};
   print_trace_quantiles(names, kTracePoints, kTraceSlots, tr, P);
   std::vector<int> units;
   for (int c = 0; c < P; ++c) units.push_back(int(tr[size_t(c) * kTraceSlots + kTracePoints]));
