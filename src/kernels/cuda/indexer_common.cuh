@@ -382,15 +382,35 @@ __device__ __forceinline__ void rank_candidates(uint32_t* keys, int n, int K, in
 // row. More than kCandCap candidates (wide ties at t0, or contrived rows): topk rounds of __reduce_max_sync
 // over the lane bests, the winner lane clearing its key and rescanning its blocks. Slots past
 // min(K, n): -1.
-template <bool kFromFloats = false, int kUnroll = 1>
 __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigned long long* cand, uint32_t* mk,
                                            int32_t* out, int lane) {
   uint32_t bk = 0, bi = 0xffffffffu;
+  for (int j = lane; j < n; j += 32) {
+    const uint32_t k = keys[j];
+    if (k > bk) bk = k, bi = uint32_t(j);  // ascending j, strict: the lowest block among equal keys
+  }
+  const uint32_t t0 = kth_lane_best(bk, n, K, mk, lane);
+  int c = 0;
+  for (int base = 0; base < n; base += 32) {
+    const int j = base + lane;
+    const uint32_t kj = j < n ? keys[j] : 0u;
+    compact_candidate(j < n && kj >= t0, kj, j, cand, c, lane);
+  }
+  rank_candidates(keys, n, K, c, bk, bi, cand, out, lane);
+}
+
+// select_row of a row staged by stage_row_async (keys holds the scores' float bits): the first
+// scan turns them into order keys in place; both scans unrolled by kUnroll (loads in flight
+// together). The same outputs.
+template <int kUnroll>
+__device__ __forceinline__ void select_row_staged(uint32_t* keys, int n, int K, unsigned long long* cand,
+                                                  uint32_t* mk, int32_t* out, int lane) {
+  uint32_t bk = 0, bi = 0xffffffffu;
 #pragma unroll kUnroll
   for (int j = lane; j < n; j += 32) {
-    uint32_t k = keys[j];
-    if (kFromFloats) keys[j] = k = order_key(__uint_as_float(k));
-    if (k > bk) bk = k, bi = uint32_t(j);  // ascending j, strict: the lowest block among equal keys
+    const uint32_t k = order_key(__uint_as_float(keys[j]));
+    keys[j] = k;
+    if (k > bk) bk = k, bi = uint32_t(j);
   }
   const uint32_t t0 = kth_lane_best(bk, n, K, mk, lane);
   int c = 0;
@@ -406,9 +426,11 @@ __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigne
 // One warp copies score row srow[0, n) (global memory, through L2) into shared memory with
 // 16-byte cp.async copies: no registers held, so every chunk of the row is in flight at once (one
 // round trip for any n; register loads would be split into several round trips by the register
-// budget of the kernel around them). region holds n + 3 words and is 16-byte aligned; the row lands at
-// region + (srow's word offset mod 4), so that chunks are aligned on both sides, and that pointer
-// is returned: keys[j] holds srow[j]'s bits. Then select_row<true, U>(keys, ...) takes the top-k.
+// budget of the kernel around them). region holds stage_row_words(n) words (a multiple of 4) and
+// is 16-byte aligned; the row lands at region + (srow's word offset mod 4), so that chunks are
+// aligned on both sides, and that pointer is returned: keys[j] holds srow[j]'s bits. Then
+// select_row_staged(keys, ...) takes the top-k.
+__host__ __device__ constexpr int stage_row_words(int n) { return (n + 6) & ~3; }
 __device__ __forceinline__ uint32_t* stage_row_async(const float* srow, int n, uint32_t* region, int lane) {
   const int shift = int((reinterpret_cast<uintptr_t>(srow) >> 2) & 3u);
   uint32_t* keys = region + shift;
@@ -423,6 +445,5 @@ __device__ __forceinline__ uint32_t* stage_row_async(const float* srow, int n, u
   __syncwarp();  // every lane's copies and stores visible to the warp
   return keys;
 }
-
 
 }  // namespace sieve::cuda

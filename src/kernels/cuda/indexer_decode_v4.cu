@@ -136,7 +136,7 @@ __host__ __device__ inline Layout make_layout(int stages, int slots, int unit, u
   L.mk = o;
   o += 128u;
   L.keys = o;
-  o += uint32_t(max_blocks + 3) * 4u;  // stage_row_async's alignment shift
+  o += uint32_t(stage_row_words(max_blocks)) * 4u;
   o = (o + 15u) & ~15u;
   L.bars = o;
   o += uint32_t(2 * stages + 3 * slots) * 8u;
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
         const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
         // The row staged by cp.async (one L2 round trip, no registers), then selected.
         uint32_t* rk = stage_row_async(a.sbuf + row * a.mbps, n, keys, lane);
-        select_row<true, kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
+        select_row_staged<kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
         if (a.fill_tail)
           for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
       }
