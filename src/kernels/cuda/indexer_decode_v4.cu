@@ -36,7 +36,9 @@
 //    its full score row (select_row: lane bests -> threshold -> candidate ranking, one warp a
 //    row) and returns the counter to zero. Only the last request's selection is left after the
 //    last data; every other selection overlaps the streaming of later units.
-//  - The last CTA to exit returns the unit counter to zero (graph replays need no memset).
+//  - With claims, the last CTA to exit returns the unit counter to zero (graph replays need no
+//    memset). When every unit is static (one unit per CTA: the usual plan) the producer neither
+//    claims nor sums the requests' units, and the CTAs skip the exit counter.
 // PDL (common.cuh): the producer reads the metadata and copies blocks older than the request's
 // new tokens of its first unit before pdl_wait; the unit counter, q and every later copy after.
 // Development: SIEVE_INDEXER_TRACE=1 prints per-CTA phase times; SIEVE_V4_UNIT / _STAGES /
@@ -253,6 +255,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
   // The static units' metadata and block-table entries (units blockIdx.x + r * P, r < R: R * U
   // blocks fill the ring at the start), in flight while the barriers are set up.
   const int P = int(gridDim.x), R = a.static_units;
+  // Every unit static (one unit per CTA, the usual plan): no claims, no prefix sum over the
+  // requests, and no exit counter (the unit counter is never touched, so it stays zero).
+  const bool claims = int64_t(R) * P < a.dense_units;
   UnitLoad stat[kMaxStatic];
   if (warp == kProducerWarp) {
 #pragma unroll
@@ -352,71 +357,73 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
     }
     pdl_wait();
     int c = 0;  // claim of the first dynamic unit
-    if (lane == 0) c = atomicAdd(a.work, 1);
+    if (claims && lane == 0) c = atomicAdd(a.work, 1);
 #pragma unroll
     for (int r = 0; r < kMaxStatic; ++r) issue_unit(stat[r], r == 0 ? pre : 0);
 
-    // Dynamic units: claims count the live units (those with blocks) past the static ones, in
-    // unit order. cum[s] = live units of requests before s; l0 = live units that are static.
-    int* cum = reinterpret_cast<int*>(smem + L.cum);
-    int run = 0, l0 = 0;
-    const int static_end = R * P;
-    for (int base = 0; base < a.num_seqs; base += 32) {
-      const int s = base + lane;
-      int nu = 0, in_static = 0;
-      if (s < a.num_seqs) {
-        const int t0 = __ldg(a.qsl + s), t1 = __ldg(a.qsl + s + 1), sl = __ldg(a.seq_lens + s);
-        nu = (request_blocks(a, t1 - t0, sl) + a.unit - 1) / a.unit;
-        in_static = min(nu, max(0, static_end - s * a.upr));
+    if (claims) {
+      // Dynamic units: claims count the live units (those with blocks) past the static ones, in
+      // unit order. cum[s] = live units of requests before s; l0 = live units that are static.
+      int* cum = reinterpret_cast<int*>(smem + L.cum);
+      int run = 0, l0 = 0;
+      const int static_end = R * P;
+      for (int base = 0; base < a.num_seqs; base += 32) {
+        const int s = base + lane;
+        int nu = 0, in_static = 0;
+        if (s < a.num_seqs) {
+          const int t0 = __ldg(a.qsl + s), t1 = __ldg(a.qsl + s + 1), sl = __ldg(a.seq_lens + s);
+          nu = (request_blocks(a, t1 - t0, sl) + a.unit - 1) / a.unit;
+          in_static = min(nu, max(0, static_end - s * a.upr));
+        }
+        int x = nu;
+  #pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int y = __shfl_up_sync(0xffffffffu, x, o);
+          if (lane >= o) x += y;
+        }
+        if (s < a.num_seqs) cum[s + 1] = run + x;
+        run += __shfl_sync(0xffffffffu, x, 31);
+        l0 += __reduce_add_sync(0xffffffffu, in_static);
       }
-      int x = nu;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
+      if (lane == 0) cum[0] = 0;
+      __syncwarp();
+      const int live = run;
+      // Unit index (dense numbering) of live unit number n, or -1 past the last.
+      auto resolve = [&](int n) {
+        if (n >= live) return -1;
+        int lo = 0, hi = a.num_seqs - 1;
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) >> 1;
+          if (cum[mid] <= n) lo = mid;
+          else hi = mid - 1;
+        }
+        return lo * a.upr + (n - cum[lo]);
+      };
+      // Two units of lookahead: the next two units' metadata loads are in flight and the claims of
+      // the two after them, so neither the counter's nor the metadata's round trip stalls the
+      // copies (claims past the end are harmless: the counter is reset at exit). c < 0: no claim.
+      auto claim = [&]() {
+        int v = 0;
+        if (lane == 0) v = atomicAdd(a.work, 1);
+        return v;
+      };
+      auto next_unit = [&](int cv) { return cv < 0 ? -1 : resolve(l0 + __shfl_sync(0xffffffffu, cv, 0)); };
+      int n1 = next_unit(c);
+      UnitLoad i1 = load_unit(a, n1, lane);
+      int c1 = n1 >= 0 ? claim() : -1;
+      const int n2 = next_unit(c1);
+      UnitLoad i2 = load_unit(a, n2, lane);
+      c1 = n2 >= 0 ? claim() : -1;
+      int c2 = n2 >= 0 ? claim() : -1;
+      while (i1.u >= 0) {
+        const UnitLoad cur = i1;
+        i1 = i2;
+        const int nn = next_unit(c1);
+        i2 = load_unit(a, nn, lane);
+        c1 = c2;
+        c2 = nn >= 0 ? claim() : -1;
+        issue_unit(cur, 0);
       }
-      if (s < a.num_seqs) cum[s + 1] = run + x;
-      run += __shfl_sync(0xffffffffu, x, 31);
-      l0 += __reduce_add_sync(0xffffffffu, in_static);
-    }
-    if (lane == 0) cum[0] = 0;
-    __syncwarp();
-    const int live = run;
-    // Unit index (dense numbering) of live unit number n, or -1 past the last.
-    auto resolve = [&](int n) {
-      if (n >= live) return -1;
-      int lo = 0, hi = a.num_seqs - 1;
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (cum[mid] <= n) lo = mid;
-        else hi = mid - 1;
-      }
-      return lo * a.upr + (n - cum[lo]);
-    };
-    // Two units of lookahead: the next two units' metadata loads are in flight and the claims of
-    // the two after them, so neither the counter's nor the metadata's round trip stalls the
-    // copies (claims past the end are harmless: the counter is reset at exit). c < 0: no claim.
-    auto claim = [&]() {
-      int v = 0;
-      if (lane == 0) v = atomicAdd(a.work, 1);
-      return v;
-    };
-    auto next_unit = [&](int cv) { return cv < 0 ? -1 : resolve(l0 + __shfl_sync(0xffffffffu, cv, 0)); };
-    int n1 = next_unit(c);
-    UnitLoad i1 = load_unit(a, n1, lane);
-    int c1 = n1 >= 0 ? claim() : -1;
-    const int n2 = next_unit(c1);
-    UnitLoad i2 = load_unit(a, n2, lane);
-    c1 = n2 >= 0 ? claim() : -1;
-    int c2 = n2 >= 0 ? claim() : -1;
-    while (i1.u >= 0) {
-      const UnitLoad cur = i1;
-      i1 = i2;
-      const int nn = next_unit(c1);
-      i2 = load_unit(a, nn, lane);
-      c1 = c2;
-      c2 = nn >= 0 ? claim() : -1;
-      issue_unit(cur, 0);
     }
     // End of the work: a record without data for the consumers, an empty unit for the finisher.
     if (lane == 0) {
@@ -534,10 +541,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
   __syncthreads();
   if (threadIdx.x == 0) {
     // The last CTA out returns the unit counter to zero for the next call.
-    __threadfence();
-    if (atomicAdd(a.work + 1, 1) == int(gridDim.x) - 1) {
-      a.work[0] = 0;
-      a.work[1] = 0;
+    if (claims) {
+      __threadfence();
+      if (atomicAdd(a.work + 1, 1) == int(gridDim.x) - 1) {
+        a.work[0] = 0;
+        a.work[1] = 0;
+      }
     }
     if (tr) tr[4] = global_ns();
   }
