@@ -282,19 +282,18 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 // One warp stages the order keys of score row srow[0, n) (global memory, read through L2) into
-// keys: 32 * kLoads scores per round, all kLoads loads of a lane in flight at once (one L2 round
-// trip per round, not one per 32 scores).
-template <int kLoads = 8>
+// keys: 256 scores per round, all eight loads of a lane in flight at once (one L2 round trip per
+// round, not one per 32 scores).
 __device__ __forceinline__ void stage_order_keys(const float* srow, int n, uint32_t* keys, int lane) {
-  for (int j0 = 0; j0 < n; j0 += 32 * kLoads) {
-    float v[kLoads];
+  for (int j0 = 0; j0 < n; j0 += 256) {
+    float v[8];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
+    for (int u = 0; u < 8; ++u) {
       const int j = j0 + 32 * u + lane;
       v[u] = j < n ? __ldcg(srow + j) : 0.f;
     }
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
+    for (int u = 0; u < 8; ++u) {
       const int j = j0 + 32 * u + lane;
       if (j < n) keys[j] = order_key(v[u]);
     }
@@ -401,7 +400,9 @@ __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigne
 
 // select_row of a row staged by stage_row_async (keys holds the scores' float bits): the first
 // scan turns them into order keys in place; both scans unrolled by kUnroll (loads in flight
-// together). The same outputs.
+// together). The same outputs. Kept apart from select_row on purpose: an unroll pragma in
+// select_row's loops (even `unroll 1`) changes the register allocation of the prefill scoring
+// kernels that contain it and made them 12-15 % slower (docs/performance.md).
 template <int kUnroll>
 __device__ __forceinline__ void select_row_staged(uint32_t* keys, int n, int K, unsigned long long* cand,
                                                   uint32_t* mk, int32_t* out, int lane) {

@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
           in_static = min(nu, max(0, static_end - s * a.upr));
         }
         int x = nu;
-  #pragma unroll
+#pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
           const int y = __shfl_up_sync(0xffffffffu, x, o);
           if (lane >= o) x += y;
