@@ -62,7 +62,8 @@ cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select, in
 // then the selection as its own kernel (select 2) after the 128-row kernel on the stream-K grid
 // (the default, rs with a bf16 cache, the selection overlapping the scoring grid; with the rs3,
 // sync and ss MMAs; without the overlap) and on the (tile, split) grid, and after the 256-row
-// kernel.
+// kernel; last the pipelined half-block MMAs (rsp) on the stream-K grid with and without the
+// overlap, and with the tile's last split selecting on the 3-D grid.
 const std::vector<cuda::PrefillV2Knobs> kSelectKnobs = {
     knobs(-1, 0, -1, -1, 1),          knobs(3, 5, 0, -1, 1),          knobs(2, 3, -1, -1, 1),
     knobs(1, 64, 1, -1, 1),           knobs(0, 1, 1, -1, 1),          knobs(-1, 0, -1, -1, 1, 256),
@@ -71,11 +72,12 @@ const std::vector<cuda::PrefillV2Knobs> kSelectKnobs = {
     knobs(3, 0, -1, -1, 2),           knobs(2, 0, -1, -1, 2),         knobs(0, 0, -1, -1, 2),
     knobs(-1, 0, -1, -1, 2, -1, -1, -1, 0),
     knobs(-1, 0, -1, -1, 2, -1, -1, 0),
-    knobs(3, 5, 0, -1, 2, -1, -1, 0),            knobs(-1, 0, -1, -1, 2, 256),   knobs(-1, 2, 0, -1, 2, 256, 0)};
-// The list path's knobs: defaults, rs3 + rank merge, grid order 1, rs, sync.
+    knobs(3, 5, 0, -1, 2, -1, -1, 0),            knobs(-1, 0, -1, -1, 2, 256),   knobs(-1, 2, 0, -1, 2, 256, 0),
+    knobs(4, 0, -1, -1, 2),           knobs(4, 0, -1, -1, 2, -1, -1, -1, 0),     knobs(4, 5, 0, -1, 1)};
+// The list path's knobs: defaults, rs3 + rank merge, grid order 1, rs, sync, rsp.
 const std::vector<cuda::PrefillV2Knobs> kListKnobs = {
     knobs(-1, -1, -1, -1, 0), knobs(3, -1, -1, 1, 0), knobs(0, 0, 1, 0, 0), knobs(1, -1, 0, -1, 0),
-    knobs(2, -1, -1, 1, 0)};
+    knobs(2, -1, -1, 1, 0),   knobs(4, -1, -1, -1, 0)};
 
 // The CPU reference once, then the kPrefill path `launches` times on poisoned outputs; block
 // scores within tolerance (exact for ties), top-k as sets up to near ties (exact order for ties),

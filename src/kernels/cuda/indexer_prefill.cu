@@ -249,7 +249,10 @@ __device__ void select_tile(const Args& a, uint8_t* smem, int smem_bytes, int64_
 // kMode: kSS (wgmma, A and B from shared memory), kRS (wgmma, A in registers), kSync (mma.sync).
 // kRS3 (bf16 cache only): kRS with a 3-stage key ring whose third stage is the query tile's
 // shared memory (free once the query fragments are in registers): two blocks in flight.
-enum Mode { kSS = 0, kRS = 1, kSync = 2, kRS3 = 3 };
+// kRSP (bf16 cache only): kRS with each key block as two halves of 64 keys (wgmma m64n64k16, one
+// commit group each), software-pipelined so that the tensor pipe has the next half queued while a
+// warpgroup takes the maxima of the previous one (prefill_v2_kernel's kRSP loop).
+enum Mode { kSS = 0, kRS = 1, kSync = 2, kRS3 = 3, kRSP = 4 };
 
 // Stream-K work of one index head (select mode 2): the batch's tiles in order (requests in
 // order, a request's tiles in order), tile t of a request = `setup` units (its query tile and
@@ -347,9 +350,9 @@ __device__ void sk_find(const Args& a, int c, int G, long long* sk, int* ski) {
 template <bool kFp8, int kMode, bool kSelect>
 __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   constexpr bool kWgmma = kMode != kSync;
-  constexpr bool kRegA = kMode == kRS || kMode == kRS3;
+  constexpr bool kRegA = kMode == kRS || kMode == kRS3 || kMode == kRSP;
   constexpr int kStages = kMode == kRS3 ? 3 : 2;
-  static_assert(!(kFp8 && kMode == kRS3), "kRS3: bf16 cache only");
+  static_assert(!(kFp8 && (kMode == kRS3 || kMode == kRSP)), "kRS3, kRSP: bf16 cache only");
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -548,97 +551,191 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   const int unit_lo = kWgmma ? wg * 64 : wrow, unit_n = kWgmma ? 64 : 16;
   const int unit_last = min(rows - 1, unit_lo + unit_n - 1);
 
-  for (int i = 0; i < nb; ++i) {
-    const int b = b_begin + i;
-    if (kMode == kRS3 && i + 1 < nb) {
-      cp_async_wait_1();  // block i; block i + 1 may stay in flight
-    } else {
-      cp_async_wait_all();  // bf16: block i (and at i = 0 the cp.async query tile)
-    }
-    fence_proxy_async();
-    __syncthreads();  // block i in its stage for all; every warp is done with block i - 1
-    if (i == 0 && seg == 0) SIEVE_TRACE(2);
-    if constexpr (kMode == kRS3) {
-      if (i + 2 < nb) fetch(i + 2);  // into the stage of block i - 1 (at i = 0: the query buffer)
-    } else {
-      if (i + 1 < nb) fetch(i + 1);
-    }
-    const uint8_t* stage = stage_of(i);
-    const bool active = unit_last >= unit_lo && b * kBlock <= pos_first + unit_last;
-    float mA = kNegInf, mB = kNegInf;
-    if (active) {
-      if (kWgmma && a.diag == 2) {
-        // development timing: no MMA (acc keeps its last values)
-      } else if constexpr (kWgmma) {
-        const uint64_t da = make_desc(smem_u32(qs) + wg * 64 * 128), db = make_desc(smem_u32(stage));
-        fence_acc(acc);
-        wgmma_fence();
+  if constexpr (kMode == kRSP) {
+    // Two halves of 64 keys per block, each its own commit group: at block i the warpgroup
+    // queues half 0 of block i, takes the maxima of block i - 1's half 1 (and stores the block's
+    // scores) while it runs, queues half 1 of block i, then takes half 0's maxima while that one
+    // runs. The tensor pipe idles only across the block barrier. Half 1 of block i - 1 is waited
+    // for before the barrier that lets fetch(i + 1) refill its stage.
+    float hA[32], hB[32];  // keys 0..63 / 64..127 of a block
 #pragma unroll
-        for (int st = 0; st < 8; ++st) {
-          const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
-          if constexpr (kRegA) {
-            wgmma_m64n128k16_rs(acc, qf[st], desc_add(db, off), st > 0);
-          } else {
-            wgmma_m64n128k16(acc, desc_add(da, off), desc_add(db, off), st > 0);
-          }
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_acc(acc);
-      } else {
-        const int mi = lane >> 3, rr = lane & 7;
-#pragma unroll
-        for (int j = 0; j < 64; ++j) acc[j] = 0.f;
-#pragma unroll
-        for (int st = 0; st < 8; ++st) {
-          uint32_t af[4];
-          ldmatrix_x4(af, qs + swz(wrow + rr + (mi & 1) * 8, st * 16 + (mi >> 1) * 8));
-#pragma unroll
-          for (int jp = 0; jp < 8; ++jp) {
-            uint32_t bf[4];
-            ldmatrix_x4(bf, stage + swz(jp * 16 + rr + (mi >> 1) * 8, st * 16 + (mi & 1) * 8));
-            mma_bf16_4(&acc[8 * jp], af, bf[0], bf[1]);
-            mma_bf16_4(&acc[8 * jp + 4], af, bf[2], bf[3]);
-          }
-        }
-      }
-      // acc[4n + {0,1}]: row rA, keys 8n + 2q + {0,1}; acc[4n + {2,3}]: row rB.
+    for (int e = 0; e < 32; ++e) hA[e] = hB[e] = 0.f;
+    // Maxima of rows rA, rB over the keys koff .. koff + 63 of block b held in h.
+    auto half_max = [&](const float (&hh)[32], int b, int koff, float& mA, float& mB) {
       if (b * kBlock + kBlock - 1 <= pos_first + wrow) {
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          mA = fmaxf(mA, fmaxf(acc[4 * n], acc[4 * n + 1]));
-          mB = fmaxf(mB, fmaxf(acc[4 * n + 2], acc[4 * n + 3]));
+        for (int n = 0; n < 8; ++n) {
+          mA = fmaxf(mA, fmaxf(hh[4 * n], hh[4 * n + 1]));
+          mB = fmaxf(mB, fmaxf(hh[4 * n + 2], hh[4 * n + 3]));
         }
       } else {
-        const int limA = posA - b * kBlock, limB = posB - b * kBlock;
+        const int limA = posA - b * kBlock - koff, limB = posB - b * kBlock - koff;
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int key = 8 * n + 2 * q + j;
-            mA = fmaxf(mA, key <= limA ? acc[4 * n + j] : kNegInf);
-            mB = fmaxf(mB, key <= limB ? acc[4 * n + 2 + j] : kNegInf);
+            mA = fmaxf(mA, key <= limA ? hh[4 * n + j] : kNegInf);
+            mB = fmaxf(mB, key <= limB ? hh[4 * n + 2 + j] : kNegInf);
           }
         }
       }
+    };
+    // Block i's scores from the maxima of the thread's keys (all lanes: the quad reduction).
+    auto store_block = [&](int i, float mA, float mB) {
+      const int b = b_begin + i;
 #pragma unroll
       for (int o = 1; o <= 2; o <<= 1) {
         mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
         mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
       }
-    }
-    if (q == 0 && a.diag != 3) {
-      if constexpr (kSelect) {
-        // Straight to the score rows (rows past the tile have none).
-        if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
-        if (rB < rows) srowA[int64_t(8 * a.H) * a.sstride + b] = row_score(a, mB, b, posB);
-      } else {
-        tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
-        tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
+      if (q == 0 && a.diag != 3) {
+        if constexpr (kSelect) {
+          if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
+          if (rB < rows) srowA[int64_t(8 * a.H) * a.sstride + b] = row_score(a, mB, b, posB);
+        } else {
+          tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
+          tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
+        }
       }
+    };
+    // Every block's two halves are issued, also a block past this warpgroup's rows (only where a
+    // tile straddles a block boundary; its maxima are masked to -inf): MMAs under a
+    // warpgroup-dependent branch, or a wait under one, make ptxas serialise every wgmma (C7514).
+    float pmA = kNegInf, pmB = kNegInf;  // block i - 1's maxima over its half 0
+    bool pending = false;                // block i - 1 exists (its half 1 is in hB)
+    for (int i = 0; i < nb; ++i) {
+      const int b = b_begin + i;
+      cp_async_wait_all();  // block i (and at i = 0 the cp.async query tile)
+      fence_proxy_async();
+      wgmma_wait_all();  // block i - 1's half 1: its stage is refilled after the barrier
+      fence_acc(hB);
+      __syncthreads();  // block i in its stage for all; every warpgroup is done with block i - 1
+      if (i == 0 && seg == 0) SIEVE_TRACE(2);
+      if (i + 1 < nb) fetch(i + 1);
+      const uint64_t db = make_desc(smem_u32(stage_of(i)));
+      wgmma_fence();
+#pragma unroll
+      for (int st = 0; st < 8; ++st)
+        wgmma_m64n64k16_rs(hA, qf[st], desc_add(db, (st >> 2) * kChunkBytes + (st & 3) * 32), st > 0);
+      wgmma_commit();
+      if (pending) {  // block i - 1, while half 0 of block i runs
+        float mA = pmA, mB = pmB;
+        half_max(hB, b - 1, 64, mA, mB);
+        store_block(i - 1, mA, mB);
+      }
+      pmA = kNegInf, pmB = kNegInf;
+      wgmma_wait_1();  // returns at once (half 0 stays in flight); ends the stretch that read hB
+      wgmma_fence();
+#pragma unroll
+      for (int st = 0; st < 8; ++st)
+        wgmma_m64n64k16_rs(hB, qf[st], desc_add(db, (st >> 2) * kChunkBytes + (st & 3) * 32 + 64 * 128), st > 0);
+      wgmma_commit();
+      wgmma_wait_1();  // half 0 done; half 1 runs on
+      fence_acc(hA);
+      half_max(hA, b, 0, pmA, pmB);
+      pending = true;
     }
-    if constexpr (kFp8) {
-      if (i + 1 < nb) store_fp8(i + 1);
+    wgmma_wait_all();
+    fence_acc(hB);
+    if (pending) {  // the last block's half 1
+      float mA = pmA, mB = pmB;
+      half_max(hB, b_end - 1, 64, mA, mB);
+      store_block(nb - 1, mA, mB);
+    }
+  } else {
+    for (int i = 0; i < nb; ++i) {
+      const int b = b_begin + i;
+      if (kMode == kRS3 && i + 1 < nb) {
+        cp_async_wait_1();  // block i; block i + 1 may stay in flight
+      } else {
+        cp_async_wait_all();  // bf16: block i (and at i = 0 the cp.async query tile)
+      }
+      fence_proxy_async();
+      __syncthreads();  // block i in its stage for all; every warp is done with block i - 1
+      if (i == 0 && seg == 0) SIEVE_TRACE(2);
+      if constexpr (kMode == kRS3) {
+        if (i + 2 < nb) fetch(i + 2);  // into the stage of block i - 1 (at i = 0: the query buffer)
+      } else {
+        if (i + 1 < nb) fetch(i + 1);
+      }
+      const uint8_t* stage = stage_of(i);
+      const bool active = unit_last >= unit_lo && b * kBlock <= pos_first + unit_last;
+      float mA = kNegInf, mB = kNegInf;
+      if (active) {
+        if (kWgmma && a.diag == 2) {
+          // development timing: no MMA (acc keeps its last values)
+        } else if constexpr (kWgmma) {
+          const uint64_t da = make_desc(smem_u32(qs) + wg * 64 * 128), db = make_desc(smem_u32(stage));
+          fence_acc(acc);
+          wgmma_fence();
+  #pragma unroll
+          for (int st = 0; st < 8; ++st) {
+            const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
+            if constexpr (kRegA) {
+              wgmma_m64n128k16_rs(acc, qf[st], desc_add(db, off), st > 0);
+            } else {
+              wgmma_m64n128k16(acc, desc_add(da, off), desc_add(db, off), st > 0);
+            }
+          }
+          wgmma_commit();
+          wgmma_wait_all();
+          fence_acc(acc);
+        } else {
+          const int mi = lane >> 3, rr = lane & 7;
+  #pragma unroll
+          for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+  #pragma unroll
+          for (int st = 0; st < 8; ++st) {
+            uint32_t af[4];
+            ldmatrix_x4(af, qs + swz(wrow + rr + (mi & 1) * 8, st * 16 + (mi >> 1) * 8));
+  #pragma unroll
+            for (int jp = 0; jp < 8; ++jp) {
+              uint32_t bf[4];
+              ldmatrix_x4(bf, stage + swz(jp * 16 + rr + (mi >> 1) * 8, st * 16 + (mi & 1) * 8));
+              mma_bf16_4(&acc[8 * jp], af, bf[0], bf[1]);
+              mma_bf16_4(&acc[8 * jp + 4], af, bf[2], bf[3]);
+            }
+          }
+        }
+        // acc[4n + {0,1}]: row rA, keys 8n + 2q + {0,1}; acc[4n + {2,3}]: row rB.
+        if (b * kBlock + kBlock - 1 <= pos_first + wrow) {
+  #pragma unroll
+          for (int n = 0; n < 16; ++n) {
+            mA = fmaxf(mA, fmaxf(acc[4 * n], acc[4 * n + 1]));
+            mB = fmaxf(mB, fmaxf(acc[4 * n + 2], acc[4 * n + 3]));
+          }
+        } else {
+          const int limA = posA - b * kBlock, limB = posB - b * kBlock;
+  #pragma unroll
+          for (int n = 0; n < 16; ++n) {
+  #pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int key = 8 * n + 2 * q + j;
+              mA = fmaxf(mA, key <= limA ? acc[4 * n + j] : kNegInf);
+              mB = fmaxf(mB, key <= limB ? acc[4 * n + 2 + j] : kNegInf);
+            }
+          }
+        }
+  #pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+          mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
+          mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
+        }
+      }
+      if (q == 0 && a.diag != 3) {
+        if constexpr (kSelect) {
+          // Straight to the score rows (rows past the tile have none).
+          if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
+          if (rB < rows) srowA[int64_t(8 * a.H) * a.sstride + b] = row_score(a, mB, b, posB);
+        } else {
+          tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
+          tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
+        }
+      }
+      if constexpr (kFp8) {
+        if (i + 1 < nb) store_fp8(i + 1);
+      }
     }
   }
   __syncthreads();  // table complete
@@ -1267,19 +1364,20 @@ int kb_override() {
   return f >= 0 ? std::min(f, kSelMaxBlocks) : v;
 }
 
-// SIEVE_PREFILL_V2_MMA = ss | rs | rs3 | sync, read once; unset (-1): rs on the stream-K select
+// SIEVE_PREFILL_V2_MMA = ss | rs | rs3 | rsp | sync, read once; unset (-1): rs or rsp on the stream-K select
 // path with a bf16 cache, else ss (see the host). rs3 with an fp8 cache runs rs.
 int mma_mode() {
   static const int v = [] {
     const char* e = std::getenv("SIEVE_PREFILL_V2_MMA");
     if (e && std::strcmp(e, "rs3") == 0) return int(kRS3);
+    if (e && std::strcmp(e, "rsp") == 0) return int(kRSP);
     if (e && std::strcmp(e, "sync") == 0) return int(kSync);
     if (e && std::strcmp(e, "rs") == 0) return int(kRS);
     if (e && std::strcmp(e, "ss") == 0) return int(kSS);
     return -1;
   }();
   const int f = g_mma.load(std::memory_order_relaxed);
-  return f >= 0 && f <= 3 ? f : v;
+  return f >= 0 && f <= 4 ? f : v;
 }
 
 // SIEVE_PREFILL_V2_MERGE = rank: the last split's merge ranks every candidate by binary searches
@@ -1478,6 +1576,10 @@ void dispatch(const Args& a, dim3 grid, cudaStream_t stream, bool fp8, int mode)
       if (fp8) launch<true, kRS, kSelect>(a, grid, stream);
       else launch<false, kRS3, kSelect>(a, grid, stream);
       break;
+    case kRSP:
+      if (fp8) launch<true, kRS, kSelect>(a, grid, stream);
+      else launch<false, kRSP, kSelect>(a, grid, stream);
+      break;
     case kRS:
       if (fp8) launch<true, kRS, kSelect>(a, grid, stream);
       else launch<false, kRS, kSelect>(a, grid, stream);
@@ -1605,10 +1707,13 @@ bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream_v) {
     set_smem(prefill_wide_kernel<false>, kWSmemBytes);
     prefill_wide_kernel<false><<<grid, kThreads, kWSmemBytes, stream>>>(a);
   } else if (select) {
-    // Default MMA: rs (query fragments in registers) on the stream-K grid with a bf16 cache
-    // (32768 prompt tokens on the H200: 296 vs 307 us with ss); ss otherwise (the fp8 rs
-    // instantiation spills).
-    dispatch<true>(a, grid, stream, fp8, mma_mode() >= 0 ? mma_mode() : streamk && !fp8 ? int(kRS) : int(kSS));
+    // Default MMA on the stream-K grid with a bf16 cache: rs (query fragments in registers;
+    // 32768 prompt tokens on the H200: 296 vs 307 us with ss), as rsp (half blocks, pipelined)
+    // where a CTA's share is at least 16 key blocks (32768 prompt tokens: 264-268 vs 288-292 us;
+    // 8192 after 57344: 237 vs 256; at 8192 prompt tokens, 8 blocks a CTA, no clear difference in
+    // the run-to-run spread). ss otherwise (the fp8 rs instantiation spills).
+    const int dflt = !streamk || fp8 ? int(kSS) : work >= 16 * int64_t(sk_ctas) ? int(kRSP) : int(kRS);
+    dispatch<true>(a, grid, stream, fp8, mma_mode() >= 0 ? mma_mode() : dflt);
   } else {
     dispatch<false>(a, grid, stream, fp8, std::max(mma_mode(), int(kSS)));
   }

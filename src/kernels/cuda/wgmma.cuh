@@ -17,10 +17,13 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Every committed group but the newest one is complete.
+__device__ __forceinline__ void wgmma_wait_1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Pins the accumulators around the asynchronous MMAs (no register move crosses the fences).
-__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // Shared-memory matrix descriptor with 128-byte swizzle. K-major: lbo unused (K fits the
@@ -77,6 +80,29 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 }
 #undef SIEVE_WGMMA_D64
 #undef SIEVE_WGMMA_OUT64
+
+#define SIEVE_WGMMA_D32                                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define SIEVE_WGMMA_OUT32                                                                                         \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),     \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// D[64 x 64] (+)= A[64 x 16] . B[64 x 16]^T, A from registers (as wgmma_m64n128k16_rs), B K-major
+// from shared memory: d[4 j + {0, 1}] is row (warp's row g), columns 8 j + 2 q + {0, 1}; d[4 j +
+// {2, 3}] row g + 8 (the first half of the m64n128 layout).
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&af)[4], uint64_t db,
+                                                   int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " SIEVE_WGMMA_D32
+               ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+               : SIEVE_WGMMA_OUT32
+               : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "l"(db), "r"(accumulate));
+}
+#undef SIEVE_WGMMA_D32
+#undef SIEVE_WGMMA_OUT32
 
 // D[16 x 8] += A[16 x 16] . B[16 x 8] (mma.sync, bf16, fp32 accumulate), D at d[0..3]: n-tile j
 // of a warp's 16 rows of a wgmma accumulator is d = &acc[4 * j].
