@@ -110,9 +110,11 @@ struct V4Args {
 };
 
 // SIEVE_INDEXER_TRACE points per CTA (%globaltimer ns): start, first block in, consumers done,
-// finisher done, end, and (a selecting finisher) its last request counted and selected; then the
-// units this CTA scored, the requests it selected, and its SM + 1.
-constexpr int kTracePoints = 7;
+// finisher done, end, and (a selecting finisher) its last request counted and selected, the
+// first unit's query rows in, the first block's maxima folded (these two only in a build with
+// -DSIEVE_V4_TRACE_DETAIL: the extra code changes the register allocation of the fp8 kernel); then
+// the units this CTA scored, the requests it selected, and its SM + 1.
+constexpr int kTracePoints = 9;
 constexpr int kTraceSlots = kTracePoints + 3;
 
 struct Layout {
@@ -455,6 +457,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
         ++k;
         slot = m & 0xff;
         mbar_wait(&qfull[slot], uint32_t((k / SL) & 1));
+#ifdef SIEVE_V4_TRACE_DETAIL
+        if (tr && k == 0 && threadIdx.x == 0) tr[7] = global_ns();
+#endif
         const int* um = umeta + slot * kMetaInts;
         b0 = um[1];
         const int qlen = um[4], seq_len = um[5];
@@ -475,6 +480,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
         if (v0 < nv && m0 != kNegInf) atomicMax(&mxs[v0 * U + j], enc_max(m0));
         if (v1 < nv && m1 != kNegInf) atomicMax(&mxs[v1 * U + j], enc_max(m1));
       }
+#ifdef SIEVE_V4_TRACE_DETAIL
+      if (tr && i == 0 && threadIdx.x == 0) tr[8] = global_ns();
+#endif
       if (m & (1 << 16)) mbar_arrive(&udone[slot]);  // the unit's last block (after this thread's maxima)
     }
     if (tr) {
@@ -579,7 +587,8 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
                "indexer v4 trace (%s): %d seqs, %d CTAs (SMs %d), unit %d blocks, %d units, stages %d, slots %d, "
                "static %d, smem %u B\n",
                fp8 ? "fp8" : "bf16", N, P, num_sms(), a.unit, a.dense_units, a.stages, a.slots, a.static_units, smem);
-  const char* names[kTracePoints] = {"start", "first block", "consumed", "finisher", "end", "counted", "selected"};
+  const char* names[kTracePoints] = {"start",    "first block", "consumed", "finisher", "end",
+                                     "counted",  "selected",    "q in",     "block 0 max"};
   print_trace_quantiles(names, kTracePoints, kTraceSlots, tr, P);
   std::vector<int> units;
   for (int c = 0; c < P; ++c) units.push_back(int(tr[size_t(c) * kTraceSlots + kTracePoints]));
