@@ -476,8 +476,10 @@ bool use_decode_indexer(const ops::IndexerParams& p) {
 //    (b1 ctx9216: fp8 9.0 vs v2 12.7, bf16 8.7 vs 13.1), with a bf16 cache wherever that plan
 //    exists (b32 ctx9216: 25.0 vs v3 29.0; b32 ctx32768: 68.0 vs 77.7; b8 ctx131072: 72.4 vs
 //    80.9) and with an fp8 cache from 256 blocks per request (b32 ctx32768: 47.5 vs v2 54.6; b8
-//    ctx131072: 50.3 vs 53.7). With fp8 at b32 ctx9216 it ties v2 (21.7 vs 21.3) and at b128
-//    it loses to v3 (52.0 vs 46.6).
+//    ctx131072: 50.3 vs 53.7), and with an fp8 cache where its units are at most 8 blocks
+//    (b32 ctx9216, units of 6: 19.6-19.8 vs v2 21.2-21.3 since its selection reads a staged row
+//    and its query rows are copied first). With fp8 at b128 (units of 24) it loses to v3 (50.0
+//    vs 46.3).
 //  - Otherwise v3 (cluster CTAs per request) for 128 requests with fp8 (46.6 vs v2 55.8) and
 //    for about 32 requests x 9216 tokens of work with bf16 (b128: 76.5 vs 95.6); v2 below.
 // Where v3 / v4 do not support the parameters, v2 runs.
@@ -487,7 +489,7 @@ int auto_decode_variant(const ops::IndexerParams& p) {
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
   // v4 where its one-unit-per-CTA plan exists and measured faster (above).
   const int unit = v4_single_unit(p.batch.num_seqs, blocks, int64_t(v4_ctas_per_sm(fp8, blocks)) * num_sms());
-  if (unit > 0 && (!fp8 || p.batch.num_seqs == 1 || blocks >= 256)) return 4;
+  if (unit > 0 && (!fp8 || unit <= 8 || blocks >= 256)) return 4;
   if (fp8) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;
   return work >= 2048 ? 3 : 2;
 }

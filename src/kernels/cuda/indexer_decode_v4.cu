@@ -41,6 +41,8 @@
 //    claims nor sums the requests' units, and the CTAs skip the exit counter.
 // PDL (common.cuh): the producer reads the metadata and copies blocks older than the request's
 // new tokens of its first unit before pdl_wait; the unit counter, q and every later copy after.
+// Without PDL, with fp8 units of 2..8 blocks, the first unit's query rows are copied before its
+// key blocks (see the host).
 // Development: SIEVE_INDEXER_TRACE=1 prints per-CTA phase times; SIEVE_V4_UNIT / _STAGES /
 // _CTAS change the unit size, the ring depth and the CTAs per SM.
 #include <algorithm>
@@ -106,6 +108,7 @@ struct V4Args {
   int fill_tail;    // sbuf is block_scores: blocks [n_blk_req, mbps) get -inf
   int32_t* req_done;  // [num_seqs] blocks scored so far (returned to 0 by the selector)
   int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
+  int early_copies;   // launched with PDL: the first unit's old blocks are copied before pdl_wait
   unsigned long long* trace;
 };
 
@@ -344,10 +347,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
       ++k;
     };
 
-    // The static units first; the first one's blocks older than the request's new tokens are
-    // copied before pdl_wait.
+    // The static units first. With early_copies (always under PDL), the first one's blocks
+    // older than the request's new tokens are copied before pdl_wait (the query rows come from
+    // the kernel before and wait for it). Otherwise the query rows go first: a copy issued after
+    // the ring's key blocks is served behind them under load (traces at b32 ctx9216 fp8: query
+    // rows in 2 us after the first block), and no consumer can start before it.
     int pre = 0;
-    if (stat[0].u >= 0) {
+    if (stat[0].u >= 0 && a.early_copies) {
       const UnitInfo ui = unit_info(a, stat[0]);
       const int n_old = ui.qlen > 0 ? (ui.seq_len - ui.qlen) / kBlock : 0;
       while (pre < ui.nb && pre < NS && stat[0].b0 + pre < n_old) {
@@ -567,8 +573,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
 //   SIEVE_V4_UNIT    key blocks per work unit
 //   SIEVE_V4_STAGES  stages of the key ring
 //   SIEVE_V4_CTAS    CTAs per SM (1, 2, or 3 with fp8)
+//   SIEVE_V4_STATIC  static units per CTA
+//   SIEVE_V4_EARLY_COPIES=1  the first unit's old blocks before its query rows also without PDL
 struct Knobs {
-  int unit = 0, stages = 0, ctas = 0, statics = 0;
+  int unit = 0, stages = 0, ctas = 0, statics = 0, early = 0;
 };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -577,6 +585,7 @@ const Knobs& knobs() {
     r.stages = env_int("SIEVE_V4_STAGES");
     r.ctas = env_int("SIEVE_V4_CTAS");
     r.statics = env_int("SIEVE_V4_STATIC");
+    r.early = env_int("SIEVE_V4_EARLY_COPIES");
     return r;
   }();
   return k;
@@ -709,6 +718,13 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
 
   a.trace = trace_alloc(indexer_trace_enabled(), size_t(P) * kTraceSlots, stream);
   const bool pdl = pdl_enabled(kPdlIndexer);
+  // Query rows first (no early copies) where the consumers, not the copies, set the pace and the
+  // first unit has several blocks: fp8 units of 2..8 blocks (b32 ctx9216 fp8, units of 6: 19.6-19.8
+  // vs 20.1 us; the query rows landed 2 us after the first block, traces). With one block a unit
+  // (b1: 8.1 vs 8.6), bf16 (b32 ctx9216: 24.8 vs 25.0) and units of 32 the old order measured
+  // as fast or faster.
+  const bool q_first = fp8 && unit >= 2 && unit <= 8;
+  a.early_copies = pdl || !q_first || kn.early > 0 ? 1 : 0;
   set_smem(kernel, L.total);
   launch_pdl(pdl, kernel, P, kThreads, L.total, stream, "indexer decode v4", a);
   if (a.trace) print_trace(fp8, a, N, P, L.total, trace_collect(a.trace, size_t(P) * kTraceSlots, stream));
