@@ -669,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
           const uint64_t da = make_desc(smem_u32(qs) + wg * 64 * 128), db = make_desc(smem_u32(stage));
           fence_acc(acc);
           wgmma_fence();
-  #pragma unroll
+#pragma unroll
           for (int st = 0; st < 8; ++st) {
             const uint32_t off = (st >> 2) * kChunkBytes + (st & 3) * 32;
             if constexpr (kRegA) {
@@ -683,13 +683,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
           fence_acc(acc);
         } else {
           const int mi = lane >> 3, rr = lane & 7;
-  #pragma unroll
+#pragma unroll
           for (int j = 0; j < 64; ++j) acc[j] = 0.f;
-  #pragma unroll
+#pragma unroll
           for (int st = 0; st < 8; ++st) {
             uint32_t af[4];
             ldmatrix_x4(af, qs + swz(wrow + rr + (mi & 1) * 8, st * 16 + (mi >> 1) * 8));
-  #pragma unroll
+#pragma unroll
             for (int jp = 0; jp < 8; ++jp) {
               uint32_t bf[4];
               ldmatrix_x4(bf, stage + swz(jp * 16 + rr + (mi >> 1) * 8, st * 16 + (mi & 1) * 8));
@@ -700,16 +700,16 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
         }
         // acc[4n + {0,1}]: row rA, keys 8n + 2q + {0,1}; acc[4n + {2,3}]: row rB.
         if (b * kBlock + kBlock - 1 <= pos_first + wrow) {
-  #pragma unroll
+#pragma unroll
           for (int n = 0; n < 16; ++n) {
             mA = fmaxf(mA, fmaxf(acc[4 * n], acc[4 * n + 1]));
             mB = fmaxf(mB, fmaxf(acc[4 * n + 2], acc[4 * n + 3]));
           }
         } else {
           const int limA = posA - b * kBlock, limB = posB - b * kBlock;
-  #pragma unroll
+#pragma unroll
           for (int n = 0; n < 16; ++n) {
-  #pragma unroll
+#pragma unroll
             for (int j = 0; j < 2; ++j) {
               const int key = 8 * n + 2 * q + j;
               mA = fmaxf(mA, key <= limA ? acc[4 * n + j] : kNegInf);
@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
             }
           }
         }
-  #pragma unroll
+#pragma unroll
         for (int o = 1; o <= 2; o <<= 1) {
           mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
           mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
