@@ -383,6 +383,14 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   const int q_begin = __ldg(a.qsl), q_end = __ldg(a.qsl + a.num_seqs);
   int s = min(t, a.num_seqs - 1);
   int qs0 = __ldg(a.qsl + s), qs1 = __ldg(a.qsl + s + 1), slen = __ldg(a.seq_lens + s);
+  // Dense: the block-table entries of the CTA's first 32 units (of the guessed request) in the
+  // same round of loads, not after it (no kernel before this one writes block tables, so before
+  // pdl_wait). Sparse rows need the unit ids first; prefetching the row's first 256 entries
+  // there measured slower (docs/performance.md).
+  const int s_guess = s;
+  int bt_first = 0;
+  if (is_producer && !sel && e_begin + lane < a.mbps)
+    bt_first = __ldg(a.block_tables + int64_t(s) * a.mbps + e_begin + lane);
   if (!is_producer || sel) pdl_wait();
   int b_first = -1;
   if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split)) b_first = __ldg(sel + e_begin + lane);
@@ -491,6 +499,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       if (e < e_end) {
         b = !sel ? e : e0 == e_begin ? b_first : __ldg(sel + e);
         if (b < 0 || b >= n_blk) b = -1;
+        else if (!sel && e0 == e_begin && s == s_guess) phys = bt_first;
         else phys = __ldg(a.block_tables + int64_t(s) * a.mbps + b);
       }
       uint32_t valid = __ballot_sync(0xffffffffu, b >= 0);
