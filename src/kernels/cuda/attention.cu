@@ -392,6 +392,26 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   if (is_producer && !sel && e_begin + lane < a.mbps)
     bt_first = __ldg(a.block_tables + int64_t(s) * a.mbps + e_begin + lane);
   if (!is_producer || sel) pdl_wait();
+  // bf16 KV: the Q rows (bf16, vector loads) are issued here, before the request metadata, so
+  // they are in flight before this CTA's (and most other CTAs') K/V copies. Issued after them
+  // (as the fp8 kernels still do), they were served behind the copies under load, and no
+  // consumer starts without Q: b32 ctx9216 traces put the first K block's use at 7.6 us after
+  // the start, 4.0 with the early loads (docs/performance.md). The fp8 kernels measured slower
+  // with the same change (their loop ran longer although Q arrived earlier), so they keep the
+  // loads after the prologue.
+  uint2 qraw[8][2];
+  constexpr bool kQEarly = !kFp8;
+  if (kQEarly && !is_producer && a.q_vec && a.q_bf16) {
+    const int h0 = kvh * a.gqa + g, h1 = h0 + 8;
+    const uint16_t* qp = static_cast<const uint16_t*>(a.q);
+    const int64_t r0 = t * a.q_stride + int64_t(h0) * kDim, r1 = t * a.q_stride + int64_t(h1) * kDim;
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      const int d = dbase<kFp8>(st, q);
+      qraw[st][0] = g < a.gqa ? __ldg(reinterpret_cast<const uint2*>(qp + r0 + d)) : make_uint2(0, 0);
+      qraw[st][1] = g + 8 < a.gqa ? __ldg(reinterpret_cast<const uint2*>(qp + r1 + d)) : make_uint2(0, 0);
+    }
+  }
   int b_first = -1;
   if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split)) b_first = __ldg(sel + e_begin + lane);
   // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
@@ -423,10 +443,14 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       float x0[4] = {0.f, 0.f, 0.f, 0.f}, x1[4] = {0.f, 0.f, 0.f, 0.f};
       if (a.q_vec) {
         if (a.q_bf16) {
-          const uint16_t* qp = static_cast<const uint16_t*>(a.q);
           uint2 u0 = make_uint2(0, 0), u1 = make_uint2(0, 0);
-          if (ok0) u0 = __ldg(reinterpret_cast<const uint2*>(qp + r0 + d));
-          if (ok1) u1 = __ldg(reinterpret_cast<const uint2*>(qp + r1 + d));
+          if constexpr (kQEarly) {
+            u0 = qraw[st][0], u1 = qraw[st][1];
+          } else {
+            const uint16_t* qp = static_cast<const uint16_t*>(a.q);
+            if (ok0) u0 = __ldg(reinterpret_cast<const uint2*>(qp + r0 + d));
+            if (ok1) u1 = __ldg(reinterpret_cast<const uint2*>(qp + r1 + d));
+          }
           x0[0] = __uint_as_float(u0.x << 16), x0[1] = __uint_as_float(u0.x & 0xffff0000u);
           x0[2] = __uint_as_float(u0.y << 16), x0[3] = __uint_as_float(u0.y & 0xffff0000u);
           x1[0] = __uint_as_float(u1.x << 16), x1[1] = __uint_as_float(u1.x & 0xffff0000u);
@@ -958,8 +982,9 @@ void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, i
     return x ? double(x - t0) / 1000.0 : -1.0;
   };
   for (int64_t c = 0; c < ctas; ++c)
-    std::fprintf(stderr, "  cta %lld sm %d: first K %.2f loop end %.2f cta merged %.2f end %.2f\n", (long long)c,
-                 int(tr[size_t(c * kTraceSlots + kTracePoints)]) - 1, at(c, 3), at(c, 4), at(c, 5), at(c, 7));
+    std::fprintf(stderr, "  cta %lld sm %d: first K %.2f loop end %.2f cta merged %.2f cluster sync %.2f end %.2f\n",
+                 (long long)c, int(tr[size_t(c * kTraceSlots + kTracePoints)]) - 1, at(c, 3), at(c, 4), at(c, 5),
+                 at(c, 6), at(c, 7));
 }
 
 std::atomic<int> g_flagged_merge{-1};
