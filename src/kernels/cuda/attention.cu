@@ -203,18 +203,20 @@ __device__ __forceinline__ uint4* ll_record(const AttnArgs& a, int64_t row, int 
 
 // Merge of the cluster's CTAs through distributed shared memory, for rows rank, rank + C, ...:
 // a thread takes kN consecutive dims of one row and issues the loads of every CTA's (max, sum,
-// values) at once; it writes the output (one cluster a row) or the cluster's partial.
-template <int kN, int kThreads>
+// values) at once; it writes the output (one cluster a row) or the cluster's partial. kC: the
+// cluster size when known at compile time (2: batch 32 on the H200), else 0 (at.C, up to 8).
+template <int kN, int kThreads, int kC>
 __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_group& cluster, const MergeAt& at,
                                               int my_rows, const float* cm_s, const float* cl_s, const float* co_s) {
   constexpr int kPer = kDim / kN;
-  const int C = at.C;
+  constexpr int kCs = kC ? kC : kMaxCluster;  // the loops' trip count
+  const int C = kC ? kC : at.C;
   for (int idx = threadIdx.x; idx < my_rows * kPer; idx += kThreads) {
     const int r = at.rank + (idx / kPer) * C, d0 = (idx % kPer) * kN;
     const int ci = co_index(r, d0);  // the kN dims are consecutive words (within one 32-dim run)
-    float mc[kMaxCluster], lc[kMaxCluster], oc[kMaxCluster][kN];
+    float mc[kCs], lc[kCs], oc[kCs][kN];
 #pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) {
+    for (int c = 0; c < kCs; ++c) {
       mc[c] = kNegInf, lc[c] = 0.f;
 #pragma unroll
       for (int i = 0; i < kN; ++i) oc[c][i] = 0.f;
@@ -229,13 +231,13 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
     }
     float M = kNegInf;
 #pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) M = fmaxf(M, mc[c]);
+    for (int c = 0; c < kCs; ++c) M = fmaxf(M, mc[c]);
     const float Mu = M == kNegInf ? 0.f : M;
     float L = 0.f, acc[kN];
 #pragma unroll
     for (int i = 0; i < kN; ++i) acc[i] = 0.f;
 #pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) {
+    for (int c = 0; c < kCs; ++c) {
       const float f = c < C ? exp2f(mc[c] - Mu) : 0.f;
       L += lc[c] * f;
 #pragma unroll
@@ -414,6 +416,10 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   }
   int b_first = -1;
   if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split)) b_first = __ldg(sel + e_begin + lane);
+  // The CTA barrier that publishes the mbarrier initialisation. With the early Q loads it comes
+  // before any loaded value is used: a consumer warp's wait for its metadata also waited for its
+  // Q loads (they share scoreboards), which held the producer's first copies back by ~1 us.
+  if constexpr (kQEarly) __syncthreads();
   // Tokens outside [query_start_loc[0], query_start_loc[num_seqs]) are not written (as on CPU).
   // The whole cluster shares t, so it leaves together.
   if (t < q_begin || t >= q_end) {
@@ -429,7 +435,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   const int n_old = (slen - (qs1 - qs0)) / kBlock;  // blocks of tokens before the first new one
   const int e_end = min(sel ? a.topk : n_blk, e_begin + a.per_split);
   if (threadIdx.x == 0) SIEVE_TRACE(1);
-  __syncthreads();
+  if constexpr (!kQEarly) __syncthreads();
 
   // Q fragments: rows g, g + 8 = heads of this kv group.
   uint32_t qa[8][4];
@@ -835,11 +841,16 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   const int grp = split / C;
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
   // This CTA's outputs: rows rank, rank + C, ...; as many dims a thread as it takes for one pass.
-  const int my_rows = (a.gqa - rank + C - 1) / C;
+  // Clusters of 2 with 4 dims a thread (batch 32 on the H200, 16 q heads) get their own
+  // instantiation: with C at run time the merge's setup (the addresses of 8 ranks' arrays, all
+  // 8 ranks' loads and exponentials under predicates) is a chain of ~250 instructions a warp
+  // (Nsight Compute, docs/performance.md).
   const MergeAt at{t, kvh, C, rank, row_id * a.groups + grp, row_id, grp};
-  if (my_rows * kDim <= kThreads) cluster_merge<1, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
-  else if (my_rows * kDim <= 2 * kThreads) cluster_merge<2, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
-  else cluster_merge<4, kThreads>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
+  const int my_rows = (a.gqa - rank + C - 1) / C;
+  if (C == 2 && my_rows * kDim > 2 * kThreads) cluster_merge<4, kThreads, 2>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
+  else if (my_rows * kDim <= kThreads) cluster_merge<1, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
+  else if (my_rows * kDim <= 2 * kThreads) cluster_merge<2, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
+  else cluster_merge<4, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
   // No CTA leaves while another still reads its shared memory. Those reads have completed (their
   // values were used before the barrier), so the arrive is relaxed: it does not wait for this
   // CTA's global stores (the partials), which the fence below publishes.
