@@ -842,8 +842,8 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
   // This CTA's outputs: rows rank, rank + C, ...; as many dims a thread as it takes for one pass.
   // Clusters of 2 with 4 dims a thread (batch 32 on the H200, 16 q heads) get their own
-  // instantiation: with C at run time the merge's setup (the addresses of 8 ranks' arrays, all
-  // 8 ranks' loads and exponentials under predicates) is a chain of ~250 instructions a warp
+  // instantiation: with C at run time the merge computed the addresses of 8 ranks' arrays and
+  // ran all 8 ranks' loads and exponentials under predicates, ~570 instructions a warp in all
   // (Nsight Compute, docs/performance.md).
   const MergeAt at{t, kvh, C, rank, row_id * a.groups + grp, row_id, grp};
   const int my_rows = (a.gqa - rank + C - 1) / C;
