@@ -215,36 +215,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int w = 0; w < kThreads / 32; ++w) total += misc[w];
     consumers_sync();  // union written; misc[0..7] read
     // The split of the tile's tokens over the two warpgroups with the fewest (warpgroup, block)
-    // passes: thread m tries slot set m for the first warpgroup (slot 0 in it, 4 slots); the
-    // consecutive split (m = 15) wins ties.
-    int cost = INT_MAX;
-    if ((tid & 1) && __popc(tid) == 4 && tid < 256) {
-      cost = 0;
-      for (int i = 0; i < total; ++i) cost += ((umask[i] & tid) != 0) + ((umask[i] & ~tid & 0xFF) != 0);
+    // passes: slot set m (slot 0 in it, 4 slots) for the first warpgroup, the lowest m among the
+    // cheapest (the consecutive split, m = 15, wins ties). Warp w tries the sets m = 2 w + 1 + 16 k,
+    // its lanes summing over the union's entries.
+    int best = INT_MAX;
+    for (int m = 2 * warp + 1; m < 256; m += 16) {
+      if (__popc(m) != 4) continue;
+      int part = 0;
+      for (int i = lane; i < total; i += 32) part += ((umask[i] & m) != 0) + ((umask[i] & ~m & 0xFF) != 0);
+      best = min(best, __reduce_add_sync(0xffffffffu, part) * 256 + m);
     }
-    const int best = __reduce_min_sync(0xffffffffu, cost == INT_MAX ? INT_MAX : cost * 256 + tid);
     if (lane == 0) misc[warp] = best;
     consumers_sync();
-    if (tid == 0) {
+    if (warp == 0) {
       int m = INT_MAX;
       for (int w = 0; w < kThreads / 32; ++w) m = min(m, misc[w]);
-      misc[8] = total;
-      misc[9] = m == INT_MAX ? 0x0F : (m & 255);
-      // Solo blocks pay off in tiles whose passes mostly serve one token (long prefixes: 8192
-      // tokens after 57344 1331 -> 1095 us); where most serve several (8192-token prompts) they
-      // only add variance (526-547 us without, 547-682 with), so a tile uses them only when its
-      // single-token passes are more than twice its shared ones.
+      const int w0 = m == INT_MAX ? 0x0F : (m & 255);
+      int solo = 0;
       if (kSolo) {
-        const int w0 = misc[9], w1 = ~w0 & 0xFF;
+        // Solo blocks pay off in tiles whose passes mostly serve one token (long prefixes: 8192
+        // tokens after 57344 1331 -> 1095 us); where most serve several (8192-token prompts) they
+        // only add variance (526-547 us without, 547-682 with), so a tile uses them only when its
+        // single-token passes are more than twice its shared ones.
+        const int w1 = ~w0 & 0xFF;
         int single = 0, shared = 0;
-        for (int i = 0; i < total; ++i)
+        for (int i = lane; i < total; i += 32)
           for (int set : {w0, w1}) {
             const int n = __popc(umask[i] & set);
             single += n == 1;
             shared += n > 1;
           }
-        misc[10] = single > 2 * shared;
+        solo = __reduce_add_sync(0xffffffffu, single) > 2 * __reduce_add_sync(0xffffffffu, shared);
       }
+      if (lane == 0) misc[8] = total, misc[9] = w0, misc[10] = solo;
     }
   } else {
     for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kThreads)
