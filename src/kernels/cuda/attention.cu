@@ -304,15 +304,6 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
   }
 }
 
-// Max of x and of y over the 4 lanes of a quad (the lanes that share an MMA row).
-__device__ __forceinline__ void quad_max2(float& x, float& y) {
-#pragma unroll
-  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o2));
-    y = fmaxf(y, __shfl_xor_sync(0xffffffffu, y, o2));
-  }
-}
-
 // fp8 P V scale exponent of a row for one block: b (>= 0) is the block's largest p * v_scale,
 // lim the smallest exponent that keeps the earlier (rescaled) terms at or below 2^15. Returns kn
 // with b * 2^-kn in [2^14, 2^15) unless lim is larger; never below -120 (b = 0: no new terms).

@@ -342,4 +342,13 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
+// Max of x and of y over the 4 lanes of a quad (the lanes that share an MMA row).
+__device__ __forceinline__ void quad_max2(float& x, float& y) {
+#pragma unroll
+  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o2));
+    y = fmaxf(y, __shfl_xor_sync(0xffffffffu, y, o2));
+  }
+}
+
 }  // namespace sieve::cuda

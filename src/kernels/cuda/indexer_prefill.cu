@@ -203,6 +203,30 @@ __device__ __forceinline__ float load_q_rounded(const Args& a, int64_t tok, int 
   return v;
 }
 
+// Running maxima of an MMA accumulator's two rows over its N n-tiles of 8 keys: x[4n + {0,1}] is
+// row A at keys 8n + 2q + {0,1}, x[4n + {2,3}] row B. With `all` every key counts; otherwise the
+// keys past limA / limB (counted from x's first key) are masked.
+template <int N>
+__device__ __forceinline__ void rows_max(const float* x, bool all, int q, int limA, int limB, float& mA, float& mB) {
+  if (all) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      mA = fmaxf(mA, fmaxf(x[4 * n], x[4 * n + 1]));
+      mB = fmaxf(mB, fmaxf(x[4 * n + 2], x[4 * n + 3]));
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = 8 * n + 2 * q + j;
+        mA = fmaxf(mA, key <= limA ? x[4 * n + j] : kNegInf);
+        mB = fmaxf(mB, key <= limB ? x[4 * n + 2 + j] : kNegInf);
+      }
+    }
+  }
+}
+
 // Block score of a row at position pos for block b (max of its visible dots m).
 __device__ __forceinline__ float row_score(const Args& a, float m, int b, int pos) {
   const int nblk = pos / kBlock + 1;
@@ -562,33 +586,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     for (int e = 0; e < 32; ++e) hA[e] = hB[e] = 0.f;
     // Maxima of rows rA, rB over the keys koff .. koff + 63 of block b held in hh.
     auto half_max = [&](const float (&hh)[32], int b, int koff, float& mA, float& mB) {
-      if (b * kBlock + kBlock - 1 <= pos_first + wrow) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          mA = fmaxf(mA, fmaxf(hh[4 * n], hh[4 * n + 1]));
-          mB = fmaxf(mB, fmaxf(hh[4 * n + 2], hh[4 * n + 3]));
-        }
-      } else {
-        const int limA = posA - b * kBlock - koff, limB = posB - b * kBlock - koff;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int key = 8 * n + 2 * q + j;
-            mA = fmaxf(mA, key <= limA ? hh[4 * n + j] : kNegInf);
-            mB = fmaxf(mB, key <= limB ? hh[4 * n + 2 + j] : kNegInf);
-          }
-        }
-      }
+      rows_max<8>(hh, b * kBlock + kBlock - 1 <= pos_first + wrow, q, posA - b * kBlock - koff,
+                  posB - b * kBlock - koff, mA, mB);
     };
     // Block i's scores from the maxima of the thread's keys (all lanes: the quad reduction).
     auto store_block = [&](int i, float mA, float mB) {
       const int b = b_begin + i;
-#pragma unroll
-      for (int o = 1; o <= 2; o <<= 1) {
-        mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
-        mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
-      }
+      quad_max2(mA, mB);
       if (q == 0 && a.diag != 3) {
         if constexpr (kSelect) {
           if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
@@ -702,29 +706,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
           }
         }
         // acc[4n + {0,1}]: row rA, keys 8n + 2q + {0,1}; acc[4n + {2,3}]: row rB.
-        if (b * kBlock + kBlock - 1 <= pos_first + wrow) {
-#pragma unroll
-          for (int n = 0; n < 16; ++n) {
-            mA = fmaxf(mA, fmaxf(acc[4 * n], acc[4 * n + 1]));
-            mB = fmaxf(mB, fmaxf(acc[4 * n + 2], acc[4 * n + 3]));
-          }
-        } else {
-          const int limA = posA - b * kBlock, limB = posB - b * kBlock;
-#pragma unroll
-          for (int n = 0; n < 16; ++n) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int key = 8 * n + 2 * q + j;
-              mA = fmaxf(mA, key <= limA ? acc[4 * n + j] : kNegInf);
-              mB = fmaxf(mB, key <= limB ? acc[4 * n + 2 + j] : kNegInf);
-            }
-          }
-        }
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1) {
-          mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
-          mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
-        }
+        rows_max<16>(acc, b * kBlock + kBlock - 1 <= pos_first + wrow, q, posA - b * kBlock, posB - b * kBlock, mA,
+                     mB);
+        quad_max2(mA, mB);
       }
       if (q == 0 && a.diag != 3) {
         if constexpr (kSelect) {
@@ -987,29 +971,8 @@ __device__ __forceinline__ void wide_epilogue(const Args& a, const float (&acc)[
   const int posA = pos_first + rA, posB = pos_first + rB;
   float mA = kNegInf, mB = kNegInf;
   if (act) {
-    if (b * kBlock + kBlock - 1 <= pos_first + rbase) {
-#pragma unroll
-      for (int n = 0; n < 16; ++n) {
-        mA = fmaxf(mA, fmaxf(acc[4 * n], acc[4 * n + 1]));
-        mB = fmaxf(mB, fmaxf(acc[4 * n + 2], acc[4 * n + 3]));
-      }
-    } else {
-      const int limA = posA - b * kBlock, limB = posB - b * kBlock;
-#pragma unroll
-      for (int n = 0; n < 16; ++n) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int key = 8 * n + 2 * q + j;
-          mA = fmaxf(mA, key <= limA ? acc[4 * n + j] : kNegInf);
-          mB = fmaxf(mB, key <= limB ? acc[4 * n + 2 + j] : kNegInf);
-        }
-      }
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      mA = fmaxf(mA, __shfl_xor_sync(0xffffffffu, mA, o));
-      mB = fmaxf(mB, __shfl_xor_sync(0xffffffffu, mB, o));
-    }
+    rows_max<16>(acc, b * kBlock + kBlock - 1 <= pos_first + rbase, q, posA - b * kBlock, posB - b * kBlock, mA, mB);
+    quad_max2(mA, mB);
   }
   if (q == 0) {
     if (rA < rows) a.sbuf[((row0 + rA) * a.H + h) * a.sstride + b] = row_score(a, mA, b, posA);
