@@ -961,8 +961,6 @@ constexpr int kWPipeSmemBytes = kWPipeSmemUsed + 1024;
 static_assert(kWPipeSmemBytes <= 227 * 1024, "wide pipelined kernel: shared memory");
 static_assert((kWSmemUsed - kThreads / 32 * (kCandCap * 8 + 128)) / 4 >= kSelMaxBlocks, "wide select staging");
 
-__device__ __forceinline__ void wgmma_wait_1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-
 // Max over the visible keys of rows rA = rbase + g and rB = rA + 8 of one m64 accumulator (rbase:
 // the warp's first row of the half), then the score rows (rows of the tile only).
 __device__ __forceinline__ void wide_epilogue(const Args& a, const float (&acc)[64], bool act, int b, int rbase, int g,
