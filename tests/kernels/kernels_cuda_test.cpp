@@ -823,6 +823,28 @@ TEST(CudaIndexer, V4GraphReplayMatchesEager) {
   cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
 
+// v4's selection of long rows by the whole CTA (rows of 128 blocks and more, in the two-CTA
+// builds: bf16, and fp8 from 256 blocks a request): exact ties on the value grid, so that wide
+// ties overflow the candidate list and take the top-k rounds, and several rows a request.
+TEST(CudaIndexer, V4LongRowsExactTiesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9500;
+  const std::vector<SeqSpec> specs = {{40000, 1}, {16400, 2}, {33000, 1}, {300, 1}, {8191, 3}};
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (bool ties : {true, false}) {
+      IndexerCase c;
+      c.specs = specs;
+      c.cache = cd;
+      c.ties = ties;
+      c.H = ties ? 1 : 2;
+      c.topk = ties ? 16 : 32;
+      c.init = ties ? 0 : 1;
+      c.path = cuda::IndexerPath::kDecodeFusedV4;
+      check_indexer_once(c, seed++);
+    }
+  }
+}
+
 // Many requests (v3: more than one wave of CTAs, cluster size 1; v4: many units per CTA) of
 // random decode / speculative shapes.
 TEST(CudaIndexer, ManySequencesMatchCpu) {

@@ -574,6 +574,20 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
   // Last valid row of this warpgroup (wgmma) or warp (mma.sync); -1 when none.
   const int unit_lo = kWgmma ? wg * 64 : wrow, unit_n = kWgmma ? 64 : 16;
   const int unit_last = min(rows - 1, unit_lo + unit_n - 1);
+  // Block i's scores of rows rA, rB from their maxima mA, mB (quad-reduced; lanes q == 0 store):
+  // straight to the score rows (kSelect; rows past the tile have none), else to the CTA table.
+  auto store_scores = [&](int i, float mA, float mB) {
+    const int b = b_begin + i;
+    if (q == 0 && a.diag != 3) {
+      if constexpr (kSelect) {
+        if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
+        if (rB < rows) srowA[int64_t(8 * a.H) * a.sstride + b] = row_score(a, mB, b, posB);
+      } else {
+        tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
+        tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
+      }
+    }
+  };
 
   if constexpr (kMode == kRSP) {
     // Two halves of 64 keys per block, each its own commit group: at block i the warpgroup
@@ -591,17 +605,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
     };
     // Block i's scores from the maxima of the thread's keys (all lanes: the quad reduction).
     auto store_block = [&](int i, float mA, float mB) {
-      const int b = b_begin + i;
       quad_max2(mA, mB);
-      if (q == 0 && a.diag != 3) {
-        if constexpr (kSelect) {
-          if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
-          if (rB < rows) srowA[int64_t(8 * a.H) * a.sstride + b] = row_score(a, mB, b, posB);
-        } else {
-          tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
-          tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
-        }
-      }
+      store_scores(i, mA, mB);
     };
     // Every block's two halves are issued, also a block past this warpgroup's rows (only where a
     // tile straddles a block boundary; its maxima are masked to -inf): MMAs under a
@@ -710,16 +715,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_v2_kernel(Args a) {
                      mB);
         quad_max2(mA, mB);
       }
-      if (q == 0 && a.diag != 3) {
-        if constexpr (kSelect) {
-          // Straight to the score rows (rows past the tile have none).
-          if (rA < rows) srowA[b] = row_score(a, mA, b, posA);
-          if (rB < rows) srowA[int64_t(8 * a.H) * a.sstride + b] = row_score(a, mB, b, posB);
-        } else {
-          tbl[rA * kTblStride + i] = row_score(a, mA, b, posA);
-          tbl[rB * kTblStride + i] = row_score(a, mB, b, posB);
-        }
-      }
+      store_scores(i, mA, mB);
       if constexpr (kFp8) {
         if (i + 1 < nb) store_fp8(i + 1);
       }
