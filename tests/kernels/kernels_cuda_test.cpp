@@ -823,9 +823,9 @@ TEST(CudaIndexer, V4GraphReplayMatchesEager) {
   cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
 
-// v4's selection of long rows by the whole CTA (rows of 128 blocks and more, in the two-CTA
-// builds: bf16, and fp8 from 256 blocks a request): exact ties on the value grid, so that wide
-// ties overflow the candidate list and take the top-k rounds, and several rows a request.
+// v4's selection on long rows (up to 313 blocks, in the two-CTA builds: bf16, and fp8 from 256
+// blocks a request): exact ties on the value grid, so that wide ties overflow the candidate list
+// and take the top-k rounds, and several rows and heads a request.
 TEST(CudaIndexer, V4LongRowsExactTiesMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 9500;
