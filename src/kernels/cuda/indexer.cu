@@ -328,11 +328,7 @@ __global__ void __launch_bounds__(kPreThreads) prefill_indexer_kernel(IdxArgs a)
           if (!diag || key <= p1) m1 = fmaxf(m1, acc[nt][2 + j]);
         }
       }
-#pragma unroll
-      for (int o = 1; o <= 2; o <<= 1) {
-        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-      }
+      quad_max2(m0, m1);
       if (q == 0) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {

@@ -127,11 +127,7 @@ __device__ __forceinline__ void warp_block_max(const KeyRegs<kFp8> (&kr)[NT], co
       if (key <= pos1) m1 = fmaxf(m1, acc[nt][2 + j]);
     }
   }
-#pragma unroll
-  for (int o = 1; o <= 2; o <<= 1) {
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-  }
+  quad_max2(m0, m1);
 }
 
 // Order-preserving float <-> int for non-NaN values (integer max == float max).
