@@ -824,8 +824,8 @@ TEST(CudaIndexer, V4GraphReplayMatchesEager) {
 }
 
 // v4's selection on long rows (up to 313 blocks, in the two-CTA builds: bf16, and fp8 from 256
-// blocks a request): exact ties on the value grid, so that wide ties overflow the candidate list
-// and take the top-k rounds, and several rows and heads a request.
+// blocks a request): exact ties on the value grid (many blocks share a score, so the order rests
+// on the tie rule), and several rows and heads a request.
 TEST(CudaIndexer, V4LongRowsExactTiesMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 9500;
