@@ -155,12 +155,10 @@ __host__ __device__ inline Layout make_layout(int chunk_blocks, int topk, int C,
   return L;
 }
 
-// Named CTA barrier 1 (barrier 0 is __syncthreads): the producer arrives, the consumers wait.
+// Named CTA barrier 1 (barrier 0 is __syncthreads): the producer's block table and first copies
+// before the consumers' loop.
 __device__ __forceinline__ void named_sync(int count) {
   asm volatile("bar.sync 1, %0;\n" ::"r"(count) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int count) {
-  asm volatile("bar.arrive 1, %0;\n" ::"r"(count) : "memory");
 }
 // Split cluster barrier: arrive (release) after the last remote shared-memory read, wait
 // (acquire) before the CTA may exit.
@@ -349,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       if (lane + 32 * j < CB) phys[lane + 32 * j] = tbl[j];
     __syncwarp();
     if (tr && lane == 0) tr[2] = global_ns();
-    named_arrive(kThreads);
+    named_sync(kThreads);
     if (lane == 0) {
       for (int i = S; i < nb; ++i) {
         const int st = i % S;
