@@ -956,15 +956,23 @@ TEST(CudaIndexer, BitwiseMatchesV2) {
 // new tokens' cache slots hold stale random values until the cache write stores theirs, and the
 // indexer has no forced blocks (a request's newest block scores by its keys), so a kernel that
 // read a new token's key or value before the cache write had stored it would differ.
-void check_decode_step(DType cache_dtype, int variant, uint64_t seed) {
+// `batch` decode requests: 32 (the boundary lengths and random ones) or a few (at most 4: the
+// default PDL choice then launches the attention with PDL too).
+void check_decode_step(DType cache_dtype, int variant, uint64_t seed, int batch = 32) {
   SCOPED_TRACE("cache " + name(cache_dtype) + " indexer variant " + std::to_string(variant) + " seed " +
-               std::to_string(seed));
+               std::to_string(seed) + " batch " + std::to_string(batch));
   Rng rng(seed);
   const QkvLayout l = QkvLayout::make(16, 1, 128, 1, 128, 64, 8);
   const QkvWeights w = QkvWeights::make(l, 16384, rng);
   std::vector<SeqSpec> specs;
-  for (int c : {0, 127, 128, 129, 255, 256, 1023, 1024, 2047, 2048, 4096, 9000, 9215}) specs.push_back({c, 1});
-  while (specs.size() < 32) specs.push_back({rng.uniform_int(1, 9215), 1});
+  if (batch >= 13) {
+    for (int c : {0, 127, 128, 129, 255, 256, 1023, 1024, 2047, 2048, 4096, 9000, 9215}) specs.push_back({c, 1});
+  } else {
+    for (int c : {9215, 128, 4096, 0}) {
+      if (int(specs.size()) < batch) specs.push_back({c, 1});
+    }
+  }
+  while (int(specs.size()) < batch) specs.push_back({rng.uniform_int(1, 9215), 1});
   std::shuffle(specs.begin(), specs.end(), rng.gen);
   PagedBatch b = make_paged_batch(specs, 128, rng);
   KvCache kv(cache_dtype, b.num_blocks, 128, 1, 128);
@@ -1061,19 +1069,23 @@ void check_decode_step(DType cache_dtype, int variant, uint64_t seed) {
   };
   const int prev = cuda::kernel_variant();
   cuda::set_kernel_variant(variant);
-  cuda::set_pdl(7);
-  const Out ref = run(true);
-  // The reference is not the stale cache: the cache write changed every new token's slot.
-  EXPECT_NE(ref.ic, ic.k.bytes);
-  for (int rep = 0; rep < 3; ++rep) {
-    SCOPED_TRACE("back to back, repeat " + std::to_string(rep));
-    const Out got = run(false);
-    EXPECT_EQ(got.ic, ref.ic);
-    EXPECT_EQ(got.k, ref.k);
-    EXPECT_EQ(got.topk, ref.topk);
-    EXPECT_EQ(got.scores, ref.scores);
-    EXPECT_EQ(got.sparse, ref.sparse);
-    EXPECT_EQ(got.dense, ref.dense);
+  // Every kernel with PDL (7), then the default choice (-1: the indexer, and attention for small
+  // batches).
+  for (const int mask : {7, -1}) {
+    cuda::set_pdl(mask);
+    const Out ref = run(true);
+    // The reference is not the stale cache: the cache write changed every new token's slot.
+    EXPECT_NE(ref.ic, ic.k.bytes);
+    for (int rep = 0; rep < 3; ++rep) {
+      SCOPED_TRACE("PDL mask " + std::to_string(mask) + ", back to back, repeat " + std::to_string(rep));
+      const Out got = run(false);
+      EXPECT_EQ(got.ic, ref.ic);
+      EXPECT_EQ(got.k, ref.k);
+      EXPECT_EQ(got.topk, ref.topk);
+      EXPECT_EQ(got.scores, ref.scores);
+      EXPECT_EQ(got.sparse, ref.sparse);
+      EXPECT_EQ(got.dense, ref.dense);
+    }
   }
   cuda::set_pdl(-1);
   cuda::set_kernel_variant(prev);
@@ -1084,7 +1096,10 @@ TEST(CudaDecodeStep, BackToBackMatchesSynchronised) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 9700;
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-    for (int variant : {2, 3, 4}) check_decode_step(cd, variant, seed++);
+    for (int variant : {2, 3, 4}) {
+      check_decode_step(cd, variant, seed++);
+      check_decode_step(cd, variant, seed++, 3);
+    }
   }
 }
 

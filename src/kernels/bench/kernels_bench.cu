@@ -12,6 +12,7 @@
 #include <cmath>
 #include <functional>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -367,6 +368,12 @@ bool row_wanted(const Options& o, const std::string& kernel) {
   return o.rows.empty() || kernel.find(o.rows) != std::string::npos;
 }
 
+// SIEVE_PDL is set: it then chooses the programmatic dependent launches of every row.
+bool pdl_from_env() {
+  const char* e = std::getenv("SIEVE_PDL");
+  return e && *e;
+}
+
 // Kernel names of the rows whose --rows test comes before the row itself is built.
 constexpr const char* kEmptyKernel = "empty kernel (timing floor)";
 constexpr const char* kDecodeIndexer = "decode indexer";
@@ -479,15 +486,20 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         return r;
       };
       // At the main shape, the batched-graph mode again with programmatic dependent launch of the
-      // kernels in `mask` (SIEVE_PDL; same process, same inputs): what PDL gives.
-      auto with_pdl = [&](Row r, const std::function<void(int, cudaStream_t)>& fn, int mask = 7) {
+      // kernels in each mask (SIEVE_PDL's meaning; 0: plain launches) instead of the default
+      // choice (same process, same inputs): what PDL gives.
+      auto with_pdl = [&](Row r, const std::function<void(int, cudaStream_t)>& fn,
+                          std::initializer_list<int> masks = {0, 7}) {
         if (!main_shape) return;
-        cuda::set_pdl(mask);
-        r.mode += ", PDL mask " + std::to_string(mask);
+        const std::string mode = r.mode;
         r.target_us = 0, r.target_note = "";
-        r.us = time_it(iters, sets, fn, true, st, kGraphBatch);
-        cuda::set_pdl(-1);
-        emit(r, c);
+        for (const int mask : masks) {
+          cuda::set_pdl(mask);
+          r.mode = mode + (mask ? ", PDL mask " + std::to_string(mask) : ", no PDL");
+          r.us = time_it(iters, sets, fn, true, st, kGraphBatch);
+          cuda::set_pdl(-1);
+          emit(r, c);
+        }
       };
 
       // Indexer: the default path (what run_indexer picks) with the targets, then the earlier
@@ -497,6 +509,17 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       auto run_path = [&](cuda::IndexerPath path) {
         return [&c, path](int s, cudaStream_t stream) {
           if (!cuda::run_indexer_path(c.indexer(s), stream, path)) throw Error("bench: indexer unsupported");
+        };
+      };
+      // A kernel's own rows launch it plainly (unless SIEVE_PDL chooses): with PDL, each call of
+      // a graph of 16 would start under the one before, which a decode step does not give it. The
+      // decode-step rows use the default PDL choice, as serving does.
+      auto plain = [](const std::function<void(int, cudaStream_t)>& fn) {
+        return [fn](int s, cudaStream_t stream) {
+          if (pdl_from_env()) return fn(s, stream);
+          cuda::set_pdl(0);
+          fn(s, stream);
+          cuda::set_pdl(-1);
         };
       };
       struct IPath {
@@ -521,14 +544,14 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         }
         if (ip.eager) {
           r.mode = ip.name + ", eager";
-          r.us = time_it(iters, sets, run_path(ip.path), false, st);
+          r.us = time_it(iters, sets, plain(run_path(ip.path)), false, st);
           emit(r, c);
         }
         r.mode = ip.name + ", graph";
-        r.us = time_it(iters, sets, run_path(ip.path), true, st);
+        r.us = time_it(iters, sets, plain(run_path(ip.path)), true, st);
         emit(r, c);
         r.mode = ip.name + ", " + kBatchMode;
-        r.us = time_it(iters, sets, run_path(ip.path), true, st, kGraphBatch);
+        r.us = time_it(iters, sets, plain(run_path(ip.path)), true, st, kGraphBatch);
         emit(r, c);
         if (ip.target) with_pdl(r, run_path(ip.path));
       }
@@ -545,7 +568,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       Row a{"sparse decode attention", shape, dt, "", 0, afloor, "bytes"};
       a.target_us = main_shape ? (fp8 ? 7 : 11) : 0;
       a.target_note = main_shape ? "issue target" : "";
-      if (row_wanted(opt, a.kernel)) with_pdl(emit_modes(a, attn(true)), attn(true));
+      if (row_wanted(opt, a.kernel)) with_pdl(emit_modes(a, plain(attn(true))), attn(true));
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
@@ -599,8 +622,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         Row fr{kFullDecodeStep, shape, dt, "", 0,
                ifloor + afloor + qkv_bytes(c.T, fp8) / bw * 1e6, "bytes"};
         fr = emit_modes(fr, full_step);
-        with_pdl(fr, full_step);
-        with_pdl(fr, full_step, 4);  // the attention only
+        with_pdl(fr, full_step, {0, 2, 7});  // 2: the indexer only
       }
 
       // Dense attention (dense layers).
@@ -608,7 +630,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       Row d{"dense decode attention", shape, dt, "", 0, dfloor, "bytes"};
       d.target_us = main_shape ? 1.3 * dfloor : 0;
       d.target_note = main_shape ? "1.3 x floor" : "";
-      if (row_wanted(opt, d.kernel)) with_pdl(emit_modes(d, attn(false)), attn(false));
+      if (row_wanted(opt, d.kernel)) with_pdl(emit_modes(d, plain(attn(false))), attn(false));
     }
   }
 

@@ -90,13 +90,15 @@ void* private_scratch(cudaStream_t stream, int id, size_t bytes) {
 namespace {
 std::atomic<int> g_pdl{-1};
 }  // namespace
-bool pdl_enabled(PdlKernel k) {
-  static const int env = [] {
+bool pdl_enabled(PdlKernel k, int64_t num_tokens) {
+  static const int env = [] {  // -1: unset (the default choice)
     const char* e = std::getenv("SIEVE_PDL");
-    return e && *e ? std::atoi(e) & kPdlAll : 0;
+    return e && *e ? std::atoi(e) & kPdlAll : -1;
   }();
-  const int v = g_pdl.load(std::memory_order_relaxed);
-  return ((v < 0 ? env : v) & k) != 0;
+  int v = g_pdl.load(std::memory_order_relaxed);
+  if (v < 0) v = env;
+  if (v < 0) v = kPdlIndexer | (num_tokens <= kPdlAttentionMaxTokens ? kPdlAttention : 0);
+  return (v & k) != 0;
 }
 void set_pdl(int mask) { g_pdl.store(mask < 0 ? -1 : mask & kPdlAll, std::memory_order_relaxed); }
 

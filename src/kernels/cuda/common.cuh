@@ -53,11 +53,15 @@ int num_sms();
 // only tokens older than the request's first new token — and everything else after it; every
 // thread of every CTA passes pdl_wait before it writes global memory or exits, so a grid never
 // completes before the one it depends on. The contract this relies on is in kernels/ops.h.
-// SIEVE_PDL = a mask of the kernels launched so (1 cache write, 2 decode indexers, 4 attention;
-// 7 = all; default 0 = none: measured no faster in a whole decode step on the H200, see
-// docs/performance.md; read once); set_pdl overrides it (-1: the environment's).
+// Which kernels are launched so: by default the decode indexers always, attention when the batch
+// has at most kPdlAttentionMaxTokens query tokens, the cache write never (measured on the H200,
+// docs/performance.md: a whole decode step gains at every batch size from the indexer's PDL, and
+// from the attention's only up to 4 tokens). SIEVE_PDL = a mask (1 cache write, 2 decode
+// indexers, 4 attention; 7 = all, 0 = none; read once) replaces that choice; set_pdl overrides
+// both (-1: back to the environment's or the default).
 enum PdlKernel : int { kPdlCacheWrite = 1, kPdlIndexer = 2, kPdlAttention = 4, kPdlAll = 7 };
-bool pdl_enabled(PdlKernel k);
+constexpr int64_t kPdlAttentionMaxTokens = 4;
+bool pdl_enabled(PdlKernel k, int64_t num_tokens);
 void set_pdl(int mask);
 
 // Launches `kernel`, with programmatic stream serialisation when `pdl` (e.g. pdl_enabled(k)).

@@ -248,10 +248,10 @@ bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream_v) {
   const int grid = a.num_seqs * a.chunks;
   if (fp8) {
     set_smem(decode_indexer_v2_kernel<true>, smem);
-    launch_pdl(pdl_enabled(kPdlIndexer), decode_indexer_v2_kernel<true>, grid, kThreads, smem, stream, "indexer decode v2", a);
+    launch_pdl(pdl_enabled(kPdlIndexer, p.batch.num_tokens), decode_indexer_v2_kernel<true>, grid, kThreads, smem, stream, "indexer decode v2", a);
   } else {
     set_smem(decode_indexer_v2_kernel<false>, smem);
-    launch_pdl(pdl_enabled(kPdlIndexer), decode_indexer_v2_kernel<false>, grid, kThreads, smem, stream, "indexer decode v2", a);
+    launch_pdl(pdl_enabled(kPdlIndexer, p.batch.num_tokens), decode_indexer_v2_kernel<false>, grid, kThreads, smem, stream, "indexer decode v2", a);
   }
   return true;
 }

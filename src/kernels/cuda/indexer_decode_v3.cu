@@ -704,7 +704,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   a.stages = stages;
   a.block_scores = p.block_scores;
   a.merge_ilp = kn.merge > 0;
-  a.pdl = pdl_enabled(kPdlIndexer);
+  a.pdl = pdl_enabled(kPdlIndexer, p.batch.num_tokens);
   if (G > 1) {
     const size_t part = size_t(N) * G * 16 * p.topk;
     char* ws = static_cast<char*>(workspace(stream, part * 8));

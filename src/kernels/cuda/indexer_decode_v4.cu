@@ -717,7 +717,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   a.work = counters + N;
 
   a.trace = trace_alloc(indexer_trace_enabled(), size_t(P) * kTraceSlots, stream);
-  const bool pdl = pdl_enabled(kPdlIndexer);
+  const bool pdl = pdl_enabled(kPdlIndexer, p.batch.num_tokens);
   // Query rows first (no early copies) where the consumers, not the copies, set the pace and the
   // first unit has several blocks: fp8 units of 2..8 blocks (b32 ctx9216 fp8, units of 6: 19.6-19.8
   // vs 20.1 us; the query rows landed 2 us after the first block, traces). With one block a unit

@@ -60,8 +60,9 @@ int v4_single_unit(int64_t num_seqs, int64_t blocks, int64_t ctas);
 // parameters (the caller then runs the first prefill kernel).
 bool run_indexer_prefill_v2(const ops::IndexerParams& p, void* stream);
 // Programmatic dependent launch of the decode-step kernels (common.cuh): a mask, 1 cache write,
-// 2 decode indexers, 4 attention; SIEVE_PDL (default 0: none). set_pdl(mask) forces it, set_pdl(-1)
-// returns to the environment's choice.
+// 2 decode indexers, 4 attention; SIEVE_PDL, else by default the indexers, and attention for at
+// most 4 query tokens. set_pdl(mask) forces a mask, set_pdl(-1) returns to the environment's or
+// the default choice.
 void set_pdl(int mask);
 // Test hook: caps the v2 decode indexer's chunks per request (0 = automatic grid).
 void set_indexer_v2_max_chunks(int n);
