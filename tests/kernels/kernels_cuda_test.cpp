@@ -287,6 +287,11 @@ struct AttnCase {
   int nq = 16, nkv = 1;
   DType kv = DType::BF16;
   DType out = DType::F32;
+  // Q rows: dtype and the padding after a token's heads (elements). bf16 with 8 (and f32 with
+  // 4) keeps rows 16-byte aligned: Q comes by one bulk copy; bf16 with 4: 8-byte vector loads;
+  // odd paddings: element loads.
+  DType q = DType::BF16;
+  int q_pad = 8;
   bool sparse = true;
   int topk = 16;
   // fp8: token scales multiplied by 2^u, u uniform in [-spread, 0] for V and [-1, spread / 4]
@@ -296,7 +301,8 @@ struct AttnCase {
 
 void check_attention_once(const AttnCase& c, uint64_t seed) {
   SCOPED_TRACE("kv " + name(c.kv) + (c.sparse ? " sparse" : " dense") + " nq " + std::to_string(c.nq) +
-               " nkv " + std::to_string(c.nkv) + " out " + name(c.out) + " seed " + std::to_string(seed));
+               " nkv " + std::to_string(c.nkv) + " q " + name(c.q) + " pad " + std::to_string(c.q_pad) + " out " +
+               name(c.out) + " seed " + std::to_string(seed));
   Rng rng(seed);
   const int D = 128;
   PagedBatch b = make_paged_batch(c.specs, 128, rng);
@@ -309,10 +315,10 @@ void check_attention_once(const AttnCase& c, uint64_t seed) {
       if (!std::isnan(x)) x *= std::exp2(rng.uniform(-1.f, c.scale_spread / 4));
   }
   const int64_t T = b.num_tokens;
-  const int64_t q_stride = int64_t(c.nq) * D + 8;
+  const int64_t q_stride = int64_t(c.nq) * D + c.q_pad;
   std::vector<float> qv(size_t(T * q_stride));
   for (auto& v : qv) v = rng.uniform(-1.f, 1.f);
-  TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
+  TypedBuffer q = TypedBuffer::from(c.q, qv);
   std::vector<int32_t> topk;
   if (c.sparse) {
     topk.assign(size_t(T * c.nkv * c.topk), -1);
@@ -331,7 +337,7 @@ void check_attention_once(const AttnCase& c, uint64_t seed) {
   const int64_t out_stride = int64_t(c.nq) * D + 16;
   ops::AttentionParams p;
   p.q = q.data();
-  p.q_dtype = DType::BF16;
+  p.q_dtype = c.q;
   p.q_stride = q_stride;
   std::vector<float> cpu_out(size_t(T * out_stride), kNaN);
   p.out = cpu_out.data();
@@ -431,11 +437,17 @@ TEST(CudaAttention, SparsePrefillMatchesCpu) {
 TEST(CudaAttention, RandomBatchesMatchCpu) {
   SKIP_WITHOUT_GPU();
   Rng rng(6500);
-  for (int trial = 0; trial < 4; ++trial) {
+  for (int trial = 0; trial < 9; ++trial) {
     AttnCase c;
     c.specs = random_seq_specs(5, 2500, rng, 8);
     c.kv = trial % 2 ? DType::FP8_E4M3 : DType::BF16;
-    c.sparse = trial < 2;
+    c.sparse = trial % 4 < 2;
+    // Trials 4..8: the other Q layouts (f32 bulk-copied with bf16 and fp8 KV, bf16 vector loads,
+    // bf16 element loads, f32 element loads).
+    if (trial >= 4) {
+      c.q = trial == 6 || trial == 7 ? DType::BF16 : DType::F32;
+      c.q_pad = trial == 7 ? 3 : trial == 8 ? 1 : 4;
+    }
     check_attention(c, 6600 + uint64_t(trial));
   }
 }

@@ -68,6 +68,8 @@ __host__ __device__ constexpr int co_index(int r, int d) { return r * kCoStride 
 // the CTA's O (at a fixed offset: other CTAs of the cluster read it).
 constexpr size_t kWarpOBytes = size_t(kMaxConsumers) * 64 * 32 * 4;
 constexpr size_t kMergeBytes = kWarpOBytes + size_t(16) * kCoStride * 4;
+// The Q rows of one kv group (up to 16 heads, f32 at most), after the slot ring and the merge space.
+constexpr size_t kQBytes = size_t(16) * kDim * 4;
 
 template <bool kFp8>
 struct Geo {
@@ -79,11 +81,18 @@ struct Geo {
   static constexpr int kMaxSlots2 = kFp8 ? 12 : 6;
   static constexpr int kMaxSlots1 = kFp8 ? 6 : 3;
 };
+// Offset of the Q rows in dynamic shared memory: past the slot ring and the merge space.
+template <bool kFp8>
+__host__ __device__ constexpr size_t q_offset(int stages) {
+  const size_t ring = size_t(stages) * Geo<kFp8>::kSlotBytes;
+  return ((ring > kMergeBytes ? ring : kMergeBytes) + 127) / 128 * 128;
+}
 
 struct AttnArgs {
   const void* q;
   bool q_bf16;
   bool q_vec;  // q and q_stride allow 8-byte (bf16) / 16-byte (f32) loads of 4 elements
+  bool q_bulk;  // a kv group's Q rows come by one bulk copy into shared memory (16-byte aligned rows)
   int64_t q_stride;
   void* out;
   bool out_bf16;
@@ -336,7 +345,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   constexpr int kThreads = threads_of<kGroups>();
   using G = Geo<kFp8>;
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
+  __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages], qbar;
   __shared__ int blk_ring[kRing];
   __shared__ float m_s[kConsumers][16], l_s[kConsumers][16];
   __shared__ bool took_s[kConsumers];  // consumer warp w took at least one unit
@@ -362,6 +371,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kGroupWarps * 32);  // every consumer thread of a group releases
     }
+    mbar_init(&qbar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   // Everything below depends on t only or on one round of loads: the request is guessed as
@@ -385,6 +395,15 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   if (is_producer && !sel && e_begin + lane < a.mbps)
     bt_first = __ldg(a.block_tables + int64_t(s) * a.mbps + e_begin + lane);
   if (!is_producer || sel) pdl_wait();
+  // Q by one bulk copy (q_bulk), issued before anything that needs the metadata: it is served
+  // ahead of every K/V copy of the grid, and no Q loads share the SM's load path with the
+  // producer's metadata and block-table loads (docs/performance.md).
+  const size_t q_esz = a.q_bf16 ? 2 : 4;
+  const uint8_t* q_s = smem + q_offset<kFp8>(NS);
+  if (a.q_bulk && threadIdx.x == 0)
+    bulk_load(const_cast<uint8_t*>(q_s),
+              static_cast<const uint8_t*>(a.q) + (t * a.q_stride + int64_t(kvh) * a.gqa * kDim) * q_esz,
+              uint32_t(a.gqa * kDim * q_esz), &qbar);
   // bf16 KV: the Q rows (bf16, vector loads) are issued here, before the request metadata, so
   // they are in flight before this CTA's (and most other CTAs') K/V copies. Issued after them
   // (as the fp8 kernels still do), they were served behind the copies under load, and no
@@ -394,7 +413,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   // loads after the prologue.
   uint2 qraw[8][2];
   constexpr bool kQEarly = !kFp8;
-  if (kQEarly && !is_producer && a.q_vec && a.q_bf16) {
+  if (kQEarly && !is_producer && a.q_vec && a.q_bf16 && !a.q_bulk) {
     const int h0 = kvh * a.gqa + g, h1 = h0 + 8;
     const uint16_t* qp = static_cast<const uint16_t*>(a.q);
     const int64_t r0 = t * a.q_stride + int64_t(h0) * kDim, r1 = t * a.q_stride + int64_t(h1) * kDim;
@@ -415,6 +434,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   // The whole cluster shares t, so it leaves together.
   if (t < q_begin || t >= q_end) {
     pdl_wait();
+    if (a.q_bulk && threadIdx.x == 0) mbar_wait(&qbar, 0);  // no copy into a CTA that has left
     return;
   }
   if (!(qs0 <= t && t < qs1)) {
@@ -434,11 +454,29 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     const int h0 = kvh * a.gqa + g, h1 = h0 + 8;
     const bool ok0 = g < a.gqa, ok1 = g + 8 < a.gqa;
     const int64_t r0 = t * a.q_stride + int64_t(h0) * kDim, r1 = t * a.q_stride + int64_t(h1) * kDim;
+    if (a.q_bulk) mbar_wait(&qbar, 0);
 #pragma unroll
     for (int st = 0; st < 8; ++st) {
       const int d = dbase<kFp8>(st, q);
       float x0[4] = {0.f, 0.f, 0.f, 0.f}, x1[4] = {0.f, 0.f, 0.f, 0.f};
-      if (a.q_vec) {
+      if (a.q_bulk) {
+        // Rows g and g + 8 of the kv group in shared memory (the same layout as in global memory).
+        if (a.q_bf16) {
+          const uint16_t* qs = reinterpret_cast<const uint16_t*>(q_s);
+          const uint2 u0 = ok0 ? *reinterpret_cast<const uint2*>(qs + g * kDim + d) : make_uint2(0, 0);
+          const uint2 u1 = ok1 ? *reinterpret_cast<const uint2*>(qs + (g + 8) * kDim + d) : make_uint2(0, 0);
+          x0[0] = __uint_as_float(u0.x << 16), x0[1] = __uint_as_float(u0.x & 0xffff0000u);
+          x0[2] = __uint_as_float(u0.y << 16), x0[3] = __uint_as_float(u0.y & 0xffff0000u);
+          x1[0] = __uint_as_float(u1.x << 16), x1[1] = __uint_as_float(u1.x & 0xffff0000u);
+          x1[2] = __uint_as_float(u1.y << 16), x1[3] = __uint_as_float(u1.y & 0xffff0000u);
+        } else {
+          const float* qs = reinterpret_cast<const float*>(q_s);
+          const float4 f0 = ok0 ? *reinterpret_cast<const float4*>(qs + g * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+          const float4 f1 = ok1 ? *reinterpret_cast<const float4*>(qs + (g + 8) * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+          x0[0] = f0.x, x0[1] = f0.y, x0[2] = f0.z, x0[3] = f0.w;
+          x1[0] = f1.x, x1[1] = f1.y, x1[2] = f1.z, x1[3] = f1.w;
+        }
+      } else if (a.q_vec) {
         if (a.q_bf16) {
           uint2 u0 = make_uint2(0, 0), u1 = make_uint2(0, 0);
           if constexpr (kQEarly) {
@@ -922,7 +960,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
 
 template <bool kFp8>
 size_t smem_bytes(int stages) {
-  return std::max(size_t(stages) * Geo<kFp8>::kSlotBytes, kMergeBytes);
+  return q_offset<kFp8>(stages) + kQBytes;
 }
 
 // How many clusters of `cluster` CTAs of this kernel the device runs at once (cached).
@@ -1015,6 +1053,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   {
     const size_t esz = a.q_bf16 ? 2 : 4;
     a.q_vec = reinterpret_cast<uintptr_t>(p.q) % (4 * esz) == 0 && (p.q_stride * esz) % (4 * esz) == 0;
+    a.q_bulk = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && (p.q_stride * esz) % 16 == 0;
   }
   {
     const size_t esz = a.out_bf16 ? 2 : 4;
@@ -1055,6 +1094,16 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   // 38.8 us against 42.5 for 8 splits in clusters of 2 at two CTAs per SM (dense, fp8), 19.2
   // against 21.7 (sparse, fp8). More rows: about two CTAs (one group each) per SM.
   const bool one_per_sm = rows * 4 <= sms;
+  // Q by one bulk copy (16-byte aligned rows): with bf16 KV at every shape (sparse b32 ctx9216
+  // 19.4 -> 19.1 us, dense 46.9 -> 46.4); with fp8 KV for sparse rows at one CTA per SM only
+  // (b32 ctx9216 14.2 -> 13.5 us) — dense fp8 rows and sparse b128 measured 1-2.4 % slower with
+  // it (docs/performance.md). SIEVE_ATTN_QBULK=0 / 1 forces it off / on (where aligned).
+  static const int q_bulk_knob = [] {
+    const char* e = std::getenv("SIEVE_ATTN_QBULK");
+    return e && *e ? std::atoi(e) : -1;
+  }();
+  if (q_bulk_knob == 0) a.q_bulk = false;
+  else if (q_bulk_knob < 0 && fp8 && !(p.topk_idx && one_per_sm)) a.q_bulk = false;
   int splits = int(std::clamp<int64_t>(one_per_sm ? sms / rows : (2 * sms + rows - 1) / rows, 1,
                                        std::min(units, kMaxSplits)));
   a.cgroups = force_groups ? force_groups : (one_per_sm ? 2 : 1);
