@@ -8,7 +8,8 @@
 //    block (fp8: + the 128 per-token scales), with bulk copies (cp.async.bulk) into a ring of
 //    shared-memory slots, one mbarrier pair (full / empty) per slot. Copies start as soon as
 //    the block table entries arrive; the ring keeps up to 6 (fp8, 16.5 KB) or 3 (bf16, 32 KB)
-//    K/V halves in flight per CTA, two CTAs per SM.
+//    K/V halves in flight per CTA, two CTAs per SM. The kv group's Q rows come first, by one
+//    bulk copy into shared memory (q_bulk), or by per-thread loads.
 //  - consumer warp w takes keys 32w..32w+31 of every block: S = Q K^T with mma.sync m16n8k16
 //    (the 16 q heads of the kv group are the 16 rows, so each K/V byte serves all heads),
 //    base-2 online softmax, O += P V. K/V fragments come from shared memory; the reduction dims
