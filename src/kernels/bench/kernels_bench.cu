@@ -12,7 +12,6 @@
 #include <cmath>
 #include <functional>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -368,12 +367,6 @@ bool row_wanted(const Options& o, const std::string& kernel) {
   return o.rows.empty() || kernel.find(o.rows) != std::string::npos;
 }
 
-// SIEVE_PDL is set: it then chooses the programmatic dependent launches of every row.
-bool pdl_from_env() {
-  const char* e = std::getenv("SIEVE_PDL");
-  return e && *e;
-}
-
 // Kernel names of the rows whose --rows test comes before the row itself is built.
 constexpr const char* kEmptyKernel = "empty kernel (timing floor)";
 constexpr const char* kDecodeIndexer = "decode indexer";
@@ -516,7 +509,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       // decode-step rows use the default PDL choice, as serving does.
       auto plain = [](const std::function<void(int, cudaStream_t)>& fn) {
         return [fn](int s, cudaStream_t stream) {
-          if (pdl_from_env()) return fn(s, stream);
+          if (cuda::pdl_env_set()) return fn(s, stream);
           cuda::set_pdl(0);
           fn(s, stream);
           cuda::set_pdl(-1);

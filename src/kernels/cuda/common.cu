@@ -89,14 +89,19 @@ void* private_scratch(cudaStream_t stream, int id, size_t bytes) {
 
 namespace {
 std::atomic<int> g_pdl{-1};
-}  // namespace
-bool pdl_enabled(PdlKernel k, int64_t num_tokens) {
-  static const int env = [] {  // -1: unset (the default choice)
+// SIEVE_PDL's mask, read once; -1 when unset (the default choice).
+int pdl_env_mask() {
+  static const int env = [] {
     const char* e = std::getenv("SIEVE_PDL");
     return e && *e ? std::atoi(e) & kPdlAll : -1;
   }();
+  return env;
+}
+}  // namespace
+bool pdl_env_set() { return pdl_env_mask() >= 0; }
+bool pdl_enabled(PdlKernel k, int64_t num_tokens) {
   int v = g_pdl.load(std::memory_order_relaxed);
-  if (v < 0) v = env;
+  if (v < 0) v = pdl_env_mask();
   if (v < 0) v = kPdlIndexer | (num_tokens <= kPdlAttentionMaxTokens ? kPdlAttention : 0);
   return (v & k) != 0;
 }

@@ -63,6 +63,7 @@ enum PdlKernel : int { kPdlCacheWrite = 1, kPdlIndexer = 2, kPdlAttention = 4, k
 constexpr int64_t kPdlAttentionMaxTokens = 4;
 bool pdl_enabled(PdlKernel k, int64_t num_tokens);
 void set_pdl(int mask);
+bool pdl_env_set();  // SIEVE_PDL is set (it then replaces the default choice)
 
 // Launches `kernel`, with programmatic stream serialisation when `pdl` (e.g. pdl_enabled(k)).
 template <class... P, class... A>
