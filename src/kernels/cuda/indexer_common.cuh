@@ -420,6 +420,83 @@ __device__ __forceinline__ void select_row_staged(uint32_t* keys, int n, int K, 
   rank_candidates(keys, n, K, c, bk, bi, cand, out, lane);
 }
 
+// Rows of at most kShortRow blocks (contexts up to 16K tokens) have a selection of their own:
+// straight-line code with every shared-memory load of a step in flight together. The general
+// path's steps are loops with runtime bounds whose loads ptxas issues one after the other
+// (each load's use before the next load; guarded loads become branches), and its threshold
+// count is one dependent chain of increments: 2150 cycles for a 72-block row on the H200
+// against 1155 here (one warp, microbenchmark; docs/performance.md).
+constexpr int kShortRow = 128;
+
+// select_row_staged's outputs for a row of n <= kShortRow scores staged by stage_row_async
+// (keys holds the float bits). Lane l owns blocks l, l + 32, l + 64, l + 96 (loaded at once);
+// the threshold is the K-th largest lane best as in kth_lane_best (counted in four independent
+// sums over eight loads issued together); the candidates (every block when n < K) are
+// compacted by ballots; when there are at most 32 of them, lane i ranks candidate i against all
+// 32 slots (zeros past the candidates beat nothing) with sixteen 16-byte loads, in two rounds
+// of eight. More candidates (ties at the threshold, or K > 32): rank_candidates.
+__device__ __forceinline__ void select_row_short(const uint32_t* keys, int n, int K, unsigned long long* cand,
+                                                 uint32_t* mk, int32_t* out, int lane) {
+  uint32_t k[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int j = lane + 32 * e;
+    k[e] = j < n ? order_key(__uint_as_float(keys[j])) : 0u;
+  }
+  uint32_t bk = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) bk = max(bk, k[e]);
+  cand[lane] = 0ull;  // the ranking reads 32 slots; ordered before the compaction by the warp sync below
+  mk[lane] = bk;
+  __syncwarp();
+  const uint4* m4 = reinterpret_cast<const uint4*>(mk);
+  uint4 w[8];
+#pragma unroll
+  for (int v = 0; v < 8; ++v) w[v] = m4[v];
+  int g0 = 0, g1 = 0, g2 = 0, g3 = 0;
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
+    g0 += int(w[v].x >= bk);
+    g1 += int(w[v].y >= bk);
+    g2 += int(w[v].z >= bk);
+    g3 += int(w[v].w >= bk);
+  }
+  const int ge = (g0 + g1) + (g2 + g3);
+  const uint32_t t0 = n < K ? 0u : __reduce_max_sync(0xffffffffu, ge >= K ? bk : 0u);
+  int c = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int j = lane + 32 * e;
+    compact_candidate(j < n && k[e] >= t0, k[e], j, cand, c, lane);
+  }
+  if (c > 32) {
+    // c <= n <= kShortRow < kCandCap: rank_candidates counts and never reads keys.
+    rank_candidates(nullptr, n, K, c, 0u, 0u, cand, out, lane);
+    return;
+  }
+  __syncwarp();
+  const unsigned long long ce = cand[lane];
+  const ulonglong2* c2 = reinterpret_cast<const ulonglong2*>(cand);
+  int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+#pragma unroll
+  for (int h = 0; h < 16; h += 8) {
+    ulonglong2 x[8];
+#pragma unroll
+    for (int f = 0; f < 8; ++f) x[f] = c2[h + f];
+#pragma unroll
+    for (int f = 0; f < 8; f += 2) {
+      r0 += int(x[f].x > ce);
+      r1 += int(x[f].y > ce);
+      r2 += int(x[f + 1].x > ce);
+      r3 += int(x[f + 1].y > ce);
+    }
+  }
+  const int rank = (r0 + r1) + (r2 + r3);
+  if (lane < c && rank < K) out[rank] = int(0xffffffffu - uint32_t(ce));
+  for (int kk = min(K, n) + lane; kk < K; kk += 32) out[kk] = -1;
+  __syncwarp();  // cand and mk read by every lane before the next row writes them
+}
+
 // One warp copies score row srow[0, n) (global memory, through L2) into shared memory with
 // 16-byte cp.async copies: no registers held, so every chunk of the row is in flight at once (one
 // round trip for any n; register loads would be split into several round trips by the register
