@@ -34,8 +34,7 @@
 //    else the workspace), returns the slot to the producer, and adds the unit's blocks to the
 //    request's counter. The finisher that completes a request selects each row's top-k from
 //    its full score row (select_row: lane bests -> threshold -> candidate ranking, one warp a
-//    row; rows of at most 128 blocks by select_row_short, the same steps in straight-line code)
-//    and returns the counter to zero. Only the last request's selection is left after the
+//    row) and returns the counter to zero. Only the last request's selection is left after the
 //    last data; every other selection overlaps the streaming of later units.
 //  - With claims, the last CTA to exit returns the unit counter to zero (graph replays need no
 //    memset). When every unit is static (one unit per CTA: the usual plan) the producer neither
@@ -540,8 +539,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
         const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
         // The row staged by cp.async (one L2 round trip, no registers), then selected.
         uint32_t* rk = stage_row_async(a.sbuf + row * a.mbps, n, keys, lane);
-        if (n <= kShortRow) select_row_short(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
-        else select_row_staged<kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
+        select_row_staged<kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
         if (a.fill_tail)
           for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
       }
