@@ -131,6 +131,13 @@ __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
 }
 
 // Request of token t: decode batches (one token per request) hit the first guess.
+// Four query elements as floats: four bf16 (two words) or four f32.
+__device__ __forceinline__ void unpack_bf16x4(uint2 u, float (&x)[4]) {
+  x[0] = __uint_as_float(u.x << 16), x[1] = __uint_as_float(u.x & 0xffff0000u);
+  x[2] = __uint_as_float(u.y << 16), x[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_f32x4(float4 f, float (&x)[4]) { x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w; }
+
 __device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t) {
   const int g = min(t, num_seqs - 1);
   if (qsl[g] <= t && t < qsl[g + 1]) return g;
@@ -464,18 +471,12 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
         // Rows g and g + 8 of the kv group in shared memory (the same layout as in global memory).
         if (a.q_bf16) {
           const uint16_t* qs = reinterpret_cast<const uint16_t*>(q_s);
-          const uint2 u0 = ok0 ? *reinterpret_cast<const uint2*>(qs + g * kDim + d) : make_uint2(0, 0);
-          const uint2 u1 = ok1 ? *reinterpret_cast<const uint2*>(qs + (g + 8) * kDim + d) : make_uint2(0, 0);
-          x0[0] = __uint_as_float(u0.x << 16), x0[1] = __uint_as_float(u0.x & 0xffff0000u);
-          x0[2] = __uint_as_float(u0.y << 16), x0[3] = __uint_as_float(u0.y & 0xffff0000u);
-          x1[0] = __uint_as_float(u1.x << 16), x1[1] = __uint_as_float(u1.x & 0xffff0000u);
-          x1[2] = __uint_as_float(u1.y << 16), x1[3] = __uint_as_float(u1.y & 0xffff0000u);
+          unpack_bf16x4(ok0 ? *reinterpret_cast<const uint2*>(qs + g * kDim + d) : make_uint2(0, 0), x0);
+          unpack_bf16x4(ok1 ? *reinterpret_cast<const uint2*>(qs + (g + 8) * kDim + d) : make_uint2(0, 0), x1);
         } else {
           const float* qs = reinterpret_cast<const float*>(q_s);
-          const float4 f0 = ok0 ? *reinterpret_cast<const float4*>(qs + g * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-          const float4 f1 = ok1 ? *reinterpret_cast<const float4*>(qs + (g + 8) * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-          x0[0] = f0.x, x0[1] = f0.y, x0[2] = f0.z, x0[3] = f0.w;
-          x1[0] = f1.x, x1[1] = f1.y, x1[2] = f1.z, x1[3] = f1.w;
+          unpack_f32x4(ok0 ? *reinterpret_cast<const float4*>(qs + g * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f), x0);
+          unpack_f32x4(ok1 ? *reinterpret_cast<const float4*>(qs + (g + 8) * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f), x1);
         }
       } else if (a.q_vec) {
         if (a.q_bf16) {
@@ -487,17 +488,15 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
             if (ok0) u0 = __ldg(reinterpret_cast<const uint2*>(qp + r0 + d));
             if (ok1) u1 = __ldg(reinterpret_cast<const uint2*>(qp + r1 + d));
           }
-          x0[0] = __uint_as_float(u0.x << 16), x0[1] = __uint_as_float(u0.x & 0xffff0000u);
-          x0[2] = __uint_as_float(u0.y << 16), x0[3] = __uint_as_float(u0.y & 0xffff0000u);
-          x1[0] = __uint_as_float(u1.x << 16), x1[1] = __uint_as_float(u1.x & 0xffff0000u);
-          x1[2] = __uint_as_float(u1.y << 16), x1[3] = __uint_as_float(u1.y & 0xffff0000u);
+          unpack_bf16x4(u0, x0);
+          unpack_bf16x4(u1, x1);
         } else {
           const float* qp = static_cast<const float*>(a.q);
           float4 f0 = make_float4(0.f, 0.f, 0.f, 0.f), f1 = f0;
           if (ok0) f0 = __ldg(reinterpret_cast<const float4*>(qp + r0 + d));
           if (ok1) f1 = __ldg(reinterpret_cast<const float4*>(qp + r1 + d));
-          x0[0] = f0.x, x0[1] = f0.y, x0[2] = f0.z, x0[3] = f0.w;
-          x1[0] = f1.x, x1[1] = f1.y, x1[2] = f1.z, x1[3] = f1.w;
+          unpack_f32x4(f0, x0);
+          unpack_f32x4(f1, x1);
         }
       } else {
 #pragma unroll
