@@ -399,14 +399,18 @@ __device__ __forceinline__ void select_row(uint32_t* keys, int n, int K, unsigne
 // together). The same outputs. Kept apart from select_row on purpose: an unroll pragma in
 // select_row's loops (even `unroll 1`) changes the register allocation of the prefill scoring
 // kernels that contain it and made them 12-15 % slower (docs/performance.md).
-template <int kUnroll>
+// kFloatBits = false: keys already holds order keys (poll_row).
+template <int kUnroll, bool kFloatBits = true>
 __device__ __forceinline__ void select_row_staged(uint32_t* keys, int n, int K, unsigned long long* cand,
                                                   uint32_t* mk, int32_t* out, int lane) {
   uint32_t bk = 0, bi = 0xffffffffu;
 #pragma unroll kUnroll
   for (int j = lane; j < n; j += 32) {
-    const uint32_t k = order_key(__uint_as_float(keys[j]));
-    keys[j] = k;
+    uint32_t k = keys[j];
+    if (kFloatBits) {
+      k = order_key(__uint_as_float(k));
+      keys[j] = k;
+    }
     if (k > bk) bk = k, bi = uint32_t(j);
   }
   const uint32_t t0 = kth_lane_best(bk, n, K, mk, lane);
@@ -441,6 +445,39 @@ __device__ __forceinline__ uint32_t* stage_row_async(const float* srow, int n, u
   cp_async_wait_all();
   __syncwarp();  // every lane's copies and stores visible to the warp
   return keys;
+}
+
+__device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// One warp waits for the n order keys rec[0, n) (written by other CTAs with st_relaxed_gpu; 0 =
+// not yet written) and copies them into keys[0, n) (shared memory; both 16-byte aligned) with
+// 16-byte cp.async copies through L2, as stage_row_async: every chunk in flight at once and no
+// registers held. Chunks with a word still 0 are copied again until none is. Then rec's chunks
+// are returned to zero for the next call (words past n in the last chunk are never written).
+// Needs every writer resident or able to start: there is no fence or counter, each key is one
+// word written once, so a nonzero word is its final value.
+__device__ __forceinline__ void poll_row(uint32_t* rec, int n, uint32_t* keys, int lane) {
+  const int chunks = (n + 3) >> 2;
+  for (int c = lane; c < chunks; c += 32) cp_async16(keys + 4 * c, rec + 4 * c);
+  for (;;) {
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncwarp();
+    bool missing = false;
+    for (int c = lane; c < chunks; c += 32) {
+      const uint4 w = *reinterpret_cast<const uint4*>(keys + 4 * c);
+      const int r = n - 4 * c;  // words of the row in this chunk (>= 1)
+      if (w.x == 0u || (r > 1 && w.y == 0u) || (r > 2 && w.z == 0u) || (r > 3 && w.w == 0u)) {
+        cp_async16(keys + 4 * c, rec + 4 * c);
+        missing = true;
+      }
+    }
+    if (!__any_sync(0xffffffffu, missing)) break;
+  }
+  for (int c = lane; c < chunks; c += 32) *reinterpret_cast<uint4*>(rec + 4 * c) = make_uint4(0u, 0u, 0u, 0u);
+  __syncwarp();
 }
 
 }  // namespace sieve::cuda

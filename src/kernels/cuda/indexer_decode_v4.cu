@@ -107,6 +107,8 @@ struct V4Args {
   float* sbuf;      // score rows [tokens * H][mbps]: block_scores, or the workspace
   int fill_tail;    // sbuf is block_scores: blocks [n_blk_req, mbps) get -inf
   int32_t* req_done;  // [num_seqs] blocks scored so far (returned to 0 by the selector)
+  uint32_t* rec;      // poll: [tokens * H][max_blocks] order keys of the scores, 0 = not yet written
+  int rec_stride;     // max_blocks rounded up to 4 (16-byte rows)
   int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
   int early_copies;   // launched with PDL: the first unit's old blocks are copied before pdl_wait
   unsigned long long* trace;
@@ -231,7 +233,8 @@ __device__ __forceinline__ UnitInfo unit_info(const V4Args& a, const UnitLoad& w
   return r;
 }
 
-template <bool kFp8, int kMinCtas = (kFp8 ? 3 : 2)>
+// kPoll: every unit static; the CTA of a request's last block polls the others' scores (V4Args::rec).
+template <bool kFp8, int kMinCtas, bool kPoll>
 __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V4Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
@@ -517,33 +520,46 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
         const float mval = dec_max(mxs[v * U + j]);
         mxs[v * U + j] = enc_max(kNegInf);
         const float score = b < nbr ? forced_score(mval * a.scale, b, nbr, a.init_blocks, a.local_blocks) : kNegInf;
-        a.sbuf[((int64_t(tok0) + v / a.H) * a.H + v % a.H) * a.mbps + b] = score;
+        const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
+        if (!kPoll || a.fill_tail) a.sbuf[row * a.mbps + b] = score;
+        // Polled: only the blocks the row's selection reads (each is read and zeroed once).
+        if (kPoll && b < nbr) st_relaxed_gpu(a.rec + row * a.rec_stride + b, order_key(score));
       }
       mbar_arrive(&ufree[slot]);  // this lane has read the slot's record and reset its maxima
       __syncwarp();
       int last = 0;
-      if (lane == 0) {
-        // Release: the warp's score stores (ordered before by __syncwarp) before the count.
-        fence_acq_rel_gpu();
-        last = atomicAdd(a.req_done + s, nb) + nb == n_blk;
+      if (kPoll) {
+        last = b0 + nb == n_blk;  // the unit of the request's last block selects
+      } else {
+        if (lane == 0) {
+          // Release: the warp's score stores (ordered before by __syncwarp) before the count.
+          fence_acq_rel_gpu();
+          last = atomicAdd(a.req_done + s, nb) + nb == n_blk;
+        }
+        last = __shfl_sync(0xffffffffu, last, 0);
       }
-      last = __shfl_sync(0xffffffffu, last, 0);
       ++units;
       if (!last) continue;
-      // ---- this unit completed request s: select each row's top-k from its score row.
-      fence_acq_rel_gpu();  // acquire: every unit's scores of the request
+      // ---- this unit completes request s: select each row's top-k from its score row.
+      if (!kPoll) fence_acq_rel_gpu();  // acquire: every unit's scores of the request
       if (tr && lane == 0) tr[5] = global_ns();
       ++selected;
       for (int v = 0; v < nv; ++v) {
         const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
         const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
-        // The row staged by cp.async (one L2 round trip, no registers), then selected.
-        uint32_t* rk = stage_row_async(a.sbuf + row * a.mbps, n, keys, lane);
-        select_row_staged<kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
+        if (kPoll) {
+          // Every unit's order keys, as their stores land (no fence, no counter); zeroed after.
+          poll_row(a.rec + row * a.rec_stride, n, keys, lane);
+          select_row_staged<kMinCtas <= 2 ? 4 : 1, false>(keys, n, K, cand, mk, a.topk_idx + row * K, lane);
+        } else {
+          // The row staged by cp.async (one L2 round trip, no registers), then selected.
+          uint32_t* rk = stage_row_async(a.sbuf + row * a.mbps, n, keys, lane);
+          select_row_staged<kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
+        }
         if (a.fill_tail)
           for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
       }
-      if (lane == 0) a.req_done[s] = 0;
+      if (!kPoll && lane == 0) a.req_done[s] = 0;
       if (tr && lane == 0) tr[6] = global_ns();
     }
     if (tr && lane == 0) {
@@ -575,8 +591,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
 //   SIEVE_V4_CTAS    CTAs per SM (1, 2, or 3 with fp8)
 //   SIEVE_V4_STATIC  static units per CTA
 //   SIEVE_V4_EARLY_COPIES=1  the first unit's old blocks before its query rows also without PDL
+//   SIEVE_V4_POLL=-1  the counter finish also when every unit is static
 struct Knobs {
-  int unit = 0, stages = 0, ctas = 0, statics = 0, early = 0;
+  int unit = 0, stages = 0, ctas = 0, statics = 0, early = 0, poll = 0;
 };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -586,6 +603,7 @@ const Knobs& knobs() {
     r.ctas = env_int("SIEVE_V4_CTAS");
     r.statics = env_int("SIEVE_V4_STATIC");
     r.early = env_int("SIEVE_V4_EARLY_COPIES");
+    r.poll = env_int("SIEVE_V4_POLL");
     return r;
   }();
   return k;
@@ -607,11 +625,12 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
 }
 
 // The instantiation that runs with `per_sm` CTAs per SM: with an fp8 cache, two or fewer get their
-// own (launch bounds for two CTAs: 80 registers instead of 64).
+// own (launch bounds for two CTAs: 80 registers instead of 64); `poll`: the polled finish.
 using V4Kernel = void (*)(V4Args);
-V4Kernel v4_kernel(bool fp8, int per_sm) {
-  if (!fp8) return decode_indexer_v4_kernel<false>;
-  return per_sm <= 2 ? decode_indexer_v4_kernel<true, 2> : decode_indexer_v4_kernel<true>;
+V4Kernel v4_kernel(bool fp8, int per_sm, bool poll) {
+  if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true> : decode_indexer_v4_kernel<false, 2, false>;
+  if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true> : decode_indexer_v4_kernel<true, 2, false>;
+  return poll ? decode_indexer_v4_kernel<true, 3, true> : decode_indexer_v4_kernel<true, 3, false>;
 }
 
 // Resident CTAs per SM of `kernel` at `smem` bytes each (cached).
@@ -666,7 +685,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   // Shapes only: CTAs per SM (v4_ctas_per_sm), the ring that fits the shared-memory budget,
   // units of U blocks (below).
   const int per_sm = v4_ctas_per_sm(fp8, max_blocks);
-  const V4Kernel kernel = v4_kernel(fp8, per_sm);
+  V4Kernel kernel = v4_kernel(fp8, per_sm, false);
   const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
   const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
   const int64_t work_blocks = int64_t(N) * max_blocks;
@@ -712,6 +731,13 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   } else {
     a.sbuf = static_cast<float*>(workspace(stream, size_t(p.batch.num_tokens) * p.num_index_heads * a.mbps * 4));
   }
+  // Every unit static (no claims), so every CTA is resident at once: the CTA of a request's last
+  // block can wait for the others' scores by polling them.
+  const bool poll = int64_t(a.static_units) * P >= dense_units && kn.poll >= 0;
+  a.rec_stride = (max_blocks + 3) & ~3;
+  if (poll)
+    a.rec = static_cast<uint32_t*>(private_scratch(
+        stream, kScratchIndexerPoll, size_t(p.batch.num_tokens) * p.num_index_heads * a.rec_stride * 4));
   int32_t* counters = zeroed_counters(stream, size_t(N) + 2);
   a.req_done = counters;
   a.work = counters + N;
@@ -725,6 +751,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   // as fast or faster.
   const bool q_first = fp8 && unit >= 2 && unit <= 8;
   a.early_copies = pdl || !q_first || kn.early > 0 ? 1 : 0;
+  if (poll) kernel = v4_kernel(fp8, per_sm, true);
   set_smem(kernel, L.total);
   launch_pdl(pdl, kernel, P, kThreads, L.total, stream, "indexer decode v4", a);
   if (a.trace) print_trace(fp8, a, N, P, L.total, trace_collect(a.trace, size_t(P) * kTraceSlots, stream));
