@@ -36,6 +36,13 @@
 //    its full score row (select_row: lane bests -> threshold -> candidate ranking, one warp a
 //    row) and returns the counter to zero. Only the last request's selection is left after the
 //    last data; every other selection overlaps the streaming of later units.
+//  - Polled finish (kPoll: every unit static, so every CTA of the grid is resident at once):
+//    no fence and no counter. Each finisher stores its rows' scores as order keys (never 0) into
+//    a zeroed private scratch [rows][max_blocks rounded to 4] with relaxed stores, and the
+//    finisher of the unit holding the request's last block copies each row from there into
+//    shared memory (cp.async through L2, again for any chunk with a word still 0), selects, and
+//    returns the row to zero. Only the blocks a row's selection reads are stored, so every
+//    stored word is read and cleared in the same call. SIEVE_V4_POLL=-1: the counter finish.
 //  - With claims, the last CTA to exit returns the unit counter to zero (graph replays need no
 //    memset). When every unit is static (one unit per CTA: the usual plan) the producer neither
 //    claims nor sums the requests' units, and the CTAs skip the exit counter.
