@@ -114,8 +114,8 @@ struct V4Args {
   float* sbuf;      // score rows [tokens * H][mbps]: block_scores, or the workspace
   int fill_tail;    // sbuf is block_scores: blocks [n_blk_req, mbps) get -inf
   int32_t* req_done;  // [num_seqs] blocks scored so far (returned to 0 by the selector)
-  uint32_t* rec;      // poll: [tokens * H][max_blocks] order keys of the scores, 0 = not yet written
-  int rec_stride;     // max_blocks rounded up to 4 (16-byte rows)
+  uint32_t* rec;      // kPoll: [tokens * H][rec_stride] order keys of the scores, 0 = not yet written
+  int rec_stride;     // kPoll: max_blocks rounded up to 4 (16-byte rows)
   int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
   int early_copies;   // launched with PDL: the first unit's old blocks are copied before pdl_wait
   unsigned long long* trace;
@@ -692,6 +692,8 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   // Shapes only: CTAs per SM (v4_ctas_per_sm), the ring that fits the shared-memory budget,
   // units of U blocks (below).
   const int per_sm = v4_ctas_per_sm(fp8, max_blocks);
+  // The counter build sizes the grid; the polled build (chosen below, once the grid shows every
+  // unit static) has the same launch bounds and shared memory, so the same residency.
   V4Kernel kernel = v4_kernel(fp8, per_sm, false);
   const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
   const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
@@ -741,10 +743,11 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   // Every unit static (no claims), so every CTA is resident at once: the CTA of a request's last
   // block can wait for the others' scores by polling them.
   const bool poll = int64_t(a.static_units) * P >= dense_units && kn.poll >= 0;
-  a.rec_stride = (max_blocks + 3) & ~3;
-  if (poll)
+  if (poll) {
+    a.rec_stride = (max_blocks + 3) & ~3;
     a.rec = static_cast<uint32_t*>(private_scratch(
         stream, kScratchIndexerPoll, size_t(p.batch.num_tokens) * p.num_index_heads * a.rec_stride * 4));
+  }
   int32_t* counters = zeroed_counters(stream, size_t(N) + 2);
   a.req_done = counters;
   a.work = counters + N;
