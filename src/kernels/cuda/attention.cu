@@ -208,6 +208,27 @@ __device__ __forceinline__ uint4 ll_load(const uint4* p) {
                : "memory");
   return v;
 }
+__device__ __forceinline__ bool ll_ready(const uint4& x) { return x.y == kLLFlag && x.w == kLLFlag; }
+// Waits until every chunk x[u][c] (u < n) holds its record: each round reloads, all at once, the
+// chunks not there yet (chunk by chunk, a late record cost a memory round trip for each of its
+// chunks loaded before it arrived). rec(u) is the address of record u.
+template <int kU, int kC, class Rec>
+__device__ __forceinline__ void ll_wait(uint4 (&x)[kU][kC], int n, Rec rec) {
+  for (;;) {
+    bool all = true;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int c = 0; c < kC; ++c)
+        if (u < n && !ll_ready(x[u][c])) all = false;
+    if (all) return;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int c = 0; c < kC; ++c)
+        if (u < n && !ll_ready(x[u][c])) x[u][c] = ll_load(rec(u) + c);
+  }
+}
 __device__ __forceinline__ void ll_clear(uint4* p) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"l"(p), "r"(0u) : "memory");
 }
@@ -284,16 +305,14 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
 #pragma unroll
           for (int c = 0; c < kChunks; ++c)
             if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
+        ll_wait(x, a.groups - g0, [&](int u) { return ll_record<kN>(a, at.row, g0 + u, r, d0); });
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           if (g0 + u >= a.groups) break;
           uint4* rec = ll_record<kN>(a, at.row, g0 + u, r, d0);
           float v[2 * kChunks];
 #pragma unroll
-          for (int c = 0; c < kChunks; ++c) {
-            while (x[u][c].y != kLLFlag || x[u][c].w != kLLFlag) x[u][c] = ll_load(rec + c);
-            v[2 * c] = __uint_as_float(x[u][c].x), v[2 * c + 1] = __uint_as_float(x[u][c].z);
-          }
+          for (int c = 0; c < kChunks; ++c) v[2 * c] = __uint_as_float(x[u][c].x), v[2 * c + 1] = __uint_as_float(x[u][c].z);
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) ll_clear(rec + c);
           const float mg = v[kN], lg = v[kN + 1];
