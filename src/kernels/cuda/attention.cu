@@ -252,6 +252,20 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
   for (int idx = threadIdx.x; idx < my_rows * kPer; idx += kThreads) {
     const int r = at.rank + (idx / kPer) * C, d0 = (idx % kPer) * kN;
     const int ci = co_index(r, d0);  // the kN dims are consecutive words (within one 32-dim run)
+    // Flagged merge, the first cluster group: the first kBatch groups' records are loaded before
+    // this cluster's own values (they do not depend on them), so that their round trip overlaps
+    // the distributed shared memory loads; a chunk not there yet is loaded again below.
+    constexpr int kChunks = (kN + 3) / 2;  // chunks that hold kN values, the max and the sum
+    constexpr int kBatch = kChunks == 3 ? 2 : 4;
+    uint4 x[kBatch][kChunks];
+    const bool first_of_ll = a.ll && at.grp == 0;
+    if (first_of_ll) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          if (1 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, 1 + u, r, d0) + c);
+    }
     float mc[kCs], lc[kCs], oc[kCs][kN];
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
@@ -295,16 +309,15 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
     } else if (a.groups == 1 || a.ll) {
       // Flagged merge, the first cluster group: fold in the other groups' partials as their
       // records arrive (every CTA of the grid is resident: the host checks), then finish.
-      // The records of kBatch groups are loaded at once; only a chunk not there yet is loaded again.
-      constexpr int kChunks = (kN + 3) / 2;  // chunks that hold kN values, the max and the sum
-      constexpr int kBatch = kChunks == 3 ? 2 : 4;
+      // The records of kBatch groups are loaded at once (the first batch above).
       for (int g0 = 1; a.ll && g0 < a.groups; g0 += kBatch) {
-        uint4 x[kBatch][kChunks];
+        if (g0 > 1) {
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u)
+          for (int u = 0; u < kBatch; ++u)
 #pragma unroll
-          for (int c = 0; c < kChunks; ++c)
-            if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
+            for (int c = 0; c < kChunks; ++c)
+              if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
+        }
         ll_wait(x, a.groups - g0, [&](int u) { return ll_record<kN>(a, at.row, g0 + u, r, d0); });
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
