@@ -258,8 +258,7 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
     constexpr int kChunks = (kN + 3) / 2;  // chunks that hold kN values, the max and the sum
     constexpr int kBatch = kChunks == 3 ? 2 : 4;
     uint4 x[kBatch][kChunks];
-    const bool first_of_ll = a.ll && at.grp == 0;
-    if (first_of_ll) {
+    if (a.ll && at.grp == 0) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u)
 #pragma unroll
@@ -325,7 +324,8 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
           uint4* rec = ll_record<kN>(a, at.row, g0 + u, r, d0);
           float v[2 * kChunks];
 #pragma unroll
-          for (int c = 0; c < kChunks; ++c) v[2 * c] = __uint_as_float(x[u][c].x), v[2 * c + 1] = __uint_as_float(x[u][c].z);
+          for (int c = 0; c < kChunks; ++c)
+            v[2 * c] = __uint_as_float(x[u][c].x), v[2 * c + 1] = __uint_as_float(x[u][c].z);
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) ll_clear(rec + c);
           const float mg = v[kN], lg = v[kN + 1];
