@@ -258,13 +258,15 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
     constexpr int kChunks = (kN + 3) / 2;  // chunks that hold kN values, the max and the sum
     constexpr int kBatch = kChunks == 3 ? 2 : 4;
     uint4 x[kBatch][kChunks];
-    if (a.ll && at.grp == 0) {
+    // The records of groups g0 .. g0 + kBatch - 1 (those that exist), all loads at once.
+    auto load_batch = [&](int g0) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u)
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          if (1 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, 1 + u, r, d0) + c);
-    }
+          if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
+    };
+    if (a.ll && at.grp == 0) load_batch(1);
     float mc[kCs], lc[kCs], oc[kCs][kN];
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
@@ -310,13 +312,7 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
       // records arrive (every CTA of the grid is resident: the host checks), then finish.
       // The records of kBatch groups are loaded at once (the first batch above).
       for (int g0 = 1; a.ll && g0 < a.groups; g0 += kBatch) {
-        if (g0 > 1) {
-#pragma unroll
-          for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-              if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
-        }
+        if (g0 > 1) load_batch(g0);
         ll_wait(x, a.groups - g0, [&](int u) { return ll_record<kN>(a, at.row, g0 + u, r, d0); });
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
