@@ -16,8 +16,9 @@
 // - Paged caches: block b of sequence s is physical block block_tables[s * max_blocks_per_seq + b];
 //   token position p lives in block p / block_size at offset p % block_size.
 // - CUDA streams: the decode-step kernels (qkv_norm_rope_cache, the decode indexer, attention)
-//   may use programmatic dependent launch (by default the decode indexer, and attention for
-//   batches of at most 4 query tokens; SIEVE_PDL, a mask, chooses otherwise). Each
+//   may use programmatic dependent launch (by default the decode indexer, sparse attention for
+//   batches of at most 4 query tokens and dense attention for up to 128; SIEVE_PDL, a mask,
+//   chooses otherwise). Each
 //   may then read the batch metadata (query_start_loc, seq_lens, block_tables, positions,
 //   slot_mapping) and the cache blocks that hold only positions before its request's first new
 //   token while the previous kernel of the stream is still running; everything else it reads or

@@ -173,8 +173,10 @@ ops::QkvNormRopeCacheParams qkv_params(void* rows, int64_t tokens, const void* n
 }
 
 // Bytes it must move: the rows read once, q + index q written back, k, v and the index key
-// cached (+ the fp8 scales).
-double qkv_bytes(int64_t tokens, bool fp8) {
+// cached (+ the fp8 scales). A dense layer's (`index` false): q, k and v read, q written back,
+// k and v cached.
+double qkv_bytes(int64_t tokens, bool fp8, bool index = true) {
+  if (!index) return double(tokens) * ((2048 + 256) * 2.0 + 2048 * 2.0 + 2 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0));
   return double(tokens) * (kQkvStride * 2.0 + (2048 + 128) * 2.0 + 3 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0));
 }
 
@@ -371,6 +373,7 @@ bool row_wanted(const Options& o, const std::string& kernel) {
 constexpr const char* kEmptyKernel = "empty kernel (timing floor)";
 constexpr const char* kDecodeIndexer = "decode indexer";
 constexpr const char* kFullDecodeStep = "decode step (cache write + indexer + sparse attention)";
+constexpr const char* kDenseDecodeStep = "decode step (cache write + dense attention)";
 constexpr const char* kCacheWrite = "qkv norm+rope+cache write";
 
 }  // namespace
@@ -576,13 +579,16 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       // each request's new position), the indexer (its query vectors and the new keys from the
       // cache write), the sparse attention. Norm weights 0 (Gemma's 1 + w = 1), so repeating the
       // in-place transform keeps the rows' magnitudes.
-      if (row_wanted(opt, kFullDecodeStep)) {
+      // The cache write's inputs per set (projection rows, positions, slots), built for the
+      // decode-step rows that start with it.
+      DevPtr d_cs, w;
+      std::vector<DevPtr> rows, poss, slots;
+      if (row_wanted(opt, kFullDecodeStep) || row_wanted(opt, kDenseDecodeStep)) {
         std::vector<float> cs(size_t(c.max_seq) * 64);
         ops::build_rope_table(cs.data(), c.max_seq, 64, 5e6);
-        auto d_cs = upload(cs);
-        auto w = dev(128 * 2);
+        d_cs = upload(cs);
+        w = dev(128 * 2);
         fill(w->p, 0, 128, 5, 0.f);
-        std::vector<DevPtr> rows, poss, slots;
         for (int s = 0; s < sets; ++s) {
           std::vector<int32_t> pos;
           std::vector<int64_t> slot;
@@ -598,6 +604,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
           slots.push_back(upload(slot));
         }
         cuda_check(cudaDeviceSynchronize(), "bench inputs");
+      }
+      if (row_wanted(opt, kFullDecodeStep)) {
         auto full_step = [&](int s, cudaStream_t stream) {
           const ops::AttentionParams base = c.attention(s, true);
           ops::IndexerParams ip = c.indexer(s);
@@ -624,6 +632,26 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       d.target_us = main_shape ? 1.3 * dfloor : 0;
       d.target_note = main_shape ? "1.3 x floor" : "";
       if (row_wanted(opt, d.kernel)) with_pdl(emit_modes(d, plain(attn(false))), attn(false));
+
+      // One decode step of a dense layer's attention: the cache write (q / k norm + RoPE; K and V
+      // stored at each request's new position; no index key), then dense attention over the
+      // cache that now holds the new tokens.
+      if (row_wanted(opt, kDenseDecodeStep)) {
+        auto dense_step = [&](int s, cudaStream_t stream) {
+          const ops::AttentionParams base = c.attention(s, false);
+          auto p = qkv_params(rows[size_t(s)]->p, c.T, w->p, poss[size_t(s)]->as<int32_t>(), d_cs->as<float>(),
+                              slots[size_t(s)]->as<int64_t>(), base.kv, ops::IndexCacheView{});
+          p.num_index_heads = 0, p.index_dim = 0;
+          if (!cuda::run_qkv_norm_rope_cache(p, stream)) throw Error("bench: cache write unsupported");
+          ops::AttentionParams ap = base;
+          ap.q = rows[size_t(s)]->p;
+          ap.q_stride = kQkvStride;
+          if (!cuda::run_attention(ap, stream)) throw Error("bench: attention unsupported");
+        };
+        Row dr{kDenseDecodeStep, shape, dt, "", 0, dfloor + qkv_bytes(c.T, fp8, false) / bw * 1e6, "bytes"};
+        dr = emit_modes(dr, dense_step);
+        with_pdl(dr, dense_step, {0, 4, 7});  // 4: attention only
+      }
     }
   }
 

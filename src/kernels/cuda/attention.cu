@@ -1015,7 +1015,7 @@ void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   set_smem(attention_kernel<kFp8, kGroups>, smem);
   ClusterLaunch l(dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1), dim3(threads_of<kGroups>(), 1, 1),
                   smem, stream, a.cluster);
-  if (pdl_enabled(kPdlAttention, tokens)) l.allow_programmatic_serialization();
+  if (pdl_enabled(kPdlAttention, tokens, a.topk_idx == nullptr)) l.allow_programmatic_serialization();
   cuda_check(cudaLaunchKernelEx(&l.cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
 }
 

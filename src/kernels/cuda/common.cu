@@ -99,10 +99,12 @@ int pdl_env_mask() {
 }
 }  // namespace
 bool pdl_env_set() { return pdl_env_mask() >= 0; }
-bool pdl_enabled(PdlKernel k, int64_t num_tokens) {
+bool pdl_enabled(PdlKernel k, int64_t num_tokens, bool dense) {
   int v = g_pdl.load(std::memory_order_relaxed);
   if (v < 0) v = pdl_env_mask();
-  if (v < 0) v = kPdlIndexer | (num_tokens <= kPdlAttentionMaxTokens ? kPdlAttention : 0);
+  if (v < 0)
+    v = kPdlIndexer |
+        (num_tokens <= (dense ? kPdlDenseAttentionMaxTokens : kPdlAttentionMaxTokens) ? kPdlAttention : 0);
   return (v & k) != 0;
 }
 void set_pdl(int mask) { g_pdl.store(mask < 0 ? -1 : mask & kPdlAll, std::memory_order_relaxed); }

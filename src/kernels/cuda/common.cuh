@@ -53,15 +53,19 @@ int num_sms();
 // only tokens older than the request's first new token — and everything else after it; every
 // thread of every CTA passes pdl_wait before it writes global memory or exits, so a grid never
 // completes before the one it depends on. The contract this relies on is in kernels/ops.h.
-// Which kernels are launched so: by default the decode indexers always, attention when the batch
-// has at most kPdlAttentionMaxTokens query tokens, the cache write never (measured on the H200,
-// docs/performance.md: a whole decode step gains at every batch size from the indexer's PDL, and
-// from the attention's only up to 4 tokens). SIEVE_PDL = a mask (1 cache write, 2 decode
-// indexers, 4 attention; 7 = all, 0 = none; read once) replaces that choice; set_pdl overrides
-// both (-1: back to the environment's or the default).
+// Which kernels are launched so: by default the decode indexers always, sparse attention when the
+// batch has at most kPdlAttentionMaxTokens query tokens, dense attention up to
+// kPdlDenseAttentionMaxTokens, the cache write never (measured on the H200, docs/performance.md:
+// a sparse layer's decode step gains at every batch size from the indexer's PDL, and from the
+// attention's only up to 4 tokens; a dense layer's step, cache write then dense attention, gains
+// from the attention's at every decode batch size measured). SIEVE_PDL = a mask (1 cache write,
+// 2 decode indexers, 4 attention; 7 = all, 0 = none; read once) replaces that choice; set_pdl
+// overrides both (-1: back to the environment's or the default).
 enum PdlKernel : int { kPdlCacheWrite = 1, kPdlIndexer = 2, kPdlAttention = 4, kPdlAll = 7 };
 constexpr int64_t kPdlAttentionMaxTokens = 4;
-bool pdl_enabled(PdlKernel k, int64_t num_tokens);
+constexpr int64_t kPdlDenseAttentionMaxTokens = 128;
+// `dense`: for kPdlAttention, the call is dense attention (no top-k).
+bool pdl_enabled(PdlKernel k, int64_t num_tokens, bool dense = false);
 void set_pdl(int mask);
 bool pdl_env_set();  // SIEVE_PDL is set (it then replaces the default choice)
 
