@@ -239,16 +239,41 @@ __device__ __forceinline__ uint4* ll_record(const AttnArgs& a, int64_t row, int 
   return a.ll_buf + rec * kLLChunks;
 }
 
+// A thread's arrival on the cluster barrier that lets the cluster's CTAs exit: relaxed (it
+// orders nothing; the thread's remote reads are complete, their values used) and not aligned
+// (threads of a warp arrive at different points of cluster_merge). The kernel waits on it last.
+__device__ __forceinline__ void cluster_arrive_exit() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+}
+// The wait half of the cluster barrier that publishes the CTAs' merge inputs (the kernel arrives
+// with release semantics before cluster_merge).
+__device__ __forceinline__ void cluster_wait_inputs() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
+
 // Merge of the cluster's CTAs through distributed shared memory, for rows rank, rank + C, ...:
 // a thread takes kN consecutive dims of one row and issues the loads of every CTA's (max, sum,
 // values) at once; it writes the output (one cluster a row) or the cluster's partial. kC: the
 // cluster size when known at compile time (2: batch 32 on the H200), else 0 (at.C, up to 8).
+// With C > 1 the kernel has arrived on the barrier that publishes the merge inputs; each thread
+// waits on it here: when the merge takes one pass, after the flagged merge's first record loads
+// are issued (they do not depend on the cluster), so that their round trip overlaps the
+// barrier's; else at the top. Then every thread arrives once on the exit barrier
+// (cluster_arrive_exit): in one pass as soon as its remote values are used, so that the wait at
+// the kernel's end (after the output, the records or the partial are stored, and after the
+// flagged merge's wait for the other cluster) finds every CTA of the cluster arrived; else after
+// the loop.
 template <int kN, int kThreads, int kC>
 __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_group& cluster, const MergeAt& at,
-                                              int my_rows, const float* cm_s, const float* cl_s, const float* co_s) {
+                                              int my_rows, const float* cm_s, const float* cl_s, const float* co_s,
+                                              unsigned long long* tr) {
   constexpr int kPer = kDim / kN;
   constexpr int kCs = kC ? kC : kMaxCluster;  // the loops' trip count
   const int C = kC ? kC : at.C;
+  const bool one_pass = my_rows * kPer <= kThreads;
+  if (C > 1 && !(one_pass && threadIdx.x < my_rows * kPer)) {
+    cluster_wait_inputs();
+    if (tr && threadIdx.x == 0) tr[6] = global_ns();
+    if (one_pass) cluster_arrive_exit();  // no remote reads
+  }
   for (int idx = threadIdx.x; idx < my_rows * kPer; idx += kThreads) {
     const int r = at.rank + (idx / kPer) * C, d0 = (idx % kPer) * kN;
     const int ci = co_index(r, d0);  // the kN dims are consecutive words (within one 32-dim run)
@@ -267,6 +292,10 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
           if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
     };
     if (a.ll && at.grp == 0) load_batch(1);
+    if (C > 1 && one_pass) {
+      cluster_wait_inputs();
+      if (tr && threadIdx.x == 0) tr[6] = global_ns();
+    }
     float mc[kCs], lc[kCs], oc[kCs][kN];
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
@@ -296,6 +325,7 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
 #pragma unroll
       for (int i = 0; i < kN; ++i) acc[i] += oc[c][i] * f;
     }
+    if (C > 1 && one_pass) cluster_arrive_exit();
     if (a.ll && at.grp > 0) {
       // Flagged merge, a later cluster group: post this partial for the row's first group.
       float v[2 * kLLChunks];
@@ -347,6 +377,7 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
       if (d0 == 0) *reinterpret_cast<float2*>(a.part_ml + pi * 2) = make_float2(M, L);
     }
   }
+  if (C > 1 && !one_pass) cluster_arrive_exit();
 }
 
 // fp8 P V scale exponent of a row for one block: b (>= 0) is the block's largest p * v_scale,
@@ -892,9 +923,10 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   cg::cluster_group cluster = cg::this_cluster();
   const int C = a.cluster, rank = C > 1 ? int(cluster.block_rank()) : 0;
   if (threadIdx.x == 0) SIEVE_TRACE(5);
-  if (C > 1) cluster.sync();
+  // C > 1: the barrier's wait is in cluster_merge (after the flagged merge's first record loads).
+  if (C > 1) asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   else __syncthreads();
-  if (threadIdx.x == 0) SIEVE_TRACE(6);
+  if (C == 1 && threadIdx.x == 0) SIEVE_TRACE(6);
   const int grp = split / C;
   const int64_t row_id = int64_t(t) * a.nkv + kvh;
   // This CTA's outputs: rows rank, rank + C, ...; as many dims a thread as it takes for one pass.
@@ -904,17 +936,14 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   // (Nsight Compute, docs/performance.md).
   const MergeAt at{t, kvh, C, rank, row_id * a.groups + grp, row_id, grp};
   const int my_rows = (a.gqa - rank + C - 1) / C;
-  if (C == 2 && my_rows * kDim > 2 * kThreads) cluster_merge<4, kThreads, 2>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
-  else if (my_rows * kDim <= kThreads) cluster_merge<1, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
-  else if (my_rows * kDim <= 2 * kThreads) cluster_merge<2, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
-  else cluster_merge<4, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s);
-  // No CTA leaves while another still reads its shared memory. Those reads have completed (their
-  // values were used before the barrier), so the arrive is relaxed: it does not wait for this
-  // CTA's global stores (the partials), which the fence below publishes.
-  if (C > 1) {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-  }
+  if (C == 2 && my_rows * kDim > 2 * kThreads) cluster_merge<4, kThreads, 2>(a, cluster, at, my_rows, cm_s, cl_s, co_s, tr);
+  else if (my_rows * kDim <= kThreads) cluster_merge<1, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s, tr);
+  else if (my_rows * kDim <= 2 * kThreads) cluster_merge<2, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s, tr);
+  else cluster_merge<4, kThreads, 0>(a, cluster, at, my_rows, cm_s, cl_s, co_s, tr);
+  // No CTA leaves while another still reads its shared memory: every thread arrived (relaxed)
+  // in cluster_merge once its remote reads were complete; this CTA's global stores (the
+  // partials) are published by the fence below, not by this barrier.
+  if (C > 1) asm volatile("barrier.cluster.wait;\n" ::: "memory");
   if (threadIdx.x == 0) SIEVE_TRACE(7);
   if (a.groups == 1 || a.ll) return;
 
