@@ -240,14 +240,18 @@ __device__ __forceinline__ uint4* ll_record(const AttnArgs& a, int64_t row, int 
 }
 
 // A thread's arrival on the cluster barrier that lets the cluster's CTAs exit: relaxed (it
-// orders nothing; the thread's remote reads are complete, their values used) and not aligned
-// (threads of a warp arrive at different points of cluster_merge). The kernel waits on it last.
+// orders nothing; the thread's remote reads are complete, their values used). The kernel waits
+// on it last. The halves in cluster_merge are not `.aligned`; every warp reaches them together
+// (merge tasks go to whole warps), and a build with `.aligned` halves measured the same.
 __device__ __forceinline__ void cluster_arrive_exit() {
   asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
 }
 // The wait half of the cluster barrier that publishes the CTAs' merge inputs (the kernel arrives
-// with release semantics before cluster_merge).
-__device__ __forceinline__ void cluster_wait_inputs() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
+// with release semantics before cluster_merge); thread 0 then records trace point 6.
+__device__ __forceinline__ void cluster_wait_inputs(unsigned long long* tr) {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+  if (tr && threadIdx.x == 0) tr[6] = global_ns();
+}
 
 // Merge of the cluster's CTAs through distributed shared memory, for rows rank, rank + C, ...:
 // a thread takes kN consecutive dims of one row and issues the loads of every CTA's (max, sum,
@@ -270,8 +274,7 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
   const int C = kC ? kC : at.C;
   const bool one_pass = my_rows * kPer <= kThreads;
   if (C > 1 && !(one_pass && threadIdx.x < my_rows * kPer)) {
-    cluster_wait_inputs();
-    if (tr && threadIdx.x == 0) tr[6] = global_ns();
+    cluster_wait_inputs(tr);
     if (one_pass) cluster_arrive_exit();  // no remote reads
   }
   for (int idx = threadIdx.x; idx < my_rows * kPer; idx += kThreads) {
@@ -292,10 +295,7 @@ __device__ __forceinline__ void cluster_merge(const AttnArgs& a, cg::cluster_gro
           if (g0 + u < a.groups) x[u][c] = ll_load(ll_record<kN>(a, at.row, g0 + u, r, d0) + c);
     };
     if (a.ll && at.grp == 0) load_batch(1);
-    if (C > 1 && one_pass) {
-      cluster_wait_inputs();
-      if (tr && threadIdx.x == 0) tr[6] = global_ns();
-    }
+    if (C > 1 && one_pass) cluster_wait_inputs(tr);
     float mc[kCs], lc[kCs], oc[kCs][kN];
 #pragma unroll
     for (int c = 0; c < kCs; ++c) {
