@@ -130,13 +130,6 @@ __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
 }
 
-// Four query elements as floats: four bf16 (two words) or four f32.
-__device__ __forceinline__ void unpack_bf16x4(uint2 u, float (&x)[4]) {
-  x[0] = __uint_as_float(u.x << 16), x[1] = __uint_as_float(u.x & 0xffff0000u);
-  x[2] = __uint_as_float(u.y << 16), x[3] = __uint_as_float(u.y & 0xffff0000u);
-}
-__device__ __forceinline__ void unpack_f32x4(float4 f, float (&x)[4]) { x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w; }
-
 // Request of token t: decode batches (one token per request) hit the first guess.
 __device__ __forceinline__ int find_seq(const int32_t* qsl, int num_seqs, int t) {
   const int g = min(t, num_seqs - 1);

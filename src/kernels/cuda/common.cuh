@@ -198,6 +198,14 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return r;
 }
 
+// Four consecutive activation elements as floats, from one 8-byte load of four bf16 or one
+// 16-byte load of four f32.
+__device__ __forceinline__ void unpack_bf16x4(uint2 u, float (&x)[4]) {
+  x[0] = __uint_as_float(u.x << 16), x[1] = __uint_as_float(u.x & 0xffff0000u);
+  x[2] = __uint_as_float(u.y << 16), x[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_f32x4(float4 f, float (&x)[4]) { x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w; }
+
 // Loads one element of an activation (F32 or BF16) as fp32.
 __device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
   return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];

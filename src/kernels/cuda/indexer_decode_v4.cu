@@ -179,16 +179,8 @@ __device__ __forceinline__ void q_frags_from_slot(const V4Args& a, const uint8_t
 #pragma unroll
       for (int i = 0; i < 4; ++i) x[r][i] = 0.f;
       if (v < nv) {
-        if (a.q_bf16) {
-          const uint2 u = *reinterpret_cast<const uint2*>(qs + (v * kDim + d) * 2);
-          x[r][0] = __uint_as_float(u.x << 16);
-          x[r][1] = __uint_as_float(u.x & 0xffff0000u);
-          x[r][2] = __uint_as_float(u.y << 16);
-          x[r][3] = __uint_as_float(u.y & 0xffff0000u);
-        } else {
-          const float4 f = *reinterpret_cast<const float4*>(qs + (v * kDim + d) * 4);
-          x[r][0] = f.x, x[r][1] = f.y, x[r][2] = f.z, x[r][3] = f.w;
-        }
+        if (a.q_bf16) unpack_bf16x4(*reinterpret_cast<const uint2*>(qs + (v * kDim + d) * 2), x[r]);
+        else unpack_f32x4(*reinterpret_cast<const float4*>(qs + (v * kDim + d) * 4), x[r]);
         if (a.q_fp8_round) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) x[r][i] = fp8_to_f32(f32_to_fp8_bits(x[r][i]));

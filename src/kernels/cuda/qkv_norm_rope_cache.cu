@@ -39,12 +39,9 @@ struct KernelArgs {
 
 __device__ __forceinline__ void load4(const void* base, int64_t i, bool bf16, bool vec, float (&x)[kVec]) {
   if (vec && bf16) {
-    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + i);
-    x[0] = __uint_as_float(u.x << 16), x[1] = __uint_as_float(u.x & 0xffff0000u);
-    x[2] = __uint_as_float(u.y << 16), x[3] = __uint_as_float(u.y & 0xffff0000u);
+    unpack_bf16x4(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + i), x);
   } else if (vec) {
-    const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
-    x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w;
+    unpack_f32x4(*reinterpret_cast<const float4*>(static_cast<const float*>(base) + i), x);
   } else {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) x[k] = load_act(base, i + k, bf16);
