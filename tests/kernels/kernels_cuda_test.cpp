@@ -903,6 +903,67 @@ TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
 // v3 and v4 give v2's outputs bit for bit (same MMA order, same maxima, same ranking), also with
 // a q row stride that is not a multiple of 16 bytes (v3's scalar q loads, v4's plain q copy) and
 // several rows/heads.
+// With at most 8 query vectors a request, v2, v3 and v4 score with the narrow MMA (keys as the
+// MMA's rows): the same block scores and ids, bit for bit, as the 16-row MMA.
+TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(9600);
+  struct Case {
+    const std::vector<SeqSpec>* specs;
+    int H;
+  };
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (DType qd : {DType::BF16, DType::F32}) {
+      for (Case cs : {Case{&kDecodeSpecs, 1}, Case{&kDecodeSpecs, 4}, Case{&kSpecSpecs, 2}, Case{&kSpecSpecs, 1}}) {
+        SCOPED_TRACE("cache " + name(cd) + " q " + name(qd) + " H " + std::to_string(cs.H) + " rows " +
+                     std::to_string((*cs.specs)[0].q_len));
+        PagedBatch b = make_paged_batch(*cs.specs, 128, rng);
+        IndexCache ic(cd, b.num_blocks, 128, 128);
+        fill_caches_random(b, nullptr, &ic, rng, 1.0f);
+        const int H = cs.H;
+        const int64_t T = b.num_tokens, q_stride = H * 128 + 8;
+        auto qv = random_vector(size_t(T * q_stride), rng);
+        TypedBuffer q = TypedBuffer::from(qd, qv);
+        DevBatch db(b);
+        const int K = 16, mbps = b.max_blocks_per_seq;
+        const size_t ni = size_t(T) * H * K, ns = size_t(T) * H * mbps;
+        Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
+        ops::IndexerParams g;
+        g.index_q = d_q.p();
+        g.q_dtype = qd;
+        g.q_stride = q_stride;
+        g.num_index_heads = H;
+        g.index_dim = 128;
+        g.score_scale = 0.0883883f;
+        g.q_in_cache_dtype = qd == DType::F32 && cd == DType::FP8_E4M3;
+        g.cache = ic.view();
+        g.cache.k = d_cache.p();
+        g.batch = db.view;
+        g.topk = K;
+        g.init_blocks = 1;
+        g.local_blocks = 1;
+        for (auto path : {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3,
+                          cuda::IndexerPath::kDecodeFusedV4}) {
+          Dev d_in(ni * 4), d_sn(ns * 4), d_iw(ni * 4), d_sw(ns * 4);
+          d_in.poison(0x55), d_sn.poison(0xff), d_iw.poison(0x66), d_sw.poison(0xfe);
+          g.topk_idx = d_in.as<int32_t>();
+          g.block_scores = d_sn.as<float>();
+          ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, path));
+          cuda::set_indexer_narrow(false);
+          g.topk_idx = d_iw.as<int32_t>();
+          g.block_scores = d_sw.as<float>();
+          const bool ok = cuda::run_indexer_path(g, nullptr, path);
+          cuda::set_indexer_narrow(true);
+          ASSERT_TRUE(ok);
+          device_synchronize(kGpu);
+          EXPECT_EQ(d_in.get<int32_t>(ni), d_iw.get<int32_t>(ni)) << "path " << int(path);
+          EXPECT_EQ(d_sn.bytes(ns * 4), d_sw.bytes(ns * 4)) << "path " << int(path);
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaIndexer, BitwiseMatchesV2) {
   SKIP_WITHOUT_GPU();
   Rng rng(9500);

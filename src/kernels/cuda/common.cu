@@ -143,6 +143,16 @@ int env_int(const char* name) {
   return v && *v ? std::atoi(v) : 0;
 }
 
+namespace {
+std::atomic<bool> g_narrow_allowed{true};
+}  // namespace
+void set_indexer_narrow(bool allowed) { g_narrow_allowed.store(allowed, std::memory_order_relaxed); }
+bool indexer_narrow(const ops::IndexerParams& p) {
+  static const bool off = env_int("SIEVE_INDEXER_NARROW") < 0;
+  return !off && g_narrow_allowed.load(std::memory_order_relaxed) &&
+         int64_t(p.batch.max_query_len) * p.num_index_heads <= 8;
+}
+
 bool indexer_trace_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SIEVE_INDEXER_TRACE");

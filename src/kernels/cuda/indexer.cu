@@ -474,8 +474,9 @@ bool use_decode_indexer(const ops::IndexerParams& p) {
 //    80.9) and with an fp8 cache from 256 blocks per request (b32 ctx32768: 47.5 vs v2 54.6; b8
 //    ctx131072: 50.3 vs 53.7), and with an fp8 cache where its units are at most 8 blocks
 //    (b32 ctx9216, units of 6: 19.6-19.8 vs v2 21.2-21.3 since its selection reads a staged row
-//    and its query rows are copied first). With fp8 at b128 (units of 24) it loses to v3 (50.0
-//    vs 46.3).
+//    and its query rows are copied first). With fp8 at b128 (units of 24) it lost to v3 (50.0
+//    vs 46.3) with the 16-row MMA, and wins with the narrow one (at most 8 query vectors a
+//    request, indexer_narrow: 43.4 vs v3's 45.9).
 //  - Otherwise v3 (cluster CTAs per request) for 128 requests with fp8 (46.6 vs v2 55.8) and
 //    for about 32 requests x 9216 tokens of work with bf16 (b128: 76.5 vs 95.6); v2 below.
 // Where v3 / v4 do not support the parameters, v2 runs.
@@ -485,7 +486,7 @@ int auto_decode_variant(const ops::IndexerParams& p) {
   const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
   // v4 where its one-unit-per-CTA plan exists and measured faster (above).
   const int unit = v4_single_unit(p.batch.num_seqs, blocks, int64_t(v4_ctas_per_sm(fp8, blocks)) * num_sms());
-  if (unit > 0 && (!fp8 || unit <= 8 || blocks >= 256)) return 4;
+  if (unit > 0 && (!fp8 || unit <= 8 || blocks >= 256 || indexer_narrow(p))) return 4;
   if (fp8) return p.batch.num_seqs >= 64 && work >= 2048 ? 3 : 2;
   return work >= 2048 ? 3 : 2;
 }

@@ -130,12 +130,65 @@ __device__ __forceinline__ void warp_block_max(const KeyRegs<kFp8> (&kr)[NT], co
   quad_max2(m0, m1);
 }
 
+// Narrow form for at most 8 query vectors: the warp's 16 keys are the MMA's rows (A: kr[0] rows
+// 0..7, kr[1] rows 8..15) and the query vectors its 8 columns (B: the row-g half of qa), so a
+// block takes 8 MMAs a warp instead of 16. Every output is the same dot product over the same
+// k-steps in the same order as in warp_block_max. m0 / m1: the causal maxima of vectors 2q and
+// 2q + 1 (positions posA / posB) over the warp's 16 keys, valid in lanes 0..3 (g == 0); kbase is
+// the key of row 0.
+template <bool kFp8>
+__device__ __forceinline__ void warp_block_max_narrow(const KeyRegs<kFp8> (&kr)[2], const uint32_t (&qa)[8][4],
+                                                      int kbase, int g, int posA, int posB, float& m0, float& m1) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    uint32_t a[4];
+    kr[0].frag(st, a[0], a[2]);
+    kr[1].frag(st, a[1], a[3]);
+    mma16816<kFp8>(acc, a, qa[st][0], qa[st][2]);
+  }
+  const int key0 = kbase + g, key1 = key0 + 8;
+  m0 = fmaxf(key0 <= posA ? acc[0] : kNegInf, key1 <= posA ? acc[2] : kNegInf);
+  m1 = fmaxf(key0 <= posB ? acc[1] : kNegInf, key1 <= posB ? acc[3] : kNegInf);
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+  }
+}
+
+// Query vectors of a lane's two maxima: rows g and g + 8 of the 16-row MMA, or (narrow) columns
+// 2q and 2q + 1.
+template <bool kNarrow>
+__device__ __forceinline__ int max_vec(int g, int q, int r) {
+  return kNarrow ? 2 * q + r : g + 8 * r;
+}
+
 // Order-preserving float <-> int for non-NaN values (integer max == float max).
 __device__ __forceinline__ int enc_max(float f) {
   const int i = __float_as_int(f);
   return i >= 0 ? i : i ^ 0x7fffffff;
 }
 __device__ __forceinline__ float dec_max(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
+
+// One block's scores for the warp's 16 keys (first key kbase; fragments in kr, 16-row or narrow
+// MMA), folded into the block's column of the [vector][stride] maxima table tab: each of the
+// lane's two vectors (max_vec, positions pos0 / pos1) that is below nv and has a key in range.
+template <bool kFp8, bool kNarrow>
+__device__ __forceinline__ void fold_warp_block(const KeyRegs<kFp8> (&kr)[2], const uint32_t (&qa)[8][4], int kbase,
+                                                int g, int q, int pos0, int pos1, int nv, int* tab, int stride) {
+  float m0, m1;
+  if constexpr (kNarrow) {
+    warp_block_max_narrow<kFp8>(kr, qa, kbase, g, pos0, pos1, m0, m1);
+  } else {
+    warp_block_max<kFp8>(kr, qa, kbase + 2 * q, pos0, pos1, m0, m1);
+  }
+  if ((kNarrow ? g : q) == 0) {
+    const int v0 = max_vec<kNarrow>(g, q, 0), v1 = max_vec<kNarrow>(g, q, 1);
+    if (v0 < nv && m0 != kNegInf) atomicMax(&tab[v0 * stride], enc_max(m0));
+    if (v1 < nv && m1 != kNegInf) atomicMax(&tab[v1 * stride], enc_max(m1));
+  }
+}
 
 // Dynamic shared memory of the v1 / v2 fused decode kernels: [16][chunk_blocks] chunk scores,
 // the merge scratch, (v2: the chunk's block table,) then the 128-byte aligned stages and their

@@ -94,7 +94,7 @@ __host__ __device__ constexpr int stages() {
   return kFp8 ? 4 : 3;
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kernel(IdxArgs a) {
   extern __shared__ float smem[];
   __shared__ int n_blk_row[16];
@@ -151,7 +151,9 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
       if (b0 + i >= n_old) issue(i);
   // Query fragments after the first copies are in flight (rows g and g + 8 = query vectors).
   const int v0 = g, v1 = g + 8;
-  const int pos0 = seq_len - qlen + v0 / max(a.H, 1), pos1 = seq_len - qlen + v1 / max(a.H, 1);
+  // Positions of the vectors of this lane's two maxima (max_vec).
+  const int pos0 = seq_len - qlen + max_vec<kNarrow>(g, q, 0) / max(a.H, 1);
+  const int pos1 = seq_len - qlen + max_vec<kNarrow>(g, q, 1) / max(a.H, 1);
   uint32_t qa[8][4];
 #pragma unroll
   for (int st = 0; st < 8; ++st) {
@@ -186,12 +188,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
       }
       __syncwarp();
     }
-    float m0, m1;
-    warp_block_max<kFp8>(kr, qa, b * kBlock + warp * 16 + 2 * q, pos0, pos1, m0, m1);
-    if (q == 0) {
-      if (v0 < nv && m0 != kNegInf) atomicMax(&mx[v0 * a.chunk_blocks + i], enc_max(m0));
-      if (v1 < nv && m1 != kNegInf) atomicMax(&mx[v1 * a.chunk_blocks + i], enc_max(m1));
-    }
+    fold_warp_block<kFp8, kNarrow>(kr, qa, b * kBlock + warp * 16, g, q, pos0, pos1, nv, mx + i, a.chunk_blocks);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < nv * a.chunk_blocks; e += kThreads) {
@@ -246,13 +243,11 @@ bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream_v) {
   const size_t smem = stage_offset(a.chunk_blocks, a.topk, a.chunks) +
                       size_t(nst) * kBlock * kDim * (fp8 ? 1 : 2) + 16 * nst;
   const int grid = a.num_seqs * a.chunks;
-  if (fp8) {
-    set_smem(decode_indexer_v2_kernel<true>, smem);
-    launch_pdl(pdl_enabled(kPdlIndexer, p.batch.num_tokens), decode_indexer_v2_kernel<true>, grid, kThreads, smem, stream, "indexer decode v2", a);
-  } else {
-    set_smem(decode_indexer_v2_kernel<false>, smem);
-    launch_pdl(pdl_enabled(kPdlIndexer, p.batch.num_tokens), decode_indexer_v2_kernel<false>, grid, kThreads, smem, stream, "indexer decode v2", a);
-  }
+  const bool narrow = indexer_narrow(p);
+  auto kernel = fp8 ? (narrow ? decode_indexer_v2_kernel<true, true> : decode_indexer_v2_kernel<true, false>)
+                    : (narrow ? decode_indexer_v2_kernel<false, true> : decode_indexer_v2_kernel<false, false>);
+  set_smem(kernel, smem);
+  launch_pdl(pdl_enabled(kPdlIndexer, p.batch.num_tokens), kernel, grid, kThreads, smem, stream, "indexer decode v2", a);
   return true;
 }
 

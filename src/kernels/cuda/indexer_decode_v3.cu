@@ -272,7 +272,7 @@ __device__ __forceinline__ int merged_rank_ilp(const float* ls, const int* li, i
   return rank;
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int nbr[16];  // blocks of each query vector (n_blk); 0 past nv
@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       nbr[v] = v < nv ? (seq_len - qlen + v / a.H) / kBlock + 1 : 0;
     }
     const int g = lane / 4, q = lane % 4;
-    const int v0 = g, v1 = g + 8;
+    const int v0 = max_vec<kNarrow>(g, q, 0), v1 = max_vec<kNarrow>(g, q, 1);
     const int pos0 = seq_len - qlen + v0 / a.H, pos1 = seq_len - qlen + v1 / a.H;
     uint32_t qa[8][4];
     pdl_wait();
@@ -384,12 +384,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       // This thread's rows of the stage are in registers: release it to the producer (each
       // thread for its own reads).
       mbar_arrive(&empty[st_i]);
-      float m0, m1;
-      warp_block_max<kFp8>(kr, qa, b * kBlock + warp * 16 + 2 * q, pos0, pos1, m0, m1);
-      if (q == 0) {
-        if (v0 < nv && m0 != kNegInf) atomicMax(&mx[v0 * CB + i], enc_max(m0));
-        if (v1 < nv && m1 != kNegInf) atomicMax(&mx[v1 * CB + i], enc_max(m1));
-      }
+      fold_warp_block<kFp8, kNarrow>(kr, qa, b * kBlock + warp * 16, g, q, pos0, pos1, nv, mx + i, CB);
     }
   }
   __syncthreads();
@@ -568,16 +563,21 @@ Plan make_plan(int max_blocks, int topk, int C, int G, uint32_t budget, uint32_t
   return pl;
 }
 
+using V3Kernel = void (*)(V3Args);
+V3Kernel v3_kernel(bool fp8, bool narrow) {
+  if (fp8) return narrow ? decode_indexer_v3_kernel<true, true> : decode_indexer_v3_kernel<true, false>;
+  return narrow ? decode_indexer_v3_kernel<false, true> : decode_indexer_v3_kernel<false, false>;
+}
+
 // Clusters of C CTAs with `smem` bytes each that the device holds at once (cached; a failed
 // query counts as "no limit").
-int active_clusters(bool fp8, int C, uint32_t smem) {
+int active_clusters(bool fp8, bool narrow, int C, uint32_t smem) {
   static std::mutex mu;
-  static std::map<std::tuple<bool, int, uint32_t>, int> cache;
+  static std::map<std::tuple<bool, bool, int, uint32_t>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(fp8, C, smem);
+  const auto key = std::make_tuple(fp8, narrow, C, smem);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  const int n = fp8 ? resident_clusters(decode_indexer_v3_kernel<true>, kThreads, smem, C, 1, 1 << 30)
-                     : resident_clusters(decode_indexer_v3_kernel<false>, kThreads, smem, C, 1, 1 << 30);
+  const int n = resident_clusters(v3_kernel(fp8, narrow), kThreads, smem, C, 1, 1 << 30);
   cache[key] = n;
   return n;
 }
@@ -608,7 +608,7 @@ const Knobs& knobs() {
   return k;
 }
 
-void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vector<unsigned long long>& tr,
+void print_trace(bool fp8, bool narrow, const V3Args& a, int N, uint32_t smem, const std::vector<unsigned long long>& tr,
                  int64_t ctas) {
   const char* names[kTracePoints] = {"start",        "prologue",     "issued",      "first block", "loop end",
                                      "chunk top-k", "cluster sync", "cluster mrg", "end"};
@@ -618,7 +618,7 @@ void print_trace(bool fp8, const V3Args& a, int N, uint32_t smem, const std::vec
                fp8 ? "fp8" : "bf16", N, (long long)ctas, a.C, a.G, a.chunk_blocks, a.stages, smem, num_sms(),
                a.merge_ilp ? "ilp" : "serial", a.pdl);
   std::fprintf(stderr, "  max active clusters at %u B:", smem);
-  for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, active_clusters(fp8, c, smem));
+  for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, active_clusters(fp8, narrow, c, smem));
   std::fprintf(stderr, "\n");
   {
     std::map<unsigned long long, int> per_sm;
@@ -645,6 +645,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
       std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq));
 
   // Grid from shapes only (see the header).
+  const bool narrow = indexer_narrow(p);
   const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
   const int target = 2 * num_sms();
   const Knobs& kn = knobs();
@@ -669,12 +670,12 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   if (force_c <= 0 && force_g <= 0) {
     // Meant as one wave at two CTAs per SM: check that the clusters fit (GPC sizes), else use
     // smaller clusters / fewer groups.
-    int act = active_clusters(fp8, C, plan.L.total);
+    int act = active_clusters(fp8, narrow, C, plan.L.total);
     while (C > 1 && N > act) {
       C /= 2;
       G = auto_groups(C);
       plan = make_plan(max_blocks, p.topk, C, G, budget_shared, block_bytes, kn.stages);
-      act = active_clusters(fp8, C, plan.L.total);
+      act = active_clusters(fp8, narrow, C, plan.L.total);
     }
     if (int64_t(N) * G > act && G > min_groups(max_blocks, C)) {
       G = std::max(min_groups(max_blocks, C), act / N);
@@ -686,7 +687,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
   // all the clusters still fit at once.
   if (int64_t(N) * G * C <= num_sms()) {
     const Plan big = make_plan(max_blocks, p.topk, C, G, budget_alone, block_bytes, kn.stages);
-    if (big.stages > plan.stages && int64_t(N) * G <= active_clusters(fp8, C, big.L.total)) plan = big;
+    if (big.stages > plan.stages && int64_t(N) * G <= active_clusters(fp8, narrow, C, big.L.total)) plan = big;
   }
   const Layout L = plan.L;
   if (L.total + 1024u > 227u * 1024u) return false;
@@ -717,15 +718,11 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
 
   ClusterLaunch l(dim3(unsigned(ctas), 1, 1), dim3(kThreads, 1, 1), L.total, stream, C);
   if (a.pdl) l.allow_programmatic_serialization();
-  if (fp8) {
-    set_smem(decode_indexer_v3_kernel<true>, L.total);
-    cuda_check(cudaLaunchKernelEx(&l.cfg, decode_indexer_v3_kernel<true>, a), "indexer decode v3 launch");
-  } else {
-    set_smem(decode_indexer_v3_kernel<false>, L.total);
-    cuda_check(cudaLaunchKernelEx(&l.cfg, decode_indexer_v3_kernel<false>, a), "indexer decode v3 launch");
-  }
+  const V3Kernel kernel = v3_kernel(fp8, narrow);
+  set_smem(kernel, L.total);
+  cuda_check(cudaLaunchKernelEx(&l.cfg, kernel, a), "indexer decode v3 launch");
   SIEVE_LAUNCH_CHECK("indexer decode v3");
-  if (a.trace) print_trace(fp8, a, N, L.total, trace_collect(a.trace, size_t(ctas) * kTraceSlots, stream), ctas);
+  if (a.trace) print_trace(fp8, narrow, a, N, L.total, trace_collect(a.trace, size_t(ctas) * kTraceSlots, stream), ctas);
   return true;
 }
 

@@ -233,7 +233,7 @@ __device__ __forceinline__ UnitInfo unit_info(const V4Args& a, const UnitLoad& w
 }
 
 // kPoll: every unit static; the CTA of a request's last block polls the others' scores (V4Args::rec).
-template <bool kFp8, int kMinCtas, bool kPoll>
+template <bool kFp8, int kMinCtas, bool kPoll, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V4Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
     // ------------------------------------------------------------------ consumers
     pdl_wait();
     const int g = lane / 4, q = lane % 4;
-    const int v0 = g, v1 = g + 8;
+    const int v0 = max_vec<kNarrow>(g, q, 0), v1 = max_vec<kNarrow>(g, q, 1);
     uint32_t qa[8][4];
     int k = -1, slot = 0, nv = 0, pos0 = 0, pos1 = 0, b0 = 0;
     for (int i = 0;; ++i) {
@@ -481,13 +481,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) kr[nt].load_smem(base + (nt * 8 + g) * row_bytes, q, g);
       mbar_arrive(&empty[st]);
-      float m0, m1;
-      warp_block_max<kFp8>(kr, qa, (b0 + j) * kBlock + warp * 16 + 2 * q, pos0, pos1, m0, m1);
-      int* mxs = mx + slot * 16 * U;
-      if (q == 0) {
-        if (v0 < nv && m0 != kNegInf) atomicMax(&mxs[v0 * U + j], enc_max(m0));
-        if (v1 < nv && m1 != kNegInf) atomicMax(&mxs[v1 * U + j], enc_max(m1));
-      }
+      fold_warp_block<kFp8, kNarrow>(kr, qa, (b0 + j) * kBlock + warp * 16, g, q, pos0, pos1, nv,
+                                     mx + slot * 16 * U + j, U);
 #ifdef SIEVE_V4_TRACE_DETAIL
       if (tr && i == 0 && threadIdx.x == 0) tr[8] = global_ns();
 #endif
@@ -626,10 +621,15 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
 // The instantiation that runs with `per_sm` CTAs per SM: with an fp8 cache, two or fewer get their
 // own (launch bounds for two CTAs: 80 registers instead of 64); `poll`: the polled finish.
 using V4Kernel = void (*)(V4Args);
-V4Kernel v4_kernel(bool fp8, int per_sm, bool poll) {
-  if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true> : decode_indexer_v4_kernel<false, 2, false>;
-  if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true> : decode_indexer_v4_kernel<true, 2, false>;
-  return poll ? decode_indexer_v4_kernel<true, 3, true> : decode_indexer_v4_kernel<true, 3, false>;
+V4Kernel v4_kernel(bool fp8, int per_sm, bool poll, bool narrow) {
+  if (narrow) {
+    if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true, true> : decode_indexer_v4_kernel<false, 2, false, true>;
+    if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true, true> : decode_indexer_v4_kernel<true, 2, false, true>;
+    return poll ? decode_indexer_v4_kernel<true, 3, true, true> : decode_indexer_v4_kernel<true, 3, false, true>;
+  }
+  if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true, false> : decode_indexer_v4_kernel<false, 2, false, false>;
+  if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true, false> : decode_indexer_v4_kernel<true, 2, false, false>;
+  return poll ? decode_indexer_v4_kernel<true, 3, true, false> : decode_indexer_v4_kernel<true, 3, false, false>;
 }
 
 // Resident CTAs per SM of `kernel` at `smem` bytes each (cached).
@@ -686,7 +686,8 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   const int per_sm = v4_ctas_per_sm(fp8, max_blocks);
   // The counter build sizes the grid; the polled build (chosen below, once the grid shows every
   // unit static) has the same launch bounds and shared memory, so the same residency.
-  V4Kernel kernel = v4_kernel(fp8, per_sm, false);
+  const bool narrow = indexer_narrow(p);
+  V4Kernel kernel = v4_kernel(fp8, per_sm, false, narrow);
   const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
   const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
   const int64_t work_blocks = int64_t(N) * max_blocks;
@@ -753,7 +754,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   // as fast or faster.
   const bool q_first = fp8 && unit >= 2 && unit <= 8;
   a.early_copies = pdl || !q_first || kn.early > 0 ? 1 : 0;
-  if (poll) kernel = v4_kernel(fp8, per_sm, true);
+  if (poll) kernel = v4_kernel(fp8, per_sm, true, narrow);
   set_smem(kernel, L.total);
   launch_pdl(pdl, kernel, P, kThreads, L.total, stream, "indexer decode v4", a);
   if (a.trace) print_trace(fp8, a, N, P, L.total, trace_collect(a.trace, size_t(P) * kTraceSlots, stream));

@@ -111,6 +111,13 @@ void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 // from the earliest point-0 timestamp (trace_origin), to stderr.
 int env_int(const char* name);
 bool indexer_trace_enabled();
+// Whether the fused decode indexers (v2, v3, v4) score with the narrow MMA
+// (warp_block_max_narrow): every request has at most 8 query vectors (query rows x index heads),
+// e.g. one decode token with up to 8 index heads. Same outputs bit for bit, half the MMAs a key
+// block. SIEVE_INDEXER_NARROW=-1 (development, read once) or the test hook
+// set_indexer_narrow(false): never.
+bool indexer_narrow(const ops::IndexerParams& p);
+void set_indexer_narrow(bool allowed);
 unsigned long long trace_origin(const std::vector<unsigned long long>& tr, int slots, int64_t ctas);
 void print_trace_quantiles(const char* const* names, int points, int slots, const std::vector<unsigned long long>& tr,
                            int64_t ctas);
