@@ -74,6 +74,80 @@ void fill(void* p, int kind, size_t n, uint64_t seed, float a = 1.f, float lo = 
 
 __global__ void empty_kernel() {}
 
+// Read probe: the bytes a decode kernel must read and nothing else. Item i of the list is a block
+// id; it stands for up to 4 runs, run j at base[j] + id * bytes[j]. Each CTA streams a
+// contiguous share of the list through a ring of `stages` bulk copies into shared memory
+// (one thread issues, then waits for each stage and reissues it), as the decode kernels' rings
+// do, but with the list precomputed: no metadata loads before the first copy and no math.
+struct ProbeRuns {
+  const uint8_t* base[4];
+  uint32_t bytes[4];
+  int runs;
+  uint32_t item_bytes;
+};
+__global__ void __launch_bounds__(32) read_probe_kernel(ProbeRuns r, const int32_t* __restrict__ ids, int n, int per_cta,
+                                                        int stages, unsigned* sink) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm);
+  uint8_t* ring = sm + 128;
+  const int i0 = blockIdx.x * per_cta, cnt = min(n, i0 + per_cta) - i0;
+  if (threadIdx.x != 0 || cnt <= 0) return;
+  for (int s = 0; s < stages; ++s) cuda::mbar_init(&bars[s], 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  auto issue = [&](int i) {
+    const int s = i % stages;
+    const int64_t id = __ldg(ids + i0 + i);
+    cuda::mbar_expect_tx(&bars[s], r.item_bytes);
+    uint32_t off = 0;
+    for (int j = 0; j < r.runs; ++j) {
+      cuda::bulk_copy(ring + size_t(s) * r.item_bytes + off, r.base[j] + id * r.bytes[j], r.bytes[j], &bars[s]);
+      off += r.bytes[j];
+    }
+  };
+  int issued = 0;
+  for (; issued < min(cnt, stages); ++issued) issue(issued);
+  unsigned acc = 0;
+  for (int i = 0; i < cnt; ++i) {
+    const int s = i % stages;
+    cuda::mbar_wait(&bars[s], uint32_t(i / stages) & 1u);
+    acc += *reinterpret_cast<volatile unsigned*>(ring + size_t(s) * r.item_bytes);
+    if (issued < cnt) issue(issued++);
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the reads observable
+}
+
+// One probe call per set: that set's runs and item list. The grid read fastest on the H200
+// (2026-12-04, docs/performance.md): up to 72 KB in flight a CTA (3 stages of 16 KB items, 2 of
+// 32 KB, 1 of 64 KB), as many CTAs as fit three to an SM, the list split evenly.
+struct ReadProbe {
+  std::vector<ProbeRuns> runs;  // per set
+  std::vector<DevPtr> ids;      // per set
+  int n = 0;
+  DevPtr sink = dev(64);
+  // Adds a run of `bytes` a block at `base` to set s.
+  void add(size_t s, const void* base, uint32_t bytes) {
+    if (runs.size() <= s) runs.resize(s + 1);
+    ProbeRuns& r = runs[s];
+    r.base[r.runs] = static_cast<const uint8_t*>(base), r.bytes[r.runs] = bytes, r.item_bytes += bytes, ++r.runs;
+  }
+  std::function<void(int, cudaStream_t)> fn() {
+    const uint32_t item = runs.at(0).item_bytes;
+    const int stages = std::clamp(int(73728 / item), 1, 3);
+    const size_t smem = 128 + size_t(stages) * item;
+    cuda_check(cudaFuncSetAttribute(read_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+               "read probe smem");
+    int occ = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, read_probe_kernel, 32, smem), "read probe occupancy");
+    const int ctas = std::max(1, std::min(n, std::clamp(occ, 1, 3) * cuda::num_sms()));
+    const int per = (n + ctas - 1) / ctas;
+    const int grid = std::max(1, (n + per - 1) / per);
+    return [this, stages, per, grid, smem](int s, cudaStream_t st) {
+      const size_t k = size_t(s) % runs.size();
+      read_probe_kernel<<<grid, 32, smem, st>>>(runs[k], ids[k]->as<int32_t>(), n, per, stages, sink->as<unsigned>());
+    };
+  }
+};
+
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.f : v[v.size() / 2];
@@ -374,6 +448,10 @@ constexpr const char* kEmptyKernel = "empty kernel (timing floor)";
 constexpr const char* kDecodeIndexer = "decode indexer";
 constexpr const char* kFullDecodeStep = "decode step (cache write + indexer + sparse attention)";
 constexpr const char* kDenseDecodeStep = "decode step (cache write + dense attention)";
+// The read probe rows (read_probe_kernel): the bytes of each decode kernel, read and nothing else.
+constexpr const char* kProbeIndexer = "read probe (decode indexer's bytes)";
+constexpr const char* kProbeSparse = "read probe (sparse attention's bytes)";
+constexpr const char* kProbeDense = "read probe (dense attention's bytes)";
 constexpr const char* kCacheWrite = "qkv norm+rope+cache write";
 
 }  // namespace
@@ -551,8 +629,46 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         emit(r, c);
         if (ip.target) with_pdl(r, run_path(ip.path));
       }
+      // Every cache block of the batch, per set (the blocks of the indexer and of dense attention).
+      auto all_blocks = [&c](int s) {
+        std::vector<int32_t> ids;
+        for (size_t i = 0; i < c.shape.cached.size(); ++i)
+          for (int b = 0; b < (c.shape.cached[i] + c.shape.qlen[i] + 127) / 128; ++b)
+            ids.push_back(c.sets[size_t(s)].host_tables[i * size_t(c.mbps) + size_t(b)]);
+        return ids;
+      };
+      // The read probe of a kernel's blocks (graph x16 per call, as the rows it is set against).
+      auto probe_row = [&](const char* kernel, ReadProbe& pr, double floor_us) {
+        Row r{kernel, shape, dt, kBatchMode, 0, floor_us, "bytes"};
+        r.us = time_it(iters, sets, pr.fn(), true, st, kGraphBatch);
+        emit(r, c);
+      };
+      const uint32_t kv_block = 128 * 128 * (fp8 ? 1 : 2);
+      if (row_wanted(opt, kProbeIndexer)) {
+        ReadProbe pr;
+        for (int s = 0; s < sets; ++s) {
+          pr.add(size_t(s), c.sets[size_t(s)].ic->p, kv_block);
+          const auto ids = all_blocks(s);
+          pr.n = int(ids.size());
+          pr.ids.push_back(upload(ids));
+        }
+        probe_row(kProbeIndexer, pr, ifloor);
+      }
+
       // Leave a real selection in every set for the attention.
       for (int s = 0; s < sets; ++s) run_path(cuda::IndexerPath::kAuto)(s, st);
+      // K and V (and, fp8, their per-token scales) of a list of blocks, per set.
+      auto kv_probe = [&](ReadProbe& pr, int s, const std::vector<int32_t>& ids) {
+        const Set& set = c.sets[size_t(s)];
+        pr.add(size_t(s), set.k->p, kv_block);
+        pr.add(size_t(s), set.v->p, kv_block);
+        if (fp8) {
+          pr.add(size_t(s), set.ks->p, 128 * 4);
+          pr.add(size_t(s), set.vs->p, 128 * 4);
+        }
+        pr.n = int(ids.size());
+        pr.ids.push_back(upload(ids));
+      };
 
       // Sparse attention.
       auto attn = [&c](bool sparse) {
@@ -565,6 +681,22 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       a.target_us = main_shape ? (fp8 ? 7 : 11) : 0;
       a.target_note = main_shape ? "issue target" : "";
       if (row_wanted(opt, a.kernel)) with_pdl(emit_modes(a, plain(attn(true))), attn(true));
+      if (row_wanted(opt, kProbeSparse)) {
+        // The blocks each token's selection names (whole blocks: the own block's unused rows too).
+        ReadProbe pr;
+        cuda_check(cudaStreamSynchronize(st), "read probe selection");
+        for (int s = 0; s < sets; ++s) {
+          std::vector<int32_t> sel(size_t(c.T) * 16), ids;
+          cuda_check(cudaMemcpy(sel.data(), c.sets[size_t(s)].topk->p, sel.size() * 4, cudaMemcpyDeviceToHost),
+                     "read probe selection");
+          for (size_t i = 0; i < c.shape.cached.size(); ++i)  // decode: token i is request i
+            for (int k = 0; k < 16; ++k)
+              if (const int b = sel[i * 16 + size_t(k)]; b >= 0)
+                ids.push_back(c.sets[size_t(s)].host_tables[i * size_t(c.mbps) + size_t(b)]);
+          kv_probe(pr, s, ids);
+        }
+        probe_row(kProbeSparse, pr, afloor);
+      }
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
@@ -632,6 +764,11 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       d.target_us = main_shape ? 1.3 * dfloor : 0;
       d.target_note = main_shape ? "1.3 x floor" : "";
       if (row_wanted(opt, d.kernel)) with_pdl(emit_modes(d, plain(attn(false))), attn(false));
+      if (row_wanted(opt, kProbeDense)) {
+        ReadProbe pr;
+        for (int s = 0; s < sets; ++s) kv_probe(pr, s, all_blocks(s));
+        probe_row(kProbeDense, pr, dfloor);
+      }
 
       // One decode step of a dense layer's attention: the cache write (q / k norm + RoPE; K and V
       // stored at each request's new position; no index key), then dense attention over the
