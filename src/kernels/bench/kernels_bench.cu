@@ -289,8 +289,16 @@ struct Case {
     }
     mbps = (max_seq + 127) / 128;
     const size_t esz = fp8 ? 1 : 2;
-    const double set_bytes = double(blocks_per_set) * 128 * 128 * esz * ((need_index ? 1 : 0) + (need_kv ? 2 : 0));
-    const int nsets = std::clamp(int(std::ceil(4.0 * l2_bytes / std::max(set_bytes, 1.0))), 2, 16);
+    // Sets enough that the bytes the lightest row of the case reads in one call, rotated over
+    // the sets, exceed 4 x the L2: the indexer reads every index block, sparse attention only the
+    // K / V blocks of each request's selection (at most 16 a request).
+    const double block_bytes = 128.0 * 128 * esz;
+    double selected = 0;
+    for (int s = 0; s < S; ++s) selected += std::min(16, (lens[size_t(s)] + 127) / 128);
+    double touched = double(blocks_per_set) * block_bytes * ((need_index ? 1 : 0) + (need_kv ? 2 : 0));
+    if (need_index) touched = std::min(touched, double(blocks_per_set) * block_bytes);
+    if (need_kv) touched = std::min(touched, selected * 2 * block_bytes);
+    const int nsets = std::clamp(int(std::ceil(4.0 * l2_bytes / std::max(touched, 1.0))), 2, 16);
     std::mt19937_64 rng(seed);
     for (int si = 0; si < nsets; ++si) {
       Set st;
