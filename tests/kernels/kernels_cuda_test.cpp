@@ -903,6 +903,28 @@ TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
 // v3 and v4 give v2's outputs bit for bit (same MMA order, same maxima, same ranking), also with
 // a q row stride that is not a multiple of 16 bytes (v3's scalar q loads, v4's plain q copy) and
 // several rows/heads.
+// Decode indexer parameters of the bitwise comparisons between fused variants: H index heads of
+// queries (dtype qd, row stride q_stride) at q, the index cache `cache` with its keys at keys,
+// top-K with one forced initial and one local block; fp8 caches with f32 queries round q to e4m3.
+ops::IndexerParams bitwise_params(void* q, DType qd, int64_t q_stride, int H, ops::IndexCacheView cache, void* keys,
+                                  const ops::BatchView& batch, int K) {
+  ops::IndexerParams g;
+  g.index_q = q;
+  g.q_dtype = qd;
+  g.q_stride = q_stride;
+  g.num_index_heads = H;
+  g.index_dim = 128;
+  g.score_scale = 0.0883883f;
+  g.q_in_cache_dtype = qd == DType::F32 && cache.dtype == DType::FP8_E4M3;
+  g.cache = cache;
+  g.cache.k = keys;
+  g.batch = batch;
+  g.topk = K;
+  g.init_blocks = 1;
+  g.local_blocks = 1;
+  return g;
+}
+
 // With at most 8 query vectors a request, v2, v3 and v4 score with the narrow MMA (keys as the
 // MMA's rows): the same block scores and ids, bit for bit, as the 16-row MMA.
 TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
@@ -928,20 +950,7 @@ TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
         const int K = 16, mbps = b.max_blocks_per_seq;
         const size_t ni = size_t(T) * H * K, ns = size_t(T) * H * mbps;
         Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
-        ops::IndexerParams g;
-        g.index_q = d_q.p();
-        g.q_dtype = qd;
-        g.q_stride = q_stride;
-        g.num_index_heads = H;
-        g.index_dim = 128;
-        g.score_scale = 0.0883883f;
-        g.q_in_cache_dtype = qd == DType::F32 && cd == DType::FP8_E4M3;
-        g.cache = ic.view();
-        g.cache.k = d_cache.p();
-        g.batch = db.view;
-        g.topk = K;
-        g.init_blocks = 1;
-        g.local_blocks = 1;
+        ops::IndexerParams g = bitwise_params(d_q.p(), qd, q_stride, H, ic.view(), d_cache.p(), db.view, K);
         for (auto path : {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3,
                           cuda::IndexerPath::kDecodeFusedV4}) {
           Dev d_in(ni * 4), d_sn(ns * 4), d_iw(ni * 4), d_sw(ns * 4);
@@ -983,20 +992,7 @@ TEST(CudaIndexer, BitwiseMatchesV2) {
         Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
         Dev d_i2(size_t(T) * H * K * 4), d_i3(size_t(T) * H * K * 4), d_i4(size_t(T) * H * K * 4);
         Dev d_s2(size_t(T) * H * mbps * 4), d_s3(size_t(T) * H * mbps * 4), d_s4(size_t(T) * H * mbps * 4);
-        ops::IndexerParams g;
-        g.index_q = d_q.p();
-        g.q_dtype = qd;
-        g.q_stride = q_stride;
-        g.num_index_heads = H;
-        g.index_dim = 128;
-        g.score_scale = 0.0883883f;
-        g.q_in_cache_dtype = qd == DType::F32 && cd == DType::FP8_E4M3;
-        g.cache = ic.view();
-        g.cache.k = d_cache.p();
-        g.batch = db.view;
-        g.topk = K;
-        g.init_blocks = 1;
-        g.local_blocks = 1;
+        ops::IndexerParams g = bitwise_params(d_q.p(), qd, q_stride, H, ic.view(), d_cache.p(), db.view, K);
         d_i2.poison(0x55), d_i3.poison(0x55), d_s2.poison(0xff), d_s3.poison(0xff);
         d_i4.poison(0x55), d_s4.poison(0xff);
         g.topk_idx = d_i2.as<int32_t>();
