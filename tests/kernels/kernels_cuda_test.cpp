@@ -900,9 +900,6 @@ TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
   cuda::set_indexer_v3_split(0, 0);
 }
 
-// v3 and v4 give v2's outputs bit for bit (same MMA order, same maxima, same ranking), also with
-// a q row stride that is not a multiple of 16 bytes (v3's scalar q loads, v4's plain q copy) and
-// several rows/heads.
 // Decode indexer parameters of the bitwise comparisons between fused variants: H index heads of
 // queries (dtype qd, row stride q_stride) at q, the index cache `cache` with its keys at keys,
 // top-K with one forced initial and one local block; fp8 caches with f32 queries round q to e4m3.
@@ -973,6 +970,9 @@ TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
   }
 }
 
+// v3 and v4 give v2's outputs bit for bit (same MMA order, same maxima, same ranking), also with
+// a q row stride that is not a multiple of 16 bytes (v3's scalar q loads, v4's plain q copy) and
+// several rows/heads.
 TEST(CudaIndexer, BitwiseMatchesV2) {
   SKIP_WITHOUT_GPU();
   Rng rng(9500);
