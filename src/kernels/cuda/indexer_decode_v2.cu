@@ -4,7 +4,8 @@
 // Differences from v1, from the ncu analysis of v1 (latency-bound: 4 warps per CTA, 0.6 waves,
 // one CTA barrier per key block):
 //  - 8 warps per CTA, each takes 16 keys (2 n-tiles) of every 128-key block: twice the warps per
-//    byte in flight to hide the MMA / convert / shuffle latency.
+//    byte in flight to hide the MMA / convert / shuffle latency. With at most 8 query vectors a
+//    request the 16 keys are one tile of the narrow MMA instead (indexer_narrow; same outputs).
 //  - No CTA barrier per block. Each warp folds its per-row masked block max into a shared
 //    [16][chunk_blocks] table with an integer atomicMax on an order-preserving encoding of the
 //    float (maxima are never NaN: fmaxf from -inf drops NaN, exactly as v1); scores are formed

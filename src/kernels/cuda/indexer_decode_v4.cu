@@ -1,7 +1,8 @@
 // Decode lightning indexer, variant 4 (IndexerPath::kDecodeFusedV4; SIEVE_CUDA_KERNELS=v4). Same
 // contract, supported set and outputs as v2 (block scores and top-k ids bitwise v2's: the same
-// 16-row MMA over the query vectors of a request, the same per-block maxima, the same "higher
-// score, then lower block id" order). What changes is how work is handed out and where the
+// MMA over the query vectors of a request — 16-row, or narrow with at most 8 vectors
+// (indexer_narrow) — the same per-block maxima, the same "higher score, then lower block id"
+// order). What changes is how work is handed out and where the
 // top-k is taken.
 //
 // v2 / v3 give each CTA a fixed chunk of one request, rank the chunk, and merge the chunk lists
