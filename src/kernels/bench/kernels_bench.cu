@@ -1,5 +1,6 @@
 // Kernel benchmark (see bench.h). Each case builds several input sets on the device (caches,
-// shuffled block tables, queries) totalling more than 4x the L2, rotates through them, and
+// shuffled block tables, queries), enough that what its lightest row reads in one call, over
+// all sets, exceeds 4x the L2, rotates through them, and
 // times every launch with CUDA events (median of opt.iters after warm-up), eagerly and replayed
 // from a CUDA graph.
 #include <cuda_runtime.h>
