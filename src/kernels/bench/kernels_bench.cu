@@ -292,10 +292,10 @@ struct Case {
     const size_t esz = fp8 ? 1 : 2;
     // Sets enough that the bytes the lightest row of the case reads in one call, rotated over
     // the sets, exceed 4 x the L2: the indexer reads every index block, sparse attention only the
-    // K / V blocks of each request's selection (at most 16 a request).
+    // K / V blocks its tokens select (at most 16 a token, at most the request's blocks).
     const double block_bytes = 128.0 * 128 * esz;
     double selected = 0;
-    for (int s = 0; s < S; ++s) selected += std::min(16, (lens[size_t(s)] + 127) / 128);
+    for (int s = 0; s < S; ++s) selected += std::min(16 * shape.qlen[size_t(s)], (lens[size_t(s)] + 127) / 128);
     double touched = double(blocks_per_set) * block_bytes * ((need_index ? 1 : 0) + (need_kv ? 2 : 0));
     if (need_index) touched = std::min(touched, double(blocks_per_set) * block_bytes);
     if (need_kv) touched = std::min(touched, selected * 2 * block_bytes);
