@@ -620,17 +620,17 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
 }
 
 // The instantiation that runs with `per_sm` CTAs per SM: with an fp8 cache, two or fewer get their
-// own (launch bounds for two CTAs: 80 registers instead of 64); `poll`: the polled finish.
+// own (launch bounds for two CTAs: 80 registers instead of 64); `poll`: the polled finish;
+// `narrow`: the narrow MMA (indexer_narrow).
 using V4Kernel = void (*)(V4Args);
+template <bool kNarrow>
+V4Kernel v4_kernel_of(bool fp8, int per_sm, bool poll) {
+  if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true, kNarrow> : decode_indexer_v4_kernel<false, 2, false, kNarrow>;
+  if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true, kNarrow> : decode_indexer_v4_kernel<true, 2, false, kNarrow>;
+  return poll ? decode_indexer_v4_kernel<true, 3, true, kNarrow> : decode_indexer_v4_kernel<true, 3, false, kNarrow>;
+}
 V4Kernel v4_kernel(bool fp8, int per_sm, bool poll, bool narrow) {
-  if (narrow) {
-    if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true, true> : decode_indexer_v4_kernel<false, 2, false, true>;
-    if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true, true> : decode_indexer_v4_kernel<true, 2, false, true>;
-    return poll ? decode_indexer_v4_kernel<true, 3, true, true> : decode_indexer_v4_kernel<true, 3, false, true>;
-  }
-  if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true, false> : decode_indexer_v4_kernel<false, 2, false, false>;
-  if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true, false> : decode_indexer_v4_kernel<true, 2, false, false>;
-  return poll ? decode_indexer_v4_kernel<true, 3, true, false> : decode_indexer_v4_kernel<true, 3, false, false>;
+  return narrow ? v4_kernel_of<true>(fp8, per_sm, poll) : v4_kernel_of<false>(fp8, per_sm, poll);
 }
 
 // Resident CTAs per SM of `kernel` at `smem` bytes each (cached).
