@@ -122,8 +122,7 @@ __global__ void __launch_bounds__(32) read_probe_kernel(ProbeRuns r, const int32
 // 32 KB, 1 of 64 KB), as many CTAs as fit three to an SM, the list split evenly.
 struct ReadProbe {
   std::vector<ProbeRuns> runs;  // per set
-  std::vector<DevPtr> ids;      // per set
-  int n = 0;
+  std::vector<DevPtr> ids;      // per set, the same number of items in each
   DevPtr sink = dev(64);
   // Adds a run of `bytes` a block at `base` to set s.
   void add(size_t s, const void* base, uint32_t bytes) {
@@ -133,6 +132,9 @@ struct ReadProbe {
   }
   std::function<void(int, cudaStream_t)> fn() {
     const uint32_t item = runs.at(0).item_bytes;
+    const int n = int(ids.at(0)->bytes / sizeof(int32_t));
+    for (const DevPtr& l : ids)
+      if (l->bytes != ids[0]->bytes) throw Error("bench: read probe lists of different lengths");
     const int stages = std::clamp(int(73728 / item), 1, 3);
     const size_t smem = 128 + size_t(stages) * item;
     cuda_check(cudaFuncSetAttribute(read_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
@@ -142,7 +144,7 @@ struct ReadProbe {
     const int ctas = std::max(1, std::min(n, std::clamp(occ, 1, 3) * cuda::num_sms()));
     const int per = (n + ctas - 1) / ctas;
     const int grid = std::max(1, (n + per - 1) / per);
-    return [this, stages, per, grid, smem](int s, cudaStream_t st) {
+    return [this, n, stages, per, grid, smem](int s, cudaStream_t st) {
       const size_t k = size_t(s) % runs.size();
       read_probe_kernel<<<grid, 32, smem, st>>>(runs[k], ids[k]->as<int32_t>(), n, per, stages, sink->as<unsigned>());
     };
@@ -657,9 +659,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         ReadProbe pr;
         for (int s = 0; s < sets; ++s) {
           pr.add(size_t(s), c.sets[size_t(s)].ic->p, kv_block);
-          const auto ids = all_blocks(s);
-          pr.n = int(ids.size());
-          pr.ids.push_back(upload(ids));
+          pr.ids.push_back(upload(all_blocks(s)));
         }
         probe_row(kProbeIndexer, pr, ifloor);
       }
@@ -675,7 +675,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
           pr.add(size_t(s), set.ks->p, 128 * 4);
           pr.add(size_t(s), set.vs->p, 128 * 4);
         }
-        pr.n = int(ids.size());
         pr.ids.push_back(upload(ids));
       };
 
