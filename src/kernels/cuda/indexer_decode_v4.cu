@@ -44,11 +44,10 @@
 //    shared memory (cp.async through L2, again for any chunk with a word still 0), selects, and
 //    returns the row to zero. Only the blocks a row's selection reads are stored, so every
 //    stored word is read and cleared in the same call. SIEVE_V4_POLL=-1: the counter finish.
-//  - Group selection (kGroup: polled, one unit a CTA, rows of 512 blocks or more, two-CTA
-//    builds): the selecting CTA's consumer warps, idle once their unit is scored, take each
-//    row's top-k with the finisher (group_select: 288 threads scan the row, each warp bounds the
-//    K-th key from below, the keys above the bound are compacted and ranked by counting). Same
-//    outputs as select_row.
+//  - Group selection (polled, one unit a CTA, rows of 512 blocks or more): the selecting CTA's
+//    consumer warps, idle once their unit is scored, take each row's top-k with the finisher
+//    (group_select: 288 threads scan the row, each warp bounds the K-th key from below, the
+//    keys above the bound are compacted and ranked by counting). Same outputs as select_row.
 //  - With claims, the last CTA to exit returns the unit counter to zero (graph replays need no
 //    memset). When every unit is static (one unit per CTA: the usual plan) the producer neither
 //    claims nor sums the requests' units, and the CTAs skip the exit counter.
@@ -129,8 +128,9 @@ struct V4Args {
   int rec_stride;     // kPoll: max_blocks rounded up to 4 (16-byte rows)
   int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
   int early_copies;   // launched with PDL: the first unit's old blocks are copied before pdl_wait
+  int group_select;   // kPoll with one unit a CTA: the consumer warps select with the finisher
+  int group_cap;      // candidates the group selection ranks (<= kCandCap; more: the finisher alone)
   unsigned long long* trace;
-  int group_cap;  // kGroup: candidates the group selection ranks (<= kCandCap; more: the finisher alone)
 };
 
 // SIEVE_INDEXER_TRACE points per CTA (%globaltimer ns): start, first block in, consumers done,
@@ -141,21 +141,18 @@ struct V4Args {
 constexpr int kTracePoints = 9;
 constexpr int kTraceSlots = kTracePoints + 3;
 
-// Group selection (kGroup): the selecting CTA's consumer warps and its finisher, kGroupThreads
-// threads meeting at named barrier 3, in the stage ring (free by then): each warp's lane bests
-// ([kGroupWarps][32] words), then kGroupInts ints: [0] the CTA selects, [1..4] its request's
-// first token, query rows, length and query vectors, [5] the candidate count, [6, 6 +
-// kGroupWarps) each warp's threshold.
+// Group selection (V4Args::group_select): the selecting CTA's consumer warps and its finisher,
+// kGroupThreads threads meeting at named barrier 3. Shared ints at Layout::grp: [0] the CTA
+// selects, [1..4] its request's first token, query rows, length and query vectors, [5] the
+// candidate count, [6, 6 + kGroupWarps) each warp's threshold.
 constexpr int kGroupWarps = kConsumerWarps + 1;
 constexpr int kGroupThreads = kGroupWarps * 32;
-constexpr uint32_t kGroupIntsAt = kGroupWarps * 32 * 4;
 constexpr uint32_t kGroupInts = 16;
 static_assert(6 + kGroupWarps <= int(kGroupInts), "group selection ints");
-static_assert(kGroupIntsAt + kGroupInts * 4 <= 2 * kBlock * kDim, "group selection scratch in two fp8 stages");
 constexpr int kGroupSelectMinBlocks = 512;  // the automatic rule (host, run_indexer_decode_v4)
 
 struct Layout {
-  uint32_t q, mx, umeta, smeta, cum, cand, mk, keys, bars, total;
+  uint32_t q, mx, umeta, smeta, cum, cand, mk, grp, keys, bars, total;
 };
 __host__ __device__ inline Layout make_layout(int stages, int slots, int unit, uint32_t q_slot_bytes,
                                               int max_blocks, int num_seqs, uint32_t block_bytes) {
@@ -176,6 +173,8 @@ __host__ __device__ inline Layout make_layout(int stages, int slots, int unit, u
   o += kCandCap * 8u;
   L.mk = o;
   o += 128u;
+  L.grp = o;  // the group selection's request and counters (kGroupInts)
+  o += kGroupInts * 4u;
   L.keys = o;
   o += uint32_t(stage_row_words(max_blocks)) * 4u;
   o = (o + 15u) & ~15u;
@@ -326,10 +325,10 @@ __device__ __forceinline__ void group_select_row(uint32_t* keys, int n, int K, i
   }
 }
 
-// The group selection, after every group thread's loop, of a CTA whose finisher recorded (in
-// the ring's group ints) whether its unit completes a request: the finisher stages each row from
-// the polled scratch (poll_row), then the group takes its top-k. The stage ring is free by then
-// (one unit a CTA: every copy has landed and been read).
+// The group selection of a CTA whose finisher recorded (at grp) that its unit completes a
+// request: the finisher stages each row from the polled scratch (poll_row), then the group takes
+// its top-k. Every group thread calls it after its own loop; the stage ring is free by then (one
+// unit a CTA: every copy has landed and been read), and its start holds the warps' lane bests.
 // What group_select needs of V4Args, by value: a call (not inlined, so that it leaves the
 // register allocation of the scoring loops alone) must not take the kernel parameter's address.
 struct GroupArgs {
@@ -339,15 +338,15 @@ struct GroupArgs {
   int rec_stride, H, max_blocks, topk, cap, fill_tail, mbps;
 };
 __device__ __noinline__ void group_select(const GroupArgs a, uint8_t* smem, uint32_t keys_off, uint32_t cand_off,
-                                          uint32_t mk_off, bool finisher, int gt) {
+                                          uint32_t mk_off, uint32_t grp_off, bool finisher, int gt) {
   uint32_t* keys = reinterpret_cast<uint32_t*>(smem + keys_off);
   unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem + cand_off);
   uint32_t* mk = reinterpret_cast<uint32_t*>(smem + mk_off);
+  int* grp = reinterpret_cast<int*>(smem + grp_off);
   uint32_t* wmk = reinterpret_cast<uint32_t*>(smem);
-  int* grp = reinterpret_cast<int*>(smem + kGroupIntsAt);
   const int lane = gt & 31;
-  // The finisher knows its record (its lane 0 wrote it after the finisher's loop) and stages row
-  // 0 before the first barrier; the other warps read the record after it.
+  // The finisher knows its record (its lane 0 wrote it before the finisher's loop ended) and
+  // stages row 0 before the first barrier; the other warps read the record after it.
   int sel = 0, tok0 = 0, qlen = 0, seq_len = 0, nv = 0;
   auto read_record = [&] { sel = grp[0], tok0 = grp[1], qlen = grp[2], seq_len = grp[3], nv = grp[4]; };
   auto row_of = [&](int v) { return (int64_t(tok0) + v / a.H) * a.H + v % a.H; };
@@ -375,10 +374,8 @@ __device__ __noinline__ void group_select(const GroupArgs a, uint8_t* smem, uint
 }
 
 // kPoll: every unit static; the CTA of a request's last block polls the others' scores (V4Args::rec).
-// kGroup (with kPoll, one unit a CTA): the group selection.
-template <bool kFp8, int kMinCtas, bool kPoll, bool kNarrow, bool kGroup = false>
+template <bool kFp8, int kMinCtas, bool kPoll, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V4Args a) {
-  static_assert(kPoll || !kGroup, "the group selection needs the polled finish");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
   constexpr uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
@@ -430,6 +427,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   for (int e = threadIdx.x; e < SL * 16 * U; e += kThreads) mx[e] = enc_max(kNegInf);
+  if (kPoll && threadIdx.x == 0) reinterpret_cast<int*>(smem + L.grp)[0] = 0;  // no selection yet
   __syncthreads();
 
   if (warp == kProducerWarp) {
@@ -643,7 +641,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
     unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem + L.cand);
     uint32_t* mk = reinterpret_cast<uint32_t*>(smem + L.mk);
     int units = 0, selected = 0;
-    int g_rec[5] = {0, 0, 0, 0, 0};  // kGroup: the request this CTA selects (group_select's record)
     for (int k = 0;; ++k) {
       const int slot = k % SL;
       mbar_wait(&udone[slot], uint32_t((k / SL) & 1));
@@ -683,51 +680,47 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
       if (!kPoll) fence_acq_rel_gpu();  // acquire: every unit's scores of the request
       if (tr && lane == 0) tr[5] = global_ns();
       ++selected;
-      if constexpr (kGroup) {
+      if (kPoll && a.group_select) {
         // With the consumer warps, after every loop (group_select): the CTA's only unit.
-        g_rec[0] = 1, g_rec[1] = tok0, g_rec[2] = qlen, g_rec[3] = seq_len, g_rec[4] = nv;
-      } else {
-        for (int v = 0; v < nv; ++v) {
-          const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
-          const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
-          if (kPoll) {
-            // Every unit's order keys, as their stores land (no fence, no counter); zeroed after.
-            poll_row(a.rec + row * a.rec_stride, n, keys, lane);
-            select_row_staged<kMinCtas <= 2 ? 4 : 1, false>(keys, n, K, cand, mk, a.topk_idx + row * K, lane);
-          } else {
-            // The row staged by cp.async (one L2 round trip, no registers), then selected.
-            uint32_t* rk = stage_row_async(a.sbuf + row * a.mbps, n, keys, lane);
-            select_row_staged<kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
-          }
-          if (a.fill_tail)
-            for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
+        if (lane == 0) {
+          int* grp = reinterpret_cast<int*>(smem + L.grp);
+          grp[1] = tok0, grp[2] = qlen, grp[3] = seq_len, grp[4] = nv;
+          grp[0] = 1;
         }
-        if (!kPoll && lane == 0) a.req_done[s] = 0;
-        if (tr && lane == 0) tr[6] = global_ns();
+        __syncwarp();
+        continue;
       }
+      for (int v = 0; v < nv; ++v) {
+        const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
+        const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
+        if (kPoll) {
+          // Every unit's order keys, as their stores land (no fence, no counter); zeroed after.
+          poll_row(a.rec + row * a.rec_stride, n, keys, lane);
+          select_row_staged<kMinCtas <= 2 ? 4 : 1, false>(keys, n, K, cand, mk, a.topk_idx + row * K, lane);
+        } else {
+          // The row staged by cp.async (one L2 round trip, no registers), then selected.
+          uint32_t* rk = stage_row_async(a.sbuf + row * a.mbps, n, keys, lane);
+          select_row_staged<kMinCtas <= 2 ? 4 : 1>(rk, n, K, cand, mk, a.topk_idx + row * K, lane);
+        }
+        if (a.fill_tail)
+          for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
+      }
+      if (!kPoll && lane == 0) a.req_done[s] = 0;
+      if (tr && lane == 0) tr[6] = global_ns();
     }
     if (tr && lane == 0) {
       tr[3] = global_ns();
       tr[kTracePoints] = units;
       tr[kTracePoints + 1] = selected;
     }
-    if constexpr (kGroup) {
-      // The record into the ring (free now: the CTA's only unit is scored and no copy follows).
-      if (lane == 0) {
-        int* rec = reinterpret_cast<int*>(smem + kGroupIntsAt);
-#pragma unroll
-        for (int i = 0; i < 5; ++i) rec[i] = g_rec[i];
-      }
-      __syncwarp();
-    }
   }
-  if constexpr (kGroup) {
-    if (warp != kProducerWarp) {
+  if constexpr (kPoll) {
+    if (a.group_select && warp != kProducerWarp) {
       const bool finisher = warp > kProducerWarp;
       const GroupArgs g{a.rec,      a.topk_idx, a.sbuf,      a.rec_stride, a.H,
                         a.max_blocks, a.topk,     a.group_cap, a.fill_tail,  a.mbps};
-      group_select(g, smem, L.keys, L.cand, L.mk, finisher, finisher ? int(threadIdx.x) - 32 : int(threadIdx.x));
-      if (tr && finisher && lane == 0 && reinterpret_cast<const int*>(smem + kGroupIntsAt)[0]) tr[6] = global_ns();
+      group_select(g, smem, L.keys, L.cand, L.mk, L.grp, finisher, finisher ? int(threadIdx.x) - 32 : int(threadIdx.x));
+      if (tr && finisher && lane == 0 && reinterpret_cast<const int*>(smem + L.grp)[0]) tr[6] = global_ns();
     }
   }
   __syncthreads();
@@ -793,21 +786,13 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
 // `narrow`: the narrow MMA (indexer_narrow).
 using V4Kernel = void (*)(V4Args);
 template <bool kNarrow>
-V4Kernel v4_kernel_of(bool fp8, int per_sm, bool poll, bool group) {
-  if (!fp8) {
-    if (group) return decode_indexer_v4_kernel<false, 2, true, kNarrow, true>;
-    return poll ? decode_indexer_v4_kernel<false, 2, true, kNarrow> : decode_indexer_v4_kernel<false, 2, false, kNarrow>;
-  }
-  if (per_sm <= 2) {
-    if (group) return decode_indexer_v4_kernel<true, 2, true, kNarrow, true>;
-    return poll ? decode_indexer_v4_kernel<true, 2, true, kNarrow> : decode_indexer_v4_kernel<true, 2, false, kNarrow>;
-  }
+V4Kernel v4_kernel_of(bool fp8, int per_sm, bool poll) {
+  if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true, kNarrow> : decode_indexer_v4_kernel<false, 2, false, kNarrow>;
+  if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true, kNarrow> : decode_indexer_v4_kernel<true, 2, false, kNarrow>;
   return poll ? decode_indexer_v4_kernel<true, 3, true, kNarrow> : decode_indexer_v4_kernel<true, 3, false, kNarrow>;
 }
-// `group`: the group selection (polled, one unit a CTA), built for the two-CTA kernels only (the
-// rows it is chosen for run there: bf16, and fp8 from 256 blocks a request).
-V4Kernel v4_kernel(bool fp8, int per_sm, bool poll, bool narrow, bool group = false) {
-  return narrow ? v4_kernel_of<true>(fp8, per_sm, poll, group) : v4_kernel_of<false>(fp8, per_sm, poll, group);
+V4Kernel v4_kernel(bool fp8, int per_sm, bool poll, bool narrow) {
+  return narrow ? v4_kernel_of<true>(fp8, per_sm, poll) : v4_kernel_of<false>(fp8, per_sm, poll);
 }
 
 // Resident CTAs per SM of `kernel` at `smem` bytes each (cached).
@@ -920,14 +905,12 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
         stream, kScratchIndexerPoll, size_t(p.batch.num_tokens) * p.num_index_heads * a.rec_stride * 4));
   }
   // One unit a CTA (the usual plan): the selecting CTA's consumer warps are idle by then and
-  // select with its finisher (group_select), for rows of kGroupSelectMinBlocks blocks or more, in
-  // kernels of their own (the others keep their code). Measured against the finisher's warp
-  // alone (graph x16): 1024 blocks a row (b8 ctx131072) fp8 -2.2 %, bf16 -0.8 %; 256 (b32
-  // ctx32768) +0.6 %; 72 (ctx9216) +0.4 to +4 % (docs/performance.md).
+  // select with its finisher (group_select), for rows of kGroupSelectMinBlocks blocks or more.
+  // Measured against the finisher's warp alone (graph x16, same binary): 1024 blocks a row (b8
+  // ctx131072) fp8 -2.2 %, bf16 -0.8 %; 256 (b32 ctx32768) +0.6 %; 72 (ctx9216) +0.4 to +4 %.
   int gmode = g_group_select.load(std::memory_order_relaxed);  // the test hook's, else -1
   if (gmode < 0 && kn.group != 0) gmode = kn.group > 0 ? 1 : 0;
-  const bool group = poll && a.static_units == 1 && (!fp8 || per_sm <= 2) &&
-                     (gmode < 0 ? max_blocks >= kGroupSelectMinBlocks : gmode > 0);
+  a.group_select = poll && a.static_units == 1 && (gmode < 0 ? max_blocks >= kGroupSelectMinBlocks : gmode > 0);
   a.group_cap = kCandCap;
   if (const int f = g_group_cap.load(std::memory_order_relaxed); f > 0) a.group_cap = std::min(f, kCandCap);
   int32_t* counters = zeroed_counters(stream, size_t(N) + 2);
@@ -943,7 +926,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   // as fast or faster.
   const bool q_first = fp8 && unit >= 2 && unit <= 8;
   a.early_copies = pdl || !q_first || kn.early > 0 ? 1 : 0;
-  if (poll) kernel = v4_kernel(fp8, per_sm, true, narrow, group);
+  if (poll) kernel = v4_kernel(fp8, per_sm, true, narrow);
   set_smem(kernel, L.total);
   launch_pdl(pdl, kernel, P, kThreads, L.total, stream, "indexer decode v4", a);
   if (a.trace) print_trace(fp8, a, N, P, L.total, trace_collect(a.trace, size_t(P) * kTraceSlots, stream));
