@@ -857,39 +857,6 @@ TEST(CudaIndexer, V4LongRowsExactTiesMatchCpu) {
   }
 }
 
-// v4's selection with one unit a CTA (the usual plan) can be taken by the selecting CTA's
-// consumer warps with its finisher (by default for rows of 512 blocks or more): the same top-k as
-// the CPU with the group selection forced on every row, with its fallback to the finisher's warp
-// (candidates capped at 4, below K), and with the finisher's warp alone.
-// Rows past 288 blocks (several per thread), short rows, exact ties, and several rows and index
-// heads a request.
-TEST(CudaIndexer, V4GroupSelectMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 9700;
-  const std::vector<SeqSpec> specs = {{40000, 1}, {300, 2}, {37000, 1}, {1, 1}, {8191, 3}, {2047, 1}};
-  struct Mode {
-    int on, cap;
-  };
-  for (Mode m : {Mode{1, 0}, Mode{1, 4}, Mode{0, 0}}) {
-    cuda::set_indexer_v4_group_select(m.on, m.cap);
-    for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-      for (bool ties : {true, false}) {
-        SCOPED_TRACE(std::string("group ") + (m.on ? "on" : "off") + " cap " + std::to_string(m.cap));
-        IndexerCase c;
-        c.specs = specs;
-        c.cache = cd;
-        c.ties = ties;
-        c.H = ties ? 1 : 2;
-        c.topk = ties ? 16 : 24;
-        c.init = ties ? 0 : 1;
-        c.path = cuda::IndexerPath::kDecodeFusedV4;
-        check_indexer_once(c, seed++);
-      }
-    }
-  }
-  cuda::set_indexer_v4_group_select(-1, 0);
-}
-
 // Many requests (v3: more than one wave of CTAs, cluster size 1; v4: many units per CTA) of
 // random decode / speculative shapes.
 TEST(CudaIndexer, ManySequencesMatchCpu) {

@@ -44,10 +44,6 @@
 //    shared memory (cp.async through L2, again for any chunk with a word still 0), selects, and
 //    returns the row to zero. Only the blocks a row's selection reads are stored, so every
 //    stored word is read and cleared in the same call. SIEVE_V4_POLL=-1: the counter finish.
-//  - Group selection (polled, one unit a CTA, rows of 512 blocks or more): the selecting CTA's
-//    consumer warps, idle once their unit is scored, take each row's top-k with the finisher
-//    (group_select: 288 threads scan the row, each warp bounds the K-th key from below, the
-//    keys above the bound are compacted and ranked by counting). Same outputs as select_row.
 //  - With claims, the last CTA to exit returns the unit counter to zero (graph replays need no
 //    memset). When every unit is static (one unit per CTA: the usual plan) the producer neither
 //    claims nor sums the requests' units, and the CTAs skip the exit counter.
@@ -74,17 +70,12 @@ namespace sieve::cuda {
 
 namespace {
 std::atomic<int> g_force_unit{0}, g_force_stages{0}, g_force_grid{0}, g_force_statics{0};
-std::atomic<int> g_group_select{-1}, g_group_cap{0};
 }  // namespace
 void set_indexer_v4_shape(int unit, int stages, int grid, int statics) {
   g_force_unit.store(unit, std::memory_order_relaxed);
   g_force_stages.store(stages, std::memory_order_relaxed);
   g_force_grid.store(grid, std::memory_order_relaxed);
   g_force_statics.store(statics, std::memory_order_relaxed);
-}
-void set_indexer_v4_group_select(int mode, int cap) {
-  g_group_select.store(mode, std::memory_order_relaxed);
-  g_group_cap.store(cap, std::memory_order_relaxed);
 }
 
 namespace {
@@ -128,8 +119,6 @@ struct V4Args {
   int rec_stride;     // kPoll: max_blocks rounded up to 4 (16-byte rows)
   int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
   int early_copies;   // launched with PDL: the first unit's old blocks are copied before pdl_wait
-  int group_select;   // kPoll with one unit a CTA: the consumer warps select with the finisher
-  int group_cap;      // candidates the group selection ranks (<= kCandCap; more: the finisher alone)
   unsigned long long* trace;
 };
 
@@ -141,18 +130,8 @@ struct V4Args {
 constexpr int kTracePoints = 9;
 constexpr int kTraceSlots = kTracePoints + 3;
 
-// Group selection (V4Args::group_select): the selecting CTA's consumer warps and its finisher,
-// kGroupThreads threads meeting at named barrier 3. Shared ints at Layout::grp: [0] the CTA
-// selects, [1..4] its request's first token, query rows, length and query vectors, [5] the
-// candidate count, [6, 6 + kGroupWarps) each warp's threshold.
-constexpr int kGroupWarps = kConsumerWarps + 1;
-constexpr int kGroupThreads = kGroupWarps * 32;
-constexpr uint32_t kGroupInts = 16;
-static_assert(6 + kGroupWarps <= int(kGroupInts), "group selection ints");
-constexpr int kGroupSelectMinBlocks = 512;  // the automatic rule (host, run_indexer_decode_v4)
-
 struct Layout {
-  uint32_t q, mx, umeta, smeta, cum, cand, mk, grp, keys, bars, total;
+  uint32_t q, mx, umeta, smeta, cum, cand, mk, keys, bars, total;
 };
 __host__ __device__ inline Layout make_layout(int stages, int slots, int unit, uint32_t q_slot_bytes,
                                               int max_blocks, int num_seqs, uint32_t block_bytes) {
@@ -173,8 +152,6 @@ __host__ __device__ inline Layout make_layout(int stages, int slots, int unit, u
   o += kCandCap * 8u;
   L.mk = o;
   o += 128u;
-  L.grp = o;  // the group selection's request and counters (kGroupInts)
-  o += kGroupInts * 4u;
   L.keys = o;
   o += uint32_t(stage_row_words(max_blocks)) * 4u;
   o = (o + 15u) & ~15u;
@@ -256,123 +233,6 @@ __device__ __forceinline__ UnitInfo unit_info(const V4Args& a, const UnitLoad& w
   return r;
 }
 
-__device__ __forceinline__ void group_bar() {
-  asm volatile("bar.sync 3, %0;\n" ::"n"(kGroupThreads) : "memory");
-}
-
-// Top-k of one row by the group (thread gt of kGroupThreads, warp gw = gt / 32): the same output
-// as select_row (order keys, never 0, at keys[0, n); higher key, then lower block id). Each
-// thread's best key over blocks gt, gt + kGroupThreads, ...; each warp's K-th largest lane best
-// t0_w (the warp holds K keys >= t0_w, so the row's K-th largest key is >= t0 = max_w t0_w; 0 when
-// no warp has K); the keys >= t0 compacted into cand in any order (a shared counter); each
-// candidate's rank = the candidates above it (the rank in the row: everything above a top-K
-// key is a candidate); rank < K -> out[rank]. More than `cap` candidates (wide ties at t0): the
-// finisher's warp selects alone (select_row_staged). Two group barriers; the caller's barrier
-// before the next row orders this row's reads of keys, cand and the counter before their reuse.
-__device__ __forceinline__ void group_select_row(uint32_t* keys, int n, int K, int cap, unsigned long long* cand,
-                                                 uint32_t* wmk, int* grp, uint32_t* mk, int32_t* out, int gt,
-                                                 bool finisher) {
-  const int lane = gt & 31, gw = gt >> 5;
-  uint32_t bk = 0;
-  for (int j = gt; j < n; j += kGroupThreads) bk = max(bk, keys[j]);
-  uint32_t* m = wmk + gw * 32;
-  m[lane] = bk;
-  __syncwarp();
-  const uint4* m4 = reinterpret_cast<const uint4*>(m);
-  int ge = 0;
-#pragma unroll
-  for (int v = 0; v < 8; ++v) {
-    const uint4 w = m4[v];
-    ge += int(w.x >= bk) + int(w.y >= bk) + int(w.z >= bk) + int(w.w >= bk);
-  }
-  const uint32_t t0w = __reduce_max_sync(0xffffffffu, ge >= K ? bk : 0u);
-  if (lane == 0) grp[6 + gw] = int(t0w);
-  if (gt == 0) grp[5] = 0;
-  group_bar();
-  uint32_t t0 = 0;
-#pragma unroll
-  for (int w = 0; w < kGroupWarps; ++w) t0 = max(t0, uint32_t(grp[6 + w]));
-  for (int base = 0; base < n; base += kGroupThreads) {  // the same trip count in every thread
-    const int j = base + gt;
-    const uint32_t kj = j < n ? keys[j] : 0u;
-    const bool p = j < n && kj >= t0;
-    const unsigned bal = __ballot_sync(0xffffffffu, p);
-    if (bal) {
-      int off = 0;
-      if (lane == 0) off = atomicAdd(grp + 5, __popc(bal));
-      off = __shfl_sync(0xffffffffu, off, 0) + __popc(bal & ((1u << lane) - 1u));
-      if (p && off < cap) cand[off] = (static_cast<unsigned long long>(kj) << 32) | (0xffffffffu - uint32_t(j));
-    }
-  }
-  group_bar();
-  const int c = grp[5];
-  if (c <= cap) {
-    const ulonglong2* c2 = reinterpret_cast<const ulonglong2*>(cand);
-    for (int e = gt; e < c; e += kGroupThreads) {
-      const unsigned long long ce = cand[e];
-      int rank = 0;
-#pragma unroll 4
-      for (int f = 0; f < c / 2; ++f) {
-        const ulonglong2 w = c2[f];
-        rank += int(w.x > ce) + int(w.y > ce);
-      }
-      if (c & 1) rank += int(cand[c - 1] > ce);
-      if (rank < K) out[rank] = int(0xffffffffu - uint32_t(ce));
-    }
-    for (int k = min(K, n) + gt; k < K; k += kGroupThreads) out[k] = -1;
-  } else if (finisher) {
-    select_row_staged<1, false>(keys, n, K, cand, mk, out, lane);
-  }
-}
-
-// The group selection of a CTA whose finisher recorded (at grp) that its unit completes a
-// request: the finisher stages each row from the polled scratch (poll_row), then the group takes
-// its top-k. Every group thread calls it after its own loop; the stage ring is free by then (one
-// unit a CTA: every copy has landed and been read), and its start holds the warps' lane bests.
-// What group_select needs of V4Args, by value: a call (not inlined, so that it leaves the
-// register allocation of the scoring loops alone) must not take the kernel parameter's address.
-struct GroupArgs {
-  uint32_t* rec;
-  int32_t* topk_idx;
-  float* sbuf;
-  int rec_stride, H, max_blocks, topk, cap, fill_tail, mbps;
-};
-__device__ __noinline__ void group_select(const GroupArgs a, uint8_t* smem, uint32_t keys_off, uint32_t cand_off,
-                                          uint32_t mk_off, uint32_t grp_off, bool finisher, int gt) {
-  uint32_t* keys = reinterpret_cast<uint32_t*>(smem + keys_off);
-  unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem + cand_off);
-  uint32_t* mk = reinterpret_cast<uint32_t*>(smem + mk_off);
-  int* grp = reinterpret_cast<int*>(smem + grp_off);
-  uint32_t* wmk = reinterpret_cast<uint32_t*>(smem);
-  const int lane = gt & 31;
-  // The finisher knows its record (its lane 0 wrote it before the finisher's loop ended) and
-  // stages row 0 before the first barrier; the other warps read the record after it.
-  int sel = 0, tok0 = 0, qlen = 0, seq_len = 0, nv = 0;
-  auto read_record = [&] { sel = grp[0], tok0 = grp[1], qlen = grp[2], seq_len = grp[3], nv = grp[4]; };
-  auto row_of = [&](int v) { return (int64_t(tok0) + v / a.H) * a.H + v % a.H; };
-  auto blocks_of = [&](int v) { return min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks); };
-  if (finisher) {
-    read_record();
-    if (sel && nv > 0) poll_row(a.rec + row_of(0) * a.rec_stride, blocks_of(0), keys, lane);
-  }
-  group_bar();
-  if (!finisher) read_record();
-  if (!sel) return;
-  for (int v = 0; v < nv; ++v) {
-    const int64_t row = row_of(v);
-    const int n = blocks_of(v);
-    if (v > 0) {
-      if (finisher) poll_row(a.rec + row * a.rec_stride, n, keys, lane);
-      group_bar();
-    }
-    group_select_row(keys, n, a.topk, a.cap, cand, wmk, grp, mk, a.topk_idx + row * a.topk, gt, finisher);
-    if (finisher && a.fill_tail) {
-      const int n_blk = qlen > 0 ? min((seq_len - 1) / kBlock + 1, a.max_blocks) : 0;  // request_blocks
-      for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
-    }
-  }
-}
-
 // kPoll: every unit static; the CTA of a request's last block polls the others' scores (V4Args::rec).
 template <bool kFp8, int kMinCtas, bool kPoll, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V4Args a) {
@@ -427,7 +287,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   for (int e = threadIdx.x; e < SL * 16 * U; e += kThreads) mx[e] = enc_max(kNegInf);
-  if (kPoll && threadIdx.x == 0) reinterpret_cast<int*>(smem + L.grp)[0] = 0;  // no selection yet
   __syncthreads();
 
   if (warp == kProducerWarp) {
@@ -680,16 +539,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
       if (!kPoll) fence_acq_rel_gpu();  // acquire: every unit's scores of the request
       if (tr && lane == 0) tr[5] = global_ns();
       ++selected;
-      if (kPoll && a.group_select) {
-        // With the consumer warps, after every loop (group_select): the CTA's only unit.
-        if (lane == 0) {
-          int* grp = reinterpret_cast<int*>(smem + L.grp);
-          grp[1] = tok0, grp[2] = qlen, grp[3] = seq_len, grp[4] = nv;
-          grp[0] = 1;
-        }
-        __syncwarp();
-        continue;
-      }
       for (int v = 0; v < nv; ++v) {
         const int64_t row = (int64_t(tok0) + v / a.H) * a.H + v % a.H;
         const int n = min((seq_len - qlen + v / a.H) / kBlock + 1, a.max_blocks);
@@ -712,15 +561,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
       tr[3] = global_ns();
       tr[kTracePoints] = units;
       tr[kTracePoints + 1] = selected;
-    }
-  }
-  if constexpr (kPoll) {
-    if (a.group_select && warp != kProducerWarp) {
-      const bool finisher = warp > kProducerWarp;
-      const GroupArgs g{a.rec,      a.topk_idx, a.sbuf,      a.rec_stride, a.H,
-                        a.max_blocks, a.topk,     a.group_cap, a.fill_tail,  a.mbps};
-      group_select(g, smem, L.keys, L.cand, L.mk, L.grp, finisher, finisher ? int(threadIdx.x) - 32 : int(threadIdx.x));
-      if (tr && finisher && lane == 0 && reinterpret_cast<const int*>(smem + L.grp)[0]) tr[6] = global_ns();
     }
   }
   __syncthreads();
@@ -747,9 +587,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
 //   SIEVE_V4_STATIC  static units per CTA
 //   SIEVE_V4_EARLY_COPIES=1  the first unit's old blocks before its query rows also without PDL
 //   SIEVE_V4_POLL=-1  the counter finish also when every unit is static
-//   SIEVE_V4_GROUP_SELECT=1 / -1  the group selection for every row length / never
 struct Knobs {
-  int unit = 0, stages = 0, ctas = 0, statics = 0, early = 0, poll = 0, group = 0;
+  int unit = 0, stages = 0, ctas = 0, statics = 0, early = 0, poll = 0;
 };
 const Knobs& knobs() {
   static const Knobs k = [] {
@@ -760,7 +599,6 @@ const Knobs& knobs() {
     r.statics = env_int("SIEVE_V4_STATIC");
     r.early = env_int("SIEVE_V4_EARLY_COPIES");
     r.poll = env_int("SIEVE_V4_POLL");
-    r.group = env_int("SIEVE_V4_GROUP_SELECT");
     return r;
   }();
   return k;
@@ -904,15 +742,6 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
     a.rec = static_cast<uint32_t*>(private_scratch(
         stream, kScratchIndexerPoll, size_t(p.batch.num_tokens) * p.num_index_heads * a.rec_stride * 4));
   }
-  // One unit a CTA (the usual plan): the selecting CTA's consumer warps are idle by then and
-  // select with its finisher (group_select), for rows of kGroupSelectMinBlocks blocks or more.
-  // Measured against the finisher's warp alone (graph x16, same binary): 1024 blocks a row (b8
-  // ctx131072) fp8 -2.2 %, bf16 -0.8 %; 256 (b32 ctx32768) +0.6 %; 72 (ctx9216) +0.4 to +4 %.
-  int gmode = g_group_select.load(std::memory_order_relaxed);  // the test hook's, else -1
-  if (gmode < 0 && kn.group != 0) gmode = kn.group > 0 ? 1 : 0;
-  a.group_select = poll && a.static_units == 1 && (gmode < 0 ? max_blocks >= kGroupSelectMinBlocks : gmode > 0);
-  a.group_cap = kCandCap;
-  if (const int f = g_group_cap.load(std::memory_order_relaxed); f > 0) a.group_cap = std::min(f, kCandCap);
   int32_t* counters = zeroed_counters(stream, size_t(N) + 2);
   a.req_done = counters;
   a.work = counters + N;

@@ -72,12 +72,6 @@ void set_indexer_v3_split(int cluster, int groups);
 // Test hook: forces the v4 decode indexer's blocks per unit, ring stages, CTAs in the grid (at
 // most) and static units per CTA; 0 = automatic for each.
 void set_indexer_v4_shape(int unit, int stages, int grid, int statics);
-// Test hook: v4's group selection (the selecting CTA's consumer warps with its finisher, when
-// every CTA has one unit): mode 1 for every row length, 0 never (the finisher's warp alone, as
-// with several units a CTA), -1 the automatic rule (rows of 512 blocks or more, unless
-// SIEVE_V4_GROUP_SELECT says otherwise); cap > 0 caps the candidates it ranks (more: the
-// finisher's warp alone), 0 = kCandCap.
-void set_indexer_v4_group_select(int mode, int cap);
 // Test hook: attention rows split over several clusters merge through flagged records when the
 // whole grid is resident (1, the default) or always through partials and a last-CTA counter (0);
 // -1 returns to the environment's choice (SIEVE_ATTN_LL=0 turns the flagged merge off).
