@@ -2,9 +2,9 @@
 // baseline, indexer_decode_v2.cu, indexer_decode_v3.cu, indexer_decode_v4.cu) and the prefill
 // indexers: the forced block sentinels, the permuted k-slot -> dim mapping of the 16-row MMA over
 // index keys, key fragments, the 16-row and narrow (at most 8 query vectors) block maxima and
-// their fold into a maxima table, the order-preserving float encoding of the per-block maxima, the fused decode
-// kernels' shared-memory layout, and the chunk ranking and last-CTA merge of v1 and v2 (their
-// argument structs differ; the fields used here have the same names and meaning).
+// their fold into a maxima table, the order-preserving float encoding of the per-block maxima,
+// the fused decode kernels' shared-memory layout, and the chunk ranking and last-CTA merge of v1
+// and v2 (their argument structs differ; the fields used here have the same names and meaning).
 #pragma once
 
 #include "kernels/cuda/common.cuh"

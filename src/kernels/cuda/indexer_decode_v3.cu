@@ -2,8 +2,9 @@
 // SIEVE_CUDA_KERNELS=v3, falling back to v2 where this returns false). Same contract, supported set and outputs as v2:
 // the scoring loop (16 query vectors of a request = the 16 M rows of m16n8k16, the permuted
 // k-slot -> dim mapping, bf16 / f16 operands, one MMA chain per 8 keys in the same order, so
-// block scores are bitwise v2's; or, with at most 8 vectors, the narrow MMA as in v2), the forced sentinels and the "higher score, then lower block
-// id" order are v2's. What changes is the grid and everything around the scoring loop.
+// block scores are bitwise v2's; or, with at most 8 vectors, the narrow MMA as in v2), the
+// forced sentinels and the "higher score, then lower block id" order are v2's. What changes is
+// the grid and everything around the scoring loop.
 //
 // v2 measured latency-bound (DRAM 33% of peak, 12% achieved occupancy): a long chain of
 // dependent steps per CTA (lengths -> block table -> barrier -> copies -> math -> chunk top-k ->
