@@ -120,6 +120,7 @@ struct AttnArgs {
   // waits for, instead of through part_o / part_ml and the last-CTA counter (see cluster_merge).
   bool ll;
   uint4* ll_buf;  // [rows][groups - 1][16][kDim / kN] records of kLLChunks x 16 bytes, zero between calls
+  bool l2_first;  // K/V copies with an L2 evict-first policy (one query row a request)
   unsigned long long* trace;  // optional (SIEVE_ATTN_TRACE): [grid CTAs][kTraceSlots] timestamps, SM id + 1
 };
 
@@ -582,6 +583,14 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   if (is_producer) {
     // ---- Producer: unit list -> bulk copies into the slot ring.
     int vi = 0;
+    // K/V (and scale) copies: with an L2 evict-first policy when each block is read by one row
+    // (a.l2_first), so the stream does not push out what the grid and the next kernels read
+    // again (metadata, Q, the merge records); docs/kernels.md.
+    const uint64_t pol = a.l2_first ? l2_policy_evict_first() : 0;
+    auto copy = [&](void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+      if (a.l2_first) bulk_copy_hint(dst, src, bytes, bar, pol);
+      else bulk_copy(dst, src, bytes, bar);
+    };
     auto acquire = [&](int unit, int half) {
       const SlotUse u = slot_of<kGroups>(unit, half, NS);
       if (u.use > 0) mbar_wait(&empty[u.slot], (u.use - 1) & 1u);
@@ -595,13 +604,13 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
       blk_ring[u % kRing] = bj;
       uint8_t* dst = smem + size_t(slot) * G::kSlotBytes;
       mbar_expect_tx(&full[slot], G::kSlotBytes);
-      bulk_copy(dst, a.k + base * G::kDataBytes, G::kDataBytes, &full[slot]);
-      if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.k_scale + base * kBlock, G::kScaleBytes, &full[slot]);
+      copy(dst, a.k + base * G::kDataBytes, G::kDataBytes, &full[slot]);
+      if constexpr (kFp8) copy(dst + G::kDataBytes, a.k_scale + base * kBlock, G::kScaleBytes, &full[slot]);
       slot = acquire(u, 1);
       dst = smem + size_t(slot) * G::kSlotBytes;
       mbar_expect_tx(&full[slot], G::kSlotBytes);
-      bulk_copy(dst, a.v + base * G::kDataBytes, G::kDataBytes, &full[slot]);
-      if constexpr (kFp8) bulk_copy(dst + G::kDataBytes, a.v_scale + base * kBlock, G::kScaleBytes, &full[slot]);
+      copy(dst, a.v + base * G::kDataBytes, G::kDataBytes, &full[slot]);
+      if constexpr (kFp8) copy(dst + G::kDataBytes, a.v_scale + base * kBlock, G::kScaleBytes, &full[slot]);
     };
     for (int e0 = e_begin; e0 < e_end; e0 += 32) {
       const int e = e0 + lane;
@@ -1231,6 +1240,18 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
     a.part_ml = reinterpret_cast<float*>(ws + n * kDim * 4);
     a.counters = zeroed_counters(stream, size_t(rows));
   }
+  // L2 evict-first K/V copies (internal.h) when each request has one query row (decode: no
+  // block is read again by another row of the grid) and the call streams at least
+  // kL2HintMinBytes. Measured (docs/performance.md): b32 ctx9216 sparse fp8 / bf16 -6.7 / -6.5 %,
+  // dense bf16 -2.9 %; sparse b1 +1.1-1.8 % (a 0.5-1 MB stream), hence the threshold. With
+  // several rows a request the rows read the same blocks and keep the default policy.
+  // SIEVE_ATTN_L2HINT=0 / 1 forces it off / on.
+  static const int l2_knob = [] {
+    const char* e = std::getenv("SIEVE_ATTN_L2HINT");
+    return e && *e ? std::atoi(e) : -1;
+  }();
+  const int64_t unit_bytes = 2 * (fp8 ? Geo<true>::kSlotBytes : Geo<false>::kSlotBytes);  // K and V
+  a.l2_first = l2_evict_first(p.batch.max_query_len <= 1 ? rows * units * unit_bytes : 0, l2_knob);
   const int64_t ctas = int64_t(a.splits) * p.batch.num_tokens * p.num_kv_heads;
   a.trace = trace_alloc(trace_enabled(), size_t(ctas) * kTraceSlots, stream);
   if (fp8) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
 
@@ -151,6 +152,16 @@ bool indexer_narrow(const ops::IndexerParams& p) {
   static const bool off = env_int("SIEVE_INDEXER_NARROW") < 0;
   return !off && g_narrow_allowed.load(std::memory_order_relaxed) &&
          int64_t(p.batch.max_query_len) * p.num_index_heads <= 8;
+}
+
+bool l2_evict_first(int64_t stream_bytes, int knob) { return knob < 0 ? stream_bytes >= kL2HintMinBytes : knob != 0; }
+
+int indexer_l2_knob() {
+  static const int k = [] {
+    const char* v = std::getenv("SIEVE_INDEXER_L2HINT");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  return k;
 }
 
 bool indexer_trace_enabled() {

@@ -114,6 +114,7 @@ struct V3Args {
   int32_t* counters;  // [num_seqs, C] (G > 1)
   int pdl;        // launched with programmatic stream serialisation (pdl_enabled, common.cuh)
   int merge_ilp;  // SIEVE_V3_MERGE=1: unrolled chunk top-k, merged_rank_ilp
+  int l2_first;  // key blocks copied with an L2 evict-first policy (SIEVE_INDEXER_L2HINT)
   unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTraceSlots]: timestamps, SM id
 };
 
@@ -338,11 +339,14 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     // nothing from the previous kernel (PDL: common.cuh); the others wait for it.
     const int n_old = qlen > 0 ? (seq_len - qlen) / kBlock : 0;
     const bool first = lane < min(nb, S);
-    if (first && b0 + lane < n_old)
-      bulk_load(stage + lane * block_bytes, a.cache + int64_t(tbl[0]) * block_bytes, block_bytes, &full[lane]);
+    const uint64_t pol = a.l2_first ? l2_policy_evict_first() : 0;
+    auto copy = [&](int st, int ph) {
+      if (a.l2_first) bulk_load_hint(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st], pol);
+      else bulk_load(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st]);
+    };
+    if (first && b0 + lane < n_old) copy(lane, tbl[0]);
     pdl_wait();
-    if (first && b0 + lane >= n_old)
-      bulk_load(stage + lane * block_bytes, a.cache + int64_t(tbl[0]) * block_bytes, block_bytes, &full[lane]);
+    if (first && b0 + lane >= n_old) copy(lane, tbl[0]);
 #pragma unroll
     for (int j = 0; j < kMaxChunkBlocks / 32; ++j)
       if (lane + 32 * j < CB) phys[lane + 32 * j] = tbl[j];
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
       for (int i = S; i < nb; ++i) {
         const int st = i % S;
         mbar_wait(&empty[st], uint32_t(i / S - 1) & 1u);
-        bulk_load(stage + st * block_bytes, a.cache + int64_t(phys[i]) * block_bytes, block_bytes, &full[st]);
+        copy(st, phys[i]);
       }
     }
     __syncwarp();
@@ -715,6 +719,7 @@ bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
     a.counters = zeroed_counters(stream, size_t(N) * C);
   }
 
+  a.l2_first = l2_evict_first(int64_t(N) * max_blocks * block_bytes, indexer_l2_knob()) ? 1 : 0;
   a.trace = trace_alloc(indexer_trace_enabled(), size_t(ctas) * kTraceSlots, stream);
 
   ClusterLaunch l(dim3(unsigned(ctas), 1, 1), dim3(kThreads, 1, 1), L.total, stream, C);

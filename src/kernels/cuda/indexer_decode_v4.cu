@@ -119,6 +119,7 @@ struct V4Args {
   int rec_stride;     // kPoll: max_blocks rounded up to 4 (16-byte rows)
   int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
   int early_copies;   // launched with PDL: the first unit's old blocks are copied before pdl_wait
+  int l2_first;       // key blocks copied with an L2 evict-first policy (SIEVE_INDEXER_L2HINT)
   unsigned long long* trace;
 };
 
@@ -297,9 +298,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
     int i = 0;  // stages filled
     // Lane 0: copies block j of a unit of nb blocks, physical id ph, into stage st with its
     // record (the unit's slot, j, last-block flag).
+    const uint64_t pol = a.l2_first ? l2_policy_evict_first() : 0;
     auto copy_block = [&](int st, int slot, int j, int nb, int ph) {
       smeta[st] = slot | (j << 8) | (j == nb - 1 ? 1 << 16 : 0);
-      bulk_load(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st]);
+      if (a.l2_first) bulk_load_hint(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st], pol);
+      else bulk_load(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st]);
     };
     // Gives unit w to the consumers: its record and query rows into the next slot, then its key
     // blocks from `pre` on into the ring (blocks 0 .. pre - 1 already copied into stages
@@ -755,6 +758,7 @@ bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
   // as fast or faster.
   const bool q_first = fp8 && unit >= 2 && unit <= 8;
   a.early_copies = pdl || !q_first || kn.early > 0 ? 1 : 0;
+  a.l2_first = l2_evict_first(int64_t(N) * max_blocks * block_bytes, indexer_l2_knob()) ? 1 : 0;
   if (poll) kernel = v4_kernel(fp8, per_sm, true, narrow);
   set_smem(kernel, L.total);
   launch_pdl(pdl, kernel, P, kThreads, L.total, stream, "indexer decode v4", a);
