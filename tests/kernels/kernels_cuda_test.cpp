@@ -532,6 +532,25 @@ TEST(CudaAttention, DenseMatchesCpu) {
   }
 }
 
+// Decode rows with the K/V copies under the L2 evict-first policy forced on (the rule turns it on
+// only for streams of 4 MB and more, larger than these tests' batches): a cache policy only, so
+// the same results.
+TEST(CudaAttention, L2EvictFirstMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  cuda::set_l2_evict_first(1);
+  uint64_t seed = 7600;
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+    for (bool sparse : {true, false}) {
+      AttnCase c;
+      c.sparse = sparse;
+      c.kv = kvd;
+      c.specs = kDecodeSpecs;
+      check_attention(c, seed++);
+    }
+  }
+  cuda::set_l2_evict_first(-1);
+}
+
 // The prefill tiles (attention_prefill.cu: 8 tokens a CTA over the union of their blocks),
 // forced for every batch they support: prompts and chunks after cached prefixes with lengths at
 // and around block boundaries (the request's last block partial or full), a single new token,
@@ -965,6 +984,47 @@ TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
           EXPECT_EQ(d_in.get<int32_t>(ni), d_iw.get<int32_t>(ni)) << "path " << int(path);
           EXPECT_EQ(d_sn.bytes(ns * 4), d_sw.bytes(ns * 4)) << "path " << int(path);
         }
+      }
+    }
+  }
+}
+
+// The decode indexers v3 and v4 with their key copies under the L2 evict-first policy, forced
+// on and off: the same outputs bit for bit.
+TEST(CudaIndexer, L2EvictFirstMatchesBitwise) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(9650);
+  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
+    for (const std::vector<SeqSpec>* specs : {&kDecodeSpecs, &kSpecSpecs}) {
+      SCOPED_TRACE("cache " + name(cd) + " rows " + std::to_string((*specs)[0].q_len));
+      PagedBatch b = make_paged_batch(*specs, 128, rng);
+      IndexCache ic(cd, b.num_blocks, 128, 128);
+      fill_caches_random(b, nullptr, &ic, rng, 1.0f);
+      const int H = 1;
+      const int64_t T = b.num_tokens, q_stride = H * 128;
+      auto qv = random_vector(size_t(T * q_stride), rng);
+      TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
+      DevBatch db(b);
+      const int K = 16, mbps = b.max_blocks_per_seq;
+      const size_t ni = size_t(T) * H * K, ns = size_t(T) * H * mbps;
+      Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
+      ops::IndexerParams g = bitwise_params(d_q.p(), DType::BF16, q_stride, H, ic.view(), d_cache.p(), db.view, K);
+      for (auto path : {cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}) {
+        Dev d_i1(ni * 4), d_s1(ns * 4), d_i0(ni * 4), d_s0(ns * 4);
+        d_i1.poison(0x55), d_s1.poison(0xff), d_i0.poison(0x66), d_s0.poison(0xfe);
+        cuda::set_l2_evict_first(1);
+        g.topk_idx = d_i1.as<int32_t>();
+        g.block_scores = d_s1.as<float>();
+        const bool on = cuda::run_indexer_path(g, nullptr, path);
+        cuda::set_l2_evict_first(0);
+        g.topk_idx = d_i0.as<int32_t>();
+        g.block_scores = d_s0.as<float>();
+        const bool off = cuda::run_indexer_path(g, nullptr, path);
+        cuda::set_l2_evict_first(-1);
+        ASSERT_TRUE(on && off);
+        device_synchronize(kGpu);
+        EXPECT_EQ(d_i1.get<int32_t>(ni), d_i0.get<int32_t>(ni)) << "path " << int(path);
+        EXPECT_EQ(d_s1.bytes(ns * 4), d_s0.bytes(ns * 4)) << "path " << int(path);
       }
     }
   }

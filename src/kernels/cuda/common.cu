@@ -154,7 +154,15 @@ bool indexer_narrow(const ops::IndexerParams& p) {
          int64_t(p.batch.max_query_len) * p.num_index_heads <= 8;
 }
 
-bool l2_evict_first(int64_t stream_bytes, int knob) { return knob < 0 ? stream_bytes >= kL2HintMinBytes : knob != 0; }
+namespace {
+std::atomic<int> g_l2_forced{-1};
+}  // namespace
+void set_l2_evict_first(int forced) { g_l2_forced.store(forced < 0 ? -1 : forced != 0, std::memory_order_relaxed); }
+bool l2_evict_first(int64_t stream_bytes, int knob) {
+  const int forced = g_l2_forced.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced != 0;
+  return knob < 0 ? stream_bytes >= kL2HintMinBytes : knob != 0;
+}
 
 int indexer_l2_knob() {
   static const int k = [] {

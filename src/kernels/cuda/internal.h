@@ -122,8 +122,11 @@ bool indexer_narrow(const ops::IndexerParams& p);
 // rows, scores, merge records): when the call streams at least kL2HintMinBytes (smaller streams
 // measured as fast or faster without it). `knob`: the environment variable that forces it
 // (0 off, 1 on; development, read once by the caller).
+// set_l2_evict_first (the tests): 1 / 0 forces it on / off for every such kernel, over the
+// knob; -1 restores the rule.
 constexpr int64_t kL2HintMinBytes = int64_t(4) << 20;
 bool l2_evict_first(int64_t stream_bytes, int knob);
+void set_l2_evict_first(int forced);
 // SIEVE_INDEXER_L2HINT (decode indexers v3, v4): -1 when unset.
 int indexer_l2_knob();
 void set_indexer_narrow(bool allowed);
