@@ -341,8 +341,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     const bool first = lane < min(nb, S);
     const uint64_t pol = a.l2_first ? l2_policy_evict_first() : 0;
     auto copy = [&](int st, int ph) {
-      if (a.l2_first) bulk_load_hint(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st], pol);
-      else bulk_load(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st]);
+      uint8_t* dst = stage + st * block_bytes;
+      const uint8_t* src = a.cache + int64_t(ph) * block_bytes;
+      if (a.l2_first) bulk_load_hint(dst, src, block_bytes, &full[st], pol);
+      else bulk_load(dst, src, block_bytes, &full[st]);
     };
     if (first && b0 + lane < n_old) copy(lane, tbl[0]);
     pdl_wait();

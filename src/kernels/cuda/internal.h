@@ -117,6 +117,7 @@ bool indexer_trace_enabled();
 // block. SIEVE_INDEXER_NARROW=-1 (development, read once) or the test hook
 // set_indexer_narrow(false): never.
 bool indexer_narrow(const ops::IndexerParams& p);
+void set_indexer_narrow(bool allowed);
 // Whether a decode kernel streams its cache blocks (each read once a call) with an L2
 // evict-first policy, so that the stream does not push out what is read again (metadata, query
 // rows, scores, merge records): when the call streams at least kL2HintMinBytes (smaller streams
@@ -129,7 +130,6 @@ bool l2_evict_first(int64_t stream_bytes, int knob);
 void set_l2_evict_first(int forced);
 // SIEVE_INDEXER_L2HINT (decode indexers v3, v4): -1 when unset.
 int indexer_l2_knob();
-void set_indexer_narrow(bool allowed);
 unsigned long long trace_origin(const std::vector<unsigned long long>& tr, int slots, int64_t ctas);
 void print_trace_quantiles(const char* const* names, int points, int slots, const std::vector<unsigned long long>& tr,
                            int64_t ctas);
