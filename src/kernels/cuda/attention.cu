@@ -588,8 +588,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     // again (metadata, Q, the merge records); docs/kernels.md.
     const uint64_t pol = a.l2_first ? l2_policy_evict_first() : 0;
     auto copy = [&](void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-      if (a.l2_first) bulk_copy_hint(dst, src, bytes, bar, pol);
-      else bulk_copy(dst, src, bytes, bar);
+      bulk_copy_policy(dst, src, bytes, bar, a.l2_first, pol);
     };
     auto acquire = [&](int unit, int half) {
       const SlotUse u = slot_of<kGroups>(unit, half, NS);
@@ -1157,10 +1156,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   // 19.4 -> 19.1 us, dense 46.9 -> 46.4); with fp8 KV for sparse rows at one CTA per SM only
   // (b32 ctx9216 14.2 -> 13.5 us) — dense fp8 rows and sparse b128 measured 1-2.4 % slower with
   // it (docs/performance.md). SIEVE_ATTN_QBULK=0 / 1 forces it off / on (where aligned).
-  static const int q_bulk_knob = [] {
-    const char* e = std::getenv("SIEVE_ATTN_QBULK");
-    return e && *e ? std::atoi(e) : -1;
-  }();
+  static const int q_bulk_knob = env_int("SIEVE_ATTN_QBULK", -1);
   if (q_bulk_knob == 0) a.q_bulk = false;
   else if (q_bulk_knob < 0 && fp8 && !(p.topk_idx && one_per_sm)) a.q_bulk = false;
   int splits = int(std::clamp<int64_t>(one_per_sm ? sms / rows : (2 * sms + rows - 1) / rows, 1,
@@ -1246,10 +1242,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   // dense bf16 -2.9 %; sparse b1 +1.1-1.8 % (a 0.5-1 MB stream), hence the threshold. With
   // several rows a request the rows read the same blocks and keep the default policy.
   // SIEVE_ATTN_L2HINT=0 / 1 forces it off / on.
-  static const int l2_knob = [] {
-    const char* e = std::getenv("SIEVE_ATTN_L2HINT");
-    return e && *e ? std::atoi(e) : -1;
-  }();
+  static const int l2_knob = env_int("SIEVE_ATTN_L2HINT", -1);
   const int64_t unit_bytes = 2 * (fp8 ? Geo<true>::kSlotBytes : Geo<false>::kSlotBytes);  // K and V
   a.l2_first = l2_evict_first(p.batch.max_query_len <= 1 ? rows * units * unit_bytes : 0, l2_knob);
   const int64_t ctas = int64_t(a.splits) * p.batch.num_tokens * p.num_kv_heads;

@@ -624,10 +624,7 @@ bool use_prefill_attention(const ops::AttentionParams& p) {
   if (forced > 0) return true;
   // SIEVE_ATTN_PREFILL=0 keeps every batch on the decode kernel; otherwise batches with a
   // prompt chunk of at least 8 tokens and at least 512 new tokens in all use the tiles.
-  static const int env = [] {
-    const char* e = std::getenv("SIEVE_ATTN_PREFILL");
-    return e && *e ? std::atoi(e) : 1;
-  }();
+  static const int env = env_int("SIEVE_ATTN_PREFILL", 1);
   return env != 0 && p.batch.max_query_len >= kTileTokens && p.batch.num_tokens >= 512;
 }
 

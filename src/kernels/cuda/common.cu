@@ -139,9 +139,9 @@ std::vector<unsigned long long> trace_collect(unsigned long long* trace, size_t 
   return tr;
 }
 
-int env_int(const char* name) {
+int env_int(const char* name, int unset) {
   const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : 0;
+  return v && *v ? std::atoi(v) : unset;
 }
 
 namespace {
@@ -165,10 +165,7 @@ bool l2_evict_first(int64_t stream_bytes, int knob) {
 }
 
 int indexer_l2_knob() {
-  static const int k = [] {
-    const char* v = std::getenv("SIEVE_INDEXER_L2HINT");
-    return v && *v ? std::atoi(v) : -1;
-  }();
+  static const int k = env_int("SIEVE_INDEXER_L2HINT", -1);
   return k;
 }
 

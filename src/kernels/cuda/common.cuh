@@ -355,10 +355,21 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
   mbar_expect_tx(bar, bytes);
   bulk_copy(dst, src, bytes, bar);
 }
-__device__ __forceinline__ void bulk_load_hint(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                               uint64_t policy) {
-  mbar_expect_tx(bar, bytes);
-  bulk_copy_hint(dst, src, bytes, bar, policy);
+// bulk_copy / bulk_load under the L2 `policy` when `hinted` (a stream's l2_policy_evict_first),
+// plain otherwise.
+__device__ __forceinline__ void bulk_copy_policy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                                 bool hinted, uint64_t policy) {
+  if (hinted) bulk_copy_hint(dst, src, bytes, bar, policy);
+  else bulk_copy(dst, src, bytes, bar);
+}
+__device__ __forceinline__ void bulk_load_policy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                                 bool hinted, uint64_t policy) {
+  if (hinted) {
+    mbar_expect_tx(bar, bytes);
+    bulk_copy_hint(dst, src, bytes, bar, policy);
+  } else {
+    bulk_load(dst, src, bytes, bar);
+  }
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;

@@ -224,8 +224,7 @@ bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream_v) {
   int chunks = std::clamp(target / a.num_seqs, 1, kMaxChunks);
   // Development: SIEVE_V2_CHUNKS = chunks per request (read once; unset: the rule above).
   static const int force_chunks = [] {
-    const char* e = std::getenv("SIEVE_V2_CHUNKS");
-    const int v = e && *e ? std::atoi(e) : 0;
+    const int v = env_int("SIEVE_V2_CHUNKS");
     return v > 0 ? std::min(v, kMaxChunks) : 0;
   }();
   if (force_chunks > 0) chunks = force_chunks;

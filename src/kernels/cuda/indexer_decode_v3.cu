@@ -341,10 +341,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
     const bool first = lane < min(nb, S);
     const uint64_t pol = a.l2_first ? l2_policy_evict_first() : 0;
     auto copy = [&](int st, int ph) {
-      uint8_t* dst = stage + st * block_bytes;
-      const uint8_t* src = a.cache + int64_t(ph) * block_bytes;
-      if (a.l2_first) bulk_load_hint(dst, src, block_bytes, &full[st], pol);
-      else bulk_load(dst, src, block_bytes, &full[st]);
+      bulk_load_policy(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st], a.l2_first,
+                       pol);
     };
     if (first && b0 + lane < n_old) copy(lane, tbl[0]);
     pdl_wait();

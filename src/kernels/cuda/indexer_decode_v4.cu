@@ -301,10 +301,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
     const uint64_t pol = a.l2_first ? l2_policy_evict_first() : 0;
     auto copy_block = [&](int st, int slot, int j, int nb, int ph) {
       smeta[st] = slot | (j << 8) | (j == nb - 1 ? 1 << 16 : 0);
-      uint8_t* dst = stage + st * block_bytes;
-      const uint8_t* src = a.cache + int64_t(ph) * block_bytes;
-      if (a.l2_first) bulk_load_hint(dst, src, block_bytes, &full[st], pol);
-      else bulk_load(dst, src, block_bytes, &full[st]);
+      bulk_load_policy(stage + st * block_bytes, a.cache + int64_t(ph) * block_bytes, block_bytes, &full[st], a.l2_first,
+                       pol);
     };
     // Gives unit w to the consumers: its record and query rows into the next slot, then its key
     // blocks from `pre` on into the ring (blocks 0 .. pre - 1 already copied into stages

@@ -1304,10 +1304,7 @@ std::atomic<int> g_mma{-1}, g_kb{-1}, g_order{-1}, g_merge{-1}, g_select{-1}, g_
     g_overlap{-1};
 
 // An on/off knob: on unless the variable is set to 0; and a test-hook override of one (>= 0).
-int env_on(const char* name) {
-  const char* e = std::getenv(name);
-  return e && *e && std::atoi(e) == 0 ? 0 : 1;
-}
+int env_on(const char* name) { return env_int(name, 1) == 0 ? 0 : 1; }
 int hook_or(const std::atomic<int>& g, int v) {
   const int f = g.load(std::memory_order_relaxed);
   return f >= 0 ? (f ? 1 : 0) : v;
@@ -1368,8 +1365,7 @@ int order_knob() {
 // tokens on the H200); 0: split lists + merge. Read once.
 int select_knob() {
   static const int v = [] {
-    const char* e = std::getenv("SIEVE_PREFILL_V2_SELECT");
-    const int x = e && *e ? std::atoi(e) : 2;
+    const int x = env_int("SIEVE_PREFILL_V2_SELECT", 2);
     return x == 1 || x == 2 ? x : 0;
   }();
   const int f = g_select.load(std::memory_order_relaxed);
@@ -1411,10 +1407,7 @@ int sk_setup_knob() {
 // SIEVE_PREFILL_DIAG = 1: no key loads; 2: no MMA; 3: no score stores (development timing of
 // the 128-row kernel: the outputs are wrong). Read once.
 int diag_knob() {
-  static const int v = [] {
-    const char* e = std::getenv("SIEVE_PREFILL_DIAG");
-    return e && *e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_int("SIEVE_PREFILL_DIAG");
   return v;
 }
 

@@ -103,13 +103,13 @@ struct PrefillV2Knobs {
 void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 
 // Development aids of the kernels (common.cu). env_int: the integer value of an environment
-// variable, 0 when unset or empty. indexer_trace_enabled: SIEVE_INDEXER_TRACE=1 (read once): the
+// variable, `unset` (default 0) when unset or empty. indexer_trace_enabled: SIEVE_INDEXER_TRACE=1 (read once): the
 // decode indexers v3 and v4 synchronise every call made outside a stream capture and print where
 // their CTAs spent their time, never on in serving. print_trace_quantiles (those traces and
 // SIEVE_ATTN_TRACE's): for each of `points` trace
 // points, the quantiles of the CTAs' timestamps tr[c * slots + i] (ns; 0 = not recorded), in µs
 // from the earliest point-0 timestamp (trace_origin), to stderr.
-int env_int(const char* name);
+int env_int(const char* name, int unset = 0);
 bool indexer_trace_enabled();
 // Whether the fused decode indexers (v2, v3, v4) score with the narrow MMA
 // (warp_block_max_narrow): every request has at most 8 query vectors (query rows x index heads),
