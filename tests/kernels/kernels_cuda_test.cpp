@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <vector>
@@ -941,6 +943,43 @@ ops::IndexerParams bitwise_params(void* q, DType qd, int64_t q_stride, int H, op
   return g;
 }
 
+// One random decode-indexer case (cache dtype cd, query dtype qd, H index heads, q rows padded
+// by q_pad elements, top-16) run through each fused variant in `paths` twice: with set(1) and
+// then with set(0) in force; set(-1) restores the default. Expects the same block ids and block
+// scores bit for bit.
+void expect_same_under_toggle(DType cd, DType qd, const std::vector<SeqSpec>& specs, int H, int64_t q_pad,
+                              std::initializer_list<cuda::IndexerPath> paths, Rng& rng,
+                              const std::function<void(int)>& set) {
+  PagedBatch b = make_paged_batch(specs, 128, rng);
+  IndexCache ic(cd, b.num_blocks, 128, 128);
+  fill_caches_random(b, nullptr, &ic, rng, 1.0f);
+  const int64_t T = b.num_tokens, q_stride = H * 128 + q_pad;
+  auto qv = random_vector(size_t(T * q_stride), rng);
+  TypedBuffer q = TypedBuffer::from(qd, qv);
+  DevBatch db(b);
+  const int K = 16, mbps = b.max_blocks_per_seq;
+  const size_t ni = size_t(T) * H * K, ns = size_t(T) * H * mbps;
+  Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
+  ops::IndexerParams g = bitwise_params(d_q.p(), qd, q_stride, H, ic.view(), d_cache.p(), db.view, K);
+  for (auto path : paths) {
+    Dev d_i1(ni * 4), d_s1(ns * 4), d_i0(ni * 4), d_s0(ns * 4);
+    d_i1.poison(0x55), d_s1.poison(0xff), d_i0.poison(0x66), d_s0.poison(0xfe);
+    set(1);
+    g.topk_idx = d_i1.as<int32_t>();
+    g.block_scores = d_s1.as<float>();
+    const bool on = cuda::run_indexer_path(g, nullptr, path);
+    set(0);
+    g.topk_idx = d_i0.as<int32_t>();
+    g.block_scores = d_s0.as<float>();
+    const bool off = cuda::run_indexer_path(g, nullptr, path);
+    set(-1);
+    ASSERT_TRUE(on && off);
+    device_synchronize(kGpu);
+    EXPECT_EQ(d_i1.get<int32_t>(ni), d_i0.get<int32_t>(ni)) << "path " << int(path);
+    EXPECT_EQ(d_s1.bytes(ns * 4), d_s0.bytes(ns * 4)) << "path " << int(path);
+  }
+}
+
 // With at most 8 query vectors a request, v2, v3 and v4 score with the narrow MMA (keys as the
 // MMA's rows): the same block scores and ids, bit for bit, as the 16-row MMA.
 TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
@@ -955,35 +994,10 @@ TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
       for (Case cs : {Case{&kDecodeSpecs, 1}, Case{&kDecodeSpecs, 4}, Case{&kSpecSpecs, 2}, Case{&kSpecSpecs, 1}}) {
         SCOPED_TRACE("cache " + name(cd) + " q " + name(qd) + " H " + std::to_string(cs.H) + " rows " +
                      std::to_string((*cs.specs)[0].q_len));
-        PagedBatch b = make_paged_batch(*cs.specs, 128, rng);
-        IndexCache ic(cd, b.num_blocks, 128, 128);
-        fill_caches_random(b, nullptr, &ic, rng, 1.0f);
-        const int H = cs.H;
-        const int64_t T = b.num_tokens, q_stride = H * 128 + 8;
-        auto qv = random_vector(size_t(T * q_stride), rng);
-        TypedBuffer q = TypedBuffer::from(qd, qv);
-        DevBatch db(b);
-        const int K = 16, mbps = b.max_blocks_per_seq;
-        const size_t ni = size_t(T) * H * K, ns = size_t(T) * H * mbps;
-        Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
-        ops::IndexerParams g = bitwise_params(d_q.p(), qd, q_stride, H, ic.view(), d_cache.p(), db.view, K);
-        for (auto path : {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3,
-                          cuda::IndexerPath::kDecodeFusedV4}) {
-          Dev d_in(ni * 4), d_sn(ns * 4), d_iw(ni * 4), d_sw(ns * 4);
-          d_in.poison(0x55), d_sn.poison(0xff), d_iw.poison(0x66), d_sw.poison(0xfe);
-          g.topk_idx = d_in.as<int32_t>();
-          g.block_scores = d_sn.as<float>();
-          ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, path));
-          cuda::set_indexer_narrow(false);
-          g.topk_idx = d_iw.as<int32_t>();
-          g.block_scores = d_sw.as<float>();
-          const bool ok = cuda::run_indexer_path(g, nullptr, path);
-          cuda::set_indexer_narrow(true);
-          ASSERT_TRUE(ok);
-          device_synchronize(kGpu);
-          EXPECT_EQ(d_in.get<int32_t>(ni), d_iw.get<int32_t>(ni)) << "path " << int(path);
-          EXPECT_EQ(d_sn.bytes(ns * 4), d_sw.bytes(ns * 4)) << "path " << int(path);
-        }
+        expect_same_under_toggle(
+            cd, qd, *cs.specs, cs.H, 8,
+            {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4},
+            rng, [](int on) { cuda::set_indexer_narrow(on != 0); });
       }
     }
   }
@@ -997,35 +1011,9 @@ TEST(CudaIndexer, L2EvictFirstMatchesBitwise) {
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
     for (const std::vector<SeqSpec>* specs : {&kDecodeSpecs, &kSpecSpecs}) {
       SCOPED_TRACE("cache " + name(cd) + " rows " + std::to_string((*specs)[0].q_len));
-      PagedBatch b = make_paged_batch(*specs, 128, rng);
-      IndexCache ic(cd, b.num_blocks, 128, 128);
-      fill_caches_random(b, nullptr, &ic, rng, 1.0f);
-      const int H = 1;
-      const int64_t T = b.num_tokens, q_stride = H * 128;
-      auto qv = random_vector(size_t(T * q_stride), rng);
-      TypedBuffer q = TypedBuffer::from(DType::BF16, qv);
-      DevBatch db(b);
-      const int K = 16, mbps = b.max_blocks_per_seq;
-      const size_t ni = size_t(T) * H * K, ns = size_t(T) * H * mbps;
-      Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
-      ops::IndexerParams g = bitwise_params(d_q.p(), DType::BF16, q_stride, H, ic.view(), d_cache.p(), db.view, K);
-      for (auto path : {cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}) {
-        Dev d_i1(ni * 4), d_s1(ns * 4), d_i0(ni * 4), d_s0(ns * 4);
-        d_i1.poison(0x55), d_s1.poison(0xff), d_i0.poison(0x66), d_s0.poison(0xfe);
-        cuda::set_l2_evict_first(1);
-        g.topk_idx = d_i1.as<int32_t>();
-        g.block_scores = d_s1.as<float>();
-        const bool on = cuda::run_indexer_path(g, nullptr, path);
-        cuda::set_l2_evict_first(0);
-        g.topk_idx = d_i0.as<int32_t>();
-        g.block_scores = d_s0.as<float>();
-        const bool off = cuda::run_indexer_path(g, nullptr, path);
-        cuda::set_l2_evict_first(-1);
-        ASSERT_TRUE(on && off);
-        device_synchronize(kGpu);
-        EXPECT_EQ(d_i1.get<int32_t>(ni), d_i0.get<int32_t>(ni)) << "path " << int(path);
-        EXPECT_EQ(d_s1.bytes(ns * 4), d_s0.bytes(ns * 4)) << "path " << int(path);
-      }
+      expect_same_under_toggle(cd, DType::BF16, *specs, 1, 0,
+                               {cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}, rng,
+                               [](int on) { cuda::set_l2_evict_first(on); });
     }
   }
 }
