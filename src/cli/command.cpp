@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "kernels/memory.h"
 
 namespace sieve::cli {
 
@@ -139,6 +140,33 @@ std::string Args::help() const {
     s += "\n";
   }
   return s;
+}
+
+Device parse_device(const std::string& value, const std::string& flag) {
+  auto fail = [&](const std::string& why) {
+    std::string msg = flag;
+    msg.append(" ").append(value).append(": ").append(why);
+    throw Error(msg);
+  };
+  Device d;
+  if (value == "cpu" || (value == "auto" && cuda_device_count() == 0)) return d;
+  if (value != "auto" && value != "cuda" && value.rfind("cuda:", 0) != 0)
+    fail("expected auto, cpu, cuda or cuda:N");
+  d.kind = DeviceKind::CUDA;
+  if (value.size() > 4 && value.rfind("cuda:", 0) == 0) {
+    const std::string n = value.substr(5);
+    if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos)
+      fail("N in cuda:N must be a device number");
+    d.index = std::atoi(n.c_str());
+  }
+  const int count = cuda_device_count();
+  if (count == 0) fail("no CUDA device in this build or machine");
+  if (d.index >= count) {
+    std::string why = "this machine has ";
+    why.append(std::to_string(count)).append(" CUDA device(s)");
+    fail(why);
+  }
+  return d;
 }
 
 }  // namespace sieve::cli

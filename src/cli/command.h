@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace sieve::cli {
 
 class Args {
@@ -51,6 +53,10 @@ class Args {
   std::map<std::string, std::string> values_;  // canonical name -> value ("1" for flags)
   std::vector<std::string> positional_;
 };
+
+// The value of a --device option: `auto` (the first GPU when the build and the machine have one,
+// else the CPU), `cpu`, `cuda` or `cuda:N`. A GPU the machine lacks is a user error.
+Device parse_device(const std::string& value, const std::string& flag = "--device");
 
 using CommandFn = std::function<int(const std::vector<std::string>& argv)>;
 

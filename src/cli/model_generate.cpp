@@ -1,5 +1,5 @@
 // `sieve generate`: one prompt through the paged prefill + decode path of the model, on the CPU
-// reference backend (or CUDA when built with it and --device cuda).
+// reference backend or on CUDA (--device; `auto` takes the GPU when the build and machine have one).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -117,6 +117,7 @@ int run_generate(const std::vector<std::string>& argv) {
       .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto, bf16, fp8 or fp32", "auto")
       .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE",
            "auto, bf16, fp8 or fp32 (default: the kv cache dtype)")
+      .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
       .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
       .opt({"--max-model-len"}, "N", "refuse prompts + max tokens longer than this")
       .opt({"--prefill-chunk"}, "N", "prefill in chunks of N tokens", "2048")
@@ -131,6 +132,7 @@ int run_generate(const std::vector<std::string>& argv) {
 
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
+  lo.device = parse_device(a.get("--device"));
   auto m = model::Model::load(dir, lo);
   const ModelConfig& cfg = m->config();
 

@@ -27,6 +27,7 @@ int run_perplexity(const std::vector<std::string>& argv) {
       .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto, bf16, fp8 or fp32", "auto")
       .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE",
            "auto, bf16, fp8 or fp32 (default: the kv cache dtype)")
+      .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
       .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
       .opt({"--max-windows"}, "N", "score at most N windows; 0 = all", "0")
       .opt({"--compare-index-dtype"}, "DTYPE",
@@ -48,6 +49,7 @@ int run_perplexity(const std::vector<std::string>& argv) {
 
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
+  lo.device = parse_device(a.get("--device"));
   auto m = model::Model::load(dir, lo);
   const ModelConfig& cfg = m->config();
   text::Tokenizer tok = text::Tokenizer::load(dir);

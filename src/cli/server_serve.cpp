@@ -149,15 +149,7 @@ int run_serve(const std::vector<std::string>& argv) {
   const std::string dir = a.has("--model") ? a.get("--model") : default_model();
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
-  const std::string dev = a.get("--device");
-  if (dev == "cuda" || dev.rfind("cuda:", 0) == 0 || (dev == "auto" && cuda_device_count() > 0)) {
-    if (cuda_device_count() == 0)
-      throw Error("--device " + dev + ": no CUDA device in this build or machine");
-    lo.device.kind = DeviceKind::CUDA;
-    if (dev.size() > 5) lo.device.index = int(std::stoi(dev.substr(5)));
-  } else if (dev != "cpu" && dev != "auto") {
-    throw Error("--device must be auto, cpu, cuda or cuda:N, got '" + dev + "'");
-  }
+  lo.device = parse_device(a.get("--device"));
   auto m = model::Model::load(dir, lo);
   const ModelConfig& cfg = m->config();
   cache::check_block_size(int(a.get_int("--block-size")), m->block_size(),

@@ -74,6 +74,9 @@ class MiniMaxM3 final : public Model {
     for (DType t : {o.kv_dtype, o.index_dtype})
       if (t != DType::F32 && t != DType::BF16 && t != DType::FP8_E4M3)
         throw Error("cache dtype must be fp32, bf16 or fp8, got " + std::string(dtype_name(t)));
+    if (dev_.is_cuda() && (o.kv_dtype == DType::F32 || o.index_dtype == DType::F32))
+      throw Error("fp32 caches are a mode of the CPU reference; on " + dev_.str() +
+                  " use a bf16 or fp8 cache (--kv-cache-dtype, --index-cache-dtype)");
     if (o.num_blocks <= 0) throw Error("the KV cache needs at least one block");
     cache_opts_ = o;
     stats_ = {};

@@ -34,7 +34,12 @@ int32_t* zeroed_counters(cudaStream_t stream, size_t count);
 // Zero-initialised scratch that only the kernel named by `id` (kScratch*) uses: it keeps what
 // that kernel leaves in it between calls (the kernel's own protocol returns it to zero) and is
 // never shared with another kernel. Grows like `workspace` (a new, zeroed buffer).
-enum ScratchId : int { kScratchAttentionMerge = 0, kScratchIndexerPoll = 1 };
+enum ScratchId : int {
+  kScratchAttentionMerge = 0,
+  kScratchIndexerPoll = 1,
+  kScratchMatmulX = 2,  // matmul: fp32 x rounded to bf16 for cuBLAS
+  kScratchMoe = 3,      // moe_experts: expert lists, intermediate rows
+};
 void* private_scratch(cudaStream_t stream, int id, size_t bytes);
 // Development traces (the SIEVE_*_TRACE knobs): trace_alloc gives a zeroed device buffer of
 // `words` timestamps when `enabled` and the stream is not being captured (a trace is read back

@@ -102,6 +102,10 @@ struct PrefillV2Knobs {
 };
 void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 
+// Test hook: moe_experts processes at most `tokens` tokens a chunk (0: as many as its 256 MiB
+// scratch holds), so the tests cover several chunks with small batches.
+void set_moe_chunk_tokens(int64_t tokens);
+
 // Development aids of the kernels (common.cu). env_int: the integer value of an environment
 // variable, `unset` (default 0) when unset or empty. indexer_trace_enabled: SIEVE_INDEXER_TRACE=1 (read once): the
 // decode indexers v3 and v4 synchronise every call made outside a stream capture and print where

@@ -1,0 +1,248 @@
+// CUDA implementations of the dense ops of kernels/ops.h: matmul (cuBLAS), embedding, rms_norm,
+// add and swiglu_oai. Same meaning as the CPU reference (kernels/cpu/cpu_dense.cpp); the one
+// place they round more is matmul with fp32 activations and bf16 weights, which rounds x to bf16
+// for the tensor cores (docs/kernels.md, "Dense ops and MoE").
+#include <cuda_runtime.h>
+#ifdef SIEVE_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/elementwise.cuh"
+
+namespace sieve::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+__global__ void embedding_kernel(const int32_t* ids, int64_t vocab, int64_t hidden, const void* table, int tt,
+                                 void* out, int ot) {
+  const int64_t t = blockIdx.x;
+  const int64_t id = ids[t];
+  const bool ok = id >= 0 && id < vocab;  // the model validates ids first; NaN marks a bad one
+  for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x)
+    st_elem(out, ot, t * hidden + d, ok ? ld_elem(table, tt, id * hidden + d) : __int_as_float(0x7fc00000));
+}
+
+struct RmsArgs {
+  const void* x;
+  void* residual;
+  void* y;
+  const void* weight;
+  int xt, yt, wt;
+  int64_t dim, ldx, ldr, ldy;
+  float eps;
+  bool gemma;
+};
+
+// One CTA a row. Sum of squares in double (the CPU reference's), so the scale matches it.
+__global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
+  const int64_t r = blockIdx.x;
+  double ss = 0;
+  for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
+    float v = ld_elem(a.x, a.xt, r * a.ldx + d);
+    if (a.residual) {
+      // The sum is stored in the activation dtype and the norm is taken of the stored value.
+      const int64_t i = r * a.ldr + d;
+      st_elem(a.residual, a.xt, i, __fadd_rn(v, ld_elem(a.residual, a.xt, i)));
+      v = ld_elem(a.residual, a.xt, i);
+    }
+    ss += double(v) * double(v);
+  }
+  __shared__ double part[kRowThreads / 32];
+  __shared__ float inv_s;
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kRowThreads / 32; ++w) total += part[w];
+    inv_s = 1.0f / sqrtf(float(total / double(a.dim)) + a.eps);
+  }
+  __syncthreads();
+  const float inv = inv_s;
+  // Each thread reads back only the elements it wrote above, so y may alias x.
+  for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
+    const float v = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
+    float w = ld_elem(a.weight, a.wt, d);
+    if (a.gemma) w = __fadd_rn(1.0f, w);
+    st_elem(a.y, a.yt, r * a.ldy + d, __fmul_rn(__fmul_rn(v, inv), w));
+  }
+}
+
+__global__ void add_kernel(void* y, const void* x, int t, int64_t n, float alpha) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st_elem(y, t, i, __fadd_rn(ld_elem(y, t, i), __fmul_rn(alpha, ld_elem(x, t, i))));
+}
+
+__global__ void swiglu_kernel(const void* gate_up, void* out, int t, int64_t rows, int64_t inter, int64_t ld_in,
+                              int64_t ld_out, float alpha, float limit, float beta) {
+  const int64_t n = rows * inter;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, c = i % inter;
+    const float g = ld_elem(gate_up, t, r * ld_in + c);
+    const float u = ld_elem(gate_up, t, r * ld_in + inter + c);
+    st_elem(out, t, r * ld_out + c, swiglu_oai_value(g, u, alpha, limit, beta));
+  }
+}
+
+// x [m, k] (row stride ldx, fp32) -> [m, k] bf16, packed.
+__global__ void rows_to_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out) {
+  const int64_t n = m * k;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = f32_to_bf16_bits(x[(i / k) * ldx + i % k]);
+}
+
+// Grid of a grid-stride elementwise kernel: enough CTAs to fill the GPU a few times over.
+unsigned elementwise_grid(int64_t n) {
+  const int64_t want = (n + kRowThreads - 1) / kRowThreads;
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(num_sms()) * 16)));
+}
+
+#ifdef SIEVE_HAVE_CUBLAS
+// One cuBLAS handle per device, made at first use; the stream is set at each call.
+cublasHandle_t blas_handle() {
+  static std::mutex mu;
+  static std::vector<cublasHandle_t> handles;
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  if (int(handles.size()) <= dev) handles.resize(size_t(dev) + 1, nullptr);
+  if (!handles[size_t(dev)]) {
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: cannot create a handle");
+    handles[size_t(dev)] = h;
+  }
+  return handles[size_t(dev)];
+}
+#endif
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+bool run_embedding(const ops::EmbeddingParams& p, void* stream_v) {
+  if (p.num_tokens <= 0) return true;
+  if (!p.ids || !p.table || !p.out) throw Error("embedding: null operand");
+  const int tt = elem_code(p.table_dtype), ot = elem_code(p.out_dtype);
+  if (tt < 0 || ot < 0 || p.num_tokens > INT_MAX) return false;
+  if (p.hidden <= 0) return true;
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  embedding_kernel<<<unsigned(p.num_tokens), kRowThreads, 0, st>>>(p.ids, p.vocab, p.hidden, p.table, tt, p.out, ot);
+  SIEVE_LAUNCH_CHECK("embedding");
+  return true;
+}
+
+bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
+  if (p.rows <= 0 || p.dim <= 0) return true;
+  if (!p.x || !p.y || !p.weight) throw Error("rms_norm: x, y and weight are required");
+  if (p.ldx < p.dim || p.ldy < p.dim || (p.residual && p.ldr < p.dim))
+    throw Error("rms_norm: row strides must be >= dim");
+  RmsArgs a{};
+  a.xt = elem_code(p.x_dtype);
+  a.yt = elem_code(p.y_dtype);
+  a.wt = elem_code(p.weight_dtype);
+  if (a.xt < 0 || a.yt < 0 || a.wt < 0 || p.rows > INT_MAX) return false;
+  a.x = p.x;
+  a.residual = p.residual;
+  a.y = p.y;
+  a.weight = p.weight;
+  a.dim = p.dim;
+  a.ldx = p.ldx;
+  a.ldr = p.ldr;
+  a.ldy = p.ldy;
+  a.eps = p.eps;
+  a.gemma = p.gemma;
+  rms_norm_kernel<<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
+  SIEVE_LAUNCH_CHECK("rms_norm");
+  return true;
+}
+
+bool run_add(const ops::AddParams& p, void* stream_v) {
+  if (p.n <= 0) return true;
+  if (!p.x || !p.y) throw Error("add: null operand");
+  const int t = elem_code(p.dtype);
+  if (t < 0) return false;
+  add_kernel<<<elementwise_grid(p.n), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(p.y, p.x, t, p.n,
+                                                                                            p.alpha);
+  SIEVE_LAUNCH_CHECK("add");
+  return true;
+}
+
+bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream_v) {
+  if (p.rows <= 0 || p.inter <= 0) return true;
+  if (!p.gate_up || !p.out) throw Error("swiglu_oai: null operand");
+  if (p.ld_in < 2 * p.inter || p.ld_out < p.inter) throw Error("swiglu_oai: bad row strides");
+  const int t = elem_code(p.dtype);
+  if (t < 0) return false;
+  swiglu_kernel<<<elementwise_grid(p.rows * p.inter), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(
+      p.gate_up, p.out, t, p.rows, p.inter, p.ld_in, p.ld_out, p.alpha, p.limit, p.beta);
+  SIEVE_LAUNCH_CHECK("swiglu_oai");
+  return true;
+}
+
+// y[m, n] (+)= x[m, k] . w[n, k]^T with cuBLAS, fp32 accumulation:
+// - w BF16: x BF16 as is, or x F32 rounded to bf16 first (into a scratch buffer); y F32 or BF16.
+// - w F32: x F32, y F32, fp32 products (CUBLAS_COMPUTE_32F, no TF32).
+// Row-major y = x w^T is column-major y^T = w x^T: A = w (k x n, transposed), B = x (k x m).
+bool run_matmul(const ops::MatmulParams& p, void* stream_v) {
+  if (p.m <= 0 || p.n <= 0) return true;
+  if (!p.y || (p.k > 0 && (!p.x || !p.w))) throw Error("matmul: null operand");
+  if (p.k < 0 || p.ldx < p.k || p.ldy < p.n) throw Error("matmul: bad k or row strides");
+  if (p.y_dtype != DType::F32 && p.y_dtype != DType::BF16) return false;
+  const bool w_bf16 = p.w_dtype == DType::BF16;
+  if (!w_bf16 && p.w_dtype != DType::F32) return false;
+  if (!w_bf16 && (p.x_dtype != DType::F32 || p.y_dtype != DType::F32)) return false;
+  if (w_bf16 && p.x_dtype != DType::F32 && p.x_dtype != DType::BF16) return false;
+  for (int64_t v : {p.m, p.n, p.k, p.ldx, p.ldy})
+    if (v > INT_MAX) return false;
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  const size_t ysz = dtype_size(p.y_dtype);
+  if (p.k == 0) {
+    if (!p.accumulate)
+      cuda_check(cudaMemset2DAsync(p.y, size_t(p.ldy) * ysz, 0, size_t(p.n) * ysz, size_t(p.m), st),
+                 "cudaMemset2DAsync (matmul, k = 0)");
+    return true;
+  }
+#ifndef SIEVE_HAVE_CUBLAS
+  return false;
+#else
+  const void* b = p.x;
+  int64_t ldb = p.ldx;
+  if (w_bf16 && p.x_dtype == DType::F32) {
+    auto* xb = static_cast<uint16_t*>(private_scratch(st, kScratchMatmulX, size_t(p.m * p.k) * 2));
+    rows_to_bf16_kernel<<<elementwise_grid(p.m * p.k), kRowThreads, 0, st>>>(static_cast<const float*>(p.x), p.ldx,
+                                                                             p.m, p.k, xb);
+    SIEVE_LAUNCH_CHECK("matmul (x to bf16)");
+    b = xb;
+    ldb = p.k;
+  }
+  const cudaDataType ab = w_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType yc = p.y_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  cublasHandle_t h = blas_handle();
+  if (cublasSetStream(h, st) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: cannot set the stream");
+  const cublasStatus_t s =
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(p.n), int(p.m), int(p.k), &alpha, p.w, ab, int(p.k), b, ab,
+                   int(ldb), &beta, p.y, yc, int(p.ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error("matmul: cublasGemmEx failed (status " + std::to_string(int(s)) + ") for m " + std::to_string(p.m) +
+                ", n " + std::to_string(p.n) + ", k " + std::to_string(p.k));
+  return true;
+#endif
+}
+
+}  // namespace sieve::cuda

@@ -1,0 +1,511 @@
+// CUDA dense ops (matmul, embedding, rms_norm, add, swiglu_oai, moe_route, moe_experts) against
+// the CPU reference on fresh random inputs, odd shapes and padded strides, outputs poisoned first.
+// Label gpu: skipped without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "kernels/cuda/internal.h"
+
+namespace sieve {
+namespace {
+
+using namespace sieve::test;
+
+ops::Stream gpu_stream() {
+  ops::Stream s;
+  s.device = kGpu;
+  return s;
+}
+
+// Host copy of a device buffer of `count` elements of `t`.
+TypedBuffer fetch(const Dev& d, DType t, size_t count) {
+  TypedBuffer b(t, count);
+  b.bytes = d.bytes(count * dtype_size(t));
+  return b;
+}
+
+double ulp_bf16(double v) { return std::ldexp(1.0, std::max(-133, std::ilogb(std::max(std::fabs(v), 1e-38)) - 7)); }
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+// GPU matmul against a double-precision reference. Bound per output: the products' magnitude
+// times the rounding of x to bf16 (2^-8, when x is F32 and w BF16) and the fp32 sums
+// (k x 2^-24), plus one bf16 rounding of the output (y BF16). Padding columns stay poisoned.
+void gpu_matmul_case(int64_t m, int64_t n, int64_t k, DType xt, DType wt, DType yt, bool acc, uint64_t seed) {
+  SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " x=" + name(xt) +
+               " w=" + name(wt) + " y=" + name(yt) + " acc=" + std::to_string(acc));
+  Rng rng(seed);
+  const int64_t ldx = k + 3, ldy = n + 2;
+  TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(m * ldx), rng));
+  TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(n * k), rng));
+  TypedBuffer y(yt, size_t(m * ldy));  // NaN
+  if (acc)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) y.set(size_t(i * ldy + j), rng.uniform(-4.0f, 4.0f));
+  Dev dx = Dev::of(x), dw = Dev::of(w), dy = Dev::of(y);
+  ops::MatmulParams p;
+  p.x = dx.p();
+  p.x_dtype = xt;
+  p.w = dw.p();
+  p.w_dtype = wt;
+  p.y = dy.p();
+  p.y_dtype = yt;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.ldx = ldx;
+  p.ldy = ldy;
+  p.accumulate = acc;
+  ops::matmul(p, gpu_stream());
+  TypedBuffer got = fetch(dy, yt, y.count);
+  const double xr = xt == DType::F32 && wt == DType::BF16 ? std::ldexp(1.0, -8) : 0.0;
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0, mag = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double prod = double(x.get(size_t(i * ldx + kk))) * double(w.get(size_t(j * k + kk)));
+        ref += prod;
+        mag += std::fabs(prod);
+      }
+      if (acc) {
+        ref += y.get(size_t(i * ldy + j));
+        mag += std::fabs(y.get(size_t(i * ldy + j)));
+      }
+      const double g = got.get(size_t(i * ldy + j));
+      const double tol = mag * (xr + double(k + 2) * std::ldexp(1.0, -24)) + 1e-6 +
+                         (yt == DType::BF16 ? ulp_bf16(ref) : 0.0);
+      if (!(std::fabs(g - ref) <= tol) && bad++ < 5)
+        ADD_FAILURE() << "y[" << i << "," << j << "] gpu " << g << " want " << ref << " (tol " << tol << ")";
+    }
+    for (int64_t j = n; j < ldy; ++j)
+      if (!std::isnan(got.get(size_t(i * ldy + j))) && bad++ < 5) ADD_FAILURE() << "padding y[" << i << "," << j << "] written";
+  }
+}
+
+TEST(CudaMatmul, ShapesAndDtypes) {
+  SKIP_WITHOUT_GPU();
+  const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 129}, {1, 300, 127}, {64, 130, 300}, {129, 257, 64}};
+  uint64_t seed = 300;
+  for (auto& s : shapes) {
+    for (DType xt : {DType::F32, DType::BF16})
+      for (DType yt : {DType::F32, DType::BF16})
+        for (bool acc : {false, true}) gpu_matmul_case(s[0], s[1], s[2], xt, DType::BF16, yt, acc, seed++);
+    for (bool acc : {false, true}) gpu_matmul_case(s[0], s[1], s[2], DType::F32, DType::F32, DType::F32, acc, seed++);
+  }
+}
+
+TEST(CudaMatmul, ZeroKWritesZeros) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> host(2 * 4, kNaN);
+  Dev y = Dev::of(host);
+  ops::MatmulParams p;
+  p.y = y.p();
+  p.m = 2;
+  p.n = 3;
+  p.k = 0;
+  p.ldy = 4;
+  ops::matmul(p, gpu_stream());
+  std::vector<float> got = y.get<float>(host.size());
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(got[size_t(i * 4 + j)], 0.0f);
+    EXPECT_TRUE(std::isnan(got[size_t(i * 4 + 3)]));
+  }
+}
+
+TEST(CudaMatmul, UnsupportedDtypeNamesTheOp) {
+  SKIP_WITHOUT_GPU();
+  Dev x(64), w(64), y(64);
+  ops::MatmulParams p;
+  p.x = x.p();
+  p.x_dtype = DType::BF16;
+  p.w = w.p();
+  p.w_dtype = DType::F32;  // bf16 x with f32 weights: no cuBLAS type combination
+  p.y = y.p();
+  p.m = p.n = p.k = 2;
+  p.ldx = p.ldy = 2;
+  try {
+    ops::matmul(p, gpu_stream());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// embedding, rms_norm, add, swiglu_oai: the same arithmetic as the CPU, so (nearly) bitwise
+
+TEST(CudaEmbedding, GathersRowsBitwise) {
+  SKIP_WITHOUT_GPU();
+  for (DType tt : {DType::F32, DType::BF16}) {
+    for (DType ot : {DType::F32, DType::BF16}) {
+      Rng rng(11);
+      const int64_t vocab = 1001, hidden = 257;
+      TypedBuffer table = TypedBuffer::from(tt, random_vector(size_t(vocab * hidden), rng, -3, 3));
+      std::vector<int32_t> ids = {0, 1000, 5, 5, 17, 999, 3};
+      for (int i = 0; i < 60; ++i) ids.push_back(rng.uniform_int(0, int(vocab - 1)));
+      TypedBuffer want(ot, ids.size() * hidden);
+      ops::EmbeddingParams p;
+      p.ids = ids.data();
+      p.num_tokens = int64_t(ids.size());
+      p.table = table.data();
+      p.table_dtype = tt;
+      p.vocab = vocab;
+      p.hidden = hidden;
+      p.out = want.data();
+      p.out_dtype = ot;
+      cpu::run_embedding(p);
+      Dev dids = Dev::of(ids), dtable = Dev::of(table), dout = Dev::of(TypedBuffer(ot, want.count));
+      p.ids = dids.as<int32_t>();
+      p.table = dtable.p();
+      p.out = dout.p();
+      ops::embedding(p, gpu_stream());
+      EXPECT_EQ(dout.bytes(want.bytes.size()), want.bytes) << name(tt) << " -> " << name(ot);
+    }
+  }
+}
+
+TEST(CudaRmsNorm, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 40;
+  for (int64_t dim : {1, 127, 256, 1000, 6144}) {
+    for (DType xt : {DType::F32, DType::BF16}) {
+      for (DType wt : {DType::F32, DType::BF16}) {
+        for (int mode = 0; mode < 4; ++mode) {  // bit 0: residual; bit 1: y aliases x
+          const bool residual = mode & 1, alias = mode & 2;
+          const DType yt = alias ? xt : (dim % 2 ? DType::BF16 : DType::F32);
+          const bool gemma = seed % 2;
+          SCOPED_TRACE("dim " + std::to_string(dim) + " x " + name(xt) + " w " + name(wt) + " y " + name(yt) +
+                       " residual " + std::to_string(residual) + " alias " + std::to_string(alias));
+          Rng rng(seed++);
+          const int64_t rows = 7, ldx = dim + 5, ldr = dim + 3, ldy = dim + 1;
+          TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(rows * ldx), rng, -3, 3));
+          TypedBuffer r = TypedBuffer::from(xt, random_vector(size_t(rows * ldr), rng, -3, 3));
+          TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(dim), rng, -1, 1));
+          TypedBuffer y(yt, size_t(rows * ldy));
+          Dev dx = Dev::of(x), dr = Dev::of(r), dw = Dev::of(w), dy = Dev::of(y);
+          ops::RmsNormParams p;
+          p.x = x.data();
+          p.x_dtype = xt;
+          p.residual = residual ? r.data() : nullptr;
+          p.ldr = ldr;
+          p.y = alias ? x.data() : y.data();
+          p.y_dtype = yt;
+          p.weight = w.data();
+          p.weight_dtype = wt;
+          p.rows = rows;
+          p.dim = dim;
+          p.ldx = ldx;
+          p.ldy = alias ? ldx : ldy;
+          p.eps = 1e-6f;
+          p.gemma = gemma;
+          cpu::run_rms_norm(p);
+          p.x = dx.p();
+          p.residual = residual ? dr.p() : nullptr;
+          p.y = alias ? dx.p() : dy.p();
+          p.weight = dw.p();
+          ops::rms_norm(p, gpu_stream());
+          const TypedBuffer& want = alias ? x : y;
+          TypedBuffer got = fetch(alias ? dx : dy, yt, want.count);
+          int bad = 0;
+          for (size_t i = 0; i < want.count && bad < 5; ++i) {
+            const double a = got.get(i), b = want.get(i);
+            if (std::isnan(b) ? std::isnan(a) : std::fabs(a - b) <= (yt == DType::BF16 ? ulp_bf16(b) : 4e-7 * std::fabs(b)))
+              continue;
+            ADD_FAILURE() << "y[" << i << "] gpu " << a << " cpu " << b;
+            ++bad;
+          }
+          if (residual) {
+            EXPECT_EQ(dr.bytes(r.bytes.size()), r.bytes) << "stored residual sums differ";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaAdd, Bitwise) {
+  SKIP_WITHOUT_GPU();
+  for (DType t : {DType::F32, DType::BF16}) {
+    Rng rng(7);
+    const int64_t n = 100003;
+    TypedBuffer y = TypedBuffer::from(t, random_vector(size_t(n), rng, -5, 5));
+    TypedBuffer x = TypedBuffer::from(t, random_vector(size_t(n), rng, -5, 5));
+    Dev dy = Dev::of(y), dx = Dev::of(x);
+    ops::AddParams p;
+    p.y = y.data();
+    p.x = x.data();
+    p.dtype = t;
+    p.n = n;
+    p.alpha = -0.7f;
+    cpu::run_add(p);
+    p.y = dy.p();
+    p.x = dx.p();
+    ops::add(p, gpu_stream());
+    EXPECT_EQ(dy.bytes(y.bytes.size()), y.bytes) << name(t);
+  }
+}
+
+TEST(CudaSwigluOai, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType t : {DType::F32, DType::BF16}) {
+    Rng rng(9);
+    const int64_t rows = 9, inter = 129, ld_in = 2 * inter + 3, ld_out = inter + 2;
+    TypedBuffer gu = TypedBuffer::from(t, random_vector(size_t(rows * ld_in), rng, -10, 10));
+    TypedBuffer out(t, size_t(rows * ld_out));
+    Dev dgu = Dev::of(gu), dout = Dev::of(out);
+    ops::SwigluOaiParams p;
+    p.gate_up = gu.data();
+    p.out = out.data();
+    p.dtype = t;
+    p.rows = rows;
+    p.inter = inter;
+    p.ld_in = ld_in;
+    p.ld_out = ld_out;
+    p.alpha = 1.702f;
+    p.limit = 7.0f;
+    p.beta = 1.0f;
+    cpu::run_swiglu_oai(p);
+    p.gate_up = dgu.p();
+    p.out = dout.p();
+    ops::swiglu_oai(p, gpu_stream());
+    TypedBuffer got = fetch(dout, t, out.count);
+    int bad = 0;
+    for (size_t i = 0; i < out.count && bad < 5; ++i) {
+      const double a = got.get(i), b = out.get(i);
+      if (std::isnan(b) ? std::isnan(a) : std::fabs(a - b) <= (t == DType::BF16 ? ulp_bf16(b) : 1e-6 * std::fabs(b) + 1e-7))
+        continue;  // padding stays NaN on both; expf may differ by 2 ulp
+      ADD_FAILURE() << name(t) << " out[" << i << "] gpu " << a << " cpu " << b;
+      ++bad;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_route
+
+// ids: the CPU's, except that at a rank the GPU may pick another expert whose biased score is
+// within 1e-6 of the CPU's pick there (expf differs by ulps); weights within 1e-5 relative.
+// `exact`: the scores are exactly equal on both sides (ties), ids must match exactly.
+void gpu_route_case(int64_t T, int E, int K, bool bias, bool renorm, bool ties, uint64_t seed) {
+  SCOPED_TRACE("T " + std::to_string(T) + " E " + std::to_string(E) + " K " + std::to_string(K) + " bias " +
+               std::to_string(bias) + " renorm " + std::to_string(renorm) + " ties " + std::to_string(ties));
+  Rng rng(seed);
+  std::vector<float> logits(static_cast<size_t>(T * E)), b(static_cast<size_t>(E));
+  for (auto& v : logits) v = ties ? float(rng.uniform_int(-1, 1)) : rng.normal(2.0f);
+  for (auto& v : b) v = ties ? 0.25f * float(rng.uniform_int(0, 1)) : rng.uniform(-0.5f, 0.5f);
+  std::vector<int32_t> ids(size_t(T * K), -7);
+  std::vector<float> w(size_t(T * K), kNaN);
+  ops::MoeRouteParams p;
+  p.logits = logits.data();
+  p.bias = bias ? b.data() : nullptr;
+  p.num_tokens = T;
+  p.num_experts = E;
+  p.topk = K;
+  p.renormalize = renorm;
+  p.scaling = 2.5f;
+  p.ids = ids.data();
+  p.weights = w.data();
+  cpu::run_moe_route(p);
+  Dev dl = Dev::of(logits), db = Dev::of(b), di = Dev::of(std::vector<int32_t>(ids.size(), -7)),
+      dw = Dev::of(std::vector<float>(w.size(), kNaN));
+  p.logits = dl.as<float>();
+  p.bias = bias ? db.as<float>() : nullptr;
+  p.ids = di.as<int32_t>();
+  p.weights = dw.as<float>();
+  ops::moe_route(p, gpu_stream());
+  std::vector<int32_t> gi = di.get<int32_t>(ids.size());
+  std::vector<float> gw = dw.get<float>(w.size());
+  int bad = 0;
+  for (int64_t t = 0; t < T && bad < 5; ++t) {
+    bool same = true;
+    for (int j = 0; j < K; ++j) {
+      const size_t o = size_t(t * K + j);
+      if (gi[o] == ids[o]) continue;
+      same = false;
+      auto score = [&](int e) {
+        const double s = 1.0 / (1.0 + std::exp(-double(logits[size_t(t * E + e)])));
+        return s + (bias ? b[size_t(e)] : 0.0);
+      };
+      if (ties || gi[o] < 0 || gi[o] >= E || std::fabs(score(gi[o]) - score(ids[o])) > 1e-6) {
+        ADD_FAILURE() << "token " << t << " rank " << j << ": gpu expert " << gi[o] << " cpu " << ids[o];
+        ++bad;
+      }
+    }
+    if (!same) continue;
+    for (int j = 0; j < K; ++j) {
+      const size_t o = size_t(t * K + j);
+      if (!close(gw[o], w[o], 1e-7, 1e-5)) {
+        ADD_FAILURE() << "token " << t << " rank " << j << ": gpu weight " << gw[o] << " cpu " << w[o];
+        ++bad;
+      }
+    }
+  }
+}
+
+TEST(CudaMoeRoute, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 70;
+  for (int E : {8, 33, 128, 256, 1024}) {
+    for (int K : {1, 2, 4, 8}) {
+      if (K > E) continue;
+      for (int v = 0; v < 4; ++v) gpu_route_case(37, E, K, v & 1, v & 2, false, seed++);
+    }
+  }
+  gpu_route_case(5, 8, 8, true, true, false, seed++);  // every expert chosen
+}
+
+TEST(CudaMoeRoute, TiesGoToTheLowerExpertId) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 90;
+  for (int E : {8, 64, 130}) {
+    for (int K : {2, 4, 8}) {
+      const bool bias = seed % 2;
+      gpu_route_case(41, E, K, bias, true, true, seed++);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_experts
+
+struct MoeCase {
+  int64_t T = 5, H = 64, I = 32;
+  int E = 8, K = 2;
+  DType act = DType::F32, w = DType::BF16;
+  int skipped = 0;  // ids per 16 that are -1 or >= E (not this rank's experts)
+  int64_t chunk = 0;  // set_moe_chunk_tokens
+  int hot = -1;       // every token routes to this expert first (tiles of one expert)
+};
+
+void gpu_moe_case(const MoeCase& c, uint64_t seed) {
+  SCOPED_TRACE("T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " I " + std::to_string(c.I) + " E " +
+               std::to_string(c.E) + " K " + std::to_string(c.K) + " act " + name(c.act) + " w " + name(c.w) +
+               " chunk " + std::to_string(c.chunk) + " hot " + std::to_string(c.hot));
+  Rng rng(seed);
+  const int64_t T = c.T, H = c.H, I = c.I;
+  const int E = c.E, K = c.K;
+  TypedBuffer x = TypedBuffer::from(c.act, random_vector(size_t(T * H), rng, -1, 1));
+  TypedBuffer out = TypedBuffer::from(c.act, random_vector(size_t(T * H), rng, -2, 2));
+  std::vector<TypedBuffer> gu, down;
+  for (int e = 0; e < E; ++e) {
+    gu.push_back(TypedBuffer::from(c.w, random_vector(size_t(2 * I * H), rng, -0.2f, 0.2f)));
+    down.push_back(TypedBuffer::from(c.w, random_vector(size_t(H * I), rng, -0.2f, 0.2f)));
+  }
+  std::vector<int32_t> ids(size_t(T * K));
+  std::vector<float> weights(size_t(T * K));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> perm(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) perm[size_t(e)] = e;
+    for (int e = E - 1; e > 0; --e) std::swap(perm[size_t(e)], perm[size_t(rng.uniform_int(0, e))]);
+    if (c.hot >= 0) std::swap(perm[0], *std::find(perm.begin(), perm.end(), c.hot));
+    for (int j = 0; j < K; ++j) {
+      int32_t id = perm[size_t(j)];
+      if (c.skipped && rng.uniform_int(0, 15) < c.skipped) id = rng.uniform_int(0, 1) ? -1 : E + j;
+      ids[size_t(t * K + j)] = id;
+      weights[size_t(t * K + j)] = rng.uniform(0.05f, 1.0f);
+    }
+  }
+  std::vector<const void*> gu_h, down_h;
+  for (int e = 0; e < E; ++e) {
+    gu_h.push_back(gu[size_t(e)].data());
+    down_h.push_back(down[size_t(e)].data());
+  }
+  ops::MoeExpertsParams p;
+  p.x = x.data();
+  p.act_dtype = c.act;
+  p.num_tokens = T;
+  p.hidden = H;
+  p.inter = I;
+  p.num_experts = E;
+  p.topk = K;
+  p.ids = ids.data();
+  p.weights = weights.data();
+  p.w_gate_up = gu_h.data();
+  p.w_down = down_h.data();
+  p.w_dtype = c.w;
+  Dev dout = Dev::of(out);
+  p.out = out.data();
+  cpu::run_moe_experts(p);
+
+  std::vector<Dev> dgu, ddown;
+  std::vector<const void*> gu_d, down_d;
+  for (int e = 0; e < E; ++e) {
+    dgu.push_back(Dev::of(gu[size_t(e)]));
+    ddown.push_back(Dev::of(down[size_t(e)]));
+    gu_d.push_back(dgu.back().p());
+    down_d.push_back(ddown.back().p());
+  }
+  Dev dx = Dev::of(x), dids = Dev::of(ids), dw = Dev::of(weights), dgup = Dev::of(gu_d), ddp = Dev::of(down_d);
+  p.x = dx.p();
+  p.ids = dids.as<int32_t>();
+  p.weights = dw.as<float>();
+  p.w_gate_up = dgup.as<const void*>();
+  p.w_down = ddp.as<const void*>();
+  p.out = dout.p();
+  cuda::set_moe_chunk_tokens(c.chunk);
+  ops::moe_experts(p, gpu_stream());
+  cuda::set_moe_chunk_tokens(0);
+  TypedBuffer got = fetch(dout, c.act, out.count);
+  int bad = 0;
+  for (size_t i = 0; i < out.count && bad < 5; ++i) {
+    const double a = got.get(i), b = out.get(i);
+    // fp32 on both sides; the dot products' sums differ in order only.
+    const double tol = 2e-5 * (1 + std::fabs(b)) + (c.act == DType::BF16 ? ulp_bf16(b) : 0.0);
+    if (std::fabs(a - b) <= tol) continue;
+    ADD_FAILURE() << "out[" << i / size_t(H) << "," << i % size_t(H) << "] gpu " << a << " cpu " << b;
+    ++bad;
+  }
+}
+
+TEST(CudaMoeExperts, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 500;
+  std::vector<MoeCase> cases;
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (DType w : {DType::BF16, DType::F32}) {
+      MoeCase c;
+      c.act = act;
+      c.w = w;
+      cases.push_back(c);  // T 5, H 64, I 32
+      c.T = 1;
+      c.K = 1;
+      cases.push_back(c);
+      c.T = 70;
+      c.H = 100;
+      c.I = 70;
+      c.E = 16;
+      c.K = 4;
+      c.skipped = 3;
+      cases.push_back(c);
+    }
+  }
+  MoeCase c;
+  c.T = 300;
+  c.H = 129;
+  c.I = 33;
+  c.E = 4;
+  c.K = 2;
+  c.hot = 2;  // 300 rows of expert 2: five 64-row tiles, the last partial
+  cases.push_back(c);
+  c.chunk = 7;  // several chunks, the last one short
+  cases.push_back(c);
+  c = MoeCase{};
+  c.T = 33;
+  c.E = 128;
+  c.K = 8;
+  c.H = 256;
+  c.I = 128;  // the bundled model's sizes, 128 experts
+  cases.push_back(c);
+  for (const MoeCase& mc : cases) gpu_moe_case(mc, seed++);
+}
+
+}  // namespace
+}  // namespace sieve
