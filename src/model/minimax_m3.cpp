@@ -131,13 +131,14 @@ class MiniMaxM3 final : public Model {
     }
     ensure_rope_table(std::max(max_pos, max_seq) + 1);
 
-    // Step inputs on the device.
-    Buffer d_ids = upload_vec(dev_, in.token_ids);
-    Buffer d_pos = upload_vec(dev_, in.positions);
-    Buffer d_slots = upload_vec(dev_, in.slot_mapping);
-    Buffer d_qsl = upload_vec(dev_, in.query_start_loc);
-    Buffer d_lens = upload_vec(dev_, in.seq_lens);
-    Buffer d_bt = upload_vec(dev_, in.block_tables);
+    // Step inputs on the device, in buffers that later steps reuse.
+    StepBuffers& sb = step_;
+    const Buffer& d_ids = upload_into(sb.ids, in.token_ids);
+    const Buffer& d_pos = upload_into(sb.pos, in.positions);
+    const Buffer& d_slots = upload_into(sb.slots, in.slot_mapping);
+    const Buffer& d_qsl = upload_into(sb.qsl, in.query_start_loc);
+    const Buffer& d_lens = upload_into(sb.lens, in.seq_lens);
+    const Buffer& d_bt = upload_into(sb.bt, in.block_tables);
     ops::BatchView batch;
     batch.num_seqs = num_seqs;
     batch.num_tokens = n;
@@ -153,16 +154,16 @@ class MiniMaxM3 final : public Model {
     const int64_t max_qkv_cols = q_cols + 2 * kv_cols + int64_t(nidx) * idim + idim;
     int64_t ffn_cols = std::max<int64_t>(cfg_.dense_intermediate_size, 1);
     ffn_cols = std::max(ffn_cols, cfg_.shared_intermediate_size);
-    Buffer h(dev_, size_t(n * H) * 4), xn(dev_, size_t(n * H) * 4);
-    Buffer qkv(dev_, size_t(n * max_qkv_cols) * 4), attn(dev_, size_t(n * q_cols) * 4);
-    Buffer gate_up(dev_, size_t(n * 2 * ffn_cols) * 4), act(dev_, size_t(n * ffn_cols) * 4);
-    Buffer topk(dev_, size_t(std::max<int64_t>(1, n * nidx * K)) * 4);
-    Buffer router_logits, route_ids, route_w;
-    if (cfg_.num_local_experts > 0) {
-      router_logits = Buffer(dev_, size_t(n * cfg_.num_local_experts) * 4);
-      route_ids = Buffer(dev_, size_t(n * cfg_.num_experts_per_tok) * 4);
-      route_w = Buffer(dev_, size_t(n * cfg_.num_experts_per_tok) * 4);
-    }
+    Buffer& h = sized(sb.h, size_t(n * H) * 4);
+    Buffer& xn = sized(sb.xn, size_t(n * H) * 4);
+    Buffer& qkv = sized(sb.qkv, size_t(n * max_qkv_cols) * 4);
+    Buffer& attn = sized(sb.attn, size_t(n * q_cols) * 4);
+    Buffer& gate_up = sized(sb.gate_up, size_t(n * 2 * ffn_cols) * 4);
+    Buffer& act = sized(sb.act, size_t(n * ffn_cols) * 4);
+    Buffer& topk = sized(sb.topk, size_t(n * nidx * K) * 4);
+    Buffer& router_logits = sized(sb.router_logits, size_t(n * cfg_.num_local_experts) * 4);
+    Buffer& route_ids = sized(sb.route_ids, size_t(n * cfg_.num_experts_per_tok) * 4);
+    Buffer& route_w = sized(sb.route_w, size_t(n * cfg_.num_experts_per_tok) * 4);
 
     ops::EmbeddingParams ep;
     ep.ids = d_ids.as<int32_t>();
@@ -304,7 +305,8 @@ class MiniMaxM3 final : public Model {
     const int64_t V = cfg_.vocab_size;
     logits.assign(size_t(nl * V), 0.0f);
     if (nl == 0) return;
-    Buffer sel(dev_, size_t(nl * H) * 4), out(dev_, size_t(nl * V) * 4);
+    Buffer& sel = sized(sb.sel, size_t(nl * H) * 4);
+    Buffer& out = sized(sb.out, size_t(nl * V) * 4);
     for (int64_t i = 0; i < nl; ++i) {
       ops::RmsNormParams np = norm_params(w_.norm, 1);
       np.x = static_cast<float*>(h.data()) + int64_t(in.logits_indices[i]) * H;
@@ -316,6 +318,27 @@ class MiniMaxM3 final : public Model {
   }
 
  private:
+  // Activations and step inputs of forward(), kept between steps: a buffer grows when a step
+  // needs more than it holds and is otherwise reused, so a decode step allocates nothing.
+  struct StepBuffers {
+    Buffer ids, pos, slots, qsl, lens, bt;
+    Buffer h, xn, qkv, attn, gate_up, act, topk, router_logits, route_ids, route_w, sel, out;
+  };
+
+  // b, holding at least `bytes` (at least 1).
+  Buffer& sized(Buffer& b, size_t bytes) {
+    bytes = std::max<size_t>(bytes, 1);
+    if (b.bytes() < bytes) b = Buffer(dev_, bytes + bytes / 4);
+    return b;
+  }
+
+  template <class T>
+  Buffer& upload_into(Buffer& b, const std::vector<T>& v) {
+    sized(b, v.size() * sizeof(T));
+    if (!v.empty()) copy_to_device(dev_, b.data(), v.data(), v.size() * sizeof(T));
+    return b;
+  }
+
   void validate(const StepInputs& in) const {
     const size_t n = in.token_ids.size();
     const size_t ns = in.seq_lens.size();
@@ -473,6 +496,7 @@ class MiniMaxM3 final : public Model {
   std::vector<LayerCache> caches_;
   Buffer rope_;
   int64_t rope_positions_ = 0;
+  StepBuffers step_;
   SelectionStats stats_;
 };
 
