@@ -165,8 +165,10 @@ int run_serve(const std::vector<std::string>& argv) {
           : co.kv_dtype;
   const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype);
   if (lo.device.is_cuda()) {
-    // As vLLM: the engine may use this fraction of the device; weights (loaded above) and
-    // whatever else is resident come off it, the rest is cache.
+    // As vLLM: the engine may use this fraction of the device; weights (loaded above), the
+    // activations of the largest step (reserved here) and whatever else is resident come off
+    // it, the rest is cache.
+    m->reserve_step(max_batched, max_seqs);
     size_t free_b = 0, total_b = 0;
 #ifdef SIEVE_HAVE_CUDA
     if (cudaSetDevice(lo.device.index) != cudaSuccess ||

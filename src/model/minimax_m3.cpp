@@ -113,6 +113,10 @@ class MiniMaxM3 final : public Model {
     }
   }
 
+  void reserve_step(int64_t max_tokens, int64_t max_seqs) override {
+    size_activations(max_tokens, std::min(max_tokens, max_seqs));
+  }
+
   void forward(const StepInputs& in, std::vector<float>& logits) override {
     if (caches_.empty()) throw Error("forward() before allocate_caches()");
     validate(in);
@@ -149,21 +153,12 @@ class MiniMaxM3 final : public Model {
     batch.max_seq_len = max_seq;
     batch.max_query_len = max_q;
 
-    // Activations (fp32 on the reference backend).
+    // Activations (fp32, as on the reference backend).
+    const int64_t nl = int64_t(in.logits_indices.size());
+    size_activations(n, nl);
     const int64_t q_cols = int64_t(nq) * hd, kv_cols = int64_t(nkv) * hd;
-    const int64_t max_qkv_cols = q_cols + 2 * kv_cols + int64_t(nidx) * idim + idim;
-    int64_t ffn_cols = std::max<int64_t>(cfg_.dense_intermediate_size, 1);
-    ffn_cols = std::max(ffn_cols, cfg_.shared_intermediate_size);
-    Buffer& h = sized(sb.h, size_t(n * H) * 4);
-    Buffer& xn = sized(sb.xn, size_t(n * H) * 4);
-    Buffer& qkv = sized(sb.qkv, size_t(n * max_qkv_cols) * 4);
-    Buffer& attn = sized(sb.attn, size_t(n * q_cols) * 4);
-    Buffer& gate_up = sized(sb.gate_up, size_t(n * 2 * ffn_cols) * 4);
-    Buffer& act = sized(sb.act, size_t(n * ffn_cols) * 4);
-    Buffer& topk = sized(sb.topk, size_t(n * nidx * K) * 4);
-    Buffer& router_logits = sized(sb.router_logits, size_t(n * cfg_.num_local_experts) * 4);
-    Buffer& route_ids = sized(sb.route_ids, size_t(n * cfg_.num_experts_per_tok) * 4);
-    Buffer& route_w = sized(sb.route_w, size_t(n * cfg_.num_experts_per_tok) * 4);
+    Buffer &h = sb.h, &xn = sb.xn, &qkv = sb.qkv, &attn = sb.attn, &gate_up = sb.gate_up, &act = sb.act;
+    Buffer &topk = sb.topk, &router_logits = sb.router_logits, &route_ids = sb.route_ids, &route_w = sb.route_w;
 
     ops::EmbeddingParams ep;
     ep.ids = d_ids.as<int32_t>();
@@ -301,12 +296,10 @@ class MiniMaxM3 final : public Model {
     }
 
     // Final norm and lm_head on the requested rows only.
-    const int64_t nl = int64_t(in.logits_indices.size());
     const int64_t V = cfg_.vocab_size;
     logits.assign(size_t(nl * V), 0.0f);
     if (nl == 0) return;
-    Buffer& sel = sized(sb.sel, size_t(nl * H) * 4);
-    Buffer& out = sized(sb.out, size_t(nl * V) * 4);
+    Buffer &sel = sb.sel, &out = sb.out;
     for (int64_t i = 0; i < nl; ++i) {
       ops::RmsNormParams np = norm_params(w_.norm, 1);
       np.x = static_cast<float*>(h.data()) + int64_t(in.logits_indices[i]) * H;
@@ -330,6 +323,29 @@ class MiniMaxM3 final : public Model {
     bytes = std::max<size_t>(bytes, 1);
     if (b.bytes() < bytes) b = Buffer(dev_, bytes + bytes / 4);
     return b;
+  }
+
+  // Grows the activation buffers for a step of n tokens with nl logit rows.
+  void size_activations(int64_t n, int64_t nl) {
+    const int64_t H = cfg_.hidden_size, K = cfg_.sparse_topk_blocks;
+    const int64_t nidx = cfg_.sparse_num_index_heads, idim = cfg_.sparse_index_dim;
+    const int64_t q_cols = int64_t(cfg_.num_attention_heads) * cfg_.head_dim;
+    const int64_t kv_cols = int64_t(cfg_.num_key_value_heads) * cfg_.head_dim;
+    const int64_t qkv_cols = q_cols + 2 * kv_cols + nidx * idim + idim;
+    const int64_t ffn_cols = std::max<int64_t>({cfg_.dense_intermediate_size, cfg_.shared_intermediate_size, 1});
+    StepBuffers& sb = step_;
+    sized(sb.h, size_t(n * H) * 4);
+    sized(sb.xn, size_t(n * H) * 4);
+    sized(sb.qkv, size_t(n * qkv_cols) * 4);
+    sized(sb.attn, size_t(n * q_cols) * 4);
+    sized(sb.gate_up, size_t(n * 2 * ffn_cols) * 4);
+    sized(sb.act, size_t(n * ffn_cols) * 4);
+    sized(sb.topk, size_t(n * nidx * K) * 4);
+    sized(sb.router_logits, size_t(n * cfg_.num_local_experts) * 4);
+    sized(sb.route_ids, size_t(n * cfg_.num_experts_per_tok) * 4);
+    sized(sb.route_w, size_t(n * cfg_.num_experts_per_tok) * 4);
+    sized(sb.sel, size_t(nl * H) * 4);
+    sized(sb.out, size_t(nl * cfg_.vocab_size) * 4);
   }
 
   template <class T>

@@ -75,6 +75,11 @@ class Model {
   virtual const CacheOptions& cache_options() const = 0;
   virtual SelectionStats selection_stats() const { return {}; }
 
+  // Allocates now the activations of a step of up to max_tokens tokens with one logit row per
+  // sequence for up to max_seqs sequences (forward() grows them on demand otherwise), so that
+  // a GPU's free memory measured afterwards leaves them out of the cache budget.
+  virtual void reserve_step(int64_t max_tokens, int64_t max_seqs) {}
+
   // Runs one step: writes the new tokens' K/V/index keys into the caches, and fills
   // logits [logits_indices.size(), vocab] (fp32, host memory).
   virtual void forward(const StepInputs& in, std::vector<float>& logits) = 0;

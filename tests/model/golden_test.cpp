@@ -21,6 +21,20 @@ TEST(Golden, SotuModernFp32Cache) { check_golden("sotu_modern.json", DType::F32,
 TEST(Golden, SotuModernBf16Cache) { check_golden("sotu_modern.json", DType::BF16, 2e-2, false, 0.95, 1.5); }
 TEST(Golden, ChatFp32Cache) { check_golden("chat.json", DType::F32, 2e-3); }
 
+// Step buffers reserved ahead (as the server does on a GPU) and grown on demand give the same
+// logits bit for bit.
+TEST(Golden, ReservedStepBuffersChangeNothing) {
+  nlohmann::json g = read_json(kGoldenDir + "/chat.json");
+  std::vector<int32_t> prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+  auto a = model::Model::load(model_dir());
+  auto b = model::Model::load(model_dir());
+  b->reserve_step(4096, 16);
+  EngineRun ra = run_engine(*a, prompt, 8, DType::BF16, false, 384);
+  EngineRun rb = run_engine(*b, prompt, 8, DType::BF16, false, 384);
+  EXPECT_EQ(ra.logprobs, rb.logprobs);
+  EXPECT_EQ(ra.greedy, rb.greedy);
+}
+
 TEST(Golden, BundledModelIsFound) {
   EXPECT_EQ(fs::path(model::bundled_model_dir(SIEVE_SOURCE_DIR)).filename(), "minimax-m3-tiny");
 }
