@@ -243,8 +243,10 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(GemmArgs a) {
       Ws[kk][c] = v;
     }
     __syncthreads();
+    // Threads whose four rows are all past the tile's last row (decode: a few rows an expert)
+    // only load; warp w holds rows 8 w .. 8 w + 7 (ty = 2 w, 2 w + 1), so whole warps skip.
 #pragma unroll 8
-    for (int kk = 0; kk < kBK; ++kk) {
+    for (int kk = 0; kk < (ty * 4 < rows ? kBK : 0); ++kk) {
       float av[4], bv[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) av[i] = As[kk][ty * 4 + i];
