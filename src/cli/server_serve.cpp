@@ -169,6 +169,17 @@ int run_serve(const std::vector<std::string>& argv) {
     // activations of the largest step (reserved here) and whatever else is resident come off
     // it, the rest is cache.
     m->reserve_step(max_batched, max_seqs);
+    {
+      const int64_t n = std::min<int64_t>(max_batched, cfg.max_position_embeddings > 0
+                                                           ? cfg.max_position_embeddings
+                                                           : max_batched);
+      const auto t0 = std::chrono::steady_clock::now();
+      model::warm_up(*m, co.kv_dtype, co.index_dtype, n);
+      const double ms =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3;
+      SIEVE_LOG(Info, "warm-up step of " << n << " tokens on " << lo.device.str() << ": " << ms
+                                         << " ms");
+    }
     size_t free_b = 0, total_b = 0;
 #ifdef SIEVE_HAVE_CUDA
     if (cudaSetDevice(lo.device.index) != cudaSuccess ||

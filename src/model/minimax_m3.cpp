@@ -117,6 +117,11 @@ class MiniMaxM3 final : public Model {
     size_activations(max_tokens, std::min(max_tokens, max_seqs));
   }
 
+  void release_caches() override {
+    caches_.clear();
+    cache_opts_ = {};
+  }
+
   void forward(const StepInputs& in, std::vector<float>& logits) override {
     if (caches_.empty()) throw Error("forward() before allocate_caches()");
     validate(in);
@@ -517,6 +522,32 @@ class MiniMaxM3 final : public Model {
 };
 
 }  // namespace
+
+void warm_up(Model& m, DType kv_dtype, DType index_dtype, int64_t tokens) {
+  const int64_t n = std::max<int64_t>(1, tokens);
+  const int bs = m.block_size();
+  const int64_t blocks = (n + bs - 1) / bs;
+  CacheOptions co;
+  co.kv_dtype = kv_dtype;
+  co.index_dtype = index_dtype;
+  co.num_blocks = blocks;
+  m.allocate_caches(co);
+  StepInputs in;
+  const int64_t V = m.vocab_size();
+  for (int64_t i = 0; i < n; ++i) {
+    in.token_ids.push_back(int32_t((i * 7919) % V));
+    in.positions.push_back(int32_t(i));
+    in.slot_mapping.push_back(i);  // block b at physical block b
+  }
+  for (int64_t b = 0; b < blocks; ++b) in.block_tables.push_back(int32_t(b));
+  in.query_start_loc = {0, int32_t(n)};
+  in.seq_lens = {int32_t(n)};
+  in.max_blocks_per_seq = int(blocks);
+  in.logits_indices = {int32_t(n - 1)};
+  std::vector<float> logits;
+  m.forward(in, logits);
+  m.release_caches();
+}
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opts) {
   ModelConfig cfg = load_model_config(dir, opts.hf_overrides);

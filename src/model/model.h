@@ -72,6 +72,8 @@ class Model {
   virtual size_t cache_bytes_per_block(DType kv_dtype, DType index_dtype) const = 0;
   // (Re)allocates the paged caches; contents are undefined until written by forward().
   virtual void allocate_caches(const CacheOptions& opts) = 0;
+  // Frees the paged caches (forward() then needs allocate_caches() again).
+  virtual void release_caches() = 0;
   virtual const CacheOptions& cache_options() const = 0;
   virtual SelectionStats selection_stats() const { return {}; }
 
@@ -84,5 +86,12 @@ class Model {
   // logits [logits_indices.size(), vocab] (fp32, host memory).
   virtual void forward(const StepInputs& in, std::vector<float>& logits) = 0;
 };
+
+// One prefill step of `tokens` tokens (one sequence, through a temporary cache of just enough
+// blocks) before serving: it runs every kernel the model needs, so an op the device lacks fails
+// at start, and it leaves the kernels' grow-only workspaces allocated, so a GPU's free memory
+// measured afterwards leaves them out of the cache budget. The temporary cache is freed at the
+// end; the caller allocates the real one.
+void warm_up(Model& m, DType kv_dtype, DType index_dtype, int64_t tokens);
 
 }  // namespace sieve::model

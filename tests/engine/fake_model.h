@@ -30,6 +30,10 @@ class FakeModel : public model::Model {
     opts_ = o;
     slots_.assign(size_t(o.num_blocks * cfg_.sparse_block_size), -1);
   }
+  void release_caches() override {
+    opts_ = {};
+    slots_.clear();
+  }
   const model::CacheOptions& cache_options() const override { return opts_; }
 
   void forward(const model::StepInputs& in, std::vector<float>& logits) override {

@@ -35,6 +35,20 @@ TEST(Golden, ReservedStepBuffersChangeNothing) {
   EXPECT_EQ(ra.greedy, rb.greedy);
 }
 
+// A warm-up step (as the server runs on a GPU before sizing the cache) leaves nothing behind that
+// changes a later run.
+TEST(Golden, WarmUpChangesNothing) {
+  nlohmann::json g = read_json(kGoldenDir + "/chat.json");
+  std::vector<int32_t> prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+  auto a = model::Model::load(model_dir());
+  auto b = model::Model::load(model_dir());
+  model::warm_up(*b, DType::FP8_E4M3, DType::BF16, 700);
+  EngineRun ra = run_engine(*a, prompt, 8, DType::BF16, false, 384);
+  EngineRun rb = run_engine(*b, prompt, 8, DType::BF16, false, 384);
+  EXPECT_EQ(ra.logprobs, rb.logprobs);
+  EXPECT_EQ(ra.greedy, rb.greedy);
+}
+
 TEST(Golden, BundledModelIsFound) {
   EXPECT_EQ(fs::path(model::bundled_model_dir(SIEVE_SOURCE_DIR)).filename(), "minimax-m3-tiny");
 }
