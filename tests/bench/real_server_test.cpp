@@ -180,8 +180,8 @@ TEST(BenchRealServer, BundledModelOverLoopback) {
       dup2(fileno(lf), 2);
     }
     std::string p = std::to_string(port);
-    execl(kSieve.c_str(), kSieve.c_str(), "serve", "--model", model.c_str(), "--port", p.c_str(),
-          (char*)nullptr);
+    execl(kSieve.c_str(), kSieve.c_str(), "serve", "--device", "cpu", "--model", model.c_str(), "--port",
+          p.c_str(), (char*)nullptr);
     _exit(127);
   }
   struct Killer {

@@ -13,7 +13,9 @@ export function ensureTinyModel(sieve, dir) {
 }
 
 export async function startServer(sieve, args, { env = {}, timeoutMs = 60000 } = {}) {
-  const proc = spawn(sieve, ['serve', '--port', '0', ...args], {
+  // The CPU suite runs the CPU backend even on a machine with a GPU (the GPU has its own tests).
+  const device = args.includes('--device') ? [] : ['--device', 'cpu'];
+  const proc = spawn(sieve, ['serve', '--port', '0', ...device, ...args], {
     env: { ...process.env, SIEVE_API_KEY: '', VLLM_API_KEY: '', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

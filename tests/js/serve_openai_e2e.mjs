@@ -58,7 +58,7 @@ await section('greedy through the server equals sieve generate', async () => {
   check(Number.isInteger(r.created), 'created');
   eq([r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens], [prompt.length, n, prompt.length + n], 'usage');
   eq(r.choices[0].finish_reason, 'length', 'finish_reason');
-  const gen = JSON.parse(execFileSync(sieve, ['generate', '--model', model, '--prompt-ids', prompt.join(','),
+  const gen = JSON.parse(execFileSync(sieve, ['generate', '--device', 'cpu', '--model', model, '--prompt-ids', prompt.join(','),
     '--max-tokens', String(n), '--temperature', '0', '--ignore-eos', '--json']).toString());
   eq(idsOf(r.choices[0].logprobs), gen.token_ids, 'token ids equal sieve generate');
   const lp = r.choices[0].logprobs.token_logprobs;

@@ -407,6 +407,78 @@ inline std::vector<float> fill_caches_with_op(const PagedBatch& b, const QkvLayo
 }
 
 // ---------------------------------------------------------------------------------------------
+// A matmul case (y[m, n] (+)= x[m, k] . w[n, k]^T) with padded rows, for the CPU and CUDA tests.
+
+struct MatmulCase {
+  int64_t m, n, k, ldx, ldy;
+  DType xt, wt, yt;
+  bool acc;
+  TypedBuffer x, w, y;  // y: before the op (NaN, or random under accumulate; padding NaN)
+
+  MatmulCase(int64_t m_, int64_t n_, int64_t k_, DType xt_, DType wt_, DType yt_, bool acc_, uint64_t seed)
+      : m(m_), n(n_), k(k_), ldx(k_ + 3), ldy(n_ + 2), xt(xt_), wt(wt_), yt(yt_), acc(acc_) {
+    Rng rng(seed);
+    x = TypedBuffer::from(xt, random_vector(size_t(m * ldx), rng));
+    w = TypedBuffer::from(wt, random_vector(size_t(n * k), rng));
+    y = TypedBuffer(yt, size_t(m * ldy));
+    if (acc)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) y.set(size_t(i * ldy + j), rng.uniform(-4.0f, 4.0f));
+  }
+  std::string describe() const {
+    return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " x=" +
+           std::string(dtype_name(xt)) + " w=" + std::string(dtype_name(wt)) + " y=" + std::string(dtype_name(yt)) +
+           " acc=" + std::to_string(acc);
+  }
+  ops::MatmulParams params(const void* xp, const void* wp, void* yp) const {
+    ops::MatmulParams p;
+    p.x = xp;
+    p.x_dtype = xt;
+    p.w = wp;
+    p.w_dtype = wt;
+    p.y = yp;
+    p.y_dtype = yt;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.ldx = ldx;
+    p.ldy = ldy;
+    p.accumulate = acc;
+    return p;
+  }
+  // The first mismatches of `got` (y after the op) against a double-precision reference, or "".
+  // Bound per output: sum_tol x (sum of |products| and |y before|) + atol, plus the rounding of
+  // a BF16 output (|ref| / 256); padding columns must stay NaN.
+  std::string mismatches(const TypedBuffer& got, double sum_tol, double atol) const {
+    std::string out;
+    int bad = 0;
+    for (int64_t i = 0; i < m && bad < 5; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0, mag = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const double prod = double(x.get(size_t(i * ldx + kk))) * double(w.get(size_t(j * k + kk)));
+          ref += prod;
+          mag += std::fabs(prod);
+        }
+        if (acc) {
+          ref += y.get(size_t(i * ldy + j));
+          mag += std::fabs(y.get(size_t(i * ldy + j)));
+        }
+        const double g = got.get(size_t(i * ldy + j));
+        const double tol = (sum_tol * mag + atol) * 1.01 + (yt == DType::BF16 ? std::fabs(ref) / 256 : 0.0);
+        if (!(std::fabs(g - ref) <= tol) && bad++ < 5)
+          out += " y[" + std::to_string(i) + "," + std::to_string(j) + "] = " + std::to_string(g) + " want " +
+                 std::to_string(ref) + " (tol " + std::to_string(tol) + ");";
+      }
+      for (int64_t j = n; j < ldy; ++j)
+        if (!std::isnan(got.get(size_t(i * ldy + j))) && bad++ < 5)
+          out += " padding y[" + std::to_string(i) + "," + std::to_string(j) + "] written;";
+    }
+    return out;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Comparison helpers.
 
 // |a - b| <= atol + rtol * |b|, false for any NaN.

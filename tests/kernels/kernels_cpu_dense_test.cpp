@@ -23,52 +23,11 @@ std::string dt(DType t) { return std::string(dtype_name(t)); }
 
 void run_matmul_case(int64_t m, int64_t n, int64_t k, DType xt, DType wt, DType yt, bool accumulate,
                      uint64_t seed) {
-  SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-               " x=" + dt(xt) + " w=" + dt(wt) + " y=" + dt(yt) + " acc=" + std::to_string(accumulate));
-  Rng rng(seed);
-  const int64_t ldx = k + 3, ldy = n + 2;
-  TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(m * ldx), rng));
-  TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(n * k), rng));
-  TypedBuffer y(yt, size_t(m * ldy));  // NaN
-  std::vector<float> y0(size_t(m * ldy), kNaN);
-  if (accumulate) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) y.set(size_t(i * ldy + j), rng.uniform(-4.0f, 4.0f));
-    }
-  }
-  for (size_t i = 0; i < y0.size(); ++i) y0[i] = y.get(i);
-  ops::MatmulParams p;
-  p.x = x.data();
-  p.x_dtype = xt;
-  p.w = w.data();
-  p.w_dtype = wt;
-  p.y = y.data();
-  p.y_dtype = yt;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.ldx = ldx;
-  p.ldy = ldy;
-  p.accumulate = accumulate;
-  cpu::run_matmul(p);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double ref = 0, mag = 0;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        double prod = double(x.get(size_t(i * ldx + kk))) * double(w.get(size_t(j * k + kk)));
-        ref += prod;
-        mag += std::fabs(prod);
-      }
-      if (accumulate) {
-        ref += y0[size_t(i * ldy + j)];
-        mag += std::fabs(y0[size_t(i * ldy + j)]);
-      }
-      const float got = y.get(size_t(i * ldy + j));
-      const double rtol = yt == DType::BF16 ? 1.0 / 256 : 0.0;
-      ASSERT_TRUE(close(got, ref, 1e-6 * (mag + 1), rtol)) << i << "," << j << " got " << got << " want " << ref;
-    }
-    for (int64_t j = n; j < ldy; ++j) ASSERT_TRUE(std::isnan(y.get(size_t(i * ldy + j))));
-  }
+  MatmulCase c(m, n, k, xt, wt, yt, accumulate, seed);
+  SCOPED_TRACE(c.describe());
+  TypedBuffer y = c.y;
+  cpu::run_matmul(c.params(c.x.data(), c.w.data(), y.data()));
+  EXPECT_EQ(c.mismatches(y, 1e-6, 1e-6), "");
 }
 
 TEST(CpuMatmul, ShapesAndDtypes) {

@@ -39,55 +39,12 @@ double ulp_bf16(double v) { return std::ldexp(1.0, std::max(-133, std::ilogb(std
 // times the rounding of x to bf16 (2^-8, when x is F32 and w BF16) and the fp32 sums
 // (k x 2^-24), plus one bf16 rounding of the output (y BF16). Padding columns stay poisoned.
 void gpu_matmul_case(int64_t m, int64_t n, int64_t k, DType xt, DType wt, DType yt, bool acc, uint64_t seed) {
-  SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " x=" + name(xt) +
-               " w=" + name(wt) + " y=" + name(yt) + " acc=" + std::to_string(acc));
-  Rng rng(seed);
-  const int64_t ldx = k + 3, ldy = n + 2;
-  TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(m * ldx), rng));
-  TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(n * k), rng));
-  TypedBuffer y(yt, size_t(m * ldy));  // NaN
-  if (acc)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) y.set(size_t(i * ldy + j), rng.uniform(-4.0f, 4.0f));
-  Dev dx = Dev::of(x), dw = Dev::of(w), dy = Dev::of(y);
-  ops::MatmulParams p;
-  p.x = dx.p();
-  p.x_dtype = xt;
-  p.w = dw.p();
-  p.w_dtype = wt;
-  p.y = dy.p();
-  p.y_dtype = yt;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.ldx = ldx;
-  p.ldy = ldy;
-  p.accumulate = acc;
-  ops::matmul(p, gpu_stream());
-  TypedBuffer got = fetch(dy, yt, y.count);
+  MatmulCase c(m, n, k, xt, wt, yt, acc, seed);
+  SCOPED_TRACE(c.describe());
+  Dev dx = Dev::of(c.x), dw = Dev::of(c.w), dy = Dev::of(c.y);
+  ops::matmul(c.params(dx.p(), dw.p(), dy.p()), gpu_stream());
   const double xr = xt == DType::F32 && wt == DType::BF16 ? std::ldexp(1.0, -8) : 0.0;
-  int bad = 0;
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double ref = 0, mag = 0;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const double prod = double(x.get(size_t(i * ldx + kk))) * double(w.get(size_t(j * k + kk)));
-        ref += prod;
-        mag += std::fabs(prod);
-      }
-      if (acc) {
-        ref += y.get(size_t(i * ldy + j));
-        mag += std::fabs(y.get(size_t(i * ldy + j)));
-      }
-      const double g = got.get(size_t(i * ldy + j));
-      const double tol = mag * (xr + double(k + 2) * std::ldexp(1.0, -24)) + 1e-6 +
-                         (yt == DType::BF16 ? ulp_bf16(ref) : 0.0);
-      if (!(std::fabs(g - ref) <= tol) && bad++ < 5)
-        ADD_FAILURE() << "y[" << i << "," << j << "] gpu " << g << " want " << ref << " (tol " << tol << ")";
-    }
-    for (int64_t j = n; j < ldy; ++j)
-      if (!std::isnan(got.get(size_t(i * ldy + j))) && bad++ < 5) ADD_FAILURE() << "padding y[" << i << "," << j << "] written";
-  }
+  EXPECT_EQ(c.mismatches(fetch(dy, yt, c.y.count), xr + double(k + 2) * std::ldexp(1.0, -24), 1e-6), "");
 }
 
 TEST(CudaMatmul, ShapesAndDtypes) {
