@@ -109,6 +109,10 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt,
   for (int32_t t : params.stop_token_ids)
     if (t < 0 || t >= V)
       throw Error("stop_token_ids: " + std::to_string(t) + " is outside the vocabulary");
+  for (auto [t, b] : params.logit_bias)
+    if (t < 0 || t >= V)
+      throw Error("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                  std::to_string(V) + ")");
 
   auto r = std::make_unique<Request>();
   r->id = next_id_++;

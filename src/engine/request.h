@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sieve::engine {
@@ -24,6 +25,9 @@ struct SamplingParams {
   int64_t min_tokens = 0;
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
+  // Added to the logits of these token ids before the penalties and sampling (OpenAI's
+  // logit_bias, each in [-100, 100]); logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool logprobs = false;
   int top_logprobs = 0;  // alternatives per position, natural log
 };

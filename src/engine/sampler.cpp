@@ -33,6 +33,8 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   if (num_out < p.min_tokens)
     for (int32_t t : stop_ids)
       if (t >= 0 && t < V) x[size_t(t)] = neg_inf;
+  for (auto [t, b] : p.logit_bias)
+    if (t >= 0 && t < V) x[size_t(t)] += b;
 
   if (p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) {
     std::unordered_map<int32_t, int> out_counts;

@@ -1,5 +1,5 @@
 // Per-request sampling from one row of logits. Order (as vLLM): logprobs from the raw logits;
-// min_tokens masks the stop ids; repetition, frequency and presence penalties; then greedy
+// min_tokens masks the stop ids; logit_bias; repetition, frequency and presence penalties; then greedy
 // (temperature 0: argmax, ties to the lower id) or temperature, min-p, top-k, top-p and one draw
 // from the request's own RNG, so a seeded request samples the same tokens in any batch.
 #pragma once

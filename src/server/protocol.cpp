@@ -256,7 +256,18 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
   if (const ojson* lb = field(body, "logit_bias")) {
     if (!lb->is_object())
       bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));
-    if (!lb->empty()) bad("logit_bias", "is not supported");
+    for (const auto& [key, v] : lb->items()) {
+      const std::string k = key;
+      if (k.empty() || k.size() > 10 || k.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoll(k) > INT32_MAX)
+        bad("logit_bias", "keys must be token ids (non-negative integers as strings), got \"" + k + "\"");
+      if (!v.is_number())
+        bad("logit_bias", "the bias of token " + k + ": expected a number, got " + type_name(v));
+      const double b = v.get<double>();
+      if (!(b >= -100.0 && b <= 100.0))
+        bad("logit_bias", "the bias of token " + k + " must be between -100 and 100, got " + v.dump());
+      r.params.logit_bias.emplace_back(int32_t(std::stoll(k)), float(b));
+    }
   }
 
   r.stream = get_bool(body, "stream", false);

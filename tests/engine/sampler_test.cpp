@@ -42,6 +42,37 @@ TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
   EXPECT_EQ(r.top[1].token, 0);
 }
 
+TEST(Sampler, LogitBiasShiftsTheChoiceNotTheLogprobs) {
+  std::mt19937_64 rng(1);
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  std::vector<float> logits = {1.0f, 3.0f, 2.0f};
+  p.logit_bias = {{1, -1.5f}};  // 3 - 1.5 < 2: token 2 wins
+  auto r = draw(logits, p, rng);
+  EXPECT_EQ(r.token, 2);
+  const double lse = std::log(std::exp(1.0) + std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(r.logprob, 2.0 - lse, 1e-6);  // raw, as vLLM reports
+  p.logit_bias = {{0, 100.0f}, {2, -100.0f}};
+  EXPECT_EQ(draw(logits, p, rng).token, 0);
+  // Sampling: a +100 bias makes its token (nearly) certain; -100 removes one.
+  SamplingParams s;
+  s.logit_bias = {{2, 100.0f}};
+  std::mt19937_64 a(7);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(draw(logits, s, a).token, 2);
+  s.logit_bias = {{1, -100.0f}};
+  int ones = 0;
+  for (int i = 0; i < 2000; ++i) ones += draw(logits, s, a).token == 1;
+  EXPECT_EQ(ones, 0);
+  // Applied before the penalties (vLLM's order): token 1 is biased to 3 + 1 = 4, then the
+  // repetition penalty of a seen token divides it: 4 / 2 = 2 < 2.5 (token 2 biased by +0.5).
+  SamplingParams q;
+  q.temperature = 0;
+  q.repetition_penalty = 2.0;
+  q.logit_bias = {{1, 1.0f}, {2, 0.5f}};
+  EXPECT_EQ(draw(logits, q, rng, {1}, 1).token, 2);
+}
+
 TEST(Sampler, SeededDrawsReproduceAndFollowTheDistribution) {
   std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
   SamplingParams p;

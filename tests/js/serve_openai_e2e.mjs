@@ -190,6 +190,19 @@ await section('stop token ids, min_tokens, ignore_eos', async () => {
   check(mi.slice(0, first + 2).every((t) => t !== stopId), 'no stop token before min_tokens', mi);
 });
 
+await section('logit_bias', async () => {
+  const prompt = [9, 8, 7, 6, 5];
+  const base = idsOf((await complete(prompt, 8, { logprobs: 0, return_tokens_as_token_ids: true })).choices[0].logprobs);
+  const forced = 41;
+  const r = await complete(prompt, 8, { logit_bias: { [forced]: 100 }, logprobs: 0, return_tokens_as_token_ids: true });
+  eq(idsOf(r.choices[0].logprobs), Array(8).fill(forced), 'a +100 bias forces its token at every step');
+  const b = await complete(prompt, 8, { logit_bias: { [base[0]]: -100 }, logprobs: 0, return_tokens_as_token_ids: true });
+  check(idsOf(b.choices[0].logprobs)[0] !== base[0], 'a -100 bias removes the greedy token', { base, got: idsOf(b.choices[0].logprobs) });
+  const c = await client.chat.completions.create({ model: NAME, messages: [{ role: 'user', content: 'hi' }], max_tokens: 4,
+    ...greedy, logit_bias: { [forced]: 100 }, logprobs: true });
+  eq(c.choices[0].logprobs.content.length, 4, 'chat honours logit_bias too');
+});
+
 await section('seeded sampling reproduces, in any batch', async () => {
   const p = { prompt: 'Seeds:', max_tokens: 20, temperature: 1.0, top_p: 0.95, ignore_eos: true };
   const a = await client.completions.create({ model: NAME, ...p, seed: 1234, logprobs: 0, return_tokens_as_token_ids: true });
@@ -294,6 +307,8 @@ await section('bad input gets a 4xx error object and the server keeps serving', 
   await expectError('negative temperature', 400, 'POST', C, { prompt: 'x', temperature: -0.5 });
   await expectError('top_p 0', 400, 'POST', C, { prompt: 'x', top_p: 0 });
   await expectError('n = 2', 400, 'POST', C, { prompt: 'x', n: 2 });
+  await expectError('logit_bias outside the vocabulary', 400, 'POST', C, { prompt: 'x', logit_bias: { 99999999: 5 } });
+  await expectError('logit_bias out of range', 400, 'POST', C, { prompt: 'x', logit_bias: { 5: 101 } });
   await expectError('best_of = 3', 400, 'POST', C, { prompt: 'x', best_of: 3 });
   await expectError('prompt longer than max-model-len', 400, 'POST', C, { prompt: Array(MAX_LEN + 10).fill(1) });
   await expectError('prompt + max_tokens over max-model-len', 400, 'POST', C, { prompt: Array(1000).fill(1), max_tokens: 100 });

@@ -121,8 +121,19 @@ TEST(Protocol, RefusesBadValuesNamingTheField) {
   refused(R"({"prompt":"x","logprobs":true})", false, "logprobs");
   refused(R"({"prompt":"x","max_tokens":3,"min_tokens":4})", false, "min_tokens");
   refused(R"({"prompt":"x","model":7})", false, "model");
-  refused(R"({"prompt":"x","logit_bias":{"1":5}})", false, "logit_bias");
+  refused(R"({"prompt":"x","logit_bias":[1]})", false, "logit_bias");
+  refused(R"({"prompt":"x","logit_bias":{"a":5}})", false, "logit_bias");
+  refused(R"({"prompt":"x","logit_bias":{"-1":5}})", false, "logit_bias");
+  refused(R"({"prompt":"x","logit_bias":{"99999999999":5}})", false, "logit_bias");
+  refused(R"({"prompt":"x","logit_bias":{"1":"5"}})", false, "logit_bias");
+  refused(R"({"prompt":"x","logit_bias":{"1":100.5}})", false, "logit_bias");
   refused(R"({"prompt":"x","echo":true,"logprobs":1})", false, "echo");
+  {
+    const auto lb = parse(R"({"prompt":"x","logit_bias":{"7":-100,"12":2.5}})", false).params.logit_bias;
+    ASSERT_EQ(lb.size(), 2u);
+    EXPECT_EQ(lb[0], (std::pair<int32_t, float>{7, -100.0f}));
+    EXPECT_EQ(lb[1], (std::pair<int32_t, float>{12, 2.5f}));
+  }
   // Top-k -1 means off, as in vLLM; null means "default" everywhere.
   EXPECT_EQ(parse(R"({"prompt":"x","top_k":-1,"temperature":null,"max_tokens":null})", false)
                 .params.top_k,
