@@ -132,9 +132,9 @@ std::vector<int32_t> get_id_list(const ojson& arr, const std::string& name) {
 
 void parse_prompt(const ojson& body, GenerateRequest& r) {
   const ojson* p = field(body, "prompt");
-  if (!p) bad("prompt", "is required (a string, or an array of token ids)");
+  if (!p) bad("prompt", "is required (a string, an array of token ids, or a batch of either)");
   if (p->is_string()) {
-    r.prompt_text = p->get<std::string>();
+    r.prompts.push_back({p->get<std::string>(), {}, false});
     return;
   }
   if (!p->is_array())
@@ -142,24 +142,24 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
   if (p->empty()) bad("prompt", "is empty");
   const ojson& first = (*p)[0];
   if (first.is_number()) {
-    r.prompt_ids = get_id_list(*p, "prompt");
-    r.has_prompt_ids = true;
+    r.prompts.push_back({std::nullopt, get_id_list(*p, "prompt"), true});
     return;
   }
-  // A batch of prompts: this server answers one prompt per request (as with n > 1, send more
-  // requests); a batch of one is accepted.
-  if (p->size() != 1)
-    bad("prompt", "batches of " + std::to_string(p->size()) +
-                      " prompts are not supported; send one prompt per request");
-  if (first.is_string()) {
-    r.prompt_text = first.get<std::string>();
-  } else if (first.is_array()) {
-    if (first.empty()) bad("prompt", "is empty");
-    r.prompt_ids = get_id_list(first, "prompt");
-    r.has_prompt_ids = true;
-  } else {
-    bad("prompt",
-        std::string("expected a string or token ids, got an array of ") + type_name(first) + "s");
+  // A batch: strings, or arrays of token ids.
+  if (int64_t(p->size()) > kMaxChoices)
+    bad("prompt", "a batch of " + std::to_string(p->size()) + " prompts is more than " +
+                      std::to_string(kMaxChoices));
+  for (size_t i = 0; i < p->size(); ++i) {
+    const ojson& e = (*p)[i];
+    const std::string where = "prompt[" + std::to_string(i) + "]";
+    if (e.is_string()) {
+      r.prompts.push_back({e.get<std::string>(), {}, false});
+    } else if (e.is_array()) {
+      if (e.empty()) bad(where, "is empty");
+      r.prompts.push_back({std::nullopt, get_id_list(e, where), true});
+    } else {
+      bad(where, std::string("expected a string or an array of token ids, got ") + type_name(e));
+    }
   }
 }
 
@@ -243,12 +243,17 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
   else
     parse_prompt(body, r);
 
-  if (get_int(body, "n", 1, std::numeric_limits<int64_t>::min(),
-              std::numeric_limits<int64_t>::max()) != 1)
-    bad("n", "only n = 1 is supported; send several requests for several completions");
-  if (get_int(body, "best_of", 1, std::numeric_limits<int64_t>::min(),
-              std::numeric_limits<int64_t>::max()) != 1)
-    bad("best_of", "only best_of = 1 is supported");
+  r.n = int(get_int(body, "n", 1, 1, kMaxChoices));
+  const int64_t num_prompts = chat ? 1 : int64_t(r.prompts.size());
+  if (num_prompts * r.n > kMaxChoices)
+    bad("n", std::to_string(num_prompts) + " prompts x n = " + std::to_string(r.n) + " is more than " +
+                 std::to_string(kMaxChoices) + " choices");
+  // best_of > n would rank candidates by likelihood, which vLLM's current engine has dropped too.
+  if (const int64_t best_of = get_int(body, "best_of", r.n, std::numeric_limits<int64_t>::min(),
+                                      std::numeric_limits<int64_t>::max());
+      best_of != r.n)
+    bad("best_of", "only best_of = n is supported, got " + std::to_string(best_of) + " with n = " +
+                       std::to_string(r.n));
   if (const ojson* s = field(body, "suffix")) {
     if (!s->is_string()) bad("suffix", std::string("expected a string, got ") + type_name(*s));
     if (!s->get<std::string>().empty()) bad("suffix", "is not supported");

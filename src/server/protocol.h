@@ -31,17 +31,26 @@ class ApiError : public std::runtime_error {
 nlohmann::json error_json(int status, const std::string& message, const std::string& param = {},
                           const std::string& type = {});
 
+// One prompt of a completions request: text, or token ids.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> ids;
+  bool has_ids = false;
+};
+
+// At most this many choices (prompts x n) in one request.
+inline constexpr int64_t kMaxChoices = 1024;
+
 struct GenerateRequest {
   bool chat = false;
   std::string model;  // empty: the served model
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   bool continuous_usage = false;  // stream_options.continuous_usage_stats
-  // Completions: text or token ids.
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_ids;
-  bool has_prompt_ids = false;
+  // Completions: one prompt, or a batch (choice i * n + j is sample j of prompt i).
+  std::vector<PromptInput> prompts;
   bool echo = false;
+  int n = 1;  // completions per prompt; with a seed, sample j draws with seed + j
   // Chat.
   nlohmann::ordered_json messages, tools, chat_template_kwargs;
   bool add_generation_prompt = true;
@@ -60,7 +69,7 @@ struct GenerateRequest {
 };
 
 // Throws ApiError(400) naming the field for anything malformed: wrong types, out-of-range
-// values, n > 1, best_of > 1, missing prompt/messages.
+// values, best_of other than n, more than kMaxChoices choices, missing prompt/messages.
 GenerateRequest parse_generate_request(const nlohmann::ordered_json& body, bool chat);
 
 // Parses a request body that must be a JSON object; ApiError(400) otherwise.

@@ -303,21 +303,29 @@ struct Server::Impl {
     throw ApiError(404, "The model `" + m + "` does not exist.", "model");
   }
 
-  std::vector<int32_t> prompt_ids(const GenerateRequest& g, std::string* prompt_text) const {
+  // The token ids of each prompt (chat: the rendered conversation); `texts` gets each prompt's
+  // text where the response repeats it (chat; completions with echo).
+  std::vector<std::vector<int32_t>> prompt_ids(const GenerateRequest& g, std::vector<std::string>* texts) const {
+    std::vector<std::vector<int32_t>> out;
     try {
       if (g.chat) {
         std::string rendered = text::render_chat(
             tok, g.messages, g.tools.is_null() ? ojson() : g.tools, g.add_generation_prompt,
             g.chat_template_kwargs.is_null() ? ojson::object() : g.chat_template_kwargs);
-        if (prompt_text) *prompt_text = rendered;
-        return tok.encode(rendered, g.add_special_tokens);
+        out.push_back(tok.encode(rendered, g.add_special_tokens));
+        texts->push_back(std::move(rendered));
+        return out;
       }
-      if (g.has_prompt_ids) {
-        if (prompt_text && g.echo) *prompt_text = tok.decode(g.prompt_ids, g.skip_special_tokens);
-        return g.prompt_ids;
+      for (const PromptInput& p : g.prompts) {
+        if (p.has_ids) {
+          texts->push_back(g.echo ? tok.decode(p.ids, g.skip_special_tokens) : std::string());
+          out.push_back(p.ids);
+        } else {
+          texts->push_back(*p.text);
+          out.push_back(tok.encode(*p.text, g.add_special_tokens));
+        }
       }
-      if (prompt_text) *prompt_text = *g.prompt_text;
-      return tok.encode(*g.prompt_text, g.add_special_tokens);
+      return out;
     } catch (const ApiError&) {
       throw;
     } catch (const Error& e) {
@@ -325,43 +333,146 @@ struct Server::Impl {
     }
   }
 
+  // One choice of a request: sample j of prompt i is choice i * n + j.
+  struct Choice {
+    int index = 0;
+    size_t prompt = 0;
+    std::shared_ptr<engine::RequestStream> rs;
+    std::unique_ptr<Output> out;
+    engine::FinishReason fin = engine::FinishReason::None;
+    bool finished = false;  // no more tokens will come (fin is final)
+  };
+
+  // A request's choices and what its responses repeat.
+  struct Generation {
+    GenerateRequest g;
+    std::vector<Choice> choices;
+    std::vector<int64_t> prompt_tokens;  // per prompt
+    std::vector<std::string> echo;       // per prompt: the text a completion with echo repeats
+    std::string id;
+    int64_t created = 0;
+    int client_fd = -1;
+    bool started = false, finished = false;
+
+    int64_t usage_prompt() const {
+      int64_t n = 0;
+      for (int64_t t : prompt_tokens) n += t;
+      return n;
+    }
+    int64_t usage_completion() const {
+      int64_t n = 0;
+      for (const Choice& c : choices) n += c.out->completion_tokens;
+      return n;
+    }
+    bool all_finished() const {
+      for (const Choice& c : choices)
+        if (!c.finished) return false;
+      return true;
+    }
+  };
+
+  void abort_all(Generation& gen, engine::FinishReason why = engine::FinishReason::Abort) {
+    for (Choice& c : gen.choices)
+      if (!c.finished) {
+        c.finished = true;
+        c.fin = why;
+        engine.abort(c.rs->id(), why);
+      }
+  }
+
+  // Takes what a choice's stream has (waiting up to `wait`); true when it produced anything
+  // (tokens or its end). `lp_delta`: streaming logprobs of the new tokens; `text`: their text.
+  bool pump(Choice& c, std::chrono::milliseconds wait, std::string* text, json* lp_delta) {
+    if (c.finished) return false;
+    std::vector<engine::TokenOutput> toks;
+    const engine::FinishReason fin = c.rs->next(toks, wait);
+    for (const auto& t : toks) {
+      const std::string piece = c.out->push(t, lp_delta);
+      if (text) *text += piece;
+      if (c.out->stopped_by_string) break;
+    }
+    if (c.out->stopped_by_string) {
+      engine.abort(c.rs->id(), engine::FinishReason::Stop);
+      c.fin = engine::FinishReason::Stop;
+      c.finished = true;
+    } else if (fin != engine::FinishReason::None) {
+      c.fin = fin;
+      c.finished = true;
+      const std::string rest = c.out->finish();
+      if (text) *text += rest;
+    }
+    return !toks.empty() || c.finished;
+  }
+
+  // The stop reason of a finished choice: the matched stop string, or the stop token id that
+  // ended it (not EOS alone), as vLLM reports.
+  static json stop_reason_of(const Choice& c, const GenerateRequest& g) {
+    json stop_reason = c.out->stop_reason;
+    if (stop_reason.is_null() && c.fin == engine::FinishReason::Stop) {
+      const int32_t last = c.out->last_token;
+      if (std::find(g.params.stop_token_ids.begin(), g.params.stop_token_ids.end(), last) !=
+          g.params.stop_token_ids.end())
+        stop_reason = last;
+    }
+    return stop_reason;
+  }
+
   void handle_generate(const httplib::Request& req, const std::string& req_body,
                        httplib::Response& res, bool chat) {
     if (owner->draining())
       throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
     ojson body = parse_json_body(req_body);
-    GenerateRequest g = parse_generate_request(body, chat);
+    auto gen = std::make_shared<Generation>();
+    gen->g = parse_generate_request(body, chat);
+    GenerateRequest& g = gen->g;
     check_model(g.model);
-    std::string prompt_text;
-    std::vector<int32_t> ids = prompt_ids(g, &prompt_text);
+    std::vector<std::string> texts;
+    const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
     const int64_t max_len = engine.max_model_len();
-    if (ids.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt");
-    if (int64_t(ids.size()) >= max_len)
-      throw ApiError(400,
-                     "This model's maximum context length is " + std::to_string(max_len) +
-                         " tokens. However, your request has " + std::to_string(ids.size()) +
-                         " input tokens. Please reduce the length of the input.",
-                     chat ? "messages" : "prompt");
-    if (!g.max_tokens_given) {
-      // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
-      g.params.max_tokens = chat ? max_len - int64_t(ids.size()) : 16;
-      if (!chat) g.params.max_tokens = std::min<int64_t>(16, max_len - int64_t(ids.size()));
-      if (g.params.min_tokens > g.params.max_tokens) g.params.min_tokens = g.params.max_tokens;
+    const std::string param = chat ? "messages" : "prompt";
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string which = prompts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "";
+      if (prompts[i].empty()) throw ApiError(400, "the prompt is empty" + which, param);
+      if (int64_t(prompts[i].size()) >= max_len)
+        throw ApiError(400,
+                       "This model's maximum context length is " + std::to_string(max_len) +
+                           " tokens. However, your request has " + std::to_string(prompts[i].size()) +
+                           " input tokens" + which + ". Please reduce the length of the input.",
+                       param);
     }
-    std::shared_ptr<engine::RequestStream> rs;
-    try {
-      rs = engine.submit(ids, g.params);
-    } catch (const Error& e) {
-      throw ApiError(400, e.what(), chat ? "messages" : "prompt");
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      engine::SamplingParams params = g.params;
+      if (!g.max_tokens_given) {
+        // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
+        const int64_t left = max_len - int64_t(prompts[i].size());
+        params.max_tokens = chat ? left : std::min<int64_t>(16, left);
+        if (params.min_tokens > params.max_tokens) params.min_tokens = params.max_tokens;
+      }
+      gen->prompt_tokens.push_back(int64_t(prompts[i].size()));
+      gen->echo.push_back(g.echo ? texts[i] : std::string());
+      for (int j = 0; j < g.n; ++j) {
+        engine::SamplingParams pj = params;
+        if (pj.has_seed) pj.seed += uint64_t(j);
+        Choice c;
+        c.index = int(i) * g.n + j;
+        c.prompt = i;
+        c.out = std::make_unique<Output>(tok, g);
+        try {
+          c.rs = engine.submit(prompts[i], pj);
+        } catch (const Error& e) {
+          abort_all(*gen);
+          throw ApiError(400, e.what(), param);
+        }
+        gen->choices.push_back(std::move(c));
+      }
     }
-    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
-    const int64_t created = unix_now();
-    const int client_fd = find_client_socket(req);
+    gen->id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
+    gen->created = unix_now();
+    gen->client_fd = find_client_socket(req);
     if (g.stream)
-      stream_response(res, g, rs, id, created, int64_t(ids.size()), client_fd,
-                      g.echo ? prompt_text : std::string());
+      stream_response(res, gen);
     else
-      full_response(res, g, rs, id, created, int64_t(ids.size()), prompt_text, client_fd);
+      full_response(res, *gen);
   }
 
   static const char* finish_name(engine::FinishReason f, bool stopped_by_string) {
@@ -383,210 +494,181 @@ struct Server::Impl {
             {"prompt_tokens_details", nullptr}};
   }
 
-  void full_response(httplib::Response& res, const GenerateRequest& g,
-                     std::shared_ptr<engine::RequestStream> rs, const std::string& id,
-                     int64_t created, int64_t n_prompt, const std::string& prompt_text,
-                     int client_fd) {
-    Output out(tok, g);
-    std::vector<engine::TokenOutput> toks;
-    engine::FinishReason fin = engine::FinishReason::None;
-    while (fin == engine::FinishReason::None && !out.stopped_by_string) {
-      toks.clear();
-      fin = rs->next(toks, 100ms);
-      if (fin == engine::FinishReason::None && peer_gone(client_fd)) {
-        engine.abort(rs->id());
+  void full_response(httplib::Response& res, Generation& gen) {
+    const GenerateRequest& g = gen.g;
+    while (!gen.all_finished()) {
+      // Wait on the first unfinished choice, then take what the others have.
+      bool waited = false;
+      for (Choice& c : gen.choices) {
+        if (c.finished) continue;
+        pump(c, waited ? 0ms : 100ms, nullptr, nullptr);
+        waited = true;
+      }
+      if (!gen.all_finished() && peer_gone(gen.client_fd)) {
+        abort_all(gen);
         res.set_header("Connection", "close");
         send_error(res, 499, "the client closed the connection");
         return;
       }
-      for (const auto& t : toks) {
-        out.push(t, nullptr);
-        if (out.stopped_by_string) break;
+    }
+    for (const Choice& c : gen.choices)
+      if (c.fin == engine::FinishReason::Error) {
+        abort_all(gen);
+        throw ApiError(500, "generation failed: " + c.rs->error());
       }
+    json choices = json::array();
+    for (const Choice& c : gen.choices) {
+      const Output& out = *c.out;
+      json choice;
+      if (g.chat) {
+        choice = {{"index", c.index},
+                  {"message",
+                   {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}}},
+                  {"logprobs", g.want_logprobs ? json{{"content", out.chat_lp}} : json(nullptr)},
+                  {"finish_reason", finish_name(c.fin, out.stopped_by_string)},
+                  {"stop_reason", stop_reason_of(c, g)}};
+      } else {
+        choice = {{"index", c.index},
+                  {"text", gen.echo[c.prompt] + out.text},
+                  {"logprobs", g.want_logprobs ? out.completion_logprobs() : json(nullptr)},
+                  {"finish_reason", finish_name(c.fin, out.stopped_by_string)},
+                  {"stop_reason", stop_reason_of(c, g)}};
+      }
+      choices.push_back(std::move(choice));
     }
-    if (out.stopped_by_string)
-      engine.abort(rs->id(), engine::FinishReason::Stop);
-    else
-      out.finish();
-    if (fin == engine::FinishReason::Error)
-      throw ApiError(500, "generation failed: " + rs->error());
-    json stop_reason = out.stop_reason;
-    if (stop_reason.is_null() && fin == engine::FinishReason::Stop) {
-      // Not EOS-only: report which stop token id ended it, as vLLM does.
-      const int32_t last = out.last_token;
-      if (std::find(g.params.stop_token_ids.begin(), g.params.stop_token_ids.end(), last) !=
-          g.params.stop_token_ids.end())
-        stop_reason = last;
-    }
-    json choice;
-    if (g.chat) {
-      choice = {{"index", 0},
-                {"message",
-                 {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}}},
-                {"logprobs", g.want_logprobs ? json{{"content", out.chat_lp}} : json(nullptr)},
-                {"finish_reason", finish_name(fin, out.stopped_by_string)},
-                {"stop_reason", stop_reason}};
-    } else {
-      choice = {{"index", 0},
-                {"text", g.echo ? prompt_text + out.text : out.text},
-                {"logprobs", g.want_logprobs ? out.completion_logprobs() : json(nullptr)},
-                {"finish_reason", finish_name(fin, out.stopped_by_string)},
-                {"stop_reason", stop_reason}};
-    }
-    json body = {{"id", id},
+    json body = {{"id", gen.id},
                  {"object", g.chat ? "chat.completion" : "text_completion"},
-                 {"created", created},
+                 {"created", gen.created},
                  {"model", model_name()},
-                 {"choices", json::array({choice})},
-                 {"usage", usage(n_prompt, out.completion_tokens)}};
+                 {"choices", std::move(choices)},
+                 {"usage", usage(gen.usage_prompt(), gen.usage_completion())}};
     send_json(res, 200, body);
   }
 
-  struct StreamState {
-    std::shared_ptr<engine::RequestStream> rs;
-    GenerateRequest g;
-    std::unique_ptr<Output> out;
-    std::string id;
-    int64_t created = 0, n_prompt = 0;
-    bool started = false, finished = false;
-    int client_fd = -1;
-    std::string echo;  // completions with echo: the prompt text, sent first
-  };
-
-  void stream_response(httplib::Response& res, const GenerateRequest& g,
-                       std::shared_ptr<engine::RequestStream> rs, const std::string& id,
-                       int64_t created, int64_t n_prompt, int client_fd, std::string echo) {
-    auto st = std::make_shared<StreamState>();
-    st->client_fd = client_fd;
-    st->echo = std::move(echo);
-    st->rs = rs;
-    st->g = g;
-    st->out = std::make_unique<Output>(tok, st->g);
-    st->id = id;
-    st->created = created;
-    st->n_prompt = n_prompt;
+  void stream_response(httplib::Response& res, std::shared_ptr<Generation> gen) {
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st](size_t, httplib::DataSink& sink) {
+        [this, gen](size_t, httplib::DataSink& sink) {
           try {
-            return stream_step(*st, sink);
+            return stream_step(*gen, sink);
           } catch (const std::exception& e) {
             // Headers are out: report in the stream, then end it.
-            SIEVE_LOG(Error, "stream " << st->id << ": " << e.what());
+            SIEVE_LOG(Error, "stream " << gen->id << ": " << e.what());
             const std::string msg =
                 sse(error_json(500, std::string("internal error: ") + e.what())) +
                 "data: [DONE]\n\n";
             sink.write(msg.data(), msg.size());
-            abort_stream(*st);
+            abort_stream(*gen);
             sink.done();
             return true;
           }
         },
-        [this, st](bool) {
+        [this, gen](bool) {
           // The client went away (or the server stops) before the end: free the blocks now.
-          if (!st->finished) {
-            st->finished = true;
-            engine.abort(st->rs->id());
+          if (!gen->finished) {
+            gen->finished = true;
+            abort_all(*gen);
           }
           --in_flight;
         });
     ++in_flight;  // until the stream is written out: shutdown waits for it
   }
 
-  json chunk_base(const StreamState& st) const {
-    return {{"id", st.id},
-            {"object", st.g.chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", st.created},
+  json chunk_base(const Generation& gen) const {
+    return {{"id", gen.id},
+            {"object", gen.g.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", gen.created},
             {"model", model_name()}};
   }
 
-  json chunk(const StreamState& st, const std::string& text, const json& lp, const json& finish,
+  json chunk(const Generation& gen, int index, const std::string& text, const json& lp, const json& finish,
              const json& stop_reason, bool with_role = false) const {
-    json c = chunk_base(st);
+    json c = chunk_base(gen);
     json choice;
-    if (st.g.chat) {
+    if (gen.g.chat) {
       json delta = json::object();
       if (with_role) delta["role"] = "assistant";
       if (with_role || !text.empty()) delta["content"] = text;
-      choice = {{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
+      choice = {{"index", index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
     } else {
-      choice = {{"index", 0}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
+      choice = {{"index", index}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
     }
     if (!finish.is_null()) choice["stop_reason"] = stop_reason;
     c["choices"] = json::array({choice});
     // OpenAI: with include_usage every other chunk carries "usage": null.
-    if (st.g.continuous_usage)
-      c["usage"] = usage(st.n_prompt, st.out->completion_tokens);
-    else if (st.g.include_usage)
+    if (gen.g.continuous_usage)
+      c["usage"] = usage(gen.usage_prompt(), gen.usage_completion());
+    else if (gen.g.include_usage)
       c["usage"] = nullptr;
     return c;
   }
 
-  bool stream_step(StreamState& st, httplib::DataSink& sink) {
+  bool stream_step(Generation& gen, httplib::DataSink& sink) {
     auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-    if (st.finished) {
+    const GenerateRequest& g = gen.g;
+    if (gen.finished) {
       sink.done();
       return true;
     }
-    if (!st.started) {
-      st.started = true;
-      if (st.g.chat && !write(sse(chunk(st, "", nullptr, nullptr, nullptr, true))))
-        return abort_stream(st);
-      if (!st.g.chat && !st.echo.empty() &&
-          !write(sse(chunk(st, st.echo, nullptr, nullptr, nullptr))))
-        return abort_stream(st);
+    if (!gen.started) {
+      gen.started = true;
+      for (const Choice& c : gen.choices) {
+        if (g.chat && !write(sse(chunk(gen, c.index, "", nullptr, nullptr, nullptr, true))))
+          return abort_stream(gen);
+        if (!g.chat && !gen.echo[c.prompt].empty() &&
+            !write(sse(chunk(gen, c.index, gen.echo[c.prompt], nullptr, nullptr, nullptr))))
+          return abort_stream(gen);
+      }
       return true;
     }
-    std::vector<engine::TokenOutput> toks;
-    engine::FinishReason fin = st.rs->next(toks, 50ms);
-    Output& out = *st.out;
-    std::string text;
-    json lp = nullptr;
-    if (st.g.want_logprobs)
-      lp = st.g.chat ? json{{"content", json::array()}}
-                     : json{{"text_offset", json::array()},
-                            {"token_logprobs", json::array()},
-                            {"tokens", json::array()},
-                            {"top_logprobs", json::array()}};
-    for (const auto& t : toks) {
-      text += out.push(t, lp.is_null() ? nullptr : (st.g.chat ? &lp["content"] : &lp));
-      if (out.stopped_by_string) break;
+    bool waited = false, progress = false;
+    for (Choice& c : gen.choices) {
+      if (c.finished) continue;
+      std::string text;
+      json lp = nullptr;
+      if (g.want_logprobs)
+        lp = g.chat ? json{{"content", json::array()}}
+                    : json{{"text_offset", json::array()},
+                           {"token_logprobs", json::array()},
+                           {"tokens", json::array()},
+                           {"top_logprobs", json::array()}};
+      const int64_t before = c.out->completion_tokens;
+      const bool any = pump(c, waited ? 0ms : 50ms, &text, lp.is_null() ? nullptr : (g.chat ? &lp["content"] : &lp));
+      waited = true;
+      progress |= any;
+      if (!c.finished) {
+        const bool new_tokens = c.out->completion_tokens > before;
+        if ((!text.empty() || (new_tokens && g.want_logprobs)) &&
+            !write(sse(chunk(gen, c.index, text, lp, nullptr, nullptr))))
+          return abort_stream(gen);
+        continue;
+      }
+      if (c.fin == engine::FinishReason::Error) {
+        // The end of the whole stream: report and stop.
+        gen.finished = true;
+        abort_all(gen);
+        write(sse(error_json(500, "generation failed: " + c.rs->error())));
+        write("data: [DONE]\n\n");
+        sink.done();
+        return true;
+      }
+      if (!write(sse(chunk(gen, c.index, text, lp, finish_name(c.fin, c.out->stopped_by_string),
+                           stop_reason_of(c, g)))))
+        return abort_stream(gen);
     }
-    if (out.stopped_by_string) {
-      engine.abort(st.rs->id(), engine::FinishReason::Stop);
-      fin = engine::FinishReason::Stop;
-    }
-    if (fin == engine::FinishReason::None && toks.empty() && peer_gone(st.client_fd))
-      return abort_stream(st);
-    if (fin == engine::FinishReason::None) {
-      if ((!text.empty() || (!toks.empty() && st.g.want_logprobs)) &&
-          !write(sse(chunk(st, text, lp, nullptr, nullptr))))
-        return abort_stream(st);
+    if (!gen.all_finished()) {
+      if (!progress && peer_gone(gen.client_fd)) return abort_stream(gen);
       return true;
     }
-    // The end: remaining text, the finish reason, usage, [DONE].
-    st.finished = true;
-    if (fin == engine::FinishReason::Error) {
-      write(sse(error_json(500, "generation failed: " + st.rs->error())));
-      write("data: [DONE]\n\n");
-      sink.done();
-      return true;
-    }
-    text += out.finish();
-    json stop_reason = out.stop_reason;
-    if (stop_reason.is_null() && fin == engine::FinishReason::Stop) {
-      const int32_t last = out.last_token;
-      if (std::find(st.g.params.stop_token_ids.begin(), st.g.params.stop_token_ids.end(), last) !=
-          st.g.params.stop_token_ids.end())
-        stop_reason = last;
-    }
-    bool ok = write(sse(chunk(st, text, lp, finish_name(fin, out.stopped_by_string), stop_reason)));
-    if (ok && st.g.include_usage) {
-      json u = chunk_base(st);
+    // Every choice has ended: usage, [DONE].
+    gen.finished = true;
+    bool ok = true;
+    if (g.include_usage) {
+      json u = chunk_base(gen);
       u["choices"] = json::array();
-      u["usage"] = usage(st.n_prompt, out.completion_tokens);
+      u["usage"] = usage(gen.usage_prompt(), gen.usage_completion());
       ok = write(sse(u));
     }
     if (ok) ok = write("data: [DONE]\n\n");
@@ -595,10 +677,10 @@ struct Server::Impl {
     return true;
   }
 
-  bool abort_stream(StreamState& st) {
-    if (!st.finished) {
-      st.finished = true;
-      engine.abort(st.rs->id());
+  bool abort_stream(Generation& gen) {
+    if (!gen.finished) {
+      gen.finished = true;
+      abort_all(gen);
     }
     return false;
   }
@@ -628,7 +710,8 @@ struct Server::Impl {
     std::vector<int32_t> ids;
     if (body.contains("messages")) {
       GenerateRequest g = parse_generate_request(body, true);
-      ids = prompt_ids(g, nullptr);
+      std::vector<std::string> texts;
+      ids = prompt_ids(g, &texts).front();
     } else {
       auto p = body.find("prompt");
       if (p == body.end() || !p->is_string())

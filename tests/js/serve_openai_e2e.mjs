@@ -203,6 +203,47 @@ await section('logit_bias', async () => {
   eq(c.choices[0].logprobs.content.length, 4, 'chat honours logit_bias too');
 });
 
+await section('n completions a prompt, and batches of prompts', async () => {
+  // Greedy: every sample of a prompt is its greedy completion.
+  const one = await complete([9, 8, 7, 6, 5], 6, { logprobs: 0, return_tokens_as_token_ids: true });
+  const many = await complete([9, 8, 7, 6, 5], 6, { n: 3, logprobs: 0, return_tokens_as_token_ids: true });
+  eq(many.choices.map((c) => c.index), [0, 1, 2], 'choice indices');
+  for (const c of many.choices) eq(idsOf(c.logprobs), idsOf(one.choices[0].logprobs), `greedy sample ${c.index}`);
+  eq([many.usage.prompt_tokens, many.usage.completion_tokens], [5, 18], 'usage: the prompt once, every sample\'s tokens');
+  // Seeded: sample j draws with seed + j, so it equals a request with that seed.
+  const p = { prompt: 'Seeds:', max_tokens: 10, temperature: 1.0, ignore_eos: true };
+  const s = await client.completions.create({ model: NAME, ...p, n: 3, seed: 77 });
+  for (let j = 0; j < 3; ++j) {
+    const alone = await client.completions.create({ model: NAME, ...p, seed: 77 + j });
+    eq(s.choices[j].text, alone.choices[0].text, `seeded sample ${j} equals seed ${77 + j}`);
+  }
+  // A batch: choice i * n + j is sample j of prompt i.
+  const b = await client.completions.create({ model: NAME, prompt: ['Call me', [9, 8, 7, 6, 5]], max_tokens: 6, ...greedy, n: 2,
+    logprobs: 0, return_tokens_as_token_ids: true });
+  eq(b.choices.map((c) => c.index), [0, 1, 2, 3], 'batch choice indices');
+  eq(idsOf(b.choices[2].logprobs), idsOf(one.choices[0].logprobs), 'prompt 1, sample 0');
+  eq(idsOf(b.choices[3].logprobs), idsOf(one.choices[0].logprobs), 'prompt 1, sample 1');
+  const a = await complete('Call me', 6, { logprobs: 0, return_tokens_as_token_ids: true });
+  eq(idsOf(b.choices[0].logprobs), idsOf(a.choices[0].logprobs), 'prompt 0, sample 0');
+  eq(b.usage.prompt_tokens, a.usage.prompt_tokens + 5, 'usage: each prompt once');
+  // Streaming: every choice's chunks, each choice's finish, then usage and [DONE].
+  const st = await client.completions.create({ model: NAME, prompt: [9, 8, 7, 6, 5], max_tokens: 6, ...greedy, n: 3, stream: true,
+    stream_options: { include_usage: true } });
+  const texts = ['', '', ''], fins = [null, null, null];
+  let usage = null;
+  for await (const c of st) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) { texts[ch.index] += ch.text; if (ch.finish_reason) fins[ch.index] = ch.finish_reason; }
+  }
+  eq(texts, Array(3).fill(one.choices[0].text), 'streamed samples equal the greedy text');
+  eq(fins, ['length', 'length', 'length'], 'each choice finishes');
+  eq(usage && usage.completion_tokens, 18, 'streamed usage');
+  const ch = await client.chat.completions.create({ model: NAME, messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, ...greedy, n: 2 });
+  eq(ch.choices.length, 2, 'chat: n choices');
+  eq(ch.choices[0].message.content, ch.choices[1].message.content, 'chat: greedy samples agree');
+  await waitIdle(srv.base);
+});
+
 await section('seeded sampling reproduces, in any batch', async () => {
   const p = { prompt: 'Seeds:', max_tokens: 20, temperature: 1.0, top_p: 0.95, ignore_eos: true };
   const a = await client.completions.create({ model: NAME, ...p, seed: 1234, logprobs: 0, return_tokens_as_token_ids: true });
@@ -306,7 +347,9 @@ await section('bad input gets a 4xx error object and the server keeps serving', 
   await expectError('chat max_tokens negative', 400, 'POST', CH, { messages: [{ role: 'user', content: 'x' }], max_tokens: -1 });
   await expectError('negative temperature', 400, 'POST', C, { prompt: 'x', temperature: -0.5 });
   await expectError('top_p 0', 400, 'POST', C, { prompt: 'x', top_p: 0 });
-  await expectError('n = 2', 400, 'POST', C, { prompt: 'x', n: 2 });
+  await expectError('n = 0', 400, 'POST', C, { prompt: 'x', n: 0 });
+  await expectError('best_of above n', 400, 'POST', C, { prompt: 'x', n: 2, best_of: 3 });
+  await expectError('a batch with an empty prompt', 400, 'POST', C, { prompt: ['x', ''] });
   await expectError('logit_bias outside the vocabulary', 400, 'POST', C, { prompt: 'x', logit_bias: { 99999999: 5 } });
   await expectError('logit_bias out of range', 400, 'POST', C, { prompt: 'x', logit_bias: { 5: 101 } });
   await expectError('best_of = 3', 400, 'POST', C, { prompt: 'x', best_of: 3 });

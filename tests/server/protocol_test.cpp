@@ -33,7 +33,8 @@ TEST(Protocol, ParsesACompletionRequest) {
     "stream_options":{"include_usage":true},"n":1,"best_of":null,"user":"ignored","unknown_field":{"x":1}})",
       false);
   EXPECT_EQ(r.model, "m");
-  EXPECT_EQ(*r.prompt_text, "hi");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(*r.prompts[0].text, "hi");
   EXPECT_EQ(r.params.max_tokens, 7);
   EXPECT_TRUE(r.max_tokens_given);
   EXPECT_DOUBLE_EQ(r.params.temperature, 0.5);
@@ -56,17 +57,26 @@ TEST(Protocol, ParsesACompletionRequest) {
 
 TEST(Protocol, PromptsAsTokenIds) {
   auto r = parse(R"({"prompt":[1,2,3]})", false);
-  EXPECT_TRUE(r.has_prompt_ids);
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_TRUE(r.prompts[0].has_ids);
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_FALSE(r.max_tokens_given);
-  EXPECT_EQ(parse(R"({"prompt":[[5,6]]})", false).prompt_ids, (std::vector<int32_t>{5, 6}));
-  EXPECT_EQ(*parse(R"({"prompt":["x"]})", false).prompt_text, "x");
+  EXPECT_EQ(parse(R"({"prompt":[[5,6]]})", false).prompts.at(0).ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(*parse(R"({"prompt":["x"]})", false).prompts.at(0).text, "x");
   refused(R"({"prompt":[1,-2]})", false, "prompt");
   refused(R"({"prompt":[1,2.5]})", false, "prompt");
   refused(R"({"prompt":[1,99999999999]})", false, "prompt");
-  refused(R"({"prompt":["a","b"]})", false, "prompt");
   refused(R"({"prompt":[]})", false, "prompt");
-  refused(R"({"prompt":[true]})", false, "prompt");
+  // Batches: strings or id arrays, each a prompt of its own.
+  auto b = parse(R"({"prompt":["a",[7,8],"c"]})", false);
+  ASSERT_EQ(b.prompts.size(), 3u);
+  EXPECT_EQ(*b.prompts[0].text, "a");
+  EXPECT_EQ(b.prompts[1].ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(*b.prompts[2].text, "c");
+  refused(R"({"prompt":["a",5]})", false, "prompt[1]");
+  refused(R"({"prompt":["a",[]]})", false, "prompt[1]");
+  refused(R"({"prompt":[[1],[-1]]})", false, "prompt[1]");
+  refused(R"({"prompt":[true]})", false, "prompt[0]");
   refused(R"({"max_tokens":3})", false, "prompt");
 }
 
@@ -110,8 +120,12 @@ TEST(Protocol, RefusesBadValuesNamingTheField) {
   refused(R"({"prompt":"x","presence_penalty":3})", false, "presence_penalty");
   refused(R"({"prompt":"x","repetition_penalty":0})", false, "repetition_penalty");
   refused(R"({"prompt":"x","seed":"1"})", false, "seed");
-  refused(R"({"prompt":"x","n":2})", false, "n");
+  EXPECT_EQ(parse(R"({"prompt":"x","n":3,"best_of":3})", false).n, 3);
+  refused(R"({"prompt":"x","n":0})", false, "n");
+  refused(R"({"prompt":"x","n":1025})", false, "n");
+  refused(R"({"prompt":["a","b","c"],"n":500})", false, "n");
   refused(R"({"prompt":"x","best_of":2})", false, "best_of");
+  refused(R"({"prompt":"x","n":2,"best_of":3})", false, "best_of");
   refused(R"({"prompt":"x","stop":5})", false, "stop");
   refused(R"({"prompt":"x","stop":["a",1]})", false, "stop");
   refused(R"({"prompt":"x","stop":[""]})", false, "stop");
@@ -265,11 +279,17 @@ TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
         EXPECT_GE(r.params.min_tokens, 0);
         EXPECT_LE(r.params.top_logprobs, 20);
         EXPECT_GE(r.params.top_logprobs, 0);
-        for (int32_t id : r.prompt_ids) EXPECT_GE(id, 0);
-        if (!chat)
-          EXPECT_TRUE(r.has_prompt_ids || r.prompt_text.has_value());
-        else
+        EXPECT_GE(r.n, 1);
+        if (!chat) {
+          EXPECT_FALSE(r.prompts.empty());
+          EXPECT_LE(int64_t(r.prompts.size()) * r.n, kMaxChoices);
+          for (const PromptInput& p : r.prompts) {
+            EXPECT_TRUE(p.has_ids || p.text.has_value());
+            for (int32_t id : p.ids) EXPECT_GE(id, 0);
+          }
+        } else {
           EXPECT_FALSE(r.messages.empty());
+        }
       } catch (const ApiError& e) {
         ++refused_count;
         EXPECT_EQ(e.status, 400);
