@@ -17,6 +17,7 @@ void copy_h2d(int device, void* dst, const void* src, size_t bytes);
 void copy_d2h(int device, void* dst, const void* src, size_t bytes);
 void fill(int device, void* dst, uint8_t value, size_t bytes);
 void sync(int device);
+void set_device(int device);
 int device_count();
 }  // namespace cuda_mem
 #define SIEVE_CUDA_OR_THROW(expr) expr
@@ -95,6 +96,10 @@ void fill_bytes(const Device& device, void* dst, uint8_t value, size_t bytes) {
 
 void device_synchronize(const Device& device) {
   if (!device.is_cpu()) SIEVE_CUDA_OR_THROW(cuda_mem::sync(device.index));
+}
+
+void use_device(const Device& device) {
+  if (!device.is_cpu()) SIEVE_CUDA_OR_THROW(cuda_mem::set_device(device.index));
 }
 
 int cuda_device_count() {

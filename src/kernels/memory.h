@@ -38,6 +38,9 @@ void copy_to_device(const Device& device, void* dst, const void* src, size_t byt
 void copy_to_host(const Device& device, void* dst, const void* src, size_t bytes);
 void fill_bytes(const Device& device, void* dst, uint8_t value, size_t bytes);
 void device_synchronize(const Device& device);
+// Makes `device` the calling thread's current CUDA device (the one its kernels launch on; each
+// thread has its own); nothing for the CPU.
+void use_device(const Device& device);
 // Number of CUDA devices visible (0 in builds without CUDA or on machines without a GPU).
 int cuda_device_count();
 

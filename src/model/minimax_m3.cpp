@@ -124,6 +124,7 @@ class MiniMaxM3 final : public Model {
 
   void forward(const StepInputs& in, std::vector<float>& logits) override {
     if (caches_.empty()) throw Error("forward() before allocate_caches()");
+    use_device(dev_);  // the engine's thread is not the one that loaded the model
     validate(in);
     const int64_t n = int64_t(in.token_ids.size());
     const int num_seqs = int(in.seq_lens.size());

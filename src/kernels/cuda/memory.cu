@@ -27,15 +27,22 @@ void free(int device, void* p) {
   cudaFree(p);
 }
 void copy_h2d(int device, void* dst, const void* src, size_t bytes) {
+  check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
 }
 void copy_d2h(int device, void* dst, const void* src, size_t bytes) {
+  check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
 void fill(int device, void* dst, uint8_t value, size_t bytes) {
+  check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaMemset(dst, value, bytes), "cudaMemset");
 }
-void sync(int device) { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void sync(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
