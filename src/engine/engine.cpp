@@ -335,8 +335,17 @@ void Engine::step() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
-  std::vector<int> sample_seq;
-  model::StepInputs in = build_step_inputs(plan, model_.block_size(), &sample_seq);
+  // Requests that still collect prompt log-probs need every row of a chunk that covers them.
+  for (ScheduledSeq& s : plan.seqs) {
+    auto it = live_.find(s.request_id);
+    if (it == live_.end()) continue;
+    const Request& r = *it->second.req;
+    if (r.params.prompt_logprobs >= 0 && int64_t(r.prompt_lp.size()) + 1 < r.num_prompt_tokens &&
+        s.start_pos + 1 < r.num_prompt_tokens)
+      s.all_logits = true;
+  }
+  std::vector<int> row_seq;
+  model::StepInputs in = build_step_inputs(plan, model_.block_size(), &row_seq);
   const double t2 = now_seconds();
   try {
     model_.forward(in, logits_);
@@ -350,22 +359,36 @@ void Engine::step() {
   }
   const double t3 = now_seconds();
   const int64_t V = model_.vocab_size();
-  SIEVE_CHECK(int64_t(logits_.size()) >= int64_t(sample_seq.size()) * V,
+  SIEVE_CHECK(int64_t(logits_.size()) >= int64_t(row_seq.size()) * V,
               "model returned too few logits");
 
   std::vector<std::pair<Request*, FinishReason>> done;
   uint64_t prompt_tokens = 0, gen_tokens = 0;
   std::vector<double> ttfts, itls;
   const double now = now_seconds();
-  for (size_t row = 0; row < sample_seq.size(); ++row) {
-    const ScheduledSeq& s = plan.seqs[size_t(sample_seq[row])];
+  for (size_t first = 0, row = 0; first < row_seq.size(); first = row) {
+    // This sequence's rows: [first, row); its sampled row (if any) is the last.
+    const ScheduledSeq& s = plan.seqs[size_t(row_seq[first])];
+    while (row < row_seq.size() && row_seq[row] == row_seq[first]) ++row;
     auto it = live_.find(s.request_id);
     if (it == live_.end()) continue;
     Request* r = it->second.req.get();
     const SamplingParams& p = r->params;
+    if (s.all_logits) {
+      // Row j holds the distribution of the token after position start_pos + j.
+      for (size_t j = 0; first + j < row; ++j) {
+        const int64_t q = s.start_pos + int64_t(j) + 1;
+        if (q >= r->num_prompt_tokens || q != int64_t(r->prompt_lp.size()) + 1) continue;
+        r->prompt_lp.push_back(prompt_token_logprob(
+            std::span<const float>(logits_.data() + (first + j) * size_t(V), size_t(V)),
+            r->tokens[size_t(q)], p.prompt_logprobs));
+      }
+    }
+    if (!s.sample) continue;
+    const size_t sample_row = row - 1;
     std::vector<int32_t> stop_ids = p.stop_token_ids;
     if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), r->eos_ids.begin(), r->eos_ids.end());
-    std::span<const float> row_logits(logits_.data() + row * size_t(V), size_t(V));
+    std::span<const float> row_logits(logits_.data() + sample_row * size_t(V), size_t(V));
     SampleResult res =
         sample_token(row_logits, p, r->tokens, r->num_prompt_tokens, stop_ids, r->rng);
     r->tokens.push_back(res.token);
@@ -378,7 +401,10 @@ void Engine::step() {
       itls.push_back(now - r->last_token_s);
     }
     r->last_token_s = now;
-    it->second.stream->push(TokenOutput{res.token, res.logprob, std::move(res.top)});
+    TokenOutput out{res.token, res.logprob, std::move(res.top), {}};
+    // (A copy: after a preemption the recompute must still see what was collected.)
+    if (p.prompt_logprobs >= 0 && r->num_output_tokens() == 1) out.prompt = r->prompt_lp;
+    it->second.stream->push(std::move(out));
 
     const int64_t n_out = r->num_output_tokens();
     const bool is_eos = !p.ignore_eos && std::find(r->eos_ids.begin(), r->eos_ids.end(),

@@ -35,6 +35,8 @@ struct TokenOutput {
   int32_t token = 0;
   float logprob = 0;
   std::vector<TokenLogprob> top;
+  // On a request's first token when it asked for prompt_logprobs: prompt positions 1, 2, ...
+  std::vector<PromptTokenLogprob> prompt;
 };
 
 // Tokens of one request as the engine produces them; read by one consumer thread.

@@ -11,6 +11,17 @@ namespace sieve::engine {
 
 using RequestId = uint64_t;
 
+// A token's log-prob and its most likely alternatives.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+struct PromptTokenLogprob {
+  int32_t token = 0;  // the prompt's token at this position
+  float logprob = 0;  // given the tokens before it
+  std::vector<TokenLogprob> top;
+};
+
 struct SamplingParams {
   double temperature = 1.0;  // 0 = greedy
   double top_p = 1.0;        // (0, 1]
@@ -30,6 +41,10 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
   bool logprobs = false;
   int top_logprobs = 0;  // alternatives per position, natural log
+  // Log-probs of the prompt's tokens (each given the tokens before it) with this many
+  // alternatives; -1: none (vLLM's prompt_logprobs; the completions API's echo with logprobs).
+  // Such a request never reuses cached prefix blocks: every prompt row must be computed.
+  int prompt_logprobs = -1;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -47,6 +62,8 @@ struct Request {
   SamplingParams params;
   std::vector<int32_t> eos_ids;  // the model's end-of-sequence ids
   std::mt19937_64 rng;
+  // prompt_logprobs: entries for prompt positions 1, 2, ... collected so far (in order).
+  std::vector<PromptTokenLogprob> prompt_lp;
   RequestStatus status = RequestStatus::Waiting;
   FinishReason finish = FinishReason::None;
   int num_preemptions = 0;

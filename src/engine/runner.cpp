@@ -5,7 +5,7 @@
 namespace sieve::engine {
 
 model::StepInputs build_step_inputs(const StepPlan& plan, int block_size,
-                                    std::vector<int>* sample_seq) {
+                                    std::vector<int>* row_seq) {
   model::StepInputs in;
   const size_t num_seqs = plan.seqs.size();
   int max_blocks = 1;
@@ -17,7 +17,7 @@ model::StepInputs build_step_inputs(const StepPlan& plan, int block_size,
   in.token_ids.reserve(size_t(plan.num_tokens));
   in.positions.reserve(size_t(plan.num_tokens));
   in.slot_mapping.reserve(size_t(plan.num_tokens));
-  if (sample_seq) sample_seq->clear();
+  if (row_seq) row_seq->clear();
   in.query_start_loc.push_back(0);
   for (size_t si = 0; si < num_seqs; ++si) {
     const ScheduledSeq& s = plan.seqs[si];
@@ -37,9 +37,10 @@ model::StepInputs build_step_inputs(const StepPlan& plan, int block_size,
     in.seq_lens.push_back(int32_t(end));
     std::copy(s.block_table.begin(), s.block_table.end(),
               in.block_tables.begin() + long(si * size_t(max_blocks)));
-    if (s.sample) {
-      in.logits_indices.push_back(int32_t(in.token_ids.size()) - 1);
-      if (sample_seq) sample_seq->push_back(int(si));
+    const int64_t rows = s.all_logits ? n : (s.sample ? 1 : 0);
+    for (int64_t i = n - rows; i < n; ++i) {
+      in.logits_indices.push_back(int32_t(in.token_ids.size() - size_t(n) + size_t(i)));
+      if (row_seq) row_seq->push_back(int(si));
     }
   }
   return in;

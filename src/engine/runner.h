@@ -8,8 +8,9 @@
 
 namespace sieve::engine {
 
-// `sample_seq[i]` receives the plan index of the sequence that logits row i belongs to.
+// Logits rows, in plan order: every token's of a sequence with all_logits, else the last
+// token's of a sequence with sample. `row_seq[i]` receives the plan index of row i's sequence.
 model::StepInputs build_step_inputs(const StepPlan& plan, int block_size,
-                                    std::vector<int>* sample_seq = nullptr);
+                                    std::vector<int>* row_seq = nullptr);
 
 }  // namespace sieve::engine

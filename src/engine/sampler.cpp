@@ -148,18 +148,30 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   res.token = chosen;
   if (!raw_lp.empty()) {
     res.logprob = raw_lp[size_t(chosen)];
-    if (p.top_logprobs > 0) {
-      const size_t k = std::min<size_t>(size_t(p.top_logprobs), raw_lp.size());
-      std::vector<int32_t> idx(raw_lp.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(), [&](int32_t a, int32_t b) {
-        return raw_lp[size_t(a)] > raw_lp[size_t(b)] ||
-               (raw_lp[size_t(a)] == raw_lp[size_t(b)] && a < b);
-      });
-      for (size_t i = 0; i < k; ++i) res.top.push_back({idx[i], raw_lp[size_t(idx[i])]});
-    }
+    if (p.top_logprobs > 0) res.top = top_logprobs(raw_lp, p.top_logprobs);
   }
   return res;
+}
+
+std::vector<TokenLogprob> top_logprobs(std::span<const float> lp, int k_in) {
+  const size_t k = std::min<size_t>(size_t(std::max(k_in, 0)), lp.size());
+  std::vector<int32_t> idx(lp.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(), [&](int32_t a, int32_t b) {
+    return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
+  });
+  std::vector<TokenLogprob> top;
+  for (size_t i = 0; i < k; ++i) top.push_back({idx[i], lp[size_t(idx[i])]});
+  return top;
+}
+
+PromptTokenLogprob prompt_token_logprob(std::span<const float> logits, int32_t token, int k) {
+  const std::vector<float> lp = log_softmax(logits);
+  PromptTokenLogprob e;
+  e.token = token;
+  e.logprob = token >= 0 && size_t(token) < lp.size() ? lp[size_t(token)] : 0.0f;
+  if (k > 0) e.top = top_logprobs(lp, k);
+  return e;
 }
 
 }  // namespace sieve::engine

@@ -13,11 +13,6 @@
 
 namespace sieve::engine {
 
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0;
-};
-
 struct SampleResult {
   int32_t token = 0;
   float logprob = 0;              // of `token` under the raw distribution (when asked)
@@ -32,5 +27,11 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
 
 // log_softmax over the whole row (natural log), in double for accuracy.
 std::vector<float> log_softmax(std::span<const float> logits);
+
+// The k most likely tokens of a row of log-probs, most likely first (ties: lower id).
+std::vector<TokenLogprob> top_logprobs(std::span<const float> lp, int k);
+
+// A prompt token's log-prob from the logits of the position before it, with k alternatives.
+PromptTokenLogprob prompt_token_logprob(std::span<const float> logits, int32_t token, int k);
 
 }  // namespace sieve::engine

@@ -115,7 +115,7 @@ StepPlan Scheduler::schedule() {
     while (!waiting_.empty() && budget > 0 && int(running_.size()) < cfg_.max_num_seqs) {
       Request* r = waiting_.front();
       cache::PrefixHit hit;
-      if (r->num_computed_tokens == 0) hit = kv_.find_prefix(r->tokens);
+      if (r->num_computed_tokens == 0 && r->params.prompt_logprobs < 0) hit = kv_.find_prefix(r->tokens);
       const int64_t computed = hit.num_tokens;
       const int64_t n = std::min<int64_t>(int64_t(r->tokens.size()) - computed, budget);
       if (!kv_.allocate(r->id, computed + n, &hit)) break;

@@ -291,6 +291,11 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
   if (field(body, max_name)) {
     p.max_tokens = get_int(body, max_name, 16, std::numeric_limits<int64_t>::min(),
                            std::numeric_limits<int64_t>::max());
+    // max_tokens 0 is the completions API's way (with echo) of asking for the prompt alone.
+    if (p.max_tokens == 0 && !chat && get_bool(body, "echo", false)) {
+      r.prompt_only = true;
+      p.max_tokens = 1;
+    }
     if (p.max_tokens < 1) bad(max_name, "must be at least 1, got " + std::to_string(p.max_tokens));
     r.max_tokens_given = true;
   }
@@ -353,11 +358,12 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
       r.want_logprobs = true;
     }
     r.echo = get_bool(body, "echo", false);
-    if (r.echo && r.want_logprobs)
-      bad("echo", "echo together with logprobs (prompt logprobs) is not supported");
+    // echo with logprobs: the prompt's tokens get log-probs too (the first one null).
+    if (r.echo && r.want_logprobs) p.prompt_logprobs = r.top_logprobs;
   }
   p.logprobs = r.want_logprobs;
   p.top_logprobs = r.top_logprobs;
+  if (r.prompt_only) p.min_tokens = 0;
   return r;
 }
 

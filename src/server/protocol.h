@@ -50,6 +50,8 @@ struct GenerateRequest {
   // Completions: one prompt, or a batch (choice i * n + j is sample j of prompt i).
   std::vector<PromptInput> prompts;
   bool echo = false;
+  // echo with max_tokens 0: the prompt alone (one token is generated and left out, as vLLM).
+  bool prompt_only = false;
   int n = 1;  // completions per prompt; with a seed, sample j draws with seed + j
   // Chat.
   nlohmann::ordered_json messages, tools, chat_template_kwargs;

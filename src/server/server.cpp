@@ -318,7 +318,12 @@ struct Server::Impl {
       }
       for (const PromptInput& p : g.prompts) {
         if (p.has_ids) {
-          texts->push_back(g.echo ? tok.decode(p.ids, g.skip_special_tokens) : std::string());
+          // Ids of the model's padded vocabulary that have no token decode to nothing, as in outputs.
+          std::vector<int32_t> known;
+          if (g.echo)
+            for (int32_t id : p.ids)
+              if (id < tok.vocab_size()) known.push_back(id);
+          texts->push_back(g.echo ? tok.decode(known, g.skip_special_tokens) : std::string());
           out.push_back(p.ids);
         } else {
           texts->push_back(*p.text);
@@ -341,6 +346,11 @@ struct Server::Impl {
     std::unique_ptr<Output> out;
     engine::FinishReason fin = engine::FinishReason::None;
     bool finished = false;  // no more tokens will come (fin is final)
+    // echo with logprobs: the prompt's log-probs (positions 1, 2, ...), with the first token.
+    std::vector<engine::PromptTokenLogprob> prompt_lp;
+    bool prompt_only = false;    // echo with max_tokens 0
+    bool prompt_lp_in = false;   // they arrived
+    bool prompt_lp_out = false;  // streaming: the echo chunk that carries them was written
   };
 
   // A request's choices and what its responses repeat.
@@ -349,6 +359,7 @@ struct Server::Impl {
     std::vector<Choice> choices;
     std::vector<int64_t> prompt_tokens;  // per prompt
     std::vector<std::string> echo;       // per prompt: the text a completion with echo repeats
+    std::vector<std::vector<int32_t>> prompt_ids;  // per prompt (echo with logprobs)
     std::string id;
     int64_t created = 0;
     int client_fd = -1;
@@ -386,7 +397,12 @@ struct Server::Impl {
     if (c.finished) return false;
     std::vector<engine::TokenOutput> toks;
     const engine::FinishReason fin = c.rs->next(toks, wait);
-    for (const auto& t : toks) {
+    for (auto& t : toks) {
+      if (&t == &toks.front() && !c.prompt_lp_in && c.out->completion_tokens == 0) {
+        c.prompt_lp = std::move(t.prompt);
+        c.prompt_lp_in = true;
+      }
+      if (c.prompt_only) continue;  // echo with max_tokens 0: the generated token is left out
       const std::string piece = c.out->push(t, lp_delta);
       if (text) *text += piece;
       if (c.out->stopped_by_string) break;
@@ -450,6 +466,7 @@ struct Server::Impl {
       }
       gen->prompt_tokens.push_back(int64_t(prompts[i].size()));
       gen->echo.push_back(g.echo ? texts[i] : std::string());
+      gen->prompt_ids.push_back(g.params.prompt_logprobs >= 0 ? prompts[i] : std::vector<int32_t>());
       for (int j = 0; j < g.n; ++j) {
         engine::SamplingParams pj = params;
         if (pj.has_seed) pj.seed += uint64_t(j);
@@ -457,6 +474,9 @@ struct Server::Impl {
         c.index = int(i) * g.n + j;
         c.prompt = i;
         c.out = std::make_unique<Output>(tok, g);
+        c.prompt_only = g.prompt_only;
+        // With echo, the generated tokens' text offsets count from the end of the prompt's text.
+        for (unsigned char ch : gen->echo[i]) c.out->text_chars += (ch & 0xC0) != 0x80;
         try {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {
@@ -494,6 +514,39 @@ struct Server::Impl {
             {"prompt_tokens_details", nullptr}};
   }
 
+  // Completions logprobs of a choice's prompt (echo with logprobs): its tokens, their log-probs
+  // (the first null) and alternatives, and their offsets in the echoed text.
+  json prompt_logprobs_json(const Generation& gen, const Choice& c) const {
+    const std::vector<int32_t>& ids = gen.prompt_ids[c.prompt];
+    json tokens = json::array(), values = json::array(), top = json::array(), offsets = json::array();
+    text::StreamDecoder dec(tok, gen.g.skip_special_tokens);
+    int64_t chars = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      tokens.push_back(c.out->token_str(ids[i]));
+      offsets.push_back(chars);
+      if (c.out->known(ids[i]))
+        for (unsigned char ch : dec.push(ids[i])) chars += (ch & 0xC0) != 0x80;
+      if (i == 0 || i - 1 >= c.prompt_lp.size()) {
+        values.push_back(nullptr);
+        top.push_back(nullptr);
+        continue;
+      }
+      const engine::PromptTokenLogprob& e = c.prompt_lp[i - 1];
+      values.push_back(e.logprob);
+      json alts = json::object();
+      for (const auto& a : e.top) alts[c.out->token_str(a.token)] = a.logprob;
+      top.push_back(alts);
+    }
+    return {{"text_offset", offsets}, {"token_logprobs", values}, {"tokens", tokens}, {"top_logprobs", top}};
+  }
+
+  // The prompt's completions logprobs followed by the generated tokens' (`lp`).
+  static json with_prompt_logprobs(json prompt, const json& lp) {
+    for (const char* k : {"text_offset", "token_logprobs", "tokens", "top_logprobs"})
+      for (const auto& v : lp[k]) prompt[k].push_back(v);
+    return prompt;
+  }
+
   void full_response(httplib::Response& res, Generation& gen) {
     const GenerateRequest& g = gen.g;
     while (!gen.all_finished()) {
@@ -528,9 +581,14 @@ struct Server::Impl {
                   {"finish_reason", finish_name(c.fin, out.stopped_by_string)},
                   {"stop_reason", stop_reason_of(c, g)}};
       } else {
+        json lp = nullptr;
+        if (g.want_logprobs)
+          lp = g.params.prompt_logprobs >= 0
+                   ? with_prompt_logprobs(prompt_logprobs_json(gen, c), out.completion_logprobs())
+                   : out.completion_logprobs();
         choice = {{"index", c.index},
                   {"text", gen.echo[c.prompt] + out.text},
-                  {"logprobs", g.want_logprobs ? out.completion_logprobs() : json(nullptr)},
+                  {"logprobs", lp},
                   {"finish_reason", finish_name(c.fin, out.stopped_by_string)},
                   {"stop_reason", stop_reason_of(c, g)}};
       }
@@ -617,7 +675,8 @@ struct Server::Impl {
       for (const Choice& c : gen.choices) {
         if (g.chat && !write(sse(chunk(gen, c.index, "", nullptr, nullptr, nullptr, true))))
           return abort_stream(gen);
-        if (!g.chat && !gen.echo[c.prompt].empty() &&
+        // With logprobs the echo waits for the prompt's log-probs (they come with the first token).
+        if (!g.chat && !gen.echo[c.prompt].empty() && g.params.prompt_logprobs < 0 &&
             !write(sse(chunk(gen, c.index, gen.echo[c.prompt], nullptr, nullptr, nullptr))))
           return abort_stream(gen);
       }
@@ -638,6 +697,11 @@ struct Server::Impl {
       const bool any = pump(c, waited ? 0ms : 50ms, &text, lp.is_null() ? nullptr : (g.chat ? &lp["content"] : &lp));
       waited = true;
       progress |= any;
+      if (c.prompt_lp_in && !c.prompt_lp_out && g.params.prompt_logprobs >= 0) {
+        c.prompt_lp_out = true;
+        if (!write(sse(chunk(gen, c.index, gen.echo[c.prompt], prompt_logprobs_json(gen, c), nullptr, nullptr))))
+          return abort_stream(gen);
+      }
       if (!c.finished) {
         const bool new_tokens = c.out->completion_tokens > before;
         if ((!text.empty() || (new_tokens && g.want_logprobs)) &&

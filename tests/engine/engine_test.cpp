@@ -24,6 +24,8 @@ struct Job {
 struct Result {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;
+  std::vector<PromptTokenLogprob> prompt_lp;  // from the first output
   FinishReason finish = FinishReason::None;
 };
 
@@ -40,6 +42,8 @@ Result collect(RequestStream& s) {
   for (auto& t : out) {
     r.tokens.push_back(t.token);
     r.logprobs.push_back(t.logprob);
+    r.top.push_back(t.top);
+    if (&t == &out.front()) r.prompt_lp = t.prompt;
   }
   return r;
 }
@@ -131,6 +135,70 @@ TEST(Engine, CacheExhaustionPreemptsAndResumesWithTheSameOutput) {
   EXPECT_GT(stats.preemptions, 0u);
   for (size_t i = 0; i < jobs.size(); ++i)
     EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+}
+
+bool same_prompt_lp(const std::vector<PromptTokenLogprob>& a, const std::vector<PromptTokenLogprob>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].token != b[i].token || a[i].logprob != b[i].logprob || a[i].top.size() != b[i].top.size()) return false;
+    for (size_t j = 0; j < a[i].top.size(); ++j)
+      if (a[i].top[j].token != b[i].top[j].token || a[i].top[j].logprob != b[i].top[j].logprob) return false;
+  }
+  return true;
+}
+
+TEST(Engine, PromptLogprobsAreEachPositionsDistributionInEveryBatchShape) {
+  Rig solo;
+  auto jobs = random_jobs(6, 30, 70, solo.vocab, 21, 3);
+  for (auto& j : jobs) j.params.prompt_logprobs = 3;
+  jobs[1].params.prompt_logprobs = 0;
+  auto alone = run_alone(solo, jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const auto& lp = alone[i].prompt_lp;
+    ASSERT_EQ(lp.size(), jobs[i].prompt.size() - 1) << "request " << i;
+    for (size_t q = 1; q < jobs[i].prompt.size(); ++q) {
+      EXPECT_EQ(lp[q - 1].token, jobs[i].prompt[q]);
+      EXPECT_EQ(lp[q - 1].top.size(), size_t(jobs[i].params.prompt_logprobs));
+    }
+  }
+  // Against the distribution the model gives a request that ends before position q: its first
+  // token's alternatives over the whole vocabulary.
+  for (size_t q : {size_t(1), size_t(17), jobs[0].prompt.size() - 1}) {
+    Job prefix;
+    prefix.prompt.assign(jobs[0].prompt.begin(), jobs[0].prompt.begin() + long(q));
+    prefix.params.temperature = 0;
+    prefix.params.max_tokens = 1;
+    prefix.params.logprobs = true;
+    prefix.params.top_logprobs = int(solo.vocab);
+    Result r = run(solo, {prefix})[0];
+    ASSERT_EQ(r.top.size(), 1u);
+    float want = 0;
+    for (const TokenLogprob& t : r.top[0])
+      if (t.token == jobs[0].prompt[q]) want = t.logprob;
+    EXPECT_EQ(alone[0].prompt_lp[q - 1].logprob, want) << "position " << q;
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(alone[0].prompt_lp[q - 1].top[size_t(k)].token, r.top[0][size_t(k)].token);
+      EXPECT_EQ(alone[0].prompt_lp[q - 1].top[size_t(k)].logprob, r.top[0][size_t(k)].logprob);
+    }
+  }
+  // Chunked prefill mixed with other requests, preemption by recompute, and prefix caching
+  // (not used for these requests) give the same entries.
+  Rig chunked = solo;
+  chunked.sched.max_num_batched_tokens = 24;
+  Rig tight = solo;
+  tight.num_blocks = 12;
+  tight.sched.max_model_len = 160;
+  Rig caching = solo;
+  caching.caching = true;
+  for (const Rig* rig : {&chunked, &tight, &caching}) {
+    std::vector<Job> all = jobs;
+    all.insert(all.end(), jobs.begin(), jobs.end());  // each twice: a cached prefix is there
+    auto together = run(*rig, all);
+    for (size_t i = 0; i < all.size(); ++i) {
+      EXPECT_TRUE(same_prompt_lp(together[i].prompt_lp, alone[i % jobs.size()].prompt_lp)) << "request " << i;
+      EXPECT_EQ(together[i].tokens, alone[i % jobs.size()].tokens) << "request " << i;
+    }
+  }
 }
 
 TEST(Engine, PrefixCachingReusesBlocksWithoutChangingOutputs) {

@@ -244,6 +244,37 @@ await section('n completions a prompt, and batches of prompts', async () => {
   await waitIdle(srv.base);
 });
 
+await section("echo with logprobs: the prompt's log-probs (lm-eval's loglikelihood requests)", async () => {
+  const base = [9, 8, 7, 6, 5];
+  const g = await complete(base, 4, { logprobs: 1, return_tokens_as_token_ids: true });
+  const gen = idsOf(g.choices[0].logprobs);
+  const full = base.concat(gen);
+  const r = await complete([full], 1, { echo: true, logprobs: 1, return_tokens_as_token_ids: true });
+  const lp = r.choices[0].logprobs;
+  eq(lp.tokens.length, full.length + 1, 'the prompt tokens, then the generated one');
+  eq(lp.tokens.slice(0, full.length), full.map((t) => `token_id:${t}`), "the prompt's tokens");
+  check(lp.token_logprobs[0] === null && lp.top_logprobs[0] === null, 'the first prompt token has none');
+  const tail = lp.token_logprobs.slice(base.length, full.length);
+  check(tail.every((v, i) => Math.abs(v - g.choices[0].logprobs.token_logprobs[i]) < 1e-3),
+    "the continuation's log-probs equal the greedy run's", { tail, greedy: g.choices[0].logprobs.token_logprobs });
+  for (let i = base.length; i < full.length; ++i) {
+    const top = lp.top_logprobs[i];
+    const best = Object.keys(top).reduce((a, b) => (top[a] >= top[b] ? a : b));
+    eq(best, `token_id:${full[i]}`, `is_greedy at position ${i}`);
+  }
+  check(lp.text_offset.every((v, i) => i === 0 || v >= lp.text_offset[i - 1]), 'text offsets never decrease', lp.text_offset);
+  const z = await complete(full, 0, { echo: true, logprobs: 0, return_tokens_as_token_ids: true });
+  eq(z.choices[0].logprobs.tokens.length, full.length, 'max_tokens 0: the prompt alone');
+  eq(z.usage.completion_tokens, 0, 'max_tokens 0: no completion tokens');
+  eq(z.choices[0].logprobs.token_logprobs.slice(1), lp.token_logprobs.slice(1, full.length), 'the same prompt log-probs');
+  const st = await client.completions.create({ model: NAME, prompt: full, max_tokens: 2, ...greedy, echo: true, logprobs: 0,
+    stream: true, return_tokens_as_token_ids: true });
+  const toks = [];
+  for await (const c of st) for (const ch of c.choices) if (ch.logprobs) toks.push(...ch.logprobs.tokens);
+  eq(toks.length, full.length + 2, 'streamed: the prompt tokens, then the generated ones');
+  await waitIdle(srv.base);
+});
+
 await section('seeded sampling reproduces, in any batch', async () => {
   const p = { prompt: 'Seeds:', max_tokens: 20, temperature: 1.0, top_p: 0.95, ignore_eos: true };
   const a = await client.completions.create({ model: NAME, ...p, seed: 1234, logprobs: 0, return_tokens_as_token_ids: true });

@@ -141,7 +141,17 @@ TEST(Protocol, RefusesBadValuesNamingTheField) {
   refused(R"({"prompt":"x","logit_bias":{"99999999999":5}})", false, "logit_bias");
   refused(R"({"prompt":"x","logit_bias":{"1":"5"}})", false, "logit_bias");
   refused(R"({"prompt":"x","logit_bias":{"1":100.5}})", false, "logit_bias");
-  refused(R"({"prompt":"x","echo":true,"logprobs":1})", false, "echo");
+  {
+    // echo with logprobs asks for the prompt's log-probs; with max_tokens 0, for the prompt alone.
+    auto e = parse(R"({"prompt":"x","echo":true,"logprobs":2})", false);
+    EXPECT_EQ(e.params.prompt_logprobs, 2);
+    EXPECT_FALSE(e.prompt_only);
+    auto z = parse(R"({"prompt":"x","echo":true,"logprobs":0,"max_tokens":0})", false);
+    EXPECT_TRUE(z.prompt_only);
+    EXPECT_EQ(z.params.max_tokens, 1);
+    EXPECT_EQ(z.params.prompt_logprobs, 0);
+    EXPECT_EQ(parse(R"({"prompt":"x","logprobs":2})", false).params.prompt_logprobs, -1);
+  }
   {
     const auto lb = parse(R"({"prompt":"x","logit_bias":{"7":-100,"12":2.5}})", false).params.logit_bias;
     ASSERT_EQ(lb.size(), 2u);
