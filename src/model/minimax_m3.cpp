@@ -306,11 +306,15 @@ class MiniMaxM3 final : public Model {
     logits.assign(size_t(nl * V), 0.0f);
     if (nl == 0) return;
     Buffer &sel = sb.sel, &out = sb.out;
-    for (int64_t i = 0; i < nl; ++i) {
-      ops::RmsNormParams np = norm_params(w_.norm, 1);
-      np.x = static_cast<float*>(h.data()) + int64_t(in.logits_indices[i]) * H;
+    // One call per run of consecutive rows (a decode batch is one run).
+    for (int64_t i = 0; i < nl;) {
+      int64_t j = i + 1;
+      while (j < nl && in.logits_indices[size_t(j)] == in.logits_indices[size_t(j - 1)] + 1) ++j;
+      ops::RmsNormParams np = norm_params(w_.norm, j - i);
+      np.x = static_cast<float*>(h.data()) + int64_t(in.logits_indices[size_t(i)]) * H;
       np.y = static_cast<float*>(sel.data()) + i * H;
       ops::rms_norm(np, stream_);
+      i = j;
     }
     matmul(sel.data(), H, w_.lm_head, out.data(), V, nl, false);
     copy_to_host(dev_, logits.data(), out.data(), logits.size() * sizeof(float));
