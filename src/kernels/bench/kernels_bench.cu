@@ -80,11 +80,14 @@ __global__ void empty_kernel() {}
 // contiguous share of the list through a ring of `stages` bulk copies into shared memory
 // (one thread issues, then waits for each stage and reissues it), as the decode kernels' rings
 // do, but with the list precomputed: no metadata loads before the first copy and no math.
+// `l2_first`: the copies carry the L2 evict-first policy that the decode kernels use on the same
+// stream (cuda::l2_evict_first).
 struct ProbeRuns {
   const uint8_t* base[4];
   uint32_t bytes[4];
   int runs;
   uint32_t item_bytes;
+  int l2_first;
 };
 __global__ void __launch_bounds__(32) read_probe_kernel(ProbeRuns r, const int32_t* __restrict__ ids, int n, int per_cta,
                                                         int stages, unsigned* sink) {
@@ -95,13 +98,16 @@ __global__ void __launch_bounds__(32) read_probe_kernel(ProbeRuns r, const int32
   if (threadIdx.x != 0 || cnt <= 0) return;
   for (int s = 0; s < stages; ++s) cuda::mbar_init(&bars[s], 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  const bool hinted = r.l2_first != 0;
+  const uint64_t policy = hinted ? cuda::l2_policy_evict_first() : 0;
   auto issue = [&](int i) {
     const int s = i % stages;
     const int64_t id = __ldg(ids + i0 + i);
     cuda::mbar_expect_tx(&bars[s], r.item_bytes);
     uint32_t off = 0;
     for (int j = 0; j < r.runs; ++j) {
-      cuda::bulk_copy(ring + size_t(s) * r.item_bytes + off, r.base[j] + id * r.bytes[j], r.bytes[j], &bars[s]);
+      cuda::bulk_copy_policy(ring + size_t(s) * r.item_bytes + off, r.base[j] + id * r.bytes[j], r.bytes[j],
+                             &bars[s], hinted, policy);
       off += r.bytes[j];
     }
   };
@@ -130,7 +136,12 @@ struct ReadProbe {
     ProbeRuns& r = runs[s];
     r.base[r.runs] = static_cast<const uint8_t*>(base), r.bytes[r.runs] = bytes, r.item_bytes += bytes, ++r.runs;
   }
-  std::function<void(int, cudaStream_t)> fn() {
+  // Whether the decode kernels stream these bytes with the L2 evict-first policy (the same rule).
+  bool kernels_use_l2_first() const {
+    return cuda::l2_evict_first(int64_t(ids.at(0)->bytes / sizeof(int32_t)) * runs.at(0).item_bytes, -1);
+  }
+  std::function<void(int, cudaStream_t)> fn(bool l2_first = false) {
+    for (ProbeRuns& r : runs) r.l2_first = l2_first;
     const uint32_t item = runs.at(0).item_bytes;
     const int n = int(ids.at(0)->bytes / sizeof(int32_t));
     for (const DevPtr& l : ids)
@@ -649,10 +660,18 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         return ids;
       };
       // The read probe of a kernel's blocks (graph x16 per call, as the rows it is set against).
+      // Where the kernels stream these bytes with the L2 evict-first policy, a second row reads
+      // them under it too.
       auto probe_row = [&](const char* kernel, ReadProbe& pr, double floor_us) {
         Row r{kernel, shape, dt, kBatchMode, 0, floor_us, "bytes"};
-        r.us = time_it(iters, sets, pr.fn(), true, st, kGraphBatch);
+        r.us = time_it(iters, sets, pr.fn(false), true, st, kGraphBatch);
         emit(r, c);
+        if (!pr.kernels_use_l2_first()) return;
+        std::string name = kernel;
+        name.insert(name.size() - 1, ", L2 evict-first");
+        Row h{name, shape, dt, kBatchMode, 0, floor_us, "bytes"};
+        h.us = time_it(iters, sets, pr.fn(true), true, st, kGraphBatch);
+        emit(h, c);
       };
       const uint32_t kv_block = 128 * 128 * (fp8 ? 1 : 2);
       if (row_wanted(opt, kProbeIndexer)) {
