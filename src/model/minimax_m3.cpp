@@ -143,18 +143,36 @@ class MiniMaxM3 final : public Model {
 
     // Step inputs on the device, in buffers that later steps reuse.
     StepBuffers& sb = step_;
-    const Buffer& d_ids = upload_into(sb.ids, in.token_ids);
-    const Buffer& d_pos = upload_into(sb.pos, in.positions);
-    const Buffer& d_slots = upload_into(sb.slots, in.slot_mapping);
-    const Buffer& d_qsl = upload_into(sb.qsl, in.query_start_loc);
-    const Buffer& d_lens = upload_into(sb.lens, in.seq_lens);
-    const Buffer& d_bt = upload_into(sb.bt, in.block_tables);
+    // One copy for all six arrays (each at a 16-byte aligned offset of one staging buffer).
+    size_t staged = 0;
+    auto place = [&](size_t bytes) {
+      const size_t at = staged;
+      staged += (bytes + 15) / 16 * 16;
+      return at;
+    };
+    const size_t o_ids = place(in.token_ids.size() * 4), o_pos = place(in.positions.size() * 4);
+    const size_t o_slots = place(in.slot_mapping.size() * 8), o_qsl = place(in.query_start_loc.size() * 4);
+    const size_t o_lens = place(in.seq_lens.size() * 4), o_bt = place(in.block_tables.size() * 4);
+    stage_.resize(staged);
+    auto put = [&](size_t at, const auto& v) {
+      if (!v.empty()) std::memcpy(stage_.data() + at, v.data(), v.size() * sizeof(v[0]));
+    };
+    put(o_ids, in.token_ids);
+    put(o_pos, in.positions);
+    put(o_slots, in.slot_mapping);
+    put(o_qsl, in.query_start_loc);
+    put(o_lens, in.seq_lens);
+    put(o_bt, in.block_tables);
+    uint8_t* dev_in = static_cast<uint8_t*>(upload_into(sb.inputs, stage_).data());
+    const int32_t* d_ids = reinterpret_cast<const int32_t*>(dev_in + o_ids);
+    const int32_t* d_pos = reinterpret_cast<const int32_t*>(dev_in + o_pos);
+    const int64_t* d_slots = reinterpret_cast<const int64_t*>(dev_in + o_slots);
     ops::BatchView batch;
     batch.num_seqs = num_seqs;
     batch.num_tokens = n;
-    batch.query_start_loc = d_qsl.as<int32_t>();
-    batch.seq_lens = d_lens.as<int32_t>();
-    batch.block_tables = d_bt.as<int32_t>();
+    batch.query_start_loc = reinterpret_cast<const int32_t*>(dev_in + o_qsl);
+    batch.seq_lens = reinterpret_cast<const int32_t*>(dev_in + o_lens);
+    batch.block_tables = reinterpret_cast<const int32_t*>(dev_in + o_bt);
     batch.max_blocks_per_seq = in.max_blocks_per_seq;
     batch.max_seq_len = max_seq;
     batch.max_query_len = max_q;
@@ -167,7 +185,7 @@ class MiniMaxM3 final : public Model {
     Buffer &topk = sb.topk, &router_logits = sb.router_logits, &route_ids = sb.route_ids, &route_w = sb.route_w;
 
     ops::EmbeddingParams ep;
-    ep.ids = d_ids.as<int32_t>();
+    ep.ids = d_ids;
     ep.num_tokens = n;
     ep.table = w_.embed.data();
     ep.table_dtype = w_.embed.dtype;
@@ -201,10 +219,10 @@ class MiniMaxM3 final : public Model {
       rp.k_norm = L.k_norm.data();
       rp.norm_dtype = DType::F32;
       rp.eps = cfg_.rms_norm_eps;
-      rp.positions = d_pos.as<int32_t>();
+      rp.positions = d_pos;
       rp.cos_sin = rope_.as<float>();
       rp.rotary_dim = cfg_.rotary_dim;
-      rp.slot_mapping = d_slots.as<int64_t>();
+      rp.slot_mapping = d_slots;
       rp.kv = C.kv;
       const bool full_index = has_index_cache(l) && !cache_opts_.dense;
       if (L.sparse) {
@@ -324,7 +342,7 @@ class MiniMaxM3 final : public Model {
   // Activations and step inputs of forward(), kept between steps: a buffer grows when a step
   // needs more than it holds and is otherwise reused, so a decode step allocates nothing.
   struct StepBuffers {
-    Buffer ids, pos, slots, qsl, lens, bt;
+    Buffer inputs;  // token ids, positions, slots, query starts, lengths, block tables
     Buffer h, xn, qkv, attn, gate_up, act, topk, router_logits, route_ids, route_w, sel, out;
   };
 
@@ -523,6 +541,7 @@ class MiniMaxM3 final : public Model {
   Buffer rope_;
   int64_t rope_positions_ = 0;
   StepBuffers step_;
+  std::vector<uint8_t> stage_;  // host side of step_.inputs
   SelectionStats stats_;
 };
 
