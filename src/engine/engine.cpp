@@ -351,11 +351,20 @@ void Engine::step() {
     model_.forward(in, logits_);
   } catch (const std::exception& e) {
     SIEVE_LOG(Error, "forward failed: " << e.what());
+    {
+      std::lock_guard lk(stats_mu_);
+      ++stats_.consecutive_failed_steps;
+      stats_.last_step_error = e.what();
+    }
     for (const auto& s : plan.seqs) {
       auto it = live_.find(s.request_id);
       if (it != live_.end()) finish_request(it->second.req.get(), FinishReason::Error, e.what());
     }
     return;
+  }
+  {
+    std::lock_guard lk(stats_mu_);
+    stats_.consecutive_failed_steps = 0;
   }
   const double t3 = now_seconds();
   const int64_t V = model_.vocab_size();

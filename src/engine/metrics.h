@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace sieve::engine {
@@ -30,6 +31,10 @@ struct EngineStats {
   uint64_t prompt_tokens = 0, generation_tokens = 0, preemptions = 0, steps = 0;
   uint64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   uint64_t finished_stop = 0, finished_length = 0, finished_abort = 0, finished_error = 0;
+  // Steps that failed in a row (0 after a step that ran), and the last failure's message: a
+  // device that fails every step (a lost GPU context) makes /health answer 503.
+  int64_t consecutive_failed_steps = 0;
+  std::string last_step_error;
   Histogram ttft{ttft_buckets()}, itl{itl_buckets()}, e2e{e2e_buckets()};
 };
 

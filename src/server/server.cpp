@@ -283,6 +283,9 @@ struct Output {
   }
 };
 
+// /health answers 503 after this many engine steps failed in a row.
+constexpr int64_t kUnhealthyFailedSteps = 3;
+
 struct Server::Impl {
   engine::Engine& engine;
   const text::Tokenizer& tok;
@@ -967,8 +970,16 @@ struct Server::Impl {
     });
     http.Get("/v1/models", wrap([this](const auto&, auto& r) { handle_models(r); }));
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
-      if (owner->draining())
+      if (owner->draining()) {
         send_error(r, 503, "the server is shutting down");
+        return;
+      }
+      // A device that fails step after step (a lost GPU context) is not healthy; one bad step is.
+      const engine::EngineStats st = engine.stats();
+      if (st.consecutive_failed_steps >= kUnhealthyFailedSteps)
+        send_error(r, 503,
+                   "the engine's last " + std::to_string(st.consecutive_failed_steps) +
+                       " steps failed: " + st.last_step_error);
       else
         r.status = 200;
     });

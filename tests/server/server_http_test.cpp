@@ -143,6 +143,28 @@ TEST(ServerHttp, AFailingStepIsA500OrAnErrorEvent) {
   EXPECT_EQ(ok->status, 200);
   EXPECT_TRUE(rig.engine->wait_idle(2s));
   EXPECT_EQ(rig.engine->stats().num_free_blocks, 32);
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
+TEST(ServerHttp, HealthIs503WhileEveryStepFails) {
+  Rig rig;
+  rig.model.fail_on_token = 77;
+  auto c = rig.client();
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  for (int i = 0; i < 3; ++i) {
+    auto r = c.Post("/v1/completions", R"({"prompt":[3,77],"max_tokens":2})", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 500);
+  }
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_NE(h->body.find("injected failure"), std::string::npos) << h->body;
+  // A step that runs makes it healthy again.
+  auto ok = c.Post("/v1/completions", R"({"prompt":[1,2],"max_tokens":1,"temperature":0})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(c.Get("/health")->status, 200);
 }
 
 TEST(ServerHttp, ShutdownEndsOpenStreamsAndRefusesNewWork) {
