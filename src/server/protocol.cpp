@@ -134,7 +134,7 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
   const ojson* p = field(body, "prompt");
   if (!p) bad("prompt", "is required (a string, an array of token ids, or a batch of either)");
   if (p->is_string()) {
-    r.prompts.push_back({p->get<std::string>(), {}, false});
+    r.prompts.push_back({p->get<std::string>(), {}});
     return;
   }
   if (!p->is_array())
@@ -142,7 +142,7 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
   if (p->empty()) bad("prompt", "is empty");
   const ojson& first = (*p)[0];
   if (first.is_number()) {
-    r.prompts.push_back({std::nullopt, get_id_list(*p, "prompt"), true});
+    r.prompts.push_back({std::nullopt, get_id_list(*p, "prompt")});
     return;
   }
   // A batch: strings, or arrays of token ids.
@@ -153,10 +153,10 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
     const ojson& e = (*p)[i];
     const std::string where = "prompt[" + std::to_string(i) + "]";
     if (e.is_string()) {
-      r.prompts.push_back({e.get<std::string>(), {}, false});
+      r.prompts.push_back({e.get<std::string>(), {}});
     } else if (e.is_array()) {
       if (e.empty()) bad(where, "is empty");
-      r.prompts.push_back({std::nullopt, get_id_list(e, where), true});
+      r.prompts.push_back({std::nullopt, get_id_list(e, where)});
     } else {
       bad(where, std::string("expected a string or an array of token ids, got ") + type_name(e));
     }
@@ -263,15 +263,16 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
       bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));
     for (const auto& [key, v] : lb->items()) {
       const std::string k = key;
-      if (k.empty() || k.size() > 10 || k.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoll(k) > INT32_MAX)
+      const bool digits = !k.empty() && k.size() <= 10 && k.find_first_not_of("0123456789") == std::string::npos;
+      const long long id = digits ? std::stoll(k) : -1;
+      if (id < 0 || id > INT32_MAX)
         bad("logit_bias", "keys must be token ids (non-negative integers as strings), got \"" + k + "\"");
       if (!v.is_number())
         bad("logit_bias", "the bias of token " + k + ": expected a number, got " + type_name(v));
       const double b = v.get<double>();
       if (!(b >= -100.0 && b <= 100.0))
         bad("logit_bias", "the bias of token " + k + " must be between -100 and 100, got " + v.dump());
-      r.params.logit_bias.emplace_back(int32_t(std::stoll(k)), float(b));
+      r.params.logit_bias.emplace_back(int32_t(id), float(b));
     }
   }
 

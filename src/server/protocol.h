@@ -31,11 +31,10 @@ class ApiError : public std::runtime_error {
 nlohmann::json error_json(int status, const std::string& message, const std::string& param = {},
                           const std::string& type = {});
 
-// One prompt of a completions request: text, or token ids.
+// One prompt of a completions request: text, or (when text is empty) token ids.
 struct PromptInput {
   std::optional<std::string> text;
   std::vector<int32_t> ids;
-  bool has_ids = false;
 };
 
 // At most this many choices (prompts x n) in one request.

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "core/error.h"
@@ -165,6 +166,13 @@ class GrowingPool : public httplib::TaskQueue {
   bool stop_ = false;
 };
 
+// Characters (code points) of UTF-8 text: text offsets count them, as Python's str does in vLLM.
+int64_t code_points(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 }  // namespace
 
 // Per-request output assembly: detokenize, match stop strings, collect logprobs.
@@ -259,7 +267,7 @@ struct Output {
   // Offsets count characters (code points), as Python's str does in vLLM, not bytes.
   void append(const std::string& s) {
     text += s;
-    for (unsigned char c : s) text_chars += (c & 0xC0) != 0x80;
+    text_chars += code_points(s);
   }
   // End of generation: what the decoder and the stop matcher still hold.
   std::string finish() {
@@ -320,7 +328,7 @@ struct Server::Impl {
         return out;
       }
       for (const PromptInput& p : g.prompts) {
-        if (p.has_ids) {
+        if (!p.text) {
           // Ids of the model's padded vocabulary that have no token decode to nothing, as in outputs.
           std::vector<int32_t> known;
           if (g.echo)
@@ -351,7 +359,6 @@ struct Server::Impl {
     bool finished = false;  // no more tokens will come (fin is final)
     // echo with logprobs: the prompt's log-probs (positions 1, 2, ...), with the first token.
     std::vector<engine::PromptTokenLogprob> prompt_lp;
-    bool prompt_only = false;    // echo with max_tokens 0
     bool prompt_lp_in = false;   // they arrived
     bool prompt_lp_out = false;  // streaming: the echo chunk that carries them was written
   };
@@ -360,9 +367,8 @@ struct Server::Impl {
   struct Generation {
     GenerateRequest g;
     std::vector<Choice> choices;
-    std::vector<int64_t> prompt_tokens;  // per prompt
-    std::vector<std::string> echo;       // per prompt: the text a completion with echo repeats
-    std::vector<std::vector<int32_t>> prompt_ids;  // per prompt (echo with logprobs)
+    std::vector<std::vector<int32_t>> prompt_ids;  // per prompt
+    std::vector<std::string> echo;  // per prompt: the text a completion with echo repeats
     std::string id;
     int64_t created = 0;
     int client_fd = -1;
@@ -370,7 +376,7 @@ struct Server::Impl {
 
     int64_t usage_prompt() const {
       int64_t n = 0;
-      for (int64_t t : prompt_tokens) n += t;
+      for (const auto& ids : prompt_ids) n += int64_t(ids.size());
       return n;
     }
     int64_t usage_completion() const {
@@ -396,7 +402,8 @@ struct Server::Impl {
 
   // Takes what a choice's stream has (waiting up to `wait`); true when it produced anything
   // (tokens or its end). `lp_delta`: streaming logprobs of the new tokens; `text`: their text.
-  bool pump(Choice& c, std::chrono::milliseconds wait, std::string* text, json* lp_delta) {
+  bool pump(const GenerateRequest& g, Choice& c, std::chrono::milliseconds wait, std::string* text,
+            json* lp_delta) {
     if (c.finished) return false;
     std::vector<engine::TokenOutput> toks;
     const engine::FinishReason fin = c.rs->next(toks, wait);
@@ -405,7 +412,7 @@ struct Server::Impl {
         c.prompt_lp = std::move(t.prompt);
         c.prompt_lp_in = true;
       }
-      if (c.prompt_only) continue;  // echo with max_tokens 0: the generated token is left out
+      if (g.prompt_only) continue;  // echo with max_tokens 0: the generated token is left out
       const std::string piece = c.out->push(t, lp_delta);
       if (text) *text += piece;
       if (c.out->stopped_by_string) break;
@@ -467,9 +474,8 @@ struct Server::Impl {
         params.max_tokens = chat ? left : std::min<int64_t>(16, left);
         if (params.min_tokens > params.max_tokens) params.min_tokens = params.max_tokens;
       }
-      gen->prompt_tokens.push_back(int64_t(prompts[i].size()));
+      gen->prompt_ids.push_back(prompts[i]);
       gen->echo.push_back(g.echo ? texts[i] : std::string());
-      gen->prompt_ids.push_back(g.params.prompt_logprobs >= 0 ? prompts[i] : std::vector<int32_t>());
       for (int j = 0; j < g.n; ++j) {
         engine::SamplingParams pj = params;
         if (pj.has_seed) pj.seed += uint64_t(j);
@@ -477,9 +483,8 @@ struct Server::Impl {
         c.index = int(i) * g.n + j;
         c.prompt = i;
         c.out = std::make_unique<Output>(tok, g);
-        c.prompt_only = g.prompt_only;
         // With echo, the generated tokens' text offsets count from the end of the prompt's text.
-        for (unsigned char ch : gen->echo[i]) c.out->text_chars += (ch & 0xC0) != 0x80;
+        c.out->text_chars = code_points(gen->echo[i]);
         try {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {
@@ -527,8 +532,7 @@ struct Server::Impl {
     for (size_t i = 0; i < ids.size(); ++i) {
       tokens.push_back(c.out->token_str(ids[i]));
       offsets.push_back(chars);
-      if (c.out->known(ids[i]))
-        for (unsigned char ch : dec.push(ids[i])) chars += (ch & 0xC0) != 0x80;
+      if (c.out->known(ids[i])) chars += code_points(dec.push(ids[i]));
       if (i == 0 || i - 1 >= c.prompt_lp.size()) {
         values.push_back(nullptr);
         top.push_back(nullptr);
@@ -557,7 +561,7 @@ struct Server::Impl {
       bool waited = false;
       for (Choice& c : gen.choices) {
         if (c.finished) continue;
-        pump(c, waited ? 0ms : 100ms, nullptr, nullptr);
+        pump(g, c, waited ? 0ms : 100ms, nullptr, nullptr);
         waited = true;
       }
       if (!gen.all_finished() && peer_gone(gen.client_fd)) {
@@ -697,7 +701,8 @@ struct Server::Impl {
                            {"tokens", json::array()},
                            {"top_logprobs", json::array()}};
       const int64_t before = c.out->completion_tokens;
-      const bool any = pump(c, waited ? 0ms : 50ms, &text, lp.is_null() ? nullptr : (g.chat ? &lp["content"] : &lp));
+      const bool any =
+          pump(g, c, waited ? 0ms : 50ms, &text, lp.is_null() ? nullptr : (g.chat ? &lp["content"] : &lp));
       waited = true;
       progress |= any;
       if (c.prompt_lp_in && !c.prompt_lp_out && g.params.prompt_logprobs >= 0) {

@@ -58,7 +58,7 @@ TEST(Protocol, ParsesACompletionRequest) {
 TEST(Protocol, PromptsAsTokenIds) {
   auto r = parse(R"({"prompt":[1,2,3]})", false);
   ASSERT_EQ(r.prompts.size(), 1u);
-  EXPECT_TRUE(r.prompts[0].has_ids);
+  EXPECT_FALSE(r.prompts[0].text.has_value());
   EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_FALSE(r.max_tokens_given);
   EXPECT_EQ(parse(R"({"prompt":[[5,6]]})", false).prompts.at(0).ids, (std::vector<int32_t>{5, 6}));
@@ -294,7 +294,7 @@ TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
           EXPECT_FALSE(r.prompts.empty());
           EXPECT_LE(int64_t(r.prompts.size()) * r.n, kMaxChoices);
           for (const PromptInput& p : r.prompts) {
-            EXPECT_TRUE(p.has_ids || p.text.has_value());
+            EXPECT_TRUE(p.text.has_value() || !p.ids.empty());
             for (int32_t id : p.ids) EXPECT_GE(id, 0);
           }
         } else {
