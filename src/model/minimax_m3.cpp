@@ -36,13 +36,6 @@ struct LayerCache {
   ops::IndexCacheView index;
 };
 
-template <class T>
-Buffer upload_vec(const Device& dev, const std::vector<T>& v) {
-  Buffer b(dev, std::max<size_t>(1, v.size()) * sizeof(T));
-  if (!v.empty()) copy_to_device(dev, b.data(), v.data(), v.size() * sizeof(T));
-  return b;
-}
-
 class MiniMaxM3 final : public Model {
  public:
   MiniMaxM3(ModelConfig cfg, ModelWeights w, Device dev)
@@ -469,7 +462,7 @@ class MiniMaxM3 final : public Model {
     if (cfg_.max_position_embeddings > 0) want = std::max(positions, std::min(want, cfg_.max_position_embeddings));
     std::vector<float> table(size_t(want * cfg_.rotary_dim));
     if (cfg_.rotary_dim > 0) ops::build_rope_table(table.data(), want, cfg_.rotary_dim, cfg_.rope_theta);
-    rope_ = upload_vec(dev_, table);
+    upload_into(rope_, table);
     rope_positions_ = want;
   }
 
