@@ -32,6 +32,19 @@ TypedBuffer fetch(const Dev& d, DType t, size_t count) {
 
 double ulp_bf16(double v) { return std::ldexp(1.0, std::max(-133, std::ilogb(std::max(std::fabs(v), 1e-38)) - 7)); }
 
+// `got` element by element against the CPU's `want`: NaN exactly where the CPU has NaN (padding
+// that neither side writes), elsewhere within tol(want). Reports at most 5 failures.
+template <class Tol>
+void expect_elements_close(const TypedBuffer& got, const TypedBuffer& want, Tol tol, const std::string& what) {
+  int bad = 0;
+  for (size_t i = 0; i < want.count && bad < 5; ++i) {
+    const double a = got.get(i), b = want.get(i);
+    if (std::isnan(b) ? std::isnan(a) : std::fabs(a - b) <= tol(b)) continue;
+    ADD_FAILURE() << what << "[" << i << "] gpu " << a << " cpu " << b;
+    ++bad;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // matmul
 
@@ -171,14 +184,8 @@ TEST(CudaRmsNorm, MatchesCpu) {
           ops::rms_norm(p, gpu_stream());
           const TypedBuffer& want = alias ? x : y;
           TypedBuffer got = fetch(alias ? dx : dy, yt, want.count);
-          int bad = 0;
-          for (size_t i = 0; i < want.count && bad < 5; ++i) {
-            const double a = got.get(i), b = want.get(i);
-            if (std::isnan(b) ? std::isnan(a) : std::fabs(a - b) <= (yt == DType::BF16 ? ulp_bf16(b) : 4e-7 * std::fabs(b)))
-              continue;
-            ADD_FAILURE() << "y[" << i << "] gpu " << a << " cpu " << b;
-            ++bad;
-          }
+          expect_elements_close(
+              got, want, [&](double b) { return yt == DType::BF16 ? ulp_bf16(b) : 4e-7 * std::fabs(b); }, "y");
           if (residual) {
             EXPECT_EQ(dr.bytes(r.bytes.size()), r.bytes) << "stored residual sums differ";
           }
@@ -234,14 +241,10 @@ TEST(CudaSwigluOai, MatchesCpu) {
     p.out = dout.p();
     ops::swiglu_oai(p, gpu_stream());
     TypedBuffer got = fetch(dout, t, out.count);
-    int bad = 0;
-    for (size_t i = 0; i < out.count && bad < 5; ++i) {
-      const double a = got.get(i), b = out.get(i);
-      if (std::isnan(b) ? std::isnan(a) : std::fabs(a - b) <= (t == DType::BF16 ? ulp_bf16(b) : 1e-6 * std::fabs(b) + 1e-7))
-        continue;  // padding stays NaN on both; expf may differ by 2 ulp
-      ADD_FAILURE() << name(t) << " out[" << i << "] gpu " << a << " cpu " << b;
-      ++bad;
-    }
+    // expf may differ by 2 ulp.
+    expect_elements_close(
+        got, out, [&](double b) { return t == DType::BF16 ? ulp_bf16(b) : 1e-6 * std::fabs(b) + 1e-7; },
+        name(t) + " out");
   }
 }
 

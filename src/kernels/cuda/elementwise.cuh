@@ -42,13 +42,15 @@ __device__ __forceinline__ void st_elem(void* p, int t, int64_t i, float v) {
   }
 }
 
+// 1 / (1 + exp(-x)), rounded where the CPU reference rounds.
+__device__ __forceinline__ float sigmoid_value(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
 // g = min(gate, limit); u = clamp(up, -limit, limit); g * sigmoid(alpha * g) * (u + beta).
 // min / clamp keep NaN, as the CPU reference does.
 __device__ __forceinline__ float swiglu_oai_value(float g, float u, float alpha, float limit, float beta) {
   g = g > limit ? limit : g;
   u = u > limit ? limit : (u < -limit ? -limit : u);
-  const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(alpha, g))));
-  return __fmul_rn(__fmul_rn(g, s), __fadd_rn(u, beta));
+  return __fmul_rn(__fmul_rn(g, sigmoid_value(__fmul_rn(alpha, g))), __fadd_rn(u, beta));
 }
 
 }  // namespace sieve::cuda

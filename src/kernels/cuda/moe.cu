@@ -62,7 +62,7 @@ __global__ void moe_route_kernel(ops::MoeRouteParams p) {
       taken |= 1u << i;
       continue;
     }
-    const float sv = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-p.logits[t * E + e])));
+    const float sv = sigmoid_value(p.logits[t * E + e]);
     const float cv = __fadd_rn(sv, p.bias ? p.bias[e] : 0.0f);
     s[i] = sv;
     c[i] = isnan(cv) ? kNegInf : cv;
