@@ -153,7 +153,7 @@ Device parse_device(const std::string& value, const std::string& flag) {
   if (value != "auto" && value != "cuda" && value.rfind("cuda:", 0) != 0)
     fail("expected auto, cpu, cuda or cuda:N");
   d.kind = DeviceKind::CUDA;
-  if (value.size() > 4 && value.rfind("cuda:", 0) == 0) {
+  if (value.rfind("cuda:", 0) == 0) {
     const std::string n = value.substr(5);
     if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos)
       fail("N in cuda:N must be a device number");

