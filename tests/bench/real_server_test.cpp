@@ -19,28 +19,24 @@
 #include "bench/http_client.h"
 #include "bench/serve.h"
 #include "fake_openai_server.h"
+#include "sieve_cli_util.h"
 
 namespace sieve::bench {
 namespace {
 
 const std::string kSieve = SIEVE_BINARY_DIR "/sieve";
 
-std::string run_capture(const std::string& cmd, int* rc = nullptr) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int st = pclose(p);
-  if (rc) *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
+// `sieve ARGS`: stdout and stderr; its exit status in *rc.
+std::string run_capture(const std::string& args, int* rc = nullptr) {
+  sieve::testing::CliResult r = sieve::testing::run_sieve(args, true);
+  if (rc) *rc = r.rc;
+  return r.out;
 }
 
 // `sieve --help` lists commands as "  NAME  summary".
 bool has_command(const std::string& name) {
   if (!std::filesystem::exists(kSieve)) return false;
-  std::string help = run_capture(kSieve + " --help");
+  std::string help = run_capture("--help");
   return std::regex_search(help, std::regex("\n  " + name + " +"));
 }
 
@@ -68,7 +64,7 @@ TEST(BenchCli, ServeCommandAgainstFakeServer) {
   std::filesystem::remove_all(dir);
   int rc = -1;
   std::string out = run_capture(
-      kSieve + " bench serve --base-url " + s.base_url() +
+      "bench serve --base-url " + s.base_url() +
           " --num-prompts 6 --random-input-len 10 --random-output-len 6"
           " --max-concurrency 2 --request-rate 50 --percentile-metrics ttft,tpot,itl,e2el"
           " --metric-percentiles 50,99 --goodput ttft:60000 tpot:60000 --save-result"
@@ -100,7 +96,7 @@ TEST(BenchCli, ServeCommandAgainstFakeServer) {
 
   // User errors exit 2 with a message naming the option.
   out =
-      run_capture(kSieve + " bench serve --base-url " + s.base_url() + " --dataset-name nope", &rc);
+      run_capture("bench serve --base-url " + s.base_url() + " --dataset-name nope", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("--dataset-name"), std::string::npos) << out;
 }
