@@ -343,12 +343,52 @@ struct MoeCase {
   int skipped = 0;  // ids per 16 that are -1 or >= E (not this rank's experts)
   int64_t chunk = 0;  // set_moe_chunk_tokens
   int hot = -1;       // every token routes to this expert first (tiles of one expert)
+  bool simt = false;  // set_moe_force_simt: the fp32 SIMT products for BF16 weights too
+  // The tensor-core path: BF16 weights, hidden and inter multiples of 8.
+  bool tensor_cores() const { return w == DType::BF16 && H % 8 == 0 && I % 8 == 0 && !simt; }
 };
+
+// The tensor-core path's own rounding, in double: out + sum over the token's experts of
+// weight x down(SwiGLU(gate_up(x))) with x rounded to bf16 and SwiGLU's output rounded to bf16
+// (from fp32 gate and up sums), as the kernels store them.
+std::vector<double> moe_reference_bf16(const ops::MoeExpertsParams& p, const TypedBuffer& x, const TypedBuffer& out0,
+                                       const std::vector<TypedBuffer>& gu, const std::vector<TypedBuffer>& down) {
+  const int64_t T = p.num_tokens, H = p.hidden, I = p.inter;
+  const int K = p.topk;
+  std::vector<double> ref(size_t(T * H));
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = out0.get(i);
+  std::vector<double> xr(static_cast<size_t>(H));
+  std::vector<double> act(static_cast<size_t>(I));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t k = 0; k < H; ++k) xr[size_t(k)] = round_bf16(float(x.get(size_t(t * H + k))));
+    for (int j = 0; j < K; ++j) {
+      const int e = p.ids[t * K + j];
+      if (e < 0 || e >= p.num_experts) continue;
+      for (int64_t u = 0; u < I; ++u) {
+        double g = 0, up = 0;
+        for (int64_t k = 0; k < H; ++k) {
+          g += xr[size_t(k)] * gu[size_t(e)].get(size_t(u * H + k));
+          up += xr[size_t(k)] * gu[size_t(e)].get(size_t((I + u) * H + k));
+        }
+        const double gc = std::min(double(float(g)), double(p.limit));
+        const double uc = std::clamp(double(float(up)), -double(p.limit), double(p.limit));
+        act[size_t(u)] = round_bf16(float(gc / (1.0 + std::exp(-double(p.alpha) * gc)) * (uc + double(p.beta))));
+      }
+      for (int64_t d = 0; d < H; ++d) {
+        double yv = 0;
+        for (int64_t u = 0; u < I; ++u) yv += act[size_t(u)] * down[size_t(e)].get(size_t(d * I + u));
+        ref[size_t(t * H + d)] += double(p.weights[t * K + j]) * yv;
+      }
+    }
+  }
+  return ref;
+}
 
 void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   SCOPED_TRACE("T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " I " + std::to_string(c.I) + " E " +
                std::to_string(c.E) + " K " + std::to_string(c.K) + " act " + name(c.act) + " w " + name(c.w) +
-               " chunk " + std::to_string(c.chunk) + " hot " + std::to_string(c.hot));
+               " chunk " + std::to_string(c.chunk) + " hot " + std::to_string(c.hot) +
+               (c.tensor_cores() ? " tensor cores" : " simt"));
   Rng rng(seed);
   const int64_t T = c.T, H = c.H, I = c.I;
   const int E = c.E, K = c.K;
@@ -392,6 +432,7 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   p.w_down = down_h.data();
   p.w_dtype = c.w;
   Dev dout = Dev::of(out);
+  const std::vector<double> ref = c.tensor_cores() ? moe_reference_bf16(p, x, out, gu, down) : std::vector<double>{};
   p.out = out.data();
   cpu::run_moe_experts(p);
 
@@ -411,16 +452,21 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   p.w_down = ddp.as<const void*>();
   p.out = dout.p();
   cuda::set_moe_chunk_tokens(c.chunk);
+  cuda::set_moe_force_simt(c.simt);
   ops::moe_experts(p, gpu_stream());
   cuda::set_moe_chunk_tokens(0);
+  cuda::set_moe_force_simt(false);
   TypedBuffer got = fetch(dout, c.act, out.count);
   int bad = 0;
   for (size_t i = 0; i < out.count && bad < 5; ++i) {
-    const double a = got.get(i), b = out.get(i);
-    // fp32 on both sides; the dot products' sums differ in order only.
-    const double tol = 2e-5 * (1 + std::fabs(b)) + (c.act == DType::BF16 ? ulp_bf16(b) : 0.0);
+    const double a = got.get(i), b = c.tensor_cores() ? ref[i] : out.get(i);
+    // SIMT: fp32 on both sides, the dot products' sums differ in order only. Tensor cores:
+    // against the same roundings in double; 1e-3 leaves room for an intermediate value that
+    // rounds to the other bf16 neighbour (fp32 sums in another order), far below what a wrong
+    // row, column or k step gives.
+    const double tol = (c.tensor_cores() ? 1e-3 : 2e-5) * (1 + std::fabs(b)) + (c.act == DType::BF16 ? ulp_bf16(b) : 0.0);
     if (std::fabs(a - b) <= tol) continue;
-    ADD_FAILURE() << "out[" << i / size_t(H) << "," << i % size_t(H) << "] gpu " << a << " cpu " << b;
+    ADD_FAILURE() << "out[" << i / size_t(H) << "," << i % size_t(H) << "] gpu " << a << (c.tensor_cores() ? " ref " : " cpu ") << b;
     ++bad;
   }
 }
@@ -463,6 +509,31 @@ TEST(CudaMoeExperts, MatchesCpu) {
   c.K = 8;
   c.H = 256;
   c.I = 128;  // the bundled model's sizes, 128 experts
+  cases.push_back(c);
+  c.simt = true;
+  cases.push_back(c);
+  // Tensor cores: 150 rows of one expert (three tiles, the last partial), k tails (inter 40:
+  // one 32-wide step and a partial one), several chunks; units and columns past a 128-wide tile.
+  c = MoeCase{};
+  c.T = 150;
+  c.H = 136;
+  c.I = 40;
+  c.E = 4;
+  c.K = 2;
+  c.hot = 2;
+  cases.push_back(c);
+  c.act = DType::BF16;
+  c.chunk = 7;
+  cases.push_back(c);
+  c = MoeCase{};
+  c.T = 70;
+  c.H = 200;
+  c.I = 72;
+  c.E = 16;
+  c.K = 4;
+  c.skipped = 3;
+  cases.push_back(c);
+  c.simt = true;
   cases.push_back(c);
   for (const MoeCase& mc : cases) gpu_moe_case(mc, seed++);
 }

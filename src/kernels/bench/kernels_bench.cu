@@ -475,6 +475,7 @@ constexpr const char* kProbeIndexer = "read probe (decode indexer's bytes)";
 constexpr const char* kProbeSparse = "read probe (sparse attention's bytes)";
 constexpr const char* kProbeDense = "read probe (dense attention's bytes)";
 constexpr const char* kCacheWrite = "qkv norm+rope+cache write";
+constexpr const char* kMoe = "moe experts";
 
 }  // namespace
 
@@ -965,6 +966,83 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       on_row(r);
     }
   }
+  // ---- MoE experts of one TP4 rank (hidden 6144, 768 intermediate units of each of 128 experts,
+  // top-4, BF16 weights, fp32 activations as the model runs them): a decode batch of 32 tokens,
+  // bound by the routed experts' weights, and a prefill of 8192 tokens, bound by its FLOPs.
+  // Tokens route to 4 distinct experts drawn uniformly. Tensor cores (the default) against the
+  // fp32 SIMT products (cuda::set_moe_force_simt).
+  if (row_wanted(opt, kMoe)) {
+    constexpr int64_t H = 6144, I = 768;
+    constexpr int E = 128, K = 4;
+    std::vector<DevPtr> gu, dn;
+    std::vector<const void*> gu_p, dn_p;
+    for (int e = 0; e < E; ++e) {
+      gu.push_back(dev(size_t(2 * I * H) * 2));
+      dn.push_back(dev(size_t(H * I) * 2));
+      fill(gu.back()->p, 0, size_t(2 * I * H), 900 + e, 0.02f);
+      fill(dn.back()->p, 0, size_t(H * I), 1900 + e, 0.02f);
+      gu_p.push_back(gu.back()->p);
+      dn_p.push_back(dn.back()->p);
+    }
+    auto d_gu = upload(gu_p), d_dn = upload(dn_p);
+    std::mt19937 rng(77);
+    for (int tokens : {32, 8192}) {
+      const std::string shape = std::to_string(tokens) + " tokens";
+      if (!wanted(opt, "moe " + shape + " bf16")) continue;
+      std::vector<int32_t> ids(size_t(tokens) * K);
+      std::vector<float> wts(ids.size());
+      std::vector<char> used(E, 0);
+      for (int t = 0; t < tokens; ++t) {
+        std::vector<int32_t> perm(E);
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int j = 0; j < K; ++j) {
+          std::swap(perm[size_t(j)], perm[size_t(j) + rng() % size_t(E - j)]);
+          ids[size_t(t) * K + size_t(j)] = perm[size_t(j)];
+          wts[size_t(t) * K + size_t(j)] = 0.25f;
+          used[size_t(perm[size_t(j)])] = 1;
+        }
+      }
+      const double experts = double(std::count(used.begin(), used.end(), 1));
+      auto d_ids = upload(ids), d_w = upload(wts);
+      auto x = dev(size_t(tokens * H) * 4), out = dev(size_t(tokens * H) * 4);
+      fill(x->p, 2, size_t(tokens * H), 31, 2.f, -1.f);
+      fill(out->p, 2, size_t(tokens * H), 32, 2.f, -1.f);
+      ops::MoeExpertsParams p;
+      p.x = x->p;
+      p.act_dtype = DType::F32;
+      p.num_tokens = tokens, p.hidden = H, p.inter = I, p.num_experts = E, p.topk = K;
+      p.ids = d_ids->as<int32_t>();
+      p.weights = d_w->as<float>();
+      p.w_gate_up = d_gu->as<const void*>();
+      p.w_down = d_dn->as<const void*>();
+      p.w_dtype = DType::BF16;
+      p.out = out->p;
+      cuda_check(cudaDeviceSynchronize(), "bench inputs");
+      // Floor: the routed experts' weights once (and the rows in and out), or the products'
+      // FLOPs, whichever takes longer.
+      const double bytes = experts * double(3 * H * I) * 2 + double(tokens * H) * 4 * 3;
+      const double flops = double(tokens) * K * 2.0 * 3.0 * double(H * I);
+      const bool by_flops = flops / rate > bytes / bw;
+      const double floor_us = (by_flops ? flops / rate : bytes / bw) * 1e6;
+      auto fn = [&](int, cudaStream_t stream) { cuda::run_moe_experts(p, stream); };
+      for (bool simt : {false, true}) {
+        cuda::set_moe_force_simt(simt);
+        const std::string mode = simt ? "simt fp32" : "tensor cores";
+        Row r{kMoe, shape, "bf16", mode, 0, floor_us, by_flops ? "flops" : "bytes"};
+        r.runs = iters, r.input_sets = 1;
+        r.us = time_it(simt && tokens > 32 ? std::min(iters, 10) : iters, 1, fn, false, st);
+        if (simt && tokens > 32) r.runs = std::min(iters, 10);
+        on_row(r);
+        if (!simt) {
+          r.mode = mode + ", graph";
+          r.us = time_it(iters, 1, fn, true, st);
+          on_row(r);
+        }
+      }
+      cuda::set_moe_force_simt(false);
+    }
+  }
+
   cuda_check(cudaStreamSynchronize(st), "bench end");
   cudaStreamDestroy(st);
 }

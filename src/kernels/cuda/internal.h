@@ -102,9 +102,12 @@ struct PrefillV2Knobs {
 };
 void set_indexer_prefill_v2_knobs(const PrefillV2Knobs& k);
 
-// Test hook: moe_experts processes at most `tokens` tokens a chunk (0: as many as its 256 MiB
+// Test hook: moe_experts processes at most `tokens` tokens a chunk (0: as many as its 1 GiB
 // scratch holds), so the tests cover several chunks with small batches.
 void set_moe_chunk_tokens(int64_t tokens);
+// Test hook: moe_experts uses its fp32 SIMT products for BF16 weights too (by default these go to
+// the tensor cores when hidden and inter are multiples of 8).
+void set_moe_force_simt(bool on);
 
 // Development aids of the kernels (common.cu). env_int: the integer value of an environment
 // variable, `unset` (default 0) when unset or empty. indexer_trace_enabled: SIEVE_INDEXER_TRACE=1 (read once): the

@@ -3,21 +3,23 @@
 // moe_route: one warp a token; the top-k by k rounds of a warp arg-max (higher biased score,
 // then lower expert id; NaN ranks as -inf), the weights summed in rank order as on the CPU.
 //
-// moe_experts, per chunk of tokens (sized so its intermediate rows fit a 256 MiB scratch), four
+// moe_experts, per chunk of tokens (sized so its intermediate rows fit a 1 GiB scratch), a few
 // kernels and no host synchronisation, so the op can be captured in a CUDA graph:
 //  1. sort: one CTA counts the (token, slot) pairs of each expert, lays the experts' row ranges
 //     and 64-row tiles out by prefix sums and scatters each pair's index into its expert's range;
-//  2. gate_up: a CTA per (tile, 32 intermediate columns) multiplies the tile's token rows by the
-//     expert's gate and up rows and applies SwiGLU-OAI in its epilogue (fp32);
-//  3. down: a CTA per (tile, 64 hidden columns) multiplies those rows by the expert's down rows
-//     into a row per pair;
+//  2. gate_up: the tile's token rows times the expert's gate and up rows, SwiGLU-OAI in the
+//     epilogue (fp32), into an intermediate row per pair;
+//  3. down: those rows times the expert's down rows into a row per pair (fp32);
 //  4. combine: out[t] += sum of weight x row over the token's experts, in expert-id order (the CPU
 //     reference's order), one rounding to the activation dtype at the end.
-// Products and sums are fp32 (weights converted exactly), as on the CPU; only the order of the
-// dot products' sums differs. A row's result does not depend on where it lands in its expert's
-// range, so the sort's order (shared-memory atomics) does not change the output. The grid of
-// steps 2 and 3 is an upper bound on the tiles (pairs / 64 + experts); CTAs past the last tile
-// return at once.
+// The products of steps 2 and 3 run on tensor cores for BF16 weights (hidden and inter multiples
+// of 8): the token rows are rounded to bf16 as they are read, the intermediate rows are stored in
+// bf16, and mma.sync multiplies bf16 by bf16 with fp32 accumulation. Other
+// weights (F32) and sizes take fp32 SIMT tiles, exact like the CPU: products and sums in fp32,
+// weights converted exactly, only the order of the dot products' sums differs.
+// A row's result does not depend on where it lands in its expert's range, so the sort's order
+// (shared-memory atomics) does not change the output. The grids of steps 2 and 3 are an upper
+// bound on the tiles (pairs / 64 + experts); CTAs past the last tile return at once.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,8 +42,9 @@ constexpr int kMaxTopk = 32;
 constexpr int kBM = 64, kBN = 64, kBK = 32, kGemmThreads = 256;
 constexpr int kSortThreads = 1024;
 constexpr int kMaxSortExperts = 4096;  // two int32 per expert in shared memory
-constexpr size_t kScratchBytes = size_t(256) << 20;
+constexpr size_t kScratchBytes = size_t(1) << 30;
 std::atomic<int64_t> g_chunk_tokens{0};  // test hook; 0: from kScratchBytes
+std::atomic<bool> g_force_simt{false};   // test hook: the fp32 SIMT products for BF16 weights too
 
 // ---------------------------------------------------------------------------------------------
 // moe_route
@@ -159,7 +162,7 @@ struct GemmArgs {
   float alpha, limit, beta;
 };
 
-// Steps 2 and 3. Thread (ty, tx) of a CTA holds rows 4 ty .. 4 ty + 3 of the tile and tile
+// Steps 2 and 3 on fp32 SIMT tiles. Thread (ty, tx) of a CTA holds rows 4 ty .. 4 ty + 3 of the tile and tile
 // columns 2 tx, 2 tx + 1, 32 + 2 tx, 33 + 2 tx: with kGateUp the first two are gate columns and
 // the last two the up columns of the same intermediate units, so SwiGLU needs no exchange.
 template <bool kGateUp>
@@ -283,6 +286,225 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(GemmArgs a) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor-core products (BF16 weights, hidden and inter multiples of 8): bf16 x bf16 mma.sync with
+// fp32 accumulation over 64 x 128 x 32 tiles. gate_up reads the token rows through the sort's
+// indirection and rounds them to bf16 on their way into shared memory; SwiGLU's output is stored
+// in bf16 for down, which reads it by cp.async.
+
+constexpr int kTM = 64, kTN = 128, kTK = 32, kTStages = 3, kTThreads = 128;
+constexpr int kTLd = kTK + 8;  // shared row: 80 bytes, so ldmatrix's 8 rows hit distinct banks
+constexpr int kTRegChunks = kTM * kTK / 4 / kTThreads;  // gate_up: 4-element runs of x a thread a stage
+
+struct MmaArgs {
+  const void* x;             // gate_up: the chunk's token rows [tokens, K] (F32, or BF16 if x_bf16)
+  int x_bf16, topk;
+  const uint16_t* act_in;    // down: SwiGLU rows [rows, K] bf16 by sorted row
+  const void* const* w;      // per expert, bf16: gate_up [2 N, K] ([gate | up] rows); down [N, K]
+  int64_t N, K;              // gate_up: N = inter, K = hidden; down: N = hidden, K = inter
+  int E;
+  const int32_t* sorted;
+  const int32_t* offsets;
+  const int32_t* tile_start;
+  uint16_t* act;             // gate_up: [rows, N] bf16 by sorted row
+  float* y;                  // down: [pairs, N] fp32 by pair
+  float alpha, limit, beta;
+  int nblocks;               // CTAs a tile: 128 weight rows each
+};
+
+// A CTA per (64-row tile, 128 weight rows); 4 warps, warp w takes tile rows 32 (w & 1) .. + 31
+// and weight rows 64 (w >> 1) .. + 63 (8 n8 tiles); a 3-stage ring over k: weights (and down's
+// rows) by cp.async, gate_up's x rows by registers (loaded before a stage's MMAs, stored after).
+// kGateUp: the 128 weight rows are 64 units' gate and up rows interleaved in runs of 8 (gate
+// units 8 p .. 8 p + 7, then their up rows), so n8 tiles 2 i and 2 i + 1 of a warp hold a unit's
+// gate and up sums in the same registers of the same lane and SwiGLU needs no exchange.
+// The grid is one-dimensional with the weight-row blocks of a tile adjacent, so the CTAs that
+// share a tile's rows, and the tiles of one expert that share its weights, run together and
+// find them in L2.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
+  __shared__ __align__(128) uint16_t As[kTStages][kTM][kTLd];
+  __shared__ __align__(128) uint16_t Ws[kTStages][kTN][kTLd];
+  __shared__ int64_t row_of[kTM];  // gate_up: element offset of tile row i's x row; down: its pair; -1: none
+  const int tile = int(blockIdx.x / unsigned(a.nblocks));
+  if (tile >= a.tile_start[a.E]) return;
+  int lo = 0, hi = a.E - 1;  // the last e with tile_start[e] <= tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (a.tile_start[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int e = lo;
+  const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * kTM;
+  const int rows = min(kTM, a.offsets[e + 1] - r0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < kTM) {
+    int64_t v = -1;
+    if (tid < rows) v = kGateUp ? int64_t(a.sorted[r0 + tid] / a.topk) * a.K : int64_t(a.sorted[r0 + tid]);
+    row_of[tid] = v;
+  }
+  __syncthreads();
+  const int64_t j0 = int64_t(blockIdx.x % unsigned(a.nblocks)) * (kGateUp ? kTN / 2 : kTN);
+  const uint16_t* W = static_cast<const uint16_t*>(a.w[e]);
+  const int64_t nk = (a.K + kTK - 1) / kTK;
+
+  // Stage s <- k step kt by 16-byte cp.async chunks (K % 8 == 0); rows past the tile, units
+  // past N and k past K are zeros.
+  auto load_async = [&](int s, int64_t kt) {
+    const int64_t k0 = kt * kTK;
+    if (!kGateUp) {
+#pragma unroll
+      for (int q = 0; q < kTM * kTK / 8 / kTThreads; ++q) {
+        const int idx = tid + kTThreads * q;
+        const int i = idx / (kTK / 8), ch = idx % (kTK / 8);
+        const int64_t k = k0 + 8 * ch;
+        uint16_t* dst = &As[s][i][8 * ch];
+        if (i < rows && k < a.K) {
+          cp_async16(dst, a.act_in + int64_t(r0 + i) * a.K + k);
+        } else {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kTN * kTK / 8 / kTThreads; ++q) {
+      const int idx = tid + kTThreads * q;
+      const int c = idx / (kTK / 8), ch = idx % (kTK / 8);
+      const int64_t k = k0 + 8 * ch;
+      int64_t n;
+      bool ok;
+      if (kGateUp) {
+        const int64_t unit = j0 + 8 * (c >> 4) + (c & 7);
+        ok = unit < a.N;
+        n = ((c & 8) ? a.N : 0) + unit;
+      } else {
+        n = j0 + c;
+        ok = n < a.N;
+      }
+      uint16_t* dst = &Ws[s][c][8 * ch];
+      if (ok && k < a.K) {
+        cp_async16(dst, W + n * a.K + k);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // gate_up's x: run q of a thread is tile row (tid + 128 q) / 8, elements 4 ((tid + 128 q) % 8) ..
+  // + 3 of the k step, as bf16 pairs.
+  uint32_t xr[kTRegChunks][2];
+  auto load_x = [&](int64_t kt) {
+#pragma unroll
+    for (int q = 0; q < kTRegChunks; ++q) {
+      const int idx = tid + kTThreads * q;
+      const int i = idx / (kTK / 4);
+      const int64_t k = kt * kTK + 4 * (idx % (kTK / 4)), src = row_of[i];
+      xr[q][0] = xr[q][1] = 0;
+      if (src >= 0 && k < a.K) {
+        if (a.x_bf16) {
+          const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(a.x) + src + k);
+          xr[q][0] = v.x;
+          xr[q][1] = v.y;
+        } else {
+          const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + src + k);
+          xr[q][0] = pack_bf16x2(v.x, v.y);
+          xr[q][1] = pack_bf16x2(v.z, v.w);
+        }
+      }
+    }
+  };
+  auto store_x = [&](int s) {
+#pragma unroll
+    for (int q = 0; q < kTRegChunks; ++q) {
+      const int idx = tid + kTThreads * q;
+      *reinterpret_cast<uint2*>(&As[s][idx / (kTK / 4)][4 * (idx % (kTK / 4))]) = make_uint2(xr[q][0], xr[q][1]);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kTStages - 1; ++s) {
+    if (s < nk) {
+      load_async(s, s);
+      if (kGateUp) {
+        load_x(s);
+        store_x(s);
+      }
+    }
+    cp_async_commit();
+  }
+  float acc[2][8][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.0f;
+  const int wm = 32 * (warp & 1), wn = 64 * (warp >> 1);
+  const bool active = wm < rows;  // decode: a few rows an expert, so warps 1 and 3 only load
+  for (int64_t kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kTStages - 2>();
+    __syncthreads();  // stage kt landed for all; every warp is done with stage kt - 1
+    const int64_t next = kt + kTStages - 1;
+    if (next < nk) {
+      load_async(int(next % kTStages), next);
+      if (kGateUp) load_x(next);
+    }
+    cp_async_commit();
+    const int s = int(kt % kTStages);
+    if (active) {
+#pragma unroll
+      for (int ks = 0; ks < kTK / 16; ++ks) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(af[mt], &As[s][wm + 16 * mt + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bf[4];
+          ldmatrix_x4(bf, &Ws[s][wn + 16 * np + (lane & 7) + 8 * (lane >> 4)][16 * ks + 8 * ((lane >> 3) & 1)]);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_bf16(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+            mma_bf16(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+          }
+        }
+      }
+    }
+    // Stage `next` is the one every warp finished before this step's barrier.
+    if (kGateUp && next < nk) store_x(int(next % kTStages));
+  }
+  cp_async_wait_all();
+  if (!active) return;
+
+  // acc[mt][nt][2 h + c]: tile row wm + 16 mt + lane / 4 + 8 h, weight row wn + 8 nt + 2 (lane % 4) + c.
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = wm + 16 * mt + (lane >> 2) + 8 * h;
+      if (row >= rows) continue;
+      if (kGateUp) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t unit = j0 + wn / 2 + 8 * i + 2 * (lane & 3);
+          if (unit >= a.N) continue;  // N % 8 == 0: unit + 1 < N too
+          const float v0 = swiglu_oai_value(acc[mt][2 * i][2 * h], acc[mt][2 * i + 1][2 * h], a.alpha, a.limit, a.beta);
+          const float v1 =
+              swiglu_oai_value(acc[mt][2 * i][2 * h + 1], acc[mt][2 * i + 1][2 * h + 1], a.alpha, a.limit, a.beta);
+          *reinterpret_cast<uint32_t*>(a.act + int64_t(r0 + row) * a.N + unit) = pack_bf16x2(v0, v1);
+        }
+      } else {
+        float* dst = a.y + row_of[row] * a.N;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const int64_t col = j0 + wn + 8 * nt + 2 * (lane & 3);
+          if (col < a.N) *reinterpret_cast<float2*>(dst + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+        }
+      }
+    }
+}
+
 // Step 4. One CTA a token.
 __global__ void moe_combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const float* y,
                                    int64_t H, void* out, int ot) {
@@ -315,6 +537,7 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 }  // namespace
 
 void set_moe_chunk_tokens(int64_t tokens) { g_chunk_tokens.store(std::max<int64_t>(0, tokens)); }
+void set_moe_force_simt(bool on) { g_force_simt.store(on); }
 
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   if (p.num_tokens <= 0) return true;
@@ -343,66 +566,107 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   if (H > INT_MAX / 2 || I > INT_MAX / 2) return false;
   cudaStream_t st = static_cast<cudaStream_t>(stream_v);
 
-  // Tokens per chunk: its pairs' act and y rows (fp32) fit the scratch (at least one token).
-  const size_t row_bytes = size_t(I + H) * sizeof(float) + sizeof(int32_t);
-  const size_t fixed = 2 * align256(size_t(E + 1) * sizeof(int32_t)) + 3 * 256;
+  // Tensor cores for BF16 weights whose rows are whole 16-byte chunks; the fp32 SIMT tiles
+  // otherwise (F32 weights, odd sizes).
+  // (x rows of 16-byte (F32) or 8-byte (BF16) aligned runs of 4 for the register loads).
+  const bool tc = p.w_dtype == DType::BF16 && H % 8 == 0 && I % 8 == 0 && H <= (1 << 20) && I <= (1 << 20) &&
+                  reinterpret_cast<uintptr_t>(p.x) % (p.act_dtype == DType::F32 ? 16 : 8) == 0 &&
+                  !g_force_simt.load(std::memory_order_relaxed);
+
+  // Tokens per chunk: its pairs' rows (act in bf16 with tensor cores, else fp32; y in fp32) fit
+  // the scratch (at least one token).
+  const size_t row_bytes = size_t(I) * (tc ? 2 : 4) + size_t(H) * 4 + sizeof(int32_t);
+  const size_t fixed = 2 * align256(size_t(E + 1) * sizeof(int32_t)) + 4 * 256;
   int64_t chunk = int64_t((kScratchBytes - fixed) / row_bytes) / topk;
   if (const int64_t forced = g_chunk_tokens.load(std::memory_order_relaxed); forced > 0) chunk = forced;
-  chunk = std::max<int64_t>(1, std::min<int64_t>({chunk, T, int64_t(INT_MAX) / topk / 2}));
+  // At most 2^22 pairs a chunk: the tensor-core grid (tiles x weight-row blocks) stays below 2^31.
+  chunk = std::max<int64_t>(1, std::min<int64_t>({chunk, T, (int64_t(1) << 22) / topk}));
   const int64_t max_pairs = chunk * topk;
   const size_t off_b = align256(size_t(E + 1) * sizeof(int32_t));
   const size_t sorted_b = align256(size_t(max_pairs) * sizeof(int32_t));
-  const size_t act_b = align256(size_t(max_pairs) * size_t(I) * sizeof(float));
+  const size_t act_b = align256(size_t(max_pairs) * size_t(I) * (tc ? 2 : 4));
   const size_t y_b = align256(size_t(max_pairs) * size_t(H) * sizeof(float));
   auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, 2 * off_b + sorted_b + act_b + y_b));
   auto* offsets = reinterpret_cast<int32_t*>(base);
   auto* tile_start = reinterpret_cast<int32_t*>(base + off_b);
   auto* sorted = reinterpret_cast<int32_t*>(base + 2 * off_b);
-  auto* act = reinterpret_cast<float*>(base + 2 * off_b + sorted_b);
+  void* act = base + 2 * off_b + sorted_b;
   auto* y = reinterpret_cast<float*>(base + 2 * off_b + sorted_b + act_b);
   const size_t esz = dtype_size(p.act_dtype);
 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t tc = std::min(chunk, T - t0);
-    const int pairs = int(tc * topk);
+    const int64_t tc_tokens = std::min(chunk, T - t0);
+    const int pairs = int(tc_tokens * topk);
     const int32_t* ids = p.ids + t0 * topk;
+    const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * esz;
     moe_sort_kernel<<<1, kSortThreads, size_t(2 * E) * sizeof(int32_t), st>>>(ids, pairs, int(E), offsets,
                                                                               tile_start, sorted);
     SIEVE_LAUNCH_CHECK("moe_experts (sort)");
-    const unsigned tiles = unsigned((pairs + kBM - 1) / kBM + E);
 
-    GemmArgs g{};
-    g.x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * esz;
-    g.ldx = H;
-    g.x_bf16 = p.act_dtype == DType::BF16;
-    g.w = p.w_gate_up;
-    g.w_bf16 = p.w_dtype == DType::BF16;
-    g.N = I;
-    g.K = H;
-    g.topk = int(topk);
-    g.E = int(E);
-    g.sorted = sorted;
-    g.offsets = offsets;
-    g.tile_start = tile_start;
-    g.out = act;
-    g.alpha = p.alpha;
-    g.limit = p.limit;
-    g.beta = p.beta;
-    moe_gemm_kernel<true><<<dim3(tiles, unsigned((I + kBN / 2 - 1) / (kBN / 2))), kGemmThreads, 0, st>>>(g);
-    SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
+    if (tc) {
+      // Both products on tensor cores; tiles of kTM rows (kTM == kBM: the sort's tile count).
+      static_assert(kTM == kBM, "the sort lays out tiles of kBM rows");
+      const unsigned tiles = unsigned((pairs + kTM - 1) / kTM + E);
+      MmaArgs m{};
+      m.x = x;
+      m.x_bf16 = p.act_dtype == DType::BF16;
+      m.topk = int(topk);
+      m.w = p.w_gate_up;
+      m.N = I;
+      m.K = H;
+      m.E = int(E);
+      m.sorted = sorted;
+      m.offsets = offsets;
+      m.tile_start = tile_start;
+      m.act = static_cast<uint16_t*>(act);
+      m.y = y;
+      m.alpha = p.alpha;
+      m.limit = p.limit;
+      m.beta = p.beta;
+      m.nblocks = int((I + kTN / 2 - 1) / (kTN / 2));
+      moe_mma_kernel<true><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
+      SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
+      m.act_in = static_cast<const uint16_t*>(act);
+      m.w = p.w_down;
+      m.N = H;
+      m.K = I;
+      m.nblocks = int((H + kTN - 1) / kTN);
+      moe_mma_kernel<false><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
+      SIEVE_LAUNCH_CHECK("moe_experts (down)");
+    } else {
+      const unsigned tiles = unsigned((pairs + kBM - 1) / kBM + E);
+      GemmArgs g{};
+      g.x = x;
+      g.ldx = H;
+      g.x_bf16 = p.act_dtype == DType::BF16;
+      g.w = p.w_gate_up;
+      g.w_bf16 = p.w_dtype == DType::BF16;
+      g.N = I;
+      g.K = H;
+      g.topk = int(topk);
+      g.E = int(E);
+      g.sorted = sorted;
+      g.offsets = offsets;
+      g.tile_start = tile_start;
+      g.out = static_cast<float*>(act);
+      g.alpha = p.alpha;
+      g.limit = p.limit;
+      g.beta = p.beta;
+      moe_gemm_kernel<true><<<dim3(tiles, unsigned((I + kBN / 2 - 1) / (kBN / 2))), kGemmThreads, 0, st>>>(g);
+      SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
+      g.x = act;
+      g.ldx = I;
+      g.x_bf16 = 0;
+      g.w = p.w_down;
+      g.N = H;
+      g.K = I;
+      g.out = y;
+      moe_gemm_kernel<false><<<dim3(tiles, unsigned((H + kBN - 1) / kBN)), kGemmThreads, 0, st>>>(g);
+      SIEVE_LAUNCH_CHECK("moe_experts (down)");
+    }
 
-    g.x = act;
-    g.ldx = I;
-    g.x_bf16 = 0;
-    g.w = p.w_down;
-    g.N = H;
-    g.K = I;
-    g.out = y;
-    moe_gemm_kernel<false><<<dim3(tiles, unsigned((H + kBN - 1) / kBN)), kGemmThreads, 0, st>>>(g);
-    SIEVE_LAUNCH_CHECK("moe_experts (down)");
-
-    moe_combine_kernel<<<unsigned(tc), 256, 0, st>>>(ids, p.weights + t0 * topk, int(topk), int(E), y, H,
-                                                     static_cast<uint8_t*>(p.out) + size_t(t0 * H) * esz, at);
+    moe_combine_kernel<<<unsigned(tc_tokens), 256, 0, st>>>(ids, p.weights + t0 * topk, int(topk), int(E), y, H,
+                                                            static_cast<uint8_t*>(p.out) + size_t(t0 * H) * esz, at);
     SIEVE_LAUNCH_CHECK("moe_experts (combine)");
   }
   return true;
