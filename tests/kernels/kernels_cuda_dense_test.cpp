@@ -337,6 +337,8 @@ TEST(CudaMoeRoute, TiesGoToTheLowerExpertId) {
 // moe_experts
 
 struct MoeCase {
+  MoeCase() = default;
+  MoeCase(int64_t t, int64_t h, int64_t i, int e, int k) : T(t), H(h), I(i), E(e), K(k) {}
   int64_t T = 5, H = 64, I = 32;
   int E = 8, K = 2;
   DType act = DType::F32, w = DType::BF16;
@@ -484,53 +486,31 @@ TEST(CudaMoeExperts, MatchesCpu) {
       c.T = 1;
       c.K = 1;
       cases.push_back(c);
-      c.T = 70;
-      c.H = 100;
-      c.I = 70;
-      c.E = 16;
-      c.K = 4;
-      c.skipped = 3;
-      cases.push_back(c);
+      MoeCase wide(70, 100, 70, 16, 4);
+      wide.act = act;
+      wide.w = w;
+      wide.skipped = 3;
+      cases.push_back(wide);
     }
   }
-  MoeCase c;
-  c.T = 300;
-  c.H = 129;
-  c.I = 33;
-  c.E = 4;
-  c.K = 2;
+  MoeCase c(300, 129, 33, 4, 2);
   c.hot = 2;  // 300 rows of expert 2: five 64-row tiles, the last partial
   cases.push_back(c);
   c.chunk = 7;  // several chunks, the last one short
   cases.push_back(c);
-  c = MoeCase{};
-  c.T = 33;
-  c.E = 128;
-  c.K = 8;
-  c.H = 256;
-  c.I = 128;  // the bundled model's sizes, 128 experts
+  c = MoeCase(33, 256, 128, 128, 8);  // the bundled model's sizes, 128 experts
   cases.push_back(c);
   c.simt = true;
   cases.push_back(c);
   // Tensor cores: 150 rows of one expert (three tiles, the last partial), k tails (inter 40:
   // one 32-wide step and a partial one), several chunks; units and columns past a 128-wide tile.
-  c = MoeCase{};
-  c.T = 150;
-  c.H = 136;
-  c.I = 40;
-  c.E = 4;
-  c.K = 2;
+  c = MoeCase(150, 136, 40, 4, 2);
   c.hot = 2;
   cases.push_back(c);
   c.act = DType::BF16;
   c.chunk = 7;
   cases.push_back(c);
-  c = MoeCase{};
-  c.T = 70;
-  c.H = 200;
-  c.I = 72;
-  c.E = 16;
-  c.K = 4;
+  c = MoeCase(70, 200, 72, 16, 4);
   c.skipped = 3;
   cases.push_back(c);
   c.simt = true;

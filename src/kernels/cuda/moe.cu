@@ -147,6 +147,20 @@ __global__ void __launch_bounds__(kSortThreads) moe_sort_kernel(const int32_t* i
   }
 }
 
+// The expert whose tiles hold `tile`: the last e with tile_start[e] <= tile.
+__device__ __forceinline__ int tile_expert(const int32_t* tile_start, int E, int tile) {
+  int lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (tile_start[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 struct GemmArgs {
   const void* x;  // gate_up: the chunk's token rows (act dtype); down: the act rows (fp32)
   int64_t ldx;
@@ -173,17 +187,7 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(GemmArgs a) {
   __shared__ int32_t out_row[kBM];  // output row, -1: none
   const int tile = blockIdx.x;
   if (tile >= a.tile_start[a.E]) return;
-  // The expert whose tiles hold this one: the last e with tile_start[e] <= tile.
-  int lo = 0, hi = a.E - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (a.tile_start[mid] <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int e = lo;
+  const int e = tile_expert(a.tile_start, a.E, tile);
   const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * kBM;
   const int rows = min(kBM, a.offsets[e + 1] - r0);
   const int tid = threadIdx.x;
@@ -328,16 +332,7 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
   __shared__ int64_t row_of[kTM];  // gate_up: element offset of tile row i's x row; down: its pair; -1: none
   const int tile = int(blockIdx.x / unsigned(a.nblocks));
   if (tile >= a.tile_start[a.E]) return;
-  int lo = 0, hi = a.E - 1;  // the last e with tile_start[e] <= tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (a.tile_start[mid] <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int e = lo;
+  const int e = tile_expert(a.tile_start, a.E, tile);
   const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * kTM;
   const int rows = min(kTM, a.offsets[e + 1] - r0);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
