@@ -6,10 +6,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "cache/sizing.h"
 #include "cli/command.h"
@@ -20,6 +26,7 @@
 #include "model/locate.h"
 #include "model/model.h"
 #include "server/server.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 #ifdef SIEVE_HAVE_CUDA
@@ -84,6 +91,105 @@ sigset_t shutdown_signals() {
   return set;
 }
 
+nlohmann::json read_json_file(const fs::path& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(what + ": cannot read " + path.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(what + ": " + path.string() + " is not valid JSON: " + e.what());
+  }
+}
+
+// Sampling defaults as vLLM's --generation-config and --override-generation-config give them.
+server::RequestDefaults request_defaults(const std::string& mode, const std::string& model_dir,
+                                         const std::string& overrides_arg, int max_logprobs) {
+  nlohmann::json cfg, overrides = nlohmann::json::object();
+  if (mode == "auto") {
+    const fs::path f = fs::path(model_dir) / "generation_config.json";
+    if (fs::exists(f)) cfg = read_json_file(f, "--generation-config auto");
+  } else if (mode != "vllm") {
+    const fs::path f = fs::path(mode) / "generation_config.json";
+    if (!fs::exists(f)) throw Error("--generation-config " + mode + ": no generation_config.json in that folder");
+    cfg = read_json_file(f, "--generation-config");
+  }
+  if (!overrides_arg.empty()) {
+    try {
+      overrides = nlohmann::json::parse(overrides_arg);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(std::string("--override-generation-config: not valid JSON: ") + e.what());
+    }
+  }
+  server::RequestDefaults base;
+  base.max_logprobs = max_logprobs;
+  server::RequestDefaults d = server::request_defaults_from(cfg, overrides, base);
+  const server::RequestDefaults neutral;
+  std::string changed;
+  auto note = [&](const char* k, auto v) {
+    changed += std::string(changed.empty() ? "" : ", ") + k + " " + nlohmann::json(v).dump();
+  };
+  if (d.temperature != neutral.temperature) note("temperature", d.temperature);
+  if (d.top_p != neutral.top_p) note("top_p", d.top_p);
+  if (d.top_k != neutral.top_k) note("top_k", d.top_k);
+  if (d.min_p != neutral.min_p) note("min_p", d.min_p);
+  if (d.repetition_penalty != neutral.repetition_penalty) note("repetition_penalty", d.repetition_penalty);
+  if (d.max_tokens) note("max_tokens", d.max_tokens);
+  if (!changed.empty())
+    SIEVE_LOG(Info, "default sampling parameters from the generation config: "
+                        << changed << " (requests that set a field keep theirs; --generation-config vllm for none)");
+  return d;
+}
+
+// Seconds between the periodic stats lines: SIEVE_LOG_STATS_INTERVAL, else vLLM's
+// VLLM_LOG_STATS_INTERVAL, else 10.
+double stats_interval_s() {
+  for (const char* env : {"SIEVE_LOG_STATS_INTERVAL", "VLLM_LOG_STATS_INTERVAL"})
+    if (const char* v = std::getenv(env); v && *v) {
+      char* end = nullptr;
+      const double x = std::strtod(v, &end);
+      if (end && *end == '\0' && x > 0) return x;
+      throw Error(std::string(env) + " must be a positive number of seconds, got \"" + v + "\"");
+    }
+  return 10.0;
+}
+
+// Logs engine::stats_log_line every `interval` seconds while there is work.
+class StatsLogger {
+ public:
+  StatsLogger(const engine::Engine& e, double interval) : engine_(e), interval_(interval) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~StatsLogger() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    engine::EngineStats before = engine_.stats();
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock lk(mu_);
+    while (!cv_.wait_for(lk, std::chrono::duration<double>(interval_), [this] { return stop_; })) {
+      engine::EngineStats now = engine_.stats();
+      const auto t1 = std::chrono::steady_clock::now();
+      const std::string line = engine::stats_log_line(before, now, std::chrono::duration<double>(t1 - t0).count());
+      if (!line.empty()) SIEVE_LOG(Info, line);
+      before = std::move(now);
+      t0 = t1;
+    }
+  }
+  const engine::Engine& engine_;
+  double interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 int run_serve(const std::vector<std::string>& argv) {
   Args a("serve", argv);
   a.opt({"--model"}, "DIR",
@@ -114,6 +220,20 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--profiler-dir", "--torch-profiler-dir"}, "DIR",
            "enable POST /start_profile and /stop_profile, writing Chrome traces here")
       .opt({"--max-request-bytes"}, "BYTES", "largest request body accepted (larger: 413)", "32MiB")
+      .opt({"--generation-config"}, "auto|vllm|DIR",
+           "default sampling parameters: the model's generation_config.json (auto), vLLM's neutral ones "
+           "(vllm), or DIR/generation_config.json",
+           "auto")
+      .opt({"--override-generation-config"}, "JSON",
+           "JSON object of sampling defaults over the generation config, e.g. '{\"temperature\": 0.6}'")
+      .opt({"--max-logprobs"}, "N", "most log-prob alternatives a request may ask for", "20")
+      .opt({"--seed"}, "N",
+           "seed of requests that bring none (with their arrival order); default: random")
+      .opt({"--chat-template"}, "FILE|TEMPLATE", "chat template file, or the template itself, instead of the model's")
+      .opt({"--dtype"}, "DTYPE", "auto or bfloat16: weights as stored (bf16), activations fp32", "auto")
+      .flag({"--disable-log-stats"}, "no periodic throughput and cache log line")
+      .flag({"--disable-log-requests"}, "accepted for vLLM compatibility; requests are not logged")
+      .flag({"--enforce-eager"}, "accepted for vLLM compatibility; steps already run eagerly")
       .flag({"--trust-remote-code"}, "accepted for vLLM compatibility; no effect")
       .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes")
       .flag({"--no-enable-prefix-caching"}, "do not reuse prompt prefixes (the default)");
@@ -135,6 +255,18 @@ int run_serve(const std::vector<std::string>& argv) {
   if (a.get_flag("--enable-prefix-caching") && a.get_flag("--no-enable-prefix-caching"))
     throw Error("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   const bool prefix_caching = a.get_flag("--enable-prefix-caching");
+  const long long max_logprobs = a.get_int("--max-logprobs");
+  if (max_logprobs < 0 || max_logprobs > 1000000) throw Error("--max-logprobs must be in 0..1000000");
+  if (const std::string dt = a.get("--dtype"); dt != "auto" && dt != "bfloat16" && dt != "bf16")
+    throw Error("--dtype " + dt +
+                " is not supported: Sieve keeps the weights as stored (bf16) and computes in fp32 "
+                "(use auto or bfloat16)");
+  std::optional<uint64_t> seed;
+  if (a.has("--seed")) {
+    const long long v = a.get_int("--seed");
+    if (v < 0) throw Error("--seed must be at least 0");
+    seed = uint64_t(v);
+  }
   const uint64_t cache_bytes = cache::parse_bytes(a.get("--kv-cache-memory"), "--kv-cache-memory");
   const uint64_t max_body = cache::parse_bytes(a.get("--max-request-bytes"), "--max-request-bytes");
 
@@ -147,6 +279,11 @@ int run_serve(const std::vector<std::string>& argv) {
       }
 
   const std::string dir = a.has("--model") ? a.get("--model") : default_model();
+  // Checked before the weights load, so a mistake in them fails at once.
+  const server::RequestDefaults defaults =
+      request_defaults(a.get("--generation-config"), dir, a.get("--override-generation-config"), int(max_logprobs));
+  std::optional<std::string> chat_template;
+  if (a.has("--chat-template")) chat_template = text::chat_template_arg(a.get("--chat-template"));
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
   lo.device = parse_device(a.get("--device"));
@@ -156,6 +293,7 @@ int run_serve(const std::vector<std::string>& argv) {
                           cfg.use_sparse_attention);
 
   text::Tokenizer tok = text::Tokenizer::load(dir);
+  if (chat_template) tok.set_chat_template(*chat_template);
 
   model::CacheOptions co;
   co.kv_dtype = model::parse_cache_dtype(a.get("--kv-cache-dtype"), "--kv-cache-dtype");
@@ -209,6 +347,7 @@ int run_serve(const std::vector<std::string>& argv) {
                   .max_model_len = max_len};
   ec.num_blocks = co.num_blocks;
   ec.enable_prefix_caching = prefix_caching;
+  ec.seed = seed;
   ec.eos_ids = tok.eos_ids();
   for (int64_t e : cfg.eos_token_ids)
     if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end())
@@ -226,6 +365,7 @@ int run_serve(const std::vector<std::string>& argv) {
   so.api_key = api_key;
   so.max_body_bytes = size_t(max_body);
   so.profiler_dir = a.get("--profiler-dir");
+  so.defaults = defaults;
 
   // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
   // started below), which drains the server.
@@ -262,7 +402,10 @@ int run_serve(const std::vector<std::string>& argv) {
                              << srv.port() << " (" << co.num_blocks << " cache blocks of "
                              << m->block_size() << " tokens, max model len " << max_len
                              << ", prefix caching " << (prefix_caching ? "on" : "off") << ")");
+  std::optional<StatsLogger> stats_log;
+  if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval_s());
   srv.run();
+  stats_log.reset();
   engine.stop();
   // run() also returns on a listener failure; make the watcher exit either way.
   if (!stopped.exchange(true)) pthread_kill(watcher.native_handle(), SIGTERM);

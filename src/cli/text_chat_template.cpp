@@ -32,6 +32,7 @@ int run_chat_template(const std::vector<std::string>& argv) {
            "a JSON array of messages, or an object with \"messages\" (and \"tools\")")
       .opt({"--tools"}, "FILE.json", "a JSON array of tool definitions")
       .opt({"--kwargs"}, "JSON", "extra template variables, e.g. '{\"enable_thinking\": false}'")
+      .opt({"--chat-template"}, "FILE|TEMPLATE", "chat template file, or the template itself, instead of the model's")
       .flag({"--add-generation-prompt"}, "end with the assistant turn's opening")
       .flag({"--tokenize"}, "print the prompt's token ids after it");
   if (!a.parse()) return 0;
@@ -55,6 +56,7 @@ int run_chat_template(const std::vector<std::string>& argv) {
     }
   }
   text::Tokenizer tok = text::Tokenizer::load(a.get("--tokenizer"));
+  if (a.has("--chat-template")) tok.set_chat_template(text::chat_template_arg(a.get("--chat-template")));
   std::string prompt =
       text::render_chat(tok, messages, tools, a.get_flag("--add-generation-prompt"), kwargs);
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);

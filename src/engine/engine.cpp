@@ -123,6 +123,12 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt,
   r->eos_ids = cfg_.eos_ids;
   if (params.has_seed) {
     r->rng.seed(params.seed);
+  } else if (cfg_.seed) {
+    // splitmix64 of (seed, arrival order): well-spread seeds for consecutive requests.
+    uint64_t z = *cfg_.seed + 0x9e3779b97f4a7c15ull * (uint64_t(r->id) + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    r->rng.seed(z ^ (z >> 31));
   } else {
     std::random_device rd;
     r->rng.seed((uint64_t(rd()) << 32) ^ rd() ^ r->id);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -29,6 +30,10 @@ struct EngineConfig {
   int64_t num_blocks = 0;  // the model's caches must already hold this many blocks
   bool enable_prefix_caching = false;
   std::vector<int32_t> eos_ids;  // end-of-sequence ids (tokenizer / config)
+  // --seed: a request without a seed of its own samples from a generator seeded by this and its
+  // arrival order, so a server restarted with the same seed and sent the same requests in the
+  // same order samples the same tokens. Unset: from std::random_device.
+  std::optional<uint64_t> seed;
 };
 
 struct TokenOutput {

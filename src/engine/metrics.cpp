@@ -1,6 +1,7 @@
 #include "engine/metrics.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace sieve::engine {
 
@@ -22,6 +23,23 @@ std::vector<double> itl_buckets() {
 std::vector<double> e2e_buckets() {
   return {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0, 15.0,
           20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0};
+}
+
+std::string stats_log_line(const EngineStats& before, const EngineStats& now, double seconds) {
+  const uint64_t prompt = now.prompt_tokens - before.prompt_tokens;
+  const uint64_t gen = now.generation_tokens - before.generation_tokens;
+  if (prompt == 0 && gen == 0 && now.num_running == 0 && now.num_waiting == 0) return {};
+  const double s = seconds > 0 ? seconds : 1.0;
+  const uint64_t queried = now.prefix_query_tokens - before.prefix_query_tokens;
+  const uint64_t hit = now.prefix_hit_tokens - before.prefix_hit_tokens;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %lld "
+                "reqs, Waiting: %lld reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                double(prompt) / s, double(gen) / s, static_cast<long long>(now.num_running),
+                static_cast<long long>(now.num_waiting), 100.0 * now.kv_usage,
+                queried ? 100.0 * double(hit) / double(queried) : 0.0);
+  return buf;
 }
 
 }  // namespace sieve::engine

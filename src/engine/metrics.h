@@ -38,4 +38,9 @@ struct EngineStats {
   Histogram ttft{ttft_buckets()}, itl{itl_buckets()}, e2e{e2e_buckets()};
 };
 
+// vLLM's periodic log line for the `seconds` between two snapshots: average prompt and
+// generation throughput, running and waiting requests, cache usage, prefix-cache hit rate over
+// the interval. Empty when nothing ran, waited or was computed in it (an idle server is quiet).
+std::string stats_log_line(const EngineStats& before, const EngineStats& now, double seconds);
+
 }  // namespace sieve::engine

@@ -1,7 +1,10 @@
 #include "server/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "core/error.h"
 
 namespace sieve::server {
 
@@ -230,7 +233,58 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
 
 }  // namespace
 
-GenerateRequest parse_generate_request(const ojson& body, bool chat) {
+RequestDefaults request_defaults_from(const nlohmann::json& generation_config, const nlohmann::json& overrides,
+                                      RequestDefaults base) {
+  RequestDefaults d = base;
+  auto number = [](const nlohmann::json& v, const std::string& key, double lo, double hi, bool lo_open) {
+    if (!v.is_number()) throw Error(key + ": expected a number, got " + v.dump());
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+      throw Error(key + ": must be " + (lo_open ? "greater than " : "at least ") + nlohmann::json(lo).dump() +
+                  " and at most " + nlohmann::json(hi).dump() + ", got " + v.dump());
+    return x;
+  };
+  auto integer = [](const nlohmann::json& v, const std::string& key, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer()) throw Error(key + ": expected an integer, got " + v.dump());
+    const int64_t x = v.is_number_unsigned() ? int64_t(std::min<uint64_t>(v.get<uint64_t>(), uint64_t(hi) + 1))
+                                             : v.get<int64_t>();
+    if (x < lo || x > hi)
+      throw Error(key + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + v.dump());
+    return x;
+  };
+  auto apply = [&](const nlohmann::json& cfg, const std::string& where, bool skip_hf_defaults) {
+    if (cfg.is_null()) return;
+    if (!cfg.is_object()) throw Error(where + ": expected a JSON object, got " + cfg.dump());
+    for (const char* key : {"repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens"}) {
+      auto it = cfg.find(key);
+      if (it == cfg.end() || it->is_null()) continue;
+      const std::string name = where + " " + key;
+      const std::string k = key;
+      if (k == "repetition_penalty") {
+        const double v = number(*it, name, 0.0, 1e6, true);
+        if (!(skip_hf_defaults && v == 1.0)) d.repetition_penalty = v;
+      } else if (k == "temperature") {
+        const double v = number(*it, name, 0.0, 1e6, false);
+        if (!(skip_hf_defaults && v == 1.0)) d.temperature = v;
+      } else if (k == "top_k") {
+        const int64_t v = integer(*it, name, -1, std::numeric_limits<int>::max());
+        if (!(skip_hf_defaults && v == 50)) d.top_k = v < 0 ? 0 : int(v);
+      } else if (k == "top_p") {
+        const double v = number(*it, name, 0.0, 1.0, true);
+        if (!(skip_hf_defaults && v == 1.0)) d.top_p = v;
+      } else if (k == "min_p") {
+        d.min_p = number(*it, name, 0.0, 1.0, false);
+      } else {
+        d.max_tokens = integer(*it, name, 1, int64_t(1) << 40);
+      }
+    }
+  };
+  apply(generation_config, "generation config", true);
+  apply(overrides, "--override-generation-config", false);
+  return d;
+}
+
+GenerateRequest parse_generate_request(const ojson& body, bool chat, const RequestDefaults& d) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   GenerateRequest r;
   r.chat = chat;
@@ -300,15 +354,15 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
     if (p.max_tokens < 1) bad(max_name, "must be at least 1, got " + std::to_string(p.max_tokens));
     r.max_tokens_given = true;
   }
-  p.temperature = get_number(body, "temperature", 1.0, 0.0, 1e6);
-  p.top_p = get_number(body, "top_p", 1.0, 0.0, 1.0);
+  p.temperature = get_number(body, "temperature", d.temperature, 0.0, 1e6);
+  p.top_p = get_number(body, "top_p", d.top_p, 0.0, 1.0);
   if (p.top_p <= 0.0) bad("top_p", "must be in (0, 1], got 0");
-  p.top_k = int(get_int(body, "top_k", 0, -1, std::numeric_limits<int>::max()));
+  p.top_k = int(get_int(body, "top_k", d.top_k, -1, std::numeric_limits<int>::max()));
   if (p.top_k < 0) p.top_k = 0;
-  p.min_p = get_number(body, "min_p", 0.0, 0.0, 1.0);
+  p.min_p = get_number(body, "min_p", d.min_p, 0.0, 1.0);
   p.presence_penalty = get_number(body, "presence_penalty", 0.0, -2.0, 2.0);
   p.frequency_penalty = get_number(body, "frequency_penalty", 0.0, -2.0, 2.0);
-  p.repetition_penalty = get_number(body, "repetition_penalty", 1.0, 0.0, 1e6);
+  p.repetition_penalty = get_number(body, "repetition_penalty", d.repetition_penalty, 0.0, 1e6);
   if (p.repetition_penalty <= 0.0) bad("repetition_penalty", "must be greater than 0");
   if (const ojson* s = field(body, "seed")) {
     if (!s->is_number_integer())
@@ -349,13 +403,14 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat) {
 
   if (chat) {
     r.want_logprobs = get_bool(body, "logprobs", false);
-    r.top_logprobs = int(get_int(body, "top_logprobs", 0, 0, 20));
+    r.top_logprobs = int(get_int(body, "top_logprobs", 0, 0, d.max_logprobs));
     if (r.top_logprobs > 0 && !r.want_logprobs) bad("top_logprobs", "requires logprobs to be true");
   } else {
     if (const ojson* lp = field(body, "logprobs")) {
       if (lp->is_boolean())
-        bad("logprobs", "expected an integer (the number of alternatives, 0..20), got a boolean");
-      r.top_logprobs = int(get_int(body, "logprobs", 0, 0, 20));
+        bad("logprobs", "expected an integer (the number of alternatives, 0.." + std::to_string(d.max_logprobs) +
+                            "), got a boolean");
+      r.top_logprobs = int(get_int(body, "logprobs", 0, 0, d.max_logprobs));
       r.want_logprobs = true;
     }
     r.echo = get_bool(body, "echo", false);

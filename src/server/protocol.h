@@ -64,14 +64,35 @@ struct GenerateRequest {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   bool return_tokens_as_token_ids = false;  // logprobs name tokens "token_id:N" (vLLM's option)
-  // Completions: logprobs = N alternatives (0..20); chat: logprobs bool + top_logprobs.
+  // Completions: logprobs = N alternatives (0..max_logprobs); chat: logprobs bool + top_logprobs.
   bool want_logprobs = false;
   int top_logprobs = 0;
 };
 
+// Server-wide defaults of what a request leaves out, as vLLM applies them: the sampling fields
+// come from vLLM's neutral values or from the model's generation config (`--generation-config`,
+// `--override-generation-config`); max_logprobs bounds the alternatives a request may ask for
+// (`--max-logprobs`).
+struct RequestDefaults {
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
+  int top_k = 0;          // 0: off
+  int64_t max_tokens = 0;  // the generation config's max_new_tokens: caps every request's max_tokens; 0: none
+  int max_logprobs = 20;
+};
+
+// The defaults a Hugging Face generation config gives, as vLLM reads it: of repetition_penalty,
+// temperature, top_k, top_p, min_p and max_new_tokens, the keys the file sets to something other
+// than transformers' own defaults (1.0, 1.0, 50, 1.0, none, none), then every key of
+// `overrides` (an object, possibly empty). Throws Error naming the key for a value of the wrong
+// type or range. `base` supplies what neither sets.
+RequestDefaults request_defaults_from(const nlohmann::json& generation_config, const nlohmann::json& overrides,
+                                      RequestDefaults base = {});
+
 // Throws ApiError(400) naming the field for anything malformed: wrong types, out-of-range
-// values, best_of other than n, more than kMaxChoices choices, missing prompt/messages.
-GenerateRequest parse_generate_request(const nlohmann::ordered_json& body, bool chat);
+// values, best_of other than n, more than kMaxChoices choices, missing prompt/messages, more
+// log-prob alternatives than defaults.max_logprobs.
+GenerateRequest parse_generate_request(const nlohmann::ordered_json& body, bool chat,
+                                       const RequestDefaults& defaults = {});
 
 // Parses a request body that must be a JSON object; ApiError(400) otherwise.
 nlohmann::ordered_json parse_json_body(const std::string& body);

@@ -449,7 +449,7 @@ struct Server::Impl {
       throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
     ojson body = parse_json_body(req_body);
     auto gen = std::make_shared<Generation>();
-    gen->g = parse_generate_request(body, chat);
+    gen->g = parse_generate_request(body, chat, opts.defaults);
     GenerateRequest& g = gen->g;
     check_model(g.model);
     std::vector<std::string> texts;
@@ -472,8 +472,10 @@ struct Server::Impl {
         // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
         const int64_t left = max_len - int64_t(prompts[i].size());
         params.max_tokens = chat ? left : std::min<int64_t>(16, left);
-        if (params.min_tokens > params.max_tokens) params.min_tokens = params.max_tokens;
       }
+      // The generation config's max_new_tokens caps every request, as in vLLM.
+      if (opts.defaults.max_tokens > 0) params.max_tokens = std::min(params.max_tokens, opts.defaults.max_tokens);
+      if (params.min_tokens > params.max_tokens) params.min_tokens = params.max_tokens;
       gen->prompt_ids.push_back(prompts[i]);
       gen->echo.push_back(g.echo ? texts[i] : std::string());
       for (int j = 0; j < g.n; ++j) {
@@ -781,7 +783,7 @@ struct Server::Impl {
     }
     std::vector<int32_t> ids;
     if (body.contains("messages")) {
-      GenerateRequest g = parse_generate_request(body, true);
+      GenerateRequest g = parse_generate_request(body, true, opts.defaults);
       std::vector<std::string> texts;
       ids = prompt_ids(g, &texts).front();
     } else {

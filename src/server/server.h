@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/protocol.h"
 #include "text/tokenizer.h"
 
 namespace httplib {
@@ -29,6 +30,7 @@ struct ServerOptions {
   std::string profiler_dir;           // empty: /start_profile is refused
   int http_threads = 0;               // most connection threads; 0: from max_num_seqs
   double shutdown_grace_s = 1.5;      // in-flight requests may finish this long
+  RequestDefaults defaults;           // what requests leave out (generation config, --max-logprobs)
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.

@@ -1,5 +1,8 @@
 #include "text/chat_template.h"
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -109,6 +112,26 @@ std::string render_chat(const Tokenizer& tok, const nlohmann::ordered_json& mess
                         const nlohmann::ordered_json& tools, bool add_generation_prompt,
                         const nlohmann::ordered_json& extra_kwargs) {
   return render_chat_impl(tok, messages, tools, add_generation_prompt, extra_kwargs);
+}
+
+std::string chat_template_arg(const std::string& arg) {
+  std::string src;
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(arg, ec)) {
+    std::ifstream in(arg, std::ios::binary);
+    src.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) throw Error("--chat-template: cannot read " + arg);
+  } else if (arg.find("{{") != std::string::npos || arg.find("{%") != std::string::npos) {
+    src = arg;
+  } else {
+    throw Error("--chat-template: " + arg + " is neither a file nor a Jinja template");
+  }
+  try {
+    JinjaTemplate::parse(src);
+  } catch (const Error& e) {
+    throw Error(std::string("--chat-template: ") + e.what());
+  }
+  return src;
 }
 
 }  // namespace sieve::text

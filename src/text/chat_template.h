@@ -45,6 +45,11 @@ std::string render_chat(const Tokenizer& tok, const nlohmann::ordered_json& mess
                         const nlohmann::ordered_json& tools, bool add_generation_prompt,
                         const nlohmann::ordered_json& extra_kwargs);
 
+// The value of a --chat-template option, as vLLM takes it: a file's contents, or the argument
+// itself when it is no file but looks like a template ("{{" or "{%"). Parsed here, so a broken
+// template fails at start; Error messages start with "--chat-template".
+std::string chat_template_arg(const std::string& arg);
+
 // The built-in MiniMax chat format (spec section 7) as a Jinja template; used when a model
 // ships no template and written by write_byte_level_tokenizer.
 const std::string& minimax_chat_template();

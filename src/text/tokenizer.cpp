@@ -792,7 +792,7 @@ std::string Tokenizer::eos_token() const {
   return impl_->eos_tok;
 }
 const std::string& Tokenizer::chat_template() const {
-  return impl_->chat_template;
+  return chat_template_override_ ? *chat_template_override_ : impl_->chat_template;
 }
 bool Tokenizer::add_bos_token() const {
   return impl_->add_bos;

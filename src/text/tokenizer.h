@@ -48,6 +48,8 @@ class Tokenizer {
   std::string bos_token() const;
   std::string eos_token() const;
   const std::string& chat_template() const;  // empty if none
+  // Replaces the model's chat template for this copy (`sieve serve --chat-template`).
+  void set_chat_template(std::string source) { chat_template_override_ = std::move(source); }
   bool add_bos_token() const;
   // Every added token (special or not) with its id, in id order.
   std::vector<std::pair<int32_t, std::string>> added_tokens() const;
@@ -56,6 +58,7 @@ class Tokenizer {
  private:
   explicit Tokenizer(std::shared_ptr<const TokenizerImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const TokenizerImpl> impl_;
+  std::optional<std::string> chat_template_override_;
 };
 
 }  // namespace sieve::text

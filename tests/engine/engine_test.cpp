@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
@@ -55,12 +56,13 @@ struct Rig {
   SchedulerConfig sched{.max_num_batched_tokens = 256, .max_num_seqs = 64, .max_model_len = 256};
   bool caching = false;
   std::vector<int32_t> eos;
+  std::optional<uint64_t> seed;  // EngineConfig::seed (--seed)
 };
 
 std::vector<Result> run(const Rig& st, const std::vector<Job>& jobs, EngineStats* stats = nullptr) {
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, st.caching, st.eos});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, st.caching, st.eos, st.seed});
   engine.start();
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& j : jobs) streams.push_back(engine.submit(j.prompt, j.params));
@@ -272,6 +274,48 @@ TEST(Engine, StopsOnEosAndStopIdsHonouringMinTokensAndIgnoreEos) {
   r = run(st, jobs)[0];
   EXPECT_EQ(r.finish, FinishReason::Stop);
   EXPECT_TRUE(r.tokens.back() == 2 || r.tokens.back() == 3);
+}
+
+// --seed: requests without a seed of their own sample the same tokens from a server started with
+// the same seed and sent the same requests in the same order; each request draws its own stream.
+TEST(Engine, ServerSeedMakesUnseededRequestsReproducible) {
+  Rig st;
+  std::vector<Job> jobs(4);
+  for (auto& j : jobs) {
+    j.prompt = {5, 6, 7};
+    j.params.temperature = 1.0;
+    j.params.max_tokens = 24;
+  }
+  auto tokens = [&](std::optional<uint64_t> seed) {
+    st.seed = seed;
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& r : run(st, jobs)) out.push_back(r.tokens);
+    return out;
+  };
+  const auto a = tokens(7), b = tokens(7), c = tokens(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_NE(a[0], a[1]);  // same prompt, different arrival: different draws
+}
+
+// The periodic log line: throughput over the interval, current queues and cache, quiet when idle.
+TEST(Engine, StatsLogLine) {
+  EngineStats a, b;
+  EXPECT_EQ(stats_log_line(a, b, 10.0), "");
+  b.prompt_tokens = 500;
+  b.generation_tokens = 120;
+  b.num_running = 3;
+  b.num_waiting = 1;
+  b.kv_usage = 0.25;
+  b.prefix_query_tokens = 400;
+  b.prefix_hit_tokens = 100;
+  EXPECT_EQ(stats_log_line(a, b, 10.0),
+            "Avg prompt throughput: 50.0 tokens/s, Avg generation throughput: 12.0 tokens/s, Running: 3 reqs, "
+            "Waiting: 1 reqs, KV cache usage: 25.0%, Prefix cache hit rate: 25.0%");
+  a = b;
+  b.num_running = 0;
+  b.num_waiting = 0;
+  EXPECT_EQ(stats_log_line(a, b, 10.0), "");
 }
 
 TEST(Engine, RejectsInvalidRequests) {

@@ -1,7 +1,10 @@
-// The model commands of the `sieve` binary: where they run (--device) and what they refuse.
+// The model commands of the `sieve` binary (generate, serve): where they run (--device) and what
+// they refuse.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/memory.h"
 #include "sieve_cli_util.h"
@@ -32,6 +35,23 @@ TEST(ModelCli, BadDeviceValuesAreUserErrors) {
     testing::CliResult c = run_sieve(std::string(kGenerate) + " --device cuda");
     EXPECT_EQ(c.rc, 2) << c.out;
     EXPECT_NE(c.out.find("no CUDA device"), std::string::npos) << c.out;
+  }
+}
+
+// vLLM's serving flags that Sieve takes: a wrong value is refused at start, before the weights
+// load, with a message that names the flag.
+TEST(ModelCli, ServeFlagErrorsNameTheFlag) {
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--dtype float16", "--dtype float16 is not supported"},
+           {"--max-logprobs -1", "--max-logprobs"},
+           {"--seed -3", "--seed"},
+           {"--generation-config /no/such/dir", "--generation-config /no/such/dir: no generation_config.json"},
+           {"--override-generation-config '{\"top_p\": 0}'", "--override-generation-config top_p"},
+           {"--override-generation-config 'nope'", "--override-generation-config: not valid JSON"},
+           {"--chat-template /no/such.jinja", "--chat-template"}}) {
+    testing::CliResult r = run_sieve("serve --device cpu --port 0 " + args);
+    EXPECT_EQ(r.rc, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
   }
 }
 

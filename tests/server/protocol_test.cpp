@@ -4,6 +4,10 @@
 
 #include <chrono>
 #include <random>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
 
 namespace sieve::server {
 namespace {
@@ -203,6 +207,95 @@ ojson random_value(std::mt19937_64& rng, int depth) {
       size_t n = rng() % 4;
       for (size_t i = 0; i < n; ++i) o[keys[rng() % 6]] = random_value(rng, depth + 1);
       return o;
+    }
+  }
+}
+
+// Server-wide defaults fill what a request leaves out (absent or null), never what it sets.
+TEST(Protocol, DefaultsFillOnlyWhatTheRequestLeavesOut) {
+  RequestDefaults d;
+  d.temperature = 0.7;
+  d.top_p = 0.95;
+  d.top_k = 40;
+  d.min_p = 0.02;
+  d.repetition_penalty = 1.05;
+  d.max_logprobs = 5;
+  for (bool chat : {false, true}) {
+    const std::string base = chat ? R"("messages":[{"role":"user","content":"hi"}])" : R"("prompt":"hi")";
+    auto r = parse_generate_request(parse_json_body("{" + base + R"(,"top_p":null})"), chat, d);
+    EXPECT_DOUBLE_EQ(r.params.temperature, 0.7);
+    EXPECT_DOUBLE_EQ(r.params.top_p, 0.95);
+    EXPECT_EQ(r.params.top_k, 40);
+    EXPECT_DOUBLE_EQ(r.params.min_p, 0.02);
+    EXPECT_DOUBLE_EQ(r.params.repetition_penalty, 1.05);
+    r = parse_generate_request(
+        parse_json_body("{" + base +
+                        R"(,"temperature":0,"top_p":1,"top_k":-1,"min_p":0,"repetition_penalty":1})"),
+        chat, d);
+    EXPECT_DOUBLE_EQ(r.params.temperature, 0.0);
+    EXPECT_DOUBLE_EQ(r.params.top_p, 1.0);
+    EXPECT_EQ(r.params.top_k, 0);
+    EXPECT_DOUBLE_EQ(r.params.min_p, 0.0);
+    EXPECT_DOUBLE_EQ(r.params.repetition_penalty, 1.0);
+  }
+  // --max-logprobs bounds both APIs' alternatives.
+  EXPECT_EQ(parse_generate_request(parse_json_body(R"({"prompt":"hi","logprobs":5})"), false, d).top_logprobs, 5);
+  for (const auto& [body, chat, param] :
+       std::vector<std::tuple<std::string, bool, std::string>>{
+           {R"({"prompt":"hi","logprobs":6})", false, "logprobs"},
+           {R"({"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":6})", true,
+            "top_logprobs"}}) {
+    try {
+      parse_generate_request(parse_json_body(body), chat, d);
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, param);
+      EXPECT_NE(std::string(e.what()).find("5"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// As vLLM reads a generation config: the keys it sets away from transformers' defaults, then
+// every key of the overrides.
+TEST(Protocol, GenerationConfigDefaults) {
+  using json = nlohmann::json;
+  RequestDefaults d = request_defaults_from(
+      json::parse(R"({"do_sample":true,"temperature":0.6,"top_p":0.95,"top_k":40,"min_p":0.01,
+                      "repetition_penalty":1.1,"max_new_tokens":512,"eos_token_id":[2]})"),
+      json::object());
+  EXPECT_DOUBLE_EQ(d.temperature, 0.6);
+  EXPECT_DOUBLE_EQ(d.top_p, 0.95);
+  EXPECT_EQ(d.top_k, 40);
+  EXPECT_DOUBLE_EQ(d.min_p, 0.01);
+  EXPECT_DOUBLE_EQ(d.repetition_penalty, 1.1);
+  EXPECT_EQ(d.max_tokens, 512);
+  // transformers' own defaults (top_k 50, temperature 1.0, ...) are not a model's choice.
+  d = request_defaults_from(json::parse(R"({"temperature":1.0,"top_k":50,"top_p":1.0,"repetition_penalty":1.0})"),
+                            nullptr);
+  EXPECT_DOUBLE_EQ(d.temperature, 1.0);
+  EXPECT_EQ(d.top_k, 0);
+  EXPECT_DOUBLE_EQ(d.top_p, 1.0);
+  EXPECT_EQ(d.max_tokens, 0);
+  // Overrides apply whatever their value, over the file; max_logprobs comes from the base.
+  RequestDefaults base;
+  base.max_logprobs = 7;
+  d = request_defaults_from(json::parse(R"({"top_k":40,"temperature":0.6})"), json::parse(R"({"top_k":50})"), base);
+  EXPECT_EQ(d.top_k, 50);
+  EXPECT_DOUBLE_EQ(d.temperature, 0.6);
+  EXPECT_EQ(d.max_logprobs, 7);
+  // Bad values name the key and where it came from.
+  for (const auto& [cfg, over, needle] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {R"({"temperature":"hot"})", "{}", "generation config temperature"},
+           {R"({"top_p":0})", "{}", "generation config top_p"},
+           {R"({"top_k":2.5})", "{}", "generation config top_k"},
+           {"{}", R"({"max_new_tokens":0})", "--override-generation-config max_new_tokens"},
+           {"{}", R"({"repetition_penalty":-1})", "--override-generation-config repetition_penalty"},
+           {"{}", "[1]", "--override-generation-config: expected a JSON object"}}) {
+    try {
+      request_defaults_from(json::parse(cfg), json::parse(over));
+      ADD_FAILURE() << cfg << " " << over << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   }
 }

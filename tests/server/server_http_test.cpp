@@ -38,7 +38,7 @@ struct Rig {
     text::write_byte_level_tokenizer(d.string(), 300);
     return d.string();
   }
-  Rig() : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
+  explicit Rig(ServerOptions o = {}) : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
     model.allocate_caches({.num_blocks = 32});
     engine = std::make_unique<engine::Engine>(
         model, engine::EngineConfig{
@@ -46,7 +46,6 @@ struct Rig {
                    32,
                    false,
                    {}});
-    ServerOptions o;
     o.port = 0;
     srv = std::make_unique<Server>(*engine, tok, o);
     srv->bind();
@@ -83,6 +82,25 @@ TEST(ServerHttp, CompletesAndAnswersErrorsAsObjects) {
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);
+}
+
+// The generation config's max_new_tokens caps every request, given or defaulted, on both APIs.
+TEST(ServerHttp, GenerationConfigMaxTokensCapsEveryRequest) {
+  ServerOptions o;
+  o.defaults.max_tokens = 3;
+  o.defaults.temperature = 0;
+  Rig rig(o);
+  auto c = rig.client();
+  for (const std::string body : {R"({"prompt":[1,2,3]})", R"({"prompt":[1,2,3],"max_tokens":10})",
+                                 R"({"prompt":[1,2,3],"max_tokens":2})",
+                                 R"({"messages":[{"role":"user","content":"hi"}]})"}) {
+    const bool chat = body.find("messages") != std::string::npos;
+    auto r = c.Post(chat ? "/v1/chat/completions" : "/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], body.find(":2}") != std::string::npos ? 2 : 3)
+        << body;
+  }
 }
 
 // A burst of simultaneous connections must queue, not be refused: the listen backlog holds them

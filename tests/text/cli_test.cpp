@@ -83,6 +83,28 @@ TEST(TextCli, ChatTemplateMatchesGolden) {
   EXPECT_EQ(n, 2);
 }
 
+// --chat-template replaces the model's template: a file, or the template text itself.
+TEST(TextCli, ChatTemplateOverride) {
+  std::string msgs = write_temp("o.json", R"([{"role": "user", "content": "hi"}])");
+  const std::string tmpl = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}";
+  Result r = run_sieve("chat-template --tokenizer " + qwen_dir() + " --messages " + msgs + " --chat-template '" + tmpl + "'");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out, "[user:hi]");
+  std::string f = write_temp("t.jinja", "<{{ messages[0].content }}>");
+  r = run_sieve("chat-template --tokenizer " + qwen_dir() + " --messages " + msgs + " --chat-template " + f);
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out, "<hi>");
+  r = run_sieve("chat-template --tokenizer " + qwen_dir() + " --messages " + msgs + " --chat-template /no/such.jinja", true);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--chat-template: /no/such.jinja is neither a file nor a Jinja template"), std::string::npos)
+      << r.out;
+  r = run_sieve("chat-template --tokenizer " + qwen_dir() + " --messages " + msgs + " --chat-template '{% if %}'", true);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--chat-template: chat template syntax error at line 1"), std::string::npos) << r.out;
+  std::filesystem::remove(msgs);
+  std::filesystem::remove(f);
+}
+
 TEST(TextCli, UserErrorsExitTwoWithAMessage) {
   std::string bad = write_temp("bad.txt", "ok \xff");
   Result r = run_sieve("tokenize --tokenizer " + qwen_dir() + " --file " + bad, true);
