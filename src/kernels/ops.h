@@ -169,6 +169,7 @@ struct MoeExpertsParams {
   int num_experts = 0, topk = 0;
   const int32_t* ids = nullptr;    // [num_tokens, topk]
   const float* weights = nullptr;  // [num_tokens, topk]
+  // Each expert's weights start 16-byte aligned (the CUDA backend reads them in 16-byte runs).
   const void* const* w_gate_up = nullptr;  // [num_experts] -> [2 * inter, hidden] ([gate | up] rows)
   const void* const* w_down = nullptr;     // [num_experts] -> [hidden, inter]
   DType w_dtype = DType::BF16;
