@@ -261,6 +261,7 @@ int run_serve(const std::vector<std::string>& argv) {
     throw Error("--dtype " + dt +
                 " is not supported: Sieve keeps the weights as stored (bf16) and computes in fp32 "
                 "(use auto or bfloat16)");
+  const double stats_interval = stats_interval_s();
   std::optional<uint64_t> seed;
   if (a.has("--seed")) {
     const long long v = a.get_int("--seed");
@@ -403,7 +404,7 @@ int run_serve(const std::vector<std::string>& argv) {
                              << m->block_size() << " tokens, max model len " << max_len
                              << ", prefix caching " << (prefix_caching ? "on" : "off") << ")");
   std::optional<StatsLogger> stats_log;
-  if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval_s());
+  if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval);
   srv.run();
   stats_log.reset();
   engine.stop();
