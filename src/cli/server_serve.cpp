@@ -25,6 +25,7 @@
 #include "kernels/memory.h"
 #include "model/locate.h"
 #include "model/model.h"
+#include "server/reasoning.h"
 #include "server/server.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -231,6 +232,8 @@ int run_serve(const std::vector<std::string>& argv) {
            "seed of requests that bring none (with their arrival order); default: random")
       .opt({"--chat-template"}, "FILE|TEMPLATE", "chat template file, or the template itself, instead of the model's")
       .opt({"--dtype"}, "DTYPE", "auto or bfloat16: weights as stored (bf16), activations fp32", "auto")
+      .opt({"--reasoning-parser"}, "NAME",
+           "chat: <think> text into the message's reasoning (minimax_m3, minimax_m2, deepseek_r1, qwen3)")
       .flag({"--disable-log-stats"}, "no periodic throughput and cache log line")
       .flag({"--disable-log-requests"}, "accepted for vLLM compatibility; requests are not logged")
       .flag({"--enforce-eager"}, "accepted for vLLM compatibility; steps already run eagerly")
@@ -262,6 +265,15 @@ int run_serve(const std::vector<std::string>& argv) {
                 " is not supported: Sieve keeps the weights as stored (bf16) and computes in fp32 "
                 "(use auto or bfloat16)");
   const double stats_interval = stats_interval_s();
+  const std::string reasoning_parser = a.get("--reasoning-parser");
+  if (!reasoning_parser.empty()) {
+    const auto& names = server::reasoning_parser_names();
+    if (std::find(names.begin(), names.end(), reasoning_parser) == names.end()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw Error("--reasoning-parser " + reasoning_parser + " is unknown (expected one of " + list + ")");
+    }
+  }
   std::optional<uint64_t> seed;
   if (a.has("--seed")) {
     const long long v = a.get_int("--seed");
@@ -367,6 +379,7 @@ int run_serve(const std::vector<std::string>& argv) {
   so.max_body_bytes = size_t(max_body);
   so.profiler_dir = a.get("--profiler-dir");
   so.defaults = defaults;
+  so.reasoning_parser = reasoning_parser;
 
   // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
   // started below), which drains the server.

@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "engine/stop_strings.h"
 #include "server/protocol.h"
+#include "server/reasoning.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
 
@@ -361,6 +362,7 @@ struct Server::Impl {
     std::vector<engine::PromptTokenLogprob> prompt_lp;
     bool prompt_lp_in = false;   // they arrived
     bool prompt_lp_out = false;  // streaming: the echo chunk that carries them was written
+    std::unique_ptr<ReasoningSplitter> think;  // chat with --reasoning-parser
   };
 
   // A request's choices and what its responses repeat.
@@ -487,6 +489,8 @@ struct Server::Impl {
         c.out = std::make_unique<Output>(tok, g);
         // With echo, the generated tokens' text offsets count from the end of the prompt's text.
         c.out->text_chars = code_points(gen->echo[i]);
+        if (chat && !opts.reasoning_parser.empty())
+          c.think = std::make_unique<ReasoningSplitter>(prompt_opens_reasoning(texts[i]));
         try {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {
@@ -583,9 +587,16 @@ struct Server::Impl {
       const Output& out = *c.out;
       json choice;
       if (g.chat) {
+        json message = {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}};
+        if (c.think) {
+          ReasoningSplitter::Piece a = c.think->push(out.text), b = c.think->finish();
+          const std::string reasoning = a.reasoning + b.reasoning, content = a.content + b.content;
+          message["content"] = content.empty() && !reasoning.empty() ? json(nullptr) : json(content);
+          // `reasoning` as vLLM names it now, `reasoning_content` as older clients read it.
+          message["reasoning"] = message["reasoning_content"] = reasoning.empty() ? json(nullptr) : json(reasoning);
+        }
         choice = {{"index", c.index},
-                  {"message",
-                   {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}}},
+                  {"message", std::move(message)},
                   {"logprobs", g.want_logprobs ? json{{"content", out.chat_lp}} : json(nullptr)},
                   {"finish_reason", finish_name(c.fin, out.stopped_by_string)},
                   {"stop_reason", stop_reason_of(c, g)}};
@@ -651,12 +662,13 @@ struct Server::Impl {
   }
 
   json chunk(const Generation& gen, int index, const std::string& text, const json& lp, const json& finish,
-             const json& stop_reason, bool with_role = false) const {
+             const json& stop_reason, bool with_role = false, const std::string& reasoning = {}) const {
     json c = chunk_base(gen);
     json choice;
     if (gen.g.chat) {
       json delta = json::object();
       if (with_role) delta["role"] = "assistant";
+      if (!reasoning.empty()) delta["reasoning"] = delta["reasoning_content"] = reasoning;
       if (with_role || !text.empty()) delta["content"] = text;
       choice = {{"index", index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
     } else {
@@ -712,10 +724,21 @@ struct Server::Impl {
         if (!write(sse(chunk(gen, c.index, gen.echo[c.prompt], prompt_logprobs_json(gen, c), nullptr, nullptr))))
           return abort_stream(gen);
       }
+      std::string reasoning;
+      if (c.think) {
+        ReasoningSplitter::Piece p = c.think->push(text);
+        if (c.finished) {
+          ReasoningSplitter::Piece rest = c.think->finish();
+          p.reasoning += rest.reasoning;
+          p.content += rest.content;
+        }
+        text = std::move(p.content);
+        reasoning = std::move(p.reasoning);
+      }
       if (!c.finished) {
         const bool new_tokens = c.out->completion_tokens > before;
-        if ((!text.empty() || (new_tokens && g.want_logprobs)) &&
-            !write(sse(chunk(gen, c.index, text, lp, nullptr, nullptr))))
+        if ((!text.empty() || !reasoning.empty() || (new_tokens && g.want_logprobs)) &&
+            !write(sse(chunk(gen, c.index, text, lp, nullptr, nullptr, false, reasoning))))
           return abort_stream(gen);
         continue;
       }
@@ -729,7 +752,7 @@ struct Server::Impl {
         return true;
       }
       if (!write(sse(chunk(gen, c.index, text, lp, finish_name(c.fin, c.out->stopped_by_string),
-                           stop_reason_of(c, g)))))
+                           stop_reason_of(c, g), false, reasoning))))
         return abort_stream(gen);
     }
     if (!gen.all_finished()) {

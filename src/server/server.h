@@ -31,6 +31,7 @@ struct ServerOptions {
   int http_threads = 0;               // most connection threads; 0: from max_num_seqs
   double shutdown_grace_s = 1.5;      // in-flight requests may finish this long
   RequestDefaults defaults;           // what requests leave out (generation config, --max-logprobs)
+  std::string reasoning_parser;       // --reasoning-parser (reasoning_parser_names()); empty: off
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.

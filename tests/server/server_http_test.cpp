@@ -103,6 +103,60 @@ TEST(ServerHttp, GenerationConfigMaxTokensCapsEveryRequest) {
   }
 }
 
+// --reasoning-parser: with thinking on (the built-in MiniMax template opens <think> for the
+// model), the generated text is the message's reasoning, streamed as reasoning deltas; with
+// thinking off it stays content; without the parser nothing changes.
+TEST(ServerHttp, ReasoningParserSplitsChatOutput) {
+  const std::string think = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0})";
+  const std::string no_think =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"enable_thinking":false}})";
+  std::string plain, plain_off;
+  {
+    Rig rig;
+    auto c = rig.client();
+    auto r = c.Post("/v1/chat/completions", think, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto m = json::parse(r->body)["choices"][0]["message"];
+    plain = m["content"];
+    EXPECT_FALSE(m.contains("reasoning"));
+    r = c.Post("/v1/chat/completions", no_think, "application/json");
+    ASSERT_TRUE(r);
+    plain_off = json::parse(r->body)["choices"][0]["message"]["content"];
+  }
+  ASSERT_FALSE(plain.empty());
+  ASSERT_EQ(plain.find("</think>"), std::string::npos);
+  ServerOptions o;
+  o.reasoning_parser = "minimax_m3";
+  Rig rig(o);
+  auto c = rig.client();
+  auto r = c.Post("/v1/chat/completions", think, "application/json");
+  ASSERT_TRUE(r);
+  auto m = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_TRUE(m["content"].is_null()) << m;
+  EXPECT_EQ(m["reasoning"], plain);
+  EXPECT_EQ(m["reasoning_content"], plain);
+  r = c.Post("/v1/chat/completions", no_think, "application/json");
+  ASSERT_TRUE(r);
+  m = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_EQ(m["content"], plain_off);
+  EXPECT_TRUE(m["reasoning"].is_null()) << m;
+  // Streaming: the reasoning deltas add up to the same text, and no content arrives.
+  std::string body = think;
+  body.insert(body.size() - 1, R"(,"stream":true)");
+  r = c.Post("/v1/chat/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  std::string reasoning, content;
+  for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
+    const size_t end = r->body.find("\n\n", at);
+    auto d = json::parse(r->body.substr(at + 6, end - at - 6))["choices"][0]["delta"];
+    if (d.contains("reasoning")) reasoning += d["reasoning"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, plain);
+  EXPECT_EQ(content, "");
+}
+
 // A burst of simultaneous connections must queue, not be refused: the listen backlog holds them
 // while no thread accepts yet.
 TEST(ServerHttp, WidenedBacklogHoldsABurstOfConnections) {
