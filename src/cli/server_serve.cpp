@@ -27,6 +27,7 @@
 #include "model/model.h"
 #include "server/reasoning.h"
 #include "server/server.h"
+#include "server/tool_calls.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -232,6 +233,8 @@ int run_serve(const std::vector<std::string>& argv) {
            "seed of requests that bring none (with their arrival order); default: random")
       .opt({"--chat-template"}, "FILE|TEMPLATE", "chat template file, or the template itself, instead of the model's")
       .opt({"--dtype"}, "DTYPE", "auto or bfloat16: weights as stored (bf16), activations fp32", "auto")
+      .opt({"--tool-call-parser"}, "NAME", "with --enable-auto-tool-choice: MiniMax's XML tool calls into tool_calls (minimax_m3, minimax_m2)")
+      .flag({"--enable-auto-tool-choice"}, "parse tool calls out of chat output (tool_choice \"auto\")")
       .opt({"--reasoning-parser"}, "NAME",
            "chat: <think> text into the message's reasoning (minimax_m3, minimax_m2, deepseek_r1, qwen3)")
       .flag({"--disable-log-stats"}, "no periodic throughput and cache log line")
@@ -265,6 +268,16 @@ int run_serve(const std::vector<std::string>& argv) {
                 " is not supported: Sieve keeps the weights as stored (bf16) and computes in fp32 "
                 "(use auto or bfloat16)");
   const double stats_interval = stats_interval_s();
+  const std::string tool_parser = a.get("--tool-call-parser");
+  if (!tool_parser.empty()) {
+    const auto& names = server::tool_parser_names();
+    if (std::find(names.begin(), names.end(), tool_parser) == names.end())
+      throw Error("--tool-call-parser " + tool_parser + " is unknown (expected minimax_m3 or minimax_m2)");
+  }
+  if (a.get_flag("--enable-auto-tool-choice") && tool_parser.empty())
+    throw Error("--enable-auto-tool-choice needs --tool-call-parser (minimax_m3)");
+  if (!tool_parser.empty() && !a.get_flag("--enable-auto-tool-choice"))
+    SIEVE_LOG(Warn, "--tool-call-parser without --enable-auto-tool-choice: tool calls stay in the text");
   const std::string reasoning_parser = a.get("--reasoning-parser");
   if (!reasoning_parser.empty()) {
     const auto& names = server::reasoning_parser_names();
@@ -380,6 +393,7 @@ int run_serve(const std::vector<std::string>& argv) {
   so.profiler_dir = a.get("--profiler-dir");
   so.defaults = defaults;
   so.reasoning_parser = reasoning_parser;
+  if (a.get_flag("--enable-auto-tool-choice")) so.tool_parser = tool_parser;
 
   // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
   // started below), which drains the server.

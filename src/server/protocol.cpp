@@ -180,6 +180,10 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
     if (role == msg.end() || !role->is_string())
       bad(where + ".role", "is required and must be a string");
     ojson copy = msg;
+    // Earlier reasoning comes back as `reasoning` (vLLM's name now) or `reasoning_content` (what
+    // the templates read): the template sees it under the latter either way.
+    if (auto rs = msg.find("reasoning"); rs != msg.end() && rs->is_string() && !msg.contains("reasoning_content"))
+      copy["reasoning_content"] = *rs;
     auto content = msg.find("content");
     if (content != msg.end() && !content->is_null()) {
       if (content->is_array()) {
@@ -217,6 +221,21 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
     if (!tools->is_array())
       bad("tools", std::string("expected an array, got ") + type_name(*tools));
     r.tools = *tools;
+  }
+  r.tool_choice = r.tools.is_array() && !r.tools.empty() ? "auto" : "none";
+  if (const ojson* tc = field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      const std::string v = tc->get<std::string>();
+      if (v != "none" && v != "auto" && v != "required")
+        bad("tool_choice", "expected \"none\", \"auto\", \"required\" or a named function, got \"" + v + "\"");
+      r.tool_choice = v;
+    } else if (tc->is_object() && tc->value("type", std::string()) == "function" && tc->contains("function") &&
+               (*tc)["function"].is_object() && (*tc)["function"].value("name", ojson()).is_string()) {
+      r.tool_choice = "function:" + (*tc)["function"]["name"].get<std::string>();
+    } else {
+      bad("tool_choice", "expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}, got " + tc->dump());
+    }
   }
   const ojson* kw = field(body, "chat_template_kwargs");
   if (kw) {

@@ -54,6 +54,9 @@ struct GenerateRequest {
   int n = 1;  // completions per prompt; with a seed, sample j draws with seed + j
   // Chat.
   nlohmann::ordered_json messages, tools, chat_template_kwargs;
+  // "none", "auto" (the default when tools are given), "required", or "function:NAME" (a named
+  // function); the server refuses the last two, which need guided decoding.
+  std::string tool_choice = "none";
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool add_special_tokens = true;  // completions: true, chat: false (the template adds them)

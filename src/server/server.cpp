@@ -24,6 +24,7 @@
 #include "engine/stop_strings.h"
 #include "server/protocol.h"
 #include "server/reasoning.h"
+#include "server/tool_calls.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
 
@@ -363,6 +364,9 @@ struct Server::Impl {
     bool prompt_lp_in = false;   // they arrived
     bool prompt_lp_out = false;  // streaming: the echo chunk that carries them was written
     std::unique_ptr<ReasoningSplitter> think;  // chat with --reasoning-parser
+    // Chat with --tool-call-parser and tool_choice "auto" (streams: the content through the parser).
+    bool parse_tools = false;
+    ToolCallStream tool_stream;
   };
 
   // A request's choices and what its responses repeat.
@@ -454,6 +458,12 @@ struct Server::Impl {
     gen->g = parse_generate_request(body, chat, opts.defaults);
     GenerateRequest& g = gen->g;
     check_model(g.model);
+    if (g.tool_choice == "required" || g.tool_choice.rfind("function:", 0) == 0)
+      throw ApiError(400,
+                     "tool_choice \"" + (g.tool_choice == "required" ? g.tool_choice : g.tool_choice.substr(9)) +
+                         "\" is not supported: forcing a tool call needs guided decoding, which this server does not "
+                         "have; use \"auto\" (with --enable-auto-tool-choice --tool-call-parser) or \"none\"",
+                     "tool_choice");
     std::vector<std::string> texts;
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
     const int64_t max_len = engine.max_model_len();
@@ -491,6 +501,7 @@ struct Server::Impl {
         c.out->text_chars = code_points(gen->echo[i]);
         if (chat && !opts.reasoning_parser.empty())
           c.think = std::make_unique<ReasoningSplitter>(prompt_opens_reasoning(texts[i]));
+        c.parse_tools = chat && !opts.tool_parser.empty() && g.tool_choice == "auto";
         try {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {
@@ -507,6 +518,19 @@ struct Server::Impl {
       stream_response(res, gen);
     else
       full_response(res, *gen);
+  }
+
+  // OpenAI's tool_calls: arguments as a JSON string; streams also number them (index).
+  static json tool_calls_json(const std::vector<ParsedToolCall>& calls, bool indexed) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      json call = {{"id", "call_" + random_hex(24)},
+                   {"type", "function"},
+                   {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments.dump()}}}};
+      if (indexed) call["index"] = int(i);
+      out.push_back(std::move(call));
+    }
+    return out;
   }
 
   static const char* finish_name(engine::FinishReason f, bool stopped_by_string) {
@@ -588,17 +612,29 @@ struct Server::Impl {
       json choice;
       if (g.chat) {
         json message = {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}};
+        std::string content = out.text;
         if (c.think) {
           ReasoningSplitter::Piece a = c.think->push(out.text), b = c.think->finish();
-          const std::string reasoning = a.reasoning + b.reasoning, content = a.content + b.content;
+          const std::string reasoning = a.reasoning + b.reasoning;
+          content = a.content + b.content;
           message["content"] = content.empty() && !reasoning.empty() ? json(nullptr) : json(content);
           // `reasoning` as vLLM names it now, `reasoning_content` as older clients read it.
           message["reasoning"] = message["reasoning_content"] = reasoning.empty() ? json(nullptr) : json(reasoning);
         }
+        json finish = finish_name(c.fin, out.stopped_by_string);
+        if (c.parse_tools) {
+          ToolCallParse tp = parse_tool_calls(content, g.tools);
+          if (!tp.calls.empty()) {
+            const bool blank = tp.content.find_first_not_of(" \t\r\n") == std::string::npos;
+            message["content"] = blank ? json(nullptr) : json(tp.content);
+            message["tool_calls"] = tool_calls_json(tp.calls, false);
+            finish = "tool_calls";
+          }
+        }
         choice = {{"index", c.index},
                   {"message", std::move(message)},
                   {"logprobs", g.want_logprobs ? json{{"content", out.chat_lp}} : json(nullptr)},
-                  {"finish_reason", finish_name(c.fin, out.stopped_by_string)},
+                  {"finish_reason", finish},
                   {"stop_reason", stop_reason_of(c, g)}};
       } else {
         json lp = nullptr;
@@ -662,7 +698,8 @@ struct Server::Impl {
   }
 
   json chunk(const Generation& gen, int index, const std::string& text, const json& lp, const json& finish,
-             const json& stop_reason, bool with_role = false, const std::string& reasoning = {}) const {
+             const json& stop_reason, bool with_role = false, const std::string& reasoning = {},
+             const json& tool_calls = nullptr) const {
     json c = chunk_base(gen);
     json choice;
     if (gen.g.chat) {
@@ -670,6 +707,7 @@ struct Server::Impl {
       if (with_role) delta["role"] = "assistant";
       if (!reasoning.empty()) delta["reasoning"] = delta["reasoning_content"] = reasoning;
       if (with_role || !text.empty()) delta["content"] = text;
+      if (!tool_calls.is_null()) delta["tool_calls"] = tool_calls;
       choice = {{"index", index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}};
     } else {
       choice = {{"index", index}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}};
@@ -735,6 +773,20 @@ struct Server::Impl {
         text = std::move(p.content);
         reasoning = std::move(p.reasoning);
       }
+      json tool_calls = nullptr;
+      json finish = c.finished ? json(finish_name(c.fin, c.out->stopped_by_string)) : json(nullptr);
+      if (c.parse_tools) {
+        // Content up to a tool-call opening streams as it comes; the calls go out whole at the end.
+        text = c.tool_stream.push(text);
+        if (c.finished) {
+          ToolCallParse tp = c.tool_stream.finish(g.tools);
+          text += tp.content;
+          if (!tp.calls.empty()) {
+            tool_calls = tool_calls_json(tp.calls, true);
+            finish = "tool_calls";
+          }
+        }
+      }
       if (!c.finished) {
         const bool new_tokens = c.out->completion_tokens > before;
         if ((!text.empty() || !reasoning.empty() || (new_tokens && g.want_logprobs)) &&
@@ -751,8 +803,7 @@ struct Server::Impl {
         sink.done();
         return true;
       }
-      if (!write(sse(chunk(gen, c.index, text, lp, finish_name(c.fin, c.out->stopped_by_string),
-                           stop_reason_of(c, g), false, reasoning))))
+      if (!write(sse(chunk(gen, c.index, text, lp, finish, stop_reason_of(c, g), false, reasoning, tool_calls))))
         return abort_stream(gen);
     }
     if (!gen.all_finished()) {

@@ -32,6 +32,7 @@ struct ServerOptions {
   double shutdown_grace_s = 1.5;      // in-flight requests may finish this long
   RequestDefaults defaults;           // what requests leave out (generation config, --max-logprobs)
   std::string reasoning_parser;       // --reasoning-parser (reasoning_parser_names()); empty: off
+  std::string tool_parser;            // --tool-call-parser with --enable-auto-tool-choice; empty: off
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.

@@ -48,7 +48,10 @@ TEST(ModelCli, ServeFlagErrorsNameTheFlag) {
            {"--generation-config /no/such/dir", "--generation-config /no/such/dir: no generation_config.json"},
            {"--override-generation-config '{\"top_p\": 0}'", "--override-generation-config top_p"},
            {"--override-generation-config 'nope'", "--override-generation-config: not valid JSON"},
-           {"--chat-template /no/such.jinja", "--chat-template"}}) {
+           {"--chat-template /no/such.jinja", "--chat-template"},
+           {"--enable-auto-tool-choice", "--enable-auto-tool-choice needs --tool-call-parser"},
+           {"--enable-auto-tool-choice --tool-call-parser hermes", "--tool-call-parser hermes is unknown"},
+           {"--reasoning-parser nope", "--reasoning-parser nope is unknown"}}) {
     testing::CliResult r = run_sieve("serve --device cpu --port 0 " + args);
     EXPECT_EQ(r.rc, 2) << args << ": " << r.out;
     EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;

@@ -300,6 +300,23 @@ TEST(Protocol, GenerationConfigDefaults) {
   }
 }
 
+TEST(Protocol, ToolChoiceAndEarlierReasoning) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x","reasoning":"r1"},{"role":"user","content":"more"}])";
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{}}}])";
+  EXPECT_EQ(parse("{" + msgs + "}", true).tool_choice, "none");
+  EXPECT_EQ(parse("{" + msgs + "," + tools + "}", true).tool_choice, "auto");
+  EXPECT_EQ(parse("{" + msgs + "," + tools + R"(,"tool_choice":"none"})", true).tool_choice, "none");
+  EXPECT_EQ(parse("{" + msgs + "," + tools + R"(,"tool_choice":"required"})", true).tool_choice, "required");
+  EXPECT_EQ(parse("{" + msgs + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", true)
+                .tool_choice,
+            "function:f");
+  refused("{" + msgs + R"(,"tool_choice":"sometimes"})", true, "tool_choice");
+  refused("{" + msgs + R"(,"tool_choice":{"type":"function"}})", true, "tool_choice");
+  // An assistant turn's `reasoning` reaches the template as reasoning_content.
+  auto r = parse("{" + msgs + "}", true);
+  EXPECT_EQ(r.messages[1]["reasoning_content"], "r1");
+}
+
 TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
   static const char* fields[] = {"model",
                                  "prompt",

@@ -157,6 +157,32 @@ TEST(ServerHttp, ReasoningParserSplitsChatOutput) {
   EXPECT_EQ(content, "");
 }
 
+// tool_choice "required" or a named function would need guided decoding: refused, naming the
+// field. With the tool parser on, output without tool calls is unchanged.
+TEST(ServerHttp, ToolChoiceThatNeedsGuidedDecodingIsRefused) {
+  ServerOptions o;
+  o.tool_parser = "minimax_m3";
+  Rig rig(o);
+  auto c = rig.client();
+  const std::string base =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}])";
+  for (const std::string choice : {R"("required")", R"({"type":"function","function":{"name":"f"}})"}) {
+    auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":)" + choice + "}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "tool_choice") << r->body;
+  }
+  // (No tools in the prompt here: their description alone outgrows this rig's context.)
+  auto r = c.Post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"tool_choice":"auto"})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto ch = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(ch["message"]["tool_calls"], json::array());
+  EXPECT_EQ(ch["finish_reason"], "length");
+}
+
 // A burst of simultaneous connections must queue, not be refused: the listen backlog holds them
 // while no thread accepts yet.
 TEST(ServerHttp, WidenedBacklogHoldsABurstOfConnections) {

@@ -1,0 +1,164 @@
+#include "server/tool_calls.h"
+
+#include <algorithm>
+
+namespace sieve::server {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr std::string_view kNs = "]<]minimax[>[";
+constexpr std::string_view kOpen = "<tool_call>";
+constexpr std::string_view kOpenM2 = "<minimax:tool_call>";
+
+// The first tool-call opening in `text` (its namespace token included), or npos.
+size_t find_open(std::string_view text) {
+  size_t best = std::string_view::npos;
+  for (std::string_view tag : {kOpen, kOpenM2}) {
+    size_t p = text.find(tag);
+    if (p == std::string_view::npos) continue;
+    if (p >= kNs.size() && text.substr(p - kNs.size(), kNs.size()) == kNs) p -= kNs.size();
+    best = std::min(best, p);
+  }
+  return best;
+}
+
+// The text with every namespace token removed.
+std::string strip_ns(std::string_view s) {
+  std::string out;
+  size_t at = 0;
+  for (size_t p; (p = s.find(kNs, at)) != std::string_view::npos; at = p + kNs.size()) out.append(s.substr(at, p - at));
+  out.append(s.substr(at));
+  return out;
+}
+
+// The value of attribute name="..." of a tag that starts at `s` (after "<invoke " etc.).
+bool read_name(std::string_view s, size_t& at, std::string& name) {
+  const std::string_view key = "name=\"";
+  if (s.substr(at, key.size()) != key) return false;
+  const size_t end = s.find('"', at + key.size());
+  if (end == std::string_view::npos) return false;
+  name = std::string(s.substr(at + key.size(), end - at - key.size()));
+  at = end + 1;
+  if (at >= s.size() || s[at] != '>') return false;
+  ++at;
+  return true;
+}
+
+// The JSON schema type(s) of a parameter, from the request's tools; empty when unknown.
+std::vector<std::string> param_types(const ojson& tools, const std::string& tool, const std::string& param) {
+  std::vector<std::string> types;
+  if (!tools.is_array()) return types;
+  for (const ojson& t : tools) {
+    const ojson& fn = t.contains("function") ? t["function"] : t;
+    if (!fn.is_object() || fn.value("name", std::string()) != tool) continue;
+    const ojson* props = nullptr;
+    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object())
+      if (auto q = p->find("properties"); q != p->end() && q->is_object()) props = &*q;
+    if (!props) return types;
+    auto it = props->find(param);
+    if (it == props->end() || !it->is_object()) return types;
+    if (auto ty = it->find("type"); ty != it->end()) {
+      if (ty->is_string()) types.push_back(ty->get<std::string>());
+      if (ty->is_array())
+        for (const ojson& x : *ty)
+          if (x.is_string()) types.push_back(x.get<std::string>());
+    }
+    return types;
+  }
+  return types;
+}
+
+ojson param_value(std::string value, const std::vector<std::string>& types) {
+  if (!value.empty() && value.front() == '\n') value.erase(0, 1);
+  if (!value.empty() && value.back() == '\n') value.pop_back();
+  bool try_json;
+  if (!types.empty()) {
+    try_json = std::any_of(types.begin(), types.end(), [](const std::string& t) { return t != "string"; }) &&
+               !(types.size() == 1 && types[0] == "string");
+  } else {
+    ojson probe = ojson::parse(value, nullptr, false);
+    try_json = !probe.is_discarded() && !probe.is_string();
+  }
+  if (try_json) {
+    ojson v = ojson::parse(value, nullptr, false);
+    if (!v.is_discarded()) return v;
+  }
+  return value;
+}
+
+}  // namespace
+
+const std::vector<std::string>& tool_parser_names() {
+  static const std::vector<std::string> names = {"minimax_m3", "minimax_m2"};
+  return names;
+}
+
+size_t tool_call_content_prefix(std::string_view text) {
+  if (const size_t p = find_open(text); p != std::string_view::npos) return p;
+  size_t keep = 0;
+  for (const std::string full : {std::string(kNs) + std::string(kOpen), std::string(kOpen), std::string(kOpenM2)})
+    for (size_t n = std::min(text.size(), full.size() - 1); n > keep; --n)
+      if (text.substr(text.size() - n) == std::string_view(full).substr(0, n)) {
+        keep = n;
+        break;
+      }
+  return text.size() - keep;
+}
+
+ToolCallParse parse_tool_calls(std::string_view text, const ojson& tools) {
+  ToolCallParse out;
+  const size_t open = find_open(text);
+  if (open == std::string_view::npos) {
+    out.content = std::string(text);
+    return out;
+  }
+  const std::string body = strip_ns(text.substr(open));
+  size_t at = 0;
+  while (true) {
+    const size_t inv = body.find("<invoke ", at);
+    if (inv == std::string::npos) break;
+    size_t p = inv + std::string_view("<invoke ").size();
+    ParsedToolCall call;
+    if (!read_name(body, p, call.name)) break;
+    const size_t end = body.find("</invoke>", p);
+    if (end == std::string::npos) break;  // cut short: not a call
+    const std::string_view inner = std::string_view(body).substr(p, end - p);
+    size_t q = 0;
+    while (true) {
+      const size_t par = inner.find("<parameter ", q);
+      if (par == std::string_view::npos) break;
+      size_t r = par + std::string_view("<parameter ").size();
+      std::string key;
+      if (!read_name(inner, r, key)) break;
+      const size_t close = inner.find("</parameter>", r);
+      if (close == std::string_view::npos) break;
+      call.arguments[key] = param_value(std::string(inner.substr(r, close - r)), param_types(tools, call.name, key));
+      q = close + std::string_view("</parameter>").size();
+    }
+    out.calls.push_back(std::move(call));
+    at = end + std::string_view("</invoke>").size();
+  }
+  out.content = out.calls.empty() ? std::string(text) : std::string(text.substr(0, open));
+  return out;
+}
+
+std::string ToolCallStream::push(std::string_view content) {
+  text_.append(content);
+  const size_t upto = tool_call_content_prefix(text_);
+  if (upto <= sent_) return {};
+  std::string out = text_.substr(sent_, upto - sent_);
+  sent_ = upto;
+  return out;
+}
+
+ToolCallParse ToolCallStream::finish(const nlohmann::ordered_json& tools) {
+  ToolCallParse tp = parse_tool_calls(text_, tools);
+  const size_t end = tp.calls.empty() ? text_.size() : find_open(text_);
+  tp.content = end > sent_ ? text_.substr(sent_, end - sent_) : std::string();
+  sent_ = std::max(sent_, end);
+  return tp;
+}
+
+}  // namespace sieve::server

@@ -1,0 +1,58 @@
+// Tool-call parsers for chat completions (`sieve serve --enable-auto-tool-choice
+// --tool-call-parser minimax_m3`): MiniMax's XML tool calls in the generated text become the
+// message's `tool_calls`, as vLLM's MiniMax tool parsers return them. The format is the one the
+// chat template renders: every tag may carry the M3 namespace token ]<]minimax[>[ in front,
+//   <tool_call>
+//   <invoke name="NAME">
+//   <parameter name="KEY">VALUE</parameter> ...
+//   </invoke> ...
+//   </tool_call>
+// and MiniMax-M2's <minimax:tool_call> opening is accepted too.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace sieve::server {
+
+// The names --tool-call-parser accepts (one format).
+const std::vector<std::string>& tool_parser_names();
+
+struct ParsedToolCall {
+  std::string name;
+  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
+};
+
+struct ToolCallParse {
+  std::string content;  // the text before the first tool call (all of it when there is none)
+  std::vector<ParsedToolCall> calls;
+};
+
+// Parses the tool calls of a complete text. A parameter's value is JSON when the tool's schema
+// (from the request's `tools`) gives the parameter a type other than string and the value parses
+// as JSON, or, without a schema, when it parses as a JSON object, array, number, boolean or null;
+// otherwise it is the string as written (one leading and one trailing newline dropped). A text
+// whose tool-call block holds no complete invoke (generation cut short) is all content.
+ToolCallParse parse_tool_calls(std::string_view text, const nlohmann::ordered_json& tools);
+
+// Streaming: how much of `text` is surely content: up to the first tool-call opening, and short
+// of a suffix that could begin one.
+size_t tool_call_content_prefix(std::string_view text);
+
+// A streamed chat's content through the parser: push() returns the content that can go out now
+// (it stops short of a tool-call opening); finish() returns the rest of the content and the
+// calls, parsed from everything pushed.
+class ToolCallStream {
+ public:
+  std::string push(std::string_view content);
+  ToolCallParse finish(const nlohmann::ordered_json& tools);
+
+ private:
+  std::string text_;
+  size_t sent_ = 0;
+};
+
+}  // namespace sieve::server

@@ -1,0 +1,113 @@
+// The MiniMax tool-call parser of --tool-call-parser: the format the chat template renders, values
+// typed by the request's tool schemas, calls cut short, and streaming cut at every position.
+#include "server/tool_calls.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "text/byte_level.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace sieve::server {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+const std::string NS = "]<]minimax[>[";
+
+// Two calls as the built-in template renders an assistant message's tool_calls.
+std::string two_calls() {
+  return "Let me check.\n" + NS + "<tool_call>\n" + NS + "<invoke name=\"get_weather\">\n" + NS +
+         "<parameter name=\"city\">Paris" + NS + "</parameter>\n" + NS + "<parameter name=\"days\">3" + NS +
+         "</parameter>\n" + NS + "<parameter name=\"zip\">75001" + NS + "</parameter>\n" + NS + "</invoke>\n" + NS +
+         "<invoke name=\"note\">\n" + NS + "<parameter name=\"tags\">[\"a\", \"b\"]" + NS + "</parameter>\n" + NS +
+         "<parameter name=\"text\">\nline one\nline two\n" + NS + "</parameter>\n" + NS + "</invoke>\n" + NS +
+         "</tool_call>";
+}
+
+const ojson kTools = ojson::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"}}}}},
+  {"type": "function", "function": {"name": "note", "parameters": {"type": "object", "properties": {
+    "tags": {"type": "array"}, "text": {"type": "string"}}}}}])");
+
+TEST(ToolCalls, ParsesTheTemplatesFormatTypedBySchema) {
+  ToolCallParse tp = parse_tool_calls(two_calls(), kTools);
+  EXPECT_EQ(tp.content, "Let me check.\n");
+  ASSERT_EQ(tp.calls.size(), 2u);
+  EXPECT_EQ(tp.calls[0].name, "get_weather");
+  EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Paris","days":3,"zip":"75001"})");
+  EXPECT_EQ(tp.calls[1].name, "note");
+  EXPECT_EQ(tp.calls[1].arguments.dump(), R"({"tags":["a","b"],"text":"line one\nline two"})");
+  // Without schemas: JSON where the value is a number, object, array, boolean or null.
+  tp = parse_tool_calls(two_calls(), nullptr);
+  EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Paris","days":3,"zip":75001})");
+}
+
+TEST(ToolCalls, NoCallsCutShortAndM2Opening) {
+  EXPECT_TRUE(parse_tool_calls("just text <tool", kTools).calls.empty());
+  EXPECT_EQ(parse_tool_calls("just text <tool", kTools).content, "just text <tool");
+  const std::string cut = two_calls().substr(0, two_calls().find("</invoke>"));
+  ToolCallParse tp = parse_tool_calls(cut, kTools);
+  EXPECT_TRUE(tp.calls.empty());
+  EXPECT_EQ(tp.content, cut);  // a call cut short stays text
+  tp = parse_tool_calls("<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"x\">1</parameter>\n</invoke>\n"
+                        "</minimax:tool_call>",
+                        nullptr);
+  ASSERT_EQ(tp.calls.size(), 1u);
+  EXPECT_EQ(tp.calls[0].name, "f");
+  EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"x":1})");
+  EXPECT_EQ(tp.content, "");
+}
+
+// What the built-in chat template renders for an assistant turn's tool_calls parses back to them.
+TEST(ToolCalls, RoundTripThroughTheChatTemplate) {
+  const auto dir = std::filesystem::temp_directory_path() / ("sieve-tool-calls-test-" + std::to_string(::getpid()));
+  text::write_byte_level_tokenizer(dir.string(), 300);
+  const text::Tokenizer tok = text::Tokenizer::load(dir.string());
+  const ojson messages = ojson::parse(R"([{"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": "Checking.", "tool_calls": [
+      {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"days\": 2, \"zip\": \"0150\"}"}},
+      {"id": "c2", "type": "function", "function": {"name": "note", "arguments": {"tags": ["x"], "text": "hi"}}}]}])");
+  const std::string prompt = text::render_chat(tok, messages, kTools, false, ojson::object());
+  const size_t from = prompt.rfind("]~b]ai\n") + 7, to = prompt.rfind("[e~[");
+  ToolCallParse tp = parse_tool_calls(std::string_view(prompt).substr(from, to - from), kTools);
+  EXPECT_EQ(tp.content, "Checking.\n");
+  ASSERT_EQ(tp.calls.size(), 2u) << prompt;
+  EXPECT_EQ(tp.calls[0].name, "get_weather");
+  EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Oslo","days":2,"zip":"0150"})");
+  EXPECT_EQ(tp.calls[1].arguments.dump(), R"({"tags":["x"],"text":"hi"})");
+  std::filesystem::remove_all(dir);
+}
+
+// Streamed in two pieces cut anywhere: the content before the opening goes out (none of the
+// tool-call text does), and the calls come whole at the end.
+TEST(ToolCalls, StreamCutAnywhere) {
+  const std::string text = two_calls();
+  for (size_t i = 0; i <= text.size(); ++i) {
+    ToolCallStream s;
+    std::string content = s.push(std::string_view(text).substr(0, i));
+    content += s.push(std::string_view(text).substr(i));
+    ToolCallParse tp = s.finish(kTools);
+    content += tp.content;
+    EXPECT_EQ(content, "Let me check.\n") << i;
+    EXPECT_EQ(tp.calls.size(), 2u) << i;
+  }
+  const std::string plain = "a ]<]mini b <tool_c d";
+  for (size_t i = 0; i <= plain.size(); ++i) {
+    ToolCallStream s;
+    std::string content = s.push(std::string_view(plain).substr(0, i));
+    content += s.push(std::string_view(plain).substr(i));
+    ToolCallParse tp = s.finish(kTools);
+    EXPECT_EQ(content + tp.content, plain) << i;
+    EXPECT_TRUE(tp.calls.empty());
+  }
+}
+
+}  // namespace
+}  // namespace sieve::server
