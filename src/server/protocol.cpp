@@ -331,6 +331,20 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     if (!s->is_string()) bad("suffix", std::string("expected a string, got ") + type_name(*s));
     if (!s->get<std::string>().empty()) bad("suffix", "is not supported");
   }
+  // Structured output needs guided decoding, which this server does not have: refused rather
+  // than answered with unconstrained text.
+  if (const ojson* rf = field(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      bad("response_format", "expected an object with a string \"type\", got " + rf->dump());
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type != "text")
+      bad("response_format", "type \"" + type +
+                                 "\" is not supported: structured output needs guided decoding, which this server "
+                                 "does not have (only \"text\")");
+  }
+  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
+    if (field(body, guided))
+      bad(guided, "is not supported: guided decoding is not available on this server");
   if (const ojson* lb = field(body, "logit_bias")) {
     if (!lb->is_object())
       bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));

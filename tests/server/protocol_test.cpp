@@ -317,6 +317,20 @@ TEST(Protocol, ToolChoiceAndEarlierReasoning) {
   EXPECT_EQ(r.messages[1]["reasoning_content"], "r1");
 }
 
+// Structured output would need guided decoding: refused by name, never answered with free text.
+TEST(Protocol, StructuredOutputIsRefused) {
+  const std::string m = R"("messages":[{"role":"user","content":"hi"}])";
+  EXPECT_NO_THROW(parse("{" + m + R"(,"response_format":{"type":"text"}})", true));
+  EXPECT_NO_THROW(parse("{" + m + R"(,"response_format":null})", true));
+  refused("{" + m + R"(,"response_format":{"type":"json_object"}})", true, "response_format");
+  refused("{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})", true,
+          "response_format");
+  refused("{" + m + R"(,"response_format":"json"})", true, "response_format");
+  refused(R"({"prompt":"hi","guided_choice":["a","b"]})", false, "guided_choice");
+  refused("{" + m + R"(,"guided_json":{}})", true, "guided_json");
+  refused("{" + m + R"(,"structured_outputs":{"regex":"a+"}})", true, "structured_outputs");
+}
+
 TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {
   static const char* fields[] = {"model",
                                  "prompt",
