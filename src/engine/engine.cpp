@@ -121,6 +121,7 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt,
   r->params = params;
   r->max_total_tokens = std::min<int64_t>(n + params.max_tokens, max_len);
   r->eos_ids = cfg_.eos_ids;
+  if (params.constraint) r->constraint_state = params.constraint->start();
   if (params.has_seed) {
     r->rng.seed(params.seed);
   } else if (cfg_.seed) {
@@ -404,8 +405,9 @@ void Engine::step() {
     std::vector<int32_t> stop_ids = p.stop_token_ids;
     if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), r->eos_ids.begin(), r->eos_ids.end());
     std::span<const float> row_logits(logits_.data() + sample_row * size_t(V), size_t(V));
-    SampleResult res =
-        sample_token(row_logits, p, r->tokens, r->num_prompt_tokens, stop_ids, r->rng);
+    SampleResult res = sample_token(row_logits, p, r->tokens, r->num_prompt_tokens, stop_ids, r->rng,
+                                    r->constraint_state.get());
+    if (r->constraint_state) r->constraint_state->accept(res.token);
     r->tokens.push_back(res.token);
     ++gen_tokens;
     if (r->first_token_s == 0) {
@@ -428,6 +430,8 @@ void Engine::step() {
                                       res.token) != p.stop_token_ids.end();
     if ((is_eos || is_stop_id) && n_out >= p.min_tokens)
       done.push_back({r, FinishReason::Stop});
+    else if (r->constraint_state && r->constraint_state->must_end())
+      done.push_back({r, FinishReason::Stop});  // guided decoding: the output is complete
     else if (n_out >= p.max_tokens || int64_t(r->tokens.size()) >= r->max_total_tokens)
       done.push_back({r, FinishReason::Length});
   }

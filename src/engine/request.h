@@ -2,10 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "engine/guided.h"
 
 namespace sieve::engine {
 
@@ -45,6 +48,8 @@ struct SamplingParams {
   // alternatives; -1: none (vLLM's prompt_logprobs; the completions API's echo with logprobs).
   // Such a request never reuses cached prefix blocks: every prompt row must be computed.
   int prompt_logprobs = -1;
+  // Guided decoding (guided.h): the output must satisfy this; null: free.
+  std::shared_ptr<const OutputConstraint> constraint;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -64,6 +69,7 @@ struct Request {
   std::mt19937_64 rng;
   // prompt_logprobs: entries for prompt positions 1, 2, ... collected so far (in order).
   std::vector<PromptTokenLogprob> prompt_lp;
+  std::unique_ptr<OutputConstraint::State> constraint_state;  // params.constraint's, after the output so far
   RequestStatus status = RequestStatus::Waiting;
   FinishReason finish = FinishReason::None;
   int num_preemptions = 0;

@@ -21,7 +21,8 @@ std::vector<float> log_softmax(std::span<const float> logits) {
 
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& p,
                           std::span<const int32_t> history, int64_t num_prompt_tokens,
-                          std::span<const int32_t> stop_ids, std::mt19937_64& rng) {
+                          std::span<const int32_t> stop_ids, std::mt19937_64& rng,
+                          const OutputConstraint::State* constraint) {
   const int64_t V = int64_t(logits.size());
   SampleResult res;
   std::vector<float> raw_lp;
@@ -35,6 +36,11 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
       if (t >= 0 && t < V) x[size_t(t)] = neg_inf;
   for (auto [t, b] : p.logit_bias)
     if (t >= 0 && t < V) x[size_t(t)] += b;
+  if (constraint) {
+    std::vector<float> before = x;
+    constraint->mask(x, stop_ids);
+    if (std::none_of(x.begin(), x.end(), [&](float v) { return v > neg_inf; })) x = std::move(before);
+  }
 
   if (p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) {
     std::unordered_map<int32_t, int> out_counts;

@@ -21,9 +21,12 @@ struct SampleResult {
 
 // `history` is prompt + output so far (repetition penalty counts both); the output part starts at
 // `num_prompt_tokens`. `stop_ids` are masked while fewer than min_tokens were generated.
+// `constraint`: guided decoding's state (tokens it forbids are masked after min_tokens and
+// logit_bias; when it forbids everything, it is ignored for this token).
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
                           std::span<const int32_t> history, int64_t num_prompt_tokens,
-                          std::span<const int32_t> stop_ids, std::mt19937_64& rng);
+                          std::span<const int32_t> stop_ids, std::mt19937_64& rng,
+                          const OutputConstraint::State* constraint = nullptr);
 
 // log_softmax over the whole row (natural log), in double for accuracy.
 std::vector<float> log_softmax(std::span<const float> logits);

@@ -331,20 +331,56 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     if (!s->is_string()) bad("suffix", std::string("expected a string, got ") + type_name(*s));
     if (!s->get<std::string>().empty()) bad("suffix", "is not supported");
   }
-  // Structured output needs guided decoding, which this server does not have: refused rather
-  // than answered with unconstrained text.
+  // Guided decoding: a JSON object or one of a list of strings. What else vLLM can constrain to
+  // (JSON schemas, regular expressions, grammars) is refused rather than answered with free text.
+  auto set_guided = [&](const std::string& kind, const char* param) {
+    if (!r.guided.empty() && r.guided != kind)
+      bad(param, "only one kind of guided decoding at a time (already " + r.guided + ")");
+    r.guided = kind;
+  };
+  auto read_choices = [&](const ojson& v, const std::string& param) {
+    if (!v.is_array() || v.empty()) bad(param, "expected a non-empty array of strings, got " + v.dump());
+    for (const ojson& c : v) {
+      if (!c.is_string() || c.get<std::string>().empty()) bad(param, "expected non-empty strings, got " + c.dump());
+      r.guided_choice.push_back(c.get<std::string>());
+    }
+  };
   if (const ojson* rf = field(body, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
       bad("response_format", "expected an object with a string \"type\", got " + rf->dump());
     const std::string type = (*rf)["type"].get<std::string>();
-    if (type != "text")
+    if (type == "json_object") {
+      set_guided("json_object", "response_format");
+    } else if (type != "text") {
       bad("response_format", "type \"" + type +
-                                 "\" is not supported: structured output needs guided decoding, which this server "
-                                 "does not have (only \"text\")");
+                                 "\" is not supported: this server constrains output to a JSON object "
+                                 "(\"json_object\") or to choices (guided_choice), not to a schema");
+    }
   }
-  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
+  if (const ojson* gc = field(body, "guided_choice")) {
+    set_guided("choice", "guided_choice");
+    read_choices(*gc, "guided_choice");
+  }
+  if (const ojson* so = field(body, "structured_outputs")) {
+    if (!so->is_object()) bad("structured_outputs", "expected an object, got " + so->dump());
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      if (it->is_null()) continue;
+      if (it.key() == "choice") {
+        set_guided("choice", "structured_outputs");
+        read_choices(*it, "structured_outputs.choice");
+      } else if (it.key() == "json_object") {
+        if (!it->is_boolean()) bad("structured_outputs.json_object", "expected a boolean, got " + it->dump());
+        if (it->get<bool>()) set_guided("json_object", "structured_outputs");
+      } else {
+        bad("structured_outputs." + it.key(),
+            "is not supported: this server constrains output to a JSON object or to choices only");
+      }
+    }
+  }
+  for (const char* guided : {"guided_json", "guided_regex", "guided_grammar"})
     if (field(body, guided))
-      bad(guided, "is not supported: guided decoding is not available on this server");
+      bad(guided, "is not supported: this server constrains output to a JSON object (response_format "
+                  "json_object) or to choices (guided_choice) only");
   if (const ojson* lb = field(body, "logit_bias")) {
     if (!lb->is_object())
       bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));

@@ -57,6 +57,10 @@ struct GenerateRequest {
   // "none", "auto" (the default when tools are given), "required", or "function:NAME" (a named
   // function); the server refuses the last two, which need guided decoding.
   std::string tool_choice = "none";
+  // Guided decoding: "" (none), "json_object" (response_format json_object, or
+  // structured_outputs.json_object) or "choice" (guided_choice, or structured_outputs.choice).
+  std::string guided;
+  std::vector<std::string> guided_choice;
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool add_special_tokens = true;  // completions: true, chat: false (the template adds them)

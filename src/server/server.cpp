@@ -17,6 +17,7 @@
 #include <functional>
 #include <random>
 #include <string_view>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -25,6 +26,7 @@
 #include "server/protocol.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
+#include "engine/guided.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
 
@@ -309,6 +311,20 @@ struct Server::Impl {
 
   const std::string& model_name() const { return opts.served_model_names.front(); }
 
+  // Guided decoding's view of the vocabulary: each token's bytes; special tokens none (they never
+  // belong to a constrained output; end-of-sequence is the constraint's own business).
+  std::shared_ptr<const engine::TokenBytes> guided_vocab() {
+    std::call_once(vocab_once, [this] {
+      auto v = std::make_shared<engine::TokenBytes>(size_t(tok.vocab_size()));
+      for (int32_t id = 0; id < tok.vocab_size(); ++id)
+        if (!tok.is_special(id)) (*v)[size_t(id)] = tok.token_bytes(id);
+      vocab_bytes = std::move(v);
+    });
+    return vocab_bytes;
+  }
+  std::once_flag vocab_once;
+  std::shared_ptr<const engine::TokenBytes> vocab_bytes;
+
   void check_model(const std::string& m) const {
     if (m.empty()) return;
     for (const auto& n : opts.served_model_names)
@@ -478,8 +494,19 @@ struct Server::Impl {
                            " input tokens" + which + ". Please reduce the length of the input.",
                        param);
     }
+    std::shared_ptr<const engine::OutputConstraint> constraint;
+    if (g.guided == "json_object") constraint = engine::json_object_constraint(guided_vocab());
+    if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
     for (size_t i = 0; i < prompts.size(); ++i) {
       engine::SamplingParams params = g.params;
+      params.constraint = constraint;
+      // With the reasoning parser, an output that starts in the reasoning would be constrained
+      // from its first token, and the constrained text would count as reasoning.
+      if (constraint && chat && !opts.reasoning_parser.empty() && prompt_opens_reasoning(texts[i]))
+        throw ApiError(400,
+                       "guided decoding with thinking on is not supported: the whole output is constrained, "
+                       "so it would all be reasoning; set chat_template_kwargs.enable_thinking to false",
+                       g.guided == "choice" ? "guided_choice" : "response_format");
       if (!g.max_tokens_given) {
         // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
         const int64_t left = max_len - int64_t(prompts[i].size());

@@ -317,18 +317,28 @@ TEST(Protocol, ToolChoiceAndEarlierReasoning) {
   EXPECT_EQ(r.messages[1]["reasoning_content"], "r1");
 }
 
-// Structured output would need guided decoding: refused by name, never answered with free text.
-TEST(Protocol, StructuredOutputIsRefused) {
+// Guided decoding: a JSON object or choices; schemas, regular expressions and grammars are refused
+// by name, never answered with free text.
+TEST(Protocol, GuidedDecodingFields) {
   const std::string m = R"("messages":[{"role":"user","content":"hi"}])";
-  EXPECT_NO_THROW(parse("{" + m + R"(,"response_format":{"type":"text"}})", true));
-  EXPECT_NO_THROW(parse("{" + m + R"(,"response_format":null})", true));
-  refused("{" + m + R"(,"response_format":{"type":"json_object"}})", true, "response_format");
+  EXPECT_EQ(parse("{" + m + R"(,"response_format":{"type":"text"}})", true).guided, "");
+  EXPECT_EQ(parse("{" + m + R"(,"response_format":null})", true).guided, "");
+  EXPECT_EQ(parse("{" + m + R"(,"response_format":{"type":"json_object"}})", true).guided, "json_object");
+  auto r = parse(R"({"prompt":"hi","guided_choice":["a","bc"]})", false);
+  EXPECT_EQ(r.guided, "choice");
+  EXPECT_EQ(r.guided_choice, (std::vector<std::string>{"a", "bc"}));
+  r = parse("{" + m + R"(,"structured_outputs":{"choice":["x"]}})", true);
+  EXPECT_EQ(r.guided, "choice");
+  EXPECT_EQ(parse("{" + m + R"(,"structured_outputs":{"json_object":true}})", true).guided, "json_object");
   refused("{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})", true,
           "response_format");
   refused("{" + m + R"(,"response_format":"json"})", true, "response_format");
-  refused(R"({"prompt":"hi","guided_choice":["a","b"]})", false, "guided_choice");
+  refused(R"({"prompt":"hi","guided_choice":[]})", false, "guided_choice");
+  refused(R"({"prompt":"hi","guided_choice":["a",""]})", false, "guided_choice");
+  refused(R"({"prompt":"hi","guided_choice":["a"],"response_format":{"type":"json_object"}})", false, "guided_choice");
   refused("{" + m + R"(,"guided_json":{}})", true, "guided_json");
-  refused("{" + m + R"(,"structured_outputs":{"regex":"a+"}})", true, "structured_outputs");
+  refused("{" + m + R"(,"guided_regex":"a+"})", true, "guided_regex");
+  refused("{" + m + R"(,"structured_outputs":{"regex":"a+"}})", true, "structured_outputs.regex");
 }
 
 TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {

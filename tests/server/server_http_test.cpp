@@ -183,6 +183,39 @@ TEST(ServerHttp, ToolChoiceThatNeedsGuidedDecodingIsRefused) {
   EXPECT_EQ(ch["finish_reason"], "length");
 }
 
+// Guided decoding over HTTP: the text is one of the choices, or a JSON object when the request
+// ended on its own (max_tokens may cut one short).
+TEST(ServerHttp, GuidedChoiceAndJsonObject) {
+  Rig rig;
+  auto c = rig.client();
+  for (int seed = 0; seed < 4; ++seed) {
+    auto r = c.Post("/v1/completions",
+                    R"({"prompt":[1,2,3],"max_tokens":20,"seed":)" + std::to_string(seed) +
+                        R"(,"guided_choice":["red","green","blue"]})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto ch = json::parse(r->body)["choices"][0];
+    const std::string text = ch["text"];
+    EXPECT_TRUE(text == "red" || text == "green" || text == "blue") << text;
+    EXPECT_EQ(ch["finish_reason"], "stop");
+  }
+  int objects = 0;
+  for (int seed = 0; seed < 8; ++seed) {
+    auto r = c.Post("/v1/chat/completions",
+                    R"({"messages":[{"role":"user","content":"x"}],"max_tokens":60,"seed":)" + std::to_string(seed) +
+                        R"(,"response_format":{"type":"json_object"},"chat_template_kwargs":{"enable_thinking":false}})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto ch = json::parse(r->body)["choices"][0];
+    if (ch["finish_reason"] != "stop") continue;
+    ++objects;
+    EXPECT_TRUE(json::parse(ch["message"]["content"].get<std::string>()).is_object()) << ch;
+  }
+  EXPECT_GT(objects, 0);
+}
+
 // A burst of simultaneous connections must queue, not be refused: the listen backlog holds them
 // while no thread accepts yet.
 TEST(ServerHttp, WidenedBacklogHoldsABurstOfConnections) {

@@ -1,0 +1,322 @@
+#include "engine/guided.h"
+
+#include <algorithm>
+#include <limits>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace sieve::engine {
+
+namespace {
+
+constexpr uint8_t kMaxWs = 16;
+constexpr const char* kLiterals[3] = {"true", "false", "null"};
+
+bool is_ws(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+}  // namespace
+
+bool JsonPrefix::whitespace(uint8_t c) {
+  if (!is_ws(c) || ws_ >= kMaxWs) return false;
+  ++ws_;
+  return true;
+}
+
+bool JsonPrefix::value_start(uint8_t c) {
+  switch (c) {
+    case '{':
+    case '[':
+      if (depth_ >= sizeof stack_) return false;
+      stack_[depth_++] = char(c);
+      mode_ = c == '{' ? kObjOpen : kArrOpen;
+      return true;
+    case '"':
+      mode_ = kString;
+      key_ = false;
+      return true;
+    case '-':
+      mode_ = kNumSign;
+      return true;
+    case '0':
+      mode_ = kNumZero;
+      return true;
+    case 't':
+    case 'f':
+    case 'n':
+      mode_ = kLiteral;
+      literal_ = c == 't' ? 0 : c == 'f' ? 1 : 2;
+      sub_ = 1;
+      return true;
+    default:
+      if (c >= '1' && c <= '9') {
+        mode_ = kNumInt;
+        return true;
+      }
+      return false;
+  }
+}
+
+// After a complete value: a separator or the end of the container holding it.
+bool JsonPrefix::after_value(uint8_t c) {
+  mode_ = kAfter;
+  if (depth_ == 0) {
+    mode_ = kDone;
+    return push(c);
+  }
+  const char top = stack_[depth_ - 1];
+  if (c == ',') {
+    mode_ = top == '{' ? kKeyExpect : kValue;
+    return true;
+  }
+  if ((top == '{' && c == '}') || (top == '[' && c == ']')) {
+    --depth_;
+    if (depth_ == 0) mode_ = kDone;
+    return true;
+  }
+  return whitespace(c);
+}
+
+bool JsonPrefix::push(uint8_t c) {
+  if (!is_ws(c) || mode_ == kString) ws_ = 0;
+  switch (mode_) {
+    case kStart:
+      if (c == '{') return value_start(c);
+      return whitespace(c);
+    case kObjOpen:
+      if (c == '}') {
+        --depth_;
+        mode_ = depth_ == 0 ? kDone : kAfter;
+        return true;
+      }
+      [[fallthrough]];
+    case kKeyExpect:
+      if (c == '"') {
+        mode_ = kString;
+        key_ = true;
+        return true;
+      }
+      return whitespace(c);
+    case kColon:
+      if (c == ':') {
+        mode_ = kValue;
+        return true;
+      }
+      return whitespace(c);
+    case kArrOpen:
+      if (c == ']') {
+        --depth_;
+        mode_ = depth_ == 0 ? kDone : kAfter;
+        return true;
+      }
+      [[fallthrough]];
+    case kValue:
+      if (value_start(c)) return true;
+      return whitespace(c);
+    case kAfter:
+      return after_value(c);
+    case kString:
+      if (c == '"') {
+        if (key_) {
+          mode_ = kColon;
+          return true;
+        }
+        mode_ = kAfter;
+        if (depth_ == 0) mode_ = kDone;
+        return true;
+      }
+      if (c == '\\') {
+        mode_ = kEscape;
+        return true;
+      }
+      return c >= 0x20;
+    case kEscape:
+      if (c == 'u') {
+        mode_ = kHex;
+        sub_ = 4;
+        return true;
+      }
+      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+        mode_ = kString;
+        return true;
+      }
+      return false;
+    case kHex:
+      if (!is_hex(c)) return false;
+      if (--sub_ == 0) mode_ = kString;
+      return true;
+    case kNumSign:
+      if (c == '0') {
+        mode_ = kNumZero;
+        return true;
+      }
+      if (c >= '1' && c <= '9') {
+        mode_ = kNumInt;
+        return true;
+      }
+      return false;
+    case kNumInt:
+      if (is_digit(c)) return true;
+      [[fallthrough]];
+    case kNumZero:
+      if (c == '.') {
+        mode_ = kNumDot;
+        return true;
+      }
+      if (c == 'e' || c == 'E') {
+        mode_ = kNumE;
+        return true;
+      }
+      return after_value(c);
+    case kNumDot:
+      if (!is_digit(c)) return false;
+      mode_ = kNumFrac;
+      return true;
+    case kNumFrac:
+      if (is_digit(c)) return true;
+      if (c == 'e' || c == 'E') {
+        mode_ = kNumE;
+        return true;
+      }
+      return after_value(c);
+    case kNumE:
+      if (c == '+' || c == '-') {
+        mode_ = kNumESign;
+        return true;
+      }
+      [[fallthrough]];
+    case kNumESign:
+      if (!is_digit(c)) return false;
+      mode_ = kNumExp;
+      return true;
+    case kNumExp:
+      if (is_digit(c)) return true;
+      return after_value(c);
+    case kLiteral: {
+      const char* lit = kLiterals[literal_];
+      if (uint8_t(lit[sub_]) != c) return false;
+      if (lit[++sub_] == '\0') mode_ = kAfter;
+      return true;
+    }
+    case kDone:
+      return false;  // only the end of the sequence
+  }
+  return false;
+}
+
+namespace {
+
+class JsonConstraint final : public OutputConstraint {
+ public:
+  explicit JsonConstraint(std::shared_ptr<const TokenBytes> v) : vocab_(std::move(v)) {}
+  class S final : public State {
+   public:
+    explicit S(std::shared_ptr<const TokenBytes> v) : vocab_ptr_(std::move(v)), vocab_(*vocab_ptr_) {}
+    void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
+      const float neg_inf = -std::numeric_limits<float>::infinity();
+      bool any = false;
+      for (size_t t = 0; t < logits.size(); ++t) {
+        bool ok = false;
+        if (t < vocab_.size() && !vocab_[t].empty()) {
+          JsonPrefix p = state_;
+          ok = p.push(vocab_[t]);
+        }
+        if (ok) {
+          any = true;
+        } else {
+          logits[t] = neg_inf;
+        }
+      }
+      if (state_.complete() || !any) restore_eos(logits, eos_ids);
+    }
+    void accept(int32_t token) override {
+      if (token >= 0 && size_t(token) < vocab_.size()) state_.push(vocab_[size_t(token)]);
+    }
+    bool complete() const override { return state_.complete(); }
+    bool must_end() const override { return state_.complete(); }
+    // End-of-sequence ids come back (at their raw value: the caller masked them already).
+    void restore_eos(std::span<float> logits, std::span<const int32_t> eos_ids) const {
+      for (int32_t e : eos_ids)
+        if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == -std::numeric_limits<float>::infinity())
+          logits[size_t(e)] = 0.0f;
+    }
+
+   private:
+    std::shared_ptr<const TokenBytes> vocab_ptr_;  // a state outlives its constraint if need be
+    const TokenBytes& vocab_;
+    JsonPrefix state_;
+  };
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_); }
+
+ private:
+  std::shared_ptr<const TokenBytes> vocab_;
+};
+
+class ChoiceConstraint final : public OutputConstraint {
+ public:
+  ChoiceConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::string> c)
+      : vocab_(std::move(v)), choices_(std::make_shared<const std::vector<std::string>>(std::move(c))) {}
+  class S final : public State {
+   public:
+    S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<std::string>> c)
+        : vocab_ptr_(std::move(v)), choices_ptr_(std::move(c)), vocab_(*vocab_ptr_), choices_(*choices_ptr_) {}
+    void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
+      const float neg_inf = -std::numeric_limits<float>::infinity();
+      // The choices the output so far begins; a token must continue one of them.
+      std::vector<std::string_view> rest;
+      for (const std::string& c : choices_)
+        if (c.size() > out_.size() && c.compare(0, out_.size(), out_) == 0) rest.push_back(std::string_view(c).substr(out_.size()));
+      for (size_t t = 0; t < logits.size(); ++t) {
+        bool ok = false;
+        if (t < vocab_.size() && !vocab_[t].empty()) {
+          const std::string_view tok = vocab_[t];
+          ok = std::any_of(rest.begin(), rest.end(), [&](std::string_view r) { return r.substr(0, tok.size()) == tok; });
+        }
+        if (!ok) logits[t] = neg_inf;
+      }
+      const bool done = std::find(choices_.begin(), choices_.end(), out_) != choices_.end();
+      if (done)
+        for (int32_t e : eos_ids)
+          if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == neg_inf) logits[size_t(e)] = 0.0f;
+    }
+    void accept(int32_t token) override {
+      if (token >= 0 && size_t(token) < vocab_.size()) out_ += vocab_[size_t(token)];
+    }
+    bool complete() const override { return std::find(choices_.begin(), choices_.end(), out_) != choices_.end(); }
+    bool must_end() const override {
+      return complete() && std::none_of(choices_.begin(), choices_.end(), [&](const std::string& c) {
+               return c.size() > out_.size() && c.compare(0, out_.size(), out_) == 0;
+             });
+    }
+
+   private:
+    std::shared_ptr<const TokenBytes> vocab_ptr_;
+    std::shared_ptr<const std::vector<std::string>> choices_ptr_;
+    const TokenBytes& vocab_;
+    const std::vector<std::string>& choices_;
+    std::string out_;
+  };
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_, choices_); }
+
+ private:
+  std::shared_ptr<const TokenBytes> vocab_;
+  std::shared_ptr<const std::vector<std::string>> choices_;
+};
+
+}  // namespace
+
+std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<const TokenBytes> vocab) {
+  return std::make_shared<JsonConstraint>(std::move(vocab));
+}
+
+std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                          std::vector<std::string> choices) {
+  if (choices.empty()) throw Error("guided_choice: needs at least one choice");
+  for (const auto& c : choices)
+    if (c.empty()) throw Error("guided_choice: choices must not be empty strings");
+  return std::make_shared<ChoiceConstraint>(std::move(vocab), std::move(choices));
+}
+
+}  // namespace sieve::engine

@@ -1,0 +1,77 @@
+// Guided decoding: constraints on a request's output tokens, applied by the sampler as a mask.
+// A constraint is built once per request from the vocabulary's token bytes; its state advances
+// with every sampled token (engine thread only). Two kinds exist:
+//  - json_object: the output is one JSON object (RFC 8259), then end of sequence;
+//  - choice: the output is exactly one of a list of strings, then end of sequence.
+// A token is allowed when its bytes keep the output a prefix of something the constraint
+// accepts; end-of-sequence ids only once the output is complete. Masking walks the whole
+// vocabulary each step (bytes x tokens), so a guided request costs host time per token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sieve::engine {
+
+// The bytes of each token id ("" for ids that never may come: special or unknown ones).
+using TokenBytes = std::vector<std::string>;
+
+class OutputConstraint {
+ public:
+  class State {
+   public:
+    virtual ~State() = default;
+    // Sets the logits of tokens that may not come next to -inf; the end-of-sequence ids stay
+    // only when the output is complete (or nothing else could follow, so the request can end).
+    virtual void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const = 0;
+    virtual void accept(int32_t token) = 0;
+    virtual bool complete() const = 0;
+    // Complete, and nothing may follow: the request ends here (it need not sample an
+    // end-of-sequence token, which a model may not even have).
+    virtual bool must_end() const = 0;
+  };
+  virtual ~OutputConstraint() = default;
+  virtual std::unique_ptr<State> start() const = 0;
+};
+
+// At most 64 levels of nesting; whitespace between tokens of the JSON text is allowed, at most
+// 16 bytes in a row (so a model cannot loop on it).
+std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<const TokenBytes> vocab);
+// Throws Error when `choices` is empty or holds an empty string.
+std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                          std::vector<std::string> choices);
+
+// The JSON automaton, exposed for tests: feeds bytes, false on the first one that cannot extend
+// a JSON object text.
+class JsonPrefix {
+ public:
+  bool push(uint8_t c);
+  bool push(std::string_view s) {
+    for (char c : s)
+      if (!push(uint8_t(c))) return false;
+    return true;
+  }
+  bool complete() const { return mode_ == kDone; }
+
+ private:
+  enum Mode : uint8_t {
+    kStart, kObjOpen, kKeyExpect, kColon, kValue, kArrOpen, kAfter, kString, kEscape, kHex, kNumSign,
+    kNumZero, kNumInt, kNumDot, kNumFrac, kNumE, kNumESign, kNumExp, kLiteral, kDone
+  };
+  bool value_start(uint8_t c);
+  bool after_value(uint8_t c);
+  bool whitespace(uint8_t c);
+  Mode mode_ = kStart;
+  uint8_t sub_ = 0;      // kHex: digits left; kLiteral: bytes matched
+  uint8_t literal_ = 0;  // kLiteral: 0 true, 1 false, 2 null
+  uint8_t ws_ = 0;       // consecutive whitespace bytes
+  bool key_ = false;     // kString: a key
+  uint8_t depth_ = 0;
+  char stack_[64] = {};
+};
+
+}  // namespace sieve::engine

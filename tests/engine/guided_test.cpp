@@ -1,0 +1,127 @@
+// Guided decoding: the JSON automaton against JSON texts and their prefixes, the masks over a
+// vocabulary, and whole requests through the engine (fake model) that must come out as JSON
+// objects or as one of the choices.
+#include "engine/guided.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "fake_model.h"
+
+namespace sieve::engine {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool accepts_prefix(const std::string& s) {
+  JsonPrefix p;
+  return p.push(s);
+}
+bool accepts_complete(const std::string& s) {
+  JsonPrefix p;
+  return p.push(s) && p.complete();
+}
+
+TEST(Guided, JsonAutomatonAcceptsObjectsAndTheirPrefixes) {
+  for (const std::string ok : {R"({})", R"({"a":1})", R"( { "a" : [1, -2.5e+3, 0.0, true, false, null, "x\"\u00e9\n"] , "b":{"c":{}} })",
+                               R"({"k":"caf\u00e9 \\ /","n":-0,"e":1E5,"arr":[[],[{}]]})", "{\"utf8\":\"\xc3\xa9\"}"}) {
+    EXPECT_TRUE(accepts_complete(ok)) << ok;
+    for (size_t i = 0; i < ok.size(); ++i) EXPECT_TRUE(accepts_prefix(ok.substr(0, i))) << ok.substr(0, i);
+    EXPECT_TRUE(nlohmann::json::parse(ok).is_object()) << ok;
+  }
+  for (const std::string bad : {R"([1])", R"("s")", R"({a:1})", R"({"a" 1})", R"({"a":01})", R"({"a":1,})", R"({"a":tru })",
+                                R"({"a":"\x"})", R"({"a":1}})", R"({} {})", R"({"a":.5})", R"({"a":1.})", R"({"a":-})",
+                                "{\"a\":\"\x01\"}", R"({"a":[1 2]})", R"({"a":1e})", R"({"a":"\u12G4"})"}) {
+    EXPECT_FALSE(accepts_complete(bad)) << bad;
+  }
+  // Whitespace runs are bounded, so a model cannot idle on it forever.
+  EXPECT_TRUE(accepts_prefix("{" + std::string(16, ' ')));
+  EXPECT_FALSE(accepts_prefix("{" + std::string(17, ' ')));
+  // Nesting is bounded too.
+  EXPECT_TRUE(accepts_prefix("{\"a\":" + std::string(63, '[')));
+  EXPECT_FALSE(accepts_prefix("{\"a\":" + std::string(64, '[')));
+}
+
+// A small vocabulary: what each mask allows.
+TEST(Guided, MasksOverAVocabulary) {
+  auto vocab = std::make_shared<TokenBytes>(TokenBytes{"{", "}", "\"a\"", ":", "1", " ", "x", "", "\"b"});
+  const std::vector<int32_t> eos = {7};
+  auto allowed = [&](const OutputConstraint::State& st) {
+    std::vector<float> l(vocab->size(), 1.0f);
+    st.mask(l, eos);
+    std::string s;
+    for (size_t i = 0; i < l.size(); ++i)
+      if (std::isfinite(l[i])) s += std::to_string(i);
+    return s;
+  };
+  auto js = json_object_constraint(vocab)->start();
+  EXPECT_EQ(allowed(*js), "05");  // "{" or whitespace
+  for (int t : {0, 2, 3, 4}) js->accept(t);  // {"a":1
+  EXPECT_EQ(allowed(*js), "145");           // "}", "1" (more digits), " "
+  js->accept(1);
+  EXPECT_TRUE(js->complete());
+  EXPECT_EQ(allowed(*js), "7");  // only the end
+  auto ch = choice_constraint(vocab, {"{}", "\"a\":1"})->start();
+  EXPECT_EQ(allowed(*ch), "02");
+  ch->accept(2);
+  EXPECT_EQ(allowed(*ch), "3");
+  ch->accept(3);
+  ch->accept(4);
+  EXPECT_TRUE(ch->complete());
+  EXPECT_EQ(allowed(*ch), "7");
+  EXPECT_THROW(choice_constraint(vocab, {}), Error);
+  EXPECT_THROW(choice_constraint(vocab, {"a", ""}), Error);
+}
+
+// Through the engine: byte tokens 0..255 (the fake model's pseudo-random logits pick among
+// what the mask allows), end of sequence 256.
+TEST(Guided, RequestsComeOutAsJsonObjectsOrAChoice) {
+  auto vocab = std::make_shared<TokenBytes>(257);
+  for (int b = 0; b < 256; ++b) (*vocab)[size_t(b)] = std::string(1, char(b));
+  testing::FakeModel model(257, 16);
+  model.allocate_caches({.num_blocks = 64});
+  Engine engine(model, EngineConfig{{.max_num_batched_tokens = 256, .max_num_seqs = 16, .max_model_len = 1024},
+                                    64,
+                                    false,
+                                    {256}});
+  engine.start();
+  auto json_c = json_object_constraint(vocab);
+  auto choice_c = choice_constraint(vocab, {"yes", "no", "maybe not"});
+  int complete = 0;
+  for (int i = 0; i < 16; ++i) {
+    SamplingParams p;
+    p.temperature = 1.0;
+    p.has_seed = true;
+    p.seed = uint64_t(i);
+    p.max_tokens = 200;
+    p.constraint = i % 2 ? choice_c : json_c;
+    auto s = engine.submit({1, 2, 3, int32_t(i)}, p);
+    std::vector<TokenOutput> out;
+    FinishReason f;
+    while ((f = s->next(out, 100ms)) == FinishReason::None) {
+    }
+    std::string text;
+    for (const auto& t : out)
+      if (t.token != 256) text += char(t.token);
+    if (i % 2) {
+      EXPECT_EQ(f, FinishReason::Stop);
+      EXPECT_TRUE(text == "yes" || text == "no" || text == "maybe not") << text;
+    } else if (f == FinishReason::Stop) {
+      ++complete;
+      EXPECT_TRUE(accepts_complete(text)) << text;
+      EXPECT_TRUE(nlohmann::json::parse(text).is_object()) << text;
+    } else {
+      EXPECT_TRUE(accepts_prefix(text)) << text;  // cut by max_tokens: still a prefix
+    }
+  }
+  EXPECT_GT(complete, 0);
+  engine.stop();
+}
+
+}  // namespace
+}  // namespace sieve::engine
