@@ -208,20 +208,39 @@ bool JsonPrefix::push(uint8_t c) {
 
 namespace {
 
+// Tokens that are plain string content (every byte >= 0x20, no '"' or '\\'): inside a string
+// they are always allowed and change nothing, which spares the walk for most of a vocabulary.
+std::shared_ptr<const std::vector<uint8_t>> plain_string_tokens(const TokenBytes& v) {
+  auto out = std::make_shared<std::vector<uint8_t>>(v.size(), 0);
+  for (size_t t = 0; t < v.size(); ++t)
+    (*out)[t] = !v[t].empty() && std::all_of(v[t].begin(), v[t].end(), [](char ch) {
+      const auto c = uint8_t(ch);
+      return c >= 0x20 && c != '"' && c != '\\';
+    });
+  return out;
+}
+
 class JsonConstraint final : public OutputConstraint {
  public:
-  explicit JsonConstraint(std::shared_ptr<const TokenBytes> v) : vocab_(std::move(v)) {}
+  explicit JsonConstraint(std::shared_ptr<const TokenBytes> v)
+      : vocab_(std::move(v)), plain_(plain_string_tokens(*vocab_)) {}
   class S final : public State {
    public:
-    explicit S(std::shared_ptr<const TokenBytes> v) : vocab_ptr_(std::move(v)), vocab_(*vocab_ptr_) {}
+    S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<uint8_t>> plain)
+        : vocab_ptr_(std::move(v)), plain_ptr_(std::move(plain)), vocab_(*vocab_ptr_), plain_(*plain_ptr_) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
       const float neg_inf = -std::numeric_limits<float>::infinity();
+      const bool in_string = state_.in_string();
       bool any = false;
       for (size_t t = 0; t < logits.size(); ++t) {
         bool ok = false;
         if (t < vocab_.size() && !vocab_[t].empty()) {
-          JsonPrefix p = state_;
-          ok = p.push(vocab_[t]);
+          if (in_string && plain_[t]) {
+            ok = true;
+          } else {
+            JsonPrefix p = state_;
+            ok = p.push(vocab_[t]);
+          }
         }
         if (ok) {
           any = true;
@@ -245,13 +264,16 @@ class JsonConstraint final : public OutputConstraint {
 
    private:
     std::shared_ptr<const TokenBytes> vocab_ptr_;  // a state outlives its constraint if need be
+    std::shared_ptr<const std::vector<uint8_t>> plain_ptr_;
     const TokenBytes& vocab_;
+    const std::vector<uint8_t>& plain_;
     JsonPrefix state_;
   };
-  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_); }
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_, plain_); }
 
  private:
   std::shared_ptr<const TokenBytes> vocab_;
+  std::shared_ptr<const std::vector<uint8_t>> plain_;
 };
 
 class ChoiceConstraint final : public OutputConstraint {

@@ -56,6 +56,8 @@ class JsonPrefix {
     return true;
   }
   bool complete() const { return mode_ == kDone; }
+  // Inside a string, outside an escape: bytes >= 0x20 other than '"' and '\\' leave the state as it is.
+  bool in_string() const { return mode_ == kString; }
 
  private:
   enum Mode : uint8_t {

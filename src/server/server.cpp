@@ -324,6 +324,13 @@ struct Server::Impl {
   }
   std::once_flag vocab_once;
   std::shared_ptr<const engine::TokenBytes> vocab_bytes;
+  // One JSON constraint serves every request (its states are per request).
+  std::shared_ptr<const engine::OutputConstraint> guided_json() {
+    std::call_once(json_once, [this] { json_constraint = engine::json_object_constraint(guided_vocab()); });
+    return json_constraint;
+  }
+  std::once_flag json_once;
+  std::shared_ptr<const engine::OutputConstraint> json_constraint;
 
   void check_model(const std::string& m) const {
     if (m.empty()) return;
@@ -495,7 +502,7 @@ struct Server::Impl {
                        param);
     }
     std::shared_ptr<const engine::OutputConstraint> constraint;
-    if (g.guided == "json_object") constraint = engine::json_object_constraint(guided_vocab());
+    if (g.guided == "json_object") constraint = guided_json();
     if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
     for (size_t i = 0; i < prompts.size(); ++i) {
       engine::SamplingParams params = g.params;

@@ -78,6 +78,23 @@ TEST(Guided, MasksOverAVocabulary) {
   EXPECT_THROW(choice_constraint(vocab, {"a", ""}), Error);
 }
 
+// Inside a string the mask takes plain text tokens without walking them: it must agree with the
+// walk for every token (quotes, escapes, control bytes, multi-byte UTF-8, mixed).
+TEST(Guided, StringShortcutAgreesWithTheWalk) {
+  auto vocab = std::make_shared<TokenBytes>(TokenBytes{"{", "\"", "abc", " x", "a\"", "\\n", "\\q", "\x01", "\xc3\xa9", "\"}",
+                                                       "\":", "", "\\u00e9", "ok\"}"});
+  auto st = json_object_constraint(vocab)->start();
+  st->accept(0);
+  st->accept(1);  // {"  : inside a key
+  std::vector<float> l(vocab->size(), 1.0f);
+  st->mask(l, {});
+  for (size_t t = 0; t < vocab->size(); ++t) {
+    JsonPrefix p;
+    const bool walk = !(*vocab)[t].empty() && p.push("{\"") && p.push((*vocab)[t]);
+    EXPECT_EQ(std::isfinite(l[t]), walk) << t << " " << (*vocab)[t];
+  }
+}
+
 // Through the engine: byte tokens 0..255 (the fake model's pseudo-random logits pick among
 // what the mask allows), end of sequence 256.
 TEST(Guided, RequestsComeOutAsJsonObjectsOrAChoice) {
