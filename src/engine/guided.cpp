@@ -83,8 +83,7 @@ bool JsonPrefix::push(uint8_t c) {
   if (!is_ws(c) || mode_ == kString) ws_ = 0;
   switch (mode_) {
     case kStart:
-      if (c == '{') return value_start(c);
-      return whitespace(c);
+      return c == '{' && value_start(c);  // no whitespace first: models tend to idle on it
     case kObjOpen:
       if (c == '}') {
         --depth_;
@@ -118,6 +117,32 @@ bool JsonPrefix::push(uint8_t c) {
     case kAfter:
       return after_value(c);
     case kString:
+      // Strings are well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points
+      // past U+10FFFF): a lead byte fixes how many continuation bytes follow and the range of the
+      // first one.
+      if (utf8_ > 0) {
+        if (c < utf8_lo_ || c > utf8_hi_) return false;
+        --utf8_;
+        utf8_lo_ = 0x80;
+        utf8_hi_ = 0xBF;
+        return true;
+      }
+      if (c >= 0x80) {
+        if (c >= 0xC2 && c <= 0xDF) {
+          utf8_ = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+          utf8_ = 2;
+          if (c == 0xE0) utf8_lo_ = 0xA0;
+          if (c == 0xED) utf8_hi_ = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+          utf8_ = 3;
+          if (c == 0xF0) utf8_lo_ = 0x90;
+          if (c == 0xF4) utf8_hi_ = 0x8F;
+        } else {
+          return false;
+        }
+        return true;
+      }
       if (c == '"') {
         if (key_) {
           mode_ = kColon;
@@ -208,15 +233,18 @@ bool JsonPrefix::push(uint8_t c) {
 
 namespace {
 
-// Tokens that are plain string content (every byte >= 0x20, no '"' or '\\'): inside a string
-// they are always allowed and change nothing, which spares the walk for most of a vocabulary.
+// Tokens that are plain string content (complete UTF-8 text without '"', '\\' or control bytes):
+// inside a string they are always allowed and change nothing, which spares the walk for most of
+// a vocabulary.
 std::shared_ptr<const std::vector<uint8_t>> plain_string_tokens(const TokenBytes& v) {
   auto out = std::make_shared<std::vector<uint8_t>>(v.size(), 0);
-  for (size_t t = 0; t < v.size(); ++t)
-    (*out)[t] = !v[t].empty() && std::all_of(v[t].begin(), v[t].end(), [](char ch) {
-      const auto c = uint8_t(ch);
-      return c >= 0x20 && c != '"' && c != '\\';
-    });
+  for (size_t t = 0; t < v.size(); ++t) {
+    if (v[t].empty()) continue;
+    // Plain: walking it inside a string, between characters, accepts it and ends between characters.
+    JsonPrefix p;
+    p.push("{\"");
+    (*out)[t] = p.push(v[t]) && p.in_string();
+  }
   return out;
 }
 

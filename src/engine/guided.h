@@ -38,8 +38,8 @@ class OutputConstraint {
   virtual std::unique_ptr<State> start() const = 0;
 };
 
-// At most 64 levels of nesting; whitespace between tokens of the JSON text is allowed, at most
-// 16 bytes in a row (so a model cannot loop on it).
+// The text starts with '{' at once; at most 64 levels of nesting; whitespace between tokens of
+// the JSON text is allowed, at most 16 bytes in a row (so a model cannot loop on it).
 std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<const TokenBytes> vocab);
 // Throws Error when `choices` is empty or holds an empty string.
 std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
@@ -56,8 +56,9 @@ class JsonPrefix {
     return true;
   }
   bool complete() const { return mode_ == kDone; }
-  // Inside a string, outside an escape: bytes >= 0x20 other than '"' and '\\' leave the state as it is.
-  bool in_string() const { return mode_ == kString; }
+  // Inside a string, outside an escape and between characters: a complete UTF-8 text of bytes
+  // >= 0x20 other than '"' and '\\' leaves the state as it is.
+  bool in_string() const { return mode_ == kString && utf8_ == 0; }
 
  private:
   enum Mode : uint8_t {
@@ -71,6 +72,8 @@ class JsonPrefix {
   uint8_t sub_ = 0;      // kHex: digits left; kLiteral: bytes matched
   uint8_t literal_ = 0;  // kLiteral: 0 true, 1 false, 2 null
   uint8_t ws_ = 0;       // consecutive whitespace bytes
+  uint8_t utf8_ = 0;     // kString: continuation bytes the current UTF-8 character still needs
+  uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // the range of the next one
   bool key_ = false;     // kString: a key
   uint8_t depth_ = 0;
   char stack_[64] = {};

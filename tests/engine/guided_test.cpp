@@ -28,7 +28,7 @@ bool accepts_complete(const std::string& s) {
 }
 
 TEST(Guided, JsonAutomatonAcceptsObjectsAndTheirPrefixes) {
-  for (const std::string ok : {R"({})", R"({"a":1})", R"( { "a" : [1, -2.5e+3, 0.0, true, false, null, "x\"\u00e9\n"] , "b":{"c":{}} })",
+  for (const std::string ok : {R"({})", R"({"a":1})", R"({ "a" : [1, -2.5e+3, 0.0, true, false, null, "x\"\u00e9\n"] , "b":{"c":{}} })",
                                R"({"k":"caf\u00e9 \\ /","n":-0,"e":1E5,"arr":[[],[{}]]})", "{\"utf8\":\"\xc3\xa9\"}"}) {
     EXPECT_TRUE(accepts_complete(ok)) << ok;
     for (size_t i = 0; i < ok.size(); ++i) EXPECT_TRUE(accepts_prefix(ok.substr(0, i))) << ok.substr(0, i);
@@ -36,9 +36,19 @@ TEST(Guided, JsonAutomatonAcceptsObjectsAndTheirPrefixes) {
   }
   for (const std::string bad : {R"([1])", R"("s")", R"({a:1})", R"({"a" 1})", R"({"a":01})", R"({"a":1,})", R"({"a":tru })",
                                 R"({"a":"\x"})", R"({"a":1}})", R"({} {})", R"({"a":.5})", R"({"a":1.})", R"({"a":-})",
-                                "{\"a\":\"\x01\"}", R"({"a":[1 2]})", R"({"a":1e})", R"({"a":"\u12G4"})"}) {
+                                "{\"a\":\"\x01\"}", R"({"a":[1 2]})", R"({"a":1e})", R"({"a":"\u12G4"})", R"( {})"}) {
     EXPECT_FALSE(accepts_complete(bad)) << bad;
   }
+  // Strings are UTF-8: continuation bytes where they belong only.
+  EXPECT_TRUE(accepts_complete("{\"a\":\"\xe2\x82\xac\xf0\x9f\x98\x80\"}"));
+  EXPECT_FALSE(accepts_prefix("{\"\x80"));
+  EXPECT_FALSE(accepts_prefix("{\"\xc3\""));
+  EXPECT_FALSE(accepts_prefix("{\"\xff"));
+  EXPECT_TRUE(accepts_prefix("{\"\xe2\x82"));
+  EXPECT_FALSE(accepts_prefix("{\"\xe0\x80"));      // overlong
+  EXPECT_FALSE(accepts_prefix("{\"\xed\xa0"));      // a surrogate
+  EXPECT_FALSE(accepts_prefix("{\"\xf4\x90"));      // past U+10FFFF
+  EXPECT_FALSE(accepts_prefix("{\"\xc0\xaf"));      // overlong lead
   // Whitespace runs are bounded, so a model cannot idle on it forever.
   EXPECT_TRUE(accepts_prefix("{" + std::string(16, ' ')));
   EXPECT_FALSE(accepts_prefix("{" + std::string(17, ' ')));
@@ -60,7 +70,7 @@ TEST(Guided, MasksOverAVocabulary) {
     return s;
   };
   auto js = json_object_constraint(vocab)->start();
-  EXPECT_EQ(allowed(*js), "05");  // "{" or whitespace
+  EXPECT_EQ(allowed(*js), "0");  // "{" first, no whitespace before it
   for (int t : {0, 2, 3, 4}) js->accept(t);  // {"a":1
   EXPECT_EQ(allowed(*js), "145");           // "}", "1" (more digits), " "
   js->accept(1);
@@ -82,7 +92,7 @@ TEST(Guided, MasksOverAVocabulary) {
 // walk for every token (quotes, escapes, control bytes, multi-byte UTF-8, mixed).
 TEST(Guided, StringShortcutAgreesWithTheWalk) {
   auto vocab = std::make_shared<TokenBytes>(TokenBytes{"{", "\"", "abc", " x", "a\"", "\\n", "\\q", "\x01", "\xc3\xa9", "\"}",
-                                                       "\":", "", "\\u00e9", "ok\"}"});
+                                                       "\":", "", "\\u00e9", "ok\"}", "\xe2\x82", "\xac", "x\xc3"});
   auto st = json_object_constraint(vocab)->start();
   st->accept(0);
   st->accept(1);  // {"  : inside a key

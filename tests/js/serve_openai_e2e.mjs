@@ -426,6 +426,55 @@ await section('bad input gets a 4xx error object and the server keeps serving', 
   await waitIdle(srv.base);
 });
 
+await section('guided decoding: JSON objects and choices, streamed and not', async () => {
+  let objects = 0;
+  for (let seed = 0; seed < 6; ++seed) {
+    const params = { model: NAME, messages: [{ role: 'user', content: 'JSON please' }], max_tokens: 48, temperature: 1,
+      seed, response_format: { type: 'json_object' } };
+    const r = await client.chat.completions.create(params);
+    const content = r.choices[0].message.content;
+    if (r.choices[0].finish_reason === 'stop') {
+      ++objects;
+      let parsed = null;
+      try { parsed = JSON.parse(content); } catch { /* checked below */ }
+      check(parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed), 'a JSON object', content);
+    }
+    const stream = await client.chat.completions.create({ ...params, stream: true });
+    let streamed = '';
+    for await (const c of stream) if (c.choices.length) streamed += c.choices[0].delta.content || '';
+    eq(streamed, content, 'streamed JSON equals non-streamed (same seed)');
+  }
+  // Favouring the tokens that close strings and objects makes objects complete within max_tokens.
+  const idOf = async (text) => {
+    const t = await (await fetch(`${srv.base}/tokenize`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: NAME, prompt: text, add_special_tokens: false }) })).json();
+    return t.tokens[0];
+  };
+  const bias = { [await idOf('"')]: 30, [await idOf('}')]: 30 };
+  for (let seed = 0; seed < 3; ++seed) {
+    const r = await client.chat.completions.create({ model: NAME, messages: [{ role: 'user', content: 'JSON please' }],
+      max_tokens: 48, temperature: 1, seed, logit_bias: bias, response_format: { type: 'json_object' } });
+    eq(r.choices[0].finish_reason, 'stop', 'a favoured object completes');
+    if (r.choices[0].finish_reason === 'stop') ++objects;
+    let parsed = null;
+    try { parsed = JSON.parse(r.choices[0].message.content); } catch { /* checked below */ }
+    check(parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed), 'a JSON object', r.choices[0].message.content);
+  }
+  check(objects > 0, 'some JSON objects completed within max_tokens', objects);
+  for (let seed = 0; seed < 4; ++seed) {
+    const r = await client.completions.create({ model: NAME, prompt: 'Answer:', max_tokens: 8, temperature: 1, seed,
+      guided_choice: ['yes', 'no', 'not sure'] });
+    check(['yes', 'no', 'not sure'].includes(r.choices[0].text), 'one of the choices', r.choices[0].text);
+    eq(r.choices[0].finish_reason, 'stop', 'a choice ends the request');
+  }
+  const res = await fetch(`${srv.base}/v1/chat/completions`, {
+    method: 'POST', headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model: NAME, messages: [{ role: 'user', content: 'x' }],
+      response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object' } } } }) });
+  eq(res.status, 400, 'json_schema is refused');
+  eq((await res.json()).error.param, 'response_format', 'naming response_format');
+});
+
 await section('randomized requests over HTTP: every answer is a result or an error object', async () => {
   // Mutations of valid requests, through the whole path (JSON, validation, chat template,
   // tokenizer, engine, detokenizer). Bounded: 600 requests, 8 at a time, short generations.
@@ -434,11 +483,14 @@ await section('randomized requests over HTTP: every answer is a result or an err
   const values = [null, true, false, 0, 1, -1, 2, 3, 0.5, -0.5, 1e9, -1e300, 2147483648, 511, 512, '', 'x', '\u0000',
     'stop', '\ud800', 'é', '😀', [], [1], [[1, 2]], ['a', 'b'], [-1], [1.5], {}, { role: 'user' }, { role: 'user', content: 'hi' },
     [{ role: 'user', content: 'hi' }], [{ role: 'user', content: [{ type: 'text', text: 'x' }] }], [{ role: 'tool' }],
-    [{ role: 'user', content: null }], '{{ raise_exception("boom") }}', '<|im_start|>', 'a'.repeat(300)];
+    [{ role: 'user', content: null }], '{{ raise_exception("boom") }}', '<|im_start|>', 'a'.repeat(300),
+    { type: 'json_object' }, { type: 'json_schema' }, { type: 'text' }, { choice: ['x', 'y'] }, { json_object: true },
+    'auto', 'none', 'required', ['yes', 'no']];
   const fields = ['model', 'prompt', 'messages', 'max_tokens', 'max_completion_tokens', 'temperature', 'top_p', 'top_k',
     'min_p', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'seed', 'stop', 'stop_token_ids', 'ignore_eos',
     'min_tokens', 'logprobs', 'top_logprobs', 'stream', 'stream_options', 'n', 'echo', 'tools', 'chat_template_kwargs',
-    'add_generation_prompt', 'continue_final_message', 'include_stop_str_in_output', 'skip_special_tokens', 'add_special_tokens'];
+    'add_generation_prompt', 'continue_final_message', 'include_stop_str_in_output', 'skip_special_tokens', 'add_special_tokens',
+    'response_format', 'guided_choice', 'structured_outputs', 'tool_choice'];
   const small = [1, 2, 3, 0, -1, 'x', null];
   let ok = 0, refused = 0, bad = 0;
   const one = async (i) => {
