@@ -41,6 +41,16 @@ class OutputConstraint {
 // The text starts with '{' at once; at most 64 levels of nesting; whitespace between tokens of
 // the JSON text is allowed, at most 16 bytes in a row (so a model cannot loop on it).
 std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<const TokenBytes> vocab);
+// A JSON text that matches `schema` (JSON Schema), for the subset that fixes the text's shape
+// token by token: "type" object (properties in their declared order, the required ones present,
+// no others), array ("items", minItems, maxItems), string, integer, number, boolean, null, or a
+// list of types; "enum" and "const" of any JSON values; "anyOf" / "oneOf" whose alternatives
+// start with different characters; "$ref" to "#/$defs/..." or "#/definitions/..." (not
+// recursive). Annotations (title, description, default, examples, format) are ignored. The top
+// level is an object or an array. Anything else throws Error naming it. No whitespace is allowed
+// outside strings (compact JSON).
+std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                               const std::string& schema_json);
 // Throws Error when `choices` is empty or holds an empty string.
 std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                           std::vector<std::string> choices);

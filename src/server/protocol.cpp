@@ -331,12 +331,23 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     if (!s->is_string()) bad("suffix", std::string("expected a string, got ") + type_name(*s));
     if (!s->get<std::string>().empty()) bad("suffix", "is not supported");
   }
-  // Guided decoding: a JSON object or one of a list of strings. What else vLLM can constrain to
-  // (JSON schemas, regular expressions, grammars) is refused rather than answered with free text.
-  auto set_guided = [&](const std::string& kind, const char* param) {
+  // Guided decoding: a JSON object, a JSON schema or one of a list of strings. What else vLLM can
+  // constrain to (regular expressions, grammars) is refused rather than answered with free text.
+  auto set_guided = [&](const std::string& kind, const std::string& param) {
     if (!r.guided.empty() && r.guided != kind)
       bad(param, "only one kind of guided decoding at a time (already " + r.guided + ")");
     r.guided = kind;
+    r.guided_param = param;
+  };
+  auto read_schema = [&](const ojson& v, const std::string& param) {
+    set_guided("json_schema", param);
+    if (v.is_object()) {
+      r.guided_schema = v.dump();
+    } else if (v.is_string()) {
+      r.guided_schema = v.get<std::string>();
+    } else {
+      bad(param, "expected a JSON schema (an object, or its text), got " + v.dump());
+    }
   };
   auto read_choices = [&](const ojson& v, const std::string& param) {
     if (!v.is_array() || v.empty()) bad(param, "expected a non-empty array of strings, got " + v.dump());
@@ -351,10 +362,13 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     const std::string type = (*rf)["type"].get<std::string>();
     if (type == "json_object") {
       set_guided("json_object", "response_format");
+    } else if (type == "json_schema") {
+      const ojson* js = rf->contains("json_schema") ? &(*rf)["json_schema"] : nullptr;
+      if (!js || !js->is_object() || !js->contains("schema"))
+        bad("response_format", "json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+      read_schema((*js)["schema"], "response_format");
     } else if (type != "text") {
-      bad("response_format", "type \"" + type +
-                                 "\" is not supported: this server constrains output to a JSON object "
-                                 "(\"json_object\") or to choices (guided_choice), not to a schema");
+      bad("response_format", "type \"" + type + "\" is not supported (text, json_object or json_schema)");
     }
   }
   if (const ojson* gc = field(body, "guided_choice")) {
@@ -366,21 +380,24 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     for (auto it = so->begin(); it != so->end(); ++it) {
       if (it->is_null()) continue;
       if (it.key() == "choice") {
-        set_guided("choice", "structured_outputs");
+        set_guided("choice", "structured_outputs.choice");
         read_choices(*it, "structured_outputs.choice");
+      } else if (it.key() == "json") {
+        read_schema(*it, "structured_outputs.json");
       } else if (it.key() == "json_object") {
         if (!it->is_boolean()) bad("structured_outputs.json_object", "expected a boolean, got " + it->dump());
-        if (it->get<bool>()) set_guided("json_object", "structured_outputs");
+        if (it->get<bool>()) set_guided("json_object", "structured_outputs.json_object");
       } else {
         bad("structured_outputs." + it.key(),
-            "is not supported: this server constrains output to a JSON object or to choices only");
+            "is not supported: this server constrains output to a JSON object, a JSON schema or choices only");
       }
     }
   }
-  for (const char* guided : {"guided_json", "guided_regex", "guided_grammar"})
+  if (const ojson* gj = field(body, "guided_json")) read_schema(*gj, "guided_json");
+  for (const char* guided : {"guided_regex", "guided_grammar"})
     if (field(body, guided))
-      bad(guided, "is not supported: this server constrains output to a JSON object (response_format "
-                  "json_object) or to choices (guided_choice) only");
+      bad(guided, "is not supported: this server constrains output to a JSON object, a JSON schema "
+                  "(guided_json) or choices (guided_choice) only");
   if (const ojson* lb = field(body, "logit_bias")) {
     if (!lb->is_object())
       bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));

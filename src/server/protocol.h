@@ -58,9 +58,12 @@ struct GenerateRequest {
   // function); the server refuses the last two, which need guided decoding.
   std::string tool_choice = "none";
   // Guided decoding: "" (none), "json_object" (response_format json_object, or
-  // structured_outputs.json_object) or "choice" (guided_choice, or structured_outputs.choice).
+  // structured_outputs.json_object), "json_schema" (response_format json_schema, guided_json,
+  // structured_outputs.json) or "choice" (guided_choice, or structured_outputs.choice).
   std::string guided;
   std::vector<std::string> guided_choice;
+  std::string guided_schema;  // json_schema: the schema's JSON text
+  std::string guided_param;   // the field that asked for it (errors name it)
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool add_special_tokens = true;  // completions: true, chat: false (the template adds them)

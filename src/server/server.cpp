@@ -17,6 +17,7 @@
 #include <functional>
 #include <random>
 #include <string_view>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -331,6 +332,25 @@ struct Server::Impl {
   }
   std::once_flag json_once;
   std::shared_ptr<const engine::OutputConstraint> json_constraint;
+  // Compiled schemas by their text (clients tend to send the same few again and again).
+  std::shared_ptr<const engine::OutputConstraint> guided_schema(const std::string& text, const std::string& param) {
+    {
+      std::lock_guard lk(schema_mu);
+      if (auto it = schemas.find(text); it != schemas.end()) return it->second;
+    }
+    std::shared_ptr<const engine::OutputConstraint> c;
+    try {
+      c = engine::json_schema_constraint(guided_vocab(), text);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), param);
+    }
+    std::lock_guard lk(schema_mu);
+    if (schemas.size() >= 64) schemas.clear();
+    schemas.emplace(text, c);
+    return c;
+  }
+  std::mutex schema_mu;
+  std::map<std::string, std::shared_ptr<const engine::OutputConstraint>> schemas;
 
   void check_model(const std::string& m) const {
     if (m.empty()) return;
@@ -504,6 +524,7 @@ struct Server::Impl {
     std::shared_ptr<const engine::OutputConstraint> constraint;
     if (g.guided == "json_object") constraint = guided_json();
     if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
+    if (g.guided == "json_schema") constraint = guided_schema(g.guided_schema, g.guided_param);
     for (size_t i = 0; i < prompts.size(); ++i) {
       engine::SamplingParams params = g.params;
       params.constraint = constraint;
@@ -513,7 +534,7 @@ struct Server::Impl {
         throw ApiError(400,
                        "guided decoding with thinking on is not supported: the whole output is constrained, "
                        "so it would all be reasoning; set chat_template_kwargs.enable_thinking to false",
-                       g.guided == "choice" ? "guided_choice" : "response_format");
+                       g.guided_param);
       if (!g.max_tokens_given) {
         // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
         const int64_t left = max_len - int64_t(prompts[i].size());

@@ -150,5 +150,74 @@ TEST(Guided, RequestsComeOutAsJsonObjectsOrAChoice) {
   engine.stop();
 }
 
+// JSON schema: a byte vocabulary walks a text through the mask, byte by byte.
+struct SchemaCheck {
+  std::shared_ptr<TokenBytes> vocab = std::make_shared<TokenBytes>(257);
+  SchemaCheck() {
+    for (int b = 0; b < 256; ++b) (*vocab)[size_t(b)] = std::string(1, char(b));
+  }
+  // 1: the text is accepted and complete; 0: accepted as a prefix; -1: some byte is masked.
+  int walk(const std::shared_ptr<const OutputConstraint>& c, const std::string& text) const {
+    auto st = c->start();
+    for (char ch : text) {
+      std::vector<float> l(vocab->size(), 0.0f);
+      st->mask(l, std::vector<int32_t>{256});
+      if (!std::isfinite(l[uint8_t(ch)])) return -1;
+      st->accept(uint8_t(ch));
+    }
+    return st->complete() ? 1 : 0;
+  }
+};
+
+TEST(Guided, JsonSchemaTexts) {
+  SchemaCheck k;
+  auto c = json_schema_constraint(k.vocab, R"({"type":"object","properties":{
+      "name":{"type":"string"},"age":{"type":"integer"},"score":{"type":["number","null"]},
+      "tags":{"type":"array","items":{"type":"string"},"maxItems":2},
+      "kind":{"enum":["cat","dog",3]},"ok":{"type":"boolean"},"sub":{"$ref":"#/$defs/Sub"}},
+      "required":["name","age"],
+      "$defs":{"Sub":{"type":"object","properties":{"x":{"const":1}},"required":["x"]}}})");
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":30})"), 1);
+  EXPECT_EQ(k.walk(c, R"({"name":"\u00e9\n","age":-0,"score":1.5e-3,"tags":["a","b"],"kind":3,"ok":false,"sub":{"x":1}})"), 1);
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":30,"score":null,"kind":"dog"})"), 1);
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":3)"), 0);
+  EXPECT_EQ(k.walk(c, R"({"age":30})"), -1);                  // name is required and comes first
+  EXPECT_EQ(k.walk(c, R"({"name":"Al"})"), -1);               // age is required
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1.5})"), -1);     // an integer
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"x":1})"), -1); // no other keys
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"tags":["a","b","c"]})"), -1);  // maxItems
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"kind":"cow"})"), -1);
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"ok":fals)"), 0);
+  EXPECT_EQ(k.walk(c, R"({ "name":"Al","age":1})"), -1);     // compact JSON
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"sub":{"x":2}})"), -1);
+  EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"age":2})"), -1);  // properties once, in order
+  auto arr = json_schema_constraint(k.vocab, R"({"type":"array","items":{"type":"number"},"minItems":1})");
+  EXPECT_EQ(k.walk(arr, "[]"), -1);
+  EXPECT_EQ(k.walk(arr, "[1,2.5,-3e2]"), 1);
+  auto empty = json_schema_constraint(k.vocab, R"({"type":"object","properties":{"a":{"type":"string"}}})");
+  EXPECT_EQ(k.walk(empty, "{}"), 1);
+  EXPECT_EQ(k.walk(empty, R"({"a":""})"), 1);
+}
+
+TEST(Guided, JsonSchemaRefusesWhatItCannotFollow) {
+  SchemaCheck k;
+  for (const auto& [schema, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"type":"string"})", "top level"},
+           {R"({"type":"object","properties":{"a":{}}})", "without \"type\""},
+           {R"({"type":"object","properties":{"a":{"type":"string","pattern":"x+"}}})", "\"pattern\""},
+           {R"({"type":"object","properties":{"a":{"anyOf":[{"type":"integer"},{"type":"number"}]}}})", "start with the same"},
+           {R"({"type":"object","properties":{"a":{"$ref":"#/$defs/Nope"}}})", "not defined"},
+           {R"({"type":"object","required":["b"],"properties":{"a":{"type":"string"}}})", "\"b\""},
+           {R"({"$defs":{"A":{"type":"object","properties":{"a":{"$ref":"#/$defs/A"}}}},"$ref":"#/$defs/A"})", "recursive"},
+           {"not json", "not valid JSON"}}) {
+    try {
+      json_schema_constraint(k.vocab, schema);
+      ADD_FAILURE() << schema << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << schema << ": " << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sieve::engine

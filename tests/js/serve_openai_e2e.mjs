@@ -426,7 +426,7 @@ await section('bad input gets a 4xx error object and the server keeps serving', 
   await waitIdle(srv.base);
 });
 
-await section('guided decoding: JSON objects and choices, streamed and not', async () => {
+await section('guided decoding: JSON objects, schemas and choices, streamed and not', async () => {
   let objects = 0;
   for (let seed = 0; seed < 6; ++seed) {
     const params = { model: NAME, messages: [{ role: 'user', content: 'JSON please' }], max_tokens: 48, temperature: 1,
@@ -467,12 +467,30 @@ await section('guided decoding: JSON objects and choices, streamed and not', asy
     check(['yes', 'no', 'not sure'].includes(r.choices[0].text), 'one of the choices', r.choices[0].text);
     eq(r.choices[0].finish_reason, 'stop', 'a choice ends the request');
   }
+  // A JSON schema: required properties in order, typed values.
+  const schema = { type: 'object', properties: { name: { type: 'string' }, n: { type: 'integer' },
+    tag: { enum: ['a', 'b'] } }, required: ['name', 'n'] };
+  let shaped = 0;
+  for (let seed = 0; seed < 3; ++seed) {
+    const r = await client.chat.completions.create({ model: NAME, messages: [{ role: 'user', content: 'JSON please' }],
+      max_tokens: 48, temperature: 1, seed, logit_bias: bias,
+      response_format: { type: 'json_schema', json_schema: { name: 's', schema } } });
+    if (r.choices[0].finish_reason !== 'stop') continue;
+    ++shaped;
+    let v = null;
+    try { v = JSON.parse(r.choices[0].message.content); } catch { /* checked below */ }
+    check(v !== null && typeof v.name === 'string' && Number.isInteger(v.n) && (v.tag === undefined || ['a', 'b'].includes(v.tag)),
+      'matches the schema', r.choices[0].message.content);
+  }
+  check(shaped > 0, 'some schema objects completed', shaped);
   const res = await fetch(`${srv.base}/v1/chat/completions`, {
     method: 'POST', headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
     body: JSON.stringify({ model: NAME, messages: [{ role: 'user', content: 'x' }],
-      response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object' } } } }) });
-  eq(res.status, 400, 'json_schema is refused');
-  eq((await res.json()).error.param, 'response_format', 'naming response_format');
+      response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object', properties: { a: { type: 'string', pattern: 'x+' } } } } } }) });
+  eq(res.status, 400, 'an unsupported schema keyword is refused');
+  const err = (await res.json()).error;
+  eq(err.param, 'response_format', 'naming response_format');
+  check(err.message.includes('pattern'), 'and the keyword', err.message);
 });
 
 await section('randomized requests over HTTP: every answer is a result or an error object', async () => {

@@ -317,8 +317,8 @@ TEST(Protocol, ToolChoiceAndEarlierReasoning) {
   EXPECT_EQ(r.messages[1]["reasoning_content"], "r1");
 }
 
-// Guided decoding: a JSON object or choices; schemas, regular expressions and grammars are refused
-// by name, never answered with free text.
+// Guided decoding: a JSON object, a JSON schema or choices; regular expressions and grammars are
+// refused by name, never answered with free text.
 TEST(Protocol, GuidedDecodingFields) {
   const std::string m = R"("messages":[{"role":"user","content":"hi"}])";
   EXPECT_EQ(parse("{" + m + R"(,"response_format":{"type":"text"}})", true).guided, "");
@@ -330,13 +330,22 @@ TEST(Protocol, GuidedDecodingFields) {
   r = parse("{" + m + R"(,"structured_outputs":{"choice":["x"]}})", true);
   EXPECT_EQ(r.guided, "choice");
   EXPECT_EQ(parse("{" + m + R"(,"structured_outputs":{"json_object":true}})", true).guided, "json_object");
-  refused("{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})", true,
-          "response_format");
+  r = parse("{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}})", true);
+  EXPECT_EQ(r.guided, "json_schema");
+  EXPECT_EQ(r.guided_schema, R"({"type":"object"})");
+  EXPECT_EQ(r.guided_param, "response_format");
+  r = parse(R"({"prompt":"hi","guided_json":{"type":"array","items":{"type":"integer"}}})", false);
+  EXPECT_EQ(r.guided, "json_schema");
+  EXPECT_EQ(r.guided_param, "guided_json");
+  EXPECT_EQ(parse("{" + m + R"(,"structured_outputs":{"json":"{\"type\":\"object\"}"}})", true).guided_schema,
+            R"({"type":"object"})");
+  refused("{" + m + R"(,"response_format":{"type":"json_schema"}})", true, "response_format");
+  refused("{" + m + R"(,"response_format":{"type":"xml"}})", true, "response_format");
   refused("{" + m + R"(,"response_format":"json"})", true, "response_format");
   refused(R"({"prompt":"hi","guided_choice":[]})", false, "guided_choice");
   refused(R"({"prompt":"hi","guided_choice":["a",""]})", false, "guided_choice");
   refused(R"({"prompt":"hi","guided_choice":["a"],"response_format":{"type":"json_object"}})", false, "guided_choice");
-  refused("{" + m + R"(,"guided_json":{}})", true, "guided_json");
+  refused("{" + m + R"(,"guided_json":3})", true, "guided_json");
   refused("{" + m + R"(,"guided_regex":"a+"})", true, "guided_regex");
   refused("{" + m + R"(,"structured_outputs":{"regex":"a+"}})", true, "structured_outputs.regex");
 }

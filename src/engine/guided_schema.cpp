@@ -1,0 +1,560 @@
+// JSON-schema guided decoding (guided.h): the schema is compiled into a tree of nodes, and a
+// request's state is a stack of frames over it, stepped byte by byte. Compact JSON only (no
+// whitespace outside strings), so the automaton stays deterministic: every alternative of an
+// anyOf starts with a different character, and object keys are matched against the properties
+// that may come next.
+#include <algorithm>
+#include <bit>
+#include <bitset>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/guided.h"
+
+namespace sieve::engine {
+
+namespace {
+
+using json = nlohmann::ordered_json;  // properties keep their declared order
+
+enum class Kind : uint8_t { Object, Array, String, Integer, Number, Boolean, Null, Enum, AnyOf };
+
+struct Node {
+  Kind kind = Kind::Object;
+  // Object: properties in order (the key as it appears between the quotes), required flags.
+  std::vector<std::string> keys;
+  std::vector<const Node*> values;
+  std::vector<bool> required;
+  // Array.
+  const Node* items = nullptr;
+  int64_t min_items = 0, max_items = std::numeric_limits<int64_t>::max();
+  // Enum: the JSON texts of the allowed values (at most 64).
+  std::vector<std::string> texts;
+  // AnyOf.
+  std::vector<const Node*> alts;
+  std::bitset<256> first;  // the bytes a value of this node can start with
+};
+
+constexpr size_t kMaxFrames = 24;
+constexpr size_t kMaxEnum = 64;
+
+class Compiler {
+ public:
+  explicit Compiler(const json& root) : root_(root) {}
+  const Node* compile(const json& s, int depth = 0) {
+    if (depth > 32) throw Error("json schema: nested deeper than 32 levels (or a recursive $ref)");
+    if (!s.is_object()) throw Error("json schema: a schema must be an object, got " + s.dump());
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      static const std::set<std::string> known = {
+          "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
+          "title", "description", "default", "examples", "format", "$defs", "definitions", "$schema", "$id",
+          "additionalProperties", "strict", "name"};
+      if (!known.count(it.key())) throw Error("json schema: \"" + it.key() + "\" is not supported");
+    }
+    if (auto r = s.find("$ref"); r != s.end()) return compile(resolve(*r), depth + 1);
+    if (auto e = s.find("enum"); e != s.end()) return enum_node(*e, "enum");
+    if (auto c = s.find("const"); c != s.end()) return enum_node(json::array({*c}), "const");
+    for (const char* key : {"anyOf", "oneOf"})
+      if (auto a = s.find(key); a != s.end()) {
+        if (!a->is_array() || a->empty()) throw Error(std::string("json schema: ") + key + " must be a non-empty array");
+        std::vector<const Node*> alts;
+        for (const json& x : *a) alts.push_back(compile(x, depth + 1));
+        return any_of(std::move(alts));
+      }
+    auto t = s.find("type");
+    if (t == s.end()) throw Error("json schema: a schema without \"type\" (any value) is not supported: " + s.dump());
+    if (t->is_array()) {
+      std::vector<const Node*> alts;
+      for (const json& x : *t) {
+        json one = s;
+        one["type"] = x;
+        alts.push_back(compile(one, depth + 1));
+      }
+      return any_of(std::move(alts));
+    }
+    if (!t->is_string()) throw Error("json schema: \"type\" must be a string or an array of strings");
+    const std::string type = t->get<std::string>();
+    Node* n = make();
+    if (type == "object") {
+      n->kind = Kind::Object;
+      n->first.set('{');
+      std::set<std::string> req;
+      if (auto r = s.find("required"); r != s.end()) {
+        if (!r->is_array()) throw Error("json schema: \"required\" must be an array");
+        for (const json& x : *r) req.insert(x.get<std::string>());
+      }
+      if (auto p = s.find("properties"); p != s.end()) {
+        if (!p->is_object()) throw Error("json schema: \"properties\" must be an object");
+        for (auto it = p->begin(); it != p->end(); ++it) {
+          const std::string quoted = json(it.key()).dump();
+          n->keys.push_back(quoted.substr(1, quoted.size() - 2));
+          n->values.push_back(compile(*it, depth + 1));
+          n->required.push_back(req.count(it.key()) > 0);
+          req.erase(it.key());
+        }
+      }
+      if (!req.empty()) throw Error("json schema: required property \"" + *req.begin() + "\" is not in properties");
+      if (n->keys.size() > 64) throw Error("json schema: more than 64 properties in one object");
+    } else if (type == "array") {
+      n->kind = Kind::Array;
+      n->first.set('[');
+      auto it = s.find("items");
+      if (it == s.end()) throw Error("json schema: an array needs \"items\"");
+      n->items = compile(*it, depth + 1);
+      if (auto m = s.find("minItems"); m != s.end()) n->min_items = m->get<int64_t>();
+      if (auto m = s.find("maxItems"); m != s.end()) n->max_items = m->get<int64_t>();
+      if (n->min_items < 0 || n->max_items < n->min_items) throw Error("json schema: bad minItems / maxItems");
+    } else if (type == "string") {
+      n->kind = Kind::String;
+      n->first.set('"');
+    } else if (type == "integer" || type == "number") {
+      n->kind = type == "integer" ? Kind::Integer : Kind::Number;
+      n->first.set('-');
+      for (char c = '0'; c <= '9'; ++c) n->first.set(uint8_t(c));
+    } else if (type == "boolean") {
+      return enum_node(json::array({true, false}), "boolean");
+    } else if (type == "null") {
+      return enum_node(json::array({nullptr}), "null");
+    } else {
+      throw Error("json schema: type \"" + type + "\" is not supported");
+    }
+    return n;
+  }
+
+ private:
+  Node* make() {
+    nodes_.push_back(std::make_unique<Node>());
+    return nodes_.back().get();
+  }
+  const json& resolve(const json& ref) {
+    if (!ref.is_string()) throw Error("json schema: $ref must be a string");
+    const std::string r = ref.get<std::string>();
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string p = prefix;
+      if (r.rfind(p, 0) != 0) continue;
+      auto defs = root_.find(p.substr(2, p.size() - 3));
+      if (defs == root_.end() || !defs->is_object() || !defs->contains(r.substr(p.size())))
+        throw Error("json schema: $ref " + r + " is not defined");
+      return (*defs)[r.substr(p.size())];
+    }
+    throw Error("json schema: only $ref to #/$defs/... or #/definitions/... is supported, got " + r);
+  }
+  const Node* enum_node(const json& values, const std::string& what) {
+    if (!values.is_array() || values.empty() || values.size() > kMaxEnum)
+      throw Error("json schema: " + what + " must be a non-empty array of at most 64 values");
+    Node* n = make();
+    n->kind = Kind::Enum;
+    for (const json& v : values) {
+      n->texts.push_back(v.dump());
+      n->first.set(uint8_t(n->texts.back()[0]));
+    }
+    return n;
+  }
+  const Node* any_of(std::vector<const Node*> alts) {
+    Node* n = make();
+    n->kind = Kind::AnyOf;
+    for (const Node* a : alts) {
+      if ((n->first & a->first).any())
+        throw Error("json schema: anyOf / oneOf / a list of types whose alternatives can start with the same "
+                    "character is not supported");
+      n->first |= a->first;
+    }
+    n->alts = std::move(alts);
+    return n;
+  }
+
+  const json& root_;
+
+ public:
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+// One value being read. Object phases: 0 '{', 1 key or '}' (after '{') / key (after ','), 2 in a
+// key, 3 ':', 4 the value, 5 ',' or '}'. Array: 0 '[', 1 item or ']', 2 ',' or ']', 3 item.
+// String: 0 '"', 1 text, 2 after '\', 3 hex digits. Number: see step_number. Enum: candidates.
+struct Frame {
+  const Node* node = nullptr;
+  uint8_t phase = 0;
+  uint8_t sub = 0;       // string: hex digits left; number: its state
+  uint8_t utf8 = 0;      // string: continuation bytes still needed
+  uint8_t lo = 0x80, hi = 0xBF;
+  uint16_t pos = 0;      // enum / key: bytes matched
+  uint16_t next = 0;     // object: the first property that may still come
+  uint16_t chosen = 0;   // object: the property whose value is being read
+  int64_t count = 0;     // array: items so far
+  uint64_t cand = 0;     // enum / key: candidates still possible
+};
+
+enum class Step { Consumed, Reject, Done, DonePass };
+
+class SchemaState {
+ public:
+  explicit SchemaState(const Node* root) {
+    frames_[0].node = root;
+    depth_ = 1;
+  }
+  bool complete() const { return depth_ == 0; }
+  // A free string's text (not in an escape or a multi-byte character): plain tokens pass.
+  bool in_string() const {
+    if (depth_ == 0) return false;
+    const Frame& f = frames_[depth_ - 1];
+    return f.node->kind == Kind::String && f.phase == 1 && f.utf8 == 0;
+  }
+  bool push(uint8_t c) {
+    while (true) {
+      if (depth_ == 0) return false;
+      Frame& f = frames_[depth_ - 1];
+      const Step r = step(f, c);
+      if (r == Step::Consumed) return true;
+      if (r == Step::Reject) return false;
+      --depth_;
+      if (depth_ > 0) child_done(frames_[depth_ - 1]);
+      if (r == Step::Done) return true;
+      // DonePass: the byte belongs to the parent.
+    }
+  }
+  bool push(std::string_view s) {
+    for (char c : s)
+      if (!push(uint8_t(c))) return false;
+    return true;
+  }
+
+ private:
+  bool open_child(const Node* n, uint8_t c) {
+    if (!n->first.test(c) || depth_ >= kMaxFrames) return false;
+    if (n->kind == Kind::AnyOf)
+      for (const Node* a : n->alts)
+        if (a->first.test(c)) return open_child(a, c);
+    Frame& f = frames_[depth_++];
+    f = Frame{};
+    f.node = n;
+    return push(c);
+  }
+  static void child_done(Frame& parent) {
+    if (parent.node->kind == Kind::Object) {
+      parent.phase = 5;
+    } else {
+      parent.phase = 2;
+      ++parent.count;
+    }
+  }
+  static bool required_from(const Frame& f, size_t from) {
+    for (size_t i = from; i < f.node->keys.size(); ++i)
+      if (f.node->required[i]) return true;
+    return false;
+  }
+  // Keys that may come next: from `next` up to and including the first required one.
+  static uint64_t key_candidates(const Frame& f) {
+    uint64_t m = 0;
+    for (size_t i = f.next; i < f.node->keys.size(); ++i) {
+      m |= uint64_t(1) << i;
+      if (f.node->required[i]) break;
+    }
+    return m;
+  }
+  // Matches c against candidate texts at f.pos; the texts of an enum or the keys of an object.
+  static bool match(Frame& f, const std::vector<std::string>& texts, uint8_t c) {
+    uint64_t keep = 0;
+    for (size_t i = 0; i < texts.size(); ++i)
+      if (((f.cand >> i) & 1) && f.pos < texts[i].size() && uint8_t(texts[i][f.pos]) == c) keep |= uint64_t(1) << i;
+    if (!keep) return false;
+    f.cand = keep;
+    ++f.pos;
+    return true;
+  }
+  // The candidate that is exactly f.pos long, or -1.
+  static int complete_candidate(const Frame& f, const std::vector<std::string>& texts) {
+    for (size_t i = 0; i < texts.size(); ++i)
+      if (((f.cand >> i) & 1) && texts[i].size() == f.pos) return int(i);
+    return -1;
+  }
+
+  Step step(Frame& f, uint8_t c) {
+    const Node& n = *f.node;
+    switch (n.kind) {
+      case Kind::Object:
+        switch (f.phase) {
+          case 0:
+            if (c != '{') return Step::Reject;
+            f.phase = 1;
+            f.sub = 1;  // right after '{': '}' may close an object without required properties
+            return Step::Consumed;
+          case 1:
+            if (c == '}' && f.sub == 1 && !required_from(f, 0)) return Step::Done;
+            if (c != '"') return Step::Reject;
+            f.cand = key_candidates(f);
+            if (!f.cand) return Step::Reject;
+            f.pos = 0;
+            f.phase = 2;
+            return Step::Consumed;
+          case 2:
+            if (c == '"') {
+              const int k = complete_candidate(f, n.keys);
+              if (k < 0) return Step::Reject;
+              f.chosen = uint16_t(k);
+              f.phase = 3;
+              return Step::Consumed;
+            }
+            return match(f, n.keys, c) ? Step::Consumed : Step::Reject;
+          case 3:
+            if (c != ':') return Step::Reject;
+            f.phase = 4;
+            return Step::Consumed;
+          case 4:
+            return open_child(n.values[f.chosen], c) ? Step::Consumed : Step::Reject;
+          case 5:
+            f.next = uint16_t(f.chosen + 1);
+            if (c == '}' && !required_from(f, f.next)) return Step::Done;
+            if (c == ',' && f.next < n.keys.size()) {
+              f.phase = 1;
+              f.sub = 0;
+              return Step::Consumed;
+            }
+            return Step::Reject;
+        }
+        return Step::Reject;
+      case Kind::Array:
+        switch (f.phase) {
+          case 0:
+            if (c != '[') return Step::Reject;
+            f.phase = 1;
+            return Step::Consumed;
+          case 1:
+            if (c == ']' && n.min_items == 0) return Step::Done;
+            [[fallthrough]];
+          case 3:
+            if (f.count >= n.max_items) return Step::Reject;
+            return open_child(n.items, c) ? Step::Consumed : Step::Reject;
+          case 2:
+            if (c == ']' && f.count >= n.min_items) return Step::Done;
+            if (c == ',' && f.count < n.max_items) {
+              f.phase = 3;
+              return Step::Consumed;
+            }
+            return Step::Reject;
+        }
+        return Step::Reject;
+      case Kind::String:
+        return step_string(f, c);
+      case Kind::Integer:
+      case Kind::Number:
+        return step_number(f, c, n.kind == Kind::Integer);
+      case Kind::Enum: {
+        if (f.pos == 0) f.cand = (n.texts.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.texts.size()) - 1);
+        if (match(f, n.texts, c)) {
+          // Done at once when the only candidate left is complete (strings, literals, objects).
+          if (std::popcount(f.cand) == 1 && complete_candidate(f, n.texts) >= 0) return Step::Done;
+          return Step::Consumed;
+        }
+        return complete_candidate(f, n.texts) >= 0 && f.pos > 0 ? Step::DonePass : Step::Reject;
+      }
+      case Kind::AnyOf:
+        return Step::Reject;  // never a frame: open_child picks the alternative
+    }
+    return Step::Reject;
+  }
+
+  static Step step_string(Frame& f, uint8_t c) {
+    switch (f.phase) {
+      case 0:
+        if (c != '"') return Step::Reject;
+        f.phase = 1;
+        return Step::Consumed;
+      case 1:
+        if (f.utf8 > 0) {
+          if (c < f.lo || c > f.hi) return Step::Reject;
+          --f.utf8;
+          f.lo = 0x80;
+          f.hi = 0xBF;
+          return Step::Consumed;
+        }
+        if (c >= 0x80) {
+          if (c >= 0xC2 && c <= 0xDF) {
+            f.utf8 = 1;
+          } else if (c >= 0xE0 && c <= 0xEF) {
+            f.utf8 = 2;
+            if (c == 0xE0) f.lo = 0xA0;
+            if (c == 0xED) f.hi = 0x9F;
+          } else if (c >= 0xF0 && c <= 0xF4) {
+            f.utf8 = 3;
+            if (c == 0xF0) f.lo = 0x90;
+            if (c == 0xF4) f.hi = 0x8F;
+          } else {
+            return Step::Reject;
+          }
+          return Step::Consumed;
+        }
+        if (c == '"') return Step::Done;
+        if (c == '\\') {
+          f.phase = 2;
+          return Step::Consumed;
+        }
+        return c >= 0x20 ? Step::Consumed : Step::Reject;
+      case 2:
+        if (c == 'u') {
+          f.phase = 3;
+          f.sub = 4;
+          return Step::Consumed;
+        }
+        if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+          f.phase = 1;
+          return Step::Consumed;
+        }
+        return Step::Reject;
+      case 3: {
+        const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+        if (!hex) return Step::Reject;
+        if (--f.sub == 0) f.phase = 1;
+        return Step::Consumed;
+      }
+    }
+    return Step::Reject;
+  }
+
+  // Number states: 0 start, 1 after '-', 2 after a leading 0, 3 integer digits, 4 after '.',
+  // 5 fraction digits, 6 after 'e', 7 after the exponent's sign, 8 exponent digits.
+  static Step step_number(Frame& f, uint8_t c, bool integer) {
+    const bool digit = c >= '0' && c <= '9';
+    auto go = [&](uint8_t s) {
+      f.phase = s;
+      return Step::Consumed;
+    };
+    const bool can_end = f.phase == 2 || f.phase == 3 || f.phase == 5 || f.phase == 8;
+    switch (f.phase) {
+      case 0:
+        if (c == '-') return go(1);
+        [[fallthrough]];
+      case 1:
+        if (c == '0') return go(2);
+        if (digit) return go(3);
+        return Step::Reject;
+      case 3:
+        if (digit) return Step::Consumed;
+        [[fallthrough]];
+      case 2:
+        if (!integer && c == '.') return go(4);
+        if (!integer && (c == 'e' || c == 'E')) return go(6);
+        break;
+      case 4:
+        return digit ? go(5) : Step::Reject;
+      case 5:
+        if (digit) return Step::Consumed;
+        if (c == 'e' || c == 'E') return go(6);
+        break;
+      case 6:
+        if (c == '+' || c == '-') return go(7);
+        [[fallthrough]];
+      case 7:
+        return digit ? go(8) : Step::Reject;
+      case 8:
+        if (digit) return Step::Consumed;
+        break;
+    }
+    return can_end ? Step::DonePass : Step::Reject;
+  }
+
+  Frame frames_[kMaxFrames];
+  size_t depth_ = 0;
+};
+
+// Tokens that are complete plain text inside a free string (see SchemaState::in_string).
+std::vector<uint8_t> plain_tokens(const TokenBytes& v, const Node* string_node) {
+  std::vector<uint8_t> out(v.size(), 0);
+  for (size_t t = 0; t < v.size(); ++t) {
+    if (v[t].empty()) continue;
+    SchemaState s(string_node);
+    s.push('"');
+    out[t] = s.push(v[t]) && s.in_string();
+  }
+  return out;
+}
+
+class SchemaConstraint final : public OutputConstraint, public std::enable_shared_from_this<SchemaConstraint> {
+ public:
+  SchemaConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::unique_ptr<Node>> nodes, const Node* root)
+      : vocab_(std::move(v)), nodes_(std::move(nodes)), root_(root) {
+    Node str;
+    str.kind = Kind::String;
+    str.first.set('"');
+    plain_ = plain_tokens(*vocab_, &str);
+  }
+  class S final : public State {
+   public:
+    explicit S(std::shared_ptr<const SchemaConstraint> c) : c_(std::move(c)), state_(c_->root_) {}
+    void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
+      const float neg_inf = -std::numeric_limits<float>::infinity();
+      const TokenBytes& vocab = *c_->vocab_;
+      // The bytes that may come first (one probe each), then only tokens that start with one.
+      std::bitset<256> first;
+      for (int b = 0; b < 256; ++b) {
+        SchemaState p = state_;
+        first[size_t(b)] = p.push(uint8_t(b));
+      }
+      const bool in_string = state_.in_string();
+      bool any = false;
+      for (size_t t = 0; t < logits.size(); ++t) {
+        bool ok = false;
+        if (t < vocab.size() && !vocab[t].empty() && first.test(uint8_t(vocab[t][0]))) {
+          if (in_string && c_->plain_[t]) {
+            ok = true;
+          } else {
+            SchemaState p = state_;
+            ok = p.push(vocab[t]);
+          }
+        }
+        if (ok) {
+          any = true;
+        } else {
+          logits[t] = neg_inf;
+        }
+      }
+      if (state_.complete() || !any)
+        for (int32_t e : eos_ids)
+          if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == neg_inf) logits[size_t(e)] = 0.0f;
+    }
+    void accept(int32_t token) override {
+      const TokenBytes& vocab = *c_->vocab_;
+      if (token >= 0 && size_t(token) < vocab.size()) state_.push(vocab[size_t(token)]);
+    }
+    bool complete() const override { return state_.complete(); }
+    bool must_end() const override { return state_.complete(); }
+
+   private:
+    std::shared_ptr<const SchemaConstraint> c_;
+    SchemaState state_;
+  };
+  // A state holds its constraint (the nodes it points into).
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(shared_from_this()); }
+
+ private:
+  std::shared_ptr<const TokenBytes> vocab_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  const Node* root_;
+  std::vector<uint8_t> plain_;
+};
+
+}  // namespace
+
+std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                               const std::string& schema_json) {
+  json schema;
+  try {
+    schema = json::parse(schema_json);
+  } catch (const json::exception& e) {
+    throw Error(std::string("json schema: not valid JSON: ") + e.what());
+  }
+  Compiler comp(schema);
+  const Node* root = comp.compile(schema);
+  if (root->kind != Kind::Object && root->kind != Kind::Array)
+    throw Error("json schema: the top level must be an object or an array");
+  return std::make_shared<SchemaConstraint>(std::move(vocab), std::move(comp.nodes_), root);
+}
+
+}  // namespace sieve::engine
