@@ -117,32 +117,7 @@ bool JsonPrefix::push(uint8_t c) {
     case kAfter:
       return after_value(c);
     case kString:
-      // Strings are well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points
-      // past U+10FFFF): a lead byte fixes how many continuation bytes follow and the range of the
-      // first one.
-      if (utf8_ > 0) {
-        if (c < utf8_lo_ || c > utf8_hi_) return false;
-        --utf8_;
-        utf8_lo_ = 0x80;
-        utf8_hi_ = 0xBF;
-        return true;
-      }
-      if (c >= 0x80) {
-        if (c >= 0xC2 && c <= 0xDF) {
-          utf8_ = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-          utf8_ = 2;
-          if (c == 0xE0) utf8_lo_ = 0xA0;
-          if (c == 0xED) utf8_hi_ = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-          utf8_ = 3;
-          if (c == 0xF0) utf8_lo_ = 0x90;
-          if (c == 0xF4) utf8_hi_ = 0x8F;
-        } else {
-          return false;
-        }
-        return true;
-      }
+      if (utf8_.need > 0 || c >= 0x80) return utf8_.push(c);  // strings are well-formed UTF-8
       if (c == '"') {
         if (key_) {
           mode_ = kColon;

@@ -55,6 +55,37 @@ std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<c
 std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                           std::vector<std::string> choices);
 
+// Well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points past U+10FFFF), byte
+// by byte: a lead byte fixes how many continuation bytes follow and the range of the first one.
+struct Utf8Run {
+  uint8_t need = 0;  // continuation bytes still to come
+  uint8_t lo = 0x80, hi = 0xBF;
+  // For a byte >= 0x80, or any byte while need > 0: whether it keeps the text well-formed.
+  bool push(uint8_t c) {
+    if (need > 0) {
+      if (c < lo || c > hi) return false;
+      --need;
+      lo = 0x80;
+      hi = 0xBF;
+      return true;
+    }
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    return true;
+  }
+};
+
 // The JSON automaton, exposed for tests: feeds bytes, false on the first one that cannot extend
 // a JSON object text.
 class JsonPrefix {
@@ -68,7 +99,7 @@ class JsonPrefix {
   bool complete() const { return mode_ == kDone; }
   // Inside a string, outside an escape and between characters: a complete UTF-8 text of bytes
   // >= 0x20 other than '"' and '\\' leaves the state as it is.
-  bool in_string() const { return mode_ == kString && utf8_ == 0; }
+  bool in_string() const { return mode_ == kString && utf8_.need == 0; }
 
  private:
   enum Mode : uint8_t {
@@ -82,8 +113,7 @@ class JsonPrefix {
   uint8_t sub_ = 0;      // kHex: digits left; kLiteral: bytes matched
   uint8_t literal_ = 0;  // kLiteral: 0 true, 1 false, 2 null
   uint8_t ws_ = 0;       // consecutive whitespace bytes
-  uint8_t utf8_ = 0;     // kString: continuation bytes the current UTF-8 character still needs
-  uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // the range of the next one
+  Utf8Run utf8_;         // kString: the current character
   bool key_ = false;     // kString: a key
   uint8_t depth_ = 0;
   char stack_[64] = {};

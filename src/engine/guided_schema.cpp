@@ -183,8 +183,7 @@ struct Frame {
   const Node* node = nullptr;
   uint8_t phase = 0;
   uint8_t sub = 0;       // string: hex digits left; number: its state
-  uint8_t utf8 = 0;      // string: continuation bytes still needed
-  uint8_t lo = 0x80, hi = 0xBF;
+  Utf8Run utf8;          // string: the current character
   uint16_t pos = 0;      // enum / key: bytes matched
   uint16_t next = 0;     // object: the first property that may still come
   uint16_t chosen = 0;   // object: the property whose value is being read
@@ -205,7 +204,7 @@ class SchemaState {
   bool in_string() const {
     if (depth_ == 0) return false;
     const Frame& f = frames_[depth_ - 1];
-    return f.node->kind == Kind::String && f.phase == 1 && f.utf8 == 0;
+    return f.node->kind == Kind::String && f.phase == 1 && f.utf8.need == 0;
   }
   bool push(uint8_t c) {
     while (true) {
@@ -368,29 +367,7 @@ class SchemaState {
         f.phase = 1;
         return Step::Consumed;
       case 1:
-        if (f.utf8 > 0) {
-          if (c < f.lo || c > f.hi) return Step::Reject;
-          --f.utf8;
-          f.lo = 0x80;
-          f.hi = 0xBF;
-          return Step::Consumed;
-        }
-        if (c >= 0x80) {
-          if (c >= 0xC2 && c <= 0xDF) {
-            f.utf8 = 1;
-          } else if (c >= 0xE0 && c <= 0xEF) {
-            f.utf8 = 2;
-            if (c == 0xE0) f.lo = 0xA0;
-            if (c == 0xED) f.hi = 0x9F;
-          } else if (c >= 0xF0 && c <= 0xF4) {
-            f.utf8 = 3;
-            if (c == 0xF0) f.lo = 0x90;
-            if (c == 0xF4) f.hi = 0x8F;
-          } else {
-            return Step::Reject;
-          }
-          return Step::Consumed;
-        }
+        if (f.utf8.need > 0 || c >= 0x80) return f.utf8.push(c) ? Step::Consumed : Step::Reject;
         if (c == '"') return Step::Done;
         if (c == '\\') {
           f.phase = 2;

@@ -191,6 +191,8 @@ TEST(Guided, JsonSchemaTexts) {
   EXPECT_EQ(k.walk(c, R"({ "name":"Al","age":1})"), -1);     // compact JSON
   EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"sub":{"x":2}})"), -1);
   EXPECT_EQ(k.walk(c, R"({"name":"Al","age":1,"age":2})"), -1);  // properties once, in order
+  EXPECT_EQ(k.walk(c, "{\"name\":\"\xc3\xa9\xe2\x82\xac\",\"age\":1}"), 1);  // UTF-8 text
+  EXPECT_EQ(k.walk(c, "{\"name\":\"\xc3("), -1);                                  // a broken character
   auto arr = json_schema_constraint(k.vocab, R"({"type":"array","items":{"type":"number"},"minItems":1})");
   EXPECT_EQ(k.walk(arr, "[]"), -1);
   EXPECT_EQ(k.walk(arr, "[1,2.5,-3e2]"), 1);
