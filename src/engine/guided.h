@@ -51,6 +51,13 @@ std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<c
 // outside strings (compact JSON).
 std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                                const std::string& schema_json);
+// A text the regular expression matches in full (as if anchored at both ends), byte by byte:
+// literals and escaped bytes, `.` (any byte but a newline), classes (`[a-z]`, `[^...]`, `\d \w
+// \s` and their negations), groups `(...)` and `(?:...)`, `|`, and `* + ? {m} {m,} {m,n}`
+// (lazy forms match the same texts). Backreferences, lookaround and other escapes throw Error
+// naming them, as does a pattern that needs more than 1024 automaton states.
+std::shared_ptr<const OutputConstraint> regex_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                         const std::string& pattern);
 // Throws Error when `choices` is empty or holds an empty string.
 std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                           std::vector<std::string> choices);

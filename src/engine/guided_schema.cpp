@@ -24,7 +24,7 @@ namespace {
 
 using json = nlohmann::ordered_json;  // properties keep their declared order
 
-enum class Kind : uint8_t { Object, Array, String, Integer, Number, Boolean, Null, Enum, AnyOf };
+enum class Kind : uint8_t { Object, Array, String, Integer, Number, Enum, AnyOf };  // boolean, null: Enum
 
 struct Node {
   Kind kind = Kind::Object;

@@ -331,8 +331,8 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     if (!s->is_string()) bad("suffix", std::string("expected a string, got ") + type_name(*s));
     if (!s->get<std::string>().empty()) bad("suffix", "is not supported");
   }
-  // Guided decoding: a JSON object, a JSON schema or one of a list of strings. What else vLLM can
-  // constrain to (regular expressions, grammars) is refused rather than answered with free text.
+  // Guided decoding: a JSON object, a JSON schema, a regular expression or one of a list of
+  // strings. Grammars are refused rather than answered with free text.
   auto set_guided = [&](const std::string& kind, const std::string& param) {
     if (!r.guided.empty() && r.guided != kind)
       bad(param, "only one kind of guided decoding at a time (already " + r.guided + ")");
@@ -348,6 +348,11 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     } else {
       bad(param, "expected a JSON schema (an object, or its text), got " + v.dump());
     }
+  };
+  auto read_regex = [&](const ojson& v, const std::string& param) {
+    set_guided("regex", param);
+    if (!v.is_string() || v.get<std::string>().empty()) bad(param, "expected a non-empty pattern string, got " + v.dump());
+    r.guided_schema = v.get<std::string>();
   };
   auto read_choices = [&](const ojson& v, const std::string& param) {
     if (!v.is_array() || v.empty()) bad(param, "expected a non-empty array of strings, got " + v.dump());
@@ -384,20 +389,23 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
         read_choices(*it, "structured_outputs.choice");
       } else if (it.key() == "json") {
         read_schema(*it, "structured_outputs.json");
+      } else if (it.key() == "regex") {
+        read_regex(*it, "structured_outputs.regex");
       } else if (it.key() == "json_object") {
         if (!it->is_boolean()) bad("structured_outputs.json_object", "expected a boolean, got " + it->dump());
         if (it->get<bool>()) set_guided("json_object", "structured_outputs.json_object");
       } else {
         bad("structured_outputs." + it.key(),
-            "is not supported: this server constrains output to a JSON object, a JSON schema or choices only");
+            "is not supported: this server constrains output to a JSON object, a JSON schema, a regular "
+            "expression or choices only");
       }
     }
   }
   if (const ojson* gj = field(body, "guided_json")) read_schema(*gj, "guided_json");
-  for (const char* guided : {"guided_regex", "guided_grammar"})
-    if (field(body, guided))
-      bad(guided, "is not supported: this server constrains output to a JSON object, a JSON schema "
-                  "(guided_json) or choices (guided_choice) only");
+  if (const ojson* gr = field(body, "guided_regex")) read_regex(*gr, "guided_regex");
+  if (field(body, "guided_grammar"))
+    bad("guided_grammar", "is not supported: this server constrains output to a JSON object, a JSON schema, a "
+                          "regular expression or choices only");
   if (const ojson* lb = field(body, "logit_bias")) {
     if (!lb->is_object())
       bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));

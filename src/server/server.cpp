@@ -332,21 +332,24 @@ struct Server::Impl {
   }
   std::once_flag json_once;
   std::shared_ptr<const engine::OutputConstraint> json_constraint;
-  // Compiled schemas by their text (clients tend to send the same few again and again).
-  std::shared_ptr<const engine::OutputConstraint> guided_schema(const std::string& text, const std::string& param) {
+  // Compiled schemas and patterns by their text (clients tend to send the same few again and again).
+  std::shared_ptr<const engine::OutputConstraint> guided_compiled(const std::string& kind, const std::string& text,
+                                                                  const std::string& param) {
+    const std::string key = kind + ":" + text;
     {
       std::lock_guard lk(schema_mu);
-      if (auto it = schemas.find(text); it != schemas.end()) return it->second;
+      if (auto it = schemas.find(key); it != schemas.end()) return it->second;
     }
     std::shared_ptr<const engine::OutputConstraint> c;
     try {
-      c = engine::json_schema_constraint(guided_vocab(), text);
+      c = kind == "regex" ? engine::regex_constraint(guided_vocab(), text)
+                          : engine::json_schema_constraint(guided_vocab(), text);
     } catch (const Error& e) {
       throw ApiError(400, e.what(), param);
     }
     std::lock_guard lk(schema_mu);
     if (schemas.size() >= 64) schemas.clear();
-    schemas.emplace(text, c);
+    schemas.emplace(key, c);
     return c;
   }
   std::mutex schema_mu;
@@ -524,7 +527,7 @@ struct Server::Impl {
     std::shared_ptr<const engine::OutputConstraint> constraint;
     if (g.guided == "json_object") constraint = guided_json();
     if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
-    if (g.guided == "json_schema") constraint = guided_schema(g.guided_schema, g.guided_param);
+    if (g.guided == "json_schema" || g.guided == "regex") constraint = guided_compiled(g.guided, g.guided_schema, g.guided_param);
     for (size_t i = 0; i < prompts.size(); ++i) {
       engine::SamplingParams params = g.params;
       params.constraint = constraint;

@@ -212,7 +212,7 @@ TEST(Engine, PrefixCachingReusesBlocksWithoutChangingOutputs) {
   // Same prompt, run one after the other in the same engine.
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, true, {}});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, true, {}, std::nullopt});
   engine.start();
   auto a = collect(*engine.submit(jobs[0].prompt, jobs[0].params));
   auto b = collect(*engine.submit(jobs[1].prompt, jobs[1].params));
@@ -227,7 +227,7 @@ TEST(Engine, AbortFreesBlocksAtOnce) {
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
   model.delay_us = 2000;
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
   engine.start();
   SamplingParams p;
   p.max_tokens = 200;
@@ -322,7 +322,7 @@ TEST(Engine, RejectsInvalidRequests) {
   Rig st;
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
   SamplingParams p;
   EXPECT_THROW(engine.submit({}, p), Error);
   EXPECT_THROW(engine.submit({1, 97}, p), Error);
@@ -338,7 +338,8 @@ TEST(Engine, RejectsInvalidRequests) {
                                            .max_model_len = 64 * 16 + 1},
                                           st.num_blocks,
                                           false,
-                                          {}}),
+                                          {},
+                                          std::nullopt}),
                Error);
 }
 
@@ -347,7 +348,7 @@ TEST(Engine, AFailingStepFailsItsRequestsAndTheEngineGoesOn) {
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
   model.fail_on_token = 13;
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
   engine.start();
   SamplingParams p;
   p.max_tokens = 4;
@@ -368,7 +369,7 @@ TEST(Engine, ProfilerWritesAChromeTrace) {
   Rig st;
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}});
+  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
   engine.start();
   engine.start_profile();
   SamplingParams p;

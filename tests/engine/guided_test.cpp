@@ -115,7 +115,8 @@ TEST(Guided, RequestsComeOutAsJsonObjectsOrAChoice) {
   Engine engine(model, EngineConfig{{.max_num_batched_tokens = 256, .max_num_seqs = 16, .max_model_len = 1024},
                                     64,
                                     false,
-                                    {256}});
+                                    {256},
+                                    std::nullopt});
   engine.start();
   auto json_c = json_object_constraint(vocab);
   auto choice_c = choice_constraint(vocab, {"yes", "no", "maybe not"});
@@ -217,6 +218,41 @@ TEST(Guided, JsonSchemaRefusesWhatItCannotFollow) {
       ADD_FAILURE() << schema << " accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << schema << ": " << e.what();
+    }
+  }
+}
+
+TEST(Guided, RegexTexts) {
+  SchemaCheck k;
+  auto date = regex_constraint(k.vocab, R"(\d{4}-\d{2}-\d{2})");
+  EXPECT_EQ(k.walk(date, "2026-12-05"), 1);
+  EXPECT_EQ(k.walk(date, "2026-1"), 0);
+  EXPECT_EQ(k.walk(date, "2026-1x"), -1);
+  EXPECT_EQ(k.walk(date, "2026-12-055"), -1);  // matched in full
+  auto alt = regex_constraint(k.vocab, R"(^(?:yes|no(pe)?|[A-Z][a-z]*!+)$)");
+  for (const char* ok : {"yes", "no", "nope", "Hi!", "Q!!!"}) EXPECT_EQ(k.walk(alt, ok), 1) << ok;
+  EXPECT_EQ(k.walk(alt, "nop"), 0);
+  for (const char* bad : {"ye!", "hi!", "Hi", "nopee"}) EXPECT_NE(k.walk(alt, bad), 1) << bad;
+  auto cls = regex_constraint(k.vocab, R"([^\s,]+(,[\w.-]{1,3})*\.?)");
+  EXPECT_EQ(k.walk(cls, "ab,c.d,e-f."), 1);
+  EXPECT_EQ(k.walk(cls, "a b"), -1);
+  EXPECT_EQ(k.walk(cls, "a,abcd"), -1);
+  // The request ends when nothing may follow: after "yes" nothing can, after "no" "pe" can.
+  auto st = alt->start();
+  for (char ch : std::string("yes")) st->accept(uint8_t(ch));
+  EXPECT_TRUE(st->must_end());
+  st = alt->start();
+  for (char ch : std::string("no")) st->accept(uint8_t(ch));
+  EXPECT_TRUE(st->complete());
+  EXPECT_FALSE(st->must_end());
+  for (const auto& [pattern, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"((a)\1)", "\\1"}, {"(?=a)b", "lookaround"}, {"a{3,1}", "n < m"}, {"(ab", "')'"}, {"*a", "nothing to repeat"},
+           {"a{1001}", "above 1000"}, {"(a{1000}){1000}", "1024 states"}, {R"(\p{L})", "\\p"}}) {
+    try {
+      regex_constraint(k.vocab, pattern);
+      ADD_FAILURE() << pattern << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << pattern << ": " << e.what();
     }
   }
 }

@@ -317,7 +317,7 @@ TEST(Protocol, ToolChoiceAndEarlierReasoning) {
   EXPECT_EQ(r.messages[1]["reasoning_content"], "r1");
 }
 
-// Guided decoding: a JSON object, a JSON schema or choices; regular expressions and grammars are
+// Guided decoding: a JSON object, a JSON schema, a regular expression or choices; grammars are
 // refused by name, never answered with free text.
 TEST(Protocol, GuidedDecodingFields) {
   const std::string m = R"("messages":[{"role":"user","content":"hi"}])";
@@ -346,8 +346,13 @@ TEST(Protocol, GuidedDecodingFields) {
   refused(R"({"prompt":"hi","guided_choice":["a",""]})", false, "guided_choice");
   refused(R"({"prompt":"hi","guided_choice":["a"],"response_format":{"type":"json_object"}})", false, "guided_choice");
   refused("{" + m + R"(,"guided_json":3})", true, "guided_json");
-  refused("{" + m + R"(,"guided_regex":"a+"})", true, "guided_regex");
-  refused("{" + m + R"(,"structured_outputs":{"regex":"a+"}})", true, "structured_outputs.regex");
+  r = parse("{" + m + R"(,"guided_regex":"a+"})", true);
+  EXPECT_EQ(r.guided, "regex");
+  EXPECT_EQ(r.guided_schema, "a+");
+  EXPECT_EQ(parse("{" + m + R"(,"structured_outputs":{"regex":"\\d+"}})", true).guided_param, "structured_outputs.regex");
+  refused("{" + m + R"(,"guided_regex":""})", true, "guided_regex");
+  refused("{" + m + R"(,"guided_grammar":"root ::= x"})", true, "guided_grammar");
+  refused("{" + m + R"(,"structured_outputs":{"grammar":"root ::= x"}})", true, "structured_outputs.grammar");
 }
 
 TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {

@@ -45,7 +45,8 @@ struct Rig {
                    {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256},
                    32,
                    false,
-                   {}});
+                   {},
+                   std::nullopt});
     o.port = 0;
     srv = std::make_unique<Server>(*engine, tok, o);
     srv->bind();
@@ -183,9 +184,9 @@ TEST(ServerHttp, ToolChoiceThatNeedsGuidedDecodingIsRefused) {
   EXPECT_EQ(ch["finish_reason"], "length");
 }
 
-// Guided decoding over HTTP: the text is one of the choices, or a JSON object when the request
-// ended on its own (max_tokens may cut one short).
-TEST(ServerHttp, GuidedChoiceAndJsonObject) {
+// Guided decoding over HTTP: the text is one of the choices, matches the pattern, or is a JSON
+// object when the request ended on its own (max_tokens may cut one short).
+TEST(ServerHttp, GuidedChoiceRegexAndJsonObject) {
   Rig rig;
   auto c = rig.client();
   for (int seed = 0; seed < 4; ++seed) {
@@ -200,6 +201,23 @@ TEST(ServerHttp, GuidedChoiceAndJsonObject) {
     EXPECT_TRUE(text == "red" || text == "green" || text == "blue") << text;
     EXPECT_EQ(ch["finish_reason"], "stop");
   }
+  for (int seed = 0; seed < 4; ++seed) {
+    auto r = c.Post("/v1/completions",
+                    R"({"prompt":[1,2,3],"max_tokens":20,"seed":)" + std::to_string(seed) +
+                        R"(,"guided_regex":"[a-c]{2}-\\d\\d"})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto ch = json::parse(r->body)["choices"][0];
+    const std::string text = ch["text"];
+    EXPECT_TRUE(text.size() == 5 && text[0] >= 'a' && text[0] <= 'c' && text[2] == '-' && std::isdigit(uint8_t(text[4])))
+        << text;
+    EXPECT_EQ(ch["finish_reason"], "stop");
+  }
+  auto bad = c.Post("/v1/completions", R"({"prompt":[1],"guided_regex":"(a"})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "guided_regex");
   int objects = 0;
   for (int seed = 0; seed < 8; ++seed) {
     auto r = c.Post("/v1/chat/completions",
