@@ -232,39 +232,18 @@ class JsonConstraint final : public OutputConstraint {
     S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<uint8_t>> plain)
         : vocab_ptr_(std::move(v)), plain_ptr_(std::move(plain)), vocab_(*vocab_ptr_), plain_(*plain_ptr_) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
-      const float neg_inf = -std::numeric_limits<float>::infinity();
       const bool in_string = state_.in_string();
-      bool any = false;
-      for (size_t t = 0; t < logits.size(); ++t) {
-        bool ok = false;
-        if (t < vocab_.size() && !vocab_[t].empty()) {
-          if (in_string && plain_[t]) {
-            ok = true;
-          } else {
-            JsonPrefix p = state_;
-            ok = p.push(vocab_[t]);
-          }
-        }
-        if (ok) {
-          any = true;
-        } else {
-          logits[t] = neg_inf;
-        }
-      }
-      if (state_.complete() || !any) restore_eos(logits, eos_ids);
+      mask_tokens(logits, vocab_, nullptr, state_.complete(), eos_ids, [&](std::string_view bytes, size_t t) {
+        if (in_string && plain_[t]) return true;
+        JsonPrefix p = state_;
+        return p.push(bytes);
+      });
     }
     void accept(int32_t token) override {
       if (token >= 0 && size_t(token) < vocab_.size()) state_.push(vocab_[size_t(token)]);
     }
     bool complete() const override { return state_.complete(); }
     bool must_end() const override { return state_.complete(); }
-    // End-of-sequence ids come back (at their raw value: the caller masked them already).
-    void restore_eos(std::span<float> logits, std::span<const int32_t> eos_ids) const {
-      for (int32_t e : eos_ids)
-        if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == -std::numeric_limits<float>::infinity())
-          logits[size_t(e)] = 0.0f;
-    }
-
    private:
     std::shared_ptr<const TokenBytes> vocab_ptr_;  // a state outlives its constraint if need be
     std::shared_ptr<const std::vector<uint8_t>> plain_ptr_;
@@ -288,23 +267,13 @@ class ChoiceConstraint final : public OutputConstraint {
     S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<std::string>> c)
         : vocab_ptr_(std::move(v)), choices_ptr_(std::move(c)), vocab_(*vocab_ptr_), choices_(*choices_ptr_) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
-      const float neg_inf = -std::numeric_limits<float>::infinity();
       // The choices the output so far begins; a token must continue one of them.
       std::vector<std::string_view> rest;
       for (const std::string& c : choices_)
         if (c.size() > out_.size() && c.compare(0, out_.size(), out_) == 0) rest.push_back(std::string_view(c).substr(out_.size()));
-      for (size_t t = 0; t < logits.size(); ++t) {
-        bool ok = false;
-        if (t < vocab_.size() && !vocab_[t].empty()) {
-          const std::string_view tok = vocab_[t];
-          ok = std::any_of(rest.begin(), rest.end(), [&](std::string_view r) { return r.substr(0, tok.size()) == tok; });
-        }
-        if (!ok) logits[t] = neg_inf;
-      }
-      const bool done = std::find(choices_.begin(), choices_.end(), out_) != choices_.end();
-      if (done)
-        for (int32_t e : eos_ids)
-          if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == neg_inf) logits[size_t(e)] = 0.0f;
+      mask_tokens(logits, vocab_, nullptr, complete(), eos_ids, [&](std::string_view tok, size_t) {
+        return std::any_of(rest.begin(), rest.end(), [&](std::string_view r) { return r.substr(0, tok.size()) == tok; });
+      });
     }
     void accept(int32_t token) override {
       if (token >= 0 && size_t(token) < vocab_.size()) out_ += vocab_[size_t(token)];

@@ -8,7 +8,9 @@
 // vocabulary each step (bytes x tokens), so a guided request costs host time per token.
 #pragma once
 
+#include <bitset>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -92,6 +94,29 @@ struct Utf8Run {
     return true;
   }
 };
+
+// The mask every constraint applies: -inf on each token that is empty (special), whose first
+// byte `first` excludes (when given), or that `allowed(token bytes, token id)` rejects; then the
+// end-of-sequence ids come back (at 0 if they were masked) when `complete`, or when nothing else
+// is left, so that a request can always end.
+template <class Allowed>
+void mask_tokens(std::span<float> logits, const TokenBytes& vocab, const std::bitset<256>* first, bool complete,
+                 std::span<const int32_t> eos_ids, Allowed&& allowed) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  bool any = false;
+  for (size_t t = 0; t < logits.size(); ++t) {
+    const bool ok = t < vocab.size() && !vocab[t].empty() && (!first || first->test(uint8_t(vocab[t][0]))) &&
+                    allowed(std::string_view(vocab[t]), t);
+    if (ok) {
+      any = true;
+    } else {
+      logits[t] = neg_inf;
+    }
+  }
+  if (complete || !any)
+    for (int32_t e : eos_ids)
+      if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == neg_inf) logits[size_t(e)] = 0.0f;
+}
 
 // The JSON automaton, exposed for tests: feeds bytes, false on the first one that cannot extend
 // a JSON object text.

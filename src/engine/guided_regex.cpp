@@ -366,34 +366,15 @@ class RegexConstraint final : public OutputConstraint, public std::enable_shared
    public:
     explicit S(std::shared_ptr<const RegexConstraint> c) : c_(std::move(c)), set_(c_->nfa_.closure[size_t(c_->nfa_.start)]) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
-      const float neg_inf = -std::numeric_limits<float>::infinity();
-      const TokenBytes& vocab = *c_->vocab_;
       const Nfa& nfa = c_->nfa_;
       ByteSet first;
       for (int b = 0; b < 256; ++b) first[size_t(b)] = nfa.step(set_, uint8_t(b)).any();
-      bool any = false;
-      for (size_t t = 0; t < logits.size(); ++t) {
-        bool ok = false;
-        if (t < vocab.size() && !vocab[t].empty() && first.test(uint8_t(vocab[t][0]))) {
-          StateSet s = set_;
-          ok = true;
-          for (char ch : vocab[t]) {
-            s = nfa.step(s, uint8_t(ch));
-            if (s.none()) {
-              ok = false;
-              break;
-            }
-          }
-        }
-        if (ok) {
-          any = true;
-        } else {
-          logits[t] = neg_inf;
-        }
-      }
-      if (complete() || !any)
-        for (int32_t e : eos_ids)
-          if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == neg_inf) logits[size_t(e)] = 0.0f;
+      mask_tokens(logits, *c_->vocab_, &first, complete(), eos_ids, [&](std::string_view bytes, size_t) {
+        StateSet s = set_;
+        for (char ch : bytes)
+          if ((s = nfa.step(s, uint8_t(ch))).none()) return false;
+        return true;
+      });
     }
     void accept(int32_t token) override {
       const TokenBytes& vocab = *c_->vocab_;

@@ -466,8 +466,6 @@ class SchemaConstraint final : public OutputConstraint, public std::enable_share
    public:
     explicit S(std::shared_ptr<const SchemaConstraint> c) : c_(std::move(c)), state_(c_->root_) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
-      const float neg_inf = -std::numeric_limits<float>::infinity();
-      const TokenBytes& vocab = *c_->vocab_;
       // The bytes that may come first (one probe each), then only tokens that start with one.
       std::bitset<256> first;
       for (int b = 0; b < 256; ++b) {
@@ -475,26 +473,11 @@ class SchemaConstraint final : public OutputConstraint, public std::enable_share
         first[size_t(b)] = p.push(uint8_t(b));
       }
       const bool in_string = state_.in_string();
-      bool any = false;
-      for (size_t t = 0; t < logits.size(); ++t) {
-        bool ok = false;
-        if (t < vocab.size() && !vocab[t].empty() && first.test(uint8_t(vocab[t][0]))) {
-          if (in_string && c_->plain_[t]) {
-            ok = true;
-          } else {
-            SchemaState p = state_;
-            ok = p.push(vocab[t]);
-          }
-        }
-        if (ok) {
-          any = true;
-        } else {
-          logits[t] = neg_inf;
-        }
-      }
-      if (state_.complete() || !any)
-        for (int32_t e : eos_ids)
-          if (e >= 0 && size_t(e) < logits.size() && logits[size_t(e)] == neg_inf) logits[size_t(e)] = 0.0f;
+      mask_tokens(logits, *c_->vocab_, &first, state_.complete(), eos_ids, [&](std::string_view bytes, size_t t) {
+        if (in_string && c_->plain_[t]) return true;
+        SchemaState p = state_;
+        return p.push(bytes);
+      });
     }
     void accept(int32_t token) override {
       const TokenBytes& vocab = *c_->vocab_;
