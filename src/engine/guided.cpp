@@ -299,6 +299,47 @@ class ChoiceConstraint final : public OutputConstraint {
   std::shared_ptr<const std::vector<std::string>> choices_;
 };
 
+class PrefixConstraint final : public OutputConstraint {
+ public:
+  PrefixConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::string> p)
+      : vocab_(std::move(v)), prefixes_(std::make_shared<const std::vector<std::string>>(std::move(p))) {}
+  class S final : public State {
+   public:
+    S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<std::string>> p)
+        : vocab_ptr_(std::move(v)), prefixes_ptr_(std::move(p)) {}
+    void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
+      if (done_) return;  // free from here on
+      mask_tokens(logits, *vocab_ptr_, nullptr, false, eos_ids, [&](std::string_view tok, size_t) {
+        return std::any_of(prefixes_ptr_->begin(), prefixes_ptr_->end(), [&](const std::string& p) {
+          if (p.size() <= out_.size() || p.compare(0, out_.size(), out_) != 0) return false;
+          const std::string_view rest = std::string_view(p).substr(out_.size());
+          const size_t n = std::min(rest.size(), tok.size());
+          return rest.substr(0, n) == tok.substr(0, n);
+        });
+      });
+    }
+    void accept(int32_t token) override {
+      if (done_ || token < 0 || size_t(token) >= vocab_ptr_->size()) return;
+      out_ += (*vocab_ptr_)[size_t(token)];
+      for (const std::string& p : *prefixes_ptr_)
+        if (out_.size() >= p.size() && out_.compare(0, p.size(), p) == 0) done_ = true;
+    }
+    bool complete() const override { return done_; }
+    bool must_end() const override { return false; }
+
+   private:
+    std::shared_ptr<const TokenBytes> vocab_ptr_;
+    std::shared_ptr<const std::vector<std::string>> prefixes_ptr_;
+    std::string out_;
+    bool done_ = false;
+  };
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_, prefixes_); }
+
+ private:
+  std::shared_ptr<const TokenBytes> vocab_;
+  std::shared_ptr<const std::vector<std::string>> prefixes_;
+};
+
 }  // namespace
 
 std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<const TokenBytes> vocab) {
@@ -311,6 +352,12 @@ std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const 
   for (const auto& c : choices)
     if (c.empty()) throw Error("guided_choice: choices must not be empty strings");
   return std::make_shared<ChoiceConstraint>(std::move(vocab), std::move(choices));
+}
+
+std::shared_ptr<const OutputConstraint> prefix_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                          std::vector<std::string> prefixes) {
+  if (prefixes.empty()) throw Error("prefix constraint: needs at least one prefix");
+  return std::make_shared<PrefixConstraint>(std::move(vocab), std::move(prefixes));
 }
 
 }  // namespace sieve::engine

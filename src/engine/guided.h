@@ -60,6 +60,10 @@ std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<c
 // naming them, as does a pattern that needs more than 1024 automaton states.
 std::shared_ptr<const OutputConstraint> regex_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                          const std::string& pattern);
+// An output that begins with one of `prefixes` and is free after it (forcing a tool call's
+// opening: what follows the prefix is the model's). End of sequence only after a prefix.
+std::shared_ptr<const OutputConstraint> prefix_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                          std::vector<std::string> prefixes);
 // Throws Error when `choices` is empty or holds an empty string.
 std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                           std::vector<std::string> choices);

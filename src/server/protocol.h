@@ -55,7 +55,7 @@ struct GenerateRequest {
   // Chat.
   nlohmann::ordered_json messages, tools, chat_template_kwargs;
   // "none", "auto" (the default when tools are given), "required", or "function:NAME" (a named
-  // function); the server refuses the last two, which need guided decoding.
+  // function; the last two make the output open a call, with the tool parser on).
   std::string tool_choice = "none";
   // Guided decoding: "" (none), "json_object" (response_format json_object, or
   // structured_outputs.json_object), "json_schema" (response_format json_schema, guided_json,

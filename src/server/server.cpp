@@ -504,12 +504,30 @@ struct Server::Impl {
     gen->g = parse_generate_request(body, chat, opts.defaults);
     GenerateRequest& g = gen->g;
     check_model(g.model);
-    if (g.tool_choice == "required" || g.tool_choice.rfind("function:", 0) == 0)
-      throw ApiError(400,
-                     "tool_choice \"" + (g.tool_choice == "required" ? g.tool_choice : g.tool_choice.substr(9)) +
-                         "\" is not supported: forcing a tool call needs guided decoding, which this server does not "
-                         "have; use \"auto\" (with --enable-auto-tool-choice --tool-call-parser) or \"none\"",
-                     "tool_choice");
+    // tool_choice "required" or a named function: the output is made to open a call (of any of
+    // the tools, or of that one); the tool parser then returns it.
+    std::vector<std::string> forced_calls;
+    if (g.tool_choice == "required" || g.tool_choice.rfind("function:", 0) == 0) {
+      if (opts.tool_parser.empty())
+        throw ApiError(400, "tool_choice \"" + g.tool_choice + "\" needs --enable-auto-tool-choice --tool-call-parser",
+                       "tool_choice");
+      if (!g.guided.empty())
+        throw ApiError(400, "tool_choice \"" + g.tool_choice + "\" cannot be combined with guided decoding", "tool_choice");
+      std::vector<std::string> names;
+      if (g.tools.is_array())
+        for (const auto& t : g.tools) {
+          const auto& fn = t.contains("function") ? t["function"] : t;
+          if (fn.is_object() && fn.contains("name") && fn["name"].is_string()) names.push_back(fn["name"].get<std::string>());
+        }
+      if (g.tool_choice != "required") {
+        const std::string want = g.tool_choice.substr(9);
+        if (std::find(names.begin(), names.end(), want) == names.end())
+          throw ApiError(400, "tool_choice names \"" + want + "\", which is not among the request's tools", "tool_choice");
+        names = {want};
+      }
+      if (names.empty()) throw ApiError(400, "tool_choice \"required\" needs tools", "tool_choice");
+      for (const auto& n : names) forced_calls.push_back(tool_call_opening(n));
+    }
     std::vector<std::string> texts;
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
     const int64_t max_len = engine.max_model_len();
@@ -525,6 +543,7 @@ struct Server::Impl {
                        param);
     }
     std::shared_ptr<const engine::OutputConstraint> constraint;
+    if (!forced_calls.empty()) constraint = engine::prefix_constraint(guided_vocab(), forced_calls);
     if (g.guided == "json_object") constraint = guided_json();
     if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
     if (g.guided == "json_schema" || g.guided == "regex") constraint = guided_compiled(g.guided, g.guided_schema, g.guided_param);
@@ -537,7 +556,7 @@ struct Server::Impl {
         throw ApiError(400,
                        "guided decoding with thinking on is not supported: the whole output is constrained, "
                        "so it would all be reasoning; set chat_template_kwargs.enable_thinking to false",
-                       g.guided_param);
+                       forced_calls.empty() ? g.guided_param : std::string("tool_choice"));
       if (!g.max_tokens_given) {
         // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
         const int64_t left = max_len - int64_t(prompts[i].size());
@@ -559,7 +578,7 @@ struct Server::Impl {
         c.out->text_chars = code_points(gen->echo[i]);
         if (chat && !opts.reasoning_parser.empty())
           c.think = std::make_unique<ReasoningSplitter>(prompt_opens_reasoning(texts[i]));
-        c.parse_tools = chat && !opts.tool_parser.empty() && g.tool_choice == "auto";
+        c.parse_tools = chat && !opts.tool_parser.empty() && g.tool_choice != "none";
         try {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {

@@ -95,6 +95,11 @@ const std::vector<std::string>& tool_parser_names() {
   return names;
 }
 
+std::string tool_call_opening(const std::string& name) {
+  const std::string ns(kNs);
+  return ns + std::string(kOpen) + "\n" + ns + "<invoke name=\"" + name + "\">";
+}
+
 size_t tool_call_content_prefix(std::string_view text) {
   if (const size_t p = find_open(text); p != std::string_view::npos) return p;
   size_t keep = 0;

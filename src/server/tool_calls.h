@@ -38,6 +38,11 @@ struct ToolCallParse {
 // whose tool-call block holds no complete invoke (generation cut short) is all content.
 ToolCallParse parse_tool_calls(std::string_view text, const nlohmann::ordered_json& tools);
 
+// The opening of a call of `name` as the chat template writes it (the tool-call tag and the
+// invoke tag, with M3's namespace token): what tool_choice "required" or a named function makes
+// the output begin with.
+std::string tool_call_opening(const std::string& name);
+
 // Streaming: how much of `text` is surely content: up to the first tool-call opening, and short
 // of a suffix that could begin one.
 size_t tool_call_content_prefix(std::string_view text);

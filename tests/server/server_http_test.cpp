@@ -15,6 +15,7 @@
 
 #include "../engine/fake_model.h"
 #include "server/server.h"
+#include "server/tool_calls.h"
 #include "text/byte_level.h"
 #include "text/tokenizer.h"
 
@@ -38,11 +39,11 @@ struct Rig {
     text::write_byte_level_tokenizer(d.string(), 300);
     return d.string();
   }
-  explicit Rig(ServerOptions o = {}) : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
+  explicit Rig(ServerOptions o = {}, int64_t max_len = 256) : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
     model.allocate_caches({.num_blocks = 32});
     engine = std::make_unique<engine::Engine>(
         model, engine::EngineConfig{
-                   {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256},
+                   {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = max_len},
                    32,
                    false,
                    {},
@@ -158,25 +159,46 @@ TEST(ServerHttp, ReasoningParserSplitsChatOutput) {
   EXPECT_EQ(content, "");
 }
 
-// tool_choice "required" or a named function would need guided decoding: refused, naming the
-// field. With the tool parser on, output without tool calls is unchanged.
-TEST(ServerHttp, ToolChoiceThatNeedsGuidedDecodingIsRefused) {
-  ServerOptions o;
-  o.tool_parser = "minimax_m3";
-  Rig rig(o);
-  auto c = rig.client();
-  const std::string base =
-      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}])";
-  for (const std::string choice : {R"("required")", R"({"type":"function","function":{"name":"f"}})"}) {
-    auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":)" + choice + "}", "application/json");
+// tool_choice "required" or a named function makes the output open a call (the fake model's
+// bytes after it rarely close one, so the text shows the opening); without the tool parser, or
+// naming a tool the request lacks, it is refused. With the parser on, output without tool calls
+// is unchanged.
+TEST(ServerHttp, ToolChoiceForcesACallsOpening) {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{}}},{"type":"function","function":{"name":"g","parameters":{}}}])";
+  const std::string base = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":80,"temperature":0,)" + tools +
+                           R"(,"chat_template_kwargs":{"enable_thinking":false})";
+  {
+    Rig plain({}, 500);
+    auto c = plain.client();
+    auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":"required"})", "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << r->body;
-    EXPECT_EQ(json::parse(r->body)["error"]["param"], "tool_choice") << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "tool_choice");
   }
-  // (No tools in the prompt here: their description alone outgrows this rig's context.)
-  auto r = c.Post("/v1/chat/completions",
-                  R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"tool_choice":"auto"})",
+  ServerOptions o;
+  o.tool_parser = "minimax_m3";
+  Rig rig(o, 500);
+  auto c = rig.client();
+  for (const auto& [choice, names] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {R"("required")", {"f", "g"}}, {R"({"type":"function","function":{"name":"g"}})", {"g"}}}) {
+    auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":)" + choice + "}", "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto m = json::parse(r->body)["choices"][0]["message"];
+    std::string text = m["content"].is_string() ? m["content"].get<std::string>() : "";
+    if (!m["tool_calls"].empty()) text = tool_call_opening(m["tool_calls"][0]["function"]["name"]);
+    EXPECT_TRUE(std::any_of(names.begin(), names.end(), [&](const std::string& n) { return text.rfind(tool_call_opening(n), 0) == 0; }))
+        << choice << ": " << text;
+  }
+  auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":{"type":"function","function":{"name":"h"}}})",
                   "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  // (No tools in the prompt here: plain output with tool_choice auto stays as it is.)
+  r = c.Post("/v1/chat/completions",
+             R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"tool_choice":"auto"})",
+             "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   auto ch = json::parse(r->body)["choices"][0];
