@@ -4,6 +4,20 @@
 
 namespace sieve::engine {
 
+size_t held_tail(std::string_view text, std::span<const std::string> tags) {
+  size_t hold = 0;
+  for (const auto& s : tags) {
+    if (s.empty()) continue;
+    const size_t max_len = std::min(s.size() - 1, text.size());
+    for (size_t len = max_len; len > hold; --len)
+      if (text.substr(text.size() - len) == std::string_view(s).substr(0, len)) {
+        hold = len;
+        break;
+      }
+  }
+  return hold;
+}
+
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) {
   for (auto& s : stops)
     if (!s.empty()) stops_.push_back(std::move(s));
@@ -31,16 +45,7 @@ std::string StopStringMatcher::push(const std::string& piece) {
     pending_.clear();
     return out;
   }
-  // Hold back the longest tail that is a proper prefix of some stop string.
-  size_t hold = 0;
-  for (const auto& s : stops_) {
-    const size_t max_len = std::min(s.size() - 1, pending_.size());
-    for (size_t len = max_len; len > hold; --len)
-      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
-        hold = len;
-        break;
-      }
-  }
+  const size_t hold = held_tail(pending_, stops_);
   std::string out = pending_.substr(0, pending_.size() - hold);
   pending_.erase(0, pending_.size() - hold);
   return out;

@@ -3,10 +3,16 @@
 // anything after it are never emitted.
 #pragma once
 
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sieve::engine {
+
+// The length of the longest tail of `text` that is a proper prefix of one of `tags`: text a
+// stream must hold back until the next piece tells whether a tag starts there.
+size_t held_tail(std::string_view text, std::span<const std::string> tags);
 
 class StopStringMatcher {
  public:

@@ -2,19 +2,14 @@
 
 #include <algorithm>
 
+#include "engine/stop_strings.h"
+
 namespace sieve::server {
 
 namespace {
 
-constexpr std::string_view kOpen = "<think>";
-constexpr std::string_view kClose = "</think>";
-
-// The length of the longest suffix of `s` that is a proper prefix of `tag`.
-size_t partial_tag_suffix(std::string_view s, std::string_view tag) {
-  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
-    if (s.substr(s.size() - n) == tag.substr(0, n)) return n;
-  return 0;
-}
+const std::string kOpen = "<think>";
+const std::string kClose = "</think>";
 
 }  // namespace
 
@@ -37,7 +32,7 @@ ReasoningSplitter::Piece ReasoningSplitter::push(std::string_view text) {
   held_.clear();
   size_t at = 0;
   while (at < buf.size()) {
-    const std::string_view tag = in_reasoning_ ? kClose : kOpen;
+    const std::string& tag = in_reasoning_ ? kClose : kOpen;
     std::string& dst = in_reasoning_ ? out.reasoning : out.content;
     const size_t hit = buf.find(tag, at);
     if (hit != std::string::npos) {
@@ -47,7 +42,7 @@ ReasoningSplitter::Piece ReasoningSplitter::push(std::string_view text) {
       continue;
     }
     const std::string_view rest = std::string_view(buf).substr(at);
-    const size_t keep = partial_tag_suffix(rest, tag);
+    const size_t keep = engine::held_tail(rest, std::span<const std::string>(&tag, 1));
     dst.append(rest.substr(0, rest.size() - keep));
     held_ = std::string(rest.substr(rest.size() - keep));
     break;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/stop_strings.h"
+
 namespace sieve::server {
 
 namespace {
@@ -102,14 +104,9 @@ std::string tool_call_opening(const std::string& name) {
 
 size_t tool_call_content_prefix(std::string_view text) {
   if (const size_t p = find_open(text); p != std::string_view::npos) return p;
-  size_t keep = 0;
-  for (const std::string full : {std::string(kNs) + std::string(kOpen), std::string(kOpen), std::string(kOpenM2)})
-    for (size_t n = std::min(text.size(), full.size() - 1); n > keep; --n)
-      if (text.substr(text.size() - n) == std::string_view(full).substr(0, n)) {
-        keep = n;
-        break;
-      }
-  return text.size() - keep;
+  static const std::string openings[] = {std::string(kNs) + std::string(kOpen), std::string(kOpen),
+                                         std::string(kOpenM2)};
+  return text.size() - engine::held_tail(text, openings);
 }
 
 ToolCallParse parse_tool_calls(std::string_view text, const ojson& tools) {
