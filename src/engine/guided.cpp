@@ -19,6 +19,80 @@ bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= '
 
 }  // namespace
 
+JsonStringLex::Result JsonStringLex::push(uint8_t c) {
+  if (hex > 0) {
+    if (!is_hex(c)) return kBad;
+    --hex;
+    return kMore;
+  }
+  if (escape) {
+    escape = false;
+    if (c == 'u') {
+      hex = 4;
+      return kMore;
+    }
+    const bool ok = c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't';
+    return ok ? kMore : kBad;
+  }
+  if (utf8.need > 0 || c >= 0x80) return utf8.push(c) ? kMore : kBad;  // well-formed UTF-8
+  if (c == '"') return kClosed;
+  if (c == '\\') {
+    escape = true;
+    return kMore;
+  }
+  return c >= 0x20 ? kMore : kBad;
+}
+
+JsonNumberLex::Result JsonNumberLex::push(uint8_t c, bool integer) {
+  const bool digit = is_digit(c);
+  auto go = [&](uint8_t s) {
+    state = s;
+    return kMore;
+  };
+  const bool can_end = state == 2 || state == 3 || state == 5 || state == 8;
+  switch (state) {
+    case 0:
+      if (c == '-') return go(1);
+      [[fallthrough]];
+    case 1:
+      if (c == '0') return go(2);
+      return digit ? go(3) : kBad;
+    case 3:
+      if (digit) return kMore;
+      [[fallthrough]];
+    case 2:
+      if (!integer && c == '.') return go(4);
+      if (!integer && (c == 'e' || c == 'E')) return go(6);
+      break;
+    case 4:
+      return digit ? go(5) : kBad;
+    case 5:
+      if (digit) return kMore;
+      if (c == 'e' || c == 'E') return go(6);
+      break;
+    case 6:
+      if (c == '+' || c == '-') return go(7);
+      [[fallthrough]];
+    case 7:
+      return digit ? go(8) : kBad;
+    case 8:
+      if (digit) return kMore;
+      break;
+  }
+  return can_end ? kEnd : kBad;
+}
+
+std::vector<uint8_t> plain_string_tokens(const TokenBytes& vocab) {
+  std::vector<uint8_t> out(vocab.size(), 0);
+  for (size_t t = 0; t < vocab.size(); ++t) {
+    JsonStringLex lex;
+    bool ok = !vocab[t].empty();
+    for (size_t i = 0; ok && i < vocab[t].size(); ++i) ok = lex.push(uint8_t(vocab[t][i])) == JsonStringLex::kMore;
+    out[t] = ok && lex.between_chars();
+  }
+  return out;
+}
+
 bool JsonPrefix::whitespace(uint8_t c) {
   if (!is_ws(c) || ws_ >= kMaxWs) return false;
   ++ws_;
@@ -35,13 +109,8 @@ bool JsonPrefix::value_start(uint8_t c) {
       return true;
     case '"':
       mode_ = kString;
+      str_ = {};
       key_ = false;
-      return true;
-    case '-':
-      mode_ = kNumSign;
-      return true;
-    case '0':
-      mode_ = kNumZero;
       return true;
     case 't':
     case 'f':
@@ -50,12 +119,13 @@ bool JsonPrefix::value_start(uint8_t c) {
       literal_ = c == 't' ? 0 : c == 'f' ? 1 : 2;
       sub_ = 1;
       return true;
-    default:
-      if (c >= '1' && c <= '9') {
-        mode_ = kNumInt;
-        return true;
-      }
-      return false;
+    default: {
+      JsonNumberLex n;
+      if (n.push(c) != JsonNumberLex::kMore) return false;
+      mode_ = kNumber;
+      num_ = n;
+      return true;
+    }
   }
 }
 
@@ -94,6 +164,7 @@ bool JsonPrefix::push(uint8_t c) {
     case kKeyExpect:
       if (c == '"') {
         mode_ = kString;
+        str_ = {};
         key_ = true;
         return true;
       }
@@ -117,83 +188,26 @@ bool JsonPrefix::push(uint8_t c) {
     case kAfter:
       return after_value(c);
     case kString:
-      if (utf8_.need > 0 || c >= 0x80) return utf8_.push(c);  // strings are well-formed UTF-8
-      if (c == '"') {
-        if (key_) {
-          mode_ = kColon;
+      switch (str_.push(c)) {
+        case JsonStringLex::kMore:
           return true;
-        }
-        mode_ = kAfter;
-        if (depth_ == 0) mode_ = kDone;
-        return true;
-      }
-      if (c == '\\') {
-        mode_ = kEscape;
-        return true;
-      }
-      return c >= 0x20;
-    case kEscape:
-      if (c == 'u') {
-        mode_ = kHex;
-        sub_ = 4;
-        return true;
-      }
-      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
-        mode_ = kString;
-        return true;
+        case JsonStringLex::kBad:
+          return false;
+        case JsonStringLex::kClosed:
+          mode_ = key_ ? kColon : depth_ == 0 ? kDone : kAfter;
+          return true;
       }
       return false;
-    case kHex:
-      if (!is_hex(c)) return false;
-      if (--sub_ == 0) mode_ = kString;
-      return true;
-    case kNumSign:
-      if (c == '0') {
-        mode_ = kNumZero;
-        return true;
-      }
-      if (c >= '1' && c <= '9') {
-        mode_ = kNumInt;
-        return true;
+    case kNumber:
+      switch (num_.push(c)) {
+        case JsonNumberLex::kMore:
+          return true;
+        case JsonNumberLex::kBad:
+          return false;
+        case JsonNumberLex::kEnd:
+          return after_value(c);
       }
       return false;
-    case kNumInt:
-      if (is_digit(c)) return true;
-      [[fallthrough]];
-    case kNumZero:
-      if (c == '.') {
-        mode_ = kNumDot;
-        return true;
-      }
-      if (c == 'e' || c == 'E') {
-        mode_ = kNumE;
-        return true;
-      }
-      return after_value(c);
-    case kNumDot:
-      if (!is_digit(c)) return false;
-      mode_ = kNumFrac;
-      return true;
-    case kNumFrac:
-      if (is_digit(c)) return true;
-      if (c == 'e' || c == 'E') {
-        mode_ = kNumE;
-        return true;
-      }
-      return after_value(c);
-    case kNumE:
-      if (c == '+' || c == '-') {
-        mode_ = kNumESign;
-        return true;
-      }
-      [[fallthrough]];
-    case kNumESign:
-      if (!is_digit(c)) return false;
-      mode_ = kNumExp;
-      return true;
-    case kNumExp:
-      if (is_digit(c)) return true;
-      return after_value(c);
     case kLiteral: {
       const char* lit = kLiterals[literal_];
       if (uint8_t(lit[sub_]) != c) return false;
@@ -208,25 +222,10 @@ bool JsonPrefix::push(uint8_t c) {
 
 namespace {
 
-// Tokens that are plain string content (complete UTF-8 text without '"', '\\' or control bytes):
-// inside a string they are always allowed and change nothing, which spares the walk for most of
-// a vocabulary.
-std::shared_ptr<const std::vector<uint8_t>> plain_string_tokens(const TokenBytes& v) {
-  auto out = std::make_shared<std::vector<uint8_t>>(v.size(), 0);
-  for (size_t t = 0; t < v.size(); ++t) {
-    if (v[t].empty()) continue;
-    // Plain: walking it inside a string, between characters, accepts it and ends between characters.
-    JsonPrefix p;
-    p.push("{\"");
-    (*out)[t] = p.push(v[t]) && p.in_string();
-  }
-  return out;
-}
-
 class JsonConstraint final : public OutputConstraint {
  public:
   explicit JsonConstraint(std::shared_ptr<const TokenBytes> v)
-      : vocab_(std::move(v)), plain_(plain_string_tokens(*vocab_)) {}
+      : vocab_(std::move(v)), plain_(std::make_shared<const std::vector<uint8_t>>(plain_string_tokens(*vocab_))) {}
   class S final : public State {
    public:
     S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<uint8_t>> plain)

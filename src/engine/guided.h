@@ -99,6 +99,32 @@ struct Utf8Run {
   }
 };
 
+// The body of a JSON string after its opening quote, byte by byte: escapes (`\uXXXX` too) and
+// well-formed UTF-8.
+struct JsonStringLex {
+  enum Result : uint8_t { kMore, kClosed, kBad };
+  Result push(uint8_t c);
+  // Between characters, outside an escape: where plain text tokens may follow.
+  bool between_chars() const { return !escape && hex == 0 && utf8.need == 0; }
+  bool escape = false;
+  uint8_t hex = 0;  // hex digits of a \u escape still to come
+  Utf8Run utf8;
+};
+
+// A JSON number (an integer when `integer`), byte by byte. kEnd: the number was complete and
+// ended before `c`, which belongs to what follows.
+struct JsonNumberLex {
+  enum Result : uint8_t { kMore, kEnd, kBad };
+  Result push(uint8_t c, bool integer = false);
+  // 0 start, 1 after '-', 2 after a leading 0, 3 integer digits, 4 after '.', 5 fraction
+  // digits, 6 after 'e', 7 after the exponent's sign, 8 exponent digits.
+  uint8_t state = 0;
+};
+
+// Per token: 1 when the token is plain string text (complete UTF-8 without '"', '\\' or control
+// bytes), which inside a string, between characters, is always allowed and changes nothing.
+std::vector<uint8_t> plain_string_tokens(const TokenBytes& vocab);
+
 // The mask every constraint applies: -inf on each token that is empty (special), whose first
 // byte `first` excludes (when given), or that `allowed(token bytes, token id)` rejects; then the
 // end-of-sequence ids come back (at 0 if they were masked) when `complete`, or when nothing else
@@ -133,23 +159,20 @@ class JsonPrefix {
     return true;
   }
   bool complete() const { return mode_ == kDone; }
-  // Inside a string, outside an escape and between characters: a complete UTF-8 text of bytes
-  // >= 0x20 other than '"' and '\\' leaves the state as it is.
-  bool in_string() const { return mode_ == kString && utf8_.need == 0; }
+  // Inside a string, between characters: plain string text (plain_string_tokens) may follow.
+  bool in_string() const { return mode_ == kString && str_.between_chars(); }
 
  private:
-  enum Mode : uint8_t {
-    kStart, kObjOpen, kKeyExpect, kColon, kValue, kArrOpen, kAfter, kString, kEscape, kHex, kNumSign,
-    kNumZero, kNumInt, kNumDot, kNumFrac, kNumE, kNumESign, kNumExp, kLiteral, kDone
-  };
+  enum Mode : uint8_t { kStart, kObjOpen, kKeyExpect, kColon, kValue, kArrOpen, kAfter, kString, kNumber, kLiteral, kDone };
   bool value_start(uint8_t c);
   bool after_value(uint8_t c);
   bool whitespace(uint8_t c);
   Mode mode_ = kStart;
-  uint8_t sub_ = 0;      // kHex: digits left; kLiteral: bytes matched
+  uint8_t sub_ = 0;      // kLiteral: bytes matched
   uint8_t literal_ = 0;  // kLiteral: 0 true, 1 false, 2 null
   uint8_t ws_ = 0;       // consecutive whitespace bytes
-  Utf8Run utf8_;         // kString: the current character
+  JsonStringLex str_;    // kString
+  JsonNumberLex num_;    // kNumber
   bool key_ = false;     // kString: a key
   uint8_t depth_ = 0;
   char stack_[64] = {};

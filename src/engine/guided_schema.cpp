@@ -178,12 +178,12 @@ class Compiler {
 
 // One value being read. Object phases: 0 '{', 1 key or '}' (after '{') / key (after ','), 2 in a
 // key, 3 ':', 4 the value, 5 ',' or '}'. Array: 0 '[', 1 item or ']', 2 ',' or ']', 3 item.
-// String: 0 '"', 1 text, 2 after '\', 3 hex digits. Number: see step_number. Enum: candidates.
+// String: 0 '"', 1 its body (str). Number: num. Enum: candidates.
 struct Frame {
   const Node* node = nullptr;
   uint8_t phase = 0;
-  uint8_t sub = 0;       // string: hex digits left; number: its state
-  Utf8Run utf8;          // string: the current character
+  JsonStringLex str;
+  JsonNumberLex num;
   uint16_t pos = 0;      // enum / key: bytes matched
   uint16_t next = 0;     // object: the first property that may still come
   uint16_t chosen = 0;   // object: the property whose value is being read
@@ -204,7 +204,7 @@ class SchemaState {
   bool in_string() const {
     if (depth_ == 0) return false;
     const Frame& f = frames_[depth_ - 1];
-    return f.node->kind == Kind::String && f.phase == 1 && f.utf8.need == 0;
+    return f.node->kind == Kind::String && f.phase == 1 && f.str.between_chars();
   }
   bool push(uint8_t c) {
     while (true) {
@@ -283,10 +283,11 @@ class SchemaState {
           case 0:
             if (c != '{') return Step::Reject;
             f.phase = 1;
-            f.sub = 1;  // right after '{': '}' may close an object without required properties
             return Step::Consumed;
           case 1:
-            if (c == '}' && f.sub == 1 && !required_from(f, 0)) return Step::Done;
+            // Right after '{' (no property read yet, so next is 0), '}' closes an object without
+            // required properties.
+            if (c == '}' && f.next == 0 && !required_from(f, 0)) return Step::Done;
             if (c != '"') return Step::Reject;
             f.cand = key_candidates(f);
             if (!f.cand) return Step::Reject;
@@ -313,7 +314,6 @@ class SchemaState {
             if (c == '}' && !required_from(f, f.next)) return Step::Done;
             if (c == ',' && f.next < n.keys.size()) {
               f.phase = 1;
-              f.sub = 0;
               return Step::Consumed;
             }
             return Step::Reject;
@@ -341,10 +341,31 @@ class SchemaState {
         }
         return Step::Reject;
       case Kind::String:
-        return step_string(f, c);
+        if (f.phase == 0) {
+          if (c != '"') return Step::Reject;
+          f.phase = 1;
+          return Step::Consumed;
+        }
+        switch (f.str.push(c)) {
+          case JsonStringLex::kMore:
+            return Step::Consumed;
+          case JsonStringLex::kClosed:
+            return Step::Done;
+          case JsonStringLex::kBad:
+            return Step::Reject;
+        }
+        return Step::Reject;
       case Kind::Integer:
       case Kind::Number:
-        return step_number(f, c, n.kind == Kind::Integer);
+        switch (f.num.push(c, n.kind == Kind::Integer)) {
+          case JsonNumberLex::kMore:
+            return Step::Consumed;
+          case JsonNumberLex::kEnd:
+            return Step::DonePass;
+          case JsonNumberLex::kBad:
+            return Step::Reject;
+        }
+        return Step::Reject;
       case Kind::Enum: {
         if (f.pos == 0) f.cand = (n.texts.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.texts.size()) - 1);
         if (match(f, n.texts, c)) {
@@ -360,108 +381,14 @@ class SchemaState {
     return Step::Reject;
   }
 
-  static Step step_string(Frame& f, uint8_t c) {
-    switch (f.phase) {
-      case 0:
-        if (c != '"') return Step::Reject;
-        f.phase = 1;
-        return Step::Consumed;
-      case 1:
-        if (f.utf8.need > 0 || c >= 0x80) return f.utf8.push(c) ? Step::Consumed : Step::Reject;
-        if (c == '"') return Step::Done;
-        if (c == '\\') {
-          f.phase = 2;
-          return Step::Consumed;
-        }
-        return c >= 0x20 ? Step::Consumed : Step::Reject;
-      case 2:
-        if (c == 'u') {
-          f.phase = 3;
-          f.sub = 4;
-          return Step::Consumed;
-        }
-        if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
-          f.phase = 1;
-          return Step::Consumed;
-        }
-        return Step::Reject;
-      case 3: {
-        const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-        if (!hex) return Step::Reject;
-        if (--f.sub == 0) f.phase = 1;
-        return Step::Consumed;
-      }
-    }
-    return Step::Reject;
-  }
-
-  // Number states: 0 start, 1 after '-', 2 after a leading 0, 3 integer digits, 4 after '.',
-  // 5 fraction digits, 6 after 'e', 7 after the exponent's sign, 8 exponent digits.
-  static Step step_number(Frame& f, uint8_t c, bool integer) {
-    const bool digit = c >= '0' && c <= '9';
-    auto go = [&](uint8_t s) {
-      f.phase = s;
-      return Step::Consumed;
-    };
-    const bool can_end = f.phase == 2 || f.phase == 3 || f.phase == 5 || f.phase == 8;
-    switch (f.phase) {
-      case 0:
-        if (c == '-') return go(1);
-        [[fallthrough]];
-      case 1:
-        if (c == '0') return go(2);
-        if (digit) return go(3);
-        return Step::Reject;
-      case 3:
-        if (digit) return Step::Consumed;
-        [[fallthrough]];
-      case 2:
-        if (!integer && c == '.') return go(4);
-        if (!integer && (c == 'e' || c == 'E')) return go(6);
-        break;
-      case 4:
-        return digit ? go(5) : Step::Reject;
-      case 5:
-        if (digit) return Step::Consumed;
-        if (c == 'e' || c == 'E') return go(6);
-        break;
-      case 6:
-        if (c == '+' || c == '-') return go(7);
-        [[fallthrough]];
-      case 7:
-        return digit ? go(8) : Step::Reject;
-      case 8:
-        if (digit) return Step::Consumed;
-        break;
-    }
-    return can_end ? Step::DonePass : Step::Reject;
-  }
-
   Frame frames_[kMaxFrames];
   size_t depth_ = 0;
 };
 
-// Tokens that are complete plain text inside a free string (see SchemaState::in_string).
-std::vector<uint8_t> plain_tokens(const TokenBytes& v, const Node* string_node) {
-  std::vector<uint8_t> out(v.size(), 0);
-  for (size_t t = 0; t < v.size(); ++t) {
-    if (v[t].empty()) continue;
-    SchemaState s(string_node);
-    s.push('"');
-    out[t] = s.push(v[t]) && s.in_string();
-  }
-  return out;
-}
-
 class SchemaConstraint final : public OutputConstraint, public std::enable_shared_from_this<SchemaConstraint> {
  public:
   SchemaConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::unique_ptr<Node>> nodes, const Node* root)
-      : vocab_(std::move(v)), nodes_(std::move(nodes)), root_(root) {
-    Node str;
-    str.kind = Kind::String;
-    str.first.set('"');
-    plain_ = plain_tokens(*vocab_, &str);
-  }
+      : vocab_(std::move(v)), nodes_(std::move(nodes)), root_(root), plain_(plain_string_tokens(*vocab_)) {}
   class S final : public State {
    public:
     explicit S(std::shared_ptr<const SchemaConstraint> c) : c_(std::move(c)), state_(c_->root_) {}
