@@ -222,121 +222,86 @@ bool JsonPrefix::push(uint8_t c) {
 
 namespace {
 
-class JsonConstraint final : public OutputConstraint {
+class JsonConstraint final : public OutputConstraint, public std::enable_shared_from_this<JsonConstraint> {
  public:
   explicit JsonConstraint(std::shared_ptr<const TokenBytes> v)
-      : vocab_(std::move(v)), plain_(std::make_shared<const std::vector<uint8_t>>(plain_string_tokens(*vocab_))) {}
+      : vocab_(std::move(v)), plain_(plain_string_tokens(*vocab_)) {}
   class S final : public State {
    public:
-    S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<uint8_t>> plain)
-        : vocab_ptr_(std::move(v)), plain_ptr_(std::move(plain)), vocab_(*vocab_ptr_), plain_(*plain_ptr_) {}
+    explicit S(std::shared_ptr<const JsonConstraint> c) : c_(std::move(c)) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
       const bool in_string = state_.in_string();
-      mask_tokens(logits, vocab_, nullptr, state_.complete(), eos_ids, [&](std::string_view bytes, size_t t) {
-        if (in_string && plain_[t]) return true;
+      mask_tokens(logits, *c_->vocab_, nullptr, state_.complete(), eos_ids, [&](std::string_view bytes, size_t t) {
+        if (in_string && c_->plain_[t]) return true;
         JsonPrefix p = state_;
         return p.push(bytes);
       });
     }
     void accept(int32_t token) override {
-      if (token >= 0 && size_t(token) < vocab_.size()) state_.push(vocab_[size_t(token)]);
+      if (token >= 0 && size_t(token) < c_->vocab_->size()) state_.push((*c_->vocab_)[size_t(token)]);
     }
     bool complete() const override { return state_.complete(); }
     bool must_end() const override { return state_.complete(); }
+
    private:
-    std::shared_ptr<const TokenBytes> vocab_ptr_;  // a state outlives its constraint if need be
-    std::shared_ptr<const std::vector<uint8_t>> plain_ptr_;
-    const TokenBytes& vocab_;
-    const std::vector<uint8_t>& plain_;
+    std::shared_ptr<const JsonConstraint> c_;  // a state keeps its constraint's tables alive
     JsonPrefix state_;
   };
-  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_, plain_); }
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(shared_from_this()); }
 
  private:
   std::shared_ptr<const TokenBytes> vocab_;
-  std::shared_ptr<const std::vector<uint8_t>> plain_;
+  std::vector<uint8_t> plain_;
 };
 
-class ChoiceConstraint final : public OutputConstraint {
+// The output is one of `strings` and ends there (choices), or begins with one of them and is
+// free after it (prefixes: `free_after`).
+class LiteralConstraint final : public OutputConstraint, public std::enable_shared_from_this<LiteralConstraint> {
  public:
-  ChoiceConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::string> c)
-      : vocab_(std::move(v)), choices_(std::make_shared<const std::vector<std::string>>(std::move(c))) {}
+  LiteralConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::string> strings, bool free_after)
+      : vocab_(std::move(v)), strings_(std::move(strings)), free_after_(free_after) {}
   class S final : public State {
    public:
-    S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<std::string>> c)
-        : vocab_ptr_(std::move(v)), choices_ptr_(std::move(c)), vocab_(*vocab_ptr_), choices_(*choices_ptr_) {}
+    explicit S(std::shared_ptr<const LiteralConstraint> c) : c_(std::move(c)) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
-      // The choices the output so far begins; a token must continue one of them.
-      std::vector<std::string_view> rest;
-      for (const std::string& c : choices_)
-        if (c.size() > out_.size() && c.compare(0, out_.size(), out_) == 0) rest.push_back(std::string_view(c).substr(out_.size()));
-      mask_tokens(logits, vocab_, nullptr, complete(), eos_ids, [&](std::string_view tok, size_t) {
-        return std::any_of(rest.begin(), rest.end(), [&](std::string_view r) { return r.substr(0, tok.size()) == tok; });
-      });
-    }
-    void accept(int32_t token) override {
-      if (token >= 0 && size_t(token) < vocab_.size()) out_ += vocab_[size_t(token)];
-    }
-    bool complete() const override { return std::find(choices_.begin(), choices_.end(), out_) != choices_.end(); }
-    bool must_end() const override {
-      return complete() && std::none_of(choices_.begin(), choices_.end(), [&](const std::string& c) {
-               return c.size() > out_.size() && c.compare(0, out_.size(), out_) == 0;
-             });
-    }
-
-   private:
-    std::shared_ptr<const TokenBytes> vocab_ptr_;
-    std::shared_ptr<const std::vector<std::string>> choices_ptr_;
-    const TokenBytes& vocab_;
-    const std::vector<std::string>& choices_;
-    std::string out_;
-  };
-  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_, choices_); }
-
- private:
-  std::shared_ptr<const TokenBytes> vocab_;
-  std::shared_ptr<const std::vector<std::string>> choices_;
-};
-
-class PrefixConstraint final : public OutputConstraint {
- public:
-  PrefixConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::string> p)
-      : vocab_(std::move(v)), prefixes_(std::make_shared<const std::vector<std::string>>(std::move(p))) {}
-  class S final : public State {
-   public:
-    S(std::shared_ptr<const TokenBytes> v, std::shared_ptr<const std::vector<std::string>> p)
-        : vocab_ptr_(std::move(v)), prefixes_ptr_(std::move(p)) {}
-    void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
-      if (done_) return;  // free from here on
-      mask_tokens(logits, *vocab_ptr_, nullptr, false, eos_ids, [&](std::string_view tok, size_t) {
-        return std::any_of(prefixes_ptr_->begin(), prefixes_ptr_->end(), [&](const std::string& p) {
-          if (p.size() <= out_.size() || p.compare(0, out_.size(), out_) != 0) return false;
-          const std::string_view rest = std::string_view(p).substr(out_.size());
-          const size_t n = std::min(rest.size(), tok.size());
-          return rest.substr(0, n) == tok.substr(0, n);
+      if (c_->free_after_ && complete()) return;  // free from here on
+      const std::vector<std::string_view> rest = continuations();
+      mask_tokens(logits, *c_->vocab_, nullptr, complete(), eos_ids, [&](std::string_view tok, size_t) {
+        return std::any_of(rest.begin(), rest.end(), [&](std::string_view r) {
+          if (!c_->free_after_) return r.substr(0, tok.size()) == tok;  // a choice holds the whole token
+          const size_t n = std::min(r.size(), tok.size());                 // a prefix may end inside it
+          return r.substr(0, n) == tok.substr(0, n);
         });
       });
     }
     void accept(int32_t token) override {
-      if (done_ || token < 0 || size_t(token) >= vocab_ptr_->size()) return;
-      out_ += (*vocab_ptr_)[size_t(token)];
-      for (const std::string& p : *prefixes_ptr_)
-        if (out_.size() >= p.size() && out_.compare(0, p.size(), p) == 0) done_ = true;
+      if ((c_->free_after_ && complete()) || token < 0 || size_t(token) >= c_->vocab_->size()) return;
+      out_ += (*c_->vocab_)[size_t(token)];
     }
-    bool complete() const override { return done_; }
-    bool must_end() const override { return false; }
+    bool complete() const override {
+      return std::any_of(c_->strings_.begin(), c_->strings_.end(), [&](const std::string& s) {
+        return c_->free_after_ ? out_.size() >= s.size() && out_.compare(0, s.size(), s) == 0 : out_ == s;
+      });
+    }
+    bool must_end() const override { return !c_->free_after_ && complete() && continuations().empty(); }
 
    private:
-    std::shared_ptr<const TokenBytes> vocab_ptr_;
-    std::shared_ptr<const std::vector<std::string>> prefixes_ptr_;
+    // What the strings that begin with the output so far still have to come.
+    std::vector<std::string_view> continuations() const {
+      std::vector<std::string_view> rest;
+      for (const std::string& s : c_->strings_)
+        if (s.size() > out_.size() && s.compare(0, out_.size(), out_) == 0) rest.push_back(std::string_view(s).substr(out_.size()));
+      return rest;
+    }
+    std::shared_ptr<const LiteralConstraint> c_;
     std::string out_;
-    bool done_ = false;
   };
-  std::unique_ptr<State> start() const override { return std::make_unique<S>(vocab_, prefixes_); }
+  std::unique_ptr<State> start() const override { return std::make_unique<S>(shared_from_this()); }
 
  private:
   std::shared_ptr<const TokenBytes> vocab_;
-  std::shared_ptr<const std::vector<std::string>> prefixes_;
+  std::vector<std::string> strings_;
+  bool free_after_;
 };
 
 }  // namespace
@@ -350,13 +315,13 @@ std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const 
   if (choices.empty()) throw Error("guided_choice: needs at least one choice");
   for (const auto& c : choices)
     if (c.empty()) throw Error("guided_choice: choices must not be empty strings");
-  return std::make_shared<ChoiceConstraint>(std::move(vocab), std::move(choices));
+  return std::make_shared<LiteralConstraint>(std::move(vocab), std::move(choices), false);
 }
 
 std::shared_ptr<const OutputConstraint> prefix_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                           std::vector<std::string> prefixes) {
   if (prefixes.empty()) throw Error("prefix constraint: needs at least one prefix");
-  return std::make_shared<PrefixConstraint>(std::move(vocab), std::move(prefixes));
+  return std::make_shared<LiteralConstraint>(std::move(vocab), std::move(prefixes), true);
 }
 
 }  // namespace sieve::engine

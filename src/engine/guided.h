@@ -1,8 +1,11 @@
 // Guided decoding: constraints on a request's output tokens, applied by the sampler as a mask.
 // A constraint is built once per request from the vocabulary's token bytes; its state advances
-// with every sampled token (engine thread only). Two kinds exist:
-//  - json_object: the output is one JSON object (RFC 8259), then end of sequence;
-//  - choice: the output is exactly one of a list of strings, then end of sequence.
+// with every sampled token (engine thread only). The kinds:
+//  - json_object: one JSON object (RFC 8259), then end of sequence;
+//  - json_schema: a JSON text that matches a schema (guided_schema.cpp);
+//  - regex: a text a regular expression matches in full (guided_regex.cpp);
+//  - choice: exactly one of a list of strings, then end of sequence;
+//  - prefix: begins with one of a list of strings, free after it (a forced tool call's opening).
 // A token is allowed when its bytes keep the output a prefix of something the constraint
 // accepts; end-of-sequence ids only once the output is complete. Masking walks the whole
 // vocabulary each step (bytes x tokens), so a guided request costs host time per token.
