@@ -15,19 +15,19 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <random>
-#include <string_view>
 #include <map>
 #include <mutex>
+#include <random>
+#include <string_view>
 #include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/guided.h"
 #include "engine/stop_strings.h"
 #include "server/protocol.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
-#include "engine/guided.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
 
@@ -410,7 +410,7 @@ struct Server::Impl {
     bool prompt_lp_in = false;   // they arrived
     bool prompt_lp_out = false;  // streaming: the echo chunk that carries them was written
     std::unique_ptr<ReasoningSplitter> think;  // chat with --reasoning-parser
-    // Chat with --tool-call-parser and tool_choice "auto" (streams: the content through the parser).
+    // Chat with --tool-call-parser and a tool_choice other than "none": the content through the parser.
     bool parse_tools = false;
     ToolCallStream tool_stream;
   };
@@ -513,12 +513,7 @@ struct Server::Impl {
                        "tool_choice");
       if (!g.guided.empty())
         throw ApiError(400, "tool_choice \"" + g.tool_choice + "\" cannot be combined with guided decoding", "tool_choice");
-      std::vector<std::string> names;
-      if (g.tools.is_array())
-        for (const auto& t : g.tools) {
-          const auto& fn = t.contains("function") ? t["function"] : t;
-          if (fn.is_object() && fn.contains("name") && fn["name"].is_string()) names.push_back(fn["name"].get<std::string>());
-        }
+      std::vector<std::string> names = tool_names(g.tools);
       if (g.tool_choice != "required") {
         const std::string want = g.tool_choice.substr(9);
         if (std::find(names.begin(), names.end(), want) == names.end())
@@ -610,6 +605,43 @@ struct Server::Impl {
     return out;
   }
 
+  // A choice's new text through the reasoning splitter and the tool-call parser, where they are
+  // on: what goes out now as reasoning and as content and, once the choice has finished, its
+  // finish reason and tool calls. Streams pass each piece, a full response the whole text.
+  struct ChatText {
+    std::string reasoning, content;
+    json tool_calls = nullptr;  // once finished, when the text held calls
+    json finish = nullptr;      // once finished
+  };
+  ChatText chat_text(const GenerateRequest& g, Choice& c, std::string text, bool indexed) const {
+    ChatText t;
+    if (c.think) {
+      ReasoningSplitter::Piece p = c.think->push(text);
+      if (c.finished) {
+        ReasoningSplitter::Piece rest = c.think->finish();
+        p.reasoning += rest.reasoning;
+        p.content += rest.content;
+      }
+      text = std::move(p.content);
+      t.reasoning = std::move(p.reasoning);
+    }
+    if (c.finished) t.finish = finish_name(c.fin, c.out->stopped_by_string);
+    if (c.parse_tools) {
+      // Content up to a tool-call opening goes out as it comes; the calls go out whole at the end.
+      text = c.tool_stream.push(text);
+      if (c.finished) {
+        ToolCallParse tp = c.tool_stream.finish(g.tools);
+        text += tp.content;
+        if (!tp.calls.empty()) {
+          t.tool_calls = tool_calls_json(tp.calls, indexed);
+          t.finish = "tool_calls";
+        }
+      }
+    }
+    t.content = std::move(text);
+    return t;
+  }
+
   static const char* finish_name(engine::FinishReason f, bool stopped_by_string) {
     if (stopped_by_string) return "stop";
     switch (f) {
@@ -684,34 +716,25 @@ struct Server::Impl {
         throw ApiError(500, "generation failed: " + c.rs->error());
       }
     json choices = json::array();
-    for (const Choice& c : gen.choices) {
+    for (Choice& c : gen.choices) {
       const Output& out = *c.out;
       json choice;
       if (g.chat) {
-        json message = {{"role", "assistant"}, {"content", out.text}, {"tool_calls", json::array()}};
-        std::string content = out.text;
-        if (c.think) {
-          ReasoningSplitter::Piece a = c.think->push(out.text), b = c.think->finish();
-          const std::string reasoning = a.reasoning + b.reasoning;
-          content = a.content + b.content;
-          message["content"] = content.empty() && !reasoning.empty() ? json(nullptr) : json(content);
-          // `reasoning` as vLLM names it now, `reasoning_content` as older clients read it.
-          message["reasoning"] = message["reasoning_content"] = reasoning.empty() ? json(nullptr) : json(reasoning);
-        }
-        json finish = finish_name(c.fin, out.stopped_by_string);
-        if (c.parse_tools) {
-          ToolCallParse tp = parse_tool_calls(content, g.tools);
-          if (!tp.calls.empty()) {
-            const bool blank = tp.content.find_first_not_of(" \t\r\n") == std::string::npos;
-            message["content"] = blank ? json(nullptr) : json(tp.content);
-            message["tool_calls"] = tool_calls_json(tp.calls, false);
-            finish = "tool_calls";
-          }
-        }
+        ChatText t = chat_text(g, c, out.text, false);
+        // Content is null when the message is all reasoning, or all tool calls but blanks.
+        const bool calls = !t.tool_calls.is_null();
+        const bool null_content = (c.think && t.content.empty() && !t.reasoning.empty()) ||
+                                  (calls && t.content.find_first_not_of(" \t\r\n") == std::string::npos);
+        json message = {{"role", "assistant"},
+                        {"content", null_content ? json(nullptr) : json(t.content)},
+                        {"tool_calls", calls ? t.tool_calls : json::array()}};
+        // `reasoning` as vLLM names it now, `reasoning_content` as older clients read it.
+        if (c.think)
+          message["reasoning"] = message["reasoning_content"] = t.reasoning.empty() ? json(nullptr) : json(t.reasoning);
         choice = {{"index", c.index},
                   {"message", std::move(message)},
                   {"logprobs", g.want_logprobs ? json{{"content", out.chat_lp}} : json(nullptr)},
-                  {"finish_reason", finish},
+                  {"finish_reason", t.finish},
                   {"stop_reason", stop_reason_of(c, g)}};
       } else {
         json lp = nullptr;
@@ -839,31 +862,9 @@ struct Server::Impl {
         if (!write(sse(chunk(gen, c.index, gen.echo[c.prompt], prompt_logprobs_json(gen, c), nullptr, nullptr))))
           return abort_stream(gen);
       }
-      std::string reasoning;
-      if (c.think) {
-        ReasoningSplitter::Piece p = c.think->push(text);
-        if (c.finished) {
-          ReasoningSplitter::Piece rest = c.think->finish();
-          p.reasoning += rest.reasoning;
-          p.content += rest.content;
-        }
-        text = std::move(p.content);
-        reasoning = std::move(p.reasoning);
-      }
-      json tool_calls = nullptr;
-      json finish = c.finished ? json(finish_name(c.fin, c.out->stopped_by_string)) : json(nullptr);
-      if (c.parse_tools) {
-        // Content up to a tool-call opening streams as it comes; the calls go out whole at the end.
-        text = c.tool_stream.push(text);
-        if (c.finished) {
-          ToolCallParse tp = c.tool_stream.finish(g.tools);
-          text += tp.content;
-          if (!tp.calls.empty()) {
-            tool_calls = tool_calls_json(tp.calls, true);
-            finish = "tool_calls";
-          }
-        }
-      }
+      ChatText t = chat_text(g, c, std::move(text), true);
+      text = std::move(t.content);
+      const std::string& reasoning = t.reasoning;
       if (!c.finished) {
         const bool new_tokens = c.out->completion_tokens > before;
         if ((!text.empty() || !reasoning.empty() || (new_tokens && g.want_logprobs)) &&
@@ -880,7 +881,7 @@ struct Server::Impl {
         sink.done();
         return true;
       }
-      if (!write(sse(chunk(gen, c.index, text, lp, finish, stop_reason_of(c, g), false, reasoning, tool_calls))))
+      if (!write(sse(chunk(gen, c.index, text, lp, t.finish, stop_reason_of(c, g), false, reasoning, t.tool_calls))))
         return abort_stream(gen);
     }
     if (!gen.all_finished()) {

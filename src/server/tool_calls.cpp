@@ -48,15 +48,24 @@ bool read_name(std::string_view s, size_t& at, std::string& name) {
   return true;
 }
 
+// A tools entry's function object ({"type": "function", "function": {...}} or the function
+// itself), or null when it has no string name.
+const ojson* function_of(const ojson& entry) {
+  const ojson& fn = entry.is_object() && entry.contains("function") ? entry["function"] : entry;
+  if (!fn.is_object()) return nullptr;
+  auto name = fn.find("name");
+  return name != fn.end() && name->is_string() ? &fn : nullptr;
+}
+
 // The JSON schema type(s) of a parameter, from the request's tools; empty when unknown.
 std::vector<std::string> param_types(const ojson& tools, const std::string& tool, const std::string& param) {
   std::vector<std::string> types;
   if (!tools.is_array()) return types;
   for (const ojson& t : tools) {
-    const ojson& fn = t.contains("function") ? t["function"] : t;
-    if (!fn.is_object() || fn.value("name", std::string()) != tool) continue;
+    const ojson* fn = function_of(t);
+    if (!fn || (*fn)["name"].get<std::string>() != tool) continue;
     const ojson* props = nullptr;
-    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object())
+    if (auto p = fn->find("parameters"); p != fn->end() && p->is_object())
       if (auto q = p->find("properties"); q != p->end() && q->is_object()) props = &*q;
     if (!props) return types;
     auto it = props->find(param);
@@ -94,6 +103,14 @@ ojson param_value(std::string value, const std::vector<std::string>& types) {
 
 const std::vector<std::string>& tool_parser_names() {
   static const std::vector<std::string> names = {"minimax_m3", "minimax_m2"};
+  return names;
+}
+
+std::vector<std::string> tool_names(const ojson& tools) {
+  std::vector<std::string> names;
+  if (tools.is_array())
+    for (const ojson& t : tools)
+      if (const ojson* fn = function_of(t)) names.push_back((*fn)["name"].get<std::string>());
   return names;
 }
 

@@ -38,6 +38,10 @@ struct ToolCallParse {
 // whose tool-call block holds no complete invoke (generation cut short) is all content.
 ToolCallParse parse_tool_calls(std::string_view text, const nlohmann::ordered_json& tools);
 
+// The function names of a request's tools (entries {"type": "function", "function": {...}}, or
+// the function objects themselves), in order; entries without a string name are skipped.
+std::vector<std::string> tool_names(const nlohmann::ordered_json& tools);
+
 // The opening of a call of `name` as the chat template writes it (the tool-call tag and the
 // invoke tag, with M3's namespace token): what tool_choice "required" or a named function makes
 // the output begin with.
