@@ -142,6 +142,14 @@ server::RequestDefaults request_defaults(const std::string& mode, const std::str
   return d;
 }
 
+// A parser flag's value (empty: not given) must be one of `names`.
+void check_parser_name(const std::string& flag, const std::string& value, const std::vector<std::string>& names) {
+  if (value.empty() || std::find(names.begin(), names.end(), value) != names.end()) return;
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw Error(flag + " " + value + " is unknown (expected one of " + list + ")");
+}
+
 // Seconds between the periodic stats lines: SIEVE_LOG_STATS_INTERVAL, else vLLM's
 // VLLM_LOG_STATS_INTERVAL, else 10.
 double stats_interval_s() {
@@ -269,24 +277,13 @@ int run_serve(const std::vector<std::string>& argv) {
                 "(use auto or bfloat16)");
   const double stats_interval = stats_interval_s();
   const std::string tool_parser = a.get("--tool-call-parser");
-  if (!tool_parser.empty()) {
-    const auto& names = server::tool_parser_names();
-    if (std::find(names.begin(), names.end(), tool_parser) == names.end())
-      throw Error("--tool-call-parser " + tool_parser + " is unknown (expected minimax_m3 or minimax_m2)");
-  }
+  check_parser_name("--tool-call-parser", tool_parser, server::tool_parser_names());
   if (a.get_flag("--enable-auto-tool-choice") && tool_parser.empty())
     throw Error("--enable-auto-tool-choice needs --tool-call-parser (minimax_m3)");
   if (!tool_parser.empty() && !a.get_flag("--enable-auto-tool-choice"))
     SIEVE_LOG(Warn, "--tool-call-parser without --enable-auto-tool-choice: tool calls stay in the text");
   const std::string reasoning_parser = a.get("--reasoning-parser");
-  if (!reasoning_parser.empty()) {
-    const auto& names = server::reasoning_parser_names();
-    if (std::find(names.begin(), names.end(), reasoning_parser) == names.end()) {
-      std::string list;
-      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-      throw Error("--reasoning-parser " + reasoning_parser + " is unknown (expected one of " + list + ")");
-    }
-  }
+  check_parser_name("--reasoning-parser", reasoning_parser, server::reasoning_parser_names());
   std::optional<uint64_t> seed;
   if (a.has("--seed")) {
     const long long v = a.get_int("--seed");
