@@ -300,6 +300,15 @@ constexpr int kTM = 64, kTN = 128, kTK = 32, kTStages = 3, kTThreads = 128;
 constexpr int kTLd = kTK + 8;  // shared row: 80 bytes, so ldmatrix's 8 rows hit distinct banks
 constexpr int kTRegChunks = kTM * kTK / 4 / kTThreads;  // gate_up: 4-element runs of x a thread a stage
 
+// 16 bytes into shared memory: by cp.async from `src`, or zeros when `src` is null.
+__device__ __forceinline__ void copy16_or_zero(uint16_t* dst, const uint16_t* src) {
+  if (src) {
+    cp_async16(dst, src);
+  } else {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 struct MmaArgs {
   const void* x;             // gate_up: the chunk's token rows [tokens, K] (F32, or BF16 if x_bf16)
   int x_bf16, topk;
@@ -356,12 +365,7 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
         const int idx = tid + kTThreads * q;
         const int i = idx / (kTK / 8), ch = idx % (kTK / 8);
         const int64_t k = k0 + 8 * ch;
-        uint16_t* dst = &As[s][i][8 * ch];
-        if (i < rows && k < a.K) {
-          cp_async16(dst, a.act_in + int64_t(r0 + i) * a.K + k);
-        } else {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-        }
+        copy16_or_zero(&As[s][i][8 * ch], i < rows && k < a.K ? a.act_in + int64_t(r0 + i) * a.K + k : nullptr);
       }
     }
 #pragma unroll
@@ -379,12 +383,7 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
         n = j0 + c;
         ok = n < a.N;
       }
-      uint16_t* dst = &Ws[s][c][8 * ch];
-      if (ok && k < a.K) {
-        cp_async16(dst, W + n * a.K + k);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      }
+      copy16_or_zero(&Ws[s][c][8 * ch], ok && k < a.K ? W + n * a.K + k : nullptr);
     }
   };
   // gate_up's x: run q of a thread is tile row (tid + 128 q) / 8, elements 4 ((tid + 128 q) % 8) ..
