@@ -155,11 +155,7 @@ bool JsonPrefix::push(uint8_t c) {
     case kStart:
       return c == '{' && value_start(c);  // no whitespace first: models tend to idle on it
     case kObjOpen:
-      if (c == '}') {
-        --depth_;
-        mode_ = depth_ == 0 ? kDone : kAfter;
-        return true;
-      }
+      if (c == '}') return after_value(c);  // an empty object closes like a full one
       [[fallthrough]];
     case kKeyExpect:
       if (c == '"') {
@@ -176,11 +172,7 @@ bool JsonPrefix::push(uint8_t c) {
       }
       return whitespace(c);
     case kArrOpen:
-      if (c == ']') {
-        --depth_;
-        mode_ = depth_ == 0 ? kDone : kAfter;
-        return true;
-      }
+      if (c == ']') return after_value(c);
       [[fallthrough]];
     case kValue:
       if (value_start(c)) return true;
