@@ -346,6 +346,7 @@ struct MoeCase {
   int64_t chunk = 0;  // set_moe_chunk_tokens
   int hot = -1;       // every token routes to this expert first (tiles of one expert)
   bool simt = false;  // set_moe_force_simt: the fp32 SIMT products for BF16 weights too
+  int tile_rows = 0;  // set_moe_tile_rows: 16 or 64-row tensor-core tiles (0: by the batch)
   // The tensor-core path: BF16 weights, hidden and inter multiples of 8.
   bool tensor_cores() const { return w == DType::BF16 && H % 8 == 0 && I % 8 == 0 && !simt; }
 };
@@ -390,7 +391,7 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   SCOPED_TRACE("T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " I " + std::to_string(c.I) + " E " +
                std::to_string(c.E) + " K " + std::to_string(c.K) + " act " + name(c.act) + " w " + name(c.w) +
                " chunk " + std::to_string(c.chunk) + " hot " + std::to_string(c.hot) +
-               (c.tensor_cores() ? " tensor cores" : " simt"));
+               (c.tensor_cores() ? " tensor cores, tiles of " + std::to_string(c.tile_rows) + " rows" : " simt"));
   Rng rng(seed);
   const int64_t T = c.T, H = c.H, I = c.I;
   const int E = c.E, K = c.K;
@@ -455,9 +456,11 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   p.out = dout.p();
   cuda::set_moe_chunk_tokens(c.chunk);
   cuda::set_moe_force_simt(c.simt);
+  cuda::set_moe_tile_rows(c.tile_rows);
   ops::moe_experts(p, gpu_stream());
   cuda::set_moe_chunk_tokens(0);
   cuda::set_moe_force_simt(false);
+  cuda::set_moe_tile_rows(0);
   TypedBuffer got = fetch(dout, c.act, out.count);
   int bad = 0;
   for (size_t i = 0; i < out.count && bad < 5; ++i) {
@@ -515,7 +518,24 @@ TEST(CudaMoeExperts, MatchesCpu) {
   cases.push_back(c);
   c.simt = true;
   cases.push_back(c);
-  for (const MoeCase& mc : cases) gpu_moe_case(mc, seed++);
+  // Units past a 64-unit block with bf16 rows (inter 264), a 64-wide k tail (hidden 520).
+  c = MoeCase(40, 136, 264, 8, 2);
+  c.act = DType::BF16;
+  c.hot = 3;
+  cases.push_back(c);
+  cases.push_back(MoeCase(3, 520, 72, 64, 4));
+  // Every tensor-core case in both tile sizes: 16 rows (small batches) and 64.
+  for (const MoeCase& mc : cases) {
+    if (!mc.tensor_cores()) {
+      gpu_moe_case(mc, seed++);
+      continue;
+    }
+    for (int rows : {16, 64}) {
+      MoeCase t = mc;
+      t.tile_rows = rows;
+      gpu_moe_case(t, seed++);
+    }
+  }
 }
 
 }  // namespace

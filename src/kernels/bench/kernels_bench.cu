@@ -967,10 +967,12 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     }
   }
   // ---- MoE experts of one TP4 rank (hidden 6144, 768 intermediate units of each of 128 experts,
-  // top-4, BF16 weights, fp32 activations as the model runs them): a decode batch of 32 tokens,
-  // bound by the routed experts' weights, and a prefill of 8192 tokens, bound by its FLOPs.
-  // Tokens route to 4 distinct experts drawn uniformly. Tensor cores (the default) against the
-  // fp32 SIMT products (cuda::set_moe_force_simt).
+  // top-4, BF16 weights, fp32 activations as the model runs them): decode batches of 32 and 256
+  // tokens and a batch of 1024, bound by the routed experts' weights, and a prefill of 8192
+  // tokens, bound by its FLOPs. Tokens route to 4 distinct experts drawn uniformly. Tensor cores
+  // (the default, with the tile size it picks) against the other tile size
+  // (cuda::set_moe_tile_rows) and, at 32 and 8192 tokens, the fp32 SIMT products
+  // (cuda::set_moe_force_simt).
   if (row_wanted(opt, kMoe)) {
     constexpr int64_t H = 6144, I = 768;
     constexpr int E = 128, K = 4;
@@ -986,7 +988,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     }
     auto d_gu = upload(gu_p), d_dn = upload(dn_p);
     std::mt19937 rng(77);
-    for (int tokens : {32, 8192}) {
+    for (int tokens : {32, 256, 1024, 8192}) {
       const std::string shape = std::to_string(tokens) + " tokens";
       if (!wanted(opt, "moe " + shape + " bf16")) continue;
       std::vector<int32_t> ids(size_t(tokens) * K);
@@ -1025,21 +1027,30 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       const bool by_flops = flops / rate > bytes / bw;
       const double floor_us = (by_flops ? flops / rate : bytes / bw) * 1e6;
       auto fn = [&](int, cudaStream_t stream) { cuda::run_moe_experts(p, stream); };
-      for (bool simt : {false, true}) {
+      // The tile size moe_experts picks (16 rows up to 8 pairs an expert) and the other one.
+      const int auto_rows = tokens * K <= 8 * E ? 16 : 64;
+      for (int variant = 0; variant < 3; ++variant) {
+        if (variant == 2 && tokens != 32 && tokens != 8192) continue;
+        const bool simt = variant == 2;
+        const int rows = variant == 1 ? 80 - auto_rows : 0;
         cuda::set_moe_force_simt(simt);
-        const std::string mode = simt ? "simt fp32" : "tensor cores";
+        cuda::set_moe_tile_rows(rows);
+        const std::string mode = simt ? "simt fp32"
+                                 : "tensor cores, " + std::to_string(rows ? rows : auto_rows) + "-row tiles" +
+                                       (rows ? "" : " (default)");
         Row r{kMoe, shape, "bf16", mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = iters, r.input_sets = 1;
         r.us = time_it(simt && tokens > 32 ? std::min(iters, 10) : iters, 1, fn, false, st);
         if (simt && tokens > 32) r.runs = std::min(iters, 10);
         on_row(r);
-        if (!simt) {
+        if (variant == 0) {
           r.mode = mode + ", graph";
           r.us = time_it(iters, 1, fn, true, st);
           on_row(r);
         }
       }
       cuda::set_moe_force_simt(false);
+      cuda::set_moe_tile_rows(0);
     }
   }
 

@@ -108,6 +108,9 @@ void set_moe_chunk_tokens(int64_t tokens);
 // Test hook: moe_experts uses its fp32 SIMT products for BF16 weights too (by default these go to
 // the tensor cores when hidden and inter are multiples of 8).
 void set_moe_force_simt(bool on);
+// Test hook: moe_experts' tensor-core tiles of 16 or 64 rows for every batch (0: 16 while a chunk
+// has at most 8 (token, expert) pairs an expert on average, else 64).
+void set_moe_tile_rows(int rows);
 
 // Development aids of the kernels (common.cu). env_int: the integer value of an environment
 // variable, `unset` (default 0) when unset or empty. indexer_trace_enabled: SIEVE_INDEXER_TRACE=1 (read once): the

@@ -14,7 +14,8 @@
 //     reference's order), one rounding to the activation dtype at the end.
 // The products of steps 2 and 3 run on tensor cores for BF16 weights (hidden and inter multiples
 // of 8): the token rows are rounded to bf16 as they are read, the intermediate rows are stored in
-// bf16, and mma.sync multiplies bf16 by bf16 with fp32 accumulation. Other
+// bf16, and mma.sync multiplies bf16 by bf16 with fp32 accumulation; in tiles of 64 rows, or of
+// 16 rows for small batches (decode), whose products are bound by streaming the weights. Other
 // weights (F32) and sizes take fp32 SIMT tiles, exact like the CPU: products and sums in fp32,
 // weights converted exactly, only the order of the dot products' sums differs.
 // A row's result does not depend on where it lands in its expert's range, so the sort's order
@@ -45,6 +46,10 @@ constexpr int kMaxSortExperts = 4096;  // two int32 per expert in shared memory
 constexpr size_t kScratchBytes = size_t(1) << 30;
 std::atomic<int64_t> g_chunk_tokens{0};  // test hook; 0: from kScratchBytes
 std::atomic<bool> g_force_simt{false};   // test hook: the fp32 SIMT products for BF16 weights too
+std::atomic<int> g_tile_rows{0};         // test hook: 16 or 64-row tensor-core tiles; 0: by the batch
+// Tensor-core tiles of 16 rows (moe_mma_small_kernel) while a chunk has at most this many
+// (token, expert) pairs an expert on average; 64-row tiles above.
+constexpr int kSmallTilePairsPerExpert = 8;
 
 // ---------------------------------------------------------------------------------------------
 // moe_route
@@ -114,8 +119,9 @@ __global__ void moe_route_kernel(ops::MoeRouteParams p) {
 // moe_experts
 
 // Step 1. offsets[e] .. offsets[e + 1]: expert e's rows of `sorted` (pair indices t * topk + j
-// of the chunk); tile_start[e]: its first 64-row tile; offsets[E], tile_start[E]: the totals.
-__global__ void __launch_bounds__(kSortThreads) moe_sort_kernel(const int32_t* ids, int pairs, int E,
+// of the chunk); tile_start[e]: its first tile of `tile_rows` rows; offsets[E], tile_start[E]:
+// the totals.
+__global__ void __launch_bounds__(kSortThreads) moe_sort_kernel(const int32_t* ids, int pairs, int E, int tile_rows,
                                                                 int32_t* offsets, int32_t* tile_start,
                                                                 int32_t* sorted) {
   extern __shared__ int32_t sort_smem[];
@@ -135,7 +141,7 @@ __global__ void __launch_bounds__(kSortThreads) moe_sort_kernel(const int32_t* i
       tile_start[e] = tiles;
       cur[e] = off;
       off += cnt[e];
-      tiles += (cnt[e] + kBM - 1) / kBM;
+      tiles += (cnt[e] + tile_rows - 1) / tile_rows;
     }
     offsets[E] = off;
     tile_start[E] = tiles;
@@ -301,7 +307,7 @@ constexpr int kTLd = kTK + 8;  // shared row: 80 bytes, so ldmatrix's 8 rows hit
 constexpr int kTRegChunks = kTM * kTK / 4 / kTThreads;  // gate_up: 4-element runs of x a thread a stage
 
 // 16 bytes into shared memory: by cp.async from `src`, or zeros when `src` is null.
-__device__ __forceinline__ void copy16_or_zero(uint16_t* dst, const uint16_t* src) {
+__device__ __forceinline__ void copy16_or_zero(void* dst, const void* src) {
   if (src) {
     cp_async16(dst, src);
   } else {
@@ -499,6 +505,159 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Small batches (decode: a few rows an expert), where the products are bound by streaming the
+// routed experts' weights. Tiles of 16 rows (one m16 MMA row block, so a lone row wastes little
+// tensor work), 128 weight rows a CTA, 64-element k steps in a 4-stage cp.async ring: 48 KB of
+// weights in flight a CTA, two CTAs an SM. Both operands come by cp.async, so no thread waits on
+// a load it issued in the same step: fp32 token rows land in shared memory as fp32 and are
+// rounded to bf16 while the A fragments are built (the large tiles' rounding, at a different
+// place); bf16 rows (down's SwiGLU rows, bf16 activations) land as they are.
+// Warp w takes the 32 weight rows 32 w .. 32 w + 31 (4 n8 tiles) of all 16 rows; with kGateUp
+// they are the gate and up rows of 16 units, interleaved in runs of 8 as in the large tiles.
+
+constexpr int kSM = 16, kSN = 128, kSK = 64, kSStages = 4, kSThreads = 128;
+constexpr int kSWLd = kSK + 8;   // bf16 row in shared memory: 144 bytes, ldmatrix rows on distinct banks
+constexpr int kSXLd = kSK + 8;   // fp32 row: 288 bytes, a half-warp's fragment float2 loads on distinct banks
+constexpr size_t kSWStage = size_t(kSN) * kSWLd * 2, kSAStage = size_t(kSM) * kSXLd * 4;
+constexpr size_t kSmallSmem = kSStages * (kSWStage + kSAStage);  // 92,160 bytes
+
+template <bool kGateUp, bool kAF32>
+__global__ void __launch_bounds__(kSThreads, 2) moe_mma_small_kernel(MmaArgs a) {
+  extern __shared__ uint4 moe_small_smem[];
+  uint8_t* const smem = reinterpret_cast<uint8_t*>(moe_small_smem);
+  __shared__ int64_t row_of[kSM];  // gate_up: element offset of tile row i's x row; down: its pair; -1: none
+  const int tile = int(blockIdx.x / unsigned(a.nblocks));
+  if (tile >= a.tile_start[a.E]) return;
+  const int e = tile_expert(a.tile_start, a.E, tile);
+  const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * kSM;
+  const int rows = min(kSM, a.offsets[e + 1] - r0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < kSM) {
+    int64_t v = -1;
+    if (tid < rows) v = kGateUp ? int64_t(a.sorted[r0 + tid] / a.topk) * a.K : int64_t(a.sorted[r0 + tid]);
+    row_of[tid] = v;
+  }
+  __syncthreads();
+  const int64_t j0 = int64_t(blockIdx.x % unsigned(a.nblocks)) * (kGateUp ? kSN / 2 : kSN);
+  const uint16_t* W = static_cast<const uint16_t*>(a.w[e]);
+  const int64_t nk = (a.K + kSK - 1) / kSK;
+  auto w_stage = [&](int s) { return reinterpret_cast<uint16_t*>(smem + size_t(s) * kSWStage); };
+  auto a_stage = [&](int s) { return smem + kSStages * kSWStage + size_t(s) * kSAStage; };
+
+  // Stage s <- k step kt, 16-byte chunks (K % 8 == 0); rows past the tile, units past N and k
+  // past K are zeros.
+  auto load_stage = [&](int s, int64_t kt) {
+    const int64_t k0 = kt * kSK;
+    uint16_t* ws = w_stage(s);
+#pragma unroll
+    for (int q = 0; q < kSN * kSK / 8 / kSThreads; ++q) {
+      const int idx = tid + kSThreads * q;
+      const int c = idx / (kSK / 8), ch = idx % (kSK / 8);
+      const int64_t k = k0 + 8 * ch;
+      int64_t n;
+      bool ok;
+      if (kGateUp) {
+        const int64_t unit = j0 + 8 * (c >> 4) + (c & 7);
+        ok = unit < a.N;
+        n = ((c & 8) ? a.N : 0) + unit;
+      } else {
+        n = j0 + c;
+        ok = n < a.N;
+      }
+      copy16_or_zero(ws + c * kSWLd + 8 * ch, ok && k < a.K ? W + n * a.K + k : nullptr);
+    }
+    if (kAF32) {
+      float* as = reinterpret_cast<float*>(a_stage(s));
+#pragma unroll
+      for (int q = 0; q < kSM * kSK / 4 / kSThreads; ++q) {
+        const int idx = tid + kSThreads * q;
+        const int i = idx / (kSK / 4), ch = idx % (kSK / 4);
+        const int64_t k = k0 + 4 * ch;
+        copy16_or_zero(as + i * kSXLd + 4 * ch,
+                       i < rows && k < a.K ? static_cast<const float*>(a.x) + row_of[i] + k : nullptr);
+      }
+    } else {
+      uint16_t* as = reinterpret_cast<uint16_t*>(a_stage(s));
+      static_assert(kSM * kSK / 8 == kSThreads, "one 16-byte chunk of the bf16 rows a thread");
+      const int i = tid / (kSK / 8), ch = tid % (kSK / 8);
+      const int64_t k = k0 + 8 * ch;
+      const uint16_t* src = nullptr;
+      if (i < rows && k < a.K)
+        src = kGateUp ? static_cast<const uint16_t*>(a.x) + row_of[i] + k : a.act_in + int64_t(r0 + i) * a.K + k;
+      copy16_or_zero(as + i * kSWLd + 8 * ch, src);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kSStages - 1; ++s) {
+    if (s < nk) load_stage(s, s);
+    cp_async_commit();
+  }
+  float acc[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
+  const int g = lane >> 2, t4 = lane & 3, wn = 32 * warp;
+  for (int64_t kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kSStages - 2>();
+    __syncthreads();  // stage kt landed for all; every warp is done with stage kt - 1
+    const int64_t next = kt + kSStages - 1;
+    if (next < nk) load_stage(int(next % kSStages), next);
+    cp_async_commit();
+    const int s = int(kt % kSStages);
+    const uint16_t* ws = w_stage(s);
+#pragma unroll
+    for (int ks = 0; ks < kSK / 16; ++ks) {
+      // A fragment (m16n8k16): a0 row g, k 2 t4 .. + 1; a1 row g + 8; a2, a3 the same at k + 8.
+      uint32_t af[4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const int row = g + 8 * (f & 1), col = 16 * ks + 2 * t4 + 8 * (f >> 1);
+        if (kAF32) {
+          const float2 v = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(a_stage(s)) + row * kSXLd + col);
+          af[f] = pack_bf16x2(v.x, v.y);
+        } else {
+          af[f] = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const uint16_t*>(a_stage(s)) + row * kSWLd + col);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, ws + (wn + 16 * np + (lane & 7) + 8 * (lane >> 4)) * kSWLd + 16 * ks + 8 * ((lane >> 3) & 1));
+        mma_bf16(acc[2 * np], af, bf[0], bf[1]);
+        mma_bf16(acc[2 * np + 1], af, bf[2], bf[3]);
+      }
+    }
+  }
+  cp_async_wait_all();
+
+  // acc[nt][2 h + c]: tile row g + 8 h, CTA weight row wn + 8 nt + 2 t4 + c.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = g + 8 * h;
+    if (row >= rows) continue;
+    if (kGateUp) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t unit = j0 + 8 * (2 * warp + i) + 2 * t4;
+        if (unit >= a.N) continue;  // N % 8 == 0: unit + 1 < N too
+        const float v0 = swiglu_oai_value(acc[2 * i][2 * h], acc[2 * i + 1][2 * h], a.alpha, a.limit, a.beta);
+        const float v1 = swiglu_oai_value(acc[2 * i][2 * h + 1], acc[2 * i + 1][2 * h + 1], a.alpha, a.limit, a.beta);
+        *reinterpret_cast<uint32_t*>(a.act + int64_t(r0 + row) * a.N + unit) = pack_bf16x2(v0, v1);
+      }
+    } else {
+      float* dst = a.y + row_of[row] * a.N;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int64_t col = j0 + wn + 8 * nt + 2 * t4;
+        if (col < a.N) *reinterpret_cast<float2*>(dst + col) = make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+      }
+    }
+  }
+}
+
 // Step 4. One CTA a token.
 __global__ void moe_combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const float* y,
                                    int64_t H, void* out, int ot) {
@@ -532,6 +691,7 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
 void set_moe_chunk_tokens(int64_t tokens) { g_chunk_tokens.store(std::max<int64_t>(0, tokens)); }
 void set_moe_force_simt(bool on) { g_force_simt.store(on); }
+void set_moe_tile_rows(int rows) { g_tile_rows.store(rows == 16 || rows == 64 ? rows : 0); }
 
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   if (p.num_tokens <= 0) return true;
@@ -593,14 +753,19 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
     const int pairs = int(tc_tokens * topk);
     const int32_t* ids = p.ids + t0 * topk;
     const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * esz;
-    moe_sort_kernel<<<1, kSortThreads, size_t(2 * E) * sizeof(int32_t), st>>>(ids, pairs, int(E), offsets,
+    // 16-row tiles for small batches (x rows 16-byte aligned for their cp.async), else 64.
+    const int forced_rows = g_tile_rows.load(std::memory_order_relaxed);
+    const bool small = tc && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       (forced_rows ? forced_rows == kSM : pairs <= kSmallTilePairsPerExpert * E);
+    const int tile_rows = small ? kSM : kBM;
+    moe_sort_kernel<<<1, kSortThreads, size_t(2 * E) * sizeof(int32_t), st>>>(ids, pairs, int(E), tile_rows, offsets,
                                                                               tile_start, sorted);
     SIEVE_LAUNCH_CHECK("moe_experts (sort)");
 
     if (tc) {
-      // Both products on tensor cores; tiles of kTM rows (kTM == kBM: the sort's tile count).
+      // Both products on tensor cores, in tiles of tile_rows rows (the sort's tile count).
       static_assert(kTM == kBM, "the sort lays out tiles of kBM rows");
-      const unsigned tiles = unsigned((pairs + kTM - 1) / kTM + E);
+      const unsigned tiles = unsigned((pairs + tile_rows - 1) / tile_rows + E);
       MmaArgs m{};
       m.x = x;
       m.x_bf16 = p.act_dtype == DType::BF16;
@@ -617,16 +782,37 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
       m.alpha = p.alpha;
       m.limit = p.limit;
       m.beta = p.beta;
-      m.nblocks = int((I + kTN / 2 - 1) / (kTN / 2));
-      moe_mma_kernel<true><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
-      SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
-      m.act_in = static_cast<const uint16_t*>(act);
-      m.w = p.w_down;
-      m.N = H;
-      m.K = I;
-      m.nblocks = int((H + kTN - 1) / kTN);
-      moe_mma_kernel<false><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
-      SIEVE_LAUNCH_CHECK("moe_experts (down)");
+      if (small) {
+        static_assert(kSN == kTN, "both tiles take 128 weight rows");
+        m.nblocks = int((I + kSN / 2 - 1) / (kSN / 2));
+        if (m.x_bf16) {
+          set_smem(moe_mma_small_kernel<true, false>, kSmallSmem);
+          moe_mma_small_kernel<true, false><<<tiles * unsigned(m.nblocks), kSThreads, kSmallSmem, st>>>(m);
+        } else {
+          set_smem(moe_mma_small_kernel<true, true>, kSmallSmem);
+          moe_mma_small_kernel<true, true><<<tiles * unsigned(m.nblocks), kSThreads, kSmallSmem, st>>>(m);
+        }
+        SIEVE_LAUNCH_CHECK("moe_experts (gate_up, small tiles)");
+        m.act_in = static_cast<const uint16_t*>(act);
+        m.w = p.w_down;
+        m.N = H;
+        m.K = I;
+        m.nblocks = int((H + kSN - 1) / kSN);
+        set_smem(moe_mma_small_kernel<false, false>, kSmallSmem);
+        moe_mma_small_kernel<false, false><<<tiles * unsigned(m.nblocks), kSThreads, kSmallSmem, st>>>(m);
+        SIEVE_LAUNCH_CHECK("moe_experts (down, small tiles)");
+      } else {
+        m.nblocks = int((I + kTN / 2 - 1) / (kTN / 2));
+        moe_mma_kernel<true><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
+        SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
+        m.act_in = static_cast<const uint16_t*>(act);
+        m.w = p.w_down;
+        m.N = H;
+        m.K = I;
+        m.nblocks = int((H + kTN - 1) / kTN);
+        moe_mma_kernel<false><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
+        SIEVE_LAUNCH_CHECK("moe_experts (down)");
+      }
     } else {
       const unsigned tiles = unsigned((pairs + kBM - 1) / kBM + E);
       GemmArgs g{};
