@@ -229,6 +229,9 @@ __device__ __forceinline__ bool beats(float sa, int ia, float sb, int ib) {
   return sa > sb || (sa == sb && ia < ib);
 }
 
+// x [m, k] (row stride ldx, fp32) -> out [m, k] bf16, packed, on `stream` (dense.cu).
+void rows_to_bf16(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out, cudaStream_t stream);
+
 // Raises a kernel's dynamic shared-memory limit once, to the most any launch asks for (launches
 // of at most 48 KB need nothing).
 template <class Kernel>

@@ -134,6 +134,12 @@ cublasHandle_t blas_handle() {
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
+void rows_to_bf16(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out, cudaStream_t stream) {
+  if (m <= 0 || k <= 0) return;
+  rows_to_bf16_kernel<<<elementwise_grid(m * k), kRowThreads, 0, stream>>>(x, ldx, m, k, out);
+  SIEVE_LAUNCH_CHECK("rows to bf16");
+}
+
 bool run_embedding(const ops::EmbeddingParams& p, void* stream_v) {
   if (p.num_tokens <= 0) return true;
   if (!p.ids || !p.table || !p.out) throw Error("embedding: null operand");
@@ -224,9 +230,7 @@ bool run_matmul(const ops::MatmulParams& p, void* stream_v) {
   int64_t ldb = p.ldx;
   if (w_bf16 && p.x_dtype == DType::F32) {
     auto* xb = static_cast<uint16_t*>(private_scratch(st, kScratchMatmulX, size_t(p.m * p.k) * 2));
-    rows_to_bf16_kernel<<<elementwise_grid(p.m * p.k), kRowThreads, 0, st>>>(static_cast<const float*>(p.x), p.ldx,
-                                                                             p.m, p.k, xb);
-    SIEVE_LAUNCH_CHECK("matmul (x to bf16)");
+    rows_to_bf16(static_cast<const float*>(p.x), p.ldx, p.m, p.k, xb, st);
     b = xb;
     ldb = p.k;
   }

@@ -13,7 +13,7 @@
 //  4. combine: out[t] += sum of weight x row over the token's experts, in expert-id order (the CPU
 //     reference's order), one rounding to the activation dtype at the end.
 // The products of steps 2 and 3 run on tensor cores for BF16 weights (hidden and inter multiples
-// of 8): the token rows are rounded to bf16 as they are read, the intermediate rows are stored in
+// of 8): the token rows are rounded to bf16 (fp32 ones), the intermediate rows are stored in
 // bf16, and mma.sync multiplies bf16 by bf16 with fp32 accumulation; in tiles of 64 rows, or of
 // 16 rows for small batches (decode), whose products are bound by streaming the weights. Other
 // weights (F32) and sizes take fp32 SIMT tiles, exact like the CPU: products and sums in fp32,
@@ -298,13 +298,12 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(GemmArgs a) {
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core products (BF16 weights, hidden and inter multiples of 8): bf16 x bf16 mma.sync with
-// fp32 accumulation over 64 x 128 x 32 tiles. gate_up reads the token rows through the sort's
-// indirection and rounds them to bf16 on their way into shared memory; SwiGLU's output is stored
-// in bf16 for down, which reads it by cp.async.
+// fp32 accumulation over 64 x 128 x 32 tiles. gate_up reads bf16 token rows (fp32 ones rounded
+// to bf16 by one pass over the chunk first) through the sort's indirection; SwiGLU's output is
+// stored in bf16 for down. Both operands come by cp.async.
 
 constexpr int kTM = 64, kTN = 128, kTK = 32, kTStages = 3, kTThreads = 128;
 constexpr int kTLd = kTK + 8;  // shared row: 80 bytes, so ldmatrix's 8 rows hit distinct banks
-constexpr int kTRegChunks = kTM * kTK / 4 / kTThreads;  // gate_up: 4-element runs of x a thread a stage
 
 // 16 bytes into shared memory: by cp.async from `src`, or zeros when `src` is null.
 __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src) {
@@ -316,7 +315,8 @@ __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src) {
 }
 
 struct MmaArgs {
-  const void* x;             // gate_up: the chunk's token rows [tokens, K] (F32, or BF16 if x_bf16)
+  const void* x;             // gate_up: the chunk's token rows [tokens, K]: BF16 (64-row tiles), or
+                             // F32 unless x_bf16 (16-row tiles)
   int x_bf16, topk;
   const uint16_t* act_in;    // down: SwiGLU rows [rows, K] bf16 by sorted row
   const void* const* w;      // per expert, bf16: gate_up [2 N, K] ([gate | up] rows); down [N, K]
@@ -332,8 +332,7 @@ struct MmaArgs {
 };
 
 // A CTA per (64-row tile, 128 weight rows); 4 warps, warp w takes tile rows 32 (w & 1) .. + 31
-// and weight rows 64 (w >> 1) .. + 63 (8 n8 tiles); a 3-stage ring over k: weights (and down's
-// rows) by cp.async, gate_up's x rows by registers (loaded before a stage's MMAs, stored after).
+// and weight rows 64 (w >> 1) .. + 63 (8 n8 tiles); a 3-stage cp.async ring over k.
 // kGateUp: the 128 weight rows are 64 units' gate and up rows interleaved in runs of 8 (gate
 // units 8 p .. 8 p + 7, then their up rows), so n8 tiles 2 i and 2 i + 1 of a warp hold a unit's
 // gate and up sums in the same registers of the same lane and SwiGLU needs no exchange.
@@ -365,14 +364,15 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
   // past N and k past K are zeros.
   auto load_async = [&](int s, int64_t kt) {
     const int64_t k0 = kt * kTK;
-    if (!kGateUp) {
 #pragma unroll
-      for (int q = 0; q < kTM * kTK / 8 / kTThreads; ++q) {
-        const int idx = tid + kTThreads * q;
-        const int i = idx / (kTK / 8), ch = idx % (kTK / 8);
-        const int64_t k = k0 + 8 * ch;
-        copy16_or_zero(&As[s][i][8 * ch], i < rows && k < a.K ? a.act_in + int64_t(r0 + i) * a.K + k : nullptr);
-      }
+    for (int q = 0; q < kTM * kTK / 8 / kTThreads; ++q) {
+      const int idx = tid + kTThreads * q;
+      const int i = idx / (kTK / 8), ch = idx % (kTK / 8);
+      const int64_t k = k0 + 8 * ch;
+      const uint16_t* src = nullptr;
+      if (i < rows && k < a.K)
+        src = kGateUp ? static_cast<const uint16_t*>(a.x) + row_of[i] + k : a.act_in + int64_t(r0 + i) * a.K + k;
+      copy16_or_zero(&As[s][i][8 * ch], src);
     }
 #pragma unroll
     for (int q = 0; q < kTN * kTK / 8 / kTThreads; ++q) {
@@ -392,46 +392,9 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
       copy16_or_zero(&Ws[s][c][8 * ch], ok && k < a.K ? W + n * a.K + k : nullptr);
     }
   };
-  // gate_up's x: run q of a thread is tile row (tid + 128 q) / 8, elements 4 ((tid + 128 q) % 8) ..
-  // + 3 of the k step, as bf16 pairs.
-  uint32_t xr[kTRegChunks][2];
-  auto load_x = [&](int64_t kt) {
-#pragma unroll
-    for (int q = 0; q < kTRegChunks; ++q) {
-      const int idx = tid + kTThreads * q;
-      const int i = idx / (kTK / 4);
-      const int64_t k = kt * kTK + 4 * (idx % (kTK / 4)), src = row_of[i];
-      xr[q][0] = xr[q][1] = 0;
-      if (src >= 0 && k < a.K) {
-        if (a.x_bf16) {
-          const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(a.x) + src + k);
-          xr[q][0] = v.x;
-          xr[q][1] = v.y;
-        } else {
-          const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + src + k);
-          xr[q][0] = pack_bf16x2(v.x, v.y);
-          xr[q][1] = pack_bf16x2(v.z, v.w);
-        }
-      }
-    }
-  };
-  auto store_x = [&](int s) {
-#pragma unroll
-    for (int q = 0; q < kTRegChunks; ++q) {
-      const int idx = tid + kTThreads * q;
-      *reinterpret_cast<uint2*>(&As[s][idx / (kTK / 4)][4 * (idx % (kTK / 4))]) = make_uint2(xr[q][0], xr[q][1]);
-    }
-  };
-
 #pragma unroll
   for (int s = 0; s < kTStages - 1; ++s) {
-    if (s < nk) {
-      load_async(s, s);
-      if (kGateUp) {
-        load_x(s);
-        store_x(s);
-      }
-    }
+    if (s < nk) load_async(s, s);
     cp_async_commit();
   }
   float acc[2][8][4];
@@ -447,10 +410,7 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
     cp_async_wait<kTStages - 2>();
     __syncthreads();  // stage kt landed for all; every warp is done with stage kt - 1
     const int64_t next = kt + kTStages - 1;
-    if (next < nk) {
-      load_async(int(next % kTStages), next);
-      if (kGateUp) load_x(next);
-    }
+    if (next < nk) load_async(int(next % kTStages), next);
     cp_async_commit();
     const int s = int(kt % kTStages);
     if (active) {
@@ -471,8 +431,6 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
         }
       }
     }
-    // Stage `next` is the one every warp finished before this step's barrier.
-    if (kGateUp && next < nk) store_x(int(next % kTStages));
   }
   cp_async_wait_all();
   if (!active) return;
@@ -511,8 +469,8 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
 // tensor work), 128 weight rows a CTA, 64-element k steps in a 4-stage cp.async ring: 48 KB of
 // weights in flight a CTA, two CTAs an SM. Both operands come by cp.async, so no thread waits on
 // a load it issued in the same step: fp32 token rows land in shared memory as fp32 and are
-// rounded to bf16 while the A fragments are built (the large tiles' rounding, at a different
-// place); bf16 rows (down's SwiGLU rows, bf16 activations) land as they are.
+// rounded to bf16 while the A fragments are built (the rounding of the 64-row tiles'
+// conversion pass); bf16 rows (down's SwiGLU rows, bf16 activations) land as they are.
 // Warp w takes the 32 weight rows 32 w .. 32 w + 31 (4 n8 tiles) of all 16 rows; with kGateUp
 // they are the gate and up rows of 16 units, interleaved in runs of 8 as in the large tiles.
 
@@ -720,18 +678,19 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   if (H > INT_MAX / 2 || I > INT_MAX / 2) return false;
   cudaStream_t st = static_cast<cudaStream_t>(stream_v);
 
-  // Tensor cores for BF16 weights whose rows are whole 16-byte chunks; the fp32 SIMT tiles
-  // otherwise (F32 weights, odd sizes).
-  // (x rows of 16-byte (F32) or 8-byte (BF16) aligned runs of 4 for the register loads).
+  // Tensor cores for BF16 weights whose rows are whole 16-byte chunks (and x 16-byte aligned for
+  // the tiles' cp.async copies); the fp32 SIMT tiles otherwise (F32 weights, odd sizes).
   const bool tc = p.w_dtype == DType::BF16 && H % 8 == 0 && I % 8 == 0 && H <= (1 << 20) && I <= (1 << 20) &&
-                  reinterpret_cast<uintptr_t>(p.x) % (p.act_dtype == DType::F32 ? 16 : 8) == 0 &&
-                  !g_force_simt.load(std::memory_order_relaxed);
+                  reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && !g_force_simt.load(std::memory_order_relaxed);
 
   // Tokens per chunk: its pairs' rows (act in bf16 with tensor cores, else fp32; y in fp32) fit
   // the scratch (at least one token).
+  // Tensor cores with fp32 x: 64-row tiles read the chunk's x rounded to bf16 (a copy in the
+  // scratch, H bf16 a token), 16-row tiles read x itself.
+  const bool x_copy = tc && p.act_dtype == DType::F32;
   const size_t row_bytes = size_t(I) * (tc ? 2 : 4) + size_t(H) * 4 + sizeof(int32_t);
-  const size_t fixed = 2 * align256(size_t(E + 1) * sizeof(int32_t)) + 4 * 256;
-  int64_t chunk = int64_t((kScratchBytes - fixed) / row_bytes) / topk;
+  const size_t fixed = 2 * align256(size_t(E + 1) * sizeof(int32_t)) + 5 * 256;
+  int64_t chunk = int64_t((kScratchBytes - fixed) / (row_bytes * size_t(topk) + (x_copy ? size_t(H) * 2 : 0)));
   if (const int64_t forced = g_chunk_tokens.load(std::memory_order_relaxed); forced > 0) chunk = forced;
   // At most 2^22 pairs a chunk: the tensor-core grid (tiles x weight-row blocks) stays below 2^31.
   chunk = std::max<int64_t>(1, std::min<int64_t>({chunk, T, (int64_t(1) << 22) / topk}));
@@ -740,12 +699,14 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   const size_t sorted_b = align256(size_t(max_pairs) * sizeof(int32_t));
   const size_t act_b = align256(size_t(max_pairs) * size_t(I) * (tc ? 2 : 4));
   const size_t y_b = align256(size_t(max_pairs) * size_t(H) * sizeof(float));
-  auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, 2 * off_b + sorted_b + act_b + y_b));
+  const size_t xb_b = x_copy ? align256(size_t(chunk) * size_t(H) * 2) : 0;
+  auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, 2 * off_b + sorted_b + act_b + y_b + xb_b));
   auto* offsets = reinterpret_cast<int32_t*>(base);
   auto* tile_start = reinterpret_cast<int32_t*>(base + off_b);
   auto* sorted = reinterpret_cast<int32_t*>(base + 2 * off_b);
   void* act = base + 2 * off_b + sorted_b;
   auto* y = reinterpret_cast<float*>(base + 2 * off_b + sorted_b + act_b);
+  auto* x_bf16 = reinterpret_cast<uint16_t*>(base + 2 * off_b + sorted_b + act_b + y_b);
   const size_t esz = dtype_size(p.act_dtype);
 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
@@ -753,10 +714,9 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
     const int pairs = int(tc_tokens * topk);
     const int32_t* ids = p.ids + t0 * topk;
     const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * esz;
-    // 16-row tiles for small batches (x rows 16-byte aligned for their cp.async), else 64.
+    // 16-row tiles for small batches, else 64.
     const int forced_rows = g_tile_rows.load(std::memory_order_relaxed);
-    const bool small = tc && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       (forced_rows ? forced_rows == kSM : pairs <= kSmallTilePairsPerExpert * E);
+    const bool small = tc && (forced_rows ? forced_rows == kSM : pairs <= kSmallTilePairsPerExpert * E);
     const int tile_rows = small ? kSM : kBM;
     moe_sort_kernel<<<1, kSortThreads, size_t(2 * E) * sizeof(int32_t), st>>>(ids, pairs, int(E), tile_rows, offsets,
                                                                               tile_start, sorted);
@@ -802,6 +762,10 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
         moe_mma_small_kernel<false, false><<<tiles * unsigned(m.nblocks), kSThreads, kSmallSmem, st>>>(m);
         SIEVE_LAUNCH_CHECK("moe_experts (down, small tiles)");
       } else {
+        if (x_copy) {
+          rows_to_bf16(static_cast<const float*>(x), H, tc_tokens, H, x_bf16, st);
+          m.x = x_bf16;
+        }
         m.nblocks = int((I + kTN / 2 - 1) / (kTN / 2));
         moe_mma_kernel<true><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
         SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
