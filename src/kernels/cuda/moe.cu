@@ -28,6 +28,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -331,6 +332,33 @@ struct MmaArgs {
   int nblocks;               // CTAs a tile: 128 weight rows each
 };
 
+// Weight row c (0 .. 127) of the CTA whose first unit (gate_up) or weight row (down) is j0, at
+// k = 0; null past N. kGateUp: 64 units' gate and up rows interleaved in runs of 8 (gate units
+// 8 p .. 8 p + 7, then their up rows).
+template <bool kGateUp>
+__device__ __forceinline__ const uint16_t* weight_row(const MmaArgs& a, const uint16_t* W, int64_t j0, int c) {
+  if (kGateUp) {
+    const int64_t unit = j0 + 8 * (c >> 4) + (c & 7);
+    return unit < a.N ? W + (((c & 8) ? a.N : 0) + unit) * a.K : nullptr;
+  }
+  return j0 + c < a.N ? W + (j0 + c) * a.K : nullptr;
+}
+
+// Tile row i's token row at k = 0 (element type T: x's, or bf16 for down), null past the tile's
+// rows: gate_up's x row through the sort (row_of: its element offset), down's SwiGLU row r0 + i.
+template <bool kGateUp, class T>
+__device__ __forceinline__ const T* token_row(const MmaArgs& a, const int64_t* row_of, int r0, int i, int rows) {
+  if (i >= rows) return nullptr;
+  if (kGateUp) return static_cast<const T*>(a.x) + row_of[i];
+  return reinterpret_cast<const T*>(a.act_in + int64_t(r0 + i) * a.K);
+}
+
+// 16 bytes at element k of a row (null: zeros), k past K giving zeros too (K % 8 == 0).
+template <class T>
+__device__ __forceinline__ void copy_row16(void* dst, const T* row, int64_t k, int64_t K) {
+  copy16_or_zero(dst, row && k < K ? row + k : nullptr);
+}
+
 // A CTA per (64-row tile, 128 weight rows); 4 warps, warp w takes tile rows 32 (w & 1) .. + 31
 // and weight rows 64 (w >> 1) .. + 63 (8 n8 tiles); a 3-stage cp.async ring over k.
 // kGateUp: the 128 weight rows are 64 units' gate and up rows interleaved in runs of 8 (gate
@@ -362,35 +390,23 @@ __global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
 
   // Stage s <- k step kt by 16-byte cp.async chunks (K % 8 == 0); rows past the tile, units
   // past N and k past K are zeros.
+  // A thread's 16-byte chunks of a stage, the same every k step: rows (and their sources) fixed,
+  // 8-element columns ch.
+  constexpr int kAq = kTM * kTK / 8 / kTThreads, kWq = kTN * kTK / 8 / kTThreads;
+  const uint16_t* a_src[kAq];
+  const uint16_t* w_src[kWq];
+#pragma unroll
+  for (int q = 0; q < kAq; ++q)
+    a_src[q] = token_row<kGateUp, uint16_t>(a, row_of, r0, (tid + kTThreads * q) / (kTK / 8), rows);
+#pragma unroll
+  for (int q = 0; q < kWq; ++q) w_src[q] = weight_row<kGateUp>(a, W, j0, (tid + kTThreads * q) / (kTK / 8));
+  const int ch = tid % (kTK / 8);  // kTThreads is a multiple of kTK / 8: the same column for every q
   auto load_async = [&](int s, int64_t kt) {
-    const int64_t k0 = kt * kTK;
+    const int64_t k = kt * kTK + 8 * ch;
 #pragma unroll
-    for (int q = 0; q < kTM * kTK / 8 / kTThreads; ++q) {
-      const int idx = tid + kTThreads * q;
-      const int i = idx / (kTK / 8), ch = idx % (kTK / 8);
-      const int64_t k = k0 + 8 * ch;
-      const uint16_t* src = nullptr;
-      if (i < rows && k < a.K)
-        src = kGateUp ? static_cast<const uint16_t*>(a.x) + row_of[i] + k : a.act_in + int64_t(r0 + i) * a.K + k;
-      copy16_or_zero(&As[s][i][8 * ch], src);
-    }
+    for (int q = 0; q < kAq; ++q) copy_row16(&As[s][(tid + kTThreads * q) / (kTK / 8)][8 * ch], a_src[q], k, a.K);
 #pragma unroll
-    for (int q = 0; q < kTN * kTK / 8 / kTThreads; ++q) {
-      const int idx = tid + kTThreads * q;
-      const int c = idx / (kTK / 8), ch = idx % (kTK / 8);
-      const int64_t k = k0 + 8 * ch;
-      int64_t n;
-      bool ok;
-      if (kGateUp) {
-        const int64_t unit = j0 + 8 * (c >> 4) + (c & 7);
-        ok = unit < a.N;
-        n = ((c & 8) ? a.N : 0) + unit;
-      } else {
-        n = j0 + c;
-        ok = n < a.N;
-      }
-      copy16_or_zero(&Ws[s][c][8 * ch], ok && k < a.K ? W + n * a.K + k : nullptr);
-    }
+    for (int q = 0; q < kWq; ++q) copy_row16(&Ws[s][(tid + kTThreads * q) / (kTK / 8)][8 * ch], w_src[q], k, a.K);
   };
 #pragma unroll
   for (int s = 0; s < kTStages - 1; ++s) {
@@ -503,48 +519,32 @@ __global__ void __launch_bounds__(kSThreads, 2) moe_mma_small_kernel(MmaArgs a) 
   auto w_stage = [&](int s) { return reinterpret_cast<uint16_t*>(smem + size_t(s) * kSWStage); };
   auto a_stage = [&](int s) { return smem + kSStages * kSWStage + size_t(s) * kSAStage; };
 
-  // Stage s <- k step kt, 16-byte chunks (K % 8 == 0); rows past the tile, units past N and k
-  // past K are zeros.
+  // Stage s <- k step kt in 16-byte chunks (rows past the tile, units past N and k past K are
+  // zeros); a thread's chunks are the same every k step: rows fixed, column ch (weights, fp32
+  // rows) or cha (bf16 rows).
+  using AT = std::conditional_t<kAF32, float, uint16_t>;
+  constexpr int kWq = kSN * kSK / 8 / kSThreads, kAElems = 16 / int(sizeof(AT));
+  constexpr int kAq = kSM * kSK / kAElems / kSThreads;
+  static_assert(kAq >= 1 && kSThreads % (kSK / kAElems) == 0, "whole chunks of the token rows a thread");
+  const uint16_t* w_src[kWq];
+  const AT* a_src[kAq];
+#pragma unroll
+  for (int q = 0; q < kWq; ++q) w_src[q] = weight_row<kGateUp>(a, W, j0, (tid + kSThreads * q) / (kSK / 8));
+#pragma unroll
+  for (int q = 0; q < kAq; ++q)
+    a_src[q] = token_row<kGateUp, AT>(a, row_of, r0, (tid + kSThreads * q) / (kSK / kAElems), rows);
+  const int ch = tid % (kSK / 8), cha = tid % (kSK / kAElems);
+  constexpr int kALd = kAF32 ? kSXLd : kSWLd;
   auto load_stage = [&](int s, int64_t kt) {
-    const int64_t k0 = kt * kSK;
     uint16_t* ws = w_stage(s);
 #pragma unroll
-    for (int q = 0; q < kSN * kSK / 8 / kSThreads; ++q) {
-      const int idx = tid + kSThreads * q;
-      const int c = idx / (kSK / 8), ch = idx % (kSK / 8);
-      const int64_t k = k0 + 8 * ch;
-      int64_t n;
-      bool ok;
-      if (kGateUp) {
-        const int64_t unit = j0 + 8 * (c >> 4) + (c & 7);
-        ok = unit < a.N;
-        n = ((c & 8) ? a.N : 0) + unit;
-      } else {
-        n = j0 + c;
-        ok = n < a.N;
-      }
-      copy16_or_zero(ws + c * kSWLd + 8 * ch, ok && k < a.K ? W + n * a.K + k : nullptr);
-    }
-    if (kAF32) {
-      float* as = reinterpret_cast<float*>(a_stage(s));
+    for (int q = 0; q < kWq; ++q)
+      copy_row16(ws + ((tid + kSThreads * q) / (kSK / 8)) * kSWLd + 8 * ch, w_src[q], kt * kSK + 8 * ch, a.K);
+    AT* as = reinterpret_cast<AT*>(a_stage(s));
 #pragma unroll
-      for (int q = 0; q < kSM * kSK / 4 / kSThreads; ++q) {
-        const int idx = tid + kSThreads * q;
-        const int i = idx / (kSK / 4), ch = idx % (kSK / 4);
-        const int64_t k = k0 + 4 * ch;
-        copy16_or_zero(as + i * kSXLd + 4 * ch,
-                       i < rows && k < a.K ? static_cast<const float*>(a.x) + row_of[i] + k : nullptr);
-      }
-    } else {
-      uint16_t* as = reinterpret_cast<uint16_t*>(a_stage(s));
-      static_assert(kSM * kSK / 8 == kSThreads, "one 16-byte chunk of the bf16 rows a thread");
-      const int i = tid / (kSK / 8), ch = tid % (kSK / 8);
-      const int64_t k = k0 + 8 * ch;
-      const uint16_t* src = nullptr;
-      if (i < rows && k < a.K)
-        src = kGateUp ? static_cast<const uint16_t*>(a.x) + row_of[i] + k : a.act_in + int64_t(r0 + i) * a.K + k;
-      copy16_or_zero(as + i * kSWLd + 8 * ch, src);
-    }
+    for (int q = 0; q < kAq; ++q)
+      copy_row16(as + ((tid + kSThreads * q) / (kSK / kAElems)) * kALd + kAElems * cha, a_src[q],
+                 kt * kSK + kAElems * cha, a.K);
   };
 
 #pragma unroll
