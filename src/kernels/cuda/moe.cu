@@ -303,8 +303,16 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(GemmArgs a) {
 // to bf16 by one pass over the chunk first) through the sort's indirection; SwiGLU's output is
 // stored in bf16 for down. Both operands come by cp.async.
 
-constexpr int kTM = 64, kTN = 128, kTK = 32, kTStages = 3, kTThreads = 128;
-constexpr int kTLd = kTK + 8;  // shared row: 80 bytes, so ldmatrix's 8 rows hit distinct banks
+#ifndef SIEVE_MOE_TK
+#define SIEVE_MOE_TK 32
+#endif
+#ifndef SIEVE_MOE_TSTAGES
+#define SIEVE_MOE_TSTAGES 3
+#endif
+constexpr int kTM = 64, kTN = 128, kTK = SIEVE_MOE_TK, kTStages = SIEVE_MOE_TSTAGES, kTThreads = 128;
+constexpr int kTLd = kTK + 8;  // shared row: 80 or 144 bytes, so ldmatrix's 8 rows hit distinct banks
+constexpr size_t kTSmem = size_t(kTStages) * (kTM + kTN) * kTLd * 2;
+constexpr int kTMinBlocks = kTSmem * 4 <= 220 * 1024 ? 4 : kTSmem * 3 <= 220 * 1024 ? 3 : 2;
 
 // 16 bytes into shared memory: by cp.async from `src`, or zeros when `src` is null.
 __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src) {
@@ -368,9 +376,11 @@ __device__ __forceinline__ void copy_row16(void* dst, const T* row, int64_t k, i
 // share a tile's rows, and the tiles of one expert that share its weights, run together and
 // find them in L2.
 template <bool kGateUp>
-__global__ void __launch_bounds__(kTThreads, 4) moe_mma_kernel(MmaArgs a) {
-  __shared__ __align__(128) uint16_t As[kTStages][kTM][kTLd];
-  __shared__ __align__(128) uint16_t Ws[kTStages][kTN][kTLd];
+__global__ void __launch_bounds__(kTThreads, kTMinBlocks) moe_mma_kernel(MmaArgs a) {
+  extern __shared__ uint4 moe_tile_smem[];
+  auto As = reinterpret_cast<uint16_t(*)[kTM][kTLd]>(moe_tile_smem);
+  auto Ws = reinterpret_cast<uint16_t(*)[kTN][kTLd]>(reinterpret_cast<uint16_t*>(moe_tile_smem) +
+                                                      size_t(kTStages) * kTM * kTLd);
   __shared__ int64_t row_of[kTM];  // gate_up: element offset of tile row i's x row; down: its pair; -1: none
   const int tile = int(blockIdx.x / unsigned(a.nblocks));
   if (tile >= a.tile_start[a.E]) return;
@@ -767,14 +777,16 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
           m.x = x_bf16;
         }
         m.nblocks = int((I + kTN / 2 - 1) / (kTN / 2));
-        moe_mma_kernel<true><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
+        set_smem(moe_mma_kernel<true>, kTSmem);
+        moe_mma_kernel<true><<<tiles * unsigned(m.nblocks), kTThreads, kTSmem, st>>>(m);
         SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
         m.act_in = static_cast<const uint16_t*>(act);
         m.w = p.w_down;
         m.N = H;
         m.K = I;
         m.nblocks = int((H + kTN - 1) / kTN);
-        moe_mma_kernel<false><<<tiles * unsigned(m.nblocks), kTThreads, 0, st>>>(m);
+        set_smem(moe_mma_kernel<false>, kTSmem);
+        moe_mma_kernel<false><<<tiles * unsigned(m.nblocks), kTThreads, kTSmem, st>>>(m);
         SIEVE_LAUNCH_CHECK("moe_experts (down)");
       }
     } else {
