@@ -413,6 +413,7 @@ struct Server::Impl {
     // Chat with --tool-call-parser and a tool_choice other than "none": the content through the parser.
     bool parse_tools = false;
     ToolCallStream tool_stream;
+    std::vector<std::string> call_ids;  // streaming: the ids of the calls begun
   };
 
   // A request's choices and what its responses repeat.
@@ -592,28 +593,46 @@ struct Server::Impl {
       full_response(res, *gen);
   }
 
-  // OpenAI's tool_calls: arguments as a JSON string; streams also number them (index).
-  static json tool_calls_json(const std::vector<ParsedToolCall>& calls, bool indexed) {
+  // OpenAI's tool_calls: arguments as a JSON string.
+  static json tool_calls_json(const std::vector<ParsedToolCall>& calls) {
     json out = json::array();
-    for (size_t i = 0; i < calls.size(); ++i) {
-      json call = {{"id", "call_" + random_hex(24)},
-                   {"type", "function"},
-                   {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments.dump()}}}};
-      if (indexed) call["index"] = int(i);
+    for (const ParsedToolCall& call : calls)
+      out.push_back({{"id", "call_" + random_hex(24)},
+                     {"type", "function"},
+                     {"function", {{"name", call.name}, {"arguments", call.arguments.dump()}}}});
+    return out;
+  }
+
+  // A stream's tool_calls delta: each call numbered (index); its first piece with its id, type and
+  // name, the later ones with more of its arguments.
+  static json tool_call_pieces_json(const std::vector<ToolCallDelta>& pieces, std::vector<std::string>& ids) {
+    json out = json::array();
+    for (const ToolCallDelta& d : pieces) {
+      json call = {{"index", d.index}};
+      json fn = {{"arguments", d.arguments}};
+      if (size_t(d.index) >= ids.size()) {
+        ids.resize(size_t(d.index) + 1);
+        ids[size_t(d.index)] = "call_" + random_hex(24);
+        call["id"] = ids[size_t(d.index)];
+        call["type"] = "function";
+        fn = {{"name", d.name}, {"arguments", d.arguments}};
+      }
+      call["function"] = std::move(fn);
       out.push_back(std::move(call));
     }
     return out;
   }
 
   // A choice's new text through the reasoning splitter and the tool-call parser, where they are
-  // on: what goes out now as reasoning and as content and, once the choice has finished, its
-  // finish reason and tool calls. Streams pass each piece, a full response the whole text.
+  // on: what goes out now as reasoning, content and tool calls and, once the choice has finished,
+  // its finish reason. Streams pass each piece (and get the calls' new pieces, numbered), a full
+  // response the whole text (and gets the calls whole once finished).
   struct ChatText {
     std::string reasoning, content;
-    json tool_calls = nullptr;  // once finished, when the text held calls
+    json tool_calls = nullptr;  // when there are calls (a stream: their new pieces)
     json finish = nullptr;      // once finished
   };
-  ChatText chat_text(const GenerateRequest& g, Choice& c, std::string text, bool indexed) const {
+  ChatText chat_text(const GenerateRequest& g, Choice& c, std::string text, bool stream) const {
     ChatText t;
     if (c.think) {
       ReasoningSplitter::Piece p = c.think->push(text);
@@ -627,13 +646,21 @@ struct Server::Impl {
     }
     if (c.finished) t.finish = finish_name(c.fin, c.out->stopped_by_string);
     if (c.parse_tools) {
-      // Content up to a tool-call opening goes out as it comes; the calls go out whole at the end.
+      // Content up to a tool-call opening goes out as it comes; the calls in pieces as they come
+      // (streams) or whole at the end.
       text = c.tool_stream.push(text);
-      if (c.finished) {
+      if (stream) {
+        std::vector<ToolCallDelta> pieces = c.tool_stream.take_calls(g.tools, c.finished);
+        if (!pieces.empty()) t.tool_calls = tool_call_pieces_json(pieces, c.call_ids);
+        if (c.finished) {
+          text += c.tool_stream.finish_content(c.tool_stream.calls_begun());
+          if (c.tool_stream.calls_begun()) t.finish = "tool_calls";
+        }
+      } else if (c.finished) {
         ToolCallParse tp = c.tool_stream.finish(g.tools);
         text += tp.content;
         if (!tp.calls.empty()) {
-          t.tool_calls = tool_calls_json(tp.calls, indexed);
+          t.tool_calls = tool_calls_json(tp.calls);
           t.finish = "tool_calls";
         }
       }
@@ -867,8 +894,8 @@ struct Server::Impl {
       const std::string& reasoning = t.reasoning;
       if (!c.finished) {
         const bool new_tokens = c.out->completion_tokens > before;
-        if ((!text.empty() || !reasoning.empty() || (new_tokens && g.want_logprobs)) &&
-            !write(sse(chunk(gen, c.index, text, lp, nullptr, nullptr, false, reasoning))))
+        if ((!text.empty() || !reasoning.empty() || !t.tool_calls.is_null() || (new_tokens && g.want_logprobs)) &&
+            !write(sse(chunk(gen, c.index, text, lp, nullptr, nullptr, false, reasoning, t.tool_calls))))
           return abort_stream(gen);
         continue;
       }

@@ -126,24 +126,33 @@ size_t tool_call_content_prefix(std::string_view text) {
   return text.size() - engine::held_tail(text, openings);
 }
 
-ToolCallParse parse_tool_calls(std::string_view text, const ojson& tools) {
-  ToolCallParse out;
+namespace {
+
+// An invoke of a tool-call block whose name tag is complete: its complete parameters (name, raw
+// value) in order, and whether its </invoke> came.
+struct RawInvoke {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> params;
+  bool closed = false;
+};
+
+// The invokes of `text` from its first tool-call opening on (none without one); the scan ends at
+// an invoke that is not closed, or a tag it cannot read.
+std::vector<RawInvoke> scan_invokes(std::string_view text) {
+  std::vector<RawInvoke> out;
   const size_t open = find_open(text);
-  if (open == std::string_view::npos) {
-    out.content = std::string(text);
-    return out;
-  }
+  if (open == std::string_view::npos) return out;
   const std::string body = strip_ns(text.substr(open));
   size_t at = 0;
   while (true) {
     const size_t inv = body.find("<invoke ", at);
     if (inv == std::string::npos) break;
     size_t p = inv + std::string_view("<invoke ").size();
-    ParsedToolCall call;
+    RawInvoke call;
     if (!read_name(body, p, call.name)) break;
     const size_t end = body.find("</invoke>", p);
-    if (end == std::string::npos) break;  // cut short: not a call
-    const std::string_view inner = std::string_view(body).substr(p, end - p);
+    call.closed = end != std::string::npos;
+    const std::string_view inner = std::string_view(body).substr(p, call.closed ? end - p : std::string::npos);
     size_t q = 0;
     while (true) {
       const size_t par = inner.find("<parameter ", q);
@@ -153,13 +162,28 @@ ToolCallParse parse_tool_calls(std::string_view text, const ojson& tools) {
       if (!read_name(inner, r, key)) break;
       const size_t close = inner.find("</parameter>", r);
       if (close == std::string_view::npos) break;
-      call.arguments[key] = param_value(std::string(inner.substr(r, close - r)), param_types(tools, call.name, key));
+      call.params.emplace_back(std::move(key), std::string(inner.substr(r, close - r)));
       q = close + std::string_view("</parameter>").size();
     }
-    out.calls.push_back(std::move(call));
+    out.push_back(std::move(call));
+    if (!out.back().closed) break;
     at = end + std::string_view("</invoke>").size();
   }
-  out.content = out.calls.empty() ? std::string(text) : std::string(text.substr(0, open));
+  return out;
+}
+
+}  // namespace
+
+ToolCallParse parse_tool_calls(std::string_view text, const ojson& tools) {
+  ToolCallParse out;
+  for (const RawInvoke& inv : scan_invokes(text)) {
+    if (!inv.closed) break;  // cut short: not a call
+    ParsedToolCall call;
+    call.name = inv.name;
+    for (const auto& [key, raw] : inv.params) call.arguments[key] = param_value(raw, param_types(tools, inv.name, key));
+    out.calls.push_back(std::move(call));
+  }
+  out.content = out.calls.empty() ? std::string(text) : std::string(text.substr(0, find_open(text)));
   return out;
 }
 
@@ -174,10 +198,42 @@ std::string ToolCallStream::push(std::string_view content) {
 
 ToolCallParse ToolCallStream::finish(const nlohmann::ordered_json& tools) {
   ToolCallParse tp = parse_tool_calls(text_, tools);
-  const size_t end = tp.calls.empty() ? text_.size() : find_open(text_);
-  tp.content = end > sent_ ? text_.substr(sent_, end - sent_) : std::string();
-  sent_ = std::max(sent_, end);
+  tp.content = finish_content(!tp.calls.empty());
   return tp;
+}
+
+std::string ToolCallStream::finish_content(bool calls) {
+  const size_t end = calls ? find_open(text_) : text_.size();
+  std::string out = end > sent_ ? text_.substr(sent_, end - sent_) : std::string();
+  sent_ = std::max(sent_, end);
+  return out;
+}
+
+std::vector<ToolCallDelta> ToolCallStream::take_calls(const nlohmann::ordered_json& tools, bool at_end) {
+  std::vector<ToolCallDelta> out;
+  const std::vector<RawInvoke> invokes = scan_invokes(text_);
+  if (streamed_.size() < invokes.size()) streamed_.resize(invokes.size());
+  for (size_t i = 0; i < invokes.size(); ++i) {
+    const RawInvoke& inv = invokes[i];
+    Streamed& st = streamed_[i];
+    ToolCallDelta d;
+    d.index = int(i);
+    if (!st.named) {
+      d.name = inv.name;
+      st.named = true;
+    }
+    for (; st.params < inv.params.size(); ++st.params) {
+      const auto& [key, raw] = inv.params[st.params];
+      d.arguments += st.params == 0 ? "{" : ",";
+      d.arguments += ojson(key).dump() + ":" + param_value(raw, param_types(tools, inv.name, key)).dump();
+    }
+    if (!st.closed && (inv.closed || at_end)) {
+      d.arguments += st.params == 0 ? "{}" : "}";
+      st.closed = true;
+    }
+    if (!d.name.empty() || !d.arguments.empty()) out.push_back(std::move(d));
+  }
+  return out;
 }
 
 }  // namespace sieve::server

@@ -51,17 +51,40 @@ std::string tool_call_opening(const std::string& name);
 // of a suffix that could begin one.
 size_t tool_call_content_prefix(std::string_view text);
 
+// A piece of a streamed call (OpenAI's tool_calls delta): the call's first piece carries its
+// name; the pieces' arguments, concatenated, are the call's arguments as JSON text (what the
+// non-streamed response gives, but for a parameter named twice, which a response keeps once).
+struct ToolCallDelta {
+  int index = 0;
+  std::string name;
+  std::string arguments;
+};
+
 // A streamed chat's content through the parser: push() returns the content that can go out now
-// (it stops short of a tool-call opening); finish() returns the rest of the content and the
-// calls, parsed from everything pushed.
+// (it stops short of a tool-call opening). Then either
+//  - take_calls() after each push: the new pieces of the calls, as vLLM streams them: a call's
+//    name once its invoke tag is complete, each parameter as it closes ("{" and "key": value,
+//    then ",", ...), "}" at its </invoke>; at_end closes a call cut short as it stands. At the
+//    end, finish_content(calls_begun()) returns the rest of the content;
+//  - or finish() at the end: the rest of the content and the calls, parsed from everything
+//    pushed.
 class ToolCallStream {
  public:
   std::string push(std::string_view content);
+  std::vector<ToolCallDelta> take_calls(const nlohmann::ordered_json& tools, bool at_end);
+  bool calls_begun() const { return !streamed_.empty(); }
+  // The content not returned yet: up to the tool-call opening when there are calls, else all.
+  std::string finish_content(bool calls);
   ToolCallParse finish(const nlohmann::ordered_json& tools);
 
  private:
+  struct Streamed {
+    bool named = false, closed = false;
+    size_t params = 0;  // parameters sent
+  };
   std::string text_;
   size_t sent_ = 0;
+  std::vector<Streamed> streamed_;
 };
 
 }  // namespace sieve::server

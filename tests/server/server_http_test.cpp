@@ -191,6 +191,42 @@ TEST(ServerHttp, ToolChoiceForcesACallsOpening) {
     EXPECT_TRUE(std::any_of(names.begin(), names.end(), [&](const std::string& n) { return text.rfind(tool_call_opening(n), 0) == 0; }))
         << choice << ": " << text;
   }
+  // Streamed, the call goes out in pieces as soon as its name is known: the first piece with the
+  // id, type and name, then the arguments; at the end (max_tokens) it is closed as it stands.
+  {
+    auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":{"type":"function","function":{"name":"g"}},"stream":true})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string content, args, id;
+    int pieces = 0;
+    json finish;
+    for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
+      const size_t end = r->body.find("\n\n", at);
+      auto ch = json::parse(r->body.substr(at + 6, end - at - 6))["choices"][0];
+      auto d = ch["delta"];
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+      if (!d.contains("tool_calls")) continue;
+      for (const json& tc : d["tool_calls"]) {
+        EXPECT_EQ(tc["index"], 0) << r->body;
+        if (pieces++ == 0) {
+          EXPECT_EQ(tc["type"], "function");
+          EXPECT_EQ(tc["function"]["name"], "g");
+          id = tc["id"].get<std::string>();
+        } else {
+          EXPECT_FALSE(tc.contains("id"));
+          EXPECT_FALSE(tc["function"].contains("name"));
+        }
+        args += tc["function"]["arguments"].get<std::string>();
+      }
+    }
+    EXPECT_GE(pieces, 1) << r->body;
+    EXPECT_EQ(id.rfind("call_", 0), 0u) << id;
+    EXPECT_EQ(content, "");
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_TRUE(json::parse(args, nullptr, false).is_object()) << args;
+  }
   auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":{"type":"function","function":{"name":"h"}}})",
                   "application/json");
   ASSERT_TRUE(r);

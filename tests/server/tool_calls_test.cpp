@@ -109,5 +109,76 @@ TEST(ToolCalls, StreamCutAnywhere) {
   }
 }
 
+// The calls streamed in pieces, the text cut into three pieces anywhere: the content before the
+// opening goes out; each call's first piece names it; its pieces' arguments add up to the
+// non-streamed call's arguments; the calls are numbered in order.
+TEST(ToolCalls, StreamedPiecesAddUpToTheCalls) {
+  const std::string text = two_calls();
+  const ToolCallParse whole = parse_tool_calls(text, kTools);
+  ASSERT_EQ(whole.calls.size(), 2u);
+  for (size_t i = 0; i <= text.size(); i += 3) {
+    for (size_t j = i; j <= text.size(); j += 7) {
+      ToolCallStream s;
+      std::string content;
+      std::vector<std::string> names, args;
+      auto take = [&](bool at_end) {
+        for (const ToolCallDelta& d : s.take_calls(kTools, at_end)) {
+          if (size_t(d.index) == names.size()) {
+            EXPECT_FALSE(d.name.empty()) << i << " " << j;
+            names.push_back(d.name);
+            args.emplace_back();
+          } else {
+            ASSERT_LT(size_t(d.index), names.size()) << i << " " << j;
+            EXPECT_TRUE(d.name.empty()) << i << " " << j;
+          }
+          args[size_t(d.index)] += d.arguments;
+        }
+      };
+      for (auto [from, to] : {std::pair{size_t(0), i}, std::pair{i, j}, std::pair{j, text.size()}}) {
+        content += s.push(std::string_view(text).substr(from, to - from));
+        take(false);
+      }
+      take(true);
+      content += s.finish_content(s.calls_begun());
+      EXPECT_EQ(content, "Let me check.\n") << i << " " << j;
+      ASSERT_EQ(names.size(), 2u) << i << " " << j;
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_EQ(names[k], whole.calls[k].name);
+        EXPECT_EQ(args[k], whole.calls[k].arguments.dump()) << i << " " << j;
+      }
+    }
+  }
+}
+
+// A stream cut short: the calls begun are closed as they stand (their complete parameters); a
+// tool-call block with no complete invoke tag stays content.
+TEST(ToolCalls, StreamCutShort) {
+  const std::string text = two_calls();
+  const size_t second = text.find("<parameter name=\"text\">");
+  ToolCallStream s;
+  EXPECT_EQ(s.push(text.substr(0, second)), "Let me check.\n");
+  std::vector<ToolCallDelta> d = s.take_calls(kTools, true);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].arguments, R"({"city":"Paris","days":3,"zip":"75001"})");
+  EXPECT_EQ(d[1].name, "note");
+  EXPECT_EQ(d[1].arguments, R"({"tags":["a","b"]})");
+  EXPECT_TRUE(s.calls_begun());
+  EXPECT_EQ(s.finish_content(true), "");
+
+  const std::string cut = "Hi " + NS + "<tool_call>\n" + NS + "<invoke name=\"get_wea";
+  ToolCallStream t;
+  std::string content = t.push(cut);
+  EXPECT_TRUE(t.take_calls(kTools, true).empty());
+  EXPECT_FALSE(t.calls_begun());
+  EXPECT_EQ(content + t.finish_content(false), cut);
+  // An invoke with no parameters streams "{}".
+  ToolCallStream u;
+  u.push(NS + "<tool_call>\n" + NS + "<invoke name=\"ping\">\n" + NS + "</invoke>");
+  d = u.take_calls(nullptr, false);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].name, "ping");
+  EXPECT_EQ(d[0].arguments, "{}");
+}
+
 }  // namespace
 }  // namespace sieve::server
