@@ -299,20 +299,15 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(GemmArgs a) {
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core products (BF16 weights, hidden and inter multiples of 8): bf16 x bf16 mma.sync with
-// fp32 accumulation over 64 x 128 x 32 tiles. gate_up reads bf16 token rows (fp32 ones rounded
+// fp32 accumulation over 64 x 128 x 64 tiles. gate_up reads bf16 token rows (fp32 ones rounded
 // to bf16 by one pass over the chunk first) through the sort's indirection; SwiGLU's output is
 // stored in bf16 for down. Both operands come by cp.async.
 
-#ifndef SIEVE_MOE_TK
-#define SIEVE_MOE_TK 32
-#endif
-#ifndef SIEVE_MOE_TSTAGES
-#define SIEVE_MOE_TSTAGES 3
-#endif
-constexpr int kTM = 64, kTN = 128, kTK = SIEVE_MOE_TK, kTStages = SIEVE_MOE_TSTAGES, kTThreads = 128;
-constexpr int kTLd = kTK + 8;  // shared row: 80 or 144 bytes, so ldmatrix's 8 rows hit distinct banks
+// 64-wide k steps in 3 stages (83 KB of shared memory, two CTAs an SM) measured faster on the H200
+// than 32-wide ones in 3 or 4 stages (docs/performance.md).
+constexpr int kTM = 64, kTN = 128, kTK = 64, kTStages = 3, kTThreads = 128;
+constexpr int kTLd = kTK + 8;  // shared row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
 constexpr size_t kTSmem = size_t(kTStages) * (kTM + kTN) * kTLd * 2;
-constexpr int kTMinBlocks = kTSmem * 4 <= 220 * 1024 ? 4 : kTSmem * 3 <= 220 * 1024 ? 3 : 2;
 
 // 16 bytes into shared memory: by cp.async from `src`, or zeros when `src` is null.
 __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src) {
@@ -368,7 +363,8 @@ __device__ __forceinline__ void copy_row16(void* dst, const T* row, int64_t k, i
 }
 
 // A CTA per (64-row tile, 128 weight rows); 4 warps, warp w takes tile rows 32 (w & 1) .. + 31
-// and weight rows 64 (w >> 1) .. + 63 (8 n8 tiles); a 3-stage cp.async ring over k.
+// and weight rows 64 (w >> 1) .. + 63 (8 n8 tiles); a 3-stage cp.async ring over k in dynamic
+// shared memory.
 // kGateUp: the 128 weight rows are 64 units' gate and up rows interleaved in runs of 8 (gate
 // units 8 p .. 8 p + 7, then their up rows), so n8 tiles 2 i and 2 i + 1 of a warp hold a unit's
 // gate and up sums in the same registers of the same lane and SwiGLU needs no exchange.
@@ -376,7 +372,7 @@ __device__ __forceinline__ void copy_row16(void* dst, const T* row, int64_t k, i
 // share a tile's rows, and the tiles of one expert that share its weights, run together and
 // find them in L2.
 template <bool kGateUp>
-__global__ void __launch_bounds__(kTThreads, kTMinBlocks) moe_mma_kernel(MmaArgs a) {
+__global__ void __launch_bounds__(kTThreads, 2) moe_mma_kernel(MmaArgs a) {
   extern __shared__ uint4 moe_tile_smem[];
   auto As = reinterpret_cast<uint16_t(*)[kTM][kTLd]>(moe_tile_smem);
   auto Ws = reinterpret_cast<uint16_t(*)[kTN][kTLd]>(reinterpret_cast<uint16_t*>(moe_tile_smem) +
