@@ -335,6 +335,30 @@ struct MmaArgs {
   int nblocks;               // CTAs a tile: 128 weight rows each
 };
 
+// A tensor-core CTA's tile (the grid's x is tile x weight-row block, blocks fastest): its expert,
+// first sorted row and row count, with row_of[i] (gate_up: element offset of tile row i's x
+// row; down: its pair; -1 past the rows) filled by the first kRows threads before a barrier.
+// False for the CTAs past the last tile, which return.
+struct Tile {
+  int e, r0, rows;
+};
+template <bool kGateUp, int kRows>
+__device__ __forceinline__ bool load_tile(const MmaArgs& a, int64_t* row_of, Tile& t) {
+  const int tile = int(blockIdx.x / unsigned(a.nblocks));
+  if (tile >= a.tile_start[a.E]) return false;
+  t.e = tile_expert(a.tile_start, a.E, tile);
+  t.r0 = a.offsets[t.e] + (tile - a.tile_start[t.e]) * kRows;
+  t.rows = min(kRows, a.offsets[t.e + 1] - t.r0);
+  const int tid = threadIdx.x;
+  if (tid < kRows) {
+    int64_t v = -1;
+    if (tid < t.rows) v = kGateUp ? int64_t(a.sorted[t.r0 + tid] / a.topk) * a.K : int64_t(a.sorted[t.r0 + tid]);
+    row_of[tid] = v;
+  }
+  __syncthreads();
+  return true;
+}
+
 // Weight row c (0 .. 127) of the CTA whose first unit (gate_up) or weight row (down) is j0, at
 // k = 0; null past N. kGateUp: 64 units' gate and up rows interleaved in runs of 8 (gate units
 // 8 p .. 8 p + 7, then their up rows).
@@ -377,27 +401,18 @@ __global__ void __launch_bounds__(kTThreads, 2) moe_mma_kernel(MmaArgs a) {
   auto As = reinterpret_cast<uint16_t(*)[kTM][kTLd]>(moe_tile_smem);
   auto Ws = reinterpret_cast<uint16_t(*)[kTN][kTLd]>(reinterpret_cast<uint16_t*>(moe_tile_smem) +
                                                       size_t(kTStages) * kTM * kTLd);
-  __shared__ int64_t row_of[kTM];  // gate_up: element offset of tile row i's x row; down: its pair; -1: none
-  const int tile = int(blockIdx.x / unsigned(a.nblocks));
-  if (tile >= a.tile_start[a.E]) return;
-  const int e = tile_expert(a.tile_start, a.E, tile);
-  const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * kTM;
-  const int rows = min(kTM, a.offsets[e + 1] - r0);
+  __shared__ int64_t row_of[kTM];
+  Tile t;
+  if (!load_tile<kGateUp, kTM>(a, row_of, t)) return;
+  const int e = t.e, r0 = t.r0, rows = t.rows;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid < kTM) {
-    int64_t v = -1;
-    if (tid < rows) v = kGateUp ? int64_t(a.sorted[r0 + tid] / a.topk) * a.K : int64_t(a.sorted[r0 + tid]);
-    row_of[tid] = v;
-  }
-  __syncthreads();
   const int64_t j0 = int64_t(blockIdx.x % unsigned(a.nblocks)) * (kGateUp ? kTN / 2 : kTN);
   const uint16_t* W = static_cast<const uint16_t*>(a.w[e]);
   const int64_t nk = (a.K + kTK - 1) / kTK;
 
-  // Stage s <- k step kt by 16-byte cp.async chunks (K % 8 == 0); rows past the tile, units
-  // past N and k past K are zeros.
-  // A thread's 16-byte chunks of a stage, the same every k step: rows (and their sources) fixed,
-  // 8-element columns ch.
+  // Stage s <- k step kt by 16-byte cp.async chunks (rows past the tile, units past N and k past
+  // K are zeros); a thread's chunks are the same every k step: rows (and their sources) fixed,
+  // 8-element column ch.
   constexpr int kAq = kTM * kTK / 8 / kTThreads, kWq = kTN * kTK / 8 / kTThreads;
   const uint16_t* a_src[kAq];
   const uint16_t* w_src[kWq];
@@ -506,19 +521,11 @@ template <bool kGateUp, bool kAF32>
 __global__ void __launch_bounds__(kSThreads, 2) moe_mma_small_kernel(MmaArgs a) {
   extern __shared__ uint4 moe_small_smem[];
   uint8_t* const smem = reinterpret_cast<uint8_t*>(moe_small_smem);
-  __shared__ int64_t row_of[kSM];  // gate_up: element offset of tile row i's x row; down: its pair; -1: none
-  const int tile = int(blockIdx.x / unsigned(a.nblocks));
-  if (tile >= a.tile_start[a.E]) return;
-  const int e = tile_expert(a.tile_start, a.E, tile);
-  const int r0 = a.offsets[e] + (tile - a.tile_start[e]) * kSM;
-  const int rows = min(kSM, a.offsets[e + 1] - r0);
+  __shared__ int64_t row_of[kSM];
+  Tile t;
+  if (!load_tile<kGateUp, kSM>(a, row_of, t)) return;
+  const int e = t.e, r0 = t.r0, rows = t.rows;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid < kSM) {
-    int64_t v = -1;
-    if (tid < rows) v = kGateUp ? int64_t(a.sorted[r0 + tid] / a.topk) * a.K : int64_t(a.sorted[r0 + tid]);
-    row_of[tid] = v;
-  }
-  __syncthreads();
   const int64_t j0 = int64_t(blockIdx.x % unsigned(a.nblocks)) * (kGateUp ? kSN / 2 : kSN);
   const uint16_t* W = static_cast<const uint16_t*>(a.w[e]);
   const int64_t nk = (a.K + kSK - 1) / kSK;
