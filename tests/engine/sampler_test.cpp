@@ -163,16 +163,18 @@ namespace sieve::engine {
 namespace {
 
 // Head-only sorting for top-p / min-p over a large vocabulary must pick what a full sort picks.
+// Trials 2-5 are flat enough that the cut lies past the sorted head (the threshold path).
 TEST(Sampler, LargeVocabularyTopPMatchesTheDefinition) {
-  const int V = 5000;
   std::mt19937_64 gen(9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int trial = 0; trial < 4; ++trial) {
+  for (int trial = 0; trial < 6; ++trial) {
+    const int V = trial < 4 ? 5000 : 60000;
     std::vector<float> logits(V);
-    for (auto& l : logits) l = nd(gen) * (trial < 2 ? 6.0f : 0.3f);  // peaked and flat
+    const float scale = trial < 2 ? 6.0f : trial < 4 ? 0.3f : 3.0f;  // peaked, flat, a 200k-like spread
+    for (auto& l : logits) l = nd(gen) * scale;
     SamplingParams p;
-    p.top_p = 0.8;
-    if (trial % 2) p.min_p = 0.01;
+    p.top_p = trial == 5 ? 0.95 : 0.8;
+    if (trial % 2) p.min_p = trial == 5 ? 1e-4 : 0.01;
     // The definition: sort everything, keep the smallest prefix with mass >= top_p.
     std::vector<int> order(V);
     std::iota(order.begin(), order.end(), 0);
@@ -199,12 +201,65 @@ TEST(Sampler, LargeVocabularyTopPMatchesTheDefinition) {
     std::set<int> allowed(order.begin(), order.begin() + long(cut));
     std::mt19937_64 rng(trial);
     std::set<int> seen;
-    for (int i = 0; i < 3000; ++i) {
+    for (int i = 0; i < (V > 10000 ? 200 : 3000); ++i) {
       int t = sample_token(logits, p, std::vector<int32_t>{0}, 1, {}, rng).token;
       EXPECT_TRUE(allowed.count(t)) << "trial " << trial << " token " << t;
       seen.insert(t);
     }
     if (cut > 1) EXPECT_GT(seen.size(), 1u);
+  }
+}
+
+// The same draws as a full sort gives: the sampler's walk (one uniform draw per token over the
+// kept prefix in logit order) replayed on the definition, with the same random stream, picks the
+// same tokens, so the threshold path keeps exactly the definition's prefix.
+TEST(Sampler, FlatLargeVocabularyDrawsMatchAFullSort) {
+  std::mt19937_64 gen(21);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int trial = 0; trial < 4; ++trial) {
+    const int V = 40000;
+    std::vector<float> logits(V);
+    for (auto& l : logits) l = nd(gen);
+    SamplingParams p;
+    p.top_p = trial % 2 ? 0.5 : 0.95;
+    if (trial >= 2) p.min_p = 1e-3;
+    std::vector<int> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::vector<double> w(V);
+    for (int i = 0; i < V; ++i) w[i] = std::exp(double(logits[order[i]]) - double(logits[order[0]]));
+    size_t kept = V;
+    if (p.min_p > 0) {
+      kept = 0;
+      while (kept < size_t(V) && w[kept] >= p.min_p * w[0]) ++kept;
+    }
+    double norm = 0;
+    for (size_t i = 0; i < kept; ++i) norm += w[i];
+    double acc = 0;
+    size_t cut = 0;
+    while (cut < kept) {
+      acc += w[cut++] / norm;
+      if (acc >= p.top_p) break;
+    }
+    double total = 0;
+    for (size_t i = 0; i < cut; ++i) total += w[i];
+    std::mt19937_64 a(trial), b(trial);
+    int same = 0;
+    const int draws = 200;
+    for (int d = 0; d < draws; ++d) {
+      const int got = sample_token(logits, p, std::vector<int32_t>{0}, 1, {}, a).token;
+      const double u = std::uniform_real_distribution<double>(0.0, 1.0)(b) * total;
+      double run = 0;
+      int want = order[0];
+      for (size_t i = 0; i < cut; ++i) {
+        run += w[i];
+        want = order[i];
+        if (u < run) break;
+      }
+      same += got == want;
+    }
+    EXPECT_GE(same, draws - 2) << "trial " << trial << ": prefix of " << cut;
   }
 }
 
