@@ -382,6 +382,17 @@ void Engine::step() {
   uint64_t prompt_tokens = 0, gen_tokens = 0;
   std::vector<double> ttfts, itls;
   const double now = now_seconds();
+  // 1. Prompt log-probs and what each sampled sequence needs; 2. the draws, one request at a
+  // time on the workers (each request has its own random stream and guided state, so the
+  // result does not depend on the threads); 3. the tokens, in the batch's order.
+  struct Draw {
+    Request* r;
+    RequestStream* stream;
+    size_t row;
+    std::vector<int32_t> stop_ids;
+    SampleResult res;
+  };
+  std::vector<Draw> draws;
   for (size_t first = 0, row = 0; first < row_seq.size(); first = row) {
     // This sequence's rows: [first, row); its sampled row (if any) is the last.
     const ScheduledSeq& s = plan.seqs[size_t(row_seq[first])];
@@ -401,12 +412,25 @@ void Engine::step() {
       }
     }
     if (!s.sample) continue;
-    const size_t sample_row = row - 1;
     std::vector<int32_t> stop_ids = p.stop_token_ids;
     if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), r->eos_ids.begin(), r->eos_ids.end());
-    std::span<const float> row_logits(logits_.data() + sample_row * size_t(V), size_t(V));
-    SampleResult res = sample_token(row_logits, p, r->tokens, r->num_prompt_tokens, stop_ids, r->rng,
-                                    r->constraint_state.get());
+    draws.push_back({r, it->second.stream.get(), row - 1, std::move(stop_ids), {}});
+  }
+  auto draw = [&](int64_t i) {
+    Draw& d = draws[size_t(i)];
+    std::span<const float> row_logits(logits_.data() + d.row * size_t(V), size_t(V));
+    d.res = sample_token(row_logits, d.r->params, d.r->tokens, d.r->num_prompt_tokens, d.stop_ids, d.r->rng,
+                         d.r->constraint_state.get());
+  };
+  // (A draw over a small vocabulary costs less than handing it to another thread.)
+  if (V >= 4096)
+    workers_.run(int64_t(draws.size()), draw);
+  else
+    for (size_t i = 0; i < draws.size(); ++i) draw(int64_t(i));
+  for (Draw& d : draws) {
+    Request* r = d.r;
+    const SamplingParams& p = r->params;
+    SampleResult& res = d.res;
     if (r->constraint_state) r->constraint_state->accept(res.token);
     r->tokens.push_back(res.token);
     ++gen_tokens;
@@ -421,7 +445,7 @@ void Engine::step() {
     TokenOutput out{res.token, res.logprob, std::move(res.top), {}};
     // (A copy: after a preemption the recompute must still see what was collected.)
     if (p.prompt_logprobs >= 0 && r->num_output_tokens() == 1) out.prompt = r->prompt_lp;
-    it->second.stream->push(std::move(out));
+    d.stream->push(std::move(out));
 
     const int64_t n_out = r->num_output_tokens();
     const bool is_eos = !p.ignore_eos && std::find(r->eos_ids.begin(), r->eos_ids.end(),

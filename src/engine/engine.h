@@ -21,6 +21,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/workers.h"
 #include "model/model.h"
 
 namespace sieve::engine {
@@ -142,6 +143,7 @@ class Engine {
   // Engine-thread state.
   std::unordered_map<RequestId, Pending> live_;
   std::vector<float> logits_;
+  Workers workers_{Workers::default_threads()};  // a step's draws, one request each
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;
