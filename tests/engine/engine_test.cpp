@@ -126,6 +126,27 @@ TEST(Engine, BatchedAndChunkedOutputsEqualSoloRuns) {
   EXPECT_NE(alone[0].tokens, alone[2].tokens);
 }
 
+// Over a vocabulary large enough for the draws to go to the worker threads, seeded sampled
+// requests give together what they give alone.
+TEST(Engine, ParallelDrawsEqualSoloRuns) {
+  Rig solo;
+  solo.vocab = 6000;
+  auto jobs = random_jobs(10, 5, 40, solo.vocab, 5, 12);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].params.temperature = 1.0;
+    jobs[i].params.top_p = 0.9;
+    jobs[i].params.has_seed = true;
+    jobs[i].params.seed = 100 + i;
+  }
+  auto alone = run_alone(solo, jobs);
+  auto together = run(solo, jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(together[i].logprobs, alone[i].logprobs) << "request " << i;
+  }
+  EXPECT_NE(alone[0].tokens, alone[1].tokens);
+}
+
 TEST(Engine, CacheExhaustionPreemptsAndResumesWithTheSameOutput) {
   Rig solo;
   solo.num_blocks = 12;  // 192 token slots
