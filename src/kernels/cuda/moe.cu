@@ -341,6 +341,8 @@ struct MmaArgs {
 // False for the CTAs past the last tile, which return.
 struct Tile {
   int e, r0, rows;
+  int64_t j0;            // the CTA's first unit (gate_up: 64 a CTA) or weight row (down: 128)
+  const uint16_t* W;     // the expert's weights
 };
 template <bool kGateUp, int kRows>
 __device__ __forceinline__ bool load_tile(const MmaArgs& a, int64_t* row_of, Tile& t) {
@@ -349,6 +351,8 @@ __device__ __forceinline__ bool load_tile(const MmaArgs& a, int64_t* row_of, Til
   t.e = tile_expert(a.tile_start, a.E, tile);
   t.r0 = a.offsets[t.e] + (tile - a.tile_start[t.e]) * kRows;
   t.rows = min(kRows, a.offsets[t.e + 1] - t.r0);
+  t.j0 = int64_t(blockIdx.x % unsigned(a.nblocks)) * (kGateUp ? 64 : 128);
+  t.W = static_cast<const uint16_t*>(a.w[t.e]);
   const int tid = threadIdx.x;
   if (tid < kRows) {
     int64_t v = -1;
@@ -404,11 +408,11 @@ __global__ void __launch_bounds__(kTThreads, 2) moe_mma_kernel(MmaArgs a) {
   __shared__ int64_t row_of[kTM];
   Tile t;
   if (!load_tile<kGateUp, kTM>(a, row_of, t)) return;
-  const int e = t.e, r0 = t.r0, rows = t.rows;
+  static_assert(kTN == 128, "128 weight rows a CTA (load_tile's j0)");
+  const int r0 = t.r0, rows = t.rows;
+  const int64_t j0 = t.j0, nk = (a.K + kTK - 1) / kTK;
+  const uint16_t* W = t.W;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t j0 = int64_t(blockIdx.x % unsigned(a.nblocks)) * (kGateUp ? kTN / 2 : kTN);
-  const uint16_t* W = static_cast<const uint16_t*>(a.w[e]);
-  const int64_t nk = (a.K + kTK - 1) / kTK;
 
   // Stage s <- k step kt by 16-byte cp.async chunks (rows past the tile, units past N and k past
   // K are zeros); a thread's chunks are the same every k step: rows (and their sources) fixed,
@@ -524,11 +528,11 @@ __global__ void __launch_bounds__(kSThreads, 2) moe_mma_small_kernel(MmaArgs a) 
   __shared__ int64_t row_of[kSM];
   Tile t;
   if (!load_tile<kGateUp, kSM>(a, row_of, t)) return;
-  const int e = t.e, r0 = t.r0, rows = t.rows;
+  static_assert(kSN == 128, "128 weight rows a CTA (load_tile's j0)");
+  const int r0 = t.r0, rows = t.rows;
+  const int64_t j0 = t.j0, nk = (a.K + kSK - 1) / kSK;
+  const uint16_t* W = t.W;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t j0 = int64_t(blockIdx.x % unsigned(a.nblocks)) * (kGateUp ? kSN / 2 : kSN);
-  const uint16_t* W = static_cast<const uint16_t*>(a.w[e]);
-  const int64_t nk = (a.K + kSK - 1) / kSK;
   auto w_stage = [&](int s) { return reinterpret_cast<uint16_t*>(smem + size_t(s) * kSWStage); };
   auto a_stage = [&](int s) { return smem + kSStages * kSWStage + size_t(s) * kSAStage; };
 
