@@ -759,43 +759,35 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
       m.alpha = p.alpha;
       m.limit = p.limit;
       m.beta = p.beta;
+      // Both shapes take 128 weight rows a CTA: the same weight-row blocks.
+      static_assert(kSN == kTN, "both tiles take 128 weight rows");
+      auto launch = [&](auto kernel, unsigned threads, size_t smem, const char* what) {
+        set_smem(kernel, smem);
+        kernel<<<tiles * unsigned(m.nblocks), threads, smem, st>>>(m);
+        SIEVE_LAUNCH_CHECK(what);
+      };
+      m.nblocks = int((I + kTN / 2 - 1) / (kTN / 2));
       if (small) {
-        static_assert(kSN == kTN, "both tiles take 128 weight rows");
-        m.nblocks = int((I + kSN / 2 - 1) / (kSN / 2));
-        if (m.x_bf16) {
-          set_smem(moe_mma_small_kernel<true, false>, kSmallSmem);
-          moe_mma_small_kernel<true, false><<<tiles * unsigned(m.nblocks), kSThreads, kSmallSmem, st>>>(m);
-        } else {
-          set_smem(moe_mma_small_kernel<true, true>, kSmallSmem);
-          moe_mma_small_kernel<true, true><<<tiles * unsigned(m.nblocks), kSThreads, kSmallSmem, st>>>(m);
-        }
-        SIEVE_LAUNCH_CHECK("moe_experts (gate_up, small tiles)");
-        m.act_in = static_cast<const uint16_t*>(act);
-        m.w = p.w_down;
-        m.N = H;
-        m.K = I;
-        m.nblocks = int((H + kSN - 1) / kSN);
-        set_smem(moe_mma_small_kernel<false, false>, kSmallSmem);
-        moe_mma_small_kernel<false, false><<<tiles * unsigned(m.nblocks), kSThreads, kSmallSmem, st>>>(m);
-        SIEVE_LAUNCH_CHECK("moe_experts (down, small tiles)");
+        if (m.x_bf16)
+          launch(moe_mma_small_kernel<true, false>, kSThreads, kSmallSmem, "moe_experts (gate_up, small tiles)");
+        else
+          launch(moe_mma_small_kernel<true, true>, kSThreads, kSmallSmem, "moe_experts (gate_up, small tiles)");
       } else {
         if (x_copy) {
           rows_to_bf16(static_cast<const float*>(x), H, tc_tokens, H, x_bf16, st);
           m.x = x_bf16;
         }
-        m.nblocks = int((I + kTN / 2 - 1) / (kTN / 2));
-        set_smem(moe_mma_kernel<true>, kTSmem);
-        moe_mma_kernel<true><<<tiles * unsigned(m.nblocks), kTThreads, kTSmem, st>>>(m);
-        SIEVE_LAUNCH_CHECK("moe_experts (gate_up)");
-        m.act_in = static_cast<const uint16_t*>(act);
-        m.w = p.w_down;
-        m.N = H;
-        m.K = I;
-        m.nblocks = int((H + kTN - 1) / kTN);
-        set_smem(moe_mma_kernel<false>, kTSmem);
-        moe_mma_kernel<false><<<tiles * unsigned(m.nblocks), kTThreads, kTSmem, st>>>(m);
-        SIEVE_LAUNCH_CHECK("moe_experts (down)");
+        launch(moe_mma_kernel<true>, kTThreads, kTSmem, "moe_experts (gate_up)");
       }
+      m.act_in = static_cast<const uint16_t*>(act);
+      m.w = p.w_down;
+      m.N = H;
+      m.K = I;
+      m.nblocks = int((H + kTN - 1) / kTN);
+      if (small)
+        launch(moe_mma_small_kernel<false, false>, kSThreads, kSmallSmem, "moe_experts (down, small tiles)");
+      else
+        launch(moe_mma_kernel<false>, kTThreads, kTSmem, "moe_experts (down)");
     } else {
       const unsigned tiles = unsigned((pairs + kBM - 1) / kBM + E);
       GemmArgs g{};
