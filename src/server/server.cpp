@@ -413,7 +413,6 @@ struct Server::Impl {
     // Chat with --tool-call-parser and a tool_choice other than "none": the content through the parser.
     bool parse_tools = false;
     ToolCallStream tool_stream;
-    std::vector<std::string> call_ids;  // streaming: the ids of the calls begun
   };
 
   // A request's choices and what its responses repeat.
@@ -603,21 +602,17 @@ struct Server::Impl {
     return out;
   }
 
-  // A stream's tool_calls delta: each call numbered (index); its first piece with its id, type and
-  // name, the later ones with more of its arguments.
-  static json tool_call_pieces_json(const std::vector<ToolCallDelta>& pieces, std::vector<std::string>& ids) {
+  // A stream's tool_calls delta: each call numbered (index); its first piece with an id, the type
+  // and the name, the later ones with more of its arguments.
+  static json tool_call_pieces_json(const std::vector<ToolCallDelta>& pieces) {
     json out = json::array();
     for (const ToolCallDelta& d : pieces) {
-      json call = {{"index", d.index}};
-      json fn = {{"arguments", d.arguments}};
-      if (size_t(d.index) >= ids.size()) {
-        ids.resize(size_t(d.index) + 1);
-        ids[size_t(d.index)] = "call_" + random_hex(24);
-        call["id"] = ids[size_t(d.index)];
+      json call = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+      if (d.first) {
+        call["id"] = "call_" + random_hex(24);
         call["type"] = "function";
-        fn = {{"name", d.name}, {"arguments", d.arguments}};
+        call["function"]["name"] = d.name;
       }
-      call["function"] = std::move(fn);
       out.push_back(std::move(call));
     }
     return out;
@@ -651,7 +646,7 @@ struct Server::Impl {
       text = c.tool_stream.push(text);
       if (stream) {
         std::vector<ToolCallDelta> pieces = c.tool_stream.take_calls(g.tools, c.finished);
-        if (!pieces.empty()) t.tool_calls = tool_call_pieces_json(pieces, c.call_ids);
+        if (!pieces.empty()) t.tool_calls = tool_call_pieces_json(pieces);
         if (c.finished) {
           text += c.tool_stream.finish_content(c.tool_stream.calls_begun());
           if (c.tool_stream.calls_begun()) t.finish = "tool_calls";

@@ -219,6 +219,7 @@ std::vector<ToolCallDelta> ToolCallStream::take_calls(const nlohmann::ordered_js
     ToolCallDelta d;
     d.index = int(i);
     if (!st.named) {
+      d.first = true;
       d.name = inv.name;
       st.named = true;
     }
@@ -231,7 +232,7 @@ std::vector<ToolCallDelta> ToolCallStream::take_calls(const nlohmann::ordered_js
       d.arguments += st.params == 0 ? "{}" : "}";
       st.closed = true;
     }
-    if (!d.name.empty() || !d.arguments.empty()) out.push_back(std::move(d));
+    if (d.first || !d.arguments.empty()) out.push_back(std::move(d));
   }
   return out;
 }

@@ -56,6 +56,7 @@ size_t tool_call_content_prefix(std::string_view text);
 // non-streamed response gives, but for a parameter named twice, which a response keeps once).
 struct ToolCallDelta {
   int index = 0;
+  bool first = false;  // the call's first piece (it carries the name)
   std::string name;
   std::string arguments;
 };

@@ -124,11 +124,13 @@ TEST(ToolCalls, StreamedPiecesAddUpToTheCalls) {
       auto take = [&](bool at_end) {
         for (const ToolCallDelta& d : s.take_calls(kTools, at_end)) {
           if (size_t(d.index) == names.size()) {
+            EXPECT_TRUE(d.first) << i << " " << j;
             EXPECT_FALSE(d.name.empty()) << i << " " << j;
             names.push_back(d.name);
             args.emplace_back();
           } else {
             ASSERT_LT(size_t(d.index), names.size()) << i << " " << j;
+            EXPECT_FALSE(d.first) << i << " " << j;
             EXPECT_TRUE(d.name.empty()) << i << " " << j;
           }
           args[size_t(d.index)] += d.arguments;
