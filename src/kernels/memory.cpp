@@ -19,6 +19,11 @@ void fill(int device, void* dst, uint8_t value, size_t bytes);
 void sync(int device);
 void set_device(int device);
 int device_count();
+void* create_stream(int device);
+void destroy_stream(int device, void* stream);
+void* graph_capture(int device, void* stream, const std::function<void()>& fn, std::string* why);
+void graph_replay(int device, void* exec, void* stream);
+void graph_destroy(int device, void* exec);
 }  // namespace cuda_mem
 #define SIEVE_CUDA_OR_THROW(expr) expr
 #else
@@ -100,6 +105,63 @@ void device_synchronize(const Device& device) {
 
 void use_device(const Device& device) {
   if (!device.is_cpu()) SIEVE_CUDA_OR_THROW(cuda_mem::set_device(device.index));
+}
+
+void* create_stream(const Device& device) {
+  if (device.is_cpu()) return nullptr;
+  SIEVE_CUDA_OR_THROW(return cuda_mem::create_stream(device.index));
+}
+
+void destroy_stream(const Device& device, void* stream) {
+#ifdef SIEVE_HAVE_CUDA
+  if (!device.is_cpu() && stream) cuda_mem::destroy_stream(device.index, stream);
+#else
+  (void)device, (void)stream;
+#endif
+}
+
+Graph::~Graph() { release(); }
+
+Graph::Graph(Graph&& o) noexcept : device_(o.device_), exec_(o.exec_) { o.exec_ = nullptr; }
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    release();
+    device_ = o.device_;
+    exec_ = o.exec_;
+    o.exec_ = nullptr;
+  }
+  return *this;
+}
+
+void Graph::release() {
+#ifdef SIEVE_HAVE_CUDA
+  if (exec_) cuda_mem::graph_destroy(device_.index, exec_);
+#endif
+  exec_ = nullptr;
+}
+
+void Graph::replay(void* stream) const {
+  if (!exec_) throw Error("replay of an empty graph");
+  SIEVE_CUDA_OR_THROW(cuda_mem::graph_replay(device_.index, exec_, stream));
+}
+
+Graph Graph::capture(const Device& device, void* stream, const std::function<void()>& fn, std::string* why) {
+  Graph g;
+  std::string reason;
+  if (device.is_cpu()) {
+    reason = "graphs are a CUDA feature";
+  } else {
+#ifdef SIEVE_HAVE_CUDA
+    g.device_ = device;
+    g.exec_ = cuda_mem::graph_capture(device.index, stream, fn, &reason);
+#else
+    (void)stream, (void)fn;
+    reason = "this build has no CUDA backend";
+#endif
+  }
+  if (!g.exec_ && why) *why = reason;
+  return g;
 }
 
 int cuda_device_count() {

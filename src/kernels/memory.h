@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -41,6 +43,39 @@ void device_synchronize(const Device& device);
 // Makes `device` the calling thread's current CUDA device (the one its kernels launch on; each
 // thread has its own); nothing for the CPU.
 void use_device(const Device& device);
+// A stream for `device`'s kernels that is ordered with the synchronous copies above (a CUDA
+// stream that blocks on the legacy default stream), so it can be captured into graphs; null on
+// the CPU, whose ops run at once.
+void* create_stream(const Device& device);
+void destroy_stream(const Device& device, void* stream);
+
+// Device work captured once from a stream and replayed on it as a whole (a CUDA graph): one
+// launch for a whole step's kernels, with their arguments (pointers, shapes) fixed at capture.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  explicit operator bool() const { return exec_ != nullptr; }
+  // Enqueues the captured work on `stream` (a stream of create_stream on the same device).
+  void replay(void* stream) const;
+
+  // Captures what fn() enqueues on `stream` (from create_stream) without running it; the
+  // capture is local to the calling thread. On failure (fn throws, or makes a call that
+  // cannot be captured, such as an allocation or a synchronous copy) returns an empty Graph
+  // and sets *why, and the device stays usable. Always fails on the CPU.
+  static Graph capture(const Device& device, void* stream, const std::function<void()>& fn, std::string* why);
+
+ private:
+  void release();
+  Device device_;
+  void* exec_ = nullptr;
+};
+
 // Number of CUDA devices visible (0 in builds without CUDA or on machines without a GPU).
 int cuda_device_count();
 

@@ -3,7 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
-
+#include <exception>
+#include <functional>
 #include <string>
 
 #include "core/error.h"
@@ -50,6 +51,59 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+void* create_stream(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreate(&s), "cudaStreamCreate");  // blocking: ordered with the legacy stream
+  return s;
+}
+void destroy_stream(int device, void* stream) {
+  cudaSetDevice(device);
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+void* graph_capture(int device, void* stream, const std::function<void()>& fn, std::string* why) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (!st) {
+    *why = "capture needs a stream of its own, not the legacy default stream";
+    return nullptr;
+  }
+  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(st, &graph);
+  if (err.empty() && ended != cudaSuccess) err = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+  cudaGraphExec_t exec = nullptr;
+  if (err.empty()) {
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e != cudaSuccess) {
+      err = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e);
+      exec = nullptr;
+    }
+  }
+  if (graph) cudaGraphDestroy(graph);
+  if (!err.empty()) {
+    cudaGetLastError();  // a refused call inside the capture leaves its error behind
+    *why = err;
+    return nullptr;
+  }
+  return exec;
+}
+void graph_replay(int device, void* exec, void* stream) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
+}
+void graph_destroy(int device, void* exec) {
+  cudaSetDevice(device);
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
 }
 
 }  // namespace sieve::cuda_mem
