@@ -123,6 +123,7 @@ int run_generate(const std::vector<std::string>& argv) {
       .opt({"--prefill-chunk"}, "N", "prefill in chunks of N tokens", "2048")
       .flag({"--ignore-eos"}, "keep generating after an end-of-sequence token")
       .flag({"--dense"}, "select every block in sparse layers")
+      .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
       .flag({"--json"}, "print one JSON object");
   if (!a.parse()) return 0;
 
@@ -133,6 +134,7 @@ int run_generate(const std::vector<std::string>& argv) {
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
   lo.device = parse_device(a.get("--device"));
+  lo.enforce_eager = a.get_flag("--enforce-eager");
   auto m = model::Model::load(dir, lo);
   const ModelConfig& cfg = m->config();
 

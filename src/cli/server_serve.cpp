@@ -247,7 +247,7 @@ int run_serve(const std::vector<std::string>& argv) {
            "chat: <think> text into the message's reasoning (minimax_m3, minimax_m2, deepseek_r1, qwen3)")
       .flag({"--disable-log-stats"}, "no periodic throughput and cache log line")
       .flag({"--disable-log-requests"}, "accepted for vLLM compatibility; requests are not logged")
-      .flag({"--enforce-eager"}, "accepted for vLLM compatibility; steps already run eagerly")
+      .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
       .flag({"--trust-remote-code"}, "accepted for vLLM compatibility; no effect")
       .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes")
       .flag({"--no-enable-prefix-caching"}, "do not reuse prompt prefixes (the default)");
@@ -310,7 +310,13 @@ int run_serve(const std::vector<std::string>& argv) {
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
   lo.device = parse_device(a.get("--device"));
+  lo.enforce_eager = a.get_flag("--enforce-eager");
+  lo.max_graph_batch = int(std::min<long long>(max_seqs, 256));
   auto m = model::Model::load(dir, lo);
+  if (lo.device.is_cuda())
+    SIEVE_LOG(Info, (lo.enforce_eager ? std::string("--enforce-eager: every step launches its kernels")
+                                      : "CUDA graphs for decode steps of up to " + std::to_string(lo.max_graph_batch) +
+                                            " sequences, each shape captured on first use (--enforce-eager: off)"));
   const ModelConfig& cfg = m->config();
   cache::check_block_size(int(a.get_int("--block-size")), m->block_size(),
                           cfg.use_sparse_attention);

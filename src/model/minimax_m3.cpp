@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -38,14 +40,29 @@ struct LayerCache {
 
 class MiniMaxM3 final : public Model {
  public:
-  MiniMaxM3(ModelConfig cfg, ModelWeights w, Device dev)
-      : cfg_(std::move(cfg)), w_(std::move(w)), dev_(dev) {
+  MiniMaxM3(ModelConfig cfg, ModelWeights w, const LoadOptions& opts)
+      : cfg_(std::move(cfg)), w_(std::move(w)), dev_(opts.device), enforce_eager_(opts.enforce_eager),
+        max_graph_batch_(opts.max_graph_batch) {
     stream_.device = dev_;
+    // CUDA: the model's own stream (graphs are captured from it), ordered with the synchronous
+    // copies of kernels/memory.h.
+    stream_.cuda_stream = create_stream(dev_);
+  }
+  ~MiniMaxM3() override {
+    graphs_.clear();
+    if (stream_.cuda_stream) {
+      try {
+        device_synchronize(dev_);
+      } catch (...) {
+      }
+      destroy_stream(dev_, stream_.cuda_stream);
+    }
   }
 
   const ModelConfig& config() const override { return cfg_; }
   const CacheOptions& cache_options() const override { return cache_opts_; }
   SelectionStats selection_stats() const override { return stats_; }
+  GraphStats graph_stats() const override { return graph_stats_; }
 
   // Index keys are cached only by sparse layers that compute their own top-k.
   bool has_index_cache(int layer) const {
@@ -73,33 +90,37 @@ class MiniMaxM3 final : public Model {
     if (o.num_blocks <= 0) throw Error("the KV cache needs at least one block");
     cache_opts_ = o;
     stats_ = {};
+    graphs_.clear();
+    ++gen_;
     caches_.clear();
     caches_.resize(cfg_.num_hidden_layers);
     const int64_t bs = cfg_.sparse_block_size;
     const int64_t nkv = cfg_.num_key_value_heads;
+    // One block past the engine's: the padding rows of graph decode steps write there.
+    const int64_t phys = o.num_blocks + 1;
     for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
       LayerCache& c = caches_[l];
-      const size_t kv_elems = size_t(o.num_blocks * nkv * bs * cfg_.head_dim);
+      const size_t kv_elems = size_t(phys * nkv * bs * cfg_.head_dim);
       c.k = Buffer(dev_, kv_elems * dtype_size(o.kv_dtype));
       c.v = Buffer(dev_, kv_elems * dtype_size(o.kv_dtype));
       c.kv.k = c.k.data();
       c.kv.v = c.v.data();
       if (o.kv_dtype == DType::FP8_E4M3) {
-        c.k_scale = Buffer(dev_, size_t(o.num_blocks * nkv * bs) * sizeof(float));
-        c.v_scale = Buffer(dev_, size_t(o.num_blocks * nkv * bs) * sizeof(float));
+        c.k_scale = Buffer(dev_, size_t(phys * nkv * bs) * sizeof(float));
+        c.v_scale = Buffer(dev_, size_t(phys * nkv * bs) * sizeof(float));
         c.kv.k_scale = c.k_scale.as<float>();
         c.kv.v_scale = c.v_scale.as<float>();
       }
       c.kv.dtype = o.kv_dtype;
-      c.kv.num_blocks = o.num_blocks;
+      c.kv.num_blocks = phys;
       c.kv.block_size = int(bs);
       c.kv.num_kv_heads = int(nkv);
       c.kv.head_dim = cfg_.head_dim;
       if (has_index_cache(l)) {
-        c.index_k = Buffer(dev_, size_t(o.num_blocks * bs * cfg_.sparse_index_dim) * dtype_size(o.index_dtype));
+        c.index_k = Buffer(dev_, size_t(phys * bs * cfg_.sparse_index_dim) * dtype_size(o.index_dtype));
         c.index.k = c.index_k.data();
         c.index.dtype = o.index_dtype;
-        c.index.num_blocks = o.num_blocks;
+        c.index.num_blocks = phys;
         c.index.block_size = int(bs);
         c.index.index_dim = cfg_.sparse_index_dim;
       }
@@ -111,6 +132,8 @@ class MiniMaxM3 final : public Model {
   }
 
   void release_caches() override {
+    graphs_.clear();
+    ++gen_;
     caches_.clear();
     cache_opts_ = {};
   }
@@ -119,24 +142,49 @@ class MiniMaxM3 final : public Model {
     if (caches_.empty()) throw Error("forward() before allocate_caches()");
     use_device(dev_);  // the engine's thread is not the one that loaded the model
     validate(in);
-    const int64_t n = int64_t(in.token_ids.size());
-    const int num_seqs = int(in.seq_lens.size());
-    const int64_t H = cfg_.hidden_size;
-    const int nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
-    const int nidx = cfg_.sparse_num_index_heads, idim = cfg_.sparse_index_dim;
-    const int K = cfg_.sparse_topk_blocks;
+    if (graph_step(in, logits)) return;
+    if (is_graph_shape(in)) ++graph_stats_.eager;
+    const StepShape sh = shape_of(in);
+    ensure_rope_table(std::max(sh.max_pos, sh.max_seq) + 1);
+    const DeviceInputs d = upload_step(in, step_.inputs, false);
+    enqueue_step(sh, d, in.logits_indices, &in);
+    read_logits(int64_t(in.logits_indices.size()), logits);
+  }
 
-    int max_pos = 0, max_seq = 0, max_q = 0;
-    for (int32_t p : in.positions) max_pos = std::max(max_pos, p);
-    for (int s = 0; s < num_seqs; ++s) {
-      max_seq = std::max(max_seq, in.seq_lens[s]);
-      max_q = std::max(max_q, in.query_start_loc[s + 1] - in.query_start_loc[s]);
+ private:
+  // Host-side sizes of a step; the kernels' grids come from these.
+  struct StepShape {
+    int64_t n = 0;  // tokens
+    int num_seqs = 0;
+    int max_seq = 0, max_q = 0, max_pos = 0;
+    int mbps = 0;  // block-table width
+  };
+  // The step's arrays in device memory (one staging buffer).
+  struct DeviceInputs {
+    const int32_t* ids = nullptr;
+    const int32_t* pos = nullptr;
+    const int64_t* slots = nullptr;
+    const int32_t* qsl = nullptr;
+    const int32_t* lens = nullptr;
+    const int32_t* tables = nullptr;
+  };
+
+  static StepShape shape_of(const StepInputs& in) {
+    StepShape sh;
+    sh.n = int64_t(in.token_ids.size());
+    sh.num_seqs = int(in.seq_lens.size());
+    for (int32_t p : in.positions) sh.max_pos = std::max(sh.max_pos, p);
+    for (int s = 0; s < sh.num_seqs; ++s) {
+      sh.max_seq = std::max(sh.max_seq, in.seq_lens[s]);
+      sh.max_q = std::max(sh.max_q, in.query_start_loc[s + 1] - in.query_start_loc[s]);
     }
-    ensure_rope_table(std::max(max_pos, max_seq) + 1);
+    sh.mbps = in.max_blocks_per_seq;
+    return sh;
+  }
 
-    // Step inputs on the device, in buffers that later steps reuse.
-    StepBuffers& sb = step_;
-    // One copy for all six arrays (each at a 16-byte aligned offset of one staging buffer).
+  // Copies the six arrays into `dst` in one copy (each at a 16-byte aligned offset). `pinned`:
+  // dst is a captured graph's, so it must not move (its size is the graph's).
+  DeviceInputs upload_step(const StepInputs& in, Buffer& dst, bool pinned) {
     size_t staged = 0;
     auto place = [&](size_t bytes) {
       const size_t at = staged;
@@ -156,22 +204,115 @@ class MiniMaxM3 final : public Model {
     put(o_qsl, in.query_start_loc);
     put(o_lens, in.seq_lens);
     put(o_bt, in.block_tables);
-    uint8_t* dev_in = static_cast<uint8_t*>(upload_into(sb.inputs, stage_).data());
-    const int32_t* d_ids = reinterpret_cast<const int32_t*>(dev_in + o_ids);
-    const int32_t* d_pos = reinterpret_cast<const int32_t*>(dev_in + o_pos);
-    const int64_t* d_slots = reinterpret_cast<const int64_t*>(dev_in + o_slots);
+    if (pinned && dst.bytes() && dst.bytes() < staged) throw Error("graph inputs changed size");
+    const uint8_t* dev_in = static_cast<const uint8_t*>(upload_into(dst, stage_, false).data());
+    DeviceInputs d;
+    d.ids = reinterpret_cast<const int32_t*>(dev_in + o_ids);
+    d.pos = reinterpret_cast<const int32_t*>(dev_in + o_pos);
+    d.slots = reinterpret_cast<const int64_t*>(dev_in + o_slots);
+    d.qsl = reinterpret_cast<const int32_t*>(dev_in + o_qsl);
+    d.lens = reinterpret_cast<const int32_t*>(dev_in + o_lens);
+    d.tables = reinterpret_cast<const int32_t*>(dev_in + o_bt);
+    return d;
+  }
+
+  // The first `rows` logit rows of the last step, to the host.
+  void read_logits(int64_t rows, std::vector<float>& logits) {
+    logits.assign(size_t(rows * cfg_.vocab_size), 0.0f);
+    if (rows > 0) copy_to_host(dev_, logits.data(), step_.out.data(), logits.size() * sizeof(float));
+  }
+
+  // ---- CUDA graphs for decode steps.
+  // A decode step: one new token per sequence and its logit row, in order.
+  bool is_graph_shape(const StepInputs& in) const {
+    const size_t n = in.token_ids.size();
+    if (!dev_.is_cuda() || n == 0 || n != in.seq_lens.size() || in.logits_indices.size() != n) return false;
+    for (size_t i = 0; i < n; ++i)
+      if (in.logits_indices[i] != int32_t(i) || in.query_start_loc[i + 1] != int32_t(i + 1)) return false;
+    return true;
+  }
+
+  // Padded batch sizes: 1, 2, 4, 8, then multiples of 8 (vLLM's capture sizes).
+  static int graph_rows(int n) { return n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8; }
+
+  bool graph_step(const StepInputs& in, std::vector<float>& logits) {
+    if (enforce_eager_ || !graph_stats_.off_reason.empty() || cache_opts_.compare_index) return false;
+    if (!is_graph_shape(in)) return false;
+    const int n = int(in.token_ids.size());
+    const int rows = graph_rows(n);
+    if (n > max_graph_batch_) return false;
+    // Context bucket: the grids are those of `keys` keys (a power of two, at least 8 blocks),
+    // and the kernels take any live length up to it.
+    const int bs = cfg_.sparse_block_size;
+    int max_seq = 0;
+    for (int32_t l : in.seq_lens) max_seq = std::max(max_seq, l);
+    int64_t keys = 8 * int64_t(bs);
+    while (keys < max_seq) keys *= 2;
+    if (keys > (int64_t(1) << 30)) return false;
+    const StepInputs p = pad_decode_step(in, rows, int(keys / bs), int32_t(cache_opts_.num_blocks), bs);
+    StepShape sh = shape_of(p);
+    sh.max_seq = int(keys);
+    ensure_rope_table(keys);  // every position a replay of this graph can see
+    const auto key = std::make_pair(rows, int(keys));
+    // Graphs captured before a buffer they point at was replaced are retired.
+    std::erase_if(graphs_, [&](const auto& kv) { return kv.second.gen != gen_; });
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) {
+      upload_step(p, it->second.inputs, true);
+      it->second.graph.replay(stream_.cuda_stream);
+      ++graph_stats_.replayed;
+      read_logits(n, logits);
+      return true;
+    }
+    // First use of the shape: run it eagerly on the graph's own inputs (this step's result; the
+    // kernels' workspaces grow to the shape), then capture the same work.
+    StepGraph g;
+    const DeviceInputs d = upload_step(p, g.inputs, false);
+    enqueue_step(sh, d, p.logits_indices);
+    read_logits(n, logits);
+    ++graph_stats_.eager;
+    std::string why;
+    g.graph = Graph::capture(dev_, stream_.cuda_stream, [&] { enqueue_step(sh, d, p.logits_indices); }, &why);
+    if (!g.graph) {
+      graph_stats_.off_reason = why.empty() ? "capture failed" : why;
+      graphs_.clear();
+      SIEVE_LOG(Warn, "CUDA graphs turned off, decode steps run eagerly: " << graph_stats_.off_reason);
+      return true;
+    }
+    g.gen = gen_;
+    ++graph_stats_.captured;
+    SIEVE_LOG(Debug, "captured the decode step of " << rows << " sequences, contexts up to " << keys << " keys");
+    graphs_.emplace(key, std::move(g));
+    return true;
+  }
+
+  // Enqueues the whole step on stream_ (CUDA: nothing waits; CPU: runs). The logits of
+  // logits_indices' rows end in step_.out.
+  // host: the step's host arrays (for compare_index; null in graph steps, which never compare).
+  void enqueue_step(const StepShape& sh, const DeviceInputs& d, const std::vector<int32_t>& logits_indices,
+                    const StepInputs* host = nullptr) {
+    const int64_t n = sh.n;
+    const int num_seqs = sh.num_seqs;
+    const int64_t H = cfg_.hidden_size;
+    const int nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+    const int nidx = cfg_.sparse_num_index_heads, idim = cfg_.sparse_index_dim;
+    const int K = cfg_.sparse_topk_blocks;
+    StepBuffers& sb = step_;
+    const int32_t* d_ids = d.ids;
+    const int32_t* d_pos = d.pos;
+    const int64_t* d_slots = d.slots;
     ops::BatchView batch;
     batch.num_seqs = num_seqs;
     batch.num_tokens = n;
-    batch.query_start_loc = reinterpret_cast<const int32_t*>(dev_in + o_qsl);
-    batch.seq_lens = reinterpret_cast<const int32_t*>(dev_in + o_lens);
-    batch.block_tables = reinterpret_cast<const int32_t*>(dev_in + o_bt);
-    batch.max_blocks_per_seq = in.max_blocks_per_seq;
-    batch.max_seq_len = max_seq;
-    batch.max_query_len = max_q;
+    batch.query_start_loc = d.qsl;
+    batch.seq_lens = d.lens;
+    batch.block_tables = d.tables;
+    batch.max_blocks_per_seq = sh.mbps;
+    batch.max_seq_len = sh.max_seq;
+    batch.max_query_len = sh.max_q;
 
     // Activations (fp32, as on the reference backend).
-    const int64_t nl = int64_t(in.logits_indices.size());
+    const int64_t nl = int64_t(logits_indices.size());
     size_activations(n, nl);
     const int64_t q_cols = int64_t(nq) * hd, kv_cols = int64_t(nkv) * hd;
     Buffer &h = sb.h, &xn = sb.xn, &qkv = sb.qkv, &attn = sb.attn, &gate_up = sb.gate_up, &act = sb.act;
@@ -246,7 +387,7 @@ class MiniMaxM3 final : public Model {
         ip.topk_idx = topk.as<int32_t>();
         ops::indexer(ip, stream_);
         have_topk = true;
-        if (cache_opts_.compare_index) compare_selection(ip, in);
+        if (cache_opts_.compare_index && host) compare_selection(ip, *host);
       }
 
       ops::AttentionParams ap;
@@ -313,25 +454,21 @@ class MiniMaxM3 final : public Model {
     }
 
     // Final norm and lm_head on the requested rows only.
-    const int64_t V = cfg_.vocab_size;
-    logits.assign(size_t(nl * V), 0.0f);
     if (nl == 0) return;
     Buffer &sel = sb.sel, &out = sb.out;
     // One call per run of consecutive rows (a decode batch is one run).
     for (int64_t i = 0; i < nl;) {
       int64_t j = i + 1;
-      while (j < nl && in.logits_indices[size_t(j)] == in.logits_indices[size_t(j - 1)] + 1) ++j;
+      while (j < nl && logits_indices[size_t(j)] == logits_indices[size_t(j - 1)] + 1) ++j;
       ops::RmsNormParams np = norm_params(w_.norm, j - i);
-      np.x = static_cast<float*>(h.data()) + int64_t(in.logits_indices[size_t(i)]) * H;
+      np.x = static_cast<float*>(h.data()) + int64_t(logits_indices[size_t(i)]) * H;
       np.y = static_cast<float*>(sel.data()) + i * H;
       ops::rms_norm(np, stream_);
       i = j;
     }
-    matmul(sel.data(), H, w_.lm_head, out.data(), V, nl, false);
-    copy_to_host(dev_, logits.data(), out.data(), logits.size() * sizeof(float));
+    matmul(sel.data(), H, w_.lm_head, out.data(), cfg_.vocab_size, nl, false);
   }
 
- private:
   // Activations and step inputs of forward(), kept between steps: a buffer grows when a step
   // needs more than it holds and is otherwise reused, so a decode step allocates nothing.
   struct StepBuffers {
@@ -339,10 +476,14 @@ class MiniMaxM3 final : public Model {
     Buffer h, xn, qkv, attn, gate_up, act, topk, router_logits, route_ids, route_w, sel, out;
   };
 
-  // b, holding at least `bytes` (at least 1).
-  Buffer& sized(Buffer& b, size_t bytes) {
+  // b, holding at least `bytes` (at least 1). captured: graphs may point at b, so replacing it
+  // retires them.
+  Buffer& sized(Buffer& b, size_t bytes, bool captured = true) {
     bytes = std::max<size_t>(bytes, 1);
-    if (b.bytes() < bytes) b = Buffer(dev_, bytes + bytes / 4);
+    if (b.bytes() < bytes) {
+      b = Buffer(dev_, bytes + bytes / 4);
+      if (captured) ++gen_;
+    }
     return b;
   }
 
@@ -370,8 +511,8 @@ class MiniMaxM3 final : public Model {
   }
 
   template <class T>
-  Buffer& upload_into(Buffer& b, const std::vector<T>& v) {
-    sized(b, v.size() * sizeof(T));
+  Buffer& upload_into(Buffer& b, const std::vector<T>& v, bool captured = true) {
+    sized(b, v.size() * sizeof(T), captured);
     if (!v.empty()) copy_to_device(dev_, b.data(), v.data(), v.size() * sizeof(T));
     return b;
   }
@@ -525,9 +666,18 @@ class MiniMaxM3 final : public Model {
     matmul(act.data(), I, down, out.data(), cfg_.hidden_size, n, true);
   }
 
+  // A captured decode step and the inputs buffer its kernels read.
+  struct StepGraph {
+    Graph graph;
+    Buffer inputs;
+    uint64_t gen = 0;  // gen_ at capture
+  };
+
   ModelConfig cfg_;
   ModelWeights w_;
   Device dev_;
+  bool enforce_eager_ = false;
+  int max_graph_batch_ = 256;
   ops::Stream stream_;
   CacheOptions cache_opts_;
   std::vector<LayerCache> caches_;
@@ -536,9 +686,38 @@ class MiniMaxM3 final : public Model {
   StepBuffers step_;
   std::vector<uint8_t> stage_;  // host side of step_.inputs
   SelectionStats stats_;
+  std::map<std::pair<int, int>, StepGraph> graphs_;  // by (padded rows, context bucket)
+  uint64_t gen_ = 0;  // bumped when a buffer that graphs point at is replaced
+  GraphStats graph_stats_;
 };
 
 }  // namespace
+
+StepInputs pad_decode_step(const StepInputs& in, int rows, int width, int32_t pad_block, int block_size) {
+  const size_t n = in.token_ids.size();
+  SIEVE_CHECK(in.seq_lens.size() == n && in.logits_indices.size() == n, "pad_decode_step: not a decode step");
+  SIEVE_CHECK(size_t(rows) >= n, "pad_decode_step: fewer rows than sequences");
+  StepInputs p;
+  p.token_ids = in.token_ids;
+  p.token_ids.resize(size_t(rows), 0);
+  p.positions = in.positions;
+  p.positions.resize(size_t(rows), 0);
+  p.slot_mapping = in.slot_mapping;
+  p.slot_mapping.resize(size_t(rows), int64_t(pad_block) * block_size);
+  p.seq_lens = in.seq_lens;
+  p.seq_lens.resize(size_t(rows), 1);
+  p.max_blocks_per_seq = width;
+  p.block_tables.assign(size_t(rows) * size_t(width), pad_block);
+  for (size_t s = 0; s < n; ++s) {
+    const int blocks = (in.seq_lens[s] + block_size - 1) / block_size;
+    SIEVE_CHECK(blocks <= width && blocks <= in.max_blocks_per_seq, "pad_decode_step: table too narrow");
+    std::copy_n(in.block_tables.begin() + long(s * size_t(in.max_blocks_per_seq)), blocks,
+                p.block_tables.begin() + long(s * size_t(width)));
+  }
+  for (int i = 0; i <= rows; ++i) p.query_start_loc.push_back(i);
+  for (int i = 0; i < rows; ++i) p.logits_indices.push_back(i);
+  return p;
+}
 
 void warm_up(Model& m, DType kv_dtype, DType index_dtype, int64_t tokens) {
   const int64_t n = std::max<int64_t>(1, tokens);
@@ -574,7 +753,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
     throw Error(dir + "/config.json: scoring_func \"" + cfg.scoring_func + "\" is not supported (expected sigmoid)");
   Checkpoint ckpt = Checkpoint::open(dir);
   ModelWeights w = load_weights(ckpt, cfg, opts.device);
-  return std::make_unique<MiniMaxM3>(std::move(cfg), std::move(w), opts.device);
+  return std::make_unique<MiniMaxM3>(std::move(cfg), std::move(w), opts);
 }
 
 }  // namespace sieve::model

@@ -20,6 +20,19 @@ DType parse_cache_dtype(const std::string& name, const std::string& flag);
 struct LoadOptions {
   std::string hf_overrides;  // JSON object text merged over the text config
   Device device;             // CPU (the reference backend) or CUDA
+  // CUDA: decode steps (one new token per sequence) of up to max_graph_batch sequences run as
+  // CUDA graphs, captured on first use per (padded batch, context bucket); enforce_eager
+  // launches every kernel of every step instead (vLLM's --enforce-eager).
+  bool enforce_eager = false;
+  int max_graph_batch = 256;
+};
+
+// What the CUDA-graph decode path did so far (Model::graph_stats).
+struct GraphStats {
+  int64_t captured = 0;   // graphs captured (one per padded batch size and context bucket)
+  int64_t replayed = 0;   // decode steps that ran as a graph replay
+  int64_t eager = 0;      // decode steps that ran eagerly (first use of a shape, or graphs off)
+  std::string off_reason; // why graphs are off ("" while they are on or were never tried)
 };
 
 struct CacheOptions {
@@ -76,6 +89,7 @@ class Model {
   virtual void release_caches() = 0;
   virtual const CacheOptions& cache_options() const = 0;
   virtual SelectionStats selection_stats() const { return {}; }
+  virtual GraphStats graph_stats() const { return {}; }
 
   // Allocates now the activations of a step of up to max_tokens tokens with one logit row per
   // sequence for up to max_seqs sequences (forward() grows them on demand otherwise), so that
@@ -86,6 +100,13 @@ class Model {
   // logits [logits_indices.size(), vocab] (fp32, host memory).
   virtual void forward(const StepInputs& in, std::vector<float>& logits) = 0;
 };
+
+// The decode step `in` (one new token per sequence, a logit row for each in order) padded to
+// `rows` sequences with tables of `width` blocks: each added sequence holds one token (id 0,
+// position 0, slot 0 of `pad_block`), and table entries past a sequence's blocks are
+// `pad_block`. The real rows' results do not change. CUDA graphs replay a step captured at
+// `rows` sequences for any batch up to it (padding block: a cache block no request owns).
+StepInputs pad_decode_step(const StepInputs& in, int rows, int width, int32_t pad_block, int block_size);
 
 // One prefill step of `tokens` tokens (one sequence, through a temporary cache of just enough
 // blocks) before serving: it runs every kernel the model needs, so an op the device lacks fails

@@ -208,6 +208,86 @@ TEST(ModelForward, DenseOptionSelectsEveryBlock) {
   fs::remove_all(dir);
 }
 
+// Three sequences prefilled one by one, then decoded together. The decode step padded as the
+// CUDA graphs pad it (more sequences, wider tables, a padding block) gives the same logits for
+// the real rows, and the padding rows are well-formed.
+TEST(ModelForward, PaddedDecodeStepKeepsItsRows) {
+  std::string dir = temp_dir("padded");
+  TinyModelOptions o;
+  o.seed = 7;
+  write_tiny_model(o, dir);
+  auto m = model::Model::load(dir);
+  const int bs = m->block_size();
+  const int64_t V = m->vocab_size();
+  model::CacheOptions co;
+  co.kv_dtype = co.index_dtype = DType::BF16;
+  co.num_blocks = 12;
+  m->allocate_caches(co);
+  // Lengths 60, 200, 300 in blocks unlike their logical order; block 11 stays free (padding).
+  const std::vector<int> lens = {60, 2 * bs - 56, 2 * bs + 44};
+  const std::vector<std::vector<int32_t>> tables = {{9}, {3, 7}, {10, 1, 5}};
+  std::vector<float> logits;
+  std::vector<int32_t> next;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    model::StepInputs in;
+    in.token_ids = random_ids(lens[s], V, 50 + s);
+    for (int p = 0; p < lens[s]; ++p) {
+      in.positions.push_back(p);
+      in.slot_mapping.push_back(int64_t(tables[s][size_t(p / bs)]) * bs + p % bs);
+    }
+    in.query_start_loc = {0, lens[s]};
+    in.seq_lens = {lens[s]};
+    in.block_tables = tables[s];
+    in.max_blocks_per_seq = int(tables[s].size());
+    in.logits_indices = {lens[s] - 1};
+    m->forward(in, logits);
+    next.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  }
+  model::StepInputs dec;
+  dec.max_blocks_per_seq = 4;  // wider than any sequence needs, as the runner's tables can be
+  dec.block_tables.assign(lens.size() * 4, 0);
+  dec.query_start_loc = {0};
+  for (size_t s = 0; s < lens.size(); ++s) {
+    dec.token_ids.push_back(next[s]);
+    dec.positions.push_back(lens[s]);
+    dec.slot_mapping.push_back(int64_t(tables[s][size_t(lens[s] / bs)]) * bs + lens[s] % bs);
+    dec.query_start_loc.push_back(int32_t(s + 1));
+    dec.seq_lens.push_back(lens[s] + 1);
+    std::copy(tables[s].begin(), tables[s].end(), dec.block_tables.begin() + long(s * 4));
+    dec.logits_indices.push_back(int32_t(s));
+  }
+  std::vector<float> plain;
+  m->forward(dec, plain);
+
+  const model::StepInputs pad = model::pad_decode_step(dec, 8, 6, 11, bs);
+  ASSERT_EQ(pad.token_ids.size(), 8u);
+  ASSERT_EQ(pad.query_start_loc.size(), 9u);
+  EXPECT_EQ(pad.query_start_loc[8], 8);
+  EXPECT_EQ(pad.max_blocks_per_seq, 6);
+  ASSERT_EQ(pad.block_tables.size(), 48u);
+  for (size_t s = 0; s < 8; ++s) {
+    const size_t blocks = s < lens.size() ? tables[s].size() : 1;
+    for (size_t b = 0; b < 6; ++b) {
+      const int32_t want = s < lens.size() && b < blocks ? tables[s][b] : 11;
+      EXPECT_EQ(pad.block_tables[s * 6 + b], want) << "row " << s << " block " << b;
+    }
+    if (s >= lens.size()) {
+      EXPECT_EQ(pad.seq_lens[s], 1);
+      EXPECT_EQ(pad.positions[s], 0);
+      EXPECT_EQ(pad.slot_mapping[s], 11 * bs);
+    }
+    EXPECT_EQ(pad.logits_indices[s], int32_t(s));
+  }
+  std::vector<float> padded;
+  m->forward(pad, padded);
+  ASSERT_EQ(padded.size(), size_t(8 * V));
+  EXPECT_LE(max_abs_diff(padded, plain, 0, plain.size()), 1e-5);
+  for (size_t i = plain.size(); i < padded.size(); ++i) ASSERT_TRUE(std::isfinite(padded[i])) << i;
+  EXPECT_THROW(model::pad_decode_step(dec, 2, 6, 11, bs), Error);  // fewer rows than sequences
+  EXPECT_THROW(model::pad_decode_step(dec, 4, 2, 11, bs), Error);  // a table too narrow
+  fs::remove_all(dir);
+}
+
 TEST(ModelForward, BadStepInputsAreErrors) {
   std::string dir = temp_dir("bad");
   TinyModelOptions o;
