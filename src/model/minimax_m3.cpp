@@ -241,13 +241,15 @@ class MiniMaxM3 final : public Model {
     const int n = int(in.token_ids.size());
     const int rows = graph_rows(n);
     if (n > max_graph_batch_) return false;
-    // Context bucket: the grids are those of `keys` keys (a power of two, at least 8 blocks),
-    // and the kernels take any live length up to it.
+    // Context bucket: the grids are those of `keys` keys, and the kernels take any live length
+    // up to it. Buckets 8 blocks x 2^k and 12 blocks x 2^k, so a grid is sized for at most 4/3
+    // of the blocks its longest sequence has (past 8 blocks).
     const int bs = cfg_.sparse_block_size;
     int max_seq = 0;
     for (int32_t l : in.seq_lens) max_seq = std::max(max_seq, l);
-    int64_t keys = 8 * int64_t(bs);
-    while (keys < max_seq) keys *= 2;
+    int64_t blocks = 8;
+    while (blocks * bs < max_seq) blocks = blocks % 3 == 0 ? blocks / 3 * 4 : blocks / 2 * 3;
+    const int64_t keys = blocks * bs;
     if (keys > (int64_t(1) << 30)) return false;
     const StepInputs p = pad_decode_step(in, rows, int(keys / bs), int32_t(cache_opts_.num_blocks), bs);
     StepShape sh = shape_of(p);
@@ -258,6 +260,7 @@ class MiniMaxM3 final : public Model {
     std::erase_if(graphs_, [&](const auto& kv) { return kv.second.gen != gen_; });
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
+      it->second.used = ++graph_clock_;
       upload_step(p, it->second.inputs, true);
       it->second.graph.replay(stream_.cuda_stream);
       ++graph_stats_.replayed;
@@ -280,7 +283,14 @@ class MiniMaxM3 final : public Model {
       return true;
     }
     g.gen = gen_;
+    g.used = ++graph_clock_;
     ++graph_stats_.captured;
+    // At most kMaxGraphs kept (each holds its kernels' launch records): the least recently
+    // replayed goes.
+    if (graphs_.size() >= kMaxGraphs)
+      graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(), [](const auto& a, const auto& b) {
+        return a.second.used < b.second.used;
+      }));
     SIEVE_LOG(Debug, "captured the decode step of " << rows << " sequences, contexts up to " << keys << " keys");
     graphs_.emplace(key, std::move(g));
     return true;
@@ -670,8 +680,10 @@ class MiniMaxM3 final : public Model {
   struct StepGraph {
     Graph graph;
     Buffer inputs;
-    uint64_t gen = 0;  // gen_ at capture
+    uint64_t gen = 0;   // gen_ at capture
+    uint64_t used = 0;  // graph_clock_ at the last capture or replay
   };
+  static constexpr size_t kMaxGraphs = 64;
 
   ModelConfig cfg_;
   ModelWeights w_;
@@ -688,6 +700,7 @@ class MiniMaxM3 final : public Model {
   SelectionStats stats_;
   std::map<std::pair<int, int>, StepGraph> graphs_;  // by (padded rows, context bucket)
   uint64_t gen_ = 0;  // bumped when a buffer that graphs point at is replaced
+  uint64_t graph_clock_ = 0;
   GraphStats graph_stats_;
 };
 

@@ -94,8 +94,8 @@ TEST(ModelCuda, MatchesCpuWithFp8Cache) {
 
 // Decode steps of several sequences together, as CUDA graphs (the default) and eagerly
 // (enforce_eager), on the same cache layout and the same tokens: graphs pad the batch (5 -> 8,
-// 3 -> 4 sequences) and size their grids for a power-of-two context, so the sums run in other
-// orders, and nothing else may differ.
+// 3 -> 4 sequences) and size their grids for a longer context (the bucket), so the sums may run
+// in other orders, and nothing else may differ.
 struct BatchRun {
   std::vector<std::vector<double>> logprobs;  // [step * live sequences + row][vocab]
   std::vector<int32_t> tokens;                // fed tokens (the eager run's greedy choices)
@@ -169,8 +169,8 @@ TEST(ModelCuda, GraphDecodeStepsMatchEager) {
   nlohmann::json g = read_json(kGoldenDir + "/moby_dick.json");
   const std::vector<int32_t> text = g["prompt_ids"].get<std::vector<int32_t>>();
   ASSERT_GE(text.size(), 1300u);
-  // Five prompts: inside one block, across blocks, and one past 1024 keys (a second context
-  // bucket).
+  // Five prompts: inside one block, across blocks, and one past 1024 keys (past the first
+  // context bucket).
   std::vector<std::vector<int32_t>> prompts;
   for (auto [at, n] : std::vector<std::pair<int, int>>{{0, 37}, {40, 129}, {200, 300}, {100, 520}, {150, 1100}})
     prompts.emplace_back(text.begin() + at, text.begin() + at + n);
@@ -189,7 +189,7 @@ TEST(ModelCuda, GraphDecodeStepsMatchEager) {
               (long long)gs.replayed, (long long)gs.eager, gs.off_reason.empty() ? "" : "; off: ",
               gs.off_reason.c_str());
   EXPECT_TRUE(gs.off_reason.empty()) << gs.off_reason;
-  EXPECT_EQ(gs.captured, 2);  // 8 rows and 4 rows, both in the 2048-key bucket
+  EXPECT_EQ(gs.captured, 2);  // 8 rows and 4 rows, both in the 1536-key bucket (12 blocks)
   EXPECT_EQ(gs.replayed, steps - 2);
   EXPECT_EQ(eager->graph_stats().replayed, 0);
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
