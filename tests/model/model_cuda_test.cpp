@@ -41,6 +41,26 @@ TEST(GoldenCuda, ChatFp8Cache) {
   check_golden("chat.json", DType::FP8_E4M3, 0.25, false, 0.9, 4.0, kCuda, false);
 }
 
+// |x - y| over the 20 tokens most likely in x (log-prob rows).
+struct TopDiff {
+  std::vector<int> top;  // those tokens, most likely first
+  double max = 0, sum = 0;
+};
+
+TopDiff top20_diff(const std::vector<double>& x, const std::vector<double>& y) {
+  TopDiff t;
+  t.top.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) t.top[i] = int(i);
+  std::partial_sort(t.top.begin(), t.top.begin() + 20, t.top.end(), [&](int i, int j) { return x[i] > x[j]; });
+  t.top.resize(20);
+  for (int id : t.top) {
+    const double d = std::fabs(x[size_t(id)] - y[size_t(id)]);
+    t.max = std::max(t.max, d);
+    t.sum += d;
+  }
+  return t;
+}
+
 // The CUDA backend against the CPU reference, both with an fp8 cache, position by position.
 TEST(ModelCuda, MatchesCpuWithFp8Cache) {
   SKIP_WITHOUT_GPU();
@@ -59,16 +79,11 @@ TEST(ModelCuda, MatchesCpuWithFp8Cache) {
   for (size_t p = 0; p < a.logprobs.size(); ++p) {
     const auto& x = a.logprobs[p];
     const auto& y = b.logprobs[p];
-    std::vector<int> top(x.size());
-    for (size_t i = 0; i < x.size(); ++i) top[i] = int(i);
-    std::partial_sort(top.begin(), top.begin() + 20, top.end(), [&](int i, int j) { return x[i] > x[j]; });
-    double rm = 0;
-    for (int j = 0; j < 20; ++j) {
-      const double d = std::fabs(x[size_t(top[j])] - y[size_t(top[j])]);
-      rm = std::max(rm, d);
-      sum += d;
-      ++count;
-    }
+    const TopDiff t = top20_diff(x, y);
+    const double rm = t.max;
+    const std::vector<int>& top = t.top;
+    sum += t.sum;
+    count += 20;
     row_max.push_back(rm);
     // A flip of the top token where the CPU's margin is clear: one in a while is rounding (an fp8
     // code of the cache that lands on the other side of a rounding boundary moves a whole
@@ -198,15 +213,11 @@ TEST(ModelCuda, GraphDecodeStepsMatchEager) {
   for (size_t r = 0; r < a.logprobs.size(); ++r) {
     const auto& x = a.logprobs[r];
     const auto& y = b.logprobs[r];
-    std::vector<int> top(x.size());
-    for (size_t i = 0; i < x.size(); ++i) top[i] = int(i);
-    std::partial_sort(top.begin(), top.begin() + 20, top.end(), [&](int i, int j) { return x[i] > x[j]; });
-    for (int j = 0; j < 20; ++j) {
-      const double d = std::fabs(x[size_t(top[j])] - y[size_t(top[j])]);
-      worst = std::max(worst, d);
-      sum += d;
-      ++count;
-    }
+    const TopDiff t = top20_diff(x, y);
+    const std::vector<int>& top = t.top;
+    worst = std::max(worst, t.max);
+    sum += t.sum;
+    count += 20;
     const int gy = int(std::max_element(y.begin(), y.end()) - y.begin());
     if (gy != top[0] && x[size_t(top[0])] - x[size_t(top[1])] > 0.05) ++flips;
   }
