@@ -4,6 +4,7 @@
 //  - json_object: one JSON object (RFC 8259), then end of sequence;
 //  - json_schema: a JSON text that matches a schema (guided_schema.cpp);
 //  - regex: a text a regular expression matches in full (guided_regex.cpp);
+//  - grammar: a text an EBNF grammar derives (guided_grammar.cpp);
 //  - choice: exactly one of a list of strings, then end of sequence;
 //  - prefix: begins with one of a list of strings, free after it (a forced tool call's opening).
 // A token is allowed when its bytes keep the output a prefix of something the constraint
@@ -63,6 +64,16 @@ std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<c
 // naming them, as does a pattern that needs more than 1024 automaton states.
 std::shared_ptr<const OutputConstraint> regex_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                          const std::string& pattern);
+// A text the grammar derives from its rule "root" (EBNF as in vLLM's guided_grammar and
+// llama.cpp's GBNF): rules "name ::= alternatives"; "|", grouping "( )", "?", "*", "+",
+// "{m}", "{m,}", "{m,n}" (m, n <= 256); literals "..." or '...'; classes [a-z], [^...] of code
+// points; "." (any code point); comments from "#". Escapes \n \r \t \\ \" \' \[ \] \- \^ \xHH
+// \uHHHH \UHHHHHHHH. Output bytes are matched as UTF-8 code points. Throws Error naming the
+// problem (with its line and column) for bad syntax, an undefined or missing root rule, and left
+// recursion (a rule that can begin with itself). At most 4096 parses stay open at once (a more
+// ambiguous grammar is cut there) and 1024 nested rules.
+std::shared_ptr<const OutputConstraint> grammar_constraint(std::shared_ptr<const TokenBytes> vocab,
+                                                           const std::string& grammar);
 // An output that begins with one of `prefixes` and is free after it (forcing a tool call's
 // opening: what follows the prefix is the model's). End of sequence only after a prefix.
 std::shared_ptr<const OutputConstraint> prefix_constraint(std::shared_ptr<const TokenBytes> vocab,

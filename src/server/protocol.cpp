@@ -354,6 +354,12 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     if (!v.is_string() || v.get<std::string>().empty()) bad(param, "expected a non-empty pattern string, got " + v.dump());
     r.guided_schema = v.get<std::string>();
   };
+  auto read_grammar = [&](const ojson& v, const std::string& param) {
+    set_guided("grammar", param);
+    if (!v.is_string() || v.get<std::string>().empty())
+      bad(param, "expected a non-empty grammar string (EBNF: root ::= ...), got " + v.dump());
+    r.guided_schema = v.get<std::string>();
+  };
   auto read_choices = [&](const ojson& v, const std::string& param) {
     if (!v.is_array() || v.empty()) bad(param, "expected a non-empty array of strings, got " + v.dump());
     for (const ojson& c : v) {
@@ -391,21 +397,21 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
         read_schema(*it, "structured_outputs.json");
       } else if (it.key() == "regex") {
         read_regex(*it, "structured_outputs.regex");
+      } else if (it.key() == "grammar") {
+        read_grammar(*it, "structured_outputs.grammar");
       } else if (it.key() == "json_object") {
         if (!it->is_boolean()) bad("structured_outputs.json_object", "expected a boolean, got " + it->dump());
         if (it->get<bool>()) set_guided("json_object", "structured_outputs.json_object");
       } else {
         bad("structured_outputs." + it.key(),
             "is not supported: this server constrains output to a JSON object, a JSON schema, a regular "
-            "expression or choices only");
+            "expression, an EBNF grammar or choices");
       }
     }
   }
   if (const ojson* gj = field(body, "guided_json")) read_schema(*gj, "guided_json");
   if (const ojson* gr = field(body, "guided_regex")) read_regex(*gr, "guided_regex");
-  if (field(body, "guided_grammar"))
-    bad("guided_grammar", "is not supported: this server constrains output to a JSON object, a JSON schema, a "
-                          "regular expression or choices only");
+  if (const ojson* gg = field(body, "guided_grammar")) read_grammar(*gg, "guided_grammar");
   if (const ojson* lb = field(body, "logit_bias")) {
     if (!lb->is_object())
       bad("logit_bias", std::string("expected an object, got ") + type_name(*lb));

@@ -59,11 +59,12 @@ struct GenerateRequest {
   std::string tool_choice = "none";
   // Guided decoding: "" (none), "json_object" (response_format json_object, or
   // structured_outputs.json_object), "json_schema" (response_format json_schema, guided_json,
-  // structured_outputs.json), "regex" (guided_regex, structured_outputs.regex) or "choice"
-  // (guided_choice, or structured_outputs.choice).
+  // structured_outputs.json), "regex" (guided_regex, structured_outputs.regex), "grammar"
+  // (guided_grammar, structured_outputs.grammar) or "choice" (guided_choice, or
+  // structured_outputs.choice).
   std::string guided;
   std::vector<std::string> guided_choice;
-  std::string guided_schema;  // json_schema: the schema's JSON text; regex: the pattern
+  std::string guided_schema;  // json_schema: the schema's JSON text; regex: the pattern; grammar: its text
   std::string guided_param;   // the field that asked for it (errors name it)
   bool add_generation_prompt = true;
   bool continue_final_message = false;

@@ -342,8 +342,9 @@ struct Server::Impl {
     }
     std::shared_ptr<const engine::OutputConstraint> c;
     try {
-      c = kind == "regex" ? engine::regex_constraint(guided_vocab(), text)
-                          : engine::json_schema_constraint(guided_vocab(), text);
+      c = kind == "regex"     ? engine::regex_constraint(guided_vocab(), text)
+          : kind == "grammar" ? engine::grammar_constraint(guided_vocab(), text)
+                              : engine::json_schema_constraint(guided_vocab(), text);
     } catch (const Error& e) {
       throw ApiError(400, e.what(), param);
     }
@@ -541,7 +542,8 @@ struct Server::Impl {
     if (!forced_calls.empty()) constraint = engine::prefix_constraint(guided_vocab(), forced_calls);
     if (g.guided == "json_object") constraint = guided_json();
     if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
-    if (g.guided == "json_schema" || g.guided == "regex") constraint = guided_compiled(g.guided, g.guided_schema, g.guided_param);
+    if (g.guided == "json_schema" || g.guided == "regex" || g.guided == "grammar")
+      constraint = guided_compiled(g.guided, g.guided_schema, g.guided_param);
     for (size_t i = 0; i < prompts.size(); ++i) {
       engine::SamplingParams params = g.params;
       params.constraint = constraint;

@@ -275,5 +275,83 @@ TEST(Guided, RegexTexts) {
   }
 }
 
+TEST(Guided, GrammarTexts) {
+  SchemaCheck k;
+  // Arithmetic over integers: recursion through parentheses, repetition, a class, alternatives.
+  auto expr = grammar_constraint(k.vocab, R"g(
+    # comments and rules over several lines
+    root   ::= expr
+    expr   ::= term (("+" | "-") term)*
+    term   ::= factor ("*" factor)*
+    factor ::= [0-9]+ | "(" expr ")"
+  )g");
+  for (const char* ok : {"1", "12+3", "(1+2)*3", "((7))", "1*2*3-4"}) EXPECT_EQ(k.walk(expr, ok), 1) << ok;
+  EXPECT_EQ(k.walk(expr, "(1+"), 0);
+  EXPECT_EQ(k.walk(expr, "((7)"), 0);
+  for (const char* bad : {"+1", "1+*2", "(1))", "a", "1 + 2"}) EXPECT_EQ(k.walk(expr, bad), -1) << bad;
+  // Bounded repetition, optional parts, escapes, a negated class over UTF-8 text, "." and ''.
+  auto rec = grammar_constraint(k.vocab,
+                                "root ::= key \"=\" val ( \";\" key \"=\" val ){0,2} '\\n'?\n"
+                                "key ::= [a-z_] [a-z0-9_]{0,3}\n"
+                                "val ::= \"\\\"\" [^\"\\n]* \"\\\"\" | \"#\" . | \"\\u00e9\"+");
+  EXPECT_EQ(k.walk(rec, "a=\"x y\""), 1);
+  EXPECT_EQ(k.walk(rec, "a=\"caf\xc3\xa9 \xe2\x82\xac\";b_1=#!;c=\xc3\xa9\xc3\xa9\n"), 1);
+  EXPECT_EQ(k.walk(rec, "a=#\xf0\x9f\x98\x80"), 1);                // "." takes a 4-byte code point
+  EXPECT_EQ(k.walk(rec, "a=\xc3"), 0);                             // inside a code point
+  EXPECT_EQ(k.walk(rec, "a=\xc3\xa8"), -1);                        // U+00E8 is not U+00E9
+  EXPECT_EQ(k.walk(rec, "a=\"x\n"), -1);
+  EXPECT_EQ(k.walk(rec, "abcde=#x"), -1);                          // key of at most 4
+  EXPECT_EQ(k.walk(rec, "a=#x;b=#x;c=#x;d=#x"), -1);               // at most 2 more pairs
+  EXPECT_EQ(k.walk(rec, "a=\"\x80\""), -1);                        // not UTF-8
+  // A lead byte is allowed only when a code point of its length can still match: U+00E9 is two
+  // bytes, so no three- or four-byte lead may begin it.
+  auto e_acute = grammar_constraint(k.vocab, "root ::= \"\u00e9\"");
+  EXPECT_EQ(k.walk(e_acute, "\xc3"), 0);
+  EXPECT_EQ(k.walk(e_acute, "\xe0"), -1);
+  EXPECT_EQ(k.walk(e_acute, "\xf0"), -1);
+  EXPECT_EQ(k.walk(grammar_constraint(k.vocab, "root ::= [0-9]"), "\xe0"), -1);
+  // Long repetitions neither grow the parse nor slow it: 3000 bytes of a starred class.
+  auto star = grammar_constraint(k.vocab, "root ::= [a-z]* \".\"");
+  EXPECT_EQ(k.walk(star, std::string(3000, 'q') + "."), 1);
+  // The request ends when nothing may follow.
+  auto yn = grammar_constraint(k.vocab, "root ::= \"yes\" | \"no\" \"pe\"?");
+  auto st = yn->start();
+  for (char ch : std::string("yes")) st->accept(uint8_t(ch));
+  EXPECT_TRUE(st->must_end());
+  st = yn->start();
+  for (char ch : std::string("no")) st->accept(uint8_t(ch));
+  EXPECT_TRUE(st->complete());
+  EXPECT_FALSE(st->must_end());
+  // End of sequence only when the text is complete.
+  std::vector<float> l(k.vocab->size(), 0.0f);
+  st->mask(l, std::vector<int32_t>{256});
+  EXPECT_TRUE(std::isfinite(l[256]));
+  EXPECT_TRUE(std::isfinite(l['p']));
+  EXPECT_FALSE(std::isfinite(l['x']));
+  for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"", "empty"},
+           {"expr ::= \"a\"", "root"},
+           {"root ::= item", "\"item\" is used but not defined"},
+           {"root ::= root \"a\" | \"b\"", "left-recursive"},
+           {"root ::= x\nx ::= y? x \"a\"\ny ::= \"b\"", "left-recursive"},
+           {"root: \"a\"", "Lark"},
+           {"root ::= \"a", "unterminated literal"},
+           {"root ::= [b-a]", "backwards"},
+           {"root ::= \"a\"{3,1}", "n < m"},
+           {"root ::= \"a\"{300}", "above 256"},
+           {"root ::= (\"a\"", "missing ')'"},
+           {"root ::= \"a\" )", "unmatched ')'"},
+           {"root ::= \"\\q\"", "unknown escape"},
+           {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
+           {"root ::= \"a\"\n  ~", "line 2, column 3"}}) {
+    try {
+      grammar_constraint(k.vocab, text);
+      ADD_FAILURE() << text << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << text << ": " << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sieve::engine

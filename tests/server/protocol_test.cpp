@@ -317,8 +317,8 @@ TEST(Protocol, ToolChoiceAndEarlierReasoning) {
   EXPECT_EQ(r.messages[1]["reasoning_content"], "r1");
 }
 
-// Guided decoding: a JSON object, a JSON schema, a regular expression or choices; grammars are
-// refused by name, never answered with free text.
+// Guided decoding: a JSON object, a JSON schema, a regular expression, an EBNF grammar or choices;
+// other structured_outputs keys are refused by name, never answered with free text.
 TEST(Protocol, GuidedDecodingFields) {
   const std::string m = R"("messages":[{"role":"user","content":"hi"}])";
   EXPECT_EQ(parse("{" + m + R"(,"response_format":{"type":"text"}})", true).guided, "");
@@ -351,8 +351,17 @@ TEST(Protocol, GuidedDecodingFields) {
   EXPECT_EQ(r.guided_schema, "a+");
   EXPECT_EQ(parse("{" + m + R"(,"structured_outputs":{"regex":"\\d+"}})", true).guided_param, "structured_outputs.regex");
   refused("{" + m + R"(,"guided_regex":""})", true, "guided_regex");
-  refused("{" + m + R"(,"guided_grammar":"root ::= x"})", true, "guided_grammar");
-  refused("{" + m + R"(,"structured_outputs":{"grammar":"root ::= x"}})", true, "structured_outputs.grammar");
+  r = parse("{" + m + R"(,"guided_grammar":"root ::= \"a\"+"})", true);
+  EXPECT_EQ(r.guided, "grammar");
+  EXPECT_EQ(r.guided_schema, "root ::= \"a\"+");
+  EXPECT_EQ(r.guided_param, "guided_grammar");
+  r = parse(R"({"prompt":"hi","structured_outputs":{"grammar":"root ::= [0-9]"}})", false);
+  EXPECT_EQ(r.guided, "grammar");
+  EXPECT_EQ(r.guided_param, "structured_outputs.grammar");
+  refused("{" + m + R"(,"guided_grammar":""})", true, "guided_grammar");
+  refused("{" + m + R"(,"guided_grammar":{"root":"x"}})", true, "guided_grammar");
+  refused("{" + m + R"(,"guided_grammar":"root ::= x","guided_regex":"a"})", true, "guided_grammar");
+  refused("{" + m + R"(,"structured_outputs":{"structural_tag":"x"}})", true, "structured_outputs.structural_tag");
 }
 
 TEST(Protocol, RandomizedRequestsNeverCrashTheParser) {

@@ -272,6 +272,29 @@ TEST(ServerHttp, GuidedChoiceRegexAndJsonObject) {
         << text;
     EXPECT_EQ(ch["finish_reason"], "stop");
   }
+  for (int seed = 0; seed < 4; ++seed) {
+    auto r = c.Post("/v1/completions",
+                    R"({"prompt":[1,2,3],"max_tokens":24,"seed":)" + std::to_string(seed) +
+                        R"(,"guided_grammar":"root ::= num (\",\" num){2}\nnum ::= [1-9] [0-9]?"})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto ch = json::parse(r->body)["choices"][0];
+    const std::string text = ch["text"];
+    int commas = 0;
+    bool ok = !text.empty() && text[0] >= '1' && text[0] <= '9';
+    for (char x : text) {
+      commas += x == ',';
+      ok = ok && (x == ',' || std::isdigit(uint8_t(x)));
+    }
+    EXPECT_TRUE(ok && commas == 2 && text.back() != ',') << text;
+    EXPECT_EQ(ch["finish_reason"], "stop") << text;
+  }
+  auto bad_grammar = c.Post("/v1/completions", R"({"prompt":[1],"guided_grammar":"root ::= root \"a\""})", "application/json");
+  ASSERT_TRUE(bad_grammar);
+  EXPECT_EQ(bad_grammar->status, 400);
+  EXPECT_EQ(json::parse(bad_grammar->body)["error"]["param"], "guided_grammar");
+  EXPECT_NE(std::string(json::parse(bad_grammar->body)["error"]["message"]).find("left-recursive"), std::string::npos);
   auto bad = c.Post("/v1/completions", R"({"prompt":[1],"guided_regex":"(a"})", "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
