@@ -204,7 +204,7 @@ TEST(ModelCuda, GraphDecodeStepsMatchEager) {
               (long long)gs.replayed, (long long)gs.eager, gs.off_reason.empty() ? "" : "; off: ",
               gs.off_reason.c_str());
   EXPECT_TRUE(gs.off_reason.empty()) << gs.off_reason;
-  EXPECT_EQ(gs.captured, 2);  // 8 rows and 4 rows, both in the 1536-key bucket (12 blocks)
+  EXPECT_EQ(gs.captured, 2);  // 8 rows at 1536 keys (12 blocks), then 4 rows (three short sequences) at 1024
   EXPECT_EQ(gs.replayed, steps - 2);
   EXPECT_EQ(eager->graph_stats().replayed, 0);
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
