@@ -48,6 +48,11 @@ bool read_name(std::string_view s, size_t& at, std::string& name) {
   return true;
 }
 
+// A character of a parameter tag's name (<KEY>): letters, digits, '_' and '-'.
+bool tag_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
+
 // A tools entry's function object ({"type": "function", "function": {...}} or the function
 // itself), or null when it has no string name.
 const ojson* function_of(const ojson& entry) {
@@ -153,17 +158,34 @@ std::vector<RawInvoke> scan_invokes(std::string_view text) {
     const size_t end = body.find("</invoke>", p);
     call.closed = end != std::string::npos;
     const std::string_view inner = std::string_view(body).substr(p, call.closed ? end - p : std::string::npos);
+    // Parameters: <parameter name="KEY">VALUE</parameter>, or named by the tag itself,
+    // <KEY>VALUE</KEY> (M3, as ATOM's parser reads it). Another '<' is text of the body.
     size_t q = 0;
     while (true) {
-      const size_t par = inner.find("<parameter ", q);
-      if (par == std::string_view::npos) break;
-      size_t r = par + std::string_view("<parameter ").size();
-      std::string key;
-      if (!read_name(inner, r, key)) break;
-      const size_t close = inner.find("</parameter>", r);
+      const size_t lt = inner.find('<', q);
+      if (lt == std::string_view::npos) break;
+      size_t r = lt + 1;
+      std::string key, close_tag;
+      if (inner.substr(lt, std::string_view("<parameter ").size()) == "<parameter ") {
+        r = lt + std::string_view("<parameter ").size();
+        if (!read_name(inner, r, key)) break;
+        close_tag = "</parameter>";
+      } else {
+        size_t e = r;
+        while (e < inner.size() && tag_name_char(inner[e])) ++e;
+        if (e == inner.size()) break;  // the tag is still being written
+        if (e == r || inner[e] != '>') {
+          q = lt + 1;
+          continue;
+        }
+        key = std::string(inner.substr(r, e - r));
+        r = e + 1;
+        close_tag = "</" + key + ">";
+      }
+      const size_t close = inner.find(close_tag, r);
       if (close == std::string_view::npos) break;
       call.params.emplace_back(std::move(key), std::string(inner.substr(r, close - r)));
-      q = close + std::string_view("</parameter>").size();
+      q = close + close_tag.size();
     }
     out.push_back(std::move(call));
     if (!out.back().closed) break;

@@ -4,7 +4,8 @@
 // chat template renders: every tag may carry the M3 namespace token ]<]minimax[>[ in front,
 //   <tool_call>
 //   <invoke name="NAME">
-//   <parameter name="KEY">VALUE</parameter> ...
+//   <KEY>VALUE</KEY> ...                       (M3: the parameter named by its tag, as ATOM reads it)
+//   <parameter name="KEY">VALUE</parameter> ... (M2's form, which templates also render)
 //   </invoke> ...
 //   </tool_call>
 // and MiniMax-M2's <minimax:tool_call> opening is accepted too.

@@ -49,6 +49,52 @@ TEST(ToolCalls, ParsesTheTemplatesFormatTypedBySchema) {
   EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Paris","days":3,"zip":75001})");
 }
 
+// M3's form: each parameter named by its own tag (as ATOM's parser reads it and the bundled
+// model's template renders it); a '<' that opens no parameter tag is text between them.
+TEST(ToolCalls, ParametersNamedByTheirTags) {
+  const std::string text = "Sure.\n" + NS + "<tool_call>\n" + NS + "<invoke name=\"get_weather\">\n" + NS +
+                           "<city>Paris" + NS + "</city>\n" + NS + "<days>3" + NS + "</days>\n < 2 \n" + NS +
+                           "<zip>a<b>c" + NS + "</zip>\n" + NS + "</invoke>\n" + NS + "<invoke name=\"note\">\n" + NS +
+                           "<tags>[\"a\"]" + NS + "</tags>\n" + NS + "<parameter name=\"text\">hi" + NS +
+                           "</parameter>\n" + NS + "</invoke>\n" + NS + "</tool_call>";
+  ToolCallParse tp = parse_tool_calls(text, kTools);
+  EXPECT_EQ(tp.content, "Sure.\n");
+  ASSERT_EQ(tp.calls.size(), 2u);
+  EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Paris","days":3,"zip":"a<b>c"})");
+  EXPECT_EQ(tp.calls[1].arguments.dump(), R"({"tags":["a"],"text":"hi"})");
+  // Streamed in pieces cut anywhere, the pieces add up to the same arguments.
+  for (size_t i = 0; i <= text.size(); ++i) {
+    ToolCallStream s;
+    std::string args[2];
+    for (std::string_view part : {std::string_view(text).substr(0, i), std::string_view(text).substr(i)}) {
+      s.push(part);
+      for (const ToolCallDelta& d : s.take_calls(kTools, false)) args[d.index] += d.arguments;
+    }
+    for (const ToolCallDelta& d : s.take_calls(kTools, true)) args[d.index] += d.arguments;
+    EXPECT_EQ(args[0], tp.calls[0].arguments.dump()) << i;
+    EXPECT_EQ(args[1], tp.calls[1].arguments.dump()) << i;
+  }
+}
+
+// What the bundled model's chat template renders for an assistant turn's tool_calls parses back
+// to them.
+TEST(ToolCalls, RoundTripThroughTheBundledModelsTemplate) {
+  const std::string dir = std::string(SIEVE_SOURCE_DIR) + "/models/minimax-m3-tiny";
+  if (!std::filesystem::exists(dir + "/chat_template.jinja")) GTEST_SKIP() << "no bundled model";
+  const text::Tokenizer tok = text::Tokenizer::load(dir);
+  const ojson messages = ojson::parse(R"([{"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": "Checking.", "tool_calls": [
+      {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "zip": "0150"}}},
+      {"id": "c2", "type": "function", "function": {"name": "note", "arguments": {"tags": ["x"], "text": "hi"}}}]}])");
+  const std::string prompt = text::render_chat(tok, messages, kTools, false, ojson::object());
+  const size_t from = prompt.rfind("]~b]ai\n") + 7, to = prompt.rfind("[e~[");
+  ToolCallParse tp = parse_tool_calls(std::string_view(prompt).substr(from, to - from), kTools);
+  ASSERT_EQ(tp.calls.size(), 2u) << prompt;
+  EXPECT_EQ(tp.calls[0].name, "get_weather");
+  EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Oslo","days":2,"zip":"0150"})") << prompt;
+  EXPECT_EQ(tp.calls[1].arguments.dump(), R"({"tags":["x"],"text":"hi"})");
+}
+
 TEST(ToolCalls, NoCallsCutShortAndM2Opening) {
   EXPECT_TRUE(parse_tool_calls("just text <tool", kTools).calls.empty());
   EXPECT_EQ(parse_tool_calls("just text <tool", kTools).content, "just text <tool");
