@@ -70,7 +70,7 @@ const r = await stopServer(srv);
 eq(r.code, 0, 'clean exit');
 
 const pc = await startServer(sieve, ['--model', model, '--served-model-name', 'tiny', '--kv-cache-memory', '8MiB',
-  '--max-model-len', '1024', '--enable-prefix-caching']);
+  '--max-model-len', '1024', '--enable-prefix-caching', '--enforce-eager']);
 const pclient = new OpenAI({ baseURL: `${pc.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
 await section('prefix caching reuses blocks without changing outputs', async () => {
   const first = idsOf(await pclient.completions.create(job(variants[0])));
