@@ -505,9 +505,10 @@ struct Server::Impl {
     gen->g = parse_generate_request(body, chat, opts.defaults);
     GenerateRequest& g = gen->g;
     check_model(g.model);
-    // tool_choice "required" or a named function: the output is made to open a call (of any of
-    // the tools, or of that one); the tool parser then returns it.
-    std::vector<std::string> forced_calls;
+    // tool_choice "required" or a named function: the output is made to be calls (of any of the
+    // tools, or of that one) whose parameters follow the tools' schemas (tool_call_grammar); the
+    // tool parser then returns them.
+    std::string forced_grammar;
     if (g.tool_choice == "required" || g.tool_choice.rfind("function:", 0) == 0) {
       if (opts.tool_parser.empty())
         throw ApiError(400, "tool_choice \"" + g.tool_choice + "\" needs --enable-auto-tool-choice --tool-call-parser",
@@ -522,7 +523,7 @@ struct Server::Impl {
         names = {want};
       }
       if (names.empty()) throw ApiError(400, "tool_choice \"required\" needs tools", "tool_choice");
-      for (const auto& n : names) forced_calls.push_back(tool_call_opening(n));
+      forced_grammar = tool_call_grammar(names, g.tools, g.tool_choice == "required");
     }
     std::vector<std::string> texts;
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
@@ -539,7 +540,7 @@ struct Server::Impl {
                        param);
     }
     std::shared_ptr<const engine::OutputConstraint> constraint;
-    if (!forced_calls.empty()) constraint = engine::prefix_constraint(guided_vocab(), forced_calls);
+    if (!forced_grammar.empty()) constraint = guided_compiled("grammar", forced_grammar, "tool_choice");
     if (g.guided == "json_object") constraint = guided_json();
     if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
     if (g.guided == "json_schema" || g.guided == "regex" || g.guided == "grammar")
@@ -553,7 +554,7 @@ struct Server::Impl {
         throw ApiError(400,
                        "guided decoding with thinking on is not supported: the whole output is constrained, "
                        "so it would all be reasoning; set chat_template_kwargs.enable_thinking to false",
-                       forced_calls.empty() ? g.guided_param : std::string("tool_choice"));
+                       forced_grammar.empty() ? g.guided_param : std::string("tool_choice"));
       if (!g.max_tokens_given) {
         // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
         const int64_t left = max_len - int64_t(prompts[i].size());

@@ -124,6 +124,116 @@ std::string tool_call_opening(const std::string& name) {
   return ns + std::string(kOpen) + "\n" + ns + "<invoke name=\"" + name + "\">";
 }
 
+namespace {
+
+// `s` as a literal of guided.h's EBNF.
+std::string ebnf_literal(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const uint8_t c = uint8_t(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7F) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// The rules every tool-call grammar shares: JSON values and the namespace token.
+constexpr const char* kToolGrammarBase = R"(ns ::= "]<]minimax[>["
+text ::= ([^<] | "<" [^/])*
+int ::= "-"? ("0" | [1-9] [0-9]{0,18})
+num ::= int ("." [0-9]{1,16})? ([eE] [+-]? [0-9]{1,3})?
+bool ::= "true" | "false"
+jws ::= [ \t\n]{0,4}
+jstr ::= "\"" ([^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""
+jobj ::= "{" jws (jstr jws ":" jws jv jws ("," jws jstr jws ":" jws jv jws)*)? "}"
+jarr ::= "[" jws (jv jws ("," jws jv jws)*)? "]"
+jv ::= jobj | jarr | jstr | num | bool | "null"
+)";
+
+// The grammar of one parameter's value, from its schema (the tool parser's typing: strings as
+// written, other types as JSON).
+std::string value_rule(const ojson& schema) {
+  if (!schema.is_object()) return "text";
+  if (auto e = schema.find("enum"); e != schema.end() && e->is_array() && !e->empty()) {
+    std::string alts;
+    for (const ojson& v : *e) {
+      if (!alts.empty()) alts += " | ";
+      alts += ebnf_literal(v.is_string() ? v.get<std::string>() : v.dump());
+    }
+    return "(" + alts + ")";
+  }
+  std::vector<std::string> types;
+  if (auto t = schema.find("type"); t != schema.end()) {
+    if (t->is_string()) types.push_back(t->get<std::string>());
+    if (t->is_array())
+      for (const ojson& x : *t)
+        if (x.is_string()) types.push_back(x.get<std::string>());
+  }
+  std::string alts;
+  for (const std::string& t : types) {
+    const char* r = t == "string" ? "text" : t == "integer" ? "int" : t == "number" ? "num" : t == "boolean" ? "bool"
+                    : t == "null" ? "\"null\"" : t == "object" ? "jobj" : t == "array" ? "jarr" : nullptr;
+    if (!r || t == "string") return "text";  // text takes any value the others write
+    if (!alts.empty()) alts += " | ";
+    alts += r;
+  }
+  return alts.empty() ? "text" : "(" + alts + ")";
+}
+
+}  // namespace
+
+std::string tool_call_grammar(const std::vector<std::string>& names, const ojson& tools, bool several) {
+  std::string calls, rules;
+  int i = 0;
+  for (const std::string& name : names) {
+    const ojson* fn = nullptr;
+    if (tools.is_array())
+      for (const ojson& t : tools)
+        if (const ojson* f = function_of(t); f && (*f)["name"].get<std::string>() == name) fn = f;
+    const ojson* params = fn && fn->contains("parameters") ? &(*fn)["parameters"] : nullptr;
+    const ojson* props = params && params->is_object() && params->contains("properties") &&
+                                 (*params)["properties"].is_object()
+                             ? &(*params)["properties"]
+                             : nullptr;
+    std::vector<std::string> required;
+    if (params && params->is_object())
+      if (auto r = params->find("required"); r != params->end() && r->is_array())
+        for (const ojson& x : *r)
+          if (x.is_string()) required.push_back(x.get<std::string>());
+    const std::string call = "call" + std::to_string(i++);
+    std::string body;
+    if (props) {
+      for (auto it = props->begin(); it != props->end(); ++it) {
+        const std::string& key = it.key();
+        const bool tag = !key.empty() && std::all_of(key.begin(), key.end(), tag_name_char);
+        // M3's form, the parameter named by its tag, unless the name cannot be a tag.
+        const std::string open = tag ? "<" + key + ">" : "<parameter name=\"" + key + "\">";
+        const std::string close = tag ? "</" + key + ">" : "</parameter>";
+        const std::string item = "ns " + ebnf_literal(open) + " " + value_rule(*it) + " ns " + ebnf_literal(close) + " \"\\n\"";
+        const bool req = std::find(required.begin(), required.end(), key) != required.end();
+        body += req ? " " + item : " (" + item + ")?";
+      }
+    } else {
+      // No declared properties: any parameters, named by their tags.
+      body = R"( (ns "<" [a-zA-Z0-9_-]+ ">" text ns "</" [a-zA-Z0-9_-]+ ">" "\n")*)";
+    }
+    rules += call + " ::= ns " + ebnf_literal("<invoke name=\"" + name + "\">\n") + body + " ns " +
+             ebnf_literal("</invoke>\n") + "\n";
+    calls += (calls.empty() ? "" : " | ") + call;
+  }
+  return "root ::= ns \"<tool_call>\\n\" calls" + std::string(several ? "+" : "") + " ns \"</tool_call>\"\ncalls ::= " +
+         calls + "\n" + rules + kToolGrammarBase;
+}
+
 size_t tool_call_content_prefix(std::string_view text) {
   if (const size_t p = find_open(text); p != std::string_view::npos) return p;
   static const std::string openings[] = {std::string(kNs) + std::string(kOpen), std::string(kOpen),

@@ -48,6 +48,16 @@ std::vector<std::string> tool_names(const nlohmann::ordered_json& tools);
 // the output begin with.
 std::string tool_call_opening(const std::string& name);
 
+// The grammar (EBNF of engine/guided.h) of what tool_choice "required" (`several`: one call or
+// more, of any of `names`) or a named function (one call) makes the output: the tool-call block
+// as the chat template writes it, with the namespace token before every tag, each call's
+// parameters in the order its schema declares them, the required ones present, each written
+// <KEY>VALUE</KEY> (or <parameter name="KEY"> when the key is not a tag name) with a value of
+// its schema's type: integer, number, boolean and null as JSON scalars, object and array as
+// JSON, enum as one of its values, string (or no type) as text without "</".
+std::string tool_call_grammar(const std::vector<std::string>& names, const nlohmann::ordered_json& tools,
+                              bool several);
+
 // Streaming: how much of `text` is surely content: up to the first tool-call opening, and short
 // of a suffix that could begin one.
 size_t tool_call_content_prefix(std::string_view text);

@@ -39,12 +39,13 @@ struct Rig {
     text::write_byte_level_tokenizer(d.string(), 300);
     return d.string();
   }
-  explicit Rig(ServerOptions o = {}, int64_t max_len = 256) : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
-    model.allocate_caches({.num_blocks = 32});
+  explicit Rig(ServerOptions o = {}, int64_t max_len = 256, int64_t blocks = 32)
+      : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
+    model.allocate_caches({.num_blocks = blocks});
     engine = std::make_unique<engine::Engine>(
         model, engine::EngineConfig{
                    {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = max_len},
-                   32,
+                   blocks,
                    false,
                    {},
                    std::nullopt});
@@ -159,10 +160,10 @@ TEST(ServerHttp, ReasoningParserSplitsChatOutput) {
   EXPECT_EQ(content, "");
 }
 
-// tool_choice "required" or a named function makes the output open a call (the fake model's
-// bytes after it rarely close one, so the text shows the opening); without the tool parser, or
-// naming a tool the request lacks, it is refused. With the parser on, output without tool calls
-// is unchanged.
+// tool_choice "required" or a named function makes the output calls whose parameters follow the
+// tools' schemas (tools without declared parameters take any, and the fake model's bytes rarely
+// close those, so the text shows the opening); without the tool parser, or naming a tool the
+// request lacks, it is refused. With the parser on, output without tool calls is unchanged.
 TEST(ServerHttp, ToolChoiceForcesACallsOpening) {
   const std::string tools =
       R"("tools":[{"type":"function","function":{"name":"f","parameters":{}}},{"type":"function","function":{"name":"g","parameters":{}}}])";
@@ -226,6 +227,27 @@ TEST(ServerHttp, ToolChoiceForcesACallsOpening) {
     EXPECT_EQ(content, "");
     EXPECT_EQ(finish, "tool_calls");
     EXPECT_TRUE(json::parse(args, nullptr, false).is_object()) << args;
+  }
+  // A named function with a schema: the call comes out whole, its arguments of the schema's types.
+  Rig roomy(o, 1024, 64);
+  auto c2 = roomy.client();
+  for (int seed = 0; seed < 4; ++seed) {
+    const std::string typed =
+        R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":200,"seed":)" + std::to_string(seed) +
+        R"(,"tools":[{"type":"function","function":{"name":"set","parameters":{"type":"object","properties":{)"
+        R"("n":{"type":"integer"},"mode":{"enum":["on","off"]}},"required":["n","mode"]}}}],)"
+        R"("tool_choice":{"type":"function","function":{"name":"set"}},"chat_template_kwargs":{"enable_thinking":false}})";
+    auto r = c2.Post("/v1/chat/completions", typed, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto ch = json::parse(r->body)["choices"][0];
+    EXPECT_EQ(ch["finish_reason"], "tool_calls") << r->body;
+    ASSERT_EQ(ch["message"]["tool_calls"].size(), 1u) << r->body;
+    auto fn = ch["message"]["tool_calls"][0]["function"];
+    EXPECT_EQ(fn["name"], "set");
+    auto args = json::parse(fn["arguments"].get<std::string>());
+    EXPECT_TRUE(args["n"].is_number_integer()) << args.dump();
+    EXPECT_TRUE(args["mode"] == "on" || args["mode"] == "off") << args.dump();
   }
   auto r = c.Post("/v1/chat/completions", base + R"(,"tool_choice":{"type":"function","function":{"name":"h"}}})",
                   "application/json");

@@ -6,9 +6,11 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 
+#include "engine/guided.h"
 #include "text/byte_level.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -93,6 +95,60 @@ TEST(ToolCalls, RoundTripThroughTheBundledModelsTemplate) {
   EXPECT_EQ(tp.calls[0].name, "get_weather");
   EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Oslo","days":2,"zip":"0150"})") << prompt;
   EXPECT_EQ(tp.calls[1].arguments.dump(), R"({"tags":["x"],"text":"hi"})");
+}
+
+// tool_choice's grammar: the calls as the template writes them, typed by the tools' schemas.
+TEST(ToolCalls, ForcedCallGrammarFollowsTheSchemas) {
+  auto vocab = std::make_shared<engine::TokenBytes>(257);
+  for (int b = 0; b < 256; ++b) (*vocab)[size_t(b)] = std::string(1, char(b));
+  // 1: complete; 0: a prefix; -1: some byte is masked.
+  auto walk = [&](const std::shared_ptr<const engine::OutputConstraint>& c, const std::string& text) {
+    auto st = c->start();
+    for (char ch : text) {
+      std::vector<float> l(vocab->size(), 0.0f);
+      st->mask(l, std::vector<int32_t>{256});
+      if (!std::isfinite(l[uint8_t(ch)])) return -1;
+      st->accept(uint8_t(ch));
+    }
+    return st->complete() ? 1 : 0;
+  };
+  const ojson tools = ojson::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+      "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]},
+      "when": {"type": ["number", "null"]}, "opts": {"type": "object"}, "odd key": {"type": "boolean"}},
+      "required": ["city"]}}},
+    {"type": "function", "function": {"name": "ping"}}])");
+  const std::string g = tool_call_grammar({"get_weather"}, tools, false);
+  auto one = engine::grammar_constraint(vocab, g);
+  auto call = [&](const std::string& params) {
+    return NS + "<tool_call>\n" + NS + "<invoke name=\"get_weather\">\n" + params + NS + "</invoke>\n" + NS + "</tool_call>";
+  };
+  auto p = [&](const std::string& k, const std::string& v) { return NS + "<" + k + ">" + v + NS + "</" + k + ">\n"; };
+  const std::string full = call(p("city", "Paris <3") + p("days", "-2") + p("unit", "f") + p("when", "1.5e3") +
+                                p("opts", R"({"a": [1, "x\n"], "b": null})") + NS +
+                                "<parameter name=\"odd key\">true" + NS + "</parameter>\n");
+  EXPECT_EQ(walk(one, full), 1) << g;
+  ToolCallParse tp = parse_tool_calls(full, tools);
+  ASSERT_EQ(tp.calls.size(), 1u);
+  EXPECT_EQ(tp.calls[0].arguments.dump(),
+            R"({"city":"Paris <3","days":-2,"unit":"f","when":1500.0,"opts":{"a":[1,"x\n"],"b":null},"odd key":true})");
+  EXPECT_EQ(walk(one, call(p("city", "Oslo") + p("when", "null"))), 1);
+  EXPECT_EQ(walk(one, call(p("days", "2"))), -1);                    // city is required
+  EXPECT_EQ(walk(one, call(p("city", "Oslo") + p("days", "2.5"))), -1);  // an integer
+  EXPECT_EQ(walk(one, call(p("city", "Oslo") + p("unit", "k"))), -1);    // enum
+  EXPECT_EQ(walk(one, call(p("city", "Oslo") + p("opts", "[1]"))), -1);  // an object
+  EXPECT_EQ(walk(one, call(p("days", "2") + p("city", "Oslo"))), -1);    // declared order
+  EXPECT_EQ(walk(one, call(p("city", "a</b>"))), -1);                   // text has no "</"
+  EXPECT_EQ(walk(one, call(p("city", "Oslo")) + "x"), -1);               // nothing after the block
+  EXPECT_EQ(walk(one, full.substr(0, full.size() / 2)), 0);
+  // "required": one call or more, of any of the tools; a tool without parameters takes any tags.
+  auto several = engine::grammar_constraint(vocab, tool_call_grammar({"get_weather", "ping"}, tools, true));
+  const std::string ping = NS + "<invoke name=\"ping\">\n" + NS + "<host>a.b" + NS + "</host>\n" + NS + "</invoke>\n";
+  const std::string two = NS + "<tool_call>\n" + ping + NS + "<invoke name=\"get_weather\">\n" + p("city", "Rome") + NS +
+                          "</invoke>\n" + NS + "</tool_call>";
+  EXPECT_EQ(walk(several, two), 1);
+  EXPECT_EQ(parse_tool_calls(two, tools).calls.size(), 2u);
+  EXPECT_EQ(walk(one, two), -1);  // a named function: that one, once
 }
 
 TEST(ToolCalls, NoCallsCutShortAndM2Opening) {
