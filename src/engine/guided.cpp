@@ -246,36 +246,28 @@ class JsonConstraint final : public OutputConstraint, public std::enable_shared_
   std::vector<uint8_t> plain_;
 };
 
-// The output is one of `strings` and ends there (choices), or begins with one of them and is
-// free after it (prefixes: `free_after`).
+// The output is one of `strings` and ends there (choices).
 class LiteralConstraint final : public OutputConstraint, public std::enable_shared_from_this<LiteralConstraint> {
  public:
-  LiteralConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::string> strings, bool free_after)
-      : vocab_(std::move(v)), strings_(std::move(strings)), free_after_(free_after) {}
+  LiteralConstraint(std::shared_ptr<const TokenBytes> v, std::vector<std::string> strings)
+      : vocab_(std::move(v)), strings_(std::move(strings)) {}
   class S final : public State {
    public:
     explicit S(std::shared_ptr<const LiteralConstraint> c) : c_(std::move(c)) {}
     void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const override {
-      if (c_->free_after_ && complete()) return;  // free from here on
       const std::vector<std::string_view> rest = continuations();
       mask_tokens(logits, *c_->vocab_, nullptr, complete(), eos_ids, [&](std::string_view tok, size_t) {
-        return std::any_of(rest.begin(), rest.end(), [&](std::string_view r) {
-          if (!c_->free_after_) return r.substr(0, tok.size()) == tok;  // a choice holds the whole token
-          const size_t n = std::min(r.size(), tok.size());                 // a prefix may end inside it
-          return r.substr(0, n) == tok.substr(0, n);
-        });
+        return std::any_of(rest.begin(), rest.end(), [&](std::string_view r) { return r.substr(0, tok.size()) == tok; });
       });
     }
     void accept(int32_t token) override {
-      if ((c_->free_after_ && complete()) || token < 0 || size_t(token) >= c_->vocab_->size()) return;
+      if (token < 0 || size_t(token) >= c_->vocab_->size()) return;
       out_ += (*c_->vocab_)[size_t(token)];
     }
     bool complete() const override {
-      return std::any_of(c_->strings_.begin(), c_->strings_.end(), [&](const std::string& s) {
-        return c_->free_after_ ? out_.size() >= s.size() && out_.compare(0, s.size(), s) == 0 : out_ == s;
-      });
+      return std::any_of(c_->strings_.begin(), c_->strings_.end(), [&](const std::string& s) { return out_ == s; });
     }
-    bool must_end() const override { return !c_->free_after_ && complete() && continuations().empty(); }
+    bool must_end() const override { return complete() && continuations().empty(); }
 
    private:
     // What the strings that begin with the output so far still have to come.
@@ -293,7 +285,6 @@ class LiteralConstraint final : public OutputConstraint, public std::enable_shar
  private:
   std::shared_ptr<const TokenBytes> vocab_;
   std::vector<std::string> strings_;
-  bool free_after_;
 };
 
 }  // namespace
@@ -307,13 +298,7 @@ std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const 
   if (choices.empty()) throw Error("guided_choice: needs at least one choice");
   for (const auto& c : choices)
     if (c.empty()) throw Error("guided_choice: choices must not be empty strings");
-  return std::make_shared<LiteralConstraint>(std::move(vocab), std::move(choices), false);
-}
-
-std::shared_ptr<const OutputConstraint> prefix_constraint(std::shared_ptr<const TokenBytes> vocab,
-                                                          std::vector<std::string> prefixes) {
-  if (prefixes.empty()) throw Error("prefix constraint: needs at least one prefix");
-  return std::make_shared<LiteralConstraint>(std::move(vocab), std::move(prefixes), true);
+  return std::make_shared<LiteralConstraint>(std::move(vocab), std::move(choices));
 }
 
 }  // namespace sieve::engine

@@ -5,8 +5,7 @@
 //  - json_schema: a JSON text that matches a schema (guided_schema.cpp);
 //  - regex: a text a regular expression matches in full (guided_regex.cpp);
 //  - grammar: a text an EBNF grammar derives (guided_grammar.cpp);
-//  - choice: exactly one of a list of strings, then end of sequence;
-//  - prefix: begins with one of a list of strings, free after it (a forced tool call's opening).
+//  - choice: exactly one of a list of strings, then end of sequence.
 // A token is allowed when its bytes keep the output a prefix of something the constraint
 // accepts; end-of-sequence ids only once the output is complete. Masking walks the whole
 // vocabulary each step (bytes x tokens), so a guided request costs host time per token.
@@ -74,10 +73,6 @@ std::shared_ptr<const OutputConstraint> regex_constraint(std::shared_ptr<const T
 // ambiguous grammar is cut there) and 1024 nested rules.
 std::shared_ptr<const OutputConstraint> grammar_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                            const std::string& grammar);
-// An output that begins with one of `prefixes` and is free after it (forcing a tool call's
-// opening: what follows the prefix is the model's). End of sequence only after a prefix.
-std::shared_ptr<const OutputConstraint> prefix_constraint(std::shared_ptr<const TokenBytes> vocab,
-                                                          std::vector<std::string> prefixes);
 // Throws Error when `choices` is empty or holds an empty string.
 std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                           std::vector<std::string> choices);

@@ -119,11 +119,6 @@ std::vector<std::string> tool_names(const ojson& tools) {
   return names;
 }
 
-std::string tool_call_opening(const std::string& name) {
-  const std::string ns(kNs);
-  return ns + std::string(kOpen) + "\n" + ns + "<invoke name=\"" + name + "\">";
-}
-
 namespace {
 
 // `s` as a literal of guided.h's EBNF.

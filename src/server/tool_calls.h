@@ -43,11 +43,6 @@ ToolCallParse parse_tool_calls(std::string_view text, const nlohmann::ordered_js
 // the function objects themselves), in order; entries without a string name are skipped.
 std::vector<std::string> tool_names(const nlohmann::ordered_json& tools);
 
-// The opening of a call of `name` as the chat template writes it (the tool-call tag and the
-// invoke tag, with M3's namespace token): what tool_choice "required" or a named function makes
-// the output begin with.
-std::string tool_call_opening(const std::string& name);
-
 // The grammar (EBNF of engine/guided.h) of what tool_choice "required" (`several`: one call or
 // more, of any of `names`) or a named function (one call) makes the output: the tool-call block
 // as the chat template writes it, with the namespace token before every tag, each call's

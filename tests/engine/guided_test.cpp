@@ -222,24 +222,6 @@ TEST(Guided, JsonSchemaRefusesWhatItCannotFollow) {
   }
 }
 
-// A forced opening: the output must begin with one of the prefixes, then it is free.
-TEST(Guided, PrefixThenFree) {
-  SchemaCheck k;
-  auto c = prefix_constraint(k.vocab, {"<call f>", "<call g>"});
-  EXPECT_EQ(k.walk(c, "<call"), 0);
-  EXPECT_EQ(k.walk(c, "<cal x"), -1);
-  EXPECT_EQ(k.walk(c, "<call g> anything at all"), 1);
-  auto st = c->start();
-  std::vector<float> l(k.vocab->size(), 0.0f);
-  st->mask(l, std::vector<int32_t>{256});
-  EXPECT_FALSE(std::isfinite(l[256]));  // no end before the opening
-  for (char ch : std::string("<call f>")) st->accept(uint8_t(ch));
-  std::fill(l.begin(), l.end(), 0.0f);
-  st->mask(l, std::vector<int32_t>{256});
-  EXPECT_TRUE(std::all_of(l.begin(), l.end(), [](float v) { return std::isfinite(v); }));
-  EXPECT_FALSE(st->must_end());
-}
-
 TEST(Guided, RegexTexts) {
   SchemaCheck k;
   auto date = regex_constraint(k.vocab, R"(\d{4}-\d{2}-\d{2})");

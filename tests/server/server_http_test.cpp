@@ -165,6 +165,10 @@ TEST(ServerHttp, ReasoningParserSplitsChatOutput) {
 // close those, so the text shows the opening); without the tool parser, or naming a tool the
 // request lacks, it is refused. With the parser on, output without tool calls is unchanged.
 TEST(ServerHttp, ToolChoiceForcesACallsOpening) {
+  // The opening of a call of `name` as the chat template writes it.
+  auto tool_call_opening = [](const std::string& name) {
+    return std::string("]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"") + name + "\">";
+  };
   const std::string tools =
       R"("tools":[{"type":"function","function":{"name":"f","parameters":{}}},{"type":"function","function":{"name":"g","parameters":{}}}])";
   const std::string base = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":80,"temperature":0,)" + tools +
