@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "byte_walk.h"
 #include "fake_model.h"
 
 namespace sieve::engine {
@@ -151,24 +152,8 @@ TEST(Guided, RequestsComeOutAsJsonObjectsOrAChoice) {
   engine.stop();
 }
 
-// JSON schema: a byte vocabulary walks a text through the mask, byte by byte.
-struct SchemaCheck {
-  std::shared_ptr<TokenBytes> vocab = std::make_shared<TokenBytes>(257);
-  SchemaCheck() {
-    for (int b = 0; b < 256; ++b) (*vocab)[size_t(b)] = std::string(1, char(b));
-  }
-  // 1: the text is accepted and complete; 0: accepted as a prefix; -1: some byte is masked.
-  int walk(const std::shared_ptr<const OutputConstraint>& c, const std::string& text) const {
-    auto st = c->start();
-    for (char ch : text) {
-      std::vector<float> l(vocab->size(), 0.0f);
-      st->mask(l, std::vector<int32_t>{256});
-      if (!std::isfinite(l[uint8_t(ch)])) return -1;
-      st->accept(uint8_t(ch));
-    }
-    return st->complete() ? 1 : 0;
-  }
-};
+// JSON schema and the others: a byte vocabulary walks a text through the mask, byte by byte.
+using SchemaCheck = testing::ByteWalk;
 
 TEST(Guided, JsonSchemaTexts) {
   SchemaCheck k;

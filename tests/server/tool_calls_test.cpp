@@ -6,10 +6,10 @@
 
 #include <unistd.h>
 
-#include <cmath>
 #include <filesystem>
 #include <string>
 
+#include "../engine/byte_walk.h"
 #include "engine/guided.h"
 #include "text/byte_level.h"
 #include "text/chat_template.h"
@@ -99,18 +99,11 @@ TEST(ToolCalls, RoundTripThroughTheBundledModelsTemplate) {
 
 // tool_choice's grammar: the calls as the template writes them, typed by the tools' schemas.
 TEST(ToolCalls, ForcedCallGrammarFollowsTheSchemas) {
-  auto vocab = std::make_shared<engine::TokenBytes>(257);
-  for (int b = 0; b < 256; ++b) (*vocab)[size_t(b)] = std::string(1, char(b));
+  const engine::testing::ByteWalk bytes;
+  const auto& vocab = bytes.vocab;
   // 1: complete; 0: a prefix; -1: some byte is masked.
   auto walk = [&](const std::shared_ptr<const engine::OutputConstraint>& c, const std::string& text) {
-    auto st = c->start();
-    for (char ch : text) {
-      std::vector<float> l(vocab->size(), 0.0f);
-      st->mask(l, std::vector<int32_t>{256});
-      if (!std::isfinite(l[uint8_t(ch)])) return -1;
-      st->accept(uint8_t(ch));
-    }
-    return st->complete() ? 1 : 0;
+    return bytes.walk(c, text);
   };
   const ojson tools = ojson::parse(R"([
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
