@@ -69,8 +69,9 @@ std::shared_ptr<const OutputConstraint> regex_constraint(std::shared_ptr<const T
 // points; "." (any code point); comments from "#". Escapes \n \r \t \\ \" \' \[ \] \- \^ \xHH
 // \uHHHH \UHHHHHHHH. Output bytes are matched as UTF-8 code points. Throws Error naming the
 // problem (with its line and column) for bad syntax, an undefined or missing root rule, and left
-// recursion (a rule that can begin with itself). At most 4096 parses stay open at once (a more
-// ambiguous grammar is cut there) and 1024 nested rules.
+// recursion (a rule that can begin with itself with more to follow; x* of a nullable x is fine).
+// At most 4096 parses stay open at once (a more ambiguous grammar is cut there) and 1024 nested
+// rules.
 std::shared_ptr<const OutputConstraint> grammar_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                            const std::string& grammar);
 // Throws Error when `choices` is empty or holds an empty string.

@@ -8,13 +8,16 @@
 // stack is empty: the root is complete). A code point advances the stacks whose top class holds
 // it. The output's bytes are decoded as UTF-8 first; a token that ends inside a code point is
 // allowed when some open parse accepts a code point that the bytes so far can still become.
-// Left recursion is refused when the grammar is compiled (the expansion would not end).
+// Left recursion is refused when the grammar is compiled (the expansion would not end); a loop that
+// consumes nothing and does not grow the stack (x* with a nullable x) ends where it meets a stack
+// it has expanded before.
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
-#include <unordered_map>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -399,13 +402,17 @@ void check_left_recursion(const Grammar& g) {
       }
     }
   }
-  // left[r]: rules that can stand first in r.
+  // left[r]: rules that can stand first in r with something of r's alternative after them. A
+  // rule that can stand first as the alternative's last element is a tail call: the stack does
+  // not grow, so a cycle of those (x* with a nullable x) only revisits a stack the expansion has
+  // seen, which expand() prunes; only cycles that grow the stack are left recursion.
   std::vector<std::vector<int>> left(R);
   for (size_t r = 0; r < R; ++r)
     for (const Alt& a : g.rules[r])
-      for (const Elem& e : a) {
+      for (size_t i = 0; i < a.size(); ++i) {
+        const Elem& e = a[i];
         if (!e.rule) break;
-        left[r].push_back(e.id);
+        if (i + 1 < a.size()) left[r].push_back(e.id);
         if (!nullable[size_t(e.id)]) break;
       }
   // A cycle in `left` is left recursion: depth-first search with colours.
@@ -450,8 +457,10 @@ class GrammarConstraint final : public OutputConstraint, public std::enable_shar
  public:
   GrammarConstraint(std::shared_ptr<const TokenBytes> v, Grammar g) : vocab_(std::move(v)), g_(std::move(g)) {}
 
-  // Expands `s` until its top is a class, into `out` (one stack per way).
-  void expand(Stack& s, Stacks& out) const {
+  // Expands `s` until its top is a class, into `out` (one stack per way). `seen`: the stacks
+  // with a rule on top already expanded since the last code point; meeting one again adds
+  // nothing (a loop that consumed nothing), so that branch ends.
+  void expand(Stack& s, Stacks& out, std::set<Stack>& seen) const {
     if (s.size() > kMaxDepth || out.size() > kMaxStacks) return;
     if (s.empty()) {
       out.push_back(s);
@@ -461,7 +470,7 @@ class GrammarConstraint final : public OutputConstraint, public std::enable_shar
     const Alt& a = g_.rules[size_t(top.rule)][size_t(top.alt)];
     if (size_t(top.idx) == a.size()) {
       s.pop_back();
-      expand(s, out);
+      expand(s, out, seen);
       s.push_back(top);
       return;
     }
@@ -470,6 +479,7 @@ class GrammarConstraint final : public OutputConstraint, public std::enable_shar
       out.push_back(s);
       return;
     }
+    if (!seen.insert(s).second) return;
     // The caller's position moves past the reference; when that ends its alternative it is
     // dropped first (a tail call), so repetitions do not grow the stack.
     s.back().idx++;
@@ -478,7 +488,7 @@ class GrammarConstraint final : public OutputConstraint, public std::enable_shar
     const auto& alts = g_.rules[size_t(e.id)];
     for (size_t j = 0; j < alts.size(); ++j) {
       s.push_back({e.id, int(j), 0});
-      expand(s, out);
+      expand(s, out, seen);
       s.pop_back();
     }
     if (tail) s.push_back(top);
@@ -496,21 +506,23 @@ class GrammarConstraint final : public OutputConstraint, public std::enable_shar
   }
   Stacks advance(const Stacks& in, uint32_t cp) const {
     Stacks out;
+    std::set<Stack> seen;
     for (const Stack& s : in) {
       const CpClass* k = top_class(s);
       if (!k || !k->test(cp)) continue;
       Stack t = s;
       t.back().idx++;
-      expand(t, out);
+      expand(t, out, seen);
     }
     normalise(out);
     return out;
   }
   Stacks initial() const {
     Stacks out;
+    std::set<Stack> seen;
     for (size_t j = 0; j < g_.rules[size_t(g_.root)].size(); ++j) {
       Stack s{{g_.root, int(j), 0}};
-      expand(s, out);
+      expand(s, out, seen);
     }
     normalise(out);
     return out;

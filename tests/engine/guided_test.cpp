@@ -7,11 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
+#include "byte_walk.h"
 #include "core/error.h"
 #include "engine/engine.h"
-#include "byte_walk.h"
 #include "fake_model.h"
 
 namespace sieve::engine {
@@ -280,6 +281,16 @@ TEST(Guided, GrammarTexts) {
   // Long repetitions neither grow the parse nor slow it: 3000 bytes of a starred class.
   auto star = grammar_constraint(k.vocab, "root ::= [a-z]* \".\"");
   EXPECT_EQ(k.walk(star, std::string(3000, 'q') + "."), 1);
+  // Loops that consume nothing but do not grow the parse are fine: a star of something
+  // optional, a rule that calls itself last after an optional part.
+  auto opt_star = grammar_constraint(k.vocab, "root ::= (\"a\"?)* \"b\"");
+  EXPECT_EQ(k.walk(opt_star, "aab"), 1);
+  EXPECT_EQ(k.walk(opt_star, "b"), 1);
+  EXPECT_EQ(k.walk(opt_star, "ac"), -1);
+  auto tail = grammar_constraint(k.vocab, "root ::= list \".\"\nlist ::= [xy]? list | \"\"");
+  EXPECT_EQ(k.walk(tail, "xyx."), 1);
+  EXPECT_EQ(k.walk(tail, "."), 1);
+  EXPECT_EQ(k.walk(tail, "xz"), -1);
   // The request ends when nothing may follow.
   auto yn = grammar_constraint(k.vocab, "root ::= \"yes\" | \"no\" \"pe\"?");
   auto st = yn->start();
@@ -318,6 +329,62 @@ TEST(Guided, GrammarTexts) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << text << ": " << e.what();
     }
   }
+}
+
+// The grammar matcher against the regex automaton (tested on its own above): random expressions
+// over {a, b, c} written both ways must accept, reject and complete the same texts.
+TEST(Guided, GrammarAgreesWithRegexOnRandomExpressions) {
+  SchemaCheck k;
+  std::mt19937 rng(20261205);
+  auto pick = [&](int n) { return int(rng() % unsigned(n)); };
+  // One random expression as {regex, grammar} text; depth bounds the nesting.
+  std::function<std::pair<std::string, std::string>(int)> gen = [&](int depth) -> std::pair<std::string, std::string> {
+    const int kind = depth <= 0 ? pick(2) : pick(8);
+    switch (kind) {
+      case 0: {
+        const char c = char('a' + pick(3));
+        return {std::string(1, c), "\"" + std::string(1, c) + "\""};
+      }
+      case 1: {
+        static const char* classes[] = {"[ab]", "[^a]", "[bc]"};
+        const std::string cls = classes[pick(3)];
+        return {cls, cls};
+      }
+      case 2: {  // concatenation
+        auto x = gen(depth - 1), y = gen(depth - 1);
+        return {x.first + y.first, x.second + " " + y.second};
+      }
+      case 3: {  // alternation
+        auto x = gen(depth - 1), y = gen(depth - 1);
+        return {"(?:" + x.first + "|" + y.first + ")", "(" + x.second + " | " + y.second + ")"};
+      }
+      default: {  // a postfix operator on a group
+        auto x = gen(depth - 1);
+        static const char* ops[] = {"*", "+", "?", "{2}", "{1,3}", "{0,2}", "{2,}"};
+        const char* op = ops[pick(7)];
+        return {"(?:" + x.first + ")" + op, "(" + x.second + ")" + op};
+      }
+    }
+  };
+  int agreed = 0;
+  for (int round = 0; round < 300; ++round) {
+    auto [re, g] = gen(4);
+    std::shared_ptr<const OutputConstraint> a, b;
+    try {
+      a = regex_constraint(k.vocab, re);
+    } catch (const Error&) {
+      continue;  // beyond the regex automaton's size: skip
+    }
+    b = grammar_constraint(k.vocab, "root ::= " + g);
+    for (int t = 0; t < 40; ++t) {
+      std::string text;
+      const int n = pick(9);
+      for (int i = 0; i < n; ++i) text += char('a' + pick(3));
+      ASSERT_EQ(k.walk(a, text), k.walk(b, text)) << "regex " << re << "\ngrammar " << g << "\ntext " << text;
+      ++agreed;
+    }
+  }
+  EXPECT_GT(agreed, 8000);
 }
 
 }  // namespace
