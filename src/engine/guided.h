@@ -49,13 +49,19 @@ std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<c
 // A JSON text that matches `schema` (JSON Schema), for the subset that fixes the text's shape
 // token by token: "type" object (properties in their declared order, the required ones present,
 // no others), array ("items", minItems, maxItems), string, integer, number, boolean, null, or a
-// list of types; "enum" and "const" of any JSON values; "anyOf" / "oneOf" whose alternatives
-// start with different characters; "$ref" to "#/$defs/..." or "#/definitions/..." (not
-// recursive). Annotations (title, description, default, examples, format) are ignored. The top
+// list of types; "enum" and "const" of any JSON values; "anyOf" / "oneOf"; "$ref" to
+// "#/$defs/..." or "#/definitions/...". Annotations (title, description, default, examples, format) are ignored. The top
 // level is an object or an array. Anything else throws Error naming it. No whitespace is allowed
 // outside strings (compact JSON).
+// Schemas whose anyOf alternatives start with the same character (a union of objects) or whose
+// $refs recurse (a tree) go through the grammar matcher instead (json_schema_grammar).
 std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                                const std::string& schema_json);
+// The same subset as a grammar (grammar_constraint's EBNF): anyOf alternatives may start alike
+// and $refs may recurse; minItems / maxItems up to 257. Throws Error naming what it refuses.
+std::string json_schema_grammar(const std::string& schema_json);
+// `s` as a literal of grammar_constraint's EBNF ("..." with \" \\ and \xHH escapes).
+std::string ebnf_literal(std::string_view s);
 // A text the regular expression matches in full (as if anchored at both ends), byte by byte:
 // literals and escaped bytes, `.` (any byte but a newline), classes (`[a-z]`, `[^...]`, `\d \w
 // \s` and their negations), groups `(...)` and `(?:...)`, `|`, and `* + ? {m} {m,} {m,n}`

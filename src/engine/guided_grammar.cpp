@@ -383,9 +383,11 @@ class Parser {
   size_t elements_ = 0;
 };
 
-// Refuses left recursion: a rule that can reach itself before consuming anything.
+// Refuses left recursion (a rule that can reach itself before consuming anything, with more of
+// its alternative to come) and rules that derive no text at all (x ::= x).
 void check_left_recursion(const Grammar& g) {
   const size_t R = g.rules.size();
+
   std::vector<bool> nullable(R, false);
   for (bool changed = true; changed;) {
     changed = false;
@@ -441,6 +443,26 @@ void check_left_recursion(const Grammar& g) {
       }
     }
   }
+  std::vector<bool> productive(R, false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < R; ++r) {
+      if (productive[r]) continue;
+      for (const Alt& a : g.rules[r]) {
+        bool all = true;
+        for (const Elem& e : a) all = all && (!e.rule || productive[size_t(e.id)]);
+        if (all) {
+          productive[r] = true;
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  for (size_t r = 0; r < R; ++r)
+    if (!productive[r])
+      throw Error("grammar: " + (g.names[r].empty() ? std::string("a group or repetition") : "rule \"" + g.names[r] + "\"") +
+                  " derives no text (every alternative leads back to itself)");
 }
 
 struct Pos {
@@ -646,6 +668,25 @@ class GrammarConstraint final : public OutputConstraint, public std::enable_shar
 };
 
 }  // namespace
+
+std::string ebnf_literal(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const uint8_t c = uint8_t(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7F) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
 
 std::shared_ptr<const OutputConstraint> grammar_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                            const std::string& grammar) {

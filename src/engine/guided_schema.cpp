@@ -427,7 +427,188 @@ class SchemaConstraint final : public OutputConstraint, public std::enable_share
   std::vector<uint8_t> plain_;
 };
 
+// The same subset as Compiler, written as a grammar (guided_grammar.cpp) for what the automaton
+// cannot follow: alternatives that start with the same character (a union of objects) and
+// recursive $refs (one rule per definition).
+class GrammarWriter {
+ public:
+  explicit GrammarWriter(const json& root) : root_(root) {}
+  std::string write() {
+    if (!container(root_, 0)) throw Error("json schema: the top level must be an object or an array");
+    const std::string top = value(root_, 0);
+    return "root ::= " + top + "\n" + rules_ +
+           "jstr ::= \"\\\"\" ([^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}))* \"\\\"\"\n"
+           "jint ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
+           "jnum ::= jint (\".\" [0-9]+)? ([eE] [+-]? [0-9]+)?\n";
+  }
+
+ private:
+  const json& resolve(const json& ref) const {
+    if (!ref.is_string()) throw Error("json schema: $ref must be a string");
+    const std::string r = ref.get<std::string>();
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string p = prefix;
+      if (r.rfind(p, 0) != 0) continue;
+      auto defs = root_.find(p.substr(2, p.size() - 3));
+      if (defs == root_.end() || !defs->is_object() || !defs->contains(r.substr(p.size())))
+        throw Error("json schema: $ref " + r + " is not defined");
+      return (*defs)[r.substr(p.size())];
+    }
+    throw Error("json schema: only $ref to #/$defs/... or #/definitions/... is supported, got " + r);
+  }
+  // Whether every value of s is an object or an array.
+  bool container(const json& s, int depth) const {
+    if (depth > 64 || !s.is_object()) return false;
+    if (auto r = s.find("$ref"); r != s.end()) return container(resolve(*r), depth + 1);
+    if (s.contains("enum") || s.contains("const")) return false;
+    for (const char* key : {"anyOf", "oneOf"})
+      if (auto a = s.find(key); a != s.end() && a->is_array()) {
+        for (const json& x : *a)
+          if (!container(x, depth + 1)) return false;
+        return !a->empty();
+      }
+    auto t = s.find("type");
+    if (t == s.end()) return false;
+    if (t->is_string()) return *t == "object" || *t == "array";
+    if (!t->is_array() || t->empty()) return false;
+    for (const json& x : *t)
+      if (x != "object" && x != "array") return false;
+    return true;
+  }
+  std::string fresh(const std::string& stem) { return stem + std::to_string(++n_); }
+  void rule(const std::string& name, const std::string& body) { rules_ += name + " ::= " + body + "\n"; }
+
+  std::string value(const json& s, int depth) {
+    if (depth > 256) throw Error("json schema: nested deeper than 256 levels");
+    if (!s.is_object()) throw Error("json schema: a schema must be an object, got " + s.dump());
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      static const std::set<std::string> known = {
+          "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
+          "title", "description", "default", "examples", "format", "$defs", "definitions", "$schema", "$id",
+          "additionalProperties", "strict", "name"};
+      if (!known.count(it.key())) throw Error("json schema: \"" + it.key() + "\" is not supported");
+    }
+    if (auto r = s.find("$ref"); r != s.end()) {
+      const std::string key = r->is_string() ? r->get<std::string>() : r->dump();
+      if (auto it = refs_.find(key); it != refs_.end()) return it->second;
+      // A chain of $refs that comes back to itself before any value has no value at all.
+      std::set<std::string> chain{key};
+      for (const json* at = &resolve(*r); at->is_object() && at->contains("$ref");) {
+        const json& next = (*at)["$ref"];
+        if (!chain.insert(next.is_string() ? next.get<std::string>() : next.dump()).second)
+          throw Error("json schema: $ref " + key + " only refers to itself, with no value");
+        at = &resolve(next);
+      }
+      const std::string name = fresh("def");
+      refs_[key] = name;  // before the body: a recursive reference names the rule
+      rule(name, value(resolve(*r), depth + 1));
+      return name;
+    }
+    if (auto e = s.find("enum"); e != s.end()) return literals(*e, "enum");
+    if (auto c = s.find("const"); c != s.end()) return literals(json::array({*c}), "const");
+    for (const char* key : {"anyOf", "oneOf"})
+      if (auto a = s.find(key); a != s.end()) {
+        if (!a->is_array() || a->empty()) throw Error(std::string("json schema: ") + key + " must be a non-empty array");
+        std::string alts;
+        for (const json& x : *a) alts += (alts.empty() ? "" : " | ") + value(x, depth + 1);
+        return "(" + alts + ")";
+      }
+    auto t = s.find("type");
+    if (t == s.end()) throw Error("json schema: a schema without \"type\" (any value) is not supported: " + s.dump());
+    if (t->is_array()) {
+      std::string alts;
+      for (const json& x : *t) {
+        json one = s;
+        one["type"] = x;
+        alts += (alts.empty() ? "" : " | ") + value(one, depth + 1);
+      }
+      return "(" + alts + ")";
+    }
+    if (!t->is_string()) throw Error("json schema: \"type\" must be a string or an array of strings");
+    const std::string type = t->get<std::string>();
+    if (type == "string") return "jstr";
+    if (type == "integer") return "jint";
+    if (type == "number") return "jnum";
+    if (type == "boolean") return "(\"true\" | \"false\")";
+    if (type == "null") return "\"null\"";
+    if (type == "object") return object(s, depth);
+    if (type == "array") {
+      auto it = s.find("items");
+      if (it == s.end()) throw Error("json schema: an array needs \"items\"");
+      const std::string item = value(*it, depth + 1);
+      int64_t lo = 0, hi = -1;  // hi -1: no bound
+      if (auto m = s.find("minItems"); m != s.end()) lo = m->get<int64_t>();
+      if (auto m = s.find("maxItems"); m != s.end()) hi = m->get<int64_t>();
+      if (lo < 0 || (hi >= 0 && hi < lo)) throw Error("json schema: bad minItems / maxItems");
+      if (lo > 257 || hi > 257) throw Error("json schema: minItems / maxItems above 257 are not supported with this schema");
+      if (hi == 0) return "\"[]\"";
+      const std::string more = "(\",\" " + item + ")";
+      const std::string rest = hi < 0 ? (lo > 1 ? more + "{" + std::to_string(lo - 1) + ",}" : more + "*")
+                                      : more + "{" + std::to_string(lo > 0 ? lo - 1 : 0) + "," + std::to_string(hi - 1) + "}";
+      const std::string body = item + " " + rest;
+      return "\"[\" " + (lo == 0 ? "(" + body + ")?" : body) + " \"]\"";
+    }
+    throw Error("json schema: type \"" + type + "\" is not supported");
+  }
+  std::string literals(const json& values, const std::string& what) {
+    if (!values.is_array() || values.empty() || values.size() > kMaxEnum)
+      throw Error("json schema: " + what + " must be a non-empty array of at most 64 values");
+    std::string alts;
+    for (const json& v : values) alts += (alts.empty() ? "" : " | ") + ebnf_literal(v.dump());
+    return "(" + alts + ")";
+  }
+  // Properties in declared order, the required ones present: rule i (first or not) reads the
+  // properties from i on, with a comma before each but the object's first.
+  std::string object(const json& s, int depth) {
+    std::set<std::string> req;
+    if (auto r = s.find("required"); r != s.end()) {
+      if (!r->is_array()) throw Error("json schema: \"required\" must be an array");
+      for (const json& x : *r) req.insert(x.get<std::string>());
+    }
+    std::vector<std::pair<std::string, std::string>> props;  // "key": literal, value expression
+    std::vector<bool> required;
+    if (auto p = s.find("properties"); p != s.end()) {
+      if (!p->is_object()) throw Error("json schema: \"properties\" must be an object");
+      for (auto it = p->begin(); it != p->end(); ++it) {
+        props.push_back({ebnf_literal(json(it.key()).dump() + ":"), value(*it, depth + 1)});
+        required.push_back(req.count(it.key()) > 0);
+        req.erase(it.key());
+      }
+    }
+    if (!req.empty()) throw Error("json schema: required property \"" + *req.begin() + "\" is not in properties");
+    if (props.size() > 64) throw Error("json schema: more than 64 properties in one object");
+    const std::string stem = fresh("obj");
+    auto name = [&](size_t i, bool first) { return stem + "_" + std::to_string(i) + (first ? "f" : "n"); };
+    for (size_t i = props.size() + 1; i-- > 0;) {
+      for (bool first : {true, false}) {
+        if (i == props.size()) {
+          rule(name(i, first), "\"\"");
+          continue;
+        }
+        const std::string item = std::string(first ? "" : "\",\" ") + props[i].first + " " + props[i].second + " " + name(i + 1, false);
+        rule(name(i, first), required[i] ? item : item + " | " + name(i + 1, first));
+      }
+    }
+    return "\"{\" " + name(0, true) + " \"}\"";
+  }
+
+  const json& root_;
+  std::map<std::string, std::string> refs_;
+  std::string rules_;
+  int n_ = 0;
+};
+
 }  // namespace
+
+std::string json_schema_grammar(const std::string& schema_json) {
+  json schema;
+  try {
+    schema = json::parse(schema_json);
+  } catch (const json::exception& e) {
+    throw Error(std::string("json schema: not valid JSON: ") + e.what());
+  }
+  return GrammarWriter(schema).write();
+}
 
 std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                                const std::string& schema_json) {
@@ -438,7 +619,16 @@ std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<c
     throw Error(std::string("json schema: not valid JSON: ") + e.what());
   }
   Compiler comp(schema);
-  const Node* root = comp.compile(schema);
+  const Node* root = nullptr;
+  try {
+    root = comp.compile(schema);
+  } catch (const Error& e) {
+    // Alternatives that start alike, recursion: the grammar matcher follows those.
+    const std::string what = e.what();
+    if (what.find("can start with the same") == std::string::npos && what.find("recursive $ref") == std::string::npos)
+      throw;
+    return grammar_constraint(std::move(vocab), GrammarWriter(schema).write());
+  }
   if (root->kind != Kind::Object && root->kind != Kind::Array)
     throw Error("json schema: the top level must be an object or an array");
   return std::make_shared<SchemaConstraint>(std::move(vocab), std::move(comp.nodes_), root);

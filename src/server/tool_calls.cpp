@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/guided.h"
 #include "engine/stop_strings.h"
 
 namespace sieve::server {
@@ -121,26 +122,6 @@ std::vector<std::string> tool_names(const ojson& tools) {
 
 namespace {
 
-// `s` as a literal of guided.h's EBNF.
-std::string ebnf_literal(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const uint8_t c = uint8_t(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20 || c == 0x7F) {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
 // The rules every tool-call grammar shares: JSON values and the namespace token.
 constexpr const char* kToolGrammarBase = R"(ns ::= "]<]minimax[>["
 text ::= ([^<] | "<" [^/])*
@@ -162,7 +143,7 @@ std::string value_rule(const ojson& schema) {
     std::string alts;
     for (const ojson& v : *e) {
       if (!alts.empty()) alts += " | ";
-      alts += ebnf_literal(v.is_string() ? v.get<std::string>() : v.dump());
+      alts += engine::ebnf_literal(v.is_string() ? v.get<std::string>() : v.dump());
     }
     return "(" + alts + ")";
   }
@@ -213,7 +194,7 @@ std::string tool_call_grammar(const std::vector<std::string>& names, const ojson
         // M3's form, the parameter named by its tag, unless the name cannot be a tag.
         const std::string open = tag ? "<" + key + ">" : "<parameter name=\"" + key + "\">";
         const std::string close = tag ? "</" + key + ">" : "</parameter>";
-        const std::string item = "ns " + ebnf_literal(open) + " " + value_rule(*it) + " ns " + ebnf_literal(close) + " \"\\n\"";
+        const std::string item = "ns " + engine::ebnf_literal(open) + " " + value_rule(*it) + " ns " + engine::ebnf_literal(close) + " \"\\n\"";
         const bool req = std::find(required.begin(), required.end(), key) != required.end();
         body += req ? " " + item : " (" + item + ")?";
       }
@@ -221,8 +202,8 @@ std::string tool_call_grammar(const std::vector<std::string>& names, const ojson
       // No declared properties: any parameters, named by their tags.
       body = R"( (ns "<" [a-zA-Z0-9_-]+ ">" text ns "</" [a-zA-Z0-9_-]+ ">" "\n")*)";
     }
-    rules += call + " ::= ns " + ebnf_literal("<invoke name=\"" + name + "\">\n") + body + " ns " +
-             ebnf_literal("</invoke>\n") + "\n";
+    rules += call + " ::= ns " + engine::ebnf_literal("<invoke name=\"" + name + "\">\n") + body + " ns " +
+             engine::ebnf_literal("</invoke>\n") + "\n";
     calls += (calls.empty() ? "" : " | ") + call;
   }
   return "root ::= ns \"<tool_call>\\n\" calls" + std::string(several ? "+" : "") + " ns \"</tool_call>\"\ncalls ::= " +

@@ -188,16 +188,50 @@ TEST(Guided, JsonSchemaTexts) {
   EXPECT_EQ(k.walk(empty, R"({"a":""})"), 1);
 }
 
+// What the automaton cannot follow goes through the grammar matcher: alternatives that start
+// alike (a union of objects, integer or number) and recursive definitions (a tree).
+TEST(Guided, JsonSchemaUnionsAndRecursionThroughTheGrammar) {
+  SchemaCheck k;
+  auto uni = json_schema_constraint(k.vocab, R"({"type":"object","properties":{"x":{"anyOf":[
+      {"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
+      {"type":"object","properties":{"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"]}]},
+      "n":{"anyOf":[{"type":"integer"},{"type":"number"}]}},"required":["x"]})");
+  EXPECT_EQ(k.walk(uni, R"({"x":{"a":1}})"), 1);
+  EXPECT_EQ(k.walk(uni, R"({"x":{"b":"s","c":true},"n":2.5})"), 1);
+  EXPECT_EQ(k.walk(uni, R"({"x":{"c":false},"n":-3})"), 1);
+  EXPECT_EQ(k.walk(uni, R"({"x":{"b":"s"}})"), -1);  // c is required in that branch
+  EXPECT_EQ(k.walk(uni, R"({"x":{"a":1,"c":true}})"), -1);
+  EXPECT_EQ(k.walk(uni, R"({"n":1})"), -1);
+  EXPECT_EQ(k.walk(uni, R"({"x":{"a":1)"), 0);
+  auto tree = json_schema_constraint(k.vocab, R"({"$defs":{"N":{"type":"object","properties":{
+      "v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/N"},"maxItems":2}},"required":["v"]}},
+      "$ref":"#/$defs/N"})");
+  EXPECT_EQ(k.walk(tree, R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4,"kids":[]}]}]})"), 1);
+  EXPECT_EQ(k.walk(tree, R"({"v":1,"kids":[{"v":2},{"v":3},{"v":4}]})"), -1);  // maxItems
+  EXPECT_EQ(k.walk(tree, R"({"kids":[]})"), -1);
+  // The grammar writer agrees with the automaton on what both follow.
+  const std::string schema = R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"},
+      "c":{"enum":["x",1,null]},"d":{"type":"array","items":{"type":"number"},"minItems":1,"maxItems":3}},
+      "required":["c"]})";
+  auto direct = json_schema_constraint(k.vocab, schema);
+  auto via = grammar_constraint(k.vocab, json_schema_grammar(schema));
+  for (const char* text : {R"({"c":"x"})", R"({"a":"\u00e9\n","b":-0,"c":1,"d":[1.5e3]})", R"({"b":2,"c":null,"d":[1,2,3]})",
+                           R"({"c":1,"d":[]})", R"({"c":1,"d":[1,2,3,4]})", R"({"b":1})", R"({"d":[1],"c":1})",
+                           R"({"a":"x","c":"y"})", R"({"c":"x"} )", R"({"c":1,"b":01})", R"({"c":)"})
+    EXPECT_EQ(k.walk(direct, text), k.walk(via, text)) << text;
+}
+
 TEST(Guided, JsonSchemaRefusesWhatItCannotFollow) {
   SchemaCheck k;
   for (const auto& [schema, needle] : std::vector<std::pair<std::string, std::string>>{
            {R"({"type":"string"})", "top level"},
            {R"({"type":"object","properties":{"a":{}}})", "without \"type\""},
            {R"({"type":"object","properties":{"a":{"type":"string","pattern":"x+"}}})", "\"pattern\""},
-           {R"({"type":"object","properties":{"a":{"anyOf":[{"type":"integer"},{"type":"number"}]}}})", "start with the same"},
            {R"({"type":"object","properties":{"a":{"$ref":"#/$defs/Nope"}}})", "not defined"},
            {R"({"type":"object","required":["b"],"properties":{"a":{"type":"string"}}})", "\"b\""},
-           {R"({"$defs":{"A":{"type":"object","properties":{"a":{"$ref":"#/$defs/A"}}}},"$ref":"#/$defs/A"})", "recursive"},
+           {R"({"anyOf":[{"type":"object"},{"type":"string"}]})", "top level"},
+           {R"({"type":"object","properties":{"a":{"anyOf":[{"type":"integer"},{"type":"string","pattern":"x"}]}}})", "\"pattern\""},
+           {R"({"$defs":{"A":{"$ref":"#/$defs/A"}},"type":"object","properties":{"a":{"$ref":"#/$defs/A"}}})", "only refers to itself"},
            {"not json", "not valid JSON"}}) {
     try {
       json_schema_constraint(k.vocab, schema);
@@ -321,7 +355,8 @@ TEST(Guided, GrammarTexts) {
            {"root ::= \"a\" )", "unmatched ')'"},
            {"root ::= \"\\q\"", "unknown escape"},
            {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
-           {"root ::= \"a\"\n  ~", "line 2, column 3"}}) {
+           {"root ::= \"a\"\n  ~", "line 2, column 3"},
+           {"root ::= \"a\" | loop\nloop ::= \"b\" loop", "\"loop\" derives no text"}}) {
     try {
       grammar_constraint(k.vocab, text);
       ADD_FAILURE() << text << " accepted";
