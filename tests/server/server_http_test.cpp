@@ -316,6 +316,20 @@ TEST(ServerHttp, GuidedChoiceRegexAndJsonObject) {
     EXPECT_TRUE(ok && commas == 2 && text.back() != ',') << text;
     EXPECT_EQ(ch["finish_reason"], "stop") << text;
   }
+  // A union of objects (pydantic's Union of two models) through the schema's grammar.
+  for (int seed = 0; seed < 4; ++seed) {
+    auto r = c.Post("/v1/completions",
+                    R"({"prompt":[1,2,3],"max_tokens":40,"seed":)" + std::to_string(seed) +
+                        R"(,"guided_json":{"anyOf":[{"type":"object","properties":{"k":{"const":"a"}},"required":["k"]},)"
+                        R"({"type":"object","properties":{"k":{"const":"b"},"v":{"type":"boolean"}},"required":["k","v"]}]}})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto ch = json::parse(r->body)["choices"][0];
+    const std::string text = ch["text"];
+    EXPECT_TRUE(text == R"({"k":"a"})" || text == R"({"k":"b","v":true})" || text == R"({"k":"b","v":false})") << text;
+    EXPECT_EQ(ch["finish_reason"], "stop") << text;
+  }
   auto bad_grammar = c.Post("/v1/completions", R"({"prompt":[1],"guided_grammar":"root ::= root \"a\""})", "application/json");
   ASSERT_TRUE(bad_grammar);
   EXPECT_EQ(bad_grammar->status, 400);
