@@ -383,27 +383,35 @@ class Parser {
   size_t elements_ = 0;
 };
 
-// Refuses left recursion (a rule that can reach itself before consuming anything, with more of
-// its alternative to come) and rules that derive no text at all (x ::= x).
-void check_left_recursion(const Grammar& g) {
-  const size_t R = g.rules.size();
-
-  std::vector<bool> nullable(R, false);
+// The rules with an alternative whose every element is a rule already found (or a class, when
+// `classes` is set), to a fixpoint: without classes, the rules that derive the empty text; with
+// them, the rules that derive some text.
+std::vector<bool> some_alternative_all(const Grammar& g, bool classes) {
+  std::vector<bool> in(g.rules.size(), false);
   for (bool changed = true; changed;) {
     changed = false;
-    for (size_t r = 0; r < R; ++r) {
-      if (nullable[r]) continue;
+    for (size_t r = 0; r < g.rules.size(); ++r) {
+      if (in[r]) continue;
       for (const Alt& a : g.rules[r]) {
         bool all = true;
-        for (const Elem& e : a) all = all && e.rule && nullable[size_t(e.id)];
+        for (const Elem& e : a) all = all && (e.rule ? bool(in[size_t(e.id)]) : classes);
         if (all) {
-          nullable[r] = true;
+          in[r] = true;
           changed = true;
           break;
         }
       }
     }
   }
+  return in;
+}
+
+// Refuses left recursion (a rule that can reach itself before consuming anything, with more of
+// its alternative to come) and rules that derive no text at all (x ::= x).
+void check_left_recursion(const Grammar& g) {
+  const size_t R = g.rules.size();
+
+  const std::vector<bool> nullable = some_alternative_all(g, false);  // derive the empty text
   // left[r]: rules that can stand first in r with something of r's alternative after them. A
   // rule that can stand first as the alternative's last element is a tail call: the stack does
   // not grow, so a cycle of those (x* with a nullable x) only revisits a stack the expansion has
@@ -443,22 +451,7 @@ void check_left_recursion(const Grammar& g) {
       }
     }
   }
-  std::vector<bool> productive(R, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < R; ++r) {
-      if (productive[r]) continue;
-      for (const Alt& a : g.rules[r]) {
-        bool all = true;
-        for (const Elem& e : a) all = all && (!e.rule || productive[size_t(e.id)]);
-        if (all) {
-          productive[r] = true;
-          changed = true;
-          break;
-        }
-      }
-    }
-  }
+  const std::vector<bool> productive = some_alternative_all(g, true);  // derive some text
   for (size_t r = 0; r < R; ++r)
     if (!productive[r])
       throw Error("grammar: " + (g.names[r].empty() ? std::string("a group or repetition") : "rule \"" + g.names[r] + "\"") +

@@ -45,19 +45,38 @@ struct Node {
 constexpr size_t kMaxFrames = 24;
 constexpr size_t kMaxEnum = 64;
 
+// The definition a "$ref" names in the schema `root`.
+const json& resolve_ref(const json& root, const json& ref) {
+  if (!ref.is_string()) throw Error("json schema: $ref must be a string");
+  const std::string r = ref.get<std::string>();
+  for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+    const std::string p = prefix;
+    if (r.rfind(p, 0) != 0) continue;
+    auto defs = root.find(p.substr(2, p.size() - 3));
+    if (defs == root.end() || !defs->is_object() || !defs->contains(r.substr(p.size())))
+      throw Error("json schema: $ref " + r + " is not defined");
+    return (*defs)[r.substr(p.size())];
+  }
+  throw Error("json schema: only $ref to #/$defs/... or #/definitions/... is supported, got " + r);
+}
+
+// Throws Error naming the first keyword of the schema object `s` that is not supported.
+void check_keywords(const json& s) {
+  if (!s.is_object()) throw Error("json schema: a schema must be an object, got " + s.dump());
+  static const std::set<std::string> known = {
+      "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
+      "title", "description", "default", "examples", "format", "$defs", "definitions", "$schema", "$id",
+      "additionalProperties", "strict", "name"};
+  for (auto it = s.begin(); it != s.end(); ++it)
+    if (!known.count(it.key())) throw Error("json schema: \"" + it.key() + "\" is not supported");
+}
+
 class Compiler {
  public:
   explicit Compiler(const json& root) : root_(root) {}
   const Node* compile(const json& s, int depth = 0) {
     if (depth > 32) throw Error("json schema: nested deeper than 32 levels (or a recursive $ref)");
-    if (!s.is_object()) throw Error("json schema: a schema must be an object, got " + s.dump());
-    for (auto it = s.begin(); it != s.end(); ++it) {
-      static const std::set<std::string> known = {
-          "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
-          "title", "description", "default", "examples", "format", "$defs", "definitions", "$schema", "$id",
-          "additionalProperties", "strict", "name"};
-      if (!known.count(it.key())) throw Error("json schema: \"" + it.key() + "\" is not supported");
-    }
+    check_keywords(s);
     if (auto r = s.find("$ref"); r != s.end()) return compile(resolve(*r), depth + 1);
     if (auto e = s.find("enum"); e != s.end()) return enum_node(*e, "enum");
     if (auto c = s.find("const"); c != s.end()) return enum_node(json::array({*c}), "const");
@@ -133,19 +152,7 @@ class Compiler {
     nodes_.push_back(std::make_unique<Node>());
     return nodes_.back().get();
   }
-  const json& resolve(const json& ref) {
-    if (!ref.is_string()) throw Error("json schema: $ref must be a string");
-    const std::string r = ref.get<std::string>();
-    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-      const std::string p = prefix;
-      if (r.rfind(p, 0) != 0) continue;
-      auto defs = root_.find(p.substr(2, p.size() - 3));
-      if (defs == root_.end() || !defs->is_object() || !defs->contains(r.substr(p.size())))
-        throw Error("json schema: $ref " + r + " is not defined");
-      return (*defs)[r.substr(p.size())];
-    }
-    throw Error("json schema: only $ref to #/$defs/... or #/definitions/... is supported, got " + r);
-  }
+  const json& resolve(const json& ref) { return resolve_ref(root_, ref); }
   const Node* enum_node(const json& values, const std::string& what) {
     if (!values.is_array() || values.empty() || values.size() > kMaxEnum)
       throw Error("json schema: " + what + " must be a non-empty array of at most 64 values");
@@ -443,19 +450,7 @@ class GrammarWriter {
   }
 
  private:
-  const json& resolve(const json& ref) const {
-    if (!ref.is_string()) throw Error("json schema: $ref must be a string");
-    const std::string r = ref.get<std::string>();
-    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-      const std::string p = prefix;
-      if (r.rfind(p, 0) != 0) continue;
-      auto defs = root_.find(p.substr(2, p.size() - 3));
-      if (defs == root_.end() || !defs->is_object() || !defs->contains(r.substr(p.size())))
-        throw Error("json schema: $ref " + r + " is not defined");
-      return (*defs)[r.substr(p.size())];
-    }
-    throw Error("json schema: only $ref to #/$defs/... or #/definitions/... is supported, got " + r);
-  }
+  const json& resolve(const json& ref) const { return resolve_ref(root_, ref); }
   // Whether every value of s is an object or an array.
   bool container(const json& s, int depth) const {
     if (depth > 64 || !s.is_object()) return false;
@@ -480,14 +475,7 @@ class GrammarWriter {
 
   std::string value(const json& s, int depth) {
     if (depth > 256) throw Error("json schema: nested deeper than 256 levels");
-    if (!s.is_object()) throw Error("json schema: a schema must be an object, got " + s.dump());
-    for (auto it = s.begin(); it != s.end(); ++it) {
-      static const std::set<std::string> known = {
-          "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
-          "title", "description", "default", "examples", "format", "$defs", "definitions", "$schema", "$id",
-          "additionalProperties", "strict", "name"};
-      if (!known.count(it.key())) throw Error("json schema: \"" + it.key() + "\" is not supported");
-    }
+    check_keywords(s);
     if (auto r = s.find("$ref"); r != s.end()) {
       const std::string key = r->is_string() ? r->get<std::string>() : r->dump();
       if (auto it = refs_.find(key); it != refs_.end()) return it->second;
