@@ -53,8 +53,9 @@ std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<c
 // "#/$defs/..." or "#/definitions/...". Annotations (title, description, default, examples, format) are ignored. The top
 // level is an object or an array. Anything else throws Error naming it. No whitespace is allowed
 // outside strings (compact JSON).
-// Schemas whose anyOf alternatives start with the same character (a union of objects) or whose
-// $refs recurse (a tree) go through the grammar matcher instead (json_schema_grammar).
+// Schemas whose anyOf alternatives start with the same character (a union of objects), whose
+// $refs recurse (a tree) or whose strings have minLength / maxLength (up to 256) go through the
+// grammar matcher instead (json_schema_grammar).
 std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<const TokenBytes> vocab,
                                                                const std::string& schema_json);
 // The same subset as a grammar (grammar_constraint's EBNF): anyOf alternatives may start alike

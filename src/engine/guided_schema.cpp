@@ -66,7 +66,7 @@ void check_keywords(const json& s) {
   static const std::set<std::string> known = {
       "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
       "title", "description", "default", "examples", "format", "$defs", "definitions", "$schema", "$id",
-      "additionalProperties", "strict", "name"};
+      "additionalProperties", "strict", "name", "minLength", "maxLength"};
   for (auto it = s.begin(); it != s.end(); ++it)
     if (!known.count(it.key())) throw Error("json schema: \"" + it.key() + "\" is not supported");
 }
@@ -131,6 +131,8 @@ class Compiler {
       if (auto m = s.find("maxItems"); m != s.end()) n->max_items = m->get<int64_t>();
       if (n->min_items < 0 || n->max_items < n->min_items) throw Error("json schema: bad minItems / maxItems");
     } else if (type == "string") {
+      if (s.contains("minLength") || s.contains("maxLength"))
+        throw Error("json schema: string length bounds are followed by the grammar matcher");
       n->kind = Kind::String;
       n->first.set('"');
     } else if (type == "integer" || type == "number") {
@@ -444,7 +446,8 @@ class GrammarWriter {
     if (!container(root_, 0)) throw Error("json schema: the top level must be an object or an array");
     const std::string top = value(root_, 0);
     return "root ::= " + top + "\n" + rules_ +
-           "jstr ::= \"\\\"\" ([^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}))* \"\\\"\"\n"
+           "jstr ::= \"\\\"\" jchar* \"\\\"\"\n"
+           "jchar ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
            "jint ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
            "jnum ::= jint (\".\" [0-9]+)? ([eE] [+-]? [0-9]+)?\n";
   }
@@ -514,7 +517,20 @@ class GrammarWriter {
     }
     if (!t->is_string()) throw Error("json schema: \"type\" must be a string or an array of strings");
     const std::string type = t->get<std::string>();
-    if (type == "string") return "jstr";
+    if (type == "string") {
+      if (!s.contains("minLength") && !s.contains("maxLength")) return "jstr";
+      auto bound = [&](const char* key, int64_t dflt) {
+        auto it = s.find(key);
+        if (it == s.end()) return dflt;
+        if (!it->is_number_integer() || it->get<int64_t>() < 0) throw Error(std::string("json schema: ") + key + " must be a non-negative integer");
+        return it->get<int64_t>();
+      };
+      const int64_t lo = bound("minLength", 0), hi = bound("maxLength", -1);
+      if (hi >= 0 && hi < lo) throw Error("json schema: maxLength below minLength");
+      if (lo > 256 || hi > 256) throw Error("json schema: minLength / maxLength above 256 are not supported");
+      const std::string count = hi < 0 ? "{" + std::to_string(lo) + ",}" : "{" + std::to_string(lo) + "," + std::to_string(hi) + "}";
+      return "\"\\\"\" jchar" + count + " \"\\\"\"";
+    }
     if (type == "integer") return "jint";
     if (type == "number") return "jnum";
     if (type == "boolean") return "(\"true\" | \"false\")";
@@ -613,7 +629,8 @@ std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<c
   } catch (const Error& e) {
     // Alternatives that start alike, recursion: the grammar matcher follows those.
     const std::string what = e.what();
-    if (what.find("can start with the same") == std::string::npos && what.find("recursive $ref") == std::string::npos)
+    if (what.find("can start with the same") == std::string::npos && what.find("recursive $ref") == std::string::npos &&
+        what.find("grammar matcher") == std::string::npos)
       throw;
     return grammar_constraint(std::move(vocab), GrammarWriter(schema).write());
   }

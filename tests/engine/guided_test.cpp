@@ -209,6 +209,26 @@ TEST(Guided, JsonSchemaUnionsAndRecursionThroughTheGrammar) {
   EXPECT_EQ(k.walk(tree, R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4,"kids":[]}]}]})"), 1);
   EXPECT_EQ(k.walk(tree, R"({"v":1,"kids":[{"v":2},{"v":3},{"v":4}]})"), -1);  // maxItems
   EXPECT_EQ(k.walk(tree, R"({"kids":[]})"), -1);
+  // String length bounds (characters; an escape is one).
+  auto len = json_schema_constraint(k.vocab, R"({"type":"object","properties":{
+      "name":{"type":"string","minLength":2,"maxLength":4},"tag":{"type":"string","minLength":1}},"required":["name"]})");
+  EXPECT_EQ(k.walk(len, R"({"name":"ab"})"), 1);
+  EXPECT_EQ(k.walk(len, R"({"name":"\u00e9x\n!"})"), 1);
+  EXPECT_EQ(k.walk(len, R"({"name":"a"})"), -1);
+  EXPECT_EQ(k.walk(len, R"({"name":"abcde"})"), -1);
+  EXPECT_EQ(k.walk(len, R"({"name":"ab","tag":""})"), -1);
+  EXPECT_EQ(k.walk(len, R"({"name":"ab","tag":"xyz"})"), 1);
+  for (const auto& [schema, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"type":"object","properties":{"a":{"type":"string","minLength":3,"maxLength":2}}})", "below minLength"},
+           {R"({"type":"object","properties":{"a":{"type":"string","maxLength":300}}})", "above 256"},
+           {R"({"type":"object","properties":{"a":{"type":"string","minLength":-1}}})", "non-negative"}}) {
+    try {
+      json_schema_constraint(k.vocab, schema);
+      ADD_FAILURE() << schema << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << schema << ": " << e.what();
+    }
+  }
   // The grammar writer agrees with the automaton on what both follow.
   const std::string schema = R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"},
       "c":{"enum":["x",1,null]},"d":{"type":"array","items":{"type":"number"},"minItems":1,"maxItems":3}},
