@@ -50,9 +50,9 @@ std::shared_ptr<const OutputConstraint> json_object_constraint(std::shared_ptr<c
 // token by token: "type" object (properties in their declared order, the required ones present,
 // no others), array ("items", minItems, maxItems), string, integer, number, boolean, null, or a
 // list of types; "enum" and "const" of any JSON values; "anyOf" / "oneOf"; "$ref" to
-// "#/$defs/..." or "#/definitions/...". Annotations (title, description, default, examples, format) are ignored. The top
-// level is an object or an array. Anything else throws Error naming it. No whitespace is allowed
-// outside strings (compact JSON).
+// "#/$defs/..." or "#/definitions/...". Annotations (title, description, default, examples,
+// format) are ignored. The top level is an object or an array. Anything else throws Error naming
+// it. No whitespace is allowed outside strings (compact JSON).
 // Schemas whose anyOf alternatives start with the same character (a union of objects), whose
 // $refs recurse (a tree) or whose strings have minLength / maxLength (up to 256) go through the
 // grammar matcher instead (json_schema_grammar).

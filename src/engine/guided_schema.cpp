@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +46,13 @@ struct Node {
 constexpr size_t kMaxFrames = 24;
 constexpr size_t kMaxEnum = 64;
 
+// What the byte automaton cannot follow but the grammar matcher can (json_schema_constraint
+// then writes the schema as a grammar): alternatives that start alike, nesting past the
+// automaton's frames (a recursive $ref), string length bounds.
+struct BeyondAutomaton : Error {
+  using Error::Error;
+};
+
 // The definition a "$ref" names in the schema `root`.
 const json& resolve_ref(const json& root, const json& ref) {
   if (!ref.is_string()) throw Error("json schema: $ref must be a string");
@@ -71,11 +79,47 @@ void check_keywords(const json& s) {
     if (!known.count(it.key())) throw Error("json schema: \"" + it.key() + "\" is not supported");
 }
 
+// An object schema's properties in their declared order, each with whether it is required.
+// Throws Error for a required name that is not a property, and for more than 64 properties.
+struct Property {
+  std::string key;
+  const json* schema;
+  bool required;
+};
+std::vector<Property> object_properties(const json& s) {
+  std::set<std::string> req;
+  if (auto r = s.find("required"); r != s.end()) {
+    if (!r->is_array()) throw Error("json schema: \"required\" must be an array");
+    for (const json& x : *r) req.insert(x.get<std::string>());
+  }
+  std::vector<Property> props;
+  if (auto p = s.find("properties"); p != s.end()) {
+    if (!p->is_object()) throw Error("json schema: \"properties\" must be an object");
+    for (auto it = p->begin(); it != p->end(); ++it) {
+      props.push_back({it.key(), &*it, req.count(it.key()) > 0});
+      req.erase(it.key());
+    }
+  }
+  if (!req.empty()) throw Error("json schema: required property \"" + *req.begin() + "\" is not in properties");
+  if (props.size() > 64) throw Error("json schema: more than 64 properties in one object");
+  return props;
+}
+
+// An array schema's minItems and maxItems (no maxItems: the largest int64). Throws Error when
+// they are negative or out of order.
+std::pair<int64_t, int64_t> array_bounds(const json& s) {
+  int64_t lo = 0, hi = std::numeric_limits<int64_t>::max();
+  if (auto m = s.find("minItems"); m != s.end()) lo = m->get<int64_t>();
+  if (auto m = s.find("maxItems"); m != s.end()) hi = m->get<int64_t>();
+  if (lo < 0 || hi < lo) throw Error("json schema: bad minItems / maxItems");
+  return {lo, hi};
+}
+
 class Compiler {
  public:
   explicit Compiler(const json& root) : root_(root) {}
   const Node* compile(const json& s, int depth = 0) {
-    if (depth > 32) throw Error("json schema: nested deeper than 32 levels (or a recursive $ref)");
+    if (depth > 32) throw BeyondAutomaton("json schema: nested deeper than 32 levels (or a recursive $ref)");
     check_keywords(s);
     if (auto r = s.find("$ref"); r != s.end()) return compile(resolve(*r), depth + 1);
     if (auto e = s.find("enum"); e != s.end()) return enum_node(*e, "enum");
@@ -104,35 +148,22 @@ class Compiler {
     if (type == "object") {
       n->kind = Kind::Object;
       n->first.set('{');
-      std::set<std::string> req;
-      if (auto r = s.find("required"); r != s.end()) {
-        if (!r->is_array()) throw Error("json schema: \"required\" must be an array");
-        for (const json& x : *r) req.insert(x.get<std::string>());
+      for (const Property& p : object_properties(s)) {
+        const std::string quoted = json(p.key).dump();
+        n->keys.push_back(quoted.substr(1, quoted.size() - 2));
+        n->values.push_back(compile(*p.schema, depth + 1));
+        n->required.push_back(p.required);
       }
-      if (auto p = s.find("properties"); p != s.end()) {
-        if (!p->is_object()) throw Error("json schema: \"properties\" must be an object");
-        for (auto it = p->begin(); it != p->end(); ++it) {
-          const std::string quoted = json(it.key()).dump();
-          n->keys.push_back(quoted.substr(1, quoted.size() - 2));
-          n->values.push_back(compile(*it, depth + 1));
-          n->required.push_back(req.count(it.key()) > 0);
-          req.erase(it.key());
-        }
-      }
-      if (!req.empty()) throw Error("json schema: required property \"" + *req.begin() + "\" is not in properties");
-      if (n->keys.size() > 64) throw Error("json schema: more than 64 properties in one object");
     } else if (type == "array") {
       n->kind = Kind::Array;
       n->first.set('[');
       auto it = s.find("items");
       if (it == s.end()) throw Error("json schema: an array needs \"items\"");
       n->items = compile(*it, depth + 1);
-      if (auto m = s.find("minItems"); m != s.end()) n->min_items = m->get<int64_t>();
-      if (auto m = s.find("maxItems"); m != s.end()) n->max_items = m->get<int64_t>();
-      if (n->min_items < 0 || n->max_items < n->min_items) throw Error("json schema: bad minItems / maxItems");
+      std::tie(n->min_items, n->max_items) = array_bounds(s);
     } else if (type == "string") {
       if (s.contains("minLength") || s.contains("maxLength"))
-        throw Error("json schema: string length bounds are followed by the grammar matcher");
+        throw BeyondAutomaton("json schema: string length bounds");
       n->kind = Kind::String;
       n->first.set('"');
     } else if (type == "integer" || type == "number") {
@@ -171,7 +202,7 @@ class Compiler {
     n->kind = Kind::AnyOf;
     for (const Node* a : alts) {
       if ((n->first & a->first).any())
-        throw Error("json schema: anyOf / oneOf / a list of types whose alternatives can start with the same "
+        throw BeyondAutomaton("json schema: anyOf / oneOf / a list of types whose alternatives can start with the same "
                     "character is not supported");
       n->first |= a->first;
     }
@@ -540,15 +571,14 @@ class GrammarWriter {
       auto it = s.find("items");
       if (it == s.end()) throw Error("json schema: an array needs \"items\"");
       const std::string item = value(*it, depth + 1);
-      int64_t lo = 0, hi = -1;  // hi -1: no bound
-      if (auto m = s.find("minItems"); m != s.end()) lo = m->get<int64_t>();
-      if (auto m = s.find("maxItems"); m != s.end()) hi = m->get<int64_t>();
-      if (lo < 0 || (hi >= 0 && hi < lo)) throw Error("json schema: bad minItems / maxItems");
-      if (lo > 257 || hi > 257) throw Error("json schema: minItems / maxItems above 257 are not supported with this schema");
-      if (hi == 0) return "\"[]\"";
+      const auto [lo, max] = array_bounds(s);
+      const bool bounded = max != std::numeric_limits<int64_t>::max();
+      if (lo > 257 || (bounded && max > 257))
+        throw Error("json schema: minItems / maxItems above 257 are not supported with this schema");
+      if (max == 0) return "\"[]\"";
       const std::string more = "(\",\" " + item + ")";
-      const std::string rest = hi < 0 ? (lo > 1 ? more + "{" + std::to_string(lo - 1) + ",}" : more + "*")
-                                      : more + "{" + std::to_string(lo > 0 ? lo - 1 : 0) + "," + std::to_string(hi - 1) + "}";
+      const std::string rest = !bounded ? (lo > 1 ? more + "{" + std::to_string(lo - 1) + ",}" : more + "*")
+                                        : more + "{" + std::to_string(lo > 0 ? lo - 1 : 0) + "," + std::to_string(max - 1) + "}";
       const std::string body = item + " " + rest;
       return "\"[\" " + (lo == 0 ? "(" + body + ")?" : body) + " \"]\"";
     }
@@ -564,23 +594,12 @@ class GrammarWriter {
   // Properties in declared order, the required ones present: rule i (first or not) reads the
   // properties from i on, with a comma before each but the object's first.
   std::string object(const json& s, int depth) {
-    std::set<std::string> req;
-    if (auto r = s.find("required"); r != s.end()) {
-      if (!r->is_array()) throw Error("json schema: \"required\" must be an array");
-      for (const json& x : *r) req.insert(x.get<std::string>());
-    }
     std::vector<std::pair<std::string, std::string>> props;  // "key": literal, value expression
     std::vector<bool> required;
-    if (auto p = s.find("properties"); p != s.end()) {
-      if (!p->is_object()) throw Error("json schema: \"properties\" must be an object");
-      for (auto it = p->begin(); it != p->end(); ++it) {
-        props.push_back({ebnf_literal(json(it.key()).dump() + ":"), value(*it, depth + 1)});
-        required.push_back(req.count(it.key()) > 0);
-        req.erase(it.key());
-      }
+    for (const Property& p : object_properties(s)) {
+      props.push_back({ebnf_literal(json(p.key).dump() + ":"), value(*p.schema, depth + 1)});
+      required.push_back(p.required);
     }
-    if (!req.empty()) throw Error("json schema: required property \"" + *req.begin() + "\" is not in properties");
-    if (props.size() > 64) throw Error("json schema: more than 64 properties in one object");
     const std::string stem = fresh("obj");
     auto name = [&](size_t i, bool first) { return stem + "_" + std::to_string(i) + (first ? "f" : "n"); };
     for (size_t i = props.size() + 1; i-- > 0;) {
@@ -626,12 +645,7 @@ std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<c
   const Node* root = nullptr;
   try {
     root = comp.compile(schema);
-  } catch (const Error& e) {
-    // Alternatives that start alike, recursion: the grammar matcher follows those.
-    const std::string what = e.what();
-    if (what.find("can start with the same") == std::string::npos && what.find("recursive $ref") == std::string::npos &&
-        what.find("grammar matcher") == std::string::npos)
-      throw;
+  } catch (const BeyondAutomaton&) {
     return grammar_constraint(std::move(vocab), GrammarWriter(schema).write());
   }
   if (root->kind != Kind::Object && root->kind != Kind::Array)
