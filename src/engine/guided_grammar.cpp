@@ -32,8 +32,11 @@ constexpr size_t kMaxDepth = 1024;   // positions on one stack (nesting)
 constexpr int kMaxRepeat = 256;      // m, n of {m,n}
 constexpr size_t kMaxElements = 1 << 16;
 
+// The payload bits of a UTF-8 lead byte (its length marker removed).
+uint32_t utf8_lead_bits(uint8_t b) { return b & (b >= 0xF0 ? 0x07 : b >= 0xE0 ? 0x0F : 0x1F); }
+
 struct CpClass {
-  std::vector<std::pair<uint32_t, uint32_t>> ranges;  // inclusive
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;  // inclusive, sorted (add_class)
   bool negated = false;
   bool test(uint32_t cp) const {
     bool in = false;
@@ -48,10 +51,8 @@ struct CpClass {
       return false;
     }
     // The complement meets [lo, hi] unless the ranges cover all of it.
-    std::vector<std::pair<uint32_t, uint32_t>> r = ranges;
-    std::sort(r.begin(), r.end());
     uint32_t at = lo;
-    for (const auto& [a, b] : r) {
+    for (const auto& [a, b] : ranges) {
       if (a > at) return true;
       if (b >= at) {
         if (b >= hi) return false;
@@ -166,6 +167,7 @@ class Parser {
     return int(g_.rules.size()) - 1;
   }
   int add_class(CpClass c) {
+    std::sort(c.ranges.begin(), c.ranges.end());
     g_.classes.push_back(std::move(c));
     return int(g_.classes.size()) - 1;
   }
@@ -215,7 +217,7 @@ class Parser {
     do {
       const uint8_t x = uint8_t(s_[i_]);
       if (!run.push(x)) fail("the grammar text is not valid UTF-8", b);
-      v = i_ == b ? (x & (x >= 0xF0 ? 0x07 : x >= 0xE0 ? 0x0F : 0x1F)) : (v << 6) | (x & 0x3F);
+      v = i_ == b ? utf8_lead_bits(x) : (v << 6) | (x & 0x3F);
       ++i_;
     } while (run.need > 0 && !at_end());
     if (run.need > 0) fail("the grammar text is not valid UTF-8", b);
@@ -557,7 +559,7 @@ class GrammarConstraint final : public OutputConstraint, public std::enable_shar
       const bool lead = utf8.need == 0;
       if (!utf8.push(b)) return false;
       if (lead) least = utf8.need == 1 ? 0x80 : utf8.need == 2 ? 0x800 : 0x10000;
-      partial = lead ? uint32_t(b & (b >= 0xF0 ? 0x07 : b >= 0xE0 ? 0x0F : 0x1F)) : (partial << 6) | (b & 0x3F);
+      partial = lead ? utf8_lead_bits(b) : (partial << 6) | (b & 0x3F);
       if (utf8.need == 0) {
         stacks = c.advance(stacks, partial);
         partial = 0;
