@@ -63,28 +63,41 @@ const ojson* function_of(const ojson& entry) {
   return name != fn.end() && name->is_string() ? &fn : nullptr;
 }
 
-// The JSON schema type(s) of a parameter, from the request's tools; empty when unknown.
-std::vector<std::string> param_types(const ojson& tools, const std::string& tool, const std::string& param) {
+// The function object of the request's first tool named `name`, or null.
+const ojson* find_function(const ojson& tools, const std::string& name) {
+  if (!tools.is_array()) return nullptr;
+  for (const ojson& t : tools)
+    if (const ojson* fn = function_of(t); fn && (*fn)["name"].get<std::string>() == name) return fn;
+  return nullptr;
+}
+
+// A function's declared parameter properties (an object), or null.
+const ojson* properties_of(const ojson* fn) {
+  if (!fn) return nullptr;
+  if (auto p = fn->find("parameters"); p != fn->end() && p->is_object())
+    if (auto q = p->find("properties"); q != p->end() && q->is_object()) return &*q;
+  return nullptr;
+}
+
+// The type(s) a schema names ("type": a string or a list of strings); empty when none.
+std::vector<std::string> schema_types(const ojson& schema) {
   std::vector<std::string> types;
-  if (!tools.is_array()) return types;
-  for (const ojson& t : tools) {
-    const ojson* fn = function_of(t);
-    if (!fn || (*fn)["name"].get<std::string>() != tool) continue;
-    const ojson* props = nullptr;
-    if (auto p = fn->find("parameters"); p != fn->end() && p->is_object())
-      if (auto q = p->find("properties"); q != p->end() && q->is_object()) props = &*q;
-    if (!props) return types;
-    auto it = props->find(param);
-    if (it == props->end() || !it->is_object()) return types;
-    if (auto ty = it->find("type"); ty != it->end()) {
-      if (ty->is_string()) types.push_back(ty->get<std::string>());
-      if (ty->is_array())
-        for (const ojson& x : *ty)
-          if (x.is_string()) types.push_back(x.get<std::string>());
-    }
-    return types;
+  if (!schema.is_object()) return types;
+  if (auto ty = schema.find("type"); ty != schema.end()) {
+    if (ty->is_string()) types.push_back(ty->get<std::string>());
+    if (ty->is_array())
+      for (const ojson& x : *ty)
+        if (x.is_string()) types.push_back(x.get<std::string>());
   }
   return types;
+}
+
+// The JSON schema type(s) of a parameter, from the request's tools; empty when unknown.
+std::vector<std::string> param_types(const ojson& tools, const std::string& tool, const std::string& param) {
+  const ojson* props = properties_of(find_function(tools, tool));
+  if (!props) return {};
+  auto it = props->find(param);
+  return it == props->end() ? std::vector<std::string>{} : schema_types(*it);
 }
 
 ojson param_value(std::string value, const std::vector<std::string>& types) {
@@ -123,8 +136,7 @@ std::vector<std::string> tool_names(const ojson& tools) {
 namespace {
 
 // The rules every tool-call grammar shares: JSON values and the namespace token.
-constexpr const char* kToolGrammarBase = R"(ns ::= "]<]minimax[>["
-text ::= ([^<] | "<" [^/])*
+constexpr const char* kToolGrammarBase = R"(text ::= ([^<] | "<" [^/])*
 int ::= "-"? ("0" | [1-9] [0-9]{0,18})
 num ::= int ("." [0-9]{1,16})? ([eE] [+-]? [0-9]{1,3})?
 bool ::= "true" | "false"
@@ -147,15 +159,8 @@ std::string value_rule(const ojson& schema) {
     }
     return "(" + alts + ")";
   }
-  std::vector<std::string> types;
-  if (auto t = schema.find("type"); t != schema.end()) {
-    if (t->is_string()) types.push_back(t->get<std::string>());
-    if (t->is_array())
-      for (const ojson& x : *t)
-        if (x.is_string()) types.push_back(x.get<std::string>());
-  }
   std::string alts;
-  for (const std::string& t : types) {
+  for (const std::string& t : schema_types(schema)) {
     const char* r = t == "string" ? "text" : t == "integer" ? "int" : t == "number" ? "num" : t == "boolean" ? "bool"
                     : t == "null" ? "\"null\"" : t == "object" ? "jobj" : t == "array" ? "jarr" : nullptr;
     if (!r || t == "string") return "text";  // text takes any value the others write
@@ -171,15 +176,9 @@ std::string tool_call_grammar(const std::vector<std::string>& names, const ojson
   std::string calls, rules;
   int i = 0;
   for (const std::string& name : names) {
-    const ojson* fn = nullptr;
-    if (tools.is_array())
-      for (const ojson& t : tools)
-        if (const ojson* f = function_of(t); f && (*f)["name"].get<std::string>() == name) fn = f;
+    const ojson* fn = find_function(tools, name);
     const ojson* params = fn && fn->contains("parameters") ? &(*fn)["parameters"] : nullptr;
-    const ojson* props = params && params->is_object() && params->contains("properties") &&
-                                 (*params)["properties"].is_object()
-                             ? &(*params)["properties"]
-                             : nullptr;
+    const ojson* props = properties_of(fn);
     std::vector<std::string> required;
     if (params && params->is_object())
       if (auto r = params->find("required"); r != params->end() && r->is_array())
@@ -206,8 +205,10 @@ std::string tool_call_grammar(const std::vector<std::string>& names, const ojson
              engine::ebnf_literal("</invoke>\n") + "\n";
     calls += (calls.empty() ? "" : " | ") + call;
   }
-  return "root ::= ns \"<tool_call>\\n\" calls" + std::string(several ? "+" : "") + " ns \"</tool_call>\"\ncalls ::= " +
-         calls + "\n" + rules + kToolGrammarBase;
+  const std::string close = "</" + std::string(kOpen.substr(1));
+  return "root ::= ns " + engine::ebnf_literal(std::string(kOpen) + "\n") + " calls" + std::string(several ? "+" : "") +
+         " ns " + engine::ebnf_literal(close) + "\ncalls ::= " + calls + "\nns ::= " + engine::ebnf_literal(kNs) + "\n" +
+         rules + kToolGrammarBase;
 }
 
 size_t tool_call_content_prefix(std::string_view text) {
