@@ -143,7 +143,6 @@ class MiniMaxM3 final : public Model {
     use_device(dev_);  // the engine's thread is not the one that loaded the model
     validate(in);
     if (graph_step(in, logits)) return;
-    if (is_graph_shape(in)) ++graph_stats_.eager;
     const StepShape sh = shape_of(in);
     ensure_rope_table(std::max(sh.max_pos, sh.max_seq) + 1);
     const DeviceInputs d = upload_step(in, step_.inputs, false);
@@ -235,12 +234,16 @@ class MiniMaxM3 final : public Model {
   // Padded batch sizes: 1, 2, 4, 8, then multiples of 8 (vLLM's capture sizes).
   static int graph_rows(int n) { return n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8; }
 
+  // Runs a decode step as a graph replay (or its first, eager run and capture). False for other
+  // steps, and for decode steps that graphs do not take (counted as eager).
   bool graph_step(const StepInputs& in, std::vector<float>& logits) {
-    if (enforce_eager_ || !graph_stats_.off_reason.empty() || cache_opts_.compare_index) return false;
     if (!is_graph_shape(in)) return false;
     const int n = int(in.token_ids.size());
+    if (enforce_eager_ || !graph_stats_.off_reason.empty() || cache_opts_.compare_index || n > max_graph_batch_) {
+      ++graph_stats_.eager;
+      return false;
+    }
     const int rows = graph_rows(n);
-    if (n > max_graph_batch_) return false;
     // Context bucket: the grids are those of `keys` keys, and the kernels take any live length
     // up to it. Buckets 8 blocks x 2^k and 12 blocks x 2^k, so a grid is sized for at most 4/3
     // of the blocks its longest sequence has (past 8 blocks).
@@ -250,7 +253,10 @@ class MiniMaxM3 final : public Model {
     int64_t blocks = 8;
     while (blocks * bs < max_seq) blocks = blocks % 3 == 0 ? blocks / 3 * 4 : blocks / 2 * 3;
     const int64_t keys = blocks * bs;
-    if (keys > (int64_t(1) << 30)) return false;
+    if (keys > (int64_t(1) << 30)) {
+      ++graph_stats_.eager;
+      return false;
+    }
     const StepInputs p = pad_decode_step(in, rows, int(keys / bs), int32_t(cache_opts_.num_blocks), bs);
     StepShape sh = shape_of(p);
     sh.max_seq = int(keys);
@@ -308,9 +314,6 @@ class MiniMaxM3 final : public Model {
     const int nidx = cfg_.sparse_num_index_heads, idim = cfg_.sparse_index_dim;
     const int K = cfg_.sparse_topk_blocks;
     StepBuffers& sb = step_;
-    const int32_t* d_ids = d.ids;
-    const int32_t* d_pos = d.pos;
-    const int64_t* d_slots = d.slots;
     ops::BatchView batch;
     batch.num_seqs = num_seqs;
     batch.num_tokens = n;
@@ -329,7 +332,7 @@ class MiniMaxM3 final : public Model {
     Buffer &topk = sb.topk, &router_logits = sb.router_logits, &route_ids = sb.route_ids, &route_w = sb.route_w;
 
     ops::EmbeddingParams ep;
-    ep.ids = d_ids;
+    ep.ids = d.ids;
     ep.num_tokens = n;
     ep.table = w_.embed.data();
     ep.table_dtype = w_.embed.dtype;
@@ -363,10 +366,10 @@ class MiniMaxM3 final : public Model {
       rp.k_norm = L.k_norm.data();
       rp.norm_dtype = DType::F32;
       rp.eps = cfg_.rms_norm_eps;
-      rp.positions = d_pos;
+      rp.positions = d.pos;
       rp.cos_sin = rope_.as<float>();
       rp.rotary_dim = cfg_.rotary_dim;
-      rp.slot_mapping = d_slots;
+      rp.slot_mapping = d.slots;
       rp.kv = C.kv;
       const bool full_index = has_index_cache(l) && !cache_opts_.dense;
       if (L.sparse) {
