@@ -24,7 +24,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "guided/guided.h"
-#include "engine/stop_strings.h"
+#include "server/stop_strings.h"
 #include "server/protocol.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
@@ -184,7 +184,7 @@ int64_t code_points(std::string_view s) {
 struct Output {
   const text::Tokenizer& tok;
   text::StreamDecoder dec;
-  engine::StopStringMatcher stop;
+  StopStringMatcher stop;
   bool include_stop;
   bool chat;
   bool want_logprobs;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "guided/guided.h"
-#include "engine/stop_strings.h"
+#include "server/stop_strings.h"
 
 namespace sieve::server {
 
@@ -215,7 +215,7 @@ size_t tool_call_content_prefix(std::string_view text) {
   if (const size_t p = find_open(text); p != std::string_view::npos) return p;
   static const std::string openings[] = {std::string(kNs) + std::string(kOpen), std::string(kOpen),
                                          std::string(kOpenM2)};
-  return text.size() - engine::held_tail(text, openings);
+  return text.size() - held_tail(text, openings);
 }
 
 namespace {
