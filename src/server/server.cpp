@@ -527,18 +527,10 @@ struct Server::Impl {
     }
     std::vector<std::string> texts;
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
+    // Prompt limits (empty, longer than the context) are the engine's to check: submit's Error
+    // names them and becomes a 400 below.
     const int64_t max_len = engine.max_model_len();
     const std::string param = chat ? "messages" : "prompt";
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const std::string which = prompts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "";
-      if (prompts[i].empty()) throw ApiError(400, "the prompt is empty" + which, param);
-      if (int64_t(prompts[i].size()) >= max_len)
-        throw ApiError(400,
-                       "This model's maximum context length is " + std::to_string(max_len) +
-                           " tokens. However, your request has " + std::to_string(prompts[i].size()) +
-                           " input tokens" + which + ". Please reduce the length of the input.",
-                       param);
-    }
     std::shared_ptr<const guided::OutputConstraint> constraint;
     if (!forced_grammar.empty()) constraint = guided_compiled("grammar", forced_grammar, "tool_choice");
     if (g.guided == "json_object") constraint = guided_json();
@@ -581,7 +573,8 @@ struct Server::Impl {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {
           abort_all(*gen);
-          throw ApiError(400, e.what(), param);
+          throw ApiError(400, e.what() + (prompts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : std::string()),
+                         param);
         }
         gen->choices.push_back(std::move(c));
       }
