@@ -24,6 +24,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::kernels_bench {
 
@@ -227,6 +228,17 @@ void warm_up(int sets, const std::function<void(int, cudaStream_t)>& fn, cudaStr
     cuda_check(cudaStreamSynchronize(stream), "bench warm-up");
   }
 }
+
+// The tuning in force with `edit` applied, for the scope's lifetime (rows that time a variant).
+struct TuningEdit {
+  cuda::TuningScope scope;
+  explicit TuningEdit(const std::function<void(cuda::Tuning&)>& edit) : scope(edited(edit)) {}
+  static cuda::Tuning edited(const std::function<void(cuda::Tuning&)>& edit) {
+    cuda::Tuning t = cuda::tuning();
+    edit(t);
+    return t;
+  }
+};
 
 // Calls per graph in the batched graph mode.
 constexpr int kGraphBatch = 16;
@@ -583,7 +595,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         return r;
       };
       // At the main shape, the batched-graph mode again with programmatic dependent launch of the
-      // kernels in each mask (SIEVE_PDL's meaning; 0: plain launches) instead of the default
+      // kernels in each mask (LaunchTuning::pdl_mask; 0: plain launches) instead of the default
       // choice (same process, same inputs): what PDL gives.
       auto with_pdl = [&](Row r, const std::function<void(int, cudaStream_t)>& fn,
                           std::initializer_list<int> masks = {0, 7}) {
@@ -591,49 +603,46 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         const std::string mode = r.mode;
         r.target_us = 0, r.target_note = "";
         for (const int mask : masks) {
-          cuda::set_pdl(mask);
           r.mode = mode + (mask ? ", PDL mask " + std::to_string(mask) : ", no PDL");
-          r.us = time_it(iters, sets, fn, true, st, kGraphBatch);
-          cuda::set_pdl(-1);
+          {
+            TuningEdit e([mask](cuda::Tuning& t) { t.launch.pdl_mask = mask; });
+            r.us = time_it(iters, sets, fn, true, st, kGraphBatch);
+          }
           emit(r, c);
         }
       };
 
-      // Indexer: the default path (what run_indexer picks) with the targets, then the earlier
-      // variants and the unfused baseline for comparison. A path that does not support the
-      // shape is skipped.
+      // Indexer: the planner's kernel (what run_indexer runs) with the targets, then each decode
+      // kernel for comparison. A kernel without a plan for the shape is skipped.
       const double ifloor = c.index_bytes() / bw * 1e6;
-      auto run_path = [&](cuda::IndexerPath path) {
-        return [&c, path](int s, cudaStream_t stream) {
-          if (!cuda::run_indexer_path(c.indexer(s), stream, path)) throw Error("bench: indexer unsupported");
+      auto run_path = [&](cuda::IndexerKernel kernel) {
+        return [&c, kernel](int s, cudaStream_t stream) {
+          if (!cuda::run_indexer_kernel(c.indexer(s), stream, kernel)) throw Error("bench: indexer unsupported");
         };
       };
-      // A kernel's own rows launch it plainly (unless SIEVE_PDL chooses): with PDL, each call of
-      // a graph of 16 would start under the one before, which a decode step does not give it. The
-      // decode-step rows use the default PDL choice, as serving does.
+      // A kernel's own rows launch it plainly (unless --tune launch.pdl_mask chooses): with PDL,
+      // each call of a graph of 16 would start under the one before, which a decode step does not
+      // give it. The decode-step rows use the default PDL choice, as serving does.
       auto plain = [](const std::function<void(int, cudaStream_t)>& fn) {
         return [fn](int s, cudaStream_t stream) {
-          if (cuda::pdl_env_set()) return fn(s, stream);
-          cuda::set_pdl(0);
+          if (cuda::tuning().launch.pdl_mask >= 0) return fn(s, stream);
+          TuningEdit e([](cuda::Tuning& t) { t.launch.pdl_mask = 0; });
           fn(s, stream);
-          cuda::set_pdl(-1);
         };
       };
       struct IPath {
-        cuda::IndexerPath path;
+        cuda::IndexerKernel kernel;
         std::string name;
         bool target, eager;
       };
-      const std::vector<IPath> ipaths = {{cuda::IndexerPath::kAuto, "fused (default)", true, true},
-                                         {cuda::IndexerPath::kDecodeFused, "fused v1", false, false},
-                                         {cuda::IndexerPath::kDecodeFusedV2, "fused v2", false, false},
-                                         {cuda::IndexerPath::kDecodeFusedV3, "fused v3", false, false},
-                                         {cuda::IndexerPath::kDecodeFusedV4, "fused v4", false, false},
-                                         {cuda::IndexerPath::kDecodeBaseline, "baseline 3 kernels", false, false}};
-      warm_up(sets, run_path(cuda::IndexerPath::kAuto), st, 20);
+      const std::vector<IPath> ipaths = {{cuda::IndexerKernel::kAuto, "fused (default)", true, true},
+                                         {cuda::IndexerKernel::kDecodeChunked, "fused v2 (chunked)", false, false},
+                                         {cuda::IndexerKernel::kDecodeCluster, "fused v3 (cluster)", false, false},
+                                         {cuda::IndexerKernel::kDecodePersistent, "fused v4 (persistent)", false, false}};
+      warm_up(sets, run_path(cuda::IndexerKernel::kAuto), st, 20);
       for (const auto& ip : ipaths) {
         if (!row_wanted(opt, kDecodeIndexer)) break;
-        if (!cuda::run_indexer_path(c.indexer(0), st, ip.path)) continue;
+        if (!cuda::run_indexer_kernel(c.indexer(0), st, ip.kernel)) continue;
         Row r{kDecodeIndexer, shape, dt, "", 0, ifloor, "bytes"};
         if (ip.target) {
           r.target_us = main_shape ? (fp8 ? 12 : 22) : 1.4 * ifloor + 2;
@@ -641,16 +650,16 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         }
         if (ip.eager) {
           r.mode = ip.name + ", eager";
-          r.us = time_it(iters, sets, plain(run_path(ip.path)), false, st);
+          r.us = time_it(iters, sets, plain(run_path(ip.kernel)), false, st);
           emit(r, c);
         }
         r.mode = ip.name + ", graph";
-        r.us = time_it(iters, sets, plain(run_path(ip.path)), true, st);
+        r.us = time_it(iters, sets, plain(run_path(ip.kernel)), true, st);
         emit(r, c);
         r.mode = ip.name + ", " + kBatchMode;
-        r.us = time_it(iters, sets, plain(run_path(ip.path)), true, st, kGraphBatch);
+        r.us = time_it(iters, sets, plain(run_path(ip.kernel)), true, st, kGraphBatch);
         emit(r, c);
-        if (ip.target) with_pdl(r, run_path(ip.path));
+        if (ip.target) with_pdl(r, run_path(ip.kernel));
       }
       // Every cache block of the batch, per set (the blocks of the indexer and of dense attention).
       auto all_blocks = [&c](int s) {
@@ -685,7 +694,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       }
 
       // Leave a real selection in every set for the attention.
-      for (int s = 0; s < sets; ++s) run_path(cuda::IndexerPath::kAuto)(s, st);
+      for (int s = 0; s < sets; ++s) run_path(cuda::IndexerKernel::kAuto)(s, st);
       // K and V (and, fp8, their per-token scales) of a list of blocks, per set.
       auto kv_probe = [&](ReadProbe& pr, int s, const std::vector<int32_t>& ids) {
         const Set& set = c.sets[size_t(s)];
@@ -728,7 +737,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
 
       // One decode step of a sparse layer: indexer + attention.
       auto step = [&](int s, cudaStream_t stream) {
-        run_path(cuda::IndexerPath::kAuto)(s, stream);
+        run_path(cuda::IndexerKernel::kAuto)(s, stream);
         attn(true)(s, stream);
       };
       Row sr{"decode step (indexer + sparse attention)", shape, dt, "", 0, ifloor + afloor, "bytes"};
@@ -774,7 +783,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
           if (!cuda::run_qkv_norm_rope_cache(p, stream)) throw Error("bench: cache write unsupported");
           ip.index_q = static_cast<uint16_t*>(rows[size_t(s)]->p) + p.index_q_offset;
           ip.q_stride = kQkvStride;
-          if (!cuda::run_indexer_path(ip, stream, cuda::IndexerPath::kAuto)) throw Error("bench: indexer unsupported");
+          if (!cuda::run_indexer(ip, stream)) throw Error("bench: indexer unsupported");
           ops::AttentionParams ap = base;
           ap.q = rows[size_t(s)]->p;
           ap.q_stride = kQkvStride;
@@ -843,7 +852,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         r.target_note = "issue target";
       }
       auto prefill_fn = [&](int s, cudaStream_t stream) {
-        if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefill))
+        if (!cuda::run_indexer_kernel(c.indexer(s), stream, cuda::IndexerKernel::kPrefill))
           throw Error("bench: indexer");
       };
       if (index_rows) {
@@ -856,22 +865,21 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         emit(r, c);
         {
           // The same graph with the selection kernel waiting for the whole scoring grid.
-          cuda::PrefillV2Knobs k;
-          k.overlap = 0;
-          cuda::set_indexer_prefill_v2_knobs(k);
           Row o = r;
           o.mode = "graph, selection not overlapped";
           o.target_us = 0, o.target_note = "";
-          o.us = time_it(iters, sets, prefill_fn, true, st);
-          cuda::set_indexer_prefill_v2_knobs(cuda::PrefillV2Knobs{});
+          {
+            TuningEdit e([](cuda::Tuning& t) { t.indexer.prefill_overlap = false; });
+            o.us = time_it(iters, sets, prefill_fn, true, st);
+          }
           emit(o, c);
         }
-        r.mode = "eager, first kernel";
+        r.mode = "eager, long-context kernel";
         r.target_us = 0, r.target_note = "";
         r.us = time_it(
             std::min(iters, 50), sets,
             [&](int s, cudaStream_t stream) {
-              if (!cuda::run_indexer_path(c.indexer(s), stream, cuda::IndexerPath::kPrefillV1))
+              if (!cuda::run_indexer_kernel(c.indexer(s), stream, cuda::IndexerKernel::kPrefillLong))
                 throw Error("bench: indexer");
             },
             false, st);
@@ -896,9 +904,10 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
           Row o = a;
           o.mode = "eager, per-token kernel";
           o.target_us = 0, o.target_note = "";
-          cuda::set_attention_prefill_kernel(0);
-          o.us = time_it(std::min(iters, 50), sets, attn_fn(true), false, st);
-          cuda::set_attention_prefill_kernel(-1);
+          {
+            TuningEdit e([](cuda::Tuning& t) { t.attention.prefill_tiles = 0; });
+            o.us = time_it(std::min(iters, 50), sets, attn_fn(true), false, st);
+          }
           emit(o, c);
         }
       }
@@ -908,9 +917,10 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       emit(d, c);
       if (ps.n == 8192 && ps.cached == 0) {
         d.mode = "eager, per-token kernel";
-        cuda::set_attention_prefill_kernel(0);
-        d.us = time_it(std::min(iters, 50), sets, attn_fn(false), false, st);
-        cuda::set_attention_prefill_kernel(-1);
+        {
+          TuningEdit e([](cuda::Tuning& t) { t.attention.prefill_tiles = 0; });
+          d.us = time_it(std::min(iters, 50), sets, attn_fn(false), false, st);
+        }
         emit(d, c);
       }
     }
@@ -971,8 +981,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
   // tokens and a batch of 1024, bound by the routed experts' weights, and a prefill of 8192
   // tokens, bound by its FLOPs. Tokens route to 4 distinct experts drawn uniformly. Tensor cores
   // (the default, with the tile size it picks) against the other tile size
-  // (cuda::set_moe_tile_rows) and, at 32 and 8192 tokens, the fp32 SIMT products
-  // (cuda::set_moe_force_simt).
+  // (MoeTuning::tile_rows) and, at 32 and 8192 tokens, the fp32 SIMT products
+  // (MoeTuning::force_simt).
   if (row_wanted(opt, kMoe)) {
     constexpr int64_t H = 6144, I = 768;
     constexpr int E = 128, K = 4;
@@ -1033,8 +1043,10 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         if (variant == 2 && tokens != 32 && tokens != 8192) continue;
         const bool simt = variant == 2;
         const int rows = variant == 1 ? 80 - auto_rows : 0;
-        cuda::set_moe_force_simt(simt);
-        cuda::set_moe_tile_rows(rows);
+        TuningEdit e([&](cuda::Tuning& t) {
+          t.moe.force_simt = simt;
+          t.moe.tile_rows = rows;
+        });
         const std::string mode = simt ? "simt fp32"
                                  : "tensor cores, " + std::to_string(rows ? rows : auto_rows) + "-row tiles" +
                                        (rows ? "" : " (default)");
@@ -1049,8 +1061,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
           on_row(r);
         }
       }
-      cuda::set_moe_force_simt(false);
-      cuda::set_moe_tile_rows(0);
     }
   }
 

@@ -31,17 +31,15 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <vector>
 #include <mutex>
-#include <string_view>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
 
@@ -121,7 +119,7 @@ struct AttnArgs {
   bool ll;
   uint4* ll_buf;  // [rows][groups - 1][16][kDim / kN] records of kLLChunks x 16 bytes, zero between calls
   bool l2_first;  // K/V copies with an L2 evict-first policy (one query row a request)
-  unsigned long long* trace;  // optional (SIEVE_ATTN_TRACE): [grid CTAs][kTraceSlots] timestamps, SM id + 1
+  unsigned long long* trace;  // optional (AttentionTuning::trace): [grid CTAs][kTraceSlots] timestamps, SM id + 1
 };
 
 constexpr int kTracePoints = 9;
@@ -1049,16 +1047,10 @@ void launch(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   cuda_check(cudaLaunchKernelEx(&l.cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
 }
 
-// SIEVE_ATTN_TRACE=1: every call is synchronised and prints where its CTAs spent their time
-// (global timer, ns from the first CTA's start): a development aid, never on in serving.
-// SIEVE_ATTN_TRACE=2 also prints every CTA's SM and phase times.
-int trace_level() {
-  static const int level = [] {
-    const char* e = std::getenv("SIEVE_ATTN_TRACE");
-    return e ? std::max(1, std::atoi(e)) : 0;
-  }();
-  return level;
-}
+// AttentionTuning::trace 1: every call is synchronised and prints where its CTAs spent their
+// time (global timer, ns from the first CTA's start): a development aid, never on in serving;
+// 2 also prints every CTA's SM and phase times.
+int trace_level() { return tuning().attention.trace; }
 bool trace_enabled() { return trace_level() > 0; }
 void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, int64_t ctas) {
   const bool fp8 = a.k_scale != nullptr;
@@ -1085,11 +1077,7 @@ void print_trace(const AttnArgs& a, const std::vector<unsigned long long>& tr, i
                  at(c, 6), at(c, 7));
 }
 
-std::atomic<int> g_flagged_merge{-1};
-
 }  // namespace
-
-void set_attention_flagged_merge(int on) { g_flagged_merge.store(on < 0 ? -1 : on != 0, std::memory_order_relaxed); }
 
 bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   if (p.head_dim != kDim || p.kv.head_dim != kDim || p.kv.block_size != kBlock) return false;
@@ -1130,22 +1118,11 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   const int units = p.topk_idx ? p.topk
                                : std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock,
                                                       p.batch.max_blocks_per_seq));
-  static const int max_cluster = [] {
-    const char* e = std::getenv("SIEVE_ATTN_MAX_CLUSTER");
-    return e ? std::clamp(std::atoi(e), 1, kMaxCluster) : kMaxCluster;
-  }();
-  static const int max_stages = [] {
-    const char* e = std::getenv("SIEVE_ATTN_MAX_STAGES");
-    return e ? std::clamp(std::atoi(e), 2, kMaxStages) : kMaxStages;
-  }();
-  static const int force_splits = [] {
-    const char* e = std::getenv("SIEVE_ATTN_SPLITS");
-    return e ? std::clamp(std::atoi(e), 1, kMaxSplits) : 0;
-  }();
-  static const int force_groups = [] {
-    const char* e = std::getenv("SIEVE_ATTN_GROUPS");
-    return e ? std::clamp(std::atoi(e), 1, 2) : 0;
-  }();
+  const AttentionTuning& tu = tuning().attention;
+  const int max_cluster = std::clamp(tu.max_cluster, 1, kMaxCluster);
+  const int max_stages = std::clamp(tu.max_stages, 2, kMaxStages);
+  const int force_splits = tu.splits > 0 ? std::min(tu.splits, kMaxSplits) : 0;
+  const int force_groups = tu.consumer_groups > 0 ? std::min(tu.consumer_groups, 2) : 0;
   // Up to about 33 rows on the H200 (at least 4 splits a row): one CTA per SM, each with two
   // consumer groups (8 consumer warps, ~200 KB of K/V in flight), floor(SMs / rows) splits a row,
   // so the grid is one wave. Measured at batch 32, context 9216 (4 splits in 2 clusters of 2):
@@ -1155,10 +1132,9 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   // Q by one bulk copy (16-byte aligned rows): with bf16 KV at every shape (sparse b32 ctx9216
   // 19.4 -> 19.1 us, dense 46.9 -> 46.4); with fp8 KV for sparse rows at one CTA per SM only
   // (b32 ctx9216 14.2 -> 13.5 us) — dense fp8 rows and sparse b128 measured 1-2.4 % slower with
-  // it (docs/performance.md). SIEVE_ATTN_QBULK=0 / 1 forces it off / on (where aligned).
-  static const int q_bulk_knob = env_int("SIEVE_ATTN_QBULK", -1);
-  if (q_bulk_knob == 0) a.q_bulk = false;
-  else if (q_bulk_knob < 0 && fp8 && !(p.topk_idx && one_per_sm)) a.q_bulk = false;
+  // it (docs/performance.md). AttentionTuning::q_bulk 0 / 1 forces it off / on (where aligned).
+  if (tu.q_bulk == 0) a.q_bulk = false;
+  else if (tu.q_bulk < 0 && fp8 && !(p.topk_idx && one_per_sm)) a.q_bulk = false;
   int splits = int(std::clamp<int64_t>(one_per_sm ? sms / rows : (2 * sms + rows - 1) / rows, 1,
                                        std::min(units, kMaxSplits)));
   a.cgroups = force_groups ? force_groups : (one_per_sm ? 2 : 1);
@@ -1219,12 +1195,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   // and a last-CTA merge. Measured (H200): batch 32 (two clusters of 2 a row) sparse fp8 15.0 ->
   // 14.1 us, dense fp8 31.5 -> 30.8; with 8 or 9 clusters a row (dense, batch 1 and 8) the
   // flagged merge was slower (b1 bf16 14.9 -> 17.0 us), so it is not used there.
-  static const bool ll_env = [] {
-    const char* e = std::getenv("SIEVE_ATTN_LL");
-    return !(e && *e && std::string_view(e) == "0");
-  }();
-  const int ll_forced = g_flagged_merge.load(std::memory_order_relaxed);
-  a.ll = (ll_forced < 0 ? ll_env : ll_forced != 0) && a.groups == 2 && a.cluster > 1 &&
+  a.ll = tu.flagged_merge && a.groups == 2 && a.cluster > 1 &&
          rows * a.groups <= max_active_clusters_of(fp8, a.cgroups, a.cluster, a.stages);
   if (a.ll) {
     const size_t records = size_t(rows) * (a.groups - 1) * 16 * kDim;  // kN = 1 at most
@@ -1241,10 +1212,9 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   // kL2HintMinBytes. Measured (docs/performance.md): b32 ctx9216 sparse fp8 / bf16 -6.7 / -6.5 %,
   // dense bf16 -2.9 %; sparse b1 +1.1-1.8 % (a 0.5-1 MB stream), hence the threshold. With
   // several rows a request the rows read the same blocks and keep the default policy.
-  // SIEVE_ATTN_L2HINT=0 / 1 forces it off / on.
-  static const int l2_knob = env_int("SIEVE_ATTN_L2HINT", -1);
+  // AttentionTuning::l2_evict_first 0 / 1 forces it off / on.
   const int64_t unit_bytes = 2 * (fp8 ? Geo<true>::kSlotBytes : Geo<false>::kSlotBytes);  // K and V
-  a.l2_first = l2_evict_first(p.batch.max_query_len <= 1 ? rows * units * unit_bytes : 0, l2_knob);
+  a.l2_first = l2_evict_first(p.batch.max_query_len <= 1 ? rows * units * unit_bytes : 0, tu.l2_evict_first);
   const int64_t ctas = int64_t(a.splits) * p.batch.num_tokens * p.num_kv_heads;
   a.trace = trace_alloc(trace_enabled(), size_t(ctas) * kTraceSlots, stream);
   if (fp8) {
