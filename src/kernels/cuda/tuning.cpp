@@ -104,7 +104,7 @@ void set_tuning(const Tuning& t) { g_tuning = t; }
 void set_tuning_field(Tuning& t, const std::string& name, const std::string& value) {
   for (const Field& f : fields())
     if (name == f.name) return f.set(t, value);
-  throw Error("unknown tuning field " + name + " (sieve bench kernels --help lists them)");
+  throw Error("unknown tuning field " + name + " (sieve bench kernels --tune list lists them)");
 }
 
 std::vector<std::string> tuning_field_names() {
