@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "cuda_test_util.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -29,6 +30,47 @@ namespace {
 using namespace sieve::test;
 
 const ops::Stream kStream{kGpu, nullptr};
+
+// ---------------------------------------------------------------------------------------------
+// Tuning (no device needed): the benchmark's --tune fields and the scope the tests use.
+
+TEST(CudaTuning, FieldsParseAndScopesRestore) {
+  cuda::Tuning t;
+  cuda::set_tuning_field(t, "indexer.persistent_unit", "4");
+  cuda::set_tuning_field(t, "indexer.narrow_mma", "false");
+  cuda::set_tuning_field(t, "indexer.prefill_mma", "rsp");
+  cuda::set_tuning_field(t, "attention.trace", "2");
+  cuda::set_tuning_field(t, "moe.chunk_tokens", "17");
+  cuda::set_tuning_field(t, "launch.pdl_mask", "7");
+  EXPECT_EQ(t.indexer.persistent_unit, 4);
+  EXPECT_FALSE(t.indexer.narrow_mma);
+  EXPECT_EQ(t.indexer.prefill_mma, cuda::IndexerTuning::PrefillMma::kRSP);
+  EXPECT_EQ(t.attention.trace, 2);
+  EXPECT_EQ(t.moe.chunk_tokens, 17);
+  EXPECT_EQ(t.launch.pdl_mask, 7);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.no_such_field", "1"), Error);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.persistent_unit", "four"), Error);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.trace", "maybe"), Error);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.prefill_mma", "sync"), Error);
+  const std::vector<std::string> names = cuda::tuning_field_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "indexer.persistent_unit (default 0)"), names.end());
+
+  const cuda::Tuning defaults;
+  EXPECT_EQ(cuda::tuning().indexer.persistent_unit, defaults.indexer.persistent_unit);
+  {
+    cuda::TuningScope scope(t);
+    EXPECT_EQ(cuda::tuning().indexer.persistent_unit, 4);
+    {
+      cuda::Tuning u = t;
+      u.indexer.persistent_unit = 9;
+      cuda::TuningScope inner(u);
+      EXPECT_EQ(cuda::tuning().indexer.persistent_unit, 9);
+    }
+    EXPECT_EQ(cuda::tuning().indexer.persistent_unit, 4);
+  }
+  EXPECT_EQ(cuda::tuning().indexer.persistent_unit, defaults.indexer.persistent_unit);
+  EXPECT_TRUE(cuda::tuning().indexer.narrow_mma);
+}
 
 // ---------------------------------------------------------------------------------------------
 // qkv_norm_rope_cache
