@@ -250,7 +250,8 @@ int run_serve(const std::vector<std::string>& argv) {
       .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
       .flag({"--trust-remote-code"}, "accepted for vLLM compatibility; no effect")
       .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes")
-      .flag({"--no-enable-prefix-caching"}, "do not reuse prompt prefixes (the default)");
+      .flag({"--no-enable-prefix-caching"}, "do not reuse prompt prefixes (the default)")
+      .flag({"--disable-web-ui"}, "no chat page at / and no dashboard (the API alone)");
   if (!a.parse()) return 0;
 
   const long long tp = a.get_int("--tensor-parallel-size");
@@ -397,6 +398,12 @@ int run_serve(const std::vector<std::string>& argv) {
   so.defaults = defaults;
   so.reasoning_parser = reasoning_parser;
   if (a.get_flag("--enable-auto-tool-choice")) so.tool_parser = tool_parser;
+  so.web_ui = !a.get_flag("--disable-web-ui");
+  auto cache_dtype = [](DType t) { return t == DType::FP8_E4M3 ? "fp8" : t == DType::BF16 ? "bf16" : "fp32"; };
+  so.ui_info = {{"device", lo.device.str()},
+                {"kv_cache_dtype", cache_dtype(co.kv_dtype)},
+                {"index_cache_dtype", cache_dtype(co.index_dtype)},
+                {"cache_bytes_per_block", per_block}};
 
   // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
   // started below), which drains the server.
