@@ -325,7 +325,8 @@ function renderBlocks(lines, parent, opts, depth) {
     }
     if (line.includes('|') && i + 1 < lines.length && TABLE_SEP.test(lines[i + 1]) && lines[i + 1].includes('-')) {
       const head = splitRow(line);
-      const align = splitRow(lines[i + 1]).map((c) => c.startsWith(':') && c.endsWith(':') ? 'center' : c.endsWith(':') ? 'right' : '');
+      const align = splitRow(lines[i + 1]).map((c) => c.startsWith(':') && c.endsWith(':') ? 'center'
+        : c.endsWith(':') ? 'right' : c.startsWith(':') ? 'left' : '');
       const wrap = el('div', 'table-wrap');
       const table = el('table');
       const thead = el('thead');
@@ -381,7 +382,7 @@ function renderBlocks(lines, parent, opts, depth) {
               continue;
             }
             const nm = nxt !== undefined && ITEM.exec(nxt);
-            if (nm && nm[1].length === baseIndent) loose = true;
+            if (nm && nm[1].length === baseIndent && /\d/.test(nm[2]) === ordered) loose = true;
             break;
           }
           const indent = /^\s*/.exec(l)[0].length;
@@ -411,6 +412,8 @@ function renderBlocks(lines, parent, opts, depth) {
           li.append(...renderInline(body.join('\n')));
         } else {
           renderBlocks(body, li, opts, depth + 1);
+          // A tight list's paragraphs are bare text, beside its nested lists.
+          if (!loose) for (const p of [...li.children]) if (p.tagName === 'P') p.replaceWith(...p.childNodes);
         }
         list.append(li);
       }
