@@ -78,6 +78,7 @@ await section('the page loads and finds its server', async () => {
   eq(await page.textContent('#server-state'), 'minimax-m3-tiny', 'model name in the top bar');
   check((await page.textContent('.empty h1')).includes('minimax-m3-tiny'), 'empty conversation names the model');
   eq(await page.getAttribute('#tab-chat', 'aria-current'), 'page', 'chat tab current');
+  eq((await (await fetch(`${base}/ui/info`)).json()).prefix_caching, true, 'prefix caching is on by default');
 }, shot);
 
 await section('a message gets a streamed reply with its reasoning folded apart', async () => {
