@@ -49,7 +49,7 @@ function niceTicks(max, n = 4) {
   if (!(max > 0)) max = 1;
   const raw = max / n;
   const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
   const ticks = [];
   for (let v = 0; v <= max + step * 1e-9; v += step) ticks.push(v);
   if (ticks[ticks.length - 1] < max) ticks.push(ticks[ticks.length - 1] + step);
@@ -186,9 +186,6 @@ function setCard(c, value, unit, sub, raw, fraction) {
 // values aligned to `t` (null: no value there).
 function drawChart(box, t, lines, { unit = '', window, now, percent = false }) {
   const width = Math.max(box.clientWidth - 24, 200), height = 150;
-  const pad = { l: 44, r: 8, t: 8, b: 18 };
-  const w = width - pad.l - pad.r, h = height - pad.t - pad.b;
-  const root = svg('svg', { viewBox: `0 0 ${width} ${height}`, role: 'img' });
   let max = 0;
   for (const ln of lines) for (let k = 0; k < t.length; ++k) if (t[k] >= now - window && ln.values[k] !== null) max = Math.max(max, ln.values[k]);
   // Fractions are drawn on a fixed 0..100% scale, so a near-empty cache looks near empty.
@@ -196,14 +193,25 @@ function drawChart(box, t, lines, { unit = '', window, now, percent = false }) {
   const ymax = ticks[ticks.length - 1];
   const step = ticks[1] - ticks[0];
   const decimals = Math.max(0, Math.min(3, -Math.floor(Math.log10(step) + 1e-9)));
+  // Milliseconds from a second up read as seconds.
+  const seconds = unit === 'ms' && ymax >= 1000;
+  const tickLabel = (v) => {
+    if (percent) return `${Math.round(v * 100)}%`;
+    if (seconds) return v ? `${+(v / 1000).toFixed(2)} s` : '0';
+    return (v >= 1e4 ? fmtNum(v) : v.toFixed(decimals)) + (v && unit ? ' ' + unit : '');
+  };
+  const labels = ticks.map(tickLabel);
+  const pad = { l: 12 + 6 * Math.max(...labels.map((x) => x.length)), r: 8, t: 8, b: 18 };
+  const w = width - pad.l - pad.r, h = height - pad.t - pad.b;
+  const root = svg('svg', { viewBox: `0 0 ${width} ${height}`, role: 'img' });
   const X = (x) => pad.l + (1 - (now - x) / window) * w;
   const Y = (y) => pad.t + h - (y / ymax) * h;
-  for (const v of ticks) {
+  ticks.forEach((v, k) => {
     root.append(svg('line', { class: 'grid', x1: pad.l, x2: pad.l + w, y1: Y(v), y2: Y(v) }));
     const label = svg('text', { class: 'axis', x: pad.l - 6, y: Y(v) + 3, 'text-anchor': 'end' });
-    label.textContent = percent ? `${Math.round(v * 100)}%` : (v >= 1e4 ? fmtNum(v) : v.toFixed(decimals)) + (v && unit ? ' ' + unit : '');
+    label.textContent = labels[k];
     root.append(label);
-  }
+  });
   const minutes = window / 60;
   const xstep = minutes <= 1 ? 15 : minutes <= 5 ? 60 : 180;
   for (let s = 0; s <= window; s += xstep) {
