@@ -1,6 +1,4 @@
 // `sieve bench serve`: vLLM's serving benchmark against any OpenAI-compatible server.
-#include <unistd.h>
-
 #include <atomic>
 #include <csignal>
 #include <cstdio>

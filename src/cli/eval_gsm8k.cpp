@@ -1,6 +1,4 @@
 // `sieve eval gsm8k`: lm-eval's 5-shot GSM8K against any OpenAI-compatible server.
-#include <unistd.h>
-
 #include <atomic>
 #include <csignal>
 #include <cstdlib>

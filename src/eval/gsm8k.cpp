@@ -1,7 +1,5 @@
 #include "eval/gsm8k.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
