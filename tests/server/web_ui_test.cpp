@@ -11,11 +11,11 @@
 #include <set>
 #include <thread>
 
-#include "../engine/fake_model.h"
 #include "server/metrics_history.h"
 #include "server/server.h"
 #include "server/static_files.h"
 #include "server/web_ui.h"
+#include "server_rig.h"
 #include "text/byte_level.h"
 #include "text/tokenizer.h"
 
@@ -159,55 +159,13 @@ TEST(MetricsHistory, SamplesOnItsOwnThread) {
   EXPECT_GE(calls.load(), 3);
 }
 
-struct Rig {
-  std::string dir;
-  text::Tokenizer tok;
-  engine::testing::FakeModel model{300, 16};
-  std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<Server> srv;
-  std::thread runner;
-
-  static std::string make_dir() {
-    auto d = std::filesystem::temp_directory_path() /
-             ("sieve-web-ui-test-" + std::to_string(::getpid()));
-    text::write_byte_level_tokenizer(d.string(), 300);
-    return d.string();
-  }
-  explicit Rig(ServerOptions o = {}) : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
-    model.allocate_caches({.num_blocks = 32});
-    engine = std::make_unique<engine::Engine>(
-        model, engine::EngineConfig{
-                   {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256},
-                   32,
-                   true,
-                   {},
-                   std::nullopt});
-    o.port = 0;
-    srv = std::make_unique<Server>(*engine, tok, o);
-    srv->bind();
-    engine->start();
-    runner = std::thread([this] { srv->run(); });
-  }
-  ~Rig() {
-    srv->shutdown();
-    runner.join();
-    engine->stop();
-    std::filesystem::remove_all(dir);
-  }
-  httplib::Client client() {
-    httplib::Client c("127.0.0.1", srv->port());
-    c.set_read_timeout(10, 0);
-    return c;
-  }
-};
-
 // The page is served without the API key (it asks for the key itself); /v1 still needs it.
 TEST(WebUiHttp, PageAndDataRoutes) {
   ServerOptions o;
   o.api_key = "sekrit";
   o.served_model_names = {"tiny"};
   o.ui_info = {{"kv_cache_dtype", "fp8"}};
-  Rig rig(o);
+  Rig rig(o, 256, 32, true);
   auto c = rig.client();
   auto page = c.Get("/");
   ASSERT_TRUE(page);
