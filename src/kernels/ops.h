@@ -240,14 +240,14 @@ struct MoeRouteParams {
 // fp8[n][k] * scale[(n / scale_block_rows) * ceil(cols / scale_block_cols) + k / scale_block_cols].
 // The CPU dequantizes them exactly (fp32, any block shape); the CUDA kernels take blocks of
 // (r, 128) for any r >= 1 (in practice (1, 128) and (128, 128)) and quantize the activations that
-// enter each product (x, the SwiGLU output) per 1 x 128 token group with the contract's quantizer
+// enter each product (x, the SwiGLU output) per 1 x 128 token group as kFp8Group describes
 // (docs/kernels.md says where CUDA rounds more than the CPU).
 struct MoeExpertsParams {
   const void* x = nullptr;  // [num_tokens, hidden]: act_dtype, or FP8_E4M3 when x_scale is set
   DType act_dtype = DType::F32;  // F32 or BF16: x (unless FP8) and out
-  // FP8 x (already quantized, e.g. by rms_norm with an FP8 output): per 1 x 128 group,
-  // x = fp8 * x_scale[t * ceil(hidden / 128) + k / 128].
-  const float* x_scale = nullptr;  // [num_tokens, ceil(hidden / 128)]
+  // FP8 x (already quantized as kFp8Group describes, e.g. by rms_norm with an FP8 output):
+  // x = fp8 * x_scale[t * fp8_groups(hidden) + k / 128].
+  const float* x_scale = nullptr;  // [num_tokens, fp8_groups(hidden)]
   int64_t num_tokens = 0, hidden = 0, inter = 0;
   int num_experts = 0, topk = 0;
   const int32_t* ids = nullptr;    // [num_tokens, topk]

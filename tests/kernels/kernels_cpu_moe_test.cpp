@@ -1,6 +1,6 @@
 // CPU reference of the FP8 MoE pieces against plain double-precision implementations written here:
-// the 1 x 128 activation quantizer, moe_experts with FP8 weights (every scale block shape, FP8 x,
-// the quantize_act emulation of the CUDA kernels) and moe_route's fused router GEMM.
+// moe_experts with FP8 weights (every scale block shape, FP8 x, the quantize_act emulation of the
+// CUDA kernels) and moe_route's fused router GEMM.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/moe_fp8_work.h"
 #include "kernel_test_util.h"
 #include "moe_test_util.h"
 
@@ -15,65 +16,6 @@ namespace sieve {
 namespace {
 
 using namespace sieve::test;
-
-// ---------------------------------------------------------------------------------------------
-// The activation quantizer
-
-TEST(CpuFp8Quantizer, GroupsScalesAndRounding) {
-  Rng rng(5);
-  const int64_t rows = 4, cols = 300, ld = 310, groups = 3;  // the last group is 44 wide
-  std::vector<float> x(size_t(rows * ld), kNaN);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < cols; ++k) x[size_t(r * ld + k)] = rng.uniform(-3, 3) * std::ldexp(1.0f, int(r) - 1);
-  for (int64_t k = 128; k < 256; ++k) x[size_t(ld + k)] = 0.0f;  // a zero group: scale 1
-  x[size_t(2 * ld + 7)] = kNaN;                                  // ignored by its group's amax
-  x[size_t(3 * ld + 260)] = -1e30f;                               // a huge value: scale = its |x| / 448
-  std::vector<uint8_t> q(size_t(rows * ld), 0xAB);
-  std::vector<float> sc(size_t(rows * groups), kNaN);
-  cpu::quantize_fp8_1x128(x.data(), rows, cols, ld, q.data(), ld, sc.data());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = g * 128, k1 = std::min(cols, k0 + 128);
-      double amax = 0;
-      for (int64_t k = k0; k < k1; ++k) {
-        const float v = x[size_t(r * ld + k)];
-        if (!std::isnan(v)) amax = std::max(amax, double(std::fabs(v)));
-      }
-      const float s = sc[size_t(r * groups + g)];
-      if (amax == 0) {
-        EXPECT_EQ(s, 1.0f);
-      } else {
-        EXPECT_EQ(s, float(amax) / 448.0f) << r << "," << g;  // one fp32 division
-      }
-      for (int64_t k = k0; k < k1; ++k) {
-        const float v = x[size_t(r * ld + k)];
-        const uint8_t b = q[size_t(r * ld + k)];
-        if (std::isnan(v)) {
-          EXPECT_TRUE(std::isnan(fp8e4m3_to_f32(b)));
-          continue;
-        }
-        // Nearest e4m3 value of v / s (ties to even), found by scanning every finite code.
-        const double t = double(v / s);
-        double best = 0, bestd = 1e300;
-        int bestcode = 0;
-        for (int c = 0; c < 256; ++c) {
-          const double f = fp8e4m3_to_f32(uint8_t(c));
-          if (std::isnan(f)) continue;
-          const double d = std::fabs(f - std::clamp(t, -448.0, 448.0));
-          if (d < bestd || (d == bestd && (c & 1) == 0 && (bestcode & 1) == 1)) best = f, bestd = d, bestcode = c;
-        }
-        EXPECT_EQ(double(fp8e4m3_to_f32(b)), best) << "row " << r << " col " << k << " x " << v << " scale " << s;
-      }
-      if (amax > 0) {
-        // The group's largest value lands on +-448 (the saturating cast absorbs the division's ulp).
-        double qmax = 0;
-        for (int64_t k = k0; k < k1; ++k) qmax = std::max(qmax, double(std::fabs(fp8e4m3_to_f32(q[size_t(r * ld + k)]))));
-        EXPECT_EQ(qmax, 448.0);
-      }
-    }
-    for (int64_t k = cols; k < ld; ++k) EXPECT_EQ(q[size_t(r * ld + k)], 0xAB) << "padding written";
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // moe_experts with FP8 weights
@@ -219,6 +161,97 @@ TEST(CpuMoeRoute, FusedRouterGemmEqualsMatmulThenRoute) {
     for (int64_t t = 0; t < T; ++t) {
       EXPECT_EQ(ids_b[size_t(t * K)], 4) << "token " << t;  // the tie goes to the lower id
       EXPECT_EQ(ids_b[size_t(t * K + 1)], 9) << "token " << t;
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// The FP8 MoE kernels' index arithmetic (kernels/cuda/moe_fp8_work.h), emulated on the host.
+
+// Every (sorted row, weight-row block, k split) of a random expert layout is covered by exactly
+// one work item, with an expert's row blocks fastest; the row blocks stay inside their expert.
+TEST(MoeFp8Work, ItemsCoverEveryRowBlockOnce) {
+  Rng rng(71);
+  for (int R : {8, 16, 32, 64, 128}) {
+    for (int cols : {1, 3, 6, 24, 66}) {
+      const int E = rng.uniform_int(1, 40);
+      std::vector<int32_t> cnt(size_t(E)), offsets(size_t(E) + 1, 0), blk_start(size_t(E) + 1, 0);
+      for (int e = 0; e < E; ++e) {
+        const int kind = rng.uniform_int(0, 3);  // empty, a few rows, many rows
+        cnt[size_t(e)] = kind == 0 ? 0 : kind == 3 ? rng.uniform_int(R, 5 * R + 3) : rng.uniform_int(1, R);
+        offsets[size_t(e) + 1] = offsets[size_t(e)] + cnt[size_t(e)];
+        blk_start[size_t(e) + 1] = blk_start[size_t(e)] + (cnt[size_t(e)] + R - 1) / R;
+      }
+      const int64_t total = int64_t(blk_start[size_t(E)]) * cols;
+      std::vector<int> seen(size_t(offsets[size_t(E)]) * size_t(cols), 0);
+      cuda::moe_fp8::WorkItem prev{-1, -1, -1};
+      for (int64_t i = 0; i < total; ++i) {
+        const cuda::moe_fp8::WorkItem w = cuda::moe_fp8::work_item(blk_start.data(), E, i, cols);
+        ASSERT_TRUE(w.e >= 0 && w.e < E && cnt[size_t(w.e)] > 0) << "item " << i;
+        ASSERT_TRUE(w.col >= 0 && w.col < cols && w.blk >= 0 && w.blk < blk_start[size_t(w.e) + 1] - blk_start[size_t(w.e)]);
+        if (i > 0 && w.e == prev.e && w.col == prev.col) EXPECT_EQ(w.blk, prev.blk + 1) << "row blocks fastest";
+        prev = w;
+        const int r0 = offsets[size_t(w.e)] + w.blk * R, r1 = std::min(r0 + R, offsets[size_t(w.e) + 1]);
+        for (int r = r0; r < r1; ++r) ++seen[size_t(r) * size_t(cols) + size_t(w.col)];
+      }
+      for (size_t k = 0; k < seen.size(); ++k) ASSERT_EQ(seen[k], 1) << "row " << k / size_t(cols) << " col " << k % size_t(cols);
+    }
+  }
+}
+
+// gate_up's 256-row weight blocks pair each unit's gate and up rows 64 apart and cover every row of
+// [gate | up] exactly once; down's cover the hidden rows; k splits tile [0, nkb) without gaps.
+TEST(MoeFp8Work, WeightRowsScaleSlotsAndSplits) {
+  for (int inter : {128, 144, 384, 768}) {
+    std::vector<int> seen(size_t(2 * inter), 0);
+    for (int rb = 0; rb < (inter + 127) / 128; ++rb) {
+      for (int c = 0; c < 256; ++c) {
+        bool ok, ok_up;
+        const int n = cuda::moe_fp8::gate_up_row(rb, c, inter, ok);
+        if (!ok) continue;
+        ++seen[size_t(n)];
+        if ((c & 64) == 0) {  // a gate row: its up row is 64 further
+          const int up = cuda::moe_fp8::gate_up_row(rb, c + 64, inter, ok_up);
+          EXPECT_TRUE(ok_up);
+          EXPECT_EQ(up, n + inter) << "rb " << rb << " c " << c;
+          EXPECT_LT(n, inter);
+        }
+      }
+    }
+    for (size_t k = 0; k < seen.size(); ++k) ASSERT_EQ(seen[k], 1) << "inter " << inter << " row " << k;
+  }
+  for (int hidden : {256, 400, 6144}) {
+    std::vector<int> seen(size_t(hidden), 0);
+    for (int rb = 0; rb < (hidden + 255) / 256; ++rb)
+      for (int c = 0; c < 256; ++c) {
+        bool ok;
+        const int n = cuda::moe_fp8::down_row(rb, c, hidden, ok);
+        if (ok) ++seen[size_t(n)];
+      }
+    for (int v : seen) ASSERT_EQ(v, 1);
+  }
+  std::vector<int> slot_seen(256, 0);
+  for (int h = 0; h < 2; ++h)
+    for (int q = 0; q < 4; ++q)
+      for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < 2; ++i) {
+          const int slot = cuda::moe_fp8::wscale_slot(h * 128 + 8 * j + 2 * q + i);
+          EXPECT_EQ(slot, h * 128 + q * 32 + j * 2 + i);
+          ++slot_seen[size_t(slot)];
+        }
+  for (int v : slot_seen) ASSERT_EQ(v, 1);
+  for (int nkb : {1, 3, 6, 48}) {
+    for (int ks = 1; ks <= nkb; ++ks) {
+      int next = 0;
+      for (int k = 0; k < ks; ++k) {
+        int kb0, kb1;
+        cuda::moe_fp8::split_range(k, ks, nkb, kb0, kb1);
+        EXPECT_EQ(kb0, next);
+        EXPECT_LT(kb0, kb1) << "empty split";
+        next = kb1;
+      }
+      EXPECT_EQ(next, nkb);
     }
   }
 }

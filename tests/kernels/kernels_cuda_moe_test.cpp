@@ -52,7 +52,8 @@ TEST(CudaFp8Quantizer, BitExactWithCpu) {
       for (size_t i = 0; i < xf.size(); ++i) xr[i] = x.get(i);
       std::vector<uint8_t> q(size_t(rows * cols));
       std::vector<float> sc(size_t(rows * groups));
-      cpu::quantize_fp8_1x128(xr.data(), rows, cols, ld, q.data(), cols, sc.data());
+      for (int64_t r = 0; r < rows; ++r)
+        cpu::quantize_row_fp8(&xr[size_t(r * ld)], cols, &q[size_t(r * cols)], &sc[size_t(r * groups)]);
       Dev dx = Dev::of(x), dq(q.size()), ds(sc.size() * 4);
       dq.poison(0xAB);
       ds.poison(0xFF);

@@ -64,7 +64,8 @@ struct MoeCaseData {
       const int64_t g = blocks(H, 128);
       x = TypedBuffer(DType::FP8_E4M3, size_t(T * H));
       x_scale.resize(size_t(T * g));
-      cpu::quantize_fp8_1x128(xv.data(), T, H, H, static_cast<uint8_t*>(x.data()), H, x_scale.data());
+      for (int64_t t = 0; t < T; ++t)
+        cpu::quantize_row_fp8(&xv[size_t(t * H)], H, static_cast<uint8_t*>(x.data()) + t * H, &x_scale[size_t(t * g)]);
     } else {
       x = TypedBuffer::from(s.act, xv);
     }
@@ -154,7 +155,7 @@ struct MoeCaseData {
   }
 
   // out0 + the routed experts in double. `quant`: the activations entering each product go
-  // through cpu::quantize_fp8_1x128 first (x from its fp32 value, the SwiGLU row from its double
+  // through cpu::quantize_row_fp8 first (x from its fp32 value, the SwiGLU row from its double
   // value rounded to fp32), as the CUDA kernels and the CPU's quantize_act do. `mag`, when set,
   // gets per output element the sum of |weight x expert output| over the token's experts (the
   // scale of the rounding a kernel may add to each term).
@@ -200,7 +201,7 @@ struct MoeCaseData {
     const int64_t n = int64_t(row.size()), g = blocks(n, 128);
     std::vector<uint8_t> q(row.size());
     std::vector<float> sc(static_cast<size_t>(g));
-    cpu::quantize_fp8_1x128(row.data(), 1, n, n, q.data(), n, sc.data());
+    cpu::quantize_row_fp8(row.data(), n, q.data(), sc.data());
     for (int64_t k = 0; k < n; ++k) row[size_t(k)] = fp8e4m3_to_f32(q[size_t(k)]) * sc[size_t(k / 128)];
   }
 

@@ -14,7 +14,8 @@
 //   FP8 weights are dequantized exactly into fp32 (fp8 value times its block's multiplier, one
 //   fp32 product: exact for power-of-two multipliers such as MXFP8's), for any block shape; FP8
 //   x is dequantized the same way (value times its 1 x 128 group's scale). quantize_act rounds the
-//   activations entering each product through the 1 x 128 quantizer, as the CUDA kernels must.
+//   activations entering each product through the contract's 1 x 128 quantizer
+//   (quantize_row_fp8), as the CUDA kernels must.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -45,34 +46,33 @@ void rows_to_f32(const void* src, DType t, int64_t ld, const int64_t* rows, int6
   }
 }
 
-// Each row of [rows, cols] (packed) replaced by its 1 x 128 quantization read back in fp32.
+// Each row of [rows, cols] (packed) replaced by its 1 x 128 quantization (the contract's
+// quantizer) read back in fp32.
 void quantize_dequantize_rows(float* x, int64_t rows, int64_t cols) {
-  const int64_t groups = (cols + kFp8GroupSize - 1) / kFp8GroupSize;
   std::vector<uint8_t> q(static_cast<size_t>(cols));
-  std::vector<float> sc(static_cast<size_t>(groups));
+  std::vector<float> sc(static_cast<size_t>(ops::fp8_groups(cols)));
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * cols;
-    quantize_fp8_1x128(row, 1, cols, cols, q.data(), cols, sc.data());
-    for (int64_t k = 0; k < cols; ++k) row[k] = fp8e4m3_to_f32(q[size_t(k)]) * sc[size_t(k / kFp8GroupSize)];
+    quantize_row_fp8(row, cols, q.data(), sc.data());
+    for (int64_t k = 0; k < cols; ++k) row[k] = fp8e4m3_to_f32(q[size_t(k)]) * sc[size_t(k / ops::kFp8Group)];
   }
 }
 
-// One expert matrix [rows, cols] as packed fp32: F32 as it is, BF16 converted exactly into `out`,
-// FP8_E4M3 dequantized into `out` (value times its block's multiplier).
+// One expert matrix [rows, cols] as packed fp32: F32 as it is, BF16 converted exactly and
+// FP8_E4M3 dequantized exactly (the WeightView rule) into `out`.
 const float* matrix_as_f32(const void* w, const float* scale, DType t, int64_t rows, int64_t cols, int br, int bc,
                            std::vector<float>& out) {
   if (t == DType::F32) return static_cast<const float*>(w);
   out.resize(size_t(rows * cols));
-  if (t != DType::FP8_E4M3) {
-    for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(w, t, i);
-    return out.data();
-  }
-  const uint8_t* q = static_cast<const uint8_t*>(w);
-  const int64_t scols = (cols + bc - 1) / bc;
-  for (int64_t n = 0; n < rows; ++n) {
-    const float* srow = scale + (n / br) * scols;
-    for (int64_t k = 0; k < cols; ++k) out[size_t(n * cols + k)] = fp8e4m3_to_f32(q[n * cols + k]) * srow[k / bc];
-  }
+  ops::WeightView v;
+  v.data = w;
+  v.dtype = t;
+  v.rows = rows;
+  v.cols = cols;
+  v.scale = scale;
+  v.scale_block_rows = br;
+  v.scale_block_cols = bc;
+  dequantize_weight_rows(v, 0, rows, out.data());
   return out.data();
 }
 
@@ -94,24 +94,6 @@ void product(const float* x, int64_t m, int64_t k, const float* w, int64_t n, fl
 }
 
 }  // namespace
-
-void quantize_fp8_1x128(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q, int64_t ldq,
-                        float* scale) {
-  const int64_t groups = (cols + kFp8GroupSize - 1) / kFp8GroupSize;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = g * kFp8GroupSize, k1 = std::min(cols, k0 + kFp8GroupSize);
-      float amax = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) {
-        const float a = std::fabs(x[r * ldx + k]);
-        if (a > amax) amax = a;  // NaN never compares greater: ignored
-      }
-      const float s = amax == 0.0f ? 1.0f : amax / kFp8E4M3Max;
-      scale[r * groups + g] = s;
-      for (int64_t k = k0; k < k1; ++k) q[r * ldq + k] = f32_to_fp8e4m3(x[r * ldx + k] / s);
-    }
-  }
-}
 
 void run_moe_route(const ops::MoeRouteParams& p) {
   if (p.num_tokens <= 0) return;
@@ -177,7 +159,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     SIEVE_CHECK(p.scale_block_rows > 0 && p.scale_block_cols > 0, "moe_experts: FP8 weights need a scale block shape");
   }
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens;
-  const int64_t xgroups = (H + kFp8GroupSize - 1) / kFp8GroupSize;
+  const int64_t xgroups = ops::fp8_groups(H);
   const bool quant = fp8 && p.quantize_act;
   std::vector<float> sum(size_t(T * H), 0.0f);
   std::vector<float> X, GU, A, Y, W;
@@ -204,7 +186,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
       for (int64_t r = 0; r < c; ++r) {
         const int64_t t = tok[size_t(r)];
         for (int64_t k = 0; k < H; ++k)
-          X[size_t(r * H + k)] = fp8e4m3_to_f32(xq[t * H + k]) * p.x_scale[t * xgroups + k / kFp8GroupSize];
+          X[size_t(r * H + k)] = fp8e4m3_to_f32(xq[t * H + k]) * p.x_scale[t * xgroups + k / ops::kFp8Group];
       }
     } else {
       rows_to_f32(p.x, p.act_dtype, H, tok.data(), c, H, X.data());

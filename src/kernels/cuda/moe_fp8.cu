@@ -240,7 +240,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
   const bool fp8_x = p.x_scale != nullptr;
   if (p.scale_block_cols != kGroup || p.scale_block_rows < 1) return false;
   if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
-  if (H % 16 || I % 16 || H > (1 << 20) || I > (1 << 20)) return false;
+  if (H % 16 || I % 16 || H < 128 || I < 128 || H > (1 << 20) || I > (1 << 20)) return false;
   if (topk > kMaxTopk || E > kMaxExperts) return false;
   const size_t xalign = fp8_x ? 4 : (p.act_dtype == DType::F32 ? 16 : 8);
   if (reinterpret_cast<uintptr_t>(p.x) % xalign) return false;

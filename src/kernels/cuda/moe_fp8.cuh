@@ -13,7 +13,7 @@
 namespace sieve::cuda::moe_fp8 {
 
 // The 1 x 128 activation quantizer of the FP8 contract, bit for bit the CPU's
-// (cpu::quantize_fp8_1x128): scale = amax / 448 (1 when amax is 0), q = sat_fp8(x / scale), both
+// (cpu::quantize_row_fp8): scale = amax / 448 (1 when amax is 0), q = sat_fp8(x / scale), both
 // divisions IEEE fp32, the cast rounding to nearest even and saturating. fmaxf ignores NaN as the
 // CPU's amax does. (A device twin of the fused quantizer of the linear kernels; one of the two
 // should go once both have landed.)
@@ -161,21 +161,6 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The last e with start[e] * scale <= i (start ascending, start[0] = 0): the expert whose work
-// items hold item i when expert e owns items start[e] * scale .. start[e + 1] * scale - 1.
-__device__ __forceinline__ int owner_of(const int32_t* start, int E, int64_t i, int64_t scale) {
-  int lo = 0, hi = E - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (int64_t(start[mid]) * scale <= i) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 }  // namespace sieve::cuda::moe_fp8
 
 namespace sieve::cuda::moe_fp8 {
@@ -184,7 +169,7 @@ namespace sieve::cuda::moe_fp8 {
 // kernels (prefill, moe_fp8_tile.cu) and the stream kernels (decode, moe_fp8_stream.cu).
 // Rows are the sort's: expert e owns sorted rows offsets[e] .. offsets[e + 1] - 1 and row blocks
 // blk_start[e] .. blk_start[e + 1] - 1 (of the kernel's row-block size); work item i of the
-// grid-stride loop belongs to the expert whose blocks times `cols` hold it (owner_of).
+// grid-stride loop is moe_fp8_work.h's work_item.
 struct GemmArgs {
   const CUtensorMap* wmaps;    // [E] per-expert weight maps of this product (written by the sort)
   const float* const* wscale;  // [E] -> dequant multipliers, blocks of (sbr, 128)

@@ -29,6 +29,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
+#include "kernels/cuda/moe_fp8_work.h"
 
 namespace sieve::cuda::moe_fp8 {
 
@@ -51,29 +52,20 @@ struct Unit {
   int64_t pe;  // the row block's partial-sum slot: global token block * rbs + rb
 };
 __device__ __forceinline__ Unit unit_of(const GemmArgs& g, int64_t i, int nt) {
+  const WorkItem w = work_item(g.blk_start, g.E, i, g.cols);
   Unit u;
-  u.e = owner_of(g.blk_start, g.E, i, g.cols);
-  const int nb = g.blk_start[u.e + 1] - g.blk_start[u.e];
-  const int64_t local = i - int64_t(g.blk_start[u.e]) * g.cols;
-  const int col = int(local / nb), blk = int(local % nb);
-  u.rb = col / g.ksplit;
-  u.ks = col - u.rb * g.ksplit;
-  u.r0 = g.offsets[u.e] + blk * nt;
-  u.rows = min(nt, g.offsets[u.e + 1] - u.r0);
-  u.pe = int64_t(g.blk_start[u.e] + blk) * (g.cols / g.ksplit) + u.rb;
+  u.e = w.e;
+  u.rb = w.col / g.ksplit;
+  u.ks = w.col - u.rb * g.ksplit;
+  u.r0 = g.offsets[w.e] + w.blk * nt;
+  u.rows = min(nt, g.offsets[w.e + 1] - u.r0);
+  u.pe = int64_t(g.blk_start[w.e] + w.blk) * (g.cols / g.ksplit) + u.rb;
   return u;
 }
 
 template <bool kGateUp>
 __device__ __forceinline__ int weight_row(const GemmArgs& g, int rb, int c, bool& valid) {
-  if (kGateUp) {
-    const int unit = rb * 128 + ((c >> 7) << 6) + (c & 63);
-    valid = unit < g.inter;
-    return ((c >> 6) & 1 ? g.inter : 0) + unit;
-  }
-  const int n = rb * kW + c;
-  valid = n < g.hidden;
-  return n;
+  return kGateUp ? gate_up_row(rb, c, g.inter, valid) : down_row(rb, c, g.hidden, valid);
 }
 
 // The producer's position: work unit and k block.
@@ -122,8 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       c.i = i;
       if (i >= total) return;
       c.u = unit_of(g, i, kNt);
-      c.kb = int(int64_t(c.u.ks) * g.nkb / g.ksplit);
-      c.kb1 = int(int64_t(c.u.ks + 1) * g.nkb / g.ksplit);
+      split_range(c.u.ks, g.ksplit, g.nkb, c.kb, c.kb1);
     };
     auto advance = [&](Cursor& c) {
       if (++c.kb >= c.kb1) begin(c, c.i + gridDim.x);
@@ -196,7 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     for (int k = 0; k < kAcc; ++k) tmp[b][k] = 0.0f;
   for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
     const Unit u = unit_of(g, i, kNt);
-    const int kb0 = int(int64_t(u.ks) * g.nkb / g.ksplit), kb1 = int(int64_t(u.ks + 1) * g.nkb / g.ksplit);
+    int kb0, kb1;
+    split_range(u.ks, g.ksplit, g.nkb, kb0, kb1);
     float fin[2][kAcc];
 #pragma unroll
     for (int b = 0; b < 2; ++b)

@@ -27,6 +27,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
+#include "kernels/cuda/moe_fp8_work.h"
 
 namespace sieve::cuda::moe_fp8 {
 
@@ -40,39 +41,22 @@ constexpr int kScales = kTileW + kTileRows;  // floats a stage: weight rows (per
 constexpr size_t kSmemBytes =
     1024 + size_t(kStages) * (kABytes + kWBytes) + size_t(kStages) * kScales * 4 + 2 * kStages * 8;
 
-// Where the scale of tile weight row c (0..255) goes in a stage: the consumer thread of quad lane
-// q reads the 32 scales of its columns 8 j + 2 q + i (j < 16, i < 2) of half h as 8 float4.
-__device__ __forceinline__ int wscale_slot(int c) {
-  const int h = c >> 7, cc = c & 127;
-  return h * 128 + ((cc & 7) >> 1) * 32 + (cc >> 3) * 2 + (cc & 1);
-}
-
 struct Tile {
   int e, col, r0, rows;
 };
 __device__ __forceinline__ Tile tile_of(const GemmArgs& g, int64_t i) {
+  const WorkItem w = work_item(g.blk_start, g.E, i, g.cols);
   Tile t;
-  t.e = owner_of(g.blk_start, g.E, i, g.cols);
-  const int nb = g.blk_start[t.e + 1] - g.blk_start[t.e];
-  const int64_t local = i - int64_t(g.blk_start[t.e]) * g.cols;
-  t.col = int(local / nb);
-  const int blk = int(local % nb);
-  t.r0 = g.offsets[t.e] + blk * kTileRows;
-  t.rows = min(kTileRows, g.offsets[t.e + 1] - t.r0);
+  t.e = w.e;
+  t.col = w.col;
+  t.r0 = g.offsets[w.e] + w.blk * kTileRows;
+  t.rows = min(kTileRows, g.offsets[w.e + 1] - t.r0);
   return t;
 }
 
-// Weight row of tile row c (0..255) and whether it exists.
 template <bool kGateUp>
 __device__ __forceinline__ int weight_row(const GemmArgs& g, int col, int c, bool& valid) {
-  if (kGateUp) {
-    const int unit = col * 128 + ((c >> 7) << 6) + (c & 63);
-    valid = unit < g.inter;
-    return ((c >> 6) & 1 ? g.inter : 0) + unit;
-  }
-  const int n = col * kTileW + c;
-  valid = n < g.hidden;
-  return n;
+  return kGateUp ? gate_up_row(col, c, g.inter, valid) : down_row(col, c, g.hidden, valid);
 }
 
 template <bool kGateUp>
