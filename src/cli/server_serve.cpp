@@ -310,12 +310,13 @@ int run_serve(const std::vector<std::string>& argv) {
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
   lo.device = parse_device(a.get("--device"));
-  lo.enforce_eager = a.get_flag("--enforce-eager");
-  lo.max_graph_batch = int(std::min<long long>(max_seqs, 256));
   auto m = model::Model::load(dir, lo);
+  const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
+                                 .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
+  engine::Runner runner(*m, ro);
   if (lo.device.is_cuda())
-    SIEVE_LOG(Info, (lo.enforce_eager ? std::string("--enforce-eager: every step launches its kernels")
-                                      : "CUDA graphs for decode steps of up to " + std::to_string(lo.max_graph_batch) +
+    SIEVE_LOG(Info, (ro.enforce_eager ? std::string("--enforce-eager: every step launches its kernels")
+                                      : "CUDA graphs for decode steps of up to " + std::to_string(ro.max_graph_batch) +
                                             " sequences, each shape captured on first use (--enforce-eager: off)"));
   const ModelConfig& cfg = m->config();
   cache::check_block_size(int(a.get_int("--block-size")), m->block_size(),
@@ -335,13 +336,13 @@ int run_serve(const std::vector<std::string>& argv) {
     // As vLLM: the engine may use this fraction of the device; weights (loaded above), the
     // activations of the largest step (reserved here) and whatever else is resident come off
     // it, the rest is cache.
-    m->reserve_step(max_batched, max_seqs);
+    runner.reserve(max_batched, max_seqs);
     {
       const int64_t n = std::min<int64_t>(max_batched, cfg.max_position_embeddings > 0
                                                            ? cfg.max_position_embeddings
                                                            : max_batched);
       const auto t0 = std::chrono::steady_clock::now();
-      model::warm_up(*m, co.kv_dtype, co.index_dtype, n);
+      engine::warm_up(runner, co.kv_dtype, co.index_dtype, n);
       const double ms =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3;
       SIEVE_LOG(Info, "warm-up step of " << n << " tokens on " << lo.device.str() << ": " << ms
@@ -381,7 +382,7 @@ int run_serve(const std::vector<std::string>& argv) {
   for (int64_t e : cfg.eos_token_ids)
     if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end())
       ec.eos_ids.push_back(int32_t(e));
-  engine::Engine engine(*m, ec);
+  engine::Engine engine(runner, ec);
 
   server::ServerOptions so;
   so.host = a.get("--host");
