@@ -2,13 +2,14 @@
 # One command on a GPU machine for the FP8 MoE kernels (moe_fp8*.cu, moe_route.cu): build with CUDA,
 # the MoE parity tests (kernels_cuda_moe_test, the MoE tests of kernels_cuda_dense_test and of the
 # CPU suite), compute-sanitizer memcheck on the CUDA ones, the register / spill report and the
-# SASS instruction counts of the FP8 kernels, and the bench rows "moe experts" (bf16) and
-# "moe experts fp8". Everything lands in OUTDIR (summary.txt last, then the bench table).
+# SASS instruction counts of the FP8 kernels, and the bench rows "moe experts" (bf16), "moe experts
+# fp8" and "moe route + router gemm". Everything lands in OUTDIR (summary.txt last, then the bench table).
 #
 #   scripts/gpu-moe-fp8.sh OUTDIR
 #
 # Environment: SIEVE_BUILD_DIR (default build-gpu), SIEVE_JOBS (default: all cores), BENCH_ITERS
-# (default 50), SKIP_SANITIZER=1, SANITIZER_TIMEOUT (seconds per run, default 600),
+# (default 50), SKIP_SANITIZER=1, SANITIZER_TIMEOUT (seconds per run, default 600), TEST_TIMEOUT
+# (seconds per test binary, default 900), BENCH_TIMEOUT (default 1200),
 # COMPUTE_SANITIZER (the tool's path), CUDA_HOME (default /usr/local/cuda).
 set -uo pipefail
 
@@ -60,11 +61,13 @@ grep -E "registers|spill" "$out/resources.txt" | paste - - | sed 's/ptxas info *
 note "ptxas: $(grep -c 'spill stores' "$out/resources.txt") kernels, $(grep -E '[1-9][0-9]* bytes spill stores' -c "$out/resources.txt") with spills (resources.txt)"
 [ -s "$out/sass.txt" ] && sed 's/^/sass: /' "$out/sass.txt" | tee -a "$summary"
 
-# Parity tests.
+# Parity tests (each run capped: a hang shows as rc=124 and the last test started in the log).
+cap_test=${TEST_TIMEOUT:-900}
 start=$(date +%s)
-"$build/tests/kernels/kernels_cuda_moe_test" >"$out/test-cuda-moe.log" 2>&1
+timeout "$cap_test" "$build/tests/kernels/kernels_cuda_moe_test" >"$out/test-cuda-moe.log" 2>&1
 note "kernels_cuda_moe_test: rc=$? ($(($(date +%s) - start)) s): $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/test-cuda-moe.log" | tr '\n' ' ')"
-"$build/tests/kernels/kernels_cuda_dense_test" --gtest_filter='*Moe*' >"$out/test-cuda-dense-moe.log" 2>&1
+note "  last test started: $(grep '^\[ RUN' "$out/test-cuda-moe.log" | tail -1)"
+timeout "$cap_test" "$build/tests/kernels/kernels_cuda_dense_test" --gtest_filter='*Moe*' >"$out/test-cuda-dense-moe.log" 2>&1
 note "kernels_cuda_dense_test (MoE): rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/test-cuda-dense-moe.log" | tr '\n' ' ')"
 "$build/tests/kernels/kernels_cpu_test" --gtest_filter='*Moe*:*Linear*:*Quantize*' >"$out/test-cpu-moe.log" 2>&1
 note "kernels_cpu_test (MoE): rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/test-cpu-moe.log" | tr '\n' ' ')"
@@ -88,7 +91,7 @@ fi
 
 # Bench rows: the bf16 MoE (for comparison) and the FP8 MoE.
 start=$(date +%s)
-"$build/sieve" bench kernels --rows "moe experts" --iters "${BENCH_ITERS:-50}" --json "$out/bench.json" \
+timeout "${BENCH_TIMEOUT:-1200}" "$build/sieve" bench kernels --rows "moe " --iters "${BENCH_ITERS:-50}" --json "$out/bench.json" \
   --md "$out/bench.md" >"$out/bench.log" 2>&1
 note "bench: rc=$? ($(($(date +%s) - start)) s)"
 grep -E "FP8 matrix rate" "$out/bench.log" | tee -a "$summary"

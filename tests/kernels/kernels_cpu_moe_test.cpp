@@ -176,7 +176,7 @@ TEST(MoeFp8Work, ItemsCoverEveryRowBlockOnce) {
   for (int R : {8, 16, 32, 64, 128}) {
     for (int cols : {1, 3, 6, 24, 66}) {
       const int E = rng.uniform_int(1, 40);
-      std::vector<int32_t> cnt(size_t(E)), offsets(size_t(E) + 1, 0), blk_start(size_t(E) + 1, 0);
+      std::vector<int32_t> cnt(static_cast<size_t>(E)), offsets(size_t(E) + 1, 0), blk_start(size_t(E) + 1, 0);
       for (int e = 0; e < E; ++e) {
         const int kind = rng.uniform_int(0, 3);  // empty, a few rows, many rows
         cnt[size_t(e)] = kind == 0 ? 0 : kind == 3 ? rng.uniform_int(R, 5 * R + 3) : rng.uniform_int(1, R);
@@ -184,13 +184,15 @@ TEST(MoeFp8Work, ItemsCoverEveryRowBlockOnce) {
         blk_start[size_t(e) + 1] = blk_start[size_t(e)] + (cnt[size_t(e)] + R - 1) / R;
       }
       const int64_t total = int64_t(blk_start[size_t(E)]) * cols;
-      std::vector<int> seen(size_t(offsets[size_t(E)]) * size_t(cols), 0);
+      std::vector<int> seen(static_cast<size_t>(offsets[size_t(E)]) * size_t(cols), 0);
       cuda::moe_fp8::WorkItem prev{-1, -1, -1};
       for (int64_t i = 0; i < total; ++i) {
         const cuda::moe_fp8::WorkItem w = cuda::moe_fp8::work_item(blk_start.data(), E, i, cols);
         ASSERT_TRUE(w.e >= 0 && w.e < E && cnt[size_t(w.e)] > 0) << "item " << i;
         ASSERT_TRUE(w.col >= 0 && w.col < cols && w.blk >= 0 && w.blk < blk_start[size_t(w.e) + 1] - blk_start[size_t(w.e)]);
-        if (i > 0 && w.e == prev.e && w.col == prev.col) EXPECT_EQ(w.blk, prev.blk + 1) << "row blocks fastest";
+        if (i > 0 && w.e == prev.e && w.col == prev.col) {
+          EXPECT_EQ(w.blk, prev.blk + 1) << "row blocks fastest";
+        }
         prev = w;
         const int r0 = offsets[size_t(w.e)] + w.blk * R, r1 = std::min(r0 + R, offsets[size_t(w.e) + 1]);
         for (int r = r0; r < r1; ++r) ++seen[size_t(r) * size_t(cols) + size_t(w.col)];

@@ -1,4 +1,5 @@
-// `sieve bench kernels` rows "moe experts fp8" (see bench_moe_fp8.h): FP8 moe_experts at one TP4
+// `sieve bench kernels` rows "moe route + router gemm" (the fused routing against matmul + routing,
+// 1 / 32 / 64 tokens) and "moe experts fp8" (see bench_moe_fp8.h): FP8 moe_experts at one TP4
 // and one TP8 rank of MiniMax-M3 (hidden 6144, 768 / 384 units of each of 128 experts, top-4,
 // (1, 128) weight scales as MXFP8 regrouped for the GPU, fp32 activations as the model runs them),
 // for 1, 32, 256, 1024 and 8192 tokens routed to 4 distinct experts drawn uniformly (fixed seed).
@@ -151,7 +152,43 @@ double measure_fp8_tflops(cudaStream_t st) {
 
 }  // namespace
 
+// moe_route with the router GEMM (fp32 router weight [128, 6144], fp32 x), fused into one kernel
+// against matmul (cuBLAS fp32) + the routing kernel; floor: the router weight read once.
+void run_route(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row, cudaStream_t st) {
+  constexpr const char* kKernel = "moe route + router gemm";
+  if (!opt.rows.empty() && std::string(kKernel).find(opt.rows) == std::string::npos) return;
+  constexpr int64_t H = 6144;
+  constexpr int E = 128, K = 4;
+  Mem gate(size_t(E * H) * 4), bias(E * 4);
+  fill(gate.p, 1, size_t(E * H), 51, 0.04f, -0.02f);
+  fill(bias.p, 1, E, 52, 0.02f, -0.01f);
+  for (int tokens : {1, 32, 64}) {
+    const std::string shape = std::to_string(tokens) + " tokens";
+    if (!opt.filter.empty() && ("moe route " + shape).find(opt.filter) == std::string::npos) continue;
+    Mem x(size_t(tokens * H) * 4), ids(size_t(tokens) * K * 4), w(size_t(tokens) * K * 4);
+    fill(x.p, 1, size_t(tokens * H), 53, 2.0f, -1.0f);
+    ops::MoeRouteParams p;
+    p.x = x.p, p.x_dtype = DType::F32, p.hidden = H, p.ldx = H, p.gate = static_cast<const float*>(gate.p);
+    p.bias = static_cast<const float*>(bias.p);
+    p.num_tokens = tokens, p.num_experts = E, p.topk = K, p.scaling = 2.0f;
+    p.ids = static_cast<int32_t*>(ids.p), p.weights = static_cast<float*>(w.p);
+    cuda_check(cudaDeviceSynchronize(), "bench inputs");
+    const double floor_us = double(E * H) * 4 / (env.copy_gbps * 1e9) * 1e6;
+    for (int fused : {1, 0}) {
+      cuda::MoeKnobs k;
+      k.route_fused_max_tokens = fused ? 64 : 0;
+      cuda::set_moe_knobs(k);
+      Row r{kKernel, shape, "f32", fused ? "fused (one kernel), graph" : "matmul + routing, graph", 0, floor_us, "bytes"};
+      r.runs = opt.iters, r.input_sets = 1;
+      r.us = time_calls(opt.iters, [&](cudaStream_t s) { cuda::run_moe_route(p, s); }, true, st, 16);
+      on_row(r);
+    }
+    cuda::set_moe_knobs(cuda::MoeKnobs{});
+  }
+}
+
 void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row, cudaStream_t st) {
+  run_route(opt, env, on_row, st);
   constexpr const char* kKernel = "moe experts fp8";
   if (!opt.rows.empty() && std::string(kKernel).find(opt.rows) == std::string::npos) return;
   auto wanted = [&](const std::string& what) { return opt.filter.empty() || what.find(opt.filter) != std::string::npos; };

@@ -32,6 +32,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/moe_common.cuh"
 #include "kernels/cuda/moe_fp8.h"
 
 namespace sieve::cuda {
@@ -60,32 +61,7 @@ __global__ void __launch_bounds__(kSortThreads) moe_sort_kernel(const int32_t* i
                                                                 int32_t* offsets, int32_t* tile_start,
                                                                 int32_t* sorted) {
   extern __shared__ int32_t sort_smem[];
-  int32_t* cnt = sort_smem;
-  int32_t* cur = sort_smem + E;
-  for (int e = threadIdx.x; e < E; e += kSortThreads) cnt[e] = 0;
-  __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += kSortThreads) {
-    const int e = ids[q];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, tiles = 0;
-    for (int e = 0; e < E; ++e) {
-      offsets[e] = off;
-      tile_start[e] = tiles;
-      cur[e] = off;
-      off += cnt[e];
-      tiles += (cnt[e] + tile_rows - 1) / tile_rows;
-    }
-    offsets[E] = off;
-    tile_start[E] = tiles;
-  }
-  __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += kSortThreads) {
-    const int e = ids[q];
-    if (e >= 0 && e < E) sorted[atomicAdd(&cur[e], 1)] = q;
-  }
+  sort_pairs(ids, pairs, E, tile_rows, sort_smem, sort_smem + E, offsets, tile_start, sorted, nullptr);
 }
 
 // The expert whose tiles hold `tile`: the last e with tile_start[e] <= tile.
@@ -572,17 +548,7 @@ __global__ void moe_combine_kernel(const int32_t* ids, const float* weights, int
                                    int64_t H, void* out, int ot) {
   const int64_t t = blockIdx.x;
   int order[kMaxTopk];
-  int n = 0;
-  for (int j = 0; j < topk; ++j) {
-    const int e = ids[t * topk + j];
-    if (e < 0 || e >= E) continue;
-    int at = n++;
-    while (at > 0 && ids[t * topk + order[at - 1]] > e) {
-      order[at] = order[at - 1];
-      --at;
-    }
-    order[at] = j;
-  }
+  const int n = expert_order(ids, t, topk, E, order);
   for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
     float sum = 0.0f;
     for (int q = 0; q < n; ++q) {

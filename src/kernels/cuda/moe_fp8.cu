@@ -30,6 +30,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/moe_common.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
 
 namespace sieve::cuda {
@@ -58,9 +59,8 @@ constexpr int kMaxExperts = 4096;  // the sort's two int32 an expert in shared m
 constexpr int kSortThreads = 1024;
 constexpr size_t kScratchBytes = size_t(1) << 30;
 
-// Step 1. offsets / blk_start as in moe.cu's sort; sorted[r]: the pair of sorted row r; pos[q]:
-// the sorted row of pair q (-1: not this rank's expert). maps[e], maps[E + e]: expert e's gate_up
-// and down maps.
+// Step 1. The sort (moe_common.cuh's sort_pairs, with each pair's sorted row in pos), and
+// maps[e], maps[E + e]: expert e's gate_up and down maps.
 __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, int pairs, int E, int R,
                                                             int32_t* offsets, int32_t* blk_start, int32_t* sorted,
                                                             int32_t* pos, CUtensorMap* maps,
@@ -68,45 +68,15 @@ __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, 
                                                             const __grid_constant__ CUtensorMap tmpl_dn,
                                                             const void* const* w_gu, const void* const* w_dn) {
   extern __shared__ int32_t sort_smem[];
-  int32_t* cnt = sort_smem;
-  int32_t* cur = sort_smem + E;
   pdl_trigger();
   for (int e = threadIdx.x; e < E; e += kSortThreads) {
-    cnt[e] = 0;
     maps[e] = tmpl_gu;
     tensormap_set_address(&maps[e], w_gu[e]);
     maps[E + e] = tmpl_dn;
     tensormap_set_address(&maps[E + e], w_dn[e]);
   }
   tensormap_release();
-  __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += kSortThreads) {
-    const int e = ids[q];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, blks = 0;
-    for (int e = 0; e < E; ++e) {
-      offsets[e] = off;
-      blk_start[e] = blks;
-      cur[e] = off;
-      off += cnt[e];
-      blks += (cnt[e] + R - 1) / R;
-    }
-    offsets[E] = off;
-    blk_start[E] = blks;
-  }
-  __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += kSortThreads) {
-    const int e = ids[q];
-    int r = -1;
-    if (e >= 0 && e < E) {
-      r = atomicAdd(&cur[e], 1);
-      sorted[r] = q;
-    }
-    pos[q] = r;
-  }
+  sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos);
 }
 
 // Step 2. A warp a (token, 1 x 128 group), 4 consecutive elements a lane. kind 0: F32 x, 1: BF16
@@ -162,17 +132,7 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
   pdl_wait();
   const int64_t t = blockIdx.x;
   int order[kMaxTopk];
-  int n = 0;
-  for (int j = 0; j < topk; ++j) {
-    const int e = ids[t * topk + j];
-    if (e < 0 || e >= E) continue;
-    int at = n++;
-    while (at > 0 && ids[t * topk + order[at - 1]] > e) {
-      order[at] = order[at - 1];
-      --at;
-    }
-    order[at] = j;
-  }
+  const int n = expert_order(ids, t, topk, E, order);
   for (int64_t d = 8 * int64_t(threadIdx.x); d < H; d += 8 * int64_t(blockDim.x)) {
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int qi = 0; qi < n; ++qi) {

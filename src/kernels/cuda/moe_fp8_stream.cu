@@ -42,7 +42,8 @@ struct Geo {
   static constexpr int kTokBytes = kNt * kBK;
   static constexpr int kScales = kW + kNt;  // floats a stage: weight rows, then token rows
   static constexpr int kStageBytes = kWBytes + kTokBytes + kScales * 4;
-  static constexpr int kStages = (200 * 1024) / kStageBytes < 6 ? (200 * 1024) / kStageBytes : 6;
+  // As many stages as 210 KB hold, at most 6 (bytes in flight are what a decode SM streams with).
+  static constexpr int kStages = (210 * 1024) / kStageBytes < 6 ? (210 * 1024) / kStageBytes : 6;
   // [weights ring][tokens ring][scales ring][full][empty][epilogue amax exchange][flag]
   static constexpr size_t kBytes = 1024 + size_t(kStages) * kStageBytes + 2 * kStages * 8 + 8 * kNt * 4 + 16;
 };
