@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "kernels/cuda/moe_fp8.h"
+#include "kernels/cuda/tuning.h"
 #include "moe_test_util.h"
 
 namespace sieve {
@@ -76,9 +77,15 @@ TEST(CudaFp8Quantizer, BitExactWithCpu) {
 // moe_experts, FP8 weights
 
 struct GpuRun {
-  cuda::MoeKnobs knobs;
+  cuda::MoeTuning knobs;  // fp8_* and chunk_tokens
   std::string what;
 };
+
+cuda::Tuning with_moe(const cuda::MoeTuning& m) {
+  cuda::Tuning t = cuda::tuning();
+  t.moe = m;
+  return t;
+}
 
 // One case on the GPU under each knob setting, against the CPU twin fed the same quantized
 // activations (quantize_act). What the GPU may differ by: each expert output row is stored in bf16
@@ -135,9 +142,10 @@ void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64
     p.w_gate_up_scale = dgusp.as<const float*>();
     p.w_down_scale = ddnsp.as<const float*>();
     p.out = dout.p();
-    cuda::set_moe_knobs(run.knobs);
-    ops::moe_experts(p, gpu_stream());
-    cuda::set_moe_knobs(cuda::MoeKnobs{});
+    {
+      cuda::TuningScope scope(with_moe(run.knobs));
+      ops::moe_experts(p, gpu_stream());
+    }
     TypedBuffer got(shape.act, size_t(T * H));
     got.bytes = dout.bytes(got.bytes.size());
     int64_t loose = 0;
@@ -164,19 +172,19 @@ std::vector<GpuRun> stream_runs() {
   std::vector<GpuRun> r;
   for (int nt : {8, 16, 32, 64}) {
     GpuRun g;
-    g.knobs.path = 1;
-    g.knobs.stream_rows = nt;
+    g.knobs.fp8_path = 1;
+    g.knobs.fp8_stream_rows = nt;
     g.what = "stream " + std::to_string(nt);
     r.push_back(g);
   }
   GpuRun g;
-  g.knobs.path = 1;
-  g.knobs.stream_rows = 8;
-  g.knobs.ksplit_gate_up = 3;
-  g.knobs.ksplit_down = 2;
+  g.knobs.fp8_path = 1;
+  g.knobs.fp8_stream_rows = 8;
+  g.knobs.fp8_ksplit_gate_up = 3;
+  g.knobs.fp8_ksplit_down = 2;
   g.what = "stream 8, k splits 3 / 2";
   r.push_back(g);
-  g.knobs.pdl = false;
+  g.knobs.fp8_pdl = false;
   g.what = "stream 8, k splits 3 / 2, no pdl";
   r.push_back(g);
   g = GpuRun{};
@@ -188,7 +196,7 @@ std::vector<GpuRun> stream_runs() {
 std::vector<GpuRun> tile_runs() {
   std::vector<GpuRun> r;
   GpuRun g;
-  g.knobs.path = 2;
+  g.knobs.fp8_path = 2;
   g.what = "tiles";
   r.push_back(g);
   g.knobs.chunk_tokens = 7;
@@ -322,11 +330,12 @@ void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool tie
   Dev dx = Dev::of(x), dg = Dev::of(gate), db = Dev::of(bias), di = Dev::of(std::vector<int32_t>(ids.size(), -7)),
       dw = Dev::of(std::vector<float>(w.size(), kNaN));
   p.x = dx.p(), p.gate = dg.as<float>(), p.bias = db.as<float>(), p.ids = di.as<int32_t>(), p.weights = dw.as<float>();
-  cuda::MoeKnobs k;
-  k.route_fused_max_tokens = fused_max;
-  cuda::set_moe_knobs(k);
-  ops::moe_route(p, gpu_stream());
-  cuda::set_moe_knobs(cuda::MoeKnobs{});
+  {
+    cuda::MoeTuning m;
+    m.route_fused_max_tokens = fused_max;
+    cuda::TuningScope scope(with_moe(m));
+    ops::moe_route(p, gpu_stream());
+  }
   const std::vector<int32_t> gi = di.get<int32_t>(ids.size());
   const std::vector<float> gw = dw.get<float>(w.size());
   auto score = [&](int64_t t, int e) {

@@ -25,7 +25,9 @@
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/bench/harness.cuh"
 #include "kernels/cuda/moe_fp8.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::kernels_bench {
 
@@ -33,66 +35,11 @@ using cuda::cuda_check;
 
 namespace {
 
-struct Mem {
-  void* p = nullptr;
-  explicit Mem(size_t n) { cuda_check(cudaMalloc(&p, std::max<size_t>(n, 16)), "cudaMalloc (bench moe fp8)"); }
-  ~Mem() { cudaFree(p); }
-  Mem(const Mem&) = delete;
-  Mem& operator=(const Mem&) = delete;
-};
-
-__device__ __forceinline__ float hash01(uint64_t seed, uint64_t i) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return float(x >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-}
-// kind 0: fp8 of uniform [-a, a]; 1: f32 uniform [lo, lo + a].
-__global__ void fill_kernel(void* p, int kind, size_t n, uint64_t seed, float a, float lo) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float u = hash01(seed, i);
-    if (kind == 0) static_cast<uint8_t*>(p)[i] = cuda::f32_to_fp8_bits((2.0f * u - 1.0f) * a);
-    else static_cast<float*>(p)[i] = lo + u * a;
-  }
-}
-void fill(void* p, int kind, size_t n, uint64_t seed, float a, float lo = 0.0f) {
-  fill_kernel<<<1024, 256>>>(p, kind, n, seed, a, lo);
-  cuda_check(cudaGetLastError(), "fill (bench moe fp8)");
-}
-
-// Median µs a call: eager, or replayed from a graph of `batch` calls (captured after one eager
-// call, which sizes the scratch).
-double time_calls(int iters, const std::function<void(cudaStream_t)>& fn, bool graph, cudaStream_t st, int batch) {
-  cudaGraphExec_t exec = nullptr;
-  fn(st);
-  if (graph) {
-    cudaGraph_t g;
-    cuda_check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
-    for (int i = 0; i < batch; ++i) fn(st);
-    cuda_check(cudaStreamEndCapture(st, &g), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
-    cudaGraphDestroy(g);
-  }
-  auto launch = [&] {
-    if (graph) cuda_check(cudaGraphLaunch(exec, st), "graph launch");
-    else fn(st);
-  };
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<cudaEvent_t> ev(size_t(iters) * 2);
-  for (auto& e : ev) cuda_check(cudaEventCreate(&e), "event");
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(ev[size_t(2 * i)], st);
-    launch();
-    cudaEventRecord(ev[size_t(2 * i + 1)], st);
-  }
-  cuda_check(cudaStreamSynchronize(st), "bench sync");
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-  for (auto& e : ev) cudaEventDestroy(e);
-  if (exec) cudaGraphExecDestroy(exec);
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return double(ms[size_t(iters / 2)]) * 1000.0 / (graph ? batch : 1);
+// Tuning for the scope of a row: the values in force with `edit` applied.
+cuda::Tuning tuned(const std::function<void(cuda::MoeTuning&)>& edit) {
+  cuda::Tuning t = cuda::tuning();
+  edit(t.moe);
+  return t;
 }
 
 // The FP8 matrix rate (TFLOP/s): cuBLASLt e4m3 x e4m3 -> bf16, 8192^3, fp32 accumulation; 0 when
@@ -100,9 +47,9 @@ double time_calls(int iters, const std::function<void(cudaStream_t)>& fn, bool g
 double measure_fp8_tflops(cudaStream_t st) {
 #ifdef SIEVE_HAVE_CUBLAS
   const int N = 8192;
-  Mem A(size_t(N) * N), B(size_t(N) * N), C(size_t(N) * N * 2), ws(size_t(64) << 20);
-  fill(A.p, 0, size_t(N) * N, 41, 200.0f);
-  fill(B.p, 0, size_t(N) * N, 42, 200.0f);
+  DevMem A(size_t(N) * N), B(size_t(N) * N), C(size_t(N) * N * 2), ws(size_t(64) << 20);
+  fill(A.p, 1, size_t(N) * N, 41, 0.5f);
+  fill(B.p, 1, size_t(N) * N, 42, 0.5f);
   cublasLtHandle_t h = nullptr;
   if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
   cublasLtMatmulDesc_t op = nullptr;
@@ -127,13 +74,13 @@ double measure_fp8_tflops(cudaStream_t st) {
   if (ok) {
     const float alpha = 1.0f, beta = 0.0f;
     bool run_ok = true;
-    const double us = time_calls(
-        20,
-        [&](cudaStream_t s) {
+    const double us = time_it(
+        20, 1,
+        [&](int, cudaStream_t s) {
           run_ok = run_ok && cublasLtMatmul(h, op, &alpha, A.p, la, B.p, lb, &beta, C.p, lc, C.p, lc, &heur.algo, ws.p,
                                             ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
         },
-        false, st, 1);
+        false, st);
     if (run_ok) tflops = 2.0 * N * double(N) * N / (us * 1e-6) / 1e12;
   }
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -159,14 +106,14 @@ void run_route(const Options& opt, const Env& env, const std::function<void(cons
   if (!opt.rows.empty() && std::string(kKernel).find(opt.rows) == std::string::npos) return;
   constexpr int64_t H = 6144;
   constexpr int E = 128, K = 4;
-  Mem gate(size_t(E * H) * 4), bias(E * 4);
-  fill(gate.p, 1, size_t(E * H), 51, 0.04f, -0.02f);
-  fill(bias.p, 1, E, 52, 0.02f, -0.01f);
+  DevMem gate(size_t(E * H) * 4), bias(E * 4);
+  fill(gate.p, 2, size_t(E * H), 51, 0.04f, -0.02f);
+  fill(bias.p, 2, E, 52, 0.02f, -0.01f);
   for (int tokens : {1, 32, 64}) {
     const std::string shape = std::to_string(tokens) + " tokens";
     if (!opt.filter.empty() && ("moe route " + shape).find(opt.filter) == std::string::npos) continue;
-    Mem x(size_t(tokens * H) * 4), ids(size_t(tokens) * K * 4), w(size_t(tokens) * K * 4);
-    fill(x.p, 1, size_t(tokens * H), 53, 2.0f, -1.0f);
+    DevMem x(size_t(tokens * H) * 4), ids(size_t(tokens) * K * 4), w(size_t(tokens) * K * 4);
+    fill(x.p, 2, size_t(tokens * H), 53, 2.0f, -1.0f);
     ops::MoeRouteParams p;
     p.x = x.p, p.x_dtype = DType::F32, p.hidden = H, p.ldx = H, p.gate = static_cast<const float*>(gate.p);
     p.bias = static_cast<const float*>(bias.p);
@@ -175,15 +122,13 @@ void run_route(const Options& opt, const Env& env, const std::function<void(cons
     cuda_check(cudaDeviceSynchronize(), "bench inputs");
     const double floor_us = double(E * H) * 4 / (env.copy_gbps * 1e9) * 1e6;
     for (int fused : {1, 0}) {
-      cuda::MoeKnobs k;
-      k.route_fused_max_tokens = fused ? 64 : 0;
-      cuda::set_moe_knobs(k);
-      Row r{kKernel, shape, "f32", fused ? "fused (one kernel), graph" : "matmul + routing, graph", 0, floor_us, "bytes"};
+      cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) { m.route_fused_max_tokens = fused ? 64 : 0; }));
+      Row r{kKernel, shape, "f32", std::string(fused ? "fused (one kernel), " : "matmul + routing, ") + kBatchMode, 0,
+            floor_us, "bytes"};
       r.runs = opt.iters, r.input_sets = 1;
-      r.us = time_calls(opt.iters, [&](cudaStream_t s) { cuda::run_moe_route(p, s); }, true, st, 16);
+      r.us = time_it(opt.iters, 1, [&](int, cudaStream_t s) { cuda::run_moe_route(p, s); }, true, st, kGraphBatch);
       on_row(r);
     }
-    cuda::set_moe_knobs(cuda::MoeKnobs{});
   }
 }
 
@@ -208,12 +153,12 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
     const int64_t gh = (H + 127) / 128, gi = (I + 127) / 128;
     const size_t gu_bytes = size_t(2 * I * H), dn_bytes = size_t(H * I);
     const size_t gus_n = size_t(2 * I * gh), dns_n = size_t(H * gi);
-    Mem wgu(gu_bytes * E), wdn(dn_bytes * E), sgu(gus_n * 4 * E), sdn(dns_n * 4 * E);
-    fill(wgu.p, 0, gu_bytes * E, 900 + I, 448.0f);
-    fill(wdn.p, 0, dn_bytes * E, 1900 + I, 448.0f);
+    DevMem wgu(gu_bytes * E), wdn(dn_bytes * E), sgu(gus_n * 4 * E), sdn(dns_n * 4 * E);
+    fill(wgu.p, 1, gu_bytes * E, 900 + I);
+    fill(wdn.p, 1, dn_bytes * E, 1900 + I);
     // Multipliers that make the dequantized weights about +-0.02 (gate_up) / +-0.05 (down).
-    fill(sgu.p, 1, gus_n * E, 2900 + I, 0.02f / 448.0f, 0.02f / 448.0f);
-    fill(sdn.p, 1, dns_n * E, 3900 + I, 0.05f / 448.0f, 0.05f / 448.0f);
+    fill(sgu.p, 2, gus_n * E, 2900 + I, 0.02f / 448.0f, 0.02f / 448.0f);
+    fill(sdn.p, 2, dns_n * E, 3900 + I, 0.05f / 448.0f, 0.05f / 448.0f);
     std::vector<const void*> gu_p(E), dn_p(E);
     std::vector<const float*> gus_p(E), dns_p(E);
     for (int e = 0; e < E; ++e) {
@@ -222,7 +167,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       gus_p[size_t(e)] = static_cast<float*>(sgu.p) + gus_n * e;
       dns_p[size_t(e)] = static_cast<float*>(sdn.p) + dns_n * e;
     }
-    Mem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8);
+    DevMem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8);
     cuda_check(cudaMemcpy(d_gu.p, gu_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_dn.p, dn_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_gus.p, gus_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
@@ -244,11 +189,11 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         }
       }
       const double experts = double(std::count(used.begin(), used.end(), 1));
-      Mem d_ids(ids.size() * 4), d_w(wts.size() * 4), x(size_t(tokens) * H * 4), out(size_t(tokens) * H * 4);
+      DevMem d_ids(ids.size() * 4), d_w(wts.size() * 4), x(size_t(tokens) * H * 4), out(size_t(tokens) * H * 4);
       cuda_check(cudaMemcpy(d_ids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "upload");
       cuda_check(cudaMemcpy(d_w.p, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice), "upload");
-      fill(x.p, 1, size_t(tokens) * H, 31, 2.0f, -1.0f);
-      fill(out.p, 1, size_t(tokens) * H, 32, 2.0f, -1.0f);
+      fill(x.p, 2, size_t(tokens) * H, 31, 2.0f, -1.0f);
+      fill(out.p, 2, size_t(tokens) * H, 32, 2.0f, -1.0f);
       ops::MoeExpertsParams p;
       p.x = x.p;
       p.act_dtype = DType::F32;
@@ -268,31 +213,26 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       const double flops = double(tokens) * K * 2.0 * 3.0 * double(H * I);
       const bool by_flops = tokens >= 8192 || flops / rate > bytes / bw;
       const double floor_us = (by_flops ? flops / rate : bytes / bw) * 1e6;
-      auto fn = [&](cudaStream_t s) {
+      auto fn = [&](int, cudaStream_t s) {
         if (!cuda::run_moe_experts(p, s)) throw Error("bench: moe_experts fp8 refused its parameters");
       };
       // The default, then the other kernel family (decode sizes: the tiles; prefill sizes: the
       // stream kernels) and at 32 tokens the stream kernels without PDL.
-      const bool stream_default = int64_t(tokens) * K <= int64_t(cuda::MoeKnobs{}.stream_pairs_per_expert) * E;
+      const bool stream_default = int64_t(tokens) * K <= int64_t(cuda::tuning().moe.fp8_stream_pairs_per_expert) * E;
       struct Variant {
-        cuda::MoeKnobs knobs;
+        int path;  // MoeTuning::fp8_path
+        bool pdl, graph;
         std::string mode;
-        bool graph;
       };
-      std::vector<Variant> variants;
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
-      variants.push_back({cuda::MoeKnobs{}, def, false});
-      variants.push_back({cuda::MoeKnobs{}, def + ", graph", true});
-      cuda::MoeKnobs other;
-      other.path = stream_default ? 2 : 1;
-      if (tokens <= 1024) variants.push_back({other, stream_default ? "tile kernels" : "stream kernels", false});
-      if (tokens == 32) {
-        cuda::MoeKnobs nopdl;
-        nopdl.pdl = false;
-        variants.push_back({nopdl, "stream kernels, no PDL, graph", true});
-      }
+      std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
+      if (tokens <= 1024) variants.push_back({stream_default ? 2 : 1, true, false, stream_default ? "tile kernels" : "stream kernels"});
+      if (tokens == 32) variants.push_back({1, false, true, "stream kernels, no PDL, " + kBatchMode});
       for (const Variant& v : variants) {
-        cuda::set_moe_knobs(v.knobs);
+        cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
+          m.fp8_path = v.path;
+          m.fp8_pdl = v.pdl;
+        }));
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;
         r.input_sets = 1;
@@ -303,10 +243,9 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           r.target_us = 2.0 * floor_us;
           r.target_note = ">= 50 % of the FP8 matrix rate (issue 44)";
         }
-        r.us = time_calls(r.runs, fn, v.graph, st, v.graph && tokens <= 256 ? 8 : 1);
+        r.us = time_it(r.runs, 1, fn, v.graph, st, v.graph ? kGraphBatch : 1);
         on_row(r);
       }
-      cuda::set_moe_knobs(cuda::MoeKnobs{});
     }
   }
 }

@@ -14,7 +14,7 @@
 //  4. down: the same kernels, each pair's output row in bf16;
 //  5. combine: out[t] += sum of weight x row over the token's experts, in expert-id order (the
 //     CPU's order), fp32, one rounding to the activation dtype.
-// The stream path launches 2-5 with programmatic dependent launch (MoeKnobs::pdl): each kernel
+// The stream path launches 2-5 with programmatic dependent launch (MoeTuning::fp8_pdl): each kernel
 // starts while the previous one finishes (the stream kernels load their first weight stages
 // before they wait). Grids come from upper bounds on the work (pairs / rows + experts blocks);
 // persistent CTAs stop at the sort's count.
@@ -25,31 +25,15 @@
 
 #include <algorithm>
 #include <climits>
-#include <mutex>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/moe_common.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
-
-namespace {
-
-std::mutex g_knobs_mu;
-MoeKnobs g_knobs;
-
-}  // namespace
-
-void set_moe_knobs(const MoeKnobs& k) {
-  std::lock_guard<std::mutex> lock(g_knobs_mu);
-  g_knobs = k;
-}
-MoeKnobs moe_knobs() {
-  std::lock_guard<std::mutex> lock(g_knobs_mu);
-  return g_knobs;
-}
 
 namespace moe_fp8 {
 namespace {
@@ -205,7 +189,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
   const size_t xalign = fp8_x ? 4 : (p.act_dtype == DType::F32 ? 16 : 8);
   if (reinterpret_cast<uintptr_t>(p.x) % xalign) return false;
   if (!encode_fn()) return false;
-  const MoeKnobs knobs = moe_knobs();
+  const MoeTuning& knobs = tuning().moe;
   const int sms = num_sms();
   const int gh = int(ceil_div(H, kGroup)), gi = int(ceil_div(I, kGroup));
 
@@ -219,10 +203,10 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
   // Path and row blocks: the largest chunk decides (the scratch layout must not change in a chunk
   // loop); the stream kernels while the pairs are few per expert.
   const int64_t pairs_max = cap;
-  bool stream = pairs_max <= int64_t(knobs.stream_pairs_per_expert) * E;
-  if (knobs.path == 1) stream = true;
-  if (knobs.path == 2) stream = false;
-  const int nt = stream ? (knobs.stream_rows ? knobs.stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
+  bool stream = pairs_max <= int64_t(knobs.fp8_stream_pairs_per_expert) * E;
+  if (knobs.fp8_path == 1) stream = true;
+  if (knobs.fp8_path == 2) stream = false;
+  const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
   if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
   const int R = stream ? nt : 128;
   const int64_t experts_max = std::min<int64_t>(E, pairs_max);
@@ -233,8 +217,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
     const int64_t units = experts_max * rbs;
     return int(std::clamp<int64_t>(ceil_div(2 * int64_t(sms), units), 1, nkb));
   };
-  const int ks_gu = stream ? ksplit(knobs.ksplit_gate_up, rb_gu, gh) : 1;
-  const int ks_dn = stream ? ksplit(knobs.ksplit_down, rb_dn, gi) : 1;
+  const int ks_gu = stream ? ksplit(knobs.fp8_ksplit_gate_up, rb_gu, gh) : 1;
+  const int ks_dn = stream ? ksplit(knobs.fp8_ksplit_down, rb_dn, gi) : 1;
   const size_t partial_floats =
       stream ? size_t(blocks_max) * 256 * size_t(nt) *
                    size_t(std::max<int64_t>(ks_gu > 1 ? int64_t(rb_gu) * ks_gu : 0, ks_dn > 1 ? int64_t(rb_dn) * ks_dn : 0))
@@ -277,7 +261,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
       !fp8_map(&map_x, xq, cap, H, H, box) || !fp8_map(&map_a, aq, cap, I, I, box))
     return false;
 
-  const bool pdl = stream && knobs.pdl;
+  const bool pdl = stream && knobs.fp8_pdl;
   const size_t esz = dtype_size(p.act_dtype);
   const int xkind = fp8_x ? 2 : (p.act_dtype == DType::F32 ? 0 : 1);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {

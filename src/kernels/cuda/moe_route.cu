@@ -4,7 +4,7 @@
 // arg-max (higher biased score, then lower expert id; NaN ranks as -inf), the weights summed in
 // rank order, renormalised and scaled as on the CPU.
 //
-// With the router GEMM fused (x and gate set), up to MoeKnobs::route_fused_max_tokens tokens
+// With the router GEMM fused (x and gate set), up to MoeTuning::route_fused_max_tokens tokens
 // (decode) take one kernel: CTA (s, g) computes the logits of experts 8 g .. 8 g + 7 (a warp
 // each) over hidden slice s (512 wide: a lane holds 16 of the expert's fp32 weights in registers
 // and streams the tokens' x through L1) for every token, into fp32 partial sums; the last CTA of
@@ -23,7 +23,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
-#include "kernels/cuda/moe_fp8.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
 
@@ -208,7 +208,7 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   if (p.x_dtype != DType::F32 && p.x_dtype != DType::BF16) return false;
   const int64_t S = (p.hidden + kSlice - 1) / kSlice, G = (E + kGroupExperts - 1) / kGroupExperts;
   if (S > 65535 || G > 65535) return false;
-  const bool fused = T <= moe_knobs().route_fused_max_tokens || p.x_dtype == DType::BF16;
+  const bool fused = T <= tuning().moe.route_fused_max_tokens || p.x_dtype == DType::BF16;
   // Scratch: [logits T x E][fused: partial S x T x E], in the MoE scratch (moe_experts, which
   // reuses it, runs after the routing on the stream).
   const size_t logit_bytes = (size_t(T * E) * 4 + 255) / 256 * 256;
