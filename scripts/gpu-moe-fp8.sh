@@ -7,9 +7,19 @@
 #
 #   scripts/gpu-moe-fp8.sh OUTDIR
 #
+# The whole run takes longer than one 10-minute device call; on a lent machine run it in four
+# calls on the same warm machine (the build directory stays; later calls find it built), each
+# appending to OUT/summary.txt:
+#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 scripts/gpu-moe-fp8.sh OUT  # build only
+#   SKIP_SANITIZER=1 SKIP_BENCH=1 scripts/gpu-moe-fp8.sh OUT   # registers/SASS, parity tests
+#   SKIP_TESTS=1 SKIP_BENCH=1 scripts/gpu-moe-fp8.sh OUT       # compute-sanitizer memcheck
+#   SKIP_TESTS=1 SKIP_SANITIZER=1 scripts/gpu-moe-fp8.sh OUT   # bench rows
+#
 # Environment: SIEVE_BUILD_DIR (default build-gpu), SIEVE_JOBS (default: all cores), BENCH_ITERS
-# (default 50), SKIP_SANITIZER=1, SANITIZER_TIMEOUT (seconds per run, default 600), TEST_TIMEOUT
-# (seconds per test binary, default 900), BENCH_TIMEOUT (default 1200),
+# (default 50), SKIP_TESTS=1 (also skips the register / SASS report), SKIP_BENCH=1,
+# SKIP_SANITIZER=1, SANITIZER_TIMEOUT (seconds per run, default 170:
+# three runs fit one call), TEST_TIMEOUT
+# (seconds per test binary, default 540), BENCH_TIMEOUT (default 540),
 # COMPUTE_SANITIZER (the tool's path), CUDA_HOME (default /usr/local/cuda).
 set -uo pipefail
 
@@ -20,8 +30,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${SIEVE_BUILD_DIR:-$root/build-gpu}
 jobs=${SIEVE_JOBS:-$(nproc)}
 cuda=${CUDA_HOME:-/usr/local/cuda}
-summary=$out/summary.txt
-: >"$summary"
+summary=$out/summary.txt  # appended to by each call
 note() { echo "$*" | tee -a "$summary"; }
 
 if [ ! -f "$root/.deps/googletest/CMakeLists.txt" ] && [ -d /usr/src/googletest ]; then
@@ -43,6 +52,7 @@ if [ ! -x "$build/tests/kernels/kernels_cuda_moe_test" ] || [ ! -x "$build/sieve
   exit 1
 fi
 
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
 # Registers, spills and stack of every FP8 MoE kernel (ptxas), and their SASS: QGMMA (fp8 wgmma)
 # must appear in the tile and stream kernels; LDL/STL count local-memory traffic.
 nvflags=(-DSIEVE_HAVE_CUBLAS=1 -DSIEVE_HAVE_CUDA=1 -I"$root/src" -O3 -DNDEBUG
@@ -62,7 +72,7 @@ note "ptxas: $(grep -c 'spill stores' "$out/resources.txt") kernels, $(grep -E '
 [ -s "$out/sass.txt" ] && sed 's/^/sass: /' "$out/sass.txt" | tee -a "$summary"
 
 # Parity tests (each run capped: a hang shows as rc=124 and the last test started in the log).
-cap_test=${TEST_TIMEOUT:-900}
+cap_test=${TEST_TIMEOUT:-540}
 start=$(date +%s)
 timeout "$cap_test" "$build/tests/kernels/kernels_cuda_moe_test" >"$out/test-cuda-moe.log" 2>&1
 note "kernels_cuda_moe_test: rc=$? ($(($(date +%s) - start)) s): $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/test-cuda-moe.log" | tr '\n' ' ')"
@@ -72,12 +82,13 @@ note "kernels_cuda_dense_test (MoE): rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]'
 "$build/tests/kernels/kernels_cpu_test" --gtest_filter='*Moe*:*Linear*:*Quantize*' >"$out/test-cpu-moe.log" 2>&1
 note "kernels_cpu_test (MoE): rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/test-cpu-moe.log" | tr '\n' ' ')"
 grep -E "Failure|FAILED|gpu .* cpu|elements outside" "$out/test-cuda-moe.log" | head -20 | sed 's/^/  /' | tee -a "$summary"
+fi
 
 # compute-sanitizer memcheck on the CUDA MoE tests (the model-shape cases take longest).
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   san=${COMPUTE_SANITIZER:-$cuda/bin/compute-sanitizer}
   command -v "$san" >/dev/null 2>&1 || san=compute-sanitizer
-  cap=${SANITIZER_TIMEOUT:-600}
+  cap=${SANITIZER_TIMEOUT:-170}
   for spec in "kernels_cuda_moe_test:-*ModelShapes*" "kernels_cuda_moe_test:*ModelShapes*" "kernels_cuda_dense_test:*Moe*"; do
     bin=${spec%%:*}
     filter=${spec#*:}
@@ -89,10 +100,12 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   done
 fi
 
-# Bench rows: the bf16 MoE (for comparison) and the FP8 MoE.
+# Bench rows: the bf16 MoE (for comparison), the FP8 MoE and the routing.
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
 start=$(date +%s)
-timeout "${BENCH_TIMEOUT:-1200}" "$build/sieve" bench kernels --rows "moe " --iters "${BENCH_ITERS:-50}" --json "$out/bench.json" \
+timeout "${BENCH_TIMEOUT:-540}" "$build/sieve" bench kernels --rows "moe " --iters "${BENCH_ITERS:-50}" --json "$out/bench.json" \
   --md "$out/bench.md" >"$out/bench.log" 2>&1
 note "bench: rc=$? ($(($(date +%s) - start)) s)"
 grep -E "FP8 matrix rate" "$out/bench.log" | tee -a "$summary"
 cat "$out/bench.md" 2>/dev/null
+fi
