@@ -10,15 +10,6 @@
 
 namespace sieve::cuda {
 
-// 0 everywhere = the default choice.
-struct LinearTuning {
-  int backend = 0;   // 0 auto (own kernels), 1 own kernels, 2 cuBLASLt block scaling (false where refused)
-  int wgs = 0;       // consumer warpgroups a CTA (1 or 2); default 1 up to 64 tokens, else 2
-  int bn = 0;        // tokens a CTA (8, 16, 32, 64, 128); default the smallest >= m up to 64, else 128
-  int splits = 0;    // CTAs along k of a tile (1..8); default: enough tiles for every SM's resident CTAs
-  int stages = 0;    // ring depth (2..8); default from the shared-memory budget
-  int max_ctas_per_sm = 0;  // resident CTAs the split count aims at (default 2)
-};
 LinearTuning linear_tuning();
 void set_linear_tuning(const LinearTuning& t);
 

@@ -53,7 +53,7 @@ using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, in
 
 std::mutex g_mu;
 std::map<int, cublasLtHandle_t> g_handles;
-std::map<Key, std::unique_ptr<LtPlan>> g_plans;
+std::map<Key, std::unique_ptr<LtPlan> > g_plans;
 
 std::string status_text(const char* what, cublasStatus_t s) {
   return std::string(what) + " failed (cuBLAS status " + std::to_string(int(s)) + ")";
@@ -61,10 +61,13 @@ std::string status_text(const char* what, cublasStatus_t s) {
 
 int32_t scale_mode(LtScaling s, bool weights) {
   switch (s) {
-    case LtScaling::kTensor: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-    case LtScaling::kOuterVec: return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    case LtScaling::kTensor:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case LtScaling::kOuterVec:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     case LtScaling::kBlock:
-      return weights ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      return weights ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   }
   return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 }
@@ -83,7 +86,8 @@ void build(LtPlan& pl, cublasLtHandle_t h, const LtGemm& g) {
   cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
   cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
   s = cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof(am));
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof(bm));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof(bm));
   if (s != CUBLAS_STATUS_SUCCESS) {
     pl.why = status_text("setting the scale modes", s);
     return;
@@ -95,8 +99,10 @@ void build(LtPlan& pl, cublasLtHandle_t h, const LtGemm& g) {
   cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
   const cudaDataType yt = g.y_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   s = cublasLtMatrixLayoutCreate(&pl.a, CUDA_R_8F_E4M3, uint64_t(g.k), uint64_t(g.n), g.k);
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&pl.b, CUDA_R_8F_E4M3, uint64_t(g.k), uint64_t(g.m), g.ldx);
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&pl.c, yt, uint64_t(g.n), uint64_t(g.m), g.ldy);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatrixLayoutCreate(&pl.b, CUDA_R_8F_E4M3, uint64_t(g.k), uint64_t(g.m), g.ldx);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatrixLayoutCreate(&pl.c, yt, uint64_t(g.n), uint64_t(g.m), g.ldy);
   if (s != CUBLAS_STATUS_SUCCESS) {
     pl.why = status_text("cublasLtMatrixLayoutCreate", s);
     return;
@@ -104,14 +110,16 @@ void build(LtPlan& pl, cublasLtHandle_t h, const LtGemm& g) {
   cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulPreferenceCreate(&pref);
   const size_t ws = kLtWorkspace;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   s = cublasLtMatmulAlgoGetHeuristic(h, pl.desc, pl.a, pl.b, pl.c, pl.c, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-    pl.why = s != CUBLAS_STATUS_SUCCESS ? status_text("cublasLtMatmulAlgoGetHeuristic", s)
-                                        : std::string("cuBLASLt has no algorithm for this scaling on this GPU");
+    pl.why = s != CUBLAS_STATUS_SUCCESS
+                 ? status_text("cublasLtMatmulAlgoGetHeuristic", s)
+                 : std::string("cuBLASLt has no algorithm for this scaling on this GPU");
     return;
   }
   pl.algo = res.algo;
@@ -129,9 +137,11 @@ bool cublaslt_fp8_gemm(const LtGemm& g, void* stream, std::string* why) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto& hh = g_handles[dev];
-    if (!hh && cublasLtCreate(&hh) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLASLt: cannot create a handle");
+    if (!hh && cublasLtCreate(&hh) != CUBLAS_STATUS_SUCCESS)
+      throw Error("cuBLASLt: cannot create a handle");
     h = hh;
-    const Key key{dev, g.m, g.n, g.k, g.ldx, g.ldy, int(g.y_dtype), int(g.scaling), g.accumulate, g.fast_accum};
+    const Key key{dev,          g.m,         g.n, g.k, g.ldx, g.ldy, int(g.y_dtype), int(g.scaling),
+                  g.accumulate, g.fast_accum};
     auto& slot = g_plans[key];
     if (!slot) {
       slot = std::make_unique<LtPlan>();
@@ -149,8 +159,8 @@ bool cublaslt_fp8_gemm(const LtGemm& g, void* stream, std::string* why) {
   cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
   cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-  const cublasStatus_t s = cublasLtMatmul(h, pl->desc, &alpha, g.w, pl->a, g.x, pl->b, &beta, g.y, pl->c, g.y, pl->c,
-                                          &pl->algo, ws, kLtWorkspace, st);
+  const cublasStatus_t s = cublasLtMatmul(h, pl->desc, &alpha, g.w, pl->a, g.x, pl->b, &beta, g.y,
+                                          pl->c, g.y, pl->c, &pl->algo, ws, kLtWorkspace, st);
   if (s != CUBLAS_STATUS_SUCCESS) {
     if (why) *why = status_text("cublasLtMatmul", s);
     return false;

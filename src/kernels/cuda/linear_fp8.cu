@@ -52,8 +52,8 @@ struct GemmArgs {
 
 template <int WGS, int BN>
 __global__ void __launch_bounds__(128 * WGS + 32, 1)
-    linear_fp8_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
-                      const GemmArgs a) {
+    linear_fp8_kernel(const __grid_constant__ CUtensorMap wmap,
+                      const __grid_constant__ CUtensorMap xmap, const GemmArgs a) {
   constexpr int BM = fp8::kWgRows * WGS;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(128 * WGS + 32, 1)
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const bool producer = wg == WGS;
   float* staged = reinterpret_cast<float*>(base + L.tiles);  // reuses the ring once it is drained
-  constexpr int P = BM + 4;                                   // fp8::stage_pitch
+  constexpr int P = BM + 4;                                  // fp8::stage_pitch
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
@@ -94,13 +94,16 @@ __global__ void __launch_bounds__(128 * WGS + 32, 1)
         for (int j = lane; j < BN; j += 32)
           cp_async4(xs + j, a.x_scale + int64_t(min(t0 + j, a.m - 1)) * p.kb_total + kb);
         for (int r = lane; r < BM; r += 32)
-          cp_async4(ws + r, a.w_scale + fp8::w_scale_index(min(n0 + r, a.n - 1), a.br, p.kb_total, kb));
+          cp_async4(ws + r,
+                    a.w_scale + fp8::w_scale_index(min(n0 + r, a.n - 1), a.br, p.kb_total, kb));
         cp_async_arrive_noinc(&full[s]);
         if (lane == 0) {
           uint8_t* st = base + L.tiles + s * L.stage_bytes;
           mbar_expect_tx(&full[s], uint32_t(L.stage_bytes));
-          if (a.l2_first) tma_load_2d_hint(st, &wmap, kb * fp8::kBK, n0, &full[s], policy);
-          else tma_load_2d(st, &wmap, kb * fp8::kBK, n0, &full[s]);
+          if (a.l2_first)
+            tma_load_2d_hint(st, &wmap, kb * fp8::kBK, n0, &full[s], policy);
+          else
+            tma_load_2d(st, &wmap, kb * fp8::kBK, n0, &full[s]);
           tma_load_2d(st + L.w_tile, &xmap, kb * fp8::kBK, t0, &full[s]);
         }
       }
@@ -120,21 +123,13 @@ __global__ void __launch_bounds__(128 * WGS + 32, 1)
       float blk[BN / 2];
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < fp8::kBK / 32; ++kk) WgmmaFp8<BN>::mma(blk, desc_add(da, kk * 32), desc_add(db, kk * 32), kk);
+      for (int kk = 0; kk < fp8::kBK / 32; ++kk)
+        WgmmaFp8<BN>::mma(blk, desc_add(da, kk * 32), desc_add(db, kk * 32), kk);
       wgmma_commit();
       wgmma_wait_all();
       fence_acc(blk);
       const float* xs = reinterpret_cast<const float*>(base + L.scales + s * L.scale_stage);
-      const float w0 = xs[BN + row0], w1 = xs[BN + row1];
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float xv = xs[fp8::acc_col(lane, 4 * j + c)];
-          acc[4 * j + c] = fmaf(blk[4 * j + c], w0 * xv, acc[4 * j + c]);
-          acc[4 * j + 2 + c] = fmaf(blk[4 * j + 2 + c], w1 * xv, acc[4 * j + 2 + c]);
-        }
-      }
+      fp8::promote_block<BN>(acc, blk, xs, xs[BN + row0], xs[BN + row1], lane);
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
     }
@@ -145,8 +140,10 @@ __global__ void __launch_bounds__(128 * WGS + 32, 1)
   }
 
   const int splits = p.splits;
-  if (splits > 1) cluster_sync_all();
-  else __syncthreads();
+  if (splits > 1)
+    cluster_sync_all();
+  else
+    __syncthreads();
   if (!producer) {
     int e0, e1;
     fp8::reduce_slice(BM, BN, splits, splits > 1 ? int(cluster_rank()) : 0, e0, e1);
@@ -190,21 +187,30 @@ using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const GemmArgs);
 template <int WGS>
 KernelFn kernel_for_bn(int bn) {
   switch (bn) {
-    case 8: return linear_fp8_kernel<WGS, 8>;
-    case 16: return linear_fp8_kernel<WGS, 16>;
-    case 32: return linear_fp8_kernel<WGS, 32>;
-    case 64: return linear_fp8_kernel<WGS, 64>;
-    case 128: return linear_fp8_kernel<WGS, 128>;
-    default: return nullptr;
+    case 8:
+      return linear_fp8_kernel<WGS, 8>;
+    case 16:
+      return linear_fp8_kernel<WGS, 16>;
+    case 32:
+      return linear_fp8_kernel<WGS, 32>;
+    case 64:
+      return linear_fp8_kernel<WGS, 64>;
+    case 128:
+      return linear_fp8_kernel<WGS, 128>;
+    default:
+      return nullptr;
   }
 }
-KernelFn kernel_for(const fp8::Plan& p) { return p.wgs == 2 ? kernel_for_bn<2>(p.bn) : kernel_for_bn<1>(p.bn); }
+KernelFn kernel_for(const fp8::Plan& p) {
+  return p.wgs == 2 ? kernel_for_bn<2>(p.bn) : kernel_for_bn<1>(p.bn);
+}
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess)
       f = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
@@ -214,16 +220,18 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 constexpr int kMaxSmem = 227 * 1024;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using fp8::ceil_div;
 
 // Launches the FP8 GEMM on quantized rows xq [m][k] (row stride ldq bytes, 16-byte aligned) with
 // scales xs [m][kb_total].
-void launch_fp8_gemm(const ops::LinearParams& p, const uint8_t* xq, int64_t ldq, const float* xs, cudaStream_t st) {
+void launch_fp8_gemm(const ops::LinearParams& p, const uint8_t* xq, int64_t ldq, const float* xs,
+                     cudaStream_t st) {
   const int64_t m = p.m, n = p.w.rows, k = p.w.cols;
   const fp8::Plan plan = linear_fp8_plan(m, n, k);
   KernelFn kernel = kernel_for(plan);
-  if (!kernel) throw Error("linear: no FP8 kernel for " + std::to_string(plan.wgs) + " warpgroups x " +
-                           std::to_string(plan.bn) + " tokens");
+  if (!kernel)
+    throw Error("linear: no FP8 kernel for " + std::to_string(plan.wgs) + " warpgroups x " +
+                std::to_string(plan.bn) + " tokens");
   GemmArgs a{};
   a.x_scale = xs;
   a.w_scale = p.w.scale;
@@ -271,8 +279,8 @@ bool run_linear_plain(const ops::LinearParams& p, void* stream) {
 
 // The cuBLASLt block-scaled GEMM (LinearTuning::backend 2): (128, 128) weight scales whose rows
 // of blocks are a multiple of 4 long, token scales transposed into the scratch after xq.
-bool run_linear_cublaslt(const ops::LinearParams& p, const uint8_t* xq, int64_t ldq, const float* xs,
-                         float* xs_t, cudaStream_t st) {
+bool run_linear_cublaslt(const ops::LinearParams& p, const uint8_t* xq, int64_t ldq,
+                         const float* xs, float* xs_t, cudaStream_t st) {
   const int64_t kb = ceil_div(p.w.cols, 128);
   if (p.w.scale_block_rows != 128 || kb % 4 != 0) return false;
   transpose_scales(xs, p.m, kb, xs_t, st);
@@ -312,45 +320,19 @@ CUtensorMap fp8_tensor_map(const void* base, int64_t rows, int64_t cols, int64_t
   const cuuint64_t strides[1] = {cuuint64_t(ld)};
   const cuuint32_t box[2] = {cuuint32_t(fp8::kBK), cuuint32_t(box_rows)};
   const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, estr,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, estr,
+         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    throw Error("linear: cannot describe an fp8 matrix of " + std::to_string(rows) + " x " + std::to_string(cols) +
-                " (row stride " + std::to_string(ld) + ") for the tensor copy engine (error " + std::to_string(int(r)) +
-                ")");
+    throw Error("linear: cannot describe an fp8 matrix of " + std::to_string(rows) + " x " +
+                std::to_string(cols) + " (row stride " + std::to_string(ld) +
+                ") for the tensor copy engine (error " + std::to_string(int(r)) + ")");
   return map;
 }
 
 fp8::Plan linear_fp8_plan(int64_t m, int64_t n, int64_t k) {
-  const LinearTuning t = linear_tuning();
-  fp8::Plan p;
-  p.kb_total = int(ceil_div(k, fp8::kBK));
-  p.wgs = t.wgs == 1 || t.wgs == 2 ? t.wgs : (m <= 64 ? 1 : 2);
-  if (t.bn == 8 || t.bn == 16 || t.bn == 32 || t.bn == 64 || t.bn == 128) p.bn = t.bn;
-  else p.bn = m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128;
-  p.tiles_n = int(ceil_div(n, p.bm()));
-  p.tiles_m = int(ceil_div(m, p.bn));
-  // Ring depth: the large tiles as deep as shared memory allows (one CTA an SM); the decode tiles
-  // ~72 KB (a few CTAs an SM, each with its whole k range in flight or nearly).
-  p.stages = 2;
-  const int stage = fp8::smem_layout(p).stage_bytes + fp8::smem_layout(p).scale_stage;
-  if (t.stages >= 2 && t.stages <= fp8::kMaxStages) p.stages = t.stages;
-  else if (p.wgs == 2 && p.bn == 128) p.stages = fp8::kMaxStages;
-  else p.stages = std::clamp(73728 / stage, 2, fp8::kMaxStages);
-  while (p.stages > 2 && fp8::smem_request(p) > kMaxSmem) --p.stages;
-  while (!fp8::staging_fits(p) && p.stages < fp8::kMaxStages) ++p.stages;
-  // Split k while the tiles leave resident CTA slots empty (decode shapes), keeping >= 2 k blocks
-  // a split.
-  const int64_t tiles = int64_t(p.tiles_n) * p.tiles_m;
-  const int max_splits = std::clamp(p.kb_total / 2, 1, fp8::kMaxSplits);
-  if (t.splits >= 1) {
-    p.splits = std::min({t.splits, fp8::kMaxSplits, p.kb_total});
-  } else {
-    const int64_t slots = int64_t(num_sms()) * (t.max_ctas_per_sm > 0 ? t.max_ctas_per_sm : 2);
-    p.splits = tiles >= slots ? 1 : int(std::min<int64_t>(max_splits, ceil_div(slots, tiles)));
-  }
-  return p;
+  return fp8::make_plan(m, n, k, num_sms(), kMaxSmem, linear_tuning());
 }
 
 bool run_linear(const ops::LinearParams& p, void* stream_v) {
@@ -366,7 +348,8 @@ bool run_linear(const ops::LinearParams& p, void* stream_v) {
                  "cudaMemset2DAsync (linear, k = 0)");
     return true;
   }
-  const bool blocks_ok = (p.w.scale_block_rows == 1 || p.w.scale_block_rows == 128) && p.w.scale_block_cols == 128;
+  const bool blocks_ok =
+      (p.w.scale_block_rows == 1 || p.w.scale_block_rows == 128) && p.w.scale_block_cols == 128;
   if (!blocks_ok || k % 16 != 0 || reinterpret_cast<uintptr_t>(p.w.data) % 16 != 0) return false;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX || p.ldy > INT_MAX) return false;
   const int64_t kb = ceil_div(k, fp8::kBK);
@@ -375,15 +358,18 @@ bool run_linear(const ops::LinearParams& p, void* stream_v) {
   const uint8_t* xq = static_cast<const uint8_t*>(p.x);
   int64_t ldq = p.ldx;
   const float* xs = p.x_scale;
-  const bool x_ready = p.x_dtype == DType::FP8_E4M3 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.ldx % 16 == 0;
+  const bool x_ready =
+      p.x_dtype == DType::FP8_E4M3 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.ldx % 16 == 0;
   const int64_t kq = ceil_div(k, 16) * 16;
   const size_t codes = size_t(m * kq), scales = size_t(m * kb) * sizeof(float);
   uint8_t* scratch = nullptr;
-  if (!x_ready || tuning.backend == 2) scratch = static_cast<uint8_t*>(private_scratch(st, kScratchLinear, codes + 2 * scales + 256));
+  if (!x_ready || tuning.backend == 2)
+    scratch = static_cast<uint8_t*>(private_scratch(st, kScratchLinear, codes + 2 * scales + 256));
   if (!x_ready) {
     uint8_t* q = scratch;
     if (p.x_dtype == DType::FP8_E4M3) {
-      cuda_check(cudaMemcpy2DAsync(q, size_t(kq), p.x, size_t(p.ldx), size_t(k), size_t(m), cudaMemcpyDeviceToDevice, st),
+      cuda_check(cudaMemcpy2DAsync(q, size_t(kq), p.x, size_t(p.ldx), size_t(k), size_t(m),
+                                   cudaMemcpyDeviceToDevice, st),
                  "cudaMemcpy2DAsync (linear, fp8 rows)");
     } else {
       float* s = reinterpret_cast<float*>(scratch + codes);
@@ -394,7 +380,8 @@ bool run_linear(const ops::LinearParams& p, void* stream_v) {
     ldq = kq;
   }
   if (tuning.backend == 2)
-    return run_linear_cublaslt(p, xq, ldq, xs, reinterpret_cast<float*>(scratch + codes + scales + 128), st);
+    return run_linear_cublaslt(p, xq, ldq, xs,
+                               reinterpret_cast<float*>(scratch + codes + scales + 128), st);
   launch_fp8_gemm(p, xq, ldq, xs, st);
   return true;
 }

@@ -36,7 +36,8 @@ __device__ __forceinline__ GroupSlot group_slot(int64_t g, int lane, int64_t col
 
 // Four consecutive activation values from x (F32 or BF16) at element i, by one vector load when
 // `vec` (the caller checked 16-byte / 8-byte alignment of every row), else one by one.
-__device__ __forceinline__ void load4(const void* x, int xt, int64_t i, int valid, bool vec, float (&v)[4]) {
+__device__ __forceinline__ void load4(const void* x, int xt, int64_t i, int valid, bool vec,
+                                      float (&v)[4]) {
   if (vec && valid == 4) {
     if (xt == kElemF32) {
       unpack_f32x4(*reinterpret_cast<const float4*>(static_cast<const float*>(x) + i), v);
@@ -49,9 +50,9 @@ __device__ __forceinline__ void load4(const void* x, int xt, int64_t i, int vali
   for (int k = 0; k < 4; ++k) v[k] = k < valid ? ld_elem(x, xt, i + k) : 0.0f;
 }
 
-__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const void* x, int xt, int64_t ldx, bool vec,
-                                                                 int64_t rows, int64_t cols, uint8_t* q, int64_t ldq,
-                                                                 float* scale) {
+__global__ void __launch_bounds__(kThreads)
+    quantize_rows_kernel(const void* x, int xt, int64_t ldx, bool vec, int64_t rows, int64_t cols,
+                         uint8_t* q, int64_t ldq, float* scale) {
   const int lane = threadIdx.x & 31;
   const int64_t groups = (cols + 127) / 128, total = rows * groups;
   const int64_t step = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -67,9 +68,10 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const void* x, 
   }
 }
 
-__global__ void __launch_bounds__(kThreads) swiglu_fp8_kernel(const void* gate_up, int t, int64_t ld_in, int64_t rows,
-                                                              int64_t inter, uint8_t* out, int64_t ld_out,
-                                                              float* out_scale, float alpha, float limit, float beta) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_fp8_kernel(const void* gate_up, int t, int64_t ld_in, int64_t rows, int64_t inter,
+                      uint8_t* out, int64_t ld_out, float* out_scale, float alpha, float limit,
+                      float beta) {
   const int lane = threadIdx.x & 31;
   const int64_t groups = (inter + 127) / 128, total = rows * groups;
   const int64_t step = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -82,8 +84,8 @@ __global__ void __launch_bounds__(kThreads) swiglu_fp8_kernel(const void* gate_u
       v[k] = 0.0f;
       if (k < s.valid) {
         const int64_t c = s.c0 + k;
-        v[k] = swiglu_oai_value(ld_elem(gate_up, t, r * ld_in + c), ld_elem(gate_up, t, r * ld_in + inter + c), alpha,
-                                limit, beta);
+        v[k] = swiglu_oai_value(ld_elem(gate_up, t, r * ld_in + c),
+                                ld_elem(gate_up, t, r * ld_in + inter + c), alpha, limit, beta);
       }
     }
     uint8_t c[4];
@@ -95,7 +97,8 @@ __global__ void __launch_bounds__(kThreads) swiglu_fp8_kernel(const void* gate_u
 
 __global__ void transpose_scales_kernel(const float* in, int64_t m, int64_t groups, float* out) {
   const int64_t n = m * groups;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     out[(i % groups) * m + i / groups] = in[i];
 }
 
@@ -106,14 +109,14 @@ unsigned warp_grid(int64_t warps) {
 
 }  // namespace
 
-void quantize_rows(const void* x, DType x_dtype, int64_t ldx, int64_t rows, int64_t cols, uint8_t* q, int64_t ldq,
-                   float* scale, cudaStream_t stream) {
+void quantize_rows(const void* x, DType x_dtype, int64_t ldx, int64_t rows, int64_t cols,
+                   uint8_t* q, int64_t ldq, float* scale, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   const int xt = elem_code(x_dtype);
   const size_t esz = dtype_size(x_dtype);
   const bool vec = (reinterpret_cast<uintptr_t>(x) % (4 * esz)) == 0 && ldx % 4 == 0;
-  quantize_rows_kernel<<<warp_grid(rows * ops::fp8_groups(cols)), kThreads, 0, stream>>>(x, xt, ldx, vec, rows, cols,
-                                                                                         q, ldq, scale);
+  quantize_rows_kernel<<<warp_grid(rows * ops::fp8_groups(cols)), kThreads, 0, stream>>>(
+      x, xt, ldx, vec, rows, cols, q, ldq, scale);
   SIEVE_LAUNCH_CHECK("quantize_fp8");
 }
 
@@ -130,9 +133,10 @@ bool run_quantize_fp8(const ops::QuantizeFp8Params& p, void* stream) {
 bool run_swiglu_oai_fp8(const ops::SwigluOaiParams& p, void* stream) {
   const int t = elem_code(p.dtype);
   if (t < 0) return false;
-  swiglu_fp8_kernel<<<warp_grid(p.rows * ops::fp8_groups(p.inter)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      p.gate_up, t, p.ld_in, p.rows, p.inter, static_cast<uint8_t*>(p.out), p.ld_out, p.out_scale, p.alpha, p.limit,
-      p.beta);
+  swiglu_fp8_kernel<<<warp_grid(p.rows * ops::fp8_groups(p.inter)), kThreads, 0,
+                      static_cast<cudaStream_t>(stream)>>>(p.gate_up, t, p.ld_in, p.rows, p.inter,
+                                                           static_cast<uint8_t*>(p.out), p.ld_out,
+                                                           p.out_scale, p.alpha, p.limit, p.beta);
   SIEVE_LAUNCH_CHECK("swiglu_oai (fp8 out)");
   return true;
 }
@@ -140,8 +144,10 @@ bool run_swiglu_oai_fp8(const ops::SwigluOaiParams& p, void* stream) {
 void transpose_scales(const float* in, int64_t m, int64_t groups, float* out, void* stream) {
   if (m <= 0 || groups <= 0) return;
   const int64_t n = m * groups;
-  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)));
-  transpose_scales_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, m, groups, out);
+  const unsigned grid =
+      unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)));
+  transpose_scales_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, m, groups,
+                                                                                    out);
   SIEVE_LAUNCH_CHECK("transpose scales");
 }
 
