@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,10 @@ TEST(CudaSwigluFp8, BitExactQuantizationOfTheF32Activation) {
 
 TEST(CudaLinearFp8, OddShapesEveryLayout) {
   SKIP_WITHOUT_GPU();
+  TuningGuard guard;
+  cuda::LinearTuning own;
+  own.backend = 1;  // the wgmma kernel at every m (auto may take cuBLASLt for 128 x 128 prefill)
+  cuda::set_linear_tuning(own);
   uint64_t seed = 1000;
   for (int64_t m : {1, 7, 33, 64, 65, 300})
     for (int br : {1, 128})
@@ -215,15 +220,17 @@ TEST(CudaLinearFp8, OddShapesEveryLayout) {
       }
 }
 
+// The default choice (auto backend) at decode and prefill sizes.
 TEST(CudaLinearFp8, AccumulateAndOutputDtypes) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 2000;
-  for (DType yt : {DType::F32, DType::BF16})
-    for (bool acc : {false, true}) {
-      LinearCase c(33, 130, 1040, DType::FP8_E4M3, DType::FP8_E4M3, 128, 128, yt, acc, seed++, 16,
-                   5);
-      EXPECT_TRUE(gpu_linear_case(c));
-    }
+  for (int64_t m : {33, 200})
+    for (DType yt : {DType::F32, DType::BF16})
+      for (bool acc : {false, true}) {
+        LinearCase c(m, 130, 1040, DType::FP8_E4M3, DType::FP8_E4M3, 128, 128, yt, acc, seed++, 16,
+                     5);
+        EXPECT_TRUE(gpu_linear_case(c));
+      }
 }
 
 // Unaligned FP8 rows (copied to aligned rows first) and the model's k at one TP8 rank of M3.
@@ -318,12 +325,15 @@ TEST(CudaLinearFp8, CublasLtBlockScaling) {
   t.backend = 2;
   cuda::set_linear_tuning(t);
   uint64_t seed = 5000;
-  for (int64_t m : {1, 64, 300})
+  int accepted = 0;
+  // cuBLASLt 13.1 on an H100 refused m = 1 (status 15): counted, not failed.
+  for (int64_t m : {64, 300, 1})
     for (DType yt : {DType::F32, DType::BF16}) {
       LinearCase c(m, 256, 512, DType::BF16, DType::FP8_E4M3, 128, 128, yt, m == 64, seed++);
-      if (!gpu_linear_case(c, " (cuBLASLt)"))
-        GTEST_SKIP() << "cuBLASLt refuses 1x128 / 128x128 block scaling here";
+      accepted += gpu_linear_case(c, " (cuBLASLt)") ? 1 : 0;
     }
+  if (accepted == 0) GTEST_SKIP() << "cuBLASLt refuses 1x128 / 128x128 block scaling here";
+  std::printf("cuBLASLt block scaling accepted %d of 6 cases\n", accepted);
 }
 
 }  // namespace

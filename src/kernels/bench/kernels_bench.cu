@@ -1054,6 +1054,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     }
   }
 
+  run_linear_rows(opt, env, on_row);
   cuda_check(cudaStreamSynchronize(st), "bench end");
   cudaStreamDestroy(st);
 }

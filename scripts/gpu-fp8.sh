@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The FP8 GEMM (ops::linear) on a GPU machine in one command: build, the CPU reference and host
+# emulation tests, the CUDA parity tests of linear and the quantizers (and the dense ops' test,
+# whose rms_norm / swiglu_oai gained FP8 outputs), compute-sanitizer memcheck and racecheck on
+# them, the SASS of the FP8 kernels (QGMMA present, no local memory), and the "fp8 linear" rows
+# of `sieve bench kernels`. Everything lands in OUTDIR; summary.txt is printed last.
+#
+#   scripts/gpu-fp8.sh OUTDIR
+#
+# Environment: SIEVE_BUILD_DIR (default build-gpu), SIEVE_JOBS (default: all cores),
+# BENCH_ITERS (default 100), SANITIZER_TIMEOUT (seconds per run, default 600), SKIP_BENCH=1,
+# SKIP_SANITIZERS=1, COMPUTE_SANITIZER / CUOBJDUMP (the tools' paths).
+set -uo pipefail
+
+out=${1:?usage: scripts/gpu-fp8.sh OUTDIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${SIEVE_BUILD_DIR:-$root/build-gpu}
+jobs=${SIEVE_JOBS:-$(nproc)}
+summary=$out/summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+if [ ! -f "$root/.deps/googletest/CMakeLists.txt" ] && [ -d /usr/src/googletest ]; then
+  mkdir -p "$root/.deps" && cp -r /usr/src/googletest "$root/.deps/googletest"
+fi
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+note "gpu-fp8 $(date -u '+%Y-%m-%d %H:%M UTC') commit $commit"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$summary"
+
+start=$(date +%s)
+{
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_CUDA=ON &&
+    cmake --build "$build" -j"$jobs" --target sieve kernels_cpu_test kernels_cuda_linear_test kernels_cuda_dense_test
+} >"$out/build.log" 2>&1
+note "build: rc=$? ($(($(date +%s) - start)) s)"
+if [ ! -x "$build/tests/kernels/kernels_cuda_linear_test" ] || [ ! -x "$build/sieve" ]; then
+  note "build failed: see build.log"
+  tail -40 "$out/build.log"
+  exit 1
+fi
+tests=$build/tests/kernels
+
+run_test() {  # name binary [gtest filter]
+  local name=$1 bin=$2 filter=${3:-*} s
+  s=$(date +%s)
+  "$bin" --gtest_filter="$filter" >"$out/$name.log" 2>&1
+  local rc=$?
+  note "$name: rc=$rc ($(($(date +%s) - s)) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|Failure|cuBLASLt block scaling accepted' "$out/$name.log" | head -20 | sed 's/^/  /' | tee -a "$summary"
+}
+run_test cpu "$tests/kernels_cpu_test" 'Cpu*Linear*:CpuQuantizeFp8.*:CpuFusedQuantize.*:LinearEmulation.*:CpuRmsNorm*:CpuSwiglu*'
+run_test linear "$tests/kernels_cuda_linear_test"
+run_test dense "$tests/kernels_cuda_dense_test"
+
+if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
+  cs=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+  to=${SANITIZER_TIMEOUT:-600}
+  for spec in "memcheck|*" "racecheck|CudaQuantizeFp8.*:CudaRmsNormFp8.*:CudaSwigluFp8.*:CudaLinearFp8.AccumulateAndOutputDtypes:CudaLinearFp8.UnalignedRowsAndModelShapes"; do
+    tool=${spec%%|*}
+    filter=${spec#*|}
+    s=$(date +%s)
+    timeout "$to" "$cs" --tool "$tool" --error-exitcode 99 "$tests/kernels_cuda_linear_test" --gtest_filter="$filter" \
+      >"$out/$tool.log" 2>&1
+    rc=$?
+    note "$tool (linear test, filter $filter): rc=$rc ($(($(date +%s) - s)) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1)"
+  done
+fi
+
+# SASS of the FP8 GEMM kernels: wgmma must appear as QGMMA; local memory (LDL/STL) must not.
+ob=${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}
+lib=$(find "$build" -name 'libsieve_kernels.a' | head -1)
+if [ -x "$ob" ] && [ -n "$lib" ]; then
+  "$ob" -sass "$lib" >"$out/sass.txt" 2>/dev/null
+  "$ob" -res-usage "$lib" 2>/dev/null | grep -A1 -E 'linear_fp8_kernel|quantize_rows_kernel|swiglu_fp8_kernel|rms_norm_kernel' >"$out/res-usage.txt"
+  awk '/Function : /{name=$3} name ~ /linear_fp8_kernel/ {if ($0 ~ /QGMMA/) q[name]++; if ($0 ~ /LDL|STL/) l[name]++; seen[name]=1}
+       END {for (n in seen) printf "  %s: QGMMA %d, LDL/STL %d\n", n, q[n], l[n]}' "$out/sass.txt" | sort | tee -a "$summary"
+else
+  note "sass: no cuobjdump ($ob) or library"
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  s=$(date +%s)
+  "$build/sieve" bench kernels --filter "fp8 linear" --iters "${BENCH_ITERS:-100}" --json "$out/bench.json" \
+    --md "$out/bench.md" >"$out/bench.log" 2>&1
+  note "bench: rc=$? ($(($(date +%s) - s)) s)"
+  head -2 "$out/bench.log" | tee -a "$summary"
+  grep -E 'fp8 ' "$out/bench.log" | grep -vE 'eager' | tee -a "$summary" >/dev/null
+  # The rows that decide: own kernel (graph) and cuBLASLt (graph) at decode, all at prefill.
+  grep -E 'fp8 matrix rate|graph x16|m8192' "$out/bench.log" >"$out/bench-key.txt"
+fi
+echo
+echo "==== summary ($out/summary.txt)"
+cat "$summary"
