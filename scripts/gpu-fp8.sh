@@ -82,7 +82,7 @@ fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   s=$(date +%s)
-  "$build/sieve" bench kernels --filter "fp8 linear" --iters "${BENCH_ITERS:-100}" --json "$out/bench.json" \
+  "$build/sieve" bench kernels --filter "fp8 linear" --rows "fp8" --iters "${BENCH_ITERS:-100}" --json "$out/bench.json" \
     --md "$out/bench.md" >"$out/bench.log" 2>&1
   note "bench: rc=$? ($(($(date +%s) - s)) s)"
   head -2 "$out/bench.log" | tee -a "$summary"

@@ -33,17 +33,6 @@ using namespace sieve::test;
 
 constexpr double kFp8SumTol = 0x1p-12;
 
-ops::Stream gpu_stream() {
-  ops::Stream s;
-  s.device = kGpu;
-  return s;
-}
-
-TypedBuffer fetch(const Dev& d, DType t, size_t count) {
-  TypedBuffer b(t, count);
-  b.bytes = d.bytes(count * dtype_size(t));
-  return b;
-}
 
 // Restores the default knobs when a test leaves.
 struct TuningGuard {
