@@ -82,30 +82,28 @@ __global__ void __launch_bounds__(128 * WGS + 32, 1)
   __syncthreads();
 
   if (producer) {
-    {
-      const uint64_t policy = a.l2_first ? l2_policy_evict_first() : 0;
-      for (int i = 0; i < nkb; ++i) {
-        const int s = i % p.stages;
-        if (i >= p.stages) mbar_wait(&empty[s], uint32_t((i / p.stages) - 1) & 1u);
-        const int kb = kb0 + i;
-        float* xs = reinterpret_cast<float*>(base + L.scales + s * L.scale_stage);
-        float* ws = xs + BN;
-        // Rows past m or n read a real scale (of the last row): their tiles are zeros.
-        for (int j = lane; j < BN; j += 32)
-          cp_async4(xs + j, a.x_scale + int64_t(min(t0 + j, a.m - 1)) * p.kb_total + kb);
-        for (int r = lane; r < BM; r += 32)
-          cp_async4(ws + r,
-                    a.w_scale + fp8::w_scale_index(min(n0 + r, a.n - 1), a.br, p.kb_total, kb));
-        cp_async_arrive_noinc(&full[s]);
-        if (lane == 0) {
-          uint8_t* st = base + L.tiles + s * L.stage_bytes;
-          mbar_expect_tx(&full[s], uint32_t(L.stage_bytes));
-          if (a.l2_first)
-            tma_load_2d_hint(st, &wmap, kb * fp8::kBK, n0, &full[s], policy);
-          else
-            tma_load_2d(st, &wmap, kb * fp8::kBK, n0, &full[s]);
-          tma_load_2d(st + L.w_tile, &xmap, kb * fp8::kBK, t0, &full[s]);
-        }
+    const uint64_t policy = a.l2_first ? l2_policy_evict_first() : 0;
+    for (int i = 0; i < nkb; ++i) {
+      const int s = i % p.stages;
+      if (i >= p.stages) mbar_wait(&empty[s], uint32_t((i / p.stages) - 1) & 1u);
+      const int kb = kb0 + i;
+      float* xs = reinterpret_cast<float*>(base + L.scales + s * L.scale_stage);
+      float* ws = xs + BN;
+      // Rows past m or n read a real scale (of the last row): their tiles are zeros.
+      for (int j = lane; j < BN; j += 32)
+        cp_async4(xs + j, a.x_scale + int64_t(min(t0 + j, a.m - 1)) * p.kb_total + kb);
+      for (int r = lane; r < BM; r += 32)
+        cp_async4(ws + r,
+                  a.w_scale + fp8::w_scale_index(min(n0 + r, a.n - 1), a.br, p.kb_total, kb));
+      cp_async_arrive_noinc(&full[s]);
+      if (lane == 0) {
+        uint8_t* st = base + L.tiles + s * L.stage_bytes;
+        mbar_expect_tx(&full[s], uint32_t(L.stage_bytes));
+        if (a.l2_first)
+          tma_load_2d_hint(st, &wmap, kb * fp8::kBK, n0, &full[s], policy);
+        else
+          tma_load_2d(st, &wmap, kb * fp8::kBK, n0, &full[s]);
+        tma_load_2d(st + L.w_tile, &xmap, kb * fp8::kBK, t0, &full[s]);
       }
     }
   } else {
