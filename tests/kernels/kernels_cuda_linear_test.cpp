@@ -33,7 +33,6 @@ using namespace sieve::test;
 
 constexpr double kFp8SumTol = 0x1p-12;
 
-
 // Restores the default knobs when a test leaves.
 struct TuningGuard {
   cuda::LinearTuning saved = cuda::linear_tuning();
@@ -189,6 +188,52 @@ TEST(CudaSwigluFp8, BitExactQuantizationOfTheF32Activation) {
 
 // ---------------------------------------------------------------------------------------------
 // linear
+
+// First, a case whose outputs name their inputs: token t's row is one-hot at column
+// c(t) = (5 t + 3) % k, weights are small integers, all scales 1, so y[t][r] must be w[r][c(t)]
+// exactly. On a mismatch the first tile is printed (a layout error shows as a pattern).
+TEST(CudaLinearFp8, DiagnosticOneHotRows) {
+  SKIP_WITHOUT_GPU();
+  TuningGuard guard;
+  for (int bn : {8, 128}) {
+    cuda::LinearTuning t;
+    t.backend = 1, t.bn = bn, t.wgs = bn == 8 ? 1 : 2, t.splits = 2;
+    cuda::set_linear_tuning(t);
+    const int64_t m = bn == 8 ? 8 : 20, n = 192, k = 384, kb = 3;
+    std::vector<uint8_t> x(size_t(m * k), 0), w(size_t(n * k));
+    for (int64_t i = 0; i < m; ++i) x[size_t(i * k + (5 * i + 3) % k)] = f32_to_fp8e4m3(1.0f);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c)
+        w[size_t(r * k + c)] = f32_to_fp8e4m3(float((r + 3 * c) % 15 - 7));
+    std::vector<float> xs(size_t(m * kb), 1.0f), ws(size_t(n * kb), 1.0f);
+    Dev dx = Dev::of(x), dw = Dev::of(w), dxs = Dev::of(xs), dws = Dev::of(ws);
+    Dev dy = Dev::of(std::vector<float>(size_t(m * n), kNaN));
+    ops::LinearParams p;
+    p.x = dx.p(), p.x_dtype = DType::FP8_E4M3, p.ldx = k, p.x_scale = dxs.as<float>();
+    p.w.data = dw.p(), p.w.dtype = DType::FP8_E4M3, p.w.rows = n, p.w.cols = k,
+    p.w.scale = dws.as<float>();
+    p.w.scale_block_rows = 1, p.w.scale_block_cols = 128;
+    p.y = dy.p(), p.y_dtype = DType::F32, p.ldy = n, p.m = m;
+    ASSERT_TRUE(cuda::run_linear(p, nullptr));
+    const std::vector<float> y = dy.get<float>(size_t(m * n));
+    int bad = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t r = 0; r < n; ++r)
+        bad += y[size_t(i * n + r)] != float((r + 3 * ((5 * i + 3) % k)) % 15 - 7);
+    if (bad) {
+      std::string dump = "bn " + std::to_string(bn) + ": " + std::to_string(bad) +
+                         " wrong; got | want, tokens 0-7 x rows 0-15:\n";
+      for (int64_t i = 0; i < std::min<int64_t>(m, 8); ++i) {
+        for (int64_t r = 0; r < 16; ++r) dump += std::to_string(int(y[size_t(i * n + r)])) + " ";
+        dump += "| ";
+        for (int64_t r = 0; r < 16; ++r)
+          dump += std::to_string((r + 3 * ((5 * i + 3) % k)) % 15 - 7) + " ";
+        dump += "\n";
+      }
+      ADD_FAILURE() << dump;
+    }
+  }
+}
 
 TEST(CudaLinearFp8, OddShapesEveryLayout) {
   SKIP_WITHOUT_GPU();
