@@ -283,10 +283,14 @@ void run_linear_rows(const Options& opt, const Env& env,
               if (!cuda::run_linear(params(s), t2))
                 throw Error("bench: fp8 linear refused its own shape");
             };
+            // "<scale layout>[ bf16 x| 2wg] | <plan>": what varies, then the plan it ran.
             const std::string mode = std::string(br == 1 ? "1x128" : "128x128") +
-                                     (bf16_x ? " bf16 x" : "") + " w" + std::to_string(pl.wgs) +
-                                     " bn" + std::to_string(pl.bn) + " s" +
-                                     std::to_string(pl.splits) + " st" + std::to_string(pl.stages);
+                                     (bf16_x         ? " bf16 x"
+                                      : variant == 2 ? " 2wg"
+                                                     : "") +
+                                     " | w" + std::to_string(pl.wgs) + " bn" +
+                                     std::to_string(pl.bn) + " s" + std::to_string(pl.splits) +
+                                     " st" + std::to_string(pl.stages);
             const double scale_bytes = br == 1 ? double(n) * kb * 4 : double(nb) * kb * 4;
             const double floor_us =
                 decode ? bytes_floor(scale_bytes, bf16_x ? 2.0 : 1.0) : flops / rate * 1e6;
