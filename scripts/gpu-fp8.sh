@@ -7,9 +7,15 @@
 #
 #   scripts/gpu-fp8.sh OUTDIR
 #
-# Environment: SIEVE_BUILD_DIR (default build-gpu), SIEVE_JOBS (default: all cores),
+# A device command may run 10 minutes: build and test in one call, the rest in later calls on the
+# same warm machine (its build directory is kept, so the build step is then a no-op):
+#   SKIP_SANITIZERS=1 SKIP_BENCH=1 scripts/gpu-fp8.sh OUT/a   # build, tests, SASS
+#   SKIP_TESTS=1 SKIP_BENCH=1 scripts/gpu-fp8.sh OUT/b        # memcheck, racecheck (<= 8 min)
+#   SKIP_TESTS=1 SKIP_SANITIZERS=1 scripts/gpu-fp8.sh OUT/c   # the bench rows (~2-4 min)
+#
+# Environment: SIEVE_BUILD_DIR (default build-gpu), SIEVE_JOBS (default: all cores), SKIP_TESTS=1,
 # BENCH_ITERS (default 100), TEST_TIMEOUT (seconds per test binary, default 240), BENCH_TIMEOUT
-# (default 420), SANITIZER_TIMEOUT (seconds per run, default 600), SANITIZER_FILTER (memcheck's
+# (default 420), SANITIZER_TIMEOUT (seconds per tool, default 240), SANITIZER_FILTER (memcheck's
 # gtest filter; default the tests that reach every kernel), SKIP_BENCH=1,
 # SKIP_SANITIZERS=1, COMPUTE_SANITIZER / CUOBJDUMP (the tools' paths).
 set -uo pipefail
@@ -53,13 +59,15 @@ run_test() {  # name binary [gtest filter]
   note "$name: rc=$rc ($(($(date +%s) - s)) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|Failure|cuBLASLt block scaling accepted' "$out/$name.log" | head -20 | sed 's/^/  /' | tee -a "$summary"
 }
-run_test cpu "$tests/kernels_cpu_test" 'Cpu*Linear*:CpuQuantizeFp8.*:CpuFusedQuantize.*:LinearEmulation.*:CpuRmsNorm*:CpuSwiglu*'
-run_test linear "$tests/kernels_cuda_linear_test"
-run_test dense "$tests/kernels_cuda_dense_test"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  run_test cpu "$tests/kernels_cpu_test" 'Cpu*Linear*:CpuQuantizeFp8.*:CpuFusedQuantize.*:LinearEmulation.*:CpuRmsNorm*:CpuSwiglu*'
+  run_test linear "$tests/kernels_cuda_linear_test"
+  run_test dense "$tests/kernels_cuda_dense_test"
+fi
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   cs=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-  to=${SANITIZER_TIMEOUT:-600}
+  to=${SANITIZER_TIMEOUT:-240}
   # memcheck: the tests that reach every kernel instantiation (forced plans), the quantizers and
   # cuBLASLt; racecheck: a few. When the parity tests failed, memcheck's report is the lead.
   mem="CudaLinearFp8.DiagnosticOneHotRows:CudaLinearFp8.ForcedPlans:CudaLinearFp8.AccumulateAndOutputDtypes"
