@@ -84,6 +84,23 @@ void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
 void attention(const AttentionParams& p, const Stream& s) { SIEVE_DISPATCH(attention, p, s); }
 void indexer(const IndexerParams& p, const Stream& s) { SIEVE_DISPATCH(indexer, p, s); }
 
+void all_reduce(const AllReduceParams& p, const Stream& s) {
+  if (!p.group || p.group->size() <= 1 || p.count == 0) return;
+  auto observer = current_observer();
+  const double t0 = observer ? now_s() : 0;
+  p.group->all_reduce_sum(p.data, p.dtype, p.count, s);
+  if (observer) (*observer)("all_reduce", t0, now_s());
+}
+
+void all_gather(const AllGatherParams& p, const Stream& s) {
+  SIEVE_CHECK(p.group, "all_gather needs a group");
+  if (p.count == 0) return;
+  auto observer = current_observer();
+  const double t0 = observer ? now_s() : 0;
+  p.group->all_gather(p.in, p.out, p.dtype, p.count, s);
+  if (observer) (*observer)("all_gather", t0, now_s());
+}
+
 void build_rope_table(float* cos_sin, int64_t max_position, int rotary_dim, double theta) {
   const int half = rotary_dim / 2;
   std::vector<float> inv_freq(half);

@@ -17,8 +17,8 @@
 //   token position p lives in block p / block_size at offset p % block_size.
 // - CUDA streams: the decode-step kernels (qkv_norm_rope_cache, the decode indexer, attention)
 //   may use programmatic dependent launch (by default the decode indexer, sparse attention for
-//   batches of at most 4 query tokens and dense attention for up to 128; SIEVE_PDL, a mask,
-//   chooses otherwise). Each
+//   batches of at most 4 query tokens and dense attention for up to 128; the tests and the
+//   benchmark may choose otherwise, cuda/tuning.h). Each
 //   may then read the batch metadata (query_start_loc, seq_lens, block_tables, positions,
 //   slot_mapping) and the cache blocks that hold only positions before its request's first new
 //   token while the previous kernel of the stream is still running; everything else it reads or
@@ -321,6 +321,39 @@ struct IndexerParams {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Communication (tensor parallelism)
+
+// One rank's handle on its tensor-parallel group; src/parallel/ implements it (threads of one
+// process on the CPU backend, NCCL on CUDA devices). Every rank of a group calls the same
+// collectives in the same order with the same sizes. A collective that cannot complete (a peer
+// failed, or never came) throws Error on every rank still running, never hangs.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // data[count] = the sum over ranks of data[count]; F32 or BF16.
+  virtual void all_reduce_sum(void* data, DType dtype, int64_t count, const Stream& s) = 0;
+  // out[size][count] = every rank's in[count], in rank order.
+  virtual void all_gather(const void* in, void* out, DType dtype, int64_t count, const Stream& s) = 0;
+};
+
+struct AllReduceParams {
+  void* data = nullptr;  // [count], summed in place
+  DType dtype = DType::F32;
+  int64_t count = 0;
+  Collective* group = nullptr;  // null or a group of one: nothing to do
+};
+
+struct AllGatherParams {
+  const void* in = nullptr;  // [count]
+  void* out = nullptr;       // [group size, count]; with no group (or one rank) a copy of in
+  DType dtype = DType::F32;
+  int64_t count = 0;
+  Collective* group = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Dispatchers: run the op on the stream's device. A CUDA op that this build lacks throws Error.
 
 void matmul(const MatmulParams& p, const Stream& s);
@@ -335,6 +368,8 @@ void moe_experts(const MoeExpertsParams& p, const Stream& s);
 void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s);
 void attention(const AttentionParams& p, const Stream& s);
 void indexer(const IndexerParams& p, const Stream& s);
+void all_reduce(const AllReduceParams& p, const Stream& s);
+void all_gather(const AllGatherParams& p, const Stream& s);
 
 // Profiling: when an observer is set, every dispatched op reports its name and host wall-clock
 // interval (steady_clock, seconds since its epoch). CPU ops report their run time; CUDA ops the
