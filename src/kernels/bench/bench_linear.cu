@@ -17,116 +17,40 @@
 
 #include "core/error.h"
 #include "kernels/bench/bench.h"
+#include "kernels/bench/harness.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/linear.h"
 
 namespace sieve::kernels_bench {
 
-using cuda::cuda_check;
-
 namespace {
 
-struct Mem {
-  void* p = nullptr;
-  explicit Mem(size_t n) {
-    cuda_check(cudaMalloc(&p, std::max<size_t>(n, 16)), "cudaMalloc (bench linear)");
-  }
-  ~Mem() { cudaFree(p); }
-  Mem(const Mem&) = delete;
-  Mem& operator=(const Mem&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-using MemPtr = std::unique_ptr<Mem>;
-MemPtr alloc(size_t n) {
-  return std::make_unique<Mem>(n);
-}
-
-__device__ __forceinline__ float uniform01(uint64_t seed, uint64_t i) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return float(x >> 40) * (1.0f / 16777216.0f);
-}
-// fp8: codes of values spread over [-448, 448]; f32: [lo, lo + a).
-__global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
-    p[i] = cuda::f32_to_fp8_bits((uniform01(seed, i) * 2.0f - 1.0f) * 448.0f);
-}
-__global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed, float lo, float a) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
-    p[i] = lo + uniform01(seed, i) * a;
-}
+// Weights and rows: fp8 codes of values spread over [-448, 448] (harness fill kind 1); scales
+// f32 in [lo, lo + a) (kind 2).
 void fill_fp8(void* p, size_t n, uint64_t seed) {
-  fill_fp8_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed);
-  cuda_check(cudaGetLastError(), "fill fp8");
+  fill(p, 1, n, seed);
 }
 void fill_f32(void* p, size_t n, uint64_t seed, float lo, float a) {
-  fill_f32_kernel<<<1024, 256>>>(static_cast<float*>(p), n, seed, lo, a);
-  cuda_check(cudaGetLastError(), "fill f32");
+  fill(p, 2, n, seed, a, lo);
 }
 
-float median_of(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.f : v[v.size() / 2];
-}
-
-// Median microseconds of fn(set) over rotating sets: eagerly (events around each call) or, with
-// `batch` > 1, as one captured graph of `batch` calls over the sets replayed (events around each
-// replay, divided by batch: the per-call cost inside a step's graph).
+// Median microseconds a call: eagerly, or with `batch` > 1 per call of a graph of `batch` calls.
 double time_calls(int iters, int sets, const std::function<void(int, cudaStream_t)>& fn,
                   cudaStream_t st, int batch = 1) {
-  cudaGraphExec_t exec = nullptr;
-  for (int s = 0; s < sets; ++s) fn(s, st);  // sizes private buffers outside any capture
-  if (batch > 1) {
-    cudaGraph_t g;
-    cuda_check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
-    for (int i = 0; i < batch; ++i) fn(i % sets, st);
-    cuda_check(cudaStreamEndCapture(st, &g), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
-    cudaGraphDestroy(g);
-  }
-  auto launch = [&](int i) {
-    if (exec)
-      cuda_check(cudaGraphLaunch(exec, st), "graph launch");
-    else
-      fn(i % sets, st);
-  };
-  for (int i = 0; i < std::max(10, 2 * sets); ++i) launch(i);
-  std::vector<cudaEvent_t> ev(size_t(iters) * 2);
-  for (auto& e : ev) cuda_check(cudaEventCreate(&e), "event");
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(ev[size_t(2 * i)], st);
-    launch(i);
-    cudaEventRecord(ev[size_t(2 * i + 1)], st);
-  }
-  cuda_check(cudaStreamSynchronize(st), "bench linear sync");
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i)
-    cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-  for (auto& e : ev) cudaEventDestroy(e);
-  if (exec) cudaGraphExecDestroy(exec);
-  return double(median_of(ms)) * 1000.0 / batch;
+  return time_it(iters, sets, fn, batch > 1, st, batch);
 }
 
 constexpr const char* kRate = "fp8 matrix rate (cuBLASLt)";
 constexpr const char* kOwn = "fp8 linear";
 constexpr const char* kLtRow = "fp8 linear, cuBLASLt rowwise";
 constexpr const char* kLtBlock = "fp8 linear, cuBLASLt 1x128/128x128";
-constexpr int kGraphBatch = 16;
 
 // The FP8 rate: an 8192^3 cuBLASLt GEMM with per-tensor scales, bf16 out, random data (TFLOP/s;
 // 0 when cuBLASLt has none).
 double measure_fp8_rate(int iters, cudaStream_t st, double* us_out) {
   const int64_t N = 8192;
-  MemPtr a = alloc(size_t(N * N)), b = alloc(size_t(N * N)), c = alloc(size_t(N * N) * 2),
-         s = alloc(16);
+  DevPtr a = dev(size_t(N * N)), b = dev(size_t(N * N)), c = dev(size_t(N * N) * 2), s = dev(16);
   fill_fp8(a->p, size_t(N * N), 1);
   fill_fp8(b->p, size_t(N * N), 2);
   fill_f32(s->p, 4, 3, 1.0f / 448, 0.0f);
@@ -150,7 +74,7 @@ struct Shape {
 
 // One shape's inputs: `sets` FP8 weights with both scale layouts, FP8 and BF16 rows, outputs.
 struct LinearSet {
-  MemPtr w, ws128, ws1, x, xs, xb, y, xs_lt, wrow, xrow;
+  DevPtr w, ws128, ws1, x, xs, xb, y, xs_lt, wrow, xrow;
 };
 
 }  // namespace
@@ -211,25 +135,25 @@ void run_linear_rows(const Options& opt, const Env& env,
       std::vector<LinearSet> in(static_cast<size_t>(sets));
       uint64_t seed = 100;
       for (LinearSet& s : in) {
-        s.w = alloc(size_t(n * k));
+        s.w = dev(size_t(n * k));
         fill_fp8(s.w->p, size_t(n * k), seed++);
-        s.ws128 = alloc(size_t(nb * kb4) * 4);
+        s.ws128 = dev(size_t(nb * kb4) * 4);
         fill_f32(s.ws128->p, size_t(nb * kb4), seed++, 0.5f / 448, 1.0f / 448);
-        s.ws1 = alloc(size_t(n * kb) * 4);
+        s.ws1 = dev(size_t(n * kb) * 4);
         fill_f32(s.ws1->p, size_t(n * kb), seed++, 0.5f / 448, 1.0f / 448);
-        s.wrow = alloc(size_t(n) * 4);
+        s.wrow = dev(size_t(n) * 4);
         fill_f32(s.wrow->p, size_t(n), seed++, 0.5f / 448, 1.0f / 448);
-        s.x = alloc(size_t(m * k));
+        s.x = dev(size_t(m * k));
         fill_fp8(s.x->p, size_t(m * k), seed++);
-        s.xs = alloc(size_t(m * kb) * 4);
+        s.xs = dev(size_t(m * kb) * 4);
         fill_f32(s.xs->p, size_t(m * kb), seed++, 0.5f / 448, 1.0f / 448);
-        s.xs_lt = alloc(size_t(m * kb) * 4);
+        s.xs_lt = dev(size_t(m * kb) * 4);
         cuda::transpose_scales(s.xs->as<float>(), m, kb, s.xs_lt->as<float>(), nullptr);
-        s.xrow = alloc(size_t(m) * 4);
+        s.xrow = dev(size_t(m) * 4);
         fill_f32(s.xrow->p, size_t(m), seed++, 0.5f / 448, 1.0f / 448);
-        s.y = alloc(size_t(m * n) * 2);
+        s.y = dev(size_t(m * n) * 2);
         if (decode) {
-          s.xb = alloc(size_t(m * k) * 2);
+          s.xb = dev(size_t(m * k) * 2);
           cuda_check(cudaMemsetAsync(s.xb->p, 0x3c, size_t(m * k) * 2, nullptr),
                      "bf16 rows");  // ~0.0116
         }
@@ -294,6 +218,9 @@ void run_linear_rows(const Options& opt, const Env& env,
             const double scale_bytes = br == 1 ? double(n) * kb * 4 : double(nb) * kb * 4;
             const double floor_us =
                 decode ? bytes_floor(scale_bytes, bf16_x ? 2.0 : 1.0) : flops / rate * 1e6;
+            // The GPU idled while the host built the case: the first row of a decode case
+            // would read high (harness warm_up).
+            if (decode && br == 1 && variant == 0) warm_up(sets, fn, st, 20);
             emit(kOwn, mode, time_calls(runs, sets, fn, st), floor_us, runs);
             if (decode)
               emit(kOwn, mode + ", graph x16", time_calls(runs, sets, fn, st, kGraphBatch),
