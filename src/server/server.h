@@ -14,10 +14,6 @@
 #include "server/protocol.h"
 #include "text/tokenizer.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace sieve::server {
 
 struct ServerOptions {
@@ -32,7 +28,7 @@ struct ServerOptions {
   double shutdown_grace_s = 1.5;      // in-flight requests may finish this long
   RequestDefaults defaults;           // what requests leave out (generation config, --max-logprobs)
   std::string reasoning_parser;       // --reasoning-parser (reasoning_parser_names()); empty: off
-  std::string tool_parser;            // --tool-call-parser with --enable-auto-tool-choice; empty: off
+  std::string tool_parser;  // --tool-call-parser with --enable-auto-tool-choice; empty: off
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.
@@ -45,6 +41,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // GET `path` answers `body` as `content_type` (pages, scripts, styles); call before run().
+  void add_static(const std::string& path, std::string content_type, std::string body);
   // Binds the listening socket; throws Error when the address cannot be used.
   void bind();
   int port() const { return port_; }
@@ -62,10 +60,5 @@ class Server {
   std::atomic<bool> draining_{false};
   std::mutex shutdown_mu_;
 };
-
-// cpp-httplib 0.11 listens with a backlog of 5, so a burst of simultaneous connections (a
-// benchmark releasing 64 requests at once) sees resets. This re-listens on this process's
-// listening socket bound to `port` with the system maximum backlog.
-void widen_listen_backlog(int port);
 
 }  // namespace sieve::server

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "../engine/fake_model.h"
+#include "server/http.h"
 #include "server/server.h"
 #include "server/tool_calls.h"
 #include "text/byte_level.h"
