@@ -1,5 +1,10 @@
 #include "server/responses.h"
 
+#include <mutex>
+
+#include "core/log.h"
+#include "server/http.h"
+
 namespace sieve::server {
 
 using json = nlohmann::json;
@@ -179,6 +184,103 @@ std::string GenerationWriter::stream_step(std::chrono::milliseconds wait) {
     out += sse(u);
   }
   return out + "data: [DONE]\n\n";
+}
+
+namespace {
+
+// One generation being answered. Steps never overlap (run_mu_); a wake during a step queues one
+// more. It keeps itself alive until the answer is complete or the client is gone.
+class GenerationTask : public std::enable_shared_from_this<GenerationTask> {
+ public:
+  GenerationTask(Http& http, std::shared_ptr<Exchange> ex, std::shared_ptr<GenerationWriter> w,
+                 bool stream)
+      : http_(http), ex_(std::move(ex)), w_(std::move(w)), stream_(stream) {}
+
+  void start() {
+    self_ = shared_from_this();
+    std::weak_ptr<GenerationTask> weak = self_;
+    auto wake = [weak] {
+      if (auto t = weak.lock()) t->schedule();
+    };
+    if (stream_) ex_->start_stream("text/event-stream");
+    ex_->on_gone(wake);
+    for (const Choice& c : w_->generation().choices) c.rs->set_waker(wake);
+    schedule();
+  }
+
+  void schedule() {
+    {
+      std::lock_guard lk(queued_mu_);
+      if (queued_) return;
+      queued_ = true;
+    }
+    http_.post_task([self = shared_from_this()] { self->run(); });
+  }
+
+ private:
+  void run() {
+    {
+      std::lock_guard lk(queued_mu_);
+      queued_ = false;
+    }
+    std::lock_guard lk(run_mu_);
+    if (ended_) return;
+    if (ex_->gone()) {
+      w_->client_gone();
+      return finish();
+    }
+    try {
+      if (stream_) {
+        const bool first = !w_->generation().started;
+        std::string out = w_->stream_step(std::chrono::milliseconds(0));
+        // The opening step only writes the role chunks: take what is already there too.
+        if (first) out += w_->stream_step(std::chrono::milliseconds(0));
+        if (!out.empty() && !ex_->write(out)) w_->client_gone();
+        if (w_->done()) finish();
+      } else if (std::optional<nlohmann::json> body = w_->full_step(std::chrono::milliseconds(0))) {
+        ex_->reply_json(200, *body);
+        finish();
+      }
+    } catch (const ApiError& e) {
+      w_->client_gone();
+      ex_->reply_error(e.status, e.what(), e.param, e.type);
+      finish();
+    } catch (const std::exception& e) {
+      SIEVE_LOG(Error, "generation " << w_->generation().id << ": " << e.what());
+      if (stream_) {
+        // The headers are out: report in the stream, then end it.
+        ex_->write(w_->stream_error(std::string("internal error: ") + e.what()));
+      } else {
+        w_->client_gone();
+        ex_->reply_error(500, std::string("internal error: ") + e.what());
+      }
+      finish();
+    }
+  }
+
+  void finish() {
+    ended_ = true;
+    if (stream_)
+      ex_->end();
+    else if (!ex_->answered())
+      ex_->reply_error(499, "the client closed the connection");
+    self_.reset();  // the last step's caller still holds this task
+  }
+
+  Http& http_;
+  std::shared_ptr<Exchange> ex_;
+  std::shared_ptr<GenerationWriter> w_;
+  bool stream_;
+  std::shared_ptr<GenerationTask> self_;
+  std::mutex queued_mu_, run_mu_;
+  bool queued_ = false, ended_ = false;
+};
+
+}  // namespace
+
+void serve_generation(Http& http, const std::shared_ptr<Exchange>& ex,
+                      std::shared_ptr<GenerationWriter> w, bool stream) {
+  std::make_shared<GenerationTask>(http, ex, std::move(w), stream)->start();
 }
 
 }  // namespace sieve::server

@@ -15,6 +15,9 @@
 
 namespace sieve::server {
 
+class Exchange;
+class Http;
+
 // Server-sent event of one JSON object.
 std::string sse(const nlohmann::json& j);
 
@@ -49,5 +52,11 @@ class GenerationWriter {
   std::string model_;
   std::shared_ptr<Generation> gen_;
 };
+
+// Answers a generation over `ex` without holding a thread while it runs: tokens arriving on any of
+// its streams wake one step on the HTTP worker pool, which writes what is new (a stream) or, once
+// every choice has finished, the whole response. A client that goes away aborts what still runs.
+void serve_generation(Http& http, const std::shared_ptr<Exchange>& ex,
+                      std::shared_ptr<GenerationWriter> w, bool stream);
 
 }  // namespace sieve::server

@@ -1,7 +1,5 @@
 #include "server/server.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -30,13 +28,15 @@ namespace {
 // /health answers 503 after this many engine steps failed in a row.
 constexpr int64_t kUnhealthyFailedSteps = 3;
 
-HttpOptions http_options(const ServerOptions& o, const engine::Engine& e) {
+HttpOptions http_options(const ServerOptions& o) {
   HttpOptions h;
-  h.max_body_bytes = o.max_body_bytes;
+  h.limits.max_body_bytes = o.max_body_bytes;
   h.api_key = o.api_key;
-  h.threads = o.http_threads > 0
-                  ? o.http_threads
-                  : std::clamp(4 * e.config().scheduler.max_num_seqs + 64, 256, 4096);
+  h.threads = o.http_threads;
+  h.max_connections = o.max_connections;
+  h.head_timeout_s = o.head_timeout_s;
+  h.body_timeout_s = o.body_timeout_s;
+  h.idle_timeout_s = o.idle_timeout_s;
   return h;
 }
 
@@ -53,12 +53,7 @@ struct Server::Impl {
   GuidedConstraints constraints;
 
   Impl(engine::Engine& e, const text::Tokenizer& t, ServerOptions o, Server* s)
-      : engine(e),
-        tok(t),
-        opts(std::move(o)),
-        owner(s),
-        http(http_options(opts, e)),
-        constraints(t) {}
+      : engine(e), tok(t), opts(std::move(o)), owner(s), http(http_options(opts)), constraints(t) {}
 
   const std::string& model_name() const { return opts.served_model_names.front(); }
 
@@ -106,8 +101,8 @@ struct Server::Impl {
     }
   }
 
-  void handle_generate(const httplib::Request& req, const std::string& req_body,
-                       httplib::Response& res, bool chat) {
+  void handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
+    const std::string& req_body = ex->request().body;
     if (owner->draining())
       throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
     ojson body = parse_json_body(req_body);
@@ -202,14 +197,11 @@ struct Server::Impl {
     }
     gen->id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(32);
     gen->created = unix_now();
-    auto w = std::make_shared<GenerationWriter>(engine, tok, model_name(), gen);
-    if (g.stream)
-      http.respond_stream(req, res, std::move(w));
-    else
-      http.respond_full(req, res, *w);
+    serve_generation(http, ex, std::make_shared<GenerationWriter>(engine, tok, model_name(), gen),
+                     g.stream);
   }
 
-  void handle_models(httplib::Response& res) {
+  void handle_models(Exchange& res) {
     json data = json::array();
     for (const auto& n : opts.served_model_names)
       data.push_back({{"id", n},
@@ -220,10 +212,11 @@ struct Server::Impl {
                       {"parent", nullptr},
                       {"max_model_len", engine.max_model_len()},
                       {"permission", json::array()}});
-    send_json(res, 200, {{"object", "list"}, {"data", data}});
+    res.reply_json(200, {{"object", "list"}, {"data", data}});
   }
 
-  void handle_tokenize(const std::string& req_body, httplib::Response& res) {
+  void handle_tokenize(Exchange& res) {
+    const std::string& req_body = res.request().body;
     ojson body = parse_json_body(req_body);
     if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
       if (!m->is_string()) throw ApiError(400, "model: expected a string", "model");
@@ -250,14 +243,14 @@ struct Server::Impl {
         throw ApiError(400, e.what(), "prompt");
       }
     }
-    send_json(res, 200,
-              {{"count", ids.size()},
-               {"max_model_len", engine.max_model_len()},
-               {"tokens", ids},
-               {"token_strs", nullptr}});
+    res.reply_json(200, {{"count", ids.size()},
+                         {"max_model_len", engine.max_model_len()},
+                         {"tokens", ids},
+                         {"token_strs", nullptr}});
   }
 
-  void handle_detokenize(const std::string& req_body, httplib::Response& res) {
+  void handle_detokenize(Exchange& res) {
+    const std::string& req_body = res.request().body;
     ojson body = parse_json_body(req_body);
     if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
       if (!m->is_string()) throw ApiError(400, "model: expected a string", "model");
@@ -284,15 +277,15 @@ struct Server::Impl {
     } catch (const Error& e) {
       throw ApiError(400, e.what(), "tokens");
     }
-    send_json(res, 200, {{"prompt", text}});
+    res.reply_json(200, {{"prompt", text}});
   }
 
-  void handle_profile(httplib::Response& res, bool start) {
+  void handle_profile(Exchange& res, bool start) {
     if (opts.profiler_dir.empty())
       throw ApiError(400, "profiling is off: start the server with --profiler-dir DIR");
     if (start) {
       engine.start_profile();
-      send_json(res, 200, {{"status", "profiling"}});
+      res.reply_json(200, {{"status", "profiling"}});
       return;
     }
     if (!engine.profiling())
@@ -307,45 +300,36 @@ struct Server::Impl {
     f << trace;
     if (!f) throw ApiError(500, "could not write the trace to " + path);
     SIEVE_LOG(Info, "profile written to " << path);
-    send_json(res, 200, {{"status", "stopped"}, {"trace", path}});
+    res.reply_json(200, {{"status", "stopped"}, {"trace", path}});
   }
 
   void setup() {
-    http.post("/v1/completions", [this](const httplib::Request& q, const std::string& b, auto& r) {
-      handle_generate(q, b, r, false);
-    });
-    http.post("/v1/chat/completions", [this](const httplib::Request& q, const std::string& b,
-                                             auto& r) { handle_generate(q, b, r, true); });
-    http.get("/v1/models", [this](const auto&, auto& r) { handle_models(r); });
-    http.get("/health", [this](const httplib::Request&, httplib::Response& r) {
+    using Ex = std::shared_ptr<Exchange>;
+    http.post("/v1/completions", [this](const Ex& ex) { handle_generate(ex, false); });
+    http.post("/v1/chat/completions", [this](const Ex& ex) { handle_generate(ex, true); });
+    http.get("/v1/models", [this](const Ex& ex) { handle_models(*ex); });
+    http.get("/health", [this](const Ex& ex) {
       if (owner->draining()) throw ApiError(503, "the server is shutting down");
       // A device that fails step after step (a lost GPU context) is not healthy; one bad step is.
       const engine::EngineStats st = engine.stats();
       if (st.consecutive_failed_steps >= kUnhealthyFailedSteps)
         throw ApiError(503, "the engine's last " + std::to_string(st.consecutive_failed_steps) +
                                 " steps failed: " + st.last_step_error);
-      r.status = 200;
+      ex->reply(200, "", "");
     });
-    http.get("/ping", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
-    http.get("/version", [](const httplib::Request&, httplib::Response& r) {
-      send_json(r, 200, {{"version", "0.1.0"}});
+    http.get("/ping", [](const Ex& ex) { ex->reply(200, "", ""); });
+    http.get("/version", [](const Ex& ex) { ex->reply_json(200, {{"version", "0.1.0"}}); });
+    http.get("/metrics", [this](const Ex& ex) {
+      ex->reply(200, "text/plain; version=0.0.4; charset=utf-8",
+                prometheus_text(engine.stats(), model_name()));
     });
-    http.get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
-      r.set_content(prometheus_text(engine.stats(), model_name()),
-                    "text/plain; version=0.0.4; charset=utf-8");
-    });
-    http.post("/tokenize", [this](const httplib::Request&, const std::string& b, auto& r) {
-      handle_tokenize(b, r);
-    });
-    http.post("/detokenize", [this](const httplib::Request&, const std::string& b, auto& r) {
-      handle_detokenize(b, r);
-    });
-    http.post("/start_profile", [this](const httplib::Request&, const std::string&, auto& r) {
-      handle_profile(r, true);
-    });
-    http.post("/stop_profile", [this](const httplib::Request&, const std::string&, auto& r) {
-      handle_profile(r, false);
-    });
+    http.post("/tokenize", [this](const Ex& ex) { handle_tokenize(*ex); });
+    http.post("/detokenize", [this](const Ex& ex) { handle_detokenize(*ex); });
+    // As vLLM's: no body needed (curl -X POST).
+    http.post(
+        "/start_profile", [this](const Ex& ex) { handle_profile(*ex, true); }, false);
+    http.post(
+        "/stop_profile", [this](const Ex& ex) { handle_profile(*ex, false); }, false);
   }
 };
 
