@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -107,6 +108,8 @@ constexpr size_t kMaxUnsent = 16u << 20;
 // After an error answer the connection reads and drops what the client still sends for this
 // long before closing, so that the answer is not lost to a reset.
 constexpr double kLingerS = 1.0;
+// Requests or refused heads at least this large mark memory to return to the system.
+constexpr size_t kBigRequest = 1 << 20;
 
 }  // namespace
 
@@ -135,6 +138,7 @@ struct Connection {
   bool reading = true;
   bool answer_done = false;  // the exchange's last bytes are in wbuf
   bool counted = false;      // counts in Http::in_flight
+  bool big = false;          // the request being answered was large (kBigRequest)
   std::shared_ptr<Exchange> ex;
   // Shared with the threads that answer.
   std::mutex mu;
@@ -207,6 +211,17 @@ void Exchange::on_gone(std::function<void()> fn) {
     gone_called_ = true;
   }
   fn();
+}
+
+void Exchange::notify_gone() {
+  std::function<void()> fn;
+  {
+    std::lock_guard lk(gone_mu_);
+    if (gone_called_) return;
+    gone_called_ = true;
+    fn = std::move(on_gone_);
+  }
+  if (fn) fn();
 }
 
 void Exchange::send(std::string bytes, bool last) {
@@ -469,7 +484,7 @@ void Http::accept_all() {
 }
 
 void Http::update_interest(const std::shared_ptr<Connection>& c) {
-  uint32_t want = c->peer_gone.load() ? 0 : EPOLLRDHUP;
+  uint32_t want = c->peer_gone.load() ? 0u : uint32_t(EPOLLRDHUP);
   if (c->reading) want |= EPOLLIN;
   if (c->wpos < c->wbuf.size()) want |= EPOLLOUT;
   if (c->registered && want == c->events) return;
@@ -518,15 +533,7 @@ void Http::on_readable(const std::shared_ptr<Connection>& c) {
         std::lock_guard lk(c->mu);
         c->close_after = true;
       }
-      std::function<void()> fn;
-      {
-        std::lock_guard lk(c->ex->gone_mu_);
-        if (!c->ex->gone_called_) {
-          c->ex->gone_called_ = true;
-          fn = std::move(c->ex->on_gone_);
-        }
-      }
-      if (fn) fn();
+      c->ex->notify_gone();
       update_interest(c);
       return;
     }
@@ -569,6 +576,7 @@ void Http::process(const std::shared_ptr<Connection>& c) {
   if (c->in_pos > 0 && (c->in_pos == c->in.size() || c->in_pos > (256 << 10))) {
     c->in.erase(0, c->in_pos);
     c->in_pos = 0;
+    if (c->in.empty() && c->in.capacity() > (256 << 10)) std::string().swap(c->in);
   }
 }
 
@@ -613,6 +621,7 @@ bool Http::head_checks(const std::shared_ptr<Connection>& c) {
 void Http::dispatch(const std::shared_ptr<Connection>& c) {
   HttpRequest req = std::move(c->parser.request());
   c->parser.reset();
+  c->big = req.body.size() >= kBigRequest;
   c->head_checked = false;
   c->got_bytes = false;
   c->deadline = 0;
@@ -655,12 +664,13 @@ void Http::dispatch(const std::shared_ptr<Connection>& c) {
 }
 
 void Http::fail(const std::shared_ptr<Connection>& c, int status, const std::string& message) {
+  if (c->in.capacity() >= kBigRequest) trim_pending_ = true;
   const std::string body = error_body(status, message);
   c->wbuf += response_head(status, "application/json", body.size(), true) + body;
   c->phase = Connection::Phase::Closing;
   c->deadline = now_s() + opts_.write_timeout_s;
   c->deadline_status = 0;
-  c->in.clear();
+  std::string().swap(c->in);
   c->in_pos = 0;
   flush(c);
 }
@@ -692,19 +702,8 @@ void Http::flush(const std::shared_ptr<Connection>& c) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    // The client is gone.
+    // The client is gone (close() tells whoever produces the answer).
     c->peer_gone = true;
-    if (c->ex) {
-      std::function<void()> fn;
-      {
-        std::lock_guard lk(c->ex->gone_mu_);
-        if (!c->ex->gone_called_) {
-          c->ex->gone_called_ = true;
-          fn = std::move(c->ex->on_gone_);
-        }
-      }
-      if (fn) fn();
-    }
     close(c);
     return;
   }
@@ -715,7 +714,10 @@ void Http::flush(const std::shared_ptr<Connection>& c) {
   }
   if (left < before || left == 0) c->write_since = now_s();
   if (left == 0) {
-    c->wbuf.clear();
+    if (c->wbuf.capacity() > (256 << 10))
+      std::string().swap(c->wbuf);
+    else
+      c->wbuf.clear();
     c->wpos = 0;
     if (c->phase == Connection::Phase::Closing) {
       // Lingering close: the client may still be sending what we refused.
@@ -724,6 +726,7 @@ void Http::flush(const std::shared_ptr<Connection>& c) {
     } else if (c->phase == Connection::Phase::Handling && c->answer_done) {
       // The answer is out.
       c->ex.reset();
+      if (c->big) trim_pending_ = true;
       if (c->counted) {
         c->counted = false;
         --in_flight;
@@ -763,15 +766,7 @@ void Http::close(const std::shared_ptr<Connection>& c) {
   }
   if (c->ex) {
     // The answer will not be written: whoever produces it is told.
-    std::function<void()> fn;
-    {
-      std::lock_guard lk(c->ex->gone_mu_);
-      if (!c->ex->gone_called_) {
-        c->ex->gone_called_ = true;
-        fn = std::move(c->ex->on_gone_);
-      }
-    }
-    if (fn) fn();
+    c->ex->notify_gone();
     c->ex.reset();
   }
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
@@ -782,6 +777,13 @@ void Http::close(const std::shared_ptr<Connection>& c) {
 
 void Http::check_deadlines() {
   const double t = now_s();
+  // glibc keeps what large requests freed (a 10 MB prompt, a refused megabyte of headers) in its
+  // arenas; hand it back, at most once a second, off the loop thread.
+  if (trim_pending_ && t - last_trim_ >= 1.0) {
+    trim_pending_ = false;
+    last_trim_ = t;
+    pool_.post([] { malloc_trim(0); });
+  }
   std::vector<std::shared_ptr<Connection>> late;
   for (auto& [fd, c] : conns_) {
     const bool stalled = c->wpos < c->wbuf.size() && t - c->write_since > opts_.write_timeout_s;

@@ -84,6 +84,7 @@ class Exchange {
  private:
   friend class Http;
   void send(std::string bytes, bool last);
+  void notify_gone();  // the event loop: the client went away
   Http& http_;
   std::shared_ptr<Connection> conn_;
   HttpRequest req_;
@@ -146,6 +147,8 @@ class Http {
   std::atomic<size_t> open_{0};
   std::map<int, std::shared_ptr<Connection>> conns_;  // loop thread only
   uint32_t next_id_ = 0;
+  bool trim_pending_ = false;  // loop thread only
+  double last_trim_ = 0;
   std::mutex dirty_mu_;
   std::vector<std::shared_ptr<Connection>> dirty_;  // connections with output or an ended answer
   TaskPool pool_;
