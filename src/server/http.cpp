@@ -306,9 +306,11 @@ int default_threads() {
 }  // namespace
 
 Http::Http(HttpOptions o)
-    : opts_(std::move(o)), pool_(opts_.threads > 0 ? opts_.threads : default_threads()) {}
+    : opts_(std::move(o)),
+      pool_(std::make_unique<TaskPool>(opts_.threads > 0 ? opts_.threads : default_threads())) {}
 
 Http::~Http() {
+  pool_.reset();
   for (auto& [fd, c] : conns_) ::close(fd);
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
@@ -649,7 +651,7 @@ void Http::dispatch(const std::shared_ptr<Connection>& c) {
     return;
   }
   Handler h = route->handler;
-  pool_.post([h, ex] {
+  pool_->post([h, ex] {
     try {
       h(ex);
     } catch (const ApiError& e) {
@@ -782,7 +784,7 @@ void Http::check_deadlines() {
   if (trim_pending_ && t - last_trim_ >= 1.0) {
     trim_pending_ = false;
     last_trim_ = t;
-    pool_.post([] { malloc_trim(0); });
+    pool_->post([] { malloc_trim(0); });
   }
   std::vector<std::shared_ptr<Connection>> late;
   for (auto& [fd, c] : conns_) {

@@ -113,12 +113,12 @@ class Http {
   void run();  // the event loop, until stop()
   void stop();
   // Runs `fn` on a worker thread.
-  void post_task(std::function<void()> fn) { pool_.post(std::move(fn)); }
+  void post_task(std::function<void()> fn) { pool_->post(std::move(fn)); }
 
   // Answers not yet written out (shutdown waits for them).
   std::atomic<int> in_flight{0};
   size_t open_connections() const { return open_.load(); }
-  int worker_threads() const { return pool_.size(); }
+  int worker_threads() const { return pool_->size(); }
 
  private:
   friend class Exchange;
@@ -151,7 +151,8 @@ class Http {
   double last_trim_ = 0;
   std::mutex dirty_mu_;
   std::vector<std::shared_ptr<Connection>> dirty_;  // connections with output or an ended answer
-  TaskPool pool_;
+  // Last, and reset first on destruction: its tasks may still write to connections.
+  std::unique_ptr<TaskPool> pool_;
 };
 
 }  // namespace sieve::server

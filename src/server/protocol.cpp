@@ -31,7 +31,15 @@ nlohmann::json error_json(int status, const std::string& message, const std::str
 ojson parse_json_body(const std::string& body) {
   ojson j;
   try {
-    j = ojson::parse(body);
+    // Nothing a request holds nests this deep; a document that does is refused as it is read,
+    // before it is built (and later walked by recursive code).
+    j = ojson::parse(body, [](int depth, ojson::parse_event_t, ojson&) {
+      if (depth > kMaxJsonDepth)
+        throw ApiError(400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
+  } catch (const ApiError&) {
+    throw;
   } catch (const std::exception& e) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }

@@ -13,6 +13,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { startServer, metrics, waitIdle, check, eq, section, summary, parseArgs } from './serve_lib.mjs';
 
+
 const args = parseArgs(process.argv.slice(2));
 const sieve = path.resolve(args.sieve || 'build/sieve');
 const work = path.resolve(args.workdir || '/tmp/sieve-stress');
@@ -27,6 +28,10 @@ const EXPECT_PREEMPTION = (args['expect-preemption'] || '1') !== '0';
 const COMPARE_EAGER = args['compare-eager'] === '1';
 const extra = args['server-args'] ? args['server-args'].split(' ').filter(Boolean) : [];
 const report = {};
+// --only a,b: run just the sections whose names start with these words (the SIGTERM one ends the server).
+const ONLY = args.only ? args.only.split(',') : null;
+const want = (name) => !ONLY || ONLY.some((w) => name.startsWith(w));
+const sectionIf = (name, fn) => (want(name) ? section(name, fn) : Promise.resolve());
 
 const srv = await startServer(sieve, ['--device', device, '--kv-cache-memory', args['kv-cache'] || '16MiB',
   '--max-model-len', '512', '--max-request-bytes', '16MiB', '--max-num-seqs', args['max-num-seqs'] || '64',
@@ -142,12 +147,12 @@ async function barrage() {
   return out;
 }
 
-await section('bad-input barrage: every malformed request answered with its 4xx', async () => {
+await sectionIf('bad-input barrage: every malformed request answered with its 4xx', async () => {
   report.barrage = await barrage();
   eq((await rawRequest('GET /health HTTP/1.1\r\n\r\n')).status, 200, 'healthy after the barrage');
 });
 
-await section(`load with preemption: ${STREAMS} concurrent streams`, async () => {
+await sectionIf(`load with preemption: ${STREAMS} concurrent streams`, async () => {
   const m0 = await metrics(srv.base);
   peakThreads = 0;
   const t0 = Date.now();
@@ -163,7 +168,7 @@ await section(`load with preemption: ${STREAMS} concurrent streams`, async () =>
   check(peakThreads <= 64, `threads bounded (${peakThreads})`, peakThreads);
 });
 
-await section(`disconnect storm: ${STORM} streams dropped mid-way`, async () => {
+await sectionIf(`disconnect storm: ${STORM} streams dropped mid-way`, async () => {
   let dropped = 0;
   await Promise.all([...Array(STORM).keys()].map((i) => stream(
     { prompt: prompt(i), max_tokens: 400, ignore_eos: true },
@@ -177,7 +182,7 @@ await section(`disconnect storm: ${STORM} streams dropped mid-way`, async () => 
   eq(m['sieve:num_requests_running'], 0, 'nothing running');
 });
 
-await section(`slow clients: ${SLOW} connections trickling their heads`, async () => {
+await sectionIf(`slow clients: ${SLOW} connections trickling their heads`, async () => {
   const slow = [];
   for (let i = 0; i < SLOW; ++i) {
     const s = net.connect(port, '127.0.0.1');
@@ -201,7 +206,7 @@ await section(`slow clients: ${SLOW} connections trickling their heads`, async (
   eq(answered, 20, `normal requests answered within ${LATENCY_MS} ms while slow clients are connected`);
 });
 
-await section(`memory: ${ROUNDS} rounds of mixed load and bad input`, async () => {
+await sectionIf(`memory: ${ROUNDS} rounds of mixed load and bad input`, async () => {
   const rss = [];
   for (let round = 0; round < ROUNDS; ++round) {
     await Promise.all([...Array(16).keys()].map((i) => stream({ prompt: prompt(i, 100), max_tokens: 8, ignore_eos: true })));
@@ -228,7 +233,7 @@ async function greedyIds() {
 }
 const afterStorm = COMPARE_EAGER ? await greedyIds() : null;
 
-await section('SIGTERM under load: streams end with a finish reason and [DONE], new requests 503, exit 0', async () => {
+await sectionIf('SIGTERM under load: streams end with a finish reason and [DONE], new requests 503, exit 0', async () => {
   let accepted = 0, tokens = 0;
   const open = [...Array(32).keys()].map((i) => stream({ prompt: prompt(i), max_tokens: 300, ignore_eos: true },
     { onData: (s, text) => {
@@ -252,7 +257,7 @@ await section('SIGTERM under load: streams end with a finish reason and [DONE], 
 clearInterval(sampler);
 if (srv.proc.exitCode === null) srv.proc.kill('SIGKILL');
 if (COMPARE_EAGER) {
-  await section('greedy outputs after the stress equal those of an eager server', async () => {
+  await sectionIf('greedy outputs after the stress equal those of an eager server', async () => {
     const eager = await startServer(sieve, ['--device', device, '--enforce-eager', '--max-model-len', '512', '--disable-log-stats'],
       { timeoutMs: 300000 });
     const saved = port;
