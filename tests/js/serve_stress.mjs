@@ -34,7 +34,7 @@ const want = (name) => !ONLY || ONLY.some((w) => name.startsWith(w));
 const sectionIf = (name, fn) => (want(name) ? section(name, fn) : Promise.resolve());
 
 const srv = await startServer(sieve, ['--device', device, '--kv-cache-memory', args['kv-cache'] || '16MiB',
-  '--max-model-len', '512', '--max-request-bytes', '16MiB', '--max-num-seqs', args['max-num-seqs'] || '64',
+  '--max-model-len', '1024', '--max-request-bytes', '16MiB', '--max-num-seqs', args['max-num-seqs'] || '64',
   '--disable-log-stats', ...extra], { timeoutMs: 300000 });
 let port = srv.port;
 const pid = srv.proc.pid;
@@ -235,7 +235,7 @@ const afterStorm = COMPARE_EAGER ? await greedyIds() : null;
 
 await sectionIf('SIGTERM under load: streams end with a finish reason and [DONE], new requests 503, exit 0', async () => {
   let accepted = 0, tokens = 0;
-  const open = [...Array(32).keys()].map((i) => stream({ prompt: prompt(i), max_tokens: 300, ignore_eos: true },
+  const open = [...Array(32).keys()].map((i) => stream({ prompt: prompt(i), max_tokens: 900, ignore_eos: true },
     { onData: (s, text) => {
       if (!s.accepted && text.startsWith('HTTP/1.1 200')) { s.accepted = true; ++accepted; }
       if (!s.flowing && text.includes('data: {')) { s.flowing = true; ++tokens; }
@@ -244,7 +244,7 @@ await sectionIf('SIGTERM under load: streams end with a finish reason and [DONE]
   eq(accepted, 32, 'streams open before the signal');
   check(tokens > 0, 'tokens flowing before the signal', tokens);
   srv.proc.kill('SIGTERM');
-  await new Promise((r) => setTimeout(r, 200));
+  await new Promise((r) => setTimeout(r, 100));
   const during = await rawRequest(post('/v1/completions', { prompt: [1, 2], max_tokens: 2 }), { timeoutMs: 5000 });
   eq(during.status, 503, 'a request while draining gets 503');
   const res = await Promise.all(open);
