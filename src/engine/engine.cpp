@@ -1,12 +1,11 @@
 #include "engine/engine.h"
-#include "kernels/ops.h"
 
 #include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/runner.h"
+#include "kernels/ops.h"
 
 namespace sieve::engine {
 
@@ -64,20 +63,27 @@ void RequestStream::finish(FinishReason r, std::string error) {
 // Engine
 
 Engine::Engine(model::Model& model, EngineConfig cfg)
-    : model_(model),
+    : Engine(std::make_unique<Runner>(model, cfg.runner), nullptr, cfg) {}
+
+Engine::Engine(Runner& runner, EngineConfig cfg) : Engine(nullptr, &runner, std::move(cfg)) {}
+
+Engine::Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg)
+    : own_runner_(std::move(own)),
+      runner_(runner ? *runner : *own_runner_),
+      model_(runner_.model()),
       cfg_(std::move(cfg)),
-      kv_(cfg_.num_blocks, model.block_size(), cfg_.enable_prefix_caching),
+      kv_(cfg_.num_blocks, model_.block_size(), cfg_.enable_prefix_caching),
       scheduler_(cfg_.scheduler, kv_) {
-  const int64_t capacity = cfg_.num_blocks * model.block_size();
+  const int64_t capacity = cfg_.num_blocks * model_.block_size();
   if (cfg_.scheduler.max_model_len > capacity)
     throw Error("--max-model-len " + std::to_string(cfg_.scheduler.max_model_len) +
                 " is more than the KV cache holds (" + std::to_string(cfg_.num_blocks) +
-                " blocks of " + std::to_string(model.block_size()) + " = " +
+                " blocks of " + std::to_string(model_.block_size()) + " = " +
                 std::to_string(capacity) +
                 " tokens); lower --max-model-len or give the cache more memory");
   stats_.num_blocks = cfg_.num_blocks;
   stats_.num_free_blocks = cfg_.num_blocks;
-  stats_.block_size = model.block_size();
+  stats_.block_size = model_.block_size();
 }
 
 Engine::~Engine() {
@@ -364,20 +370,11 @@ void Engine::step() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
-  // Requests that still collect prompt log-probs need every row of a chunk that covers them.
-  for (ScheduledSeq& s : plan.seqs) {
-    auto it = live_.find(s.request_id);
-    if (it == live_.end()) continue;
-    const Request& r = *it->second.req;
-    if (r.params.prompt_logprobs >= 0 && int64_t(r.prompt_lp.size()) + 1 < r.num_prompt_tokens &&
-        s.start_pos + 1 < r.num_prompt_tokens)
-      s.all_logits = true;
-  }
   std::vector<int> row_seq;
-  model::StepInputs in = build_step_inputs(plan, model_.block_size(), &row_seq);
+  const StepInputs in = build_step_inputs(plan, model_.block_size(), &row_seq);
   const double t2 = now_seconds();
   try {
-    model_.forward(in, logits_);
+    runner_.run(in, logits_);
   } catch (const std::exception& e) {
     SIEVE_LOG(Error, "forward failed: " << e.what());
     {
@@ -504,6 +501,9 @@ void Engine::step() {
     for (double v : ttfts) stats_.ttft.observe(v);
     for (double v : itls) stats_.itl.observe(v);
     ++stats_.steps;
+    // The prefix-cache counters too, before any request of this step is seen to finish.
+    stats_.prefix_query_tokens = uint64_t(kv_.prefix_query_tokens());
+    stats_.prefix_hit_tokens = uint64_t(kv_.prefix_hit_tokens());
   }
   for (auto& [r, reason] : done) finish_request(r, reason);
 

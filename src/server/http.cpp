@@ -81,10 +81,10 @@ std::string error_body(int status, const std::string& message, const std::string
 }
 
 std::string response_head(int status, const std::string& content_type, size_t length, bool close,
-                          const char* extra = "") {
+                          const std::string& extra = {}) {
   std::string h = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
   if (!content_type.empty()) h += "Content-Type: " + content_type + "\r\n";
-  h += "Content-Length: " + std::to_string(length) + "\r\n";
+  if (status != 304 && status != 204) h += "Content-Length: " + std::to_string(length) + "\r\n";
   if (close) h += "Connection: close\r\n";
   h += extra;
   h += "\r\n";
@@ -236,7 +236,8 @@ void Exchange::send(std::string bytes, bool last) {
   http_.wake(conn_);
 }
 
-void Exchange::reply(int status, const std::string& content_type, const std::string& body) {
+void Exchange::reply(int status, const std::string& content_type, const std::string& body,
+                     const std::vector<std::pair<std::string, std::string>>& headers) {
   if (answered_.exchange(true)) return;
   bool close = !conn_->keep_alive;
   {
@@ -244,7 +245,9 @@ void Exchange::reply(int status, const std::string& content_type, const std::str
     if (close) conn_->close_after = true;
     close = conn_->close_after;
   }
-  std::string bytes = response_head(status, content_type, body.size(), close);
+  std::string extra;
+  for (const auto& [k, v] : headers) extra += k + ": " + v + "\r\n";
+  std::string bytes = response_head(status, content_type, body.size(), close, extra);
   if (req_.method != "HEAD") bytes += body;
   send(std::move(bytes), true);
 }
@@ -323,6 +326,10 @@ void Http::get(const std::string& path, Handler h) {
 
 void Http::post(const std::string& path, Handler h, bool json_body) {
   post_[path] = Route{std::move(h), json_body};
+}
+
+void Http::get_prefix(const std::string& prefix, Handler h) {
+  get_prefixes_.emplace_back(prefix, Route{std::move(h), false});
 }
 
 void Http::get_static(const std::string& path, std::string content_type, std::string body) {
@@ -641,6 +648,8 @@ void Http::dispatch(const std::shared_ptr<Connection>& c) {
   const Route* route = nullptr;
   if (method == "GET" || method == "HEAD") {
     if (auto it = get_.find(path); it != get_.end()) route = &it->second;
+    for (const auto& [prefix, r] : get_prefixes_)
+      if (!route && path.rfind(prefix, 0) == 0) route = &r;
   } else if (method == "POST") {
     if (auto it = post_.find(path); it != post_.end()) route = &it->second;
   }

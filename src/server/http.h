@@ -67,7 +67,8 @@ class Exchange {
   ~Exchange();
   const HttpRequest& request() const { return req_; }
 
-  void reply(int status, const std::string& content_type, const std::string& body);
+  void reply(int status, const std::string& content_type, const std::string& body,
+             const std::vector<std::pair<std::string, std::string>>& headers = {});
   void reply_json(int status, const nlohmann::json& body);
   void reply_error(int status, const std::string& message, const std::string& param = {},
                    const std::string& type = {});
@@ -105,6 +106,8 @@ class Http {
   void get(const std::string& path, Handler h);
   // JSON routes need a length and a JSON content type; others take any body (or none).
   void post(const std::string& path, Handler h, bool json_body = true);
+  // GET paths that start with `prefix` (and have no route of their own).
+  void get_prefix(const std::string& prefix, Handler h);
   // GET `path` answers `body` as `content_type`.
   void get_static(const std::string& path, std::string content_type, std::string body);
 
@@ -142,6 +145,7 @@ class Http {
 
   HttpOptions opts_;
   std::map<std::string, Route> get_, post_;
+  std::vector<std::pair<std::string, Route>> get_prefixes_;
   int listen_fd_ = -1, epoll_fd_ = -1, event_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> open_{0};

@@ -15,6 +15,7 @@
 #include "server/reasoning.h"
 #include "server/responses.h"
 #include "server/tool_calls.h"
+#include "server/web_ui.h"
 #include "text/chat_template.h"
 
 namespace sieve::server {
@@ -27,6 +28,19 @@ namespace {
 
 // /health answers 503 after this many engine steps failed in a row.
 constexpr int64_t kUnhealthyFailedSteps = 3;
+
+// The value of `key` in a query string ("a=1&since=2"), undecoded; "" when absent.
+std::string query_param(std::string_view query, std::string_view key) {
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view kv = query.substr(0, amp);
+    if (kv.substr(0, key.size()) == key && kv.size() > key.size() && kv[key.size()] == '=')
+      return std::string(kv.substr(key.size() + 1));
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return {};
+}
 
 HttpOptions http_options(const ServerOptions& o) {
   HttpOptions h;
@@ -49,6 +63,7 @@ struct Server::Impl {
   const text::Tokenizer& tok;
   ServerOptions opts;
   Server* owner;
+  std::unique_ptr<WebUi> web;  // the chat page and dashboard (before http: its handlers use it)
   Http http;
   GuidedConstraints constraints;
 
@@ -323,6 +338,18 @@ struct Server::Impl {
       ex->reply(200, "text/plain; version=0.0.4; charset=utf-8",
                 prometheus_text(engine.stats(), model_name()));
     });
+    if (opts.web_ui) {
+      web = std::make_unique<WebUi>(engine, opts);
+      auto page = [this](const Ex& ex) {
+        const HttpRequest& q = ex->request();
+        auto w = web->get(q.path, query_param(q.query, "since"), q.header("If-None-Match"));
+        if (!w) throw ApiError(404, "Not Found: GET " + q.path);
+        ex->reply(w->status, w->status == 304 ? std::string() : w->content_type,
+                  w->status == 304 ? std::string() : w->body, w->headers);
+      };
+      for (const char* path : {"/", "/dashboard", "/ui/info", "/ui/metrics"}) http.get(path, page);
+      http.get_prefix("/assets/", page);
+    }
     http.post("/tokenize", [this](const Ex& ex) { handle_tokenize(*ex); });
     http.post("/detokenize", [this](const Ex& ex) { handle_detokenize(*ex); });
     // As vLLM's: no body needed (curl -X POST).

@@ -224,7 +224,7 @@ TEST(ServerAbuse, ConnectionsOverTheCapGet503AtOnce) {
 // threads: every stream ends with a finish reason and [DONE], and the cache is empty after.
 TEST(ServerAbuse, ManyStreamsWithPreemptionAndBoundedThreads) {
   ServerOptions o;
-  Rig rig(o, 256, 24, 64);
+  Rig rig(o, 256, 24, false, 64);
   const int port = rig.srv->port();
   const int n = 600;
   std::atomic<int> done{0};
@@ -277,7 +277,7 @@ TEST(ServerAbuse, ManyStreamsWithPreemptionAndBoundedThreads) {
 // and every block comes back.
 TEST(ServerAbuse, DisconnectStormFreesEveryBlock) {
   ServerOptions o;
-  Rig rig(o, 256, 32, 16);
+  Rig rig(o, 256, 32, false, 16);
   rig.model.delay_us = 2000;
   const int port = rig.srv->port();
   for (int round = 0; round < 2; ++round) {

@@ -13,9 +13,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "server_rig.h"
 #include "server/server.h"
 #include "server/tool_calls.h"
+#include "server_rig.h"
 #include "text/byte_level.h"
 #include "text/tokenizer.h"
 

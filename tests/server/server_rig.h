@@ -1,4 +1,5 @@
-// The HTTP server in-process on a loopback port over the paged fake model, for the server's tests.
+// A live server for tests: the HTTP server in-process on a loopback port over the paged fake
+// model and a byte-level tokenizer, its engine running; stopped and cleaned up on destruction.
 #pragma once
 
 #include <httplib.h>
@@ -27,21 +28,21 @@ struct Rig {
   static std::string make_dir() {
     static int n = 0;
     auto d = std::filesystem::temp_directory_path() /
-             ("sieve-server-http-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+             ("sieve-server-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
     text::write_byte_level_tokenizer(d.string(), 300);
     return d.string();
   }
-  explicit Rig(ServerOptions o = {}, int64_t max_len = 256, int64_t blocks = 32, int max_seqs = 8)
+  explicit Rig(ServerOptions o = {}, int64_t max_len = 256, int64_t blocks = 32,
+               bool prefix_caching = false, int max_seqs = 8)
       : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
     model.allocate_caches({.num_blocks = blocks});
     engine = std::make_unique<engine::Engine>(
-        model,
-        engine::EngineConfig{
-            {.max_num_batched_tokens = 64, .max_num_seqs = max_seqs, .max_model_len = max_len},
-            blocks,
-            false,
-            {},
-            std::nullopt});
+        model, engine::EngineConfig{
+                   {.max_num_batched_tokens = 64, .max_num_seqs = max_seqs, .max_model_len = max_len},
+                   blocks,
+                   prefix_caching,
+                   {},
+                   std::nullopt});
     o.port = 0;
     srv = std::make_unique<Server>(*engine, tok, o);
     srv->bind();

@@ -1,20 +1,14 @@
-#include "model/single_sequence.h"
+#include "engine/single_sequence.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 
-namespace sieve::model {
+namespace sieve::engine {
 
-CacheOptions cache_options_from_flags(const std::string& kv, const std::string& index) {
-  CacheOptions co;
-  co.kv_dtype = parse_cache_dtype(kv, "--kv-cache-dtype");
-  co.index_dtype = index.empty() ? co.kv_dtype : parse_cache_dtype(index, "--index-cache-dtype");
-  return co;
-}
-
-SingleSequence::SingleSequence(Model& m, CacheOptions opts, int64_t capacity)
-    : m_(m), capacity_(capacity) {
+SingleSequence::SingleSequence(Runner& r, model::CacheOptions opts, int64_t capacity)
+    : r_(r), capacity_(capacity) {
+  model::Model& m = r.model();
   const int bs = m.block_size();
   const int64_t blocks = std::max<int64_t>(1, (capacity + bs - 1) / bs);
   opts.num_blocks = blocks;
@@ -28,7 +22,7 @@ std::vector<float> SingleSequence::append(const std::vector<int32_t>& ids, bool 
   if (length_ + int64_t(ids.size()) > capacity_)
     throw Error("sequence of " + std::to_string(length_ + int64_t(ids.size())) +
                 " tokens exceeds the " + std::to_string(capacity_) + " it was sized for");
-  const int bs = m_.block_size();
+  const int bs = r_.model().block_size();
   std::vector<float> out, logits;
   for (size_t at = 0; at < ids.size(); at += size_t(chunk)) {
     const size_t end = std::min(ids.size(), at + size_t(chunk));
@@ -44,11 +38,11 @@ std::vector<float> SingleSequence::append(const std::vector<int32_t>& ids, bool 
     in.seq_lens = {int32_t(length_ + int64_t(end - at))};
     in.block_tables = table_;
     in.max_blocks_per_seq = int(table_.size());
-    m_.forward(in, logits);
+    r_.run(in, logits);
     length_ += int64_t(end - at);
     if (all_logits || end == ids.size()) out.insert(out.end(), logits.begin(), logits.end());
   }
   return out;
 }
 
-}  // namespace sieve::model
+}  // namespace sieve::engine
