@@ -190,6 +190,43 @@ class StatsLogger {
 };
 
 int run_serve(const std::vector<std::string>& argv) {
+  // SIGINT and SIGTERM go to one waiting thread. They are blocked before anything starts a
+  // thread (model load, the CUDA runtime's own threads, worker pools), so every thread inherits
+  // the mask: a signal that reached a thread with the default action would end the process
+  // without draining. Until the server runs, a signal ends the process at once.
+  sigset_t sigs = shutdown_signals();
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  std::atomic<server::Server*> serving{nullptr};
+  std::atomic<bool> stopped{false};
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (stopped) return;
+    server::Server* srv = serving.load();
+    if (!srv) {
+      SIEVE_LOG(Info, "signal " << sig << " before the server started: exiting");
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
+    SIEVE_LOG(Info, "signal " << sig << ": shutting down (finishing in-flight requests)");
+    std::thread([sigs]() mutable {
+      int again = 0;
+      sigwait(&sigs, &again);
+      std::_Exit(0);  // a second signal: stop now
+    }).detach();
+    srv->shutdown();
+  });
+  struct JoinWatcher {
+    std::thread& t;
+    std::atomic<bool>& stopped;
+    ~JoinWatcher() {
+      // run() has returned (or serving never began): make the watcher exit either way.
+      if (!stopped.exchange(true)) pthread_kill(t.native_handle(), SIGTERM);
+      t.join();
+    }
+  } join_watcher{watcher, stopped};
+
   Args a("serve", argv);
   a.opt({"--model"}, "DIR",
         "model directory (default: the bundled model, else a generated tiny model)")
@@ -219,6 +256,8 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--profiler-dir", "--torch-profiler-dir"}, "DIR",
            "enable POST /start_profile and /stop_profile, writing Chrome traces here")
       .opt({"--max-request-bytes"}, "BYTES", "largest request body accepted (larger: 413)", "32MiB")
+      .opt({"--max-connections"}, "N", "open connections accepted at once (beyond: 503 at once)", "10000")
+      .opt({"--http-threads"}, "N", "HTTP worker threads (0: from the machine's cores)", "0")
       .opt({"--generation-config"}, "auto|vllm|DIR",
            "default sampling parameters: the model's generation_config.json (auto), vLLM's neutral ones "
            "(vllm), or DIR/generation_config.json",
@@ -380,6 +419,12 @@ int run_serve(const std::vector<std::string>& argv) {
   so.model_dir = dir;
   so.api_key = api_key;
   so.max_body_bytes = size_t(max_body);
+  const long long max_conns = a.get_int("--max-connections");
+  if (max_conns < 1) throw Error("--max-connections must be at least 1");
+  so.max_connections = size_t(max_conns);
+  const long long http_threads = a.get_int("--http-threads");
+  if (http_threads < 0 || http_threads > 1024) throw Error("--http-threads must be in 0..1024");
+  so.http_threads = int(http_threads);
   so.profiler_dir = a.get("--profiler-dir");
   so.defaults = defaults;
   so.reasoning_parser = reasoning_parser;
@@ -391,37 +436,10 @@ int run_serve(const std::vector<std::string>& argv) {
                 {"index_cache_dtype", cache_dtype(co.index_dtype)},
                 {"cache_bytes_per_block", per_block}};
 
-  // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
-  // started below), which drains the server.
-  sigset_t sigs = shutdown_signals();
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
   server::Server srv(engine, tok, so);
   srv.bind();
   engine.start();
-  std::atomic<bool> stopped{false};
-  std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (stopped) return;
-    SIEVE_LOG(Info, "signal " << sig << ": shutting down (finishing in-flight requests)");
-    std::thread([sigs]() mutable {
-      int again = 0;
-      sigwait(&sigs, &again);
-      std::_Exit(0);  // a second signal: stop now
-    }).detach();
-    srv.shutdown();
-    // A client that stopped reading keeps its handler thread blocked in a socket write; do not
-    // let it hold the exit beyond a few seconds.
-    for (int i = 0; i < 200 && !stopped; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!stopped) {
-      SIEVE_LOG(Warn, "connections still open after shutdown; exiting anyway");
-      std::fflush(nullptr);
-      std::_Exit(0);
-    }
-  });
+  serving = &srv;
   SIEVE_LOG(Info, "serving " << so.served_model_names[0] << " on http://" << so.host << ":"
                              << srv.port() << " (" << co.num_blocks << " cache blocks of "
                              << m->block_size() << " tokens, max model len " << max_len
@@ -429,11 +447,9 @@ int run_serve(const std::vector<std::string>& argv) {
   std::optional<StatsLogger> stats_log;
   if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval);
   srv.run();
+  serving = nullptr;
   stats_log.reset();
   engine.stop();
-  // run() also returns on a listener failure; make the watcher exit either way.
-  if (!stopped.exchange(true)) pthread_kill(watcher.native_handle(), SIGTERM);
-  watcher.join();
   SIEVE_LOG(Info, "server stopped");
   return 0;
 }

@@ -25,22 +25,38 @@ FinishReason RequestStream::next(std::vector<TokenOutput>& out, std::chrono::mil
   return finish_;
 }
 
+void RequestStream::set_waker(std::function<void()> waker) {
+  std::function<void()> now;
+  {
+    std::lock_guard lk(mu_);
+    waker_ = std::move(waker);
+    if (!pending_.empty() || finish_ != FinishReason::None) now = waker_;
+  }
+  if (now) now();
+}
+
 void RequestStream::push(TokenOutput t) {
+  std::function<void()> wake;
   {
     std::lock_guard lk(mu_);
     pending_.push_back(std::move(t));
+    wake = waker_;
   }
   cv_.notify_all();
+  if (wake) wake();
 }
 
 void RequestStream::finish(FinishReason r, std::string error) {
+  std::function<void()> wake;
   {
     std::lock_guard lk(mu_);
     if (finish_ != FinishReason::None) return;
     finish_ = r;
     error_ = std::move(error);
+    wake = waker_;
   }
   cv_.notify_all();
+  if (wake) wake();
 }
 
 // ---------------------------------------------------------------------------------------------

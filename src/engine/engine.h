@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -60,6 +61,9 @@ class RequestStream {
   // reason once every token has been handed out (None while running).
   FinishReason next(std::vector<TokenOutput>& out, std::chrono::milliseconds timeout);
   const std::string& error() const { return error_; }
+  // Called whenever tokens or the end arrive (on the engine thread, so it must be quick), and at
+  // once when some are already waiting: a consumer of many streams need not wait on any one.
+  void set_waker(std::function<void()> waker);
 
   // Engine side.
   void push(TokenOutput t);
@@ -73,6 +77,7 @@ class RequestStream {
   std::vector<TokenOutput> pending_;
   FinishReason finish_ = FinishReason::None;
   std::string error_;
+  std::function<void()> waker_;
 };
 
 // One profiler event (Chrome trace "X" event), microseconds since the profile started.

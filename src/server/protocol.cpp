@@ -31,7 +31,15 @@ nlohmann::json error_json(int status, const std::string& message, const std::str
 ojson parse_json_body(const std::string& body) {
   ojson j;
   try {
-    j = ojson::parse(body);
+    // Nothing a request holds nests this deep; a document that does is refused as it is read,
+    // before it is built (and later walked by recursive code).
+    j = ojson::parse(body, [](int depth, ojson::parse_event_t, ojson&) {
+      if (depth > kMaxJsonDepth)
+        throw ApiError(400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
+  } catch (const ApiError&) {
+    throw;
   } catch (const std::exception& e) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
@@ -220,6 +228,22 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
   if (tools) {
     if (!tools->is_array())
       bad("tools", std::string("expected an array, got ") + type_name(*tools));
+    // Each entry a function with a name: a parser or a forced call could not use anything else.
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const ojson& t = (*tools)[i];
+      const std::string at = "tools[" + std::to_string(i) + "]";
+      auto refuse = [&](const std::string& what) { throw ApiError(400, at + what, "tools"); };
+      if (!t.is_object()) refuse(std::string(": expected an object, got ") + type_name(t));
+      if (auto ty = t.find("type"); ty != t.end() && (!ty->is_string() || ty->get<std::string>() != "function"))
+        refuse(".type: expected \"function\", got " + ty->dump());
+      auto fn = t.find("function");
+      if (fn == t.end() || !fn->is_object())
+        refuse(".function: expected an object with the function's name, got " +
+               (fn == t.end() ? std::string("nothing") : std::string(type_name(*fn))));
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || name->get<std::string>().empty())
+        refuse(".function.name: expected a non-empty string");
+    }
     r.tools = *tools;
   }
   r.tool_choice = r.tools.is_array() && !r.tools.empty() ? "auto" : "none";

@@ -106,7 +106,9 @@ RequestDefaults request_defaults_from(const nlohmann::json& generation_config, c
 GenerateRequest parse_generate_request(const nlohmann::ordered_json& body, bool chat,
                                        const RequestDefaults& defaults = {});
 
-// Parses a request body that must be a JSON object; ApiError(400) otherwise.
+// Parses a request body that must be a JSON object nesting at most kMaxJsonDepth levels;
+// ApiError(400) otherwise.
+inline constexpr int kMaxJsonDepth = 512;
 nlohmann::ordered_json parse_json_body(const std::string& body);
 
 }  // namespace sieve::server
