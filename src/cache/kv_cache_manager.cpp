@@ -1,5 +1,7 @@
 #include "cache/kv_cache_manager.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace sieve::cache {
@@ -81,6 +83,19 @@ void KvCacheManager::free(RequestId id) {
   std::vector<int32_t> rev(it->second.blocks.rbegin(), it->second.blocks.rend());
   pool_.release(rev);
   tables_.erase(it);
+}
+
+void KvCacheManager::truncate(RequestId id, int64_t num_tokens) {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return;
+  Table& t = it->second;
+  const size_t keep = size_t(std::max<int64_t>(0, blocks_for(num_tokens)));
+  if (t.hashes.size() > size_t(std::max<int64_t>(0, num_tokens)) / size_t(block_size_))
+    t.hashes.resize(size_t(std::max<int64_t>(0, num_tokens)) / size_t(block_size_));
+  if (t.blocks.size() <= keep) return;
+  std::vector<int32_t> tail(t.blocks.rbegin(), t.blocks.rend() - long(keep));
+  pool_.release(tail);
+  t.blocks.resize(keep);
 }
 
 const std::vector<int32_t>& KvCacheManager::block_table(RequestId id) const {

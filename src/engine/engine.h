@@ -22,6 +22,7 @@
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculation.h"
 #include "engine/workers.h"
 #include "model/model.h"
 
@@ -38,6 +39,8 @@ struct EngineConfig {
   std::optional<uint64_t> seed;
   // The options of the runner an engine makes for itself (the Model& constructor).
   RunnerOptions runner;
+  // --speculative-config. Method eagle3 needs the runner's draft (Runner::set_draft) set.
+  spec::SpeculativeConfig speculative;
 };
 
 struct TokenOutput {
@@ -129,6 +132,10 @@ class Engine {
   void step();
   void finish_request(Request* r, FinishReason reason, const std::string& error = {});
   void update_gauges();
+  // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
+  // step before) and, after a step, the EAGLE3 draft's proposals for the next one.
+  void prepare_drafts(int k);
+  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished);
   void trace(const std::string& name, double t0, double t1, const std::string& args = {});
   Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg);
 
@@ -154,6 +161,7 @@ class Engine {
   std::unordered_map<RequestId, Pending> live_;
   std::vector<float> logits_;
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
+  SpecController spec_ctl_;
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

@@ -37,7 +37,7 @@ StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::vector<i
     in.query_start_loc.push_back(int32_t(in.token_ids.size()));
     in.seq_lens.push_back(int32_t(end));
     std::copy(s.block_table.begin(), s.block_table.end(), in.block_tables.begin() + long(si * size_t(max_blocks)));
-    const int64_t rows = s.all_logits ? n : (s.sample ? 1 : 0);
+    const int64_t rows = s.all_logits ? n : (s.sample ? 1 + s.num_draft : 0);
     for (int64_t i = n - rows; i < n; ++i) {
       in.logits_indices.push_back(int32_t(in.token_ids.size() - size_t(n) + size_t(i)));
       if (row_seq) row_seq->push_back(int(si));
@@ -183,6 +183,7 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   const size_t o_ids = place(in.token_ids.size() * 4), o_pos = place(in.positions.size() * 4);
   const size_t o_slots = place(in.slot_mapping.size() * 8), o_qsl = place(in.query_start_loc.size() * 4);
   const size_t o_lens = place(in.seq_lens.size() * 4), o_bt = place(in.block_tables.size() * 4);
+  const size_t o_hr = place(in.hidden_rows.size() * 4);
   stage_.resize(staged);
   auto put = [&](size_t at, const auto& v) {
     if (!v.empty()) std::memcpy(stage_.data() + at, v.data(), v.size() * sizeof(v[0]));
@@ -193,6 +194,7 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   put(o_qsl, in.query_start_loc);
   put(o_lens, in.seq_lens);
   put(o_bt, in.block_tables);
+  put(o_hr, in.hidden_rows);
   if (pinned && dst.bytes() < staged) throw Error("graph inputs changed size");
   grow(dst, dev_, staged);
   copy_to_device(dev_, dst.data(), stage_.data(), staged);
@@ -213,7 +215,101 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   v.max_position = b.max_position;
   v.logits_rows = in.logits_indices;
   v.logits = logits_rows(int64_t(in.logits_indices.size()));
+  hidden_rows_dev_ = in.hidden_rows.empty() ? nullptr : reinterpret_cast<const int32_t*>(d + o_hr);
+  if (draft_) {
+    const auto& layers = draft_->config().aux_layers;
+    const size_t bytes = layers.size() * in.token_ids.size() * size_t(m_.config().hidden_size) * sizeof(float);
+    if (grow(aux_, dev_, bytes)) ++logits_epoch_;  // captured steps point at it
+    v.aux_layers = layers;
+    v.aux_hidden = aux_.as<float>();
+  }
   return v;
+}
+
+void Runner::set_draft(spec::Eagle3Draft* d) {
+  draft_ = d;
+  graphs_.clear();
+}
+
+void Runner::draft_argmax(int64_t rows, std::vector<int32_t>& out) {
+  const int64_t dv = draft_->config().draft_vocab_size;
+  draft_host_.resize(size_t(rows * dv));
+  if (rows > 0) copy_to_host(dev_, draft_host_.data(), draft_logits_.data(), draft_host_.size() * sizeof(float));
+  const auto& d2t = draft_->draft_to_target();
+  out.resize(size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = draft_host_.data() + r * dv;
+    int64_t best = 0;
+    for (int64_t i = 1; i < dv; ++i)
+      if (x[i] > x[best]) best = i;
+    out[size_t(r)] = d2t[size_t(best)];
+  }
+}
+
+void Runner::propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& drafts) {
+  SIEVE_CHECK(draft_, "propose() without a draft");
+  use_device(dev_);
+  const size_t n_real = plan.next_tokens.size();
+  SIEVE_CHECK(n_real <= last_.token_ids.size() && plan.slots.size() == n_real, "draft plan does not match the step");
+  const int64_t dv = draft_->config().draft_vocab_size;
+  const int64_t nprop = int64_t(plan.seqs.size());
+  // The first pass: the last step's layout (padded as it ran, so the aux rows line up).
+  StepInputs c = last_;
+  std::copy(plan.next_tokens.begin(), plan.next_tokens.end(), c.token_ids.begin());
+  std::copy(plan.slots.begin(), plan.slots.end(), c.slot_mapping.begin());
+  c.logits_indices.clear();
+  for (const auto& q : plan.seqs) c.logits_indices.push_back(q.last_row);
+  c.hidden_rows.clear();
+  grow(draft_logits_, dev_, size_t(std::max<int64_t>(nprop, 1) * dv) * sizeof(float));
+  const float* aux = aux_.as<float>();
+  auto pass = [&](const StepInputs& in, const Bounds& b, const float* aux_in, int64_t prev_rows) {
+    const model::StepView v = upload(in, b, inputs_, false);
+    spec::DraftStep ds;
+    ds.batch = v.batch;
+    ds.token_ids = v.token_ids;
+    ds.positions = v.positions;
+    ds.slot_mapping = v.slot_mapping;
+    ds.max_position = v.max_position;
+    ds.aux = aux_in;
+    ds.hidden_rows = hidden_rows_dev_;
+    ds.prev_rows = prev_rows;
+    ds.logits_rows = in.logits_indices;
+    ds.logits = draft_logits_.as<float>();
+    draft_->forward(ds, stream_);
+  };
+  pass(c, last_bounds_, aux, 0);
+  drafts.assign(size_t(nprop), {});
+  if (nprop == 0) return;
+  std::vector<int32_t> next;
+  draft_argmax(nprop, next);
+  for (int64_t i = 0; i < nprop; ++i) drafts[size_t(i)].push_back(next[size_t(i)]);
+  int64_t prev_rows = int64_t(c.token_ids.size());
+  for (int j = 1; j < plan.num_tokens; ++j) {
+    StepInputs d;
+    int width = 1;
+    for (const auto& q : plan.seqs) width = std::max(width, int(q.block_table.size()));
+    d.max_blocks_per_seq = width;
+    d.block_tables.assign(size_t(nprop) * size_t(width), 0);
+    d.query_start_loc.push_back(0);
+    const int bs = m_.block_size();
+    for (int64_t i = 0; i < nprop; ++i) {
+      const auto& q = plan.seqs[size_t(i)];
+      const int64_t pos = q.first_pos + j - 1;
+      SIEVE_CHECK(int64_t(q.block_table.size()) * bs > pos, "draft position past the block table");
+      d.token_ids.push_back(next[size_t(i)]);
+      d.positions.push_back(int32_t(pos));
+      d.slot_mapping.push_back(int64_t(q.block_table[size_t(pos / bs)]) * bs + pos % bs);
+      d.query_start_loc.push_back(int32_t(i + 1));
+      d.seq_lens.push_back(int32_t(pos + 1));
+      std::copy(q.block_table.begin(), q.block_table.end(), d.block_tables.begin() + long(size_t(i) * size_t(width)));
+      d.logits_indices.push_back(int32_t(i));
+      d.hidden_rows.push_back(j == 1 ? q.last_row : int32_t(i));
+    }
+    pass(d, check(d), nullptr, prev_rows);
+    draft_argmax(nprop, next);
+    for (int64_t i = 0; i < nprop; ++i) drafts[size_t(i)].push_back(next[size_t(i)]);
+    prev_rows = nprop;
+  }
 }
 
 void Runner::read_logits(int64_t rows, std::vector<float>& logits) const {
@@ -225,6 +321,10 @@ void Runner::run(const StepInputs& in, std::vector<float>& logits) {
   use_device(dev_);  // the engine's thread is not the one that made the model
   const Bounds b = check(in);
   if (graph_step(in, b, logits)) return;
+  if (draft_) {
+    last_ = in;
+    last_bounds_ = b;
+  }
   m_.forward(upload(in, b, inputs_, false), stream_);
   read_logits(int64_t(in.logits_indices.size()), logits);
 }
@@ -254,6 +354,10 @@ bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float
   Bounds pb = b;
   pb.max_seq = int(keys);
   pb.max_query = 1;
+  if (draft_) {
+    last_ = p;
+    last_bounds_ = pb;
+  }
   const auto key = std::make_pair(rows, int(keys));
   // Graphs captured before a buffer they point at was replaced are retired.
   std::erase_if(graphs_, [&](const auto& kv) {

@@ -15,6 +15,7 @@
 #include "kernels/memory.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "spec/eagle3.h"
 
 namespace sieve::engine {
 
@@ -30,6 +31,26 @@ struct StepInputs {
   std::vector<int32_t> block_tables;     // [num_seqs, max_blocks_per_seq], unused entries 0
   int max_blocks_per_seq = 0;
   std::vector<int32_t> logits_indices;   // token rows whose logits are wanted, in output order
+  // EAGLE3 draft passes only: row i reads row hidden_rows[i] of the previous pass's output.
+  std::vector<int32_t> hidden_rows;
+};
+
+// What the EAGLE3 draft does after a step (Runner::propose). The first pass runs over the rows
+// of the step that just ran, each with the token after its position; `slots` [num_tokens] says
+// where each row's draft K/V goes (-1: nowhere, for draft rows the target rejected). Sequence
+// i of `seqs` then gets K draft tokens: the first from the first pass's row `last_row` (its last
+// kept position), the next K - 1 from one-row passes at positions first_pos, first_pos + 1, ...
+// over `block_table` (which covers them).
+struct DraftPlan {
+  std::vector<int32_t> next_tokens;  // [num_tokens of the step]
+  std::vector<int64_t> slots;        // [num_tokens of the step]
+  struct Seq {
+    int32_t last_row = 0;
+    int64_t first_pos = 0;
+    std::vector<int32_t> block_table;
+  };
+  std::vector<Seq> seqs;
+  int num_tokens = 0;  // K
 };
 
 // Logits rows, in plan order: every token's of a sequence with all_logits, else the last
@@ -75,6 +96,14 @@ class Runner {
   // it, and fills `logits` [in.logits_indices.size(), vocab] on the host.
   void run(const StepInputs& in, std::vector<float>& logits);
 
+  // EAGLE3: runs `draft` after every step (propose()); the target then also writes the aux hidden
+  // states the draft reads. Null: none.
+  void set_draft(spec::Eagle3Draft* draft);
+  spec::Eagle3Draft* draft() const { return draft_; }
+  // After run(): the draft's passes of `plan` (see DraftPlan); drafts[i] receives the K draft
+  // tokens (target ids) of plan.seqs[i].
+  void propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& drafts);
+
   // Allocates now the model's activations and the logits rows of a step of up to max_tokens
   // tokens and max_seqs sequences (run() grows them on demand otherwise), so that a GPU's free
   // memory measured afterwards leaves them out of the cache budget.
@@ -103,7 +132,17 @@ class Runner {
   // steps, and for decode steps that graphs do not take (counted as eager).
   bool graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits);
 
+  // The draft's logits rows mapped to target ids by their argmax (ties to the lower draft id).
+  void draft_argmax(int64_t rows, std::vector<int32_t>& out);
+
   model::Model& m_;
+  spec::Eagle3Draft* draft_ = nullptr;
+  Buffer aux_;                // [n_aux, tokens, hidden] fp32, the target's aux hidden states
+  Buffer draft_logits_;       // [rows, draft vocab] fp32
+  StepInputs last_;           // the step run() ran last, as it ran (padded for graphs)
+  Bounds last_bounds_;
+  std::vector<float> draft_host_;
+  const int32_t* hidden_rows_dev_ = nullptr;  // upload()'s copy of hidden_rows
   RunnerOptions opts_;
   Device dev_;
   ops::Stream stream_;
