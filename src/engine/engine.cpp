@@ -401,6 +401,7 @@ void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const st
     // K drafts need K - 1 draft positions now and K + 1 target positions next step.
     if (c + 1 + K > r->max_total_tokens || !kv_.allocate(r->id, c + 1 + K)) continue;
     DraftPlan::Seq q;
+    q.step_seq = int(si);
     q.last_row = int32_t(row0 + (c - 1 - s.start_pos));
     q.first_pos = c;
     q.block_table = kv_.block_table(r->id);

@@ -253,7 +253,7 @@ void Eagle3Draft::forward(const DraftStep& s, const ops::Stream& st) {
   if (!w.kv.k) throw Error("speculative draft: forward() before allocate_cache()");
   if (s.max_position + 1 > w.rope_positions)
     throw Error("speculative draft: position " + std::to_string(s.max_position) + " is past its RoPE table");
-  const int64_t n = s.batch.num_tokens, nl = int64_t(s.logits_rows.size());
+  const int64_t n = s.batch.num_tokens, nl = s.num_logits;
   const int64_t H = cfg_.hidden_size, Ht = cfg_.target_hidden_size, I = cfg_.intermediate_size;
   const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, hd = cfg_.head_dim;
   if (!s.aux && s.prev_rows > 0 && n > 0) {
@@ -385,12 +385,17 @@ void Eagle3Draft::forward(const DraftStep& s, const ops::Stream& st) {
   matmul(w.act.data(), I, w.down, res, H, true);
 
   if (nl == 0) return;
-  for (int64_t i = 0; i < nl;) {
-    int64_t j = i + 1;
-    while (j < nl && s.logits_rows[size_t(j)] == s.logits_rows[size_t(j - 1)] + 1) ++j;
-    rms(res + int64_t(s.logits_rows[size_t(i)]) * H, H, w.norm, w.sel.as<float>() + i * H, H, j - i);
-    i = j;
-  }
+  ops::EmbeddingParams gp;  // the wanted rows, gathered
+  gp.ids = s.logits_rows;
+  gp.num_tokens = nl;
+  gp.table = res;
+  gp.table_dtype = DType::F32;
+  gp.vocab = n;
+  gp.hidden = H;
+  gp.out = w.sel.data();
+  gp.out_dtype = DType::F32;
+  ops::embedding(gp, st);
+  rms(w.sel.data(), H, w.norm, w.sel.data(), H, nl);
   ops::MatmulParams lp;
   lp.x = w.sel.data();
   lp.x_dtype = DType::F32;

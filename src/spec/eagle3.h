@@ -62,8 +62,11 @@ struct DraftStep {
   const float* aux = nullptr;  // [n_aux, num_tokens, target_hidden]
   const int32_t* hidden_rows = nullptr;  // [num_tokens]
   int64_t prev_rows = 0;
-  std::span<const int32_t> logits_rows;  // host
-  float* logits = nullptr;               // [logits_rows.size(), draft_vocab] on the device
+  // Logits of rows logits_rows[0..num_logits) (on the device, so a captured pass can take other
+  // rows each replay).
+  const int32_t* logits_rows = nullptr;  // [num_logits]
+  int64_t num_logits = 0;
+  float* logits = nullptr;  // [num_logits, draft_vocab] on the device
 };
 
 class Eagle3Draft {

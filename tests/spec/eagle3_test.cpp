@@ -226,7 +226,8 @@ void check_forward(const std::string& name, const RandomEagle3Options& o) {
   s.slot_mapping = slots.data();
   s.max_position = n - 1;
   s.aux = aux.data();
-  s.logits_rows = rows;
+  s.logits_rows = rows.data();
+  s.num_logits = int64_t(rows.size());
   s.logits = logits.data();
   draft->forward(s, ops::Stream::cpu());
 
@@ -259,7 +260,8 @@ void check_forward(const std::string& name, const RandomEagle3Options& o) {
   s2.max_position = p2;
   s2.hidden_rows = &hr;
   s2.prev_rows = n;
-  s2.logits_rows = rows2;
+  s2.logits_rows = rows2.data();
+  s2.num_logits = 1;
   s2.logits = logits2.data();
   draft->forward(s2, ops::Stream::cpu());
   RefRun run2 = run;
