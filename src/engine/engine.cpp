@@ -376,8 +376,7 @@ void Engine::prepare_drafts(int k) {
     }
 }
 
-void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished) {
-  const int K = cfg_.speculative.num_speculative_tokens;
+void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int K) {
   DraftPlan dp;
   dp.num_tokens = K;
   dp.next_tokens.assign(in.token_ids.size(), 0);
@@ -396,7 +395,7 @@ void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const st
       dp.next_tokens[size_t(row0 + t)] = r->tokens[size_t(pos + 1)];
       dp.slots[size_t(row0 + t)] = in.slot_mapping[size_t(row0 + t)];
     }
-    if (!s.sample || finished[si] || r->status != RequestStatus::Running) continue;
+    if (K == 0 || !s.sample || finished[si] || r->status != RequestStatus::Running) continue;
     const int64_t c = r->num_computed_tokens;
     // K drafts need K - 1 draft positions now and K + 1 target positions next step.
     if (c + 1 + K > r->max_total_tokens || !kv_.allocate(r->id, c + 1 + K)) continue;
@@ -417,7 +416,8 @@ void Engine::step() {
   const double t0 = now_seconds();
   const spec::SpeculativeConfig& sc = cfg_.speculative;
   const bool eagle3 = sc.method == spec::Method::Eagle3 && runner_.draft();
-  const int k = sc.enabled() ? spec_ctl_.choose(int(scheduler_.num_running())) : 0;
+  // (EAGLE3 drafts for this step were made, in the number chosen then, after the last step.)
+  const int k = !sc.enabled() ? 0 : eagle3 && eagle_next_k_ >= 0 ? eagle_next_k_ : spec_ctl_.choose(int(scheduler_.num_running()));
   if (sc.enabled()) prepare_drafts(k);
   StepPlan plan = scheduler_.schedule();
   const double t1 = now_seconds();
@@ -557,7 +557,12 @@ void Engine::step() {
     }
   }
   scheduler_.step_done(plan);
-  if (eagle3) propose_eagle3(plan, in, finished);
+  if (eagle3) {
+    // The draft always follows the step (its KV must cover every computed position); it proposes
+    // only when the next step is to speculate.
+    eagle_next_k_ = spec_ctl_.choose(int(scheduler_.num_running()));
+    propose_eagle3(plan, in, finished, eagle_next_k_);
+  }
   const double t4 = now_seconds();
   if (sc.enabled()) {
     // Only steps of decodes alone measure what speculation costs (prefill chunks dwarf them).

@@ -135,7 +135,7 @@ class Engine {
   // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
   // step before) and, after a step, the EAGLE3 draft's proposals for the next one.
   void prepare_drafts(int k);
-  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished);
+  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int k);
   void trace(const std::string& name, double t0, double t1, const std::string& args = {});
   Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg);
 
@@ -162,6 +162,7 @@ class Engine {
   std::vector<float> logits_;
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
   SpecController spec_ctl_;
+  int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

@@ -1,10 +1,16 @@
 #include "spec/config.h"
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
 namespace sieve::spec {
+
+namespace fs = std::filesystem;
 
 const char* method_name(Method m) {
   switch (m) {
@@ -33,14 +39,23 @@ int get_int(const nlohmann::json& j, const char* key, int lo, int hi) {
 
 }  // namespace
 
-SpeculativeConfig parse_speculative_config(const std::string& text) {
+SpeculativeConfig parse_speculative_config(const std::string& arg) {
   SpeculativeConfig c;
-  if (text.empty()) return c;
+  if (arg.empty()) return c;
+  // A file of JSON (so that `make serve ARGS=...` needs no shell quoting): its "model" is
+  // relative to the file's folder.
+  std::string text = arg, base;
+  const size_t first = arg.find_first_not_of(" \t\n");
+  if (first != std::string::npos && arg[first] != '{' && arg[first] != '[' && fs::is_regular_file(arg)) {
+    std::ifstream in(arg);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    base = fs::path(arg).parent_path().string();
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    fail(std::string("not valid JSON (") + e.what() + ")");
+    fail(std::string("not valid JSON (") + e.what() + ")" + (base.empty() && first != std::string::npos && arg[first] != '{' ? " and not a file" : ""));
   }
   if (!j.is_object()) fail("expected a JSON object such as {\"method\": \"ngram\", \"num_speculative_tokens\": 3}");
   static const char* known[] = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
@@ -67,6 +82,11 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
     if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty())
       fail("method \"eagle3\" needs \"model\": the draft's directory");
     c.model = j["model"].get<std::string>();
+    if (!base.empty() && fs::path(c.model).is_relative()) {
+      fs::path m = (fs::path(base) / c.model).lexically_normal();
+      if (m.filename().empty()) m = m.parent_path();  // "dir/." -> "dir"
+      c.model = m.string();
+    }
     for (const char* k : {"prompt_lookup_min", "prompt_lookup_max"})
       if (j.contains(k)) fail(std::string(k) + " applies to method \"ngram\" only");
   } else {

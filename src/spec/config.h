@@ -30,7 +30,8 @@ struct SpeculativeConfig {
   bool enabled() const { return method != Method::None; }
 };
 
-// Parses the JSON object text of --speculative-config. Throws Error (one line, naming
+// Parses --speculative-config: a JSON object, or the path of a file holding one (whose relative
+// "model" is taken from the file's folder). Throws Error (one line, naming
 // --speculative-config and the field) for malformed JSON, an unknown method or field, or a value
 // out of range. Empty text: speculation off.
 SpeculativeConfig parse_speculative_config(const std::string& json_text);

@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -97,15 +98,81 @@ struct Eagle3Draft::Impl {
 
 Eagle3Draft::~Eagle3Draft() = default;
 
+namespace {
+
+// Dummy weights (--load-format dummy): a small random pattern repeated, scaled like a trained
+// projection, so that timings see real-sized matrices without a checkpoint.
+class DummyReader {
+ public:
+  bool has(const std::string& name) const { return name != "embed_tokens.weight" && name != "d2t"; }
+  std::vector<uint8_t> read(const std::string& name, int64_t rows, int64_t cols, DType dt) const {
+    const int64_t n = rows * (cols ? cols : 1);
+    const float scale = cols ? 1.0f / std::sqrt(float(cols)) : 0.0f;
+    std::vector<uint8_t> out(size_t(n) * dtype_size(dt));
+    uint64_t x = 0x2545f4914f6cdd1dull ^ uint64_t(name.size());
+    std::vector<float> pattern(4099);
+    for (float& v : pattern) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      v = (float(x % 2001) / 1000.0f - 1.0f) * 1.7f;
+    }
+    for (int64_t i = 0; i < n; ++i)
+      store_from_f32(out.data(), dt, size_t(i), cols ? pattern[size_t(i % 4099)] * scale : 1.0f);
+    return out;
+  }
+};
+
+template <class R>
+void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c, const ModelConfig& target, const Device& dev,
+                  const ops::WeightView& target_embed, const std::string& dir);
+
+}  // namespace
+
 std::unique_ptr<Eagle3Draft> Eagle3Draft::load(const std::string& dir, const ModelConfig& target, const Device& dev,
-                                               const ops::WeightView& target_embed) {
+                                               const ops::WeightView& target_embed, bool dummy) {
   std::unique_ptr<Eagle3Draft> d(new Eagle3Draft());
   d->cfg_ = load_eagle3_config(dir, target);
   d->dev_ = dev;
   d->impl_ = std::make_unique<Impl>();
   const Eagle3Config& c = d->cfg_;
   Impl& w = *d->impl_;
+  if (dummy) {
+    load_weights(w, DummyReader(), c, target, dev, target_embed, dir);
+    d->d2t_.resize(size_t(c.draft_vocab_size));
+    for (int64_t i = 0; i < c.draft_vocab_size; ++i) d->d2t_[size_t(i)] = int32_t(i);
+    return d;
+  }
   Reader rd(dir);
+  load_weights(w, rd, c, target, dev, target_embed, dir);
+  // d2t: target id = draft id + d2t[draft id]; absent: the identity (equal vocabularies).
+  d->d2t_.resize(size_t(c.draft_vocab_size));
+  if (rd.has("d2t")) {
+    const TensorInfo& t = rd.get("d2t");
+    if (t.shape != std::vector<int64_t>{c.draft_vocab_size} || (t.dtype != DType::I64 && t.dtype != DType::I32))
+      throw Error("speculative draft " + dir + ": d2t has dtype " + std::string(dtype_name(t.dtype)) + " and shape " +
+                  shape_str(t.shape) + ", expected I64 [" + std::to_string(c.draft_vocab_size) + "]");
+    for (int64_t i = 0; i < c.draft_vocab_size; ++i) {
+      const int64_t off = t.dtype == DType::I64 ? static_cast<const int64_t*>(t.data)[i]
+                                                : int64_t(static_cast<const int32_t*>(t.data)[i]);
+      const int64_t id = i + off;
+      if (id < 0 || id >= c.vocab_size)
+        throw Error("speculative draft " + dir + ": d2t maps draft id " + std::to_string(i) + " to " + std::to_string(id) +
+                    ", outside the target's vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+      d->d2t_[size_t(i)] = int32_t(id);
+    }
+  } else if (c.draft_vocab_size != c.vocab_size) {
+    throw Error("speculative draft " + dir + ": draft_vocab_size " + std::to_string(c.draft_vocab_size) +
+                " differs from vocab_size but there is no d2t map");
+  } else {
+    for (int64_t i = 0; i < c.draft_vocab_size; ++i) d->d2t_[size_t(i)] = int32_t(i);
+  }
+  return d;
+}
+
+namespace {
+
+template <class R>
+void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c, const ModelConfig& target, const Device& dev,
+                  const ops::WeightView& target_embed, const std::string& dir) {
   const int64_t H = c.hidden_size, Ht = c.target_hidden_size, I = c.intermediate_size;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
   const DType bf = DType::BF16, f32 = DType::F32;
@@ -117,12 +184,14 @@ std::unique_ptr<Eagle3Draft> Eagle3Draft::load(const std::string& dir, const Mod
                   " differs from the target's " + std::to_string(target.hidden_size) + " (cannot share its embedding)");
     w.target_embed = target_embed;
   }
-  const TensorInfo& fc = rd.get("fc.weight");
   const int64_t na = int64_t(c.aux_layers.size());
-  if (fc.shape.size() != 2 || fc.shape[0] != H || fc.shape[1] != na * Ht)
-    throw Error("speculative draft " + dir + ": fc.weight has shape " + shape_str(fc.shape) + ", expected [" +
-                std::to_string(H) + ", " + std::to_string(na * Ht) + "] (" + std::to_string(na) +
-                " aux hidden states of the target's hidden size " + std::to_string(Ht) + ")");
+  if constexpr (std::is_same_v<R, Reader>) {
+    const TensorInfo& fc = rd.get("fc.weight");
+    if (fc.shape.size() != 2 || fc.shape[0] != H || fc.shape[1] != na * Ht)
+      throw Error("speculative draft " + dir + ": fc.weight has shape " + shape_str(fc.shape) + ", expected [" +
+                  std::to_string(H) + ", " + std::to_string(na * Ht) + "] (" + std::to_string(na) +
+                  " aux hidden states of the target's hidden size " + std::to_string(Ht) + ")");
+  }
   {
     const std::vector<uint8_t> all = rd.read("fc.weight", H, na * Ht, bf);
     for (int64_t j = 0; j < na; ++j) {
@@ -155,30 +224,9 @@ std::unique_ptr<Eagle3Draft> Eagle3Draft::load(const std::string& dir, const Mod
   w.norm = upload(dev, rd.read("norm.weight", H, 0, f32), f32, H, 1);
   w.lm_head = upload(dev, rd.read("lm_head.weight", c.draft_vocab_size, H, bf), bf, c.draft_vocab_size, H);
 
-  // d2t: target id = draft id + d2t[draft id]; absent: the identity (equal vocabularies).
-  d->d2t_.resize(size_t(c.draft_vocab_size));
-  if (rd.has("d2t")) {
-    const TensorInfo& t = rd.get("d2t");
-    if (t.shape != std::vector<int64_t>{c.draft_vocab_size} || (t.dtype != DType::I64 && t.dtype != DType::I32))
-      throw Error("speculative draft " + dir + ": d2t has dtype " + std::string(dtype_name(t.dtype)) + " and shape " +
-                  shape_str(t.shape) + ", expected I64 [" + std::to_string(c.draft_vocab_size) + "]");
-    for (int64_t i = 0; i < c.draft_vocab_size; ++i) {
-      const int64_t off = t.dtype == DType::I64 ? static_cast<const int64_t*>(t.data)[i]
-                                                : int64_t(static_cast<const int32_t*>(t.data)[i]);
-      const int64_t id = i + off;
-      if (id < 0 || id >= c.vocab_size)
-        throw Error("speculative draft " + dir + ": d2t maps draft id " + std::to_string(i) + " to " + std::to_string(id) +
-                    ", outside the target's vocabulary [0, " + std::to_string(c.vocab_size) + ")");
-      d->d2t_[size_t(i)] = int32_t(id);
-    }
-  } else if (c.draft_vocab_size != c.vocab_size) {
-    throw Error("speculative draft " + dir + ": draft_vocab_size " + std::to_string(c.draft_vocab_size) +
-                " differs from vocab_size but there is no d2t map");
-  } else {
-    for (int64_t i = 0; i < c.draft_vocab_size; ++i) d->d2t_[size_t(i)] = int32_t(i);
-  }
-  return d;
 }
+
+}  // namespace
 
 size_t Eagle3Draft::cache_bytes_per_block(DType kv_dtype, int block_size) const {
   size_t b = 2 * size_t(cfg_.num_kv_heads) * size_t(block_size) * size_t(cfg_.head_dim) * dtype_size(kv_dtype);

@@ -73,8 +73,10 @@ class Eagle3Draft {
  public:
   // target_embed: the target's input embedding [vocab, hidden] on `device`, used when the draft
   // has no embed_tokens of its own (it must outlive the draft).
+  // dummy: config.json only, weights made up (--load-format dummy benchmarks).
   static std::unique_ptr<Eagle3Draft> load(const std::string& dir, const ModelConfig& target,
-                                           const Device& device, const ops::WeightView& target_embed);
+                                           const Device& device, const ops::WeightView& target_embed,
+                                           bool dummy = false);
   ~Eagle3Draft();
 
   const Eagle3Config& config() const { return cfg_; }
@@ -95,8 +97,9 @@ class Eagle3Draft {
   // output rows (kept for the next pass) and the logits rows. Allocates nothing once grown.
   void forward(const DraftStep& step, const ops::Stream& stream);
 
+  struct Impl;  // weights, cache and activations (eagle3.cpp)
+
  private:
-  struct Impl;
   Eagle3Draft() = default;
   Eagle3Config cfg_;
   Device dev_;

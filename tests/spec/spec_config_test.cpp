@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/error.h"
 
 namespace sieve::spec {
@@ -39,6 +42,16 @@ TEST(SpeculativeConfig, Eagle3) {
       parse_speculative_config(R"({"method": "eagle3", "model": "/d", "num_speculative_tokens": 3})");
   EXPECT_EQ(c.method, Method::Eagle3);
   EXPECT_EQ(c.model, "/d");
+}
+
+TEST(SpeculativeConfig, FromAFile) {
+  const std::string dir = ::testing::TempDir() + "sieve_spec_cfg";
+  std::filesystem::create_directories(dir + "/d");
+  std::ofstream(dir + "/d/speculative.json") << R"({"method": "eagle3", "model": ".", "num_speculative_tokens": 2})";
+  const SpeculativeConfig c = parse_speculative_config(dir + "/d/speculative.json");
+  EXPECT_EQ(c.num_speculative_tokens, 2);
+  EXPECT_EQ(std::filesystem::path(c.model), std::filesystem::path(dir + "/d").lexically_normal());
+  EXPECT_NE(error_of(dir + "/missing.json").find("not a file"), std::string::npos);
 }
 
 TEST(SpeculativeConfig, BadInputNamesTheFlagAndField) {

@@ -132,13 +132,18 @@ TEST(SpecEngine, GreedyEqualityUnderPreemptionAndSmallBudgets) {
   plain.num_blocks = 12;  // preemptions
   plain.sched.max_num_batched_tokens = 9;  // drafts cut by the budget
   plain.sched.max_model_len = 96;
-  const auto want = run(plain, jobs);
-  Rig r = plain;
-  r.spec = ngram(3, /*adaptive=*/true);
   EngineStats st;
-  const auto got = run(r, jobs, &st);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+  const auto want = run(plain, jobs, &st);
   EXPECT_GT(st.preemptions, 0u);
+  for (bool adaptive : {false, true}) {
+    Rig r = plain;
+    r.spec = ngram(3, adaptive);
+    const auto got = run(r, jobs, &st);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    std::printf("adaptive %d: %llu preemptions, %llu of %llu drafts kept\n", int(adaptive),
+                (unsigned long long)st.preemptions, (unsigned long long)st.spec_num_accepted_tokens,
+                (unsigned long long)st.spec_num_draft_tokens);
+  }
 }
 
 // Rejected draft tokens leave no trace: the prefix cache registers the same blocks as plain
