@@ -85,4 +85,39 @@ void SpecController::record_draft(int drafted, int accepted) {
     pos_rate_[size_t(i)] = 0.95 * pos_rate_[size_t(i)] + 0.05 * (i < accepted ? 1.0 : 0.0);
 }
 
+SyntheticVerification synthetic_verification(int batch, int64_t context, int k, int bs, int64_t vocab, uint64_t seed) {
+  SyntheticVerification v;
+  const int64_t per_seq = (context + 2 * int64_t(k) + 2 + bs - 1) / bs;
+  v.blocks_needed = per_seq * batch;
+  std::mt19937_64 rng(seed);
+  StepInputs& in = v.verify;
+  in.max_blocks_per_seq = int(per_seq);
+  in.query_start_loc.push_back(0);
+  for (int s = 0; s < batch; ++s) {
+    std::vector<int32_t> table;
+    for (int64_t b = 0; b < per_seq; ++b) table.push_back(int32_t(s * per_seq + b));
+    for (int i = 0; i <= k; ++i) {
+      const int64_t pos = context + i;
+      in.token_ids.push_back(int32_t(rng() % uint64_t(vocab)));
+      in.positions.push_back(int32_t(pos));
+      in.slot_mapping.push_back(int64_t(table[size_t(pos / bs)]) * bs + pos % bs);
+      in.logits_indices.push_back(int32_t(in.token_ids.size() - 1));
+    }
+    in.query_start_loc.push_back(int32_t(in.token_ids.size()));
+    in.seq_lens.push_back(int32_t(context + k + 1));
+    in.block_tables.insert(in.block_tables.end(), table.begin(), table.end());
+    DraftPlan::Seq q;
+    q.step_seq = s;
+    q.last_row = in.query_start_loc.back() - 1;
+    q.first_pos = context + k + 1;
+    q.block_table = table;
+    v.draft.seqs.push_back(std::move(q));
+  }
+  v.draft.num_tokens = k;
+  v.draft.next_tokens.assign(in.token_ids.begin() + 1, in.token_ids.end());
+  v.draft.next_tokens.push_back(0);
+  v.draft.slots = in.slot_mapping;
+  return v;
+}
+
 }  // namespace sieve::engine

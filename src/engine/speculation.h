@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "engine/runner.h"
 #include "engine/sampler.h"
 #include "spec/config.h"
 
@@ -75,5 +76,18 @@ class SpecController {
   static constexpr int probe_every = 64;
   static constexpr double min_position_rate = 0.1;
 };
+
+// A verification step for benchmarks (`sieve bench step`): `batch` sequences that hold `context`
+// tokens, each with K + 1 new rows (its last token and K drafts) and their logits, tables on
+// consecutive blocks from block 0 (blocks_needed of them, room left for the draft's positions);
+// and the EAGLE3 draft's passes after it when every draft was kept. Run `verify` through
+// Runner::run and then `draft` through Runner::propose (a draft set) to time both.
+struct SyntheticVerification {
+  StepInputs verify;
+  DraftPlan draft;
+  int64_t blocks_needed = 0;
+};
+SyntheticVerification synthetic_verification(int batch, int64_t context, int k, int block_size, int64_t vocab,
+                                             uint64_t seed = 0);
 
 }  // namespace sieve::engine

@@ -401,6 +401,25 @@ def acceptance(draft, target, prompts, n_new, ks):
     return res
 
 
+@torch.no_grad()
+def self_check(draft, target, stream, device):
+    """The training-time test's masks give what the engine's passes compute: step 0 equals the
+    catch-up pass, and steps 1, 2 at a row equal one-row passes chained from the row before."""
+    x = stream[:41].view(1, -1).to(device)
+    aux, _ = target.forward(x[:, :-1])
+    tok = x[:, 1:]
+    outs = draft.ttt(tok, aux, 3)
+    k0, v0, out0, lg0, tables = draft.catch_up(tok, aux)
+    c, chain = 20, []
+    g, l1 = draft.step(tok[0, c], out0[0, c - 1], c, k0[:, :, :c], v0[:, :, :c], chain, tables)
+    _, l2 = draft.step(tok[0, c + 1], g, c + 1, k0[:, :, :c], v0[:, :, :c], chain, tables)
+    scale = float(lg0.abs().max())
+    diffs = [float((outs[0] - lg0).abs().max()), float((outs[1][0, c] - l1).abs().max()),
+             float((outs[2][0, c + 1] - l2).abs().max())]
+    log("self-check (training-time test vs the engine's passes), max |logit diff|:", diffs, "of", round(scale, 2))
+    assert max(diffs) < 1e-3 * max(scale, 1.0), diffs
+
+
 # ----------------------------------------------------------------------------------------------
 def token_streams(target, corpus, smoke, device):
     model_dir = os.path.join(ROOT, "models", "minimax-m3-tiny")
@@ -457,6 +476,7 @@ def main():
     train, held = token_streams(target, args.corpus, args.smoke, device)
     log(f"train tokens {train.numel()}, held-out tokens {held.numel()}; aux layers {AUX_LAYERS}")
     draft = Draft(target).to(device)
+    self_check(draft, target, held, device)
     params = [p for p in draft.parameters() if p.requires_grad]
     log(f"draft: {sum(p.numel() for p in params) / 1e6:.2f} M parameters")
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))

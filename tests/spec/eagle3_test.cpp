@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/speculation.h"
 #include "io/safetensors.h"
 #include "io/tiny_model.h"
 #include "model/model.h"
@@ -477,6 +478,34 @@ TEST(Eagle3Draft, GreedyOutputEqualsPlainDecodingOnARealModel) {
     const auto got = run_engine(m, v.method == Method::Eagle3 ? draft.get() : nullptr, sc, prompts, 24, v.caching, &st);
     EXPECT_EQ(got, want) << method_name(v.method) << " K=" << v.k;
     EXPECT_GT(st.spec_num_draft_tokens, 0u) << method_name(v.method) << " K=" << v.k;
+  }
+}
+
+// The benchmark step (sieve bench step): a verification step and the draft's passes after it run
+// as built, with a dummy draft of the target's shape.
+TEST(Eagle3Draft, SyntheticVerificationStepRuns) {
+  Target t = make_target("synthetic");
+  model::Model& m = *t.model;
+  const std::string dd = temp_dir("synthetic_draft");
+  RandomEagle3Options o;
+  o.head_dim = 32;
+  o.write_weights = false;
+  write_random_eagle3(dd, m.config(), o);
+  auto draft = Eagle3Draft::load(dd, m.config(), Device{}, m.input_embedding(), /*dummy=*/true);
+  const engine::SyntheticVerification v = engine::synthetic_verification(3, 300, 3, m.block_size(), m.vocab_size(), 1);
+  m.allocate_caches({.kv_dtype = DType::F32, .index_dtype = DType::F32, .num_blocks = v.blocks_needed});
+  draft->allocate_cache(DType::F32, v.blocks_needed, m.block_size(), 512);
+  engine::Runner runner(m);
+  runner.set_draft(draft.get());
+  std::vector<float> logits;
+  runner.run(v.verify, logits);
+  EXPECT_EQ(logits.size(), size_t(3 * 4 * m.vocab_size()));
+  std::vector<std::vector<int32_t>> drafts;
+  runner.propose(v.draft, drafts);
+  ASSERT_EQ(drafts.size(), 3u);
+  for (const auto& d : drafts) {
+    ASSERT_EQ(d.size(), 3u);
+    for (int32_t tok : d) EXPECT_TRUE(tok >= 0 && tok < m.vocab_size());
   }
 }
 
