@@ -50,7 +50,8 @@ int run_make_tiny_draft(const std::vector<std::string>& argv) {
   if (!a.has("--out")) throw sieve::Error("--out is required");
   std::string dir = a.get("--model");
   if (dir.empty()) dir = sieve::model::bundled_model_dir(SIEVE_SOURCE_DIR);
-  if (dir.empty()) throw sieve::Error("--model: no target given and no bundled model under models/");
+  if (dir.empty())
+    throw sieve::Error("--model: no target given and no bundled model under models/");
   const sieve::ModelConfig target = sieve::load_model_config(dir);
   d.seed = uint64_t(a.get_int("--seed"));
   if (a.has("--hidden-size")) d.hidden_size = a.get_int("--hidden-size");
@@ -70,6 +71,7 @@ int run_make_tiny_draft(const std::vector<std::string>& argv) {
   return 0;
 }
 
-sieve::cli::Register reg{"make-tiny-draft", "write a random-weight EAGLE3 draft for a target model", &run_make_tiny_draft};
+sieve::cli::Register reg{"make-tiny-draft", "write a random-weight EAGLE3 draft for a target model",
+                         &run_make_tiny_draft};
 
 }  // namespace

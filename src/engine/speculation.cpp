@@ -6,24 +6,27 @@ namespace sieve::engine {
 
 FinishReason ending(const Request& r, int32_t token, int64_t n_out, int64_t total) {
   const SamplingParams& p = r.params;
-  const bool is_eos = !p.ignore_eos && std::find(r.eos_ids.begin(), r.eos_ids.end(), token) != r.eos_ids.end();
-  const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  const bool is_eos =
+      !p.ignore_eos && std::find(r.eos_ids.begin(), r.eos_ids.end(), token) != r.eos_ids.end();
+  const bool is_stop_id =
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
   if ((is_eos || is_stop_id) && n_out >= p.min_tokens) return FinishReason::Stop;
-  if (r.constraint_state && r.constraint_state->must_end()) return FinishReason::Stop;  // the output is complete
+  if (r.constraint_state && r.constraint_state->must_end())
+    return FinishReason::Stop;  // the output is complete
   if (n_out >= p.max_tokens || total >= r.max_total_tokens) return FinishReason::Length;
   return FinishReason::None;
 }
 
-Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V, std::span<const int32_t> draft,
-                           std::span<const int32_t> stop_ids) {
+Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V,
+                           std::span<const int32_t> draft, std::span<const int32_t> stop_ids) {
   Verified v;
   const SamplingParams& p = r.params;
   std::vector<int32_t> history(r.tokens.begin(), r.tokens.end());
   const int k = int(draft.size());
   for (int i = 0; i <= k; ++i) {
     const std::span<const float> row = logits.subspan(size_t(i) * size_t(V), size_t(V));
-    const SamplingDist dist =
-        sampling_distribution(row, p, history, r.num_prompt_tokens, stop_ids, r.constraint_state.get());
+    const SamplingDist dist = sampling_distribution(row, p, history, r.num_prompt_tokens, stop_ids,
+                                                    r.constraint_state.get());
     int32_t tok;
     bool kept = false;
     if (i < k) {
@@ -44,7 +47,8 @@ Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V,
     history.push_back(tok);
     if (!kept) break;
     ++v.accepted;
-    if (ending(r, tok, int64_t(history.size()) - r.num_prompt_tokens, int64_t(history.size())) != FinishReason::None)
+    if (ending(r, tok, int64_t(history.size()) - r.num_prompt_tokens, int64_t(history.size())) !=
+        FinishReason::None)
       break;
   }
   return v;
@@ -85,7 +89,8 @@ void SpecController::record_draft(int drafted, int accepted) {
     pos_rate_[size_t(i)] = 0.95 * pos_rate_[size_t(i)] + 0.05 * (i < accepted ? 1.0 : 0.0);
 }
 
-SyntheticVerification synthetic_verification(int batch, int64_t context, int k, int bs, int64_t vocab, uint64_t seed) {
+SyntheticVerification synthetic_verification(int batch, int64_t context, int k, int bs,
+                                             int64_t vocab, uint64_t seed) {
   SyntheticVerification v;
   const int64_t per_seq = (context + 2 * int64_t(k) + 2 + bs - 1) / bs;
   v.blocks_needed = per_seq * batch;

@@ -87,7 +87,7 @@ struct SyntheticVerification {
   DraftPlan draft;
   int64_t blocks_needed = 0;
 };
-SyntheticVerification synthetic_verification(int batch, int64_t context, int k, int block_size, int64_t vocab,
-                                             uint64_t seed = 0);
+SyntheticVerification synthetic_verification(int batch, int64_t context, int k, int block_size,
+                                             int64_t vocab, uint64_t seed = 0);
 
 }  // namespace sieve::engine

@@ -25,15 +25,17 @@ const char* method_name(Method m) {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& what) { throw Error("--speculative-config: " + what); }
+[[noreturn]] void fail(const std::string& what) {
+  throw Error("--speculative-config: " + what);
+}
 
 int get_int(const nlohmann::json& j, const char* key, int lo, int hi) {
   const nlohmann::json& v = j.at(key);
   if (!v.is_number_integer()) fail(std::string(key) + " must be an integer, got " + v.dump());
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi)
-    fail(std::string(key) + " must be in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " +
-         std::to_string(x));
+    fail(std::string(key) + " must be in " + std::to_string(lo) + ".." + std::to_string(hi) +
+         ", got " + std::to_string(x));
   return int(x);
 }
 
@@ -46,7 +48,8 @@ SpeculativeConfig parse_speculative_config(const std::string& arg) {
   // relative to the file's folder.
   std::string text = arg, base;
   const size_t first = arg.find_first_not_of(" \t\n");
-  if (first != std::string::npos && arg[first] != '{' && arg[first] != '[' && fs::is_regular_file(arg)) {
+  if (first != std::string::npos && arg[first] != '{' && arg[first] != '[' &&
+      fs::is_regular_file(arg)) {
     std::ifstream in(arg);
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     base = fs::path(arg).parent_path().string();
@@ -55,11 +58,19 @@ SpeculativeConfig parse_speculative_config(const std::string& arg) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    fail(std::string("not valid JSON (") + e.what() + ")" + (base.empty() && first != std::string::npos && arg[first] != '{' ? " and not a file" : ""));
+    fail(
+        std::string("not valid JSON (") + e.what() + ")" +
+        (base.empty() && first != std::string::npos && arg[first] != '{' ? " and not a file" : ""));
   }
-  if (!j.is_object()) fail("expected a JSON object such as {\"method\": \"ngram\", \"num_speculative_tokens\": 3}");
-  static const char* known[] = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
-                                "prompt_lookup_max", "disable_by_batch_size", "draft_tensor_parallel_size"};
+  if (!j.is_object())
+    fail("expected a JSON object such as {\"method\": \"ngram\", \"num_speculative_tokens\": 3}");
+  static const char* known[] = {"method",
+                                "model",
+                                "num_speculative_tokens",
+                                "prompt_lookup_min",
+                                "prompt_lookup_max",
+                                "disable_by_batch_size",
+                                "draft_tensor_parallel_size"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool ok = false;
     for (const char* k : known) ok = ok || it.key() == k;
@@ -76,7 +87,8 @@ SpeculativeConfig parse_speculative_config(const std::string& arg) {
     fail("unknown method \"" + m + "\" (supported: \"ngram\", \"eagle3\")");
   if (!j.contains("num_speculative_tokens")) fail("num_speculative_tokens is required");
   c.num_speculative_tokens = get_int(j, "num_speculative_tokens", 1, kMaxSpeculativeTokens);
-  if (j.contains("disable_by_batch_size")) c.disable_by_batch_size = get_int(j, "disable_by_batch_size", 1, 1 << 20);
+  if (j.contains("disable_by_batch_size"))
+    c.disable_by_batch_size = get_int(j, "disable_by_batch_size", 1, 1 << 20);
   if (j.contains("draft_tensor_parallel_size")) get_int(j, "draft_tensor_parallel_size", 1, 1);
   if (c.method == Method::Eagle3) {
     if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty())
@@ -98,8 +110,8 @@ SpeculativeConfig parse_speculative_config(const std::string& arg) {
     if (!has_min) c.prompt_lookup_min = c.prompt_lookup_max;
     if (!has_max) c.prompt_lookup_max = c.prompt_lookup_min;
     if (c.prompt_lookup_min > c.prompt_lookup_max)
-      fail("prompt_lookup_min (" + std::to_string(c.prompt_lookup_min) + ") is larger than prompt_lookup_max (" +
-           std::to_string(c.prompt_lookup_max) + ")");
+      fail("prompt_lookup_min (" + std::to_string(c.prompt_lookup_min) +
+           ") is larger than prompt_lookup_max (" + std::to_string(c.prompt_lookup_max) + ")");
   }
   return c;
 }

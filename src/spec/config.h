@@ -15,7 +15,7 @@ constexpr int kMaxSpeculativeTokens = 16;
 
 struct SpeculativeConfig {
   Method method = Method::None;
-  std::string model;  // eagle3: the draft's directory
+  std::string model;               // eagle3: the draft's directory
   int num_speculative_tokens = 0;  // K
   // ngram (vLLM's defaults: both 5 when neither is given, else the one given for both)
   int prompt_lookup_min = 0;

@@ -30,19 +30,22 @@ class Reader {
   // Host copy of `name` [rows, cols] (cols 0: a vector) converted to `dt`.
   std::vector<uint8_t> read(const std::string& name, int64_t rows, int64_t cols, DType dt) const {
     const TensorInfo& t = get(name);
-    const std::vector<int64_t> want = cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
+    const std::vector<int64_t> want =
+        cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
     if (t.shape != want)
-      throw Error("speculative draft " + dir_ + ": tensor " + t.name + " has shape " + shape_str(t.shape) +
-                  ", expected " + shape_str(want) + " (does the draft fit the target?)");
+      throw Error("speculative draft " + dir_ + ": tensor " + t.name + " has shape " +
+                  shape_str(t.shape) + ", expected " + shape_str(want) +
+                  " (does the draft fit the target?)");
     if (t.dtype != DType::BF16 && t.dtype != DType::F32 && t.dtype != DType::F16)
-      throw Error("speculative draft " + dir_ + ": tensor " + t.name + " has dtype " + std::string(dtype_name(t.dtype)) +
-                  ", expected BF16, F16 or F32");
+      throw Error("speculative draft " + dir_ + ": tensor " + t.name + " has dtype " +
+                  std::string(dtype_name(t.dtype)) + ", expected BF16, F16 or F32");
     const size_t n = size_t(t.numel());
     std::vector<uint8_t> out(n * dtype_size(dt));
     if (t.dtype == dt) {
       std::memcpy(out.data(), t.data, out.size());
     } else {
-      for (size_t i = 0; i < n; ++i) store_from_f32(out.data(), dt, i, load_as_f32(t.data, t.dtype, i));
+      for (size_t i = 0; i < n; ++i)
+        store_from_f32(out.data(), dt, i, load_as_f32(t.data, t.dtype, i));
     }
     return out;
   }
@@ -80,7 +83,7 @@ Mat upload(const Device& dev, std::vector<uint8_t> bytes, DType dt, int64_t rows
 }  // namespace
 
 struct Eagle3Draft::Impl {
-  Mat embed;           // own [vocab, H] (empty: target_embed)
+  Mat embed;  // own [vocab, H] (empty: target_embed)
   ops::WeightView target_embed;
   std::vector<Mat> fc;  // per aux layer [H, target H] (column blocks of fc.weight)
   Mat qkv, o_proj, gate_up, down;
@@ -122,12 +125,14 @@ class DummyReader {
 };
 
 template <class R>
-void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c, const ModelConfig& target, const Device& dev,
-                  const ops::WeightView& target_embed, const std::string& dir);
+void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c,
+                  const ModelConfig& target, const Device& dev, const ops::WeightView& target_embed,
+                  const std::string& dir);
 
 }  // namespace
 
-std::unique_ptr<Eagle3Draft> Eagle3Draft::load(const std::string& dir, const ModelConfig& target, const Device& dev,
+std::unique_ptr<Eagle3Draft> Eagle3Draft::load(const std::string& dir, const ModelConfig& target,
+                                               const Device& dev,
                                                const ops::WeightView& target_embed, bool dummy) {
   std::unique_ptr<Eagle3Draft> d(new Eagle3Draft());
   d->cfg_ = load_eagle3_config(dir, target);
@@ -147,20 +152,24 @@ std::unique_ptr<Eagle3Draft> Eagle3Draft::load(const std::string& dir, const Mod
   d->d2t_.resize(size_t(c.draft_vocab_size));
   if (rd.has("d2t")) {
     const TensorInfo& t = rd.get("d2t");
-    if (t.shape != std::vector<int64_t>{c.draft_vocab_size} || (t.dtype != DType::I64 && t.dtype != DType::I32))
-      throw Error("speculative draft " + dir + ": d2t has dtype " + std::string(dtype_name(t.dtype)) + " and shape " +
-                  shape_str(t.shape) + ", expected I64 [" + std::to_string(c.draft_vocab_size) + "]");
+    if (t.shape != std::vector<int64_t>{c.draft_vocab_size} ||
+        (t.dtype != DType::I64 && t.dtype != DType::I32))
+      throw Error("speculative draft " + dir + ": d2t has dtype " +
+                  std::string(dtype_name(t.dtype)) + " and shape " + shape_str(t.shape) +
+                  ", expected I64 [" + std::to_string(c.draft_vocab_size) + "]");
     for (int64_t i = 0; i < c.draft_vocab_size; ++i) {
       const int64_t off = t.dtype == DType::I64 ? static_cast<const int64_t*>(t.data)[i]
                                                 : int64_t(static_cast<const int32_t*>(t.data)[i]);
       const int64_t id = i + off;
       if (id < 0 || id >= c.vocab_size)
-        throw Error("speculative draft " + dir + ": d2t maps draft id " + std::to_string(i) + " to " + std::to_string(id) +
-                    ", outside the target's vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+        throw Error("speculative draft " + dir + ": d2t maps draft id " + std::to_string(i) +
+                    " to " + std::to_string(id) + ", outside the target's vocabulary [0, " +
+                    std::to_string(c.vocab_size) + ")");
       d->d2t_[size_t(i)] = int32_t(id);
     }
   } else if (c.draft_vocab_size != c.vocab_size) {
-    throw Error("speculative draft " + dir + ": draft_vocab_size " + std::to_string(c.draft_vocab_size) +
+    throw Error("speculative draft " + dir + ": draft_vocab_size " +
+                std::to_string(c.draft_vocab_size) +
                 " differs from vocab_size but there is no d2t map");
   } else {
     for (int64_t i = 0; i < c.draft_vocab_size; ++i) d->d2t_[size_t(i)] = int32_t(i);
@@ -171,8 +180,9 @@ std::unique_ptr<Eagle3Draft> Eagle3Draft::load(const std::string& dir, const Mod
 namespace {
 
 template <class R>
-void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c, const ModelConfig& target, const Device& dev,
-                  const ops::WeightView& target_embed, const std::string& dir) {
+void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c,
+                  const ModelConfig& target, const Device& dev, const ops::WeightView& target_embed,
+                  const std::string& dir) {
   const int64_t H = c.hidden_size, Ht = c.target_hidden_size, I = c.intermediate_size;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
   const DType bf = DType::BF16, f32 = DType::F32;
@@ -180,24 +190,27 @@ void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c, cons
     w.embed = upload(dev, rd.read("embed_tokens.weight", c.vocab_size, H, bf), bf, c.vocab_size, H);
   } else {
     if (H != target.hidden_size || !target_embed.data)
-      throw Error("speculative draft " + dir + ": no embed_tokens.weight, and its hidden_size " + std::to_string(H) +
-                  " differs from the target's " + std::to_string(target.hidden_size) + " (cannot share its embedding)");
+      throw Error("speculative draft " + dir + ": no embed_tokens.weight, and its hidden_size " +
+                  std::to_string(H) + " differs from the target's " +
+                  std::to_string(target.hidden_size) + " (cannot share its embedding)");
     w.target_embed = target_embed;
   }
   const int64_t na = int64_t(c.aux_layers.size());
   if constexpr (std::is_same_v<R, Reader>) {
     const TensorInfo& fc = rd.get("fc.weight");
     if (fc.shape.size() != 2 || fc.shape[0] != H || fc.shape[1] != na * Ht)
-      throw Error("speculative draft " + dir + ": fc.weight has shape " + shape_str(fc.shape) + ", expected [" +
-                  std::to_string(H) + ", " + std::to_string(na * Ht) + "] (" + std::to_string(na) +
-                  " aux hidden states of the target's hidden size " + std::to_string(Ht) + ")");
+      throw Error("speculative draft " + dir + ": fc.weight has shape " + shape_str(fc.shape) +
+                  ", expected [" + std::to_string(H) + ", " + std::to_string(na * Ht) + "] (" +
+                  std::to_string(na) + " aux hidden states of the target's hidden size " +
+                  std::to_string(Ht) + ")");
   }
   {
     const std::vector<uint8_t> all = rd.read("fc.weight", H, na * Ht, bf);
     for (int64_t j = 0; j < na; ++j) {
       std::vector<uint8_t> part(size_t(H * Ht) * 2);
       for (int64_t r = 0; r < H; ++r)
-        std::memcpy(part.data() + size_t(r * Ht) * 2, all.data() + size_t(r * na * Ht + j * Ht) * 2, size_t(Ht) * 2);
+        std::memcpy(part.data() + size_t(r * Ht) * 2, all.data() + size_t(r * na * Ht + j * Ht) * 2,
+                    size_t(Ht) * 2);
       w.fc.push_back(upload(dev, std::move(part), bf, H, Ht));
     }
   }
@@ -222,19 +235,22 @@ void load_weights(Eagle3Draft::Impl& w, const R& rd, const Eagle3Config& c, cons
   w.hidden_norm = upload(dev, rd.read(L + "hidden_norm.weight", H, 0, f32), f32, H, 1);
   w.post_norm = upload(dev, rd.read(L + "post_attention_layernorm.weight", H, 0, f32), f32, H, 1);
   w.norm = upload(dev, rd.read("norm.weight", H, 0, f32), f32, H, 1);
-  w.lm_head = upload(dev, rd.read("lm_head.weight", c.draft_vocab_size, H, bf), bf, c.draft_vocab_size, H);
-
+  w.lm_head =
+      upload(dev, rd.read("lm_head.weight", c.draft_vocab_size, H, bf), bf, c.draft_vocab_size, H);
 }
 
 }  // namespace
 
 size_t Eagle3Draft::cache_bytes_per_block(DType kv_dtype, int block_size) const {
-  size_t b = 2 * size_t(cfg_.num_kv_heads) * size_t(block_size) * size_t(cfg_.head_dim) * dtype_size(kv_dtype);
-  if (kv_dtype == DType::FP8_E4M3) b += 2 * size_t(cfg_.num_kv_heads) * size_t(block_size) * sizeof(float);
+  size_t b = 2 * size_t(cfg_.num_kv_heads) * size_t(block_size) * size_t(cfg_.head_dim) *
+             dtype_size(kv_dtype);
+  if (kv_dtype == DType::FP8_E4M3)
+    b += 2 * size_t(cfg_.num_kv_heads) * size_t(block_size) * sizeof(float);
   return b;
 }
 
-void Eagle3Draft::allocate_cache(DType kv_dtype, int64_t num_blocks, int block_size, int64_t max_positions) {
+void Eagle3Draft::allocate_cache(DType kv_dtype, int64_t num_blocks, int block_size,
+                                 int64_t max_positions) {
   Impl& w = *impl_;
   ++epoch_;
   const int64_t phys = num_blocks + 1;
@@ -300,13 +316,15 @@ void Eagle3Draft::forward(const DraftStep& s, const ops::Stream& st) {
   Impl& w = *impl_;
   if (!w.kv.k) throw Error("speculative draft: forward() before allocate_cache()");
   if (s.max_position + 1 > w.rope_positions)
-    throw Error("speculative draft: position " + std::to_string(s.max_position) + " is past its RoPE table");
+    throw Error("speculative draft: position " + std::to_string(s.max_position) +
+                " is past its RoPE table");
   const int64_t n = s.batch.num_tokens, nl = s.num_logits;
   const int64_t H = cfg_.hidden_size, Ht = cfg_.target_hidden_size, I = cfg_.intermediate_size;
   const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, hd = cfg_.head_dim;
   if (!s.aux && s.prev_rows > 0 && n > 0) {
     // Rows of the previous pass's output are read before this pass grows anything.
-    SIEVE_CHECK(int64_t(w.res.bytes() / 4) >= s.prev_rows * H, "speculative draft: previous rows are gone");
+    SIEVE_CHECK(int64_t(w.res.bytes() / 4) >= s.prev_rows * H,
+                "speculative draft: previous rows are gone");
   }
   reserve(n, nl);
   if (n == 0) return;

@@ -59,7 +59,7 @@ struct DraftStep {
   int max_position = 0;
   // g: fc over the target's aux hidden states (first pass over positions), or (aux null) the rows
   // hidden_rows of the previous pass's pre-norm output (prev_rows of them).
-  const float* aux = nullptr;  // [n_aux, num_tokens, target_hidden]
+  const float* aux = nullptr;            // [n_aux, num_tokens, target_hidden]
   const int32_t* hidden_rows = nullptr;  // [num_tokens]
   int64_t prev_rows = 0;
   // Logits of rows logits_rows[0..num_logits) (on the device, so a captured pass can take other
@@ -75,8 +75,8 @@ class Eagle3Draft {
   // has no embed_tokens of its own (it must outlive the draft).
   // dummy: config.json only, weights made up (--load-format dummy benchmarks).
   static std::unique_ptr<Eagle3Draft> load(const std::string& dir, const ModelConfig& target,
-                                           const Device& device, const ops::WeightView& target_embed,
-                                           bool dummy = false);
+                                           const Device& device,
+                                           const ops::WeightView& target_embed, bool dummy = false);
   ~Eagle3Draft();
 
   const Eagle3Config& config() const { return cfg_; }
@@ -111,7 +111,7 @@ class Eagle3Draft {
 // Random-weight drafts in the published layout, for tests and benchmarks.
 struct RandomEagle3Options {
   uint64_t seed = 0;
-  int64_t hidden_size = 0;  // 0: the target's
+  int64_t hidden_size = 0;        // 0: the target's
   int64_t intermediate_size = 0;  // 0: 2 x hidden
   int num_heads = 2, num_kv_heads = 1, head_dim = 128;
   int64_t draft_vocab_size = 0;  // 0: the target's vocabulary (d2t all zero)
@@ -122,6 +122,7 @@ struct RandomEagle3Options {
   float weight_scale = 1.0f;
   bool write_weights = true;  // false: config.json only (a checkpoint for --load-format dummy)
 };
-void write_random_eagle3(const std::string& dir, const ModelConfig& target, const RandomEagle3Options& o);
+void write_random_eagle3(const std::string& dir, const ModelConfig& target,
+                         const RandomEagle3Options& o);
 
 }  // namespace sieve::spec

@@ -15,7 +15,9 @@ namespace sieve::spec {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::vector<int> default_aux_layers(int n) { return {2, n / 2, n - 3}; }
+std::vector<int> default_aux_layers(int n) {
+  return {2, n / 2, n - 3};
+}
 
 namespace {
 
@@ -24,7 +26,8 @@ namespace {
 }
 
 int64_t need_int(const json& j, const std::string& file, const char* key) {
-  if (!j.contains(key) || !j[key].is_number_integer()) bad(file, std::string("\"") + key + "\" (an integer) is missing");
+  if (!j.contains(key) || !j[key].is_number_integer())
+    bad(file, std::string("\"") + key + "\" (an integer) is missing");
   return j[key].get<int64_t>();
 }
 
@@ -33,7 +36,8 @@ int64_t need_int(const json& j, const std::string& file, const char* key) {
 Eagle3Config load_eagle3_config(const std::string& dir, const ModelConfig& target) {
   const std::string file = (fs::path(dir) / "config.json").string();
   std::ifstream in(file);
-  if (!in) throw Error("speculative draft: cannot read " + file + " (is \"model\" a draft directory?)");
+  if (!in)
+    throw Error("speculative draft: cannot read " + file + " (is \"model\" a draft directory?)");
   json j;
   try {
     j = json::parse(in);
@@ -44,9 +48,11 @@ Eagle3Config load_eagle3_config(const std::string& dir, const ModelConfig& targe
   c.hidden_size = need_int(j, file, "hidden_size");
   c.intermediate_size = need_int(j, file, "intermediate_size");
   c.num_heads = int(need_int(j, file, "num_attention_heads"));
-  c.num_kv_heads = j.contains("num_key_value_heads") ? int(need_int(j, file, "num_key_value_heads")) : c.num_heads;
-  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? int(need_int(j, file, "head_dim"))
-                                                                 : int(c.hidden_size / std::max(c.num_heads, 1));
+  c.num_kv_heads = j.contains("num_key_value_heads") ? int(need_int(j, file, "num_key_value_heads"))
+                                                     : c.num_heads;
+  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null()
+                   ? int(need_int(j, file, "head_dim"))
+                   : int(c.hidden_size / std::max(c.num_heads, 1));
   c.vocab_size = need_int(j, file, "vocab_size");
   c.draft_vocab_size = j.contains("draft_vocab_size") && !j["draft_vocab_size"].is_null()
                            ? need_int(j, file, "draft_vocab_size")
@@ -56,12 +62,14 @@ Eagle3Config load_eagle3_config(const std::string& dir, const ModelConfig& targe
                              : c.hidden_size;
   if (j.contains("rms_norm_eps")) c.rms_norm_eps = j["rms_norm_eps"].get<float>();
   if (j.contains("rope_theta")) c.rope_theta = j["rope_theta"].get<double>();
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains("rope_theta"))
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("rope_theta"))
     c.rope_theta = j["rope_parameters"]["rope_theta"].get<double>();
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& rs = j["rope_scaling"];
     const std::string t = rs.value("rope_type", rs.value("type", std::string("default")));
-    if (t != "default") bad(file, "rope_scaling type \"" + t + "\" is not supported (only default RoPE)");
+    if (t != "default")
+      bad(file, "rope_scaling type \"" + t + "\" is not supported (only default RoPE)");
   }
   c.norm_before_residual = j.value("norm_before_residual", false);
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
@@ -72,14 +80,17 @@ Eagle3Config load_eagle3_config(const std::string& dir, const ModelConfig& targe
   if (j.contains("eagle_aux_hidden_state_layer_ids")) ids = &j["eagle_aux_hidden_state_layer_ids"];
   if (j.contains("eagle_config") && j["eagle_config"].is_object()) {
     const json& e = j["eagle_config"];
-    if (e.contains("eagle_aux_hidden_state_layer_ids")) ids = &e["eagle_aux_hidden_state_layer_ids"];
+    if (e.contains("eagle_aux_hidden_state_layer_ids"))
+      ids = &e["eagle_aux_hidden_state_layer_ids"];
     if (e.contains("use_aux_hidden_state") && !e["use_aux_hidden_state"].get<bool>())
       bad(file, "eagle_config.use_aux_hidden_state false (EAGLE1/2 drafts) is not supported");
   }
   if (ids && !ids->is_null()) {
-    if (!ids->is_array() || ids->empty()) bad(file, "eagle_aux_hidden_state_layer_ids must be a non-empty list");
+    if (!ids->is_array() || ids->empty())
+      bad(file, "eagle_aux_hidden_state_layer_ids must be a non-empty list");
     for (const json& v : *ids) {
-      if (!v.is_number_integer()) bad(file, "eagle_aux_hidden_state_layer_ids must hold layer numbers");
+      if (!v.is_number_integer())
+        bad(file, "eagle_aux_hidden_state_layer_ids must hold layer numbers");
       c.aux_layers.push_back(v.get<int>());
     }
   } else {
@@ -91,19 +102,26 @@ Eagle3Config load_eagle3_config(const std::string& dir, const ModelConfig& targe
     bad(file, "vocab_size " + std::to_string(c.vocab_size) + " does not match the target's " +
                   std::to_string(target.vocab_size));
   if (c.draft_vocab_size < 1 || c.draft_vocab_size > c.vocab_size)
-    bad(file, "draft_vocab_size " + std::to_string(c.draft_vocab_size) + " must be in 1.." + std::to_string(c.vocab_size));
+    bad(file, "draft_vocab_size " + std::to_string(c.draft_vocab_size) + " must be in 1.." +
+                  std::to_string(c.vocab_size));
   if (c.target_hidden_size != target.hidden_size)
-    bad(file, "target hidden size " + std::to_string(c.target_hidden_size) + " (target_hidden_size, else hidden_size)"
-              " does not match the target's hidden_size " + std::to_string(target.hidden_size));
+    bad(file, "target hidden size " + std::to_string(c.target_hidden_size) +
+                  " (target_hidden_size, else hidden_size)"
+                  " does not match the target's hidden_size " +
+                  std::to_string(target.hidden_size));
   for (int l : c.aux_layers)
     if (l < 0 || l >= target.num_hidden_layers)
-      bad(file, "aux hidden state layer " + std::to_string(l) + " is not a layer of the target (0.." +
+      bad(file, "aux hidden state layer " + std::to_string(l) +
+                    " is not a layer of the target (0.." +
                     std::to_string(target.num_hidden_layers - 1) + ")");
   if (c.hidden_size < 1 || c.intermediate_size < 1 || c.num_heads < 1 || c.num_kv_heads < 1 ||
       c.num_heads % c.num_kv_heads != 0)
-    bad(file, "hidden_size, intermediate_size and head counts must be positive, heads a multiple of kv heads");
+    bad(file,
+        "hidden_size, intermediate_size and head counts must be positive, heads a multiple of kv "
+        "heads");
   if (c.head_dim <= 0 || c.head_dim % 32 != 0 || c.head_dim > 256)
-    bad(file, "head_dim " + std::to_string(c.head_dim) + " is not supported (a multiple of 32 up to 256)");
+    bad(file, "head_dim " + std::to_string(c.head_dim) +
+                  " is not supported (a multiple of 32 up to 256)");
   return c;
 }
 
@@ -127,23 +145,28 @@ struct Rng {
   }
 };
 
-TensorToWrite random_bf16(Rng& r, const std::string& name, std::vector<int64_t> shape, double std, double mean = 0) {
+TensorToWrite random_bf16(Rng& r, const std::string& name, std::vector<int64_t> shape, double std,
+                          double mean = 0) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   TensorToWrite t{name, DType::BF16, std::move(shape), std::vector<uint8_t>(size_t(n) * 2)};
-  for (int64_t i = 0; i < n; ++i) store_from_f32(t.bytes.data(), DType::BF16, size_t(i), float(mean + std * r.normal()));
+  for (int64_t i = 0; i < n; ++i)
+    store_from_f32(t.bytes.data(), DType::BF16, size_t(i), float(mean + std * r.normal()));
   return t;
 }
 
 }  // namespace
 
-void write_random_eagle3(const std::string& dir, const ModelConfig& t, const RandomEagle3Options& o) {
+void write_random_eagle3(const std::string& dir, const ModelConfig& t,
+                         const RandomEagle3Options& o) {
   const int64_t H = o.hidden_size ? o.hidden_size : t.hidden_size;
   const int64_t I = o.intermediate_size ? o.intermediate_size : 2 * H;
   const int64_t dv = o.draft_vocab_size ? o.draft_vocab_size : t.vocab_size;
-  const std::vector<int> aux = o.aux_layers.empty() ? default_aux_layers(t.num_hidden_layers) : o.aux_layers;
+  const std::vector<int> aux =
+      o.aux_layers.empty() ? default_aux_layers(t.num_hidden_layers) : o.aux_layers;
   SIEVE_CHECK(dv <= t.vocab_size, "draft vocabulary larger than the target's");
-  SIEVE_CHECK(o.own_embedding || H == t.hidden_size, "a draft without embeddings needs the target's hidden size");
+  SIEVE_CHECK(o.own_embedding || H == t.hidden_size,
+              "a draft without embeddings needs the target's hidden size");
   fs::create_directories(dir);
   json c;
   c["architectures"] = {"LlamaForCausalLMEagle3"};
@@ -175,10 +198,14 @@ void write_random_eagle3(const std::string& dir, const ModelConfig& t, const Ran
   if (o.own_embedding) w.push_back(random_bf16(r, "embed_tokens.weight", {t.vocab_size, H}, 1.0));
   w.push_back(random_bf16(r, "fc.weight", {H, na * Ht}, s / std::sqrt(double(na * Ht))));
   const std::string L = "midlayer.";
-  w.push_back(random_bf16(r, L + "self_attn.q_proj.weight", {o.num_heads * hd, 2 * H}, s / std::sqrt(2.0 * H)));
-  w.push_back(random_bf16(r, L + "self_attn.k_proj.weight", {o.num_kv_heads * hd, 2 * H}, s / std::sqrt(2.0 * H)));
-  w.push_back(random_bf16(r, L + "self_attn.v_proj.weight", {o.num_kv_heads * hd, 2 * H}, s / std::sqrt(2.0 * H)));
-  w.push_back(random_bf16(r, L + "self_attn.o_proj.weight", {H, o.num_heads * hd}, s / std::sqrt(double(o.num_heads * hd))));
+  w.push_back(random_bf16(r, L + "self_attn.q_proj.weight", {o.num_heads * hd, 2 * H},
+                          s / std::sqrt(2.0 * H)));
+  w.push_back(random_bf16(r, L + "self_attn.k_proj.weight", {o.num_kv_heads * hd, 2 * H},
+                          s / std::sqrt(2.0 * H)));
+  w.push_back(random_bf16(r, L + "self_attn.v_proj.weight", {o.num_kv_heads * hd, 2 * H},
+                          s / std::sqrt(2.0 * H)));
+  w.push_back(random_bf16(r, L + "self_attn.o_proj.weight", {H, o.num_heads * hd},
+                          s / std::sqrt(double(o.num_heads * hd))));
   w.push_back(random_bf16(r, L + "mlp.gate_proj.weight", {I, H}, s / std::sqrt(double(H))));
   w.push_back(random_bf16(r, L + "mlp.up_proj.weight", {I, H}, s / std::sqrt(double(H))));
   w.push_back(random_bf16(r, L + "mlp.down_proj.weight", {H, I}, s / std::sqrt(double(I))));
@@ -199,7 +226,8 @@ void write_random_eagle3(const std::string& dir, const ModelConfig& t, const Ran
     std::memcpy(d2t.bytes.data() + i * 8, &off, 8);
   }
   w.push_back(std::move(d2t));
-  TensorToWrite t2d{"t2d", DType::U8, {t.vocab_size}, std::vector<uint8_t>(size_t(t.vocab_size), 0)};
+  TensorToWrite t2d{
+      "t2d", DType::U8, {t.vocab_size}, std::vector<uint8_t>(size_t(t.vocab_size), 0)};
   for (int64_t id : ids) t2d.bytes[size_t(id)] = 1;
   w.push_back(std::move(t2d));
   write_safetensors((fs::path(dir) / "model.safetensors").string(), w);

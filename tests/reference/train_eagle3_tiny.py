@@ -352,6 +352,10 @@ def export(draft, target, out_dir):
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
+    # For `sieve serve --speculative-config=DIR/speculative.json` (model: this folder).
+    with open(os.path.join(out_dir, "speculative.json"), "w") as f:
+        json.dump({"method": "eagle3", "model": ".", "num_speculative_tokens": 3}, f)
+        f.write("\n")
     return os.path.getsize(os.path.join(out_dir, "model.safetensors"))
 
 

@@ -21,6 +21,7 @@
 #include "io/tiny_model.h"
 #include "model/model.h"
 #include "sieve_cli_util.h"
+#include "spec/config.h"
 
 namespace sieve::spec {
 namespace {
@@ -29,7 +30,9 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 std::string temp_path(const std::string& name) {
-  return (fs::temp_directory_path() / ("sieve_eagle3_test_" + name + "_" + std::to_string(::getpid()))).string();
+  return (fs::temp_directory_path() /
+          ("sieve_eagle3_test_" + name + "_" + std::to_string(::getpid())))
+      .string();
 }
 
 std::string temp_dir(const std::string& name) {
@@ -77,13 +80,15 @@ struct RefDraft {
   }
 };
 
-RefDraft read_ref(const std::string& dir, const ModelConfig& target, const std::string& target_dir) {
+RefDraft read_ref(const std::string& dir, const ModelConfig& target,
+                  const std::string& target_dir) {
   RefDraft r;
   r.c = load_eagle3_config(dir, target);
   Checkpoint ck = Checkpoint::open(dir);
   for (const auto& [name, t] : ck.tensors()) {
     if (name == "d2t") {
-      for (int64_t i = 0; i < t.numel(); ++i) r.d2t.push_back(static_cast<const int64_t*>(t.data)[i]);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        r.d2t.push_back(static_cast<const int64_t*>(t.data)[i]);
       continue;
     }
     if (t.dtype == DType::U8) continue;
@@ -95,13 +100,14 @@ RefDraft read_ref(const std::string& dir, const ModelConfig& target, const std::
     Checkpoint tk = Checkpoint::open(target_dir);
     const TensorInfo& e = tk.get("language_model.model.embed_tokens.weight");
     r.target_embed.resize(size_t(e.numel()));
-    for (size_t i = 0; i < r.target_embed.size(); ++i) r.target_embed[i] = load_as_f32(e.data, e.dtype, i);
+    for (size_t i = 0; i < r.target_embed.size(); ++i)
+      r.target_embed[i] = load_as_f32(e.data, e.dtype, i);
   }
   return r;
 }
 
-std::vector<double> matvec(const std::vector<float>& W, int64_t rows, int64_t cols, const double* x, int64_t ldw = 0,
-                           int64_t col0 = 0) {
+std::vector<double> matvec(const std::vector<float>& W, int64_t rows, int64_t cols, const double* x,
+                           int64_t ldw = 0, int64_t col0 = 0) {
   if (!ldw) ldw = cols;
   std::vector<double> y(size_t(rows), 0.0);
   for (int64_t r = 0; r < rows; ++r)
@@ -125,11 +131,14 @@ struct RefRun {
   std::vector<std::vector<double>> K, V;         // per position [nkv * hd]
 };
 
-void ref_row(const RefDraft& d, RefRun& run, int32_t token, int64_t pos, const std::vector<double>& g) {
+void ref_row(const RefDraft& d, RefRun& run, int32_t token, int64_t pos,
+             const std::vector<double>& g) {
   const Eagle3Config& c = d.c;
-  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads, I = c.intermediate_size;
+  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads,
+                I = c.intermediate_size;
   std::vector<double> e(static_cast<size_t>(H));
-  const std::vector<float>& E = d.w.count("embed_tokens.weight") ? d.w.at("embed_tokens.weight") : d.target_embed;
+  const std::vector<float>& E =
+      d.w.count("embed_tokens.weight") ? d.w.at("embed_tokens.weight") : d.target_embed;
   for (int64_t i = 0; i < H; ++i) e[size_t(i)] = E[size_t(token * H + i)];
   std::vector<double> x = rms(e, d.get("input_layernorm.weight"), c.rms_norm_eps);
   const std::vector<double> gn = rms(g, d.get("hidden_norm.weight"), c.rms_norm_eps);
@@ -161,22 +170,26 @@ void ref_row(const RefDraft& d, RefRun& run, int32_t token, int64_t pos, const s
     double mx = -1e300;
     for (int64_t j = 0; j <= pos; ++j) {
       double dot = 0;
-      for (int64_t i = 0; i < hd; ++i) dot += q[size_t(h * hd + i)] * run.K[size_t(j)][size_t(g2 * hd + i)];
+      for (int64_t i = 0; i < hd; ++i)
+        dot += q[size_t(h * hd + i)] * run.K[size_t(j)][size_t(g2 * hd + i)];
       s[size_t(j)] = dot / std::sqrt(double(hd));
       mx = std::max(mx, s[size_t(j)]);
     }
     double z = 0;
     for (double& x2 : s) z += x2 = std::exp(x2 - mx);
     for (int64_t j = 0; j <= pos; ++j)
-      for (int64_t i = 0; i < hd; ++i) attn[size_t(h * hd + i)] += s[size_t(j)] / z * run.V[size_t(j)][size_t(g2 * hd + i)];
+      for (int64_t i = 0; i < hd; ++i)
+        attn[size_t(h * hd + i)] += s[size_t(j)] / z * run.V[size_t(j)][size_t(g2 * hd + i)];
   }
   const std::vector<double> o = matvec(d.get("self_attn.o_proj.weight"), H, nh * hd, attn.data());
   for (int64_t i = 0; i < H; ++i) residual[size_t(i)] += o[size_t(i)];
-  const std::vector<double> xn = rms(residual, d.get("post_attention_layernorm.weight"), c.rms_norm_eps);
+  const std::vector<double> xn =
+      rms(residual, d.get("post_attention_layernorm.weight"), c.rms_norm_eps);
   const std::vector<double> ga = matvec(d.get("mlp.gate_proj.weight"), I, H, xn.data());
   const std::vector<double> up = matvec(d.get("mlp.up_proj.weight"), I, H, xn.data());
   std::vector<double> act(static_cast<size_t>(I));
-  for (int64_t i = 0; i < I; ++i) act[size_t(i)] = ga[size_t(i)] / (1 + std::exp(-ga[size_t(i)])) * up[size_t(i)];
+  for (int64_t i = 0; i < I; ++i)
+    act[size_t(i)] = ga[size_t(i)] / (1 + std::exp(-ga[size_t(i)])) * up[size_t(i)];
   const std::vector<double> dn = matvec(d.get("mlp.down_proj.weight"), H, I, act.data());
   for (int64_t i = 0; i < H; ++i) residual[size_t(i)] += dn[size_t(i)];
   run.out.push_back(residual);
@@ -200,7 +213,8 @@ void check_forward(const std::string& name, const RandomEagle3Options& o) {
   const RefDraft ref = read_ref(dd, tc, t.dir);
   const Eagle3Config& c = draft->config();
   ASSERT_EQ(draft->draft_to_target().size(), size_t(c.draft_vocab_size));
-  for (int64_t i = 0; i < c.draft_vocab_size; ++i) EXPECT_EQ(draft->draft_to_target()[size_t(i)], i + ref.d2t[size_t(i)]);
+  for (int64_t i = 0; i < c.draft_vocab_size; ++i)
+    EXPECT_EQ(draft->draft_to_target()[size_t(i)], i + ref.d2t[size_t(i)]);
 
   // One sequence of n rows on blocks 2, 0 (block size 8), then one more row.
   const int n = 11, bs = 8;
@@ -238,13 +252,15 @@ void check_forward(const std::string& name, const RandomEagle3Options& o) {
     for (int64_t j = 0; j < na; ++j) {
       std::vector<double> a(static_cast<size_t>(Ht));
       for (int64_t k = 0; k < Ht; ++k) a[size_t(k)] = aux[size_t((j * n + i) * Ht + k)];
-      const std::vector<double> part = matvec(ref.get("fc.weight"), c.hidden_size, Ht, a.data(), na * Ht, j * Ht);
+      const std::vector<double> part =
+          matvec(ref.get("fc.weight"), c.hidden_size, Ht, a.data(), na * Ht, j * Ht);
       for (int64_t k = 0; k < c.hidden_size; ++k) g[size_t(k)] += part[size_t(k)];
     }
     ref_row(ref, run, ids[size_t(i)], i, g);
   }
   for (int i = 0; i < n; ++i) {
-    std::vector<float> row(logits.begin() + i * c.draft_vocab_size, logits.begin() + (i + 1) * c.draft_vocab_size);
+    std::vector<float> row(logits.begin() + i * c.draft_vocab_size,
+                           logits.begin() + (i + 1) * c.draft_vocab_size);
     EXPECT_LT(max_rel(row, run.logits[size_t(i)]), 1e-4) << name << " row " << i;
   }
 
@@ -291,11 +307,13 @@ TEST(Eagle3Draft, TargetWritesAuxHiddenStates) {
   model::Model& m = *t.model;
   const int64_t H = m.config().hidden_size, n = 5;
   m.allocate_caches({.kv_dtype = DType::F32, .index_dtype = DType::F32, .num_blocks = 2});
-  std::vector<int32_t> ids = {3, 17, 99, 4, 250}, pos = {0, 1, 2, 3, 4}, qsl = {0, 5}, lens = {5}, table = {1};
+  std::vector<int32_t> ids = {3, 17, 99, 4, 250}, pos = {0, 1, 2, 3, 4}, qsl = {0, 5}, lens = {5},
+                       table = {1};
   std::vector<int64_t> slots = {128, 129, 130, 131, 132};
   std::vector<int32_t> rows = {4};
   const std::vector<int> layers = {0, 3};
-  std::vector<float> aux(size_t(2 * n * H), NAN), logits(size_t(m.vocab_size()), NAN), plain(logits.size(), NAN);
+  std::vector<float> aux(size_t(2 * n * H), NAN), logits(size_t(m.vocab_size()), NAN),
+      plain(logits.size(), NAN);
   model::StepView v;
   v.batch = {1, n, qsl.data(), lens.data(), table.data(), 1, 5, 5};
   v.token_ids = ids.data();
@@ -314,7 +332,8 @@ TEST(Eagle3Draft, TargetWritesAuxHiddenStates) {
   const ops::WeightView e = m.input_embedding();
   for (int64_t t2 = 0; t2 < n; ++t2)
     for (int64_t i = 0; i < H; ++i)
-      ASSERT_EQ(aux[size_t(t2 * H + i)], load_as_f32(e.data, e.dtype, size_t(ids[size_t(t2)] * H + i)));
+      ASSERT_EQ(aux[size_t(t2 * H + i)],
+                load_as_f32(e.data, e.dtype, size_t(ids[size_t(t2)] * H + i)));
   double diff = 0;
   for (int64_t i = 0; i < n * H; ++i) {
     ASSERT_TRUE(std::isfinite(aux[size_t(n * H + i)]));
@@ -345,18 +364,28 @@ TEST(Eagle3Draft, DraftsThatDoNotFitTheTargetAreRefused) {
     std::ofstream(dd + "/config.json") << j.dump();
     return load_error(dd, tc);
   };
-  EXPECT_NE(edit("hidden", [](auto& j) { j["target_hidden_size"] = 64; }).find("does not match the target's hidden_size 96"),
+  EXPECT_NE(edit("hidden", [](auto& j) { j["target_hidden_size"] = 64; })
+                .find("does not match the target's hidden_size 96"),
             std::string::npos);
-  EXPECT_NE(edit("vocab", [](auto& j) { j["vocab_size"] = 301; }).find("vocab_size 301 does not match the target's 300"),
+  EXPECT_NE(edit("vocab", [](auto& j) { j["vocab_size"] = 301; })
+                .find("vocab_size 301 does not match the target's 300"),
             std::string::npos);
-  EXPECT_NE(edit("layer", [](auto& j) { j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = {1, 2, 9}; })
+  EXPECT_NE(edit("layer",
+                 [](auto& j) {
+                   j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = {1, 2, 9};
+                 })
                 .find("aux hidden state layer 9 is not a layer of the target"),
             std::string::npos);
-  EXPECT_NE(edit("naux", [](auto& j) { j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = {1, 2}; })
+  EXPECT_NE(edit("naux",
+                 [](auto& j) {
+                   j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = {1, 2};
+                 })
                 .find("fc.weight has shape"),
             std::string::npos);
-  EXPECT_NE(edit("dv", [](auto& j) { j["draft_vocab_size"] = 400; }).find("draft_vocab_size 400"), std::string::npos);
-  EXPECT_NE(edit("act", [](auto& j) { j["hidden_act"] = "gelu"; }).find("hidden_act"), std::string::npos);
+  EXPECT_NE(edit("dv", [](auto& j) { j["draft_vocab_size"] = 400; }).find("draft_vocab_size 400"),
+            std::string::npos);
+  EXPECT_NE(edit("act", [](auto& j) { j["hidden_act"] = "gelu"; }).find("hidden_act"),
+            std::string::npos);
   // A d2t that maps outside the target's vocabulary.
   {
     const std::string dd = temp_dir("fit_d2t");
@@ -366,41 +395,50 @@ TEST(Eagle3Draft, DraftsThatDoNotFitTheTargetAreRefused) {
     auto f = SafetensorsFile::open(dd + "/model.safetensors");
     std::vector<TensorToWrite> ts;
     for (const auto& [n, t] : f->tensors()) {
-      TensorToWrite w{n, t.dtype, t.shape, std::vector<uint8_t>(static_cast<const uint8_t*>(t.data),
-                                                                static_cast<const uint8_t*>(t.data) + t.nbytes)};
+      TensorToWrite w{n, t.dtype, t.shape,
+                      std::vector<uint8_t>(static_cast<const uint8_t*>(t.data),
+                                           static_cast<const uint8_t*>(t.data) + t.nbytes)};
       if (n == "d2t") reinterpret_cast<int64_t*>(w.bytes.data())[5] = 1000;
       ts.push_back(std::move(w));
     }
     f.reset();
     write_safetensors(dd + "/model.safetensors", ts);
-    EXPECT_NE(load_error(dd, tc).find("d2t maps draft id 5 to 1005"), std::string::npos) << load_error(dd, tc);
+    EXPECT_NE(load_error(dd, tc).find("d2t maps draft id 5 to 1005"), std::string::npos)
+        << load_error(dd, tc);
   }
   // The CLI: one line, exit 2, before any weights load.
-  const auto r = testing::run_sieve("generate --model " + tdir + " --prompt-ids 1,2 --device cpu --speculative-config "
-                                    "'{\"method\": \"eagle3\", \"model\": \"" + temp_path("fit_layer") +
-                                        "\", \"num_speculative_tokens\": 3}'",
-                                    true);
+  const auto r =
+      testing::run_sieve("generate --model " + tdir +
+                             " --prompt-ids 1,2 --device cpu --speculative-config "
+                             "'{\"method\": \"eagle3\", \"model\": \"" +
+                             temp_path("fit_layer") + "\", \"num_speculative_tokens\": 3}'",
+                         true);
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("aux hidden state layer 9"), std::string::npos) << r.out;
-  const auto r2 = testing::run_sieve("generate --model " + tdir +
-                                         " --prompt-ids 1,2 --device cpu --speculative-config '{\"method\": \"mtp\", "
-                                         "\"num_speculative_tokens\": 3}'",
-                                     true);
+  const auto r2 = testing::run_sieve(
+      "generate --model " + tdir +
+          " --prompt-ids 1,2 --device cpu --speculative-config '{\"method\": \"mtp\", "
+          "\"num_speculative_tokens\": 3}'",
+      true);
   EXPECT_EQ(r2.rc, 2);
-  EXPECT_NE(r2.out.find("--speculative-config: unknown method \"mtp\""), std::string::npos) << r2.out;
-  const auto r3 = testing::run_sieve("generate --model " + tdir +
-                                         " --prompt-ids 1,2 --device cpu --speculative-config '{\"method\": \"ngram\", "
-                                         "\"num_speculative_tokens\": 40}'",
-                                     true);
+  EXPECT_NE(r2.out.find("--speculative-config: unknown method \"mtp\""), std::string::npos)
+      << r2.out;
+  const auto r3 = testing::run_sieve(
+      "generate --model " + tdir +
+          " --prompt-ids 1,2 --device cpu --speculative-config '{\"method\": \"ngram\", "
+          "\"num_speculative_tokens\": 40}'",
+      true);
   EXPECT_EQ(r3.rc, 2);
   EXPECT_NE(r3.out.find("num_speculative_tokens must be in 1..16"), std::string::npos) << r3.out;
 }
 
 // ---- greedy equality through the engine on a real (tiny) model ---------------------------------
 
-std::vector<std::vector<int32_t>> run_engine(model::Model& m, Eagle3Draft* draft, const SpeculativeConfig& sc,
-                                             const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                                             bool caching, engine::EngineStats* st) {
+std::vector<std::vector<int32_t>> run_engine(model::Model& m, Eagle3Draft* draft,
+                                             const SpeculativeConfig& sc,
+                                             const std::vector<std::vector<int32_t>>& prompts,
+                                             int max_tokens, bool caching,
+                                             engine::EngineStats* st) {
   engine::Runner runner(m);
   const int64_t blocks = 48;
   m.allocate_caches({.kv_dtype = DType::F32, .index_dtype = DType::F32, .num_blocks = blocks});
@@ -465,8 +503,11 @@ TEST(Eagle3Draft, GreedyOutputEqualsPlainDecodingOnARealModel) {
     Method method;
     int k;
     bool caching;
-  } variants[] = {{Method::Ngram, 3, false}, {Method::Ngram, 5, true}, {Method::Eagle3, 1, false},
-                  {Method::Eagle3, 3, true}, {Method::Eagle3, 4, false}};
+  } variants[] = {{Method::Ngram, 3, false},
+                  {Method::Ngram, 5, true},
+                  {Method::Eagle3, 1, false},
+                  {Method::Eagle3, 3, true},
+                  {Method::Eagle3, 4, false}};
   for (const auto& v : variants) {
     SpeculativeConfig sc;
     sc.method = v.method;
@@ -475,10 +516,41 @@ TEST(Eagle3Draft, GreedyOutputEqualsPlainDecodingOnARealModel) {
     sc.prompt_lookup_max = 4;
     sc.model = dd;
     sc.adaptive = false;
-    const auto got = run_engine(m, v.method == Method::Eagle3 ? draft.get() : nullptr, sc, prompts, 24, v.caching, &st);
+    const auto got = run_engine(m, v.method == Method::Eagle3 ? draft.get() : nullptr, sc, prompts,
+                                24, v.caching, &st);
     EXPECT_EQ(got, want) << method_name(v.method) << " K=" << v.k;
     EXPECT_GT(st.spec_num_draft_tokens, 0u) << method_name(v.method) << " K=" << v.k;
   }
+}
+
+// The trained draft of the bundled model (models/minimax-m3-tiny-eagle3, when present): greedy
+// output still equals plain decoding, and drafts are kept often (the training script measured
+// the acceptance it should reach; this checks the engine's passes reach a good part of it).
+TEST(Eagle3Draft, TrainedDraftOfTheBundledModel) {
+  const std::string root = SIEVE_SOURCE_DIR;
+  const std::string draft_dir = root + "/models/minimax-m3-tiny-eagle3";
+  if (!fs::exists(draft_dir + "/model.safetensors"))
+    GTEST_SKIP() << "no trained draft under " << draft_dir;
+  auto m = model::Model::load(root + "/models/minimax-m3-tiny");
+  const SpeculativeConfig sc = parse_speculative_config(draft_dir + "/speculative.json");
+  auto draft = Eagle3Draft::load(sc.model, m->config(), Device{}, m->input_embedding());
+  nlohmann::json g = nlohmann::json::parse(
+      std::ifstream(std::string(SIEVE_TEST_DATA_DIR) + "/golden/minimax-m3-tiny/moby_dick.json"));
+  const std::vector<int32_t> text = g["prompt_ids"].get<std::vector<int32_t>>();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i)
+    prompts.emplace_back(text.begin() + 300 * i, text.begin() + 300 * i + 200);
+  engine::EngineStats st;
+  const auto want = run_engine(*m, nullptr, {}, prompts, 32, false, &st);
+  SpeculativeConfig on = sc;
+  on.adaptive = false;
+  const auto got = run_engine(*m, draft.get(), on, prompts, 32, false, &st);
+  EXPECT_EQ(got, want);
+  const double length =
+      1.0 + double(st.spec_num_accepted_tokens) / double(std::max<uint64_t>(st.spec_num_drafts, 1));
+  std::printf("[ spec ] trained draft: mean acceptance length %.2f over %llu drafts\n", length,
+              (unsigned long long)st.spec_num_drafts);
+  EXPECT_GT(length, 1.5);
 }
 
 // The benchmark step (sieve bench step): a verification step and the draft's passes after it run
@@ -492,8 +564,10 @@ TEST(Eagle3Draft, SyntheticVerificationStepRuns) {
   o.write_weights = false;
   write_random_eagle3(dd, m.config(), o);
   auto draft = Eagle3Draft::load(dd, m.config(), Device{}, m.input_embedding(), /*dummy=*/true);
-  const engine::SyntheticVerification v = engine::synthetic_verification(3, 300, 3, m.block_size(), m.vocab_size(), 1);
-  m.allocate_caches({.kv_dtype = DType::F32, .index_dtype = DType::F32, .num_blocks = v.blocks_needed});
+  const engine::SyntheticVerification v =
+      engine::synthetic_verification(3, 300, 3, m.block_size(), m.vocab_size(), 1);
+  m.allocate_caches(
+      {.kv_dtype = DType::F32, .index_dtype = DType::F32, .num_blocks = v.blocks_needed});
   draft->allocate_cache(DType::F32, v.blocks_needed, m.block_size(), 512);
   engine::Runner runner(m);
   runner.set_draft(draft.get());

@@ -27,7 +27,9 @@ const Device kCuda{DeviceKind::CUDA, 0};
 #define SKIP_WITHOUT_GPU() \
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
-std::string model_dir() { return std::string(SIEVE_SOURCE_DIR) + "/models/minimax-m3-tiny"; }
+std::string model_dir() {
+  return std::string(SIEVE_SOURCE_DIR) + "/models/minimax-m3-tiny";
+}
 
 std::vector<int32_t> heldout_text() {
   std::ifstream f(std::string(SIEVE_TEST_DATA_DIR) + "/golden/minimax-m3-tiny/moby_dick.json");
@@ -35,7 +37,9 @@ std::vector<int32_t> heldout_text() {
 }
 
 std::string random_draft(const ModelConfig& tc) {
-  const std::string dir = (fs::temp_directory_path() / ("sieve_spec_cuda_draft_" + std::to_string(::getpid()))).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("sieve_spec_cuda_draft_" + std::to_string(::getpid())))
+          .string();
   RandomEagle3Options o;
   o.head_dim = 128;
   o.num_heads = 2;
@@ -51,7 +55,8 @@ std::vector<std::vector<float>> verify_steps(engine::Runner& r, int times) {
   model::Model& m = r.model();
   const std::vector<int32_t> text = heldout_text();
   const int bs = m.block_size(), S = 5, per_seq = 6;
-  m.allocate_caches({.kv_dtype = DType::BF16, .index_dtype = DType::BF16, .num_blocks = S * per_seq});
+  m.allocate_caches(
+      {.kv_dtype = DType::BF16, .index_dtype = DType::BF16, .num_blocks = S * per_seq});
   std::vector<int> len = {37, 129, 300, 520, 700};
   std::vector<float> logits;
   auto table = [&](int s) {
@@ -123,14 +128,17 @@ TEST(SpecCuda, VerificationStepGraphsMatchTheirEagerRunBitForBit) {
     for (int64_t i = 0; i < V; ++i) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
     flips += std::max_element(a, a + V) - a != std::max_element(b, b + V) - b;
   }
-  std::printf("[ spec ] graphed vs eager verification: max logit difference %.3g, argmax flips %d of %zu rows\n",
-              worst, flips, want[0].size() / size_t(V));
+  std::printf(
+      "[ spec ] graphed vs eager verification: max logit difference %.3g, argmax flips %d of %zu "
+      "rows\n",
+      worst, flips, want[0].size() / size_t(V));
   EXPECT_LT(worst, 0.25);
   EXPECT_LE(flips, 1);
 }
 
-std::vector<std::vector<int32_t>> greedy(model::Model& m, Eagle3Draft* draft, const SpeculativeConfig& sc,
-                                         engine::EngineStats* st, engine::GraphStats* gs) {
+std::vector<std::vector<int32_t>> greedy(model::Model& m, Eagle3Draft* draft,
+                                         const SpeculativeConfig& sc, engine::EngineStats* st,
+                                         engine::GraphStats* gs) {
   engine::Runner runner(m);
   const int64_t blocks = 64;
   m.allocate_caches({.kv_dtype = DType::BF16, .index_dtype = DType::BF16, .num_blocks = blocks});
@@ -151,7 +159,8 @@ std::vector<std::vector<int32_t>> greedy(model::Model& m, Eagle3Draft* draft, co
     sp.temperature = 0;
     sp.max_tokens = 48;
     sp.ignore_eos = true;
-    streams.push_back(e.submit(std::vector<int32_t>(text.begin() + 50 * i, text.begin() + 50 * i + 100 + 150 * i), sp));
+    streams.push_back(e.submit(
+        std::vector<int32_t>(text.begin() + 50 * i, text.begin() + 50 * i + 100 + 150 * i), sp));
   }
   std::vector<std::vector<int32_t>> out;
   for (auto& s : streams) {
@@ -177,7 +186,8 @@ TEST(SpecCuda, GreedyOutputEqualsPlainDecodingWithGraphs) {
   engine::EngineStats st;
   engine::GraphStats gs;
   const auto want = greedy(*m, nullptr, {}, &st, &gs);
-  auto draft = Eagle3Draft::load(random_draft(m->config()), m->config(), kCuda, m->input_embedding());
+  auto draft =
+      Eagle3Draft::load(random_draft(m->config()), m->config(), kCuda, m->input_embedding());
   for (Method method : {Method::Ngram, Method::Eagle3}) {
     SpeculativeConfig sc;
     sc.method = method;
@@ -186,17 +196,20 @@ TEST(SpecCuda, GreedyOutputEqualsPlainDecodingWithGraphs) {
     sc.prompt_lookup_max = 4;
     sc.adaptive = false;
     const auto got = greedy(*m, method == Method::Eagle3 ? draft.get() : nullptr, sc, &st, &gs);
-    std::printf("[ spec ] %s: %llu drafts, %llu of %llu draft tokens kept; graphs captured %lld, replayed %lld%s%s\n",
-                method_name(method), (unsigned long long)st.spec_num_drafts,
-                (unsigned long long)st.spec_num_accepted_tokens, (unsigned long long)st.spec_num_draft_tokens,
-                (long long)gs.captured, (long long)gs.replayed, gs.off_reason.empty() ? "" : "; off: ",
-                gs.off_reason.c_str());
+    std::printf(
+        "[ spec ] %s: %llu drafts, %llu of %llu draft tokens kept; graphs captured %lld, replayed "
+        "%lld%s%s\n",
+        method_name(method), (unsigned long long)st.spec_num_drafts,
+        (unsigned long long)st.spec_num_accepted_tokens,
+        (unsigned long long)st.spec_num_draft_tokens, (long long)gs.captured,
+        (long long)gs.replayed, gs.off_reason.empty() ? "" : "; off: ", gs.off_reason.c_str());
     EXPECT_TRUE(gs.off_reason.empty()) << gs.off_reason;
     EXPECT_GT(gs.replayed, 0);
     for (size_t i = 0; i < want.size(); ++i) {
       size_t same = 0;
       while (same < want[i].size() && same < got[i].size() && want[i][same] == got[i][same]) ++same;
-      EXPECT_EQ(got[i], want[i]) << method_name(method) << " prompt " << i << ": first difference at token " << same;
+      EXPECT_EQ(got[i], want[i]) << method_name(method) << " prompt " << i
+                                 << ": first difference at token " << same;
     }
   }
 }

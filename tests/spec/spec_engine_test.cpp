@@ -10,8 +10,8 @@
 #include <random>
 
 #include "engine/engine.h"
-#include "engine/single_sequence.h"
 #include "engine/fake_model.h"
+#include "engine/single_sequence.h"
 
 namespace sieve::engine {
 namespace {
@@ -47,7 +47,8 @@ struct Rig {
   spec::SpeculativeConfig spec;
 };
 
-std::vector<Out> run(const Rig& rig, const std::vector<std::pair<std::vector<int32_t>, SamplingParams>>& jobs,
+std::vector<Out> run(const Rig& rig,
+                     const std::vector<std::pair<std::vector<int32_t>, SamplingParams>>& jobs,
                      EngineStats* stats = nullptr) {
   FakeModel model(rig.vocab, rig.block_size);
   model.allocate_caches({.num_blocks = rig.num_blocks});
@@ -60,7 +61,8 @@ std::vector<Out> run(const Rig& rig, const std::vector<std::pair<std::vector<int
   std::vector<Out> out;
   for (auto& s : streams) out.push_back(collect(*s));
   EXPECT_TRUE(engine.wait_idle(5s));
-  EXPECT_EQ(engine.stats().num_free_blocks, rig.num_blocks) << "every block back after the requests";
+  EXPECT_EQ(engine.stats().num_free_blocks, rig.num_blocks)
+      << "every block back after the requests";
   if (stats) *stats = engine.stats();
   engine.stop();
   return out;
@@ -77,7 +79,8 @@ spec::SpeculativeConfig ngram(int k, bool adaptive = false) {
 }
 
 // Prompts made of repeated snippets, so that n-gram lookup finds drafts and some are right.
-std::vector<std::pair<std::vector<int32_t>, SamplingParams>> repetitive_jobs(int n, int64_t vocab, uint64_t seed) {
+std::vector<std::pair<std::vector<int32_t>, SamplingParams>> repetitive_jobs(int n, int64_t vocab,
+                                                                             uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<std::pair<std::vector<int32_t>, SamplingParams>> jobs;
   for (int i = 0; i < n; ++i) {
@@ -129,7 +132,7 @@ TEST(SpecEngine, GreedyNgramEqualsPlainDecoding) {
 TEST(SpecEngine, GreedyEqualityUnderPreemptionAndSmallBudgets) {
   const auto jobs = repetitive_jobs(24, 11, 11);
   Rig plain;
-  plain.num_blocks = 12;  // preemptions
+  plain.num_blocks = 12;                   // preemptions
   plain.sched.max_num_batched_tokens = 9;  // drafts cut by the budget
   plain.sched.max_model_len = 96;
   EngineStats st;
@@ -139,7 +142,8 @@ TEST(SpecEngine, GreedyEqualityUnderPreemptionAndSmallBudgets) {
     Rig r = plain;
     r.spec = ngram(3, adaptive);
     const auto got = run(r, jobs, &st);
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
     std::printf("adaptive %d: %llu preemptions, %llu of %llu drafts kept\n", int(adaptive),
                 (unsigned long long)st.preemptions, (unsigned long long)st.spec_num_accepted_tokens,
                 (unsigned long long)st.spec_num_draft_tokens);
@@ -150,7 +154,8 @@ TEST(SpecEngine, GreedyEqualityUnderPreemptionAndSmallBudgets) {
 // decoding, so a follow-up request that repeats prompt + output hits the same number of tokens.
 TEST(SpecEngine, RollbackLeavesThePrefixCacheAsPlainDecoding) {
   auto jobs = repetitive_jobs(6, 11, 3);
-  for (auto& j : jobs) j.second.max_tokens = 40, j.second.stop_token_ids.clear(), j.second.min_tokens = 0;
+  for (auto& j : jobs)
+    j.second.max_tokens = 40, j.second.stop_token_ids.clear(), j.second.min_tokens = 0;
   Rig plain;
   plain.caching = true;
   plain.block_size = 4;
@@ -211,13 +216,15 @@ TEST(SpecEngine, SchedulerGivesRejectedBlocksBack) {
   sched.step_done(p);
   EXPECT_EQ(r.num_computed_tokens, 9);
   EXPECT_EQ(kv.block_table(1).size(), 3u);  // as plain decoding would have it
-  EXPECT_EQ(std::vector<int32_t>(kv.block_table(1).begin(), kv.block_table(1).begin() + 2), table_plain);
+  EXPECT_EQ(std::vector<int32_t>(kv.block_table(1).begin(), kv.block_table(1).begin() + 2),
+            table_plain);
   EXPECT_EQ(kv.num_free_blocks(), free_plain - 1);
 }
 
 // Exact probabilities of each 3-token continuation under the request's sampling transforms,
 // from the fake model's logits one prefix at a time.
-std::map<std::vector<int32_t>, double> exact_continuations(FakeModel& m, const std::vector<int32_t>& prompt,
+std::map<std::vector<int32_t>, double> exact_continuations(FakeModel& m,
+                                                           const std::vector<int32_t>& prompt,
                                                            const SamplingParams& sp, int len) {
   Runner runner(m);
   SingleSequence seq(runner, {}, 64);
@@ -288,8 +295,10 @@ TEST(SpecEngine, SampledOutputKeepsTheTargetDistribution) {
       x2 += (o - e) * (o - e) / e, ++df;
     }
     if (rest_e > 0) x2 += (rest_o - rest_e) * (rest_o - rest_e) / rest_e, ++df;
-    for (const auto& [c, o] : seen) EXPECT_TRUE(want.count(c)) << "a continuation the target cannot produce";
-    EXPECT_LT(x2, chi2_critical(df)) << "variant " << variant << ": chi-square " << x2 << " with " << df << " df";
+    for (const auto& [c, o] : seen)
+      EXPECT_TRUE(want.count(c)) << "a continuation the target cannot produce";
+    EXPECT_LT(x2, chi2_critical(df))
+        << "variant " << variant << ": chi-square " << x2 << " with " << df << " df";
   }
 }
 
