@@ -93,8 +93,10 @@ void KvCacheManager::truncate(RequestId id, int64_t num_tokens) {
   if (t.hashes.size() > size_t(std::max<int64_t>(0, num_tokens)) / size_t(block_size_))
     t.hashes.resize(size_t(std::max<int64_t>(0, num_tokens)) / size_t(block_size_));
   if (t.blocks.size() <= keep) return;
-  std::vector<int32_t> tail(t.blocks.rbegin(), t.blocks.rend() - long(keep));
-  pool_.release(tail);
+  // Front of the free queue, last block first: the next allocation takes the first of them back.
+  std::vector<int32_t> tail(t.blocks.begin() + long(keep), t.blocks.end());
+  std::reverse(tail.begin(), tail.end());
+  pool_.release_uncached(tail);
   t.blocks.resize(keep);
 }
 
