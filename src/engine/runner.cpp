@@ -288,7 +288,10 @@ void Runner::draft_argmax(int64_t rows, std::vector<int32_t>& out) {
 int64_t Runner::draft_pass(const StepInputs& in, const Bounds& b, int kind, int64_t extra, bool padded,
                            const float* aux, int64_t prev_rows) {
   const int64_t dv = draft_->config().draft_vocab_size;
-  auto fwd = [this, aux, prev_rows](const model::StepView& v) {
+  // Kind 3: a first pass that proposes nothing (speculation paused) keeps the draft's cache
+  // current without its lm_head.
+  const bool logits = kind != 3;
+  auto fwd = [this, aux, prev_rows, logits](const model::StepView& v) {
     spec::DraftStep ds;
     ds.batch = v.batch;
     ds.token_ids = v.token_ids;
@@ -299,7 +302,7 @@ int64_t Runner::draft_pass(const StepInputs& in, const Bounds& b, int kind, int6
     ds.hidden_rows = hidden_rows_dev_;
     ds.prev_rows = prev_rows;
     ds.logits_rows = draft_rows_dev_;
-    ds.num_logits = v.batch.num_seqs;
+    ds.num_logits = logits ? v.batch.num_seqs : 0;
     ds.logits = draft_logits_.as<float>();
     draft_->forward(ds, stream_);
   };
@@ -331,7 +334,7 @@ void Runner::propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& d
   for (const auto& q : plan.seqs) c.draft_rows[size_t(q.step_seq)] = q.last_row;
   if (grow(draft_logits_, dev_, size_t(std::max<size_t>(c.seq_lens.size(), size_t(graph_rows(int(nprop))))) * size_t(dv) * sizeof(float)))
     ++logits_epoch_;
-  draft_pass(c, last_bounds_, 1, int64_t(c.token_ids.size()), last_padded_, aux_.as<float>(), 0);
+  draft_pass(c, last_bounds_, nprop > 0 ? 1 : 3, int64_t(c.token_ids.size()), last_padded_, aux_.as<float>(), 0);
   drafts.assign(size_t(nprop), {});
   if (nprop == 0) return;
   std::vector<int32_t> next, all;

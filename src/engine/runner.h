@@ -140,8 +140,9 @@ class Runner {
   // Runs a decode or verification step as a graph replay (or its first, eager run and capture).
   // False for other steps, and for steps that graphs do not take (counted as eager).
   bool graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits);
-  // One of the draft's passes, as a graph when it has q tokens per sequence (padded; `kind` and
-  // `extra` tell passes of one layout apart), else eagerly. Returns the rows of draft logits.
+  // One of the draft's passes, as a graph when it has q tokens per sequence (padded; `kind`: 1 the
+  // first pass, 3 the same without logits, 2 the next ones; `extra` tells passes of one layout
+  // apart), else eagerly. Returns the rows of draft logits.
   int64_t draft_pass(const StepInputs& in, const Bounds& b, int kind, int64_t extra, bool padded,
                      const float* aux, int64_t prev_rows);
   // The padded shape of q-token sequences for graphs: (rows, context bucket keys); rows 0 when
