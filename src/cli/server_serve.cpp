@@ -29,6 +29,8 @@
 #include "server/reasoning.h"
 #include "server/server.h"
 #include "server/tool_calls.h"
+#include "spec/config.h"
+#include "spec/eagle3.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -265,6 +267,9 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--override-generation-config"}, "JSON",
            "JSON object of sampling defaults over the generation config, e.g. '{\"temperature\": 0.6}'")
       .opt({"--max-logprobs"}, "N", "most log-prob alternatives a request may ask for", "20")
+      .opt({"--speculative-config"}, "JSON",
+           "speculative decoding, e.g. '{\"method\": \"eagle3\", \"model\": DIR, \"num_speculative_tokens\": 3}' or "
+           "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}'")
       .opt({"--seed"}, "N",
            "seed of requests that bring none (with their arrival order); default: random")
       .opt({"--chat-template"}, "FILE|TEMPLATE", "chat template file, or the template itself, instead of the model's")
@@ -320,6 +325,7 @@ int run_serve(const std::vector<std::string>& argv) {
     if (v < 0) throw Error("--seed must be at least 0");
     seed = uint64_t(v);
   }
+  const spec::SpeculativeConfig spec_cfg = spec::parse_speculative_config(a.get("--speculative-config"));
   const uint64_t cache_bytes = cache::parse_bytes(a.get("--kv-cache-memory"), "--kv-cache-memory");
   const uint64_t max_body = cache::parse_bytes(a.get("--max-request-bytes"), "--max-request-bytes");
 
@@ -339,6 +345,11 @@ int run_serve(const std::vector<std::string>& argv) {
   const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
                                  .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
   engine::Runner runner(*m, ro);
+  std::unique_ptr<spec::Eagle3Draft> draft;
+  if (spec_cfg.method == spec::Method::Eagle3) {
+    draft = spec::Eagle3Draft::load(spec_cfg.model, m->config(), lo.device, m->input_embedding());
+    runner.set_draft(draft.get());
+  }
   if (lo.device.is_cuda())
     SIEVE_LOG(Info, (ro.enforce_eager ? std::string("--enforce-eager: every step launches its kernels")
                                       : "CUDA graphs for decode steps of up to " + std::to_string(ro.max_graph_batch) +
@@ -356,7 +367,8 @@ int run_serve(const std::vector<std::string>& argv) {
       a.has("--index-cache-dtype")
           ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
           : co.kv_dtype;
-  const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype);
+  const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype) +
+                           (draft ? draft->cache_bytes_per_block(co.kv_dtype, m->block_size()) : 0);
   if (lo.device.is_cuda()) {
     // As vLLM: the engine may use this fraction of the device; weights (loaded above), the
     // activations of the largest step (reserved here) and whatever else is resident come off
@@ -395,6 +407,7 @@ int run_serve(const std::vector<std::string>& argv) {
                   std::to_string(cfg.max_position_embeddings) + ")");
   }
   m->allocate_caches(co);
+  if (draft) draft->allocate_cache(co.kv_dtype, co.num_blocks, m->block_size(), max_len + spec_cfg.num_speculative_tokens + 1);
 
   engine::EngineConfig ec;
   ec.scheduler = {.max_num_batched_tokens = max_batched,
@@ -403,6 +416,11 @@ int run_serve(const std::vector<std::string>& argv) {
   ec.num_blocks = co.num_blocks;
   ec.enable_prefix_caching = prefix_caching;
   ec.seed = seed;
+  ec.speculative = spec_cfg;
+  if (spec_cfg.enabled())
+    SIEVE_LOG(Info, "speculative decoding: " << spec::method_name(spec_cfg.method) << ", "
+                                             << spec_cfg.num_speculative_tokens << " draft tokens a step"
+                                             << (draft ? " (draft " + spec_cfg.model + ")" : std::string()));
   ec.eos_ids = tok.eos_ids();
   for (int64_t e : cfg.eos_token_ids)
     if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end())

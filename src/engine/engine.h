@@ -23,6 +23,7 @@
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculation.h"
 #include "engine/workers.h"
 #include "model/model.h"
 
@@ -39,6 +40,8 @@ struct EngineConfig {
   std::optional<uint64_t> seed;
   // The options of the runner an engine makes for itself (the Model& constructor).
   RunnerOptions runner;
+  // --speculative-config. Method eagle3 needs the runner's draft (Runner::set_draft) set.
+  spec::SpeculativeConfig speculative;
 };
 
 struct TokenOutput {
@@ -134,6 +137,10 @@ class Engine {
   void step();
   void finish_request(Request* r, FinishReason reason, const std::string& error = {});
   void update_gauges();
+  // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
+  // step before) and, after a step, the EAGLE3 draft's proposals for the next one.
+  void prepare_drafts(int k);
+  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int k);
   void trace(const std::string& name, double t0, double t1, const std::string& args = {});
   Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg);
 
@@ -159,6 +166,8 @@ class Engine {
   std::unordered_map<RequestId, Pending> live_;
   std::vector<float> logits_;
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
+  SpecController spec_ctl_;
+  int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

@@ -40,6 +40,14 @@ class MiniMaxM3 final : public Model {
   const CacheOptions& cache_options() const override { return cache_opts_; }
   SelectionStats selection_stats() const override { return stats_; }
   uint64_t buffers_epoch() const override { return epoch_; }
+  ops::WeightView input_embedding() const override {
+    ops::WeightView v;
+    v.data = w_.embed.data();
+    v.dtype = w_.embed.dtype;
+    v.rows = cfg_.vocab_size;
+    v.cols = cfg_.hidden_size;
+    return v;
+  }
 
   // Index keys are cached only by sparse layers that compute their own top-k.
   bool has_index_cache(int layer) const {
@@ -154,6 +162,15 @@ class MiniMaxM3 final : public Model {
     for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
       const LayerWeights& L = w_.layers[l];
       LayerCache& C = caches_[l];
+      for (size_t i = 0; i < step.aux_layers.size(); ++i)
+        if (step.aux_layers[i] == l) {
+          ops::AddParams cp;
+          cp.y = step.aux_hidden + int64_t(i) * n * H;
+          cp.x = h.data();
+          cp.n = n * H;
+          cp.assign = true;
+          ops::add(cp, stream_);
+        }
       norm(h.data(), xn.data(), L.input_norm, n);
 
       // [q | k | v | index_q | index_k]
