@@ -201,9 +201,10 @@ struct Output {
        lp_offsets = json::array();
   json chat_lp = json::array();
 
-  Output(const text::Tokenizer& t, const GenerateRequest& g)
+  // `keep`: special tokens the chat's parsers read (parser_marker_ids), kept in the text.
+  Output(const text::Tokenizer& t, const GenerateRequest& g, std::vector<int32_t> keep = {})
       : tok(t),
-        dec(t, g.skip_special_tokens),
+        dec(t, g.skip_special_tokens, std::move(keep)),
         stop(g.stop),
         include_stop(g.include_stop_str_in_output),
         chat(g.chat),
@@ -307,18 +308,25 @@ struct Server::Impl {
   Server* owner;
   std::atomic<int> in_flight{0};
 
+  // The special tokens the chat parsers read (they stay in chat text, and forced tool calls may
+  // use them).
+  std::vector<int32_t> markers;
+
   Impl(engine::Engine& e, const text::Tokenizer& t, ServerOptions o, Server* s)
-      : engine(e), tok(t), opts(std::move(o)), owner(s) {}
+      : engine(e), tok(t), opts(std::move(o)), owner(s),
+        markers(parser_marker_ids(t, opts.reasoning_parser, opts.tool_parser)) {}
 
   const std::string& model_name() const { return opts.served_model_names.front(); }
 
   // Guided decoding's view of the vocabulary: each token's bytes; special tokens none (they never
-  // belong to a constrained output; end-of-sequence is the constraint's own business).
+  // belong to a constrained output; end-of-sequence is the constraint's own business), but for
+  // the parsers' markers.
   std::shared_ptr<const engine::TokenBytes> guided_vocab() {
     std::call_once(vocab_once, [this] {
       auto v = std::make_shared<engine::TokenBytes>(size_t(tok.vocab_size()));
       for (int32_t id = 0; id < tok.vocab_size(); ++id)
-        if (!tok.is_special(id)) (*v)[size_t(id)] = tok.token_bytes(id);
+        if (!tok.is_special(id) || std::count(markers.begin(), markers.end(), id))
+          (*v)[size_t(id)] = tok.token_bytes(id);
       vocab_bytes = std::move(v);
     });
     return vocab_bytes;
@@ -523,7 +531,7 @@ struct Server::Impl {
         names = {want};
       }
       if (names.empty()) throw ApiError(400, "tool_choice \"required\" needs tools", "tool_choice");
-      forced_grammar = tool_call_grammar(names, g.tools, g.tool_choice == "required");
+      forced_grammar = tool_call_grammar(names, g.tools, g.tool_choice == "required", opts.tool_parser);
     }
     std::vector<std::string> texts;
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
@@ -550,10 +558,9 @@ struct Server::Impl {
       params.constraint = constraint;
       // With the reasoning parser, an output that starts in the reasoning would be constrained
       // from its first token, and the constrained text would count as reasoning.
-      if (constraint && chat && !opts.reasoning_parser.empty() && prompt_opens_reasoning(texts[i]))
-        throw ApiError(400,
-                       "guided decoding with thinking on is not supported: the whole output is constrained, "
-                       "so it would all be reasoning; set chat_template_kwargs.enable_thinking to false",
+      const ReasoningFormat& think = reasoning_format(opts.reasoning_parser);
+      if (constraint && chat && !opts.reasoning_parser.empty() && prompt_opens_reasoning(think, texts[i]))
+        throw ApiError(400, guided_in_reasoning_message(think),
                        forced_grammar.empty() ? g.guided_param : std::string("tool_choice"));
       if (!g.max_tokens_given) {
         // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
@@ -571,12 +578,13 @@ struct Server::Impl {
         Choice c;
         c.index = int(i) * g.n + j;
         c.prompt = i;
-        c.out = std::make_unique<Output>(tok, g);
+        c.out = std::make_unique<Output>(tok, g, chat ? markers : std::vector<int32_t>());
         // With echo, the generated tokens' text offsets count from the end of the prompt's text.
         c.out->text_chars = code_points(gen->echo[i]);
         if (chat && !opts.reasoning_parser.empty())
-          c.think = std::make_unique<ReasoningSplitter>(prompt_opens_reasoning(texts[i]));
+          c.think = std::make_unique<ReasoningSplitter>(think, prompt_opens_reasoning(think, texts[i]));
         c.parse_tools = chat && !opts.tool_parser.empty() && g.tool_choice != "none";
+        if (c.parse_tools) c.tool_stream = ToolCallStream(opts.tool_parser);
         try {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {

@@ -318,17 +318,21 @@ Value filter(const std::string& name, const Value& v, const CallArgs& a, size_t 
     return Value::string(py_strip(v.s, a.get(0, "chars"), true, true));
   }
   if (name == "tojson") {
-    const Value* ind = a.get(0, "indent");
+    // transformers' signature: tojson(x, ensure_ascii=False, indent=None, separators=None,
+    // sort_keys=False).
+    const Value* ascii = a.get(0, "ensure_ascii");
+    const Value* ind = a.get(1, "indent");
     int indent = ind && !ind->is_none() ? static_cast<int>(to_int(*ind, pos, "indent")) : -1;
     std::string isep = indent >= 0 ? "," : ", ", ksep = ": ";
-    if (const Value* sp = a.kwarg("separators")) {
+    if (const Value* sp = a.get(2, "separators")) {
       if (sp->is_list() && sp->list->size() == 2) {
         isep = (*sp->list)[0].s;
         ksep = (*sp->list)[1].s;
       }
     }
-    const Value* sk = a.kwarg("sort_keys");
-    return Value::string(to_json(v, indent, isep, ksep, sk && sk->truthy()));
+    const Value* sk = a.get(3, "sort_keys");
+    return Value::string(
+        to_json(v, indent, isep, ksep, sk && sk->truthy(), ascii && ascii->truthy()));
   }
   if (name == "length" || name == "count") {
     switch (v.type) {

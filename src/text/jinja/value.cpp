@@ -130,9 +130,26 @@ std::string str_repr(const std::string& s) {
   return out;
 }
 
-std::string json_string(const std::string& s) {
+// `ascii`: json.dumps' ensure_ascii (DEL and non-ASCII as \uXXXX escapes, surrogate pairs above
+// U+FFFF).
+std::string json_string(const std::string& s, bool ascii) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (ascii && c >= 0x7F) {
+      size_t j = i;
+      uint32_t cp = next_code_point(s, j);
+      i = j - 1;
+      char b[16];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+      } else {
+        std::snprintf(b, sizeof b, "\\u%04x", cp);
+      }
+      out += b;
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";
@@ -169,7 +186,7 @@ std::string json_string(const std::string& s) {
 }
 
 void json_into(std::string& out, const Value& v, int indent, int level, const std::string& isep,
-               const std::string& ksep, bool sort_keys) {
+               const std::string& ksep, bool sort_keys, bool ascii) {
   auto newline = [&](int lvl) {
     if (indent < 0) return;
     out += '\n';
@@ -195,7 +212,7 @@ void json_into(std::string& out, const Value& v, int indent, int level, const st
         out += float_repr(v.f);
       return;
     case Value::kStr:
-      out += json_string(v.s);
+      out += json_string(v.s, ascii);
       return;
     case Value::kList: {
       if (v.list->empty()) {
@@ -206,7 +223,7 @@ void json_into(std::string& out, const Value& v, int indent, int level, const st
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += isep;
         newline(level + 1);
-        json_into(out, (*v.list)[k], indent, level + 1, isep, ksep, sort_keys);
+        json_into(out, (*v.list)[k], indent, level + 1, isep, ksep, sort_keys, ascii);
       }
       newline(level);
       out += "]";
@@ -226,8 +243,8 @@ void json_into(std::string& out, const Value& v, int indent, int level, const st
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += isep;
         newline(level + 1);
-        out += json_string(items[k]->first) + ksep;
-        json_into(out, items[k]->second, indent, level + 1, isep, ksep, sort_keys);
+        out += json_string(items[k]->first, ascii) + ksep;
+        json_into(out, items[k]->second, indent, level + 1, isep, ksep, sort_keys, ascii);
       }
       newline(level);
       out += "}";
@@ -289,9 +306,9 @@ std::string to_str(const Value& v) {
 }
 
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys) {
+                    const std::string& key_sep, bool sort_keys, bool ensure_ascii) {
   std::string out;
-  json_into(out, v, indent, 0, item_sep, key_sep, sort_keys);
+  json_into(out, v, indent, 0, item_sep, key_sep, sort_keys, ensure_ascii);
   return out;
 }
 

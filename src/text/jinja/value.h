@@ -148,11 +148,12 @@ Value from_json(const J& j, int depth = 0) {
   }
 }
 
-// Python's str() and repr(), and transformers' tojson (json.dumps with ensure_ascii=False).
+// Python's str() and repr(), and transformers' tojson (json.dumps, ensure_ascii False unless
+// asked).
 std::string to_str(const Value& v);
 std::string to_repr(const Value& v);
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys);
+                    const std::string& key_sep, bool sort_keys, bool ensure_ascii = false);
 
 // Python's type(v).__name__ (for error messages).
 std::string type_name(const Value& v);
