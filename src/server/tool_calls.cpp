@@ -274,11 +274,18 @@ class M3Scanner {
     return false;
   }
 
+  // The next `tag` from pos_; npos with pos_ moved up to a tail that could begin one.
+  size_t find_from_pos(const std::string& tag) {
+    const size_t at = text_.find(tag, pos_);
+    if (at == std::string::npos)
+      pos_ = text_.size() -
+             engine::held_tail(std::string_view(text_).substr(pos_), std::span<const std::string>(&tag, 1));
+    return at;
+  }
+
   bool scan_text() {
-    const size_t open = text_.find(kM3Open, pos_);
+    const size_t open = find_from_pos(kM3Open);
     if (open == std::string::npos) {
-      const std::string_view rest = std::string_view(text_).substr(pos_);
-      pos_ = text_.size() - engine::held_tail(rest, std::span<const std::string>(&kM3Open, 1));
       release(blanks_before(pos_));
       return false;
     }
@@ -300,12 +307,8 @@ class M3Scanner {
   }
 
   bool scan_broken() {
-    const size_t close = text_.find(kM3Close, pos_);
-    if (close == std::string::npos) {
-      const std::string_view rest = std::string_view(text_).substr(pos_);
-      pos_ = text_.size() - engine::held_tail(rest, std::span<const std::string>(&kM3Close, 1));
-      return false;
-    }
+    const size_t close = find_from_pos(kM3Close);
+    if (close == std::string::npos) return false;
     pos_ = close + kM3Close.size();
     end_block(pos_);
     return true;
@@ -388,12 +391,10 @@ class M3Scanner {
   // Inside a parameter: text, child elements, closing tags.
   bool scan_value() {
     Node& top = *stack_.back();
-    const size_t ns = text_.find(kNs, pos_);
-    const size_t upto = ns != std::string::npos
-                            ? ns
-                            : text_.size() - engine::held_tail(std::string_view(text_).substr(pos_),
-                                                               std::span<const std::string>(&kNsString, 1));
-    const std::string_view piece = std::string_view(text_).substr(pos_, upto - pos_);
+    const size_t from = pos_;
+    const size_t ns = find_from_pos(kNsString);
+    const size_t upto = ns != std::string::npos ? ns : pos_;
+    const std::string_view piece = std::string_view(text_).substr(from, upto - from);
     if (!top.children.empty()) {
       if (!all_blank(piece)) return fail();  // text beside child elements
     } else {
