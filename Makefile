@@ -1,12 +1,16 @@
-# Sieve: the two commands are `make serve` and `make test`.
+# Sieve: the two commands are `make serve` and `make test`. Both install what they need first
+# (scripts/setup: Debian packages as root or with sudo; `make serve` only the build's).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build test serve clean format gpu-check
+.PHONY: setup setup-build build test serve clean format gpu-check
 
 setup:
 	bash scripts/setup
+
+setup-build:
+	bash scripts/setup --build
 
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -17,7 +21,9 @@ build: $(BUILD)/build.ninja
 test: setup build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
-serve: build
+# Builds only the `sieve` binary: serving needs none of the tests.
+serve: setup-build $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target sieve
 	$(BUILD)/sieve serve $(ARGS)
 
 gpu-check:

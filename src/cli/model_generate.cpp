@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "model/locate.h"
 #include "model/model.h"
-#include "model/single_sequence.h"
+#include "engine/single_sequence.h"
 #ifdef SIEVE_HAVE_TEXT
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
@@ -134,8 +134,8 @@ int run_generate(const std::vector<std::string>& argv) {
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
   lo.device = parse_device(a.get("--device"));
-  lo.enforce_eager = a.get_flag("--enforce-eager");
   auto m = model::Model::load(dir, lo);
+  engine::Runner runner(*m, {.enforce_eager = a.get_flag("--enforce-eager")});
   const ModelConfig& cfg = m->config();
 
   std::vector<int32_t> prompt;
@@ -177,7 +177,7 @@ int run_generate(const std::vector<std::string>& argv) {
   model::CacheOptions co =
       model::cache_options_from_flags(a.get("--kv-cache-dtype"), a.get("--index-cache-dtype"));
   co.dense = a.get_flag("--dense");
-  model::SingleSequence seq(*m, co, total);
+  engine::SingleSequence seq(runner, co, total);
   std::vector<float> logits = seq.append(prompt, false, chunk);
   std::mt19937_64 rng(uint64_t(a.get_int("--seed")));
   std::vector<int32_t> eos(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());

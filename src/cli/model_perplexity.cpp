@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "model/locate.h"
 #include "model/model.h"
-#include "model/single_sequence.h"
+#include "engine/single_sequence.h"
 #ifdef SIEVE_HAVE_TEXT
 #include "text/tokenizer.h"
 #endif
@@ -51,6 +51,7 @@ int run_perplexity(const std::vector<std::string>& argv) {
   lo.hf_overrides = a.get("--hf-overrides");
   lo.device = parse_device(a.get("--device"));
   auto m = model::Model::load(dir, lo);
+  engine::Runner runner(*m);
   const ModelConfig& cfg = m->config();
   text::Tokenizer tok = text::Tokenizer::load(dir);
   std::vector<int32_t> ids = tok.encode(ss.str(), false);
@@ -69,7 +70,7 @@ int run_perplexity(const std::vector<std::string>& argv) {
     co.compare_index = true;
     co.compare_index_dtype = model::parse_cache_dtype(a.get("--compare-index-dtype"), "--compare-index-dtype");
   }
-  model::SingleSequence seq(*m, co, window);
+  engine::SingleSequence seq(runner, co, window);
 
   const long long max_windows = a.get_int("--max-windows");
   double nll = 0;

@@ -19,6 +19,7 @@
 
 #include "cache/sizing.h"
 #include "cli/command.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
@@ -50,10 +51,7 @@ std::string tiny_model_dir() {
     if (fs::exists(dir / "config.json") || ::access(exe.parent_path().c_str(), W_OK) == 0)
       return dir.string();
   }
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
-  return (base / "sieve" / "tiny-model").string();
+  return (fs::path(env::user_cache_dir()) / "sieve" / "tiny-model").string();
 }
 
 std::string default_model() {
@@ -152,16 +150,7 @@ void check_parser_name(const std::string& flag, const std::string& value, const 
 
 // Seconds between the periodic stats lines: SIEVE_LOG_STATS_INTERVAL, else vLLM's
 // VLLM_LOG_STATS_INTERVAL, else 10.
-double stats_interval_s() {
-  for (const char* env : {"SIEVE_LOG_STATS_INTERVAL", "VLLM_LOG_STATS_INTERVAL"})
-    if (const char* v = std::getenv(env); v && *v) {
-      char* end = nullptr;
-      const double x = std::strtod(v, &end);
-      if (end && *end == '\0' && x > 0) return x;
-      throw Error(std::string(env) + " must be a positive number of seconds, got \"" + v + "\"");
-    }
-  return 10.0;
-}
+double stats_interval_s() { return env::log_stats_interval_s(); }
 
 // Logs engine::stats_log_line every `interval` seconds while there is work.
 class StatsLogger {
@@ -298,12 +287,7 @@ int run_serve(const std::vector<std::string>& argv) {
   const uint64_t max_body = cache::parse_bytes(a.get("--max-request-bytes"), "--max-request-bytes");
 
   std::string api_key = a.get("--api-key");
-  if (api_key.empty())
-    for (const char* env : {"SIEVE_API_KEY", "VLLM_API_KEY"})
-      if (const char* v = std::getenv(env); v && *v) {
-        api_key = v;
-        break;
-      }
+  if (api_key.empty()) api_key = env::api_key();
 
   const std::string dir = a.has("--model") ? a.get("--model") : default_model();
   // Checked before the weights load, so a mistake in them fails at once.
@@ -323,12 +307,13 @@ int run_serve(const std::vector<std::string>& argv) {
   model::LoadOptions lo;
   lo.hf_overrides = a.get("--hf-overrides");
   lo.device = parse_device(a.get("--device"));
-  lo.enforce_eager = a.get_flag("--enforce-eager");
-  lo.max_graph_batch = int(std::min<long long>(max_seqs, 256));
   auto m = model::Model::load(dir, lo);
+  const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
+                                 .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
+  engine::Runner runner(*m, ro);
   if (lo.device.is_cuda())
-    SIEVE_LOG(Info, (lo.enforce_eager ? std::string("--enforce-eager: every step launches its kernels")
-                                      : "CUDA graphs for decode steps of up to " + std::to_string(lo.max_graph_batch) +
+    SIEVE_LOG(Info, (ro.enforce_eager ? std::string("--enforce-eager: every step launches its kernels")
+                                      : "CUDA graphs for decode steps of up to " + std::to_string(ro.max_graph_batch) +
                                             " sequences, each shape captured on first use (--enforce-eager: off)"));
   const ModelConfig& cfg = m->config();
   cache::check_block_size(int(a.get_int("--block-size")), m->block_size(),
@@ -348,13 +333,13 @@ int run_serve(const std::vector<std::string>& argv) {
     // As vLLM: the engine may use this fraction of the device; weights (loaded above), the
     // activations of the largest step (reserved here) and whatever else is resident come off
     // it, the rest is cache.
-    m->reserve_step(max_batched, max_seqs);
+    runner.reserve(max_batched, max_seqs);
     {
       const int64_t n = std::min<int64_t>(max_batched, cfg.max_position_embeddings > 0
                                                            ? cfg.max_position_embeddings
                                                            : max_batched);
       const auto t0 = std::chrono::steady_clock::now();
-      model::warm_up(*m, co.kv_dtype, co.index_dtype, n);
+      engine::warm_up(runner, co.kv_dtype, co.index_dtype, n);
       const double ms =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3;
       SIEVE_LOG(Info, "warm-up step of " << n << " tokens on " << lo.device.str() << ": " << ms
@@ -394,7 +379,7 @@ int run_serve(const std::vector<std::string>& argv) {
   for (int64_t e : cfg.eos_token_ids)
     if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end())
       ec.eos_ids.push_back(int32_t(e));
-  engine::Engine engine(*m, ec);
+  engine::Engine engine(runner, ec);
 
   server::ServerOptions so;
   so.host = a.get("--host");

@@ -1,12 +1,11 @@
 #include "engine/engine.h"
-#include "kernels/ops.h"
 
 #include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/runner.h"
+#include "kernels/ops.h"
 
 namespace sieve::engine {
 
@@ -48,20 +47,27 @@ void RequestStream::finish(FinishReason r, std::string error) {
 // Engine
 
 Engine::Engine(model::Model& model, EngineConfig cfg)
-    : model_(model),
+    : Engine(std::make_unique<Runner>(model, cfg.runner), nullptr, cfg) {}
+
+Engine::Engine(Runner& runner, EngineConfig cfg) : Engine(nullptr, &runner, std::move(cfg)) {}
+
+Engine::Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg)
+    : own_runner_(std::move(own)),
+      runner_(runner ? *runner : *own_runner_),
+      model_(runner_.model()),
       cfg_(std::move(cfg)),
-      kv_(cfg_.num_blocks, model.block_size(), cfg_.enable_prefix_caching),
+      kv_(cfg_.num_blocks, model_.block_size(), cfg_.enable_prefix_caching),
       scheduler_(cfg_.scheduler, kv_) {
-  const int64_t capacity = cfg_.num_blocks * model.block_size();
+  const int64_t capacity = cfg_.num_blocks * model_.block_size();
   if (cfg_.scheduler.max_model_len > capacity)
     throw Error("--max-model-len " + std::to_string(cfg_.scheduler.max_model_len) +
                 " is more than the KV cache holds (" + std::to_string(cfg_.num_blocks) +
-                " blocks of " + std::to_string(model.block_size()) + " = " +
+                " blocks of " + std::to_string(model_.block_size()) + " = " +
                 std::to_string(capacity) +
                 " tokens); lower --max-model-len or give the cache more memory");
   stats_.num_blocks = cfg_.num_blocks;
   stats_.num_free_blocks = cfg_.num_blocks;
-  stats_.block_size = model.block_size();
+  stats_.block_size = model_.block_size();
 }
 
 Engine::~Engine() {
@@ -97,10 +103,16 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt,
     if (prompt[i] < 0 || prompt[i] >= V)
       throw Error("token id " + std::to_string(prompt[i]) + " at prompt position " +
                   std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  // The one place prompt limits are checked (the server maps these errors to 400): a prompt that
+  // leaves no room is named as such before any max_tokens a caller derived from the room left.
+  const int64_t n = int64_t(prompt.size());
+  if (n >= max_len)
+    throw Error("This model's maximum context length is " + std::to_string(max_len) +
+                " tokens. However, your request has " + std::to_string(n) +
+                " input tokens. Please reduce the length of the input.");
   if (params.max_tokens < 1)
     throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
-  const int64_t n = int64_t(prompt.size());
-  if (n >= max_len || n + params.max_tokens > max_len)
+  if (n + params.max_tokens > max_len)
     throw Error("This model's maximum context length is " + std::to_string(max_len) +
                 " tokens. However, you requested " + std::to_string(n + params.max_tokens) +
                 " tokens (" + std::to_string(n) + " in the messages, " +
@@ -342,20 +354,11 @@ void Engine::step() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
-  // Requests that still collect prompt log-probs need every row of a chunk that covers them.
-  for (ScheduledSeq& s : plan.seqs) {
-    auto it = live_.find(s.request_id);
-    if (it == live_.end()) continue;
-    const Request& r = *it->second.req;
-    if (r.params.prompt_logprobs >= 0 && int64_t(r.prompt_lp.size()) + 1 < r.num_prompt_tokens &&
-        s.start_pos + 1 < r.num_prompt_tokens)
-      s.all_logits = true;
-  }
   std::vector<int> row_seq;
-  model::StepInputs in = build_step_inputs(plan, model_.block_size(), &row_seq);
+  const StepInputs in = build_step_inputs(plan, model_.block_size(), &row_seq);
   const double t2 = now_seconds();
   try {
-    model_.forward(in, logits_);
+    runner_.run(in, logits_);
   } catch (const std::exception& e) {
     SIEVE_LOG(Error, "forward failed: " << e.what());
     {

@@ -19,6 +19,7 @@
 #include "cache/kv_cache_manager.h"
 #include "engine/metrics.h"
 #include "engine/request.h"
+#include "engine/runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/workers.h"
@@ -35,6 +36,8 @@ struct EngineConfig {
   // arrival order, so a server restarted with the same seed and sent the same requests in the
   // same order samples the same tokens. Unset: from std::random_device.
   std::optional<uint64_t> seed;
+  // The options of the runner an engine makes for itself (the Model& constructor).
+  RunnerOptions runner;
 };
 
 struct TokenOutput {
@@ -82,6 +85,10 @@ struct TraceEvent {
 
 class Engine {
  public:
+  // Runs its steps through `runner` (kept alive by the caller; its model's caches must hold
+  // cfg.num_blocks blocks).
+  Engine(Runner& runner, EngineConfig cfg);
+  // Runs its steps through a runner of its own over `model` (cfg.runner's options).
   Engine(model::Model& model, EngineConfig cfg);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -123,7 +130,10 @@ class Engine {
   void finish_request(Request* r, FinishReason reason, const std::string& error = {});
   void update_gauges();
   void trace(const std::string& name, double t0, double t1, const std::string& args = {});
+  Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg);
 
+  std::unique_ptr<Runner> own_runner_;  // the Model& constructor's
+  Runner& runner_;
   model::Model& model_;
   EngineConfig cfg_;
   cache::KvCacheManager kv_;

@@ -78,6 +78,9 @@ StepPlan Scheduler::schedule() {
     s.token_ids.assign(r->tokens.begin() + s.start_pos, r->tokens.begin() + s.start_pos + n);
     s.block_table = kv_.block_table(r->id);
     s.sample = s.start_pos + n == int64_t(r->tokens.size());
+    // Row j of such a step is the distribution of the token at start_pos + j + 1.
+    s.all_logits = r->params.prompt_logprobs >= 0 && int64_t(r->prompt_lp.size()) + 1 < r->num_prompt_tokens &&
+                   s.start_pos + 1 < r->num_prompt_tokens;
     plan.num_tokens += n;
     plan.seqs.push_back(std::move(s));
     budget -= n;

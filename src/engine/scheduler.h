@@ -34,8 +34,9 @@ struct ScheduledSeq {
   int64_t start_pos = 0;
   std::vector<int32_t> block_table;
   bool sample = false;
-  // Logits of every token of the step, not only the last (the engine sets it for requests that
-  // still collect prompt log-probs); the sampled row is then the last of them.
+  // Logits of every token of the step, not only the last: set for a request that still collects
+  // prompt log-probs (prompt_logprobs) when the step's tokens cover prompt positions it lacks;
+  // the sampled row is then the last of them.
   bool all_logits = false;
 };
 

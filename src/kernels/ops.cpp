@@ -70,6 +70,8 @@ void set_op_observer(OpObserver fn) {
 }
 
 void matmul(const MatmulParams& p, const Stream& s) { SIEVE_DISPATCH(matmul, p, s); }
+void linear(const LinearParams& p, const Stream& s) { SIEVE_DISPATCH(linear, p, s); }
+void quantize_fp8(const QuantizeFp8Params& p, const Stream& s) { SIEVE_DISPATCH(quantize_fp8, p, s); }
 void embedding(const EmbeddingParams& p, const Stream& s) { SIEVE_DISPATCH(embedding, p, s); }
 void rms_norm(const RmsNormParams& p, const Stream& s) { SIEVE_DISPATCH(rms_norm, p, s); }
 void add(const AddParams& p, const Stream& s) { SIEVE_DISPATCH(add, p, s); }
@@ -81,6 +83,23 @@ void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
 }
 void attention(const AttentionParams& p, const Stream& s) { SIEVE_DISPATCH(attention, p, s); }
 void indexer(const IndexerParams& p, const Stream& s) { SIEVE_DISPATCH(indexer, p, s); }
+
+void all_reduce(const AllReduceParams& p, const Stream& s) {
+  if (!p.group || p.group->size() <= 1 || p.count == 0) return;
+  auto observer = current_observer();
+  const double t0 = observer ? now_s() : 0;
+  p.group->all_reduce_sum(p.data, p.dtype, p.count, s);
+  if (observer) (*observer)("all_reduce", t0, now_s());
+}
+
+void all_gather(const AllGatherParams& p, const Stream& s) {
+  SIEVE_CHECK(p.group, "all_gather needs a group");
+  if (p.count == 0) return;
+  auto observer = current_observer();
+  const double t0 = observer ? now_s() : 0;
+  p.group->all_gather(p.in, p.out, p.dtype, p.count, s);
+  if (observer) (*observer)("all_gather", t0, now_s());
+}
 
 void build_rope_table(float* cos_sin, int64_t max_position, int rotary_dim, double theta) {
   const int half = rotary_dim / 2;

@@ -17,8 +17,8 @@
 //   token position p lives in block p / block_size at offset p % block_size.
 // - CUDA streams: the decode-step kernels (qkv_norm_rope_cache, the decode indexer, attention)
 //   may use programmatic dependent launch (by default the decode indexer, sparse attention for
-//   batches of at most 4 query tokens and dense attention for up to 128; SIEVE_PDL, a mask,
-//   chooses otherwise). Each
+//   batches of at most 4 query tokens and dense attention for up to 128; the tests and the
+//   benchmark may choose otherwise, cuda/tuning.h). Each
 //   may then read the batch metadata (query_start_loc, seq_lens, block_tables, positions,
 //   slot_mapping) and the cache blocks that hold only positions before its request's first new
 //   token while the previous kernel of the stream is still running; everything else it reads or
@@ -99,6 +99,66 @@ struct MatmulParams {
   bool accumulate = false;
 };
 
+// A weight matrix as kernels read it: w[n][k] = dequant(data[n][k]), n = rows, k = cols.
+// FP8_E4M3: fp32 dequantization multipliers, one per (scale_block_rows x scale_block_cols) block,
+//   row-major over blocks: w[n][k] = fp8[n][k] * scale[(n / br) * ceil(cols / bc) + k / bc]
+//   (the product in fp32). Layouts:
+//   (1, 32)    MXFP8 as published (E8M0 2^(e - 127) widened to fp32, exact); the CPU takes it,
+//   (1, 128)   MXFP8 regrouped for the GPU at load (per row and 128 columns the largest of the
+//              four E8M0 scales, each fp8 value rescaled by 2^(e_i - e_max)),
+//   (128, 128) the Hugging Face fp8 block layout (DeepSeek-V3, Qwen3-FP8) and `--quantization
+//              fp8` (online, scale = amax / 448 per block).
+//   The CPU reference takes any block shape; the CUDA kernels (1, 128) and (128, 128).
+// F32 / BF16: no scale. The data is contiguous (row stride = cols) and, on CUDA, 16-byte aligned.
+struct WeightView {
+  const void* data = nullptr;  // [rows, cols] row-major
+  DType dtype = DType::BF16;   // F32, BF16, FP8_E4M3
+  int64_t rows = 0, cols = 0;
+  const float* scale = nullptr;  // FP8_E4M3 only: [ceil(rows / br), ceil(cols / bc)]
+  int scale_block_rows = 0, scale_block_cols = 0;
+};
+
+// Activations quantized for the FP8 GEMMs: per-token groups of 128 columns (1 x 128).
+// For row r and group g = c / 128 (the last group may be shorter):
+//   amax  = max |x[r, c]| over the group (NaN ignored), scale = amax / 448 in fp32 (1 when amax
+//           is 0), q[r, c] = sat_fp8(x[r, c] / scale) (fp32 division, round to nearest even,
+//           finite values saturate to +-448), x[r, c] ~ q[r, c] * scale[r * ceil(cols / 128) + g].
+// kernels/cpu defines it once (cpu::quantize_row_fp8); the CUDA kernels match it bit for bit.
+constexpr int64_t kFp8Group = 128;
+inline int64_t fp8_groups(int64_t cols) { return (cols + kFp8Group - 1) / kFp8Group; }
+
+// Standalone quantization of activation rows (the FP8 GEMM input) as above.
+struct QuantizeFp8Params {
+  const void* x = nullptr;  // [rows, cols], row stride ldx
+  DType x_dtype = DType::F32;  // F32 or BF16
+  int64_t ldx = 0;
+  void* y = nullptr;  // FP8_E4M3 [rows, cols], row stride ldy
+  int64_t ldy = 0;
+  float* y_scale = nullptr;  // [rows, fp8_groups(cols)], packed
+  int64_t rows = 0, cols = 0;
+};
+
+// y[m, n] (+)= x[m, k] . w[n, k]^T with w a WeightView (n = w.rows, k = w.cols), fp32 accumulation.
+// x: F32 or BF16 rows; or FP8_E4M3 rows with x_scale (already quantized as above, e.g. by
+//    rms_norm or swiglu_oai with an FP8 output, or quantize_fp8).
+//    The CPU reference multiplies the rows it is given exactly (F32/BF16 rows are not quantized;
+//    FP8 rows are dequantized q * scale in fp32). The CUDA op quantizes F32/BF16 rows itself when
+//    w is FP8 (per 1 x 128 group, into a private grow-only buffer), and rounds F32 rows to bf16
+//    when w is BF16 (as matmul does); docs/kernels.md lists what each path rounds.
+// y: F32 or BF16, row stride ldy; accumulate adds the product to y (rounded once when BF16).
+struct LinearParams {
+  const void* x = nullptr;  // [m, k], row stride ldx (in elements)
+  DType x_dtype = DType::F32;
+  int64_t ldx = 0;
+  const float* x_scale = nullptr;  // FP8 x only: [m, fp8_groups(k)], packed
+  WeightView w;
+  void* y = nullptr;  // [m, n], row stride ldy
+  DType y_dtype = DType::F32;
+  int64_t ldy = 0;
+  int64_t m = 0;
+  bool accumulate = false;
+};
+
 // out[i, :] = table[ids[i], :]
 struct EmbeddingParams {
   const int32_t* ids = nullptr;  // [num_tokens]
@@ -113,6 +173,9 @@ struct EmbeddingParams {
 // RMSNorm over the last dim, computed in fp32: y = x / sqrt(mean(x^2) + eps) * (gemma ? 1 + w : w).
 // If residual is set, first x += residual is stored back into residual (pre-norm add) and the
 // norm is taken of the sum.
+// y_dtype FP8_E4M3 (fused norm + quantization for an FP8 GEMM): the fp32 normed row is quantized
+// per 1 x 128 group exactly as quantize_fp8 does, the scales go to y_scale [rows, fp8_groups(dim)]
+// (packed); y must not alias x then.
 struct RmsNormParams {
   const void* x = nullptr;  // [rows, dim], row stride ldx
   DType x_dtype = DType::F32;
@@ -125,6 +188,7 @@ struct RmsNormParams {
   int64_t rows = 0, dim = 0, ldx = 0, ldy = 0;
   float eps = 1e-6f;
   bool gemma = true;
+  float* y_scale = nullptr;  // y_dtype FP8_E4M3 only
 };
 
 // y[i] += alpha * x[i]
@@ -138,12 +202,16 @@ struct AddParams {
 
 // SwiGLU-OAI: g = min(gate, limit); u = clamp(up, -limit, limit);
 // out = g * sigmoid(alpha * g) * (u + beta)
+// With out_scale set (fused activation + quantization for the down projection): out is
+// FP8_E4M3, the fp32 activations of a row quantized per 1 x 128 group exactly as quantize_fp8
+// does, scales in out_scale [rows, fp8_groups(inter)] (packed).
 struct SwigluOaiParams {
   const void* gate_up = nullptr;  // [rows, 2 * inter] = [gate | up], row stride ld_in
   void* out = nullptr;            // [rows, inter], row stride ld_out
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;       // of gate_up, and of out unless out_scale is set
   int64_t rows = 0, inter = 0, ld_in = 0, ld_out = 0;
   float alpha = 1.702f, limit = 7.0f, beta = 1.0f;
+  float* out_scale = nullptr;  // set: out is FP8_E4M3
 };
 
 // MoE routing, DeepSeek-V3 style without groups: s = sigmoid(logits); choose the top-k of
@@ -253,9 +321,44 @@ struct IndexerParams {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Communication (tensor parallelism)
+
+// One rank's handle on its tensor-parallel group; src/parallel/ implements it (threads of one
+// process on the CPU backend, NCCL on CUDA devices). Every rank of a group calls the same
+// collectives in the same order with the same sizes. A collective that cannot complete (a peer
+// failed, or never came) throws Error on every rank still running, never hangs.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // data[count] = the sum over ranks of data[count]; F32 or BF16.
+  virtual void all_reduce_sum(void* data, DType dtype, int64_t count, const Stream& s) = 0;
+  // out[size][count] = every rank's in[count], in rank order.
+  virtual void all_gather(const void* in, void* out, DType dtype, int64_t count, const Stream& s) = 0;
+};
+
+struct AllReduceParams {
+  void* data = nullptr;  // [count], summed in place
+  DType dtype = DType::F32;
+  int64_t count = 0;
+  Collective* group = nullptr;  // null or a group of one: nothing to do
+};
+
+struct AllGatherParams {
+  const void* in = nullptr;  // [count]
+  void* out = nullptr;       // [group size, count]; with no group (or one rank) a copy of in
+  DType dtype = DType::F32;
+  int64_t count = 0;
+  Collective* group = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Dispatchers: run the op on the stream's device. A CUDA op that this build lacks throws Error.
 
 void matmul(const MatmulParams& p, const Stream& s);
+void linear(const LinearParams& p, const Stream& s);
+void quantize_fp8(const QuantizeFp8Params& p, const Stream& s);
 void embedding(const EmbeddingParams& p, const Stream& s);
 void rms_norm(const RmsNormParams& p, const Stream& s);
 void add(const AddParams& p, const Stream& s);
@@ -265,6 +368,8 @@ void moe_experts(const MoeExpertsParams& p, const Stream& s);
 void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s);
 void attention(const AttentionParams& p, const Stream& s);
 void indexer(const IndexerParams& p, const Stream& s);
+void all_reduce(const AllReduceParams& p, const Stream& s);
+void all_gather(const AllGatherParams& p, const Stream& s);
 
 // Profiling: when an observer is set, every dispatched op reports its name and host wall-clock
 // interval (steady_clock, seconds since its epoch). CPU ops report their run time; CUDA ops the

@@ -1,16 +1,19 @@
 // The MiniMax-M3 text model: weights by the published tensor names, paged KV + index caches, and
-// the forward pass of one engine step (prefill chunks and decodes mixed), written against
-// kernels/ops.h only.
+// the forward pass of one engine step (prefill chunks and decodes mixed) over a step already on
+// its device, written against kernels/ops.h only. Running steps (inputs, CUDA graphs, logits to
+// the host) is the runner's job (engine/runner.h).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "io/config.h"
+#include "kernels/ops.h"
 
 namespace sieve::model {
 
@@ -20,19 +23,6 @@ DType parse_cache_dtype(const std::string& name, const std::string& flag);
 struct LoadOptions {
   std::string hf_overrides;  // JSON object text merged over the text config
   Device device;             // CPU (the reference backend) or CUDA
-  // CUDA: decode steps (one new token per sequence) of up to max_graph_batch sequences run as
-  // CUDA graphs, captured on first use per (padded batch, context bucket); enforce_eager
-  // launches every kernel of every step instead (vLLM's --enforce-eager).
-  bool enforce_eager = false;
-  int max_graph_batch = 256;
-};
-
-// What the CUDA-graph decode path did so far (Model::graph_stats).
-struct GraphStats {
-  int64_t captured = 0;   // graphs captured (one per padded batch size and context bucket)
-  int64_t replayed = 0;   // decode steps that ran as a graph replay
-  int64_t eager = 0;      // decode steps that ran eagerly (first use of a shape, or graphs off)
-  std::string off_reason; // why graphs are off ("" while they are on or were never tried)
 };
 
 struct CacheOptions {
@@ -57,18 +47,19 @@ struct SelectionStats {
   int64_t identical_rows = 0;  // dropping rows whose two selections are the same set
 };
 
-// One engine step, as host arrays. Sequence s owns tokens [query_start_loc[s],
-// query_start_loc[s+1]); after the step it has seq_lens[s] tokens in the cache. The runner fills
-// this from the scheduler's step plan (see kernels/ops.h, "Conventions").
-struct StepInputs {
-  std::vector<int32_t> token_ids;        // [num_tokens]
-  std::vector<int32_t> positions;        // [num_tokens]
-  std::vector<int64_t> slot_mapping;     // [num_tokens] physical block * block_size + offset
-  std::vector<int32_t> query_start_loc;  // [num_seqs + 1]
-  std::vector<int32_t> seq_lens;         // [num_seqs]
-  std::vector<int32_t> block_tables;     // [num_seqs, max_blocks_per_seq], unused entries 0
-  int max_blocks_per_seq = 0;
-  std::vector<int32_t> logits_indices;   // token rows whose logits are wanted, in output order
+// One step as the model reads it, on the model's device (see kernels/ops.h, "Conventions"):
+// the sequence layout, the new tokens' ids, positions and cache slots, and where the logits go.
+// The runner (engine/runner.h) makes it from host arrays; every grid comes from the host bounds
+// here, never from the device arrays, so a step can be captured once and replayed.
+struct StepView {
+  ops::BatchView batch;                   // query starts, lengths, tables; max_seq_len, max_query_len
+  const int32_t* token_ids = nullptr;     // [num_tokens]
+  const int32_t* positions = nullptr;     // [num_tokens]
+  const int64_t* slot_mapping = nullptr;  // [num_tokens] physical block * block_size + offset
+  int max_position = 0;                   // no position is larger (host bound)
+  // Token rows whose logits are wanted, in output order (host memory: a captured step keeps them).
+  std::span<const int32_t> logits_rows;
+  float* logits = nullptr;  // [logits_rows.size(), vocab] fp32, on the device
 };
 
 class Model {
@@ -78,41 +69,37 @@ class Model {
   virtual ~Model() = default;
 
   virtual const ModelConfig& config() const = 0;
+  virtual const Device& device() const = 0;
   int64_t vocab_size() const { return config().vocab_size; }
   int block_size() const { return config().sparse_block_size; }
 
   // Bytes one cache block (block_size tokens, every layer: K, V, scales, index keys) takes.
   virtual size_t cache_bytes_per_block(DType kv_dtype, DType index_dtype) const = 0;
-  // (Re)allocates the paged caches; contents are undefined until written by forward().
+  // (Re)allocates the paged caches with one block more than opts.num_blocks: block
+  // opts.num_blocks belongs to no sequence (the padding rows of captured decode steps write
+  // there). Contents are undefined until written by forward().
   virtual void allocate_caches(const CacheOptions& opts) = 0;
   // Frees the paged caches (forward() then needs allocate_caches() again).
   virtual void release_caches() = 0;
   virtual const CacheOptions& cache_options() const = 0;
   virtual SelectionStats selection_stats() const { return {}; }
-  virtual GraphStats graph_stats() const { return {}; }
 
-  // Allocates now the activations of a step of up to max_tokens tokens with one logit row per
-  // sequence for up to max_seqs sequences (forward() grows them on demand otherwise), so that
-  // a GPU's free memory measured afterwards leaves them out of the cache budget.
-  virtual void reserve_step(int64_t max_tokens, int64_t max_seqs) {}
+  // Allocates now the activations of a step of up to max_tokens tokens with up to
+  // max_logit_rows logit rows (forward() grows them on demand otherwise), so that a GPU's free
+  // memory measured afterwards leaves them out of the cache budget.
+  virtual void reserve_step(int64_t max_tokens, int64_t max_logit_rows) {}
 
-  // Runs one step: writes the new tokens' K/V/index keys into the caches, and fills
-  // logits [logits_indices.size(), vocab] (fp32, host memory).
-  virtual void forward(const StepInputs& in, std::vector<float>& logits) = 0;
+  // Counts replacements of the device buffers forward() uses besides its arguments (caches,
+  // activations, tables): work captured from forward() before a change must not be replayed.
+  virtual uint64_t buffers_epoch() const { return 0; }
+
+  // Enqueues one step on `stream` (the CPU runs it at once): writes the new tokens' K/V/index
+  // keys into the caches and the logits of step.logits_rows into step.logits. Once its buffers
+  // have grown to a step's shape, nothing in it allocates or synchronises with the host.
+  virtual void forward(const StepView& step, const ops::Stream& stream) = 0;
 };
 
-// The decode step `in` (one new token per sequence, a logit row for each in order) padded to
-// `rows` sequences with tables of `width` blocks: each added sequence holds one token (id 0,
-// position 0, slot 0 of `pad_block`), and table entries past a sequence's blocks are
-// `pad_block`. The real rows' results do not change. CUDA graphs replay a step captured at
-// `rows` sequences for any batch up to it (padding block: a cache block no request owns).
-StepInputs pad_decode_step(const StepInputs& in, int rows, int width, int32_t pad_block, int block_size);
-
-// One prefill step of `tokens` tokens (one sequence, through a temporary cache of just enough
-// blocks) before serving: it runs every kernel the model needs, so an op the device lacks fails
-// at start, and it leaves the kernels' grow-only workspaces allocated, so a GPU's free memory
-// measured afterwards leaves them out of the cache budget. The temporary cache is freed at the
-// end; the caller allocates the real one.
-void warm_up(Model& m, DType kv_dtype, DType index_dtype, int64_t tokens);
+// Cache dtypes as the flags give them: `index` empty means "follow the kv cache dtype".
+CacheOptions cache_options_from_flags(const std::string& kv, const std::string& index);
 
 }  // namespace sieve::model

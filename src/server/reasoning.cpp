@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <span>
 
-#include "engine/stop_strings.h"
+#include "server/stop_strings.h"
 
 namespace sieve::server {
 
@@ -83,7 +83,7 @@ ReasoningSplitter::Piece ReasoningSplitter::push(std::string_view text) {
       if (f_->m3) done_ = true;  // the block closed: the rest is content
       continue;
     }
-    const size_t keep = engine::held_tail(rest, std::span<const std::string>(&tag, 1));
+    const size_t keep = held_tail(rest, std::span<const std::string>(&tag, 1));
     dst.append(rest.substr(0, rest.size() - keep));
     held_ = std::string(rest.substr(rest.size() - keep));
     break;

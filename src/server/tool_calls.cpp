@@ -4,7 +4,7 @@
 #include <span>
 #include <unordered_map>
 
-#include "engine/stop_strings.h"
+#include "server/stop_strings.h"
 #include "server/reasoning.h"
 #include "server/tool_calls_schema.h"
 
@@ -279,7 +279,7 @@ class M3Scanner {
     const size_t at = text_.find(tag, pos_);
     if (at == std::string::npos)
       pos_ = text_.size() -
-             engine::held_tail(std::string_view(text_).substr(pos_), std::span<const std::string>(&tag, 1));
+             held_tail(std::string_view(text_).substr(pos_), std::span<const std::string>(&tag, 1));
     return at;
   }
 
@@ -517,7 +517,7 @@ struct ToolCallStream::Impl {
     const size_t p = text.find(kM2Open);
     if (p != std::string::npos) return p;
     const std::string open(kM2Open);
-    return text.size() - engine::held_tail(text, std::span<const std::string>(&open, 1));
+    return text.size() - held_tail(text, std::span<const std::string>(&open, 1));
   }
 
   // The new pieces of one M3 invoke.

@@ -2,7 +2,7 @@
 // chat template writes, with values of the tools' schema types.
 #include <algorithm>
 
-#include "engine/guided.h"
+#include "guided/guided.h"
 #include "server/tool_calls.h"
 #include "server/tool_calls_schema.h"
 
@@ -11,7 +11,7 @@ namespace sieve::server {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-using engine::ebnf_literal;
+using guided::ebnf_literal;
 
 // Nested schemas deeper than this take any value (a tree of tags, or text).
 constexpr int kMaxSchemaDepth = 8;

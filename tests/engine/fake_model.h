@@ -23,12 +23,13 @@ class FakeModel : public model::Model {
     cfg_.use_sparse_attention = true;
   }
   const ModelConfig& config() const override { return cfg_; }
+  const Device& device() const override { return dev_; }
   size_t cache_bytes_per_block(DType, DType) const override {
     return size_t(cfg_.sparse_block_size) * 16;
   }
   void allocate_caches(const model::CacheOptions& o) override {
     opts_ = o;
-    slots_.assign(size_t(o.num_blocks * cfg_.sparse_block_size), -1);
+    slots_.assign(size_t((o.num_blocks + 1) * cfg_.sparse_block_size), -1);
   }
   void release_caches() override {
     opts_ = {};
@@ -36,39 +37,39 @@ class FakeModel : public model::Model {
   }
   const model::CacheOptions& cache_options() const override { return opts_; }
 
-  void forward(const model::StepInputs& in, std::vector<float>& logits) override {
+  // The step's arrays are host memory: this model lives on the CPU.
+  void forward(const model::StepView& step, const ops::Stream&) override {
     ++steps;
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us.load()));
     const int bs = cfg_.sparse_block_size;
-    const size_t nseq = in.seq_lens.size();
-    if (in.query_start_loc.size() != nseq + 1 || in.token_ids.size() != in.positions.size() ||
-        in.slot_mapping.size() != in.token_ids.size() ||
-        in.block_tables.size() != nseq * size_t(in.max_blocks_per_seq))
-      throw std::runtime_error("inconsistent step inputs");
-    for (size_t i = 0; i < in.token_ids.size(); ++i)
-      if (in.token_ids[i] == fail_on_token) throw std::runtime_error("injected failure");
-    for (size_t i = 0; i < in.token_ids.size(); ++i) {
-      if (in.slot_mapping[i] < 0 || in.slot_mapping[i] >= int64_t(slots_.size()))
+    const ops::BatchView& b = step.batch;
+    const size_t nseq = size_t(b.num_seqs);
+    const size_t n = size_t(b.num_tokens);
+    const int32_t* qsl = b.query_start_loc;
+    const int mbps = b.max_blocks_per_seq;
+    if (qsl[0] != 0 || size_t(qsl[nseq]) != n) throw std::runtime_error("inconsistent step inputs");
+    for (size_t i = 0; i < n; ++i)
+      if (step.token_ids[i] == fail_on_token) throw std::runtime_error("injected failure");
+    for (size_t i = 0; i < n; ++i) {
+      if (step.slot_mapping[i] < 0 || step.slot_mapping[i] >= int64_t(slots_.size()))
         throw std::runtime_error("bad slot");
-      slots_[size_t(in.slot_mapping[i])] = in.token_ids[i];
+      slots_[size_t(step.slot_mapping[i])] = step.token_ids[i];
     }
-    logits.assign(in.logits_indices.size() * size_t(cfg_.vocab_size), 0.0f);
-    for (size_t row = 0; row < in.logits_indices.size(); ++row) {
-      const int32_t tok = in.logits_indices[row];
+    for (size_t row = 0; row < step.logits_rows.size(); ++row) {
+      const int32_t tok = step.logits_rows[row];
       size_t s = 0;
-      while (s < nseq && in.query_start_loc[s + 1] <= tok) ++s;
+      while (s < nseq && qsl[s + 1] <= tok) ++s;
       if (s == nseq) throw std::runtime_error("logits index out of range");
-      const int32_t pos = in.positions[size_t(tok)];
-      if (pos != in.seq_lens[s] - (in.query_start_loc[s + 1] - tok))
-        throw std::runtime_error("position mismatch");
+      const int32_t pos = step.positions[size_t(tok)];
+      if (pos != b.seq_lens[s] - (qsl[s + 1] - tok)) throw std::runtime_error("position mismatch");
       uint64_t h = 1469598103934665603ull;
       for (int32_t p = 0; p <= pos; ++p) {
-        const int32_t blk = in.block_tables[s * size_t(in.max_blocks_per_seq) + size_t(p / bs)];
+        const int32_t blk = b.block_tables[s * size_t(mbps) + size_t(p / bs)];
         const int32_t t = slots_[size_t(int64_t(blk) * bs + p % bs)];
         if (t < 0) throw std::runtime_error("read of an unwritten cache slot");
         h = (h ^ uint64_t(uint32_t(t)) ^ (uint64_t(p) << 32)) * 1099511628211ull;
       }
-      float* out = logits.data() + row * size_t(cfg_.vocab_size);
+      float* out = step.logits + row * size_t(cfg_.vocab_size);
       for (int64_t v = 0; v < cfg_.vocab_size; ++v) {
         uint64_t x = (h ^ uint64_t(v) * 0x9e3779b97f4a7c15ull);
         x ^= x >> 33;
@@ -86,6 +87,7 @@ class FakeModel : public model::Model {
 
  private:
   ModelConfig cfg_;
+  Device dev_;
   model::CacheOptions opts_;
   std::vector<int32_t> slots_;
 };

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
+#include "fake_model.h"
+
 namespace sieve::engine {
 
 TEST(Runner, BuildsStepInputsFromAPlan) {
@@ -23,6 +26,44 @@ TEST(Runner, BuildsStepInputsFromAPlan) {
   EXPECT_EQ(in.block_tables, (std::vector<int32_t>{7, 2, 0, 5, 3, 8}));
   EXPECT_EQ(in.logits_indices, (std::vector<int32_t>{3}));
   EXPECT_EQ(sample_seq, (std::vector<int>{1}));
+}
+
+// The runner checks a step against the model's vocabulary and cache before anything runs, and
+// hands back exactly the requested logits rows (on the CPU: no graphs).
+TEST(Runner, RunsCheckedStepsAndReturnsTheirRows) {
+  testing::FakeModel model(50, 4);
+  model.allocate_caches({.num_blocks = 6});
+  Runner runner(model);
+  StepPlan plan;
+  plan.seqs.push_back(ScheduledSeq{1, {10, 11, 12, 13, 14}, 0, {4, 1}, true, true});
+  plan.seqs.push_back(ScheduledSeq{2, {20, 21}, 0, {0}, true});
+  plan.num_tokens = 7;
+  std::vector<int> row_seq;
+  const StepInputs in = build_step_inputs(plan, 4, &row_seq);
+  EXPECT_EQ(in.logits_indices, (std::vector<int32_t>{0, 1, 2, 3, 4, 6}));
+  EXPECT_EQ(row_seq, (std::vector<int>{0, 0, 0, 0, 0, 1}));
+  std::vector<float> logits;
+  runner.run(in, logits);
+  ASSERT_EQ(logits.size(), 6u * 50u);
+  EXPECT_EQ(model.steps, 1);
+  // Rows of different prefixes differ.
+  EXPECT_NE(std::vector<float>(logits.begin(), logits.begin() + 50),
+            std::vector<float>(logits.begin() + 50, logits.begin() + 100));
+
+  StepInputs bad = in;
+  bad.token_ids[3] = 50;  // outside the vocabulary
+  EXPECT_THROW(runner.run(bad, logits), Error);
+  bad = in;
+  bad.block_tables[1] = 6;  // past the cache's blocks
+  EXPECT_THROW(runner.run(bad, logits), Error);
+  bad = in;
+  bad.logits_indices.push_back(7);  // outside the batch
+  EXPECT_THROW(runner.run(bad, logits), Error);
+  bad = in;
+  bad.seq_lens[1] = 1;  // fewer keys than new tokens
+  EXPECT_THROW(runner.run(bad, logits), Error);
+  EXPECT_EQ(model.steps, 1);  // none of them reached the model
+  EXPECT_EQ(runner.graph_stats().captured + runner.graph_stats().replayed + runner.graph_stats().eager, 0);
 }
 
 }  // namespace sieve::engine

@@ -50,6 +50,29 @@ struct Sim {
   }
 };
 
+// A request collecting prompt log-probs gets every row of the chunks that cover prompt positions
+// it lacks; its decode steps and other requests get the sampled row only.
+TEST(Scheduler, PromptLogprobsAskForEveryRowOfTheirChunks) {
+  Sim sim(100, 4, {.max_num_batched_tokens = 8, .max_num_seqs = 4, .max_model_len = 64});
+  Request* r = sim.add(12, 2);
+  r->params.prompt_logprobs = 1;
+  sim.add(3, 2, 500);
+  auto p1 = sim.step();
+  ASSERT_EQ(p1.seqs.size(), 1u);
+  EXPECT_TRUE(p1.seqs[0].all_logits);
+  // The engine collected positions 1..8 from the first chunk.
+  r->prompt_lp.resize(8);
+  auto p2 = sim.step();
+  ASSERT_EQ(p2.seqs.size(), 2u);
+  EXPECT_TRUE(p2.seqs[0].all_logits);   // prompt tokens 8..11
+  EXPECT_FALSE(p2.seqs[1].all_logits);  // no prompt_logprobs
+  r->prompt_lp.resize(11);  // every prompt position
+  auto p3 = sim.step();
+  ASSERT_EQ(p3.seqs.size(), 2u);
+  EXPECT_EQ(p3.seqs[0].token_ids.size(), 1u);
+  EXPECT_FALSE(p3.seqs[0].all_logits);
+}
+
 TEST(Scheduler, ChunkedPrefillUnderTheTokenBudget) {
   Sim sim(100, 4, {.max_num_batched_tokens = 8, .max_num_seqs = 4, .max_model_len = 64});
   Request* r = sim.add(20, 2);

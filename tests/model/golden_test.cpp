@@ -42,7 +42,10 @@ TEST(Golden, WarmUpChangesNothing) {
   std::vector<int32_t> prompt = g["prompt_ids"].get<std::vector<int32_t>>();
   auto a = model::Model::load(model_dir());
   auto b = model::Model::load(model_dir());
-  model::warm_up(*b, DType::FP8_E4M3, DType::BF16, 700);
+  {
+    engine::Runner runner(*b);
+    engine::warm_up(runner, DType::FP8_E4M3, DType::BF16, 700);
+  }
   EngineRun ra = run_engine(*a, prompt, 8, DType::BF16, false, 384);
   EngineRun rb = run_engine(*b, prompt, 8, DType::BF16, false, 384);
   EXPECT_EQ(ra.logprobs, rb.logprobs);

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/runner.h"
 #include "model/model.h"
 
 namespace sieve::golden {
@@ -49,6 +50,7 @@ inline std::vector<double> log_softmax(const float* row, int64_t V) {
 
 inline EngineRun run_engine(model::Model& m, const std::vector<int32_t>& prompt, int n_greedy, DType cache,
                      bool dense, int chunk) {
+  engine::Runner runner(m);
   const int bs = m.block_size();
   const int total = int(prompt.size()) + n_greedy;
   const int blocks = (total + bs - 1) / bs;
@@ -63,7 +65,7 @@ inline EngineRun run_engine(model::Model& m, const std::vector<int32_t>& prompt,
   EngineRun r;
   std::vector<float> logits;
   auto step = [&](int begin, const std::vector<int32_t>& ids, bool all_rows) {
-    model::StepInputs in;
+    engine::StepInputs in;
     in.token_ids = ids;
     for (size_t i = 0; i < ids.size(); ++i) {
       int p = begin + int(i);
@@ -75,7 +77,7 @@ inline EngineRun run_engine(model::Model& m, const std::vector<int32_t>& prompt,
     in.seq_lens = {begin + int32_t(ids.size())};
     in.block_tables = table;
     in.max_blocks_per_seq = blocks;
-    m.forward(in, logits);
+    runner.run(in, logits);
   };
   for (int at = 0; at < int(prompt.size()); at += chunk) {
     int end = std::min<int>(int(prompt.size()), at + chunk);

@@ -116,8 +116,9 @@ struct BatchRun {
   std::vector<int32_t> tokens;                // fed tokens (the eager run's greedy choices)
 };
 
-BatchRun run_batch(model::Model& m, const std::vector<std::vector<int32_t>>& prompts, int steps,
+BatchRun run_batch(engine::Runner& runner, const std::vector<std::vector<int32_t>>& prompts, int steps,
                    const std::vector<int32_t>* feed) {
+  model::Model& m = runner.model();
   const int bs = m.block_size();
   const int64_t V = m.vocab_size();
   const int S = int(prompts.size());
@@ -135,7 +136,7 @@ BatchRun run_batch(model::Model& m, const std::vector<std::vector<int32_t>>& pro
   std::vector<int32_t> last(S);
   std::vector<int> len(S);
   for (int s = 0; s < S; ++s) {
-    model::StepInputs in;
+    engine::StepInputs in;
     in.token_ids = prompts[s];
     len[s] = int(prompts[s].size());
     for (int p = 0; p < len[s]; ++p) {
@@ -147,14 +148,14 @@ BatchRun run_batch(model::Model& m, const std::vector<std::vector<int32_t>>& pro
     for (int b = 0; b < per_seq; ++b) in.block_tables.push_back(phys(s, b));
     in.max_blocks_per_seq = per_seq;
     in.logits_indices = {len[s] - 1};
-    m.forward(in, logits);
+    runner.run(in, logits);
     last[s] = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   size_t fed = 0;
   for (int t = 0; t < steps; ++t) {
     // All sequences for the first half of the steps, then the last two drop out.
     const int live = t < steps / 2 ? S : S - 2;
-    model::StepInputs in;
+    engine::StepInputs in;
     in.query_start_loc = {0};
     in.max_blocks_per_seq = per_seq;
     for (int s = 0; s < live; ++s) {
@@ -169,7 +170,7 @@ BatchRun run_batch(model::Model& m, const std::vector<std::vector<int32_t>>& pro
       for (int b = 0; b < per_seq; ++b) in.block_tables.push_back(phys(s, b));
       in.logits_indices.push_back(s);
     }
-    m.forward(in, logits);
+    runner.run(in, logits);
     for (int s = 0; s < live; ++s) {
       r.logprobs.push_back(log_softmax(logits.data() + size_t(s) * size_t(V), V));
       last[s] = int32_t(std::max_element(r.logprobs.back().begin(), r.logprobs.back().end()) -
@@ -189,24 +190,23 @@ TEST(ModelCuda, GraphDecodeStepsMatchEager) {
   std::vector<std::vector<int32_t>> prompts;
   for (auto [at, n] : std::vector<std::pair<int, int>>{{0, 37}, {40, 129}, {200, 300}, {100, 520}, {150, 1100}})
     prompts.emplace_back(text.begin() + at, text.begin() + at + n);
-  model::LoadOptions eager_opts;
-  eager_opts.device = kCuda;
-  eager_opts.enforce_eager = true;
-  auto eager = model::Model::load(model_dir(), eager_opts);
-  model::LoadOptions graph_opts;
-  graph_opts.device = kCuda;
-  auto graphed = model::Model::load(model_dir(), graph_opts);
+  model::LoadOptions lo;
+  lo.device = kCuda;
+  auto eager_model = model::Model::load(model_dir(), lo);
+  engine::Runner eager(*eager_model, {.enforce_eager = true});
+  auto graphed_model = model::Model::load(model_dir(), lo);
+  engine::Runner graphed(*graphed_model);
   const int steps = 12;
-  BatchRun a = run_batch(*eager, prompts, steps, nullptr);
-  BatchRun b = run_batch(*graphed, prompts, steps, &a.tokens);
-  const model::GraphStats gs = graphed->graph_stats();
+  BatchRun a = run_batch(eager, prompts, steps, nullptr);
+  BatchRun b = run_batch(graphed, prompts, steps, &a.tokens);
+  const engine::GraphStats gs = graphed.graph_stats();
   std::printf("[ graphs ] captured %lld, replayed %lld, eager %lld%s%s\n", (long long)gs.captured,
               (long long)gs.replayed, (long long)gs.eager, gs.off_reason.empty() ? "" : "; off: ",
               gs.off_reason.c_str());
   EXPECT_TRUE(gs.off_reason.empty()) << gs.off_reason;
   EXPECT_EQ(gs.captured, 2);  // 8 rows at 1536 keys (12 blocks), then 4 rows (three short sequences) at 1024
   EXPECT_EQ(gs.replayed, steps - 2);
-  EXPECT_EQ(eager->graph_stats().replayed, 0);
+  EXPECT_EQ(eager.graph_stats().replayed, 0);
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
   double worst = 0, sum = 0;
   size_t count = 0, flips = 0;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "engine/runner.h"
 #include "io/config.h"
 #include "io/tiny_model.h"
 #include "model/model.h"
@@ -37,8 +38,9 @@ std::vector<int32_t> random_ids(int n, int64_t vocab, uint64_t seed) {
 
 // Runs the sequence through the engine: prefill of the first `prefill` tokens in chunks of
 // `chunk`, then one decode step per remaining token. Returns logits for every position.
-std::vector<float> engine_logits(model::Model& m, const std::vector<int32_t>& ids, int prefill,
+std::vector<float> engine_logits(engine::Runner& r, const std::vector<int32_t>& ids, int prefill,
                                  int chunk, uint64_t seed) {
+  model::Model& m = r.model();
   const int bs = m.block_size();
   const int T = int(ids.size());
   const int blocks = (T + bs - 1) / bs;
@@ -55,7 +57,7 @@ std::vector<float> engine_logits(model::Model& m, const std::vector<int32_t>& id
 
   std::vector<float> out(size_t(T) * V, NAN);
   auto run = [&](int begin, int end) {
-    model::StepInputs in;
+    engine::StepInputs in;
     for (int p = begin; p < end; ++p) {
       in.token_ids.push_back(ids[p]);
       in.positions.push_back(p);
@@ -67,7 +69,7 @@ std::vector<float> engine_logits(model::Model& m, const std::vector<int32_t>& id
     in.block_tables = table;
     in.max_blocks_per_seq = max_blocks;
     std::vector<float> logits;
-    m.forward(in, logits);
+    r.run(in, logits);
     std::copy(logits.begin(), logits.end(), out.begin() + size_t(begin) * V);
   };
   for (int at = 0; at < prefill; at += chunk) run(at, std::min(prefill, at + chunk));
@@ -97,6 +99,7 @@ void check_case(const Case& c) {
   model::LoadOptions lo;
   lo.hf_overrides = c.overrides;
   auto m = model::Model::load(dir, lo);
+  engine::Runner runner(*m);
   const ModelConfig& cfg = m->config();
   const auto ids = random_ids(c.length, cfg.vocab_size, c.opts.seed + 17);
   const int64_t V = cfg.vocab_size;
@@ -125,7 +128,7 @@ void check_case(const Case& c) {
     for (int chunk : {c.length, 128, 97}) {
       const int decode = 5;
       const int prefill = c.length - decode;
-      std::vector<float> got = engine_logits(*m, ids, prefill, chunk, uint64_t(++seed));
+      std::vector<float> got = engine_logits(runner, ids, prefill, chunk, uint64_t(++seed));
       double d = max_abs_diff(got, ref, 0, got.size());
       std::printf("[ diff ] %s %s chunk %d: max abs diff %.3g (scale %.3g)\n", c.name.c_str(), std::string(dtype_name(dt)).c_str(), chunk, d, scale);
       EXPECT_LT(d, tol) << c.name << " cache " << dtype_name(dt) << " chunk " << chunk
@@ -199,7 +202,8 @@ TEST(ModelForward, DenseOptionSelectsEveryBlock) {
   co.num_blocks = 8;
   co.dense = true;
   m->allocate_caches(co);
-  auto got = engine_logits(*m, ids, 390, 150, 3);
+  engine::Runner runner(*m);
+  auto got = engine_logits(runner, ids, 390, 150, 3);
   EXPECT_LT(max_abs_diff(got, ref, 0, got.size()), 2e-3);
   // And sparse selection really changes the result on this prompt.
   testing::ReferenceOptions sparse;
@@ -217,6 +221,7 @@ TEST(ModelForward, PaddedDecodeStepKeepsItsRows) {
   o.seed = 7;
   write_tiny_model(o, dir);
   auto m = model::Model::load(dir);
+  engine::Runner runner(*m);
   const int bs = m->block_size();
   const int64_t V = m->vocab_size();
   model::CacheOptions co;
@@ -229,7 +234,7 @@ TEST(ModelForward, PaddedDecodeStepKeepsItsRows) {
   std::vector<float> logits;
   std::vector<int32_t> next;
   for (size_t s = 0; s < lens.size(); ++s) {
-    model::StepInputs in;
+    engine::StepInputs in;
     in.token_ids = random_ids(lens[s], V, 50 + s);
     for (int p = 0; p < lens[s]; ++p) {
       in.positions.push_back(p);
@@ -240,10 +245,10 @@ TEST(ModelForward, PaddedDecodeStepKeepsItsRows) {
     in.block_tables = tables[s];
     in.max_blocks_per_seq = int(tables[s].size());
     in.logits_indices = {lens[s] - 1};
-    m->forward(in, logits);
+    runner.run(in, logits);
     next.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
   }
-  model::StepInputs dec;
+  engine::StepInputs dec;
   dec.max_blocks_per_seq = 4;  // wider than any sequence needs, as the runner's tables can be
   dec.block_tables.assign(lens.size() * 4, 0);
   dec.query_start_loc = {0};
@@ -257,9 +262,9 @@ TEST(ModelForward, PaddedDecodeStepKeepsItsRows) {
     dec.logits_indices.push_back(int32_t(s));
   }
   std::vector<float> plain;
-  m->forward(dec, plain);
+  runner.run(dec, plain);
 
-  const model::StepInputs pad = model::pad_decode_step(dec, 8, 6, 11, bs);
+  const engine::StepInputs pad = engine::pad_decode_step(dec, 8, 6, 11, bs);
   ASSERT_EQ(pad.token_ids.size(), 8u);
   ASSERT_EQ(pad.query_start_loc.size(), 9u);
   EXPECT_EQ(pad.query_start_loc[8], 8);
@@ -279,12 +284,12 @@ TEST(ModelForward, PaddedDecodeStepKeepsItsRows) {
     EXPECT_EQ(pad.logits_indices[s], int32_t(s));
   }
   std::vector<float> padded;
-  m->forward(pad, padded);
+  runner.run(pad, padded);
   ASSERT_EQ(padded.size(), size_t(8 * V));
   EXPECT_LE(max_abs_diff(padded, plain, 0, plain.size()), 1e-5);
   for (size_t i = plain.size(); i < padded.size(); ++i) ASSERT_TRUE(std::isfinite(padded[i])) << i;
-  EXPECT_THROW(model::pad_decode_step(dec, 2, 6, 11, bs), Error);  // fewer rows than sequences
-  EXPECT_THROW(model::pad_decode_step(dec, 4, 2, 11, bs), Error);  // a table too narrow
+  EXPECT_THROW(engine::pad_decode_step(dec, 2, 6, 11, bs), Error);  // fewer rows than sequences
+  EXPECT_THROW(engine::pad_decode_step(dec, 4, 2, 11, bs), Error);  // a table too narrow
   fs::remove_all(dir);
 }
 
@@ -293,10 +298,11 @@ TEST(ModelForward, BadStepInputsAreErrors) {
   TinyModelOptions o;
   write_tiny_model(o, dir);
   auto m = model::Model::load(dir);
+  engine::Runner runner(*m);
   model::CacheOptions co;
   co.num_blocks = 2;
   m->allocate_caches(co);
-  model::StepInputs in;
+  engine::StepInputs in;
   in.token_ids = {int32_t(m->vocab_size())};  // outside the vocabulary
   in.positions = {0};
   in.slot_mapping = {0};
@@ -306,10 +312,10 @@ TEST(ModelForward, BadStepInputsAreErrors) {
   in.max_blocks_per_seq = 1;
   in.logits_indices = {0};
   std::vector<float> logits;
-  EXPECT_THROW(m->forward(in, logits), Error);
+  EXPECT_THROW(runner.run(in, logits), Error);
   in.token_ids = {1};
   in.block_tables = {7};  // outside the cache
-  EXPECT_THROW(m->forward(in, logits), Error);
+  EXPECT_THROW(runner.run(in, logits), Error);
   fs::remove_all(dir);
 }
 

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <string>
 
-#include "../engine/byte_walk.h"
-#include "engine/guided.h"
+#include "../guided/byte_walk.h"
+#include "guided/guided.h"
 #include "server/reasoning.h"
 #include "text/byte_level.h"
 #include "text/chat_template.h"
@@ -331,9 +331,9 @@ TEST(ToolCallsM2, KeepsItsForm) {
 
 // tool_choice's grammar: exactly the template's form, values of the schemas' types.
 TEST(ToolCallsGrammar, M3ForcedCallsFollowTheTemplatesForm) {
-  const engine::testing::ByteWalk bytes;
+  const guided::testing::ByteWalk bytes;
   auto walk = [&](const std::string& g, const std::string& text) {
-    return bytes.walk(engine::grammar_constraint(bytes.vocab, g), text);
+    return bytes.walk(guided::grammar_constraint(bytes.vocab, g), text);
   };
   const std::string one = tool_call_grammar({"get_weather"}, kTools, false);
   const std::string good =
@@ -371,11 +371,11 @@ TEST(ToolCallsGrammar, M3ForcedCallsFollowTheTemplatesForm) {
 }
 
 TEST(ToolCallsGrammar, M2FormAsBefore) {
-  const engine::testing::ByteWalk bytes;
+  const guided::testing::ByteWalk bytes;
   const std::string g = tool_call_grammar({"get_weather"}, kTools, false, "minimax_m2");
   const std::string text = "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Rome</parameter>\n"
                            "<parameter name=\"where\">{\"lat\": 1}</parameter>\n</invoke>\n</minimax:tool_call>";
-  EXPECT_EQ(bytes.walk(engine::grammar_constraint(bytes.vocab, g), text), 1) << g;
+  EXPECT_EQ(bytes.walk(guided::grammar_constraint(bytes.vocab, g), text), 1) << g;
   ToolCallParse tp = parse_tool_calls(text, kTools, "minimax_m2");
   ASSERT_EQ(tp.calls.size(), 1u);
   EXPECT_EQ(tp.calls[0].arguments.dump(), R"({"city":"Rome","where":{"lat":1}})");

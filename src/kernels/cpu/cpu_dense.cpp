@@ -213,6 +213,8 @@ void run_rms_norm(const ops::RmsNormParams& p) {
   SIEVE_CHECK(p.x && p.y && p.weight, "rms_norm: x, y and weight are required");
   SIEVE_CHECK(p.ldx >= p.dim && p.ldy >= p.dim && (!p.residual || p.ldr >= p.dim),
               "rms_norm: row strides must be >= dim");
+  const bool fp8 = p.y_dtype == DType::FP8_E4M3;
+  SIEVE_CHECK(!fp8 || p.y_scale, "rms_norm: an F8_E4M3 y needs y_scale");
   const int64_t dim = p.dim;
   std::vector<float> v(static_cast<size_t>(dim)), w(static_cast<size_t>(dim));
   for (int64_t d = 0; d < dim; ++d) {
@@ -231,6 +233,11 @@ void run_rms_norm(const ops::RmsNormParams& p) {
     double ss = 0;
     for (int64_t d = 0; d < dim; ++d) ss += double(v[size_t(d)]) * double(v[size_t(d)]);
     const float inv = 1.0f / std::sqrt(float(ss / double(dim)) + p.eps);
+    if (fp8) {
+      for (int64_t d = 0; d < dim; ++d) v[size_t(d)] = (v[size_t(d)] * inv) * w[size_t(d)];
+      quantize_row_fp8(v.data(), dim, static_cast<uint8_t*>(p.y) + r * p.ldy, p.y_scale + r * ops::fp8_groups(dim));
+      continue;
+    }
     for (int64_t d = 0; d < dim; ++d) {
       store_from_f32(p.y, p.y_dtype, size_t(r * p.ldy + d), (v[size_t(d)] * inv) * w[size_t(d)]);
     }
@@ -257,6 +264,7 @@ void run_swiglu_oai(const ops::SwigluOaiParams& p) {
   SIEVE_CHECK(p.gate_up && p.out, "swiglu_oai: null operand");
   SIEVE_CHECK(p.ld_in >= 2 * p.inter && p.ld_out >= p.inter, "swiglu_oai: bad row strides");
   const float lim = p.limit;
+  std::vector<float> row(p.out_scale ? size_t(p.inter) : 0);  // fp32 outputs of a row (FP8 out)
   for (int64_t r = 0; r < p.rows; ++r) {
     for (int64_t i = 0; i < p.inter; ++i) {
       float g = load_as_f32(p.gate_up, p.dtype, size_t(r * p.ld_in + i));
@@ -264,8 +272,12 @@ void run_swiglu_oai(const ops::SwigluOaiParams& p) {
       g = g > lim ? lim : g;                           // min(gate, limit), NaN stays NaN
       u = u > lim ? lim : (u < -lim ? -lim : u);       // clamp(up, -limit, limit)
       const float o = g * sigmoidf(p.alpha * g) * (u + p.beta);
-      store_from_f32(p.out, p.dtype, size_t(r * p.ld_out + i), o);
+      if (p.out_scale) row[size_t(i)] = o;
+      else store_from_f32(p.out, p.dtype, size_t(r * p.ld_out + i), o);
     }
+    if (p.out_scale)
+      quantize_row_fp8(row.data(), p.inter, static_cast<uint8_t*>(p.out) + r * p.ld_out,
+                       p.out_scale + r * ops::fp8_groups(p.inter));
   }
 }
 

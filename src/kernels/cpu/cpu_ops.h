@@ -7,6 +7,8 @@
 namespace sieve::cpu {
 
 void run_matmul(const ops::MatmulParams& p);
+void run_linear(const ops::LinearParams& p);
+void run_quantize_fp8(const ops::QuantizeFp8Params& p);
 void run_embedding(const ops::EmbeddingParams& p);
 void run_rms_norm(const ops::RmsNormParams& p);
 void run_add(const ops::AddParams& p);
@@ -21,5 +23,17 @@ void run_indexer(const ops::IndexerParams& p);
 // Selects the top-k of one row of block scores (the sentinels already applied) with the ops.h
 // tie rule; writes topk ids, -1 padded. `n_blk` candidates.
 void select_topk_blocks(const float* scores, int n_blk, int topk, int32_t* out);
+
+// FP8 pieces (cpu_linear.cpp), the definitions the CUDA kernels and tests are held to.
+// The activation quantizer of ops.h: n values of one row -> n fp8 bytes and fp8_groups(n) scales.
+void quantize_row_fp8(const float* x, int64_t n, uint8_t* q, float* scale);
+// The scale of one group: max |x| / 448 in fp32 (NaN ignored), 1 when that max is 0.
+float fp8_group_scale(const float* x, int64_t n);
+// The dequantization multiplier of w[r][c] (FP8 weights), and rows [r0, r1) of w as packed fp32.
+float weight_scale(const ops::WeightView& w, int64_t r, int64_t c);
+void dequantize_weight_rows(const ops::WeightView& w, int64_t r0, int64_t r1, float* out);
+// Argument checks shared by both backends (throw Error naming the field).
+void validate_weight_view(const ops::WeightView& w, const char* op);
+void validate_linear(const ops::LinearParams& p);
 
 }  // namespace sieve::cpu

@@ -10,6 +10,8 @@ namespace sieve::cuda {
 // Each returns false when it does not support the given parameters (dtype, shape), so the
 // dispatcher can report which op and why; true when it launched.
 bool run_matmul(const ops::MatmulParams& p, void* stream);
+bool run_linear(const ops::LinearParams& p, void* stream);
+bool run_quantize_fp8(const ops::QuantizeFp8Params& p, void* stream);
 bool run_embedding(const ops::EmbeddingParams& p, void* stream);
 bool run_rms_norm(const ops::RmsNormParams& p, void* stream);
 bool run_add(const ops::AddParams& p, void* stream);

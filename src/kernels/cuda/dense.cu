@@ -193,7 +193,7 @@ bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream_v) {
   if (!p.gate_up || !p.out) throw Error("swiglu_oai: null operand");
   if (p.ld_in < 2 * p.inter || p.ld_out < p.inter) throw Error("swiglu_oai: bad row strides");
   const int t = elem_code(p.dtype);
-  if (t < 0) return false;
+  if (t < 0 || p.out_scale) return false;
   swiglu_kernel<<<elementwise_grid(p.rows * p.inter), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(
       p.gate_up, p.out, t, p.rows, p.inter, p.ld_in, p.ld_out, p.alpha, p.limit, p.beta);
   SIEVE_LAUNCH_CHECK("swiglu_oai");
