@@ -273,11 +273,15 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--seed"}, "N",
            "seed of requests that bring none (with their arrival order); default: random")
       .opt({"--chat-template"}, "FILE|TEMPLATE", "chat template file, or the template itself, instead of the model's")
+      .opt({"--default-chat-template-kwargs"}, "JSON",
+           "JSON object of chat template variables for requests that leave them out, e.g. "
+           "'{\"thinking_mode\": \"disabled\"}'")
       .opt({"--dtype"}, "DTYPE", "auto or bfloat16: weights as stored (bf16), activations fp32", "auto")
       .opt({"--tool-call-parser"}, "NAME", "with --enable-auto-tool-choice: MiniMax's XML tool calls into tool_calls (minimax_m3, minimax_m2)")
       .flag({"--enable-auto-tool-choice"}, "parse tool calls out of chat output (tool_choice \"auto\")")
       .opt({"--reasoning-parser"}, "NAME",
-           "chat: <think> text into the message's reasoning (minimax_m3, minimax_m2, deepseek_r1, qwen3)")
+           "chat: the thinking block into the message's reasoning: minimax_m3 (<mm:think>), minimax_m2, "
+           "deepseek_r1, qwen3 (<think>)")
       .flag({"--disable-log-stats"}, "no periodic throughput and cache log line")
       .flag({"--disable-log-requests"}, "accepted for vLLM compatibility; requests are not logged")
       .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
@@ -334,8 +338,17 @@ int run_serve(const std::vector<std::string>& argv) {
 
   const std::string dir = a.has("--model") ? a.get("--model") : default_model();
   // Checked before the weights load, so a mistake in them fails at once.
-  const server::RequestDefaults defaults =
+  server::RequestDefaults defaults =
       request_defaults(a.get("--generation-config"), dir, a.get("--override-generation-config"), int(max_logprobs));
+  if (a.has("--default-chat-template-kwargs")) {
+    const std::string arg = a.get("--default-chat-template-kwargs");
+    nlohmann::ordered_json kw = nlohmann::ordered_json::parse(arg, nullptr, false);
+    if (kw.is_discarded() || !kw.is_object())
+      throw Error("--default-chat-template-kwargs: expected a JSON object, got " + arg);
+    if (std::string why = server::check_chat_template_kwargs(kw); !why.empty())
+      throw Error("--default-chat-template-kwargs: " + why);
+    defaults.chat_template_kwargs = std::move(kw);
+  }
   std::optional<std::string> chat_template;
   if (a.has("--chat-template")) chat_template = text::chat_template_arg(a.get("--chat-template"));
   model::LoadOptions lo;

@@ -1,17 +1,21 @@
 #include "server/constraints.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "server/protocol.h"
 
 namespace sieve::server {
 
 // Guided decoding's view of the vocabulary: each token's bytes; special tokens none (they never
-// belong to a constrained output; end-of-sequence is the constraint's own business).
+// belong to a constrained output; end-of-sequence is the constraint's own business), but for the
+// parsers' markers.
 std::shared_ptr<const guided::TokenBytes> GuidedConstraints::vocab() {
   std::call_once(vocab_once_, [this] {
     auto v = std::make_shared<guided::TokenBytes>(size_t(tok_.vocab_size()));
     for (int32_t id = 0; id < tok_.vocab_size(); ++id)
-      if (!tok_.is_special(id)) (*v)[size_t(id)] = tok_.token_bytes(id);
+      if (!tok_.is_special(id) || std::count(markers_.begin(), markers_.end(), id))
+        (*v)[size_t(id)] = tok_.token_bytes(id);
     vocab_ = std::move(v);
   });
   return vocab_;

@@ -16,7 +16,10 @@ namespace sieve::server {
 
 class GuidedConstraints {
  public:
-  explicit GuidedConstraints(const text::Tokenizer& tok) : tok_(tok) {}
+  // `markers`: special tokens the chat parsers read; a constrained output may contain them (forced
+  // tool calls do), while other special tokens never belong to one.
+  GuidedConstraints(const text::Tokenizer& tok, std::vector<int32_t> markers)
+      : tok_(tok), markers_(std::move(markers)) {}
   // One JSON constraint serves every request (its states are per request).
   std::shared_ptr<const guided::OutputConstraint> json_object();
   std::shared_ptr<const guided::OutputConstraint> choice(const std::vector<std::string>& choices);
@@ -30,6 +33,7 @@ class GuidedConstraints {
   std::shared_ptr<const guided::TokenBytes> vocab();
 
   const text::Tokenizer& tok_;
+  std::vector<int32_t> markers_;
   std::once_flag vocab_once_, json_once_;
   std::shared_ptr<const guided::TokenBytes> vocab_;
   std::shared_ptr<const guided::OutputConstraint> json_;

@@ -29,9 +29,9 @@ int64_t unix_now() {
   return int64_t(std::time(nullptr));
 }
 
-Output::Output(const text::Tokenizer& t, const GenerateRequest& g)
+Output::Output(const text::Tokenizer& t, const GenerateRequest& g, std::vector<int32_t> keep)
     : tok(t),
-      dec(t, g.skip_special_tokens),
+      dec(t, g.skip_special_tokens, std::move(keep)),
       stop(g.stop),
       include_stop(g.include_stop_str_in_output),
       chat(g.chat),

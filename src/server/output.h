@@ -48,7 +48,8 @@ struct Output {
                  lp_top = nlohmann::json::array(), lp_offsets = nlohmann::json::array();
   nlohmann::json chat_lp = nlohmann::json::array();
 
-  Output(const text::Tokenizer& t, const GenerateRequest& g);
+  // `keep`: special tokens the chat's parsers read (parser_marker_ids), kept in the text.
+  Output(const text::Tokenizer& t, const GenerateRequest& g, std::vector<int32_t> keep = {});
 
   // A model's vocabulary may be larger than its tokenizer's (padded embeddings); ids without a
   // token decode to nothing rather than failing the request.

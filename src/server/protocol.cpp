@@ -174,7 +174,7 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
   }
 }
 
-void parse_messages(const ojson& body, GenerateRequest& r) {
+void parse_messages(const ojson& body, GenerateRequest& r, const RequestDefaults& defaults) {
   const ojson* m = field(body, "messages");
   if (!m) bad("messages", "is required (an array of {role, content} objects)");
   if (!m->is_array()) bad("messages", std::string("expected an array, got ") + type_name(*m));
@@ -261,11 +261,15 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
                          "\"function\": {\"name\": ...}}, got " + tc->dump());
     }
   }
+  // The server's defaults, then the request's keys over them (vLLM's order).
+  r.chat_template_kwargs = defaults.chat_template_kwargs;
   const ojson* kw = field(body, "chat_template_kwargs");
   if (kw) {
     if (!kw->is_object())
       bad("chat_template_kwargs", std::string("expected an object, got ") + type_name(*kw));
-    r.chat_template_kwargs = *kw;
+    for (auto it = kw->begin(); it != kw->end(); ++it) r.chat_template_kwargs[it.key()] = it.value();
+    if (std::string why = check_chat_template_kwargs(*kw); !why.empty())
+      bad("chat_template_kwargs." + why.substr(0, why.find(':')), why.substr(why.find(':') + 2));
   }
   r.add_generation_prompt = get_bool(body, "add_generation_prompt", true);
   r.continue_final_message = get_bool(body, "continue_final_message", false);
@@ -275,6 +279,16 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
 }
 
 }  // namespace
+
+std::string check_chat_template_kwargs(const ojson& kwargs) {
+  auto mode = kwargs.find("thinking_mode");
+  if (mode == kwargs.end() || mode->is_null()) return {};
+  if (mode->is_string()) {
+    const std::string m = mode->get<std::string>();
+    if (m == "enabled" || m == "disabled" || m == "adaptive") return {};
+  }
+  return "thinking_mode: expected \"enabled\", \"disabled\" or \"adaptive\", got " + mode->dump();
+}
 
 RequestDefaults request_defaults_from(const nlohmann::json& generation_config, const nlohmann::json& overrides,
                                       RequestDefaults base) {
@@ -336,7 +350,7 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     r.model = m->get<std::string>();
   }
   if (chat)
-    parse_messages(body, r);
+    parse_messages(body, r, d);
   else
     parse_prompt(body, r);
 

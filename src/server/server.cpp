@@ -65,10 +65,14 @@ struct Server::Impl {
   Server* owner;
   std::unique_ptr<WebUi> web;  // the chat page and dashboard (before http: its handlers use it)
   Http http;
+  // The special tokens the chat parsers read (they stay in chat text, and forced tool calls may
+  // use them).
+  std::vector<int32_t> markers;
   GuidedConstraints constraints;
 
   Impl(engine::Engine& e, const text::Tokenizer& t, ServerOptions o, Server* s)
-      : engine(e), tok(t), opts(std::move(o)), owner(s), http(http_options(opts)), constraints(t) {}
+      : engine(e), tok(t), opts(std::move(o)), owner(s), http(http_options(opts)),
+        markers(parser_marker_ids(t, opts.reasoning_parser, opts.tool_parser)), constraints(t, markers) {}
 
   const std::string& model_name() const { return opts.served_model_names.front(); }
 
@@ -149,7 +153,7 @@ struct Server::Impl {
         names = {want};
       }
       if (names.empty()) throw ApiError(400, "tool_choice \"required\" needs tools", "tool_choice");
-      forced_grammar = tool_call_grammar(names, g.tools, g.tool_choice == "required");
+      forced_grammar = tool_call_grammar(names, g.tools, g.tool_choice == "required", opts.tool_parser);
     }
     std::vector<std::string> texts;
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
@@ -169,12 +173,10 @@ struct Server::Impl {
       params.constraint = constraint;
       // With the reasoning parser, an output that starts in the reasoning would be constrained
       // from its first token, and the constrained text would count as reasoning.
-      if (constraint && chat && !opts.reasoning_parser.empty() && prompt_opens_reasoning(texts[i]))
-        throw ApiError(
-            400,
-            "guided decoding with thinking on is not supported: the whole output is constrained, "
-            "so it would all be reasoning; set chat_template_kwargs.enable_thinking to false",
-            forced_grammar.empty() ? g.guided_param : std::string("tool_choice"));
+      const ReasoningFormat& think = reasoning_format(opts.reasoning_parser);
+      if (constraint && chat && !opts.reasoning_parser.empty() && prompt_opens_reasoning(think, texts[i]))
+        throw ApiError(400, guided_in_reasoning_message(think),
+                       forced_grammar.empty() ? g.guided_param : std::string("tool_choice"));
       if (!g.max_tokens_given) {
         // vLLM's defaults: completions 16 tokens, chat whatever the context leaves.
         const int64_t left = max_len - int64_t(prompts[i].size());
@@ -192,12 +194,13 @@ struct Server::Impl {
         Choice c;
         c.index = int(i) * g.n + j;
         c.prompt = i;
-        c.out = std::make_unique<Output>(tok, g);
+        c.out = std::make_unique<Output>(tok, g, chat ? markers : std::vector<int32_t>());
         // With echo, the generated tokens' text offsets count from the end of the prompt's text.
         c.out->text_chars = code_points(gen->echo[i]);
         if (chat && !opts.reasoning_parser.empty())
-          c.think = std::make_unique<ReasoningSplitter>(prompt_opens_reasoning(texts[i]));
+          c.think = std::make_unique<ReasoningSplitter>(think, prompt_opens_reasoning(think, texts[i]));
         c.parse_tools = chat && !opts.tool_parser.empty() && g.tool_choice != "none";
+        if (c.parse_tools) c.tool_stream = ToolCallStream(opts.tool_parser);
         try {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {

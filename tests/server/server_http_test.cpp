@@ -92,13 +92,14 @@ TEST(ServerHttp, GenerationConfigMaxTokensCapsEveryRequest) {
   }
 }
 
-// --reasoning-parser: with thinking on (the built-in MiniMax template opens <think> for the
+// --reasoning-parser: with thinking on (the built-in MiniMax-M3 template opens <mm:think> for the
 // model), the generated text is the message's reasoning, streamed as reasoning deltas; with
 // thinking off it stays content; without the parser nothing changes.
 TEST(ServerHttp, ReasoningParserSplitsChatOutput) {
-  const std::string think = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0})";
+  const std::string think =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"thinking_mode":"enabled"}})";
   const std::string no_think =
-      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"enable_thinking":false}})";
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"thinking_mode":"disabled"}})";
   std::string plain, plain_off;
   {
     Rig rig;
