@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/jsonl.h"
 
 namespace sieve::bench {
 
@@ -109,19 +110,11 @@ std::vector<SampleRequest> random_dataset(const RandomConfig& c, const TextCodec
 namespace {
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error("cannot open dataset file " + path);
   std::vector<nlohmann::json> rows;
-  std::string line;
-  int n = 0;
-  while (std::getline(f, line)) {
-    ++n;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      throw Error(path + ":" + std::to_string(n) + ": not a JSON object");
-    rows.push_back(std::move(j));
-  }
+  io::for_each_jsonl(path, "dataset file", [&](const nlohmann::json& j, const std::string& where) {
+    if (!j.is_object()) throw Error(where + ": not a JSON object");
+    rows.push_back(j);
+  });
   if (rows.empty()) throw Error("dataset file " + path + " has no rows");
   return rows;
 }

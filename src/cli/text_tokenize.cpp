@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "io/jsonl.h"
 #include "text/tokenizer.h"
 
 namespace sieve::cli {
@@ -37,25 +38,11 @@ int run_tokenize(const std::vector<std::string>& argv) {
   bool add_special = !a.get_flag("--no-special-tokens");
 
   if (a.has("--jsonl")) {
-    std::ifstream f(a.get("--jsonl"), std::ios::binary);
-    if (!f) throw Error("cannot read " + a.get("--jsonl"));
-    std::string line;
-    int lineno = 0;
-    while (std::getline(f, line)) {
-      ++lineno;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.empty()) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(a.get("--jsonl") + ":" + std::to_string(lineno) + ": not JSON: " + e.what());
-      }
-      if (!j.is_string())
-        throw Error(a.get("--jsonl") + ":" + std::to_string(lineno) + ": expected a JSON string");
+    io::for_each_jsonl(a.get("--jsonl"), "JSON Lines file", [&](const nlohmann::json& j, const std::string& where) {
+      if (!j.is_string()) throw Error(where + ": expected a JSON string");
       std::string out = nlohmann::json(tok.encode(j.get<std::string>(), add_special)).dump();
       std::printf("%s\n", out.c_str());
-    }
+    });
     return 0;
   }
   std::string text = a.has("--text") ? a.get("--text") : read_text_file(a.get("--file"));

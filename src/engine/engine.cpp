@@ -78,6 +78,7 @@ Engine::Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg)
       spec_ctl_(cfg_.speculative) {
   if (cfg_.speculative.method == spec::Method::Eagle3 && !runner_.draft())
     throw Error("--speculative-config: method eagle3 needs its draft loaded (Runner::set_draft)");
+  stats_.spec_enabled = cfg_.speculative.method != spec::Method::None;
   const int64_t capacity = cfg_.num_blocks * model_.block_size();
   if (cfg_.scheduler.max_model_len > capacity)
     throw Error("--max-model-len " + std::to_string(cfg_.scheduler.max_model_len) +

@@ -37,7 +37,9 @@ struct EngineStats {
   std::string last_step_error;
   Histogram ttft{ttft_buckets()}, itl{itl_buckets()}, e2e{e2e_buckets()};
   // Speculative decoding (vLLM's spec_decode_* counters): verified drafts, their draft tokens,
-  // the ones kept, and kept ones per draft position.
+  // the ones kept, and kept ones per draft position. Exported only when speculative decoding is
+  // on (spec_enabled), as vLLM does, so a dashboard can tell "off" from "nothing accepted".
+  bool spec_enabled = false;
   uint64_t spec_num_drafts = 0, spec_num_draft_tokens = 0, spec_num_accepted_tokens = 0;
   std::vector<uint64_t> spec_accepted_per_pos;
 };

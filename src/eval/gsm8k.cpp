@@ -14,25 +14,18 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "io/jsonl.h"
 
 namespace sieve::eval {
 
 std::vector<Gsm8kDoc> load_gsm8k(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error("cannot open GSM8K file " + path);
   std::vector<Gsm8kDoc> docs;
-  std::string line;
-  int n = 0;
-  while (std::getline(f, line)) {
-    ++n;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("question") || !j.contains("answer") ||
-        !j["question"].is_string() || !j["answer"].is_string())
-      throw Error(path + ":" + std::to_string(n) +
-                  ": expected {\"question\": str, \"answer\": str}");
+  io::for_each_jsonl(path, "GSM8K file", [&](const nlohmann::json& j, const std::string& where) {
+    if (!j.is_object() || !j.contains("question") || !j.contains("answer") || !j["question"].is_string() ||
+        !j["answer"].is_string())
+      throw Error(where + ": expected {\"question\": str, \"answer\": str}");
     docs.push_back({j["question"].get<std::string>(), j["answer"].get<std::string>()});
-  }
+  });
   if (docs.empty()) throw Error("GSM8K file " + path + " has no rows");
   return docs;
 }

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "io/safetensors.h"
 
 namespace sieve {
@@ -16,24 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-// splitmix64: a tiny, fully specified generator, so the same options give the same weights with
-// any standard library (std::normal_distribution is implementation-defined).
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
-  // Box-Muller; one value per call keeps the stream simple.
-  double normal() {
-    double u1 = 1.0 - uniform();  // (0, 1]
-    double u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-};
+using Rng = SplitMix64;
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;

@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "io/safetensors.h"
 #include "spec/eagle3.h"
 
@@ -130,20 +131,7 @@ Eagle3Config load_eagle3_config(const std::string& dir, const ModelConfig& targe
 
 namespace {
 
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
-  double normal() {
-    const double u1 = 1.0 - uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-};
+using Rng = SplitMix64;
 
 TensorToWrite random_bf16(Rng& r, const std::string& name, std::vector<int64_t> shape, double std,
                           double mean = 0) {

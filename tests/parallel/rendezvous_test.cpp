@@ -33,7 +33,8 @@ struct Outcome {
 };
 
 std::vector<Outcome> run_nodes(int nnodes, const std::vector<std::string>& keys, const std::vector<int>& node_ranks,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout,
+                               std::chrono::milliseconds joiner_timeout = std::chrono::milliseconds(0)) {
   const std::string addr = "127.0.0.1:" + std::to_string(free_port());
   std::vector<Outcome> out(node_ranks.size());
   std::vector<std::thread> ts;
@@ -44,7 +45,7 @@ std::vector<Outcome> run_nodes(int nnodes, const std::vector<std::string>& keys,
       o.nnodes = nnodes;
       o.node_rank = node_ranks[i];
       o.run_key = keys[i];
-      o.timeout = timeout;
+      o.timeout = node_ranks[i] != 0 && joiner_timeout.count() > 0 ? joiner_timeout : timeout;
       try {
         out[i].payload = rendezvous(o, node_ranks[i] == 0 ? std::string("id\0with\nbytes", 13) : "");
       } catch (const Error& e) {
@@ -66,7 +67,8 @@ TEST(Rendezvous, EveryNodeGetsNodeZerosPayloadOverLoopback) {
 }
 
 TEST(Rendezvous, ANodeThatNeverJoinsIsNamedAfterTheTimeout) {
-  auto out = run_nodes(3, {"k", "k"}, {0, 1}, std::chrono::milliseconds(500));
+  // Node 1 waits longer than node 0, so what it reports is node 0's verdict, not its own clock.
+  auto out = run_nodes(3, {"k", "k"}, {0, 1}, std::chrono::milliseconds(500), std::chrono::seconds(20));
   EXPECT_NE(out[0].error.find("node(s) 2 did not join"), std::string::npos) << out[0].error;
   EXPECT_NE(out[1].error.find("did not join"), std::string::npos) << out[1].error;
 }

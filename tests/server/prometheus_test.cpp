@@ -20,6 +20,7 @@ TEST(Prometheus, ExposesGaugesCountersAndCumulativeHistograms) {
   s.ttft.observe(0.05);
   s.ttft.observe(0.5);
   s.ttft.observe(5.0);
+  s.spec_enabled = true;
   s.spec_num_drafts = 7;
   s.spec_num_draft_tokens = 21;
   s.spec_num_accepted_tokens = 12;
@@ -46,6 +47,9 @@ TEST(Prometheus, ExposesGaugesCountersAndCumulativeHistograms) {
   EXPECT_TRUE(has("vllm:spec_decode_num_draft_tokens_total{model_name=\"m\\\"x\"} 21"));
   EXPECT_TRUE(has("vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\\\"x\"} 12"));
   EXPECT_TRUE(has("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\\\"x\",position=\"2\"} 2"));
+  // Without speculative decoding the counters are not exported at all (vLLM's behaviour).
+  s.spec_enabled = false;
+  EXPECT_EQ(prometheus_text(s, "m").find("spec_decode"), std::string::npos);
 }
 
 }  // namespace sieve::server
