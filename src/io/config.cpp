@@ -470,20 +470,28 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
     if (!q->is_object()) (qprefix.empty() ? top : t).wrong_type("quantization_config", "an object");
     Reader qr(*q, source, qprefix + "quantization_config.");
     c.quant_method = qr.get_string("quant_method", "");
-    if (c.quant_method != "mxfp8")
+    const json want_block = c.quant_method == "mxfp8" ? json::array({1, 32}) : json::array({128, 128});
+    if (c.quant_method != "mxfp8" && c.quant_method != "fp8")
       qr.fail("quant_method", "= \"" + c.quant_method +
-                                  "\" is not supported (expected \"mxfp8\", or no "
-                                  "quantization_config for bf16 checkpoints)");
+                                  "\" is not supported (expected \"mxfp8\" or \"fp8\" with "
+                                  "weight_block_size [128, 128], or no quantization_config for bf16 checkpoints)");
     if (qr.has("weight_block_size")) {
       const json& b = q->at("weight_block_size");
-      if (b != json::array({1, 32}))
-        qr.fail("weight_block_size", "= " + short_dump(b) + ", expected [1, 32] for mxfp8");
+      if (b != want_block)
+        qr.fail("weight_block_size", "= " + short_dump(b) + ", expected " + want_block.dump(-1) + " for " +
+                                         c.quant_method);
+    } else if (c.quant_method == "fp8") {
+      qr.fail("weight_block_size", "is missing: fp8 checkpoints are read with block scales [128, 128] "
+                                   "(per-tensor fp8 scales are not supported)");
     }
-    if (qr.has("ignored_layers")) {
-      const json& il = q->at("ignored_layers");
-      if (!il.is_array()) qr.wrong_type("ignored_layers", "a list of strings");
+    c.quant_block_rows = want_block[0].get<int>();
+    c.quant_block_cols = want_block[1].get<int>();
+    for (const char* key : {"ignored_layers", "modules_to_not_convert"}) {
+      if (!qr.has(key) || q->at(key).is_null()) continue;
+      const json& il = q->at(key);
+      if (!il.is_array()) qr.wrong_type(key, "a list of strings");
       for (const auto& e : il) {
-        if (!e.is_string()) qr.wrong_type("ignored_layers", "a list of strings");
+        if (!e.is_string()) qr.wrong_type(key, "a list of strings");
         c.quant_ignored_layers.push_back(e.get<std::string>());
       }
     }
@@ -615,7 +623,7 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
   if (!c.quant_method.empty()) {
     json q = {{"quant_method", c.quant_method},
               {"activation_scheme", "dynamic"},
-              {"weight_block_size", {1, 32}},
+              {"weight_block_size", {c.quant_block_rows, c.quant_block_cols}},
               {"ignored_layers", c.quant_ignored_layers}};
     out["quantization_config"] = q;
   }

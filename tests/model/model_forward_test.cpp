@@ -181,7 +181,7 @@ TEST(ModelForward, Mxfp8CheckpointMatchesReference) {
   Case c;
   c.name = "mxfp8";
   c.opts.seed = 41;
-  c.opts.mxfp8 = true;
+  c.opts.quant = "mxfp8";
   c.opts.num_shards = 2;
   c.length = 300;
   check_case(c);
