@@ -103,10 +103,16 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt,
     if (prompt[i] < 0 || prompt[i] >= V)
       throw Error("token id " + std::to_string(prompt[i]) + " at prompt position " +
                   std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  // The one place prompt limits are checked (the server maps these errors to 400): a prompt that
+  // leaves no room is named as such before any max_tokens a caller derived from the room left.
+  const int64_t n = int64_t(prompt.size());
+  if (n >= max_len)
+    throw Error("This model's maximum context length is " + std::to_string(max_len) +
+                " tokens. However, your request has " + std::to_string(n) +
+                " input tokens. Please reduce the length of the input.");
   if (params.max_tokens < 1)
     throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
-  const int64_t n = int64_t(prompt.size());
-  if (n >= max_len || n + params.max_tokens > max_len)
+  if (n + params.max_tokens > max_len)
     throw Error("This model's maximum context length is " + std::to_string(max_len) +
                 " tokens. However, you requested " + std::to_string(n + params.max_tokens) +
                 " tokens (" + std::to_string(n) + " in the messages, " +

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/guided.h"
+#include "guided/constraint.h"
 
 namespace sieve::engine {
 
@@ -48,8 +48,8 @@ struct SamplingParams {
   // alternatives; -1: none (vLLM's prompt_logprobs; the completions API's echo with logprobs).
   // Such a request never reuses cached prefix blocks: every prompt row must be computed.
   int prompt_logprobs = -1;
-  // Guided decoding (guided.h): the output must satisfy this; null: free.
-  std::shared_ptr<const OutputConstraint> constraint;
+  // Guided decoding (guided/constraint.h): the output must satisfy this; null: free.
+  std::shared_ptr<const guided::OutputConstraint> constraint;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -69,7 +69,7 @@ struct Request {
   std::mt19937_64 rng;
   // prompt_logprobs: entries for prompt positions 1, 2, ... collected so far (in order).
   std::vector<PromptTokenLogprob> prompt_lp;
-  std::unique_ptr<OutputConstraint::State> constraint_state;  // params.constraint's, after the output so far
+  std::unique_ptr<guided::OutputConstraint::State> constraint_state;  // params.constraint's, after the output so far
   RequestStatus status = RequestStatus::Waiting;
   FinishReason finish = FinishReason::None;
   int num_preemptions = 0;

@@ -22,7 +22,7 @@ std::vector<float> log_softmax(std::span<const float> logits) {
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& p,
                           std::span<const int32_t> history, int64_t num_prompt_tokens,
                           std::span<const int32_t> stop_ids, std::mt19937_64& rng,
-                          const OutputConstraint::State* constraint) {
+                          const guided::OutputConstraint::State* constraint) {
   const int64_t V = int64_t(logits.size());
   SampleResult res;
   std::vector<float> raw_lp;

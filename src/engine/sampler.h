@@ -26,7 +26,7 @@ struct SampleResult {
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
                           std::span<const int32_t> history, int64_t num_prompt_tokens,
                           std::span<const int32_t> stop_ids, std::mt19937_64& rng,
-                          const OutputConstraint::State* constraint = nullptr);
+                          const guided::OutputConstraint::State* constraint = nullptr);
 
 // log_softmax over the whole row (natural log), in double for accuracy.
 std::vector<float> log_softmax(std::span<const float> logits);

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/request.h"
+#include "engine/engine.h"
 
 namespace sieve::server {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/stop_strings.h"
+#include "server/stop_strings.h"
 
 namespace sieve::server {
 
@@ -42,7 +42,7 @@ ReasoningSplitter::Piece ReasoningSplitter::push(std::string_view text) {
       continue;
     }
     const std::string_view rest = std::string_view(buf).substr(at);
-    const size_t keep = engine::held_tail(rest, std::span<const std::string>(&tag, 1));
+    const size_t keep = held_tail(rest, std::span<const std::string>(&tag, 1));
     dst.append(rest.substr(0, rest.size() - keep));
     held_ = std::string(rest.substr(rest.size() - keep));
     break;

@@ -23,8 +23,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/guided.h"
-#include "engine/stop_strings.h"
+#include "guided/guided.h"
+#include "server/stop_strings.h"
 #include "server/protocol.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
@@ -184,7 +184,7 @@ int64_t code_points(std::string_view s) {
 struct Output {
   const text::Tokenizer& tok;
   text::StreamDecoder dec;
-  engine::StopStringMatcher stop;
+  StopStringMatcher stop;
   bool include_stop;
   bool chat;
   bool want_logprobs;
@@ -314,9 +314,9 @@ struct Server::Impl {
 
   // Guided decoding's view of the vocabulary: each token's bytes; special tokens none (they never
   // belong to a constrained output; end-of-sequence is the constraint's own business).
-  std::shared_ptr<const engine::TokenBytes> guided_vocab() {
+  std::shared_ptr<const guided::TokenBytes> guided_vocab() {
     std::call_once(vocab_once, [this] {
-      auto v = std::make_shared<engine::TokenBytes>(size_t(tok.vocab_size()));
+      auto v = std::make_shared<guided::TokenBytes>(size_t(tok.vocab_size()));
       for (int32_t id = 0; id < tok.vocab_size(); ++id)
         if (!tok.is_special(id)) (*v)[size_t(id)] = tok.token_bytes(id);
       vocab_bytes = std::move(v);
@@ -324,27 +324,27 @@ struct Server::Impl {
     return vocab_bytes;
   }
   std::once_flag vocab_once;
-  std::shared_ptr<const engine::TokenBytes> vocab_bytes;
+  std::shared_ptr<const guided::TokenBytes> vocab_bytes;
   // One JSON constraint serves every request (its states are per request).
-  std::shared_ptr<const engine::OutputConstraint> guided_json() {
-    std::call_once(json_once, [this] { json_constraint = engine::json_object_constraint(guided_vocab()); });
+  std::shared_ptr<const guided::OutputConstraint> guided_json() {
+    std::call_once(json_once, [this] { json_constraint = guided::json_object_constraint(guided_vocab()); });
     return json_constraint;
   }
   std::once_flag json_once;
-  std::shared_ptr<const engine::OutputConstraint> json_constraint;
+  std::shared_ptr<const guided::OutputConstraint> json_constraint;
   // Compiled schemas and patterns by their text (clients tend to send the same few again and again).
-  std::shared_ptr<const engine::OutputConstraint> guided_compiled(const std::string& kind, const std::string& text,
+  std::shared_ptr<const guided::OutputConstraint> guided_compiled(const std::string& kind, const std::string& text,
                                                                   const std::string& param) {
     const std::string key = kind + ":" + text;
     {
       std::lock_guard lk(schema_mu);
       if (auto it = schemas.find(key); it != schemas.end()) return it->second;
     }
-    std::shared_ptr<const engine::OutputConstraint> c;
+    std::shared_ptr<const guided::OutputConstraint> c;
     try {
-      c = kind == "regex"     ? engine::regex_constraint(guided_vocab(), text)
-          : kind == "grammar" ? engine::grammar_constraint(guided_vocab(), text)
-                              : engine::json_schema_constraint(guided_vocab(), text);
+      c = kind == "regex"     ? guided::regex_constraint(guided_vocab(), text)
+          : kind == "grammar" ? guided::grammar_constraint(guided_vocab(), text)
+                              : guided::json_schema_constraint(guided_vocab(), text);
     } catch (const Error& e) {
       throw ApiError(400, e.what(), param);
     }
@@ -354,7 +354,7 @@ struct Server::Impl {
     return c;
   }
   std::mutex schema_mu;
-  std::map<std::string, std::shared_ptr<const engine::OutputConstraint>> schemas;
+  std::map<std::string, std::shared_ptr<const guided::OutputConstraint>> schemas;
 
   void check_model(const std::string& m) const {
     if (m.empty()) return;
@@ -527,22 +527,14 @@ struct Server::Impl {
     }
     std::vector<std::string> texts;
     const std::vector<std::vector<int32_t>> prompts = prompt_ids(g, &texts);
+    // Prompt limits (empty, longer than the context) are the engine's to check: submit's Error
+    // names them and becomes a 400 below.
     const int64_t max_len = engine.max_model_len();
     const std::string param = chat ? "messages" : "prompt";
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const std::string which = prompts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "";
-      if (prompts[i].empty()) throw ApiError(400, "the prompt is empty" + which, param);
-      if (int64_t(prompts[i].size()) >= max_len)
-        throw ApiError(400,
-                       "This model's maximum context length is " + std::to_string(max_len) +
-                           " tokens. However, your request has " + std::to_string(prompts[i].size()) +
-                           " input tokens" + which + ". Please reduce the length of the input.",
-                       param);
-    }
-    std::shared_ptr<const engine::OutputConstraint> constraint;
+    std::shared_ptr<const guided::OutputConstraint> constraint;
     if (!forced_grammar.empty()) constraint = guided_compiled("grammar", forced_grammar, "tool_choice");
     if (g.guided == "json_object") constraint = guided_json();
-    if (g.guided == "choice") constraint = engine::choice_constraint(guided_vocab(), g.guided_choice);
+    if (g.guided == "choice") constraint = guided::choice_constraint(guided_vocab(), g.guided_choice);
     if (g.guided == "json_schema" || g.guided == "regex" || g.guided == "grammar")
       constraint = guided_compiled(g.guided, g.guided_schema, g.guided_param);
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -581,7 +573,8 @@ struct Server::Impl {
           c.rs = engine.submit(prompts[i], pj);
         } catch (const Error& e) {
           abort_all(*gen);
-          throw ApiError(400, e.what(), param);
+          throw ApiError(400, e.what() + (prompts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : std::string()),
+                         param);
         }
         gen->choices.push_back(std::move(c));
       }

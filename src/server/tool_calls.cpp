@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "engine/guided.h"
-#include "engine/stop_strings.h"
+#include "guided/guided.h"
+#include "server/stop_strings.h"
 
 namespace sieve::server {
 
@@ -155,7 +155,7 @@ std::string value_rule(const ojson& schema) {
     std::string alts;
     for (const ojson& v : *e) {
       if (!alts.empty()) alts += " | ";
-      alts += engine::ebnf_literal(v.is_string() ? v.get<std::string>() : v.dump());
+      alts += guided::ebnf_literal(v.is_string() ? v.get<std::string>() : v.dump());
     }
     return "(" + alts + ")";
   }
@@ -193,7 +193,7 @@ std::string tool_call_grammar(const std::vector<std::string>& names, const ojson
         // M3's form, the parameter named by its tag, unless the name cannot be a tag.
         const std::string open = tag ? "<" + key + ">" : "<parameter name=\"" + key + "\">";
         const std::string close = tag ? "</" + key + ">" : "</parameter>";
-        const std::string item = "ns " + engine::ebnf_literal(open) + " " + value_rule(*it) + " ns " + engine::ebnf_literal(close) + " \"\\n\"";
+        const std::string item = "ns " + guided::ebnf_literal(open) + " " + value_rule(*it) + " ns " + guided::ebnf_literal(close) + " \"\\n\"";
         const bool req = std::find(required.begin(), required.end(), key) != required.end();
         body += req ? " " + item : " (" + item + ")?";
       }
@@ -201,13 +201,13 @@ std::string tool_call_grammar(const std::vector<std::string>& names, const ojson
       // No declared properties: any parameters, named by their tags.
       body = R"( (ns "<" [a-zA-Z0-9_-]+ ">" text ns "</" [a-zA-Z0-9_-]+ ">" "\n")*)";
     }
-    rules += call + " ::= ns " + engine::ebnf_literal("<invoke name=\"" + name + "\">\n") + body + " ns " +
-             engine::ebnf_literal("</invoke>\n") + "\n";
+    rules += call + " ::= ns " + guided::ebnf_literal("<invoke name=\"" + name + "\">\n") + body + " ns " +
+             guided::ebnf_literal("</invoke>\n") + "\n";
     calls += (calls.empty() ? "" : " | ") + call;
   }
   const std::string close = "</" + std::string(kOpen.substr(1));
-  return "root ::= ns " + engine::ebnf_literal(std::string(kOpen) + "\n") + " calls" + std::string(several ? "+" : "") +
-         " ns " + engine::ebnf_literal(close) + "\ncalls ::= " + calls + "\nns ::= " + engine::ebnf_literal(kNs) + "\n" +
+  return "root ::= ns " + guided::ebnf_literal(std::string(kOpen) + "\n") + " calls" + std::string(several ? "+" : "") +
+         " ns " + guided::ebnf_literal(close) + "\ncalls ::= " + calls + "\nns ::= " + guided::ebnf_literal(kNs) + "\n" +
          rules + kToolGrammarBase;
 }
 
@@ -215,7 +215,7 @@ size_t tool_call_content_prefix(std::string_view text) {
   if (const size_t p = find_open(text); p != std::string_view::npos) return p;
   static const std::string openings[] = {std::string(kNs) + std::string(kOpen), std::string(kOpen),
                                          std::string(kOpenM2)};
-  return text.size() - engine::held_tail(text, openings);
+  return text.size() - held_tail(text, openings);
 }
 
 namespace {

@@ -43,7 +43,7 @@ ToolCallParse parse_tool_calls(std::string_view text, const nlohmann::ordered_js
 // the function objects themselves), in order; entries without a string name are skipped.
 std::vector<std::string> tool_names(const nlohmann::ordered_json& tools);
 
-// The grammar (EBNF of engine/guided.h) of what tool_choice "required" (`several`: one call or
+// The grammar (EBNF of guided/guided.h) of what tool_choice "required" (`several`: one call or
 // more, of any of `names`) or a named function (one call) makes the output: the tool-call block
 // as the chat template writes it, with the namespace token before every tag, each call's
 // parameters in the order its schema declares them, the required ones present, each written

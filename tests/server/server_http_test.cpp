@@ -87,6 +87,35 @@ TEST(ServerHttp, CompletesAndAnswersErrorsAsObjects) {
   EXPECT_EQ(h->status, 200);
 }
 
+// Prompt limits are checked once, by the engine; the server answers them as 400s naming the
+// field (and which prompt of a batch).
+TEST(ServerHttp, PromptLimitsAre400sNamingThePrompt) {
+  Rig rig({}, 64);
+  auto c = rig.client();
+  std::string long_ids;
+  for (int i = 0; i < 70; ++i) long_ids += (i ? "," : "") + std::to_string(1 + i % 200);
+  auto r = c.Post("/v1/completions", R"({"prompt":[)" + long_ids + "]}", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 400) << r->body;
+  auto e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["param"], "prompt");
+  EXPECT_NE(e["message"].get<std::string>().find("has 70 input tokens"), std::string::npos) << e;
+  r = c.Post("/v1/completions", R"({"prompt":[[1,2],[)" + long_ids + "]]}", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("(prompt 1)"), std::string::npos) << r->body;
+  r = c.Post("/v1/completions", R"({"prompt":""})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("the prompt is empty"), std::string::npos) << r->body;
+  r = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":62})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("in the completion"), std::string::npos) << r->body;
+  EXPECT_TRUE(rig.engine->wait_idle(2s));
+  EXPECT_EQ(rig.engine->stats().num_free_blocks, 32);
+}
+
 // The generation config's max_new_tokens caps every request, given or defaulted, on both APIs.
 TEST(ServerHttp, GenerationConfigMaxTokensCapsEveryRequest) {
   ServerOptions o;

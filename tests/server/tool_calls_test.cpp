@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <string>
 
-#include "../engine/byte_walk.h"
-#include "engine/guided.h"
+#include "../guided/byte_walk.h"
+#include "guided/guided.h"
 #include "text/byte_level.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -99,10 +99,10 @@ TEST(ToolCalls, RoundTripThroughTheBundledModelsTemplate) {
 
 // tool_choice's grammar: the calls as the template writes them, typed by the tools' schemas.
 TEST(ToolCalls, ForcedCallGrammarFollowsTheSchemas) {
-  const engine::testing::ByteWalk bytes;
+  const guided::testing::ByteWalk bytes;
   const auto& vocab = bytes.vocab;
   // 1: complete; 0: a prefix; -1: some byte is masked.
-  auto walk = [&](const std::shared_ptr<const engine::OutputConstraint>& c, const std::string& text) {
+  auto walk = [&](const std::shared_ptr<const guided::OutputConstraint>& c, const std::string& text) {
     return bytes.walk(c, text);
   };
   const ojson tools = ojson::parse(R"([
@@ -112,7 +112,7 @@ TEST(ToolCalls, ForcedCallGrammarFollowsTheSchemas) {
       "required": ["city"]}}},
     {"type": "function", "function": {"name": "ping"}}])");
   const std::string g = tool_call_grammar({"get_weather"}, tools, false);
-  auto one = engine::grammar_constraint(vocab, g);
+  auto one = guided::grammar_constraint(vocab, g);
   auto call = [&](const std::string& params) {
     return NS + "<tool_call>\n" + NS + "<invoke name=\"get_weather\">\n" + params + NS + "</invoke>\n" + NS + "</tool_call>";
   };
@@ -135,7 +135,7 @@ TEST(ToolCalls, ForcedCallGrammarFollowsTheSchemas) {
   EXPECT_EQ(walk(one, call(p("city", "Oslo")) + "x"), -1);               // nothing after the block
   EXPECT_EQ(walk(one, full.substr(0, full.size() / 2)), 0);
   // "required": one call or more, of any of the tools; a tool without parameters takes any tags.
-  auto several = engine::grammar_constraint(vocab, tool_call_grammar({"get_weather", "ping"}, tools, true));
+  auto several = guided::grammar_constraint(vocab, tool_call_grammar({"get_weather", "ping"}, tools, true));
   const std::string ping = NS + "<invoke name=\"ping\">\n" + NS + "<host>a.b" + NS + "</host>\n" + NS + "</invoke>\n";
   const std::string two = NS + "<tool_call>\n" + ping + NS + "<invoke name=\"get_weather\">\n" + p("city", "Rome") + NS +
                           "</invoke>\n" + NS + "</tool_call>";

@@ -1,4 +1,4 @@
-#include "engine/guided.h"
+#include "guided/guided.h"
 
 #include <algorithm>
 #include <limits>
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace sieve::engine {
+namespace sieve::guided {
 
 namespace {
 
@@ -301,4 +301,4 @@ std::shared_ptr<const OutputConstraint> choice_constraint(std::shared_ptr<const 
   return std::make_shared<LiteralConstraint>(std::move(vocab), std::move(choices));
 }
 
-}  // namespace sieve::engine
+}  // namespace sieve::guided

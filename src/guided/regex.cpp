@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/guided.h"
+#include "guided/guided.h"
 
-namespace sieve::engine {
+namespace sieve::guided {
 
 namespace {
 
@@ -409,4 +409,4 @@ std::shared_ptr<const OutputConstraint> regex_constraint(std::shared_ptr<const T
   return std::make_shared<RegexConstraint>(std::move(vocab), std::move(nfa));
 }
 
-}  // namespace sieve::engine
+}  // namespace sieve::guided

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/guided.h"
+#include "guided/guided.h"
 
-namespace sieve::engine::testing {
+namespace sieve::guided::testing {
 
 struct ByteWalk {
   std::shared_ptr<TokenBytes> vocab = std::make_shared<TokenBytes>(257);
@@ -30,4 +30,4 @@ struct ByteWalk {
   }
 };
 
-}  // namespace sieve::engine::testing
+}  // namespace sieve::guided::testing

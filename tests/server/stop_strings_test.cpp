@@ -1,8 +1,8 @@
-#include "engine/stop_strings.h"
+#include "server/stop_strings.h"
 
 #include <gtest/gtest.h>
 
-namespace sieve::engine {
+namespace sieve::server {
 
 TEST(StopStrings, MatchesAcrossPiecesAndExcludesTheStop) {
   StopStringMatcher m({"STOP", "\n\n"});
@@ -46,4 +46,4 @@ TEST(StopStrings, EarliestMatchWinsAndFlushReleasesHeldText) {
   EXPECT_EQ(none.push("abc"), "abc");
 }
 
-}  // namespace sieve::engine
+}  // namespace sieve::server

@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "engine/guided.h"
+#include "guided/guided.h"
 
-namespace sieve::engine {
+namespace sieve::guided {
 
 namespace {
 
@@ -467,7 +467,7 @@ class SchemaConstraint final : public OutputConstraint, public std::enable_share
   std::vector<uint8_t> plain_;
 };
 
-// The same subset as Compiler, written as a grammar (guided_grammar.cpp) for what the automaton
+// The same subset as Compiler, written as a grammar (grammar.cpp) for what the automaton
 // cannot follow: alternatives that start with the same character (a union of objects) and
 // recursive $refs (one rule per definition).
 class GrammarWriter {
@@ -653,4 +653,4 @@ std::shared_ptr<const OutputConstraint> json_schema_constraint(std::shared_ptr<c
   return std::make_shared<SchemaConstraint>(std::move(vocab), std::move(comp.nodes_), root);
 }
 
-}  // namespace sieve::engine
+}  // namespace sieve::guided

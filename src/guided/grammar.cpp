@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/guided.h"
+#include "guided/guided.h"
 
-namespace sieve::engine {
+namespace sieve::guided {
 
 namespace {
 
@@ -691,4 +691,4 @@ std::shared_ptr<const OutputConstraint> grammar_constraint(std::shared_ptr<const
   return std::make_shared<GrammarConstraint>(std::move(vocab), std::move(g));
 }
 
-}  // namespace sieve::engine
+}  // namespace sieve::guided

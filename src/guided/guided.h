@@ -2,9 +2,9 @@
 // A constraint is built once per request from the vocabulary's token bytes; its state advances
 // with every sampled token (engine thread only). The kinds:
 //  - json_object: one JSON object (RFC 8259), then end of sequence;
-//  - json_schema: a JSON text that matches a schema (guided_schema.cpp);
-//  - regex: a text a regular expression matches in full (guided_regex.cpp);
-//  - grammar: a text an EBNF grammar derives (guided_grammar.cpp);
+//  - json_schema: a JSON text that matches a schema (json_schema.cpp);
+//  - regex: a text a regular expression matches in full (regex.cpp);
+//  - grammar: a text an EBNF grammar derives (grammar.cpp);
 //  - choice: exactly one of a list of strings, then end of sequence.
 // A token is allowed when its bytes keep the output a prefix of something the constraint
 // accepts; end-of-sequence ids only once the output is complete. Masking walks the whole
@@ -20,28 +20,9 @@
 #include <string_view>
 #include <vector>
 
-namespace sieve::engine {
+#include "guided/constraint.h"
 
-// The bytes of each token id ("" for ids that never may come: special or unknown ones).
-using TokenBytes = std::vector<std::string>;
-
-class OutputConstraint {
- public:
-  class State {
-   public:
-    virtual ~State() = default;
-    // Sets the logits of tokens that may not come next to -inf; the end-of-sequence ids stay
-    // only when the output is complete (or nothing else could follow, so the request can end).
-    virtual void mask(std::span<float> logits, std::span<const int32_t> eos_ids) const = 0;
-    virtual void accept(int32_t token) = 0;
-    virtual bool complete() const = 0;
-    // Complete, and nothing may follow: the request ends here (it need not sample an
-    // end-of-sequence token, which a model may not even have).
-    virtual bool must_end() const = 0;
-  };
-  virtual ~OutputConstraint() = default;
-  virtual std::unique_ptr<State> start() const = 0;
-};
+namespace sieve::guided {
 
 // The text starts with '{' at once; at most 64 levels of nesting; whitespace between tokens of
 // the JSON text is allowed, at most 16 bytes in a row (so a model cannot loop on it).
@@ -195,4 +176,4 @@ class JsonPrefix {
   char stack_[64] = {};
 };
 
-}  // namespace sieve::engine
+}  // namespace sieve::guided

@@ -1,8 +1,8 @@
-#include "engine/stop_strings.h"
+#include "server/stop_strings.h"
 
 #include <algorithm>
 
-namespace sieve::engine {
+namespace sieve::server {
 
 size_t held_tail(std::string_view text, std::span<const std::string> tags) {
   size_t hold = 0;
@@ -65,4 +65,4 @@ std::string StopStringMatcher::flush() {
   return out;
 }
 
-}  // namespace sieve::engine
+}  // namespace sieve::server

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace sieve::engine {
+namespace sieve::server {
 
 // The length of the longest tail of `text` that is a proper prefix of one of `tags`: text a
 // stream must hold back until the next piece tells whether a tag starts there.
@@ -36,4 +36,4 @@ class StopStringMatcher {
   std::string matched_;
 };
 
-}  // namespace sieve::engine
+}  // namespace sieve::server
