@@ -224,9 +224,14 @@ void Runner::read_logits(int64_t rows, std::vector<float>& logits) const {
 void Runner::run(const StepInputs& in, std::vector<float>& logits) {
   use_device(dev_);  // the engine's thread is not the one that made the model
   const Bounds b = check(in);
+  phase(Phase::Begin);
   if (graph_step(in, b, logits)) return;
-  m_.forward(upload(in, b, inputs_, false), stream_);
+  const model::StepView v = upload(in, b, inputs_, false);
+  phase(Phase::Uploaded);
+  m_.forward(v, stream_);
+  phase(Phase::Computed);
   read_logits(int64_t(in.logits_indices.size()), logits);
+  phase(Phase::Done);
 }
 
 bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits) {
@@ -263,17 +268,23 @@ bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float
   if (it != graphs_.end()) {
     it->second.used = ++graph_clock_;
     upload(p, pb, it->second.inputs, true);
+    phase(Phase::Uploaded);
     it->second.graph.replay(stream_.cuda_stream);
+    phase(Phase::Computed);
     ++graph_stats_.replayed;
     read_logits(n, logits);
+    phase(Phase::Done);
     return true;
   }
   // First use of the shape: run it eagerly on the graph's own inputs (this step's result; the
   // buffers and the kernels' workspaces grow to the shape), then capture the same work.
   StepGraph g;
   const model::StepView v = upload(p, pb, g.inputs, false);
+  phase(Phase::Uploaded);
   m_.forward(v, stream_);
+  phase(Phase::Computed);
   read_logits(n, logits);
+  phase(Phase::Done);
   ++graph_stats_.eager;
   std::string why;
   g.graph = Graph::capture(dev_, stream_.cuda_stream, [&] { m_.forward(v, stream_); }, &why);

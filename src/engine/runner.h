@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -75,6 +76,12 @@ class Runner {
   // it, and fills `logits` [in.logits_indices.size(), vocab] on the host.
   void run(const StepInputs& in, std::vector<float>& logits);
 
+  // Instrumentation (sieve bench step): called on the host as run() passes the phases of a
+  // step, in order: Begin (checked), Uploaded (inputs on the device), Computed (the forward or
+  // graph replay enqueued on stream()), Done (logits on the host).
+  enum class Phase { Begin, Uploaded, Computed, Done };
+  void set_phase_observer(std::function<void(Phase)> fn) { phase_ = std::move(fn); }
+
   // Allocates now the model's activations and the logits rows of a step of up to max_tokens
   // tokens and max_seqs sequences (run() grows them on demand otherwise), so that a GPU's free
   // memory measured afterwards leaves them out of the cache budget.
@@ -114,6 +121,10 @@ class Runner {
   std::map<std::pair<int, int>, StepGraph> graphs_;  // by (padded rows, context bucket)
   uint64_t graph_clock_ = 0;
   GraphStats graph_stats_;
+  std::function<void(Phase)> phase_;
+  void phase(Phase p) const {
+    if (phase_) phase_(p);
+  }
 };
 
 // One prefill step of `tokens` tokens (one sequence, through a temporary cache of just enough

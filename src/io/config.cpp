@@ -167,6 +167,27 @@ void apply_overrides(json& text, const json& ov) {
   }
 }
 
+// An override of num_hidden_layers alone (a few layers of a large model, to fit one GPU) keeps the
+// first layers of the per-layer lists, so their kinds stay those of the published layout.
+void truncate_layer_lists(json& text, const json& ov) {
+  const json* flat = ov.contains("text_config") && ov["text_config"].is_object() ? &ov["text_config"] : &ov;
+  if (!flat->contains("num_hidden_layers") || !(*flat)["num_hidden_layers"].is_number_integer()) return;
+  const int64_t n = (*flat)["num_hidden_layers"].get<int64_t>();
+  if (n < 1) return;
+  auto cut = [&](json& obj, const char* key) {
+    if (flat->contains(key) || !obj.contains(key) || !obj[key].is_array() || int64_t(obj[key].size()) <= n) return;
+    json keep = json::array();
+    for (int64_t i = 0; i < n; ++i) keep.push_back(obj[key][size_t(i)]);
+    obj[key] = keep;
+  };
+  cut(text, "moe_layer_freq");
+  json& sparse = text.contains("sparse_attention_config") && text["sparse_attention_config"].is_object()
+                     ? text["sparse_attention_config"]
+                     : text;
+  cut(sparse, "sparse_attention_freq");
+  cut(sparse, "sparse_disable_index_value");
+}
+
 // moe_layer_freq / sparse_attention_freq as an int k: layer i is on iff i >= first_k and
 // i % k == 0 (the DeepSeek-V2/V3 convention for `moe_layer_freq` with `first_k_dense_replace`);
 // k == 0 turns every layer off.
@@ -199,7 +220,11 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
   if (vl && !config.at("text_config").is_object()) top.wrong_type("text_config", "an object");
   json text = vl ? config.at("text_config") : config;
   std::string prefix = vl ? "text_config." : "";
-  if (!hf_overrides.empty()) apply_overrides(text, parse_overrides(hf_overrides));
+  if (!hf_overrides.empty()) {
+    const json ov = parse_overrides(hf_overrides);
+    apply_overrides(text, ov);
+    truncate_layer_lists(text, ov);
+  }
   c.raw = text;
 
   Reader t(text, source, prefix);

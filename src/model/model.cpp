@@ -1,7 +1,10 @@
 #include "model/model.h"
 
 #include <cstdio>
+#include <fstream>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -69,34 +72,46 @@ std::string gib_text(double bytes) {
   return buf;
 }
 
-// Dummy weights take every shape from the config, so the keys that set them must be there
-// (their code defaults would silently make another model).
-void require_shape_keys(const ModelConfig& c, const std::string& dir) {
+// Dummy weights take every shape from the config, so the keys that set them must be in
+// config.json (their code defaults would silently make another model). Read before the config
+// is parsed, whose checks would name a consequence rather than the missing key.
+void require_shape_keys(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return;  // load_model_config names the problem
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception&) {
+    return;
+  }
+  if (!j.is_object()) return;
+  const bool vl = j.contains("text_config") && j["text_config"].is_object();
+  const nlohmann::json& t = vl ? j["text_config"] : j;
   std::vector<std::string> keys = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                    "head_dim", "vocab_size"};
-  if (c.num_local_experts > 0) {
+  if (t.contains("num_local_experts")) {
     keys.push_back("intermediate_size");
     keys.push_back("num_experts_per_tok");
   }
-  const std::string where = c.model_type == "minimax_m3_vl" ? "text_config." : "";
   for (const auto& k : keys)
-    if (!c.raw.contains(k))
-      throw Error("--load-format dummy: " + dir + "/config.json has no " + where + k +
+    if (!t.contains(k))
+      throw Error("--load-format dummy: " + path + " has no " + (vl ? "text_config." : "") + k +
                   ", which sets the shape of the weights");
 }
 
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o) {
+  const bool dummy = o.load_format == "dummy";
+  if (!dummy && o.load_format != "auto" && o.load_format != "safetensors")
+    throw Error("--load-format " + o.load_format + " is not supported (expected auto, safetensors or dummy)");
+  if (dummy) require_shape_keys(dir);
   ModelConfig cfg = load_model_config(dir, o.hf_overrides);
   if (cfg.hidden_act != "swigluoai" && cfg.hidden_act != "swiglu_oai")
     throw Error(dir + "/config.json: hidden_act \"" + cfg.hidden_act + "\" is not supported (expected swigluoai)");
   if (cfg.num_local_experts > 0 && cfg.scoring_func != "sigmoid")
     throw Error(dir + "/config.json: scoring_func \"" + cfg.scoring_func + "\" is not supported (expected sigmoid)");
-  const bool dummy = o.load_format == "dummy";
-  if (!dummy && o.load_format != "auto" && o.load_format != "safetensors")
-    throw Error("--load-format " + o.load_format + " is not supported (expected auto, safetensors or dummy)");
-  if (dummy) require_shape_keys(cfg, dir);
   Device dev = o.device;
   if (dev.is_cuda()) {
     const std::string why = cuda_shape_problem(cfg, o.tp_size);

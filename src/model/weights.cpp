@@ -13,6 +13,10 @@ using detail::Fp8Source;
 using detail::HostWeight;
 using detail::Slice;
 
+// Whether ops::moe_experts takes FP8 expert weights with block scales. Until it does, FP8 experts
+// are dequantized at load (exactly, to F32) and --quantization fp8 leaves them BF16.
+constexpr bool kMoeTakesFp8 = false;
+
 ops::WeightView Weight::view() const {
   ops::WeightView v;
   v.data = data.data();
@@ -26,6 +30,8 @@ ops::WeightView Weight::view() const {
   }
   return v;
 }
+
+bool experts_take_fp8() { return kMoeTakesFp8; }
 
 std::string effective_quantization(const ModelConfig& cfg, const std::string& q) {
   if (q.empty() || q == "none" || q == cfg.quant_method) return cfg.quant_method;
@@ -51,11 +57,6 @@ struct Spec {
   bool f32 = false;     // norms, router, bias
   bool expert = false;  // a routed expert's (the MoE op's formats)
 };
-
-// Whether ops::moe_experts on this branch takes FP8 expert weights with block scales. Until it
-// does, FP8 experts are dequantized at load (exactly, to F32) and --quantization fp8 leaves them
-// BF16.
-constexpr bool kMoeTakesFp8 = false;
 
 bool fp8_ok(const Spec& s) { return s.linear && (!s.expert || kMoeTakesFp8); }
 

@@ -79,6 +79,10 @@ struct WeightOptions {
 // Throws Error for a combination that cannot be (fp8 asked of an mxfp8 checkpoint, unknown names).
 std::string effective_quantization(const ModelConfig& cfg, const std::string& quantization);
 
+// Whether routed experts stay FP8 (ops::moe_experts takes FP8 weights with block scales); when
+// not, FP8 experts are dequantized at load and --quantization fp8 leaves them BF16.
+bool experts_take_fp8();
+
 // Bytes the weights take on `opts.device`, from the config alone (dummy weights) or from the
 // checkpoint's tensor headers (nothing is read or allocated).
 size_t estimate_weight_bytes(const ModelConfig& cfg, const WeightOptions& opts, const Checkpoint* ckpt);

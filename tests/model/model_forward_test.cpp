@@ -187,6 +187,16 @@ TEST(ModelForward, Mxfp8CheckpointMatchesReference) {
   check_case(c);
 }
 
+TEST(ModelForward, BlockFp8CheckpointMatchesReference) {
+  Case c;
+  c.name = "fp8";
+  c.opts.seed = 43;
+  c.opts.quant = "fp8";
+  c.opts.hidden_size = 160;  // partial 128-column blocks
+  c.length = 300;
+  check_case(c);
+}
+
 TEST(ModelForward, DenseOptionSelectsEveryBlock) {
   std::string dir = temp_dir("dense");
   TinyModelOptions o;
