@@ -11,6 +11,7 @@
 #include "core/error.h"
 #ifdef SIEVE_HAVE_CUDA
 #include "kernels/bench/bench.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/memory.h"
 #endif
 
@@ -44,11 +45,29 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
       .opt({"--md"}, "PATH", "write a Markdown table")
       .opt({"--iters"}, "N", "timed runs per row (median; at least 50)", "100")
       .opt({"--filter"}, "TEXT", "only cases whose \"phase shape dtype\" contains TEXT")
-      .opt({"--rows"}, "TEXT", "only rows whose kernel name contains TEXT (e.g. \"dense\"; for traces and profilers)");
+      .opt({"--rows"}, "TEXT", "only rows whose kernel name contains TEXT (e.g. \"dense\"; for traces and profilers)")
+      .opt({"--tune"}, "FIELD=VALUE,...",
+           "time the kernels with these tuning fields changed (e.g. indexer.trace=1,indexer.persistent_unit=4; "
+           "\"list\" prints every field with its default; docs/kernels.md)");
   if (!args.parse()) return 0;
 #ifndef SIEVE_HAVE_CUDA
   throw sieve::Error("bench kernels: this build has no CUDA backend");
 #else
+  if (auto tune = args.maybe("--tune")) {
+    if (*tune == "list") {
+      for (const auto& f : sieve::cuda::tuning_field_names()) std::printf("%s\n", f.c_str());
+      return 0;
+    }
+    sieve::cuda::Tuning t = sieve::cuda::tuning();
+    std::stringstream items(*tune);
+    for (std::string item; std::getline(items, item, ',');) {
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos) throw sieve::Error("--tune: \"" + item + "\" is not FIELD=VALUE");
+      sieve::cuda::set_tuning_field(t, item.substr(0, eq), item.substr(eq + 1));
+    }
+    sieve::cuda::set_tuning(t);
+    std::printf("tuning changed: %s\n", tune->c_str());
+  }
   if (sieve::cuda_device_count() == 0) throw sieve::Error("bench kernels: no CUDA device");
   namespace kb = sieve::kernels_bench;
   kb::Options opt;

@@ -20,6 +20,7 @@
 #include "cache/sizing.h"
 #include "cli/command.h"
 #include "cli/model_load_flags.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
@@ -47,10 +48,7 @@ std::string tiny_model_dir() {
     if (fs::exists(dir / "config.json") || ::access(exe.parent_path().c_str(), W_OK) == 0)
       return dir.string();
   }
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
-  return (base / "sieve" / "tiny-model").string();
+  return (fs::path(env::user_cache_dir()) / "sieve" / "tiny-model").string();
 }
 
 std::string default_model() {
@@ -149,16 +147,7 @@ void check_parser_name(const std::string& flag, const std::string& value, const 
 
 // Seconds between the periodic stats lines: SIEVE_LOG_STATS_INTERVAL, else vLLM's
 // VLLM_LOG_STATS_INTERVAL, else 10.
-double stats_interval_s() {
-  for (const char* env : {"SIEVE_LOG_STATS_INTERVAL", "VLLM_LOG_STATS_INTERVAL"})
-    if (const char* v = std::getenv(env); v && *v) {
-      char* end = nullptr;
-      const double x = std::strtod(v, &end);
-      if (end && *end == '\0' && x > 0) return x;
-      throw Error(std::string(env) + " must be a positive number of seconds, got \"" + v + "\"");
-    }
-  return 10.0;
-}
+double stats_interval_s() { return env::log_stats_interval_s(); }
 
 // Logs engine::stats_log_line every `interval` seconds while there is work.
 class StatsLogger {
@@ -294,12 +283,7 @@ int run_serve(const std::vector<std::string>& argv) {
   const uint64_t max_body = cache::parse_bytes(a.get("--max-request-bytes"), "--max-request-bytes");
 
   std::string api_key = a.get("--api-key");
-  if (api_key.empty())
-    for (const char* env : {"SIEVE_API_KEY", "VLLM_API_KEY"})
-      if (const char* v = std::getenv(env); v && *v) {
-        api_key = v;
-        break;
-      }
+  if (api_key.empty()) api_key = env::api_key();
 
   const std::string dir = a.has("--model") ? a.get("--model") : default_model();
   // Checked before the weights load, so a mistake in them fails at once.

@@ -2,20 +2,20 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <mutex>
+#include <string>
+
+#include "core/env.h"
 
 namespace sieve {
 
 namespace {
 LogLevel initial_level() {
-  const char* e = std::getenv("SIEVE_LOG_LEVEL");
-  if (!e) return LogLevel::Info;
-  if (!std::strcmp(e, "debug")) return LogLevel::Debug;
-  if (!std::strcmp(e, "warn")) return LogLevel::Warn;
-  if (!std::strcmp(e, "error")) return LogLevel::Error;
+  const std::string e = env::log_level();
+  if (e == "debug") return LogLevel::Debug;
+  if (e == "warn") return LogLevel::Warn;
+  if (e == "error") return LogLevel::Error;
   return LogLevel::Info;
 }
 LogLevel g_level = initial_level();

@@ -17,8 +17,8 @@
 //   token position p lives in block p / block_size at offset p % block_size.
 // - CUDA streams: the decode-step kernels (qkv_norm_rope_cache, the decode indexer, attention)
 //   may use programmatic dependent launch (by default the decode indexer, sparse attention for
-//   batches of at most 4 query tokens and dense attention for up to 128; SIEVE_PDL, a mask,
-//   chooses otherwise). Each
+//   batches of at most 4 query tokens and dense attention for up to 128; the tests and the
+//   benchmark may choose otherwise, cuda/tuning.h). Each
 //   may then read the batch metadata (query_start_loc, seq_lens, block_tables, positions,
 //   slot_mapping) and the cache blocks that hold only positions before its request's first new
 //   token while the previous kernel of the stream is still running; everything else it reads or

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "cuda_test_util.h"
-#include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve {
 namespace {
@@ -343,10 +343,10 @@ struct MoeCase {
   int E = 8, K = 2;
   DType act = DType::F32, w = DType::BF16;
   int skipped = 0;  // ids per 16 that are -1 or >= E (not this rank's experts)
-  int64_t chunk = 0;  // set_moe_chunk_tokens
+  int64_t chunk = 0;  // MoeTuning::chunk_tokens
   int hot = -1;       // every token routes to this expert first (tiles of one expert)
-  bool simt = false;  // set_moe_force_simt: the fp32 SIMT products for BF16 weights too
-  int tile_rows = 0;  // set_moe_tile_rows: 16 or 64-row tensor-core tiles (0: by the batch)
+  bool simt = false;  // MoeTuning::force_simt: the fp32 SIMT products for BF16 weights too
+  int tile_rows = 0;  // MoeTuning::tile_rows: 16 or 64-row tensor-core tiles (0: by the batch)
   // The tensor-core path: BF16 weights, hidden and inter multiples of 8.
   bool tensor_cores() const { return w == DType::BF16 && H % 8 == 0 && I % 8 == 0 && !simt; }
 };
@@ -454,13 +454,14 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   p.w_gate_up = dgup.as<const void*>();
   p.w_down = ddp.as<const void*>();
   p.out = dout.p();
-  cuda::set_moe_chunk_tokens(c.chunk);
-  cuda::set_moe_force_simt(c.simt);
-  cuda::set_moe_tile_rows(c.tile_rows);
-  ops::moe_experts(p, gpu_stream());
-  cuda::set_moe_chunk_tokens(0);
-  cuda::set_moe_force_simt(false);
-  cuda::set_moe_tile_rows(0);
+  {
+    cuda::Tuning t;
+    t.moe.chunk_tokens = c.chunk;
+    t.moe.force_simt = c.simt;
+    t.moe.tile_rows = c.tile_rows;
+    cuda::TuningScope scope(t);
+    ops::moe_experts(p, gpu_stream());
+  }
   TypedBuffer got = fetch(dout, c.act, out.count);
   int bad = 0;
   for (size_t i = 0; i < out.count && bad < 5; ++i) {

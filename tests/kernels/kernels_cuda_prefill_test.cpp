@@ -1,13 +1,11 @@
-// Parity of the tensor-core prefill indexer (IndexerPath::kPrefill, indexer_prefill.cu) with the
-// CPU reference on shapes that the small cases of kernels_cuda_test.cpp do not reach: tiles whose
-// first warpgroup lies wholly before the diagonal block, many key splits per tile (more than 32
-// lists per row in the merge), long contexts that force wide splits (up to 24 blocks per split),
-// exact ties across splits, topk 32 with forced blocks, several heads, repeated launches (the
-// merge counters must return to zero). The development knobs of the kernel (MMA variant, split
-// width, grid order, merge, and the select path: global score rows + per-row selection) are forced
-// through cuda::set_indexer_prefill_v2_knobs; each configuration runs with and without the
-// block_scores output (without it the select path keeps its score rows in the workspace).
-// Skips without a CUDA device.
+// Parity of the tensor-core prefill indexer (IndexerKernel::kPrefill, indexer/prefill.cu) with
+// the CPU reference on shapes that the small cases of kernels_cuda_test.cpp do not reach: tiles
+// whose first warpgroup lies wholly before the diagonal block, chunks after long prefixes (CTAs
+// whose stream-K share spans several tiles and requests), long contexts, exact ties, topk 32 with
+// forced blocks, several heads, repeated launches (the selection's counters must return to zero).
+// The MMA forms and the selection without the overlap are forced through IndexerTuning; each
+// configuration runs with and without the block_scores output (without it the score rows live in
+// the workspace). Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +18,7 @@
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/memory.h"
 #include "kernels/ops.h"
 
@@ -28,78 +27,52 @@ namespace {
 
 using namespace sieve::test;
 
+using Mma = cuda::IndexerTuning::PrefillMma;
+
+// One configuration of the prefill kernel: its MMA form and whether the selection overlaps the
+// scoring grid.
+struct PrefillConfig {
+  Mma mma = Mma::kAuto;
+  bool overlap = true;
+};
+
 struct PrefillCase : IndexerInputs {
   int launches = 1;  // > 1: the same inputs again (counters must have returned to zero)
-  // Knob configurations to run (each against the same CPU reference); empty: the defaults only.
-  std::vector<cuda::PrefillV2Knobs> knobs;
+  // Configurations to run (each against the same CPU reference); empty: the defaults only.
+  std::vector<PrefillConfig> configs;
 };
 
-std::string knob_name(const cuda::PrefillV2Knobs& k) {
-  return "knobs mma " + std::to_string(k.mma) + " kb " + std::to_string(k.kb) + " order " +
-         std::to_string(k.order) + " merge " + std::to_string(k.merge) + " select " + std::to_string(k.select) +
-         " rows " + std::to_string(k.rows) + " pipe " + std::to_string(k.pipe) + " streamk " + std::to_string(k.streamk) +
-         " overlap " + std::to_string(k.overlap);
+std::string config_name(const PrefillConfig& c) {
+  return "mma " + std::to_string(int(c.mma)) + (c.overlap ? "" : " selection not overlapped");
 }
 
-// Restores the environment's knobs when a check ends (also on a failed assertion).
-struct KnobGuard {
-  ~KnobGuard() { cuda::set_indexer_prefill_v2_knobs(cuda::PrefillV2Knobs{}); }
-};
+// Every MMA form (the automatic choice, ss, rs, rsp; rsp runs rs with an fp8 cache), and the
+// automatic and the pipelined ones with the selection waiting for the whole scoring grid.
+const std::vector<PrefillConfig> kConfigs = {{Mma::kAuto, true}, {Mma::kSS, true},   {Mma::kRS, true},
+                                             {Mma::kRSP, true},  {Mma::kAuto, false}, {Mma::kRSP, false}};
 
-cuda::PrefillV2Knobs knobs(int mma, int kb, int order, int merge, int select, int rows = -1, int pipe = -1,
-                           int streamk = -1, int overlap = -1) {
-  cuda::PrefillV2Knobs k;
-  k.mma = mma, k.kb = kb, k.order = order, k.merge = merge, k.select = select, k.rows = rows, k.pipe = pipe;
-  k.streamk = streamk, k.overlap = overlap;
-  return k;
-}
-
-// The select path: auto split width (grid order 1 by default there), register-A MMAs with a
-// 3-stage ring over narrow splits in the 3-D grid, mma.sync with 3-block splits, wide 64-block
-// splits, one block per split (the most splits meeting at the counter); then the 256-row kernel
-// (bf16 cache; fp8 runs the 128-row kernel), pipelined: the automatic width, 3-block splits in
-// the 3-D grid, one and two blocks per split; not pipelined: the automatic width, 3-block splits;
-// then the selection as its own kernel (select 2) after the 128-row kernel on the stream-K grid
-// (the default, rs with a bf16 cache, the selection overlapping the scoring grid; with the rs3,
-// sync and ss MMAs; without the overlap) and on the (tile, split) grid, and after the 256-row
-// kernel; last the pipelined half-block MMAs (rsp) on the stream-K grid with and without the
-// overlap, and with the tile's last split selecting on the 3-D grid.
-const std::vector<cuda::PrefillV2Knobs> kSelectKnobs = {
-    knobs(-1, 0, -1, -1, 1),          knobs(3, 5, 0, -1, 1),          knobs(2, 3, -1, -1, 1),
-    knobs(1, 64, 1, -1, 1),           knobs(0, 1, 1, -1, 1),          knobs(-1, 0, -1, -1, 1, 256),
-    knobs(-1, 3, 0, -1, 1, 256),      knobs(-1, 1, 1, -1, 1, 256),    knobs(-1, 2, 1, -1, 1, 256),
-    knobs(-1, 0, -1, -1, 1, 256, 0),  knobs(-1, 3, 0, -1, 1, 256, 0), knobs(-1, 0, -1, -1, 2),
-    knobs(3, 0, -1, -1, 2),           knobs(2, 0, -1, -1, 2),         knobs(0, 0, -1, -1, 2),
-    knobs(-1, 0, -1, -1, 2, -1, -1, -1, 0),
-    knobs(-1, 0, -1, -1, 2, -1, -1, 0),
-    knobs(3, 5, 0, -1, 2, -1, -1, 0),            knobs(-1, 0, -1, -1, 2, 256),   knobs(-1, 2, 0, -1, 2, 256, 0),
-    knobs(4, 0, -1, -1, 2),           knobs(4, 0, -1, -1, 2, -1, -1, -1, 0),     knobs(4, 5, 0, -1, 1)};
-// The list path's knobs: defaults, rs3 + rank merge, grid order 1, rs, sync, rsp.
-const std::vector<cuda::PrefillV2Knobs> kListKnobs = {
-    knobs(-1, -1, -1, -1, 0), knobs(3, -1, -1, 1, 0), knobs(0, 0, 1, 0, 0), knobs(1, -1, 0, -1, 0),
-    knobs(2, -1, -1, 1, 0),   knobs(4, -1, -1, -1, 0)};
-
-// The CPU reference once, then the kPrefill path `launches` times on poisoned outputs; block
+// The CPU reference once, then the kPrefill kernel `launches` times on poisoned outputs; block
 // scores within tolerance (exact for ties), top-k as sets up to near ties (exact order for ties),
 // as check_indexer_once in kernels_cuda_test.cpp does.
 void check_prefill(const PrefillCase& c, uint64_t seed) {
   SCOPED_TRACE(c.describe() + " seed " + std::to_string(seed));
   IndexerRef r(c, seed);
-  KnobGuard guard;
-  const std::vector<cuda::PrefillV2Knobs> configs =
-      c.knobs.empty() ? std::vector<cuda::PrefillV2Knobs>{cuda::PrefillV2Knobs{}} : c.knobs;
-  // Each configuration with the block_scores output, then (knob runs only) without it.
-  const int variants = c.knobs.empty() ? 1 : 2;
+  const std::vector<PrefillConfig> configs = c.configs.empty() ? std::vector<PrefillConfig>{PrefillConfig{}} : c.configs;
+  // Each configuration with the block_scores output, then (configuration runs only) without it.
+  const int variants = c.configs.empty() ? 1 : 2;
   for (int run = 0; run < int(configs.size()) * variants * c.launches; ++run) {
     const int launch = run % c.launches, cfg = run / c.launches / variants;
     const bool with_scores = (run / c.launches) % variants == 0;
-    cuda::set_indexer_prefill_v2_knobs(configs[size_t(cfg)]);
-    SCOPED_TRACE(knob_name(configs[size_t(cfg)]) + (with_scores ? "" : " no block_scores") + " launch " +
+    cuda::Tuning t;
+    t.indexer.prefill_mma = configs[size_t(cfg)].mma;
+    t.indexer.prefill_overlap = configs[size_t(cfg)].overlap;
+    cuda::TuningScope scope(t);
+    SCOPED_TRACE(config_name(configs[size_t(cfg)]) + (with_scores ? "" : " no block_scores") + " launch " +
                  std::to_string(launch));
     r.d_idx.poison(uint8_t(0x55 + launch));
     r.d_scores.poison(0xff);
     r.gpu.block_scores = with_scores ? r.d_scores.as<float>() : nullptr;
-    ASSERT_TRUE(cuda::run_indexer_path(r.gpu, nullptr, cuda::IndexerPath::kPrefill));
+    ASSERT_TRUE(cuda::run_indexer_kernel(r.gpu, nullptr, cuda::IndexerKernel::kPrefill));
     device_synchronize(kGpu);
     r.expect_gpu_matches(with_scores);
   }
@@ -126,8 +99,8 @@ TEST(CudaIndexerPrefillV2, BoundaryTilesMatchCpu) {
   }
 }
 
-// A chunked prefill after a long prefix: 53 key splits per tile (two list heads per merge lane),
-// plus decode rows with long contexts in the same batch; run twice (counters back to zero).
+// A chunked prefill after a long prefix, plus decode rows with long contexts in the same batch;
+// run twice (counters back to zero).
 TEST(CudaIndexerPrefillV2, ManySplitsMatchCpu) {
   SKIP_WITHOUT_GPU();
   const std::vector<SeqSpec> specs = {{20000, 300}, {0, 1}, {17000, 1}, {3000, 200}};
@@ -139,12 +112,12 @@ TEST(CudaIndexerPrefillV2, ManySplitsMatchCpu) {
     c.H = 2;
     c.init = 1;
     c.launches = 2;
-    c.knobs = kListKnobs;
+    c.configs = kConfigs;
     check_prefill(c, seed++);
   }
 }
 
-// Contexts long enough that a split must hold 13 and 22 key blocks (at most 64 splits per tile).
+// Long contexts (782 and 1407 key blocks a row).
 TEST(CudaIndexerPrefillV2, WideSplitsMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 7200;
@@ -159,7 +132,7 @@ TEST(CudaIndexerPrefillV2, WideSplitsMatchCpu) {
 }
 
 // Exact ties: the order must match the CPU's "higher score, then lower block id" exactly, also
-// where equal scores come from different key splits and meet in the merge.
+// where equal scores come from different CTAs' shares of a tile.
 TEST(CudaIndexerPrefillV2, ExactTiesAcrossSplits) {
   SKIP_WITHOUT_GPU();
   const std::vector<SeqSpec> specs = {{5000, 200}, {10, 300}, {9000, 1}};
@@ -171,7 +144,7 @@ TEST(CudaIndexerPrefillV2, ExactTiesAcrossSplits) {
     c.ties = true;
     c.H = 2;
     c.topk = 32;
-    c.knobs = kListKnobs;
+    c.configs = kConfigs;
     check_prefill(c, seed++);
   }
 }
@@ -207,14 +180,14 @@ TEST(CudaIndexerPrefillV2, PromptChunkMatchesCpu) {
     c.specs = {{3000, 1500}};
     c.cache = cd;
     c.H = 2;
-    c.knobs = kListKnobs;
+    c.configs = kConfigs;
     check_prefill(c, seed++);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// The select path (SIEVE_PREFILL_V2_SELECT=1): every configuration of kSelectKnobs, with and
-// without block_scores, against one CPU reference per shape.
+// Every configuration of kConfigs, with and without block_scores, against one CPU reference per
+// shape.
 
 // The benchmark's shape at a smaller size: one prompt of 4000 tokens (32 tiles), one index head,
 // topk 16, local 1; bf16 cache.
@@ -222,7 +195,7 @@ TEST(CudaIndexerPrefillSelect, PromptBf16MatchesCpu) {
   SKIP_WITHOUT_GPU();
   PrefillCase c;
   c.specs = {{0, 4000}};
-  c.knobs = kSelectKnobs;
+  c.configs = kConfigs;
   check_prefill(c, 8000);
 }
 
@@ -234,7 +207,7 @@ TEST(CudaIndexerPrefillSelect, PromptFp8MatchesCpu) {
   c.cache = DType::FP8_E4M3;
   c.q_in_cache = true;
   c.topk = 32, c.init = 1;
-  c.knobs = kSelectKnobs;
+  c.configs = kConfigs;
   check_prefill(c, 8001);
 }
 
@@ -247,7 +220,7 @@ TEST(CudaIndexerPrefillSelect, ChunkAfterPrefixMatchesCpu) {
     c.specs = {{3000, 1500}};
     c.cache = cd;
     c.H = 2;
-    c.knobs = kSelectKnobs;
+    c.configs = kConfigs;
     check_prefill(c, seed++);
   }
 }
@@ -264,7 +237,7 @@ TEST(CudaIndexerPrefillSelect, MixedDecodeRowsMatchCpu) {
     c.H = 2;
     c.init = 1;
     c.launches = 2;
-    c.knobs = kSelectKnobs;
+    c.configs = kConfigs;
     check_prefill(c, seed++);
   }
 }
@@ -280,7 +253,7 @@ TEST(CudaIndexerPrefillSelect, ExactTiesMatchCpu) {
     c.ties = true;
     c.H = 2;
     c.topk = 32;
-    c.knobs = kSelectKnobs;
+    c.configs = kConfigs;
     check_prefill(c, seed++);
   }
 }
@@ -297,7 +270,7 @@ TEST(CudaIndexerPrefillSelect, BoundaryTilesMatchCpu) {
     c.cache = cd;
     c.H = 3;
     c.topk = 32, c.init = 2, c.local = 3;
-    c.knobs = kSelectKnobs;
+    c.configs = kConfigs;
     check_prefill(c, seed++);
     c.q_dtype = DType::F32;
     c.q_in_cache = cd == DType::FP8_E4M3;
@@ -308,8 +281,7 @@ TEST(CudaIndexerPrefillSelect, BoundaryTilesMatchCpu) {
   }
 }
 
-// Long contexts (782 and 1407 blocks a row: 25 and 44 blocks per lane in the selection) with
-// the automatic split width and 100-block splits.
+// Long contexts (782 and 1407 blocks a row: 25 and 44 blocks per lane in the selection).
 TEST(CudaIndexerPrefillSelect, LongContextsMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 8500;
@@ -319,9 +291,7 @@ TEST(CudaIndexerPrefillSelect, LongContextsMatchCpu) {
     c.specs = specs;
     c.cache = specs[0].cached > 150000 ? DType::FP8_E4M3 : DType::BF16;
     c.topk = 32, c.init = 1, c.local = 2;
-    c.knobs = {knobs(-1, 0, -1, -1, 1),      knobs(3, 100, 0, -1, 1),          knobs(0, 7, 1, -1, 1),
-               knobs(-1, 0, -1, -1, 1, 256), knobs(-1, 50, 0, -1, 1, 256),     knobs(-1, 0, -1, -1, 1, 256, 0),
-               knobs(-1, 0, -1, -1, 2),      knobs(-1, 0, -1, -1, 2, 256)};
+    c.configs = kConfigs;
     check_prefill(c, seed++);
   }
 }

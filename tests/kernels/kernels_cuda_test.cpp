@@ -10,14 +10,17 @@
 #include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "cuda_test_util.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/memory.h"
 #include "kernels/ops.h"
 
@@ -27,6 +30,47 @@ namespace {
 using namespace sieve::test;
 
 const ops::Stream kStream{kGpu, nullptr};
+
+// ---------------------------------------------------------------------------------------------
+// Tuning (no device needed): the benchmark's --tune fields and the scope the tests use.
+
+TEST(CudaTuning, FieldsParseAndScopesRestore) {
+  cuda::Tuning t;
+  cuda::set_tuning_field(t, "indexer.persistent_unit", "4");
+  cuda::set_tuning_field(t, "indexer.narrow_mma", "false");
+  cuda::set_tuning_field(t, "indexer.prefill_mma", "rsp");
+  cuda::set_tuning_field(t, "attention.trace", "2");
+  cuda::set_tuning_field(t, "moe.chunk_tokens", "17");
+  cuda::set_tuning_field(t, "launch.pdl_mask", "7");
+  EXPECT_EQ(t.indexer.persistent_unit, 4);
+  EXPECT_FALSE(t.indexer.narrow_mma);
+  EXPECT_EQ(t.indexer.prefill_mma, cuda::IndexerTuning::PrefillMma::kRSP);
+  EXPECT_EQ(t.attention.trace, 2);
+  EXPECT_EQ(t.moe.chunk_tokens, 17);
+  EXPECT_EQ(t.launch.pdl_mask, 7);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.no_such_field", "1"), Error);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.persistent_unit", "four"), Error);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.trace", "maybe"), Error);
+  EXPECT_THROW(cuda::set_tuning_field(t, "indexer.prefill_mma", "sync"), Error);
+  const std::vector<std::string> names = cuda::tuning_field_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "indexer.persistent_unit (default 0)"), names.end());
+
+  const cuda::Tuning defaults;
+  EXPECT_EQ(cuda::tuning().indexer.persistent_unit, defaults.indexer.persistent_unit);
+  {
+    cuda::TuningScope scope(t);
+    EXPECT_EQ(cuda::tuning().indexer.persistent_unit, 4);
+    {
+      cuda::Tuning u = t;
+      u.indexer.persistent_unit = 9;
+      cuda::TuningScope inner(u);
+      EXPECT_EQ(cuda::tuning().indexer.persistent_unit, 9);
+    }
+    EXPECT_EQ(cuda::tuning().indexer.persistent_unit, 4);
+  }
+  EXPECT_EQ(cuda::tuning().indexer.persistent_unit, defaults.indexer.persistent_unit);
+  EXPECT_TRUE(cuda::tuning().indexer.narrow_mma);
+}
 
 // ---------------------------------------------------------------------------------------------
 // qkv_norm_rope_cache
@@ -149,46 +193,44 @@ TEST(CudaQkvNormRopeCache, MatchesCpu) {
 // ---------------------------------------------------------------------------------------------
 // Indexer
 
+// kDecode: every decode kernel; kPrefill: both prefill kernels; kAuto: the planner's kernel, and
+// every decode kernel on a decode-shaped batch.
+enum class Kernels { kAuto, kDecode, kPrefill };
+
 struct IndexerCase : IndexerInputs {
-  cuda::IndexerPath path = cuda::IndexerPath::kAuto;
+  cuda::IndexerKernel kernel = cuda::IndexerKernel::kAuto;
 };
 
-void check_indexer_once(const IndexerCase& c, uint64_t seed) {
-  SCOPED_TRACE(c.describe() + " path " + std::to_string(int(c.path)) + " seed " + std::to_string(seed));
+// The case through c.kernel on poisoned outputs; no check where the kernel has no plan for the
+// shape and `may_refuse`.
+void check_indexer_once(const IndexerCase& c, uint64_t seed, bool may_refuse = false) {
+  SCOPED_TRACE(c.describe() + " kernel " + std::to_string(int(c.kernel)) + " seed " + std::to_string(seed));
   IndexerRef r(c, seed);
   r.d_idx.poison(0x55);
   r.d_scores.poison(0xff);
-  const bool want_scores = c.path != cuda::IndexerPath::kDecodeBaseline;
-  if (!want_scores) r.gpu.block_scores = nullptr;
-  ASSERT_TRUE(cuda::run_indexer_path(r.gpu, nullptr, c.path));
+  const bool ran = cuda::run_indexer_kernel(r.gpu, nullptr, c.kernel);
+  if (!ran && may_refuse) return;
+  ASSERT_TRUE(ran);
   device_synchronize(kGpu);
-  r.expect_gpu_matches(want_scores);
+  r.expect_gpu_matches(true);
 }
 
-// Runs the check for each kernel variant that the case's path has: v1, and v2 / v3 where the
-// path is the fused decode kernel (or kAuto, which follows the variant switch); the prefill path
-// runs both prefill kernels.
-void check_indexer(const IndexerCase& c, uint64_t seed) {
-  const int prev = cuda::kernel_variant();
-  for (int v : {1, 2, 3, 4}) {
-    IndexerCase cv = c;
-    if (v >= 2) {
-      if (c.path == cuda::IndexerPath::kDecodeFused) {
-        cv.path = v == 2   ? cuda::IndexerPath::kDecodeFusedV2
-                  : v == 3 ? cuda::IndexerPath::kDecodeFusedV3
-                           : cuda::IndexerPath::kDecodeFusedV4;
-      } else if (c.path == cuda::IndexerPath::kPrefill) {
-        if (v >= 3) continue;
-        cv.path = cuda::IndexerPath::kPrefillV1;
-      } else if (c.path != cuda::IndexerPath::kAuto) {
-        continue;
-      }
-    }
-    SCOPED_TRACE("kernel variant " + std::to_string(v));
-    cuda::set_kernel_variant(v);
-    check_indexer_once(cv, seed);
+// The case through each kernel of `which` (the cluster and persistent kernels where they have a
+// plan for the shape; the chunked kernel, which kAuto falls back to, has one for every shape).
+void check_indexer(const IndexerCase& c, uint64_t seed, Kernels which = Kernels::kAuto) {
+  using K = cuda::IndexerKernel;
+  int max_q = 0;
+  for (const SeqSpec& sp : c.specs) max_q = std::max(max_q, sp.q_len);
+  const bool decode = which == Kernels::kDecode || (which == Kernels::kAuto && max_q * c.H <= 16);
+  std::vector<K> kernels;
+  if (which != Kernels::kPrefill) kernels.push_back(K::kAuto);
+  if (decode) kernels.insert(kernels.end(), {K::kDecodeChunked, K::kDecodeCluster, K::kDecodePersistent});
+  if (which == Kernels::kPrefill) kernels.insert(kernels.end(), {K::kPrefill, K::kPrefillLong});
+  for (K k : kernels) {
+    IndexerCase ck = c;
+    ck.kernel = k;
+    check_indexer_once(ck, seed, k == K::kDecodeCluster || k == K::kDecodePersistent);
   }
-  cuda::set_kernel_variant(prev);
 }
 
 const std::vector<SeqSpec> kDecodeSpecs = {{0, 1},   {126, 1},  {127, 1},  {128, 1},  {300, 1},
@@ -200,12 +242,12 @@ TEST(CudaIndexer, DecodeMatchesCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1000;
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-    for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeBaseline}) {
+    {
       IndexerCase c;
       c.specs = kDecodeSpecs;
       c.cache = cd;
-      c.path = path;
-      check_indexer(c, seed++);
+      check_indexer(c, seed++, Kernels::kDecode);
+      ++seed;  // (the seed of the unfused baseline's case, deleted with it)
     }
     IndexerCase c;
     c.specs = kDecodeSpecs;
@@ -241,15 +283,15 @@ TEST(CudaIndexer, PrefillMatchesCpu) {
       c.specs = kPrefillSpecs;
       c.cache = cd;
       c.H = H;
-      check_indexer(c, seed++);
+      check_indexer(c, seed);
+      check_indexer(c, seed++, Kernels::kPrefill);
     }
-    // The prefill kernel on decode-shaped batches too.
+    // The prefill kernels on decode-shaped batches too.
     IndexerCase c;
     c.specs = kDecodeSpecs;
     c.cache = cd;
-    c.path = cuda::IndexerPath::kPrefill;
     c.init = 1;
-    check_indexer(c, seed++);
+    check_indexer(c, seed++, Kernels::kPrefill);
   }
 }
 
@@ -257,13 +299,12 @@ TEST(CudaIndexer, ExactTiesFollowTheLowerBlockRule) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 4000;
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-    for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kPrefill}) {
+    for (Kernels which : {Kernels::kDecode, Kernels::kPrefill}) {
       IndexerCase c;
-      c.specs = path == cuda::IndexerPath::kPrefill ? kPrefillSpecs : kDecodeSpecs;
+      c.specs = which == Kernels::kPrefill ? kPrefillSpecs : kDecodeSpecs;
       c.cache = cd;
       c.ties = true;
-      c.path = path;
-      check_indexer(c, seed++);
+      check_indexer(c, seed++, which);
     }
   }
 }
@@ -494,9 +535,10 @@ TEST(CudaAttention, ClusterShapesMatchCpu) {
 // last-CTA counter (the path for grids that are not resident at once).
 TEST(CudaAttention, ClusterShapesLastCtaMergeMatchCpu) {
   SKIP_WITHOUT_GPU();
-  cuda::set_attention_flagged_merge(0);
+  cuda::Tuning t;
+  t.attention.flagged_merge = false;
+  cuda::TuningScope scope(t);
   check_cluster_shapes(7350);
-  cuda::set_attention_flagged_merge(-1);
 }
 
 // fp8 caches whose token scales spread over 2^20 (V) and whose scores spread widely: the P V
@@ -539,7 +581,9 @@ TEST(CudaAttention, DenseMatchesCpu) {
 // the same results.
 TEST(CudaAttention, L2EvictFirstMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  cuda::set_l2_evict_first(1);
+  cuda::Tuning t;
+  t.attention.l2_evict_first = 1;
+  cuda::TuningScope scope(t);
   uint64_t seed = 7600;
   for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
     for (bool sparse : {true, false}) {
@@ -550,7 +594,6 @@ TEST(CudaAttention, L2EvictFirstMatchesCpu) {
       check_attention(c, seed++);
     }
   }
-  cuda::set_l2_evict_first(-1);
 }
 
 // The prefill tiles (attention_prefill.cu: 8 tokens a CTA over the union of their blocks),
@@ -561,7 +604,9 @@ TEST(CudaAttention, L2EvictFirstMatchesCpu) {
 // 1500-token prompt.
 TEST(CudaAttentionPrefill, TilesMatchCpu) {
   SKIP_WITHOUT_GPU();
-  cuda::set_attention_prefill_kernel(1);
+  cuda::Tuning t;
+  t.attention.prefill_tiles = 1;
+  auto scope = std::make_unique<cuda::TuningScope>(t);
   uint64_t seed = 8000;
   const std::vector<std::vector<SeqSpec>> sets = {
       kPrefillSpecs,
@@ -599,7 +644,7 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
     c.scale_spread = 20.f;
     check_attention(c, seed++);
   }
-  cuda::set_attention_prefill_kernel(-1);
+  scope.reset();  // the automatic rule
   for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
     AttnCase c;
     c.specs = {{0, 1500}};
@@ -613,7 +658,9 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
 // sparse and dense.
 TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
   SKIP_WITHOUT_GPU();
-  cuda::set_attention_prefill_kernel(1);
+  cuda::Tuning t;
+  t.attention.prefill_tiles = 1;
+  cuda::TuningScope scope(t);
   uint64_t seed = 8500;
   for (DType kvd : {DType::BF16, DType::FP8_E4M3})
     for (bool sparse : {true, false}) {
@@ -623,7 +670,6 @@ TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
       c.sparse = sparse;
       check_attention(c, seed++);
     }
-  cuda::set_attention_prefill_kernel(-1);
 }
 
 // The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps
@@ -632,7 +678,9 @@ TEST(CudaIndexer, V2LongChunksMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 4800;
   for (int max_chunks : {1, 2, 3}) {
-    cuda::set_indexer_v2_max_chunks(max_chunks);
+    cuda::Tuning t;
+    t.indexer.chunked_max_chunks = max_chunks;
+    cuda::TuningScope scope(t);
     for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
       for (int H : {1, 4}) {
         IndexerCase c;
@@ -640,13 +688,12 @@ TEST(CudaIndexer, V2LongChunksMatchCpu) {
         c.cache = cd;
         c.H = H;
         c.init = 1;
-        c.path = cuda::IndexerPath::kDecodeFusedV2;
+        c.kernel = cuda::IndexerKernel::kDecodeChunked;
         SCOPED_TRACE("max chunks " + std::to_string(max_chunks));
         check_indexer_once(c, seed++);
       }
     }
   }
-  cuda::set_indexer_v2_max_chunks(0);
 }
 
 // The fused decode indexer inside a CUDA graph captured at a larger max_seq_len (the serving
@@ -692,19 +739,19 @@ struct GraphReplayInputs {
   std::vector<int32_t> a_ids() const { return d_a.get<int32_t>(size_t(T) * 16); }
   std::vector<int32_t> b_ids() const { return d_b.get<int32_t>(size_t(T) * 16); }
 
-  // `path` run eagerly and replayed from a captured graph both give v2's ids.
-  void expect_eager_and_graph_match_v2(cuda::IndexerPath path, const std::string& name) {
+  // `kernel` run eagerly and replayed from a captured graph both give the chunked kernel's ids.
+  void expect_eager_and_graph_match_v2(cuda::IndexerKernel kernel, const std::string& name) {
     g.topk_idx = d_a.as<int32_t>();
     d_a.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
+    ASSERT_TRUE(cuda::run_indexer_kernel(g, nullptr, cuda::IndexerKernel::kDecodeChunked));
     device_synchronize(kGpu);
     g.topk_idx = d_b.as<int32_t>();
     d_b.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, path));
+    ASSERT_TRUE(cuda::run_indexer_kernel(g, nullptr, kernel));
     device_synchronize(kGpu);
     EXPECT_EQ(a_ids(), b_ids()) << "eager " << name << " vs v2";
     d_b.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_graph_check(g, path));
+    ASSERT_TRUE(cuda::run_indexer_graph_check(g, kernel));
     EXPECT_EQ(a_ids(), b_ids()) << "graph " << name << " vs v2";
   }
 
@@ -723,23 +770,40 @@ TEST(CudaIndexer, GraphReplayMatchesEager) {
   Dev &d_a = in.d_a, &d_b = in.d_b;
   g.topk_idx = d_a.as<int32_t>();
   d_a.poison(0x55);
-  for (auto path : {cuda::IndexerPath::kDecodeFused, cuda::IndexerPath::kDecodeFusedV2,
-                    cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}) {
-    SCOPED_TRACE("path " + std::to_string(int(path)));
+  for (auto kernel : {cuda::IndexerKernel::kAuto, cuda::IndexerKernel::kDecodeChunked,
+                      cuda::IndexerKernel::kDecodeCluster, cuda::IndexerKernel::kDecodePersistent}) {
+    SCOPED_TRACE("kernel " + std::to_string(int(kernel)));
     g.topk_idx = d_a.as<int32_t>();
     d_a.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, path));
+    ASSERT_TRUE(cuda::run_indexer_kernel(g, nullptr, kernel));
     device_synchronize(kGpu);
     g.topk_idx = d_b.as<int32_t>();
     d_b.poison(0x55);
-    ASSERT_TRUE(cuda::run_indexer_graph_check(g, path));
+    ASSERT_TRUE(cuda::run_indexer_graph_check(g, kernel));
     EXPECT_EQ(in.a_ids(), in.b_ids());
   }
 }
 
-// The decode cases under a forced grid of one variant (path): one head over kDecodeSpecs and
+// Tuning that forces the cluster kernel's cluster size and groups, or the persistent kernel's
+// unit, ring stages, grid and static units (0: the rule for each).
+cuda::Tuning cluster_split(int cluster, int groups) {
+  cuda::Tuning t;
+  t.indexer.cluster_size = cluster;
+  t.indexer.cluster_groups = groups;
+  return t;
+}
+cuda::Tuning persistent_shape(int unit, int stages, int grid, int statics) {
+  cuda::Tuning t;
+  t.indexer.persistent_unit = unit;
+  t.indexer.persistent_stages = stages;
+  t.indexer.persistent_grid = grid;
+  t.indexer.persistent_statics = statics;
+  return t;
+}
+
+// The decode cases under a forced grid of one kernel: one head over kDecodeSpecs and
 // four heads over kSpecSpecs, bf16 and fp8, with and without ties.
-void check_forced_decode_cases(cuda::IndexerPath path, const std::string& grid, uint64_t& seed) {
+void check_forced_decode_cases(cuda::IndexerKernel kernel, const std::string& grid, uint64_t& seed) {
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
     for (int H : {1, 4}) {
       IndexerCase c;
@@ -749,7 +813,7 @@ void check_forced_decode_cases(cuda::IndexerPath path, const std::string& grid, 
       c.init = 1;
       c.local = 2;
       c.topk = H == 1 ? 16 : 32;
-      c.path = path;
+      c.kernel = kernel;
       SCOPED_TRACE(grid);
       check_indexer_once(c, seed++);
       c.ties = true;
@@ -766,11 +830,10 @@ TEST(CudaIndexer, V3ForcedSplitsMatchCpu) {
   uint64_t seed = 9000;
   const std::vector<std::pair<int, int>> splits = {{1, 1}, {2, 3}, {8, 2}, {4, 5}, {1, 4}, {8, 1}, {8, 9}};
   for (const auto& [cl, gr] : splits) {
-    cuda::set_indexer_v3_split(cl, gr);
-    check_forced_decode_cases(cuda::IndexerPath::kDecodeFusedV3,
+    cuda::TuningScope scope(cluster_split(cl, gr));
+    check_forced_decode_cases(cuda::IndexerKernel::kDecodeCluster,
                               "v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr), seed);
   }
-  cuda::set_indexer_v3_split(0, 0);
 }
 
 // Long contexts (up to 1095 blocks: automatic grids with G > 1 and chunks of up to 256 blocks)
@@ -781,7 +844,7 @@ TEST(CudaIndexer, V3LongContextMatchCpu) {
   const std::vector<SeqSpec> specs = {{140000, 1}, {20000, 1}, {33000, 4}, {0, 1}, {25599, 2}};
   const std::vector<std::pair<int, int>> splits = {{0, 0}, {1, 1}, {8, 1}, {2, 7}};
   for (const auto& [cl, gr] : splits) {
-    cuda::set_indexer_v3_split(cl, gr);
+    cuda::TuningScope scope(cluster_split(cl, gr));
     for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
       IndexerCase c;
       c.specs = specs;
@@ -789,22 +852,21 @@ TEST(CudaIndexer, V3LongContextMatchCpu) {
       c.H = 2;
       c.init = 1;
       c.topk = 32;
-      c.path = cuda::IndexerPath::kDecodeFusedV3;
+      c.kernel = cuda::IndexerKernel::kDecodeCluster;
       SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
       check_indexer_once(c, seed++);
     }
   }
-  cuda::set_indexer_v3_split(0, 0);
   // The same long batch through v2, v3 and v4 with a q in fp32 rounded to fp8 (q_in_cache_dtype).
-  for (auto path : {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3,
-                    cuda::IndexerPath::kDecodeFusedV4}) {
+  for (auto kernel : {cuda::IndexerKernel::kDecodeChunked, cuda::IndexerKernel::kDecodeCluster,
+                      cuda::IndexerKernel::kDecodePersistent}) {
     IndexerCase c;
     c.specs = specs;
     c.cache = DType::FP8_E4M3;
     c.q_dtype = DType::F32;
     c.q_in_cache = true;
     c.H = 1;
-    c.path = path;
+    c.kernel = kernel;
     check_indexer_once(c, seed);
   }
   // v4 with an fp8 cache from 256 blocks a request runs two CTAs per SM (its own register
@@ -815,7 +877,7 @@ TEST(CudaIndexer, V3LongContextMatchCpu) {
   c.H = 2;
   c.init = 1;
   c.topk = 32;
-  c.path = cuda::IndexerPath::kDecodeFusedV4;
+  c.kernel = cuda::IndexerKernel::kDecodePersistent;
   check_indexer_once(c, seed + 1);
 }
 
@@ -831,13 +893,12 @@ TEST(CudaIndexer, V4ForcedShapesMatchCpu) {
   const std::vector<Shape> shapes = {{1, 2, 8, 1},  {3, 2, 5, 1},  {8, 4, 0, 2},  {2, 6, 16, 3},
                                      {5, 3, 1, 1},  {4, 2, 3, 4},  {32, 3, 0, 1}, {12, 4, 6, 2}};
   for (const Shape& sh : shapes) {
-    cuda::set_indexer_v4_shape(sh.unit, sh.stages, sh.grid, sh.statics);
-    check_forced_decode_cases(cuda::IndexerPath::kDecodeFusedV4,
+    cuda::TuningScope scope(persistent_shape(sh.unit, sh.stages, sh.grid, sh.statics));
+    check_forced_decode_cases(cuda::IndexerKernel::kDecodePersistent,
                               "v4 unit " + std::to_string(sh.unit) + " stages " + std::to_string(sh.stages) +
                                   " grid " + std::to_string(sh.grid) + " statics " + std::to_string(sh.statics),
                               seed);
   }
-  cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
 
 // v4 in a CUDA graph captured at a larger max_seq_len than the live lengths (units past them
@@ -850,10 +911,9 @@ TEST(CudaIndexer, V4GraphReplayMatchesEager) {
   for (const auto& sh : std::vector<std::array<int, 4>>{{0, 0, 0, 0}, {1, 2, 8, 1}, {2, 3, 20, 2}, {3, 2, 1, 1}}) {
     SCOPED_TRACE("v4 unit " + std::to_string(sh[0]) + " stages " + std::to_string(sh[1]) + " grid " +
                  std::to_string(sh[2]) + " statics " + std::to_string(sh[3]));
-    cuda::set_indexer_v4_shape(sh[0], sh[1], sh[2], sh[3]);
-    in.expect_eager_and_graph_match_v2(cuda::IndexerPath::kDecodeFusedV4, "v4");
+    cuda::TuningScope scope(persistent_shape(sh[0], sh[1], sh[2], sh[3]));
+    in.expect_eager_and_graph_match_v2(cuda::IndexerKernel::kDecodePersistent, "v4");
   }
-  cuda::set_indexer_v4_shape(0, 0, 0, 0);
 }
 
 // v4's selection on long rows (up to 313 blocks, in the two-CTA builds: bf16, and fp8 from 256
@@ -872,7 +932,7 @@ TEST(CudaIndexer, V4LongRowsExactTiesMatchCpu) {
       c.H = ties ? 1 : 2;
       c.topk = ties ? 16 : 32;
       c.init = ties ? 0 : 1;
-      c.path = cuda::IndexerPath::kDecodeFusedV4;
+      c.kernel = cuda::IndexerKernel::kDecodePersistent;
       check_indexer_once(c, seed++);
     }
   }
@@ -893,14 +953,14 @@ TEST(CudaIndexer, ManySequencesMatchCpu) {
       specs.push_back(sp);
     }
     for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-      for (auto path : {cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}) {
+      for (auto kernel : {cuda::IndexerKernel::kDecodeCluster, cuda::IndexerKernel::kDecodePersistent}) {
         IndexerCase c;
         c.specs = specs;
         c.cache = cd;
         c.H = 2;
         c.init = trial % 2;
         c.topk = 8 + 8 * trial;
-        c.path = path;
+        c.kernel = kernel;
         check_indexer_once(c, 9300 + uint64_t(trial) * 2 + (cd == DType::FP8_E4M3));
       }
     }
@@ -915,10 +975,9 @@ TEST(CudaIndexer, V3GraphReplayWithGroupsMatchesEager) {
   in.g.init_blocks = 1;
   for (const auto& [cl, gr] : std::vector<std::pair<int, int>>{{0, 0}, {8, 3}, {2, 5}, {1, 2}}) {
     SCOPED_TRACE("v3 cluster " + std::to_string(cl) + " groups " + std::to_string(gr));
-    cuda::set_indexer_v3_split(cl, gr);
-    in.expect_eager_and_graph_match_v2(cuda::IndexerPath::kDecodeFusedV3, "v3");
+    cuda::TuningScope scope(cluster_split(cl, gr));
+    in.expect_eager_and_graph_match_v2(cuda::IndexerKernel::kDecodeCluster, "v3");
   }
-  cuda::set_indexer_v3_split(0, 0);
 }
 
 // Decode indexer parameters of the bitwise comparisons between fused variants: H index heads of
@@ -944,12 +1003,12 @@ ops::IndexerParams bitwise_params(void* q, DType qd, int64_t q_stride, int H, op
 }
 
 // One random decode-indexer case (cache dtype cd, query dtype qd, H index heads, q rows padded
-// by q_pad elements, top-16) run through each fused variant in `paths` twice: with set(1) and
-// then with set(0) in force; set(-1) restores the default. Expects the same block ids and block
-// scores bit for bit.
+// by q_pad elements, top-16) run through each kernel of `kernels` twice: under the tuning that
+// set(t, 1) makes and under the one set(t, 0) makes. Expects the same block ids and block scores
+// bit for bit.
 void expect_same_under_toggle(DType cd, DType qd, const std::vector<SeqSpec>& specs, int H, int64_t q_pad,
-                              std::initializer_list<cuda::IndexerPath> paths, Rng& rng,
-                              const std::function<void(int)>& set) {
+                              std::initializer_list<cuda::IndexerKernel> kernels, Rng& rng,
+                              const std::function<void(cuda::Tuning&, int)>& set) {
   PagedBatch b = make_paged_batch(specs, 128, rng);
   IndexCache ic(cd, b.num_blocks, 128, 128);
   fill_caches_random(b, nullptr, &ic, rng, 1.0f);
@@ -961,22 +1020,23 @@ void expect_same_under_toggle(DType cd, DType qd, const std::vector<SeqSpec>& sp
   const size_t ni = size_t(T) * H * K, ns = size_t(T) * H * mbps;
   Dev d_q = Dev::of(q), d_cache = Dev::of(ic.k);
   ops::IndexerParams g = bitwise_params(d_q.p(), qd, q_stride, H, ic.view(), d_cache.p(), db.view, K);
-  for (auto path : paths) {
+  for (auto kernel : kernels) {
     Dev d_i1(ni * 4), d_s1(ns * 4), d_i0(ni * 4), d_s0(ns * 4);
     d_i1.poison(0x55), d_s1.poison(0xff), d_i0.poison(0x66), d_s0.poison(0xfe);
-    set(1);
-    g.topk_idx = d_i1.as<int32_t>();
-    g.block_scores = d_s1.as<float>();
-    const bool on = cuda::run_indexer_path(g, nullptr, path);
-    set(0);
-    g.topk_idx = d_i0.as<int32_t>();
-    g.block_scores = d_s0.as<float>();
-    const bool off = cuda::run_indexer_path(g, nullptr, path);
-    set(-1);
+    auto run = [&](int on, Dev& idx, Dev& scores) {
+      cuda::Tuning t;
+      set(t, on);
+      cuda::TuningScope scope(t);
+      g.topk_idx = idx.as<int32_t>();
+      g.block_scores = scores.as<float>();
+      return cuda::run_indexer_kernel(g, nullptr, kernel);
+    };
+    const bool on = run(1, d_i1, d_s1);
+    const bool off = run(0, d_i0, d_s0);
     ASSERT_TRUE(on && off);
     device_synchronize(kGpu);
-    EXPECT_EQ(d_i1.get<int32_t>(ni), d_i0.get<int32_t>(ni)) << "path " << int(path);
-    EXPECT_EQ(d_s1.bytes(ns * 4), d_s0.bytes(ns * 4)) << "path " << int(path);
+    EXPECT_EQ(d_i1.get<int32_t>(ni), d_i0.get<int32_t>(ni)) << "kernel " << int(kernel);
+    EXPECT_EQ(d_s1.bytes(ns * 4), d_s0.bytes(ns * 4)) << "kernel " << int(kernel);
   }
 }
 
@@ -996,8 +1056,9 @@ TEST(CudaIndexer, NarrowMmaMatchesWideBitwise) {
                      std::to_string((*cs.specs)[0].q_len));
         expect_same_under_toggle(
             cd, qd, *cs.specs, cs.H, 8,
-            {cuda::IndexerPath::kDecodeFusedV2, cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4},
-            rng, [](int on) { cuda::set_indexer_narrow(on != 0); });
+            {cuda::IndexerKernel::kDecodeChunked, cuda::IndexerKernel::kDecodeCluster,
+             cuda::IndexerKernel::kDecodePersistent},
+            rng, [](cuda::Tuning& t, int on) { t.indexer.narrow_mma = on != 0; });
       }
     }
   }
@@ -1012,8 +1073,8 @@ TEST(CudaIndexer, L2EvictFirstMatchesBitwise) {
     for (const std::vector<SeqSpec>* specs : {&kDecodeSpecs, &kSpecSpecs}) {
       SCOPED_TRACE("cache " + name(cd) + " rows " + std::to_string((*specs)[0].q_len));
       expect_same_under_toggle(cd, DType::BF16, *specs, 1, 0,
-                               {cuda::IndexerPath::kDecodeFusedV3, cuda::IndexerPath::kDecodeFusedV4}, rng,
-                               [](int on) { cuda::set_l2_evict_first(on); });
+                               {cuda::IndexerKernel::kDecodeCluster, cuda::IndexerKernel::kDecodePersistent}, rng,
+                               [](cuda::Tuning& t, int on) { t.indexer.l2_evict_first = on; });
     }
   }
 }
@@ -1045,13 +1106,13 @@ TEST(CudaIndexer, BitwiseMatchesV2) {
         d_i4.poison(0x55), d_s4.poison(0xff);
         g.topk_idx = d_i2.as<int32_t>();
         g.block_scores = d_s2.as<float>();
-        ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV2));
+        ASSERT_TRUE(cuda::run_indexer_kernel(g, nullptr, cuda::IndexerKernel::kDecodeChunked));
         g.topk_idx = d_i3.as<int32_t>();
         g.block_scores = d_s3.as<float>();
-        ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV3));
+        ASSERT_TRUE(cuda::run_indexer_kernel(g, nullptr, cuda::IndexerKernel::kDecodeCluster));
         g.topk_idx = d_i4.as<int32_t>();
         g.block_scores = d_s4.as<float>();
-        ASSERT_TRUE(cuda::run_indexer_path(g, nullptr, cuda::IndexerPath::kDecodeFusedV4));
+        ASSERT_TRUE(cuda::run_indexer_kernel(g, nullptr, cuda::IndexerKernel::kDecodePersistent));
         device_synchronize(kGpu);
         EXPECT_EQ(d_i2.get<int32_t>(size_t(T) * H * K), d_i3.get<int32_t>(size_t(T) * H * K));
         EXPECT_EQ(d_s2.bytes(size_t(T) * H * mbps * 4), d_s3.bytes(size_t(T) * H * mbps * 4));
@@ -1075,8 +1136,8 @@ TEST(CudaIndexer, BitwiseMatchesV2) {
 // read a new token's key or value before the cache write had stored it would differ.
 // `batch` decode requests: 32 (the boundary lengths and random ones) or a few (at most 4: the
 // default PDL choice then launches the attention with PDL too).
-void check_decode_step(DType cache_dtype, int variant, uint64_t seed, int batch = 32) {
-  SCOPED_TRACE("cache " + name(cache_dtype) + " indexer variant " + std::to_string(variant) + " seed " +
+void check_decode_step(DType cache_dtype, cuda::IndexerKernel kernel, uint64_t seed, int batch = 32) {
+  SCOPED_TRACE("cache " + name(cache_dtype) + " indexer kernel " + std::to_string(int(kernel)) + " seed " +
                std::to_string(seed) + " batch " + std::to_string(batch));
   Rng rng(seed);
   const QkvLayout l = QkvLayout::make(16, 1, 128, 1, 128, 64, 8);
@@ -1169,7 +1230,10 @@ void check_decode_step(DType cache_dtype, int variant, uint64_t seed, int batch 
     };
     ops::qkv_norm_rope_cache(qkv, stream);
     step();
-    ops::indexer(ip, stream);
+    // The kernel under test (the chunked one where it has no plan: what run_indexer does).
+    if (!cuda::run_indexer_kernel(ip, cs, kernel)) {
+      EXPECT_TRUE(cuda::run_indexer_kernel(ip, cs, cuda::IndexerKernel::kDecodeChunked));
+    }
     step();
     ops::AttentionParams sp = ap;
     sp.out = d_sparse.p();
@@ -1184,12 +1248,12 @@ void check_decode_step(DType cache_dtype, int variant, uint64_t seed, int batch 
     return Out{d_topk.bytes(size_t(T) * K * 4), d_scores.bytes(size_t(T) * mbps * 4), d_sparse.bytes(size_t(T) * HD * 2),
                d_dense.bytes(size_t(T) * HD * 2), d_ic.bytes(ic.k.bytes.size()), d_k.bytes(kv.k.bytes.size())};
   };
-  const int prev = cuda::kernel_variant();
-  cuda::set_kernel_variant(variant);
   // Every kernel with PDL (7), then the default choice (-1: the indexer, and attention for small
   // batches).
   for (const int mask : {7, -1}) {
-    cuda::set_pdl(mask);
+    cuda::Tuning t;
+    t.launch.pdl_mask = mask;
+    cuda::TuningScope scope(t);
     const Out ref = run(true);
     // The reference is not the stale cache: the cache write changed every new token's slot.
     EXPECT_NE(ref.ic, ic.k.bytes);
@@ -1204,8 +1268,6 @@ void check_decode_step(DType cache_dtype, int variant, uint64_t seed, int batch 
       EXPECT_EQ(got.dense, ref.dense);
     }
   }
-  cuda::set_pdl(-1);
-  cuda::set_kernel_variant(prev);
   cudaStreamDestroy(cs);
 }
 
@@ -1213,9 +1275,10 @@ TEST(CudaDecodeStep, BackToBackMatchesSynchronised) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 9700;
   for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-    for (int variant : {2, 3, 4}) {
-      check_decode_step(cd, variant, seed++);
-      check_decode_step(cd, variant, seed++, 3);
+    for (auto kernel : {cuda::IndexerKernel::kDecodeChunked, cuda::IndexerKernel::kDecodeCluster,
+                        cuda::IndexerKernel::kDecodePersistent}) {
+      check_decode_step(cd, kernel, seed++);
+      check_decode_step(cd, kernel, seed++, 3);
     }
   }
 }

@@ -47,13 +47,12 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <atomic>
 #include <climits>
-#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace sieve::cuda {
@@ -602,11 +601,7 @@ bool cache_map(CUtensorMap* map, const void* base, int64_t rows) {
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-std::atomic<int> g_prefill_kernel{-1};
-
 }  // namespace
-
-void set_attention_prefill_kernel(int mode) { g_prefill_kernel.store(mode < 0 ? -1 : mode, std::memory_order_relaxed); }
 
 bool prefill_attention_supported(const ops::AttentionParams& p) {
   const bool fp8 = p.kv.dtype == DType::FP8_E4M3;
@@ -619,13 +614,11 @@ bool prefill_attention_supported(const ops::AttentionParams& p) {
 }
 
 bool use_prefill_attention(const ops::AttentionParams& p) {
-  const int forced = g_prefill_kernel.load(std::memory_order_relaxed);
+  const int forced = tuning().attention.prefill_tiles;
   if (forced == 0 || !prefill_attention_supported(p)) return false;
   if (forced > 0) return true;
-  // SIEVE_ATTN_PREFILL=0 keeps every batch on the decode kernel; otherwise batches with a
-  // prompt chunk of at least 8 tokens and at least 512 new tokens in all use the tiles.
-  static const int env = env_int("SIEVE_ATTN_PREFILL", 1);
-  return env != 0 && p.batch.max_query_len >= kTileTokens && p.batch.num_tokens >= 512;
+  // Batches with a prompt chunk of at least 8 tokens and at least 512 new tokens in all.
+  return p.batch.max_query_len >= kTileTokens && p.batch.num_tokens >= 512;
 }
 
 bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
@@ -642,10 +635,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     const size_t esz = a.out_bf16 ? 2 : 4;
     a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (2 * esz) == 0 && p.out_stride % 2 == 0;
   }
-  static const bool solo_env = [] {
-    const char* e = std::getenv("SIEVE_ATTN_PREFILL_SOLO");
-    return !(e && *e && std::atoi(e) == 0);
-  }();
+  const bool solo = tuning().attention.prefill_solo;
   const dim3 grid(unsigned((p.batch.num_tokens + kTileTokens - 1) / kTileTokens + p.batch.num_seqs),
                   unsigned(p.num_kv_heads));
   CUtensorMap tk{}, tv{};
@@ -661,7 +651,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
     // Solo blocks (sparse only: in a dense tile a block has one token of a warpgroup only at the
     // warpgroup's last token's block edge).
-    if (solo_env && p.topk_idx) {
+    if (solo && p.topk_idx) {
       set_smem(prefill_attention_kernel<false, true>, PfGeo<false>::kSmemBytes);
       prefill_attention_kernel<false, true><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
     } else {

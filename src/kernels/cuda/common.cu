@@ -1,16 +1,14 @@
 // Per-device workspace and counters (see common.cuh).
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
 
@@ -88,27 +86,13 @@ void* private_scratch(cudaStream_t stream, int id, size_t bytes) {
   return ptr;
 }
 
-namespace {
-std::atomic<int> g_pdl{-1};
-// SIEVE_PDL's mask, read once; -1 when unset (the default choice).
-int pdl_env_mask() {
-  static const int env = [] {
-    const char* e = std::getenv("SIEVE_PDL");
-    return e && *e ? std::atoi(e) & kPdlAll : -1;
-  }();
-  return env;
-}
-}  // namespace
-bool pdl_env_set() { return pdl_env_mask() >= 0; }
 bool pdl_enabled(PdlKernel k, int64_t num_tokens, bool dense) {
-  int v = g_pdl.load(std::memory_order_relaxed);
-  if (v < 0) v = pdl_env_mask();
+  int v = tuning().launch.pdl_mask;
   if (v < 0)
     v = kPdlIndexer |
         (num_tokens <= (dense ? kPdlDenseAttentionMaxTokens : kPdlAttentionMaxTokens) ? kPdlAttention : 0);
   return (v & k) != 0;
 }
-void set_pdl(int mask) { g_pdl.store(mask < 0 ? -1 : mask & kPdlAll, std::memory_order_relaxed); }
 
 int num_sms() {
   static int n = [] {
@@ -139,42 +123,8 @@ std::vector<unsigned long long> trace_collect(unsigned long long* trace, size_t 
   return tr;
 }
 
-int env_int(const char* name, int unset) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : unset;
-}
-
-namespace {
-std::atomic<bool> g_narrow_allowed{true};
-}  // namespace
-void set_indexer_narrow(bool allowed) { g_narrow_allowed.store(allowed, std::memory_order_relaxed); }
-bool indexer_narrow(const ops::IndexerParams& p) {
-  static const bool off = env_int("SIEVE_INDEXER_NARROW") < 0;
-  return !off && g_narrow_allowed.load(std::memory_order_relaxed) &&
-         int64_t(p.batch.max_query_len) * p.num_index_heads <= 8;
-}
-
-namespace {
-std::atomic<int> g_l2_forced{-1};
-}  // namespace
-void set_l2_evict_first(int forced) { g_l2_forced.store(forced < 0 ? -1 : forced != 0, std::memory_order_relaxed); }
-bool l2_evict_first(int64_t stream_bytes, int knob) {
-  const int forced = g_l2_forced.load(std::memory_order_relaxed);
-  if (forced >= 0) return forced != 0;
-  return knob < 0 ? stream_bytes >= kL2HintMinBytes : knob != 0;
-}
-
-int indexer_l2_knob() {
-  static const int k = env_int("SIEVE_INDEXER_L2HINT", -1);
-  return k;
-}
-
-bool indexer_trace_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SIEVE_INDEXER_TRACE");
-    return v && *v && std::string_view(v) != "0";
-  }();
-  return on;
+bool l2_evict_first(int64_t stream_bytes, int forced) {
+  return forced < 0 ? stream_bytes >= kL2HintMinBytes : forced != 0;
 }
 
 unsigned long long trace_origin(const std::vector<unsigned long long>& tr, int slots, int64_t ctas) {

@@ -41,7 +41,7 @@ enum ScratchId : int {
   kScratchMoe = 3,      // moe_experts: expert lists, intermediate rows
 };
 void* private_scratch(cudaStream_t stream, int id, size_t bytes);
-// Development traces (the SIEVE_*_TRACE knobs): trace_alloc gives a zeroed device buffer of
+// Development traces (the trace fields of tuning.h): trace_alloc gives a zeroed device buffer of
 // `words` timestamps when `enabled` and the stream is not being captured (a trace is read back
 // right after its call), else nullptr; trace_collect copies it back, synchronising the stream,
 // and frees it.
@@ -63,16 +63,13 @@ int num_sms();
 // kPdlDenseAttentionMaxTokens, the cache write never (measured on the H200, docs/performance.md:
 // a sparse layer's decode step gains at every batch size from the indexer's PDL, and from the
 // attention's only up to 4 tokens; a dense layer's step, cache write then dense attention, gains
-// from the attention's at every decode batch size measured). SIEVE_PDL = a mask (1 cache write,
-// 2 decode indexers, 4 attention; 7 = all, 0 = none; read once) replaces that choice; set_pdl
-// overrides both (-1: back to the environment's or the default).
+// from the attention's at every decode batch size measured). LaunchTuning::pdl_mask (tuning.h:
+// 1 cache write, 2 decode indexers, 4 attention) replaces that choice.
 enum PdlKernel : int { kPdlCacheWrite = 1, kPdlIndexer = 2, kPdlAttention = 4, kPdlAll = 7 };
 constexpr int64_t kPdlAttentionMaxTokens = 4;
 constexpr int64_t kPdlDenseAttentionMaxTokens = 128;
 // `dense`: for kPdlAttention, the call is dense attention (no top-k).
 bool pdl_enabled(PdlKernel k, int64_t num_tokens, bool dense = false);
-void set_pdl(int mask);
-bool pdl_env_set();  // SIEVE_PDL is set (it then replaces the default choice)
 
 // Launches `kernel`, with programmatic stream serialisation when `pdl` (e.g. pdl_enabled(k)).
 template <class... P, class... A>

@@ -34,6 +34,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
 
@@ -45,9 +46,6 @@ constexpr int kBM = 64, kBN = 64, kBK = 32, kGemmThreads = 256;
 constexpr int kSortThreads = 1024;
 constexpr int kMaxSortExperts = 4096;  // two int32 per expert in shared memory
 constexpr size_t kScratchBytes = size_t(1) << 30;
-std::atomic<int64_t> g_chunk_tokens{0};  // test hook; 0: from kScratchBytes
-std::atomic<bool> g_force_simt{false};   // test hook: the fp32 SIMT products for BF16 weights too
-std::atomic<int> g_tile_rows{0};         // test hook: 16 or 64-row tensor-core tiles; 0: by the batch
 // Tensor-core tiles of 16 rows (moe_mma_small_kernel) while a chunk has at most this many
 // (token, expert) pairs an expert on average; 64-row tiles above.
 constexpr int kSmallTilePairsPerExpert = 8;
@@ -664,10 +662,6 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
 
-void set_moe_chunk_tokens(int64_t tokens) { g_chunk_tokens.store(std::max<int64_t>(0, tokens)); }
-void set_moe_force_simt(bool on) { g_force_simt.store(on); }
-void set_moe_tile_rows(int rows) { g_tile_rows.store(rows == 16 || rows == 64 ? rows : 0); }
-
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   if (p.num_tokens <= 0) return true;
   if (!p.logits || !p.ids || !p.weights) throw Error("moe_route: null operand");
@@ -698,7 +692,7 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   // Tensor cores for BF16 weights whose rows are whole 16-byte chunks (and x 16-byte aligned for
   // the tiles' cp.async copies); the fp32 SIMT tiles otherwise (F32 weights, odd sizes).
   const bool tc = p.w_dtype == DType::BF16 && H % 8 == 0 && I % 8 == 0 && H <= (1 << 20) && I <= (1 << 20) &&
-                  reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && !g_force_simt.load(std::memory_order_relaxed);
+                  reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && !tuning().moe.force_simt;
 
   // Tokens per chunk: its pairs' rows (act in bf16 with tensor cores, else fp32; y in fp32) fit
   // the scratch (at least one token).
@@ -708,7 +702,7 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   const size_t row_bytes = size_t(I) * (tc ? 2 : 4) + size_t(H) * 4 + sizeof(int32_t);
   const size_t fixed = 2 * align256(size_t(E + 1) * sizeof(int32_t)) + 5 * 256;
   int64_t chunk = int64_t((kScratchBytes - fixed) / (row_bytes * size_t(topk) + (x_copy ? size_t(H) * 2 : 0)));
-  if (const int64_t forced = g_chunk_tokens.load(std::memory_order_relaxed); forced > 0) chunk = forced;
+  if (const int64_t forced = tuning().moe.chunk_tokens; forced > 0) chunk = forced;
   // At most 2^22 pairs a chunk: the tensor-core grid (tiles x weight-row blocks) stays below 2^31.
   chunk = std::max<int64_t>(1, std::min<int64_t>({chunk, T, (int64_t(1) << 22) / topk}));
   const int64_t max_pairs = chunk * topk;
@@ -732,7 +726,8 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
     const int32_t* ids = p.ids + t0 * topk;
     const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * esz;
     // 16-row tiles for small batches, else 64.
-    const int forced_rows = g_tile_rows.load(std::memory_order_relaxed);
+    const int tuned_rows = tuning().moe.tile_rows;
+    const int forced_rows = tuned_rows == 16 || tuned_rows == 64 ? tuned_rows : 0;
     const bool small = tc && (forced_rows ? forced_rows == kSM : pairs <= kSmallTilePairsPerExpert * E);
     const int tile_rows = small ? kSM : kBM;
     moe_sort_kernel<<<1, kSortThreads, size_t(2 * E) * sizeof(int32_t), st>>>(ids, pairs, int(E), tile_rows, offsets,

@@ -1,94 +1,31 @@
-// Decode lightning indexer, variant 2 (selected by set_kernel_variant(2) / SIEVE_CUDA_KERNELS=v2;
-// same contract and same outputs as the v1 fused decode kernel in indexer.cu).
+// Decode lightning indexer, chunked (v2 in docs/performance.md): one CTA per (request, chunk of
+// key blocks), each chunk ranked in its CTA, the last CTA of a request merging the chunk lists.
+// The planner (planner.cu) runs it where the cluster and persistent kernels have no plan.
 //
-// Differences from v1, from the ncu analysis of v1 (latency-bound: 4 warps per CTA, 0.6 waves,
-// one CTA barrier per key block):
+// Differences from the first fused kernel (deleted; in git history), from its ncu analysis
+// (latency-bound: 4 warps per CTA, 0.6 waves, one CTA barrier per key block):
 //  - 8 warps per CTA, each takes 16 keys (2 n-tiles) of every 128-key block: twice the warps per
 //    byte in flight to hide the MMA / convert / shuffle latency. With at most 8 query vectors a
 //    request the 16 keys are one tile of the narrow MMA instead (indexer_narrow; same outputs).
 //  - No CTA barrier per block. Each warp folds its per-row masked block max into a shared
 //    [16][chunk_blocks] table with an integer atomicMax on an order-preserving encoding of the
-//    float (maxima are never NaN: fmaxf from -inf drops NaN, exactly as v1); scores are formed
+//    float (maxima are never NaN: fmaxf from -inf drops NaN); scores are formed
 //    from the table after the loop (one barrier). Stage reuse is tracked by per-stage "empty"
 //    mbarriers (one arrival per thread once its key rows are in registers); lane 0 of warp 0 waits
 //    on it and refills the stage with a bulk copy.
 //  - Grid sized to ~3 CTAs per SM for fp8 (4 stages of 16 KB) and ~2 for bf16 (3 stages of 32 KB).
-// Chunk top-k and the last-CTA merge are the v1 algorithms (indexer_common.cuh; 256 threads).
-#include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
-
+// Chunk top-k and the last-CTA merge: indexer/common.cuh (256 threads).
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/indexer_common.cuh"
-#include "kernels/cuda/internal.h"
+#include "kernels/cuda/indexer/common.cuh"
+#include "kernels/cuda/indexer/kernels.cuh"
 
 namespace sieve::cuda {
-
-// ---------------------------------------------------------------------------------------------
-// Process-wide kernel variant switch.
-namespace {
-std::atomic<int> g_variant{0};  // 0 = not read yet
-int variant_from_env() {
-  // Unset: automatic (kVariantAuto: by shape, auto_decode_variant in indexer.cu);
-  // SIEVE_CUDA_KERNELS=v1|v2|v3|v4 forces one.
-  const char* e = std::getenv("SIEVE_CUDA_KERNELS");
-  if (e && (std::strcmp(e, "v1") == 0 || std::strcmp(e, "1") == 0)) return 1;
-  if (e && (std::strcmp(e, "v2") == 0 || std::strcmp(e, "2") == 0)) return 2;
-  if (e && (std::strcmp(e, "v3") == 0 || std::strcmp(e, "3") == 0)) return 3;
-  if (e && (std::strcmp(e, "v4") == 0 || std::strcmp(e, "4") == 0)) return 4;
-  return kVariantAuto;
-}
-}  // namespace
-
-int kernel_variant() {
-  int v = g_variant.load(std::memory_order_relaxed);
-  if (v == 0) {
-    int expected = 0;
-    g_variant.compare_exchange_strong(expected, variant_from_env());
-    v = g_variant.load(std::memory_order_relaxed);
-  }
-  return v;
-}
-void set_kernel_variant(int v) {
-  g_variant.store(v == 2 || v == 3 || v == 4 || v == kVariantAuto ? v : 1, std::memory_order_relaxed);
-}
-
-namespace {
-std::atomic<int> g_max_chunks{0};
-}  // namespace
-void set_indexer_v2_max_chunks(int n) { g_max_chunks.store(n, std::memory_order_relaxed); }
 
 namespace {
 
 constexpr int kBlock = 128;
 constexpr int kDim = 128;
-constexpr int kMaxChunks = 128;
 constexpr int kThreads = 256;
-
-struct IdxArgs {
-  const void* q;
-  bool q_bf16;
-  bool q_fp8_round;
-  int64_t q_stride;
-  int H;
-  float scale;
-  const uint8_t* cache;
-  const int32_t* qsl;
-  const int32_t* seq_lens;
-  const int32_t* block_tables;
-  int mbps;
-  int num_seqs;
-  int chunks, chunk_blocks;
-  int topk, init_blocks, local_blocks;
-  int32_t* topk_idx;
-  float* block_scores;
-  float* part_s;  // [num_seqs, chunks, 16, topk]
-  int32_t* part_i;
-  int32_t* counters;  // [num_seqs]
-  int max_blocks;
-};
 
 template <bool kFp8>
 __host__ __device__ constexpr int stages() {
@@ -96,7 +33,7 @@ __host__ __device__ constexpr int stages() {
 }
 
 template <bool kFp8, bool kNarrow>
-__global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kernel(IdxArgs a) {
+__global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_chunked_kernel(IndexerArgs a) {
   extern __shared__ float smem[];
   __shared__ int n_blk_row[16];
   __shared__ int is_last;
@@ -206,49 +143,17 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 3 : 2) decode_indexer_v2_kern
 
 }  // namespace
 
-bool run_indexer_decode_v2(const ops::IndexerParams& p, void* stream_v) {
-  if (!indexer_supported(p)) return false;
-  if (!use_decode_indexer(p)) return false;
-  if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
-  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
-
-  IdxArgs a{};
-  fill_indexer_args(a, p);
-  a.num_seqs = p.batch.num_seqs;
-  a.block_scores = p.block_scores;
-  a.max_blocks = std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq);
-
-  // Grid from shapes only: about 3 (fp8) / 2 (bf16) resident CTAs per SM, one wave.
-  const int target = num_sms() * (fp8 ? 3 : 2);
-  int chunks = std::clamp(target / a.num_seqs, 1, kMaxChunks);
-  // Development: SIEVE_V2_CHUNKS = chunks per request (read once; unset: the rule above).
-  static const int force_chunks = [] {
-    const int v = env_int("SIEVE_V2_CHUNKS");
-    return v > 0 ? std::min(v, kMaxChunks) : 0;
-  }();
-  if (force_chunks > 0) chunks = force_chunks;
-  if (const int cap = g_max_chunks.load(std::memory_order_relaxed); cap > 0) chunks = std::min(chunks, cap);
-  chunks = std::min(chunks, std::max(a.max_blocks, 1));
-  chunks = std::max(chunks, (a.max_blocks + 1023) / 1024);
-  a.chunk_blocks = (std::max(a.max_blocks, 1) + chunks - 1) / chunks;
-  a.chunks = (std::max(a.max_blocks, 1) + a.chunk_blocks - 1) / a.chunk_blocks;
-
-  const size_t part = size_t(a.num_seqs) * a.chunks * 16 * a.topk;
-  char* ws = static_cast<char*>(workspace(stream, part * 8));
-  a.part_s = reinterpret_cast<float*>(ws);
-  a.part_i = reinterpret_cast<int32_t*>(ws + part * 4);
-  a.counters = zeroed_counters(stream, size_t(a.num_seqs));
+size_t chunked_smem_bytes(const IndexerArgs& a, bool fp8) {
   const int nst = fp8 ? stages<true>() : stages<false>();
-  const size_t smem = stage_offset(a.chunk_blocks, a.topk, a.chunks) +
-                      size_t(nst) * kBlock * kDim * (fp8 ? 1 : 2) + 16 * nst;
-  const int grid = a.num_seqs * a.chunks;
-  const bool narrow = indexer_narrow(p);
-  auto kernel = fp8 ? (narrow ? decode_indexer_v2_kernel<true, true> : decode_indexer_v2_kernel<true, false>)
-                    : (narrow ? decode_indexer_v2_kernel<false, true> : decode_indexer_v2_kernel<false, false>);
+  return stage_offset(a.chunk_blocks, a.topk, a.chunks) + size_t(nst) * kBlock * kDim * (fp8 ? 1 : 2) + 16 * nst;
+}
+
+void launch_decode_chunked(const IndexerArgs& a, bool fp8, bool narrow, int grid, size_t smem, bool pdl,
+                           cudaStream_t stream) {
+  auto kernel = fp8 ? (narrow ? decode_chunked_kernel<true, true> : decode_chunked_kernel<true, false>)
+                    : (narrow ? decode_chunked_kernel<false, true> : decode_chunked_kernel<false, false>);
   set_smem(kernel, smem);
-  launch_pdl(pdl_enabled(kPdlIndexer, p.batch.num_tokens), kernel, grid, kThreads, smem, stream, "indexer decode v2", a);
-  return true;
+  launch_pdl(pdl, kernel, grid, kThreads, smem, stream, "indexer decode chunked", a);
 }
 
 }  // namespace sieve::cuda

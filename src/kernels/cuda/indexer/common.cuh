@@ -1,37 +1,16 @@
-// Device pieces shared by the decode lightning indexers (indexer.cu: v1 and the unfused
-// baseline, indexer_decode_v2.cu, indexer_decode_v3.cu, indexer_decode_v4.cu) and the prefill
-// indexers: the forced block sentinels, the permuted k-slot -> dim mapping of the 16-row MMA over
-// index keys, key fragments, the 16-row and narrow (at most 8 query vectors) block maxima and
-// their fold into a maxima table, the order-preserving float encoding of the per-block maxima,
-// the fused decode kernels' shared-memory layout, and the chunk ranking and last-CTA merge of v1
-// and v2 (their argument structs differ; the fields used here have the same names and meaning).
+// Device pieces shared by the lightning indexer's kernels (cuda/indexer/): the forced block
+// sentinels, the permuted k-slot -> dim mapping of the 16-row MMA over index keys, key
+// fragments, the 16-row and narrow (at most 8 query vectors) block maxima and their fold into a
+// maxima table, the order-preserving float encoding of the per-block maxima, the chunked decode
+// kernel's shared-memory layout, chunk ranking and last-CTA merge, and the row selection of the
+// persistent decode kernel and the prefill kernel.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/indexer/args.h"
 #include "kernels/ops.h"
 
 namespace sieve::cuda {
-
-// The argument fields every indexer kernel shares (same names in each kernel's struct): the
-// query, its dtype and rounding mode, the cache, the batch metadata and the top-k settings.
-template <class Args>
-void fill_indexer_args(Args& a, const ops::IndexerParams& p) {
-  a.q = p.index_q;
-  a.q_bf16 = p.q_dtype == DType::BF16;
-  a.q_fp8_round = p.q_in_cache_dtype && p.cache.dtype == DType::FP8_E4M3;
-  a.q_stride = p.q_stride;
-  a.H = p.num_index_heads;
-  a.scale = p.score_scale;
-  a.cache = static_cast<const uint8_t*>(p.cache.k);
-  a.qsl = p.batch.query_start_loc;
-  a.seq_lens = p.batch.seq_lens;
-  a.block_tables = p.batch.block_tables;
-  a.mbps = p.batch.max_blocks_per_seq;
-  a.topk = p.topk;
-  a.init_blocks = p.init_blocks;
-  a.local_blocks = p.local_blocks;
-  a.topk_idx = p.topk_idx;
-}
 
 // Forced scores: init blocks, local blocks (local wins when both), and what a NaN score becomes.
 constexpr float kInitScore = 1e30f, kLocalScore = 1e29f, kNanScore = -1e30f;
@@ -42,10 +21,10 @@ __device__ __forceinline__ float forced_score(float s, int b, int n_blk, int ini
   return s != s ? kNanScore : s;
 }
 
-// Element d of index-q head h of token tok as the fp32 value the decode kernels use (v1, v2): the
-// activation, rounded to e4m3 first in the fp8-MMA mode (q_in_cache_dtype with an fp8 cache).
-template <class Args>
-__device__ __forceinline__ float load_q(const Args& a, int64_t tok, int h, int d) {
+// Element d of index-q head h of token tok as the fp32 value the chunked decode kernel and the
+// long-context prefill kernel use: the activation, rounded to e4m3 first in the fp8-MMA mode
+// (q_in_cache_dtype with an fp8 cache).
+__device__ __forceinline__ float load_q(const IndexerArgs& a, int64_t tok, int h, int d) {
   float v = load_act(a.q, tok * a.q_stride + int64_t(h) * 128 + d, a.q_bf16);
   if (a.q_fp8_round) v = fp8_to_f32(f32_to_fp8_bits(v));
   return v;
@@ -191,8 +170,8 @@ __device__ __forceinline__ void fold_warp_block(const KeyRegs<kFp8> (&kr)[2], co
   }
 }
 
-// Dynamic shared memory of the v1 / v2 fused decode kernels: [16][chunk_blocks] chunk scores,
-// the merge scratch, (v2: the chunk's block table,) then the 128-byte aligned stages and their
+// Dynamic shared memory of the chunked decode kernel: [16][chunk_blocks] chunk scores,
+// the merge scratch, the chunk's block table, then the 128-byte aligned stages and their
 // mbarriers.
 __host__ __device__ inline size_t table_offset(int chunk_blocks, int topk, int chunks) {
   return size_t(16) * chunk_blocks * 4 + (size_t(chunks) * topk * 2 + size_t(topk) * topk * 2 + 4) * 4;
@@ -204,8 +183,7 @@ __host__ __device__ inline size_t stage_offset(int chunk_blocks, int topk, int c
 
 // Ranks each valid (row, block) of a chunk's scores sc[16][nb] and writes the chunk's sorted
 // top-k list; empty slots get (-inf, -1). Called by all threads of the CTA.
-template <class Args>
-__device__ void select_chunk(const Args& a, const float* sc, int nb_stride, int nv, int b0,
+__device__ inline void select_chunk(const IndexerArgs& a, const float* sc, int nb_stride, int nv, int b0,
                              int nb, const int* n_blk_row, float* out_s, int32_t* out_i) {
   const int K = a.topk;
   for (int e = threadIdx.x; e < nv * nb; e += blockDim.x) {
@@ -236,8 +214,7 @@ __device__ void select_chunk(const Args& a, const float* sc, int nb_stride, int 
 // the whole CTA: the lists are staged in shared memory with coalesced loads; candidates that the
 // topk-th best chunk maximum beats cannot be selected, so only the others (at most topk * topk)
 // are ranked exactly against each other.
-template <class Args>
-__device__ void merge_request(const Args& a, int s, int nv, const int* n_blk_row, float* smem) {
+__device__ inline void merge_request(const IndexerArgs& a, int s, int nv, const int* n_blk_row, float* smem) {
   const int K = a.topk, C = a.chunks, n = C * K;
   float* cs = smem;                                       // [C * K]
   int* ci = reinterpret_cast<int*>(cs + n);               // [C * K]
@@ -290,13 +267,12 @@ __device__ void merge_request(const Args& a, int s, int nv, const int* n_blk_row
   }
 }
 
-// The end of a v1 / v2 fused decode CTA (all threads): the chunk's block scores sc[16][chunk]
+// The end of a chunked decode CTA (all threads): the chunk's block scores sc[16][chunk]
 // to block_scores (when asked for; -inf past the request's blocks, the last chunk also up to
 // mbps), its sorted top-k list to the partials, then the last CTA of request s to arrive (a
 // counter it returns to zero) merges the request's lists into topk_idx. `is_last` is a
 // __shared__ int of the kernel; `smem` the dynamic shared memory (scores first).
-template <class Args>
-__device__ void finish_chunk(const Args& a, const float* sc, int s, int c, int tok0, int nv, int b0, int nb,
+__device__ inline void finish_chunk(const IndexerArgs& a, const float* sc, int s, int c, int tok0, int nv, int b0, int nb,
                              const int* n_blk_row, float* smem, int* is_last) {
   if (a.block_scores) {
     const int hi = c == a.chunks - 1 ? a.mbps : min(a.mbps, b0 + a.chunk_blocks);

@@ -1,5 +1,5 @@
-// Decode lightning indexer, variant 4 (IndexerPath::kDecodeFusedV4; SIEVE_CUDA_KERNELS=v4). Same
-// contract, supported set and outputs as v2 (block scores and top-k ids bitwise v2's: the same
+// Decode lightning indexer, persistent kernel (v4 in docs/performance.md). Same contract,
+// supported set and outputs as the chunked kernel (decode_chunked.cu, "v2" below) (block scores and top-k ids bitwise v2's: the same
 // MMA over the query vectors of a request — 16-row, or narrow with at most 8 vectors
 // (indexer_narrow) — the same per-block maxima, the same "higher score, then lower block id"
 // order). What changes is how work is handed out and where the
@@ -43,40 +43,28 @@
 //    finisher of the unit holding the request's last block copies each row from there into
 //    shared memory (cp.async through L2, again for any chunk with a word still 0), selects, and
 //    returns the row to zero. Only the blocks a row's selection reads are stored, so every
-//    stored word is read and cleared in the same call. SIEVE_V4_POLL=-1: the counter finish.
+//    stored word is read and cleared in the same call. IndexerTuning::persistent_poll false: the
+//    counter finish.
 //  - With claims, the last CTA to exit returns the unit counter to zero (graph replays need no
 //    memset). When every unit is static (one unit per CTA: the usual plan) the producer neither
 //    claims nor sums the requests' units, and the CTAs skip the exit counter.
 // PDL (common.cuh): the producer reads the metadata and copies blocks older than the request's
 // new tokens of its first unit before pdl_wait; the unit counter, q and every later copy after.
 // Without PDL, with fp8 units of 2..8 blocks, the first unit's query rows are copied before its
-// key blocks (see the host).
-// Development: SIEVE_INDEXER_TRACE=1 prints per-CTA phase times; SIEVE_V4_UNIT / _STAGES /
-// _CTAS change the unit size, the ring depth and the CTAs per SM.
+// key blocks (see the planner, plan_persistent in planner.cu).
+// IndexerTuning::trace prints per-CTA phase times; its persistent_* fields force the unit size,
+// the ring depth, the grid and the CTAs per SM.
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/indexer_common.cuh"
+#include "kernels/cuda/indexer/kernels.cuh"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
-
-namespace {
-std::atomic<int> g_force_unit{0}, g_force_stages{0}, g_force_grid{0}, g_force_statics{0};
-}  // namespace
-void set_indexer_v4_shape(int unit, int stages, int grid, int statics) {
-  g_force_unit.store(unit, std::memory_order_relaxed);
-  g_force_stages.store(stages, std::memory_order_relaxed);
-  g_force_grid.store(grid, std::memory_order_relaxed);
-  g_force_statics.store(statics, std::memory_order_relaxed);
-}
 
 namespace {
 
@@ -85,82 +73,16 @@ constexpr int kDim = 128;
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerWarp = kConsumerWarps;  // then the finisher warp
 constexpr int kThreads = (kConsumerWarps + 2) * 32;
-constexpr int kMaxUnit = 32;       // blocks per unit: a producer lane holds one block-table entry each
-constexpr int kMaxSlots = 8;       // units in flight per CTA
-constexpr int kMaxStages = 16;
-constexpr int kMaxBlocks = 2048;   // blocks per request (the selection stages a row's keys)
-constexpr int kMetaInts = 8;
-constexpr int kMaxStatic = 4;      // static units per CTA
-constexpr int kMaxSeqs = 1024;     // requests (the live-unit prefix sums are in shared memory)
+constexpr int kMetaInts = kPersistentMetaInts;
+constexpr int kMaxStatic = kPersistentMaxStatic;
 
-struct V4Args {
-  const void* q;
-  int q_bf16, q_fp8_round, q_bulk;
-  int64_t q_stride;
-  int H;
-  float scale;
-  const uint8_t* cache;
-  const int32_t* qsl;
-  const int32_t* seq_lens;
-  const int32_t* block_tables;
-  int mbps;
-  int max_blocks;  // blocks of max_seq_len (<= mbps): the units cover [0, max_blocks)
-  int num_seqs;
-  int unit, upr, dense_units;  // units of U blocks, UPR per request, num_seqs * UPR in all
-  int static_units;            // R: units blockIdx.x + r * P (r < R) are the CTA's own
-  int stages, slots;
-  uint32_t q_slot_bytes;
-  int topk, init_blocks, local_blocks;
-  int32_t* topk_idx;
-  float* sbuf;      // score rows [tokens * H][mbps]: block_scores, or the workspace
-  int fill_tail;    // sbuf is block_scores: blocks [n_blk_req, mbps) get -inf
-  int32_t* req_done;  // [num_seqs] blocks scored so far (returned to 0 by the selector)
-  uint32_t* rec;      // kPoll: [tokens * H][rec_stride] order keys of the scores, 0 = not yet written
-  int rec_stride;     // kPoll: max_blocks rounded up to 4 (16-byte rows)
-  int32_t* work;      // [0] live units claimed past the static ones, [1] CTAs exited
-  int early_copies;   // launched with PDL: the first unit's old blocks are copied before pdl_wait
-  int l2_first;       // key blocks copied with an L2 evict-first policy (SIEVE_INDEXER_L2HINT)
-  unsigned long long* trace;
-};
-
-// SIEVE_INDEXER_TRACE points per CTA (%globaltimer ns): start, first block in, consumers done,
+// Trace points per CTA (IndexerTuning::trace) (%globaltimer ns): start, first block in, consumers done,
 // finisher done, end, and (a selecting finisher) its last request counted and selected, the
 // first unit's query rows in, the first block's maxima folded (these two only in a build with
 // -DSIEVE_V4_TRACE_DETAIL: the extra code changes the register allocation of the fp8 kernel); then
 // the units this CTA scored, the requests it selected, and its SM + 1.
 constexpr int kTracePoints = 9;
 constexpr int kTraceSlots = kTracePoints + 3;
-
-struct Layout {
-  uint32_t q, mx, umeta, smeta, cum, cand, mk, keys, bars, total;
-};
-__host__ __device__ inline Layout make_layout(int stages, int slots, int unit, uint32_t q_slot_bytes,
-                                              int max_blocks, int num_seqs, uint32_t block_bytes) {
-  Layout L{};
-  uint32_t o = uint32_t(stages) * block_bytes;  // the stage ring first (128-byte aligned)
-  L.q = o;
-  o += uint32_t(slots) * q_slot_bytes;
-  L.mx = o;
-  o += uint32_t(slots) * 16u * uint32_t(unit) * 4u;
-  L.umeta = o;
-  o += uint32_t(slots) * kMetaInts * 4u;
-  L.smeta = o;
-  o += uint32_t(stages) * 4u;
-  L.cum = o;
-  o += uint32_t(num_seqs + 1) * 4u;
-  o = (o + 15u) & ~15u;
-  L.cand = o;
-  o += kCandCap * 8u;
-  L.mk = o;
-  o += 128u;
-  L.keys = o;
-  o += uint32_t(stage_row_words(max_blocks)) * 4u;
-  o = (o + 15u) & ~15u;
-  L.bars = o;
-  o += uint32_t(2 * stages + 3 * slots) * 8u;
-  L.total = o;
-  return L;
-}
 
 __device__ __forceinline__ void mbar_arrive_count(uint64_t* bar, int count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -169,7 +91,7 @@ __device__ __forceinline__ void mbar_arrive_count(uint64_t* bar, int count) {
 // Query fragments of rows g and g + 8 from a unit slot holding the request's nv query vectors
 // as raw rows of 128 elements (bf16 or f32), in v2's permuted k-slot -> dim mapping.
 template <bool kFp8>
-__device__ __forceinline__ void q_frags_from_slot(const V4Args& a, const uint8_t* qs, int nv, int g, int q,
+__device__ __forceinline__ void q_frags_from_slot(const IndexerArgs& a, const uint8_t* qs, int nv, int g, int q,
                                                   uint32_t (&qa)[8][4]) {
 #pragma unroll
   for (int st = 0; st < 8; ++st) {
@@ -199,17 +121,17 @@ __device__ __forceinline__ void q_frags_from_slot(const V4Args& a, const uint8_t
 // What the producer knows of a unit: lanes 0, 1, 2 hold query_start_loc[s], [s + 1], seq_lens[s]
 // in `meta`; lane j < U the physical id of the unit's block j in `phys`.
 // Key blocks of a request (clamped to the units' range) and of its unit starting at block b0.
-__device__ __forceinline__ int request_blocks(const V4Args& a, int qlen, int seq_len) {
+__device__ __forceinline__ int request_blocks(const IndexerArgs& a, int qlen, int seq_len) {
   return qlen > 0 ? min((seq_len - 1) / kBlock + 1, a.max_blocks) : 0;
 }
-__device__ __forceinline__ int unit_blocks(const V4Args& a, int b0, int qlen, int seq_len) {
+__device__ __forceinline__ int unit_blocks(const IndexerArgs& a, int b0, int qlen, int seq_len) {
   return max(0, min(a.unit, request_blocks(a, qlen, seq_len) - b0));
 }
 
 struct UnitLoad {
   int u, s, b0, meta, phys;
 };
-__device__ __forceinline__ UnitLoad load_unit(const V4Args& a, int u, int lane) {
+__device__ __forceinline__ UnitLoad load_unit(const IndexerArgs& a, int u, int lane) {
   UnitLoad r{u, 0, 0, 0, 0};
   if (u < 0) return r;
   r.s = u / a.upr;
@@ -225,7 +147,7 @@ __device__ __forceinline__ UnitLoad load_unit(const V4Args& a, int u, int lane) 
 struct UnitInfo {
   int tok0, qlen, seq_len, nb;
 };
-__device__ __forceinline__ UnitInfo unit_info(const V4Args& a, const UnitLoad& w) {
+__device__ __forceinline__ UnitInfo unit_info(const IndexerArgs& a, const UnitLoad& w) {
   UnitInfo r;
   r.tok0 = __shfl_sync(0xffffffffu, w.meta, 0);
   r.qlen = __shfl_sync(0xffffffffu, w.meta, 1) - r.tok0;
@@ -234,14 +156,14 @@ __device__ __forceinline__ UnitInfo unit_info(const V4Args& a, const UnitLoad& w
   return r;
 }
 
-// kPoll: every unit static; the CTA of a request's last block polls the others' scores (V4Args::rec).
+// kPoll: every unit static; the CTA of a request's last block polls the others' scores (IndexerArgs::rec).
 template <bool kFp8, int kMinCtas, bool kPoll, bool kNarrow>
-__global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V4Args a) {
+__global__ void __launch_bounds__(kThreads, kMinCtas) decode_persistent_kernel(IndexerArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int row_bytes = kFp8 ? kDim : kDim * 2;
   constexpr uint32_t block_bytes = uint32_t(kBlock) * row_bytes;
   const int NS = a.stages, SL = a.slots, U = a.unit, K = a.topk;
-  const Layout L = make_layout(NS, SL, U, a.q_slot_bytes, a.max_blocks, a.num_seqs, block_bytes);
+  const PersistentLayout L = persistent_layout(NS, SL, U, a.q_slot_bytes, a.max_blocks, a.num_seqs, block_bytes);
   uint8_t* stage = smem;
   uint8_t* qslot = smem + L.q;
   int* mx = reinterpret_cast<int*>(smem + L.mx);          // [slots][16][U] encoded maxima
@@ -320,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
       if (lane == 0) {
         um[0] = w.s, um[1] = w.b0, um[2] = nb, um[3] = tok0, um[4] = qlen, um[5] = seq_len, um[6] = nv;
       }
-      if (a.q_bulk) {
+      if (a.q_rows16) {
         const int rows = min(qlen, int(a.q_slot_bytes / row_b));
         if (lane == 0) mbar_expect_tx(&qfull[slot], uint32_t(rows) * row_b);
         else mbar_arrive(&qfull[slot]);
@@ -581,36 +503,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_indexer_v4_kernel(V
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side
+// Host side (the grid: plan_persistent in planner.cu)
 
-// Development knobs (environment, read once; 0 / unset = automatic).
-//   SIEVE_V4_UNIT    key blocks per work unit
-//   SIEVE_V4_STAGES  stages of the key ring
-//   SIEVE_V4_CTAS    CTAs per SM (1, 2, or 3 with fp8)
-//   SIEVE_V4_STATIC  static units per CTA
-//   SIEVE_V4_EARLY_COPIES=1  the first unit's old blocks before its query rows also without PDL
-//   SIEVE_V4_POLL=-1  the counter finish also when every unit is static
-struct Knobs {
-  int unit = 0, stages = 0, ctas = 0, statics = 0, early = 0, poll = 0;
-};
-const Knobs& knobs() {
-  static const Knobs k = [] {
-    Knobs r;
-    r.unit = env_int("SIEVE_V4_UNIT");
-    r.stages = env_int("SIEVE_V4_STAGES");
-    r.ctas = env_int("SIEVE_V4_CTAS");
-    r.statics = env_int("SIEVE_V4_STATIC");
-    r.early = env_int("SIEVE_V4_EARLY_COPIES");
-    r.poll = env_int("SIEVE_V4_POLL");
-    return r;
-  }();
-  return k;
-}
-
-void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const std::vector<unsigned long long>& tr) {
+void print_trace(bool fp8, const IndexerArgs& a, int N, int P, uint32_t smem, const std::vector<unsigned long long>& tr) {
   std::fprintf(stderr,
-               "indexer v4 trace (%s): %d seqs, %d CTAs (SMs %d), unit %d blocks, %d units, stages %d, slots %d, "
-               "static %d, smem %u B\n",
+               "indexer persistent trace (%s): %d seqs, %d CTAs (SMs %d), unit %d blocks, %d units, stages %d, "
+               "slots %d, static %d, smem %u B\n",
                fp8 ? "fp8" : "bf16", N, P, num_sms(), a.unit, a.dense_units, a.stages, a.slots, a.static_units, smem);
   const char* names[kTracePoints] = {"start",    "first block", "consumed", "finisher", "end",
                                      "counted",  "selected",    "q in",     "block 0 max"};
@@ -625,21 +523,25 @@ void print_trace(bool fp8, const V4Args& a, int N, int P, uint32_t smem, const s
 // The instantiation that runs with `per_sm` CTAs per SM: with an fp8 cache, two or fewer get their
 // own (launch bounds for two CTAs: 80 registers instead of 64); `poll`: the polled finish;
 // `narrow`: the narrow MMA (indexer_narrow).
-using V4Kernel = void (*)(V4Args);
+using PersistentKernel = void (*)(IndexerArgs);
 template <bool kNarrow>
-V4Kernel v4_kernel_of(bool fp8, int per_sm, bool poll) {
-  if (!fp8) return poll ? decode_indexer_v4_kernel<false, 2, true, kNarrow> : decode_indexer_v4_kernel<false, 2, false, kNarrow>;
-  if (per_sm <= 2) return poll ? decode_indexer_v4_kernel<true, 2, true, kNarrow> : decode_indexer_v4_kernel<true, 2, false, kNarrow>;
-  return poll ? decode_indexer_v4_kernel<true, 3, true, kNarrow> : decode_indexer_v4_kernel<true, 3, false, kNarrow>;
+PersistentKernel kernel_of(bool fp8, int per_sm, bool poll) {
+  if (!fp8)
+    return poll ? decode_persistent_kernel<false, 2, true, kNarrow> : decode_persistent_kernel<false, 2, false, kNarrow>;
+  if (per_sm <= 2)
+    return poll ? decode_persistent_kernel<true, 2, true, kNarrow> : decode_persistent_kernel<true, 2, false, kNarrow>;
+  return poll ? decode_persistent_kernel<true, 3, true, kNarrow> : decode_persistent_kernel<true, 3, false, kNarrow>;
 }
-V4Kernel v4_kernel(bool fp8, int per_sm, bool poll, bool narrow) {
-  return narrow ? v4_kernel_of<true>(fp8, per_sm, poll) : v4_kernel_of<false>(fp8, per_sm, poll);
+PersistentKernel persistent_kernel(bool fp8, int per_sm, bool poll, bool narrow) {
+  return narrow ? kernel_of<true>(fp8, per_sm, poll) : kernel_of<false>(fp8, per_sm, poll);
 }
 
-// Resident CTAs per SM of `kernel` at `smem` bytes each (cached).
-int resident_per_sm(V4Kernel kernel, uint32_t smem) {
+}  // namespace
+
+int persistent_resident_per_sm(bool fp8, int per_sm, bool narrow, uint32_t smem) {
   static std::mutex mu;
-  static std::map<std::pair<V4Kernel, uint32_t>, int> cache;
+  static std::map<std::pair<PersistentKernel, uint32_t>, int> cache;
+  const PersistentKernel kernel = persistent_kernel(fp8, per_sm, false, narrow);
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(kernel, smem);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
@@ -650,120 +552,14 @@ int resident_per_sm(V4Kernel kernel, uint32_t smem) {
   return n;
 }
 
-}  // namespace
-
-int v4_single_unit(int64_t num_seqs, int64_t blocks, int64_t ctas) {
-  for (int u = 1; u <= kMaxUnit; ++u)
-    if (num_seqs * ((blocks + u - 1) / u) <= ctas) return u;
-  return 0;
-}
-
-// fp8: three CTAs per SM (24 consumer warps at 64 registers, with spills: the scoring loop, not
-// the copies, bounds the fp8 stream) below 256 blocks per request, two from there (16 warps at
-// 80 registers, no spills). bf16: two (its registers allow no more). Measured (graph x16, µs, one
-// unit per CTA either way): b32 ctx32768 47.0 -> 42.6, b8 ctx131072 50.0 -> 46.8; b32 ctx9216
-// 20.9 -> 21.4 and b128 ctx9216 52.6 -> 62.8 went the other way, b1 ctx9216 9.0 either way.
-int v4_ctas_per_sm(bool fp8, int64_t blocks) {
-  const int forced = knobs().ctas;
-  return std::clamp(forced > 0 ? forced : fp8 ? (blocks >= 256 ? 2 : 3) : 2, 1, fp8 ? 3 : 2);
-}
-
-bool run_indexer_decode_v4(const ops::IndexerParams& p, void* stream_v) {
-  if (!indexer_supported(p)) return false;
-  if (!use_decode_indexer(p)) return false;
-  if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
-  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
-  const int N = p.batch.num_seqs;
-  const int max_blocks =
-      std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq));
-  if (max_blocks > kMaxBlocks || N > kMaxSeqs) return false;
-  const Knobs& kn = knobs();
-  const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
-  const bool q_bf16 = p.q_dtype == DType::BF16;
-  const size_t esz = q_bf16 ? 2 : 4;
-  const int nv_max = std::min(16, std::max(1, p.batch.max_query_len * p.num_index_heads));
-  const uint32_t q_slot_bytes = uint32_t((size_t(nv_max) * kDim * esz + 15) / 16 * 16);
-
-  // Shapes only: CTAs per SM (v4_ctas_per_sm), the ring that fits the shared-memory budget,
-  // units of U blocks (below).
-  const int per_sm = v4_ctas_per_sm(fp8, max_blocks);
-  // The counter build sizes the grid; the polled build (chosen below, once the grid shows every
-  // unit static) has the same launch bounds and shared memory, so the same residency.
-  const bool narrow = indexer_narrow(p);
-  V4Kernel kernel = v4_kernel(fp8, per_sm, false, narrow);
-  const uint32_t budget = per_sm == 1 ? 200u * 1024u : per_sm == 2 ? 110u * 1024u : 72u * 1024u;
-  const int slots = int(std::clamp<uint32_t>(16384u / q_slot_bytes, 2u, uint32_t(kMaxSlots)));
-  const int64_t work_blocks = int64_t(N) * max_blocks;
-  const int p_full = per_sm * num_sms();
-  // One unit per CTA when the batch fits (the smallest such U): every unit is static, no claims,
-  // and each CTA pays one query copy, one finish. Otherwise about 4 units per resident CTA.
-  int unit = v4_single_unit(N, max_blocks, p_full);
-  const bool single = unit > 0;
-  if (!single) unit = int(std::clamp<int64_t>((work_blocks + 4 * int64_t(p_full) - 1) / (4 * int64_t(p_full)), 1, 8));
-  if (kn.unit > 0) unit = std::min(kn.unit, kMaxUnit);
-  if (const int f = g_force_unit.load(std::memory_order_relaxed); f > 0) unit = std::min(f, kMaxUnit);
-  const Layout fixed = make_layout(0, slots, unit, q_slot_bytes, max_blocks, N, block_bytes);
-  int stages = fixed.total + 256 < budget ? int((budget - fixed.total - 256) / block_bytes) : 1;
-  stages = std::clamp(stages, 2, kMaxStages);
-  if (kn.stages > 0) stages = std::clamp(kn.stages, 1, kMaxStages);
-  if (const int f = g_force_stages.load(std::memory_order_relaxed); f > 0) stages = std::clamp(f, 1, kMaxStages);
-  const Layout L = make_layout(stages, slots, unit, q_slot_bytes, max_blocks, N, block_bytes);
-  if (L.total + 1024u > 227u * 1024u) return false;
-  const int upr = (max_blocks + unit - 1) / unit;
-  const int64_t dense_units = int64_t(N) * upr;
-  if (dense_units > int64_t(1) << 30) return false;
-  const int resident = std::max(1, std::min(per_sm, resident_per_sm(kernel, L.total))) * num_sms();
-  int P = int(std::min<int64_t>(dense_units, resident));
-  if (const int f = g_force_grid.load(std::memory_order_relaxed); f > 0) P = std::min(P, f);
-
-  V4Args a{};
-  fill_indexer_args(a, p);
-  a.q_bulk = reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0 && (size_t(p.q_stride) * esz) % 16 == 0;
-  a.max_blocks = max_blocks;
-  a.unit = unit;
-  a.upr = upr;
-  a.num_seqs = N;
-  a.dense_units = int(dense_units);
-  a.static_units = single ? 1 : std::clamp(stages / unit, 1, kMaxStatic);
-  if (kn.statics > 0) a.static_units = std::min(kn.statics, kMaxStatic);
-  if (const int f = g_force_statics.load(std::memory_order_relaxed); f > 0) a.static_units = std::min(f, kMaxStatic);
-  a.stages = stages;
-  a.slots = slots;
-  a.q_slot_bytes = q_slot_bytes;
-  if (p.block_scores) {
-    a.sbuf = p.block_scores;
-    a.fill_tail = 1;
-  } else {
-    a.sbuf = static_cast<float*>(workspace(stream, size_t(p.batch.num_tokens) * p.num_index_heads * a.mbps * 4));
-  }
-  // Every unit static (no claims), so every CTA is resident at once: the CTA of a request's last
-  // block can wait for the others' scores by polling them.
-  const bool poll = int64_t(a.static_units) * P >= dense_units && kn.poll >= 0;
-  if (poll) {
-    a.rec_stride = (max_blocks + 3) & ~3;
-    a.rec = static_cast<uint32_t*>(private_scratch(
-        stream, kScratchIndexerPoll, size_t(p.batch.num_tokens) * p.num_index_heads * a.rec_stride * 4));
-  }
-  int32_t* counters = zeroed_counters(stream, size_t(N) + 2);
-  a.req_done = counters;
-  a.work = counters + N;
-
-  a.trace = trace_alloc(indexer_trace_enabled(), size_t(P) * kTraceSlots, stream);
-  const bool pdl = pdl_enabled(kPdlIndexer, p.batch.num_tokens);
-  // Query rows first (no early copies) where the consumers, not the copies, set the pace and the
-  // first unit has several blocks: fp8 units of 2..8 blocks (b32 ctx9216 fp8, units of 6: 19.6-19.8
-  // vs 20.1 us; the query rows landed 2 us after the first block, traces). With one block a unit
-  // (b1: 8.1 vs 8.6), bf16 (b32 ctx9216: 24.8 vs 25.0) and units of 32 the old order measured
-  // as fast or faster.
-  const bool q_first = fp8 && unit >= 2 && unit <= 8;
-  a.early_copies = pdl || !q_first || kn.early > 0 ? 1 : 0;
-  a.l2_first = l2_evict_first(int64_t(N) * max_blocks * block_bytes, indexer_l2_knob()) ? 1 : 0;
-  if (poll) kernel = v4_kernel(fp8, per_sm, true, narrow);
-  set_smem(kernel, L.total);
-  launch_pdl(pdl, kernel, P, kThreads, L.total, stream, "indexer decode v4", a);
-  if (a.trace) print_trace(fp8, a, N, P, L.total, trace_collect(a.trace, size_t(P) * kTraceSlots, stream));
-  return true;
+void launch_decode_persistent(const IndexerArgs& a_in, bool fp8, int per_sm, bool poll, bool narrow, int ctas,
+                              uint32_t smem, bool pdl, cudaStream_t stream) {
+  IndexerArgs a = a_in;
+  a.trace = trace_alloc(tuning().indexer.trace, size_t(ctas) * kTraceSlots, stream);
+  const PersistentKernel kernel = persistent_kernel(fp8, per_sm, poll, narrow);
+  set_smem(kernel, smem);
+  launch_pdl(pdl, kernel, ctas, kThreads, smem, stream, "indexer decode persistent", a);
+  if (a.trace) print_trace(fp8, a, a.num_seqs, ctas, smem, trace_collect(a.trace, size_t(ctas) * kTraceSlots, stream));
 }
 
 }  // namespace sieve::cuda

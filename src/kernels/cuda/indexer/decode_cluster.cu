@@ -1,5 +1,5 @@
-// Decode lightning indexer, variant 3 (IndexerPath::kDecodeFusedV3; kAuto runs it when
-// SIEVE_CUDA_KERNELS=v3, falling back to v2 where this returns false). Same contract, supported set and outputs as v2:
+// Decode lightning indexer, cluster kernel (v3 in docs/performance.md). Same contract, supported
+// set and outputs as the chunked kernel (decode_chunked.cu, "v2" below):
 // the scoring loop (16 query vectors of a request = the 16 M rows of m16n8k16, the permuted
 // k-slot -> dim mapping, bf16 / f16 operands, one MMA chain per 8 keys in the same order, so
 // block scores are bitwise v2's; or, with at most 8 vectors, the narrow MMA as in v2), the
@@ -46,36 +46,22 @@
 //  - G > 1: the cluster's merged per-row lists go to a global partial; per (request, cluster
 //    rank) a counter counts the G groups; the last CTA merges the G lists the same way and
 //    returns the counter to zero (graph replays need no memset).
-// Test hook: set_indexer_v3_split(C, G) forces the cluster size / group count.
-// Development: SIEVE_INDEXER_TRACE=1 prints per-phase CTA timestamps of every call made outside
-// a stream capture; SIEVE_V3_C / _G / _BUDGET / _STAGES / _MERGE change the grid and
-// the variants (see "Development knobs" below; `sieve bench kernels --filter decode` under the
-// variables sweeps them).
+// The grid is planned in planner.cu (plan_cluster); IndexerTuning's cluster_* fields force it, and
+// its trace field prints per-phase CTA timestamps of every call made outside a stream capture.
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/indexer_common.cuh"
+#include "kernels/cuda/indexer/kernels.cuh"
 #include "kernels/cuda/internal.h"
 
 namespace sieve::cuda {
-
-namespace {
-std::atomic<int> g_force_cluster{0}, g_force_groups{0};
-}  // namespace
-void set_indexer_v3_split(int cluster, int groups) {
-  g_force_cluster.store(cluster, std::memory_order_relaxed);
-  g_force_groups.store(groups, std::memory_order_relaxed);
-}
 
 namespace {
 
@@ -86,39 +72,9 @@ constexpr int kDim = 128;
 constexpr int kMaxTopk = 32;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;  // + the producer warp
-constexpr int kMaxCluster = 8;
-constexpr int kMaxGroups = 64;
-constexpr int kMaxChunkBlocks = 256;  // producer keeps <= 8 table entries per lane
-constexpr int kMinGroupChunk = 8;     // G > 1 only when every CTA still gets >= 8 blocks
-constexpr int kMaxStages = 16;        // <= 32: lane i issues stage i's first copy
+constexpr int kMaxChunkBlocks = kClusterMaxChunkBlocks;
 
-struct V3Args {
-  const void* q;
-  int q_bf16;
-  int q_fp8_round;
-  int q_vec;  // 16-byte aligned rows: vector loads
-  int64_t q_stride;
-  int H;
-  float scale;
-  const uint8_t* cache;
-  const int32_t* qsl;
-  const int32_t* seq_lens;
-  const int32_t* block_tables;
-  int mbps;
-  int C, G, chunk_blocks, stages;
-  int topk, init_blocks, local_blocks;
-  int32_t* topk_idx;
-  float* block_scores;
-  float* part_s;  // [num_seqs, G, 16, topk] (G > 1)
-  int32_t* part_i;
-  int32_t* counters;  // [num_seqs, C] (G > 1)
-  int pdl;        // launched with programmatic stream serialisation (pdl_enabled, common.cuh)
-  int merge_ilp;  // SIEVE_V3_MERGE=1: unrolled chunk top-k, merged_rank_ilp
-  int l2_first;  // key blocks copied with an L2 evict-first policy (SIEVE_INDEXER_L2HINT)
-  unsigned long long* trace;  // optional (SIEVE_INDEXER_TRACE): [CTAs][kTraceSlots]: timestamps, SM id
-};
-
-// SIEVE_INDEXER_TRACE points (one writer thread per CTA and point, %globaltimer in ns).
+// Trace points (IndexerTuning::trace) (one writer thread per CTA and point, %globaltimer in ns).
 constexpr int kTracePoints = 9;
 constexpr int kTraceSlots = kTracePoints + 1;  // + the SM id (+ 1) of the CTA
 // The timer read after `dep` is available (the load that produces it has completed).
@@ -126,35 +82,6 @@ __device__ __forceinline__ unsigned long long global_ns_after(int dep) {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep) : "memory");
   return t;
-}
-
-// Dynamic shared memory: [16][chunk] maxima/scores, [16][topk] chunk list (scores, ids), the
-// chunk's physical block ids, then (128-aligned) the stage ring, reused after the loop as the
-// merge buffer, then 2 * stages mbarriers (full, empty).
-struct Layout {
-  uint32_t lists_s, lists_i, phys, region, merge_i, bars, total;
-};
-__host__ __device__ inline Layout make_layout(int chunk_blocks, int topk, int C, int G, int stages,
-                                              uint32_t block_bytes) {
-  Layout L{};
-  uint32_t o = uint32_t(16 * chunk_blocks * 4);
-  L.lists_s = o;
-  o += uint32_t(16 * topk * 4);
-  L.lists_i = o;
-  o += uint32_t(16 * topk * 4);
-  L.phys = o;
-  o += uint32_t(chunk_blocks * 4);
-  o = (o + 127u) & ~127u;
-  L.region = o;
-  const uint32_t merge_n = uint32_t((16 / C) * (C > G ? C : G) * topk);
-  L.merge_i = o + merge_n * 4;
-  const uint32_t ring = uint32_t(stages) * block_bytes, merge = merge_n * 8;
-  o += ring > merge ? ring : merge;
-  o = (o + 15u) & ~15u;
-  L.bars = o;
-  o += uint32_t(2 * stages * 8);
-  L.total = o;
-  return L;
 }
 
 // Named CTA barrier 1 (barrier 0 is __syncthreads): the producer's block table and first copies
@@ -174,7 +101,7 @@ __device__ __forceinline__ void cluster_wait() {
 // Query fragments of rows g and g + 8 (v2's permuted k-slot -> dim mapping). The 8 k-steps come
 // in pairs (2p, 2p + 1) whose dims are 8 contiguous values dbase(2p) .. + 7.
 template <bool kFp8>
-__device__ __forceinline__ void load_q_frags(const V3Args& a, int tok0, int nv, int g, int q,
+__device__ __forceinline__ void load_q_frags(const IndexerArgs& a, int tok0, int nv, int g, int q,
                                              uint32_t (&qa)[8][4]) {
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
@@ -187,7 +114,7 @@ __device__ __forceinline__ void load_q_frags(const V3Args& a, int tok0, int nv, 
       for (int i = 0; i < 8; ++i) x[r][i] = 0.f;
       if (v < nv) {
         const int64_t off = int64_t(tok0 + v / a.H) * a.q_stride + int64_t(v % a.H) * kDim + d0;
-        if (a.q_vec) {
+        if (a.q_rows16) {
           if (a.q_bf16) {
             const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + off));
             const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -249,7 +176,7 @@ __device__ __forceinline__ int merged_rank(const float* ls, const int* li, int n
   return rank;
 }
 
-// merged_rank for SIEVE_V3_MERGE=1: the same value wherever it is < K (the callers drop the
+// merged_rank for IndexerTuning::cluster_merge_ilp: the same value wherever it is < K (the callers drop the
 // others), without the serial chain: no early exit, a fixed-step branch-free search per list
 // (steps 32 .. 1, K <= 32), lists unrolled by 4 so their shared-memory loads overlap.
 __device__ __forceinline__ int merged_rank_ilp(const float* ls, const int* li, int nl, int K, int self, int p,
@@ -275,7 +202,7 @@ __device__ __forceinline__ int merged_rank_ilp(const float* ls, const int* li, i
 }
 
 template <bool kFp8, bool kNarrow>
-__global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a) {
+__global__ void __launch_bounds__(kThreads, 2) decode_cluster_kernel(IndexerArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int nbr[16];  // blocks of each query vector (n_blk); 0 past nv
   __shared__ int is_last;
@@ -288,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   const int s = int(blockIdx.x / C) / G;
   const int c = grp * C + rank;  // chunk of the request
   const int b0 = c * CB;
-  const Layout L = make_layout(CB, K, C, G, S, block_bytes);
+  const ClusterLayout L = cluster_layout(CB, K, C, G, S, block_bytes);
   int* mx = reinterpret_cast<int*>(smem);  // encoded block maxima (loop), then scores
   float* sc = reinterpret_cast<float*>(smem);
   float* ls = reinterpret_cast<float*>(smem + L.lists_s);
@@ -541,89 +468,23 @@ __global__ void __launch_bounds__(kThreads, 2) decode_indexer_v3_kernel(V3Args a
   }
 }
 
-int pow2_floor(int x) {
-  int p = 1;
-  while (p * 2 <= x) p *= 2;
-  return p;
+using ClusterKernel = void (*)(IndexerArgs);
+ClusterKernel cluster_kernel(bool fp8, bool narrow) {
+  if (fp8) return narrow ? decode_cluster_kernel<true, true> : decode_cluster_kernel<true, false>;
+  return narrow ? decode_cluster_kernel<false, true> : decode_cluster_kernel<false, false>;
 }
 
-// Per-CTA shared-memory budgets: two CTAs per SM, or one CTA per SM.
-constexpr uint32_t kBudgetShared = 110u * 1024u;
-constexpr uint32_t kBudgetAlone = 200u * 1024u;
-
-int min_groups(int max_blocks, int C) { return (max_blocks + C * kMaxChunkBlocks - 1) / (C * kMaxChunkBlocks); }
-
-struct Plan {
-  int chunk_blocks, stages;
-  Layout L;
-};
-Plan make_plan(int max_blocks, int topk, int C, int G, uint32_t budget, uint32_t block_bytes, int max_stages) {
-  Plan pl{};
-  pl.chunk_blocks = (max_blocks + G * C - 1) / (G * C);
-  const uint32_t fixed = make_layout(pl.chunk_blocks, topk, C, G, 0, block_bytes).region + 256;
-  int st = budget > fixed ? int((budget - fixed) / block_bytes) : 1;
-  pl.stages = std::min(std::clamp(st, 1, kMaxStages), pl.chunk_blocks);
-  if (max_stages > 0) pl.stages = std::min(pl.stages, max_stages);
-  pl.L = make_layout(pl.chunk_blocks, topk, C, G, pl.stages, block_bytes);
-  return pl;
-}
-
-using V3Kernel = void (*)(V3Args);
-V3Kernel v3_kernel(bool fp8, bool narrow) {
-  if (fp8) return narrow ? decode_indexer_v3_kernel<true, true> : decode_indexer_v3_kernel<true, false>;
-  return narrow ? decode_indexer_v3_kernel<false, true> : decode_indexer_v3_kernel<false, false>;
-}
-
-// Clusters of C CTAs with `smem` bytes each that the device holds at once (cached; a failed
-// query counts as "no limit").
-int active_clusters(bool fp8, bool narrow, int C, uint32_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<bool, bool, int, uint32_t>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(fp8, narrow, C, smem);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  const int n = resident_clusters(v3_kernel(fp8, narrow), kThreads, smem, C, 1, 1 << 30);
-  cache[key] = n;
-  return n;
-}
-
-// Development knobs (environment, read once; 0 / unset = automatic). The test hook
-// set_indexer_v3_split wins over SIEVE_V3_C / SIEVE_V3_G where it is set.
-//   SIEVE_V3_C       cluster size (1, 2, 4, 8)
-//   SIEVE_V3_G       groups per request (> 1: global partials + last-CTA merge)
-//   SIEVE_V3_BUDGET  shared-memory budget per CTA in KB (both the two-per-SM and the alone plan)
-//   SIEVE_V3_STAGES  at most this many stages
-//   SIEVE_V3_MERGE   1: chunk top-k unrolled by 8, cluster / group merges by merged_rank_ilp
-//                    (same results; default 0 = the serial loops)
-// Forcing C or G skips the cudaOccupancyMaxActiveClusters fallback (the grid may then take
-// more than one wave).
-struct Knobs {
-  int C = 0, G = 0, budget_kb = 0, stages = 0, merge = 0;
-};
-const Knobs& knobs() {
-  static const Knobs k = [] {
-    Knobs r;
-    r.C = env_int("SIEVE_V3_C");
-    r.G = env_int("SIEVE_V3_G");
-    r.budget_kb = env_int("SIEVE_V3_BUDGET");
-    r.stages = env_int("SIEVE_V3_STAGES");
-    r.merge = env_int("SIEVE_V3_MERGE");
-    return r;
-  }();
-  return k;
-}
-
-void print_trace(bool fp8, bool narrow, const V3Args& a, int N, uint32_t smem, const std::vector<unsigned long long>& tr,
-                 int64_t ctas) {
+void print_trace(bool fp8, bool narrow, const IndexerArgs& a, int N, uint32_t smem,
+                 const std::vector<unsigned long long>& tr, int64_t ctas) {
   const char* names[kTracePoints] = {"start",        "prologue",     "issued",      "first block", "loop end",
                                      "chunk top-k", "cluster sync", "cluster mrg", "end"};
   std::fprintf(stderr,
-               "indexer v3 trace (%s): %d seqs, %lld CTAs, cluster %d groups %d chunk_blocks %d stages %d "
+               "indexer cluster trace (%s): %d seqs, %lld CTAs, cluster %d groups %d chunk_blocks %d stages %d "
                "smem %u B, SMs %d, merge %s, pdl %d\n",
                fp8 ? "fp8" : "bf16", N, (long long)ctas, a.C, a.G, a.chunk_blocks, a.stages, smem, num_sms(),
                a.merge_ilp ? "ilp" : "serial", a.pdl);
   std::fprintf(stderr, "  max active clusters at %u B:", smem);
-  for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, active_clusters(fp8, narrow, c, smem));
+  for (int c : {1, 2, 4, 8}) std::fprintf(stderr, " C%d=%d", c, cluster_resident(fp8, narrow, c, smem));
   std::fprintf(stderr, "\n");
   {
     std::map<unsigned long long, int> per_sm;
@@ -639,97 +500,29 @@ void print_trace(bool fp8, bool narrow, const V3Args& a, int N, uint32_t smem, c
 
 }  // namespace
 
-bool run_indexer_decode_v3(const ops::IndexerParams& p, void* stream_v) {
-  if (!indexer_supported(p)) return false;
-  if (!use_decode_indexer(p)) return false;
-  if (p.batch.num_seqs == 0 || p.batch.num_tokens == 0) return true;
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
-  const bool fp8 = p.cache.dtype == DType::FP8_E4M3;
-  const int N = p.batch.num_seqs;
-  const int max_blocks =
-      std::max(1, std::min((p.batch.max_seq_len + kBlock - 1) / kBlock, p.batch.max_blocks_per_seq));
+int cluster_resident(bool fp8, bool narrow, int C, uint32_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<bool, bool, int, uint32_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(fp8, narrow, C, smem);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  const int n = resident_clusters(cluster_kernel(fp8, narrow), kThreads, smem, C, 1, 1 << 30);
+  cache[key] = n;
+  return n;
+}
 
-  // Grid from shapes only (see the header).
-  const bool narrow = indexer_narrow(p);
-  const uint32_t block_bytes = uint32_t(kBlock) * kDim * (fp8 ? 1 : 2);
-  const int target = 2 * num_sms();
-  const Knobs& kn = knobs();
-  int force_c = g_force_cluster.load(std::memory_order_relaxed);
-  int force_g = g_force_groups.load(std::memory_order_relaxed);
-  if (force_c <= 0 && force_g <= 0) force_c = kn.C, force_g = kn.G;
-  const uint32_t budget_shared = kn.budget_kb > 0 ? uint32_t(kn.budget_kb) * 1024u : kBudgetShared;
-  const uint32_t budget_alone = kn.budget_kb > 0 ? uint32_t(kn.budget_kb) * 1024u : kBudgetAlone;
-  auto auto_groups = [&](int C) {
-    int G = force_g > 0 ? std::min(force_g, kMaxGroups)
-                        : std::max(1, std::min(int(target / (int64_t(N) * C)), max_blocks / (C * kMinGroupChunk)));
-    return std::max(G, min_groups(max_blocks, C));
-  };
-  int C = kMaxCluster;
-  if (force_c > 0) {
-    C = pow2_floor(std::min(force_c, kMaxCluster));
-  } else {
-    while (C > 1 && (int64_t(N) * C > target || C > max_blocks)) C /= 2;
-  }
-  int G = auto_groups(C);
-  Plan plan = make_plan(max_blocks, p.topk, C, G, budget_shared, block_bytes, kn.stages);
-  if (force_c <= 0 && force_g <= 0) {
-    // Meant as one wave at two CTAs per SM: check that the clusters fit (GPC sizes), else use
-    // smaller clusters / fewer groups.
-    int act = active_clusters(fp8, narrow, C, plan.L.total);
-    while (C > 1 && N > act) {
-      C /= 2;
-      G = auto_groups(C);
-      plan = make_plan(max_blocks, p.topk, C, G, budget_shared, block_bytes, kn.stages);
-      act = active_clusters(fp8, narrow, C, plan.L.total);
-    }
-    if (int64_t(N) * G > act && G > min_groups(max_blocks, C)) {
-      G = std::max(min_groups(max_blocks, C), act / N);
-      plan = make_plan(max_blocks, p.topk, C, G, budget_shared, block_bytes, kn.stages);
-    }
-  }
-  if (G > kMaxGroups) return false;
-  // At most one CTA per SM: give each CTA the whole shared memory (more stages in flight) when
-  // all the clusters still fit at once.
-  if (int64_t(N) * G * C <= num_sms()) {
-    const Plan big = make_plan(max_blocks, p.topk, C, G, budget_alone, block_bytes, kn.stages);
-    if (big.stages > plan.stages && int64_t(N) * G <= active_clusters(fp8, narrow, C, big.L.total)) plan = big;
-  }
-  const Layout L = plan.L;
-  if (L.total + 1024u > 227u * 1024u) return false;
-  const int64_t ctas = int64_t(N) * G * C;
-  if (ctas > int64_t(0x7fffffff)) return false;
-  const int chunk_blocks = plan.chunk_blocks, stages = plan.stages;
-
-  V3Args a{};
-  fill_indexer_args(a, p);
-  const size_t esz = a.q_bf16 ? 2 : 4;
-  a.q_vec = reinterpret_cast<uintptr_t>(p.index_q) % 16 == 0 && (size_t(p.q_stride) * esz) % 16 == 0;
-  a.C = C;
-  a.G = G;
-  a.chunk_blocks = chunk_blocks;
-  a.stages = stages;
-  a.block_scores = p.block_scores;
-  a.merge_ilp = kn.merge > 0;
-  a.pdl = pdl_enabled(kPdlIndexer, p.batch.num_tokens);
-  if (G > 1) {
-    const size_t part = size_t(N) * G * 16 * p.topk;
-    char* ws = static_cast<char*>(workspace(stream, part * 8));
-    a.part_s = reinterpret_cast<float*>(ws);
-    a.part_i = reinterpret_cast<int32_t*>(ws + part * 4);
-    a.counters = zeroed_counters(stream, size_t(N) * C);
-  }
-
-  a.l2_first = l2_evict_first(int64_t(N) * max_blocks * block_bytes, indexer_l2_knob()) ? 1 : 0;
-  a.trace = trace_alloc(indexer_trace_enabled(), size_t(ctas) * kTraceSlots, stream);
-
-  ClusterLaunch l(dim3(unsigned(ctas), 1, 1), dim3(kThreads, 1, 1), L.total, stream, C);
+void launch_decode_cluster(const IndexerArgs& a_in, bool fp8, bool narrow, int64_t ctas, uint32_t smem,
+                           cudaStream_t stream) {
+  IndexerArgs a = a_in;
+  a.trace = trace_alloc(tuning().indexer.trace, size_t(ctas) * kTraceSlots, stream);
+  ClusterLaunch l(dim3(unsigned(ctas), 1, 1), dim3(kThreads, 1, 1), smem, stream, a.C);
   if (a.pdl) l.allow_programmatic_serialization();
-  const V3Kernel kernel = v3_kernel(fp8, narrow);
-  set_smem(kernel, L.total);
-  cuda_check(cudaLaunchKernelEx(&l.cfg, kernel, a), "indexer decode v3 launch");
-  SIEVE_LAUNCH_CHECK("indexer decode v3");
-  if (a.trace) print_trace(fp8, narrow, a, N, L.total, trace_collect(a.trace, size_t(ctas) * kTraceSlots, stream), ctas);
-  return true;
+  const ClusterKernel kernel = cluster_kernel(fp8, narrow);
+  set_smem(kernel, smem);
+  cuda_check(cudaLaunchKernelEx(&l.cfg, kernel, a), "indexer decode cluster launch");
+  SIEVE_LAUNCH_CHECK("indexer decode cluster");
+  if (a.trace)
+    print_trace(fp8, narrow, a, a.num_seqs, smem, trace_collect(a.trace, size_t(ctas) * kTraceSlots, stream), ctas);
 }
 
 }  // namespace sieve::cuda

@@ -1,0 +1,126 @@
+// The chosen defaults of the CUDA kernels, one struct per subsystem. Serving never changes them:
+// only the parity tests (to force a path or a grid) and `sieve bench kernels --tune` (to time
+// one) do, between calls, from the thread that launches. A field at its default means "the rule
+// the kernel's host code documents"; -1 or 0 usually says so. Kernels never read the environment.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace sieve::cuda {
+
+// Programmatic dependent launch and L2 policies shared by the decode-step kernels (common.cuh).
+struct LaunchTuning {
+  // -1: the measured default (decode indexers always, sparse attention up to 4 query tokens,
+  // dense attention up to 128, the cache write never); else a mask of PdlKernel (1 cache write,
+  // 2 decode indexers, 4 attention; 0 none, 7 all).
+  int pdl_mask = -1;
+};
+
+// The lightning indexer (cuda/indexer/).
+struct IndexerTuning {
+  // Decode kernels score with the narrow MMA where a request has at most 8 query vectors (same
+  // outputs bit for bit); false: always the 16-row MMA.
+  bool narrow_mma = true;
+  // Key blocks copied with an L2 evict-first policy (decode cluster and persistent kernels):
+  // -1 by the stream's size (l2_evict_first), 0 never, 1 always.
+  int l2_evict_first = -1;
+  // Synchronise every call made outside a stream capture and print where its CTAs spent their
+  // time (decode cluster / persistent kernels and the prefill kernel; stderr).
+  bool trace = false;
+
+  // Decode, chunked kernel (v2): at most this many chunks a request (0: the grid rule).
+  int chunked_max_chunks = 0;
+
+  // Decode, cluster kernel (v3): cluster size (1, 2, 4, 8) and groups per request (> 1: a
+  // second, global merge level); 0: the grid rule. Forcing either skips the residency fallback.
+  int cluster_size = 0, cluster_groups = 0;
+  // Shared-memory budget per CTA in KB for the key ring (0: 110, or 200 alone on an SM), and at
+  // most this many ring stages (0: as many as fit).
+  int cluster_budget_kb = 0, cluster_max_stages = 0;
+  // The chunk top-k unrolled by 8 and the merges by branch-free binary searches (same results).
+  bool cluster_merge_ilp = false;
+
+  // Decode, persistent kernel (v4); 0: the rule for each. Key blocks per work unit, stages of
+  // the key ring, CTAs in the grid (at most), static units per CTA, resident CTAs per SM (1, 2,
+  // or 3 with fp8).
+  int persistent_unit = 0, persistent_stages = 0, persistent_grid = 0, persistent_statics = 0,
+      persistent_ctas_per_sm = 0;
+  // The first unit's old key blocks before its query rows also without PDL.
+  bool persistent_early_copies = false;
+  // false: the counter finish also when every unit is static (else the polled finish).
+  bool persistent_poll = true;
+
+  // Prefill kernel: the MMA form (kAuto: rs / rsp with a bf16 cache by the work per CTA, ss with
+  // fp8), whether the selection kernel overlaps the scoring grid's tail, and the stream-K cost
+  // of a tile's setup in key blocks (0..64).
+  enum class PrefillMma { kAuto = -1, kSS = 0, kRS = 1, kRSP = 4 };
+  PrefillMma prefill_mma = PrefillMma::kAuto;
+  bool prefill_overlap = true;
+  int prefill_setup_units = 1;
+};
+
+// Paged attention (cuda/attention/ and attention_prefill.cu).
+struct AttentionTuning {
+  // Decode kernel grid: largest cluster (1..8), most ring stages (2..12), splits a row (0: the
+  // rule), consumer groups a CTA (0: the rule, 1 or 2).
+  int max_cluster = 8, max_stages = 12, splits = 0, consumer_groups = 0;
+  // Q by one bulk copy: -1 the measured rule, 0 never, 1 wherever the rows are aligned.
+  int q_bulk = -1;
+  // K/V copies with an L2 evict-first policy: -1 by the stream's size, 0 never, 1 always.
+  int l2_evict_first = -1;
+  // Two clusters a row merge through flagged records when the whole grid is resident (true), or
+  // always through partials and a last-CTA counter (false).
+  bool flagged_merge = true;
+  // 1: synchronise every call and print the CTAs' phase times; 2: also every CTA's (stderr).
+  int trace = 0;
+  // Prefill tiles (attention_prefill.cu): -1 the rule (a chunk of at least 8 new tokens and at
+  // least 512 in all), 0 never, 1 for every batch they support.
+  int prefill_tiles = -1;
+  // Sparse prefill tiles give blocks read by one token their own path (bf16 cache).
+  bool prefill_solo = true;
+};
+
+// moe_experts (moe.cu).
+struct MoeTuning {
+  // At most this many tokens a chunk (0: as many as the 1 GiB scratch holds).
+  long long chunk_tokens = 0;
+  // The fp32 SIMT products for BF16 weights too.
+  bool force_simt = false;
+  // Tensor-core tiles of 16 or 64 rows for every batch (0: by the batch).
+  int tile_rows = 0;
+};
+
+struct Tuning {
+  LaunchTuning launch;
+  IndexerTuning indexer;
+  AttentionTuning attention;
+  MoeTuning moe;
+};
+
+// The values in force (the defaults above unless a test or the benchmark changed them).
+const Tuning& tuning();
+void set_tuning(const Tuning& t);
+
+// Sets `t` for the scope's lifetime and restores the values before it (tests: also when an
+// assertion fails).
+class TuningScope {
+ public:
+  explicit TuningScope(const Tuning& t) : saved_(tuning()) { set_tuning(t); }
+  ~TuningScope() { set_tuning(saved_); }
+  TuningScope(const TuningScope&) = delete;
+  TuningScope& operator=(const TuningScope&) = delete;
+
+ private:
+  Tuning saved_;
+};
+
+// `sieve bench kernels --tune`: sets the field named `name` ("indexer.persistent_unit",
+// "attention.trace", ...) of `t` from `value` (integers; true / false or 1 / 0 for flags; ss, rs,
+// rsp or auto for indexer.prefill_mma). Throws Error naming the field on an unknown name or a
+// bad value.
+void set_tuning_field(Tuning& t, const std::string& name, const std::string& value);
+// Every name set_tuning_field knows, with its default.
+std::vector<std::string> tuning_field_names();
+
+}  // namespace sieve::cuda
