@@ -460,11 +460,17 @@ int run_bench_step(const std::vector<std::string>& argv) {
   d["logits_to_host_ms"] = d_logits;
   d["sampling_ms"] = d_sample;
   d["graphs"] = {{"captured", gs.captured}, {"replayed", gs.replayed}, {"off", gs.off_reason}};
+  // Sampling: the logits rows to the host, then one draw per sequence on the engine's workers.
+  const double logit_bytes = double(batch) * double(V) * 4;
+  d["families"].push_back({{"family", "sampling"}, {"time_ms", d_logits + d_sample}, {"bytes", logit_bytes},
+                           {"flops", 0.0}, {"floor_ms", 0.0}, {"ratio", 0.0},
+                           {"logits_to_host_ms", d_logits}, {"host_ms", d_sample}});
   if (print) {
+    std::printf("  %-20s %10.3f %12.3f %12s %10s %8s   (logits to host %.3f, draws on the host %.3f)\n", "sampling",
+                d_logits + d_sample, logit_bytes / 1e9, "", "-", "-", d_logits, d_sample);
     std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (%s, median of %lld)\n", "step", dec_step, dec_bytes / 1e9,
                 "", dec_floor, dec_floor > 0 ? dec_step / dec_floor : 0.0,
                 gs.replayed > 0 ? "CUDA graph replay" : "eager: no graphs on this device", iters);
-    std::printf("  %-20s %10.3f\n  %-20s %10.3f\n", "logits to host", d_logits, "sampling (host)", d_sample);
   }
 
   // Projection: the step, its logits and sampling, and two all-reduces per layer of the step's

@@ -146,7 +146,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
   if (o.progress) o.progress(w.bytes, w.bytes);
   std::string line = "weights: " + gib_text(double(w.bytes)) + " on " + dev.str() + (rank.empty() ? "" : " for " + rank) +
                      " (" + (quant.empty() ? "bf16" : quant) + (dummy ? ", dummy values" : "");
-  if (!dummy) line += "; " + gib_text(double(w.file_bytes)) + " of checkpoint tensors read";
+  if (!dummy && w.file_bytes > 0) {
+    char ratio[48];
+    std::snprintf(ratio, sizeof ratio, " (%.3f x)", double(w.bytes) / double(w.file_bytes));
+    line += "; " + gib_text(double(w.file_bytes)) + " of checkpoint tensors read" + ratio;
+  }
   if (w.regroup_inexact > 0) line += "; " + std::to_string(w.regroup_inexact) + " fp8 values rounded by the 1x128 regrouping";
   SIEVE_LOG(Info, line << ")");
   return make_minimax_m3(std::move(cfg), wo.layout, std::move(w), dev);
