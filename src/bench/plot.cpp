@@ -176,84 +176,150 @@ struct Layout {
   }
 };
 
-Layout layout(const std::vector<PlotSeries>& series, const PlotOptions& o) {
+// One panel: a frame, grid lines with labelled ticks, axis titles, and each series as a curve
+// with its points. `xs` maps a point to its x value; the axis has the given ticks, linear or
+// log2 (concurrency doubles from run to run).
+struct Axis {
+  std::vector<double> ticks;
+  bool log2 = false;
+  std::string title;
+};
+
+void draw_panel(Layout& L, double x0, double y0, double pw, double ph, const Axis& xa, const Axis& ya,
+                const std::vector<PlotSeries>& series, double (*xs)(const PlotPoint&),
+                double (*ys)(const PlotPoint&), const char* unit) {
+  auto pos = [](const Axis& a, double v) {
+    const double lo = a.ticks.front(), hi = a.ticks.back();
+    if (a.log2) return hi > lo ? (std::log2(v) - std::log2(lo)) / (std::log2(hi) - std::log2(lo)) : 0.5;
+    return hi > lo ? (v - lo) / (hi - lo) : 0.5;
+  };
+  auto X = [&](double v) { return x0 + pos(xa, v) * pw; };
+  auto Y = [&](double v) { return y0 + ph - pos(ya, v) * ph; };
+  for (double t : ya.ticks) {
+    L.line(x0, Y(t), x0 + pw, Y(t), 0xe0e0e0);
+    L.text(x0 - 8, Y(t) + 4, num(t), 12, 'e');
+  }
+  for (double t : xa.ticks) {
+    L.line(X(t), y0, X(t), y0 + ph, 0xf0f0f0);
+    L.text(X(t), y0 + ph + 18, num(t), 12, 'm');
+  }
+  Shape frame{Shape::rect, {{x0, y0}, {pw, ph}}};
+  frame.color = 0x333333;
+  L.shapes.push_back(frame);
+  L.text(x0 + pw / 2.0, y0 + ph + 42, xa.title, 14, 'm');
+  // The y title stands clear of the widest tick label (12 px a character in the PNG's font).
+  size_t widest = 0;
+  for (double t : ya.ticks) widest = std::max(widest, num(t).size());
+  L.text(x0 - std::max(55.0, 16.0 + 12.0 * double(widest)), y0 + ph / 2.0, ya.title, 14, 'm', 0, true);
+  for (size_t si = 0; si < series.size(); ++si) {
+    const auto& s = series[si];
+    const uint32_t color = parse_color(kColors[si % (sizeof kColors / sizeof *kColors)]);
+    if (s.points.size() > 1) {
+      Shape pl{Shape::polyline, {}};
+      for (const auto& p : s.points) pl.pts.emplace_back(X(xs(p)), Y(ys(p)));
+      pl.color = color;
+      pl.width = 2;
+      pl.css = "series";
+      L.shapes.push_back(std::move(pl));
+    }
+    for (const auto& p : s.points) {
+      Shape c{Shape::circle, {{X(xs(p)), Y(ys(p))}}};
+      c.radius = 4;
+      c.color = color;
+      c.css = "point";
+      c.title = s.name + ": " + num(ys(p)) + " " + unit +
+                (p.concurrency > 0 ? " at concurrency " + std::to_string(p.concurrency) : "") + ", " +
+                num(p.output_throughput) + " tok/s";
+      L.shapes.push_back(std::move(c));
+      // On the throughput axis the concurrency is not on an axis, so each point says it.
+      if (!xa.log2) {
+        const std::string tag = p.concurrency > 0    ? "c=" + std::to_string(p.concurrency)
+                                : p.request_rate > 0 ? num(p.request_rate) + " rps"
+                                                     : "";
+        if (!tag.empty()) L.text(X(xs(p)) + 6, Y(ys(p)) - 6, tag, 10, 's', color);
+      }
+    }
+  }
+}
+
+void legend(Layout& L, const std::vector<PlotSeries>& series, double x) {
+  for (size_t si = 0; si < series.size(); ++si) {
+    const uint32_t color = parse_color(kColors[si % (sizeof kColors / sizeof *kColors)]);
+    L.line(x, 52, x + 24, 52, color, 3);
+    L.text(x + 30, 56, series[si].name, 12);
+    x += 50 + 12.0 * double(series[si].name.size());  // wide enough for the PNG's bitmap font
+  }
+}
+
+double tpot_of(const PlotPoint& p) { return p.tpot_ms; }
+double ttft_of(const PlotPoint& p) { return p.ttft_ms; }
+double throughput_of(const PlotPoint& p) { return p.output_throughput; }
+double concurrency_of(const PlotPoint& p) { return double(p.concurrency); }
+
+std::string stat_label(const PlotOptions& o) {
+  return o.stat == "mean" ? "Mean" : o.stat == "median" ? "Median" : "P" + o.stat.substr(1);
+}
+
+// y ticks from 0 to a little above the largest value of `ys` over all series.
+Axis value_axis(const std::vector<PlotSeries>& series, double (*ys)(const PlotPoint&), std::string title) {
+  double hi = 0;
+  for (const auto& s : series)
+    for (const auto& p : s.points) hi = std::max(hi, ys(p));
+  return {nice_ticks(0, hi > 0 ? hi * 1.05 : 1), false, std::move(title)};
+}
+
+// TPOT and TTFT against output throughput: the trade-off one engine makes as load grows.
+Layout layout_throughput(const std::vector<PlotSeries>& series, const PlotOptions& o) {
   Layout L;
   const int top = 70, bottom = 70, left = 80, gap = 90, right = 30;
-  const int pw = (L.W - left - right - gap) / 2, ph = L.H - top - bottom;
-  double xmax = 0, tpot_max = 0, ttft_max = 0;
-  for (const auto& s : series)
-    for (const auto& p : s.points) {
-      xmax = std::max(xmax, p.output_throughput);
-      tpot_max = std::max(tpot_max, p.tpot_ms);
-      ttft_max = std::max(ttft_max, p.ttft_ms);
-    }
-  std::string stat_label = o.stat == "mean"     ? "Mean"
-                           : o.stat == "median" ? "Median"
-                                                : "P" + o.stat.substr(1);
+  const double pw = (L.W - left - right - gap) / 2.0, ph = L.H - top - bottom;
   L.text(L.W / 2.0, 30, o.title.empty() ? "Latency against output throughput" : o.title, 18, 'm');
-  struct Panel {
-    int x0;
-    double ymax;
-    std::string ylabel;
-    bool tpot;
-  } panels[] = {{left, tpot_max, stat_label + " TPOT (ms)", true},
-                {left + pw + gap, ttft_max, stat_label + " TTFT (ms)", false}};
-  auto xt = nice_ticks(0, xmax > 0 ? xmax * 1.05 : 1);
-  double xhi = xt.back();
-  for (const auto& pn : panels) {
-    auto yt = nice_ticks(0, pn.ymax > 0 ? pn.ymax * 1.05 : 1);
-    double yhi = yt.back();
-    auto X = [&](double v) { return pn.x0 + v / xhi * pw; };
-    auto Y = [&](double v) { return top + ph - v / yhi * ph; };
-    for (double t : yt) {
-      L.line(pn.x0, Y(t), pn.x0 + pw, Y(t), 0xe0e0e0);
-      L.text(pn.x0 - 8, Y(t) + 4, num(t), 12, 'e');
-    }
-    for (double t : xt) {
-      L.line(X(t), top, X(t), top + ph, 0xf0f0f0);
-      L.text(X(t), top + ph + 18, num(t), 12, 'm');
-    }
-    Shape frame{Shape::rect, {{double(pn.x0), double(top)}, {double(pw), double(ph)}}};
-    frame.color = 0x333333;
-    L.shapes.push_back(frame);
-    L.text(pn.x0 + pw / 2.0, top + ph + 42, "Output token throughput (tok/s)", 14, 'm');
-    L.text(pn.x0 - 55, top + ph / 2.0, pn.ylabel, 14, 'm', 0, true);
-    for (size_t si = 0; si < series.size(); ++si) {
-      const auto& s = series[si];
-      uint32_t color = parse_color(kColors[si % (sizeof kColors / sizeof *kColors)]);
-      if (s.points.size() > 1) {
-        Shape pl{Shape::polyline, {}};
-        for (const auto& p : s.points)
-          pl.pts.emplace_back(X(p.output_throughput), Y(pn.tpot ? p.tpot_ms : p.ttft_ms));
-        pl.color = color;
-        pl.width = 2;
-        pl.css = "series";
-        L.shapes.push_back(std::move(pl));
-      }
-      for (const auto& p : s.points) {
-        double v = pn.tpot ? p.tpot_ms : p.ttft_ms;
-        Shape c{Shape::circle, {{X(p.output_throughput), Y(v)}}};
-        c.radius = 4;
-        c.color = color;
-        c.css = "point";
-        c.title = s.name + ": " + num(p.output_throughput) + " tok/s, " + num(v) + " ms" +
-                  (p.concurrency > 0 ? ", concurrency " + std::to_string(p.concurrency) : "");
-        L.shapes.push_back(std::move(c));
-        std::string tag = p.concurrency > 0    ? "c=" + std::to_string(p.concurrency)
-                          : p.request_rate > 0 ? num(p.request_rate) + " rps"
-                                               : "";
-        if (!tag.empty()) L.text(X(p.output_throughput) + 6, Y(v) - 6, tag, 10, 's', color);
-      }
-    }
-  }
-  double lx = left;
-  for (size_t si = 0; si < series.size(); ++si) {
-    uint32_t color = parse_color(kColors[si % (sizeof kColors / sizeof *kColors)]);
-    L.line(lx, 52, lx + 24, 52, color, 3);
-    L.text(lx + 30, 56, series[si].name, 12);
-    lx += 50 + 12.0 * double(series[si].name.size());  // wide enough for the PNG's bitmap font
-  }
+  const Axis x = value_axis(series, throughput_of, "Output token throughput (tok/s)");
+  draw_panel(L, left, top, pw, ph, x, value_axis(series, tpot_of, stat_label(o) + " TPOT (ms)"), series,
+             throughput_of, tpot_of, "ms");
+  draw_panel(L, left + pw + gap, top, pw, ph, x, value_axis(series, ttft_of, stat_label(o) + " TTFT (ms)"),
+             series, throughput_of, ttft_of, "ms");
+  legend(L, series, left);
   return L;
+}
+
+// TPOT, TTFT and output throughput against concurrency, engines side by side as curves: what
+// each engine gives at the same load.
+Layout layout_concurrency(const std::vector<PlotSeries>& series, const PlotOptions& o) {
+  Layout L;
+  L.W = 1500;
+  const int top = 70, bottom = 70, left = 90, gap = 105, right = 30;
+  const double pw = (L.W - left - right - 2 * gap) / 3.0, ph = L.H - top - bottom;
+  L.text(L.W / 2.0, 30, o.title.empty() ? "Latency and throughput against concurrency" : o.title, 18, 'm');
+  // One tick per concurrency that was run, on a log2 axis.
+  Axis x{{}, true, "Concurrency (requests in flight)"};
+  for (const auto& s : series)
+    for (const auto& p : s.points) x.ticks.push_back(double(p.concurrency));
+  std::sort(x.ticks.begin(), x.ticks.end());
+  x.ticks.erase(std::unique(x.ticks.begin(), x.ticks.end()), x.ticks.end());
+  if (x.ticks.size() == 1) x.ticks = {x.ticks[0] / 2, x.ticks[0], x.ticks[0] * 2};
+  draw_panel(L, left, top, pw, ph, x, value_axis(series, tpot_of, stat_label(o) + " TPOT (ms)"), series,
+             concurrency_of, tpot_of, "ms");
+  draw_panel(L, left + pw + gap, top, pw, ph, x, value_axis(series, ttft_of, stat_label(o) + " TTFT (ms)"),
+             series, concurrency_of, ttft_of, "ms");
+  draw_panel(L, left + 2 * (pw + gap), top, pw, ph, x,
+             value_axis(series, throughput_of, "Output token throughput (tok/s)"), series, concurrency_of,
+             throughput_of, "tok/s");
+  legend(L, series, left);
+  return L;
+}
+
+Layout layout(const std::vector<PlotSeries>& series, const PlotOptions& o) {
+  if (o.x_axis == "throughput") return layout_throughput(series, o);
+  if (o.x_axis != "concurrency")
+    throw Error("--x must be concurrency or throughput, got \"" + o.x_axis + "\"");
+  for (const auto& s : series)
+    for (const auto& p : s.points)
+      if (p.concurrency <= 0)
+        throw Error("a run of \"" + s.name +
+                    "\" has no max_concurrency (it ran at a request rate): plot it with --x throughput, or "
+                    "run `sieve bench serve --max-concurrency N`");
+  return layout_concurrency(series, o);
 }
 
 // --- raster -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-// `sieve bench plot`: TPOT and TTFT against output throughput across runs (one point per
-// result JSON, one curve per engine/label), the picture engines are compared by. The picture is
-// laid out once as a list of shapes, then written as SVG or rasterised to PNG.
+// `sieve bench plot`: the pictures engines are compared by, one point per result JSON and one
+// curve per engine/label: TPOT, TTFT and output throughput against concurrency (side by side),
+// or TPOT and TTFT against output throughput. Laid out once as a list of shapes, then written
+// as SVG or rasterised to PNG.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,9 @@ struct PlotSeries {
 struct PlotOptions {
   std::string stat = "mean";       // mean, median or pNN: which TPOT/TTFT statistic
   std::string group_by = "label";  // label (label, else backend + model), model, or file
+  // concurrency: TPOT, TTFT and throughput against max_concurrency (every run needs one);
+  // throughput: TPOT and TTFT against output throughput.
+  std::string x_axis = "concurrency";
   std::string title;
 };
 

@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <thread>
 
 #include "bench/report.h"
 #include "core/error.h"
+#include "core/progress.h"
 
 namespace sieve::bench {
 
@@ -69,17 +71,6 @@ std::vector<double> release_times(int n, double rate, double burstiness, uint64_
 }
 
 namespace {
-
-void draw_progress(int done, int total, double elapsed) {
-  const int width = 40;
-  int filled = total > 0 ? done * width / total : width;
-  std::string bar(size_t(filled), '#');
-  bar += std::string(size_t(width - filled), ' ');
-  double rate = elapsed > 0 ? done / elapsed : 0;
-  std::fprintf(stderr, "\r%3d%%|%s| %d/%d [%.0fs, %.2f req/s]", total ? done * 100 / total : 100,
-               bar.c_str(), done, total, elapsed, rate);
-  std::fflush(stderr);
-}
 
 void run_one(HttpSession& s, const SampleRequest& r, const BenchConfig& c, double arrival,
              const std::atomic<bool>* cancel, RequestRecord& rec) {
@@ -144,8 +135,10 @@ BenchRun run_benchmark(const std::vector<SampleRequest>& reqs, const BenchConfig
   std::condition_variable cv;
   std::deque<std::pair<int, double>> queue;  // (index, arrival time)
   bool closed = false;
-  std::atomic<int> done{0};
 
+  // On a terminal a bar, else a log line every few seconds (--disable-tqdm: neither).
+  std::optional<Progress> bar;
+  if (c.progress) bar.emplace(ProgressOptions{.label = "bench", .total = uint64_t(n), .unit = "req"});
   double t0 = 0;  // set once the workers exist, so that starting threads is not measured
   std::vector<std::thread> pool;
   for (int w = 0; w < workers; ++w)
@@ -165,22 +158,11 @@ BenchRun run_benchmark(const std::vector<SampleRequest>& reqs, const BenchConfig
         run_one(s, reqs[size_t(job.first)], c, job.second, cancel, rec);
         bool cut = cancel->load() && !rec.success();
         finished[size_t(job.first)] = cut ? 0 : 1;
-        ++done;
+        if (bar) bar->add(1);
       }
     });
 
   t0 = now_s();
-  std::thread bar;
-  std::atomic<bool> bar_stop{false};
-  if (c.progress)
-    bar = std::thread([&] {
-      while (!bar_stop.load()) {
-        draw_progress(done.load(), n, now_s() - t0);
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      }
-      draw_progress(done.load(), n, now_s() - t0);
-      std::fputc('\n', stderr);
-    });
 
   for (int i = 0; i < n && !cancel->load(); ++i) {
     double due = t0 + rel[size_t(i)];
@@ -203,10 +185,7 @@ BenchRun run_benchmark(const std::vector<SampleRequest>& reqs, const BenchConfig
   cv.notify_all();
   for (auto& t : pool) t.join();
   run.duration_s = now_s() - t0;
-  if (bar.joinable()) {
-    bar_stop = true;
-    bar.join();
-  }
+  bar.reset();
   run.interrupted = cancel->load();
   for (int i = 0; i < n; ++i)
     if (finished[size_t(i)]) {

@@ -30,7 +30,7 @@ struct BenchConfig {
   int num_warmups = 0;
   uint64_t seed = 0;
   ClientOptions client;
-  bool progress = false;           // progress bar on stderr
+  bool progress = false;           // a bar on a terminal (stderr), else a log line every few seconds
   const TextCodec* tok = nullptr;  // counts output tokens when usage is missing
 };
 

@@ -1,5 +1,5 @@
-// `sieve bench plot`: TPOT and TTFT against output throughput from saved benchmark results,
-// as SVG or PNG.
+// `sieve bench plot`: TPOT, TTFT and throughput against concurrency (or latency against
+// throughput) from saved benchmark results, as SVG or PNG.
 #include <fstream>
 #include <iostream>
 
@@ -15,6 +15,9 @@ int run_bench_plot(const std::vector<std::string>& argv) {
       .opt({"--stat"}, "STAT", "which TPOT/TTFT statistic: mean, median or pNN", "mean")
       .opt({"--group-by"}, "KEY",
            "one curve per label (label, else backend + model), model or file", "label")
+      .opt({"--x"}, "AXIS",
+           "concurrency (TPOT, TTFT and throughput against it) or throughput (TPOT and TTFT against it)",
+           "concurrency")
       .opt({"--title"}, "TEXT", "title of the picture");
   if (!a.parse()) return 0;
   if (a.positional().empty())
@@ -37,6 +40,7 @@ int run_bench_plot(const std::vector<std::string>& argv) {
   o.stat = a.get("--stat");
   o.group_by = a.get("--group-by");
   o.title = a.get("--title");
+  o.x_axis = a.get("--x");
   auto series = sieve::bench::series_from_results(files, o);
   std::ofstream f(out, std::ios::binary);
   if (!f) throw sieve::Error("cannot write " + out);
@@ -53,7 +57,7 @@ int run_bench_plot(const std::vector<std::string>& argv) {
 }
 
 sieve::cli::Register reg{"bench plot",
-                         "draw TPOT and TTFT against output throughput from result JSONs (SVG/PNG)",
+                         "draw TPOT, TTFT and throughput against concurrency from result JSONs (SVG/PNG)",
                          &run_bench_plot};
 
 }  // namespace

@@ -1,6 +1,4 @@
 // `sieve bench serve`: vLLM's serving benchmark against any OpenAI-compatible server.
-#include <unistd.h>
-
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -78,7 +76,7 @@ int run_bench_serve(const std::vector<std::string>& argv) {
            "name of the result JSON (default "
            "{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json)")
       .opt({"--request-timeout"}, "S", "fail a request after S seconds without data", "21600")
-      .flag({"--disable-tqdm"}, "no progress bar");
+      .flag({"--disable-tqdm"}, "no progress (a bar on a terminal, else a log line every 10 s)");
   if (!a.parse()) return 0;
 
   sieve::bench::ServeOptions o;
@@ -124,7 +122,7 @@ int run_bench_serve(const std::vector<std::string>& argv) {
   o.result_dir = a.get("--result-dir");
   o.result_filename = a.get("--result-filename");
   o.client.read_timeout_s = a.get_double("--request-timeout");
-  o.progress = !a.get_flag("--disable-tqdm") && isatty(STDOUT_FILENO);
+  o.progress = !a.get_flag("--disable-tqdm");
 
   g_stop = false;
   auto old = std::signal(SIGINT, on_sigint);

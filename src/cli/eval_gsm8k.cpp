@@ -1,6 +1,4 @@
 // `sieve eval gsm8k`: lm-eval's 5-shot GSM8K against any OpenAI-compatible server.
-#include <unistd.h>
-
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -32,7 +30,8 @@ int run_eval_gsm8k(const std::vector<std::string>& argv) {
       .opt({"--seed"}, "N", "seed of the few-shot draw", "1234")
       .opt({"--output-path"}, "FILE",
            "write one JSON line per question (reply, extractions, score)")
-      .opt({"--request-timeout"}, "S", "fail a request after S seconds without data", "3600");
+      .opt({"--request-timeout"}, "S", "fail a request after S seconds without data", "3600")
+      .flag({"--no-progress"}, "no progress (a bar on a terminal, else a log line every 10 s)");
   if (!a.parse()) return 0;
   if (!a.positional().empty())
     throw sieve::Error("sieve eval gsm8k: unexpected argument \"" + a.positional()[0] + "\"");
@@ -48,7 +47,7 @@ int run_eval_gsm8k(const std::vector<std::string>& argv) {
   o.seed = uint64_t(a.get_int("--seed"));
   o.output_path = a.get("--output-path");
   o.client.read_timeout_s = a.get_double("--request-timeout");
-  o.progress = isatty(STDOUT_FILENO);
+  o.progress = !a.get_flag("--no-progress");
   g_stop = false;
   auto old = std::signal(SIGINT, on_sigint);
   sieve::eval::Gsm8kResult r;

@@ -1,12 +1,10 @@
 #include "cli/model_load_flags.h"
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdio>
 #include <memory>
 
 #include "core/error.h"
+#include "core/progress.h"
 
 namespace sieve::cli {
 
@@ -35,33 +33,18 @@ model::LoadOptions model_load_options(const Args& a) {
 std::function<void(uint64_t, uint64_t)> load_progress_printer(const std::string& what) {
   using clock = std::chrono::steady_clock;
   struct State {
-    clock::time_point start = clock::now(), last{};
-    bool shown = false, finished = false;
-    bool tty = ::isatty(STDERR_FILENO) != 0;
+    clock::time_point start = clock::now();
+    std::unique_ptr<Progress> bar;
   };
   auto st = std::make_shared<State>();
   return [st, what](uint64_t done, uint64_t total) {
-    const auto now = clock::now();
-    const double secs = std::chrono::duration<double>(now - st->start).count();
-    const bool last = done >= total;
-    if (st->finished || (secs < 1.0 && !(last && st->shown))) return;
-    st->finished = last;
-    if (!last && st->shown && now - st->last < (st->tty ? std::chrono::milliseconds(200) : std::chrono::seconds(5)))
-      return;
-    st->last = now;
-    const double gib = double(1ull << 30);
-    const double rate = double(done) / std::max(secs, 1e-3);
-    const double left = rate > 0 ? double(total > done ? total - done : 0) / rate : 0;
-    const double frac = total ? double(done) / double(total) : 1.0;
-    char bar[31];
-    const int filled = int(frac * 30 + 0.5);
-    for (int i = 0; i < 30; ++i) bar[i] = i < filled ? '#' : '.';
-    bar[30] = 0;
-    std::fprintf(stderr, "%s%s [%s] %.2f / %.2f GiB, %.2f GiB/s, %s %.0f s%s", st->tty ? "\r" : "", what.c_str(), bar,
-                 double(done) / gib, double(total) / gib, rate / gib, last ? "took" : "ETA", last ? secs : left,
-                 st->tty && !last ? "" : "\n");
-    std::fflush(stderr);
-    st->shown = true;
+    if (!st->bar) {
+      // Loads that take under a second show nothing.
+      if (done >= total || std::chrono::duration<double>(clock::now() - st->start).count() < 1.0) return;
+      st->bar = std::make_unique<Progress>(ProgressOptions{.label = what, .total = total, .bytes = true});
+    }
+    st->bar->set(done);
+    if (done >= total) st->bar->finish();
   };
 }
 

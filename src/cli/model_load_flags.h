@@ -18,10 +18,8 @@ void add_model_load_flags(Args& a);
 // kernels cannot run), with a progress printer on stderr.
 model::LoadOptions model_load_options(const Args& a);
 
-// A progress callback (done, total bytes) that draws a bar with the rate and the time left on
-// stderr: in place on a terminal, else a line every few seconds; silent for loads shorter than a
-// second. (A shared progress utility, src/core/progress.h, is being written on another branch;
-// this printer can move onto it.)
+// A progress callback (done, total bytes) for core/progress.h's bar (bytes, rate, time left; on
+// a terminal in place, else a log line every few seconds); silent for loads under a second.
 std::function<void(uint64_t, uint64_t)> load_progress_printer(const std::string& what);
 
 }  // namespace sieve::cli

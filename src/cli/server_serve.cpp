@@ -237,8 +237,9 @@ int run_serve(const std::vector<std::string>& argv) {
       .flag({"--disable-log-requests"}, "accepted for vLLM compatibility; requests are not logged")
       .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
       .flag({"--trust-remote-code"}, "accepted for vLLM compatibility; no effect")
-      .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes")
-      .flag({"--no-enable-prefix-caching"}, "do not reuse prompt prefixes (the default)");
+      .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes (the default)")
+      .flag({"--no-enable-prefix-caching"}, "compute every prompt from its first token")
+      .flag({"--disable-web-ui"}, "no chat page at / and no dashboard (the API alone)");
   add_model_load_flags(a);
   if (!a.parse()) return 0;
 
@@ -257,7 +258,8 @@ int run_serve(const std::vector<std::string>& argv) {
   if (!(gpu_util > 0 && gpu_util <= 1)) throw Error("--gpu-memory-utilization must be in (0, 1]");
   if (a.get_flag("--enable-prefix-caching") && a.get_flag("--no-enable-prefix-caching"))
     throw Error("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
-  const bool prefix_caching = a.get_flag("--enable-prefix-caching");
+  // On by default, as in vLLM: reuse is exact (tests/model/prefix_cache_test.cpp).
+  const bool prefix_caching = !a.get_flag("--no-enable-prefix-caching");
   const long long max_logprobs = a.get_int("--max-logprobs");
   if (max_logprobs < 0 || max_logprobs > 1000000) throw Error("--max-logprobs must be in 0..1000000");
   if (const std::string dt = a.get("--dtype"); dt != "auto" && dt != "bfloat16" && dt != "bf16")
@@ -385,6 +387,12 @@ int run_serve(const std::vector<std::string>& argv) {
   so.defaults = defaults;
   so.reasoning_parser = reasoning_parser;
   if (a.get_flag("--enable-auto-tool-choice")) so.tool_parser = tool_parser;
+  so.web_ui = !a.get_flag("--disable-web-ui");
+  auto cache_dtype = [](DType t) { return t == DType::FP8_E4M3 ? "fp8" : t == DType::BF16 ? "bf16" : "fp32"; };
+  so.ui_info = {{"device", lo.device.str()},
+                {"kv_cache_dtype", cache_dtype(co.kv_dtype)},
+                {"index_cache_dtype", cache_dtype(co.index_dtype)},
+                {"cache_bytes_per_block", per_block}};
 
   // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
   // started below), which drains the server.

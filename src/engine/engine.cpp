@@ -485,6 +485,9 @@ void Engine::step() {
     for (double v : ttfts) stats_.ttft.observe(v);
     for (double v : itls) stats_.itl.observe(v);
     ++stats_.steps;
+    // The prefix-cache counters too, before any request of this step is seen to finish.
+    stats_.prefix_query_tokens = uint64_t(kv_.prefix_query_tokens());
+    stats_.prefix_hit_tokens = uint64_t(kv_.prefix_hit_tokens());
   }
   for (auto& [r, reason] : done) finish_request(r, reason);
 

@@ -1,19 +1,19 @@
 #include "eval/gsm8k.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <regex>
 #include <thread>
 
 #include "core/error.h"
+#include "core/progress.h"
 
 namespace sieve::eval {
 
@@ -214,7 +214,10 @@ Gsm8kResult run_gsm8k(const Gsm8kOptions& o, std::atomic<bool>* stop, std::ostre
   Gsm8kResult res;
   res.responses.assign(n, "");
   std::vector<int> failed(n, 0), answered(n, 0);
-  std::atomic<size_t> next{0}, done{0};
+  std::atomic<size_t> next{0}, done{0}, correct{0};
+  // On a terminal a bar, else a log line every few seconds; with the accuracy so far.
+  std::optional<Progress> bar;
+  if (o.progress) bar.emplace(ProgressOptions{.label = "gsm8k", .total = n, .unit = "q"});
   std::atomic<bool> never{false};
   std::atomic<bool>* cancel = stop ? stop : &never;
   const std::string path = o.chat ? "/v1/chat/completions" : "/v1/completions";
@@ -252,35 +255,26 @@ Gsm8kResult run_gsm8k(const Gsm8kOptions& o, std::atomic<bool>* stop, std::ostre
       }
       if (rec.success()) {
         res.responses[i] = cut_at_stop(rec.generated_text);
+        if (exact_match(extract_flexible(res.responses[i]), test[i].answer)) ++correct;
       } else {
         failed[i] = 1;
         std::lock_guard<std::mutex> lk(err_mu);
         if (first_error.empty()) first_error = rec.error;
       }
       if (!cancel->load()) answered[i] = 1;
-      ++done;
+      const size_t d = ++done;
+      if (bar) {
+        char note[48];
+        std::snprintf(note, sizeof note, "flexible-extract %.3f", double(correct.load()) / double(d));
+        bar->set_note(note);
+        bar->add(1);
+      }
     }
   };
-  auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int w = 0; w < std::min<int>(o.num_concurrent, int(n)); ++w) pool.emplace_back(worker);
-  std::atomic<bool> bar_stop{false};
-  std::thread bar;
-  if (o.progress)
-    bar = std::thread([&] {
-      for (;;) {
-        bool last = bar_stop.load();
-        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::fprintf(stderr, "\rgsm8k: %zu/%zu [%.0fs]", done.load(), n, el);
-        std::fflush(stderr);
-        if (last) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
-      }
-      std::fputc('\n', stderr);
-    });
   for (auto& t : pool) t.join();
-  bar_stop = true;
-  if (bar.joinable()) bar.join();
+  bar.reset();
 
   if (cancel->load()) out << "Interrupted: scoring the questions answered so far" << std::endl;
   std::vector<int> flex, strict;

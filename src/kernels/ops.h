@@ -217,8 +217,14 @@ struct SwigluOaiParams {
 // MoE routing, DeepSeek-V3 style without groups: s = sigmoid(logits); choose the top-k of
 // s + bias (ties: lower expert id); weights = s of the chosen, renormalised to sum 1 when
 // renormalize, times scaling.
+// The logits come either from `logits`, or from the router GEMM fused into the op:
+// logits = x . gate^T with fp32 products and sums (set x and gate, leave logits null).
 struct MoeRouteParams {
   const float* logits = nullptr;  // [num_tokens, num_experts] (fp32 router GEMM output)
+  const void* x = nullptr;        // fused router GEMM: [num_tokens, hidden], row stride ldx
+  DType x_dtype = DType::F32;     // F32 or BF16
+  int64_t hidden = 0, ldx = 0;
+  const float* gate = nullptr;    // fused router GEMM: [num_experts, hidden] fp32 router weight
   const float* bias = nullptr;    // [num_experts] e_score_correction_bias, or null
   int64_t num_tokens = 0;
   int num_experts = 0, topk = 0;
@@ -230,9 +236,18 @@ struct MoeRouteParams {
 
 // Routed experts: out[t] += sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) with
 // expert(x) = w_down . swiglu_oai(w_gate_up . x).
+// FP8_E4M3 weights (the WeightView layout, one block shape for every matrix): w[n][k] =
+// fp8[n][k] * scale[(n / scale_block_rows) * ceil(cols / scale_block_cols) + k / scale_block_cols].
+// The CPU dequantizes them exactly (fp32, any block shape); the CUDA kernels take blocks of
+// (r, 128) for any r >= 1 (in practice (1, 128) and (128, 128)) and quantize the activations that
+// enter each product (x, the SwiGLU output) per 1 x 128 token group as kFp8Group describes
+// (docs/kernels.md says where CUDA rounds more than the CPU).
 struct MoeExpertsParams {
-  const void* x = nullptr;  // [num_tokens, hidden]
-  DType act_dtype = DType::F32;
+  const void* x = nullptr;  // [num_tokens, hidden]: act_dtype, or FP8_E4M3 when x_scale is set
+  DType act_dtype = DType::F32;  // F32 or BF16: x (unless FP8) and out
+  // FP8 x (already quantized as kFp8Group describes, e.g. by rms_norm with an FP8 output):
+  // x = fp8 * x_scale[t * fp8_groups(hidden) + k / 128].
+  const float* x_scale = nullptr;  // [num_tokens, fp8_groups(hidden)]
   int64_t num_tokens = 0, hidden = 0, inter = 0;
   int num_experts = 0, topk = 0;
   const int32_t* ids = nullptr;    // [num_tokens, topk]
@@ -240,9 +255,17 @@ struct MoeExpertsParams {
   // Each expert's weights start 16-byte aligned (the CUDA backend reads them in 16-byte runs).
   const void* const* w_gate_up = nullptr;  // [num_experts] -> [2 * inter, hidden] ([gate | up] rows)
   const void* const* w_down = nullptr;     // [num_experts] -> [hidden, inter]
-  DType w_dtype = DType::BF16;
+  DType w_dtype = DType::BF16;             // F32, BF16 or FP8_E4M3
+  // FP8_E4M3 only: per expert the dequant multipliers of its two matrices (row-major over blocks).
+  const float* const* w_gate_up_scale = nullptr;  // [num_experts] -> [ceil(2 inter / br), ceil(hidden / bc)]
+  const float* const* w_down_scale = nullptr;     // [num_experts] -> [ceil(hidden / br), ceil(inter / bc)]
+  int scale_block_rows = 0, scale_block_cols = 0;  // br, bc
+  // CPU only, FP8 weights: quantize the activations entering each product (x unless already FP8,
+  // and the SwiGLU output) per 1 x 128 token group as the CUDA kernels do, so that a parity test
+  // compares like with like; false (the oracle): fp32 activations.
+  bool quantize_act = false;
   float alpha = 1.702f, limit = 7.0f, beta = 1.0f;
-  void* out = nullptr;  // [num_tokens, hidden], accumulated into
+  void* out = nullptr;  // [num_tokens, hidden] (act_dtype), accumulated into
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -288,9 +288,13 @@ class MiniMaxM3 final : public Model {
   void moe(const LayerWeights& L, const Act& x, int64_t n) {
     StepBuffers& sb = step_;
     const int E = cfg_.num_local_experts, k = cfg_.num_experts_per_tok;
-    linear(x, L.router, sb.router_logits.data(), DType::F32, E, n, false);
+    // The router GEMM (fp32 weights, fp32 sums) runs inside the routing op.
     ops::MoeRouteParams mr;
-    mr.logits = sb.router_logits.as<float>();
+    mr.x = x.data;
+    mr.x_dtype = x.dtype;
+    mr.hidden = cfg_.hidden_size;
+    mr.ldx = x.ld;
+    mr.gate = L.router.data.as<float>();
     mr.bias = L.router_bias.rows ? L.router_bias.data.as<float>() : nullptr;
     mr.num_tokens = n;
     mr.num_experts = E;
@@ -326,6 +330,10 @@ class MiniMaxM3 final : public Model {
     me.w_gate_up = static_cast<const void* const*>(L.expert_gate_up_ptrs.data());
     me.w_down = static_cast<const void* const*>(L.expert_down_ptrs.data());
     me.w_dtype = gu0.dtype;
+    me.w_gate_up_scale = static_cast<const float* const*>(L.expert_gate_up_scale_ptrs.data());
+    me.w_down_scale = static_cast<const float* const*>(L.expert_down_scale_ptrs.data());
+    me.scale_block_rows = gu0.block_rows;
+    me.scale_block_cols = gu0.block_cols;
     me.alpha = cfg_.swiglu_alpha;
     me.limit = cfg_.swiglu_limit;
     me.beta = cfg_.swiglu_beta;
@@ -412,7 +420,7 @@ class MiniMaxM3 final : public Model {
     Buffer xn, xn_scale;           // normed rows (fp32, activation dtype or FP8 + scales)
     Buffer qkv, attn, gate_up;     // activation dtype
     Buffer act, act_scale;         // SwiGLU output (activation dtype or FP8 + scales)
-    Buffer topk, router_logits, route_ids, route_w;
+    Buffer topk, route_ids, route_w;
     Buffer sel, sel_scale;         // normed logits rows
   };
 
@@ -446,7 +454,6 @@ class MiniMaxM3 final : public Model {
     sized(sb.act, size_t(n * ffn) * a);
     sized(sb.act_scale, size_t(n * ops::fp8_groups(ffn)) * 4);
     sized(sb.topk, size_t(n * std::max(layout_.index_heads, 1) * K) * 4);
-    sized(sb.router_logits, size_t(n * cfg_.num_local_experts) * 4);
     sized(sb.route_ids, size_t(n * cfg_.num_experts_per_tok) * 4);
     sized(sb.route_w, size_t(n * cfg_.num_experts_per_tok) * 4);
     sized(sb.sel, size_t(nl * H) * a);

@@ -13,9 +13,9 @@ using detail::Fp8Source;
 using detail::HostWeight;
 using detail::Slice;
 
-// Whether ops::moe_experts takes FP8 expert weights with block scales. Until it does, FP8 experts
-// are dequantized at load (exactly, to F32) and --quantization fp8 leaves them BF16.
-constexpr bool kMoeTakesFp8 = false;
+// Whether ops::moe_experts takes FP8 expert weights with block scales (it does; false would
+// dequantize FP8 experts at load, exactly, to F32, and leave them BF16 under --quantization fp8).
+constexpr bool kMoeTakesFp8 = true;
 
 ops::WeightView Weight::view() const {
   ops::WeightView v;

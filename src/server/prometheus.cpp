@@ -72,6 +72,9 @@ std::string prometheus_text(const engine::EngineStats& s, const std::string& mod
           double(s.prefix_query_tokens));
   counter("sieve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
           double(s.prefix_hit_tokens));
+  // The rate over any window is the ratio of the two counters' increases; this is since start.
+  gauge("sieve:prefix_cache_hit_rate", "Fraction of looked-up prompt tokens found in the prefix cache since start.",
+        s.prefix_query_tokens ? double(s.prefix_hit_tokens) / double(s.prefix_query_tokens) : 0.0);
   header(os, "sieve:request_success_total", "counter", "Finished requests by finish reason.");
   os << "sieve:request_success_total{" << l << ",finished_reason=\"stop\"} " << s.finished_stop
      << '\n';

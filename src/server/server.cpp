@@ -28,6 +28,7 @@
 #include "server/protocol.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
+#include "server/web_ui.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
 
@@ -306,6 +307,7 @@ struct Server::Impl {
   httplib::Server http;
   Server* owner;
   std::atomic<int> in_flight{0};
+  std::unique_ptr<WebUi> web;  // the chat page and dashboard
 
   Impl(engine::Engine& e, const text::Tokenizer& t, ServerOptions o, Server* s)
       : engine(e), tok(t), opts(std::move(o)), owner(s) {}
@@ -1168,6 +1170,16 @@ struct Server::Impl {
       r.set_content(prometheus_text(engine.stats(), model_name()),
                     "text/plain; version=0.0.4; charset=utf-8");
     });
+    if (opts.web_ui) {
+      web = std::make_unique<WebUi>(engine, opts);
+      http.Get(WebUi::kRoutePattern, [this](const httplib::Request& req, httplib::Response& r) {
+        auto w = web->get(req.path, req.get_param_value("since"), req.get_header_value("If-None-Match"));
+        if (!w) return send_error(r, 404, "Not Found: GET " + req.path);
+        r.status = w->status;
+        for (const auto& [k, v] : w->headers) r.set_header(k, v);
+        if (w->status != 304) r.set_content(std::move(w->body), w->content_type);
+      });
+    }
     post("/tokenize",
          [this](const httplib::Request&, const std::string& b, auto& r) { handle_tokenize(b, r); });
     post("/detokenize", [this](const httplib::Request&, const std::string& b, auto& r) {

@@ -33,6 +33,8 @@ struct ServerOptions {
   RequestDefaults defaults;           // what requests leave out (generation config, --max-logprobs)
   std::string reasoning_parser;       // --reasoning-parser (reasoning_parser_names()); empty: off
   std::string tool_parser;            // --tool-call-parser with --enable-auto-tool-choice; empty: off
+  bool web_ui = true;                 // the chat page at / and the dashboard (--disable-web-ui: off)
+  nlohmann::json ui_info;             // more facts for the page's /ui/info (cache dtypes, device)
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.

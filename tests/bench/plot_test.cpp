@@ -52,6 +52,7 @@ TEST(BenchPlot, SeriesGroupedAndSorted) {
                std::exception);
 
   o.group_by = "label";
+  o.x_axis = "throughput";
   std::string svg = render_svg(series_from_results(files, o), o);
   EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
@@ -66,6 +67,61 @@ TEST(BenchPlot, SeriesGroupedAndSorted) {
   EXPECT_NE(svg.find("Output token throughput (tok/s)"), std::string::npos);
   EXPECT_NE(svg.find(">c=32<"), std::string::npos);
   EXPECT_NE(svg.find(">3000<"), std::string::npos);  // 2433 tok/s plus a 5% margin: axis to 3000
+}
+
+long count_of(const std::string& text, const std::string& pattern) {
+  std::regex re(pattern);
+  return std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator());
+}
+
+// The default picture: TPOT, TTFT and throughput against concurrency, one curve per engine in
+// each of the three panels, concurrency on a log2 axis with a tick per concurrency that ran.
+TEST(BenchPlot, AgainstConcurrencyEnginesSideBySide) {
+  std::vector<std::pair<std::string, nlohmann::json>> files{
+      {"s1.json", result("sieve", 1, 120, 5.0, 90)},     {"s4.json", result("sieve", 4, 502, 7.5, 260.8)},
+      {"s16.json", result("sieve", 16, 1500, 12, 400)},  {"s64.json", result("sieve", 64, 2433, 25.0, 832)},
+      {"v4.json", result("vllm", 4, 480, 8.1, 280)},     {"v64.json", result("vllm", 64, 2100, 29.0, 990)},
+      {"v16.json", result("vllm", 16, 1400, 13.5, 450)}};
+  PlotOptions o;
+  EXPECT_EQ(o.x_axis, "concurrency");
+  auto s = series_from_results(files, o);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[1].points[1].concurrency, 16);  // sorted by concurrency
+  const std::string svg = render_svg(s, o);
+  EXPECT_NE(svg.find("width=\"1500\""), std::string::npos);
+  EXPECT_EQ(count_of(svg, "<circle class=\"point\""), 3 * 7);
+  EXPECT_EQ(count_of(svg, "<polyline class=\"series\""), 3 * 2);
+  EXPECT_EQ(count_of(svg, ">Concurrency \\(requests in flight\\)<"), 3);
+  EXPECT_NE(svg.find(">Mean TPOT (ms)<"), std::string::npos);
+  EXPECT_NE(svg.find(">Mean TTFT (ms)<"), std::string::npos);
+  EXPECT_NE(svg.find(">Output token throughput (tok/s)<"), std::string::npos);
+  for (const char* tick : {">1<", ">4<", ">16<", ">64<"}) EXPECT_EQ(count_of(svg, tick), 3) << tick;
+  EXPECT_EQ(svg.find(">c=4<"), std::string::npos);  // the axis says it
+  EXPECT_NE(svg.find("<title>vllm: 1400 tok/s at concurrency 16, 1400 tok/s</title>"), std::string::npos);
+  // log2 spacing: 1, 4, 16, 64 are evenly apart along the x axis.
+  std::vector<double> xs;
+  std::regex tick_re("<text x=\"([0-9.]+)\" y=\"[0-9.]+\" text-anchor=\"middle\" font-size=\"12\">(1|4|16|64)<");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), tick_re); it != std::sregex_iterator() && xs.size() < 4; ++it)
+    xs.push_back(std::stod((*it)[1]));
+  ASSERT_EQ(xs.size(), 4u);
+  EXPECT_NEAR(xs[1] - xs[0], xs[2] - xs[1], 0.2);
+  EXPECT_NEAR(xs[2] - xs[1], xs[3] - xs[2], 0.2);
+  EXPECT_GT(xs[1], xs[0]);
+
+  int w = 0, h = 0;
+  auto rgb = render_rgb(s, o, w, h);
+  EXPECT_EQ(w, 1500);
+  EXPECT_EQ(rgb.size(), size_t(w) * size_t(h) * 3);
+
+  // A run at a request rate has no concurrency to stand on.
+  auto rated = files;
+  rated[0].second.erase("max_concurrency");
+  rated[0].second["request_rate"] = 8;
+  EXPECT_THROW(render_svg(series_from_results(rated, o), o), std::exception);
+  o.x_axis = "throughput";
+  EXPECT_NO_THROW(render_svg(series_from_results(rated, o), o));
+  o.x_axis = "latency";
+  EXPECT_THROW(render_svg(s, o), std::exception);
 }
 
 uint32_t be32(const std::vector<uint8_t>& v, size_t at) {

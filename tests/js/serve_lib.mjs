@@ -91,7 +91,8 @@ export function eq(a, b, what) {
   const ja = JSON.stringify(a), jb = JSON.stringify(b);
   check(ja === jb, what, `got ${ja.slice(0, 400)} expected ${jb.slice(0, 400)}`);
 }
-export async function section(name, fn) {
+// Runs one named part of a test; `onFail(name)` (optional) may save what helps (a screenshot).
+export async function section(name, fn, onFail) {
   const t0 = Date.now();
   const before = failures;
   try {
@@ -99,6 +100,13 @@ export async function section(name, fn) {
   } catch (e) {
     ++failures;
     console.log(`FAIL ${name}: threw ${e && e.stack ? e.stack : e}`);
+  }
+  if (failures !== before && onFail) {
+    try {
+      await onFail(name);
+    } catch (e) {
+      console.log(`  (could not save the failure's evidence: ${e.message})`);
+    }
   }
   console.log(`${failures === before ? 'ok  ' : 'FAIL'} ${name} (${Date.now() - t0} ms)`);
 }

@@ -12,9 +12,10 @@ const work = path.resolve(args.workdir || '/tmp/sieve-serve-e2e');
 fs.mkdirSync(work, { recursive: true });
 const model = ensureTinyModel(sieve, path.join(work, 'tiny-model'));
 
-// About 6 blocks of 128 tokens: two of the requests below fit at a time.
+// About 6 blocks of 128 tokens: two of the requests below fit at a time. No prefix caching: its
+// outputs are the reference for the server that reuses blocks, below.
 const srv = await startServer(sieve, ['--model', model, '--served-model-name', 'tiny', '--kv-cache-memory', '2MiB',
-  '--max-model-len', '512', '--max-num-batched-tokens', '256', '--max-num-seqs', '16']);
+  '--max-model-len', '512', '--max-num-batched-tokens', '256', '--max-num-seqs', '16', '--no-enable-prefix-caching']);
 const client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
 const idsOf = (r) => r.choices[0].logprobs.tokens.map((t) => Number(t.replace('token_id:', '')));
 

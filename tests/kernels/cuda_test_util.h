@@ -68,6 +68,19 @@ struct DevBatch {
 
 inline std::string name(DType t) { return std::string(dtype_name(t)); }
 
+inline ops::Stream gpu_stream() {
+  ops::Stream s;
+  s.device = kGpu;
+  return s;
+}
+
+// Host copy of a device buffer of `count` elements of `t`.
+inline TypedBuffer fetch(const Dev& d, DType t, size_t count) {
+  TypedBuffer b(t, count);
+  b.bytes = d.bytes(count * dtype_size(t));
+  return b;
+}
+
 // Compares a GPU indexer's outputs with the CPU reference's ([tokens, H, topk] ids and
 // [tokens, H, mbps] block scores; gpu_scores null: not compared). Block scores within `stol`
 // (exact when 0). Top-k: with exact ties (`ties`), the same ids in the same order; otherwise the

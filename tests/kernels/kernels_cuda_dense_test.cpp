@@ -17,18 +17,6 @@ namespace {
 
 using namespace sieve::test;
 
-ops::Stream gpu_stream() {
-  ops::Stream s;
-  s.device = kGpu;
-  return s;
-}
-
-// Host copy of a device buffer of `count` elements of `t`.
-TypedBuffer fetch(const Dev& d, DType t, size_t count) {
-  TypedBuffer b(t, count);
-  b.bytes = d.bytes(count * dtype_size(t));
-  return b;
-}
 
 double ulp_bf16(double v) { return std::ldexp(1.0, std::max(-133, std::ilogb(std::max(std::fabs(v), 1e-38)) - 7)); }
 

@@ -73,11 +73,27 @@ struct LinearCase {
   }
 
   std::string describe() const {
-    std::string s = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                    " k=" + std::to_string(k) + " x=" + std::string(dtype_name(xt)) +
-                    " w=" + std::string(dtype_name(wt));
-    if (wt == DType::FP8_E4M3) s += "(" + std::to_string(br) + "x" + std::to_string(bc) + ")";
-    return s + " y=" + std::string(dtype_name(yt)) + " acc=" + std::to_string(acc);
+    std::string s = "m=";
+    s += std::to_string(m);
+    s += " n=";
+    s += std::to_string(n);
+    s += " k=";
+    s += std::to_string(k);
+    s += " x=";
+    s += dtype_name(xt);
+    s += " w=";
+    s += dtype_name(wt);
+    if (wt == DType::FP8_E4M3) {
+      s += " (";
+      s += std::to_string(br);
+      s += "x";
+      s += std::to_string(bc);
+      s += ")";
+    }
+    s += " y=";
+    s += dtype_name(yt);
+    s += acc ? " accumulate" : "";
+    return s;
   }
 
   ops::LinearParams params(const void* xp, const void* wp, const float* wsp, const float* xsp,

@@ -14,6 +14,8 @@ TEST(Prometheus, ExposesGaugesCountersAndCumulativeHistograms) {
   s.prompt_tokens = 100;
   s.generation_tokens = 42;
   s.preemptions = 5;
+  s.prefix_query_tokens = 400;
+  s.prefix_hit_tokens = 100;
   s.ttft = engine::Histogram({0.1, 1.0});
   s.ttft.observe(0.05);
   s.ttft.observe(0.5);
@@ -26,6 +28,9 @@ TEST(Prometheus, ExposesGaugesCountersAndCumulativeHistograms) {
   EXPECT_TRUE(has("sieve:kv_cache_blocks_free{model_name=\"m\\\"x\"} 4"));
   EXPECT_TRUE(has("sieve:generation_tokens_total{model_name=\"m\\\"x\"} 42"));
   EXPECT_TRUE(has("sieve:num_preemptions_total{model_name=\"m\\\"x\"} 5"));
+  EXPECT_TRUE(has("sieve:prefix_cache_queries_total{model_name=\"m\\\"x\"} 400"));
+  EXPECT_TRUE(has("sieve:prefix_cache_hits_total{model_name=\"m\\\"x\"} 100"));
+  EXPECT_TRUE(has("sieve:prefix_cache_hit_rate{model_name=\"m\\\"x\"} 0.25"));
   EXPECT_TRUE(has("# TYPE sieve:time_to_first_token_seconds histogram"));
   EXPECT_TRUE(has("sieve:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.1\"} 1"));
   EXPECT_TRUE(has("sieve:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"1\"} 2"));

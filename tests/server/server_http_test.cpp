@@ -13,9 +13,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "../engine/fake_model.h"
 #include "server/server.h"
 #include "server/tool_calls.h"
+#include "server_rig.h"
 #include "text/byte_level.h"
 #include "text/tokenizer.h"
 
@@ -24,49 +24,6 @@ namespace {
 
 using json = nlohmann::json;
 using namespace std::chrono_literals;
-
-struct Rig {
-  std::string dir;
-  text::Tokenizer tok;
-  engine::testing::FakeModel model{300, 16};
-  std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<Server> srv;
-  std::thread runner;
-
-  static std::string make_dir() {
-    auto d = std::filesystem::temp_directory_path() /
-             ("sieve-server-http-test-" + std::to_string(::getpid()));
-    text::write_byte_level_tokenizer(d.string(), 300);
-    return d.string();
-  }
-  explicit Rig(ServerOptions o = {}, int64_t max_len = 256, int64_t blocks = 32)
-      : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
-    model.allocate_caches({.num_blocks = blocks});
-    engine = std::make_unique<engine::Engine>(
-        model, engine::EngineConfig{
-                   {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = max_len},
-                   blocks,
-                   false,
-                   {},
-                   std::nullopt});
-    o.port = 0;
-    srv = std::make_unique<Server>(*engine, tok, o);
-    srv->bind();
-    engine->start();
-    runner = std::thread([this] { srv->run(); });
-  }
-  ~Rig() {
-    srv->shutdown();
-    runner.join();
-    engine->stop();
-    std::filesystem::remove_all(dir);
-  }
-  httplib::Client client() {
-    httplib::Client c("127.0.0.1", srv->port());
-    c.set_read_timeout(10, 0);
-    return c;
-  }
-};
 
 TEST(ServerHttp, CompletesAndAnswersErrorsAsObjects) {
   Rig rig;

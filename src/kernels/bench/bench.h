@@ -41,5 +41,7 @@ struct Options {
 Env measure_env();
 // Runs every case; calls on_row for each result as it is measured.
 void run_all(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
+// The "fp8 linear" rows (bench_linear.cu); run_all calls it last.
+void run_linear_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
 
 }  // namespace sieve::kernels_bench

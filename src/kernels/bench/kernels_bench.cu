@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "kernels/bench/bench.h"
+#include "kernels/bench/bench_moe_fp8.h"
 #include "kernels/bench/harness.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -640,6 +641,9 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     }
   }
 
+  run_moe_fp8(opt, env, on_row, st);
+
+  run_linear_rows(opt, env, on_row);
   cuda_check(cudaStreamSynchronize(st), "bench end");
   cudaStreamDestroy(st);
 }

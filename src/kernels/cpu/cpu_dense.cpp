@@ -1,5 +1,5 @@
-// CPU reference of the dense ops: matmul, embedding, rms_norm, add, swiglu_oai, moe_route,
-// moe_experts (kernels/ops.h has the contract; docs/kernels.md "CPU reference ops" summarises it).
+// CPU reference of the dense ops: matmul, embedding, rms_norm, add, swiglu_oai (kernels/ops.h has
+// the contract; docs/kernels.md "CPU reference ops" summarises it; the MoE ops are in cpu_moe.cpp).
 //
 // Precision: inputs are converted exactly to fp32; arithmetic is fp32 (matmul: fp32 products
 // and fp32 accumulation in 8 lanes per output, lane l taking k = l mod 8, lanes summed pairwise,
@@ -12,17 +12,9 @@
 //   and the norm is taken of that stored value (the "residual add in the model dtype" of
 //   vLLM's fused_add_rms_norm). y may alias x.
 // - swiglu_oai: min/clamp propagate NaN (as torch.clamp does).
-// - moe_route: sigmoid in fp32; ranking by s + bias descending, ties (and NaN, ranked as -inf)
-//   to the lower expert id; weights are the unbiased s of the chosen experts, divided by their
-//   fp32 sum when renormalize (no epsilon), times scaling.
-// - moe_experts: ids outside [0, num_experts) are skipped (expert-parallel style "not mine").
-//   Intermediates (gate_up output, swiglu output, down output) stay fp32; the weighted
-//   contributions of one token are summed in fp32 in expert-id order and added to out once.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -278,110 +270,6 @@ void run_swiglu_oai(const ops::SwigluOaiParams& p) {
     if (p.out_scale)
       quantize_row_fp8(row.data(), p.inter, static_cast<uint8_t*>(p.out) + r * p.ld_out,
                        p.out_scale + r * ops::fp8_groups(p.inter));
-  }
-}
-
-void run_moe_route(const ops::MoeRouteParams& p) {
-  if (p.num_tokens <= 0) return;
-  SIEVE_CHECK(p.logits && p.ids && p.weights, "moe_route: null operand");
-  SIEVE_CHECK(p.num_experts > 0 && p.topk > 0 && p.topk <= p.num_experts,
-              "moe_route: need 0 < topk <= num_experts");
-  const int E = p.num_experts, K = p.topk;
-  std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
-  std::vector<int32_t> order(static_cast<size_t>(E));
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    for (int e = 0; e < E; ++e) {
-      s[size_t(e)] = sigmoidf(p.logits[t * E + e]);
-      float c = s[size_t(e)] + (p.bias ? p.bias[e] : 0.0f);
-      choice[size_t(e)] = std::isnan(c) ? -std::numeric_limits<float>::infinity() : c;
-    }
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-      if (choice[size_t(a)] != choice[size_t(b)]) return choice[size_t(a)] > choice[size_t(b)];
-      return a < b;
-    });
-    float sum = 0;
-    for (int j = 0; j < K; ++j) sum += s[size_t(order[size_t(j)])];
-    for (int j = 0; j < K; ++j) {
-      const int32_t e = order[size_t(j)];
-      float w = s[size_t(e)];
-      if (p.renormalize) w = w / sum;
-      p.ids[t * K + j] = e;
-      p.weights[t * K + j] = w * p.scaling;
-    }
-  }
-}
-
-void run_moe_experts(const ops::MoeExpertsParams& p) {
-  if (p.num_tokens <= 0 || p.hidden <= 0) return;
-  SIEVE_CHECK(p.x && p.out && p.ids && p.weights && p.w_gate_up && p.w_down,
-              "moe_experts: null operand");
-  SIEVE_CHECK(p.inter > 0 && p.topk > 0 && p.num_experts > 0, "moe_experts: bad sizes");
-  const int64_t H = p.hidden, I = p.inter, T = p.num_tokens;
-  std::vector<float> sum(size_t(T * H), 0.0f);
-  std::vector<float> X, GU, A, Y;
-  std::vector<int64_t> tok;
-  std::vector<float> wt;
-  for (int e = 0; e < p.num_experts; ++e) {
-    tok.clear();
-    wt.clear();
-    for (int64_t t = 0; t < T; ++t) {
-      for (int j = 0; j < p.topk; ++j) {
-        if (p.ids[t * p.topk + j] == e) {
-          tok.push_back(t);
-          wt.push_back(p.weights[t * p.topk + j]);
-        }
-      }
-    }
-    if (tok.empty()) continue;
-    SIEVE_CHECK(p.w_gate_up[e] && p.w_down[e], "moe_experts: missing weights of a routed expert");
-    const int64_t c = int64_t(tok.size());
-    X.resize(size_t(c * H));
-    for (int64_t r = 0; r < c; ++r) convert_row(p.x, p.act_dtype, size_t(tok[size_t(r)] * H), H, &X[size_t(r * H)]);
-    GU.resize(size_t(c * 2 * I));
-    A.resize(size_t(c * I));
-    Y.resize(size_t(c * H));
-    ops::MatmulParams mm;
-    mm.x = X.data();
-    mm.x_dtype = DType::F32;
-    mm.w = p.w_gate_up[e];
-    mm.w_dtype = p.w_dtype;
-    mm.y = GU.data();
-    mm.y_dtype = DType::F32;
-    mm.m = c;
-    mm.n = 2 * I;
-    mm.k = H;
-    mm.ldx = H;
-    mm.ldy = 2 * I;
-    run_matmul(mm);
-    ops::SwigluOaiParams sw;
-    sw.gate_up = GU.data();
-    sw.out = A.data();
-    sw.dtype = DType::F32;
-    sw.rows = c;
-    sw.inter = I;
-    sw.ld_in = 2 * I;
-    sw.ld_out = I;
-    sw.alpha = p.alpha;
-    sw.limit = p.limit;
-    sw.beta = p.beta;
-    run_swiglu_oai(sw);
-    mm.x = A.data();
-    mm.w = p.w_down[e];
-    mm.y = Y.data();
-    mm.n = H;
-    mm.k = I;
-    mm.ldx = I;
-    mm.ldy = H;
-    run_matmul(mm);
-    for (int64_t r = 0; r < c; ++r) {
-      float* dst = &sum[size_t(tok[size_t(r)] * H)];
-      const float w = wt[size_t(r)];
-      for (int64_t d = 0; d < H; ++d) dst[d] += w * Y[size_t(r * H + d)];
-    }
-  }
-  for (int64_t i = 0; i < T * H; ++i) {
-    store_from_f32(p.out, p.act_dtype, size_t(i), load_as_f32(p.out, p.act_dtype, size_t(i)) + sum[size_t(i)]);
   }
 }
 

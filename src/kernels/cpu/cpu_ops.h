@@ -2,6 +2,8 @@
 // CUDA kernels are tested against. Each function has the meaning documented in ops.h.
 #pragma once
 
+#include <cstdint>
+
 #include "kernels/ops.h"
 
 namespace sieve::cpu {

@@ -39,6 +39,8 @@ enum ScratchId : int {
   kScratchIndexerPoll = 1,
   kScratchMatmulX = 2,  // matmul: fp32 x rounded to bf16 for cuBLAS
   kScratchMoe = 3,      // moe_experts: expert lists, intermediate rows
+  kScratchLinear = 4,   // linear: x quantized to fp8 + its scales (and cuBLASLt's transposed scales)
+  kScratchLinearLt = 5,  // linear through cuBLASLt: its workspace
 };
 void* private_scratch(cudaStream_t stream, int id, size_t bytes);
 // Development traces (the trace fields of tuning.h): trace_alloc gives a zeroed device buffer of

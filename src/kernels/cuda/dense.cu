@@ -17,6 +17,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/fp8_common.cuh"
+#include "kernels/cuda/quant.h"
 
 namespace sieve::cuda {
 
@@ -45,9 +47,12 @@ struct RmsArgs {
   int64_t dim, ldx, ldr, ldy;
   float eps;
   bool gemma;
+  float* y_scale;  // kFp8: y holds e4m3 codes, these the 1 x 128 group scales
 };
 
 // One CTA a row. Sum of squares in double (the CPU reference's), so the scale matches it.
+// kFp8: the normed row is quantized per 1 x 128 group (a warp a group) instead of stored.
+template <bool kFp8>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
   const int64_t r = blockIdx.x;
   double ss = 0;
@@ -73,12 +78,38 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
   }
   __syncthreads();
   const float inv = inv_s;
-  // Each thread reads back only the elements it wrote above, so y may alias x.
-  for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
-    const float v = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
-    float w = ld_elem(a.weight, a.wt, d);
-    if (a.gemma) w = __fadd_rn(1.0f, w);
-    st_elem(a.y, a.yt, r * a.ldy + d, __fmul_rn(__fmul_rn(v, inv), w));
+  if constexpr (kFp8) {
+    // The residual sums other threads stored are visible after the barrier above.
+    const int lane = threadIdx.x & 31;
+    const int64_t groups = (a.dim + 127) / 128;
+    for (int64_t g = threadIdx.x / 32; g < groups; g += kRowThreads / 32) {
+      const int64_t c0 = g * 128 + lane * 4;
+      const int valid = int(max(int64_t(0), min(int64_t(4), a.dim - c0)));
+      float v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        v[k] = 0.0f;
+        if (k < valid) {
+          const int64_t d = c0 + k;
+          const float x = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
+          float w = ld_elem(a.weight, a.wt, d);
+          if (a.gemma) w = __fadd_rn(1.0f, w);
+          v[k] = __fmul_rn(__fmul_rn(x, inv), w);
+        }
+      }
+      uint8_t q[4];
+      const float s = quantize_group_warp(v, valid, q);
+      if (valid > 0) store_codes(static_cast<uint8_t*>(a.y) + r * a.ldy + c0, q, valid);
+      if (lane == 0) a.y_scale[r * groups + g] = s;
+    }
+  } else {
+    // Each thread reads back only the elements it wrote above, so y may alias x.
+    for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
+      const float v = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
+      float w = ld_elem(a.weight, a.wt, d);
+      if (a.gemma) w = __fadd_rn(1.0f, w);
+      st_elem(a.y, a.yt, r * a.ldy + d, __fmul_rn(__fmul_rn(v, inv), w));
+    }
   }
 }
 
@@ -158,8 +189,10 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   if (p.ldx < p.dim || p.ldy < p.dim || (p.residual && p.ldr < p.dim))
     throw Error("rms_norm: row strides must be >= dim");
   RmsArgs a{};
+  const bool fp8 = p.y_dtype == DType::FP8_E4M3;
+  if (fp8 && !p.y_scale) throw Error("rms_norm: an F8_E4M3 y needs y_scale");
   a.xt = elem_code(p.x_dtype);
-  a.yt = elem_code(p.y_dtype);
+  a.yt = fp8 ? kElemF32 : elem_code(p.y_dtype);
   a.wt = elem_code(p.weight_dtype);
   if (a.xt < 0 || a.yt < 0 || a.wt < 0 || p.rows > INT_MAX) return false;
   a.x = p.x;
@@ -172,7 +205,9 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   a.ldy = p.ldy;
   a.eps = p.eps;
   a.gemma = p.gemma;
-  rms_norm_kernel<<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
+  a.y_scale = p.y_scale;
+  if (fp8) rms_norm_kernel<true><<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
+  else rms_norm_kernel<false><<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
   SIEVE_LAUNCH_CHECK("rms_norm");
   return true;
 }
@@ -192,8 +227,9 @@ bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream_v) {
   if (p.rows <= 0 || p.inter <= 0) return true;
   if (!p.gate_up || !p.out) throw Error("swiglu_oai: null operand");
   if (p.ld_in < 2 * p.inter || p.ld_out < p.inter) throw Error("swiglu_oai: bad row strides");
+  if (p.out_scale) return run_swiglu_oai_fp8(p, stream_v);
   const int t = elem_code(p.dtype);
-  if (t < 0 || p.out_scale) return false;
+  if (t < 0) return false;
   swiglu_kernel<<<elementwise_grid(p.rows * p.inter), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(
       p.gate_up, p.out, t, p.rows, p.inter, p.ld_in, p.ld_out, p.alpha, p.limit, p.beta);
   SIEVE_LAUNCH_CHECK("swiglu_oai");

@@ -1,7 +1,5 @@
-// CUDA moe_route and moe_experts (kernels/ops.h; CPU reference in kernels/cpu/cpu_dense.cpp).
-//
-// moe_route: one warp a token; the top-k by k rounds of a warp arg-max (higher biased score,
-// then lower expert id; NaN ranks as -inf), the weights summed in rank order as on the CPU.
+// CUDA moe_experts with F32 and BF16 weights (kernels/ops.h; CPU reference in
+// kernels/cpu/cpu_moe.cpp). FP8_E4M3 weights go to moe_fp8.cu, moe_route is in moe_route.cu.
 //
 // moe_experts, per chunk of tokens (sized so its intermediate rows fit a 1 GiB scratch), a few
 // kernels and no host synchronisation, so the op can be captured in a CUDA graph:
@@ -34,13 +32,14 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/moe_common.cuh"
+#include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
 
 namespace {
 
-constexpr int kMaxExperts = 1024;  // moe_route: 32 per lane
 constexpr int kMaxTopk = 32;
 constexpr int kBM = 64, kBN = 64, kBK = 32, kGemmThreads = 256;
 constexpr int kSortThreads = 1024;
@@ -49,70 +48,6 @@ constexpr size_t kScratchBytes = size_t(1) << 30;
 // Tensor-core tiles of 16 rows (moe_mma_small_kernel) while a chunk has at most this many
 // (token, expert) pairs an expert on average; 64-row tiles above.
 constexpr int kSmallTilePairsPerExpert = 8;
-
-// ---------------------------------------------------------------------------------------------
-// moe_route
-
-__global__ void moe_route_kernel(ops::MoeRouteParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (t >= p.num_tokens) return;
-  const int E = p.num_experts, K = p.topk;
-  const int per = (E + 31) / 32;
-  float s[kMaxExperts / 32], c[kMaxExperts / 32];
-  uint32_t taken = 0;  // bit i: expert lane + 32 i is chosen (or does not exist)
-  for (int i = 0; i < kMaxExperts / 32; ++i) {
-    const int e = lane + 32 * i;
-    s[i] = 0.0f;
-    c[i] = kNegInf;
-    if (i >= per || e >= E) {
-      taken |= 1u << i;
-      continue;
-    }
-    const float sv = sigmoid_value(p.logits[t * E + e]);
-    const float cv = __fadd_rn(sv, p.bias ? p.bias[e] : 0.0f);
-    s[i] = sv;
-    c[i] = isnan(cv) ? kNegInf : cv;
-  }
-  float chosen_s[kMaxTopk];
-  for (int j = 0; j < K; ++j) {
-    // The lane's best among its free experts (ascending ids, so ties keep the lower id), then
-    // the warp's: a total order (score descending, id ascending) gives every lane the same one.
-    float best = kNegInf;
-    int bid = INT_MAX;
-    for (int i = 0; i < per; ++i) {
-      if ((taken >> i) & 1u) continue;
-      if (bid == INT_MAX || c[i] > best) {
-        best = c[i];
-        bid = lane + 32 * i;
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-      if (ob > best || (ob == best && oi < bid)) {
-        best = ob;
-        bid = oi;
-      }
-    }
-    const int owner = bid & 31, slot = bid >> 5;
-    float mine = 0.0f;
-    for (int i = 0; i < kMaxExperts / 32; ++i)
-      if (i == slot) mine = s[i];
-    chosen_s[j] = __shfl_sync(0xffffffffu, mine, owner);
-    if (lane == owner) taken |= 1u << slot;
-    if (lane == 0) p.ids[t * K + j] = bid;
-  }
-  if (lane == 0) {
-    float sum = 0.0f;
-    for (int j = 0; j < K; ++j) sum = __fadd_rn(sum, chosen_s[j]);
-    for (int j = 0; j < K; ++j) {
-      float w = chosen_s[j];
-      if (p.renormalize) w = __fdiv_rn(w, sum);
-      p.weights[t * K + j] = __fmul_rn(w, p.scaling);
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // moe_experts
@@ -124,32 +59,7 @@ __global__ void __launch_bounds__(kSortThreads) moe_sort_kernel(const int32_t* i
                                                                 int32_t* offsets, int32_t* tile_start,
                                                                 int32_t* sorted) {
   extern __shared__ int32_t sort_smem[];
-  int32_t* cnt = sort_smem;
-  int32_t* cur = sort_smem + E;
-  for (int e = threadIdx.x; e < E; e += kSortThreads) cnt[e] = 0;
-  __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += kSortThreads) {
-    const int e = ids[q];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, tiles = 0;
-    for (int e = 0; e < E; ++e) {
-      offsets[e] = off;
-      tile_start[e] = tiles;
-      cur[e] = off;
-      off += cnt[e];
-      tiles += (cnt[e] + tile_rows - 1) / tile_rows;
-    }
-    offsets[E] = off;
-    tile_start[E] = tiles;
-  }
-  __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += kSortThreads) {
-    const int e = ids[q];
-    if (e >= 0 && e < E) sorted[atomicAdd(&cur[e], 1)] = q;
-  }
+  sort_pairs(ids, pairs, E, tile_rows, sort_smem, sort_smem + E, offsets, tile_start, sorted, nullptr);
 }
 
 // The expert whose tiles hold `tile`: the last e with tile_start[e] <= tile.
@@ -636,17 +546,7 @@ __global__ void moe_combine_kernel(const int32_t* ids, const float* weights, int
                                    int64_t H, void* out, int ot) {
   const int64_t t = blockIdx.x;
   int order[kMaxTopk];
-  int n = 0;
-  for (int j = 0; j < topk; ++j) {
-    const int e = ids[t * topk + j];
-    if (e < 0 || e >= E) continue;
-    int at = n++;
-    while (at > 0 && ids[t * topk + order[at - 1]] > e) {
-      order[at] = order[at - 1];
-      --at;
-    }
-    order[at] = j;
-  }
+  const int n = expert_order(ids, t, topk, E, order);
   for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
     float sum = 0.0f;
     for (int q = 0; q < n; ++q) {
@@ -662,26 +562,15 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
 
-bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
-  if (p.num_tokens <= 0) return true;
-  if (!p.logits || !p.ids || !p.weights) throw Error("moe_route: null operand");
-  if (p.num_experts <= 0 || p.topk <= 0 || p.topk > p.num_experts)
-    throw Error("moe_route: need 0 < topk <= num_experts");
-  if (p.num_experts > kMaxExperts || p.topk > kMaxTopk) return false;
-  constexpr int kWarps = 4;
-  const int64_t blocks = (p.num_tokens + kWarps - 1) / kWarps;
-  if (blocks > INT_MAX) return false;
-  moe_route_kernel<<<unsigned(blocks), kWarps * 32, 0, static_cast<cudaStream_t>(stream_v)>>>(p);
-  SIEVE_LAUNCH_CHECK("moe_route");
-  return true;
-}
 
 bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   if (p.num_tokens <= 0 || p.hidden <= 0) return true;
   if (!p.x || !p.out || !p.ids || !p.weights || !p.w_gate_up || !p.w_down)
     throw Error("moe_experts: null operand");
   if (p.inter <= 0 || p.topk <= 0 || p.num_experts <= 0) throw Error("moe_experts: bad sizes");
+  if (p.w_dtype == DType::FP8_E4M3) return run_moe_experts_fp8(p, stream_v);
   if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
+  if (p.x_scale) return false;  // FP8 x: only with FP8 weights
   const int at = elem_code(p.act_dtype);
   if (p.w_dtype != DType::BF16 && p.w_dtype != DType::F32) return false;
   if (p.topk > kMaxTopk || p.num_experts > kMaxSortExperts) return false;

@@ -91,6 +91,15 @@ const std::vector<Field>& fields() {
             [](const Tuning& t) { return std::to_string(t.moe.chunk_tokens); }},
       SIEVE_BOOL_FIELD(moe, force_simt),
       SIEVE_INT_FIELD(moe, tile_rows),
+      SIEVE_INT_FIELD(moe, fp8_path),
+      SIEVE_INT_FIELD(moe, fp8_stream_pairs_per_expert),
+      SIEVE_INT_FIELD(moe, fp8_stream_rows),
+      SIEVE_INT_FIELD(moe, fp8_ksplit_gate_up),
+      SIEVE_INT_FIELD(moe, fp8_ksplit_down),
+      SIEVE_BOOL_FIELD(moe, fp8_pdl),
+      Field{"moe.route_fused_max_tokens",
+            [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },
+            [](const Tuning& t) { return std::to_string(t.moe.route_fused_max_tokens); }},
   };
   return f;
 }

@@ -81,7 +81,7 @@ struct AttentionTuning {
   bool prefill_solo = true;
 };
 
-// moe_experts (moe.cu).
+// moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
 struct MoeTuning {
   // At most this many tokens a chunk (0: as many as the 1 GiB scratch holds).
   long long chunk_tokens = 0;
@@ -89,6 +89,19 @@ struct MoeTuning {
   bool force_simt = false;
   // Tensor-core tiles of 16 or 64 rows for every batch (0: by the batch).
   int tile_rows = 0;
+  // FP8 weights: 0 the rule (the stream kernels while the (token, expert) pairs are at most
+  // fp8_stream_pairs_per_expert x experts, else the tile kernels), 1 stream kernels, 2 tiles.
+  int fp8_path = 0;
+  int fp8_stream_pairs_per_expert = 48;
+  // Token rows of a stream kernel's work unit: 8, 16, 32 or 64 (0: by the rows per expert).
+  int fp8_stream_rows = 0;
+  // K splits of the stream kernels (0: enough units to fill the GPU twice).
+  int fp8_ksplit_gate_up = 0, fp8_ksplit_down = 0;
+  // Programmatic dependent launch along the stream path's kernels.
+  bool fp8_pdl = true;
+  // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
+  // BF16 x always takes it).
+  long long route_fused_max_tokens = 64;
 };
 
 struct Tuning {

@@ -1,0 +1,253 @@
+// `sieve bench kernels` rows "moe route + router gemm" (the fused routing against matmul + routing,
+// 1 / 32 / 64 tokens) and "moe experts fp8" (see bench_moe_fp8.h): FP8 moe_experts at one TP4
+// and one TP8 rank of MiniMax-M3 (hidden 6144, 768 / 384 units of each of 128 experts, top-4,
+// (1, 128) weight scales as MXFP8 regrouped for the GPU, fp32 activations as the model runs them),
+// for 1, 32, 256, 1024 and 8192 tokens routed to 4 distinct experts drawn uniformly (fixed seed).
+// Floor: the touched experts' fp8 bytes and scales read once at the measured copy rate, or at 8192
+// tokens the products' FLOPs at the measured FP8 matrix rate (cuBLASLt, e4m3 8192^3, per-tensor
+// scales, random data), whichever is larger. Each case: the default kernels eagerly and replayed
+// from a CUDA graph, and the other kernel family (or the stream kernels without programmatic
+// dependent launch) for comparison.
+#include "kernels/bench/bench_moe_fp8.h"
+
+#include <cuda_runtime.h>
+#ifdef SIEVE_HAVE_CUBLAS
+#include <cublasLt.h>
+#endif
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/bench/harness.cuh"
+#include "kernels/cuda/moe_fp8.h"
+#include "kernels/cuda/tuning.h"
+
+namespace sieve::kernels_bench {
+
+using cuda::cuda_check;
+
+namespace {
+
+// Tuning for the scope of a row: the values in force with `edit` applied.
+cuda::Tuning tuned(const std::function<void(cuda::MoeTuning&)>& edit) {
+  cuda::Tuning t = cuda::tuning();
+  edit(t.moe);
+  return t;
+}
+
+// The FP8 matrix rate (TFLOP/s): cuBLASLt e4m3 x e4m3 -> bf16, 8192^3, fp32 accumulation; 0 when
+// cuBLASLt is missing or refuses.
+double measure_fp8_tflops(cudaStream_t st) {
+#ifdef SIEVE_HAVE_CUBLAS
+  const int N = 8192;
+  DevMem A(size_t(N) * N), B(size_t(N) * N), C(size_t(N) * N * 2), ws(size_t(64) << 20);
+  fill(A.p, 1, size_t(N) * N, 41, 0.5f);
+  fill(B.p, 1, size_t(N) * N, 42, 0.5f);
+  cublasLtHandle_t h = nullptr;
+  if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  double tflops = 0;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const size_t ws_bytes = size_t(64) << 20;
+  bool ok = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, N, N, N) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, N, N, N) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, N, N) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                 sizeof(ws_bytes)) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  ok = ok && cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS &&
+       found > 0;
+  if (ok) {
+    const float alpha = 1.0f, beta = 0.0f;
+    bool run_ok = true;
+    const double us = time_it(
+        20, 1,
+        [&](int, cudaStream_t s) {
+          run_ok = run_ok && cublasLtMatmul(h, op, &alpha, A.p, la, B.p, lb, &beta, C.p, lc, C.p, lc, &heur.algo, ws.p,
+                                            ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
+        },
+        false, st);
+    if (run_ok) tflops = 2.0 * N * double(N) * N / (us * 1e-6) / 1e12;
+  }
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (op) cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(h);
+  (void)cudaGetLastError();
+  return tflops;
+#else
+  (void)st;
+  return 0;
+#endif
+}
+
+}  // namespace
+
+// moe_route with the router GEMM (fp32 router weight [128, 6144], fp32 x), fused into one kernel
+// against matmul (cuBLAS fp32) + the routing kernel; floor: the router weight read once.
+void run_route(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row, cudaStream_t st) {
+  constexpr const char* kKernel = "moe route + router gemm";
+  if (!opt.rows.empty() && std::string(kKernel).find(opt.rows) == std::string::npos) return;
+  constexpr int64_t H = 6144;
+  constexpr int E = 128, K = 4;
+  DevMem gate(size_t(E * H) * 4), bias(E * 4);
+  fill(gate.p, 2, size_t(E * H), 51, 0.04f, -0.02f);
+  fill(bias.p, 2, E, 52, 0.02f, -0.01f);
+  for (int tokens : {1, 32, 64}) {
+    const std::string shape = std::to_string(tokens) + " tokens";
+    if (!opt.filter.empty() && ("moe route " + shape).find(opt.filter) == std::string::npos) continue;
+    DevMem x(size_t(tokens * H) * 4), ids(size_t(tokens) * K * 4), w(size_t(tokens) * K * 4);
+    fill(x.p, 2, size_t(tokens * H), 53, 2.0f, -1.0f);
+    ops::MoeRouteParams p;
+    p.x = x.p, p.x_dtype = DType::F32, p.hidden = H, p.ldx = H, p.gate = static_cast<const float*>(gate.p);
+    p.bias = static_cast<const float*>(bias.p);
+    p.num_tokens = tokens, p.num_experts = E, p.topk = K, p.scaling = 2.0f;
+    p.ids = static_cast<int32_t*>(ids.p), p.weights = static_cast<float*>(w.p);
+    cuda_check(cudaDeviceSynchronize(), "bench inputs");
+    const double floor_us = double(E * H) * 4 / (env.copy_gbps * 1e9) * 1e6;
+    for (int fused : {1, 0}) {
+      cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) { m.route_fused_max_tokens = fused ? 64 : 0; }));
+      Row r{kKernel, shape, "f32", std::string(fused ? "fused (one kernel), " : "matmul + routing, ") + kBatchMode, 0,
+            floor_us, "bytes"};
+      r.runs = opt.iters, r.input_sets = 1;
+      r.us = time_it(opt.iters, 1, [&](int, cudaStream_t s) { cuda::run_moe_route(p, s); }, true, st, kGraphBatch);
+      on_row(r);
+    }
+  }
+}
+
+void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row, cudaStream_t st) {
+  run_route(opt, env, on_row, st);
+  constexpr const char* kKernel = "moe experts fp8";
+  if (!opt.rows.empty() && std::string(kKernel).find(opt.rows) == std::string::npos) return;
+  auto wanted = [&](const std::string& what) { return opt.filter.empty() || what.find(opt.filter) != std::string::npos; };
+  constexpr int64_t H = 6144;
+  constexpr int E = 128, K = 4;
+  double fp8_tflops = measure_fp8_tflops(st);
+  std::string rate_note = "cublasLt e4m3 8192^3";
+  if (fp8_tflops <= 0) {
+    fp8_tflops = 2 * env.bf16_tflops;
+    rate_note = "assumed 2 x the bf16 rate";
+  }
+  std::fprintf(stderr, "moe experts fp8: FP8 matrix rate %.0f TFLOP/s (%s), copy %.0f GB/s\n", fp8_tflops,
+               rate_note.c_str(), env.copy_gbps);
+  const double bw = env.copy_gbps * 1e9, rate = fp8_tflops * 1e12;
+  for (int64_t I : {768, 384}) {
+    const std::string rank = I == 768 ? "TP4" : "TP8";
+    const int64_t gh = (H + 127) / 128, gi = (I + 127) / 128;
+    const size_t gu_bytes = size_t(2 * I * H), dn_bytes = size_t(H * I);
+    const size_t gus_n = size_t(2 * I * gh), dns_n = size_t(H * gi);
+    DevMem wgu(gu_bytes * E), wdn(dn_bytes * E), sgu(gus_n * 4 * E), sdn(dns_n * 4 * E);
+    fill(wgu.p, 1, gu_bytes * E, 900 + I);
+    fill(wdn.p, 1, dn_bytes * E, 1900 + I);
+    // Multipliers that make the dequantized weights about +-0.02 (gate_up) / +-0.05 (down).
+    fill(sgu.p, 2, gus_n * E, 2900 + I, 0.02f / 448.0f, 0.02f / 448.0f);
+    fill(sdn.p, 2, dns_n * E, 3900 + I, 0.05f / 448.0f, 0.05f / 448.0f);
+    std::vector<const void*> gu_p(E), dn_p(E);
+    std::vector<const float*> gus_p(E), dns_p(E);
+    for (int e = 0; e < E; ++e) {
+      gu_p[size_t(e)] = static_cast<uint8_t*>(wgu.p) + gu_bytes * e;
+      dn_p[size_t(e)] = static_cast<uint8_t*>(wdn.p) + dn_bytes * e;
+      gus_p[size_t(e)] = static_cast<float*>(sgu.p) + gus_n * e;
+      dns_p[size_t(e)] = static_cast<float*>(sdn.p) + dns_n * e;
+    }
+    DevMem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8);
+    cuda_check(cudaMemcpy(d_gu.p, gu_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(d_dn.p, dn_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(d_gus.p, gus_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(d_dns.p, dns_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    std::mt19937 rng(77);
+    for (int tokens : {1, 32, 256, 1024, 8192}) {
+      const std::string shape = std::to_string(tokens) + " tokens " + rank;
+      if (!wanted("moe fp8 " + shape)) continue;
+      std::vector<int32_t> ids(size_t(tokens) * K);
+      std::vector<float> wts(ids.size(), 0.25f);
+      std::vector<char> used(E, 0);
+      for (int t = 0; t < tokens; ++t) {
+        std::vector<int32_t> perm(E);
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int j = 0; j < K; ++j) {
+          std::swap(perm[size_t(j)], perm[size_t(j) + rng() % size_t(E - j)]);
+          ids[size_t(t) * K + size_t(j)] = perm[size_t(j)];
+          used[size_t(perm[size_t(j)])] = 1;
+        }
+      }
+      const double experts = double(std::count(used.begin(), used.end(), 1));
+      DevMem d_ids(ids.size() * 4), d_w(wts.size() * 4), x(size_t(tokens) * H * 4), out(size_t(tokens) * H * 4);
+      cuda_check(cudaMemcpy(d_ids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "upload");
+      cuda_check(cudaMemcpy(d_w.p, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice), "upload");
+      fill(x.p, 2, size_t(tokens) * H, 31, 2.0f, -1.0f);
+      fill(out.p, 2, size_t(tokens) * H, 32, 2.0f, -1.0f);
+      ops::MoeExpertsParams p;
+      p.x = x.p;
+      p.act_dtype = DType::F32;
+      p.num_tokens = tokens, p.hidden = H, p.inter = I, p.num_experts = E, p.topk = K;
+      p.ids = static_cast<const int32_t*>(d_ids.p);
+      p.weights = static_cast<const float*>(d_w.p);
+      p.w_gate_up = static_cast<const void* const*>(d_gu.p);
+      p.w_down = static_cast<const void* const*>(d_dn.p);
+      p.w_dtype = DType::FP8_E4M3;
+      p.w_gate_up_scale = static_cast<const float* const*>(d_gus.p);
+      p.w_down_scale = static_cast<const float* const*>(d_dns.p);
+      p.scale_block_rows = 1;
+      p.scale_block_cols = 128;
+      p.out = out.p;
+      cuda_check(cudaDeviceSynchronize(), "bench inputs");
+      const double bytes = experts * (double(3 * H * I) + 4.0 * double(gus_n + dns_n));
+      const double flops = double(tokens) * K * 2.0 * 3.0 * double(H * I);
+      const bool by_flops = tokens >= 8192 || flops / rate > bytes / bw;
+      const double floor_us = (by_flops ? flops / rate : bytes / bw) * 1e6;
+      auto fn = [&](int, cudaStream_t s) {
+        if (!cuda::run_moe_experts(p, s)) throw Error("bench: moe_experts fp8 refused its parameters");
+      };
+      // The default, then the other kernel family (decode sizes: the tiles; prefill sizes: the
+      // stream kernels) and at 32 tokens the stream kernels without PDL.
+      const bool stream_default = int64_t(tokens) * K <= int64_t(cuda::tuning().moe.fp8_stream_pairs_per_expert) * E;
+      struct Variant {
+        int path;  // MoeTuning::fp8_path
+        bool pdl, graph;
+        std::string mode;
+      };
+      const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
+      std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
+      if (tokens <= 1024) variants.push_back({stream_default ? 2 : 1, true, false, stream_default ? "tile kernels" : "stream kernels"});
+      if (tokens == 32) variants.push_back({1, false, true, "stream kernels, no PDL, " + kBatchMode});
+      for (const Variant& v : variants) {
+        cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
+          m.fp8_path = v.path;
+          m.fp8_pdl = v.pdl;
+        }));
+        Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
+        r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;
+        r.input_sets = 1;
+        if (tokens == 32 && rank == "TP4") {
+          r.target_us = 1.15 * floor_us;
+          r.target_note = "<= 1.15 x the touched experts' bytes (issue 44)";
+        } else if (tokens == 8192) {
+          r.target_us = 2.0 * floor_us;
+          r.target_note = ">= 50 % of the FP8 matrix rate (issue 44)";
+        }
+        r.us = time_it(r.runs, 1, fn, v.graph, st, v.graph ? kGraphBatch : 1);
+        on_row(r);
+      }
+    }
+  }
+}
+
+}  // namespace sieve::kernels_bench

@@ -1,0 +1,360 @@
+// FP8 moe_experts (kernels/ops.h; CPU twin in kernels/cpu/cpu_moe.cpp; docs/kernels.md "FP8 MoE"):
+// the host side and the small kernels around the two grouped products.
+//
+// Per chunk of tokens (as many as fit a 1 GiB scratch: 8192 tokens x top-4 at one TP4 rank of
+// MiniMax-M3 are one chunk), five kernels, no host synchronisation (CUDA-graph safe):
+//  1. sort (one CTA): each expert's (token, slot) pairs, their sorted rows and row blocks (128 rows
+//     for the tile kernels, 8 to 64 for the stream kernels); and the per-expert TMA tensor maps of
+//     both weight matrices, copied from a template encoded on the host with the expert's address
+//     put in by tensormap.replace (the expert pointers live in device memory);
+//  2. quantize: x per 1 x 128 token group (the contract's quantizer, bit for bit), each token's row
+//     written to the sorted row of each of its pairs (FP8 x: copied with its scales);
+//  3. gate_up: the tile or stream kernel, SwiGLU-OAI and the 1 x 128 quantization of its output
+//     in the epilogue (moe_fp8_tile.cu, moe_fp8_stream.cu);
+//  4. down: the same kernels, each pair's output row in bf16;
+//  5. combine: out[t] += sum of weight x row over the token's experts, in expert-id order (the
+//     CPU's order), fp32, one rounding to the activation dtype.
+// The stream path launches 2-5 with programmatic dependent launch (MoeTuning::fp8_pdl): each kernel
+// starts while the previous one finishes (the stream kernels load their first weight stages
+// before they wait). Grids come from upper bounds on the work (pairs / rows + experts blocks);
+// persistent CTAs stop at the sort's count.
+#include "kernels/cuda/moe_fp8.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/moe_common.cuh"
+#include "kernels/cuda/moe_fp8.cuh"
+#include "kernels/cuda/tuning.h"
+
+namespace sieve::cuda {
+
+namespace moe_fp8 {
+namespace {
+
+constexpr int kMaxTopk = 32;
+constexpr int kMaxExperts = 4096;  // the sort's two int32 an expert in shared memory
+constexpr int kSortThreads = 1024;
+constexpr size_t kScratchBytes = size_t(1) << 30;
+
+// Step 1. The sort (moe_common.cuh's sort_pairs, with each pair's sorted row in pos), and
+// maps[e], maps[E + e]: expert e's gate_up and down maps.
+__global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, int pairs, int E, int R,
+                                                            int32_t* offsets, int32_t* blk_start, int32_t* sorted,
+                                                            int32_t* pos, CUtensorMap* maps,
+                                                            const __grid_constant__ CUtensorMap tmpl_gu,
+                                                            const __grid_constant__ CUtensorMap tmpl_dn,
+                                                            const void* const* w_gu, const void* const* w_dn) {
+  extern __shared__ int32_t sort_smem[];
+  pdl_trigger();
+  for (int e = threadIdx.x; e < E; e += kSortThreads) {
+    maps[e] = tmpl_gu;
+    tensormap_set_address(&maps[e], w_gu[e]);
+    maps[E + e] = tmpl_dn;
+    tensormap_set_address(&maps[E + e], w_dn[e]);
+  }
+  tensormap_release();
+  sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos);
+}
+
+// Step 2. A warp a (token, 1 x 128 group), 4 consecutive elements a lane. kind 0: F32 x, 1: BF16
+// x, 2: FP8 x with x_scale. pos null: row t of xq is token t (a plain quantization).
+// With programmatic dependent launch the kernel waits for the sort before anything else and only
+// then lets gate_up start, so that gate_up, which reads the sort's lists and tensor maps before
+// its own wait, finds them complete.
+__global__ void quantize_kernel(const void* x, int kind, const float* x_scale, int64_t ldx, int64_t T, int H,
+                                int topk, const int32_t* pos, uint8_t* xq, int64_t ldq, float* xs) {
+  pdl_wait();
+  pdl_trigger();
+  const int groups = (H + kGroup - 1) / kGroup;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t wi = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; wi < T * groups; wi += warps) {
+    const int64_t t = wi / groups;
+    const int gi = int(wi - t * groups);
+    const int k = gi * kGroup + 4 * lane;
+    const bool in = k < H;  // H % 16 == 0: a lane's 4 elements are all in or all out
+    uint32_t packed = 0;
+    float scale;
+    if (kind == 2) {
+      if (in) packed = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(x) + t * ldx + k);
+      scale = x_scale[t * groups + gi];
+    } else {
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (in) {
+        if (kind == 0) {
+          unpack_f32x4(*reinterpret_cast<const float4*>(static_cast<const float*>(x) + t * ldx + k), v);
+        } else {
+          unpack_bf16x4(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(x) + t * ldx + k), v);
+        }
+      }
+      float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      scale = group_scale(amax);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) packed |= uint32_t(quant(v[i], scale)) << (8 * i);
+    }
+    for (int j = 0; j < (pos ? topk : 1); ++j) {
+      const int64_t r = pos ? pos[t * topk + j] : t;
+      if (r < 0) continue;
+      if (in) *reinterpret_cast<uint32_t*>(xq + r * ldq + k) = packed;
+      if (lane == 0) xs[r * groups + gi] = scale;
+    }
+  }
+}
+
+// Step 5. A CTA a token; 8 elements (16 bytes of y) a thread at a time.
+__global__ void combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const uint16_t* y,
+                               int64_t H, void* out, int ot) {
+  pdl_wait();
+  const int64_t t = blockIdx.x;
+  int order[kMaxTopk];
+  const int n = expert_order(ids, t, topk, E, order);
+  for (int64_t d = 8 * int64_t(threadIdx.x); d < H; d += 8 * int64_t(blockDim.x)) {
+    float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int qi = 0; qi < n; ++qi) {
+      const int j = order[qi];
+      const float w = weights[t * topk + j];
+      const uint4 v = *reinterpret_cast<const uint4*>(y + (t * topk + j) * H + d);
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        sum[2 * i] = __fadd_rn(sum[2 * i], __fmul_rn(w, __uint_as_float(u[i] << 16)));
+        sum[2 * i + 1] = __fadd_rn(sum[2 * i + 1], __fmul_rn(w, __uint_as_float(u[i] & 0xffff0000u)));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t o = t * H + d + i;
+      st_elem(out, ot, o, __fadd_rn(ld_elem(out, ot, o), sum[i]));
+    }
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A map over a [rows, cols] fp8 matrix (row stride ld bytes) in boxes of box_rows x 128 bytes,
+// 128-byte swizzle; reads past the matrix give zeros.
+bool fp8_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+  auto fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(ld)};
+  const cuuint32_t box[2] = {128, cuuint32_t(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+size_t align1k(size_t b) { return (b + 1023) / 1024 * 1024; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Token rows of a stream unit: the smallest of 8, 16, 32, 64 that holds about 1.5 x the average
+// rows of a touched expert (experts with more get several units).
+int stream_rows_for(int64_t pairs, int E) {
+  const double avg = double(pairs) / double(std::min<int64_t>(E, pairs));
+  for (int nt : {8, 16, 32}) {
+    if (1.5 * avg <= nt) return nt;
+  }
+  return 64;
+}
+
+}  // namespace
+
+bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
+  const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
+  const bool fp8_x = p.x_scale != nullptr;
+  if (p.scale_block_cols != kGroup || p.scale_block_rows < 1) return false;
+  if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
+  if (H % 16 || I % 16 || H < 128 || I < 128 || H > (1 << 20) || I > (1 << 20)) return false;
+  if (topk > kMaxTopk || E > kMaxExperts) return false;
+  const size_t xalign = fp8_x ? 4 : (p.act_dtype == DType::F32 ? 16 : 8);
+  if (reinterpret_cast<uintptr_t>(p.x) % xalign) return false;
+  if (!encode_fn()) return false;
+  const MoeTuning& knobs = tuning().moe;
+  const int sms = num_sms();
+  const int gh = int(ceil_div(H, kGroup)), gi = int(ceil_div(I, kGroup));
+
+  // Tokens a chunk: every buffer of its pairs fits the scratch.
+  const size_t pair_bytes = size_t(H) + 4 * size_t(gh) + size_t(I) + 4 * size_t(gi) + 2 * size_t(H) + 8;
+  int64_t chunk = int64_t((kScratchBytes - (size_t(64) << 20)) / (pair_bytes * size_t(topk)));
+  if (knobs.chunk_tokens > 0) chunk = knobs.chunk_tokens;
+  chunk = std::max<int64_t>(1, std::min<int64_t>({chunk, T, (int64_t(1) << 24) / topk}));
+  const int64_t cap = chunk * topk;  // rows of every per-pair buffer
+
+  // Path and row blocks: the largest chunk decides (the scratch layout must not change in a chunk
+  // loop); the stream kernels while the pairs are few per expert.
+  const int64_t pairs_max = cap;
+  bool stream = pairs_max <= int64_t(knobs.fp8_stream_pairs_per_expert) * E;
+  if (knobs.fp8_path == 1) stream = true;
+  if (knobs.fp8_path == 2) stream = false;
+  const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
+  if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
+  const int R = stream ? nt : 128;
+  const int64_t experts_max = std::min<int64_t>(E, pairs_max);
+  const int64_t blocks_max = pairs_max / R + experts_max;  // row blocks, an upper bound
+  const int rb_gu = int(ceil_div(I, 128)), rb_dn = int(ceil_div(H, 256));
+  auto ksplit = [&](int forced, int rbs, int nkb) {
+    if (forced > 0) return std::min(forced, nkb);
+    const int64_t units = experts_max * rbs;
+    return int(std::clamp<int64_t>(ceil_div(2 * int64_t(sms), units), 1, nkb));
+  };
+  const int ks_gu = stream ? ksplit(knobs.fp8_ksplit_gate_up, rb_gu, gh) : 1;
+  const int ks_dn = stream ? ksplit(knobs.fp8_ksplit_down, rb_dn, gi) : 1;
+  const size_t partial_floats =
+      stream ? size_t(blocks_max) * 256 * size_t(nt) *
+                   size_t(std::max<int64_t>(ks_gu > 1 ? int64_t(rb_gu) * ks_gu : 0, ks_dn > 1 ? int64_t(rb_dn) * ks_dn : 0))
+             : 0;
+
+  // Scratch: [maps][offsets][blk_start][sorted][pos][xq][xs][aq][as][y][partial].
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off = align1k(off + bytes);
+    return at;
+  };
+  const size_t o_maps = take(2 * size_t(E) * sizeof(CUtensorMap));
+  const size_t o_off = take(size_t(E + 1) * 4), o_blk = take(size_t(E + 1) * 4);
+  const size_t o_sorted = take(size_t(cap) * 4), o_pos = take(size_t(cap) * 4);
+  const size_t o_xq = take(size_t(cap) * size_t(H)), o_xs = take(size_t(cap) * size_t(gh) * 4);
+  const size_t o_aq = take(size_t(cap) * size_t(I)), o_as = take(size_t(cap) * size_t(gi) * 4);
+  const size_t o_y = take(size_t(cap) * size_t(H) * 2);
+  const size_t o_partial = take(partial_floats * 4);
+  auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, off));
+  auto* maps = reinterpret_cast<CUtensorMap*>(base + o_maps);
+  auto* offsets = reinterpret_cast<int32_t*>(base + o_off);
+  auto* blk_start = reinterpret_cast<int32_t*>(base + o_blk);
+  auto* sorted = reinterpret_cast<int32_t*>(base + o_sorted);
+  auto* pos = reinterpret_cast<int32_t*>(base + o_pos);
+  uint8_t* xq = base + o_xq;
+  auto* xs = reinterpret_cast<float*>(base + o_xs);
+  uint8_t* aq = base + o_aq;
+  auto* as = reinterpret_cast<float*>(base + o_as);
+  auto* y = reinterpret_cast<uint16_t*>(base + o_y);
+  auto* partial = reinterpret_cast<float*>(base + o_partial);
+  const int64_t n_cnt_gu = ks_gu > 1 ? blocks_max * rb_gu : 0, n_cnt_dn = ks_dn > 1 ? blocks_max * rb_dn : 0;
+  int32_t* counters = n_cnt_gu + n_cnt_dn > 0 ? zeroed_counters(st, size_t(n_cnt_gu + n_cnt_dn)) : nullptr;
+
+  // Tensor maps: the weight templates (any valid address; the sort puts each expert's in), the
+  // activation buffers' maps in the kernel's box height.
+  CUtensorMap tmpl_gu{}, tmpl_dn{}, map_x{}, map_a{};
+  const int box = stream ? nt : 64;
+  if (!fp8_map(&tmpl_gu, base, 2 * I, H, H, 64) || !fp8_map(&tmpl_dn, base, H, I, I, 64) ||
+      !fp8_map(&map_x, xq, cap, H, H, box) || !fp8_map(&map_a, aq, cap, I, I, box))
+    return false;
+
+  const bool pdl = stream && knobs.fp8_pdl;
+  const size_t esz = dtype_size(p.act_dtype);
+  const int xkind = fp8_x ? 2 : (p.act_dtype == DType::F32 ? 0 : 1);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t tokens = std::min(chunk, T - t0);
+    const int pairs = int(tokens * topk);
+    const int32_t* ids = p.ids + t0 * topk;
+    const float* weights = p.weights + t0 * topk;
+
+    sort_kernel<<<1, kSortThreads, size_t(2 * E) * sizeof(int32_t), st>>>(
+        ids, pairs, int(E), R, offsets, blk_start, sorted, pos, maps, tmpl_gu, tmpl_dn, p.w_gate_up, p.w_down);
+    SIEVE_LAUNCH_CHECK("moe_experts fp8 (sort)");
+
+    const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * (fp8_x ? 1 : esz);
+    const int64_t qwarps = tokens * gh;
+    const int qblocks = int(std::min<int64_t>(ceil_div(qwarps, 8), int64_t(sms) * 8));
+    launch_pdl(pdl, quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, st, "moe_experts fp8 (quantize)", x, xkind,
+               fp8_x ? p.x_scale + t0 * gh : static_cast<const float*>(nullptr), int64_t(H), tokens, int(H),
+               int(topk), static_cast<const int32_t*>(pos), xq, int64_t(H), xs);
+
+    GemmArgs g{};
+    g.sbr = p.scale_block_rows;
+    g.inter = int(I);
+    g.hidden = int(H);
+    g.rows_cap = int(cap);
+    g.offsets = offsets;
+    g.blk_start = blk_start;
+    g.sorted = sorted;
+    g.E = int(E);
+    g.act_q = aq;
+    g.ld_act = I;
+    g.act_scale = as;
+    g.y = y;
+    g.alpha = p.alpha;
+    g.limit = p.limit;
+    g.beta = p.beta;
+    g.partial = partial;
+
+    const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
+    // gate_up
+    g.wmaps = maps;
+    g.wscale = p.w_gate_up_scale;
+    g.nkb = gh;
+    g.a_scale = xs;
+    g.cols = stream ? rb_gu * ks_gu : rb_gu;
+    g.ksplit = ks_gu;
+    g.counters = counters;
+    int grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
+    if (stream) {
+      launch_stream(true, nt, map_x, g, grid, pdl, st);
+    } else {
+      launch_tiles(true, map_x, g, grid, st);
+    }
+    // down
+    g.wmaps = maps + E;
+    g.wscale = p.w_down_scale;
+    g.nkb = gi;
+    g.a_scale = as;
+    g.cols = stream ? rb_dn * ks_dn : rb_dn;
+    g.ksplit = ks_dn;
+    g.counters = counters ? counters + n_cnt_gu : nullptr;
+    grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
+    if (stream) {
+      launch_stream(false, nt, map_a, g, grid, pdl, st);
+    } else {
+      launch_tiles(false, map_a, g, grid, st);
+    }
+
+    launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens)), dim3(256), 0, st, "moe_experts fp8 (combine)", ids,
+               weights, int(topk), int(E), static_cast<const uint16_t*>(y), int64_t(H),
+               static_cast<void*>(static_cast<uint8_t*>(p.out) + size_t(t0 * H) * esz), elem_code(p.act_dtype));
+  }
+  return true;
+}
+
+}  // namespace moe_fp8
+
+bool run_moe_experts_fp8(const ops::MoeExpertsParams& p, void* stream) {
+  if (p.num_tokens <= 0 || p.hidden <= 0) return true;
+  if (!p.x || !p.out || !p.ids || !p.weights || !p.w_gate_up || !p.w_down) throw Error("moe_experts: null operand");
+  if (p.inter <= 0 || p.topk <= 0 || p.num_experts <= 0) throw Error("moe_experts: bad sizes");
+  if (!p.w_gate_up_scale || !p.w_down_scale) throw Error("moe_experts: FP8 weights need their scale arrays");
+  return moe_fp8::run(p, static_cast<cudaStream_t>(stream));
+}
+
+void quantize_fp8_1x128(const void* x, DType dtype, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
+                        float* scale, void* stream) {
+  if (rows <= 0) return;
+  SIEVE_CHECK(cols % 16 == 0 && (dtype == DType::F32 || dtype == DType::BF16), "quantize_fp8_1x128: cols % 16, F32/BF16");
+  const int64_t warps = rows * moe_fp8::ceil_div(cols, moe_fp8::kGroup);
+  moe_fp8::quantize_kernel<<<unsigned(std::min<int64_t>(moe_fp8::ceil_div(warps, 8), 65535)), 256, 0,
+                             static_cast<cudaStream_t>(stream)>>>(x, dtype == DType::F32 ? 0 : 1, nullptr, ldx, rows,
+                                                                  int(cols), 1, nullptr, q, cols, scale);
+  SIEVE_LAUNCH_CHECK("quantize_fp8_1x128");
+}
+
+}  // namespace sieve::cuda

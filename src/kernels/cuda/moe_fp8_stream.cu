@@ -1,0 +1,376 @@
+// FP8 MoE, stream kernels (decode batches; docs/kernels.md "FP8 MoE"): bound by reading the routed
+// experts' fp8 weights once, so the weights are wgmma's A operand (64 weight rows an instruction,
+// "swap AB") and the expert's few token rows its N (8, 16, 32 or 64 columns): no tensor work is
+// spent on padding rows, and a work unit streams 256 weight rows x its k range.
+//
+// A persistent CTA of three warpgroups takes work units i = blockIdx.x, + gridDim.x, ... in the
+// order expert, (weight-row block, k split), token block (token blocks fastest: units that read
+// the same weights run together):
+//  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
+//    stages (the 256 weight rows as four 64-row boxes through the expert's tensor map, with the L2
+//    evict-first policy: each weight byte is read once; the token rows as one box); the 32 lanes
+//    copy the 256 weight-row scales and the token rows' scales by 4-byte cp.async.
+//  - warpgroups 1 and 2: the consumers, weight rows 0-127 and 128-255 (two m64 blocks each). Per k
+//    block: 8 wgmma.m64nNk32 into temporary accumulators, then the promotion final += temporary *
+//    (weight scale of the row * x scale of the token) in fp32 (as in the tile kernels).
+// gate_up: the 256 weight rows are [gate u0..u0+63 | up u0..u0+63 | gate u0+64.. | up u0+64..],
+// so warpgroup c holds the gate and up sums of units u0 + 64 c + 0..63 in the same registers of
+// its two blocks. The epilogue applies SwiGLU-OAI, takes each token's amax over the 128 units (a
+// warp reduction, then the 8 warps through shared memory) and writes the token rows quantized for
+// down. down: 256 hidden rows; the epilogue writes each token's output row (bf16).
+// K splits (few units for the GPU, e.g. one decode token): each split writes its fp32 partial sums
+// to global memory and counts itself in; the last split of a row block sums the partials in split
+// order (so the result does not depend on which came last) and runs the epilogue.
+// Programmatic dependent launch (knob): the producer loads the weights of its first stages before
+// it waits for the previous kernel (griddepcontrol.wait), and the token rows after; every thread
+// passes the wait before it writes global memory or exits.
+#include <cuda.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/moe_fp8.cuh"
+#include "kernels/cuda/moe_fp8_work.h"
+
+namespace sieve::cuda::moe_fp8 {
+
+namespace {
+
+constexpr int kW = 256, kBK = 128, kThreads = 384, kBox = 64 * kBK, kWBytes = kW * kBK;
+
+template <int kNt>
+struct Geo {
+  static constexpr int kTokBytes = kNt * kBK;
+  static constexpr int kScales = kW + kNt;  // floats a stage: weight rows, then token rows
+  static constexpr int kStageBytes = kWBytes + kTokBytes + kScales * 4;
+  // As many stages as 210 KB hold, at most 6 (bytes in flight are what a decode SM streams with).
+  static constexpr int kStages = (210 * 1024) / kStageBytes < 6 ? (210 * 1024) / kStageBytes : 6;
+  // [weights ring][tokens ring][scales ring][full][empty][epilogue amax exchange][flag]
+  static constexpr size_t kBytes = 1024 + size_t(kStages) * kStageBytes + 2 * kStages * 8 + 8 * kNt * 4 + 16;
+};
+
+struct Unit {
+  int e, rb, ks, r0, rows;
+  int64_t pe;  // the row block's partial-sum slot: global token block * rbs + rb
+};
+__device__ __forceinline__ Unit unit_of(const GemmArgs& g, int64_t i, int nt) {
+  const WorkItem w = work_item(g.blk_start, g.E, i, g.cols);
+  Unit u;
+  u.e = w.e;
+  u.rb = w.col / g.ksplit;
+  u.ks = w.col - u.rb * g.ksplit;
+  u.r0 = g.offsets[w.e] + w.blk * nt;
+  u.rows = min(nt, g.offsets[w.e + 1] - u.r0);
+  u.pe = int64_t(g.blk_start[w.e] + w.blk) * (g.cols / g.ksplit) + u.rb;
+  return u;
+}
+
+template <bool kGateUp>
+__device__ __forceinline__ int weight_row(const GemmArgs& g, int rb, int c, bool& valid) {
+  return kGateUp ? gate_up_row(rb, c, g.inter, valid) : down_row(rb, c, g.hidden, valid);
+}
+
+// The producer's position: work unit and k block.
+struct Cursor {
+  int64_t i;
+  Unit u;
+  int kb, kb1;
+};
+
+template <bool kGateUp, int kNt>
+__global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g) {
+  using G = Geo<kNt>;
+  constexpr int S = G::kStages;
+  extern __shared__ uint8_t stream_smem_raw[];
+  uint8_t* const smem = align1024(stream_smem_raw);
+  uint8_t* const w_ring = smem;
+  uint8_t* const t_ring = w_ring + S * kWBytes;
+  float* const s_ring = reinterpret_cast<float*>(t_ring + S * G::kTokBytes);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(s_ring + S * G::kScales);
+  uint64_t* const empty = full + S;
+  float* const red = reinterpret_cast<float*>(empty + S);  // [8 warps][kNt]
+  int* const flag = reinterpret_cast<int*>(red + 8 * kNt);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 33);
+      mbar_init(&empty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  pdl_trigger();
+  const int64_t total = int64_t(g.blk_start[g.E]) * g.cols;
+
+  if (warp < 4) {
+    if (warp != 0) {
+      pdl_wait();
+      return;
+    }
+    // Producer.
+    const uint64_t policy = l2_policy_evict_first();
+    int s = 0;
+    uint32_t ep = 1;
+    const CUtensorMap* acquired = nullptr;
+    auto begin = [&](Cursor& c, int64_t i) {
+      c.i = i;
+      if (i >= total) return;
+      c.u = unit_of(g, i, kNt);
+      split_range(c.u.ks, g.ksplit, g.nkb, c.kb, c.kb1);
+    };
+    auto advance = [&](Cursor& c) {
+      if (++c.kb >= c.kb1) begin(c, c.i + gridDim.x);
+    };
+    // A stage's weights (lane 0: TMA, expecting the whole stage's bytes) and weight scales.
+    auto load_weights = [&](const Cursor& c, int st) {
+      const CUtensorMap* wm = g.wmaps + c.u.e;
+      if (lane == 0) {
+        if (wm != acquired) {
+          tensormap_acquire(wm);
+          acquired = wm;
+        }
+        mbar_expect_tx(&full[st], kWBytes + G::kTokBytes);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          bool unused;
+          tma_load_hint(w_ring + st * kWBytes + b * kBox, wm, c.kb * kBK, weight_row<kGateUp>(g, c.u.rb, b * 64, unused),
+                        &full[st], policy);
+        }
+      }
+      const float* ws = g.wscale[c.u.e];
+      float* sc = s_ring + st * G::kScales;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        bool ok;
+        const int n = weight_row<kGateUp>(g, c.u.rb, lane * 8 + k, ok);
+        cp_async4(&sc[lane * 8 + k], ok ? ws + int64_t(n / g.sbr) * g.nkb + c.kb : ws, ok);
+      }
+    };
+    // A stage's token rows and their scales; then the lanes' arrivals.
+    auto load_tokens = [&](const Cursor& c, int st) {
+      if (lane == 0) tma_load(t_ring + st * G::kTokBytes, &amap, c.kb * kBK, c.u.r0, &full[st]);
+      float* sc = s_ring + st * G::kScales + kW;
+      for (int r = lane; r < kNt; r += 32) {
+        const bool ok = r < c.u.rows;
+        cp_async4(&sc[r], ok ? g.a_scale + int64_t(c.u.r0 + r) * g.nkb + c.kb : g.a_scale, ok);
+      }
+      cp_async_arrive(&full[st]);
+    };
+    // The first stages' weights before the wait for the previous kernel, their token rows after.
+    Cursor c;
+    begin(c, blockIdx.x);
+    Cursor pre = c;
+    int n_pre = 0;
+    for (; n_pre < S && pre.i < total; ++n_pre, advance(pre)) load_weights(pre, n_pre);
+    pdl_wait();
+    for (int k = 0; k < n_pre; ++k, advance(c)) load_tokens(c, k);
+    s = n_pre % S;
+    ep = n_pre == S ? 0 : 1;
+    for (; c.i < total; advance(c)) {
+      mbar_wait(&empty[s], ep);
+      load_weights(c, s);
+      load_tokens(c, s);
+      if (++s == S) s = 0, ep ^= 1;
+    }
+    return;
+  }
+
+  // Consumers: warpgroup cw holds weight rows 128 cw + 64 b + 16 w + g8 + 8 r (b, r < 2) and
+  // token columns 8 j + 2 q + ii.
+  pdl_wait();
+  const int ctid = tid - 128, cw = ctid >> 7, w = (ctid >> 5) & 3, g8 = lane >> 2, q = lane & 3;
+  constexpr int kAcc = kNt / 2;
+  int s = 0;
+  uint32_t fp = 0;
+  float tmp[2][kAcc];
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int k = 0; k < kAcc; ++k) tmp[b][k] = 0.0f;
+  for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+    const Unit u = unit_of(g, i, kNt);
+    int kb0, kb1;
+    split_range(u.ks, g.ksplit, g.nkb, kb0, kb1);
+    float fin[2][kAcc];
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int k = 0; k < kAcc; ++k) fin[b][k] = 0.0f;
+    for (int kb = kb0; kb < kb1; ++kb) {
+      mbar_wait(&full[s], fp);
+      const uint32_t t_addr = smem_u32(t_ring + s * G::kTokBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const uint32_t w_addr = smem_u32(w_ring + s * kWBytes + (2 * cw + b) * kBox);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_fp8<kNt>(tmp[b], make_desc(w_addr + 32 * ks), make_desc(t_addr + 32 * ks), ks);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_acc(tmp[0]);
+      fence_acc(tmp[1]);
+      const float* sc = s_ring + s * G::kScales;
+      float wsv[2][2], xsv[kNt / 8][2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) wsv[b][r] = sc[128 * cw + 64 * b + 16 * w + g8 + 8 * r];
+#pragma unroll
+      for (int j = 0; j < kNt / 8; ++j) {
+        const float2 x2 = *reinterpret_cast<const float2*>(sc + kW + 8 * j + 2 * q);
+        xsv[j][0] = x2.x;
+        xsv[j][1] = x2.y;
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+      if (++s == S) s = 0, fp ^= 1;
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < kNt / 8; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int ii = 0; ii < 2; ++ii) {
+              const int k = 4 * j + 2 * r + ii;
+              fin[b][k] = fmaf(tmp[b][k], wsv[b][r] * xsv[j][ii], fin[b][k]);
+            }
+    }
+
+    if (g.ksplit > 1) {
+      // Partial sums in; the last split of the row block sums them in split order.
+      float4* mine = reinterpret_cast<float4*>(g.partial + ((u.pe * g.ksplit + u.ks) * 256 + ctid) * kNt);
+#pragma unroll
+      for (int k = 0; k < kAcc / 4; ++k) {
+        mine[k] = make_float4(fin[0][4 * k], fin[0][4 * k + 1], fin[0][4 * k + 2], fin[0][4 * k + 3]);
+        mine[kAcc / 4 + k] = make_float4(fin[1][4 * k], fin[1][4 * k + 1], fin[1][4 * k + 2], fin[1][4 * k + 3]);
+      }
+      __threadfence();
+      named_sync(1, 256);
+      if (ctid == 0) {
+        const int old = atomicAdd(&g.counters[u.pe], 1);
+        *flag = old == g.ksplit - 1;
+        if (old == g.ksplit - 1) g.counters[u.pe] = 0;  // every split has counted: back to zero for the next call
+      }
+      named_sync(1, 256);
+      if (!*flag) continue;
+      __threadfence();
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int k = 0; k < kAcc; ++k) fin[b][k] = 0.0f;
+      for (int k2 = 0; k2 < g.ksplit; ++k2) {
+        const float4* src = reinterpret_cast<const float4*>(g.partial + ((u.pe * g.ksplit + k2) * 256 + ctid) * kNt);
+#pragma unroll
+        for (int k = 0; k < kAcc / 4; ++k) {
+          const float4 a = __ldcg(src + k), b = __ldcg(src + kAcc / 4 + k);
+          fin[0][4 * k] += a.x, fin[0][4 * k + 1] += a.y, fin[0][4 * k + 2] += a.z, fin[0][4 * k + 3] += a.w;
+          fin[1][4 * k] += b.x, fin[1][4 * k + 1] += b.y, fin[1][4 * k + 2] += b.z, fin[1][4 * k + 3] += b.w;
+        }
+      }
+    }
+
+    if (kGateUp) {
+      // SwiGLU of unit u0 + 64 cw + 16 w + g8 + 8 r for token column 8 j + 2 q + ii; each token's
+      // amax over the 128 units: the thread's 2, the warp's 8 lanes of its quad lane q, 8 warps.
+      float v[kNt / 8][2][2];
+      float amax[kNt / 8][2];
+#pragma unroll
+      for (int j = 0; j < kNt / 8; ++j)
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+          amax[j][ii] = 0.0f;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int unit = u.rb * 128 + 64 * cw + 16 * w + g8 + 8 * r;
+            const int k = 4 * j + 2 * r + ii;
+            const float x = swiglu_oai_value(fin[0][k], fin[1][k], g.alpha, g.limit, g.beta);
+            v[j][r][ii] = unit < g.inter ? x : 0.0f;
+            amax[j][ii] = fmaxf(amax[j][ii], fabsf(v[j][r][ii]));
+          }
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) amax[j][ii] = fmaxf(amax[j][ii], __shfl_xor_sync(0xffffffffu, amax[j][ii], o));
+          if (g8 == 0) red[(4 * cw + w) * kNt + 8 * j + 2 * q + ii] = amax[j][ii];
+        }
+      named_sync(1, 256);
+#pragma unroll
+      for (int j = 0; j < kNt / 8; ++j)
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+          float m = 0.0f;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) m = fmaxf(m, red[k * kNt + 8 * j + 2 * q + ii]);
+          amax[j][ii] = m;
+        }
+      named_sync(1, 256);  // red is free for the next unit
+      const int groups = (g.inter + kGroup - 1) / kGroup;
+#pragma unroll
+      for (int j = 0; j < kNt / 8; ++j)
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+          const int col = 8 * j + 2 * q + ii;
+          if (col >= u.rows) continue;
+          const float scale = group_scale(amax[j][ii]);
+          uint8_t* dst = g.act_q + int64_t(u.r0 + col) * g.ld_act;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int unit = u.rb * 128 + 64 * cw + 16 * w + g8 + 8 * r;
+            if (unit < g.inter) dst[unit] = quant(v[j][r][ii], scale);
+          }
+          if (ctid < 4) g.act_scale[int64_t(u.r0 + col) * groups + u.rb] = scale;
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kNt / 8; ++j)
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+          const int col = 8 * j + 2 * q + ii;
+          if (col >= u.rows) continue;
+          uint16_t* dst = g.y + int64_t(g.sorted[u.r0 + col]) * g.hidden;
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int n = u.rb * kW + 128 * cw + 64 * b + 16 * w + g8 + 8 * r;
+              if (n < g.hidden) dst[n] = f32_to_bf16_bits(fin[b][4 * j + 2 * r + ii]);
+            }
+        }
+    }
+  }
+}
+
+template <bool kGateUp, int kNt>
+void launch_one(const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl, cudaStream_t st) {
+  auto kernel = stream_kernel<kGateUp, kNt>;
+  set_smem(kernel, Geo<kNt>::kBytes);
+  launch_pdl(pdl, kernel, dim3(unsigned(grid)), dim3(kThreads), Geo<kNt>::kBytes, st,
+             kGateUp ? "moe_experts fp8 (gate_up stream)" : "moe_experts fp8 (down stream)", amap, g);
+}
+
+}  // namespace
+
+size_t stream_smem_bytes(int nt) {
+  switch (nt) {
+    case 8: return Geo<8>::kBytes;
+    case 16: return Geo<16>::kBytes;
+    case 32: return Geo<32>::kBytes;
+    default: return Geo<64>::kBytes;
+  }
+}
+
+void launch_stream(bool gate_up, int nt, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
+                   cudaStream_t st) {
+  switch (nt * 2 + (gate_up ? 1 : 0)) {
+    case 17: launch_one<true, 8>(amap, g, grid, pdl, st); break;
+    case 16: launch_one<false, 8>(amap, g, grid, pdl, st); break;
+    case 33: launch_one<true, 16>(amap, g, grid, pdl, st); break;
+    case 32: launch_one<false, 16>(amap, g, grid, pdl, st); break;
+    case 65: launch_one<true, 32>(amap, g, grid, pdl, st); break;
+    case 64: launch_one<false, 32>(amap, g, grid, pdl, st); break;
+    case 129: launch_one<true, 64>(amap, g, grid, pdl, st); break;
+    default: launch_one<false, 64>(amap, g, grid, pdl, st); break;
+  }
+}
+
+}  // namespace sieve::cuda::moe_fp8

@@ -1,0 +1,254 @@
+// FP8 MoE, tile kernels (prefill batches; docs/kernels.md "FP8 MoE"): per expert, tiles of 128
+// sorted rows x 256 weight rows, k in blocks of 128, on fp8 wgmma with fp32 accumulation.
+//
+// A persistent CTA of three warpgroups takes tiles i = blockIdx.x, + gridDim.x, ... in the order
+// expert, weight-row tile, row tile (row tiles fastest: the CTAs that share an expert's weight
+// tile run together and meet in L2):
+//  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
+//    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four); the 32
+//    lanes copy the stage's 256 weight-row scales and 128 activation-row scales by 4-byte
+//    cp.async, arriving on the stage's barrier when they land (33 arrivals and the TMA bytes).
+//  - warpgroups 1 and 2: the consumers, rows 0-63 and 64-127 of the tile. Per k block and half of
+//    the weight rows (128 each): 4 wgmma.m64n128k32 into a temporary accumulator, then the
+//    promotion final += temporary * (x scale of the row * weight scale of the column) in fp32.
+//    Promotion per block of 128 is what keeps fp8 products accurate: the tensor cores'
+//    accumulation of fp8 products is narrower than fp32, so no sum runs longer than 128 k there.
+//    A warpgroup whose 64 rows are all past the tile's rows skips its products.
+// gate_up: the 256 weight rows are 128 units' gate and up rows, as boxes [gate u0..u0+63 |
+// up u0..u0+63 | gate u0+64.. | up u0+64..], so a thread holds each unit's gate and up sums in
+// the same registers (columns j < 8 and j + 8 of a half). The epilogue applies SwiGLU-OAI,
+// takes the row's amax over its 128 units (one quantization group: the tile is the group) with
+// two quad shuffles, and writes the row quantized for down (fp8 + the group's scale).
+// down: 256 hidden rows; the epilogue writes the pair's output row in bf16.
+// Registers: the final accumulators of a thread are 64 rows x 256 columns / 128 threads = 128
+// fp32, the temporary 64 more; the consumer warpgroups raise their limit to 232 (setmaxnreg).
+#include <cuda.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/moe_fp8.cuh"
+#include "kernels/cuda/moe_fp8_work.h"
+
+namespace sieve::cuda::moe_fp8 {
+
+namespace {
+
+constexpr int kTileRows = 128, kTileW = 256, kBK = 128, kStages = 4, kThreads = 384;
+constexpr int kABytes = kTileRows * kBK;  // 16 KB: two 64-row boxes
+constexpr int kWBytes = kTileW * kBK;     // 32 KB: four 64-row boxes
+constexpr int kBox = 64 * kBK;            // one 64-row box
+constexpr int kScales = kTileW + kTileRows;  // floats a stage: weight rows (permuted), then act rows
+constexpr size_t kSmemBytes =
+    1024 + size_t(kStages) * (kABytes + kWBytes) + size_t(kStages) * kScales * 4 + 2 * kStages * 8;
+
+struct Tile {
+  int e, col, r0, rows;
+};
+__device__ __forceinline__ Tile tile_of(const GemmArgs& g, int64_t i) {
+  const WorkItem w = work_item(g.blk_start, g.E, i, g.cols);
+  Tile t;
+  t.e = w.e;
+  t.col = w.col;
+  t.r0 = g.offsets[w.e] + w.blk * kTileRows;
+  t.rows = min(kTileRows, g.offsets[w.e + 1] - t.r0);
+  return t;
+}
+
+template <bool kGateUp>
+__device__ __forceinline__ int weight_row(const GemmArgs& g, int col, int c, bool& valid) {
+  return kGateUp ? gate_up_row(col, c, g.inter, valid) : down_row(col, c, g.hidden, valid);
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g) {
+  extern __shared__ uint8_t tile_smem_raw[];
+  uint8_t* const smem = align1024(tile_smem_raw);
+  uint8_t* const a_ring = smem;
+  uint8_t* const w_ring = smem + kStages * kABytes;
+  float* const s_ring = reinterpret_cast<float*>(w_ring + kStages * kWBytes);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(s_ring + kStages * kScales);
+  uint64_t* const empty = full + kStages;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 33);  // the TMA issuer's expect_tx and the 32 scale lanes
+      mbar_init(&empty[s], 8);  // the 8 consumer warps
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t total = int64_t(g.blk_start[g.E]) * g.cols;
+
+  if (warp < 4) {
+    regs_dec<40>();
+    if (warp != 0) return;
+    // Producer.
+    int s = 0;
+    uint32_t ep = 1;
+    const CUtensorMap* acquired = nullptr;
+    for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+      const Tile t = tile_of(g, i);
+      const CUtensorMap* wm = g.wmaps + t.e;
+      if (lane == 0 && wm != acquired) {
+        tensormap_acquire(wm);
+        acquired = wm;
+      }
+      const float* ws = g.wscale[t.e];
+      for (int kb = 0; kb < g.nkb; ++kb) {
+        mbar_wait(&empty[s], ep);
+        if (lane == 0) {
+          mbar_expect_tx(&full[s], kABytes + kWBytes);
+          uint8_t* a = a_ring + s * kABytes;
+          tma_load(a, &amap, kb * kBK, t.r0, &full[s]);
+          tma_load(a + kBox, &amap, kb * kBK, t.r0 + 64, &full[s]);
+          uint8_t* w = w_ring + s * kWBytes;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            bool unused;
+            tma_load(w + b * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64, unused), &full[s]);
+          }
+        }
+        // Scales: this lane's 8 weight rows and 4 activation rows (zeros past the rows).
+        float* sc = s_ring + s * kScales;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          bool ok;
+          const int n = weight_row<kGateUp>(g, t.col, lane * 8 + k, ok);
+          cp_async4(&sc[wscale_slot(lane * 8 + k)], ok ? ws + int64_t(n / g.sbr) * g.nkb + kb : ws, ok);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int r = lane * 4 + k;
+          const bool ok = r < t.rows;
+          cp_async4(&sc[kTileW + r], ok ? g.a_scale + int64_t(t.r0 + r) * g.nkb + kb : g.a_scale, ok);
+        }
+        cp_async_arrive(&full[s]);
+        if (++s == kStages) s = 0, ep ^= 1;
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  regs_inc<232>();
+  const int c = (warp >> 2) - 1, w = warp & 3, g8 = lane >> 2, q = lane & 3;
+  int s = 0;
+  uint32_t fp = 0;
+  float tmp[64];
+#pragma unroll
+  for (int k = 0; k < 64; ++k) tmp[k] = 0.0f;
+  for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+    const Tile t = tile_of(g, i);
+    const bool active = 64 * c < t.rows;
+    float fin[2][64];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int k = 0; k < 64; ++k) fin[h][k] = 0.0f;
+    for (int kb = 0; kb < g.nkb; ++kb) {
+      mbar_wait(&full[s], fp);
+      if (active) {
+        const float* sc = s_ring + s * kScales;
+        const float xs0 = sc[kTileW + 64 * c + 16 * w + g8], xs1 = sc[kTileW + 64 * c + 16 * w + g8 + 8];
+        const uint32_t a_addr = smem_u32(a_ring + s * kABytes + c * kBox);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t w_addr = smem_u32(w_ring + s * kWBytes + h * 2 * kBox);
+          wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) wgmma_fp8<128>(tmp, make_desc(a_addr + 32 * ks), make_desc(w_addr + 32 * ks), ks);
+          wgmma_commit();
+          wgmma_wait_all();
+          fence_acc(tmp);
+          const float4* ws4 = reinterpret_cast<const float4*>(sc + h * 128 + q * 32);
+#pragma unroll
+          for (int j2 = 0; j2 < 8; ++j2) {
+            const float4 v = ws4[j2];  // columns (j, i) = (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1)
+            const float wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              const int j = 2 * j2 + jj;
+#pragma unroll
+              for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int ii = 0; ii < 2; ++ii) {
+                  const int k = 4 * j + 2 * r + ii;
+                  fin[h][k] = fmaf(tmp[k], (r ? xs1 : xs0) * wv[2 * jj + ii], fin[h][k]);
+                }
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+      if (++s == kStages) s = 0, fp ^= 1;
+    }
+    if (!active) continue;
+
+    // Epilogue. Thread rows: 64 c + 16 w + g8 + 8 r; half h, column 8 j + 2 q + ii.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 64 * c + 16 * w + g8 + 8 * r;
+      if (kGateUp) {
+        float v[2][8][2];
+        float amax = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int ii = 0; ii < 2; ++ii) {
+              const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q + ii;
+              const float x = swiglu_oai_value(fin[h][4 * j + 2 * r + ii], fin[h][4 * (j + 8) + 2 * r + ii], g.alpha,
+                                               g.limit, g.beta);
+              v[h][j][ii] = unit < g.inter ? x : 0.0f;
+              amax = fmaxf(amax, fabsf(v[h][j][ii]));
+            }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float scale = group_scale(amax);
+        if (row < t.rows) {
+          uint8_t* dst = g.act_q + int64_t(t.r0 + row) * g.ld_act;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q;  // I % 16 == 0: unit + 1 < I too
+              if (unit < g.inter)
+                *reinterpret_cast<uint16_t*>(dst + unit) =
+                    uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
+            }
+          if (q == 0) g.act_scale[int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
+        }
+      } else if (row < t.rows) {
+        uint16_t* dst = g.y + int64_t(g.sorted[t.r0 + row]) * g.hidden;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const int n = t.col * kTileW + 128 * h + 8 * j + 2 * q;  // H % 16 == 0: n + 1 < H too
+            if (n < g.hidden)
+              *reinterpret_cast<uint32_t*>(dst + n) = pack_bf16x2(fin[h][4 * j + 2 * r], fin[h][4 * j + 2 * r + 1]);
+          }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+size_t tile_smem_bytes() { return kSmemBytes; }
+
+void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st) {
+  if (gate_up) {
+    set_smem(tile_kernel<true>, kSmemBytes);
+    tile_kernel<true><<<grid, kThreads, kSmemBytes, st>>>(amap, g);
+    SIEVE_LAUNCH_CHECK("moe_experts fp8 (gate_up tiles)");
+  } else {
+    set_smem(tile_kernel<false>, kSmemBytes);
+    tile_kernel<false><<<grid, kThreads, kSmemBytes, st>>>(amap, g);
+    SIEVE_LAUNCH_CHECK("moe_experts fp8 (down tiles)");
+  }
+}
+
+}  // namespace sieve::cuda::moe_fp8

@@ -1,0 +1,244 @@
+// CUDA moe_route (kernels/ops.h; CPU reference in kernels/cpu/cpu_moe.cpp).
+//
+// Routing of a token is one warp: sigmoid + correction bias, the top-k by k rounds of a warp
+// arg-max (higher biased score, then lower expert id; NaN ranks as -inf), the weights summed in
+// rank order, renormalised and scaled as on the CPU.
+//
+// With the router GEMM fused (x and gate set), up to MoeTuning::route_fused_max_tokens tokens
+// (decode) take one kernel: CTA (s, g) computes the logits of experts 8 g .. 8 g + 7 (a warp
+// each) over hidden slice s (512 wide: a lane holds 16 of the expert's fp32 weights in registers
+// and streams the tokens' x through L1) for every token, into fp32 partial sums; the last CTA of
+// an expert group (an arrival counter) sums its slices in slice order into the logits, and the
+// last group to finish routes every token. The sums' order is fixed, so the result does not
+// depend on which CTA finishes last; it differs from the CPU's (fp32 products and sums in
+// run_matmul's order) by rounding, so near ties may pick differently. Larger batches (F32 x) run
+// the GEMM through matmul (cuBLAS, fp32) into a scratch row block, then the routing kernel; BF16
+// x always takes the fused kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/tuning.h"
+
+namespace sieve::cuda {
+
+namespace {
+
+constexpr int kMaxExperts = 1024;  // 32 per lane
+constexpr int kMaxTopk = 32;
+constexpr int kSlice = 512;        // hidden columns a fused CTA
+constexpr int kGroupExperts = 8;   // experts a fused CTA (a warp each)
+
+// Routes token t from its logits row (read through L2: another CTA may have written it).
+__device__ void route_token(const ops::MoeRouteParams& p, const float* logits, int64_t t, int lane) {
+  const int E = p.num_experts, K = p.topk;
+  const int per = (E + 31) / 32;
+  float s[kMaxExperts / 32], c[kMaxExperts / 32];
+  uint32_t taken = 0;  // bit i: expert lane + 32 i is chosen (or does not exist)
+  for (int i = 0; i < kMaxExperts / 32; ++i) {
+    const int e = lane + 32 * i;
+    s[i] = 0.0f;
+    c[i] = kNegInf;
+    if (i >= per || e >= E) {
+      taken |= 1u << i;
+      continue;
+    }
+    const float sv = sigmoid_value(__ldcg(logits + e));
+    const float cv = __fadd_rn(sv, p.bias ? p.bias[e] : 0.0f);
+    s[i] = sv;
+    c[i] = isnan(cv) ? kNegInf : cv;
+  }
+  float chosen_s[kMaxTopk];
+  for (int j = 0; j < K; ++j) {
+    // The lane's best among its free experts (ascending ids, so ties keep the lower id), then
+    // the warp's: a total order (score descending, id ascending) gives every lane the same one.
+    float best = kNegInf;
+    int bid = INT_MAX;
+    for (int i = 0; i < per; ++i) {
+      if ((taken >> i) & 1u) continue;
+      if (bid == INT_MAX || c[i] > best) {
+        best = c[i];
+        bid = lane + 32 * i;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+      if (ob > best || (ob == best && oi < bid)) {
+        best = ob;
+        bid = oi;
+      }
+    }
+    const int owner = bid & 31, slot = bid >> 5;
+    float mine = 0.0f;
+    for (int i = 0; i < kMaxExperts / 32; ++i)
+      if (i == slot) mine = s[i];
+    chosen_s[j] = __shfl_sync(0xffffffffu, mine, owner);
+    if (lane == owner) taken |= 1u << slot;
+    if (lane == 0) p.ids[t * K + j] = bid;
+  }
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < K; ++j) sum = __fadd_rn(sum, chosen_s[j]);
+    for (int j = 0; j < K; ++j) {
+      float w = chosen_s[j];
+      if (p.renormalize) w = __fdiv_rn(w, sum);
+      p.weights[t * K + j] = __fmul_rn(w, p.scaling);
+    }
+  }
+}
+
+__global__ void moe_route_kernel(ops::MoeRouteParams p, const float* logits) {
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= p.num_tokens) return;
+  route_token(p, logits + t * p.num_experts, t, threadIdx.x & 31);
+}
+
+// Fused: grid (slices, expert groups), 8 warps. partial: [slices, tokens, E]; logits: [tokens, E];
+// counters[g] (one a group) and counters[groups] (groups done), returned to zero.
+__global__ void __launch_bounds__(256) moe_route_fused_kernel(ops::MoeRouteParams p, float* partial, float* logits,
+                                                              int32_t* counters, bool vec) {
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int E = p.num_experts, S = gridDim.x, G = gridDim.y;
+  const int64_t T = p.num_tokens, H = p.hidden;
+  const int s = blockIdx.x, g = blockIdx.y;
+  const int e = g * kGroupExperts + warp;
+  const bool bf16 = p.x_dtype == DType::BF16;
+  if (e < E) {
+    // Lane l's columns: k0 + 4 l + 128 m + 0..3, m < 4 (16-byte runs, coalesced).
+    const int64_t k0 = int64_t(s) * kSlice;
+    float wv[4][4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int64_t k = k0 + 4 * lane + 128 * m;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wv[m][i] = k + i < H ? p.gate[int64_t(e) * H + k + i] : 0.0f;
+    }
+    // Four tokens at a time (independent loads in flight); x as 16-byte (F32) or 8-byte (BF16)
+    // runs when vec (rows aligned, hidden % 4 == 0), else element by element.
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int64_t k = k0 + 4 * lane + 128 * m;
+        if (k >= H) continue;
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+          const int64_t t = t0 + tt;
+          if (t >= T) continue;
+          float xv[4];
+          if (vec && bf16) {
+            unpack_bf16x4(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + t * p.ldx + k)), xv);
+          } else if (vec) {
+            unpack_f32x4(__ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + t * p.ldx + k)), xv);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xv[i] = k + i < H ? load_act(p.x, t * p.ldx + k + i, bf16) : 0.0f;
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[tt] = fmaf(xv[i], wv[m][i], acc[tt]);
+        }
+      }
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[tt] += __shfl_xor_sync(0xffffffffu, acc[tt], o);
+        if (lane == 0 && t0 + tt < T) partial[(int64_t(s) * T + t0 + tt) * E + e] = acc[tt];
+      }
+    }
+  }
+  // The group's last slice sums the slices in order.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int old = atomicAdd(&counters[g], 1);
+    last = old == S - 1;
+    if (last) counters[g] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int64_t i = threadIdx.x; i < T * kGroupExperts; i += blockDim.x) {
+    const int64_t t = i / kGroupExperts;
+    const int ee = g * kGroupExperts + int(i % kGroupExperts);
+    if (ee >= E) continue;
+    float sum = 0.0f;
+    for (int k = 0; k < S; ++k) sum += __ldcg(partial + (int64_t(k) * T + t) * E + ee);
+    logits[t * E + ee] = sum;
+  }
+  // The last group routes every token.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int old = atomicAdd(&counters[G], 1);
+    last = old == G - 1;
+    if (last) counters[G] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int64_t t = warp; t < T; t += blockDim.x / 32) route_token(p, logits + t * E, t, lane);
+}
+
+}  // namespace
+
+bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
+  if (p.num_tokens <= 0) return true;
+  if ((!p.logits && !(p.x && p.gate)) || !p.ids || !p.weights) throw Error("moe_route: null operand");
+  if (p.num_experts <= 0 || p.topk <= 0 || p.topk > p.num_experts)
+    throw Error("moe_route: need 0 < topk <= num_experts");
+  if (p.num_experts > kMaxExperts || p.topk > kMaxTopk) return false;
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  const int64_t T = p.num_tokens, E = p.num_experts;
+  constexpr int kWarps = 4;
+  const int64_t blocks = (T + kWarps - 1) / kWarps;
+  if (blocks > INT_MAX) return false;
+  if (p.logits) {
+    moe_route_kernel<<<unsigned(blocks), kWarps * 32, 0, st>>>(p, p.logits);
+    SIEVE_LAUNCH_CHECK("moe_route");
+    return true;
+  }
+  if (p.hidden <= 0 || p.ldx < p.hidden) throw Error("moe_route: the fused router GEMM needs hidden and ldx");
+  if (p.x_dtype != DType::F32 && p.x_dtype != DType::BF16) return false;
+  const int64_t S = (p.hidden + kSlice - 1) / kSlice, G = (E + kGroupExperts - 1) / kGroupExperts;
+  if (S > 65535 || G > 65535) return false;
+  const bool fused = T <= tuning().moe.route_fused_max_tokens || p.x_dtype == DType::BF16;
+  // Scratch: [logits T x E][fused: partial S x T x E], in the MoE scratch (moe_experts, which
+  // reuses it, runs after the routing on the stream).
+  const size_t logit_bytes = (size_t(T * E) * 4 + 255) / 256 * 256;
+  auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, logit_bytes + (fused ? size_t(S * T * E) * 4 : 0)));
+  auto* logits = reinterpret_cast<float*>(base);
+  if (fused) {
+    int32_t* counters = zeroed_counters(st, size_t(G + 1));
+    const size_t esz = p.x_dtype == DType::BF16 ? 2 : 4;
+    const bool vec = p.hidden % 4 == 0 && p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % (4 * esz) == 0;
+    moe_route_fused_kernel<<<dim3(unsigned(S), unsigned(G)), 256, 0, st>>>(
+        p, reinterpret_cast<float*>(base + logit_bytes), logits, counters, vec);
+    SIEVE_LAUNCH_CHECK("moe_route (fused router GEMM)");
+    return true;
+  }
+  ops::MatmulParams mm;
+  mm.x = p.x;
+  mm.x_dtype = p.x_dtype;
+  mm.w = p.gate;
+  mm.w_dtype = DType::F32;
+  mm.y = logits;
+  mm.y_dtype = DType::F32;
+  mm.m = T;
+  mm.n = E;
+  mm.k = p.hidden;
+  mm.ldx = p.ldx;
+  mm.ldy = E;
+  if (!run_matmul(mm, stream_v)) return false;
+  moe_route_kernel<<<unsigned(blocks), kWarps * 32, 0, st>>>(p, logits);
+  SIEVE_LAUNCH_CHECK("moe_route");
+  return true;
+}
+
+}  // namespace sieve::cuda

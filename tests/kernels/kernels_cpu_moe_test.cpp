@@ -1,0 +1,262 @@
+// CPU reference of the FP8 MoE pieces against plain double-precision implementations written here:
+// moe_experts with FP8 weights (every scale block shape, FP8 x, the quantize_act emulation of the
+// CUDA kernels) and moe_route's fused router GEMM.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/moe_fp8_work.h"
+#include "kernel_test_util.h"
+#include "moe_test_util.h"
+
+namespace sieve {
+namespace {
+
+using namespace sieve::test;
+
+// ---------------------------------------------------------------------------------------------
+// moe_experts with FP8 weights
+
+// The CPU op against the double reference: fp32 arithmetic, so within 1e-4 of 1 + the summed
+// magnitude of the token's expert terms (plus a bf16 rounding of out).
+void cpu_fp8_case(const MoeShape& shape, bool quantize_act, uint64_t seed) {
+  SCOPED_TRACE(shape.describe() + (quantize_act ? " quantize_act" : ""));
+  MoeCaseData c(shape, seed);
+  std::vector<double> mag;
+  const std::vector<double> ref = c.reference(quantize_act, &mag);
+  TypedBuffer out = c.out0;
+  ops::MoeExpertsParams p = c.params();
+  p.quantize_act = quantize_act;
+  p.out = out.data();
+  cpu::run_moe_experts(p);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size() && bad < 5; ++i) {
+    const double tol = 1e-4 * (1 + mag[i]) + (shape.act == DType::BF16 ? std::fabs(ref[i]) / 256 : 0.0);
+    if (std::fabs(out.get(i) - ref[i]) <= tol) continue;
+    ADD_FAILURE() << "out[" << i / size_t(shape.H) << "," << i % size_t(shape.H) << "] got " << out.get(i) << " want "
+                  << ref[i];
+    ++bad;
+  }
+}
+
+TEST(CpuMoeExpertsFp8, EveryBlockShapeMatchesDoubleReference) {
+  uint64_t seed = 900;
+  const int shapes[][2] = {{1, 32}, {1, 128}, {128, 128}, {32, 64}, {3, 128}, {128, 32}};
+  for (auto& bs : shapes) {
+    for (bool pow2 : {true, false}) {
+      MoeShape s;
+      s.T = 7, s.H = 200, s.I = 72, s.E = 6, s.K = 3;
+      s.br = bs[0], s.bc = bs[1];
+      s.pow2_scales = pow2;
+      s.skipped = 2;
+      cpu_fp8_case(s, false, seed++);
+    }
+  }
+}
+
+TEST(CpuMoeExpertsFp8, RoutingsAndActivations) {
+  uint64_t seed = 950;
+  MoeShape s;
+  s.T = 9, s.H = 256, s.I = 128, s.E = 8, s.K = 2;
+  for (DType act : {DType::F32, DType::BF16}) {
+    s.act = act;
+    cpu_fp8_case(s, false, seed++);
+    MoeShape h = s;
+    h.hot = 3;  // every token's first expert is 3
+    cpu_fp8_case(h, false, seed++);
+    MoeShape o = s;
+    o.K = 1, o.only = 5, o.T = 13;  // every token to one expert, the others empty
+    cpu_fp8_case(o, false, seed++);
+    MoeShape em = s;
+    em.empty_every = 2;  // odd experts get no tokens
+    em.br = 128;
+    cpu_fp8_case(em, false, seed++);
+  }
+  MoeShape f = s;
+  f.act = DType::BF16;
+  f.fp8_x = true;  // x given quantized
+  f.H = 300;       // a short last group
+  cpu_fp8_case(f, false, seed++);
+  cpu_fp8_case(f, true, seed++);
+}
+
+TEST(CpuMoeExpertsFp8, QuantizeActMatchesTheQuantizedReference) {
+  uint64_t seed = 980;
+  for (int br : {1, 128}) {
+    MoeShape s;
+    s.T = 11, s.H = 384, s.I = 200, s.E = 5, s.K = 2, s.br = br;
+    cpu_fp8_case(s, true, seed++);
+    // The emulation is not a no-op: it moves the output away from the unquantized reference by
+    // far more than the fp32 tolerance.
+    MoeCaseData c(s, seed++);
+    TypedBuffer out = c.out0;
+    ops::MoeExpertsParams p = c.params();
+    p.quantize_act = true;
+    p.out = out.data();
+    cpu::run_moe_experts(p);
+    const std::vector<double> exact = c.reference(false);
+    double worst = 0;
+    for (size_t i = 0; i < exact.size(); ++i) worst = std::max(worst, std::fabs(out.get(i) - exact[i]));
+    EXPECT_GT(worst, 1e-2);
+  }
+}
+
+TEST(CpuMoeExpertsFp8, MissingScalesAreAnError) {
+  MoeCaseData c(MoeShape{}, 1);
+  TypedBuffer out = c.out0;
+  ops::MoeExpertsParams p = c.params();
+  p.out = out.data();
+  p.w_down_scale = nullptr;
+  EXPECT_THROW(cpu::run_moe_experts(p), Error);
+  p = c.params();
+  p.out = out.data();
+  p.scale_block_cols = 0;
+  EXPECT_THROW(cpu::run_moe_experts(p), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_route with the fused router GEMM
+
+// The fused GEMM is run_matmul's arithmetic: ids and weights equal those of a separate matmul
+// followed by moe_route, bit for bit; identical router rows tie and go to the lower id.
+TEST(CpuMoeRoute, FusedRouterGemmEqualsMatmulThenRoute) {
+  Rng rng(31);
+  for (DType xt : {DType::F32, DType::BF16}) {
+    const int64_t T = 13, H = 200, ldx = 210;
+    const int E = 24, K = 4;
+    TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(T * ldx), rng, -1, 1));
+    std::vector<float> gate = random_vector(size_t(E * H), rng, -0.1f, 0.1f);
+    for (int64_t k = 0; k < H; ++k) gate[size_t(9 * H + k)] = gate[size_t(4 * H + k)];  // experts 4 and 9 tie
+    for (int64_t k = 0; k < H; ++k) gate[size_t(4 * H + k)] += 0.05f;                   // ... and are chosen
+    for (int64_t k = 0; k < H; ++k) gate[size_t(9 * H + k)] = gate[size_t(4 * H + k)];
+    std::vector<float> bias = random_vector(size_t(E), rng, -0.01f, 0.01f);
+    bias[4] = bias[9] = 0.5f;
+    std::vector<float> logits(size_t(T * E), kNaN);
+    ops::MatmulParams mm;
+    mm.x = x.data();
+    mm.x_dtype = xt;
+    mm.w = gate.data();
+    mm.w_dtype = DType::F32;
+    mm.y = logits.data();
+    mm.y_dtype = DType::F32;
+    mm.m = T, mm.n = E, mm.k = H, mm.ldx = ldx, mm.ldy = E;
+    cpu::run_matmul(mm);
+    std::vector<int32_t> ids_a(size_t(T * K), -7), ids_b(size_t(T * K), -7);
+    std::vector<float> w_a(size_t(T * K), kNaN), w_b(size_t(T * K), kNaN);
+    ops::MoeRouteParams p;
+    p.logits = logits.data();
+    p.bias = bias.data();
+    p.num_tokens = T, p.num_experts = E, p.topk = K, p.scaling = 2.0f;
+    p.ids = ids_a.data(), p.weights = w_a.data();
+    cpu::run_moe_route(p);
+    p.logits = nullptr;
+    p.x = x.data(), p.x_dtype = xt, p.hidden = H, p.ldx = ldx, p.gate = gate.data();
+    p.ids = ids_b.data(), p.weights = w_b.data();
+    cpu::run_moe_route(p);
+    EXPECT_EQ(ids_a, ids_b);
+    for (size_t i = 0; i < w_a.size(); ++i) EXPECT_EQ(w_a[i], w_b[i]) << i;
+    for (int64_t t = 0; t < T; ++t) {
+      EXPECT_EQ(ids_b[size_t(t * K)], 4) << "token " << t;  // the tie goes to the lower id
+      EXPECT_EQ(ids_b[size_t(t * K + 1)], 9) << "token " << t;
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// The FP8 MoE kernels' index arithmetic (kernels/cuda/moe_fp8_work.h), emulated on the host.
+
+// Every (sorted row, weight-row block, k split) of a random expert layout is covered by exactly
+// one work item, with an expert's row blocks fastest; the row blocks stay inside their expert.
+TEST(MoeFp8Work, ItemsCoverEveryRowBlockOnce) {
+  Rng rng(71);
+  for (int R : {8, 16, 32, 64, 128}) {
+    for (int cols : {1, 3, 6, 24, 66}) {
+      const int E = rng.uniform_int(1, 40);
+      std::vector<int32_t> cnt(static_cast<size_t>(E)), offsets(size_t(E) + 1, 0), blk_start(size_t(E) + 1, 0);
+      for (int e = 0; e < E; ++e) {
+        const int kind = rng.uniform_int(0, 3);  // empty, a few rows, many rows
+        cnt[size_t(e)] = kind == 0 ? 0 : kind == 3 ? rng.uniform_int(R, 5 * R + 3) : rng.uniform_int(1, R);
+        offsets[size_t(e) + 1] = offsets[size_t(e)] + cnt[size_t(e)];
+        blk_start[size_t(e) + 1] = blk_start[size_t(e)] + (cnt[size_t(e)] + R - 1) / R;
+      }
+      const int64_t total = int64_t(blk_start[size_t(E)]) * cols;
+      std::vector<int> seen(static_cast<size_t>(offsets[size_t(E)]) * size_t(cols), 0);
+      cuda::moe_fp8::WorkItem prev{-1, -1, -1};
+      for (int64_t i = 0; i < total; ++i) {
+        const cuda::moe_fp8::WorkItem w = cuda::moe_fp8::work_item(blk_start.data(), E, i, cols);
+        ASSERT_TRUE(w.e >= 0 && w.e < E && cnt[size_t(w.e)] > 0) << "item " << i;
+        ASSERT_TRUE(w.col >= 0 && w.col < cols && w.blk >= 0 && w.blk < blk_start[size_t(w.e) + 1] - blk_start[size_t(w.e)]);
+        if (i > 0 && w.e == prev.e && w.col == prev.col) {
+          EXPECT_EQ(w.blk, prev.blk + 1) << "row blocks fastest";
+        }
+        prev = w;
+        const int r0 = offsets[size_t(w.e)] + w.blk * R, r1 = std::min(r0 + R, offsets[size_t(w.e) + 1]);
+        for (int r = r0; r < r1; ++r) ++seen[size_t(r) * size_t(cols) + size_t(w.col)];
+      }
+      for (size_t k = 0; k < seen.size(); ++k) ASSERT_EQ(seen[k], 1) << "row " << k / size_t(cols) << " col " << k % size_t(cols);
+    }
+  }
+}
+
+// gate_up's 256-row weight blocks pair each unit's gate and up rows 64 apart and cover every row of
+// [gate | up] exactly once; down's cover the hidden rows; k splits tile [0, nkb) without gaps.
+TEST(MoeFp8Work, WeightRowsScaleSlotsAndSplits) {
+  for (int inter : {128, 144, 384, 768}) {
+    std::vector<int> seen(size_t(2 * inter), 0);
+    for (int rb = 0; rb < (inter + 127) / 128; ++rb) {
+      for (int c = 0; c < 256; ++c) {
+        bool ok, ok_up;
+        const int n = cuda::moe_fp8::gate_up_row(rb, c, inter, ok);
+        if (!ok) continue;
+        ++seen[size_t(n)];
+        if ((c & 64) == 0) {  // a gate row: its up row is 64 further
+          const int up = cuda::moe_fp8::gate_up_row(rb, c + 64, inter, ok_up);
+          EXPECT_TRUE(ok_up);
+          EXPECT_EQ(up, n + inter) << "rb " << rb << " c " << c;
+          EXPECT_LT(n, inter);
+        }
+      }
+    }
+    for (size_t k = 0; k < seen.size(); ++k) ASSERT_EQ(seen[k], 1) << "inter " << inter << " row " << k;
+  }
+  for (int hidden : {256, 400, 6144}) {
+    std::vector<int> seen(size_t(hidden), 0);
+    for (int rb = 0; rb < (hidden + 255) / 256; ++rb)
+      for (int c = 0; c < 256; ++c) {
+        bool ok;
+        const int n = cuda::moe_fp8::down_row(rb, c, hidden, ok);
+        if (ok) ++seen[size_t(n)];
+      }
+    for (int v : seen) ASSERT_EQ(v, 1);
+  }
+  std::vector<int> slot_seen(256, 0);
+  for (int h = 0; h < 2; ++h)
+    for (int q = 0; q < 4; ++q)
+      for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < 2; ++i) {
+          const int slot = cuda::moe_fp8::wscale_slot(h * 128 + 8 * j + 2 * q + i);
+          EXPECT_EQ(slot, h * 128 + q * 32 + j * 2 + i);
+          ++slot_seen[size_t(slot)];
+        }
+  for (int v : slot_seen) ASSERT_EQ(v, 1);
+  for (int nkb : {1, 3, 6, 48}) {
+    for (int ks = 1; ks <= nkb; ++ks) {
+      int next = 0;
+      for (int k = 0; k < ks; ++k) {
+        int kb0, kb1;
+        cuda::moe_fp8::split_range(k, ks, nkb, kb0, kb1);
+        EXPECT_EQ(kb0, next);
+        EXPECT_LT(kb0, kb1) << "empty split";
+        next = kb1;
+      }
+      EXPECT_EQ(next, nkb);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sieve

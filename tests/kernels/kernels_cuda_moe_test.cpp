@@ -1,0 +1,375 @@
+// CUDA FP8 MoE against the CPU twin (label gpu: skipped without a CUDA device): the 1 x 128
+// quantizer bit for bit, moe_experts with FP8 weights on both kernel families (stream kernels for
+// decode batches in every token-row width, with and without k splits and programmatic dependent
+// launch; tile kernels for prefill batches), and moe_route with the fused router GEMM.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "kernels/cuda/moe_fp8.h"
+#include "kernels/cuda/tuning.h"
+#include "moe_test_util.h"
+
+namespace sieve {
+namespace {
+
+using namespace sieve::test;
+
+ops::Stream gpu_stream() {
+  ops::Stream s;
+  s.device = kGpu;
+  return s;
+}
+
+bool same_fp8(uint8_t a, uint8_t b) {
+  return a == b || (std::isnan(fp8e4m3_to_f32(a)) && std::isnan(fp8e4m3_to_f32(b)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The quantizer
+
+TEST(CudaFp8Quantizer, BitExactWithCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(11);
+  for (DType t : {DType::F32, DType::BF16}) {
+    for (int64_t cols : {16, 128, 144, 384, 6144}) {
+      const int64_t rows = 37, ld = cols + 16, groups = (cols + 127) / 128;
+      std::vector<float> xf(size_t(rows * ld));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < ld; ++k) xf[size_t(r * ld + k)] = rng.normal(1.0f) * std::ldexp(1.0f, int(r % 9) - 4);
+      for (int64_t k = 0; k < std::min<int64_t>(cols, 128); ++k) xf[size_t(2 * ld + k)] = 0.0f;  // scale 1
+      xf[size_t(3 * ld + 5)] = kNaN;
+      xf[size_t(4 * ld + 1)] = 3e38f;
+      xf[size_t(5 * ld + 0)] = 1e-42f;  // a denormal group maximum
+      for (int64_t k = 1; k < std::min<int64_t>(cols, 128); ++k) xf[size_t(5 * ld + k)] = 0.0f;
+      TypedBuffer x = TypedBuffer::from(t, xf);
+      // The CPU quantizes the values as the GPU reads them (bf16 rounded first).
+      std::vector<float> xr(xf.size());
+      for (size_t i = 0; i < xf.size(); ++i) xr[i] = x.get(i);
+      std::vector<uint8_t> q(size_t(rows * cols));
+      std::vector<float> sc(size_t(rows * groups));
+      for (int64_t r = 0; r < rows; ++r)
+        cpu::quantize_row_fp8(&xr[size_t(r * ld)], cols, &q[size_t(r * cols)], &sc[size_t(r * groups)]);
+      Dev dx = Dev::of(x), dq(q.size()), ds(sc.size() * 4);
+      dq.poison(0xAB);
+      ds.poison(0xFF);
+      cuda::quantize_fp8_1x128(dx.p(), t, rows, cols, ld, dq.as<uint8_t>(), ds.as<float>(), nullptr);
+      const std::vector<uint8_t> gq = dq.bytes(q.size());
+      const std::vector<float> gs = ds.get<float>(sc.size());
+      int bad = 0;
+      for (size_t i = 0; i < sc.size() && bad < 5; ++i)
+        if (!(gs[i] == sc[i])) ADD_FAILURE() << name(t) << " cols " << cols << " scale " << i << ": gpu " << gs[i] << " cpu " << sc[i], ++bad;
+      for (size_t i = 0; i < q.size() && bad < 5; ++i)
+        if (!same_fp8(gq[i], q[i]))
+          ADD_FAILURE() << name(t) << " cols " << cols << " q[" << i / size_t(cols) << "," << i % size_t(cols) << "]: gpu "
+                        << int(gq[i]) << " cpu " << int(q[i]),
+              ++bad;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_experts, FP8 weights
+
+struct GpuRun {
+  cuda::MoeTuning knobs;  // fp8_* and chunk_tokens
+  std::string what;
+};
+
+cuda::Tuning with_moe(const cuda::MoeTuning& m) {
+  cuda::Tuning t = cuda::tuning();
+  t.moe = m;
+  return t;
+}
+
+// One case on the GPU under each knob setting, against the CPU twin fed the same quantized
+// activations (quantize_act). What the GPU may differ by: each expert output row is stored in bf16
+// (2^-9 relative a term) and the fp32 sums run in another order; a SwiGLU value that lands next to
+// an fp8 rounding boundary can round to the other neighbour (fp32 sums in another order), which
+// moves its token's row by a little. So: every element within 2^-8 x the summed magnitude of its
+// terms + 1e-4, except at most 1 % of them, which must be within 5 % of 1 + that magnitude; rows of
+// tokens with no expert on this rank unchanged bit for bit.
+void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64_t seed) {
+  SCOPED_TRACE(shape.describe());
+  MoeCaseData c(shape, seed);
+  std::vector<double> mag;
+  c.reference(true, &mag);
+  TypedBuffer want = c.out0;
+  {
+    ops::MoeExpertsParams p = c.params();
+    p.quantize_act = true;
+    p.out = want.data();
+    cpu::run_moe_experts(p);
+  }
+  const int64_t T = shape.T, H = shape.H;
+  const int E = shape.E, K = shape.K;
+  std::vector<Dev> dgu, ddn, dgus, ddns;
+  std::vector<const void*> gu_d, dn_d;
+  std::vector<const float*> gus_d, dns_d;
+  for (int e = 0; e < E; ++e) {
+    dgu.push_back(Dev::of(c.gu[size_t(e)]));
+    ddn.push_back(Dev::of(c.dn[size_t(e)]));
+    dgus.push_back(Dev::of(c.gu_scale[size_t(e)]));
+    ddns.push_back(Dev::of(c.dn_scale[size_t(e)]));
+    gu_d.push_back(dgu.back().p());
+    dn_d.push_back(ddn.back().p());
+    gus_d.push_back(dgus.back().as<float>());
+    dns_d.push_back(ddns.back().as<float>());
+  }
+  Dev dx = Dev::of(c.x), dxs = Dev::of(c.x_scale), dids = Dev::of(c.ids), dw = Dev::of(c.weights);
+  Dev dgup = Dev::of(gu_d), ddnp = Dev::of(dn_d), dgusp = Dev::of(gus_d), ddnsp = Dev::of(dns_d);
+  std::vector<bool> untouched(size_t(T), true);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j) {
+      const int e = c.ids[size_t(t * K + j)];
+      if (e >= 0 && e < E) untouched[size_t(t)] = false;
+    }
+  for (const GpuRun& run : runs) {
+    SCOPED_TRACE(run.what);
+    Dev dout = Dev::of(c.out0);
+    ops::MoeExpertsParams p = c.params();
+    p.x = dx.p();
+    p.x_scale = shape.fp8_x ? dxs.as<float>() : nullptr;
+    p.ids = dids.as<int32_t>();
+    p.weights = dw.as<float>();
+    p.w_gate_up = dgup.as<const void*>();
+    p.w_down = ddnp.as<const void*>();
+    p.w_gate_up_scale = dgusp.as<const float*>();
+    p.w_down_scale = ddnsp.as<const float*>();
+    p.out = dout.p();
+    {
+      cuda::TuningScope scope(with_moe(run.knobs));
+      ops::moe_experts(p, gpu_stream());
+    }
+    TypedBuffer got(shape.act, size_t(T * H));
+    got.bytes = dout.bytes(got.bytes.size());
+    int64_t loose = 0;
+    int bad = 0;
+    for (size_t i = 0; i < want.count && bad < 5; ++i) {
+      const double a = got.get(i), b = want.get(i), m = mag[i];
+      const double ulp = shape.act == DType::BF16 ? std::fabs(b) / 128 : 0.0;
+      if (untouched[i / size_t(H)]) {
+        if (!(a == c.out0.get(i))) ADD_FAILURE() << "row of an unrouted token changed at " << i, ++bad;
+        continue;
+      }
+      if (std::fabs(a - b) <= std::ldexp(m, -8) + 1e-4 + ulp) continue;
+      ++loose;
+      if (std::fabs(a - b) <= 0.05 * (1 + m) + ulp) continue;
+      ADD_FAILURE() << "out[" << i / size_t(H) << "," << i % size_t(H) << "] gpu " << a << " cpu " << b << " (terms "
+                    << m << ")";
+      ++bad;
+    }
+    EXPECT_LE(loose, int64_t(want.count / 100)) << "elements outside the tight bound";
+  }
+}
+
+std::vector<GpuRun> stream_runs() {
+  std::vector<GpuRun> r;
+  for (int nt : {8, 16, 32, 64}) {
+    GpuRun g;
+    g.knobs.fp8_path = 1;
+    g.knobs.fp8_stream_rows = nt;
+    g.what = "stream " + std::to_string(nt);
+    r.push_back(g);
+  }
+  GpuRun g;
+  g.knobs.fp8_path = 1;
+  g.knobs.fp8_stream_rows = 8;
+  g.knobs.fp8_ksplit_gate_up = 3;
+  g.knobs.fp8_ksplit_down = 2;
+  g.what = "stream 8, k splits 3 / 2";
+  r.push_back(g);
+  g.knobs.fp8_pdl = false;
+  g.what = "stream 8, k splits 3 / 2, no pdl";
+  r.push_back(g);
+  g = GpuRun{};
+  g.what = "default";
+  r.push_back(g);
+  return r;
+}
+
+std::vector<GpuRun> tile_runs() {
+  std::vector<GpuRun> r;
+  GpuRun g;
+  g.knobs.fp8_path = 2;
+  g.what = "tiles";
+  r.push_back(g);
+  g.knobs.chunk_tokens = 7;
+  g.what = "tiles, chunks of 7 tokens";
+  r.push_back(g);
+  return r;
+}
+
+std::vector<GpuRun> all_runs() {
+  std::vector<GpuRun> r = stream_runs(), t = tile_runs();
+  r.insert(r.end(), t.begin(), t.end());
+  return r;
+}
+
+TEST(CudaMoeExpertsFp8, BlockShapesAndActivations) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2000;
+  for (int br : {1, 128}) {
+    for (DType act : {DType::F32, DType::BF16}) {
+      MoeShape s;
+      s.T = 9, s.H = 384, s.I = 256, s.E = 8, s.K = 2, s.br = br, s.act = act, s.pow2_scales = br == 1;
+      gpu_fp8_case(s, all_runs(), seed++);
+    }
+  }
+  MoeShape f;
+  f.T = 5, f.H = 256, f.I = 128, f.E = 8, f.K = 4, f.fp8_x = true, f.act = DType::BF16;
+  gpu_fp8_case(f, all_runs(), seed++);
+}
+
+// Partial groups and k blocks (inter 144, hidden 400), units past the last 128-unit group, a
+// scale block height that is neither 1 nor 128.
+TEST(CudaMoeExpertsFp8, PartialBlocks) {
+  SKIP_WITHOUT_GPU();
+  MoeShape s;
+  s.T = 11, s.H = 400, s.I = 144, s.E = 6, s.K = 3, s.br = 48, s.skipped = 3;
+  gpu_fp8_case(s, all_runs(), 2100);
+}
+
+// Empty experts, every token to one expert (several row blocks and tiles of one expert), a hot
+// expert, odd token counts, skipped ids.
+TEST(CudaMoeExpertsFp8, Routings) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2200;
+  MoeShape s;
+  s.H = 256, s.I = 128, s.E = 16, s.K = 4;
+  s.T = 1;
+  gpu_fp8_case(s, all_runs(), seed++);
+  s.T = 33, s.empty_every = 2, s.skipped = 2;
+  gpu_fp8_case(s, all_runs(), seed++);
+  MoeShape o = s;
+  o.T = 301, o.K = 1, o.only = 5, o.empty_every = 0, o.skipped = 0;  // 301 rows: 3 tiles, 5+ stream blocks
+  gpu_fp8_case(o, all_runs(), seed++);
+  MoeShape h = s;
+  h.T = 150, h.hot = 2, h.empty_every = 0;
+  gpu_fp8_case(h, all_runs(), seed++);
+}
+
+// The expert shapes of one TP4 and one TP8 rank of MiniMax-M3 (hidden 6144, 768 / 384 units,
+// top-4) at a decode size, and the bundled model's (hidden 256, 128 units, 128 experts, top-8).
+TEST(CudaMoeExpertsFp8, ModelShapes) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2300;
+  for (int64_t I : {768, 384}) {
+    MoeShape s;  // 8 experts: the kernels see the same expert shapes, the test builds fewer weights
+    s.H = 6144, s.I = I, s.E = 8, s.K = 4, s.br = 1, s.pow2_scales = true;
+    s.T = 3;
+    std::vector<GpuRun> runs = stream_runs();
+    runs.resize(2);
+    runs.push_back(GpuRun{});
+    gpu_fp8_case(s, runs, seed++);
+  }
+  MoeShape b;
+  b.T = 40, b.H = 256, b.I = 128, b.E = 128, b.K = 8, b.br = 128;
+  gpu_fp8_case(b, all_runs(), seed++);
+}
+
+TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {
+  SKIP_WITHOUT_GPU();
+  MoeShape s;
+  s.bc = 32;  // MXFP8 blocks: the CUDA kernels take (r, 128)
+  MoeCaseData c(s, 1);
+  std::vector<const void*> none(size_t(s.E), nullptr);
+  std::vector<const float*> nones(size_t(s.E), nullptr);
+  Dev dx = Dev::of(c.x), dout = Dev::of(c.out0), dids = Dev::of(c.ids), dw = Dev::of(c.weights);
+  Dev dp = Dev::of(none), dps = Dev::of(nones);
+  ops::MoeExpertsParams p = c.params();
+  p.x = dx.p();
+  p.out = dout.p();
+  p.ids = dids.as<int32_t>();
+  p.weights = dw.as<float>();
+  p.w_gate_up = p.w_down = dp.as<const void*>();
+  p.w_gate_up_scale = p.w_down_scale = dps.as<const float*>();
+  EXPECT_THROW(ops::moe_experts(p, gpu_stream()), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_route with the fused router GEMM
+
+// ids: the CPU's, except that the GPU may pick another expert whose biased score is within 1e-5
+// of the CPU's pick at that rank (the logits' fp32 sums run in another order); with `ties`
+// (experts whose router rows are identical) exactly the CPU's. Weights within 1e-4 relative.
+void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool ties, int64_t fused_max, uint64_t seed) {
+  SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H) + " E " + std::to_string(E) + " K " +
+               std::to_string(K) + " x " + name(xt) + (ties ? " ties" : "") + " fused up to " + std::to_string(fused_max));
+  Rng rng(seed);
+  const int64_t ldx = H + 4;
+  TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(T * ldx), rng, -1, 1));
+  std::vector<float> gate = random_vector(size_t(E) * size_t(H), rng, -0.05f, 0.05f);
+  std::vector<float> bias = random_vector(size_t(E), rng, -0.02f, 0.02f);
+  if (ties) {
+    // Experts come in identical pairs (e, e + E / 2) with identical biases: the lower id first.
+    for (int e = E / 2; e < E; ++e) {
+      for (int64_t k = 0; k < H; ++k) gate[size_t(e) * size_t(H) + size_t(k)] = gate[size_t(e - E / 2) * size_t(H) + size_t(k)];
+      bias[size_t(e)] = bias[size_t(e - E / 2)];
+    }
+  }
+  std::vector<int32_t> ids(size_t(T * K), -7);
+  std::vector<float> w(size_t(T * K), kNaN);
+  ops::MoeRouteParams p;
+  p.x = x.data(), p.x_dtype = xt, p.hidden = H, p.ldx = ldx, p.gate = gate.data(), p.bias = bias.data();
+  p.num_tokens = T, p.num_experts = E, p.topk = K, p.scaling = 2.0f;
+  p.ids = ids.data(), p.weights = w.data();
+  cpu::run_moe_route(p);
+  std::vector<float> logits(size_t(T * E));
+  {
+    ops::MatmulParams mm;
+    mm.x = x.data(), mm.x_dtype = xt, mm.w = gate.data(), mm.w_dtype = DType::F32, mm.y = logits.data();
+    mm.y_dtype = DType::F32, mm.m = T, mm.n = E, mm.k = H, mm.ldx = ldx, mm.ldy = E;
+    cpu::run_matmul(mm);
+  }
+  Dev dx = Dev::of(x), dg = Dev::of(gate), db = Dev::of(bias), di = Dev::of(std::vector<int32_t>(ids.size(), -7)),
+      dw = Dev::of(std::vector<float>(w.size(), kNaN));
+  p.x = dx.p(), p.gate = dg.as<float>(), p.bias = db.as<float>(), p.ids = di.as<int32_t>(), p.weights = dw.as<float>();
+  {
+    cuda::MoeTuning m;
+    m.route_fused_max_tokens = fused_max;
+    cuda::TuningScope scope(with_moe(m));
+    ops::moe_route(p, gpu_stream());
+  }
+  const std::vector<int32_t> gi = di.get<int32_t>(ids.size());
+  const std::vector<float> gw = dw.get<float>(w.size());
+  auto score = [&](int64_t t, int e) {
+    return 1.0 / (1.0 + std::exp(-double(logits[size_t(t * E + e)]))) + double(bias[size_t(e)]);
+  };
+  int bad = 0;
+  for (int64_t t = 0; t < T && bad < 5; ++t) {
+    bool same = true;
+    for (int j = 0; j < K; ++j) {
+      const size_t o = size_t(t * K + j);
+      if (gi[o] == ids[o]) continue;
+      same = false;
+      if (ties || gi[o] < 0 || gi[o] >= E || std::fabs(score(t, gi[o]) - score(t, ids[o])) > 1e-5)
+        ADD_FAILURE() << "token " << t << " rank " << j << ": gpu expert " << gi[o] << " cpu " << ids[o], ++bad;
+    }
+    if (!same) continue;
+    for (int j = 0; j < K; ++j) {
+      const size_t o = size_t(t * K + j);
+      if (!close(gw[o], w[o], 1e-6, 1e-4)) ADD_FAILURE() << "token " << t << " rank " << j << ": gpu weight " << gw[o] << " cpu " << w[o], ++bad;
+    }
+  }
+}
+
+TEST(CudaMoeRoute, FusedRouterGemm) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 3000;
+  for (DType xt : {DType::F32, DType::BF16}) {
+    for (int64_t T : {1, 7, 33, 64}) gpu_fused_route_case(T, 6144, 128, 4, xt, false, 64, seed++);
+    gpu_fused_route_case(5, 300, 13, 3, xt, false, 64, seed++);  // a partial slice, a partial group
+    gpu_fused_route_case(65, 1000, 130, 8, xt, false, 64, seed++);  // F32: matmul then routing
+    gpu_fused_route_case(20, 6144, 128, 4, xt, true, 64, seed++);
+    gpu_fused_route_case(20, 520, 64, 4, xt, true, 0, seed++);  // ties, unfused (F32)
+  }
+}
+
+}  // namespace
+}  // namespace sieve

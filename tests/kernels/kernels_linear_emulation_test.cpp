@@ -1,0 +1,227 @@
+// The FP8 GEMM kernel's bookkeeping run on the host (no GPU): its launch plans, the CTA -> (tile,
+// split) raster, each split's k blocks, the stage scales the producer copies, where each
+// accumulator of a consumer thread sits, the per-128-k promotion, the staged partial tiles and
+// each cluster rank's slice of the reduction, all through the functions of
+// kernels/cuda/linear_fp8_plan.h that the kernel itself calls. A wgmma is emulated by the exact
+// sum of its fp8 products over the block (rounded once to fp32, as the tensor cores' fp32 result
+// of 128 products is exact to well under that rounding), the tensor copies by reads of the
+// matrices with zeros out of bounds. The result must match a double-precision product of the
+// same FP8 rows to fp32 rounding, every output must be written exactly once and padding never.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/linear_fp8_plan.h"
+#include "linear_test_util.h"
+
+namespace sieve {
+namespace {
+
+using namespace sieve::test;
+using namespace sieve::cuda;
+
+constexpr int kSms = 132;
+constexpr int kMaxSmem = 227 * 1024;
+
+template <int BN>
+void emulate_cta(const fp8::Plan& p, const LinearCase& c, int tile_n, int tile_m, int split,
+                 std::vector<float>& staged) {
+  const int bm = p.bm(), P = fp8::stage_pitch(bm);
+  const int n0 = tile_n * bm, t0 = tile_m * BN;
+  const int kb0 = fp8::split_kb(p, split), kb1 = fp8::split_kb(p, split + 1);
+  ASSERT_GT(kb1, kb0) << "empty split";
+  const uint8_t* wq = static_cast<const uint8_t*>(c.w.data());
+  const uint8_t* xq = static_cast<const uint8_t*>(c.x.data());
+  staged.assign(size_t(BN) * P, kNaN);
+  std::vector<float> xs(static_cast<size_t>(BN)), ws(static_cast<size_t>(bm));
+  for (int wg = 0; wg < p.wgs; ++wg) {
+    for (int warp = 0; warp < 4; ++warp) {
+      for (int lane = 0; lane < 32; ++lane) {
+        float acc[BN / 2] = {};
+        const int row0 = fp8::acc_row(wg, warp, lane, 0), row1 = fp8::acc_row(wg, warp, lane, 2);
+        for (int kb = kb0; kb < kb1; ++kb) {
+          // The producer's stage scales (rows past m / n read the last row's).
+          for (int j = 0; j < BN; ++j)
+            xs[size_t(j)] =
+                c.xscale[size_t(int64_t(std::min<int64_t>(t0 + j, c.m - 1)) * p.kb_total + kb)];
+          for (int r = 0; r < bm; ++r)
+            ws[size_t(r)] = c.wscale[size_t(
+                fp8::w_scale_index(std::min<int64_t>(n0 + r, c.n - 1), c.br, p.kb_total, kb))];
+          float blk[BN / 2];
+          for (int i = 0; i < BN / 2; ++i) {
+            const int64_t row = n0 + fp8::acc_row(wg, warp, lane, i),
+                          tok = t0 + fp8::acc_col(lane, i);
+            double s = 0;
+            if (row < c.n && tok < c.m) {
+              for (int64_t kk = int64_t(kb) * fp8::kBK;
+                   kk < std::min<int64_t>(c.k, int64_t(kb + 1) * fp8::kBK); ++kk)
+                s += double(fp8e4m3_to_f32(wq[row * c.k + kk])) *
+                     double(fp8e4m3_to_f32(xq[tok * c.ldx + kk]));
+            }
+            blk[i] = float(s);
+          }
+          std::vector<float> stage(static_cast<size_t>(BN + bm));
+          std::copy(xs.begin(), xs.end(), stage.begin());
+          std::copy(ws.begin(), ws.end(), stage.begin() + BN);
+          fp8::promote_block<BN>(acc, blk, stage.data(), stage[size_t(BN + row0)],
+                                 stage[size_t(BN + row1)], lane);
+        }
+        for (int i = 0; i < BN / 2; ++i) {
+          float& dst = staged[size_t(fp8::acc_col(lane, i) * P + fp8::acc_row(wg, warp, lane, i))];
+          EXPECT_TRUE(std::isnan(dst)) << "two accumulators staged at one place";
+          dst = acc[i];
+        }
+      }
+    }
+  }
+}
+
+// Runs the plan over the whole grid and returns y (as the kernel's stores leave it) and how many
+// times each element of y was stored.
+void emulate(const fp8::Plan& p, const LinearCase& c, TypedBuffer& y, std::vector<int>& writes) {
+  const int bm = p.bm(), P = fp8::stage_pitch(bm);
+  writes.assign(size_t(c.m * c.ldy), 0);
+  std::vector<int> seen(size_t(p.tiles_n) * p.tiles_m * p.splits, 0);
+  // Every tile's cluster: the partial tiles of its splits, then each rank's slice.
+  for (int by = 0; by < p.tiles_m; ++by) {
+    for (int bx0 = 0; bx0 < p.grid_x(); bx0 += p.splits) {
+      std::vector<std::vector<float>> staged(size_t(p.splits));
+      int tile_n = -1, tile_m = -1;
+      for (int q = 0; q < p.splits; ++q) {
+        int tn, tm, split;
+        fp8::cta_tile(p, bx0 + q, by, tn, tm, split);
+        ASSERT_TRUE(tn >= 0 && tn < p.tiles_n && tm >= 0 && tm < p.tiles_m && split == q);
+        if (q == 0) tile_n = tn, tile_m = tm;
+        ASSERT_TRUE(tn == tile_n && tm == tile_m) << "a cluster spans two tiles";
+        ++seen[size_t((tm * p.tiles_n + tn) * p.splits + split)];
+        switch (p.bn) {
+          case 8:
+            emulate_cta<8>(p, c, tn, tm, split, staged[size_t(q)]);
+            break;
+          case 16:
+            emulate_cta<16>(p, c, tn, tm, split, staged[size_t(q)]);
+            break;
+          case 32:
+            emulate_cta<32>(p, c, tn, tm, split, staged[size_t(q)]);
+            break;
+          case 64:
+            emulate_cta<64>(p, c, tn, tm, split, staged[size_t(q)]);
+            break;
+          default:
+            emulate_cta<128>(p, c, tn, tm, split, staged[size_t(q)]);
+            break;
+        }
+      }
+      const int n0 = tile_n * bm, t0 = tile_m * p.bn;
+      int covered = 0;
+      for (int rank = 0; rank < p.splits; ++rank) {
+        int e0, e1;
+        fp8::reduce_slice(bm, p.bn, p.splits, rank, e0, e1);
+        covered += e1 - e0;
+        for (int t = 0; t < 128 * p.wgs; ++t) {
+          for (int e = e0 + 4 * t; e < e1; e += 4 * 128 * p.wgs) {
+            const int token = e / bm, row = e % bm;
+            float v[4];
+            for (int k = 0; k < 4; ++k) {
+              v[k] = staged[0][size_t(token * P + row + k)];
+              for (int q = 1; q < p.splits; ++q)
+                v[k] += staged[size_t(q)][size_t(token * P + row + k)];
+            }
+            const int64_t tok = t0 + token;
+            if (tok >= c.m) continue;
+            for (int k = 0; k < 4; ++k) {
+              const int64_t col = n0 + row + k;
+              if (col >= c.n) break;
+              const size_t o = size_t(tok * c.ldy + col);
+              ++writes[o];
+              y.set(o, c.acc ? y.get(o) + v[k] : v[k]);
+            }
+          }
+        }
+      }
+      EXPECT_EQ(covered, bm * p.bn) << "the ranks' slices do not cover the tile";
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    EXPECT_EQ(seen[i], 1) << "tile/split " << i << " run " << seen[i] << " times";
+}
+
+void run_case(int64_t m, int64_t n, int64_t k, int br, DType yt, bool acc, const LinearTuning& t,
+              uint64_t seed) {
+  LinearCase c(m, n, k, DType::FP8_E4M3, DType::FP8_E4M3, br, 128, yt, acc, seed, 16);
+  const fp8::Plan p = fp8::make_plan(m, n, k, kSms, kMaxSmem, t);
+  SCOPED_TRACE(c.describe() + " plan wgs " + std::to_string(p.wgs) + " bn " + std::to_string(p.bn) +
+               " splits " + std::to_string(p.splits) + " stages " + std::to_string(p.stages));
+  ASSERT_LE(fp8::smem_request(p), kMaxSmem);
+  ASSERT_TRUE(fp8::staging_fits(p));
+  ASSERT_GE(p.stages, 2);
+  ASSERT_LE(p.splits, std::min(fp8::kMaxSplits, p.kb_total));
+  TypedBuffer y = c.y;
+  std::vector<int> writes;
+  emulate(p, c, y, writes);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < c.ldy; ++j)
+      ASSERT_EQ(writes[size_t(i * c.ldy + j)], j < n ? 1 : 0)
+          << "y[" << i << "," << j << "] stores";
+  // Against the double-precision reference on the same quantized rows: the fp32 roundings of
+  // each block's sum, its scale product and its promotion, and the splits' partial sums.
+  EXPECT_EQ(c.mismatches(y, double(p.kb_total + p.splits + 4) * 0x1p-23, 0.0), "");
+}
+
+TEST(LinearEmulation, DecodePlansAtOddShapes) {
+  uint64_t seed = 1;
+  for (int64_t m : {1, 7, 33, 64})
+    for (int br : {1, 128})
+      run_case(m, 200, 400, br, DType::F32, m % 2 == 1, LinearTuning{}, seed++);
+  run_case(5, 96, 1040, 128, DType::BF16, true, LinearTuning{}, seed++);
+}
+
+TEST(LinearEmulation, PrefillAndForcedPlans) {
+  uint64_t seed = 100;
+  run_case(65, 136, 256, 128, DType::F32, false, LinearTuning{}, seed++);
+  run_case(300, 130, 272, 1, DType::BF16, true, LinearTuning{}, seed++);
+  for (int wgs : {1, 2})
+    for (int bn : {8, 16, 32, 64, 128})
+      for (int splits : {1, 3, 8}) {
+        LinearTuning t;
+        t.wgs = wgs, t.bn = bn, t.splits = splits;
+        run_case(bn == 8 ? 7 : 70, wgs == 2 ? 144 : 80, 528, (bn + splits) % 2 ? 1 : 128,
+                 DType::F32, splits == 3, t, seed++);
+      }
+}
+
+// The default plans at the shapes of one TP4 / TP8 rank of MiniMax-M3 and an 8192-token prefill:
+// valid, the decode ones splitting k across the SMs (as far as 8-CTA clusters go), the prefill
+// one not.
+TEST(LinearEmulation, PlansAtModelShapes) {
+  const int64_t shapes[][2] = {{2560, 6144}, {6144, 2048}, {6144, 6144}, {6144, 3072},
+                               {1536, 6144}, {6144, 768},  {1536, 6144}, {6144, 1024},
+                               {3072, 6144}, {6144, 1536}, {768, 6144},  {6144, 384}};
+  for (auto& s : shapes) {
+    for (int64_t m : {1, 32, 64, 8192}) {
+      const fp8::Plan p = fp8::make_plan(m, s[0], s[1], kSms, kMaxSmem, LinearTuning{});
+      SCOPED_TRACE("n " + std::to_string(s[0]) + " k " + std::to_string(s[1]) + " m " +
+                   std::to_string(m));
+      EXPECT_LE(fp8::smem_request(p), kMaxSmem);
+      EXPECT_TRUE(fp8::staging_fits(p));
+      EXPECT_LE(p.splits, std::min(fp8::kMaxSplits, p.kb_total));
+      if (m == 8192) {
+        EXPECT_EQ(p.splits, 1);
+        EXPECT_EQ(p.bn, 128);
+        EXPECT_EQ(p.wgs, 2);
+      } else {
+        const int64_t tiles = int64_t(p.tiles_n) * p.tiles_m;
+        EXPECT_GE(tiles * p.splits,
+                  std::min<int64_t>(kSms, tiles * std::min(fp8::kMaxSplits, p.kb_total)))
+            << "decode grid leaves SMs idle";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sieve
