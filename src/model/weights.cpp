@@ -56,6 +56,9 @@ struct Spec {
   bool linear = false;  // a projection: FP8 formats apply
   bool f32 = false;     // norms, router, bias
   bool expert = false;  // a routed expert's (the MoE op's formats)
+  // FP8 scales per row whatever the blocks: an expert's two matrices share one block shape in
+  // the MoE op, so down follows gate_up when gate_up's stacked halves are not whole blocks.
+  bool per_row = false;
 };
 
 bool fp8_ok(const Spec& s) { return s.linear && (!s.expert || kMoeTakesFp8); }
@@ -104,10 +107,14 @@ std::vector<Spec> plan(const ModelConfig& c, const RankLayout& l, ModelWeights& 
     // [gate | up] of the rank's intermediate columns, and the matching columns of down.
     auto mlp = [&](Weight& gu, Weight& down, const std::string& gate, const std::string& up, const std::string& dn,
                    int64_t inter, int64_t i0, int64_t n, bool expert) {
-      add(gu, {{gate, rows_of(inter, H, i0, n)}, {up, rows_of(inter, H, i0, n)}}, true, false);
-      specs.back().expert = expert;
-      add(down, {{dn, cols_of(H, inter, i0, n)}}, true, false);
-      specs.back().expert = expert;
+      for (int part = 0; part < 2; ++part) {
+        if (part == 0)
+          add(gu, {{gate, rows_of(inter, H, i0, n)}, {up, rows_of(inter, H, i0, n)}}, true, false);
+        else
+          add(down, {{dn, cols_of(H, inter, i0, n)}}, true, false);
+        specs.back().expert = expert;
+        specs.back().per_row = expert && n % 128 != 0;
+      }
     };
     if (L.moe) {
       const int E = c.num_local_experts;
@@ -162,7 +169,7 @@ Shape shape_of(const Spec& s, const Target& t) {
   Shape sh;
   sh.dtype = t.dtype;
   sh.cols = s.parts[0].slice.ncols;
-  bool aligned = true;
+  bool aligned = !s.per_row;
   for (size_t i = 0; i < s.parts.size(); ++i) {
     const Slice& sl = s.parts[i].slice;
     sh.rows += sl.nrows;
@@ -245,7 +252,9 @@ void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
     for (const Weight* w : {&L.expert_gate_up[e], &L.expert_down[e]})
       if (w->dtype != first.dtype || w->block_rows != first.block_rows || w->block_cols != first.block_cols)
         throw Error("layer " + std::to_string(layer) + ": the experts' weights differ in format (" +
-                    std::string(dtype_name(w->dtype)) + " vs " + std::string(dtype_name(first.dtype)) +
+                    std::string(dtype_name(w->dtype)) + " " + std::to_string(w->block_rows) + "x" +
+                    std::to_string(w->block_cols) + " vs " + std::string(dtype_name(first.dtype)) + " " +
+                    std::to_string(first.block_rows) + "x" + std::to_string(first.block_cols) +
                     "); the MoE op takes one format for all experts");
     gu.push_back(L.expert_gate_up[e].data.data());
     dn.push_back(L.expert_down[e].data.data());
@@ -325,6 +334,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, const We
       }
     }
     HostWeight h = detail::stack(std::move(parts));
+    if (s.per_row) h = detail::expand_rows(h);
     upload(std::move(h), *s.out, o.device);
     mw.bytes += s.out->bytes();
     if (o.progress) o.progress(mw.bytes, total);
