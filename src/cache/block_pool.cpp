@@ -47,6 +47,18 @@ void BlockPool::queue_push_back(int32_t b) {
   ++num_free_;
 }
 
+void BlockPool::queue_push_front(int32_t b) {
+  next_[b] = head_;
+  prev_[b] = -1;
+  if (head_ >= 0)
+    prev_[head_] = b;
+  else
+    tail_ = b;
+  head_ = b;
+  in_queue_[b] = true;
+  ++num_free_;
+}
+
 void BlockPool::queue_remove(int32_t b) {
   SIEVE_CHECK(in_queue_[b], "block not in free queue");
   if (prev_[b] >= 0)
@@ -92,6 +104,18 @@ void BlockPool::release(std::span<const int32_t> blocks) {
       // Without prefix caching a freed block holds nothing worth keeping.
       if (!caching_) evict(b);
       queue_push_back(b);
+    }
+  }
+}
+
+void BlockPool::release_uncached(std::span<const int32_t> blocks) {
+  for (int32_t b : blocks) {
+    SIEVE_CHECK(b >= 0 && b < num_blocks_ && refs_[b] > 0, "release of a free block " + std::to_string(b));
+    if (--refs_[b] > 0) continue;
+    if (cached_[b].valid) {
+      queue_push_back(b);  // (a cached prefix after all: keep LRU order)
+    } else {
+      queue_push_front(b);
     }
   }
 }

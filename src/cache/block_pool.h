@@ -40,6 +40,10 @@ class BlockPool {
   // Drops one reference from each block; blocks that reach zero go to the back of the free queue
   // in the order given (so pass a table's blocks tail first: tails are evicted before heads).
   void release(std::span<const int32_t> blocks);
+  // The same for blocks that hold no cached prefix (speculative decoding's rejected tail): they
+  // go to the front of the free queue, so the next allocation takes them back before it evicts a
+  // cached block.
+  void release_uncached(std::span<const int32_t> blocks);
   // Takes one more reference on each block (prefix hits); removes unreferenced ones from the free
   // queue.
   void retain(std::span<const int32_t> blocks);
@@ -61,6 +65,7 @@ class BlockPool {
     bool valid = false;
   };
   void queue_push_back(int32_t b);
+  void queue_push_front(int32_t b);
   void queue_remove(int32_t b);
   void evict(int32_t b);
 

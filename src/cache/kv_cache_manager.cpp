@@ -1,5 +1,7 @@
 #include "cache/kv_cache_manager.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace sieve::cache {
@@ -81,6 +83,21 @@ void KvCacheManager::free(RequestId id) {
   std::vector<int32_t> rev(it->second.blocks.rbegin(), it->second.blocks.rend());
   pool_.release(rev);
   tables_.erase(it);
+}
+
+void KvCacheManager::truncate(RequestId id, int64_t num_tokens) {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return;
+  Table& t = it->second;
+  const size_t keep = size_t(std::max<int64_t>(0, blocks_for(num_tokens)));
+  if (t.hashes.size() > size_t(std::max<int64_t>(0, num_tokens)) / size_t(block_size_))
+    t.hashes.resize(size_t(std::max<int64_t>(0, num_tokens)) / size_t(block_size_));
+  if (t.blocks.size() <= keep) return;
+  // Front of the free queue, last block first: the next allocation takes the first of them back.
+  std::vector<int32_t> tail(t.blocks.begin() + long(keep), t.blocks.end());
+  std::reverse(tail.begin(), tail.end());
+  pool_.release_uncached(tail);
+  t.blocks.resize(keep);
 }
 
 const std::vector<int32_t>& KvCacheManager::block_table(RequestId id) const {

@@ -43,6 +43,11 @@ class KvCacheManager {
   void cache_full_blocks(RequestId id, std::span<const int32_t> tokens, int64_t num_computed);
   // Releases every block of `id` at once (finish, abort, preemption).
   void free(RequestId id);
+  // Speculative decoding's rollback: shrinks the table of `id` to the blocks of its first
+  // `num_tokens` tokens (the tail goes back to the pool, last block first) and forgets prefix
+  // hashes past its full blocks, leaving the table as if the tokens after num_tokens had never
+  // been scheduled.
+  void truncate(RequestId id, int64_t num_tokens);
 
   bool has(RequestId id) const { return tables_.count(id) != 0; }
   const std::vector<int32_t>& block_table(RequestId id) const;

@@ -13,7 +13,10 @@
 #include "core/error.h"
 #include "model/locate.h"
 #include "model/model.h"
+#include "engine/engine.h"
 #include "engine/single_sequence.h"
+#include "spec/config.h"
+#include "spec/eagle3.h"
 #ifdef SIEVE_HAVE_TEXT
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
@@ -104,6 +107,48 @@ Choice sample(const float* logits, int64_t V, double temperature, double top_p, 
   return c;
 }
 
+struct SpecRun {
+  std::vector<engine::TokenOutput> tokens;
+  engine::EngineStats stats;
+};
+
+// One request through an engine over `runner` with speculative decoding (`sieve generate`).
+SpecRun generate_speculative(engine::Runner& runner, model::CacheOptions co, const spec::SpeculativeConfig& sc,
+                             const std::vector<int32_t>& prompt, const engine::SamplingParams& sp,
+                             const std::vector<int32_t>& eos) {
+  model::Model& m = runner.model();
+  std::unique_ptr<spec::Eagle3Draft> draft;
+  if (sc.method == spec::Method::Eagle3) {
+    draft = spec::Eagle3Draft::load(sc.model, m.config(), m.device(), m.input_embedding());
+    runner.set_draft(draft.get());
+  }
+  const int bs = m.block_size();
+  const int64_t len = int64_t(prompt.size()) + sp.max_tokens + sc.num_speculative_tokens + 1;
+  co.num_blocks = (len + bs - 1) / bs + 1;
+  m.allocate_caches(co);
+  if (draft) draft->allocate_cache(co.kv_dtype, co.num_blocks, bs, len);
+  engine::EngineConfig ec;
+  ec.scheduler.max_model_len = co.num_blocks * bs;
+  ec.num_blocks = co.num_blocks;
+  ec.eos_ids = eos;
+  ec.speculative = sc;
+  SpecRun run;
+  {
+    engine::Engine e(runner, ec);
+    e.start();
+    auto stream = e.submit(prompt, sp);
+    while (true) {
+      const engine::FinishReason f = stream->next(run.tokens, std::chrono::milliseconds(100));
+      if (f == engine::FinishReason::Error) throw Error(stream->error());
+      if (f != engine::FinishReason::None) break;
+    }
+    run.stats = e.stats();
+    e.stop();
+  }
+  runner.set_draft(nullptr);
+  return run;
+}
+
 int run_generate(const std::vector<std::string>& argv) {
   Args a("generate", argv);
   a.opt({"--model"}, "DIR", "model directory (default: the bundled model)")
@@ -120,6 +165,8 @@ int run_generate(const std::vector<std::string>& argv) {
            "auto, bf16, fp8 or fp32 (default: the kv cache dtype)")
       .opt({"--max-model-len"}, "N", "refuse prompts + max tokens longer than this")
       .opt({"--prefill-chunk"}, "N", "prefill in chunks of N tokens", "2048")
+      .opt({"--speculative-config"}, "JSON",
+           "speculative decoding (as serve): generate through the engine with draft tokens checked by the model")
       .flag({"--ignore-eos"}, "keep generating after an end-of-sequence token")
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
@@ -127,6 +174,7 @@ int run_generate(const std::vector<std::string>& argv) {
   add_model_load_flags(a);
   if (!a.parse()) return 0;
 
+  const spec::SpeculativeConfig spec_cfg = spec::parse_speculative_config(a.get("--speculative-config"));
   std::string dir = a.get("--model");
   if (dir.empty()) dir = model::bundled_model_dir(SIEVE_SOURCE_DIR);
   if (dir.empty()) throw Error("--model: no model directory given and no bundled model under models/");
@@ -174,21 +222,46 @@ int run_generate(const std::vector<std::string>& argv) {
   model::CacheOptions co =
       model::cache_options_from_flags(a.get("--kv-cache-dtype"), a.get("--index-cache-dtype"));
   co.dense = a.get_flag("--dense");
-  engine::SingleSequence seq(runner, co, total);
-  std::vector<float> logits = seq.append(prompt, false, chunk);
-  std::mt19937_64 rng(uint64_t(a.get_int("--seed")));
   std::vector<int32_t> eos(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
 #ifdef SIEVE_HAVE_TEXT
   if (tok)
     for (int32_t e : tok->eos_ids()) eos.push_back(e);
 #endif
   std::vector<Choice> out;
+  if (spec_cfg.enabled()) {
+    // Through the engine, whose steps check the draft tokens.
+    engine::SamplingParams sp;
+    sp.temperature = temperature;
+    sp.top_p = top_p;
+    sp.top_k = top_k;
+    sp.has_seed = true;
+    sp.seed = uint64_t(a.get_int("--seed"));
+    sp.max_tokens = std::max<long long>(max_tokens, 1);
+    sp.ignore_eos = a.get_flag("--ignore-eos");
+    sp.logprobs = true;
+    sp.top_logprobs = n_logprobs;
+    const SpecRun run = generate_speculative(runner, co, spec_cfg, prompt, sp, eos);
+    if (max_tokens > 0)
+      for (const auto& t : run.tokens) {
+        Choice c{t.token, t.logprob, {}};
+        for (const auto& alt : t.top) c.top.push_back({alt.token, alt.logprob});
+        out.push_back(c);
+      }
+    std::fprintf(stderr, "speculative decoding (%s): %llu draft tokens, %llu accepted, mean acceptance length %.2f\n",
+                 spec::method_name(spec_cfg.method), (unsigned long long)run.stats.spec_num_draft_tokens,
+                 (unsigned long long)run.stats.spec_num_accepted_tokens,
+                 run.stats.spec_num_drafts ? 1.0 + double(run.stats.spec_num_accepted_tokens) / double(run.stats.spec_num_drafts) : 0.0);
+  } else {
+  engine::SingleSequence seq(runner, co, total);
+  std::vector<float> logits = seq.append(prompt, false, chunk);
+  std::mt19937_64 rng(uint64_t(a.get_int("--seed")));
   for (long long t = 0; t < max_tokens; ++t) {
     Choice c = sample(logits.data(), cfg.vocab_size, temperature, top_p, top_k, n_logprobs, rng);
     out.push_back(c);
     if (!a.get_flag("--ignore-eos") && std::find(eos.begin(), eos.end(), c.id) != eos.end()) break;
     if (t + 1 == max_tokens) break;
     logits = seq.append({c.id}, false, 1);
+  }
   }
 
   if (a.get_flag("--json")) {

@@ -30,6 +30,8 @@
 #include "server/reasoning.h"
 #include "server/server.h"
 #include "server/tool_calls.h"
+#include "spec/config.h"
+#include "spec/eagle3.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -187,6 +189,43 @@ class StatsLogger {
 };
 
 int run_serve(const std::vector<std::string>& argv) {
+  // SIGINT and SIGTERM go to one waiting thread. They are blocked before anything starts a
+  // thread (model load, the CUDA runtime's own threads, worker pools), so every thread inherits
+  // the mask: a signal that reached a thread with the default action would end the process
+  // without draining. Until the server runs, a signal ends the process at once.
+  sigset_t sigs = shutdown_signals();
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  std::atomic<server::Server*> serving{nullptr};
+  std::atomic<bool> stopped{false};
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (stopped) return;
+    server::Server* srv = serving.load();
+    if (!srv) {
+      SIEVE_LOG(Info, "signal " << sig << " before the server started: exiting");
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
+    SIEVE_LOG(Info, "signal " << sig << ": shutting down (finishing in-flight requests)");
+    std::thread([sigs]() mutable {
+      int again = 0;
+      sigwait(&sigs, &again);
+      std::_Exit(0);  // a second signal: stop now
+    }).detach();
+    srv->shutdown();
+  });
+  struct JoinWatcher {
+    std::thread& t;
+    std::atomic<bool>& stopped;
+    ~JoinWatcher() {
+      // run() has returned (or serving never began): make the watcher exit either way.
+      if (!stopped.exchange(true)) pthread_kill(t.native_handle(), SIGTERM);
+      t.join();
+    }
+  } join_watcher{watcher, stopped};
+
   Args a("serve", argv);
   a.opt({"--model"}, "DIR",
         "model directory (default: the bundled model, else a generated tiny model)")
@@ -215,6 +254,8 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--profiler-dir", "--torch-profiler-dir"}, "DIR",
            "enable POST /start_profile and /stop_profile, writing Chrome traces here")
       .opt({"--max-request-bytes"}, "BYTES", "largest request body accepted (larger: 413)", "32MiB")
+      .opt({"--max-connections"}, "N", "open connections accepted at once (beyond: 503 at once)", "10000")
+      .opt({"--http-threads"}, "N", "HTTP worker threads (0: from the machine's cores)", "0")
       .opt({"--generation-config"}, "auto|vllm|DIR",
            "default sampling parameters: the model's generation_config.json (auto), vLLM's neutral ones "
            "(vllm), or DIR/generation_config.json",
@@ -222,9 +263,15 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--override-generation-config"}, "JSON",
            "JSON object of sampling defaults over the generation config, e.g. '{\"temperature\": 0.6}'")
       .opt({"--max-logprobs"}, "N", "most log-prob alternatives a request may ask for", "20")
+      .opt({"--speculative-config"}, "JSON",
+           "speculative decoding, e.g. '{\"method\": \"eagle3\", \"model\": DIR, \"num_speculative_tokens\": 3}' or "
+           "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}'")
       .opt({"--seed"}, "N",
            "seed of requests that bring none (with their arrival order); default: random")
       .opt({"--chat-template"}, "FILE|TEMPLATE", "chat template file, or the template itself, instead of the model's")
+      .opt({"--default-chat-template-kwargs"}, "JSON",
+           "JSON object of chat template variables for requests that leave them out, e.g. "
+           "'{\"thinking_mode\": \"disabled\"}'")
       .opt({"--dtype"}, "DTYPE",
            "auto or bfloat16: weights as stored (bf16, or fp8 with --quantization fp8 or an fp8 checkpoint); "
            "activations bf16 on a GPU (fp32 residual stream), fp32 on the CPU",
@@ -232,7 +279,8 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--tool-call-parser"}, "NAME", "with --enable-auto-tool-choice: MiniMax's XML tool calls into tool_calls (minimax_m3, minimax_m2)")
       .flag({"--enable-auto-tool-choice"}, "parse tool calls out of chat output (tool_choice \"auto\")")
       .opt({"--reasoning-parser"}, "NAME",
-           "chat: <think> text into the message's reasoning (minimax_m3, minimax_m2, deepseek_r1, qwen3)")
+           "chat: the thinking block into the message's reasoning: minimax_m3 (<mm:think>), minimax_m2, "
+           "deepseek_r1, qwen3 (<think>)")
       .flag({"--disable-log-stats"}, "no periodic throughput and cache log line")
       .flag({"--disable-log-requests"}, "accepted for vLLM compatibility; requests are not logged")
       .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
@@ -281,6 +329,7 @@ int run_serve(const std::vector<std::string>& argv) {
     if (v < 0) throw Error("--seed must be at least 0");
     seed = uint64_t(v);
   }
+  const spec::SpeculativeConfig spec_cfg = spec::parse_speculative_config(a.get("--speculative-config"));
   const uint64_t cache_bytes = cache::parse_bytes(a.get("--kv-cache-memory"), "--kv-cache-memory");
   const uint64_t max_body = cache::parse_bytes(a.get("--max-request-bytes"), "--max-request-bytes");
 
@@ -289,8 +338,17 @@ int run_serve(const std::vector<std::string>& argv) {
 
   const std::string dir = a.has("--model") ? a.get("--model") : default_model();
   // Checked before the weights load, so a mistake in them fails at once.
-  const server::RequestDefaults defaults =
+  server::RequestDefaults defaults =
       request_defaults(a.get("--generation-config"), dir, a.get("--override-generation-config"), int(max_logprobs));
+  if (a.has("--default-chat-template-kwargs")) {
+    const std::string arg = a.get("--default-chat-template-kwargs");
+    nlohmann::ordered_json kw = nlohmann::ordered_json::parse(arg, nullptr, false);
+    if (kw.is_discarded() || !kw.is_object())
+      throw Error("--default-chat-template-kwargs: expected a JSON object, got " + arg);
+    if (std::string why = server::check_chat_template_kwargs(kw); !why.empty())
+      throw Error("--default-chat-template-kwargs: " + why);
+    defaults.chat_template_kwargs = std::move(kw);
+  }
   std::optional<std::string> chat_template;
   if (a.has("--chat-template")) chat_template = text::chat_template_arg(a.get("--chat-template"));
   model::LoadOptions lo = model_load_options(a);
@@ -300,6 +358,11 @@ int run_serve(const std::vector<std::string>& argv) {
   const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
                                  .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
   engine::Runner runner(*m, ro);
+  std::unique_ptr<spec::Eagle3Draft> draft;
+  if (spec_cfg.method == spec::Method::Eagle3) {
+    draft = spec::Eagle3Draft::load(spec_cfg.model, m->config(), lo.device, m->input_embedding());
+    runner.set_draft(draft.get());
+  }
   if (lo.device.is_cuda())
     SIEVE_LOG(Info, (ro.enforce_eager ? std::string("--enforce-eager: every step launches its kernels")
                                       : "CUDA graphs for decode steps of up to " + std::to_string(ro.max_graph_batch) +
@@ -317,7 +380,8 @@ int run_serve(const std::vector<std::string>& argv) {
       a.has("--index-cache-dtype")
           ? model::parse_cache_dtype(a.get("--index-cache-dtype"), "--index-cache-dtype")
           : co.kv_dtype;
-  const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype);
+  const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype) +
+                           (draft ? draft->cache_bytes_per_block(co.kv_dtype, m->block_size()) : 0);
   if (lo.device.is_cuda()) {
     // As vLLM: the engine may use this fraction of the device; weights (loaded above), the
     // activations of the largest step (reserved here) and whatever else is resident come off
@@ -359,6 +423,7 @@ int run_serve(const std::vector<std::string>& argv) {
                   std::to_string(cfg.max_position_embeddings) + ")");
   }
   m->allocate_caches(co);
+  if (draft) draft->allocate_cache(co.kv_dtype, co.num_blocks, m->block_size(), max_len + spec_cfg.num_speculative_tokens + 1);
 
   engine::EngineConfig ec;
   ec.scheduler = {.max_num_batched_tokens = max_batched,
@@ -367,6 +432,11 @@ int run_serve(const std::vector<std::string>& argv) {
   ec.num_blocks = co.num_blocks;
   ec.enable_prefix_caching = prefix_caching;
   ec.seed = seed;
+  ec.speculative = spec_cfg;
+  if (spec_cfg.enabled())
+    SIEVE_LOG(Info, "speculative decoding: " << spec::method_name(spec_cfg.method) << ", "
+                                             << spec_cfg.num_speculative_tokens << " draft tokens a step"
+                                             << (draft ? " (draft " + spec_cfg.model + ")" : std::string()));
   ec.eos_ids = tok.eos_ids();
   for (int64_t e : cfg.eos_token_ids)
     if (std::find(ec.eos_ids.begin(), ec.eos_ids.end(), int32_t(e)) == ec.eos_ids.end())
@@ -383,6 +453,12 @@ int run_serve(const std::vector<std::string>& argv) {
   so.model_dir = dir;
   so.api_key = api_key;
   so.max_body_bytes = size_t(max_body);
+  const long long max_conns = a.get_int("--max-connections");
+  if (max_conns < 1) throw Error("--max-connections must be at least 1");
+  so.max_connections = size_t(max_conns);
+  const long long http_threads = a.get_int("--http-threads");
+  if (http_threads < 0 || http_threads > 1024) throw Error("--http-threads must be in 0..1024");
+  so.http_threads = int(http_threads);
   so.profiler_dir = a.get("--profiler-dir");
   so.defaults = defaults;
   so.reasoning_parser = reasoning_parser;
@@ -394,37 +470,10 @@ int run_serve(const std::vector<std::string>& argv) {
                 {"index_cache_dtype", cache_dtype(co.index_dtype)},
                 {"cache_bytes_per_block", per_block}};
 
-  // Signals go to one waiting thread (blocked everywhere else, inherited by every thread
-  // started below), which drains the server.
-  sigset_t sigs = shutdown_signals();
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
   server::Server srv(engine, tok, so);
   srv.bind();
   engine.start();
-  std::atomic<bool> stopped{false};
-  std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (stopped) return;
-    SIEVE_LOG(Info, "signal " << sig << ": shutting down (finishing in-flight requests)");
-    std::thread([sigs]() mutable {
-      int again = 0;
-      sigwait(&sigs, &again);
-      std::_Exit(0);  // a second signal: stop now
-    }).detach();
-    srv.shutdown();
-    // A client that stopped reading keeps its handler thread blocked in a socket write; do not
-    // let it hold the exit beyond a few seconds.
-    for (int i = 0; i < 200 && !stopped; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!stopped) {
-      SIEVE_LOG(Warn, "connections still open after shutdown; exiting anyway");
-      std::fflush(nullptr);
-      std::_Exit(0);
-    }
-  });
+  serving = &srv;
   SIEVE_LOG(Info, "serving " << so.served_model_names[0] << " on http://" << so.host << ":"
                              << srv.port() << " (" << co.num_blocks << " cache blocks of "
                              << m->block_size() << " tokens, max model len " << max_len
@@ -432,11 +481,9 @@ int run_serve(const std::vector<std::string>& argv) {
   std::optional<StatsLogger> stats_log;
   if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval);
   srv.run();
+  serving = nullptr;
   stats_log.reset();
   engine.stop();
-  // run() also returns on a listener failure; make the watcher exit either way.
-  if (!stopped.exchange(true)) pthread_kill(watcher.native_handle(), SIGTERM);
-  watcher.join();
   SIEVE_LOG(Info, "server stopped");
   return 0;
 }

@@ -37,11 +37,12 @@ DType dtype_from_name(std::string_view n, std::string_view what) {
   if (n == "BF16") return DType::BF16;
   if (n == "F16") return DType::F16;
   if (n == "F8_E4M3") return DType::FP8_E4M3;
-  if (n == "U8") return DType::U8;
+  // BOOL (one byte per flag) reads as U8: EAGLE3 drafts carry their t2d map as BOOL.
+  if (n == "U8" || n == "BOOL") return DType::U8;
   if (n == "I32") return DType::I32;
   if (n == "I64") return DType::I64;
   throw Error(std::string(what) + ": unsupported dtype \"" + std::string(n) +
-              "\" (expected one of F32, BF16, F16, F8_E4M3, U8, I32, I64)");
+              "\" (expected one of F32, BF16, F16, F8_E4M3, U8, BOOL, I32, I64)");
 }
 
 float f16_to_f32(uint16_t h) {

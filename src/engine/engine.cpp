@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/ops.h"
+#include "spec/ngram.h"
 
 namespace sieve::engine {
 
@@ -25,22 +26,38 @@ FinishReason RequestStream::next(std::vector<TokenOutput>& out, std::chrono::mil
   return finish_;
 }
 
+void RequestStream::set_waker(std::function<void()> waker) {
+  std::function<void()> now;
+  {
+    std::lock_guard lk(mu_);
+    waker_ = std::move(waker);
+    if (!pending_.empty() || finish_ != FinishReason::None) now = waker_;
+  }
+  if (now) now();
+}
+
 void RequestStream::push(TokenOutput t) {
+  std::function<void()> wake;
   {
     std::lock_guard lk(mu_);
     pending_.push_back(std::move(t));
+    wake = waker_;
   }
   cv_.notify_all();
+  if (wake) wake();
 }
 
 void RequestStream::finish(FinishReason r, std::string error) {
+  std::function<void()> wake;
   {
     std::lock_guard lk(mu_);
     if (finish_ != FinishReason::None) return;
     finish_ = r;
     error_ = std::move(error);
+    wake = waker_;
   }
   cv_.notify_all();
+  if (wake) wake();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -57,7 +74,10 @@ Engine::Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg)
       model_(runner_.model()),
       cfg_(std::move(cfg)),
       kv_(cfg_.num_blocks, model_.block_size(), cfg_.enable_prefix_caching),
-      scheduler_(cfg_.scheduler, kv_) {
+      scheduler_(cfg_.scheduler, kv_),
+      spec_ctl_(cfg_.speculative) {
+  if (cfg_.speculative.method == spec::Method::Eagle3 && !runner_.draft())
+    throw Error("--speculative-config: method eagle3 needs its draft loaded (Runner::set_draft)");
   const int64_t capacity = cfg_.num_blocks * model_.block_size();
   if (cfg_.scheduler.max_model_len > capacity)
     throw Error("--max-model-len " + std::to_string(cfg_.scheduler.max_model_len) +
@@ -339,8 +359,82 @@ void Engine::loop() {
   idle_cv_.notify_all();
 }
 
+void Engine::prepare_drafts(int k) {
+  const spec::SpeculativeConfig& sc = cfg_.speculative;
+  bool any = false;
+  std::vector<Request*> decoding;
+  for (Request* r : scheduler_.running()) {
+    // Only a sequence whose next step is one decode token takes drafts (not one still
+    // collecting prompt log-probs, whose rows are all needed).
+    const bool decode = r->num_computed_tokens + 1 == int64_t(r->tokens.size()) &&
+                        !(r->params.prompt_logprobs >= 0 && int64_t(r->prompt_lp.size()) + 1 < r->num_prompt_tokens);
+    const int room = int(std::max<int64_t>(0, r->max_total_tokens - int64_t(r->tokens.size())));
+    const int kr = decode ? std::min(k, room) : 0;
+    if (kr == 0) {
+      r->draft.clear();
+      continue;
+    }
+    if (sc.method == spec::Method::Ngram) {
+      spec::NgramConfig nc{kr, sc.prompt_lookup_min, sc.prompt_lookup_max};
+      r->draft = spec::propose_ngram(r->tokens, nc, kr);
+    } else if (int(r->draft.size()) > kr) {
+      r->draft.resize(size_t(kr));
+    }
+    any = any || !r->draft.empty();
+    decoding.push_back(r);
+  }
+  // n-gram: when some sequences have drafts, the others guess (the last token again) so that the
+  // step keeps one shape (K + 1 rows per sequence), which CUDA graphs capture.
+  if (sc.method == spec::Method::Ngram && any)
+    for (Request* r : decoding) {
+      const int room = int(r->max_total_tokens - int64_t(r->tokens.size()));
+      while (int(r->draft.size()) < std::min(k, room)) r->draft.push_back(r->tokens.back());
+    }
+}
+
+void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int K) {
+  DraftPlan dp;
+  dp.num_tokens = K;
+  dp.next_tokens.assign(in.token_ids.size(), 0);
+  dp.slots.assign(in.token_ids.size(), -1);
+  std::vector<Request*> who;
+  for (size_t si = 0; si < plan.seqs.size(); ++si) {
+    const ScheduledSeq& s = plan.seqs[si];
+    auto it = live_.find(s.request_id);
+    if (it == live_.end()) continue;
+    Request* r = it->second.req.get();
+    const int64_t row0 = in.query_start_loc[si];
+    // Rows of positions the target kept: the draft's K/V there; the token after each is known.
+    for (int64_t t = 0; t < int64_t(s.token_ids.size()); ++t) {
+      const int64_t pos = s.start_pos + t;
+      if (pos >= r->num_computed_tokens || pos + 1 >= int64_t(r->tokens.size())) break;
+      dp.next_tokens[size_t(row0 + t)] = r->tokens[size_t(pos + 1)];
+      dp.slots[size_t(row0 + t)] = in.slot_mapping[size_t(row0 + t)];
+    }
+    if (K == 0 || !s.sample || finished[si] || r->status != RequestStatus::Running) continue;
+    const int64_t c = r->num_computed_tokens;
+    // K drafts need K - 1 draft positions now and K + 1 target positions next step.
+    if (c + 1 + K > r->max_total_tokens || !kv_.allocate(r->id, c + 1 + K)) continue;
+    DraftPlan::Seq q;
+    q.step_seq = int(si);
+    q.last_row = int32_t(row0 + (c - 1 - s.start_pos));
+    q.first_pos = c;
+    q.block_table = kv_.block_table(r->id);
+    dp.seqs.push_back(std::move(q));
+    who.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> drafts;
+  runner_.propose(dp, drafts);
+  for (size_t i = 0; i < who.size(); ++i) who[i]->draft = std::move(drafts[i]);
+}
+
 void Engine::step() {
   const double t0 = now_seconds();
+  const spec::SpeculativeConfig& sc = cfg_.speculative;
+  const bool eagle3 = sc.method == spec::Method::Eagle3 && runner_.draft();
+  // (EAGLE3 drafts for this step were made, in the number chosen then, after the last step.)
+  const int k = !sc.enabled() ? 0 : eagle3 && eagle_next_k_ >= 0 ? eagle_next_k_ : spec_ctl_.choose(int(scheduler_.num_running()));
+  if (sc.enabled()) prepare_drafts(k);
   StepPlan plan = scheduler_.schedule();
   const double t1 = now_seconds();
   if (!plan.preempted.empty()) {
@@ -382,23 +476,27 @@ void Engine::step() {
               "model returned too few logits");
 
   std::vector<std::pair<Request*, FinishReason>> done;
+  std::vector<bool> finished(plan.seqs.size(), false);
   uint64_t prompt_tokens = 0, gen_tokens = 0;
   std::vector<double> ttfts, itls;
   const double now = now_seconds();
-  // 1. Prompt log-probs and what each sampled sequence needs; 2. the draws, one request at a
-  // time on the workers (each request has its own random stream and guided state, so the
-  // result does not depend on the threads); 3. the tokens, in the batch's order.
+  // 1. Prompt log-probs and what each sampled sequence needs; 2. the draws (and the checks of
+  // draft tokens), one request at a time on the workers (each request has its own random stream
+  // and guided state, so the result does not depend on the threads); 3. the tokens, in the
+  // batch's order.
   struct Draw {
     Request* r;
     RequestStream* stream;
-    size_t row;
+    size_t seq;
+    size_t row;  // first sampled row: 1 + num_draft rows from here
     std::vector<int32_t> stop_ids;
-    SampleResult res;
+    Verified res;
   };
   std::vector<Draw> draws;
   for (size_t first = 0, row = 0; first < row_seq.size(); first = row) {
-    // This sequence's rows: [first, row); its sampled row (if any) is the last.
-    const ScheduledSeq& s = plan.seqs[size_t(row_seq[first])];
+    // This sequence's rows: [first, row); its sampled rows (if any) are the last.
+    const size_t si = size_t(row_seq[first]);
+    const ScheduledSeq& s = plan.seqs[si];
     while (row < row_seq.size() && row_seq[row] == row_seq[first]) ++row;
     auto it = live_.find(s.request_id);
     if (it == live_.end()) continue;
@@ -417,57 +515,83 @@ void Engine::step() {
     if (!s.sample) continue;
     std::vector<int32_t> stop_ids = p.stop_token_ids;
     if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), r->eos_ids.begin(), r->eos_ids.end());
-    draws.push_back({r, it->second.stream.get(), row - 1, std::move(stop_ids), {}});
+    draws.push_back({r, it->second.stream.get(), si, row - 1 - size_t(s.num_draft), std::move(stop_ids), {}});
   }
   auto draw = [&](int64_t i) {
     Draw& d = draws[size_t(i)];
-    std::span<const float> row_logits(logits_.data() + d.row * size_t(V), size_t(V));
-    d.res = sample_token(row_logits, d.r->params, d.r->tokens, d.r->num_prompt_tokens, d.stop_ids, d.r->rng,
-                         d.r->constraint_state.get());
+    const ScheduledSeq& s = plan.seqs[d.seq];
+    const size_t rows = 1 + size_t(s.num_draft);
+    std::span<const float> sampled(logits_.data() + d.row * size_t(V), rows * size_t(V));
+    std::span<const int32_t> drafts(s.token_ids.data() + s.token_ids.size() - size_t(s.num_draft), size_t(s.num_draft));
+    d.res = verify_and_sample(*d.r, sampled, V, drafts, d.stop_ids);
   };
   // (A draw over a small vocabulary costs less than handing it to another thread.)
   if (V >= 4096)
     workers_.run(int64_t(draws.size()), draw);
   else
     for (size_t i = 0; i < draws.size(); ++i) draw(int64_t(i));
+  uint64_t n_drafts = 0, n_draft_tokens = 0, n_accepted = 0;
+  std::vector<uint64_t> accepted_per_pos(size_t(std::max(sc.num_speculative_tokens, 0)), 0);
+  int64_t decode_seqs = 0, decode_tokens = 0;
   for (Draw& d : draws) {
     Request* r = d.r;
     const SamplingParams& p = r->params;
-    SampleResult& res = d.res;
-    if (r->constraint_state) r->constraint_state->accept(res.token);
-    r->tokens.push_back(res.token);
-    ++gen_tokens;
-    if (r->first_token_s == 0) {
-      r->first_token_s = now;
-      ttfts.push_back(now - r->arrival_s);
-      prompt_tokens += uint64_t(r->num_prompt_tokens);
-    } else {
-      itls.push_back(now - r->last_token_s);
+    ScheduledSeq& s = plan.seqs[d.seq];
+    if (s.num_draft > 0) {
+      s.num_rejected = s.num_draft - d.res.accepted;
+      ++n_drafts;
+      n_draft_tokens += uint64_t(s.num_draft);
+      n_accepted += uint64_t(d.res.accepted);
+      for (int i = 0; i < d.res.accepted && i < int(accepted_per_pos.size()); ++i) ++accepted_per_pos[size_t(i)];
+      spec_ctl_.record_draft(s.num_draft, d.res.accepted);
     }
-    r->last_token_s = now;
-    TokenOutput out{res.token, res.logprob, std::move(res.top), {}};
-    // (A copy: after a preemption the recompute must still see what was collected.)
-    if (p.prompt_logprobs >= 0 && r->num_output_tokens() == 1) out.prompt = r->prompt_lp;
-    d.stream->push(std::move(out));
-
-    const int64_t n_out = r->num_output_tokens();
-    const bool is_eos = !p.ignore_eos && std::find(r->eos_ids.begin(), r->eos_ids.end(),
-                                                   res.token) != r->eos_ids.end();
-    const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
-                                      res.token) != p.stop_token_ids.end();
-    if ((is_eos || is_stop_id) && n_out >= p.min_tokens)
-      done.push_back({r, FinishReason::Stop});
-    else if (r->constraint_state && r->constraint_state->must_end())
-      done.push_back({r, FinishReason::Stop});  // guided decoding: the output is complete
-    else if (n_out >= p.max_tokens || int64_t(r->tokens.size()) >= r->max_total_tokens)
-      done.push_back({r, FinishReason::Length});
+    ++decode_seqs;
+    decode_tokens += int64_t(d.res.tokens.size());
+    // A step's tokens share its interval: each gets an equal part of the time since the last.
+    const double gap = r->first_token_s == 0 ? 0 : (now - r->last_token_s) / double(d.res.tokens.size());
+    for (SampleResult& res : d.res.tokens) {
+      r->tokens.push_back(res.token);
+      ++gen_tokens;
+      if (r->first_token_s == 0) {
+        r->first_token_s = now;
+        ttfts.push_back(now - r->arrival_s);
+        prompt_tokens += uint64_t(r->num_prompt_tokens);
+      } else {
+        itls.push_back(gap);
+      }
+      r->last_token_s = now;
+      TokenOutput out{res.token, res.logprob, std::move(res.top), {}};
+      // (A copy: after a preemption the recompute must still see what was collected.)
+      if (p.prompt_logprobs >= 0 && r->num_output_tokens() == 1) out.prompt = r->prompt_lp;
+      d.stream->push(std::move(out));
+      const int64_t n_out = r->num_output_tokens();
+      const FinishReason why = ending(*r, res.token, n_out, int64_t(r->tokens.size()));
+      if (why == FinishReason::None) continue;
+      done.push_back({r, why});
+      finished[d.seq] = true;
+      break;
+    }
   }
   scheduler_.step_done(plan);
+  if (eagle3) {
+    // The draft always follows the step (its KV must cover every computed position); it proposes
+    // only when the next step is to speculate.
+    eagle_next_k_ = spec_ctl_.choose(int(scheduler_.num_running()));
+    propose_eagle3(plan, in, finished, eagle_next_k_);
+  }
   const double t4 = now_seconds();
+  if (sc.enabled()) {
+    // Only steps of decodes alone measure what speculation costs (prefill chunks dwarf them).
+    bool decode_only = true;
+    for (const auto& s : plan.seqs) decode_only = decode_only && s.sample && int(s.token_ids.size()) == 1 + s.num_draft;
+    int step_k = 0;
+    for (const auto& s : plan.seqs) step_k = std::max(step_k, s.num_draft);
+    if (decode_only) spec_ctl_.record_step(step_k, t4 - t0, int(decode_seqs), decode_tokens);
+  }
   // Trace before finishing: a finished request's reader may stop the profile right away.
   if (profiling_.load(std::memory_order_relaxed)) {
     int64_t decodes = 0;
-    for (const auto& s : plan.seqs) decodes += s.token_ids.size() == 1 && s.sample;
+    for (const auto& s : plan.seqs) decodes += s.token_ids.size() == size_t(1 + s.num_draft) && s.sample;
     std::ostringstream args;
     args << "{\"num_seqs\":" << plan.seqs.size() << ",\"num_tokens\":" << plan.num_tokens
          << ",\"num_decodes\":" << decodes << ",\"num_preempted\":" << plan.preempted.size()
@@ -488,6 +612,12 @@ void Engine::step() {
     // The prefix-cache counters too, before any request of this step is seen to finish.
     stats_.prefix_query_tokens = uint64_t(kv_.prefix_query_tokens());
     stats_.prefix_hit_tokens = uint64_t(kv_.prefix_hit_tokens());
+    stats_.spec_num_drafts += n_drafts;
+    stats_.spec_num_draft_tokens += n_draft_tokens;
+    stats_.spec_num_accepted_tokens += n_accepted;
+    if (stats_.spec_accepted_per_pos.size() < accepted_per_pos.size())
+      stats_.spec_accepted_per_pos.resize(accepted_per_pos.size(), 0);
+    for (size_t i = 0; i < accepted_per_pos.size(); ++i) stats_.spec_accepted_per_pos[i] += accepted_per_pos[i];
   }
   for (auto& [r, reason] : done) finish_request(r, reason);
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -22,6 +23,7 @@
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculation.h"
 #include "engine/workers.h"
 #include "model/model.h"
 
@@ -38,6 +40,8 @@ struct EngineConfig {
   std::optional<uint64_t> seed;
   // The options of the runner an engine makes for itself (the Model& constructor).
   RunnerOptions runner;
+  // --speculative-config. Method eagle3 needs the runner's draft (Runner::set_draft) set.
+  spec::SpeculativeConfig speculative;
 };
 
 struct TokenOutput {
@@ -60,6 +64,9 @@ class RequestStream {
   // reason once every token has been handed out (None while running).
   FinishReason next(std::vector<TokenOutput>& out, std::chrono::milliseconds timeout);
   const std::string& error() const { return error_; }
+  // Called whenever tokens or the end arrive (on the engine thread, so it must be quick), and at
+  // once when some are already waiting: a consumer of many streams need not wait on any one.
+  void set_waker(std::function<void()> waker);
 
   // Engine side.
   void push(TokenOutput t);
@@ -73,6 +80,7 @@ class RequestStream {
   std::vector<TokenOutput> pending_;
   FinishReason finish_ = FinishReason::None;
   std::string error_;
+  std::function<void()> waker_;
 };
 
 // One profiler event (Chrome trace "X" event), microseconds since the profile started.
@@ -129,6 +137,10 @@ class Engine {
   void step();
   void finish_request(Request* r, FinishReason reason, const std::string& error = {});
   void update_gauges();
+  // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
+  // step before) and, after a step, the EAGLE3 draft's proposals for the next one.
+  void prepare_drafts(int k);
+  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int k);
   void trace(const std::string& name, double t0, double t1, const std::string& args = {});
   Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg);
 
@@ -154,6 +166,8 @@ class Engine {
   std::unordered_map<RequestId, Pending> live_;
   std::vector<float> logits_;
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
+  SpecController spec_ctl_;
+  int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 namespace sieve::engine {
 
@@ -39,7 +40,25 @@ std::string stats_log_line(const EngineStats& before, const EngineStats& now, do
                 double(prompt) / s, double(gen) / s, static_cast<long long>(now.num_running),
                 static_cast<long long>(now.num_waiting), 100.0 * now.kv_usage,
                 queried ? 100.0 * double(hit) / double(queried) : 0.0);
-  return buf;
+  std::string line = buf;
+  // Speculative decoding over the interval, as vLLM's "SpecDecoding metrics" line.
+  const uint64_t drafts = now.spec_num_drafts - before.spec_num_drafts;
+  if (drafts > 0) {
+    const uint64_t drafted = now.spec_num_draft_tokens - before.spec_num_draft_tokens;
+    const uint64_t accepted = now.spec_num_accepted_tokens - before.spec_num_accepted_tokens;
+    std::snprintf(buf, sizeof buf,
+                  ", Spec decode: mean acceptance length %.2f, accepted %llu of %llu draft tokens (%.1f%%), "
+                  "per-position acceptance",
+                  1.0 + double(accepted) / double(drafts), static_cast<unsigned long long>(accepted),
+                  static_cast<unsigned long long>(drafted), drafted ? 100.0 * double(accepted) / double(drafted) : 0.0);
+    line += buf;
+    for (size_t i = 0; i < now.spec_accepted_per_pos.size(); ++i) {
+      const uint64_t a = now.spec_accepted_per_pos[i] - (i < before.spec_accepted_per_pos.size() ? before.spec_accepted_per_pos[i] : 0);
+      std::snprintf(buf, sizeof buf, "%s%.2f", i ? ", " : " ", double(a) / double(drafts));
+      line += buf;
+    }
+  }
+  return line;
 }
 
 }  // namespace sieve::engine

@@ -36,6 +36,10 @@ struct EngineStats {
   int64_t consecutive_failed_steps = 0;
   std::string last_step_error;
   Histogram ttft{ttft_buckets()}, itl{itl_buckets()}, e2e{e2e_buckets()};
+  // Speculative decoding (vLLM's spec_decode_* counters): verified drafts, their draft tokens,
+  // the ones kept, and kept ones per draft position.
+  uint64_t spec_num_drafts = 0, spec_num_draft_tokens = 0, spec_num_accepted_tokens = 0;
+  std::vector<uint64_t> spec_accepted_per_pos;
 };
 
 // vLLM's periodic log line for the `seconds` between two snapshots: average prompt and

@@ -73,6 +73,9 @@ struct Request {
   RequestStatus status = RequestStatus::Waiting;
   FinishReason finish = FinishReason::None;
   int num_preemptions = 0;
+  // Speculative decoding: draft tokens proposed for the next step (after the last token), checked
+  // by the target in that step and cleared after it.
+  std::vector<int32_t> draft;
   // For latency metrics (seconds, steady clock).
   double arrival_s = 0, first_token_s = 0, last_token_s = 0;
 

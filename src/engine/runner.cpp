@@ -37,7 +37,7 @@ StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::vector<i
     in.query_start_loc.push_back(int32_t(in.token_ids.size()));
     in.seq_lens.push_back(int32_t(end));
     std::copy(s.block_table.begin(), s.block_table.end(), in.block_tables.begin() + long(si * size_t(max_blocks)));
-    const int64_t rows = s.all_logits ? n : (s.sample ? 1 : 0);
+    const int64_t rows = s.all_logits ? n : (s.sample ? 1 + s.num_draft : 0);
     for (int64_t i = n - rows; i < n; ++i) {
       in.logits_indices.push_back(int32_t(in.token_ids.size() - size_t(n) + size_t(i)));
       if (row_seq) row_seq->push_back(int(si));
@@ -46,30 +46,53 @@ StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::vector<i
   return in;
 }
 
-StepInputs pad_decode_step(const StepInputs& in, int rows, int width, int32_t pad_block, int block_size) {
-  const size_t n = in.token_ids.size();
-  SIEVE_CHECK(in.seq_lens.size() == n && in.logits_indices.size() == n, "pad_decode_step: not a decode step");
-  SIEVE_CHECK(size_t(rows) >= n, "pad_decode_step: fewer rows than sequences");
+StepInputs pad_uniform_step(const StepInputs& in, int q, int rows, int width, int32_t pad_block, int block_size) {
+  const size_t ns = in.seq_lens.size();
+  SIEVE_CHECK(q >= 1 && in.token_ids.size() == ns * size_t(q), "pad_uniform_step: not q tokens per sequence");
+  SIEVE_CHECK(size_t(rows) >= ns, "pad_uniform_step: fewer rows than sequences");
+  SIEVE_CHECK(q <= block_size, "pad_uniform_step: more tokens per sequence than a block holds");
+  const size_t n = size_t(rows) * size_t(q);
   StepInputs p;
   p.token_ids = in.token_ids;
-  p.token_ids.resize(size_t(rows), 0);
+  p.token_ids.resize(n, 0);
   p.positions = in.positions;
-  p.positions.resize(size_t(rows), 0);
   p.slot_mapping = in.slot_mapping;
-  p.slot_mapping.resize(size_t(rows), int64_t(pad_block) * block_size);
+  for (size_t t = in.token_ids.size(); t < n; ++t) {
+    const int i = int(t % size_t(q));
+    p.positions.push_back(i);
+    p.slot_mapping.push_back(int64_t(pad_block) * block_size + i);
+  }
   p.seq_lens = in.seq_lens;
-  p.seq_lens.resize(size_t(rows), 1);
+  p.seq_lens.resize(size_t(rows), q);
   p.max_blocks_per_seq = width;
   p.block_tables.assign(size_t(rows) * size_t(width), pad_block);
-  for (size_t s = 0; s < n; ++s) {
+  for (size_t s = 0; s < ns; ++s) {
     const int blocks = (in.seq_lens[s] + block_size - 1) / block_size;
-    SIEVE_CHECK(blocks <= width && blocks <= in.max_blocks_per_seq, "pad_decode_step: table too narrow");
+    SIEVE_CHECK(blocks <= width && blocks <= in.max_blocks_per_seq, "pad_uniform_step: table too narrow");
     std::copy_n(in.block_tables.begin() + long(s * size_t(in.max_blocks_per_seq)), blocks,
                 p.block_tables.begin() + long(s * size_t(width)));
   }
-  for (int i = 0; i <= rows; ++i) p.query_start_loc.push_back(i);
-  for (int i = 0; i < rows; ++i) p.logits_indices.push_back(i);
+  for (int i = 0; i <= rows; ++i) p.query_start_loc.push_back(i * q);
+  // Logits: every row, in order (a decode step's or a verification step's).
+  if (!in.logits_indices.empty())
+    for (size_t i = 0; i < n; ++i) p.logits_indices.push_back(int32_t(i));
+  // Draft passes: padding rows read row 0 and give a (discarded) draft row each.
+  if (!in.hidden_rows.empty()) {
+    p.hidden_rows = in.hidden_rows;
+    p.hidden_rows.resize(n, 0);
+  }
+  if (!in.draft_rows.empty()) {
+    p.draft_rows = in.draft_rows;
+    p.draft_rows.resize(size_t(rows), 0);
+    for (size_t i = ns; i < size_t(rows); ++i) p.draft_rows[i] = int32_t(i * size_t(q));
+  }
   return p;
+}
+
+StepInputs pad_decode_step(const StepInputs& in, int rows, int width, int32_t pad_block, int block_size) {
+  SIEVE_CHECK(in.seq_lens.size() == in.token_ids.size() && in.logits_indices.size() == in.token_ids.size(),
+              "pad_decode_step: not a decode step");
+  return pad_uniform_step(in, 1, rows, width, pad_block, block_size);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -82,13 +105,27 @@ constexpr size_t kMaxGraphs = 64;
 // Padded batch sizes: 1, 2, 4, 8, then multiples of 8 (vLLM's capture sizes).
 int graph_rows(int n) { return n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8; }
 
-// A decode step: one new token per sequence and its logit row, in order.
-bool is_decode_step(const StepInputs& in) {
-  const size_t n = in.token_ids.size();
-  if (n == 0 || n != in.seq_lens.size() || in.logits_indices.size() != n) return false;
+// q when every sequence has q new tokens and every token has its logits row, in order (decode
+// steps: q = 1; verification steps: q = K + 1); 0 otherwise.
+int uniform_q(const StepInputs& in) {
+  const size_t n = in.token_ids.size(), ns = in.seq_lens.size();
+  if (n == 0 || ns == 0 || n % ns != 0 || in.logits_indices.size() != n) return 0;
+  const int q = int(n / ns);
   for (size_t i = 0; i < n; ++i)
-    if (in.logits_indices[i] != int32_t(i) || in.query_start_loc[i + 1] != int32_t(i + 1)) return false;
-  return true;
+    if (in.logits_indices[i] != int32_t(i)) return 0;
+  for (size_t s = 0; s <= ns; ++s)
+    if (in.query_start_loc[s] != int32_t(s) * q) return 0;
+  return q;
+}
+
+// A draft pass's layout: q tokens per sequence (no logits rows of the target).
+int uniform_draft_q(const StepInputs& in) {
+  const size_t n = in.token_ids.size(), ns = in.seq_lens.size();
+  if (n == 0 || ns == 0 || n % ns != 0) return 0;
+  const int q = int(n / ns);
+  for (size_t s = 0; s <= ns; ++s)
+    if (in.query_start_loc[s] != int32_t(s) * q) return 0;
+  return q;
 }
 
 // b holding at least `bytes` (at least 1), replaced (contents lost) when smaller; true if it was.
@@ -183,6 +220,7 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   const size_t o_ids = place(in.token_ids.size() * 4), o_pos = place(in.positions.size() * 4);
   const size_t o_slots = place(in.slot_mapping.size() * 8), o_qsl = place(in.query_start_loc.size() * 4);
   const size_t o_lens = place(in.seq_lens.size() * 4), o_bt = place(in.block_tables.size() * 4);
+  const size_t o_hr = place(in.hidden_rows.size() * 4), o_dr = place(in.draft_rows.size() * 4);
   stage_.resize(staged);
   auto put = [&](size_t at, const auto& v) {
     if (!v.empty()) std::memcpy(stage_.data() + at, v.data(), v.size() * sizeof(v[0]));
@@ -193,6 +231,8 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   put(o_qsl, in.query_start_loc);
   put(o_lens, in.seq_lens);
   put(o_bt, in.block_tables);
+  put(o_hr, in.hidden_rows);
+  put(o_dr, in.draft_rows);
   if (pinned && dst.bytes() < staged) throw Error("graph inputs changed size");
   grow(dst, dev_, staged);
   copy_to_device(dev_, dst.data(), stage_.data(), staged);
@@ -213,7 +253,133 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   v.max_position = b.max_position;
   v.logits_rows = in.logits_indices;
   v.logits = logits_rows(int64_t(in.logits_indices.size()));
+  hidden_rows_dev_ = in.hidden_rows.empty() ? nullptr : reinterpret_cast<const int32_t*>(d + o_hr);
+  draft_rows_dev_ = in.draft_rows.empty() ? nullptr : reinterpret_cast<const int32_t*>(d + o_dr);
+  if (draft_) {
+    const auto& layers = draft_->config().aux_layers;
+    const size_t bytes = layers.size() * in.token_ids.size() * size_t(m_.config().hidden_size) * sizeof(float);
+    if (grow(aux_, dev_, bytes)) ++logits_epoch_;  // captured steps point at it
+    v.aux_layers = layers;
+    v.aux_hidden = aux_.as<float>();
+  }
   return v;
+}
+
+void Runner::set_draft(spec::Eagle3Draft* d) {
+  draft_ = d;
+  graphs_.clear();
+}
+
+void Runner::draft_argmax(int64_t rows, std::vector<int32_t>& out) {
+  const int64_t dv = draft_->config().draft_vocab_size;
+  draft_host_.resize(size_t(rows * dv));
+  if (rows > 0) copy_to_host(dev_, draft_host_.data(), draft_logits_.data(), draft_host_.size() * sizeof(float));
+  const auto& d2t = draft_->draft_to_target();
+  out.resize(size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = draft_host_.data() + r * dv;
+    int64_t best = 0;
+    for (int64_t i = 1; i < dv; ++i)
+      if (x[i] > x[best]) best = i;
+    out[size_t(r)] = d2t[size_t(best)];
+  }
+}
+
+int64_t Runner::draft_pass(const StepInputs& in, const Bounds& b, int kind, int64_t extra, bool padded,
+                           const float* aux, int64_t prev_rows) {
+  const int64_t dv = draft_->config().draft_vocab_size;
+  // Kind 3: a first pass that proposes nothing (speculation paused) keeps the draft's cache
+  // current without its lm_head.
+  const bool logits = kind != 3;
+  auto fwd = [this, aux, prev_rows, logits](const model::StepView& v) {
+    spec::DraftStep ds;
+    ds.batch = v.batch;
+    ds.token_ids = v.token_ids;
+    ds.positions = v.positions;
+    ds.slot_mapping = v.slot_mapping;
+    ds.max_position = v.max_position;
+    ds.aux = aux;
+    ds.hidden_rows = hidden_rows_dev_;
+    ds.prev_rows = prev_rows;
+    ds.logits_rows = draft_rows_dev_;
+    ds.num_logits = logits ? v.batch.num_seqs : 0;
+    ds.logits = draft_logits_.as<float>();
+    draft_->forward(ds, stream_);
+  };
+  const int q = uniform_draft_q(in);
+  if (padded && q > 0) {
+    const auto key = std::make_tuple(kind, int(in.seq_lens.size()), q, b.max_seq, extra);
+    if (run_graph(key, in, b, fwd)) return int64_t(in.seq_lens.size());
+  }
+  (void)dv;
+  fwd(upload(in, b, inputs_, false));
+  return int64_t(in.seq_lens.size());
+}
+
+void Runner::propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& drafts) {
+  SIEVE_CHECK(draft_, "propose() without a draft");
+  use_device(dev_);
+  const size_t n_real = plan.next_tokens.size();
+  SIEVE_CHECK(n_real <= last_.token_ids.size() && plan.slots.size() == n_real, "draft plan does not match the step");
+  const int64_t dv = draft_->config().draft_vocab_size;
+  const int64_t nprop = int64_t(plan.seqs.size());
+  // The first pass: the last step's layout (padded as it ran, so the aux rows line up), one draft
+  // row per sequence (its last kept row when it proposes).
+  StepInputs c = last_;
+  std::copy(plan.next_tokens.begin(), plan.next_tokens.end(), c.token_ids.begin());
+  std::copy(plan.slots.begin(), plan.slots.end(), c.slot_mapping.begin());
+  c.logits_indices.clear();
+  c.hidden_rows.clear();
+  c.draft_rows.assign(c.query_start_loc.begin(), c.query_start_loc.end() - 1);
+  for (const auto& q : plan.seqs) c.draft_rows[size_t(q.step_seq)] = q.last_row;
+  if (grow(draft_logits_, dev_, size_t(std::max<size_t>(c.seq_lens.size(), size_t(graph_rows(int(nprop))))) * size_t(dv) * sizeof(float)))
+    ++logits_epoch_;
+  draft_pass(c, last_bounds_, nprop > 0 ? 1 : 3, int64_t(c.token_ids.size()), last_padded_, aux_.as<float>(), 0);
+  drafts.assign(size_t(nprop), {});
+  if (nprop == 0) return;
+  std::vector<int32_t> next, all;
+  draft_argmax(int64_t(c.seq_lens.size()), all);
+  next.resize(size_t(nprop));
+  for (int64_t i = 0; i < nprop; ++i) next[size_t(i)] = all[size_t(plan.seqs[size_t(i)].step_seq)];
+  for (int64_t i = 0; i < nprop; ++i) drafts[size_t(i)].push_back(next[size_t(i)]);
+  int64_t prev_rows = int64_t(c.token_ids.size());
+  const int bs = m_.block_size();
+  for (int j = 1; j < plan.num_tokens; ++j) {
+    StepInputs d;
+    int width = 1;
+    for (const auto& q : plan.seqs) width = std::max(width, int(q.block_table.size()));
+    d.max_blocks_per_seq = width;
+    d.block_tables.assign(size_t(nprop) * size_t(width), 0);
+    d.query_start_loc.push_back(0);
+    for (int64_t i = 0; i < nprop; ++i) {
+      const auto& q = plan.seqs[size_t(i)];
+      const int64_t pos = q.first_pos + j - 1;
+      SIEVE_CHECK(int64_t(q.block_table.size()) * bs > pos, "draft position past the block table");
+      d.token_ids.push_back(next[size_t(i)]);
+      d.positions.push_back(int32_t(pos));
+      d.slot_mapping.push_back(int64_t(q.block_table[size_t(pos / bs)]) * bs + pos % bs);
+      d.query_start_loc.push_back(int32_t(i + 1));
+      d.seq_lens.push_back(int32_t(pos + 1));
+      std::copy(q.block_table.begin(), q.block_table.end(), d.block_tables.begin() + long(size_t(i) * size_t(width)));
+      d.hidden_rows.push_back(j == 1 ? q.last_row : int32_t(i));
+      d.draft_rows.push_back(int32_t(i));
+    }
+    const Bounds b = check(d);
+    int64_t rows = nprop;
+    const auto [grows, keys] = graph_shape(int(nprop), b.max_seq);
+    if (grows > 0) {
+      const StepInputs p = pad_uniform_step(d, 1, grows, int(keys / bs), int32_t(m_.cache_options().num_blocks), bs);
+      Bounds pb = b;
+      pb.max_seq = int(keys);
+      pb.max_query = 1;
+      rows = draft_pass(p, pb, 2, prev_rows, true, nullptr, prev_rows);
+    } else {
+      rows = draft_pass(d, b, 2, prev_rows, false, nullptr, prev_rows);
+    }
+    draft_argmax(nprop, next);
+    for (int64_t i = 0; i < nprop; ++i) drafts[size_t(i)].push_back(next[size_t(i)]);
+    prev_rows = rows;
+  }
 }
 
 void Runner::read_logits(int64_t rows, std::vector<float>& logits) const {
@@ -226,6 +392,11 @@ void Runner::run(const StepInputs& in, std::vector<float>& logits) {
   const Bounds b = check(in);
   phase(Phase::Begin);
   if (graph_step(in, b, logits)) return;
+  if (draft_) {
+    last_ = in;
+    last_bounds_ = b;
+    last_padded_ = false;
+  }
   const model::StepView v = upload(in, b, inputs_, false);
   phase(Phase::Uploaded);
   m_.forward(v, stream_);
@@ -234,68 +405,61 @@ void Runner::run(const StepInputs& in, std::vector<float>& logits) {
   phase(Phase::Done);
 }
 
-bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits) {
-  if (!dev_.is_cuda() || !is_decode_step(in)) return false;
-  const int n = int(in.token_ids.size());
-  if (opts_.enforce_eager || !graph_stats_.off_reason.empty() || m_.cache_options().compare_index ||
-      n > opts_.max_graph_batch) {
-    ++graph_stats_.eager;
-    return false;
-  }
-  const int rows = graph_rows(n);
+std::pair<int, int64_t> Runner::graph_shape(int n, int max_seq) const {
+  if (!dev_.is_cuda() || opts_.enforce_eager || !graph_stats_.off_reason.empty() || m_.cache_options().compare_index ||
+      n > opts_.max_graph_batch)
+    return {0, 0};
   // Context bucket: the grids are those of `keys` keys, and the kernels take any live length up
   // to it. Buckets 8 blocks x 2^k and 12 blocks x 2^k, so a grid is sized for at most 4/3 of the
   // blocks its longest sequence has (past 8 blocks).
   const int bs = m_.block_size();
   int64_t blocks = 8;
-  while (blocks * bs < b.max_seq) blocks = blocks % 3 == 0 ? blocks / 3 * 4 : blocks / 2 * 3;
+  while (blocks * bs < max_seq) blocks = blocks % 3 == 0 ? blocks / 3 * 4 : blocks / 2 * 3;
   const int64_t keys = blocks * bs;
-  if (keys > (int64_t(1) << 30)) {
-    ++graph_stats_.eager;
-    return false;
-  }
-  const StepInputs p = pad_decode_step(in, rows, int(blocks), int32_t(m_.cache_options().num_blocks), bs);
-  // Padding rows hold one token at position 0, so the real rows' position bound holds.
-  Bounds pb = b;
-  pb.max_seq = int(keys);
-  pb.max_query = 1;
-  const auto key = std::make_pair(rows, int(keys));
+  if (keys > (int64_t(1) << 30)) return {0, 0};
+  return {graph_rows(n), keys};
+}
+
+bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const StepInputs& p, const Bounds& pb,
+                       const std::function<void(const model::StepView&)>& fwd) {
+  const uint64_t draft_epoch = draft_ ? draft_->buffers_epoch() : 0;
+  const bool target = std::get<0>(key) == 0;  // the target's step (the phases a bench observes)
   // Graphs captured before a buffer they point at was replaced are retired.
   std::erase_if(graphs_, [&](const auto& kv) {
-    return kv.second.model_epoch != m_.buffers_epoch() || kv.second.logits_epoch != logits_epoch_;
+    return kv.second.model_epoch != m_.buffers_epoch() || kv.second.logits_epoch != logits_epoch_ ||
+           kv.second.draft_epoch != draft_epoch;
   });
   auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     it->second.used = ++graph_clock_;
     upload(p, pb, it->second.inputs, true);
-    phase(Phase::Uploaded);
+    if (target) phase(Phase::Uploaded);
     it->second.graph.replay(stream_.cuda_stream);
-    phase(Phase::Computed);
+    if (target) phase(Phase::Computed);
     ++graph_stats_.replayed;
-    read_logits(n, logits);
-    phase(Phase::Done);
     return true;
   }
   // First use of the shape: run it eagerly on the graph's own inputs (this step's result; the
   // buffers and the kernels' workspaces grow to the shape), then capture the same work.
   StepGraph g;
   const model::StepView v = upload(p, pb, g.inputs, false);
-  phase(Phase::Uploaded);
-  m_.forward(v, stream_);
-  phase(Phase::Computed);
-  read_logits(n, logits);
-  phase(Phase::Done);
+  if (target) phase(Phase::Uploaded);
+  fwd(v);
+  if (target) phase(Phase::Computed);
   ++graph_stats_.eager;
   std::string why;
-  g.graph = Graph::capture(dev_, stream_.cuda_stream, [&] { m_.forward(v, stream_); }, &why);
+  // (The eager run may have grown a buffer: the view is taken again for the capture.)
+  const model::StepView v2 = upload(p, pb, g.inputs, true);
+  g.graph = Graph::capture(dev_, stream_.cuda_stream, [&] { fwd(v2); }, &why);
   if (!g.graph) {
     graph_stats_.off_reason = why.empty() ? "capture failed" : why;
     graphs_.clear();
-    SIEVE_LOG(Warn, "CUDA graphs turned off, decode steps run eagerly: " << graph_stats_.off_reason);
+    SIEVE_LOG(Warn, "CUDA graphs turned off, steps run eagerly: " << graph_stats_.off_reason);
     return true;
   }
   g.model_epoch = m_.buffers_epoch();
   g.logits_epoch = logits_epoch_;
+  g.draft_epoch = draft_ ? draft_->buffers_epoch() : 0;
   g.used = ++graph_clock_;
   ++graph_stats_.captured;
   // At most kMaxGraphs kept (each holds its kernels' launch records): the least recently
@@ -304,8 +468,36 @@ bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float
     graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(), [](const auto& a, const auto& b) {
       return a.second.used < b.second.used;
     }));
-  SIEVE_LOG(Debug, "captured the decode step of " << rows << " sequences, contexts up to " << keys << " keys");
+  SIEVE_LOG(Debug, "captured a step of kind " << std::get<0>(key) << ": " << std::get<1>(key) << " sequences of "
+                                              << std::get<2>(key) << " tokens, contexts up to " << std::get<3>(key)
+                                              << " keys");
   graphs_.emplace(key, std::move(g));
+  return true;
+}
+
+bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits) {
+  const int q = dev_.is_cuda() ? uniform_q(in) : 0;
+  if (q == 0) return false;
+  const int ns = int(in.seq_lens.size());
+  const auto [rows, keys] = graph_shape(ns, b.max_seq);
+  if (rows == 0) {
+    ++graph_stats_.eager;
+    return false;
+  }
+  const int bs = m_.block_size();
+  const StepInputs p = pad_uniform_step(in, q, rows, int(keys / bs), int32_t(m_.cache_options().num_blocks), bs);
+  // Padding rows hold q tokens at positions 0..q-1, so the real rows' position bound holds.
+  Bounds pb = b;
+  pb.max_seq = int(keys);
+  pb.max_query = q;
+  if (draft_) {
+    last_ = p;
+    last_bounds_ = pb;
+    last_padded_ = true;
+  }
+  run_graph(std::make_tuple(0, rows, q, int(keys), int64_t(0)), p, pb, [this](const model::StepView& v) { m_.forward(v, stream_); });
+  read_logits(int64_t(in.token_ids.size()), logits);
+  phase(Phase::Done);
   return true;
 }
 

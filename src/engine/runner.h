@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "kernels/memory.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "spec/eagle3.h"
 
 namespace sieve::engine {
 
@@ -31,6 +33,29 @@ struct StepInputs {
   std::vector<int32_t> block_tables;     // [num_seqs, max_blocks_per_seq], unused entries 0
   int max_blocks_per_seq = 0;
   std::vector<int32_t> logits_indices;   // token rows whose logits are wanted, in output order
+  // EAGLE3 draft passes only: row i reads row hidden_rows[i] of the previous pass's output, and
+  // the draft's logits are those of rows draft_rows, in order.
+  std::vector<int32_t> hidden_rows;
+  std::vector<int32_t> draft_rows;
+};
+
+// What the EAGLE3 draft does after a step (Runner::propose). The first pass runs over the rows
+// of the step that just ran, each with the token after its position; `slots` [num_tokens] says
+// where each row's draft K/V goes (-1: nowhere, for draft rows the target rejected). Sequence
+// i of `seqs` then gets K draft tokens: the first from the first pass's row `last_row` (its last
+// kept position), the next K - 1 from one-row passes at positions first_pos, first_pos + 1, ...
+// over `block_table` (which covers them).
+struct DraftPlan {
+  std::vector<int32_t> next_tokens;  // [num_tokens of the step]
+  std::vector<int64_t> slots;        // [num_tokens of the step]
+  struct Seq {
+    int step_seq = 0;  // its index among the step's sequences
+    int32_t last_row = 0;
+    int64_t first_pos = 0;
+    std::vector<int32_t> block_table;
+  };
+  std::vector<Seq> seqs;
+  int num_tokens = 0;  // K
 };
 
 // Logits rows, in plan order: every token's of a sequence with all_logits, else the last
@@ -43,6 +68,10 @@ StepInputs build_step_inputs(const StepPlan& plan, int block_size, std::vector<i
 // `pad_block`. The real rows' results do not change. CUDA graphs replay a step captured at
 // `rows` sequences for any batch up to it (padding block: a cache block no request owns).
 StepInputs pad_decode_step(const StepInputs& in, int rows, int width, int32_t pad_block, int block_size);
+// The same for steps of q tokens per sequence (verification steps, the draft's passes): each
+// added sequence holds q tokens at positions 0..q-1 of `pad_block`; logits (when `in` has any)
+// for every row in order; hidden_rows of added rows 0, draft_rows of added sequences their first row.
+StepInputs pad_uniform_step(const StepInputs& in, int q, int rows, int width, int32_t pad_block, int block_size);
 
 struct RunnerOptions {
   // CUDA: decode steps (one new token per sequence) of up to max_graph_batch sequences run as
@@ -82,6 +111,14 @@ class Runner {
   enum class Phase { Begin, Uploaded, Computed, Done };
   void set_phase_observer(std::function<void(Phase)> fn) { phase_ = std::move(fn); }
 
+  // EAGLE3: runs `draft` after every step (propose()); the target then also writes the aux hidden
+  // states the draft reads. Null: none.
+  void set_draft(spec::Eagle3Draft* draft);
+  spec::Eagle3Draft* draft() const { return draft_; }
+  // After run(): the draft's passes of `plan` (see DraftPlan); drafts[i] receives the K draft
+  // tokens (target ids) of plan.seqs[i].
+  void propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& drafts);
+
   // Allocates now the model's activations and the logits rows of a step of up to max_tokens
   // tokens and max_seqs sequences (run() grows them on demand otherwise), so that a GPU's free
   // memory measured afterwards leaves them out of the cache budget.
@@ -96,7 +133,7 @@ class Runner {
   struct StepGraph {
     Graph graph;
     Buffer inputs;
-    uint64_t model_epoch = 0, logits_epoch = 0;  // at capture
+    uint64_t model_epoch = 0, logits_epoch = 0, draft_epoch = 0;  // at capture
     uint64_t used = 0;                           // graph_clock_ at the last capture or replay
   };
 
@@ -106,11 +143,34 @@ class Runner {
   model::StepView upload(const StepInputs& in, const Bounds& b, Buffer& dst, bool pinned);
   float* logits_rows(int64_t rows);
   void read_logits(int64_t rows, std::vector<float>& logits) const;
-  // Runs a decode step as a graph replay (or its first, eager run and capture). False for other
-  // steps, and for decode steps that graphs do not take (counted as eager).
+  // Runs a decode or verification step as a graph replay (or its first, eager run and capture).
+  // False for other steps, and for steps that graphs do not take (counted as eager).
   bool graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits);
+  // One of the draft's passes, as a graph when it has q tokens per sequence (padded; `kind`: 1 the
+  // first pass, 3 the same without logits, 2 the next ones; `extra` tells passes of one layout
+  // apart), else eagerly. Returns the rows of draft logits.
+  int64_t draft_pass(const StepInputs& in, const Bounds& b, int kind, int64_t extra, bool padded,
+                     const float* aux, int64_t prev_rows);
+  // The padded shape of q-token sequences for graphs: (rows, context bucket keys); rows 0 when
+  // graphs do not take it.
+  std::pair<int, int64_t> graph_shape(int num_seqs, int max_seq) const;
+  // Replays the graph of `key` over `p` (or runs `fwd` eagerly once and captures it).
+  bool run_graph(const std::tuple<int, int, int, int, int64_t>& key, const StepInputs& p, const Bounds& pb,
+                 const std::function<void(const model::StepView&)>& fwd);
+
+  // The draft's logits rows mapped to target ids by their argmax (ties to the lower draft id).
+  void draft_argmax(int64_t rows, std::vector<int32_t>& out);
 
   model::Model& m_;
+  spec::Eagle3Draft* draft_ = nullptr;
+  Buffer aux_;                // [n_aux, tokens, hidden] fp32, the target's aux hidden states
+  Buffer draft_logits_;       // [rows, draft vocab] fp32
+  StepInputs last_;           // the step run() ran last, as it ran (padded for graphs)
+  Bounds last_bounds_;
+  bool last_padded_ = false;    // last_ is a graph's padded step
+  std::vector<float> draft_host_;
+  const int32_t* hidden_rows_dev_ = nullptr;  // upload()'s copies of hidden_rows and draft_rows
+  const int32_t* draft_rows_dev_ = nullptr;
   RunnerOptions opts_;
   Device dev_;
   ops::Stream stream_;
@@ -118,7 +178,9 @@ class Runner {
   std::vector<uint8_t> stage_;  // their host side
   Buffer logits_;               // [rows, vocab] fp32, every step's (captured ones too)
   uint64_t logits_epoch_ = 0;   // bumped when logits_ is replaced
-  std::map<std::pair<int, int>, StepGraph> graphs_;  // by (padded rows, context bucket)
+  // By (kind: 0 target / 1 draft's first pass / 2 its next ones, padded sequences, tokens per
+  // sequence, context bucket, kind-specific extent).
+  std::map<std::tuple<int, int, int, int, int64_t>, StepGraph> graphs_;
   uint64_t graph_clock_ = 0;
   GraphStats graph_stats_;
   std::function<void(Phase)> phase_;

@@ -19,14 +19,12 @@ std::vector<float> log_softmax(std::span<const float> logits) {
   return out;
 }
 
-SampleResult sample_token(std::span<const float> logits, const SamplingParams& p,
-                          std::span<const int32_t> history, int64_t num_prompt_tokens,
-                          std::span<const int32_t> stop_ids, std::mt19937_64& rng,
-                          const guided::OutputConstraint::State* constraint) {
+SamplingDist sampling_distribution(std::span<const float> logits, const SamplingParams& p,
+                                   std::span<const int32_t> history, int64_t num_prompt_tokens,
+                                   std::span<const int32_t> stop_ids,
+                                   const guided::OutputConstraint::State* constraint) {
   const int64_t V = int64_t(logits.size());
-  SampleResult res;
-  std::vector<float> raw_lp;
-  if (p.logprobs || p.top_logprobs > 0) raw_lp = log_softmax(logits);
+  SamplingDist dist;
 
   std::vector<float> x(logits.begin(), logits.end());
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -184,21 +182,62 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
       keep = std::max<size_t>(k, 1);
       total = std::accumulate(prob.begin(), prob.begin() + long(keep), 0.0);
     }
-    // One uniform draw per token keeps the RNG stream independent of the vocabulary filters.
-    std::uniform_real_distribution<double> uni(0.0, 1.0);
-    const double u = uni(rng) * total;
-    double acc = 0;
-    chosen = idx[0];
-    for (size_t i = 0; i < keep; ++i) {
-      if (prob[i] <= 0) continue;
-      acc += prob[i];
-      chosen = idx[i];
-      if (u < acc) break;
-    }
+    idx.resize(keep);
+    prob.resize(keep);
+    dist.ids = std::move(idx);
+    dist.weights = std::move(prob);
+    dist.total = total;
+    return dist;
   }
-  res.token = chosen;
-  if (!raw_lp.empty()) {
-    res.logprob = raw_lp[size_t(chosen)];
+  dist.greedy = true;
+  dist.ids = {chosen};
+  dist.weights = {1.0};
+  dist.total = 1.0;
+  return dist;
+}
+
+double SamplingDist::prob(int32_t t) const {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == t) return weights[i] / total;
+  return 0.0;
+}
+
+int32_t SamplingDist::draw(std::mt19937_64& rng, int32_t exclude) const {
+  if (greedy) return ids[0];
+  double mass = total;
+  if (exclude >= 0)
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == exclude) mass -= weights[i];
+  // Nothing left besides `exclude` (it held all the mass): any draw from the row is right.
+  if (!(mass > 0)) return draw(rng, -1);
+  // One uniform draw per token keeps the RNG stream independent of the vocabulary filters.
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  const double u = uni(rng) * mass;
+  double acc = 0;
+  int32_t chosen = ids[0] == exclude && ids.size() > 1 ? ids[1] : ids[0];
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (weights[i] <= 0 || ids[i] == exclude) continue;
+    acc += weights[i];
+    chosen = ids[i];
+    if (u < acc) break;
+  }
+  return chosen;
+}
+
+SampleResult sample_token(std::span<const float> logits, const SamplingParams& p,
+                          std::span<const int32_t> history, int64_t num_prompt_tokens,
+                          std::span<const int32_t> stop_ids, std::mt19937_64& rng,
+                          const guided::OutputConstraint::State* constraint) {
+  const SamplingDist dist = sampling_distribution(logits, p, history, num_prompt_tokens, stop_ids, constraint);
+  return with_logprobs(logits, p, dist.draw(rng));
+}
+
+SampleResult with_logprobs(std::span<const float> logits, const SamplingParams& p, int32_t token) {
+  SampleResult res;
+  res.token = token;
+  if (p.logprobs || p.top_logprobs > 0) {
+    const std::vector<float> raw_lp = log_softmax(logits);
+    res.logprob = raw_lp[size_t(token)];
     if (p.top_logprobs > 0) res.top = top_logprobs(raw_lp, p.top_logprobs);
   }
   return res;

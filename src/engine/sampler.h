@@ -19,6 +19,31 @@ struct SampleResult {
   std::vector<TokenLogprob> top;  // top_logprobs alternatives, most likely first
 };
 
+// The distribution a request's next token is drawn from after every transform (min_tokens,
+// logit_bias, guided mask, penalties, temperature, min-p, top-k, top-p): candidate ids (sorted by
+// logit, ties to the lower id) with unnormalised weights, or the one greedy token. Speculative
+// verification reads it to accept or reject draft tokens (spec/acceptance.h).
+struct SamplingDist {
+  bool greedy = false;
+  std::vector<int32_t> ids;
+  std::vector<double> weights;
+  double total = 0;
+  // Probability of token t (0 for tokens filtered out).
+  double prob(int32_t t) const;
+  // A draw (one uniform from rng unless greedy); with exclude >= 0, from the distribution with
+  // that token removed and the rest renormalised (the residual of a rejected deterministic
+  // draft; the full distribution when nothing else has mass).
+  int32_t draw(std::mt19937_64& rng, int32_t exclude = -1) const;
+};
+
+SamplingDist sampling_distribution(std::span<const float> logits, const SamplingParams& params,
+                                   std::span<const int32_t> history, int64_t num_prompt_tokens,
+                                   std::span<const int32_t> stop_ids,
+                                   const guided::OutputConstraint::State* constraint = nullptr);
+
+// `token` with its log-prob and top alternatives from the raw logits (when params ask for them).
+SampleResult with_logprobs(std::span<const float> logits, const SamplingParams& params, int32_t token);
+
 // `history` is prompt + output so far (repetition penalty counts both); the output part starts at
 // `num_prompt_tokens`. `stop_ids` are masked while fewer than min_tokens were generated.
 // `constraint`: guided decoding's state (tokens it forbids are masked after min_tokens and

@@ -71,13 +71,16 @@ void Scheduler::preempt(Request* r) {
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int64_t budget = cfg_.max_num_batched_tokens;
-  auto emit = [&](Request* r, int64_t n) {
+  auto emit = [&](Request* r, int64_t n, int k = 0) {
     ScheduledSeq s;
     s.request_id = r->id;
     s.start_pos = r->num_computed_tokens;
     s.token_ids.assign(r->tokens.begin() + s.start_pos, r->tokens.begin() + s.start_pos + n);
+    s.token_ids.insert(s.token_ids.end(), r->draft.begin(), r->draft.begin() + k);
+    s.num_draft = k;
+    n += k;
     s.block_table = kv_.block_table(r->id);
-    s.sample = s.start_pos + n == int64_t(r->tokens.size());
+    s.sample = s.start_pos + n - k == int64_t(r->tokens.size());
     // Row j of such a step is the distribution of the token at start_pos + j + 1.
     s.all_logits = r->params.prompt_logprobs >= 0 && int64_t(r->prompt_lp.size()) + 1 < r->num_prompt_tokens &&
                    s.start_pos + 1 < r->num_prompt_tokens;
@@ -95,9 +98,18 @@ StepPlan Scheduler::schedule() {
       ++i;
       continue;
     }
+    // Draft tokens ride along with a decode when the budget, the length limit and free blocks
+    // allow; they never cause a preemption.
+    int k = 0;
+    if (n == 1 && !r->draft.empty() && budget > 1) {
+      k = int(std::min<int64_t>({int64_t(r->draft.size()), budget - 1,
+                                  r->max_total_tokens - int64_t(r->tokens.size())}));
+      k = std::max(k, 0);
+      if (k > 0 && !kv_.allocate(r->id, r->num_computed_tokens + n + k)) k = 0;
+    }
     bool scheduled = false;
     while (true) {
-      if (kv_.allocate(r->id, r->num_computed_tokens + n)) {
+      if (kv_.allocate(r->id, r->num_computed_tokens + n + k)) {
         scheduled = true;
         break;
       }
@@ -109,7 +121,7 @@ StepPlan Scheduler::schedule() {
       if (victim == r) break;
     }
     if (!scheduled) break;  // r was the last running request and is now waiting
-    emit(r, n);
+    emit(r, n, k);
     ++i;
   }
 
@@ -141,7 +153,10 @@ void Scheduler::step_done(const StepPlan& plan) {
         break;
       }
     if (!r) continue;  // aborted while the step ran
-    r->num_computed_tokens = s.start_pos + int64_t(s.token_ids.size());
+    r->num_computed_tokens = s.start_pos + int64_t(s.token_ids.size()) - s.num_rejected;
+    // Rejected draft tokens give their blocks back (no-op without speculation, whose tables
+    // cover exactly the computed tokens after a step).
+    kv_.truncate(r->id, r->num_computed_tokens);
     kv_.cache_full_blocks(r->id, r->tokens, r->num_computed_tokens);
   }
 }

@@ -38,6 +38,12 @@ struct ScheduledSeq {
   // prompt log-probs (prompt_logprobs) when the step's tokens cover prompt positions it lacks;
   // the sampled row is then the last of them.
   bool all_logits = false;
+  // Speculative decoding: the last num_draft of token_ids are draft tokens, each with a logits
+  // row (the sampled rows are the last 1 + num_draft). The engine sets num_rejected (drafts the
+  // target did not keep) before step_done, which then counts only the kept tokens as computed
+  // and gives the blocks past them back.
+  int num_draft = 0;
+  int num_rejected = 0;
 };
 
 struct StepPlan {

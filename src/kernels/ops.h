@@ -191,13 +191,15 @@ struct RmsNormParams {
   float* y_scale = nullptr;  // y_dtype FP8_E4M3 only
 };
 
-// y[i] += alpha * x[i]
+// y[i] += alpha * x[i]; with assign, y[i] = alpha * x[i] (a copy when alpha is 1; y's old
+// contents are not read, so they may be anything, NaN included).
 struct AddParams {
   void* y = nullptr;
   const void* x = nullptr;
   DType dtype = DType::F32;
   int64_t n = 0;
   float alpha = 1.0f;
+  bool assign = false;
 };
 
 // SwiGLU-OAI: g = min(gate, limit); u = clamp(up, -limit, limit);
@@ -276,6 +278,8 @@ struct MoeExpertsParams {
 //     Gemma RMSNorm with their own [head_dim] weight, then partial NeoX RoPE on the first
 //     rotary_dim dims (pairs d, d + rotary_dim/2) with the fp32 table cos_sin;
 //   v: raw.
+// q_norm and k_norm both null: q and k are not normed, only roped (Llama-style layers, such as
+// an EAGLE3 draft's); the index branch always has its norms.
 // q and index_q are written back in place; k, v go to the KV cache at slot_mapping[t] and
 // index_k to the index cache (when index_cache.k is set). slot_mapping[t] < 0 skips the writes.
 struct QkvNormRopeCacheParams {
@@ -286,7 +290,7 @@ struct QkvNormRopeCacheParams {
   int64_t q_offset = 0, k_offset = 0, v_offset = 0;  // column offsets in a row
   int num_index_heads = 0, index_dim = 0;             // 0 = this layer has no index branch
   int64_t index_q_offset = -1, index_k_offset = -1;
-  const void* q_norm = nullptr;  // [head_dim]
+  const void* q_norm = nullptr;  // [head_dim], or null together with k_norm: no q/k norm
   const void* k_norm = nullptr;  // [head_dim]
   const void* index_q_norm = nullptr;  // [index_dim]
   const void* index_k_norm = nullptr;  // [index_dim]

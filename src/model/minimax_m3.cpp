@@ -59,6 +59,14 @@ class MiniMaxM3 final : public Model {
   SelectionStats selection_stats() const override { return stats_; }
   uint64_t buffers_epoch() const override { return epoch_; }
   size_t weight_bytes() const override { return w_.bytes; }
+  ops::WeightView input_embedding() const override {
+    ops::WeightView v;
+    v.data = w_.embed.data.data();
+    v.dtype = w_.embed.dtype;
+    v.rows = w_.embed.rows;  // this rank's rows
+    v.cols = cfg_.hidden_size;
+    return v;
+  }
 
   // Index keys are cached only by sparse layers that compute their own top-k.
   bool has_index_cache(int layer) const {
@@ -177,6 +185,16 @@ class MiniMaxM3 final : public Model {
       // Attention: xn = norm(h += part); qkv = xn . W_qkv^T
       const Act xa = gemm_input(L.qkv, sb.xn, sb.xn_scale, H);
       add_norm(L.input_norm, n, 0, have_part, xa);
+      // EAGLE3: the residual stream entering the layer (h now has the last sublayer's part).
+      for (size_t i = 0; i < step.aux_layers.size(); ++i)
+        if (step.aux_layers[i] == l) {
+          ops::AddParams cp;
+          cp.y = step.aux_hidden + int64_t(i) * n * H;
+          cp.x = sb.h.data();
+          cp.n = n * H;
+          cp.assign = true;
+          ops::add(cp, stream_);
+        }
       const int64_t W = L.qkv.rows;
       linear(xa, L.qkv, sb.qkv.data(), act_, W, n, false);
       ops::QkvNormRopeCacheParams rp;

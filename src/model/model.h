@@ -77,6 +77,11 @@ struct StepView {
   // Token rows whose logits are wanted, in output order (host memory: a captured step keeps them).
   std::span<const int32_t> logits_rows;
   float* logits = nullptr;  // [logits_rows.size(), vocab] fp32, on the device
+  // Speculative decoding (EAGLE3): the residual stream entering each layer of aux_layers (host
+  // list), for every token of the step, fp32 on the device: aux_hidden[i, t, :] for
+  // aux_layers[i]. Empty list: not written.
+  std::span<const int> aux_layers;
+  float* aux_hidden = nullptr;  // [aux_layers.size(), num_tokens, hidden]
 };
 
 class Model {
@@ -107,6 +112,10 @@ class Model {
   // max_logit_rows logit rows (forward() grows them on demand otherwise), so that a GPU's free
   // memory measured afterwards leaves them out of the cache budget.
   virtual void reserve_step(int64_t max_tokens, int64_t max_logit_rows) {}
+
+  // The input embedding [vocab, hidden] on the model's device (an EAGLE3 draft without one of its
+  // own reads it); empty when the model has none to share.
+  virtual ops::WeightView input_embedding() const { return {}; }
 
   // Counts replacements of the device buffers forward() uses besides its arguments (caches,
   // activations, tables): work captured from forward() before a change must not be replayed.

@@ -84,6 +84,19 @@ std::string prometheus_text(const engine::EngineStats& s, const std::string& mod
      << '\n';
   os << "sieve:request_success_total{" << l << ",finished_reason=\"error\"} " << s.finished_error
      << '\n';
+  // Speculative decoding, by vLLM's names (prometheus_client exposes a counter NAME as
+  // NAME_total), so dashboards made for vLLM read them.
+  auto vllm_counter = [&](const char* name, const char* help, uint64_t v) {
+    header(os, name, "counter", help);
+    os << name << "_total{" << l << "} " << v << '\n';
+  };
+  vllm_counter("vllm:spec_decode_num_drafts", "Draft proposals checked by the target.", s.spec_num_drafts);
+  vllm_counter("vllm:spec_decode_num_draft_tokens", "Draft tokens checked by the target.", s.spec_num_draft_tokens);
+  vllm_counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens the target kept.", s.spec_num_accepted_tokens);
+  header(os, "vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Draft tokens the target kept, by position.");
+  for (size_t i = 0; i < s.spec_accepted_per_pos.size(); ++i)
+    os << "vllm:spec_decode_num_accepted_tokens_per_pos_total{" << l << ",position=\"" << i << "\"} "
+       << s.spec_accepted_per_pos[i] << '\n';
   histogram(os, "sieve:time_to_first_token_seconds",
             "Time from arrival to the first generated token.", s.ttft, l);
   histogram(os, "sieve:inter_token_latency_seconds", "Time between consecutive generated tokens.",

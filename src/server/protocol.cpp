@@ -31,7 +31,15 @@ nlohmann::json error_json(int status, const std::string& message, const std::str
 ojson parse_json_body(const std::string& body) {
   ojson j;
   try {
-    j = ojson::parse(body);
+    // Nothing a request holds nests this deep; a document that does is refused as it is read,
+    // before it is built (and later walked by recursive code).
+    j = ojson::parse(body, [](int depth, ojson::parse_event_t, ojson&) {
+      if (depth > kMaxJsonDepth)
+        throw ApiError(400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
+  } catch (const ApiError&) {
+    throw;
   } catch (const std::exception& e) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
@@ -166,7 +174,7 @@ void parse_prompt(const ojson& body, GenerateRequest& r) {
   }
 }
 
-void parse_messages(const ojson& body, GenerateRequest& r) {
+void parse_messages(const ojson& body, GenerateRequest& r, const RequestDefaults& defaults) {
   const ojson* m = field(body, "messages");
   if (!m) bad("messages", "is required (an array of {role, content} objects)");
   if (!m->is_array()) bad("messages", std::string("expected an array, got ") + type_name(*m));
@@ -220,6 +228,22 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
   if (tools) {
     if (!tools->is_array())
       bad("tools", std::string("expected an array, got ") + type_name(*tools));
+    // Each entry a function with a name: a parser or a forced call could not use anything else.
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const ojson& t = (*tools)[i];
+      const std::string at = "tools[" + std::to_string(i) + "]";
+      auto refuse = [&](const std::string& what) { throw ApiError(400, at + what, "tools"); };
+      if (!t.is_object()) refuse(std::string(": expected an object, got ") + type_name(t));
+      if (auto ty = t.find("type"); ty != t.end() && (!ty->is_string() || ty->get<std::string>() != "function"))
+        refuse(".type: expected \"function\", got " + ty->dump());
+      auto fn = t.find("function");
+      if (fn == t.end() || !fn->is_object())
+        refuse(".function: expected an object with the function's name, got " +
+               (fn == t.end() ? std::string("nothing") : std::string(type_name(*fn))));
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || name->get<std::string>().empty())
+        refuse(".function.name: expected a non-empty string");
+    }
     r.tools = *tools;
   }
   r.tool_choice = r.tools.is_array() && !r.tools.empty() ? "auto" : "none";
@@ -237,11 +261,15 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
                          "\"function\": {\"name\": ...}}, got " + tc->dump());
     }
   }
+  // The server's defaults, then the request's keys over them (vLLM's order).
+  r.chat_template_kwargs = defaults.chat_template_kwargs;
   const ojson* kw = field(body, "chat_template_kwargs");
   if (kw) {
     if (!kw->is_object())
       bad("chat_template_kwargs", std::string("expected an object, got ") + type_name(*kw));
-    r.chat_template_kwargs = *kw;
+    for (auto it = kw->begin(); it != kw->end(); ++it) r.chat_template_kwargs[it.key()] = it.value();
+    if (std::string why = check_chat_template_kwargs(*kw); !why.empty())
+      bad("chat_template_kwargs." + why.substr(0, why.find(':')), why.substr(why.find(':') + 2));
   }
   r.add_generation_prompt = get_bool(body, "add_generation_prompt", true);
   r.continue_final_message = get_bool(body, "continue_final_message", false);
@@ -251,6 +279,16 @@ void parse_messages(const ojson& body, GenerateRequest& r) {
 }
 
 }  // namespace
+
+std::string check_chat_template_kwargs(const ojson& kwargs) {
+  auto mode = kwargs.find("thinking_mode");
+  if (mode == kwargs.end() || mode->is_null()) return {};
+  if (mode->is_string()) {
+    const std::string m = mode->get<std::string>();
+    if (m == "enabled" || m == "disabled" || m == "adaptive") return {};
+  }
+  return "thinking_mode: expected \"enabled\", \"disabled\" or \"adaptive\", got " + mode->dump();
+}
 
 RequestDefaults request_defaults_from(const nlohmann::json& generation_config, const nlohmann::json& overrides,
                                       RequestDefaults base) {
@@ -312,7 +350,7 @@ GenerateRequest parse_generate_request(const ojson& body, bool chat, const Reque
     r.model = m->get<std::string>();
   }
   if (chat)
-    parse_messages(body, r);
+    parse_messages(body, r, d);
   else
     parse_prompt(body, r);
 

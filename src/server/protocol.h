@@ -90,7 +90,14 @@ struct RequestDefaults {
   int top_k = 0;          // 0: off
   int64_t max_tokens = 0;  // the generation config's max_new_tokens: caps every request's max_tokens; 0: none
   int max_logprobs = 20;
+  // `--default-chat-template-kwargs` (an object): the keys a request's chat_template_kwargs
+  // leaves out.
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
 };
+
+// Checks chat template keyword arguments (an object): thinking_mode, when given, is "enabled",
+// "disabled" or "adaptive" (MiniMax-M3's template). Returns an empty string or what is wrong.
+std::string check_chat_template_kwargs(const nlohmann::ordered_json& kwargs);
 
 // The defaults a Hugging Face generation config gives, as vLLM reads it: of repetition_penalty,
 // temperature, top_k, top_p, min_p and max_new_tokens, the keys the file sets to something other
@@ -106,7 +113,9 @@ RequestDefaults request_defaults_from(const nlohmann::json& generation_config, c
 GenerateRequest parse_generate_request(const nlohmann::ordered_json& body, bool chat,
                                        const RequestDefaults& defaults = {});
 
-// Parses a request body that must be a JSON object; ApiError(400) otherwise.
+// Parses a request body that must be a JSON object nesting at most kMaxJsonDepth levels;
+// ApiError(400) otherwise.
+inline constexpr int kMaxJsonDepth = 512;
 nlohmann::ordered_json parse_json_body(const std::string& body);
 
 }  // namespace sieve::server

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP server (vLLM's routes and response shapes) over one Engine.
-// HTTP threads parse, tokenize, detokenize and match stop strings; the engine thread only runs
-// steps. A streaming client that goes away aborts its request, which frees its blocks.
+// One event-loop thread handles the connections; a bounded pool of HTTP worker threads parses,
+// tokenizes, detokenizes and matches stop strings; the engine thread only runs steps. A client
+// that goes away aborts its request, which frees its blocks.
 #pragma once
 
 #include <atomic>
@@ -14,10 +15,6 @@
 #include "server/protocol.h"
 #include "text/tokenizer.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace sieve::server {
 
 struct ServerOptions {
@@ -28,13 +25,17 @@ struct ServerOptions {
   std::string api_key;                // empty: no authentication
   size_t max_body_bytes = 32u << 20;  // larger bodies get 413
   std::string profiler_dir;           // empty: /start_profile is refused
-  int http_threads = 0;               // most connection threads; 0: from max_num_seqs
-  double shutdown_grace_s = 1.5;      // in-flight requests may finish this long
-  RequestDefaults defaults;           // what requests leave out (generation config, --max-logprobs)
-  std::string reasoning_parser;       // --reasoning-parser (reasoning_parser_names()); empty: off
-  std::string tool_parser;            // --tool-call-parser with --enable-auto-tool-choice; empty: off
-  bool web_ui = true;                 // the chat page at / and the dashboard (--disable-web-ui: off)
-  nlohmann::json ui_info;             // more facts for the page's /ui/info (cache dtypes, device)
+  int http_threads = 0;               // HTTP worker threads (handlers); 0: from the machine's cores
+  size_t max_connections = 10000;     // open connections beyond this get 503 at once
+  // Deadlines (http.h): the request head after its first byte, the body after the head, an idle
+  // keep-alive connection.
+  double head_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 5;
+  double shutdown_grace_s = 1.5;  // in-flight requests may finish this long
+  RequestDefaults defaults;       // what requests leave out (generation config, --max-logprobs)
+  std::string reasoning_parser;   // --reasoning-parser (reasoning_parser_names()); empty: off
+  std::string tool_parser;        // --tool-call-parser with --enable-auto-tool-choice; empty: off
+  bool web_ui = true;             // the chat page at / and the dashboard (--disable-web-ui: off)
+  nlohmann::json ui_info;         // more facts for the page's /ui/info (cache dtypes, device)
 };
 
 // Prometheus text exposition of the engine's counters, gauges and histograms.
@@ -47,6 +48,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // GET `path` answers `body` as `content_type` (pages, scripts, styles); call before run().
+  void add_static(const std::string& path, std::string content_type, std::string body);
   // Binds the listening socket; throws Error when the address cannot be used.
   void bind();
   int port() const { return port_; }
@@ -64,10 +67,5 @@ class Server {
   std::atomic<bool> draining_{false};
   std::mutex shutdown_mu_;
 };
-
-// cpp-httplib 0.11 listens with a backlog of 5, so a burst of simultaneous connections (a
-// benchmark releasing 64 requests at once) sees resets. This re-listens on this process's
-// listening socket bound to `port` with the system maximum backlog.
-void widen_listen_backlog(int port);
 
 }  // namespace sieve::server

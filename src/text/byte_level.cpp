@@ -39,11 +39,13 @@ void write_file(const std::string& path, const std::string& text) {
 
 ByteLevelTokenizerInfo write_byte_level_tokenizer(const std::string& dir, int32_t vocab_size,
                                                   int max_merges) {
-  // special: the MiniMax turn markers and namespace token are control tokens; <think> stays
-  // visible in decoded text so reasoning parsers can find it.
+  // special: the MiniMax turn markers and namespace token are control tokens (the server keeps
+  // the namespace token for its tool-call parser); the think markers stay visible in decoded
+  // text, as the M2 tokenizer has <think>.
   const std::vector<std::pair<std::string, bool>> specials = {
-      {"]~!b[", true},    {"]~b]", true},      {"[e~[", true},         {"]<]minimax[>[", true},
-      {"<think>", false}, {"</think>", false}, {"<tool_call>", false}, {"</tool_call>", false}};
+      {"]~!b[", true},       {"]~b]", true},        {"[e~[", true},         {"]<]minimax[>[", true},
+      {"<think>", false},    {"</think>", false},   {"<tool_call>", false}, {"</tool_call>", false},
+      {"<mm:think>", false}, {"</mm:think>", false}};
   const int32_t needed = 256 + static_cast<int32_t>(specials.size());
   if (vocab_size < needed)
     throw Error("a byte-level tokenizer needs a vocabulary of at least " + std::to_string(needed) +

@@ -7,12 +7,15 @@
 #include <mutex>
 
 #include "core/error.h"
-#include "text/jinja_value.h"
+#include "text/jinja/parser.h"
+#include "text/jinja/runtime.h"
 
 namespace sieve::text {
 
-namespace jinja {
-std::string render_program(const Program& p, const Value& context);
+JinjaTemplate JinjaTemplate::parse(std::string source) {
+  JinjaTemplate t;
+  t.prog_ = jinja::parse_program(std::move(source));
+  return t;
 }
 
 std::string JinjaTemplate::render(const nlohmann::json& context) const {

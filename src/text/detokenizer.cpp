@@ -1,15 +1,20 @@
 #include "text/detokenizer.h"
 
+#include <algorithm>
+
 #include "text/unicode.h"
 
 namespace sieve::text {
 
-StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special_tokens)
-    : tok_(&tok), skip_special_(skip_special_tokens) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special_tokens,
+                             std::vector<int32_t> keep)
+    : tok_(&tok), skip_special_(skip_special_tokens), keep_(std::move(keep)) {}
 
 std::string StreamDecoder::push(int32_t id) {
   const std::string& bytes = tok_->token_bytes(id);
-  if (skip_special_ && tok_->is_special(id)) return "";
+  if (skip_special_ && tok_->is_special(id) &&
+      std::find(keep_.begin(), keep_.end(), id) == keep_.end())
+    return "";
   pending_ += bytes;
   // Emit everything up to the last sequence that could still be completed by later bytes.
   size_t i = 0, keep = pending_.size();

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "text/tokenizer.h"
 
@@ -13,8 +14,10 @@ namespace sieve::text {
 
 class StreamDecoder {
  public:
-  // Keeps a reference: `tok` must outlive the decoder.
-  explicit StreamDecoder(const Tokenizer& tok, bool skip_special_tokens = true);
+  // Keeps a reference: `tok` must outlive the decoder. `keep`: special tokens that stay in the
+  // text even with skip_special_tokens (the markers a reasoning or tool-call parser reads).
+  explicit StreamDecoder(const Tokenizer& tok, bool skip_special_tokens = true,
+                         std::vector<int32_t> keep = {});
 
   // Returns the text completed by this id (possibly empty). Throws sieve::Error for an id
   // outside the vocabulary.
@@ -27,6 +30,7 @@ class StreamDecoder {
  private:
   const Tokenizer* tok_;
   bool skip_special_;
+  std::vector<int32_t> keep_;
   std::string pending_;
 };
 

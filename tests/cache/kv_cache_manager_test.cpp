@@ -110,4 +110,30 @@ TEST(KvCacheManager, DisabledCachingNeverHits) {
   EXPECT_EQ(kv.find_prefix(a).num_tokens, 0);
 }
 
+// Speculative decoding's rollback: the table shrinks to the computed tokens, the prefix cache is
+// untouched, and the next allocation takes the same blocks back instead of evicting a cached one.
+TEST(KvCacheManager, TruncateGivesTheTailBackWithoutEvictingCachedBlocks) {
+  KvCacheManager kv(6, 4, true);
+  auto a = iota_tokens(9, 0);
+  ASSERT_TRUE(kv.allocate(1, 9));
+  kv.cache_full_blocks(1, a, 9);
+  kv.free(1);  // two cached blocks (and one empty) in the free queue
+  auto b = iota_tokens(6, 100);
+  ASSERT_TRUE(kv.allocate(2, 6));
+  kv.cache_full_blocks(2, b, 5);
+  ASSERT_TRUE(kv.allocate(2, 6 + 8));  // drafts reach two more blocks
+  const std::vector<int32_t> long_table = kv.block_table(2);
+  ASSERT_EQ(long_table.size(), 4u);
+  kv.truncate(2, 7);  // two drafts kept
+  EXPECT_EQ(kv.block_table(2), std::vector<int32_t>(long_table.begin(), long_table.begin() + 2));
+  EXPECT_EQ(kv.num_free_blocks(), 4);
+  EXPECT_EQ(kv.find_prefix(a).num_tokens, 8) << "cached prefix blocks survive";
+  ASSERT_TRUE(kv.allocate(2, 7 + 8));
+  EXPECT_EQ(kv.block_table(2), long_table) << "the same blocks come back";
+  EXPECT_EQ(kv.find_prefix(a).num_tokens, 8);
+  kv.truncate(2, 0);
+  EXPECT_TRUE(kv.block_table(2).empty());
+  EXPECT_EQ(kv.num_free_blocks(), 6);
+}
+
 }  // namespace sieve::cache

@@ -28,11 +28,13 @@ TEST(Guided, RequestsComeOutAsJsonObjectsOrAChoice) {
   for (int b = 0; b < 256; ++b) (*vocab)[size_t(b)] = std::string(1, char(b));
   testing::FakeModel model(257, 16);
   model.allocate_caches({.num_blocks = 64});
-  Engine engine(model, EngineConfig{{.max_num_batched_tokens = 256, .max_num_seqs = 16, .max_model_len = 1024},
-                                    64,
-                                    false,
-                                    {256},
-                                    std::nullopt});
+  Engine engine(
+      model,
+      EngineConfig{{.max_num_batched_tokens = 256, .max_num_seqs = 16, .max_model_len = 1024},
+                   64,
+                   false,
+                   {256},
+                   std::nullopt});
   engine.start();
   auto json_c = guided::json_object_constraint(vocab);
   auto choice_c = guided::choice_constraint(vocab, {"yes", "no", "maybe not"});

@@ -394,10 +394,14 @@ await section('bad input gets a 4xx error object and the server keeps serving', 
   await expectError('fractional token id', 400, 'POST', C, { prompt: [1, 2.5] });
   await expectError('body over the limit', 413, 'POST', C, { prompt: 'y'.repeat(2 << 20) });
   {
-    // curl -d sends JSON as application/x-www-form-urlencoded; it is still JSON to us.
+    // A body declared as anything but JSON is refused, as vLLM does (curl -d alone sends
+    // application/x-www-form-urlencoded); a JSON type with parameters is fine.
     const r = await raw('POST', C, { model: NAME, prompt: 'hi', max_tokens: 2, pad: 'x'.repeat(20000) },
       { headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
-    eq(r.status, 200, 'form-encoded content type with a 20 kB JSON body');
+    eq(r.status, 415, 'form-encoded content type');
+    const r2 = await raw('POST', C, { model: NAME, prompt: 'hi', max_tokens: 2, pad: 'x'.repeat(20000) },
+      { headers: { 'Content-Type': 'application/json; charset=utf-8' } });
+    eq(r2.status, 200, 'JSON content type with parameters and a 20 kB body');
     // A chunked body (no Content-Length) over the limit.
     const chunk = new TextEncoder().encode('{"prompt": "' + 'z'.repeat(64 * 1024));
     let sent = 0;

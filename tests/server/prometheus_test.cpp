@@ -20,6 +20,10 @@ TEST(Prometheus, ExposesGaugesCountersAndCumulativeHistograms) {
   s.ttft.observe(0.05);
   s.ttft.observe(0.5);
   s.ttft.observe(5.0);
+  s.spec_num_drafts = 7;
+  s.spec_num_draft_tokens = 21;
+  s.spec_num_accepted_tokens = 12;
+  s.spec_accepted_per_pos = {6, 4, 2};
   const std::string t = prometheus_text(s, "m\"x");
   auto has = [&](const std::string& line) { return t.find(line + "\n") != std::string::npos; };
   EXPECT_TRUE(has("sieve:num_requests_running{model_name=\"m\\\"x\"} 3"));
@@ -37,6 +41,11 @@ TEST(Prometheus, ExposesGaugesCountersAndCumulativeHistograms) {
   EXPECT_TRUE(has("sieve:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"+Inf\"} 3"));
   EXPECT_TRUE(has("sieve:time_to_first_token_seconds_count{model_name=\"m\\\"x\"} 3"));
   EXPECT_TRUE(has("sieve:time_to_first_token_seconds_sum{model_name=\"m\\\"x\"} 5.55"));
+  EXPECT_TRUE(has("# TYPE vllm:spec_decode_num_drafts counter"));
+  EXPECT_TRUE(has("vllm:spec_decode_num_drafts_total{model_name=\"m\\\"x\"} 7"));
+  EXPECT_TRUE(has("vllm:spec_decode_num_draft_tokens_total{model_name=\"m\\\"x\"} 21"));
+  EXPECT_TRUE(has("vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\\\"x\"} 12"));
+  EXPECT_TRUE(has("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\\\"x\",position=\"2\"} 2"));
 }
 
 }  // namespace sieve::server

@@ -107,6 +107,24 @@ TEST(Protocol, ParsesChat) {
   refused(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, "top_logprobs");
 }
 
+// --default-chat-template-kwargs fills what the request's chat_template_kwargs leaves out;
+// thinking_mode, where given, is one of MiniMax-M3's modes.
+TEST(Protocol, ChatTemplateKwargsOverTheServersDefaults) {
+  RequestDefaults d;
+  d.chat_template_kwargs = {{"thinking_mode", "disabled"}, {"x", 1}};
+  const std::string msgs = R"("messages":[{"role":"developer","content":"d"}])";
+  GenerateRequest r = parse_generate_request(ojson::parse("{" + msgs + "}"), true, d);
+  EXPECT_EQ(r.chat_template_kwargs, ojson({{"thinking_mode", "disabled"}, {"x", 1}}));
+  r = parse_generate_request(
+      ojson::parse("{" + msgs + R"(,"chat_template_kwargs":{"thinking_mode":"enabled","y":2}})"), true, d);
+  EXPECT_EQ(r.chat_template_kwargs, ojson({{"thinking_mode", "enabled"}, {"x", 1}, {"y", 2}}));
+  EXPECT_EQ(r.messages[0]["role"], "developer");
+  refused("{" + msgs + R"(,"chat_template_kwargs":{"thinking_mode":"on"}})", true, "chat_template_kwargs.thinking_mode");
+  refused("{" + msgs + R"(,"chat_template_kwargs":{"thinking_mode":true}})", true, "chat_template_kwargs.thinking_mode");
+  EXPECT_EQ(check_chat_template_kwargs(ojson({{"thinking_mode", "adaptive"}})), "");
+  EXPECT_NE(check_chat_template_kwargs(ojson({{"thinking_mode", "max"}})).find("thinking_mode"), std::string::npos);
+}
+
 TEST(Protocol, RefusesBadValuesNamingTheField) {
   EXPECT_THROW(parse_json_body("{\"prompt\": "), ApiError);
   EXPECT_THROW(parse_json_body("[1]"), ApiError);

@@ -92,13 +92,14 @@ TEST(ServerHttp, GenerationConfigMaxTokensCapsEveryRequest) {
   }
 }
 
-// --reasoning-parser: with thinking on (the built-in MiniMax template opens <think> for the
+// --reasoning-parser: with thinking on (the built-in MiniMax-M3 template opens <mm:think> for the
 // model), the generated text is the message's reasoning, streamed as reasoning deltas; with
 // thinking off it stays content; without the parser nothing changes.
 TEST(ServerHttp, ReasoningParserSplitsChatOutput) {
-  const std::string think = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0})";
+  const std::string think =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"thinking_mode":"enabled"}})";
   const std::string no_think =
-      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"enable_thinking":false}})";
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"chat_template_kwargs":{"thinking_mode":"disabled"}})";
   std::string plain, plain_off;
   {
     Rig rig;
@@ -341,39 +342,20 @@ TEST(ServerHttp, GuidedChoiceRegexAndJsonObject) {
   EXPECT_GT(objects, 0);
 }
 
-// A burst of simultaneous connections must queue, not be refused: the listen backlog holds them
-// while no thread accepts yet.
-TEST(ServerHttp, WidenedBacklogHoldsABurstOfConnections) {
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(lfd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 5), 0);  // what cpp-httplib does
-  socklen_t alen = sizeof a;
-  ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen), 0);
-  widen_listen_backlog(ntohs(a.sin_port));
-  int connected = 0;
-  std::vector<int> fds;
-  for (int i = 0; i < 64; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    fds.push_back(fd);
-    ::fcntl(fd, F_SETFL, O_NONBLOCK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-      ++connected;
-      continue;
-    }
-    pollfd p{fd, POLLOUT, 0};
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (::poll(&p, 1, 300) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0)
-      ++connected;
-  }
-  for (int fd : fds) ::close(fd);
-  ::close(lfd);
-  EXPECT_EQ(connected, 64);
+// A burst of simultaneous connections must be served, not refused: the listen backlog holds them
+// until the event loop accepts.
+TEST(ServerHttp, ABurstOfConnectionsIsServed) {
+  Rig rig;
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 64; ++i)
+    clients.emplace_back([&] {
+      auto c = rig.client();
+      auto r = c.Get("/health");
+      if (r && r->status == 200) ++ok;
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(ok.load(), 64);
 }
 
 TEST(ServerHttp, AFailingStepIsA500OrAnErrorEvent) {
@@ -442,7 +424,8 @@ TEST(ServerHttp, ShutdownEndsOpenStreamsAndRefusesNewWork) {
   std::this_thread::sleep_for(100ms);
   auto c = rig.client();
   auto refused = c.Post("/v1/completions", R"({"prompt":[1],"max_tokens":1})", "application/json");
-  if (refused) EXPECT_EQ(refused->status, 503);  // or the listener is already gone
+  ASSERT_TRUE(refused);  // the listener stays while draining
+  EXPECT_EQ(refused->status, 503);
   stopper.join();
   client.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);

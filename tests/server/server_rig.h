@@ -33,12 +33,12 @@ struct Rig {
     return d.string();
   }
   explicit Rig(ServerOptions o = {}, int64_t max_len = 256, int64_t blocks = 32,
-               bool prefix_caching = false)
+               bool prefix_caching = false, int max_seqs = 8)
       : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
     model.allocate_caches({.num_blocks = blocks});
     engine = std::make_unique<engine::Engine>(
         model, engine::EngineConfig{
-                   {.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = max_len},
+                   {.max_num_batched_tokens = 64, .max_num_seqs = max_seqs, .max_model_len = max_len},
                    blocks,
                    prefix_caching,
                    {},

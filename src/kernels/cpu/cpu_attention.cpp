@@ -42,13 +42,16 @@ constexpr float kInitSentinel = 1e30f;
 constexpr float kLocalSentinel = 1e29f;
 constexpr float kNanScore = -1e30f;
 
-// Gemma RMSNorm (x / sqrt(mean(x^2) + eps) * (1 + w)) and partial NeoX RoPE of one head, in place.
+// Gemma RMSNorm (x / sqrt(mean(x^2) + eps) * (1 + w); none when w is null) and partial NeoX
+// RoPE of one head, in place.
 void norm_rope_head(float* x, int dim, const void* w, DType w_dtype, float eps, const float* cs,
                     int rotary_dim) {
-  double ss = 0;
-  for (int d = 0; d < dim; ++d) ss += double(x[d]) * double(x[d]);
-  const float inv = 1.0f / std::sqrt(float(ss / double(dim)) + eps);
-  for (int d = 0; d < dim; ++d) x[d] = (x[d] * inv) * (1.0f + load_as_f32(w, w_dtype, size_t(d)));
+  if (w) {
+    double ss = 0;
+    for (int d = 0; d < dim; ++d) ss += double(x[d]) * double(x[d]);
+    const float inv = 1.0f / std::sqrt(float(ss / double(dim)) + eps);
+    for (int d = 0; d < dim; ++d) x[d] = (x[d] * inv) * (1.0f + load_as_f32(w, w_dtype, size_t(d)));
+  }
   const int half = rotary_dim / 2;
   for (int j = 0; j < half; ++j) {
     const float c = cs[j], s = cs[half + j];
@@ -173,7 +176,7 @@ void run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p) {
   SIEVE_CHECK(p.qkv != nullptr, "qkv_norm_rope_cache: qkv is null");
   SIEVE_CHECK(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.head_dim > 0,
               "qkv_norm_rope_cache: head counts and head_dim must be > 0");
-  SIEVE_CHECK(p.q_norm && p.k_norm, "qkv_norm_rope_cache: q_norm and k_norm are required");
+  SIEVE_CHECK(!p.q_norm == !p.k_norm, "qkv_norm_rope_cache: q_norm and k_norm are both set or both null");
   SIEVE_CHECK(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
               "qkv_norm_rope_cache: rotary_dim must be even and <= head_dim");
   SIEVE_CHECK(p.rotary_dim == 0 || (p.positions && p.cos_sin),

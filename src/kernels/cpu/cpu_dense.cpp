@@ -242,12 +242,15 @@ void run_add(const ops::AddParams& p) {
   if (p.dtype == DType::F32) {
     float* y = static_cast<float*>(p.y);
     const float* x = static_cast<const float*>(p.x);
-    for (int64_t i = 0; i < p.n; ++i) y[i] += p.alpha * x[i];
+    if (p.assign)
+      for (int64_t i = 0; i < p.n; ++i) y[i] = p.alpha * x[i];
+    else
+      for (int64_t i = 0; i < p.n; ++i) y[i] += p.alpha * x[i];
     return;
   }
   for (int64_t i = 0; i < p.n; ++i) {
-    store_from_f32(p.y, p.dtype, size_t(i),
-                   load_as_f32(p.y, p.dtype, size_t(i)) + p.alpha * load_as_f32(p.x, p.dtype, size_t(i)));
+    const float ax = p.alpha * load_as_f32(p.x, p.dtype, size_t(i));
+    store_from_f32(p.y, p.dtype, size_t(i), p.assign ? ax : load_as_f32(p.y, p.dtype, size_t(i)) + ax);
   }
 }
 

@@ -113,9 +113,11 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
   }
 }
 
-__global__ void add_kernel(void* y, const void* x, int t, int64_t n, float alpha) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    st_elem(y, t, i, __fadd_rn(ld_elem(y, t, i), __fmul_rn(alpha, ld_elem(x, t, i))));
+__global__ void add_kernel(void* y, const void* x, int t, int64_t n, float alpha, bool assign) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float ax = __fmul_rn(alpha, ld_elem(x, t, i));
+    st_elem(y, t, i, assign ? ax : __fadd_rn(ld_elem(y, t, i), ax));
+  }
 }
 
 __global__ void swiglu_kernel(const void* gate_up, void* out, int t, int64_t rows, int64_t inter, int64_t ld_in,
@@ -218,7 +220,7 @@ bool run_add(const ops::AddParams& p, void* stream_v) {
   const int t = elem_code(p.dtype);
   if (t < 0) return false;
   add_kernel<<<elementwise_grid(p.n), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(p.y, p.x, t, p.n,
-                                                                                            p.alpha);
+                                                                                            p.alpha, p.assign);
   SIEVE_LAUNCH_CHECK("add");
   return true;
 }

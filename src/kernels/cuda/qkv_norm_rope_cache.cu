@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
   pdl_wait();
   if (on) {
     load4(p.qkv, row + d0, a.act_bf16, a.vec_rows, x);
-    if (transform) load4(w, d0, a.norm_bf16, a.vec_norm, wv);
+    if (transform && w) load4(w, d0, a.norm_bf16, a.vec_norm, wv);
     if (cs && d0 < rot) {
       const int f0 = d0 < half ? d0 : d0 - half;
       if (a.vec_cs) {
@@ -161,9 +161,12 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_kernel(KernelArgs a) {
     for (int k = 0; k < kVec; ++k) ss += x[k] * x[k];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = rsqrtf(ss / float(dim) + p.eps);
+    // No norm weights (Llama-style q/k): rope only.
+    if (w) {
+      const float inv = rsqrtf(ss / float(dim) + p.eps);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) x[k] = x[k] * inv * (1.f + wv[k]);
+      for (int k = 0; k < kVec; ++k) x[k] = x[k] * inv * (1.f + wv[k]);
+    }
     if (on)
 #pragma unroll
       for (int k = 0; k < kVec; ++k) xs[warp][d0 + k] = x[k];
@@ -228,6 +231,7 @@ bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p, void* stream)
   if (p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) return false;
   if (!cache_dtype_ok(p.kv.dtype)) return false;
   if (p.kv.head_dim != p.head_dim) return false;
+  if (!p.q_norm != !p.k_norm) return false;
   const bool has_index = p.num_index_heads > 0 && p.index_dim > 0;
   if (has_index) {
     if (p.index_dim % 32 != 0 || p.index_dim > kMaxDim || p.rotary_dim > p.index_dim) return false;

@@ -355,7 +355,7 @@ export class Dashboard {
     setCard(this.cards.generated, fmtNum(gtot, 0), '', `${fmtNum(H.delta('sieve:generation_tokens_total', j, i) ?? 0, 0)} in the window`, gtot);
     setCard(this.cards.prompt, fmtNum(ptot, 0), '', `${fmtNum(H.delta('sieve:prompt_tokens_total', j, i) ?? 0, 0)} in the window`, ptot);
     // Speculative decoding, when the server exports its counters (vLLM's names).
-    const draftName = 'sieve:spec_decode_num_draft_tokens_total', accName = 'sieve:spec_decode_num_accepted_tokens_total';
+    const draftName = 'vllm:spec_decode_num_draft_tokens_total', accName = 'vllm:spec_decode_num_accepted_tokens_total';
     const spec = H.has(draftName) && H.has(accName);
     this.cards.spec.hidden = !spec;
     this.charts.spec.hidden = !spec;
@@ -414,7 +414,7 @@ export class Dashboard {
       events: [[{ name: 'finished', values: finished }, { name: 'preempted', values: perMinute('sieve:num_preemptions_total') }], {}],
     };
     if (spec) {
-      sets.spec = [[{ name: `accepted / drafted (${LATENCY_S} s)`, values: ratio('sieve:spec_decode_num_accepted_tokens_total', 'sieve:spec_decode_num_draft_tokens_total', LATENCY_S) }], { percent: true }];
+      sets.spec = [[{ name: `accepted / drafted (${LATENCY_S} s)`, values: ratio('vllm:spec_decode_num_accepted_tokens_total', 'vllm:spec_decode_num_draft_tokens_total', LATENCY_S) }], { percent: true }];
     }
     for (const [key, [lines, o]] of Object.entries(sets)) {
       const box = this.charts[key];

@@ -1,10 +1,12 @@
-#include "text/jinja_value.h"
+#include "text/jinja/value.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 
+#include "text/jinja/error.h"
+#include "text/jinja/string.h"
 #include "text/unicode.h"
 
 namespace sieve::text::jinja {
@@ -128,9 +130,26 @@ std::string str_repr(const std::string& s) {
   return out;
 }
 
-std::string json_string(const std::string& s) {
+// `ascii`: json.dumps' ensure_ascii (DEL and non-ASCII as \uXXXX escapes, surrogate pairs above
+// U+FFFF).
+std::string json_string(const std::string& s, bool ascii) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (ascii && c >= 0x7F) {
+      size_t j = i;
+      uint32_t cp = next_code_point(s, j);
+      i = j - 1;
+      char b[16];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+      } else {
+        std::snprintf(b, sizeof b, "\\u%04x", cp);
+      }
+      out += b;
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";
@@ -167,7 +186,7 @@ std::string json_string(const std::string& s) {
 }
 
 void json_into(std::string& out, const Value& v, int indent, int level, const std::string& isep,
-               const std::string& ksep, bool sort_keys) {
+               const std::string& ksep, bool sort_keys, bool ascii) {
   auto newline = [&](int lvl) {
     if (indent < 0) return;
     out += '\n';
@@ -193,7 +212,7 @@ void json_into(std::string& out, const Value& v, int indent, int level, const st
         out += float_repr(v.f);
       return;
     case Value::kStr:
-      out += json_string(v.s);
+      out += json_string(v.s, ascii);
       return;
     case Value::kList: {
       if (v.list->empty()) {
@@ -204,7 +223,7 @@ void json_into(std::string& out, const Value& v, int indent, int level, const st
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += isep;
         newline(level + 1);
-        json_into(out, (*v.list)[k], indent, level + 1, isep, ksep, sort_keys);
+        json_into(out, (*v.list)[k], indent, level + 1, isep, ksep, sort_keys, ascii);
       }
       newline(level);
       out += "]";
@@ -224,8 +243,8 @@ void json_into(std::string& out, const Value& v, int indent, int level, const st
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += isep;
         newline(level + 1);
-        out += json_string(items[k]->first) + ksep;
-        json_into(out, items[k]->second, indent, level + 1, isep, ksep, sort_keys);
+        out += json_string(items[k]->first, ascii) + ksep;
+        json_into(out, items[k]->second, indent, level + 1, isep, ksep, sort_keys, ascii);
       }
       newline(level);
       out += "}";
@@ -287,10 +306,135 @@ std::string to_str(const Value& v) {
 }
 
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys) {
+                    const std::string& key_sep, bool sort_keys, bool ensure_ascii) {
   std::string out;
-  json_into(out, v, indent, 0, item_sep, key_sep, sort_keys);
+  json_into(out, v, indent, 0, item_sep, key_sep, sort_keys, ensure_ascii);
   return out;
+}
+
+// ---------------------------------------------------------------- Python semantics of values
+
+std::string type_name(const Value& v) {
+  switch (v.type) {
+    case Value::kUndefined:
+      return "undefined";
+    case Value::kNone:
+      return "NoneType";
+    case Value::kBool:
+      return "bool";
+    case Value::kInt:
+      return "int";
+    case Value::kFloat:
+      return "float";
+    case Value::kStr:
+      return "str";
+    case Value::kList:
+      return "list";
+    case Value::kMap:
+      return "dict";
+    case Value::kFunc:
+      return "function";
+  }
+  return "?";
+}
+
+bool values_equal(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) {
+    if (a.type != Value::kFloat && b.type != Value::kFloat) {
+      int64_t x = a.type == Value::kBool ? a.b : a.i, y = b.type == Value::kBool ? b.b : b.i;
+      return x == y;
+    }
+    return a.as_double() == b.as_double();
+  }
+  if (a.type != b.type) return false;
+  switch (a.type) {
+    case Value::kUndefined:
+    case Value::kNone:
+      return true;
+    case Value::kStr:
+      return a.s == b.s;
+    case Value::kList:
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k)
+        if (!values_equal((*a.list)[k], (*b.list)[k])) return false;
+      return true;
+    case Value::kMap:
+      if (a.map->items.size() != b.map->items.size()) return false;
+      for (const auto& [k, v] : a.map->items) {
+        const Value* o = b.map->find(k);
+        if (!o || !values_equal(v, *o)) return false;
+      }
+      return true;
+    case Value::kFunc:
+      return a.func == b.func;
+    default:
+      return false;
+  }
+}
+
+int compare_values(const Value& a, const Value& b, size_t pos) {
+  if (a.is_number() && b.is_number()) {
+    double x = a.as_double(), y = b.as_double();
+    return x < y ? -1 : x > y ? 1 : 0;
+  }
+  if (a.is_str() && b.is_str()) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
+  if (a.is_list() && b.is_list()) {
+    for (size_t k = 0; k < std::min(a.list->size(), b.list->size()); ++k) {
+      if (values_equal((*a.list)[k], (*b.list)[k])) continue;
+      return compare_values((*a.list)[k], (*b.list)[k], pos);
+    }
+    return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;
+  }
+  fail(pos, "cannot compare " + type_name(a) + " with " + type_name(b));
+}
+
+bool contains(const Value& hay, const Value& needle, size_t pos) {
+  switch (hay.type) {
+    case Value::kStr:
+      if (!needle.is_str()) fail(pos, "'in <string>' requires string as left operand");
+      return hay.s.find(needle.s) != std::string::npos;
+    case Value::kList:
+      for (const auto& x : *hay.list)
+        if (values_equal(x, needle)) return true;
+      return false;
+    case Value::kMap:
+      return needle.is_str() && hay.map->find(needle.s) != nullptr;
+    case Value::kUndefined:
+      fail(pos, "'" + hay.s + "' is undefined");
+    default:
+      fail(pos, "argument of type '" + type_name(hay) + "' is not iterable");
+  }
+}
+
+List iterate(const Value& v, size_t pos) {
+  switch (v.type) {
+    case Value::kList:
+      return *v.list;
+    case Value::kMap: {
+      List out;
+      for (const auto& kv : v.map->items) out.push_back(Value::string(kv.first));
+      return out;
+    }
+    case Value::kStr: {
+      List out;
+      for (auto& c : chars_of(v.s)) out.push_back(Value::string(c));
+      return out;
+    }
+    case Value::kUndefined:
+      return {};
+    default:
+      fail(pos, "'" + type_name(v) + "' object is not iterable");
+  }
+}
+
+int64_t to_int(const Value& v, size_t pos, const char* what) {
+  if (v.type == Value::kInt) return v.i;
+  if (v.type == Value::kBool) return v.b;
+  if (v.type == Value::kFloat) {
+    if (!(std::fabs(v.f) < 9.2e18)) fail(pos, std::string(what) + " is out of range");
+    return static_cast<int64_t>(v.f);
+  }
+  fail(pos, std::string(what) + " must be an integer, got " + type_name(v));
 }
 
 }  // namespace sieve::text::jinja

@@ -148,10 +148,26 @@ Value from_json(const J& j, int depth = 0) {
   }
 }
 
-// Python's str() and repr(), and transformers' tojson (json.dumps with ensure_ascii=False).
+// Python's str() and repr(), and transformers' tojson (json.dumps, ensure_ascii False unless
+// asked).
 std::string to_str(const Value& v);
 std::string to_repr(const Value& v);
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys);
+                    const std::string& key_sep, bool sort_keys, bool ensure_ascii = false);
+
+// Python's type(v).__name__ (for error messages).
+std::string type_name(const Value& v);
+// Python's ==: numbers across int/float/bool, lists and dicts element-wise.
+bool values_equal(const Value& a, const Value& b);
+// Python's < for the types templates compare (numbers, strings, lists): -1, 0, 1; other pairs
+// fail at `pos`.
+int compare_values(const Value& a, const Value& b, size_t pos);
+// `needle in hay` for a string, list or dict.
+bool contains(const Value& hay, const Value& needle, size_t pos);
+// Items a for loop or a filter iterates: list items, dict keys, string characters; undefined
+// iterates as empty.
+List iterate(const Value& v, size_t pos);
+// An int, bool or (truncated) float as an integer; `what` names the value in errors.
+int64_t to_int(const Value& v, size_t pos, const char* what);
 
 }  // namespace sieve::text::jinja

@@ -1,0 +1,93 @@
+// Speculative decoding in the engine: the per-request verification of draft tokens against the
+// target's logits rows (spec/acceptance.h's rule on the request's own sampling distribution), and
+// the controller that decides how many draft tokens a step carries (none when speculation does
+// not pay). Proposals come from spec/ (n-gram lookup, the EAGLE3 draft through the runner).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "spec/config.h"
+
+namespace sieve::engine {
+
+// What one request's step produced: its new tokens in order (1 to K + 1) and how many of the
+// step's draft tokens were kept.
+struct Verified {
+  std::vector<SampleResult> tokens;
+  int accepted = 0;
+};
+
+// Whether emitting `token` as output token number n_out ends request r, and why: Stop for EOS or
+// a stop id once min_tokens are out and for guided decoding that is complete, Length for
+// max_tokens or the length limit; None while it goes on. `total` counts the request's tokens
+// with it.
+FinishReason ending(const Request& r, int32_t token, int64_t n_out, int64_t total);
+
+// Samples the request's next token from rows[0] when `draft` is empty; otherwise checks each draft
+// token in turn: row i is the target's logits after the request's tokens and draft[0..i). Greedy
+// requests keep a draft token while it is the target's argmax; sampled ones keep draft token d
+// with probability p(d) (the proposer is deterministic) and otherwise draw from p without d, so
+// the tokens are distributed exactly as without speculation. Stops at the first rejection (its
+// correction is the last token) or at a token that ends the request; after K kept drafts, one
+// more token comes from row K. Advances r's guided state with every token it returns.
+Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t vocab,
+                           std::span<const int32_t> draft, std::span<const int32_t> stop_ids);
+
+// Counts for /metrics (vLLM's spec_decode_* names).
+struct SpecStats {
+  uint64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
+  std::vector<uint64_t> accepted_per_pos;  // [K]
+};
+
+// Chooses the number of draft tokens of each step. Speculation costs every decode step extra
+// rows (and the draft's passes); it pays only when enough of them are accepted. The controller
+// measures both modes on the running workload: the wall time of decode-only steps divided by the
+// tokens each sequence gained in them, an exponential average per mode; it keeps the cheaper one
+// and re-measures the other every `probe_every` decode steps. It also drops the draft positions
+// whose acceptance rate fell below `min_position_rate` (they cost a row each and rarely pay).
+class SpecController {
+ public:
+  SpecController(const spec::SpeculativeConfig& c);
+
+  // Draft tokens for this step given the running batch size (0: plain decoding).
+  int choose(int num_running);
+  // After a decode-only step that used `k` draft tokens: its wall time, the sequences in it and
+  // the tokens they gained.
+  void record_step(int k, double seconds, int num_seqs, int64_t tokens);
+  // After each verified draft: how many of its `drafted` tokens were kept.
+  void record_draft(int drafted, int accepted);
+
+  bool speculating() const { return !plain_; }
+  double cost_spec() const { return cost_[1]; }
+  double cost_plain() const { return cost_[0]; }
+
+ private:
+  spec::SpeculativeConfig cfg_;
+  bool plain_ = false;  // the cheaper mode measured so far
+  uint64_t decisions_ = 0;
+  double cost_[2] = {0, 0};  // seconds per token per sequence (0: not measured yet)
+  std::vector<double> pos_rate_;
+  static constexpr int probe_every = 64;
+  static constexpr double min_position_rate = 0.1;
+};
+
+// A verification step for benchmarks (`sieve bench step`): `batch` sequences that hold `context`
+// tokens, each with K + 1 new rows (its last token and K drafts) and their logits, tables on
+// consecutive blocks from block 0 (blocks_needed of them, room left for the draft's positions);
+// and the EAGLE3 draft's passes after it when every draft was kept. Run `verify` through
+// Runner::run and then `draft` through Runner::propose (a draft set) to time both.
+struct SyntheticVerification {
+  StepInputs verify;
+  DraftPlan draft;
+  int64_t blocks_needed = 0;
+};
+SyntheticVerification synthetic_verification(int batch, int64_t context, int k, int block_size,
+                                             int64_t vocab, uint64_t seed = 0);
+
+}  // namespace sieve::engine
