@@ -55,7 +55,10 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
            "bos id written to the configs (default: none, or the tokenizer's)")
       .opt({"--eos-token-id"}, "IDS",
            "eos id(s), comma separated (default: none, or the tokenizer's)")
-      .flag({"--mxfp8"}, "write MXFP8 projections (fp8 e4m3 + E8M0 weight_scale_inv per 1x32)")
+      .opt({"--quant"}, "FORMAT",
+           "projections as mxfp8 (fp8 e4m3 + E8M0 weight_scale_inv per 1x32) or fp8 (fp8 e4m3 + F32 "
+           "weight_scale_inv per 128x128); default BF16")
+      .flag({"--mxfp8"}, "the same as --quant mxfp8")
       .flag({"--no-tokenizer"}, "do not write tokenizer files");
   if (!a.parse()) return 0;
   if (!a.has("--out")) throw sieve::Error("sieve make-tiny-model: --out DIR is required");
@@ -98,7 +101,10 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
   if (!(o.weight_scale > 0.0f))
     throw sieve::Error("sieve make-tiny-model: --dtype-scale must be > 0");
   o.num_shards = int(int_opt("--shards", 1));
-  o.mxfp8 = a.get_flag("--mxfp8");
+  o.quant = a.get_flag("--mxfp8") ? "mxfp8" : a.get("--quant");
+  if (o.quant == "none" || o.quant == "bf16") o.quant.clear();
+  if (!o.quant.empty() && o.quant != "mxfp8" && o.quant != "fp8")
+    throw sieve::Error("sieve make-tiny-model: --quant " + o.quant + " is not supported (expected mxfp8 or fp8)");
   bool tokenizer = !a.get_flag("--no-tokenizer");
   const std::string out = a.get("--out");
 
@@ -159,7 +165,7 @@ int run_make_tiny_model(const std::vector<std::string>& argv) {
   }
   std::printf("wrote %s: %d layers (%d sparse, %d MoE), hidden %lld, vocab %lld, %s%s\n",
               out.c_str(), c.num_hidden_layers, sparse, moe, (long long)c.hidden_size,
-              (long long)c.vocab_size, o.mxfp8 ? "MXFP8" : "BF16", tokenizer ? ", tokenizer" : "");
+              (long long)c.vocab_size, o.quant == "mxfp8" ? "MXFP8" : o.quant == "fp8" ? "FP8 128x128" : "BF16", tokenizer ? ", tokenizer" : "");
   return 0;
 }
 

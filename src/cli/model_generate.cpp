@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/model_load_flags.h"
 #include "core/error.h"
 #include "model/locate.h"
 #include "model/model.h"
@@ -162,8 +163,6 @@ int run_generate(const std::vector<std::string>& argv) {
       .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto, bf16, fp8 or fp32", "auto")
       .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE",
            "auto, bf16, fp8 or fp32 (default: the kv cache dtype)")
-      .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
-      .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
       .opt({"--max-model-len"}, "N", "refuse prompts + max tokens longer than this")
       .opt({"--prefill-chunk"}, "N", "prefill in chunks of N tokens", "2048")
       .opt({"--speculative-config"}, "JSON",
@@ -172,6 +171,7 @@ int run_generate(const std::vector<std::string>& argv) {
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
       .flag({"--json"}, "print one JSON object");
+  add_model_load_flags(a);
   if (!a.parse()) return 0;
 
   const spec::SpeculativeConfig spec_cfg = spec::parse_speculative_config(a.get("--speculative-config"));
@@ -179,10 +179,7 @@ int run_generate(const std::vector<std::string>& argv) {
   if (dir.empty()) dir = model::bundled_model_dir(SIEVE_SOURCE_DIR);
   if (dir.empty()) throw Error("--model: no model directory given and no bundled model under models/");
 
-  model::LoadOptions lo;
-  lo.hf_overrides = a.get("--hf-overrides");
-  lo.device = parse_device(a.get("--device"));
-  auto m = model::Model::load(dir, lo);
+  auto m = model::Model::load(dir, model_load_options(a));
   engine::Runner runner(*m, {.enforce_eager = a.get_flag("--enforce-eager")});
   const ModelConfig& cfg = m->config();
 
@@ -305,7 +302,7 @@ int run_generate(const std::vector<std::string>& argv) {
   return 0;
 }
 
-Register reg{"generate", "generate tokens from a prompt on the CPU reference backend", &run_generate};
+Register reg{"generate", "generate tokens from a prompt (paged prefill, then decode steps)", &run_generate};
 
 }  // namespace
 }  // namespace sieve::cli

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_load_flags.h"
 #include "core/error.h"
 #include "model/locate.h"
 #include "model/model.h"
@@ -27,13 +28,12 @@ int run_perplexity(const std::vector<std::string>& argv) {
       .opt({"--kv-cache-dtype", "--kv_cache_dtype"}, "DTYPE", "auto, bf16, fp8 or fp32", "auto")
       .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE",
            "auto, bf16, fp8 or fp32 (default: the kv cache dtype)")
-      .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
-      .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
       .opt({"--max-windows"}, "N", "score at most N windows; 0 = all", "0")
       .opt({"--compare-index-dtype"}, "DTYPE",
            "also select blocks from index keys stored in DTYPE and report how often the selections agree")
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--json"}, "print one JSON object");
+  add_model_load_flags(a);
   if (!a.parse()) return 0;
 #ifndef SIEVE_HAVE_TEXT
   throw Error("eval perplexity needs the tokenizer, which this build lacks");
@@ -47,10 +47,7 @@ int run_perplexity(const std::vector<std::string>& argv) {
   std::stringstream ss;
   ss << f.rdbuf();
 
-  model::LoadOptions lo;
-  lo.hf_overrides = a.get("--hf-overrides");
-  lo.device = parse_device(a.get("--device"));
-  auto m = model::Model::load(dir, lo);
+  auto m = model::Model::load(dir, model_load_options(a));
   engine::Runner runner(*m);
   const ModelConfig& cfg = m->config();
   text::Tokenizer tok = text::Tokenizer::load(dir);

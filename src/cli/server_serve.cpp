@@ -19,6 +19,7 @@
 
 #include "cache/sizing.h"
 #include "cli/command.h"
+#include "cli/model_load_flags.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -33,10 +34,6 @@
 #include "spec/eagle3.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
-
-#ifdef SIEVE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace sieve::cli {
 namespace {
@@ -237,7 +234,7 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--served-model-name"}, "NAME", "model name in the API (default: the --model argument, or the bundled model's folder name)")
       .opt({"--api-key"}, "KEY",
            "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
-      .opt({"--device"}, "DEVICE", "auto (a GPU when there is one), cpu, cuda or cuda:N", "auto")
+      .opt({"--tokenizer"}, "DIR", "tokenizer (and chat template) from DIR instead of the model directory")
       .opt({"--tensor-parallel-size", "-tp"}, "N", "tensor-parallel ranks (only 1 is supported)",
            "1")
       .opt({"--block-size"}, "N", "tokens per KV cache block (128 for MiniMax-M3)", "128")
@@ -254,7 +251,6 @@ int run_serve(const std::vector<std::string>& argv) {
            "auto")
       .opt({"--index-cache-dtype", "--index_cache_dtype"}, "DTYPE",
            "index-key cache dtype (default: the kv cache dtype)")
-      .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
       .opt({"--profiler-dir", "--torch-profiler-dir"}, "DIR",
            "enable POST /start_profile and /stop_profile, writing Chrome traces here")
       .opt({"--max-request-bytes"}, "BYTES", "largest request body accepted (larger: 413)", "32MiB")
@@ -276,7 +272,10 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--default-chat-template-kwargs"}, "JSON",
            "JSON object of chat template variables for requests that leave them out, e.g. "
            "'{\"thinking_mode\": \"disabled\"}'")
-      .opt({"--dtype"}, "DTYPE", "auto or bfloat16: weights as stored (bf16), activations fp32", "auto")
+      .opt({"--dtype"}, "DTYPE",
+           "auto or bfloat16: weights as stored (bf16, or fp8 with --quantization fp8 or an fp8 checkpoint); "
+           "activations bf16 on a GPU (fp32 residual stream), fp32 on the CPU",
+           "auto")
       .opt({"--tool-call-parser"}, "NAME", "with --enable-auto-tool-choice: MiniMax's XML tool calls into tool_calls (minimax_m3, minimax_m2)")
       .flag({"--enable-auto-tool-choice"}, "parse tool calls out of chat output (tool_choice \"auto\")")
       .opt({"--reasoning-parser"}, "NAME",
@@ -289,6 +288,7 @@ int run_serve(const std::vector<std::string>& argv) {
       .flag({"--enable-prefix-caching"}, "reuse cached KV + index blocks of shared prompt prefixes (the default)")
       .flag({"--no-enable-prefix-caching"}, "compute every prompt from its first token")
       .flag({"--disable-web-ui"}, "no chat page at / and no dashboard (the API alone)");
+  add_model_load_flags(a);
   if (!a.parse()) return 0;
 
   const long long tp = a.get_int("--tensor-parallel-size");
@@ -312,8 +312,8 @@ int run_serve(const std::vector<std::string>& argv) {
   if (max_logprobs < 0 || max_logprobs > 1000000) throw Error("--max-logprobs must be in 0..1000000");
   if (const std::string dt = a.get("--dtype"); dt != "auto" && dt != "bfloat16" && dt != "bf16")
     throw Error("--dtype " + dt +
-                " is not supported: Sieve keeps the weights as stored (bf16) and computes in fp32 "
-                "(use auto or bfloat16)");
+                " is not supported: Sieve keeps the weights as stored (bf16 or fp8) and computes in bf16 "
+                "on a GPU, fp32 on the CPU (use auto or bfloat16)");
   const double stats_interval = stats_interval_s();
   const std::string tool_parser = a.get("--tool-call-parser");
   check_parser_name("--tool-call-parser", tool_parser, server::tool_parser_names());
@@ -351,10 +351,10 @@ int run_serve(const std::vector<std::string>& argv) {
   }
   std::optional<std::string> chat_template;
   if (a.has("--chat-template")) chat_template = text::chat_template_arg(a.get("--chat-template"));
-  model::LoadOptions lo;
-  lo.hf_overrides = a.get("--hf-overrides");
-  lo.device = parse_device(a.get("--device"));
+  model::LoadOptions lo = model_load_options(a);
+  lo.gpu_memory_utilization = gpu_util;
   auto m = model::Model::load(dir, lo);
+  lo.device = m->device();  // the CPU when --device auto fell back
   const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
                                  .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
   engine::Runner runner(*m, ro);
@@ -371,7 +371,7 @@ int run_serve(const std::vector<std::string>& argv) {
   cache::check_block_size(int(a.get_int("--block-size")), m->block_size(),
                           cfg.use_sparse_attention);
 
-  text::Tokenizer tok = text::Tokenizer::load(dir);
+  text::Tokenizer tok = text::Tokenizer::load(a.has("--tokenizer") ? a.get("--tokenizer") : dir);
   if (chat_template) tok.set_chat_template(*chat_template);
 
   model::CacheOptions co;
@@ -399,12 +399,15 @@ int run_serve(const std::vector<std::string>& argv) {
                                          << " ms");
     }
     size_t free_b = 0, total_b = 0;
-#ifdef SIEVE_HAVE_CUDA
-    if (cudaSetDevice(lo.device.index) != cudaSuccess ||
-        cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
-      throw Error("cannot query the memory of " + lo.device.str());
-#endif
+    model::device_memory(lo.device, &free_b, &total_b);
     co.num_blocks = cache::blocks_for_gpu(total_b, free_b, gpu_util, per_block);
+    const double gib = double(1ull << 30);
+    SIEVE_LOG(Info, "memory on " << lo.device.str() << ": " << double(total_b) / gib << " GiB; weights "
+                                 << double(m->weight_bytes()) / gib << " GiB; activations, workspaces and others "
+                                 << double(total_b - free_b - m->weight_bytes()) / gib << " GiB; cache "
+                                 << double(co.num_blocks) * double(per_block) / gib << " GiB ("
+                                 << co.num_blocks << " blocks of " << m->block_size()
+                                 << " tokens) at --gpu-memory-utilization " << gpu_util);
   } else {
     co.num_blocks = cache::blocks_for_bytes(cache_bytes, per_block, "--kv-cache-memory");
   }

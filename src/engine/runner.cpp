@@ -390,14 +390,19 @@ void Runner::read_logits(int64_t rows, std::vector<float>& logits) const {
 void Runner::run(const StepInputs& in, std::vector<float>& logits) {
   use_device(dev_);  // the engine's thread is not the one that made the model
   const Bounds b = check(in);
+  phase(Phase::Begin);
   if (graph_step(in, b, logits)) return;
   if (draft_) {
     last_ = in;
     last_bounds_ = b;
     last_padded_ = false;
   }
-  m_.forward(upload(in, b, inputs_, false), stream_);
+  const model::StepView v = upload(in, b, inputs_, false);
+  phase(Phase::Uploaded);
+  m_.forward(v, stream_);
+  phase(Phase::Computed);
   read_logits(int64_t(in.logits_indices.size()), logits);
+  phase(Phase::Done);
 }
 
 std::pair<int, int64_t> Runner::graph_shape(int n, int max_seq) const {
@@ -418,6 +423,7 @@ std::pair<int, int64_t> Runner::graph_shape(int n, int max_seq) const {
 bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const StepInputs& p, const Bounds& pb,
                        const std::function<void(const model::StepView&)>& fwd) {
   const uint64_t draft_epoch = draft_ ? draft_->buffers_epoch() : 0;
+  const bool target = std::get<0>(key) == 0;  // the target's step (the phases a bench observes)
   // Graphs captured before a buffer they point at was replaced are retired.
   std::erase_if(graphs_, [&](const auto& kv) {
     return kv.second.model_epoch != m_.buffers_epoch() || kv.second.logits_epoch != logits_epoch_ ||
@@ -427,7 +433,9 @@ bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const
   if (it != graphs_.end()) {
     it->second.used = ++graph_clock_;
     upload(p, pb, it->second.inputs, true);
+    if (target) phase(Phase::Uploaded);
     it->second.graph.replay(stream_.cuda_stream);
+    if (target) phase(Phase::Computed);
     ++graph_stats_.replayed;
     return true;
   }
@@ -435,7 +443,9 @@ bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const
   // buffers and the kernels' workspaces grow to the shape), then capture the same work.
   StepGraph g;
   const model::StepView v = upload(p, pb, g.inputs, false);
+  if (target) phase(Phase::Uploaded);
   fwd(v);
+  if (target) phase(Phase::Computed);
   ++graph_stats_.eager;
   std::string why;
   // (The eager run may have grown a buffer: the view is taken again for the capture.)
@@ -487,6 +497,7 @@ bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float
   }
   run_graph(std::make_tuple(0, rows, q, int(keys), int64_t(0)), p, pb, [this](const model::StepView& v) { m_.forward(v, stream_); });
   read_logits(int64_t(in.token_ids.size()), logits);
+  phase(Phase::Done);
   return true;
 }
 

@@ -105,6 +105,12 @@ class Runner {
   // it, and fills `logits` [in.logits_indices.size(), vocab] on the host.
   void run(const StepInputs& in, std::vector<float>& logits);
 
+  // Instrumentation (sieve bench step): called on the host as run() passes the phases of a
+  // step, in order: Begin (checked), Uploaded (inputs on the device), Computed (the forward or
+  // graph replay enqueued on stream()), Done (logits on the host).
+  enum class Phase { Begin, Uploaded, Computed, Done };
+  void set_phase_observer(std::function<void(Phase)> fn) { phase_ = std::move(fn); }
+
   // EAGLE3: runs `draft` after every step (propose()); the target then also writes the aux hidden
   // states the draft reads. Null: none.
   void set_draft(spec::Eagle3Draft* draft);
@@ -177,6 +183,10 @@ class Runner {
   std::map<std::tuple<int, int, int, int, int64_t>, StepGraph> graphs_;
   uint64_t graph_clock_ = 0;
   GraphStats graph_stats_;
+  std::function<void(Phase)> phase_;
+  void phase(Phase p) const {
+    if (phase_) phase_(p);
+  }
 };
 
 // One prefill step of `tokens` tokens (one sequence, through a temporary cache of just enough

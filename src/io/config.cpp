@@ -167,6 +167,27 @@ void apply_overrides(json& text, const json& ov) {
   }
 }
 
+// An override of num_hidden_layers alone (a few layers of a large model, to fit one GPU) keeps the
+// first layers of the per-layer lists, so their kinds stay those of the published layout.
+void truncate_layer_lists(json& text, const json& ov) {
+  const json* flat = ov.contains("text_config") && ov["text_config"].is_object() ? &ov["text_config"] : &ov;
+  if (!flat->contains("num_hidden_layers") || !(*flat)["num_hidden_layers"].is_number_integer()) return;
+  const int64_t n = (*flat)["num_hidden_layers"].get<int64_t>();
+  if (n < 1) return;
+  auto cut = [&](json& obj, const char* key) {
+    if (flat->contains(key) || !obj.contains(key) || !obj[key].is_array() || int64_t(obj[key].size()) <= n) return;
+    json keep = json::array();
+    for (int64_t i = 0; i < n; ++i) keep.push_back(obj[key][size_t(i)]);
+    obj[key] = keep;
+  };
+  cut(text, "moe_layer_freq");
+  json& sparse = text.contains("sparse_attention_config") && text["sparse_attention_config"].is_object()
+                     ? text["sparse_attention_config"]
+                     : text;
+  cut(sparse, "sparse_attention_freq");
+  cut(sparse, "sparse_disable_index_value");
+}
+
 // moe_layer_freq / sparse_attention_freq as an int k: layer i is on iff i >= first_k and
 // i % k == 0 (the DeepSeek-V2/V3 convention for `moe_layer_freq` with `first_k_dense_replace`);
 // k == 0 turns every layer off.
@@ -199,7 +220,11 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
   if (vl && !config.at("text_config").is_object()) top.wrong_type("text_config", "an object");
   json text = vl ? config.at("text_config") : config;
   std::string prefix = vl ? "text_config." : "";
-  if (!hf_overrides.empty()) apply_overrides(text, parse_overrides(hf_overrides));
+  if (!hf_overrides.empty()) {
+    const json ov = parse_overrides(hf_overrides);
+    apply_overrides(text, ov);
+    truncate_layer_lists(text, ov);
+  }
   c.raw = text;
 
   Reader t(text, source, prefix);
@@ -470,20 +495,28 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
     if (!q->is_object()) (qprefix.empty() ? top : t).wrong_type("quantization_config", "an object");
     Reader qr(*q, source, qprefix + "quantization_config.");
     c.quant_method = qr.get_string("quant_method", "");
-    if (c.quant_method != "mxfp8")
+    const json want_block = c.quant_method == "mxfp8" ? json::array({1, 32}) : json::array({128, 128});
+    if (c.quant_method != "mxfp8" && c.quant_method != "fp8")
       qr.fail("quant_method", "= \"" + c.quant_method +
-                                  "\" is not supported (expected \"mxfp8\", or no "
-                                  "quantization_config for bf16 checkpoints)");
+                                  "\" is not supported (expected \"mxfp8\" or \"fp8\" with "
+                                  "weight_block_size [128, 128], or no quantization_config for bf16 checkpoints)");
     if (qr.has("weight_block_size")) {
       const json& b = q->at("weight_block_size");
-      if (b != json::array({1, 32}))
-        qr.fail("weight_block_size", "= " + short_dump(b) + ", expected [1, 32] for mxfp8");
+      if (b != want_block)
+        qr.fail("weight_block_size", "= " + short_dump(b) + ", expected " + want_block.dump(-1) + " for " +
+                                         c.quant_method);
+    } else if (c.quant_method == "fp8") {
+      qr.fail("weight_block_size", "is missing: fp8 checkpoints are read with block scales [128, 128] "
+                                   "(per-tensor fp8 scales are not supported)");
     }
-    if (qr.has("ignored_layers")) {
-      const json& il = q->at("ignored_layers");
-      if (!il.is_array()) qr.wrong_type("ignored_layers", "a list of strings");
+    c.quant_block_rows = want_block[0].get<int>();
+    c.quant_block_cols = want_block[1].get<int>();
+    for (const char* key : {"ignored_layers", "modules_to_not_convert"}) {
+      if (!qr.has(key) || q->at(key).is_null()) continue;
+      const json& il = q->at(key);
+      if (!il.is_array()) qr.wrong_type(key, "a list of strings");
       for (const auto& e : il) {
-        if (!e.is_string()) qr.wrong_type("ignored_layers", "a list of strings");
+        if (!e.is_string()) qr.wrong_type(key, "a list of strings");
         c.quant_ignored_layers.push_back(e.get<std::string>());
       }
     }
@@ -615,7 +648,7 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
   if (!c.quant_method.empty()) {
     json q = {{"quant_method", c.quant_method},
               {"activation_scheme", "dynamic"},
-              {"weight_block_size", {1, 32}},
+              {"weight_block_size", {c.quant_block_rows, c.quant_block_cols}},
               {"ignored_layers", c.quant_ignored_layers}};
     out["quantization_config"] = q;
   }

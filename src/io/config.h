@@ -70,8 +70,13 @@ struct ModelConfig {
   std::string index_topk_pattern;  // 'F'/'S' per sparse ordinal; empty = use the frequency
   int index_skip_topk_offset = 0;
 
-  // MXFP8 checkpoints: quantization_config.quant_method == "mxfp8" (weights dequantized at load).
+  // quantization_config: quant_method "" (bf16 checkpoint), "mxfp8" (F8_E4M3 weights with an
+  // E8M0 scale per 1 x 32 block, weight_block_size [1, 32]) or "fp8" (F8_E4M3 weights with a
+  // float multiplier per weight_block_size block, [128, 128] as DeepSeek-V3 and Qwen3-FP8 ship
+  // it). The scales are the `weight_scale_inv` tensors. ignored_layers (or
+  // modules_to_not_convert) name the modules stored unquantized.
   std::string quant_method;
+  int quant_block_rows = 0, quant_block_cols = 0;
   std::vector<std::string> quant_ignored_layers;
 
   nlohmann::json raw;  // the text config after overrides, for keys not modelled above

@@ -66,6 +66,30 @@ void add_mxfp8(std::vector<TensorToWrite>& out, const std::string& base, int64_t
   out.push_back(std::move(s));
 }
 
+// Hugging Face block fp8: per 128x128 block scale = amax / 448 (1 when 0), stored as the F32
+// multiplier `weight_scale_inv` [ceil(rows / 128), ceil(cols / 128)].
+void add_block_fp8(std::vector<TensorToWrite>& out, const std::string& base, int64_t rows, int64_t cols,
+                   const std::vector<float>& v) {
+  const int64_t rb = (rows + 127) / 128, kb = (cols + 127) / 128;
+  TensorToWrite w{
+      base + ".weight", DType::FP8_E4M3, {rows, cols}, std::vector<uint8_t>(size_t(rows * cols))};
+  std::vector<float> scales(size_t(rb * kb));
+  for (int64_t b = 0; b < rb; ++b)
+    for (int64_t k = 0; k < kb; ++k) {
+      float amax = 0.0f;
+      for (int64_t r = b * 128; r < std::min(rows, b * 128 + 128); ++r)
+        for (int64_t c = k * 128; c < std::min(cols, k * 128 + 128); ++c)
+          amax = std::max(amax, std::fabs(v[size_t(r * cols + c)]));
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      scales[size_t(b * kb + k)] = scale;
+      for (int64_t r = b * 128; r < std::min(rows, b * 128 + 128); ++r)
+        for (int64_t c = k * 128; c < std::min(cols, k * 128 + 128); ++c)
+          w.bytes[size_t(r * cols + c)] = f32_to_fp8e4m3(v[size_t(r * cols + c)] / scale);
+    }
+  out.push_back(std::move(w));
+  out.push_back(to_tensor(base + ".weight_scale_inv", DType::F32, {rb, kb}, scales));
+}
+
 std::vector<int> default_or(const std::vector<int>& given, int n, const char* what) {
   if (given.empty()) {
     std::vector<int> v(size_t(n), 1);
@@ -164,9 +188,13 @@ ModelConfig tiny_model_config(const TinyModelOptions& o) {
   c.sparse_topk_blocks = o.topk_blocks;
   c.sparse_init_block = o.init_blocks;
   c.sparse_local_block = o.local_blocks;
-  if (o.mxfp8) {
-    c.quant_method = "mxfp8";
+  if (o.quant == "mxfp8" || o.quant == "fp8") {
+    c.quant_method = o.quant;
+    c.quant_block_rows = o.quant == "fp8" ? 128 : 1;
+    c.quant_block_cols = o.quant == "fp8" ? 128 : 32;
     c.quant_ignored_layers = {"lm_head", "model.embed_tokens", "vision_tower"};
+  } else if (!o.quant.empty()) {
+    throw Error("quant = \"" + o.quant + "\", expected mxfp8, fp8 or none");
   }
   // Through the parser: the same validation (and messages) as loading the written config.
   return parse_model_config(model_config_to_json(c), "", "make-tiny-model options");
@@ -201,10 +229,13 @@ void write_tiny_model(const TinyModelOptions& o, const std::string& dir) {
   auto linear = [&](const std::string& name, int64_t rows, int64_t cols, bool quantize) {
     auto v = normal_values(o.seed, name, size_t(rows * cols), 0.0, ws / std::sqrt(double(cols)));
     std::string base = name.substr(0, name.size() - std::string(".weight").size());
-    if (quantize && o.mxfp8) {
-      // Quantize the BF16 weights, as published MXFP8 checkpoints come from the BF16 ones.
+    if (quantize && !c.quant_method.empty()) {
+      // Quantize the BF16 weights, as published quantized checkpoints come from the BF16 ones.
       for (auto& x : v) x = round_bf16(x);
-      add_mxfp8(ts, base, rows, cols, v);
+      if (c.quant_method == "mxfp8")
+        add_mxfp8(ts, base, rows, cols, v);
+      else
+        add_block_fp8(ts, base, rows, cols, v);
     } else
       ts.push_back(to_tensor(name, DType::BF16, {rows, cols}, v));
   };

@@ -40,9 +40,11 @@ struct TinyModelOptions {
   float rms_norm_eps = 1e-6f;
   // Multiplies the standard deviation of every projection (1.0 keeps activations O(1)).
   float weight_scale = 1.0f;
-  // Writes fp8 e4m3 projections with E8M0 `weight_scale_inv` per 1x32 block along K and a
-  // quantization_config (quant_method "mxfp8"), like MiniMaxAI/MiniMax-M3-MXFP8.
-  bool mxfp8 = false;
+  // Projections as "" (BF16), "mxfp8" (fp8 e4m3 with an E8M0 `weight_scale_inv` per 1x32 block
+  // along K, like MiniMaxAI/MiniMax-M3-MXFP8) or "fp8" (fp8 e4m3 with an F32 `weight_scale_inv`
+  // per 128x128 block, the Hugging Face fp8 layout of DeepSeek-V3 and Qwen3-FP8), with the
+  // matching quantization_config. Both are quantized from the BF16 weights of the same options.
+  std::string quant;
   int num_shards = 1;  // > 1: model-0000i-of-0000n.safetensors + model.safetensors.index.json
   int64_t bos_token_id = -1;  // -1: not written
   std::vector<int64_t> eos_token_ids;

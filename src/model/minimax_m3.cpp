@@ -1,10 +1,19 @@
-// MiniMax-M3 text forward over paged caches, through kernels/ops.h only.
+// MiniMax-M3 text forward over paged caches, through kernels/ops.h only, for one tensor-parallel
+// rank's shard (rank_layout.h; the whole model with one rank).
 //
 // Per layer: h += o_proj(Attn(norm_in(h))); h += FFN(norm_post(h)). Attention: one GEMM gives
 // [q | k | v | index_q | index_k]; qkv_norm_rope_cache norms and ropes q, k (and the index
 // branch), writes k, v (and the index key) into the paged caches; sparse layers then select
 // blocks with the indexer (or reuse the top-k of the last full layer, spec §3.4) and attend
 // over the selection; dense layers attend over everything.
+//
+// Activations: the residual stream h is fp32. Each sublayer writes its output to `part` (fp32;
+// with several ranks the partial sums a later all_reduce adds up), and the next RMSNorm adds it
+// to h and normalises the sum in one op. On the CPU every activation is fp32 (the oracle); on
+// CUDA the projections' outputs and the attention's are bf16, and a norm or activation that
+// feeds an FP8 GEMM writes FP8 with its 1 x 128 scales. The MoE input stays fp32: the router
+// takes it as it is (routing must not see the experts' quantization), and the expert kernels
+// quantize it themselves.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,10 +21,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "io/safetensors.h"
 #include "kernels/memory.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "model/model_internal.h"
 #include "model/weights.h"
 
 namespace sieve::model {
@@ -30,21 +39,31 @@ struct LayerCache {
   ops::IndexCacheView index;
 };
 
+// A GEMM input: rows of `dtype` at `data` (row stride ld), with 1 x 128 scales when FP8.
+struct Act {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  float* scale = nullptr;
+  int64_t ld = 0;
+};
+
 class MiniMaxM3 final : public Model {
  public:
-  MiniMaxM3(ModelConfig cfg, ModelWeights w, const LoadOptions& opts)
-      : cfg_(std::move(cfg)), w_(std::move(w)), dev_(opts.device) {}
+  MiniMaxM3(ModelConfig cfg, RankLayout layout, ModelWeights w, const Device& dev)
+      : cfg_(std::move(cfg)), layout_(layout), w_(std::move(w)), dev_(dev),
+        act_(dev.is_cuda() ? DType::BF16 : DType::F32) {}
 
   const ModelConfig& config() const override { return cfg_; }
   const Device& device() const override { return dev_; }
   const CacheOptions& cache_options() const override { return cache_opts_; }
   SelectionStats selection_stats() const override { return stats_; }
   uint64_t buffers_epoch() const override { return epoch_; }
+  size_t weight_bytes() const override { return w_.bytes; }
   ops::WeightView input_embedding() const override {
     ops::WeightView v;
-    v.data = w_.embed.data();
+    v.data = w_.embed.data.data();
     v.dtype = w_.embed.dtype;
-    v.rows = cfg_.vocab_size;
+    v.rows = w_.embed.rows;  // this rank's rows
     v.cols = cfg_.hidden_size;
     return v;
   }
@@ -55,11 +74,11 @@ class MiniMaxM3 final : public Model {
   }
 
   size_t cache_bytes_per_block(DType kv_dtype, DType index_dtype) const override {
-    const size_t bs = size_t(cfg_.sparse_block_size);
+    const size_t bs = size_t(cfg_.sparse_block_size), nkv = size_t(layout_.kv_heads);
     size_t total = 0;
     for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-      total += 2 * size_t(cfg_.num_key_value_heads) * bs * size_t(cfg_.head_dim) * dtype_size(kv_dtype);
-      if (kv_dtype == DType::FP8_E4M3) total += 2 * size_t(cfg_.num_key_value_heads) * bs * sizeof(float);
+      total += 2 * nkv * bs * size_t(cfg_.head_dim) * dtype_size(kv_dtype);
+      if (kv_dtype == DType::FP8_E4M3) total += 2 * nkv * bs * sizeof(float);
       if (has_index_cache(l)) total += bs * size_t(cfg_.sparse_index_dim) * dtype_size(index_dtype);
     }
     return total;
@@ -79,7 +98,7 @@ class MiniMaxM3 final : public Model {
     caches_.clear();
     caches_.resize(cfg_.num_hidden_layers);
     const int64_t bs = cfg_.sparse_block_size;
-    const int64_t nkv = cfg_.num_key_value_heads;
+    const int64_t nkv = layout_.kv_heads;
     // One block past the engine's: the padding rows of captured decode steps write there.
     const int64_t phys = o.num_blocks + 1;
     for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
@@ -134,51 +153,53 @@ class MiniMaxM3 final : public Model {
     const ops::BatchView& batch = step.batch;
     const int64_t n = batch.num_tokens;
     const int64_t H = cfg_.hidden_size;
-    const int nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
-    const int nidx = cfg_.sparse_num_index_heads, idim = cfg_.sparse_index_dim;
+    const int nq = layout_.q_heads, nkv = layout_.kv_heads, hd = cfg_.head_dim;
+    const int nidx = layout_.index_heads, idim = cfg_.sparse_index_dim;
     const int K = cfg_.sparse_topk_blocks;
-    StepBuffers& sb = step_;
-
-    // Activations (fp32, as on the reference backend).
+    const size_t esz = dtype_size(act_);
     const std::span<const int32_t> logits_rows = step.logits_rows;
     const int64_t nl = int64_t(logits_rows.size());
     size_activations(n, nl);
+    StepBuffers& sb = step_;
     const int64_t q_cols = int64_t(nq) * hd, kv_cols = int64_t(nkv) * hd;
-    Buffer &h = sb.h, &xn = sb.xn, &qkv = sb.qkv, &attn = sb.attn, &gate_up = sb.gate_up, &act = sb.act;
-    Buffer &topk = sb.topk, &router_logits = sb.router_logits, &route_ids = sb.route_ids, &route_w = sb.route_w;
 
     ops::EmbeddingParams ep;
     ep.ids = step.token_ids;
     ep.num_tokens = n;
-    ep.table = w_.embed.data();
+    ep.table = w_.embed.data.data();
     ep.table_dtype = w_.embed.dtype;
-    ep.vocab = cfg_.vocab_size;
+    // With the vocabulary split over ranks, ids index this rank's rows (the masked lookup and
+    // all_reduce of tensor-parallel serving belong with the communication).
+    ep.vocab = w_.embed.rows;
     ep.hidden = H;
-    ep.out = h.data();
+    ep.out = sb.h.data();
     ep.out_dtype = DType::F32;
     ops::embedding(ep, stream_);
+    bool have_part = false;  // sb.part holds the last sublayer's output, not yet added to h
 
     bool have_topk = false;
     for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-      const LayerWeights& L = w_.layers[l];
-      LayerCache& C = caches_[l];
+      const LayerWeights& L = w_.layers[size_t(l)];
+      LayerCache& C = caches_[size_t(l)];
+
+      // Attention: xn = norm(h += part); qkv = xn . W_qkv^T
+      const Act xa = gemm_input(L.qkv, sb.xn, sb.xn_scale, H);
+      add_norm(L.input_norm, n, 0, have_part, xa);
+      // EAGLE3: the residual stream entering the layer (h now has the last sublayer's part).
       for (size_t i = 0; i < step.aux_layers.size(); ++i)
         if (step.aux_layers[i] == l) {
           ops::AddParams cp;
           cp.y = step.aux_hidden + int64_t(i) * n * H;
-          cp.x = h.data();
+          cp.x = sb.h.data();
           cp.n = n * H;
           cp.assign = true;
           ops::add(cp, stream_);
         }
-      norm(h.data(), xn.data(), L.input_norm, n);
-
-      // [q | k | v | index_q | index_k]
       const int64_t W = L.qkv.rows;
-      matmul(xn.data(), H, L.qkv, qkv.data(), W, n, false);
+      linear(xa, L.qkv, sb.qkv.data(), act_, W, n, false);
       ops::QkvNormRopeCacheParams rp;
-      rp.qkv = qkv.data();
-      rp.act_dtype = DType::F32;
+      rp.qkv = sb.qkv.data();
+      rp.act_dtype = act_;
       rp.num_tokens = n;
       rp.row_stride = W;
       rp.num_q_heads = nq;
@@ -187,8 +208,8 @@ class MiniMaxM3 final : public Model {
       rp.q_offset = 0;
       rp.k_offset = q_cols;
       rp.v_offset = q_cols + kv_cols;
-      rp.q_norm = L.q_norm.data();
-      rp.k_norm = L.k_norm.data();
+      rp.q_norm = L.q_norm.data.data();
+      rp.k_norm = L.k_norm.data.data();
       rp.norm_dtype = DType::F32;
       rp.eps = cfg_.rms_norm_eps;
       rp.positions = step.positions;
@@ -202,8 +223,8 @@ class MiniMaxM3 final : public Model {
         rp.index_dim = idim;
         rp.index_q_offset = q_cols + 2 * kv_cols;
         rp.index_k_offset = rp.index_q_offset + int64_t(nidx) * idim;
-        rp.index_q_norm = L.index_q_norm.data();
-        rp.index_k_norm = L.index_k_norm.data();
+        rp.index_q_norm = L.index_q_norm.data.data();
+        rp.index_k_norm = L.index_k_norm.data.data();
         rp.norm_rope_index = full_index;
         if (full_index) rp.index_cache = C.index;
       }
@@ -211,8 +232,8 @@ class MiniMaxM3 final : public Model {
 
       if (full_index) {
         ops::IndexerParams ip;
-        ip.index_q = static_cast<float*>(qkv.data()) + rp.index_q_offset;
-        ip.q_dtype = DType::F32;
+        ip.index_q = sb.qkv.as<uint8_t>() + size_t(rp.index_q_offset) * esz;
+        ip.q_dtype = act_;
         ip.q_stride = W;
         ip.num_index_heads = nidx;
         ip.index_dim = idim;
@@ -222,18 +243,18 @@ class MiniMaxM3 final : public Model {
         ip.topk = K;
         ip.init_blocks = cfg_.sparse_init_block;
         ip.local_blocks = cfg_.sparse_local_block;
-        ip.topk_idx = topk.as<int32_t>();
+        ip.topk_idx = sb.topk.as<int32_t>();
         ops::indexer(ip, stream_);
         have_topk = true;
         if (cache_opts_.compare_index) compare_selection(ip, step.positions);
       }
 
       ops::AttentionParams ap;
-      ap.q = qkv.data();
-      ap.q_dtype = DType::F32;
+      ap.q = sb.qkv.data();
+      ap.q_dtype = act_;
       ap.q_stride = W;
-      ap.out = attn.data();
-      ap.out_dtype = DType::F32;
+      ap.out = sb.attn.data();
+      ap.out_dtype = act_;
       ap.out_stride = q_cols;
       ap.num_q_heads = nq;
       ap.num_kv_heads = nkv;
@@ -245,72 +266,180 @@ class MiniMaxM3 final : public Model {
         if (!have_topk)
           throw Error("layer " + std::to_string(l) +
                       " shares the index top-k but no earlier sparse layer computed one");
-        ap.topk_idx = topk.as<int32_t>();
+        ap.topk_idx = sb.topk.as<int32_t>();
         ap.topk = K;
       }
       ops::attention(ap, stream_);
-      matmul(attn.data(), q_cols, L.o_proj, h.data(), H, n, true);
+      linear(Act{sb.attn.data(), act_, nullptr, q_cols}, L.o_proj, sb.part.data(), DType::F32, H, n, false);
+      have_part = true;
 
       // FFN
-      norm(h.data(), xn.data(), L.post_norm, n);
       if (L.moe) {
-        const int E = cfg_.num_local_experts, k = cfg_.num_experts_per_tok;
-        matmul(xn.data(), H, L.router, router_logits.data(), E, n, false);
-        ops::MoeRouteParams mr;
-        mr.logits = router_logits.as<float>();
-        mr.bias = L.router_bias.rows ? static_cast<const float*>(L.router_bias.data()) : nullptr;
-        mr.num_tokens = n;
-        mr.num_experts = E;
-        mr.topk = k;
-        mr.renormalize = cfg_.norm_topk_prob;
-        mr.scaling = cfg_.routed_scaling_factor;
-        mr.ids = route_ids.as<int32_t>();
-        mr.weights = route_w.as<float>();
-        ops::moe_route(mr, stream_);
-        ops::MoeExpertsParams me;
-        me.x = xn.data();
-        me.act_dtype = DType::F32;
-        me.num_tokens = n;
-        me.hidden = H;
-        me.inter = cfg_.intermediate_size;
-        me.num_experts = E;
-        me.topk = k;
-        me.ids = route_ids.as<int32_t>();
-        me.weights = route_w.as<float>();
-        me.w_gate_up = static_cast<const void* const*>(L.expert_gate_up_ptrs.data());
-        me.w_down = static_cast<const void* const*>(L.expert_down_ptrs.data());
-        me.w_dtype = L.expert_gate_up[0].dtype;
-        me.alpha = cfg_.swiglu_alpha;
-        me.limit = cfg_.swiglu_limit;
-        me.beta = cfg_.swiglu_beta;
-        me.out = h.data();
-        ops::moe_experts(me, stream_);
-        if (L.shared_gate_up.rows) mlp(L.shared_gate_up, L.shared_down, xn, gate_up, act, h, n);
+        const Act xf{sb.xn.data(), DType::F32, nullptr, H};
+        add_norm(L.post_norm, n, 0, true, xf);
+        moe(L, xf, n);
       } else {
-        mlp(L.mlp_gate_up, L.mlp_down, xn, gate_up, act, h, n);
+        const Act xf = gemm_input(L.mlp_gate_up, sb.xn, sb.xn_scale, H);
+        add_norm(L.post_norm, n, 0, true, xf);
+        mlp(xf, L.mlp_gate_up, L.mlp_down, n, false);
       }
     }
 
-    // Final norm and lm_head on the requested rows only.
+    // Final norm (with the last residual add) and lm_head, on the requested rows only; the
+    // rank's vocabulary columns of the logits rows.
     if (nl == 0) return;
-    Buffer& sel = sb.sel;
-    // One call per run of consecutive rows (a decode batch is one run).
     for (int64_t i = 0; i < nl;) {
+      // One call per run of consecutive rows (a decode batch is one run).
       int64_t j = i + 1;
       while (j < nl && logits_rows[size_t(j)] == logits_rows[size_t(j - 1)] + 1) ++j;
-      ops::RmsNormParams np = norm_params(w_.norm, j - i);
-      np.x = static_cast<float*>(h.data()) + int64_t(logits_rows[size_t(i)]) * H;
-      np.y = static_cast<float*>(sel.data()) + i * H;
-      ops::rms_norm(np, stream_);
+      Act out = gemm_input(w_.lm_head, sb.sel, sb.sel_scale, H);
+      out.data = static_cast<uint8_t*>(out.data) + size_t(i * H) * dtype_size(out.dtype);
+      if (out.scale) out.scale += i * ops::fp8_groups(H);
+      add_norm(w_.norm, j - i, logits_rows[size_t(i)], have_part, out);
       i = j;
     }
-    matmul(sel.data(), H, w_.lm_head, step.logits, cfg_.vocab_size, nl, false);
+    linear(gemm_input(w_.lm_head, sb.sel, sb.sel_scale, H), w_.lm_head, step.logits + layout_.vocab0, DType::F32,
+           cfg_.vocab_size, nl, false);
+  }
+
+  // The routed experts (and the shared expert) of x into part.
+  void moe(const LayerWeights& L, const Act& x, int64_t n) {
+    StepBuffers& sb = step_;
+    const int E = cfg_.num_local_experts, k = cfg_.num_experts_per_tok;
+    // The router GEMM (fp32 weights, fp32 sums) runs inside the routing op.
+    ops::MoeRouteParams mr;
+    mr.x = x.data;
+    mr.x_dtype = x.dtype;
+    mr.hidden = cfg_.hidden_size;
+    mr.ldx = x.ld;
+    mr.gate = L.router.data.as<float>();
+    mr.bias = L.router_bias.rows ? L.router_bias.data.as<float>() : nullptr;
+    mr.num_tokens = n;
+    mr.num_experts = E;
+    mr.topk = k;
+    mr.renormalize = cfg_.norm_topk_prob;
+    mr.scaling = cfg_.routed_scaling_factor;
+    mr.ids = sb.route_ids.as<int32_t>();
+    mr.weights = sb.route_w.as<float>();
+    ops::moe_route(mr, stream_);
+    // The experts add into part: the shared expert sets it first (or it starts at zero).
+    if (L.shared_gate_up.rows) {
+      mlp(x, L.shared_gate_up, L.shared_down, n, false);
+    } else {
+      // No fill op on the contract: part - part is exactly 0 for the finite values it holds.
+      ops::AddParams zero;
+      zero.y = sb.part.data();
+      zero.x = sb.part.data();
+      zero.n = n * cfg_.hidden_size;
+      zero.alpha = -1.0f;
+      ops::add(zero, stream_);
+    }
+    const Weight& gu0 = L.expert_gate_up[0];
+    ops::MoeExpertsParams me;
+    me.x = x.data;
+    me.act_dtype = x.dtype;
+    me.num_tokens = n;
+    me.hidden = cfg_.hidden_size;
+    me.inter = layout_.expert_inter;
+    me.num_experts = E;
+    me.topk = k;
+    me.ids = sb.route_ids.as<int32_t>();
+    me.weights = sb.route_w.as<float>();
+    me.w_gate_up = static_cast<const void* const*>(L.expert_gate_up_ptrs.data());
+    me.w_down = static_cast<const void* const*>(L.expert_down_ptrs.data());
+    me.w_dtype = gu0.dtype;
+    me.w_gate_up_scale = static_cast<const float* const*>(L.expert_gate_up_scale_ptrs.data());
+    me.w_down_scale = static_cast<const float* const*>(L.expert_down_scale_ptrs.data());
+    me.scale_block_rows = gu0.block_rows;
+    me.scale_block_cols = gu0.block_cols;
+    me.alpha = cfg_.swiglu_alpha;
+    me.limit = cfg_.swiglu_limit;
+    me.beta = cfg_.swiglu_beta;
+    me.out = sb.part.data();
+    ops::moe_experts(me, stream_);
+  }
+
+  // part (+)= down(swiglu_oai(gate_up(x)))
+  void mlp(const Act& x, const Weight& gu, const Weight& down, int64_t n, bool acc) {
+    StepBuffers& sb = step_;
+    const int64_t I = down.cols;
+    linear(x, gu, sb.gate_up.data(), act_, 2 * I, n, false);
+    const Act a = gemm_input(down, sb.act, sb.act_scale, I);
+    ops::SwigluOaiParams sp;
+    sp.gate_up = sb.gate_up.data();
+    sp.out = a.data;
+    sp.out_scale = a.scale;
+    sp.dtype = act_;
+    sp.rows = n;
+    sp.inter = I;
+    sp.ld_in = 2 * I;
+    sp.ld_out = I;
+    sp.alpha = cfg_.swiglu_alpha;
+    sp.limit = cfg_.swiglu_limit;
+    sp.beta = cfg_.swiglu_beta;
+    ops::swiglu_oai(sp, stream_);
+    linear(a, down, sb.part.data(), DType::F32, cfg_.hidden_size, n, acc);
+  }
+
+  // Where the input of a GEMM with weight w goes: FP8 with 1 x 128 scales when w is FP8 on CUDA
+  // (the norm or activation before it quantizes), the activation dtype otherwise (on the CPU
+  // fp32 always: linear dequantizes the weight exactly).
+  Act gemm_input(const Weight& w, Buffer& buf, Buffer& scale, int64_t cols) const {
+    if (dev_.is_cuda() && w.dtype == DType::FP8_E4M3) return Act{buf.data(), DType::FP8_E4M3, scale.as<float>(), cols};
+    return Act{buf.data(), act_, nullptr, cols};
+  }
+
+  // out = rms_norm(h + part) of `rows` rows from row0, after h += part (when add); else of h.
+  void add_norm(const Weight& w, int64_t rows, int64_t row0, bool add, const Act& out) {
+    StepBuffers& sb = step_;
+    const int64_t H = cfg_.hidden_size;
+    ops::RmsNormParams np;
+    float* h = sb.h.as<float>() + row0 * H;
+    np.x = add ? static_cast<const void*>(sb.part.as<float>() + row0 * H) : h;
+    np.x_dtype = DType::F32;
+    if (add) {
+      np.residual = h;
+      np.ldr = H;
+    }
+    np.y = out.data;
+    np.y_dtype = out.dtype;
+    np.y_scale = out.scale;
+    np.weight = w.data.data();
+    np.weight_dtype = w.dtype;
+    np.rows = rows;
+    np.dim = H;
+    np.ldx = H;
+    np.ldy = out.ld;
+    np.eps = cfg_.rms_norm_eps;
+    np.gemma = cfg_.use_gemma_norm;
+    ops::rms_norm(np, stream_);
+  }
+
+  // y[m, w.rows] (+)= x[m, w.cols] . w^T
+  void linear(const Act& x, const Weight& w, void* y, DType y_dtype, int64_t ldy, int64_t m, bool acc) {
+    ops::LinearParams lp;
+    lp.x = x.data;
+    lp.x_dtype = x.dtype;
+    lp.ldx = x.ld;
+    lp.x_scale = x.scale;
+    lp.w = w.view();
+    lp.y = y;
+    lp.y_dtype = y_dtype;
+    lp.ldy = ldy;
+    lp.m = m;
+    lp.accumulate = acc;
+    ops::linear(lp, stream_);
   }
 
   // Activations of forward(), kept between steps: a buffer grows when a step needs more than
   // it holds and is otherwise reused, so a decode step allocates nothing.
   struct StepBuffers {
-    Buffer h, xn, qkv, attn, gate_up, act, topk, router_logits, route_ids, route_w, sel;
+    Buffer h, part;                // fp32 [n, hidden]: residual stream, sublayer output
+    Buffer xn, xn_scale;           // normed rows (fp32, activation dtype or FP8 + scales)
+    Buffer qkv, attn, gate_up;     // activation dtype
+    Buffer act, act_scale;         // SwiGLU output (activation dtype or FP8 + scales)
+    Buffer topk, route_ids, route_w;
+    Buffer sel, sel_scale;         // normed logits rows
   };
 
   // b, holding at least `bytes` (at least 1). Captured steps point at b, so replacing it is a
@@ -327,30 +456,26 @@ class MiniMaxM3 final : public Model {
   // Grows the activation buffers for a step of n tokens with nl logit rows.
   void size_activations(int64_t n, int64_t nl) {
     const int64_t H = cfg_.hidden_size, K = cfg_.sparse_topk_blocks;
-    const int64_t nidx = cfg_.sparse_num_index_heads, idim = cfg_.sparse_index_dim;
-    const int64_t q_cols = int64_t(cfg_.num_attention_heads) * cfg_.head_dim;
-    const int64_t kv_cols = int64_t(cfg_.num_key_value_heads) * cfg_.head_dim;
-    const int64_t qkv_cols = q_cols + 2 * kv_cols + nidx * idim + idim;
-    const int64_t ffn_cols = std::max<int64_t>({cfg_.dense_intermediate_size, cfg_.shared_intermediate_size, 1});
+    const int64_t hd = cfg_.head_dim, idim = cfg_.sparse_index_dim;
+    const int64_t q_cols = int64_t(layout_.q_heads) * hd;
+    const int64_t qkv_cols = q_cols + 2 * int64_t(layout_.kv_heads) * hd + (layout_.index_heads + 1) * idim;
+    const int64_t ffn = std::max<int64_t>({layout_.dense_inter, layout_.shared_inter, 1});
+    const size_t a = dtype_size(act_);
     StepBuffers& sb = step_;
     sized(sb.h, size_t(n * H) * 4);
+    sized(sb.part, size_t(n * H) * 4);
     sized(sb.xn, size_t(n * H) * 4);
-    sized(sb.qkv, size_t(n * qkv_cols) * 4);
-    sized(sb.attn, size_t(n * q_cols) * 4);
-    sized(sb.gate_up, size_t(n * 2 * ffn_cols) * 4);
-    sized(sb.act, size_t(n * ffn_cols) * 4);
-    sized(sb.topk, size_t(n * nidx * K) * 4);
-    sized(sb.router_logits, size_t(n * cfg_.num_local_experts) * 4);
+    sized(sb.xn_scale, size_t(n * ops::fp8_groups(H)) * 4);
+    sized(sb.qkv, size_t(n * qkv_cols) * a);
+    sized(sb.attn, size_t(n * q_cols) * a);
+    sized(sb.gate_up, size_t(n * 2 * ffn) * a);
+    sized(sb.act, size_t(n * ffn) * a);
+    sized(sb.act_scale, size_t(n * ops::fp8_groups(ffn)) * 4);
+    sized(sb.topk, size_t(n * std::max(layout_.index_heads, 1) * K) * 4);
     sized(sb.route_ids, size_t(n * cfg_.num_experts_per_tok) * 4);
     sized(sb.route_w, size_t(n * cfg_.num_experts_per_tok) * 4);
-    sized(sb.sel, size_t(nl * H) * 4);
-  }
-
-  template <class T>
-  Buffer& upload_into(Buffer& b, const std::vector<T>& v) {
-    sized(b, v.size() * sizeof(T));
-    if (!v.empty()) copy_to_device(dev_, b.data(), v.data(), v.size() * sizeof(T));
-    return b;
+    sized(sb.sel, size_t(nl * H) * a);
+    sized(sb.sel_scale, size_t(nl * ops::fp8_groups(H)) * 4);
   }
 
   // Re-runs the indexer of a full sparse layer on its index keys re-stored in
@@ -407,72 +532,16 @@ class MiniMaxM3 final : public Model {
     if (cfg_.max_position_embeddings > 0) want = std::max(positions, std::min(want, cfg_.max_position_embeddings));
     std::vector<float> table(size_t(want * cfg_.rotary_dim));
     if (cfg_.rotary_dim > 0) ops::build_rope_table(table.data(), want, cfg_.rotary_dim, cfg_.rope_theta);
-    upload_into(rope_, table);
+    sized(rope_, table.size() * sizeof(float));
+    copy_to_device(dev_, rope_.data(), table.data(), table.size() * sizeof(float));
     rope_positions_ = want;
   }
 
-  ops::RmsNormParams norm_params(const Weight& w, int64_t rows) const {
-    ops::RmsNormParams np;
-    np.x_dtype = DType::F32;
-    np.y_dtype = DType::F32;
-    np.weight = w.data();
-    np.weight_dtype = w.dtype;
-    np.rows = rows;
-    np.dim = cfg_.hidden_size;
-    np.ldx = np.ldy = cfg_.hidden_size;
-    np.eps = cfg_.rms_norm_eps;
-    np.gemma = cfg_.use_gemma_norm;
-    return np;
-  }
-
-  void norm(void* x, void* y, const Weight& w, int64_t rows) {
-    ops::RmsNormParams np = norm_params(w, rows);
-    np.x = x;
-    np.y = y;
-    ops::rms_norm(np, stream_);
-  }
-
-  // y[m, w.rows] (+)= x[m, w.cols] . w^T
-  void matmul(const void* x, int64_t ldx, const Weight& w, void* y, int64_t ldy, int64_t m, bool acc) {
-    ops::MatmulParams mp;
-    mp.x = x;
-    mp.x_dtype = DType::F32;
-    mp.w = w.data();
-    mp.w_dtype = w.dtype;
-    mp.y = y;
-    mp.y_dtype = DType::F32;
-    mp.m = m;
-    mp.n = w.rows;
-    mp.k = w.cols;
-    mp.ldx = ldx;
-    mp.ldy = ldy;
-    mp.accumulate = acc;
-    ops::matmul(mp, stream_);
-  }
-
-  // out += down(swiglu_oai(gate_up(x)))
-  void mlp(const Weight& gu, const Weight& down, Buffer& x, Buffer& gate_up, Buffer& act, Buffer& out,
-           int64_t n) {
-    const int64_t I = down.cols;
-    matmul(x.data(), cfg_.hidden_size, gu, gate_up.data(), 2 * I, n, false);
-    ops::SwigluOaiParams sp;
-    sp.gate_up = gate_up.data();
-    sp.out = act.data();
-    sp.dtype = DType::F32;
-    sp.rows = n;
-    sp.inter = I;
-    sp.ld_in = 2 * I;
-    sp.ld_out = I;
-    sp.alpha = cfg_.swiglu_alpha;
-    sp.limit = cfg_.swiglu_limit;
-    sp.beta = cfg_.swiglu_beta;
-    ops::swiglu_oai(sp, stream_);
-    matmul(act.data(), I, down, out.data(), cfg_.hidden_size, n, true);
-  }
-
   ModelConfig cfg_;
+  RankLayout layout_;
   ModelWeights w_;
   Device dev_;
+  DType act_;           // activations between ops: fp32 on the CPU, bf16 on CUDA
   ops::Stream stream_;  // forward()'s
   CacheOptions cache_opts_;
   std::vector<LayerCache> caches_;
@@ -485,15 +554,8 @@ class MiniMaxM3 final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opts) {
-  ModelConfig cfg = load_model_config(dir, opts.hf_overrides);
-  if (cfg.hidden_act != "swigluoai" && cfg.hidden_act != "swiglu_oai")
-    throw Error(dir + "/config.json: hidden_act \"" + cfg.hidden_act + "\" is not supported (expected swigluoai)");
-  if (cfg.num_local_experts > 0 && cfg.scoring_func != "sigmoid")
-    throw Error(dir + "/config.json: scoring_func \"" + cfg.scoring_func + "\" is not supported (expected sigmoid)");
-  Checkpoint ckpt = Checkpoint::open(dir);
-  ModelWeights w = load_weights(ckpt, cfg, opts.device);
-  return std::make_unique<MiniMaxM3>(std::move(cfg), std::move(w), opts);
+std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev) {
+  return std::make_unique<MiniMaxM3>(std::move(cfg), layout, std::move(w), dev);
 }
 
 }  // namespace sieve::model

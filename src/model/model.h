@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -23,6 +24,22 @@ DType parse_cache_dtype(const std::string& name, const std::string& flag);
 struct LoadOptions {
   std::string hf_overrides;  // JSON object text merged over the text config
   Device device;             // CPU (the reference backend) or CUDA
+  // --device auto: a model whose shapes the CUDA kernels do not take loads on the CPU instead
+  // (with a warning); otherwise such a model is refused on CUDA with an Error naming the shape.
+  bool cpu_fallback = false;
+  // "" (weights as stored) or "fp8" (--quantization fp8: BF16 projections quantized per
+  // 128 x 128 block at load).
+  std::string quantization;
+  // "auto" (the safetensors weights of the directory) or "dummy" (weights of the config's
+  // shapes and formats made on the device; no weight file is read).
+  std::string load_format = "auto";
+  // Tensor parallelism: the model is this rank's shard (rank_layout.h).
+  int tp_size = 1, tp_rank = 0;
+  // CUDA: the weights must fit in this fraction of the device's memory (what other processes
+  // hold counts against it); checked before anything is allocated.
+  double gpu_memory_utilization = 0.9;
+  // Called as weights reach the device: bytes done, bytes in all.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 struct CacheOptions {
@@ -88,6 +105,8 @@ class Model {
   virtual void release_caches() = 0;
   virtual const CacheOptions& cache_options() const = 0;
   virtual SelectionStats selection_stats() const { return {}; }
+  // Bytes the weights (and their scales) take on the device.
+  virtual size_t weight_bytes() const { return 0; }
 
   // Allocates now the activations of a step of up to max_tokens tokens with up to
   // max_logit_rows logit rows (forward() grows them on demand otherwise), so that a GPU's free
@@ -110,5 +129,12 @@ class Model {
 
 // Cache dtypes as the flags give them: `index` empty means "follow the kv cache dtype".
 CacheOptions cache_options_from_flags(const std::string& kv, const std::string& index);
+
+// Why the CUDA kernels cannot run this model (its shapes, for one rank of tp_size), naming the
+// config key and the value they need; "" when they can.
+std::string cuda_shape_problem(const ModelConfig& cfg, int tp_size = 1);
+
+// Free and total bytes of a CUDA device (0, 0 in a build without CUDA).
+void device_memory(const Device& dev, size_t* free_bytes, size_t* total_bytes);
 
 }  // namespace sieve::model

@@ -1,223 +1,408 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "model/weight_formats.h"
 
 namespace sieve::model {
 
+using detail::Fp8Source;
+using detail::HostWeight;
+using detail::Slice;
+
+// Whether ops::moe_experts takes FP8 expert weights with block scales (it does; false would
+// dequantize FP8 experts at load, exactly, to F32, and leave them BF16 under --quantization fp8).
+constexpr bool kMoeTakesFp8 = true;
+
+ops::WeightView Weight::view() const {
+  ops::WeightView v;
+  v.data = data.data();
+  v.dtype = dtype;
+  v.rows = rows;
+  v.cols = cols;
+  if (dtype == DType::FP8_E4M3) {
+    v.scale = scale.as<float>();
+    v.scale_block_rows = block_rows;
+    v.scale_block_cols = block_cols;
+  }
+  return v;
+}
+
+bool experts_take_fp8() { return kMoeTakesFp8; }
+
+std::string effective_quantization(const ModelConfig& cfg, const std::string& q) {
+  if (q.empty() || q == "none" || q == cfg.quant_method) return cfg.quant_method;
+  if (q != "fp8")
+    throw Error("--quantization " + q + " is not supported (expected fp8: BF16 weights quantized per 128x128 block at load)");
+  if (!cfg.quant_method.empty())
+    throw Error("--quantization fp8: the checkpoint is already quantized (" + cfg.quant_method +
+                "); leave --quantization out to use its weights as stored");
+  return "fp8";
+}
+
 namespace {
 
-// A matrix read from the checkpoint into host memory, in BF16 or F32.
-struct HostMat {
-  DType dtype = DType::BF16;
-  int64_t rows = 0, cols = 0;
-  std::vector<uint8_t> bytes;
+// One weight of the model: the checkpoint tensors (or parts of them) whose rows it stacks.
+struct Part {
+  std::string name;  // after the prefix: "layers.3.self_attn.q_proj.weight"; "lm_head.weight" is special
+  Slice slice;
+};
+struct Spec {
+  Weight* out = nullptr;
+  std::vector<Part> parts;
+  bool linear = false;  // a projection: FP8 formats apply
+  bool f32 = false;     // norms, router, bias
+  bool expert = false;  // a routed expert's (the MoE op's formats)
+  // FP8 scales per row whatever the blocks: an expert's two matrices share one block shape in
+  // the MoE op, so down follows gate_up when gate_up's stacked halves are not whole blocks.
+  bool per_row = false;
 };
 
-std::string shape_of(const TensorInfo& t) { return shape_str(t.shape); }
+bool fp8_ok(const Spec& s) { return s.linear && (!s.expert || kMoeTakesFp8); }
 
-class Reader {
- public:
-  Reader(const Checkpoint& ckpt, const ModelConfig& cfg) : ckpt_(ckpt), cfg_(cfg) {
-    for (const char* p : {"language_model.model.", "model.language_model.", "model.", ""}) {
-      if (ckpt.has(std::string(p) + "embed_tokens.weight")) {
-        prefix_ = p;
-        found_ = true;
-        break;
-      }
+Slice rows_of(int64_t rows, int64_t cols, int64_t row0, int64_t nrows) {
+  return Slice{rows, cols, row0, nrows, 0, std::max<int64_t>(cols, 1)};
+}
+Slice whole(int64_t rows, int64_t cols) { return rows_of(rows, cols, 0, rows); }
+Slice cols_of(int64_t rows, int64_t cols, int64_t col0, int64_t ncols) { return Slice{rows, cols, 0, rows, col0, ncols}; }
+
+// Every weight of the model, with the rank's slices (rank_layout.h). Sizes mw.layers.
+std::vector<Spec> plan(const ModelConfig& c, const RankLayout& l, ModelWeights& mw) {
+  const int64_t H = c.hidden_size, hd = c.head_dim, idim = c.sparse_index_dim;
+  std::vector<Spec> specs;
+  auto add = [&](Weight& w, std::vector<Part> parts, bool linear, bool f32) {
+    specs.push_back(Spec{&w, std::move(parts), linear, f32});
+  };
+  add(mw.embed, {{"embed_tokens.weight", rows_of(c.vocab_size, H, l.vocab0, l.vocab)}}, false, false);
+  add(mw.norm, {{"norm.weight", whole(H, 0)}}, false, true);
+  add(mw.lm_head, {{"lm_head.weight", rows_of(c.vocab_size, H, l.vocab0, l.vocab)}}, false, false);
+  mw.layers.resize(size_t(c.num_hidden_layers));
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads, nidx = c.sparse_num_index_heads;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& L = mw.layers[size_t(i)];
+    L.sparse = c.is_sparse_layer(i);
+    L.moe = c.is_moe_layer(i);
+    const std::string p = "layers." + std::to_string(i) + ".";
+    add(L.input_norm, {{p + "input_layernorm.weight", whole(H, 0)}}, false, true);
+    add(L.post_norm, {{p + "post_attention_layernorm.weight", whole(H, 0)}}, false, true);
+    std::vector<Part> qkv = {
+        {p + "self_attn.q_proj.weight", rows_of(nq * hd, H, l.q_head0 * hd, l.q_heads * hd)},
+        {p + "self_attn.k_proj.weight", rows_of(nkv * hd, H, l.kv_head0 * hd, l.kv_heads * hd)},
+        {p + "self_attn.v_proj.weight", rows_of(nkv * hd, H, l.kv_head0 * hd, l.kv_heads * hd)}};
+    if (L.sparse) {
+      qkv.push_back({p + "self_attn.index_q_proj.weight", rows_of(nidx * idim, H, l.index_head0 * idim, l.index_heads * idim)});
+      qkv.push_back({p + "self_attn.index_k_proj.weight", whole(idim, H)});
     }
-    if (!found_)
-      throw Error("checkpoint " + ckpt.dir() +
-                  ": tensor language_model.model.embed_tokens.weight not found (also tried the "
-                  "prefixes model.language_model., model. and none)");
-  }
-
-  const std::string& prefix() const { return prefix_; }
-
-  std::string lm_head_name() const {
-    for (const std::string n : {"language_model.lm_head.weight", "lm_head.weight",
-                                "model.lm_head.weight"})
-      if (ckpt_.has(n)) return n;
-    throw Error("checkpoint " + ckpt_.dir() +
-                ": tensor language_model.lm_head.weight not found (tie_word_embeddings is false)");
-  }
-
-  // Reads `name` (full name) expecting [rows, cols] (cols == 0: a vector of `rows`).
-  HostMat read(const std::string& name, int64_t rows, int64_t cols, bool want_f32 = false) const {
-    const TensorInfo& t = ckpt_.get(name);
-    std::vector<int64_t> expect = cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
-    if (t.shape != expect)
-      throw Error("checkpoint " + ckpt_.dir() + ": tensor " + name + " has shape " + shape_of(t) +
-                  ", expected " + shape_str(expect));
-    HostMat m;
-    m.rows = rows;
-    m.cols = cols ? cols : 1;
-    const int64_t n = rows * m.cols;
-    std::string base = name.substr(0, name.size() - std::string(".weight").size());
-    bool is_fp8 = t.dtype == DType::FP8_E4M3;
-    if (is_fp8) {
-      // MXFP8: one E8M0 scale per 1x32 block along K (`weight_scale_inv`, U8), exact in BF16.
-      std::string sname = base + ".weight_scale_inv";
-      if (!ckpt_.has(sname))
-        throw Error("checkpoint " + ckpt_.dir() + ": FP8 tensor " + name + " has no " + sname);
-      const TensorInfo& s = ckpt_.get(sname);
-      int64_t kb = (m.cols + 31) / 32;
-      if (s.dtype == DType::U8 && s.shape == std::vector<int64_t>{rows, kb}) {
-        m.dtype = want_f32 ? DType::F32 : DType::BF16;
-        m.bytes.resize(size_t(n) * dtype_size(m.dtype));
-        const uint8_t* w = static_cast<const uint8_t*>(t.data);
-        const uint8_t* sc = static_cast<const uint8_t*>(s.data);
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < m.cols; ++c) {
-            float v = fp8e4m3_to_f32(w[r * m.cols + c]) * e8m0_to_f32(sc[r * kb + c / 32]);
-            store_from_f32(m.bytes.data(), m.dtype, size_t(r * m.cols + c), v);
-          }
-        return m;
-      }
-      throw Error("checkpoint " + ckpt_.dir() + ": tensor " + sname + " has dtype " +
-                  std::string(dtype_name(s.dtype)) + " and shape " + shape_of(s) +
-                  ", expected U8 " + shape_str({rows, kb}) + " (MXFP8, E8M0 per 1x32 block)");
+    add(L.qkv, qkv, true, false);
+    add(L.o_proj, {{p + "self_attn.o_proj.weight", cols_of(H, nq * hd, l.q_head0 * hd, l.q_heads * hd)}}, true, false);
+    add(L.q_norm, {{p + "self_attn.q_norm.weight", whole(hd, 0)}}, false, true);
+    add(L.k_norm, {{p + "self_attn.k_norm.weight", whole(hd, 0)}}, false, true);
+    if (L.sparse) {
+      add(L.index_q_norm, {{p + "self_attn.index_q_norm.weight", whole(idim, 0)}}, false, true);
+      add(L.index_k_norm, {{p + "self_attn.index_k_norm.weight", whole(idim, 0)}}, false, true);
     }
-    if (t.dtype != DType::BF16 && t.dtype != DType::F32 && t.dtype != DType::F16)
-      throw Error("checkpoint " + ckpt_.dir() + ": tensor " + name + " has dtype " +
-                  std::string(dtype_name(t.dtype)) + ", expected BF16, F16, F32 or F8_E4M3");
-    m.dtype = (t.dtype == DType::BF16 && !want_f32) ? DType::BF16 : DType::F32;
-    m.bytes.resize(size_t(n) * dtype_size(m.dtype));
-    if (t.dtype == m.dtype) {
-      std::memcpy(m.bytes.data(), t.data, m.bytes.size());
+    // [gate | up] of the rank's intermediate columns, and the matching columns of down.
+    auto mlp = [&](Weight& gu, Weight& down, const std::string& gate, const std::string& up, const std::string& dn,
+                   int64_t inter, int64_t i0, int64_t n, bool expert) {
+      for (int part = 0; part < 2; ++part) {
+        if (part == 0)
+          add(gu, {{gate, rows_of(inter, H, i0, n)}, {up, rows_of(inter, H, i0, n)}}, true, false);
+        else
+          add(down, {{dn, cols_of(H, inter, i0, n)}}, true, false);
+        specs.back().expert = expert;
+        specs.back().per_row = expert && n % 128 != 0;
+      }
+    };
+    if (L.moe) {
+      const int E = c.num_local_experts;
+      const std::string b = p + "block_sparse_moe.";
+      add(L.router, {{b + "gate.weight", whole(E, H)}}, false, true);
+      if (c.use_routing_bias) add(L.router_bias, {{b + "e_score_correction_bias", whole(E, 0)}}, false, true);
+      L.expert_gate_up.resize(size_t(E));
+      L.expert_down.resize(size_t(E));
+      for (int e = 0; e < E; ++e) {
+        const std::string x = b + "experts." + std::to_string(e) + ".";
+        mlp(L.expert_gate_up[size_t(e)], L.expert_down[size_t(e)], x + "w1.weight", x + "w3.weight", x + "w2.weight",
+            c.intermediate_size, l.expert_inter0, l.expert_inter, true);
+      }
+      if (c.n_shared_experts > 0 && c.shared_intermediate_size > 0) {
+        const std::string s = b + "shared_experts.";
+        mlp(L.shared_gate_up, L.shared_down, s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight",
+            c.shared_intermediate_size, l.shared_inter0, l.shared_inter, false);
+      }
     } else {
-      for (int64_t i = 0; i < n; ++i)
-        store_from_f32(m.bytes.data(), m.dtype, size_t(i), load_as_f32(t.data, t.dtype, size_t(i)));
+      mlp(L.mlp_gate_up, L.mlp_down, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight",
+          c.dense_intermediate_size, l.dense_inter0, l.dense_inter, false);
     }
-    return m;
   }
+  return specs;
+}
 
-  HostMat layer(int i, const std::string& rest, int64_t rows, int64_t cols, bool f32 = false) const {
-    return read(prefix_ + "layers." + std::to_string(i) + "." + rest, rows, cols, f32);
+// What a stored tensor becomes on the device (its dtype and scale blocks) and how many bytes
+// that takes; `src` is the stored dtype (F8_E4M3 for an FP8 projection).
+struct Target {
+  DType dtype = DType::BF16;
+  int block_rows = 0, block_cols = 0;
+};
+
+Target target_of(const Spec& s, DType src, const std::string& quant, const Device& dev) {
+  if (s.f32) return {DType::F32};
+  if (fp8_ok(s) && src == DType::FP8_E4M3 && quant == "mxfp8") return {DType::FP8_E4M3, 1, dev.is_cuda() ? 128 : 32};
+  if (fp8_ok(s) && (src == DType::FP8_E4M3 || (quant == "fp8" && src == DType::BF16))) return {DType::FP8_E4M3, 128, 128};
+  return {src == DType::BF16 ? DType::BF16 : DType::F32};
+}
+
+// The spec's weight on the device, parts stacked as detail::stack does (FP8 block rows stay when
+// every part starts and, but for the last, ends on one; else the scales go per row).
+struct Shape {
+  DType dtype = DType::BF16;
+  int64_t rows = 0, cols = 0;
+  int block_rows = 0, block_cols = 0;
+  int64_t scales = 0;
+  size_t bytes() const { return size_t(rows * cols) * dtype_size(dtype) + size_t(scales) * 4; }
+};
+
+Shape shape_of(const Spec& s, const Target& t) {
+  Shape sh;
+  sh.dtype = t.dtype;
+  sh.cols = s.parts[0].slice.ncols;
+  bool aligned = !s.per_row;
+  for (size_t i = 0; i < s.parts.size(); ++i) {
+    const Slice& sl = s.parts[i].slice;
+    sh.rows += sl.nrows;
+    if (t.block_rows > 1 && ((i + 1 < s.parts.size() && sl.nrows % t.block_rows != 0) || sl.row0 % t.block_rows != 0))
+      aligned = false;
+  }
+  if (t.dtype != DType::FP8_E4M3) return sh;
+  sh.block_rows = aligned ? t.block_rows : 1;
+  sh.block_cols = t.block_cols;
+  int64_t scale_rows = 0;
+  for (const Part& p : s.parts) scale_rows += (p.slice.nrows + sh.block_rows - 1) / sh.block_rows;
+  sh.scales = scale_rows * ((sh.cols + t.block_cols - 1) / t.block_cols);
+  return sh;
+}
+
+// Checkpoint tensor names: one prefix for all, and the lm_head's own.
+class Names {
+ public:
+  explicit Names(const Checkpoint& ck, const ModelConfig& c) : ck_(ck), tied_(c.tie_word_embeddings) {
+    for (const char* p : {"language_model.model.", "model.language_model.", "model.", ""})
+      if (ck.has(std::string(p) + "embed_tokens.weight")) {
+        prefix_ = p;
+        return;
+      }
+    throw Error("checkpoint " + ck.dir() +
+                ": tensor language_model.model.embed_tokens.weight not found (also tried the "
+                "prefixes model.language_model., model. and none)");
+  }
+  std::string full(const std::string& name) const {
+    if (name != "lm_head.weight") return prefix_ + name;
+    if (tied_) return prefix_ + "embed_tokens.weight";
+    for (const std::string n : {"language_model.lm_head.weight", "lm_head.weight", "model.lm_head.weight"})
+      if (ck_.has(n)) return n;
+    throw Error("checkpoint " + ck_.dir() + ": tensor language_model.lm_head.weight not found (tie_word_embeddings is false)");
   }
 
  private:
-  const Checkpoint& ckpt_;
-  const ModelConfig& cfg_;
+  const Checkpoint& ck_;
+  bool tied_;
   std::string prefix_;
-  bool found_ = false;
 };
 
-// Stacks matrices with equal column counts row-wise; BF16 when every part is BF16, else F32.
-HostMat stack(const std::vector<HostMat>& parts) {
-  HostMat out;
-  out.cols = parts.at(0).cols;
-  bool all_bf16 = true;
-  for (const auto& p : parts) {
-    SIEVE_CHECK(p.cols == out.cols, "stacked weights differ in width");
-    out.rows += p.rows;
-    all_bf16 = all_bf16 && p.dtype == DType::BF16;
-  }
-  out.dtype = all_bf16 ? DType::BF16 : DType::F32;
-  out.bytes.resize(size_t(out.rows * out.cols) * dtype_size(out.dtype));
-  size_t at = 0;
-  for (const auto& p : parts) {
-    const int64_t n = p.rows * p.cols;
-    if (p.dtype == out.dtype) {
-      std::memcpy(out.bytes.data() + at * dtype_size(out.dtype), p.bytes.data(), p.bytes.size());
-    } else {
-      for (int64_t i = 0; i < n; ++i)
-        store_from_f32(out.bytes.data(), out.dtype, at + size_t(i),
-                       load_as_f32(p.bytes.data(), p.dtype, size_t(i)));
-    }
-    at += size_t(n);
-  }
-  return out;
+std::string scale_name(const std::string& weight_name) {
+  return weight_name.substr(0, weight_name.size() - std::string(".weight").size()) + ".weight_scale_inv";
 }
 
-Weight upload(const HostMat& m, const Device& device) {
-  Weight w;
-  w.dtype = m.dtype;
-  w.rows = m.rows;
-  w.cols = m.cols;
-  w.buf = Buffer(device, m.bytes.size());
-  copy_to_device(device, w.buf.data(), m.bytes.data(), m.bytes.size());
-  return w;
+const TensorInfo& checked_tensor(const Checkpoint& ck, const std::string& name, const Slice& s) {
+  const TensorInfo& t = ck.get(name);
+  const std::vector<int64_t> want = s.cols ? std::vector<int64_t>{s.rows, s.cols} : std::vector<int64_t>{s.rows};
+  if (t.shape != want)
+    throw Error("checkpoint " + ck.dir() + ": tensor " + name + " has shape " + shape_str(t.shape) + ", expected " +
+                shape_str(want));
+  if (t.dtype != DType::BF16 && t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::FP8_E4M3)
+    throw Error("checkpoint " + ck.dir() + ": tensor " + name + " has dtype " + std::string(dtype_name(t.dtype)) +
+                ", expected BF16, F16, F32 or F8_E4M3");
+  return t;
+}
+
+// Moves a host weight to the device.
+void upload(HostWeight&& h, Weight& w, const Device& dev) {
+  w.dtype = h.dtype;
+  w.rows = h.rows;
+  w.cols = h.cols;
+  w.block_rows = h.block_rows;
+  w.block_cols = h.block_cols;
+  w.data = Buffer(dev, h.data.size());
+  copy_to_device(dev, w.data.data(), h.data.data(), h.data.size());
+  if (!h.scale.empty()) {
+    w.scale = Buffer(dev, h.scale.size() * 4);
+    copy_to_device(dev, w.scale.data(), h.scale.data(), h.scale.size() * 4);
+  }
+}
+
+// The MoE op's device arrays of expert pointers; one dtype and block shape for all experts.
+void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
+  if (L.expert_gate_up.empty()) return;
+  std::vector<const void*> gu, dn, gus, dns;
+  const Weight& first = L.expert_gate_up[0];
+  for (size_t e = 0; e < L.expert_gate_up.size(); ++e) {
+    for (const Weight* w : {&L.expert_gate_up[e], &L.expert_down[e]})
+      if (w->dtype != first.dtype || w->block_rows != first.block_rows || w->block_cols != first.block_cols)
+        throw Error("layer " + std::to_string(layer) + ": the experts' weights differ in format (" +
+                    std::string(dtype_name(w->dtype)) + " " + std::to_string(w->block_rows) + "x" +
+                    std::to_string(w->block_cols) + " vs " + std::string(dtype_name(first.dtype)) + " " +
+                    std::to_string(first.block_rows) + "x" + std::to_string(first.block_cols) +
+                    "); the MoE op takes one format for all experts");
+    gu.push_back(L.expert_gate_up[e].data.data());
+    dn.push_back(L.expert_down[e].data.data());
+    gus.push_back(L.expert_gate_up[e].scale.data());
+    dns.push_back(L.expert_down[e].scale.data());
+  }
+  auto put = [&](Buffer& b, const std::vector<const void*>& v) {
+    b = Buffer(dev, v.size() * sizeof(void*));
+    copy_to_device(dev, b.data(), v.data(), v.size() * sizeof(void*));
+  };
+  put(L.expert_gate_up_ptrs, gu);
+  put(L.expert_down_ptrs, dn);
+  if (first.dtype == DType::FP8_E4M3) {
+    put(L.expert_gate_up_scale_ptrs, gus);
+    put(L.expert_down_scale_ptrs, dns);
+  }
+}
+
+void finish(ModelWeights& mw, const Device& dev) {
+  for (size_t i = 0; i < mw.layers.size(); ++i) expert_arrays(mw.layers[i], dev, int(i));
+}
+
+Fp8Source fp8_source(const std::string& quant) {
+  return quant == "mxfp8" ? Fp8Source::Mx : quant == "fp8" ? Fp8Source::Block128 : Fp8Source::None;
 }
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Device& dev) {
-  Reader rd(ckpt, c);
-  const std::string& P = rd.prefix();
-  const int64_t H = c.hidden_size;
-  const int64_t hd = c.head_dim;
-  ModelWeights mw;
-  mw.embed = upload(rd.read(P + "embed_tokens.weight", c.vocab_size, H), dev);
-  mw.norm = upload(rd.read(P + "norm.weight", H, 0, true), dev);
-  if (c.tie_word_embeddings)
-    mw.lm_head = upload(rd.read(P + "embed_tokens.weight", c.vocab_size, H), dev);
-  else
-    mw.lm_head = upload(rd.read(rd.lm_head_name(), c.vocab_size, H), dev);
-
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    LayerWeights L;
-    L.sparse = c.is_sparse_layer(i);
-    L.moe = c.is_moe_layer(i);
-    L.input_norm = upload(rd.layer(i, "input_layernorm.weight", H, 0, true), dev);
-    L.post_norm = upload(rd.layer(i, "post_attention_layernorm.weight", H, 0, true), dev);
-    std::vector<HostMat> qkv = {
-        rd.layer(i, "self_attn.q_proj.weight", int64_t(c.num_attention_heads) * hd, H),
-        rd.layer(i, "self_attn.k_proj.weight", int64_t(c.num_key_value_heads) * hd, H),
-        rd.layer(i, "self_attn.v_proj.weight", int64_t(c.num_key_value_heads) * hd, H)};
-    if (L.sparse) {
-      qkv.push_back(rd.layer(i, "self_attn.index_q_proj.weight",
-                             int64_t(c.sparse_num_index_heads) * c.sparse_index_dim, H));
-      qkv.push_back(rd.layer(i, "self_attn.index_k_proj.weight", c.sparse_index_dim, H));
-    }
-    L.qkv = upload(stack(qkv), dev);
-    L.o_proj = upload(rd.layer(i, "self_attn.o_proj.weight", H, int64_t(c.num_attention_heads) * hd), dev);
-    L.q_norm = upload(rd.layer(i, "self_attn.q_norm.weight", hd, 0, true), dev);
-    L.k_norm = upload(rd.layer(i, "self_attn.k_norm.weight", hd, 0, true), dev);
-    if (L.sparse) {
-      L.index_q_norm = upload(rd.layer(i, "self_attn.index_q_norm.weight", c.sparse_index_dim, 0, true), dev);
-      L.index_k_norm = upload(rd.layer(i, "self_attn.index_k_norm.weight", c.sparse_index_dim, 0, true), dev);
-    }
-    if (L.moe) {
-      const int E = c.num_local_experts;
-      const int64_t I = c.intermediate_size;
-      L.router = upload(rd.layer(i, "block_sparse_moe.gate.weight", E, H, true), dev);
-      if (c.use_routing_bias)
-        L.router_bias = upload(rd.layer(i, "block_sparse_moe.e_score_correction_bias", E, 0, true), dev);
-      std::vector<const void*> gu_ptrs, down_ptrs;
-      for (int e = 0; e < E; ++e) {
-        std::string ep = "block_sparse_moe.experts." + std::to_string(e) + ".";
-        L.expert_gate_up.push_back(
-            upload(stack({rd.layer(i, ep + "w1.weight", I, H), rd.layer(i, ep + "w3.weight", I, H)}), dev));
-        L.expert_down.push_back(upload(rd.layer(i, ep + "w2.weight", H, I), dev));
-        gu_ptrs.push_back(L.expert_gate_up.back().data());
-        down_ptrs.push_back(L.expert_down.back().data());
-      }
-      // One dtype for all experts: the op takes a single w_dtype.
-      for (int e = 1; e < E; ++e)
-        if (L.expert_gate_up[e].dtype != L.expert_gate_up[0].dtype ||
-            L.expert_down[e].dtype != L.expert_gate_up[0].dtype)
-          throw Error("checkpoint " + ckpt.dir() + ": layer " + std::to_string(i) +
-                      " experts mix weight dtypes; expected all BF16 or all F32");
-      L.expert_gate_up_ptrs = Buffer(dev, gu_ptrs.size() * sizeof(void*));
-      copy_to_device(dev, L.expert_gate_up_ptrs.data(), gu_ptrs.data(), gu_ptrs.size() * sizeof(void*));
-      L.expert_down_ptrs = Buffer(dev, down_ptrs.size() * sizeof(void*));
-      copy_to_device(dev, L.expert_down_ptrs.data(), down_ptrs.data(), down_ptrs.size() * sizeof(void*));
-      if (c.n_shared_experts > 0 && c.shared_intermediate_size > 0) {
-        const int64_t S = c.shared_intermediate_size;
-        L.shared_gate_up = upload(stack({rd.layer(i, "block_sparse_moe.shared_experts.gate_proj.weight", S, H),
-                                         rd.layer(i, "block_sparse_moe.shared_experts.up_proj.weight", S, H)}),
-                                  dev);
-        L.shared_down = upload(rd.layer(i, "block_sparse_moe.shared_experts.down_proj.weight", H, S), dev);
-      }
-    } else {
-      const int64_t D = c.dense_intermediate_size;
-      L.mlp_gate_up = upload(stack({rd.layer(i, "mlp.gate_proj.weight", D, H), rd.layer(i, "mlp.up_proj.weight", D, H)}), dev);
-      L.mlp_down = upload(rd.layer(i, "mlp.down_proj.weight", H, D), dev);
-    }
-    mw.layers.push_back(std::move(L));
+size_t estimate_weight_bytes(const ModelConfig& cfg, const WeightOptions& o, const Checkpoint* ck) {
+  const std::string quant = effective_quantization(cfg, o.quantization);
+  ModelWeights shapes;
+  const std::vector<Spec> specs = plan(cfg, o.layout, shapes);
+  std::unique_ptr<Names> names;
+  if (ck) names = std::make_unique<Names>(*ck, cfg);
+  size_t total = 0;
+  for (const Spec& s : specs) {
+    DType src = quant.empty() || !fp8_ok(s) || o.quantization == "fp8" ? DType::BF16 : DType::FP8_E4M3;
+    if (ck) src = ck->get(names->full(s.parts[0].name)).dtype;
+    total += shape_of(s, target_of(s, src, quant, o.device)).bytes();
   }
+  return total;
+}
+
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, const WeightOptions& o) {
+  const std::string quant = effective_quantization(cfg, o.quantization);
+  const bool online = o.quantization == "fp8" && cfg.quant_method.empty();
+  const Fp8Source src = fp8_source(cfg.quant_method);
+  const Names names(ck, cfg);
+  ModelWeights mw;
+  const std::vector<Spec> specs = plan(cfg, o.layout, mw);
+  const uint64_t total = estimate_weight_bytes(cfg, o, &ck);
+  for (const Spec& s : specs) {
+    std::vector<HostWeight> parts;
+    for (const Part& p : s.parts) {
+      const std::string name = names.full(p.name);
+      const TensorInfo& t = checked_tensor(ck, name, p.slice);
+      const double fraction = double(p.slice.nrows * p.slice.ncols) / double(std::max<int64_t>(t.numel(), 1));
+      if (t.dtype == DType::FP8_E4M3) {
+        if (src == Fp8Source::None)
+          throw Error("checkpoint " + ck.dir() + ": tensor " + name +
+                      " is F8_E4M3 but config.json has no quantization_config (expected quant_method mxfp8 or fp8)");
+        if (!s.linear)
+          throw Error("checkpoint " + ck.dir() + ": tensor " + name + " is F8_E4M3; only projections may be fp8");
+        const std::string sn = scale_name(name);
+        if (!ck.has(sn)) throw Error("checkpoint " + ck.dir() + ": FP8 tensor " + name + " has no " + sn);
+        const TensorInfo& sc = ck.get(sn);
+        parts.push_back(detail::read_fp8(t, sc, p.slice, src, ck.dir()));
+        mw.file_bytes += size_t(double(t.nbytes + sc.nbytes) * fraction);
+        if (!fp8_ok(s))
+          parts.back() = detail::dequantize(parts.back());
+        else if (o.device.is_cuda() && src == Fp8Source::Mx)
+          parts.back() = detail::regroup_1x128(parts.back(), &mw.regroup_inexact);
+      } else {
+        parts.push_back(detail::read_plain(t, p.slice, s.f32));
+        mw.file_bytes += size_t(double(t.nbytes) * fraction);
+        if (fp8_ok(s) && online && parts.back().dtype == DType::BF16) parts.back() = detail::quantize_block128(parts.back());
+      }
+    }
+    HostWeight h = detail::stack(std::move(parts));
+    if (s.per_row) h = detail::expand_rows(h);
+    upload(std::move(h), *s.out, o.device);
+    mw.bytes += s.out->bytes();
+    if (o.progress) o.progress(mw.bytes, total);
+  }
+  finish(mw, o.device);
+  return mw;
+}
+
+ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
+  const std::string quant = effective_quantization(cfg, o.quantization);
+  ModelWeights mw;
+  const std::vector<Spec> specs = plan(cfg, o.layout, mw);
+  const uint64_t total = estimate_weight_bytes(cfg, o, nullptr);
+  // A pool of pseudo-random values copied to the device at a different offset for every weight
+  // (generating each weight's own values would take minutes at the real size). Projections and
+  // tables ~ U(-0.02, 0.02); FP8 codes are random (NaN codes skipped) with scales 2^-14, so an
+  // FP8 weight is at most 448 * 2^-14 = 0.027; norm weights and biases are small.
+  constexpr size_t kPool = size_t(16) << 20;
+  std::vector<uint8_t> fp8_pool(kPool), bf16_pool(kPool * 2), f32_pool(kPool * 4);
+  uint64_t st = 0x5eed;
+  auto next = [&] {
+    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (size_t i = 0; i < kPool; ++i) {
+    const uint64_t r = next();
+    uint8_t q = uint8_t(r);
+    if ((q & 0x7f) == 0x7f) q ^= 0x01;  // 0x7f / 0xff are NaN in e4m3fn
+    fp8_pool[i] = q;
+    const float v = float((double(r >> 11) / double(1ull << 53) * 2.0 - 1.0) * 0.02);
+    store_from_f32(bf16_pool.data(), DType::BF16, i, v);
+    store_from_f32(f32_pool.data(), DType::F32, i, v);
+  }
+  size_t offset = 0;
+  auto fill = [&](Buffer& b, const std::vector<uint8_t>& pool) {
+    // Copies the pool over the buffer from a moving start (pool sizes are multiples of 16).
+    size_t at = 0;
+    offset = (offset + 4099 * 16) % pool.size();
+    while (at < b.bytes()) {
+      const size_t start = at == 0 ? offset : 0;
+      const size_t n = std::min(b.bytes() - at, pool.size() - start);
+      copy_to_device(o.device, static_cast<uint8_t*>(b.data()) + at, pool.data() + start, n);
+      at += n;
+    }
+  };
+  for (const Spec& s : specs) {
+    // (Dummy FP8 experts the MoE op cannot take are made BF16.)
+    const DType src = fp8_ok(s) && !quant.empty() ? DType::FP8_E4M3 : DType::BF16;
+    const Shape sh = shape_of(s, target_of(s, src, quant, o.device));
+    Weight& w = *s.out;
+    w.dtype = sh.dtype;
+    w.rows = sh.rows;
+    w.cols = sh.cols;
+    w.block_rows = sh.block_rows;
+    w.block_cols = sh.block_cols;
+    w.data = Buffer(o.device, size_t(sh.rows * sh.cols) * dtype_size(sh.dtype));
+    fill(w.data, sh.dtype == DType::FP8_E4M3 ? fp8_pool : sh.dtype == DType::BF16 ? bf16_pool : f32_pool);
+    if (sh.scales > 0) {
+      const std::vector<float> sc(size_t(sh.scales), std::ldexp(1.0f, -14));
+      w.scale = Buffer(o.device, sc.size() * 4);
+      copy_to_device(o.device, w.scale.data(), sc.data(), sc.size() * 4);
+    }
+    mw.bytes += w.bytes();
+    if (o.progress) o.progress(mw.bytes, total);
+  }
+  finish(mw, o.device);
   return mw;
 }
 

@@ -254,6 +254,21 @@ TEST(Config, PlainTextConfig) {
   EXPECT_EQ(m.sparse_ordinal(1), -1);
 }
 
+// A few layers of the real model (one GPU's worth): overriding num_hidden_layers keeps the first
+// entries of the per-layer lists, unless the override gives the lists too.
+TEST(Config, FewerLayersKeepThePublishedLayout) {
+  ModelConfig c = parse_model_config(real_config(), R"({"num_hidden_layers": 5})");
+  EXPECT_EQ(c.num_hidden_layers, 5);
+  EXPECT_EQ(c.moe_layer_freq, (std::vector<int>{0, 0, 0, 1, 1}));
+  EXPECT_EQ(c.sparse_attention_freq, (std::vector<int>{0, 0, 0, 1, 1}));
+  EXPECT_EQ(c.sparse_disable_index_value.size(), 5u);
+  ModelConfig d = parse_model_config(real_config(), R"({"num_hidden_layers": 2, "moe_layer_freq": [1, 1]})");
+  EXPECT_EQ(d.moe_layer_freq, (std::vector<int>{1, 1}));
+  EXPECT_EQ(d.sparse_attention_freq, (std::vector<int>{0, 0}));
+  std::string msg = error_of([&] { parse_model_config(real_config(), R"({"num_hidden_layers": 2, "moe_layer_freq": [1]})"); });
+  EXPECT_NE(msg.find("moe_layer_freq"), std::string::npos) << msg;
+}
+
 TEST(Config, RoundTripThroughJson) {
   ModelConfig c = parse_model_config(
       real_config(),

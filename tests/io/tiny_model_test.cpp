@@ -35,13 +35,16 @@ struct Expect {
 };
 
 // Every tensor the published layout has for config `c` (spec §5), BF16 unless noted.
-std::map<std::string, Expect> expected_tensors(const ModelConfig& c, bool mxfp8) {
+std::map<std::string, Expect> expected_tensors(const ModelConfig& c, const std::string& quant) {
   std::map<std::string, Expect> m;
   const int64_t H = c.hidden_size, D = c.head_dim;
   auto lin = [&](const std::string& base, int64_t rows, int64_t cols) {
-    if (mxfp8) {
+    if (quant == "mxfp8") {
       m[base + ".weight"] = {DType::FP8_E4M3, {rows, cols}};
       m[base + ".weight_scale_inv"] = {DType::U8, {rows, (cols + 31) / 32}};
+    } else if (quant == "fp8") {
+      m[base + ".weight"] = {DType::FP8_E4M3, {rows, cols}};
+      m[base + ".weight_scale_inv"] = {DType::F32, {(rows + 127) / 128, (cols + 127) / 128}};
     } else {
       m[base + ".weight"] = {DType::BF16, {rows, cols}};
     }
@@ -90,11 +93,11 @@ std::map<std::string, Expect> expected_tensors(const ModelConfig& c, bool mxfp8)
   return m;
 }
 
-void check_layout(const std::string& dir, bool mxfp8) {
+void check_layout(const std::string& dir, const std::string& quant) {
   ModelConfig c = load_model_config(dir);
   EXPECT_EQ(c.model_type, "minimax_m3_vl");
   Checkpoint ck = Checkpoint::open(dir);
-  auto want = expected_tensors(c, mxfp8);
+  auto want = expected_tensors(c, quant);
   for (const auto& [name, e] : want) {
     ASSERT_TRUE(ck.has(name)) << name;
     EXPECT_EQ(ck.get(name).dtype, e.dtype) << name;
@@ -127,7 +130,7 @@ TEST(TinyModel, DefaultLayoutAndConfig) {
   o.seed = std::random_device{}();
   write_tiny_model(o, dir);
   EXPECT_TRUE(fs::exists(dir + "/generation_config.json"));
-  check_layout(dir, false);
+  check_layout(dir, "");
   ModelConfig c = load_model_config(dir);
   EXPECT_EQ(c.num_hidden_layers, 4);
   EXPECT_EQ(c.hidden_size, 128);
@@ -202,7 +205,7 @@ TEST(TinyModel, CustomLayoutUnlikeM3) {
   o.topk_blocks = 3;
   o.vocab_size = 300;
   write_tiny_model(o, dir);
-  check_layout(dir, false);
+  check_layout(dir, "");
   ModelConfig c = load_model_config(dir);
   EXPECT_EQ(c.sparse_attention_freq, (std::vector<int>{0, 1, 1, 0, 1}));
   EXPECT_EQ(c.moe_layer_freq, (std::vector<int>{0, 0, 1, 1, 1}));
@@ -220,7 +223,7 @@ TEST(TinyModel, CustomLayoutUnlikeM3) {
   d.sparse_layers = parse_layer_list("none", 2, "--sparse-layers");
   d.moe_layers = parse_layer_list("", 2, "--moe-layers");
   write_tiny_model(d, dense);
-  check_layout(dense, false);
+  check_layout(dense, "");
   ModelConfig dc = load_model_config(dense);
   EXPECT_FALSE(dc.use_sparse_attention);
   EXPECT_EQ(dc.num_local_experts, 0);
@@ -233,9 +236,9 @@ TEST(TinyModel, Mxfp8DequantizesToTheBf16Weights) {
   o.dense_intermediate = 96;
   std::string bf = fresh_dir("mx_bf16"), mx = fresh_dir("mx_fp8");
   write_tiny_model(o, bf);
-  o.mxfp8 = true;
+  o.quant = "mxfp8";
   write_tiny_model(o, mx);
-  check_layout(mx, true);
+  check_layout(mx, "mxfp8");
   ModelConfig c = load_model_config(mx);
   EXPECT_EQ(c.quant_method, "mxfp8");
   EXPECT_FALSE(c.quant_ignored_layers.empty());
@@ -291,7 +294,7 @@ TEST(TinyModel, ShardedWritesAnIndex) {
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
   EXPECT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(dir + "/model-00003-of-00003.safetensors"));
-  check_layout(dir, false);
+  check_layout(dir, "");
   std::set<std::string> files;
   Checkpoint ck = Checkpoint::open(dir);
   for (const auto& [name, t] : ck.tensors()) files.insert(t.file);
@@ -347,6 +350,43 @@ int run(const std::string& cmd, std::string* out = nullptr) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// The Hugging Face block layout: one F32 multiplier per 128x128 block, amax / 448, and every value
+// within half an e4m3 ulp of the BF16 weight. Rows and columns that are not whole blocks
+// (dense_intermediate 200, hidden 160) give partial blocks.
+TEST(TinyModel, BlockFp8DequantizesToTheBf16Weights) {
+  TinyModelOptions o;
+  o.seed = std::random_device{}();
+  o.hidden_size = 160;
+  o.dense_intermediate = 200;
+  std::string bf = fresh_dir("blk_bf16"), fp = fresh_dir("blk_fp8");
+  write_tiny_model(o, bf);
+  o.quant = "fp8";
+  write_tiny_model(o, fp);
+  check_layout(fp, "fp8");
+  ModelConfig c = load_model_config(fp);
+  EXPECT_EQ(c.quant_method, "fp8");
+  EXPECT_EQ(c.quant_block_rows, 128);
+  EXPECT_EQ(c.quant_block_cols, 128);
+  Checkpoint cb = Checkpoint::open(bf), cf = Checkpoint::open(fp);
+  int64_t checked = 0;
+  for (const auto& [name, w] : cf.tensors()) {
+    if (w.dtype != DType::FP8_E4M3) continue;
+    const TensorInfo& s = cf.get(name.substr(0, name.size() - 7) + ".weight_scale_inv");
+    const TensorInfo& ref = cb.get(name);
+    const int64_t rows = w.shape[0], cols = w.shape[1], kb = s.shape[1];
+    const uint8_t* q = static_cast<const uint8_t*>(w.data);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) {
+        const float scale = load_as_f32(s.data, DType::F32, size_t((r / 128) * kb + k / 128));
+        const float want = load_as_f32(ref.data, DType::BF16, size_t(r * cols + k));
+        const float tol = std::max(std::fabs(want) * (1.0f / 16 + 1.0f / 256), scale * std::ldexp(1.0f, -10));
+        ASSERT_NEAR(fp8e4m3_to_f32(q[r * cols + k]) * scale, want, tol) << name << " [" << r << ", " << k << "]";
+        ++checked;
+      }
+  }
+  EXPECT_GT(checked, 100000);
+}
+
 TEST(TinyModel, CommandLine) {
   const std::string sieve = std::string(SIEVE_BINARY_DIR) + "/sieve";
   std::string dir = fresh_dir("cli");
@@ -371,7 +411,7 @@ TEST(TinyModel, CommandLine) {
   EXPECT_EQ(c.num_experts_per_tok, 1);
   EXPECT_EQ(c.quant_method, "mxfp8");
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{5, 6}));
-  check_layout(dir, true);
+  check_layout(dir, "mxfp8");
 
 #ifdef SIEVE_TEST_TOKENIZER
   // With the text library the default model also gets a tokenizer, and its bos/eos ids.

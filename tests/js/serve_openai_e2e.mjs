@@ -595,7 +595,7 @@ await section('profiler writes a Chrome trace', async () => {
   const steps = trace.traceEvents.filter((e) => e.name === 'step');
   check(steps.length >= 4, 'step events', steps.length);
   check(trace.traceEvents.some((e) => e.name === 'forward' && e.ph === 'X' && e.dur >= 0), 'forward events');
-  for (const op of ['matmul', 'qkv_norm_rope_cache', 'indexer', 'attention', 'moe_experts'])
+  for (const op of ['linear', 'qkv_norm_rope_cache', 'indexer', 'attention', 'moe_experts'])
     check(trace.traceEvents.some((e) => e.cat === 'op' && e.name === op && e.ph === 'X' && e.dur >= 0), `op events: ${op}`);
 });
 

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kernels/memory.h"
 #include "sieve_cli_util.h"
 
@@ -59,6 +61,60 @@ TEST(ModelCli, ServeFlagErrorsNameTheFlag) {
     EXPECT_EQ(r.rc, 2) << args << ": " << r.out;
     EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
   }
+}
+
+// The published config at a small width, with weights made at load (no weight file): the flag
+// combinations a user can get wrong answer with one line and exit 2.
+const std::string kSmallM3 =
+    std::string("--model ") + SIEVE_SOURCE_DIR +
+    "/configs/minimax-m3 --device cpu --prompt-ids 1,2,3 --max-tokens 2 --hf-overrides '{\"num_hidden_layers\": 4, "
+    "\"hidden_size\": 256, \"intermediate_size\": 64, \"dense_intermediate_size\": 128, "
+    "\"shared_intermediate_size\": 64, \"num_attention_heads\": 8, \"vocab_size\": 512, "
+    "\"num_local_experts\": 8}'";
+
+TEST(ModelCli, DummyWeightsOfThePublishedConfig) {
+  testing::CliResult r = run_sieve("generate --load-format dummy --json " + kSmallM3);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("\"token_ids\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mxfp8, dummy values"), std::string::npos) << r.out;
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--load-format dummy --quantization fp8", "already quantized (mxfp8)"},
+           {"--load-format dummy --quantization int4", "--quantization int4 is not supported"},
+           {"--load-format tensorizer", "--load-format tensorizer is not supported"}}) {
+    testing::CliResult e = run_sieve("generate " + args + " " + kSmallM3);
+    EXPECT_EQ(e.rc, 2) << args << ": " << e.out;
+    EXPECT_NE(e.out.find(needle), std::string::npos) << args << ": " << e.out;
+    EXPECT_EQ(e.out.find('\n'), e.out.size() - 1) << "one line: " << e.out;
+  }
+}
+
+// bench step on the bundled model (CPU): every family, the step against its floor, the
+// projection for 4 ranks (the tiny model's 4 heads and 2 kv heads split over 2 ranks).
+TEST(ModelCli, BenchStepReportsEveryFamily) {
+  testing::CliResult r = run_sieve(std::string("bench step --model ") + SIEVE_SOURCE_DIR +
+                                   "/models/minimax-m3-tiny --load-format auto --device cpu --batch 3 --context 300 "
+                                   "--prefill 130 --iters 1 --kv-cache-dtype bf16 --tp-rank-of 2 --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const size_t open = r.out.find("{\n");
+  ASSERT_NE(open, std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out.substr(open));
+  for (const char* part : {"decode", "prefill"}) {
+    ASSERT_TRUE(j.contains(part)) << r.out;
+    const auto& fams = j[part]["families"];
+    ASSERT_EQ(fams.size(), std::string(part) == "decode" ? 7u : 6u) << r.out;  // decode: and sampling
+    double sum = 0;
+    for (const auto& f : fams) {
+      EXPECT_GE(f["time_ms"].get<double>(), 0.0);
+      EXPECT_GT(f["bytes"].get<double>(), 0.0) << f.dump();
+      sum += f["time_ms"].get<double>();
+    }
+    EXPECT_GT(sum, 0.0);
+    EXPECT_GT(j[part]["step_ms"].get<double>(), 0.0);
+    EXPECT_GT(j[part]["floor_ms"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(j["tp_rank_of"], 2);
+  EXPECT_EQ(j["projection"]["allreduces"], 12);  // 2 per layer of 6
+  EXPECT_GT(j["projected_tpot_ms"].get<double>(), j["decode"]["step_ms"].get<double>());
 }
 
 TEST(ModelCli, Fp32CacheOnCudaIsRefused) {

@@ -10,10 +10,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "golden_util.h"
+#include "io/tiny_model.h"
 #include "kernels/memory.h"
+#include "model/weights.h"
 
 namespace sieve {
 namespace {
@@ -226,6 +230,154 @@ TEST(ModelCuda, GraphDecodeStepsMatchEager) {
   EXPECT_LT(sum / double(count), 5e-3);
   EXPECT_LT(worst, 0.1);
   EXPECT_EQ(flips, 0u);
+}
+
+// A tiny model at the shapes the CUDA kernels take (head and index dims 128), written as `quant`.
+std::string cuda_tiny(const std::string& quant, const std::string& name) {
+  TinyModelOptions o;
+  o.seed = 21;
+  o.quant = quant;
+  o.hidden_size = 256;
+  o.head_dim = 128;
+  o.index_dim = 128;
+  o.rotary_dim = 64;
+  o.num_heads = 4;
+  o.num_kv_heads = 2;
+  o.vocab_size = 512;
+  o.expert_intermediate = 128;
+  o.shared_intermediate = 128;
+  o.dense_intermediate = 256;
+  o.topk_blocks = 2;
+  const fs::path dir = fs::temp_directory_path() / ("sieve_cuda_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  write_tiny_model(o, dir.string());
+  return dir.string();
+}
+
+// FP8 checkpoints on the GPU (FP8 weights, 1x128-quantized activations, bf16 between ops)
+// against the CPU's exact dequantization with fp32 activations, position by position over a
+// prompt whose sparse layers drop blocks. The bounds are a first guess: the printed figures are
+// what docs/quality.md records.
+TEST(ModelCuda, Fp8CheckpointsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  std::vector<int32_t> prompt(600);
+  for (auto& x : prompt) x = int32_t(rng() % 512);
+  for (const std::string quant : {"mxfp8", "fp8"}) {
+    const std::string dir = cuda_tiny(quant, "match_" + quant);
+    auto cpu = model::Model::load(dir);
+    model::LoadOptions lo;
+    lo.device = kCuda;
+    auto gpu = model::Model::load(dir, lo);
+    EngineRun a = run_engine(*cpu, prompt, 8, DType::BF16, false, 256);
+    EngineRun b = run_engine(*gpu, prompt, 8, DType::BF16, false, 256);
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+    std::vector<double> row_max;
+    double sum = 0;
+    size_t count = 0, clear = 0, flips = 0;
+    for (size_t p = 0; p < a.logprobs.size(); ++p) {
+      const TopDiff t = top20_diff(a.logprobs[p], b.logprobs[p]);
+      row_max.push_back(t.max);
+      sum += t.sum;
+      count += 20;
+      const auto& x = a.logprobs[p];
+      const auto& y = b.logprobs[p];
+      if (x[size_t(t.top[0])] - x[size_t(t.top[1])] > 0.5) {
+        ++clear;
+        flips += int(std::max_element(y.begin(), y.end()) - y.begin()) != t.top[0];
+      }
+    }
+    std::sort(row_max.begin(), row_max.end());
+    std::printf("[ fp8 ] %s on the GPU vs the CPU over %zu positions: mean %.3g, median row max %.3g, p95 %.3g, max %.3g; "
+                "top-token flips %zu of %zu clear positions; %.2f MB of weights on the GPU\n",
+                quant.c_str(), row_max.size(), sum / double(count), row_max[row_max.size() / 2],
+                row_max[row_max.size() * 95 / 100], row_max.back(), flips, clear, double(gpu->weight_bytes()) / 1e6);
+    EXPECT_LT(sum / double(count), 0.1) << quant;
+    EXPECT_LT(row_max[row_max.size() * 95 / 100], 0.5) << quant;
+    EXPECT_LE(flips, clear / 20) << quant;
+    // Weight memory: at most 1.1 x the checkpoint's file, and what the estimate said.
+    model::WeightOptions wo;
+    wo.device = kCuda;
+    wo.layout = model::RankLayout::make(gpu->config(), 1, 0);
+    const Checkpoint ck = Checkpoint::open(dir);
+    EXPECT_EQ(gpu->weight_bytes(), model::estimate_weight_bytes(gpu->config(), wo, &ck)) << quant;
+    const double file = double(fs::file_size(fs::path(dir) / "model.safetensors"));
+    std::printf("[ fp8 ] %s: %.3f x the checkpoint file on the GPU\n", quant.c_str(), double(gpu->weight_bytes()) / file);
+    if (model::experts_take_fp8()) EXPECT_LE(double(gpu->weight_bytes()), 1.1 * file) << quant;
+    fs::remove_all(dir);
+  }
+}
+
+// A BF16 checkpoint quantized at load (--quantization fp8) runs on the GPU and stays close to
+// its BF16 self on the same GPU.
+TEST(ModelCuda, OnlineFp8QuantizationRuns) {
+  SKIP_WITHOUT_GPU();
+  nlohmann::json g = read_json(kGoldenDir + "/chat.json");
+  const std::vector<int32_t> prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+  model::LoadOptions lo;
+  lo.device = kCuda;
+  auto bf16 = model::Model::load(model_dir(), lo);
+  lo.quantization = "fp8";
+  auto fp8 = model::Model::load(model_dir(), lo);
+  EXPECT_LT(fp8->weight_bytes(), bf16->weight_bytes());
+  EngineRun a = run_engine(*bf16, prompt, 16, DType::BF16, false, 384);
+  EngineRun b = run_engine(*fp8, prompt, 16, DType::BF16, false, 384);
+  double sum = 0;
+  size_t count = 0, same = 0;
+  for (size_t p = 0; p < a.logprobs.size(); ++p) {
+    const TopDiff t = top20_diff(a.logprobs[p], b.logprobs[p]);
+    sum += t.sum;
+    count += 20;
+  }
+  for (size_t i = 0; i < a.greedy.size(); ++i) same += a.greedy[i] == b.greedy[i];
+  std::printf("[ fp8 ] bundled model, --quantization fp8 vs bf16 weights on the GPU: mean top-20 |dlogprob| %.3g; "
+              "greedy continuation %zu of %zu tokens equal\n",
+              sum / double(count), same, a.greedy.size());
+  EXPECT_LT(sum / double(count), 0.1);
+}
+
+// Shapes the kernels do not take are refused at load, naming the shape; --device auto then
+// runs the model on the CPU.
+TEST(ModelCuda, UnsupportedShapesAreRefusedAtLoad) {
+  SKIP_WITHOUT_GPU();
+  TinyModelOptions o;  // head_dim 64
+  const fs::path dir = fs::temp_directory_path() / ("sieve_cuda_shapes_" + std::to_string(::getpid()));
+  write_tiny_model(o, dir.string());
+  model::LoadOptions lo;
+  lo.device = kCuda;
+  try {
+    model::Model::load(dir.string(), lo);
+    FAIL() << "head_dim 64 must be refused on CUDA";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim = 64"), std::string::npos) << e.what();
+  }
+  lo.cpu_fallback = true;
+  auto m = model::Model::load(dir.string(), lo);
+  EXPECT_TRUE(m->device().is_cpu());
+  fs::remove_all(dir);
+}
+
+// The published config at full width (four layers: three dense, one sparse MoE) with dummy
+// weights: prefill and graph-replayed decode steps run and give finite logits.
+TEST(ModelCuda, DummyWeightsAtTheRealWidth) {
+  SKIP_WITHOUT_GPU();
+  model::LoadOptions lo;
+  lo.device = kCuda;
+  lo.load_format = "dummy";
+  lo.hf_overrides = R"({"num_hidden_layers": 4})";
+  auto m = model::Model::load(std::string(SIEVE_SOURCE_DIR) + "/configs/minimax-m3", lo);
+  std::printf("[ dummy ] MiniMax-M3, 4 layers: %.2f GB of weights\n", double(m->weight_bytes()) / 1e9);
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> prompts(3);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    prompts[s].resize(300 + 500 * s);
+    for (auto& x : prompts[s]) x = int32_t(rng() % 200064);
+  }
+  engine::Runner runner(*m);
+  BatchRun r = run_batch(runner, prompts, 6, nullptr);
+  for (const auto& row : r.logprobs)
+    for (double v : row) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT(runner.graph_stats().replayed, 0);
 }
 
 }  // namespace

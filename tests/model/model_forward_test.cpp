@@ -181,8 +181,18 @@ TEST(ModelForward, Mxfp8CheckpointMatchesReference) {
   Case c;
   c.name = "mxfp8";
   c.opts.seed = 41;
-  c.opts.mxfp8 = true;
+  c.opts.quant = "mxfp8";
   c.opts.num_shards = 2;
+  c.length = 300;
+  check_case(c);
+}
+
+TEST(ModelForward, BlockFp8CheckpointMatchesReference) {
+  Case c;
+  c.name = "fp8";
+  c.opts.seed = 43;
+  c.opts.quant = "fp8";
+  c.opts.hidden_size = 160;  // partial 128-column blocks
   c.length = 300;
   check_case(c);
 }

@@ -45,9 +45,13 @@ class Weights {
     for (size_t i = 0; i < m.w.size(); ++i) {
       float v = load_as_f32(t.data, t.dtype, i);
       if (t.dtype == DType::FP8_E4M3) {
+        // MXFP8: U8 E8M0 per 1x32; block fp8: a float multiplier per 128x128.
         const TensorInfo& s = ckpt_.get(scale);
         int64_t r = int64_t(i) / m.cols, c = int64_t(i) % m.cols;
-        v *= std::ldexp(1.0f, int(static_cast<const uint8_t*>(s.data)[r * s.shape[1] + c / 32]) - 127);
+        if (s.dtype == DType::U8)
+          v *= std::ldexp(1.0f, int(static_cast<const uint8_t*>(s.data)[r * s.shape[1] + c / 32]) - 127);
+        else
+          v *= load_as_f32(s.data, s.dtype, size_t((r / 128) * s.shape[1] + c / 128));
       }
       m.w[i] = v;
     }

@@ -1,0 +1,556 @@
+// `sieve bench step`: one engine step of a model at its real shapes, as one tensor-parallel rank
+// runs it (communication left out and projected): a decode step of --batch sequences at
+// --context tokens replayed from a CUDA graph, and a --prefill token chunk. Per op family
+// (dense attention, indexer, sparse attention, GEMMs, MoE, norms and the rest, sampling) the
+// time of an eager run (events around every op), the bytes or FLOPs the family must move or
+// compute, the floor those take at the device's rates, and the ratio; then the step against its
+// bytes floor and the time per output token projected for N ranks.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/model_load_flags.h"
+#include "core/error.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "engine/workers.h"
+#include "kernels/memory.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "model/rank_layout.h"
+#include "model/weights.h"
+
+#ifdef SIEVE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace sieve::cli {
+namespace {
+
+using nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+const std::vector<std::string> kFamilies = {"dense attention", "indexer", "sparse attention", "GEMMs",
+                                            "MoE", "norms and the rest"};
+
+// Time marks on the device's timeline: CUDA events on a stream, or host clock readings on the CPU
+// (whose ops run when called).
+class Marks {
+ public:
+  Marks(const Device& dev, void* stream) : cuda_(dev.is_cuda()), stream_(stream) {}
+  ~Marks() {
+#ifdef SIEVE_HAVE_CUDA
+    for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+#endif
+  }
+  void clear() { used_ = 0; }
+  int mark() {
+    if (!cuda_) {
+      host_.resize(size_t(used_) + 1);
+      host_[size_t(used_)] = clock_type::now();
+      return used_++;
+    }
+#ifdef SIEVE_HAVE_CUDA
+    if (used_ == int(events_.size())) {
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreate(&e) != cudaSuccess) throw Error("cudaEventCreate failed");
+      events_.push_back(e);
+    }
+    cudaEventRecord(static_cast<cudaEvent_t>(events_[size_t(used_)]), static_cast<cudaStream_t>(stream_));
+#endif
+    return used_++;
+  }
+  // Milliseconds between two marks (after the device has passed both).
+  double ms(int a, int b) const {
+    if (!cuda_) return std::chrono::duration<double, std::milli>(host_[size_t(b)] - host_[size_t(a)]).count();
+    float t = 0;
+#ifdef SIEVE_HAVE_CUDA
+    cudaEventSynchronize(static_cast<cudaEvent_t>(events_[size_t(b)]));
+    cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(events_[size_t(a)]), static_cast<cudaEvent_t>(events_[size_t(b)]));
+#endif
+    return double(t);
+  }
+
+ private:
+  bool cuda_;
+  void* stream_;
+  int used_ = 0;
+  std::vector<void*> events_;
+  std::vector<clock_type::time_point> host_;
+};
+
+// What one step must move and compute, per family (the floors' inputs).
+struct Cost {
+  double bytes = 0, flops = 0;
+};
+
+struct StepShape {
+  int64_t tokens = 0;            // new tokens
+  std::vector<int64_t> q_keys;   // keys each new token attends (its position + 1)
+  std::vector<int64_t> seq_ctx;  // keys of each sequence after the step
+  int64_t logit_rows = 0;
+};
+
+// The bytes and FLOPs of each family for one rank's step, from the config, the rank layout and
+// the weight and cache formats. Activations are counted at the dtypes the model uses (bf16
+// between ops, fp32 residual).
+std::map<std::string, Cost> step_costs(const ModelConfig& c, const model::RankLayout& l, const StepShape& s,
+                                       bool fp8_weights, bool fp8_experts, double kv_bytes, double index_bytes) {
+  std::map<std::string, Cost> f;
+  const double H = double(c.hidden_size), hd = double(c.head_dim), idim = double(c.sparse_index_dim);
+  const double B = double(s.tokens);
+  auto wbytes = [](double rows, double cols, bool fp8) { return fp8 ? rows * cols * (1 + 4.0 / 128) : rows * cols * 2; };
+  auto gemm = [&](double rows, double cols, double m, bool fp8) {
+    Cost& g = f["GEMMs"];
+    g.bytes += wbytes(rows, cols, fp8) + m * (rows + cols) * 2;
+    g.flops += 2 * m * rows * cols;
+  };
+  double sum_keys = 0, sum_sparse_keys = 0, sum_ctx = 0;
+  const double sel = double(c.sparse_topk_blocks) * c.sparse_block_size;
+  for (int64_t k : s.q_keys) {
+    sum_keys += double(k);
+    sum_sparse_keys += std::min(double(k), sel);
+  }
+  for (int64_t k : s.seq_ctx) sum_ctx += double(k);
+  // KV bytes of one key of one kv head (K and V, with fp8's per-token scales).
+  const double kv_key = 2 * hd * kv_bytes + (kv_bytes == 1 ? 8 : 0);
+  const double E = c.num_local_experts, k = c.num_experts_per_tok;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const bool sparse = c.is_sparse_layer(i);
+    const double qkv_rows = (l.q_heads + 2.0 * l.kv_heads) * hd + (sparse ? (l.index_heads + 1.0) * idim : 0);
+    gemm(qkv_rows, H, B, fp8_weights);
+    gemm(H, l.q_heads * hd, B, fp8_weights);
+    Cost& rest = f["norms and the rest"];
+    rest.bytes += B * (H * 4 * 5 + H * 2 * 2 + qkv_rows * 2 * 2) + B * l.kv_heads * kv_key;
+    if (sparse) {
+      rest.bytes += B * idim * index_bytes;
+      if (!c.shares_index_topk(i)) {
+        Cost& ix = f["indexer"];
+        // Decode reads each sequence's index keys once; a prefill chunk is compute-bound.
+        ix.bytes += sum_ctx * idim * index_bytes + B * l.index_heads * idim * 2;
+        ix.flops += 2 * l.index_heads * idim * sum_keys;
+      }
+      // Each query's selected keys (a decode step), or the chunk's keys once (a prefill chunk).
+      Cost& a = f["sparse attention"];
+      a.bytes += std::min(sum_sparse_keys, sum_ctx) * l.kv_heads * kv_key + B * l.q_heads * hd * 2 * 2;
+      a.flops += 4 * l.q_heads * hd * sum_sparse_keys;
+    } else {
+      Cost& a = f["dense attention"];
+      a.bytes += sum_ctx * l.kv_heads * kv_key + B * l.q_heads * hd * 2 * 2;
+      a.flops += 4 * l.q_heads * hd * sum_keys;
+    }
+    if (c.is_moe_layer(i)) {
+      const double I = double(l.expert_inter);
+      // Distinct experts the step's tokens touch under uniform routing.
+      const double touched = E * (1 - std::pow(1 - k / E, B));
+      Cost& m = f["MoE"];
+      m.bytes += touched * wbytes(3 * I, H, fp8_experts) + B * k * (H * 4 + 2 * I * 2) + E * H * 4;
+      m.flops += 2 * B * k * 3 * I * H + 2 * B * E * H;
+      if (l.shared_inter > 0) {
+        gemm(2.0 * l.shared_inter, H, B, fp8_weights);
+        gemm(H, double(l.shared_inter), B, fp8_weights);
+      }
+    } else {
+      gemm(2.0 * l.dense_inter, H, B, fp8_weights);
+      gemm(H, double(l.dense_inter), B, fp8_weights);
+    }
+  }
+  gemm(double(l.vocab), H, double(s.logit_rows), false);  // lm_head (never quantized)
+  f["norms and the rest"].bytes += B * H * 2;  // embedding rows
+  return f;
+}
+
+// Classifies the ops of one eager step (in order) into families; attention ops take their
+// layer's kind (one attention op per layer).
+std::string family_of(const std::string& op, const ModelConfig& c, bool dense, int* attention_seen) {
+  if (op == "attention") {
+    const int layer = (*attention_seen)++;
+    return c.is_sparse_layer(layer) && !dense ? "sparse attention" : "dense attention";
+  }
+  if (op == "indexer") return "indexer";
+  if (op == "linear" || op == "matmul" || op == "quantize_fp8") return "GEMMs";
+  if (op == "moe_experts" || op == "moe_route") return "MoE";
+  return "norms and the rest";
+}
+
+struct OpRecord {
+  std::string op;
+  int mark = 0;
+};
+
+// Runs `in` once eagerly with a mark after every op; returns each family's milliseconds.
+std::map<std::string, double> per_family_ms(engine::Runner& r, const engine::StepInputs& in, const ModelConfig& c,
+                                            bool dense, Marks& marks) {
+  marks.clear();
+  std::vector<OpRecord> ops;
+  int start = -1;
+  r.set_phase_observer([&](engine::Runner::Phase p) {
+    if (p == engine::Runner::Phase::Uploaded) start = marks.mark();
+  });
+  // Called after each op is enqueued (CUDA) or has run (CPU): a mark there ends the op.
+  ops::set_op_observer([&](const char* op, double, double) { ops.push_back({op, marks.mark()}); });
+  std::vector<float> logits;
+  try {
+    r.run(in, logits);
+  } catch (...) {
+    ops::set_op_observer({});
+    r.set_phase_observer({});
+    throw;
+  }
+  ops::set_op_observer({});
+  r.set_phase_observer({});
+  std::map<std::string, double> ms;
+  int attention_seen = 0;
+  int prev = start;
+  for (const OpRecord& o : ops) {
+    ms[family_of(o.op, c, dense, &attention_seen)] += marks.ms(prev, o.mark);
+    prev = o.mark;
+  }
+  return ms;
+}
+
+// Device-to-device copy bandwidth (read + write), GB/s.
+double measure_copy_gbps(const Device& dev) {
+#ifdef SIEVE_HAVE_CUDA
+  if (dev.is_cuda()) {
+    const size_t n = size_t(1) << 30;
+    Buffer a(dev, n), b(dev, n);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaMemcpy(b.data(), a.data(), n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e0);
+    for (int i = 0; i < 5; ++i) cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 2.0 * 5 * double(n) / (double(ms) * 1e-3) / 1e9;
+  }
+#endif
+  (void)dev;
+  return 50.0;  // the CPU: a stated figure, not measured
+}
+
+std::string device_name(const Device& dev) {
+#ifdef SIEVE_HAVE_CUDA
+  cudaDeviceProp p{};
+  if (dev.is_cuda() && cudaGetDeviceProperties(&p, dev.index) == cudaSuccess) return p.name;
+#endif
+  return dev.str();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Rates {
+  double hbm_gbps = 0, fp8_tflops = 0, bf16_tflops = 0;
+};
+
+double floor_ms(const Cost& c, bool fp8, const Rates& r) {
+  const double mem = c.bytes / (r.hbm_gbps * 1e9) * 1e3;
+  const double math = c.flops / ((fp8 ? r.fp8_tflops : r.bf16_tflops) * 1e12) * 1e3;
+  return std::max(mem, math);
+}
+
+json table(const std::string& title, const std::map<std::string, double>& ms, const std::map<std::string, Cost>& costs,
+           const Rates& rates, bool fp8, bool fp8_experts, bool print) {
+  json rows = json::array();
+  if (print) {
+    std::printf("\n%s\n", title.c_str());
+    std::printf("  %-20s %10s %12s %12s %10s %8s\n", "family", "time ms", "GB", "TFLOP", "floor ms", "ratio");
+  }
+  double t_sum = 0, f_sum = 0, b_sum = 0;
+  for (const std::string& fam : kFamilies) {
+    const double t = ms.count(fam) ? ms.at(fam) : 0.0;
+    const Cost c = costs.count(fam) ? costs.at(fam) : Cost{};
+    const bool f8 = fam == "GEMMs" ? fp8 : fam == "MoE" ? fp8_experts : false;
+    const double fl = floor_ms(c, f8, rates);
+    t_sum += t;
+    f_sum += fl;
+    b_sum += c.bytes;
+    rows.push_back({{"family", fam}, {"time_ms", t}, {"bytes", c.bytes}, {"flops", c.flops}, {"floor_ms", fl},
+                    {"ratio", fl > 0 ? t / fl : 0.0}});
+    if (print)
+      std::printf("  %-20s %10.3f %12.3f %12.4f %10.3f %8.2f\n", fam.c_str(), t, c.bytes / 1e9, c.flops / 1e12, fl,
+                  fl > 0 ? t / fl : 0.0);
+  }
+  if (print)
+    std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f\n", "sum (eager ops)", t_sum, b_sum / 1e9, "", f_sum,
+                f_sum > 0 ? t_sum / f_sum : 0.0);
+  return rows;
+}
+
+int run_bench_step(const std::vector<std::string>& argv) {
+  Args a("bench step", argv);
+  a.opt({"--model"}, "DIR", "model directory (default: configs/minimax-m3, the published MiniMax-M3 config)")
+      .opt({"--tp-rank-of", "--tp"}, "N", "run one rank's shard of N tensor-parallel ranks (rank 0)", "1")
+      .opt({"--batch"}, "N", "decode step: sequences", "32")
+      .opt({"--context"}, "N", "decode step: tokens of each sequence after the step", "9216")
+      .opt({"--prefill"}, "N", "prefill chunk: tokens (one sequence from position 0; 0 = none)", "8192")
+      .opt({"--kv-cache-dtype"}, "DTYPE", "bf16 or fp8", "fp8")
+      .opt({"--index-cache-dtype"}, "DTYPE", "bf16 or fp8 (default: the kv cache dtype)")
+      .opt({"--iters"}, "N", "timed decode steps (prefill: N / 5, at least 2)", "20")
+      .opt({"--allreduce-gbps"}, "GB/S",
+           "all-reduce bus bandwidth for the projection (default 360: NCCL's all-reduce bus bandwidth on "
+           "8 x H100/H200 SXM with NVLink 4 / NVSwitch)",
+           "360")
+      .opt({"--allreduce-us"}, "US", "latency of one all-reduce for the projection", "10")
+      .opt({"--hbm-gbps"}, "GB/S", "memory bandwidth of the floors (default: a device-to-device copy, measured)")
+      .opt({"--fp8-tflops"}, "T", "FP8 tensor-core rate of the floors (H100/H200 SXM dense peak)", "1979")
+      .opt({"--bf16-tflops"}, "T", "BF16 tensor-core rate of the floors (H100/H200 SXM dense peak)", "989")
+      .flag({"--dense"}, "select every block in sparse layers")
+      .flag({"--json"}, "print one JSON object");
+  add_model_load_flags(a);
+  if (!a.parse()) return 0;
+  const std::string dir = a.has("--model") ? a.get("--model") : std::string(SIEVE_SOURCE_DIR) + "/configs/minimax-m3";
+  const long long tp = a.get_int("--tp-rank-of"), batch = a.get_int("--batch"), context = a.get_int("--context");
+  const long long prefill = a.get_int("--prefill"), iters = a.get_int("--iters");
+  if (tp < 1 || tp > 64) throw Error("--tp-rank-of must be in 1..64");
+  if (batch < 1 || batch > 4096) throw Error("--batch must be in 1..4096");
+  if (context < 1 || context > (1 << 24)) throw Error("--context must be in 1..16777216");
+  if (prefill < 0 || prefill > (1 << 20)) throw Error("--prefill must be in 0..1048576");
+  if (iters < 1) throw Error("--iters must be at least 1");
+  const bool print = !a.get_flag("--json");
+
+  model::LoadOptions lo = model_load_options(a);
+  if (!a.has("--load-format")) lo.load_format = "dummy";
+  // The issue's workload shares the index top-k over 4 sparse layers (spec §3.4, ATOM's recipe).
+  if (!a.has("--hf-overrides")) lo.hf_overrides = R"({"use_index_cache": true, "index_topk_freq": 4})";
+  lo.tp_size = int(tp);
+  lo.tp_rank = 0;
+  auto m = model::Model::load(dir, lo);
+  const ModelConfig& cfg = m->config();
+  const Device dev = m->device();
+  const model::RankLayout layout = model::RankLayout::make(cfg, int(tp), 0);
+  model::CacheOptions co = model::cache_options_from_flags(a.get("--kv-cache-dtype"), a.get("--index-cache-dtype"));
+  co.dense = a.get_flag("--dense");
+  const int bs = m->block_size();
+  const int64_t per_seq = (context + bs - 1) / bs, pre_blocks = (prefill + bs - 1) / bs;
+  co.num_blocks = batch * per_seq + pre_blocks;
+  // The caches hold zeros: no step's time depends on the values it reads.
+  m->allocate_caches(co);
+  engine::Runner graphed(*m);
+  engine::Runner eager(*m, {.enforce_eager = true});
+
+  Rates rates;
+  rates.hbm_gbps = a.has("--hbm-gbps") ? a.get_double("--hbm-gbps") : measure_copy_gbps(dev);
+  rates.fp8_tflops = a.get_double("--fp8-tflops");
+  rates.bf16_tflops = a.get_double("--bf16-tflops");
+  const std::string quant = model::effective_quantization(cfg, lo.quantization);
+  const bool fp8 = !quant.empty();
+  const bool fp8_experts = fp8 && model::experts_take_fp8();
+  const double kvb = dtype_size(co.kv_dtype), ixb = dtype_size(co.index_dtype);
+
+  // Token ids inside the rank's vocabulary rows (embedding.vocab of a split vocabulary).
+  std::mt19937 rng(1);
+  auto token = [&] { return int32_t(rng() % uint32_t(layout.vocab)); };
+
+  // The decode step: batch sequences, each with context keys after the step.
+  engine::StepInputs dec;
+  dec.max_blocks_per_seq = int(per_seq);
+  dec.query_start_loc = {0};
+  for (long long s = 0; s < batch; ++s) {
+    const int64_t pos = context - 1;
+    dec.token_ids.push_back(token());
+    dec.positions.push_back(int32_t(pos));
+    dec.slot_mapping.push_back((s * per_seq + pos / bs) * bs + pos % bs);
+    dec.query_start_loc.push_back(int32_t(s + 1));
+    dec.seq_lens.push_back(int32_t(context));
+    for (int64_t b = 0; b < per_seq; ++b) dec.block_tables.push_back(int32_t(s * per_seq + b));
+    dec.logits_indices.push_back(int32_t(s));
+  }
+  StepShape dshape;
+  dshape.tokens = batch;
+  dshape.q_keys.assign(size_t(batch), context);
+  dshape.seq_ctx.assign(size_t(batch), context);
+  dshape.logit_rows = batch;
+
+  Marks marks(dev, graphed.stream().cuda_stream);
+  Marks eager_marks(dev, eager.stream().cuda_stream);
+  std::vector<float> logits;
+  // Graph replays: the forward's time between the Uploaded and Computed marks' completion, and
+  // the logits' trip to the host after it.
+  std::vector<double> step_ms, logits_ms;
+  for (long long i = 0; i < iters + 3; ++i) {
+    marks.clear();
+    int up = -1, comp = -1;
+    clock_type::time_point t_comp, t_done;
+    graphed.set_phase_observer([&](engine::Runner::Phase p) {
+      if (p == engine::Runner::Phase::Uploaded) up = marks.mark();
+      if (p == engine::Runner::Phase::Computed) {
+        comp = marks.mark();
+        t_comp = clock_type::now();
+      }
+      if (p == engine::Runner::Phase::Done) t_done = clock_type::now();
+    });
+    graphed.run(dec, logits);
+    graphed.set_phase_observer({});
+    if (i < 3) continue;  // first use: eager run and capture, then warm replays
+    const double fwd = marks.ms(up, comp);
+    step_ms.push_back(fwd);
+    // Host time from the replay's launch to the logits on the host, less the forward's own time.
+    logits_ms.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(t_done - t_comp).count() - fwd));
+  }
+  const engine::GraphStats gs = graphed.graph_stats();
+  // Sampling of the step's rows on the host, as the engine draws them (one request per worker).
+  engine::Workers workers(engine::Workers::default_threads());
+  const int64_t V = cfg.vocab_size;
+  std::vector<double> sample_ms;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = clock_type::now();
+    workers.run(batch, [&](int64_t r) {
+      engine::SamplingParams sp;
+      std::mt19937_64 g{uint64_t(r)};
+      engine::sample_token(std::span<const float>(logits.data() + size_t(r * V), size_t(V)), sp, {}, 0, {}, g);
+    });
+    sample_ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
+  }
+  const auto dec_fam = per_family_ms(eager, dec, cfg, co.dense, eager_marks);
+  const auto dec_cost = step_costs(cfg, layout, dshape, fp8, fp8_experts, kvb, ixb);
+  double dec_bytes = 0;
+  for (const auto& [k, c] : dec_cost) dec_bytes += c.bytes;
+  const double dec_step = median(step_ms), dec_floor = dec_bytes / (rates.hbm_gbps * 1e9) * 1e3;
+  const double d_logits = median(logits_ms), d_sample = median(sample_ms);
+
+  json out;
+  out["model"] = dir;
+  out["device"] = device_name(dev);
+  out["tp_rank_of"] = tp;
+  out["quantization"] = fp8 ? quant : "bf16";
+  out["experts"] = fp8_experts ? "fp8" : "bf16";
+  out["kv_cache_dtype"] = std::string(dtype_name(co.kv_dtype));
+  out["index_cache_dtype"] = std::string(dtype_name(co.index_dtype));
+  out["weights_gb"] = double(m->weight_bytes()) / 1e9;
+  out["hbm_gbps"] = rates.hbm_gbps;
+  out["fp8_tflops"] = rates.fp8_tflops;
+  out["bf16_tflops"] = rates.bf16_tflops;
+  if (print) {
+    std::printf("sieve bench step: %s, one rank of %lld (%s weights, %s experts, %s KV / %s index caches) on %s\n",
+                dir.c_str(), tp, fp8 ? quant.c_str() : "bf16", fp8_experts ? "fp8" : "bf16",
+                std::string(dtype_name(co.kv_dtype)).c_str(), std::string(dtype_name(co.index_dtype)).c_str(),
+                device_name(dev).c_str());
+    std::printf("weights %.2f GB on the device; floors at %.0f GB/s (%s), %.0f FP8 / %.0f BF16 TFLOP/s\n",
+                double(m->weight_bytes()) / 1e9, rates.hbm_gbps,
+                a.has("--hbm-gbps") ? "given" : dev.is_cuda() ? "a device copy, measured" : "a figure for the CPU, not measured",
+                rates.fp8_tflops, rates.bf16_tflops);
+  }
+  json d;
+  d["batch"] = batch;
+  d["context"] = context;
+  d["families"] = table("decode step: " + std::to_string(batch) + " sequences at " + std::to_string(context) +
+                            " tokens (per-op times from an eager run with events around every op)",
+                        dec_fam, dec_cost, rates, fp8, fp8_experts, print);
+  d["step_ms"] = dec_step;
+  d["bytes"] = dec_bytes;
+  d["floor_ms"] = dec_floor;
+  d["ratio"] = dec_floor > 0 ? dec_step / dec_floor : 0.0;
+  d["logits_to_host_ms"] = d_logits;
+  d["sampling_ms"] = d_sample;
+  d["graphs"] = {{"captured", gs.captured}, {"replayed", gs.replayed}, {"off", gs.off_reason}};
+  // Sampling: the logits rows to the host, then one draw per sequence on the engine's workers.
+  const double logit_bytes = double(batch) * double(V) * 4;
+  d["families"].push_back({{"family", "sampling"}, {"time_ms", d_logits + d_sample}, {"bytes", logit_bytes},
+                           {"flops", 0.0}, {"floor_ms", 0.0}, {"ratio", 0.0},
+                           {"logits_to_host_ms", d_logits}, {"host_ms", d_sample}});
+  if (print) {
+    std::printf("  %-20s %10.3f %12.3f %12s %10s %8s   (logits to host %.3f, draws on the host %.3f)\n", "sampling",
+                d_logits + d_sample, logit_bytes / 1e9, "", "-", "-", d_logits, d_sample);
+    std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (%s, median of %lld)\n", "step", dec_step, dec_bytes / 1e9,
+                "", dec_floor, dec_floor > 0 ? dec_step / dec_floor : 0.0,
+                gs.replayed > 0 ? "CUDA graph replay" : "eager: no graphs on this device", iters);
+  }
+
+  // Projection: the step, its logits and sampling, and two all-reduces per layer of the step's
+  // hidden states (fp32 sublayer outputs) at the given bus bandwidth: time = bytes * 2(N-1)/N / bus.
+  const double ar_bytes = double(batch) * double(cfg.hidden_size) * 4;
+  const double ar_ms = tp > 1 ? (ar_bytes * 2.0 * double(tp - 1) / double(tp) / (a.get_double("--allreduce-gbps") * 1e9)) * 1e3 +
+                                    a.get_double("--allreduce-us") * 1e-3
+                              : 0.0;
+  const double comm = 2.0 * cfg.num_hidden_layers * ar_ms;
+  const double tpot = dec_step + d_logits + d_sample + comm;
+  out["decode"] = d;
+  out["projected_tpot_ms"] = tpot;
+  out["projection"] = {{"ranks", tp},
+                       {"allreduce_gbps", a.get_double("--allreduce-gbps")},
+                       {"allreduce_us", a.get_double("--allreduce-us")},
+                       {"allreduce_bytes", ar_bytes},
+                       {"allreduces", 2 * cfg.num_hidden_layers},
+                       {"comm_ms", comm}};
+  if (print && tp > 1)
+    std::printf("  projected TPOT for %lld ranks: %.3f ms = step %.3f + logits %.3f + sampling %.3f + %d all-reduces x "
+                "%.4f ms (%.0f KB of fp32 hidden states each at %.0f GB/s bus bandwidth + %.0f us)\n",
+                tp, tpot, dec_step, d_logits, d_sample, 2 * cfg.num_hidden_layers, ar_ms, ar_bytes / 1e3,
+                a.get_double("--allreduce-gbps"), a.get_double("--allreduce-us"));
+  else if (print)
+    std::printf("  TPOT on one device: %.3f ms = step %.3f + logits %.3f + sampling %.3f\n", tpot, dec_step, d_logits,
+                d_sample);
+
+  if (prefill > 0) {
+    engine::StepInputs pre;
+    const int64_t base = batch * per_seq;
+    for (int64_t i = 0; i < prefill; ++i) {
+      pre.token_ids.push_back(token());
+      pre.positions.push_back(int32_t(i));
+      pre.slot_mapping.push_back((base + i / bs) * bs + i % bs);
+    }
+    for (int64_t b = 0; b < pre_blocks; ++b) pre.block_tables.push_back(int32_t(base + b));
+    pre.max_blocks_per_seq = int(pre_blocks);
+    pre.query_start_loc = {0, int32_t(prefill)};
+    pre.seq_lens = {int32_t(prefill)};
+    pre.logits_indices = {int32_t(prefill - 1)};
+    StepShape ps;
+    ps.tokens = prefill;
+    for (int64_t i = 0; i < prefill; ++i) ps.q_keys.push_back(i + 1);
+    ps.seq_ctx = {prefill};
+    ps.logit_rows = 1;
+    std::vector<double> pre_ms;
+    const long long pre_iters = std::max<long long>(2, iters / 5);
+    for (long long i = 0; i < pre_iters + 1; ++i) {
+      eager_marks.clear();
+      int up = -1, comp = -1;
+      eager.set_phase_observer([&](engine::Runner::Phase p) {
+        if (p == engine::Runner::Phase::Uploaded) up = eager_marks.mark();
+        if (p == engine::Runner::Phase::Computed) comp = eager_marks.mark();
+      });
+      eager.run(pre, logits);
+      eager.set_phase_observer({});
+      if (i > 0) pre_ms.push_back(eager_marks.ms(up, comp));
+    }
+    const auto pre_fam = per_family_ms(eager, pre, cfg, co.dense, eager_marks);
+    const auto pre_cost = step_costs(cfg, layout, ps, fp8, fp8_experts, kvb, ixb);
+    json p;
+    p["tokens"] = prefill;
+    p["families"] = table("prefill chunk: " + std::to_string(prefill) + " tokens of one sequence from position 0", pre_fam,
+                          pre_cost, rates, fp8, fp8_experts, print);
+    double fl = 0;
+    for (const auto& [k, c] : pre_cost) fl += floor_ms(c, k == "GEMMs" ? fp8 : k == "MoE" ? fp8_experts : false, rates);
+    p["step_ms"] = median(pre_ms);
+    p["floor_ms"] = fl;
+    p["tokens_per_s"] = double(prefill) / (median(pre_ms) * 1e-3);
+    if (print)
+      std::printf("  %-20s %10.3f %12s %12s %10.3f %8.2f   (eager, median of %lld; %.0f tokens/s)\n", "step",
+                  median(pre_ms), "", "", fl, fl > 0 ? median(pre_ms) / fl : 0.0, pre_iters, double(prefill) / (median(pre_ms) * 1e-3));
+    out["prefill"] = p;
+  }
+  if (!print) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+Register reg{"bench step", "one engine step at real shapes as one tensor-parallel rank runs it, per op family against its floor",
+             &run_bench_step};
+
+}  // namespace
+}  // namespace sieve::cli

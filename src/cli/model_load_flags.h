@@ -1,0 +1,25 @@
+// The model-loading flags that generate, eval perplexity, serve and bench step share (vLLM's
+// names), and the progress line printed while weights load.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "cli/command.h"
+#include "model/model.h"
+
+namespace sieve::cli {
+
+// --device, --hf-overrides, --quantization, --load-format.
+void add_model_load_flags(Args& a);
+
+// LoadOptions from those flags (--device auto falls back to the CPU for a model the CUDA
+// kernels cannot run), with a progress printer on stderr.
+model::LoadOptions model_load_options(const Args& a);
+
+// A progress callback (done, total bytes) for core/progress.h's bar (bytes, rate, time left; on
+// a terminal in place, else a log line every few seconds); silent for loads under a second.
+std::function<void(uint64_t, uint64_t)> load_progress_printer(const std::string& what);
+
+}  // namespace sieve::cli

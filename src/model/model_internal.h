@@ -1,0 +1,14 @@
+// Internal to model/: what Model::load (model.cpp) builds the model from.
+#pragma once
+
+#include <memory>
+
+#include "model/model.h"
+#include "model/rank_layout.h"
+#include "model/weights.h"
+
+namespace sieve::model {
+
+std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev);
+
+}  // namespace sieve::model
