@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "model/weight_formats.h"
 
 namespace sieve::model {
@@ -354,15 +355,9 @@ ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
   // FP8 weight is at most 448 * 2^-14 = 0.027; norm weights and biases are small.
   constexpr size_t kPool = size_t(16) << 20;
   std::vector<uint8_t> fp8_pool(kPool), bf16_pool(kPool * 2), f32_pool(kPool * 4);
-  uint64_t st = 0x5eed;
-  auto next = [&] {
-    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
+  SplitMix64 rng{0x5eed};
   for (size_t i = 0; i < kPool; ++i) {
-    const uint64_t r = next();
+    const uint64_t r = rng.next();
     uint8_t q = uint8_t(r);
     if ((q & 0x7f) == 0x7f) q ^= 0x01;  // 0x7f / 0xff are NaN in e4m3fn
     fp8_pool[i] = q;
