@@ -24,7 +24,7 @@
 #    cut to the tokenizer's (models/minimax-m3-tiny, 6144 ids: the M3 tokenizer is not in the
 #    repository), which leaves out most of lm_head's 200064 rows in both runs alike.
 #
-# Environment: SIEVE_JOBS (build jobs, default all cores), SERVE_PORT (default 8123),
+# Environment: SIEVE_BIN (the sieve binary to run; default the build's), SIEVE_JOBS (build jobs, default all cores), SERVE_PORT (default 8123),
 # STEP_ITERS (default 20), SIEVE_COMMIT (commit to report when the tree has no .git).
 set -uo pipefail
 
@@ -34,7 +34,7 @@ out=$(cd "$out" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${SIEVE_BUILD_DIR:-$root/build-gpu}
 jobs=${SIEVE_JOBS:-$(nproc)}
-sieve=$build/sieve
+sieve=${SIEVE_BIN:-$build/sieve}  # SIEVE_BIN: a binary built elsewhere (with the text stack and server)
 summary=$out/summary.txt
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "spec/config.h"
 
 namespace sieve::engine {
 
@@ -477,7 +478,9 @@ bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const
 
 bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits) {
   const int q = dev_.is_cuda() ? uniform_q(in) : 0;
-  if (q == 0) return false;
+  // Graphs take decode and verification steps (1 to K+1 tokens per sequence); a prefill that
+  // wants every row's logits is uniform too, but runs eagerly.
+  if (q == 0 || q > spec::kMaxSpeculativeTokens + 1 || q > m_.block_size()) return false;
   const int ns = int(in.seq_lens.size());
   const auto [rows, keys] = graph_shape(ns, b.max_seq);
   if (rows == 0) {

@@ -136,9 +136,14 @@ TEST(SpecCuda, VerificationStepGraphsMatchTheirEagerRunBitForBit) {
   EXPECT_LE(flips, 1);
 }
 
-std::vector<std::vector<int32_t>> greedy(model::Model& m, Eagle3Draft* draft,
-                                         const SpeculativeConfig& sc, engine::EngineStats* st,
-                                         engine::GraphStats* gs) {
+// A greedy run's tokens and, per position, the two most likely tokens with their log-probs.
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<std::vector<engine::TokenLogprob>>> top;
+};
+
+GreedyRun greedy(model::Model& m, Eagle3Draft* draft, const SpeculativeConfig& sc, engine::EngineStats* st,
+                 engine::GraphStats* gs) {
   engine::Runner runner(m);
   const int64_t blocks = 64;
   m.allocate_caches({.kv_dtype = DType::BF16, .index_dtype = DType::BF16, .num_blocks = blocks});
@@ -159,16 +164,22 @@ std::vector<std::vector<int32_t>> greedy(model::Model& m, Eagle3Draft* draft,
     sp.temperature = 0;
     sp.max_tokens = 48;
     sp.ignore_eos = true;
+    sp.logprobs = true;
+    sp.top_logprobs = 2;
     streams.push_back(e.submit(
         std::vector<int32_t>(text.begin() + 50 * i, text.begin() + 50 * i + 100 + 150 * i), sp));
   }
-  std::vector<std::vector<int32_t>> out;
+  GreedyRun out;
   for (auto& s : streams) {
     std::vector<engine::TokenOutput> toks;
     while (s->next(toks, 100ms) == engine::FinishReason::None) {
     }
-    out.emplace_back();
-    for (auto& t : toks) out.back().push_back(t.token);
+    out.tokens.emplace_back();
+    out.top.emplace_back();
+    for (auto& t : toks) {
+      out.tokens.back().push_back(t.token);
+      out.top.back().push_back(t.top);
+    }
   }
   e.wait_idle(10s);
   *st = e.stats();
@@ -205,11 +216,24 @@ TEST(SpecCuda, GreedyOutputEqualsPlainDecodingWithGraphs) {
         (long long)gs.replayed, gs.off_reason.empty() ? "" : "; off: ", gs.off_reason.c_str());
     EXPECT_TRUE(gs.off_reason.empty()) << gs.off_reason;
     EXPECT_GT(gs.replayed, 0);
-    for (size_t i = 0; i < want.size(); ++i) {
+    // Activations are bf16 on the GPU, so a GEMM's rounding depends on how many rows its step has
+    // (a verification step has K + 1 per sequence): greedy outputs may part where the plain run's
+    // two best tokens are a near tie, and only there. Up to the first difference they are equal;
+    // at it, the spec run's token is the plain run's runner-up within bf16 noise.
+    for (size_t i = 0; i < want.tokens.size(); ++i) {
+      const auto& w = want.tokens[i];
+      const auto& g = got.tokens[i];
+      ASSERT_EQ(g.size(), w.size());
       size_t same = 0;
-      while (same < want[i].size() && same < got[i].size() && want[i][same] == got[i][same]) ++same;
-      EXPECT_EQ(got[i], want[i]) << method_name(method) << " prompt " << i
-                                 << ": first difference at token " << same;
+      while (same < w.size() && w[same] == g[same]) ++same;
+      if (same == w.size()) continue;
+      const auto& top = want.top[i][same];
+      ASSERT_EQ(top.size(), 2u);
+      const float gap = top[0].logprob - top[1].logprob;
+      std::printf("[ spec ] %s prompt %zu: parts at token %zu of %zu, where the plain run's best two are %.4f apart\n",
+                  method_name(method), i, same, w.size(), gap);
+      EXPECT_EQ(top[1].token, g[same]) << method_name(method) << " prompt " << i << " token " << same;
+      EXPECT_LT(gap, 0.1f) << method_name(method) << " prompt " << i << " token " << same;
     }
   }
 }
