@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/tuning.h"
+
 #ifdef __CUDACC__
 #define SIEVE_HD __host__ __device__ __forceinline__
 #define SIEVE_UNROLL _Pragma("unroll")
@@ -24,18 +26,6 @@
 #endif
 
 namespace sieve::cuda {
-
-// Knobs of ops::linear on CUDA, set only by tests and the benchmark (linear.h); 0 = the default.
-struct LinearTuning {
-  int backend =
-      0;  // 0 auto (own kernels), 1 own kernels, 2 cuBLASLt block scaling (false where refused)
-  int wgs = 0;  // consumer warpgroups a CTA (1 or 2); default 1 up to 64 tokens, else 2
-  int bn = 0;   // tokens a CTA (8, 16, 32, 64, 128); default the smallest >= m up to 64, else 128
-  int splits =
-      0;  // CTAs along k of a tile (1..8); default: enough tiles for every SM's resident CTAs
-  int stages = 0;           // ring depth (2..8); default from the shared-memory budget
-  int max_ctas_per_sm = 0;  // resident CTAs the split count aims at (default 2)
-};
 
 namespace fp8 {
 
@@ -159,6 +149,20 @@ SIEVE_HD void promote_block(float (&acc)[BN / 2], const float (&blk)[BN / 2], co
 
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// Byte `b` (0..127) of token row `r` of a stage's token tile: where the 128-byte-swizzled tensor
+// copy puts it (16-byte chunk c of a row lands at chunk c ^ (r % 8); the tile is 1024-byte
+// aligned), and so where the GEMM's own quantizer writes it.
+SIEVE_HD int x_tile_offset(int r, int b) {
+  return r * kBK + ((((b >> 4) ^ r) & 7) << 4) + (b & 15);
+}
+
+// Up to how many tokens F32 / BF16 rows are quantized inside the GEMM (LinearTuning::
+// fuse_quant_max_m; the rule 8: each CTA quantizes its own k range of every row, which costs
+// little next to its weight stream only for a few rows).
+inline int fuse_quant_max_m(const LinearTuning& t) {
+  return t.fuse_quant_max_m >= 0 ? t.fuse_quant_max_m : 8;
 }
 
 // The plan for m tokens times an n x k weight on a GPU of `sms` multiprocessors with `max_smem`
