@@ -135,8 +135,8 @@ table("decode, FP8 rows (graph x16 per call): default | alternatives",
        ("lt block", "fp8 linear, cuBLASLt 1x128/128x128", None), ("lt rowwise", "fp8 linear, cuBLASLt rowwise", None)],
       lambda r: dec(r))
 table("decode, BF16 rows (graph x16 per call)",
-      [("default", own, "1x128 bf16 x"), ("fused", own, "1x128 bf16 x, fused quant"),
-       ("quant kernel", own, "1x128 bf16 x, quant kernel"), ("r2 (no pdl)", own, "1x128 bf16 x, quant kernel, no pdl")],
+      [("default", own, "1x128 bf16 x"), ("fused quant", own, "1x128 bf16 x, fused quant"),
+       ("no pdl", own, "1x128 bf16 x, no pdl")],
       lambda r: dec(r))
 table("weight bytes read probe (graph x16 per call; floor and ratio at m1)", [probe], lambda r: True)
 table("prefill m8192 (eager): default path per layout",

@@ -6,8 +6,8 @@
 // read probe of each shape's weight bytes (what a lone kernel gets for them).
 // Decode (m <= 64) rows are graphs of 16 calls (per call): the default plan and, side by side,
 // the knobs' alternatives (no programmatic dependent launch, the split rule aiming at 1 or 3
-// CTAs an SM, a shallower ring, BF16 rows quantized inside the GEMM or by a kernel first), so
-// that one run shows which is fastest per shape. Prefill (m = 8192) rows are eager: the path
+// CTAs an SM, a shallower ring, BF16 rows quantized inside the GEMM rather than by a kernel
+// first), so that one run shows which is fastest per shape. Prefill (m = 8192) rows are eager: the path
 // the op takes by default with each scale layout (cuBLASLt given WeightView::scale_lt), and the
 // wgmma kernel it falls back to.
 // Floors: m <= 64 the bytes (FP8 weights and their scales, x, y) over the measured copy rate;
@@ -164,9 +164,7 @@ void run_linear_rows(const Options& opt, const Env& env,
       {"128x128", 128, false, nullptr},
       {"1x128 bf16 x", 1, true, nullptr},
       {"1x128 bf16 x, fused quant", 1, true, [](cuda::LinearTuning& t) { t.fuse_quant_max_m = 64; }},
-      {"1x128 bf16 x, quant kernel", 1, true, [](cuda::LinearTuning& t) { t.fuse_quant_max_m = 0; }},
-      {"1x128 bf16 x, quant kernel, no pdl", 1, true,
-       [](cuda::LinearTuning& t) { t.fuse_quant_max_m = 0, t.pdl = false; }},
+      {"1x128 bf16 x, no pdl", 1, true, [](cuda::LinearTuning& t) { t.pdl = false; }},
   };
   // Prefill: the default path with each layout (given cuBLASLt's scale copies), BF16 rows, and
   // the wgmma kernel alone.

@@ -11,9 +11,9 @@
 //     accumulators, the weight tile as the M side so that a few tokens still fill the N side)
 //     and one producer warp (streams weight and token tiles of 128 k by 2-D tensor copies into a
 //     ring of shared-memory stages, and each stage's scales by cp.async);
-//   - F32 / BF16 x: up to LinearTuning::fuse_quant_max_m tokens the CTA quantizes its own k range
-//     of the rows into the stages itself (first stages by every warp, later ones by the producer),
-//     else a quantize kernel writes them to a private buffer first;
+//   - F32 / BF16 x: a quantize kernel writes them to a private buffer first (by default; up to
+//     LinearTuning::fuse_quant_max_m tokens the CTA quantizes its own k range of the rows into
+//     the stages itself instead: first stages by every warp, later ones by the producer);
 //   - each 128-k block is accumulated alone (4 wgmma), then promoted into the fp32 running sum
 //     times w_scale * x_scale (the tensor cores' fp8 sums are truncated to 13 bits per step,
 //     tests/kernels/fp8_mma_model.h);
@@ -509,7 +509,7 @@ LinearPath linear_path(const ops::LinearParams& p) {
     }
     if (t.backend == 2) return LinearPath::kNone;
   }
-  if (p.x_dtype != DType::FP8_E4M3 && p.m <= fp8::fuse_quant_max_m(t))
+  if (p.x_dtype != DType::FP8_E4M3 && p.m <= t.fuse_quant_max_m)
     return LinearPath::kOwnFused;
   return LinearPath::kOwn;
 }
