@@ -131,7 +131,8 @@ pre = lambda r: r["shape"].endswith("m8192")
 probe = ("probe", "read probe (fp8 linear's weight bytes)", None)
 table("decode, FP8 rows (graph x16 per call): default | alternatives",
       [("default", own, "1x128"), ("no pdl", own, "1x128, no pdl"), ("1 cta/sm", own, "1x128, 1 cta/sm"),
-       ("3 ctas/sm", own, "1x128, 3 ctas/sm"), ("4 stages", own, "1x128, 4 stages"), ("128x128", own, "128x128"),
+       ("3 ctas/sm", own, "1x128, 3 ctas/sm"), ("4 stages", own, "1x128, 4 stages"),
+       ("8 stages", own, "1x128, 8 stages"), ("128x128", own, "128x128"),
        ("lt block", "fp8 linear, cuBLASLt 1x128/128x128", None), ("lt rowwise", "fp8 linear, cuBLASLt rowwise", None)],
       lambda r: dec(r))
 table("decode, BF16 rows (graph x16 per call)",

@@ -316,9 +316,10 @@ TEST(CudaLinearFp8, ForcedPlans) {
         LinearCase c(m, 200, 1152, DType::FP8_E4M3, DType::FP8_E4M3, splits % 2 ? 1 : 128, 128,
                      seed % 2 ? DType::BF16 : DType::F32, seed % 3 == 0, seed, 16);
         ++seed;
-        EXPECT_TRUE(gpu_linear_case(c, " wgs " + std::to_string(wgs) + " bn " + std::to_string(bn) +
-                                           " splits " + std::to_string(splits) + " stages " +
-                                           std::to_string(t.stages),
+        EXPECT_TRUE(gpu_linear_case(c,
+                                    " wgs " + std::to_string(wgs) + " bn " + std::to_string(bn) +
+                                        " splits " + std::to_string(splits) + " stages " +
+                                        std::to_string(t.stages),
                                     &agree));
       }
 }
@@ -393,8 +394,8 @@ TEST(CudaLinearFp8, FusedQuantizationEqualsTheQuantizeKernel) {
   uint64_t seed = 6000;
   for (const Case& cs : cases)
     for (bool on_stream : {false, true}) {
-      LinearCase c(cs.m, cs.n, cs.k, cs.xt, DType::FP8_E4M3, seed % 2 ? 1 : 128, 128,
-                   DType::F32, seed % 3 == 0, seed, cs.x_pad);
+      LinearCase c(cs.m, cs.n, cs.k, cs.xt, DType::FP8_E4M3, seed % 2 ? 1 : 128, 128, DType::F32,
+                   seed % 3 == 0, seed, cs.x_pad);
       ++seed;
       SCOPED_TRACE(c.describe() + (on_stream ? " on a stream" : ""));
       cudaStream_t s = on_stream ? st : nullptr;
@@ -449,8 +450,10 @@ TEST(CudaLinearFp8, DependentLaunchesKeepTheOrder) {
       }
       ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
       const std::vector<uint8_t> y = dy.bytes(size_t(m * d) * 2);
-      if (fuse == 0) got[pdl] = y;
-      else EXPECT_EQ(y, got[pdl]) << "fused quantization, pdl " << pdl;
+      if (fuse == 0)
+        got[pdl] = y;
+      else
+        EXPECT_EQ(y, got[pdl]) << "fused quantization, pdl " << pdl;
     }
   }
   EXPECT_EQ(got[0], got[1]) << "programmatic dependent launch changed the result";

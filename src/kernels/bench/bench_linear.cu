@@ -6,10 +6,10 @@
 // read probe of each shape's weight bytes (what a lone kernel gets for them).
 // Decode (m <= 64) rows are graphs of 16 calls (per call): the default plan and, side by side,
 // the knobs' alternatives (no programmatic dependent launch, the split rule aiming at 1 or 3
-// CTAs an SM, a shallower ring, BF16 rows quantized inside the GEMM rather than by a kernel
-// first), so that one run shows which is fastest per shape. Prefill (m = 8192) rows are eager: the path
-// the op takes by default with each scale layout (cuBLASLt given WeightView::scale_lt), and the
-// wgmma kernel it falls back to.
+// CTAs an SM, a shallower or the deepest ring, BF16 rows quantized inside the GEMM rather than
+// by a kernel first), so that one run shows which is fastest per shape. Prefill (m = 8192) rows
+// are eager: the path the op takes by default with each scale layout (cuBLASLt given
+// WeightView::scale_lt), and the wgmma kernel it falls back to.
 // Floors: m <= 64 the bytes (FP8 weights and their scales, x, y) over the measured copy rate;
 // m = 8192 the FLOPs over the measured FP8 rate. Weight sets rotate so that a row's weights over
 // all sets exceed 4 x the L2 (every call reads its weights from DRAM, as a decode step does).
@@ -93,12 +93,18 @@ struct LinearSet {
 
 const char* path_name(cuda::LinearPath p) {
   switch (p) {
-    case cuda::LinearPath::kOwn: return "own";
-    case cuda::LinearPath::kOwnFused: return "own, fused quant";
-    case cuda::LinearPath::kLtBlock: return "cuBLASLt blk128";
-    case cuda::LinearPath::kLtVec128: return "cuBLASLt vec128";
-    case cuda::LinearPath::kMatmul: return "matmul";
-    default: return "unsupported";
+    case cuda::LinearPath::kOwn:
+      return "own";
+    case cuda::LinearPath::kOwnFused:
+      return "own, fused quant";
+    case cuda::LinearPath::kLtBlock:
+      return "cuBLASLt blk128";
+    case cuda::LinearPath::kLtVec128:
+      return "cuBLASLt vec128";
+    case cuda::LinearPath::kMatmul:
+      return "matmul";
+    default:
+      return "unsupported";
   }
 }
 
@@ -161,9 +167,11 @@ void run_linear_rows(const Options& opt, const Env& env,
       {"1x128, 1 cta/sm", 1, false, [](cuda::LinearTuning& t) { t.max_ctas_per_sm = 1; }},
       {"1x128, 3 ctas/sm", 1, false, [](cuda::LinearTuning& t) { t.max_ctas_per_sm = 3; }},
       {"1x128, 4 stages", 1, false, [](cuda::LinearTuning& t) { t.stages = 4; }},
+      {"1x128, 8 stages", 1, false, [](cuda::LinearTuning& t) { t.stages = 8; }},
       {"128x128", 128, false, nullptr},
       {"1x128 bf16 x", 1, true, nullptr},
-      {"1x128 bf16 x, fused quant", 1, true, [](cuda::LinearTuning& t) { t.fuse_quant_max_m = 64; }},
+      {"1x128 bf16 x, fused quant", 1, true,
+       [](cuda::LinearTuning& t) { t.fuse_quant_max_m = 64; }},
       {"1x128 bf16 x, no pdl", 1, true, [](cuda::LinearTuning& t) { t.pdl = false; }},
   };
   // Prefill: the default path with each layout (given cuBLASLt's scale copies), BF16 rows, and
@@ -278,8 +286,8 @@ void run_linear_rows(const Options& opt, const Env& env,
             emit(kOwn, mode, time_calls(runs, sets, fn, st), floor_us, runs);
           }
           if (decode)
-            emit(kOwn, mode + ", graph x16", time_calls(runs, sets, fn, st, kGraphBatch),
-                 floor_us, runs);
+            emit(kOwn, mode + ", graph x16", time_calls(runs, sets, fn, st, kGraphBatch), floor_us,
+                 runs);
           else
             emit(kOwn, mode, time_calls(runs, sets, fn, st), floor_us, runs);
         }
@@ -292,7 +300,8 @@ void run_linear_rows(const Options& opt, const Env& env,
             g.x = d.x->p, g.ldx = k, g.w = d.w->p, g.y = d.y->p, g.y_dtype = DType::BF16, g.ldy = n;
             g.m = m, g.n = n, g.k = k, g.scaling = sc;
             g.x_scale = sc == cuda::LtScaling::kBlock ? d.xs_lt->as<float>() : d.xrow->as<float>();
-            g.w_scale = sc == cuda::LtScaling::kBlock ? d.ws128_lt->as<float>() : d.wrow->as<float>();
+            g.w_scale =
+                sc == cuda::LtScaling::kBlock ? d.ws128_lt->as<float>() : d.wrow->as<float>();
             return g;
           };
           const char* kernel = sc == cuda::LtScaling::kBlock ? kLtBlock : kLtRow;

@@ -1,10 +1,10 @@
 // ops::linear on CUDA. BF16 / F32 weights go to matmul (cuBLAS). FP8 weights ((1, 128) or
 // (128, 128) scale blocks; docs/kernels.md "FP8 GEMM" has the design and which path each shape
 // takes):
-//   - prefill (m > 64): cuBLASLt block scaling where the weight's scales allow it (linear_cublaslt.cu:
-//     128 x 128 blocks whose rows of blocks are a multiple of 4 long, or any FP8 weight that
-//     carries cuBLASLt's copy of its scales, WeightView::scale_lt), x quantized per 1 x 128 group
-//     first with k-block-major scales; else the wgmma kernel below;
+//   - prefill (m > 64): cuBLASLt block scaling where the weight's scales allow it
+//     (linear_cublaslt.cu: 128 x 128 blocks whose rows of blocks are a multiple of 4 long, or any
+//     FP8 weight that carries cuBLASLt's copy of its scales, WeightView::scale_lt), x quantized
+//     per 1 x 128 group first with k-block-major scales; else the wgmma kernel below;
 //   - decode (m <= 64) and the rest: one wgmma kernel (linear_fp8_plan.h has its index
 //     arithmetic):
 //   - a CTA = 1 or 2 consumer warpgroups (64 weight rows each, wgmma m64nBNk32 e4m3 with fp32
@@ -349,8 +349,9 @@ int64_t resident_tiles(const fp8::Plan& p) {
   auto it = seen.find(key);
   if (it == seen.end()) {
     const int64_t tiles = int64_t(p.tiles_n) * p.tiles_m;
-    it = seen.emplace(key, resident_clusters(kernel_for(p), p.threads(), size_t(fp8::smem_request(p)),
-                                             p.splits, int(std::min<int64_t>(tiles, 4096)), INT_MAX))
+    it = seen.emplace(key,
+                      resident_clusters(kernel_for(p), p.threads(), size_t(fp8::smem_request(p)),
+                                        p.splits, int(std::min<int64_t>(tiles, 4096)), INT_MAX))
              .first;
   }
   return it->second;
@@ -509,8 +510,7 @@ LinearPath linear_path(const ops::LinearParams& p) {
     }
     if (t.backend == 2) return LinearPath::kNone;
   }
-  if (p.x_dtype != DType::FP8_E4M3 && p.m <= t.fuse_quant_max_m)
-    return LinearPath::kOwnFused;
+  if (p.x_dtype != DType::FP8_E4M3 && p.m <= t.fuse_quant_max_m) return LinearPath::kOwnFused;
   return LinearPath::kOwn;
 }
 
