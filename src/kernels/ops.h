@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -110,13 +111,26 @@ struct MatmulParams {
 //              fp8` (online, scale = amax / 448 per block).
 //   The CPU reference takes any block shape; the CUDA kernels (1, 128) and (128, 128).
 // F32 / BF16: no scale. The data is contiguous (row stride = cols) and, on CUDA, 16-byte aligned.
+// scale_lt (optional, CUDA): the same scales as cuBLASLt's block-scaled GEMM reads them, which the
+//   CUDA prefill path (m > 64) needs for (1, 128) blocks and for (128, 128) blocks whose rows of
+//   blocks are not a multiple of 4 long (without it those take the slower own kernel). Made once
+//   at load by lt_weight_scales below and uploaded next to `scale`; the CPU ignores it.
 struct WeightView {
   const void* data = nullptr;  // [rows, cols] row-major
   DType dtype = DType::BF16;   // F32, BF16, FP8_E4M3
   int64_t rows = 0, cols = 0;
   const float* scale = nullptr;  // FP8_E4M3 only: [ceil(rows / br), ceil(cols / bc)]
   int scale_block_rows = 0, scale_block_cols = 0;
+  const float* scale_lt = nullptr;  // FP8_E4M3, optional: lt_weight_scales(*this, scale)
 };
+
+// The scales of an FP8 weight w (host copy `scale`, WeightView layout) rearranged for
+// WeightView::scale_lt; empty when w needs none (other block shapes, or (128, 128) blocks whose
+// rows of blocks are a multiple of 4 long: cuBLASLt reads `scale` itself).
+//   (1, 128):   k-block major, [ceil(cols / 128)][rows]: out[kb * rows + r] = scale[r * KB + kb];
+//   (128, 128): rows of blocks padded to a multiple of 4, [ceil(rows / 128)][round_up(KB, 4)]
+//               (padding 1, never read for real columns).
+std::vector<float> lt_weight_scales(const WeightView& w, const float* scale);
 
 // Activations quantized for the FP8 GEMMs: per-token groups of 128 columns (1 x 128).
 // For row r and group g = c / 128 (the last group may be shorter):

@@ -1,14 +1,16 @@
 // A random ops::linear case on the host (CPU reference test, CUDA parity test, host emulation of
 // the CUDA tiles): x rows (F32, BF16, or FP8 quantized by cpu::quantize_row_fp8 with their
 // scales), a weight (F32, BF16, or FP8 with random block scales of any shape), y poisoned or
-// random under accumulate, padded row strides; and a double-precision reference built from the
-// dequantization formula of ops.h.
+// random under accumulate, padded row strides; a double-precision reference built from the
+// dequantization formula of ops.h; and for FP8 x FP8 the bound of what Hopper's tensor cores may
+// differ from it (fp8_mma_model.h).
 #pragma once
 
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "fp8_mma_model.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
@@ -159,6 +161,49 @@ struct LinearCase {
   std::string mismatches(const TypedBuffer& got, double sum_tol, double atol) const {
     std::vector<double> ref, mag;
     reference(ref, mag);
+    for (size_t e = 0; e < mag.size(); ++e) mag[e] = (sum_tol * mag[e] + atol) * 1.01;
+    return mismatches_within(got, ref, mag);
+  }
+
+  // FP8 x and FP8 w (what the CUDA FP8 GEMMs multiply): per output the exact reference, the
+  // tensor-core model's value (each 128-k block summed by hopper_fp8_block, times its scales, in
+  // double) and a bound on the GPU's distance from the exact reference: the blocks' bounds times
+  // their scales, plus fp32 roundings of the scale products, the promotions, the split sums and
+  // an accumulated y.
+  void tensor_core_reference(std::vector<double>& ref, std::vector<double>& model,
+                             std::vector<double>& bound) const {
+    std::vector<double> mag;
+    reference(ref, mag);
+    const int64_t kb = (k + 127) / 128;
+    std::vector<float> wf(size_t(n * k)), xf(size_t(m * k));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t c = 0; c < k; ++c) wf[size_t(j * k + c)] = w.get(size_t(j * k + c));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < k; ++c) xf[size_t(i * k + c)] = x.get(size_t(i * ldx + c));
+    model.assign(size_t(m * n), 0.0);
+    bound.assign(size_t(m * n), 0.0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double v = acc ? double(y.get(size_t(i * ldy + j))) : 0.0, b = 0;
+        for (int64_t q = 0; q < kb; ++q) {
+          const int len = int(std::min<int64_t>(128, k - q * 128));
+          const BlockSum s =
+              hopper_fp8_block(&wf[size_t(j * k + q * 128)], &xf[size_t(i * k + q * 128)], len);
+          const double sc = double(wscale[size_t((j / br) * ((k + bc - 1) / bc) + q * 128 / bc)]) *
+                            xscale[size_t(i * kb + q)];
+          v += s.value * sc;
+          b += s.bound * sc;
+        }
+        model[size_t(i * n + j)] = v;
+        bound[size_t(i * n + j)] =
+            b * 1.01 + double(2 * kb + 8) * 0x1p-23 * (mag[size_t(i * n + j)] + b);
+      }
+  }
+
+  // The first mismatches of `got` against ref within tol (per output; plus one bf16 rounding of a
+  // BF16 output), padding columns NaN; "" when all hold.
+  std::string mismatches_within(const TypedBuffer& got, const std::vector<double>& ref,
+                                const std::vector<double>& tol) const {
     std::string out;
     int bad = 0;
     for (int64_t i = 0; i < m && bad < 5; ++i) {
@@ -170,15 +215,31 @@ struct LinearCase {
           continue;
         }
         const double r = ref[size_t(i * n + j)];
-        const double tol = (sum_tol * mag[size_t(i * n + j)] + atol) * 1.01 +
-                           (yt == DType::BF16 ? std::fabs(r) / 256 : 0.0);
-        if (!(std::fabs(g - r) <= tol) && bad++ < 5)
+        const double t = tol[size_t(i * n + j)] + (yt == DType::BF16 ? std::fabs(r) / 256 : 0.0);
+        if (!(std::fabs(g - r) <= t) && bad++ < 5)
           out += " y[" + std::to_string(i) + "," + std::to_string(j) + "] = " + std::to_string(g) +
-                 " want " + std::to_string(r) + " (tol " + std::to_string(tol) + ");";
+                 " want " + std::to_string(r) + " (tol " + std::to_string(t) + ");";
       }
     }
     return out;
   }
 };
+
+// The case with F32 / BF16 rows quantized on the host by cpu::quantize_row_fp8 (what the CUDA op
+// computes from them, bit for bit); an FP8 case as it is.
+inline LinearCase quantized_twin(const LinearCase& c) {
+  LinearCase q = c;
+  if (c.xt == DType::FP8_E4M3) return q;
+  q.xt = DType::FP8_E4M3;
+  q.x = TypedBuffer(DType::FP8_E4M3, size_t(c.m * c.ldx));
+  q.xscale.assign(size_t(std::max<int64_t>(1, c.m * ops::fp8_groups(c.k))), 0.0f);
+  std::vector<float> row(static_cast<size_t>(c.k));
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t kk = 0; kk < c.k; ++kk) row[size_t(kk)] = c.x.get(size_t(i * c.ldx + kk));
+    cpu::quantize_row_fp8(row.data(), c.k, static_cast<uint8_t*>(q.x.data()) + i * c.ldx,
+                          &q.xscale[size_t(i * ops::fp8_groups(c.k))]);
+  }
+  return q;
+}
 
 }  // namespace sieve::test

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
 
 namespace sieve::cuda {
 
@@ -31,6 +32,23 @@ __device__ __forceinline__ float quantize_group_warp(const float (&v)[4], int va
   for (int i = 0; i < 4; ++i)
     q[i] = i < valid ? f32_to_fp8_bits(__fdiv_rn(v[i], scale)) : uint8_t(0);
   return scale;
+}
+
+// Four consecutive activation values of x (F32 or BF16, ElemCode xt) from element i, `valid` of
+// them real (the rest 0): one vector load when `vec` (the caller checked the 16- / 8-byte
+// alignment of every row) and all four are real, else one by one.
+__device__ __forceinline__ void load_act4(const void* x, int xt, int64_t i, int valid, bool vec,
+                                          float (&v)[4]) {
+  if (vec && valid == 4) {
+    if (xt == kElemF32) {
+      unpack_f32x4(*reinterpret_cast<const float4*>(static_cast<const float*>(x) + i), v);
+    } else {
+      unpack_bf16x4(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(x) + i), v);
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = k < valid ? ld_elem(x, xt, i + k) : 0.0f;
 }
 
 // Stores a lane's `valid` codes at dst (one 4-byte store when all four are valid and dst is
@@ -164,6 +182,13 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
 // cp.asyncs have landed (the arrival counts toward the barrier's expected count).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src)
+               : "memory");
+}
+// Expects `bytes` more bytes of tensor copies to complete on `bar`, without arriving on it (the
+// arrival comes later, e.g. once the stage's other parts are written).
+__device__ __forceinline__ void mbar_expect_tx_only(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {

@@ -1,6 +1,6 @@
 // FP8 GEMMs through cuBLASLt (linear.h): the per-tensor, per-row (outer vector, as
-// torch._scaled_mm's rowwise) and block (1 x 128 tokens, 128 x 128 weights) scalings, for the
-// benchmark's side-by-side rows and LinearTuning::backend 2. Descriptors and the heuristic's
+// torch._scaled_mm's rowwise) and block (1 x 128 tokens; 128 x 128 or 1 x 128 weights) scalings,
+// for linear's prefill path and the benchmark's side-by-side rows. Descriptors and the heuristic's
 // algorithm are made once per shape and kept, so that a call costs the launch only (the
 // benchmark's events would otherwise time the host's set-up too); the workspace is a private
 // grow-only buffer, so calls can be captured in a CUDA graph after one eager call.
@@ -25,6 +25,10 @@ namespace sieve::cuda {
 #ifndef SIEVE_HAVE_CUBLAS
 
 bool cublaslt_fp8_gemm(const LtGemm&, void*, std::string* why) {
+  if (why) *why = "this build has no cuBLASLt";
+  return false;
+}
+bool cublaslt_fp8_accepts(const LtGemm&, std::string* why) {
   if (why) *why = "this build has no cuBLASLt";
   return false;
 }
@@ -68,6 +72,8 @@ int32_t scale_mode(LtScaling s, bool weights) {
     case LtScaling::kBlock:
       return weights ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                      : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case LtScaling::kVec128:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   }
   return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 }
@@ -126,29 +132,38 @@ void build(LtPlan& pl, cublasLtHandle_t h, const LtGemm& g) {
   pl.ok = true;
 }
 
+// g's plan (built on first use) and the device's handle.
+LtPlan* plan_for(const LtGemm& g, cublasLtHandle_t* handle) {
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& hh = g_handles[dev];
+  if (!hh && cublasLtCreate(&hh) != CUBLAS_STATUS_SUCCESS)
+    throw Error("cuBLASLt: cannot create a handle");
+  *handle = hh;
+  const Key key{dev,          g.m,         g.n, g.k, g.ldx, g.ldy, int(g.y_dtype), int(g.scaling),
+                g.accumulate, g.fast_accum};
+  auto& slot = g_plans[key];
+  if (!slot) {
+    slot = std::make_unique<LtPlan>();
+    build(*slot, hh, g);
+  }
+  return slot.get();
+}
+
 }  // namespace
+
+bool cublaslt_fp8_accepts(const LtGemm& g, std::string* why) {
+  cublasLtHandle_t h = nullptr;
+  const LtPlan* pl = plan_for(g, &h);
+  if (!pl->ok && why) *why = pl->why;
+  return pl->ok;
+}
 
 bool cublaslt_fp8_gemm(const LtGemm& g, void* stream, std::string* why) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  int dev = 0;
-  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-  LtPlan* pl = nullptr;
   cublasLtHandle_t h = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto& hh = g_handles[dev];
-    if (!hh && cublasLtCreate(&hh) != CUBLAS_STATUS_SUCCESS)
-      throw Error("cuBLASLt: cannot create a handle");
-    h = hh;
-    const Key key{dev,          g.m,         g.n, g.k, g.ldx, g.ldy, int(g.y_dtype), int(g.scaling),
-                  g.accumulate, g.fast_accum};
-    auto& slot = g_plans[key];
-    if (!slot) {
-      slot = std::make_unique<LtPlan>();
-      build(*slot, h, g);
-    }
-    pl = slot.get();
-  }
+  LtPlan* pl = plan_for(g, &h);
   if (!pl->ok) {
     if (why) *why = pl->why;
     return false;

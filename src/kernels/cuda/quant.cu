@@ -1,7 +1,8 @@
 // The 1 x 128 activation quantization of the FP8 GEMMs on CUDA: the standalone op
-// (quantize_fp8), the one ops::linear runs on F32 / BF16 rows, the fused SwiGLU-OAI + quantize
-// output of swiglu_oai, and the scale transposition cuBLASLt's block scaling wants. One warp a
-// (row, group of 128); each matches cpu::quantize_row_fp8 bit for bit (fp8_common.cuh).
+// (quantize_fp8), the one ops::linear runs on F32 / BF16 rows (scales token-major for the wgmma
+// kernel, k-block-major for cuBLASLt), the fused SwiGLU-OAI + quantize output of swiglu_oai, and
+// the scale transposition cuBLASLt's block scaling wants. One warp a (row, group of 128); each
+// matches cpu::quantize_row_fp8 bit for bit (fp8_common.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,25 +35,14 @@ __device__ __forceinline__ GroupSlot group_slot(int64_t g, int lane, int64_t col
   return s;
 }
 
-// Four consecutive activation values from x (F32 or BF16) at element i, by one vector load when
-// `vec` (the caller checked 16-byte / 8-byte alignment of every row), else one by one.
-__device__ __forceinline__ void load4(const void* x, int xt, int64_t i, int valid, bool vec,
-                                      float (&v)[4]) {
-  if (vec && valid == 4) {
-    if (xt == kElemF32) {
-      unpack_f32x4(*reinterpret_cast<const float4*>(static_cast<const float*>(x) + i), v);
-    } else {
-      unpack_bf16x4(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(x) + i), v);
-    }
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) v[k] = k < valid ? ld_elem(x, xt, i + k) : 0.0f;
-}
-
+// With programmatic dependent launch (the decode GEMM's quantizer) the kernel lets the GEMM start
+// at once (it loads its weights meanwhile) and waits for the kernel before it, which wrote x and
+// may still read q, before it touches either.
 __global__ void __launch_bounds__(kThreads)
     quantize_rows_kernel(const void* x, int xt, int64_t ldx, bool vec, int64_t rows, int64_t cols,
-                         uint8_t* q, int64_t ldq, float* scale) {
+                         uint8_t* q, int64_t ldq, float* scale, int64_t s_row, int64_t s_group) {
+  pdl_trigger();
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t groups = (cols + 127) / 128, total = rows * groups;
   const int64_t step = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -60,18 +50,20 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = w / groups, g = w % groups;
     const GroupSlot s = group_slot(g, lane, cols);
     float v[4];
-    load4(x, xt, r * ldx + s.c0, s.valid, vec, v);
+    load_act4(x, xt, r * ldx + s.c0, s.valid, vec, v);
     uint8_t c[4];
     const float sc = quantize_group_warp(v, s.valid, c);
     if (s.valid > 0) store_codes(q + r * ldq + s.c0, c, s.valid);
-    if (lane == 0) scale[r * groups + g] = sc;
+    if (lane == 0) scale[r * s_row + g * s_group] = sc;
   }
 }
 
+// The GEMM after it (the down projection) may start its weight loads at once.
 __global__ void __launch_bounds__(kThreads)
     swiglu_fp8_kernel(const void* gate_up, int t, int64_t ld_in, int64_t rows, int64_t inter,
                       uint8_t* out, int64_t ld_out, float* out_scale, float alpha, float limit,
                       float beta) {
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t groups = (inter + 127) / 128, total = rows * groups;
   const int64_t step = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -109,15 +101,18 @@ unsigned warp_grid(int64_t warps) {
 
 }  // namespace
 
+bool act4_vec(const void* x, DType x_dtype, int64_t ldx) {
+  return (reinterpret_cast<uintptr_t>(x) % (4 * dtype_size(x_dtype))) == 0 && ldx % 4 == 0;
+}
+
 void quantize_rows(const void* x, DType x_dtype, int64_t ldx, int64_t rows, int64_t cols,
-                   uint8_t* q, int64_t ldq, float* scale, cudaStream_t stream) {
+                   uint8_t* q, int64_t ldq, float* scale, cudaStream_t stream, bool scale_kmajor,
+                   bool pdl) {
   if (rows <= 0 || cols <= 0) return;
-  const int xt = elem_code(x_dtype);
-  const size_t esz = dtype_size(x_dtype);
-  const bool vec = (reinterpret_cast<uintptr_t>(x) % (4 * esz)) == 0 && ldx % 4 == 0;
-  quantize_rows_kernel<<<warp_grid(rows * ops::fp8_groups(cols)), kThreads, 0, stream>>>(
-      x, xt, ldx, vec, rows, cols, q, ldq, scale);
-  SIEVE_LAUNCH_CHECK("quantize_fp8");
+  const int64_t groups = ops::fp8_groups(cols);
+  launch_pdl(pdl, quantize_rows_kernel, dim3(warp_grid(rows * groups)), dim3(kThreads), 0, stream,
+             "quantize_fp8", x, elem_code(x_dtype), ldx, act4_vec(x, x_dtype, ldx), rows, cols, q,
+             ldq, scale, scale_kmajor ? int64_t(1) : groups, scale_kmajor ? rows : int64_t(1));
 }
 
 bool run_quantize_fp8(const ops::QuantizeFp8Params& p, void* stream) {
@@ -126,7 +121,7 @@ bool run_quantize_fp8(const ops::QuantizeFp8Params& p, void* stream) {
   if (p.ldx < p.cols || p.ldy < p.cols) throw Error("quantize_fp8: row strides must be >= cols");
   if (p.x_dtype != DType::F32 && p.x_dtype != DType::BF16) return false;
   quantize_rows(p.x, p.x_dtype, p.ldx, p.rows, p.cols, static_cast<uint8_t*>(p.y), p.ldy, p.y_scale,
-                static_cast<cudaStream_t>(stream));
+                static_cast<cudaStream_t>(stream), false, false);
   return true;
 }
 

@@ -43,6 +43,14 @@ const std::vector<Field>& fields() {
   using Mma = IndexerTuning::PrefillMma;
   static const std::vector<Field> f = {
       SIEVE_INT_FIELD(launch, pdl_mask),
+      SIEVE_INT_FIELD(linear, backend),
+      SIEVE_INT_FIELD(linear, wgs),
+      SIEVE_INT_FIELD(linear, bn),
+      SIEVE_INT_FIELD(linear, splits),
+      SIEVE_INT_FIELD(linear, stages),
+      SIEVE_INT_FIELD(linear, max_ctas_per_sm),
+      SIEVE_BOOL_FIELD(linear, pdl),
+      SIEVE_INT_FIELD(linear, fuse_quant_max_m),
       SIEVE_BOOL_FIELD(indexer, narrow_mma),
       SIEVE_INT_FIELD(indexer, l2_evict_first),
       SIEVE_BOOL_FIELD(indexer, trace),

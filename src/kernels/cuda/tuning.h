@@ -17,6 +17,26 @@ struct LaunchTuning {
   int pdl_mask = -1;
 };
 
+// ops::linear with FP8 weights (linear_fp8.cu, linear_fp8_plan.h; docs/kernels.md "FP8 GEMM").
+// 0 (or -1 where stated) is the documented rule.
+struct LinearTuning {
+  // 0 auto (m <= 64: the wgmma kernel; more: cuBLASLt block scaling where the weight's scales
+  // allow it, else the wgmma kernel), 1 the wgmma kernel at every m, 2 cuBLASLt block scaling
+  // (the op answers "unsupported" where cuBLASLt refuses).
+  int backend = 0;
+  // The wgmma kernel's plan: consumer warpgroups a CTA (1, 2), tokens a CTA (8, 16, 32, 64,
+  // 128), CTAs along k of a tile (1..8), ring depth (2..8), the resident CTAs an SM the split
+  // rule aims at (0: 2).
+  int wgs = 0, bn = 0, splits = 0, stages = 0, max_ctas_per_sm = 0;
+  // Programmatic dependent launch of the decode GEMM (m <= 64) and of the quantizer before it:
+  // the weights of the first stages load while the previous kernel finishes.
+  bool pdl = true;
+  // F32 / BF16 rows quantized inside the GEMM (no quantize kernel) up to this many tokens; 0:
+  // never, the rule (an H100 measured it slower than the quantize kernel with programmatic
+  // dependent launch at every decode shape: 1.5 x at m = 1, far more at m = 32).
+  int fuse_quant_max_m = 0;
+};
+
 // The lightning indexer (cuda/indexer/).
 struct IndexerTuning {
   // Decode kernels score with the narrow MMA where a request has at most 8 query vectors (same
@@ -106,6 +126,7 @@ struct MoeTuning {
 
 struct Tuning {
   LaunchTuning launch;
+  LinearTuning linear;
   IndexerTuning indexer;
   AttentionTuning attention;
   MoeTuning moe;
