@@ -19,6 +19,7 @@
 #include "cli/command.h"
 #include "cli/model_load_flags.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "engine/workers.h"
@@ -340,8 +341,27 @@ int run_bench_step(const std::vector<std::string>& argv) {
   const int bs = m->block_size();
   const int64_t per_seq = (context + bs - 1) / bs, pre_blocks = (prefill + bs - 1) / bs;
   co.num_blocks = batch * per_seq + pre_blocks;
+  // Device memory along the way (a shortfall names the stage that needs more).
+  auto memory_note = [&](const char* stage) {
+    if (!dev.is_cuda()) return;
+    size_t free_b = 0, total_b = 0;
+    model::device_memory(dev, &free_b, &total_b);
+    SIEVE_LOG(Info, "memory on " << dev.str() << " " << stage << ": " << double(free_b) / double(1ull << 30)
+                                 << " GiB free of " << double(total_b) / double(1ull << 30));
+  };
+  memory_note("after the weights");
+  if (dev.is_cuda()) {
+    size_t free_b = 0, total_b = 0;
+    model::device_memory(dev, &free_b, &total_b);
+    const double need = double(m->cache_bytes_per_block(co.kv_dtype, co.index_dtype)) * double(co.num_blocks);
+    if (need > double(free_b))
+      throw Error("the caches of --batch " + std::to_string(batch) + " x --context " + std::to_string(context) +
+                  " (+ --prefill " + std::to_string(prefill) + ") need " + std::to_string(need / double(1ull << 30)) +
+                  " GiB; " + std::to_string(double(free_b) / double(1ull << 30)) + " GiB are free after the weights");
+  }
   // The caches hold zeros: no step's time depends on the values it reads.
   m->allocate_caches(co);
+  memory_note("after the caches");
   engine::Runner graphed(*m);
   engine::Runner eager(*m, {.enforce_eager = true});
 
@@ -418,7 +438,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
     });
     sample_ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
   }
+  memory_note("after the graphed decode steps");
   const auto dec_fam = per_family_ms(eager, dec, cfg, co.dense, eager_marks);
+  memory_note("after the eager decode step");
   const auto dec_cost = step_costs(cfg, layout, dshape, fp8, fp8_experts, kvb, ixb);
   double dec_bytes = 0;
   for (const auto& [k, c] : dec_cost) dec_bytes += c.bytes;

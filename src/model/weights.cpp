@@ -28,9 +28,23 @@ ops::WeightView Weight::view() const {
     v.scale = scale.as<float>();
     v.scale_block_rows = block_rows;
     v.scale_block_cols = block_cols;
+    if (scale_lt.bytes()) v.scale_lt = scale_lt.as<float>();
   }
   return v;
 }
+
+namespace {
+
+// Weight::scale_lt of a projection on a GPU, from the host copy of its scales.
+void upload_lt_scales(Weight& w, const float* host_scale, const Device& dev) {
+  if (!dev.is_cuda() || w.dtype != DType::FP8_E4M3) return;
+  const std::vector<float> lt = ops::lt_weight_scales(w.view(), host_scale);
+  if (lt.empty()) return;
+  w.scale_lt = Buffer(dev, lt.size() * 4);
+  copy_to_device(dev, w.scale_lt.data(), lt.data(), lt.size() * 4);
+}
+
+}  // namespace
 
 bool experts_take_fp8() { return kMoeTakesFp8; }
 
@@ -230,7 +244,7 @@ const TensorInfo& checked_tensor(const Checkpoint& ck, const std::string& name, 
 }
 
 // Moves a host weight to the device.
-void upload(HostWeight&& h, Weight& w, const Device& dev) {
+void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection) {
   w.dtype = h.dtype;
   w.rows = h.rows;
   w.cols = h.cols;
@@ -241,6 +255,7 @@ void upload(HostWeight&& h, Weight& w, const Device& dev) {
   if (!h.scale.empty()) {
     w.scale = Buffer(dev, h.scale.size() * 4);
     copy_to_device(dev, w.scale.data(), h.scale.data(), h.scale.size() * 4);
+    if (projection) upload_lt_scales(w, h.scale.data(), dev);
   }
 }
 
@@ -294,7 +309,16 @@ size_t estimate_weight_bytes(const ModelConfig& cfg, const WeightOptions& o, con
   for (const Spec& s : specs) {
     DType src = quant.empty() || !fp8_ok(s) || o.quantization == "fp8" ? DType::BF16 : DType::FP8_E4M3;
     if (ck) src = ck->get(names->full(s.parts[0].name)).dtype;
-    total += shape_of(s, target_of(s, src, quant, o.device)).bytes();
+    const Shape sh = shape_of(s, target_of(s, src, quant, o.device));
+    total += sh.bytes();
+    if (o.device.is_cuda() && !s.expert && sh.dtype == DType::FP8_E4M3 && sh.block_cols == 128 && sh.scales > 0) {
+      // Weight::scale_lt (ops::lt_weight_scales' sizes).
+      const int64_t kb = (sh.cols + sh.block_cols - 1) / sh.block_cols;
+      if (sh.block_rows == 1)
+        total += size_t(sh.scales) * 4;
+      else if (kb % 4 != 0)
+        total += size_t((sh.rows + sh.block_rows - 1) / sh.block_rows * ((kb + 3) / 4 * 4)) * 4;
+    }
   }
   return total;
 }
@@ -336,7 +360,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, const We
     }
     HostWeight h = detail::stack(std::move(parts));
     if (s.per_row) h = detail::expand_rows(h);
-    upload(std::move(h), *s.out, o.device);
+    upload(std::move(h), *s.out, o.device, !s.expert);
     mw.bytes += s.out->bytes();
     if (o.progress) o.progress(mw.bytes, total);
   }
@@ -393,6 +417,7 @@ ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
       const std::vector<float> sc(size_t(sh.scales), std::ldexp(1.0f, -14));
       w.scale = Buffer(o.device, sc.size() * 4);
       copy_to_device(o.device, w.scale.data(), sc.data(), sc.size() * 4);
+      if (!s.expert) upload_lt_scales(w, sc.data(), o.device);
     }
     mw.bytes += w.bytes();
     if (o.progress) o.progress(mw.bytes, total);

@@ -28,11 +28,14 @@ namespace sieve::model {
 struct Weight {
   Buffer data;
   Buffer scale;  // FP8_E4M3: fp32 [ceil(rows / block_rows), ceil(cols / block_cols)]
+  // CUDA, FP8 projections: the same scales as cuBLASLt's block-scaled prefill GEMM reads them
+  // (ops::lt_weight_scales; empty where it reads `scale` itself or the weight is an expert's).
+  Buffer scale_lt;
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
   int block_rows = 0, block_cols = 0;  // FP8_E4M3 only
   ops::WeightView view() const;
-  size_t bytes() const { return data.bytes() + scale.bytes(); }
+  size_t bytes() const { return data.bytes() + scale.bytes() + scale_lt.bytes(); }
 };
 
 struct LayerWeights {

@@ -168,13 +168,16 @@ TaskPool::TaskPool(int threads) {
     });
 }
 
-TaskPool::~TaskPool() {
+TaskPool::~TaskPool() { stop(); }
+
+void TaskPool::stop() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
 }
 
 void TaskPool::post(std::function<void()> fn) {
@@ -313,6 +316,9 @@ Http::Http(HttpOptions o)
       pool_(std::make_unique<TaskPool>(opts_.threads > 0 ? opts_.threads : default_threads())) {}
 
 Http::~Http() {
+  // Stopped before it is released: a job still running may post another (unique_ptr::reset
+  // nulls the pointer before the pool's destructor joins).
+  pool_->stop();
   pool_.reset();
   for (auto& [fd, c] : conns_) ::close(fd);
   if (listen_fd_ >= 0) ::close(listen_fd_);

@@ -45,6 +45,9 @@ class TaskPool {
   explicit TaskPool(int threads);
   ~TaskPool();
   void post(std::function<void()> fn);
+  // Runs what is queued (and what those jobs post) and joins the threads; the pool stays valid
+  // meanwhile, so a running job may still post.
+  void stop();
   int size() const { return int(threads_.size()); }
 
  private:
