@@ -138,6 +138,18 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
   }
 }
 
+// Tests (MoeFp8Probe): the sorted rows' quantized SwiGLU rows and scales copied to their pairs'
+// places; a CTA a sorted row.
+__global__ void probe_kernel(const int32_t* offsets, int E, const int32_t* sorted, const uint8_t* aq, const float* as,
+                             int I, int64_t pair0, uint8_t* out_q, float* out_s) {
+  const int groups = (I + kGroup - 1) / kGroup;
+  for (int r = blockIdx.x; r < offsets[E]; r += gridDim.x) {
+    const int64_t pair = pair0 + sorted[r];
+    for (int u = threadIdx.x; u < I; u += blockDim.x) out_q[pair * I + u] = aq[int64_t(r) * I + u];
+    for (int gi = threadIdx.x; gi < groups; gi += blockDim.x) out_s[pair * groups + gi] = as[int64_t(r) * groups + gi];
+  }
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* p = nullptr;
@@ -179,7 +191,7 @@ int stream_rows_for(int64_t pairs, int E) {
 
 }  // namespace
 
-bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
+bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* probe) {
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
   const bool fp8_x = p.x_scale != nullptr;
   if (p.scale_block_cols != kGroup || p.scale_block_rows < 1) return false;
@@ -328,6 +340,11 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
     } else {
       launch_tiles(false, map_a, g, grid, st);
     }
+    if (probe) {
+      probe_kernel<<<unsigned(std::min<int64_t>(pairs, 4096)), 128, 0, st>>>(
+          offsets, int(E), sorted, aq, as, int(I), t0 * topk, probe->act_q, probe->act_scale);
+      SIEVE_LAUNCH_CHECK("moe_experts fp8 (probe)");
+    }
 
     launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens)), dim3(256), 0, st, "moe_experts fp8 (combine)", ids,
                weights, int(topk), int(E), static_cast<const uint16_t*>(y), int64_t(H),
@@ -338,12 +355,12 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
 
 }  // namespace moe_fp8
 
-bool run_moe_experts_fp8(const ops::MoeExpertsParams& p, void* stream) {
+bool run_moe_experts_fp8(const ops::MoeExpertsParams& p, void* stream, const MoeFp8Probe* probe) {
   if (p.num_tokens <= 0 || p.hidden <= 0) return true;
   if (!p.x || !p.out || !p.ids || !p.weights || !p.w_gate_up || !p.w_down) throw Error("moe_experts: null operand");
   if (p.inter <= 0 || p.topk <= 0 || p.num_experts <= 0) throw Error("moe_experts: bad sizes");
   if (!p.w_gate_up_scale || !p.w_down_scale) throw Error("moe_experts: FP8 weights need their scale arrays");
-  return moe_fp8::run(p, static_cast<cudaStream_t>(stream));
+  return moe_fp8::run(p, static_cast<cudaStream_t>(stream), probe);
 }
 
 void quantize_fp8_1x128(const void* x, DType dtype, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
