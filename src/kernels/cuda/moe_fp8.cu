@@ -110,14 +110,17 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
   }
 }
 
-// Step 5. A CTA a token; 8 elements (16 bytes of y) a thread at a time.
+// Step 5. A CTA a token (x) and a slice of its columns (y: a decode batch's few tokens still
+// fill the GPU); 8 elements (16 bytes of y) a thread at a time.
+constexpr int kCombineThreads = 128;
 __global__ void combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const uint16_t* y,
                                int64_t H, void* out, int ot) {
   pdl_wait();
   const int64_t t = blockIdx.x;
   int order[kMaxTopk];
   const int n = expert_order(ids, t, topk, E, order);
-  for (int64_t d = 8 * int64_t(threadIdx.x); d < H; d += 8 * int64_t(blockDim.x)) {
+  for (int64_t d = 8 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x); d < H;
+       d += 8 * int64_t(blockDim.x) * gridDim.y) {
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int qi = 0; qi < n; ++qi) {
       const int j = order[qi];
@@ -221,6 +224,9 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
   if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
   const int R = stream ? nt : 128;
+  const int rbox = knobs.fp8_stream_boxes ? knobs.fp8_stream_boxes : (nt <= 16 ? 1 : 4);
+  const int kp = knobs.fp8_stream_kblocks ? knobs.fp8_stream_kblocks : (rbox == 1 ? 4 : 1);
+  if (stream && ((rbox != 1 && rbox != 4) || kp < 1 || kp > 4)) return false;
   const int64_t experts_max = std::min<int64_t>(E, pairs_max);
   const int64_t blocks_max = pairs_max / R + experts_max;  // row blocks, an upper bound
   const int rb_gu = int(ceil_div(I, 128)), rb_dn = int(ceil_div(H, 256));
@@ -310,6 +316,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.limit = p.limit;
     g.beta = p.beta;
     g.partial = partial;
+    g.kp = kp;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
@@ -322,7 +329,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters;
     int grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
     if (stream) {
-      launch_stream(true, nt, map_x, g, grid, pdl, st);
+      launch_stream(true, nt, rbox, map_x, g, grid, pdl, st);
     } else {
       launch_tiles(true, map_x, g, grid, st);
     }
@@ -336,7 +343,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters ? counters + n_cnt_gu : nullptr;
     grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
     if (stream) {
-      launch_stream(false, nt, map_a, g, grid, pdl, st);
+      launch_stream(false, nt, rbox, map_a, g, grid, pdl, st);
     } else {
       launch_tiles(false, map_a, g, grid, st);
     }
@@ -346,7 +353,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
       SIEVE_LAUNCH_CHECK("moe_experts fp8 (probe)");
     }
 
-    launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens)), dim3(256), 0, st, "moe_experts fp8 (combine)", ids,
+    launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens), unsigned(ceil_div(H, 8 * kCombineThreads))),
+               dim3(kCombineThreads), 0, st, "moe_experts fp8 (combine)", ids,
                weights, int(topk), int(E), static_cast<const uint16_t*>(y), int64_t(H),
                static_cast<void*>(static_cast<uint8_t*>(p.out) + size_t(t0 * H) * esz), elem_code(p.act_dtype));
   }
