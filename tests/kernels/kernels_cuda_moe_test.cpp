@@ -174,19 +174,16 @@ std::vector<GpuRun> stream_runs() {
   g.knobs.fp8_pdl = false;
   g.what = "stream 8, k splits 3 / 2, no pdl";
   r.push_back(g);
-  // The other stage shapes: four-box stages at 8 token rows, one-box stages of 3 k blocks (a
-  // partial last chunk) at 32.
+  // Other stage depths: 1 k block a stage at 8 token rows, 3 (a partial last stage) at 32.
   g = GpuRun{};
   g.knobs.fp8_path = 1;
   g.knobs.fp8_stream_rows = 8;
-  g.knobs.fp8_stream_boxes = 4;
-  g.knobs.fp8_stream_kblocks = 2;
-  g.what = "stream 8, stages of 2 k blocks x 4 boxes";
+  g.knobs.fp8_stream_kblocks = 1;
+  g.what = "stream 8, stages of 1 k block";
   r.push_back(g);
   g.knobs.fp8_stream_rows = 32;
-  g.knobs.fp8_stream_boxes = 1;
   g.knobs.fp8_stream_kblocks = 3;
-  g.what = "stream 32, stages of 3 k blocks x 1 box";
+  g.what = "stream 32, stages of 3 k blocks";
   r.push_back(g);
   g = GpuRun{};
   g.what = "default";

@@ -224,9 +224,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
   if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
   const int R = stream ? nt : 128;
-  const int rbox = knobs.fp8_stream_boxes ? knobs.fp8_stream_boxes : (nt <= 16 ? 1 : 4);
-  const int kp = knobs.fp8_stream_kblocks ? knobs.fp8_stream_kblocks : (rbox == 1 ? 4 : 1);
-  if (stream && ((rbox != 1 && rbox != 4) || kp < 1 || kp > 4)) return false;
+  const int kp = knobs.fp8_stream_kblocks ? knobs.fp8_stream_kblocks : (nt <= 16 ? 2 : 1);
+  if (stream && (kp < 1 || kp > 4)) return false;
   const int64_t experts_max = std::min<int64_t>(E, pairs_max);
   const int64_t blocks_max = pairs_max / R + experts_max;  // row blocks, an upper bound
   const int rb_gu = int(ceil_div(I, 128)), rb_dn = int(ceil_div(H, 256));
@@ -329,7 +328,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters;
     int grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
     if (stream) {
-      launch_stream(true, nt, rbox, map_x, g, grid, pdl, st);
+      launch_stream(true, nt, map_x, g, grid, pdl, st);
     } else {
       launch_tiles(true, map_x, g, grid, st);
     }
@@ -343,7 +342,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters ? counters + n_cnt_gu : nullptr;
     grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
     if (stream) {
-      launch_stream(false, nt, rbox, map_a, g, grid, pdl, st);
+      launch_stream(false, nt, map_a, g, grid, pdl, st);
     } else {
       launch_tiles(false, map_a, g, grid, st);
     }

@@ -201,9 +201,9 @@ struct GemmArgs {
 size_t tile_smem_bytes();
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st);
 // Stream kernels (256 weight rows x `nt` token rows a work unit, nt = 8, 16, 32 or 64; a
-// pipeline stage holds g.kp k blocks of `rbox` 64-row weight boxes, rbox = 1 or 4).
+// pipeline stage holds g.kp k blocks of them, 1 to 4).
 size_t stream_smem_bytes(int nt);
-void launch_stream(bool gate_up, int nt, int rbox, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
+void launch_stream(bool gate_up, int nt, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
                    cudaStream_t st);
 
 // setmaxnreg: the producer warpgroup gives registers to the consumer warpgroups.

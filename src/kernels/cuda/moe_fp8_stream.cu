@@ -36,19 +36,19 @@ namespace sieve::cuda::moe_fp8 {
 
 namespace {
 
-constexpr int kW = 256, kBK = 128, kThreads = 384, kBox = 64 * kBK;
+constexpr int kW = 256, kBK = 128, kThreads = 384, kBox = 64 * kBK, kWBytes = kW * kBK;
 constexpr int kMaxKp = 4, kMaxStages = 16;
 constexpr int kRingBytes = 210 * 1024;  // bytes in flight: what a decode SM streams with
 
-// A stage: kp k blocks of kRB 64-row weight boxes (kRB = 4: the unit's 256 weight rows; 1: one
-// 64-row block, so that each row is read kp x 128 contiguous bytes at a time) and of the token
-// rows, then their scales ([kp][64 kRB] weight rows, [kp][kNt] token rows), 1024-aligned.
-template <int kNt, int kRB>
+// A stage: kp k blocks of the unit's 256 weight rows (four 64-row boxes each) and of its token
+// rows, then their scales ([kp][256] weight rows, [kp][kNt] token rows), 1024-aligned. Two k
+// blocks a stage (decode) read each weight row 256 contiguous bytes at a time.
+template <int kNt>
 struct Geo {
   static constexpr int kTokBox = kNt * kBK;
-  static constexpr int kStageW = kRB * kBox + kTokBox;  // weight and token bytes of one k block
+  static constexpr int kStageK = kWBytes + kTokBox;  // weight and token bytes of one k block
   __host__ __device__ static constexpr int stride(int kp) {
-    return (kp * kStageW + kp * (64 * kRB + kNt) * 4 + 1023) / 1024 * 1024;
+    return (kp * kStageK + kp * (kW + kNt) * 4 + 1023) / 1024 * 1024;
   }
   __host__ __device__ static constexpr int stages(int kp) {
     return kRingBytes / stride(kp) < kMaxStages ? kRingBytes / stride(kp) : kMaxStages;
@@ -78,37 +78,32 @@ __device__ __forceinline__ int weight_row(const GemmArgs& g, int rb, int c, bool
   return kGateUp ? gate_up_row(rb, c, g.inter, valid) : down_row(rb, c, g.hidden, valid);
 }
 
-// Stage j of a unit whose k range has nch chunks of kp blocks: its first 64-row block and chunk.
-// kRB = 1: the stages alternate between the consumer warpgroups (blocks 0, 1 are warpgroup 0's,
-// 2, 3 warpgroup 1's), each warpgroup's first block over all chunks, then its second.
-template <int kRB>
-__device__ __forceinline__ void stage_of(int j, int nch, int& block, int& chunk) {
-  if (kRB == 4) {
-    block = 0, chunk = j;
-  } else {
-    const int wg = j & 1, rest = j >> 1, b = rest / nch;
-    chunk = rest - b * nch;
-    block = 2 * wg + b;
-  }
-}
-
-// One k block of a 64-row weight box (`wbox`) times the token rows (`tbox`): the products into
-// tmp, then fin += tmp * (weight scale of the row * token scale of the column) in fp32. wsc: the
-// box's 64 weight-row scales; xsc: the token rows' scales.
+// One k block of the warpgroup's two 64-row weight boxes (`wbox`, `wbox` + kBox) times the token
+// rows (`tbox`): the products into tmp (both boxes' before one wait), then fin += tmp * (weight
+// scale of the row * token scale of the column) in fp32. wsc: the two boxes' 128 weight-row
+// scales; xsc: the token rows' scales.
 template <int kNt>
-__device__ __forceinline__ void stream_product(float (&tmp)[kNt / 2], float (&fin)[kNt / 2], const uint8_t* wbox,
+__device__ __forceinline__ void stream_product(float (&tmp)[2][kNt / 2], float (&fin)[2][kNt / 2], const uint8_t* wbox,
                                                const uint8_t* tbox, const float* wsc, const float* xsc, int w, int g8,
                                                int q) {
-  const uint32_t w_addr = smem_u32(wbox), t_addr = smem_u32(tbox);
+  const uint32_t t_addr = smem_u32(tbox);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) wgmma_fp8<kNt>(tmp, make_desc(w_addr + 32 * ks), make_desc(t_addr + 32 * ks), ks);
+  for (int b = 0; b < 2; ++b) {
+    const uint32_t w_addr = smem_u32(wbox + b * kBox);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_fp8<kNt>(tmp[b], make_desc(w_addr + 32 * ks), make_desc(t_addr + 32 * ks), ks);
+  }
   wgmma_commit();
   wgmma_wait_all();
-  fence_acc(tmp);
-  float wsv[2], xsv[kNt / 8][2];
+  fence_acc(tmp[0]);
+  fence_acc(tmp[1]);
+  float wsv[2][2], xsv[kNt / 8][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) wsv[r] = wsc[16 * w + g8 + 8 * r];
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) wsv[b][r] = wsc[64 * b + 16 * w + g8 + 8 * r];
 #pragma unroll
   for (int j = 0; j < kNt / 8; ++j) {
     const float2 x2 = *reinterpret_cast<const float2*>(xsc + 8 * j + 2 * q);
@@ -116,26 +111,28 @@ __device__ __forceinline__ void stream_product(float (&tmp)[kNt / 2], float (&fi
     xsv[j][1] = x2.y;
   }
 #pragma unroll
-  for (int j = 0; j < kNt / 8; ++j)
+  for (int b = 0; b < 2; ++b)
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < kNt / 8; ++j)
 #pragma unroll
-      for (int i2 = 0; i2 < 2; ++i2) {
-        const int k = 4 * j + 2 * r + i2;
-        fin[k] = fmaf(tmp[k], wsv[r] * xsv[j][i2], fin[k]);
-      }
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i2 = 0; i2 < 2; ++i2) {
+          const int k = 4 * j + 2 * r + i2;
+          fin[b][k] = fmaf(tmp[b][k], wsv[b][r] * xsv[j][i2], fin[b][k]);
+        }
 }
 
 // The producer's position: work unit, its k range and stage.
 struct Cursor {
   int64_t i;
   Unit u;
-  int kb0, kb1, nch, j, nst;
+  int kb, kb1;
 };
 
-template <bool kGateUp, int kNt, int kRB>
+template <bool kGateUp, int kNt>
 __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g) {
-  using G = Geo<kNt, kRB>;
+  using G = Geo<kNt>;
   const int kp = g.kp, stride = G::stride(kp), S = G::stages(kp);
   extern __shared__ uint8_t stream_smem_raw[];
   uint8_t* const ring = align1024(stream_smem_raw);
@@ -147,15 +144,15 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 33);
-      mbar_init(&empty[s], kRB == 4 ? 8 : 4);  // the consumer warps that read the stage
+      mbar_init(&empty[s], 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   pdl_trigger();
   const int64_t total = int64_t(g.blk_start[g.E]) * g.cols;
-  auto tok_off = [&](int ii) { return kp * kRB * kBox + ii * G::kTokBox; };
-  const int sc_off = kp * G::kStageW;  // scales: [kp][64 kRB] weight rows, then [kp][kNt] token rows
+  // A stage: [kp][256 weight rows] boxes, [kp][token rows] boxes, then the scales.
+  const int tok_off = kp * kWBytes, sc_off = kp * G::kStageK;
 
   if (warp < 4) {
     if (warp != 0) {
@@ -171,19 +168,15 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       c.i = i;
       if (i >= total) return;
       c.u = unit_of(g, i, kNt);
-      split_range(c.u.ks, g.ksplit, g.nkb, c.kb0, c.kb1);
-      c.nch = (c.kb1 - c.kb0 + kp - 1) / kp;
-      c.nst = (kRB == 4 ? 1 : 4) * c.nch;
-      c.j = 0;
+      split_range(c.u.ks, g.ksplit, g.nkb, c.kb, c.kb1);
     };
     auto advance = [&](Cursor& c) {
-      if (++c.j >= c.nst) begin(c, c.i + gridDim.x);
+      c.kb += kp;
+      if (c.kb >= c.kb1) begin(c, c.i + gridDim.x);
     };
     // A stage's weights (lane 0: TMA, expecting the whole stage's bytes) and weight scales.
     auto load_weights = [&](const Cursor& c, int st) {
-      int block, chunk;
-      stage_of<kRB>(c.j, c.nch, block, chunk);
-      const int kb = c.kb0 + chunk * kp, nk = min(kp, c.kb1 - kb);
+      const int nk = min(kp, c.kb1 - c.kb);
       const CUtensorMap* wm = g.wmaps + c.u.e;
       uint8_t* base = ring + st * stride;
       if (lane == 0) {
@@ -191,38 +184,37 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
           tensormap_acquire(wm);
           acquired = wm;
         }
-        mbar_expect_tx(&full[st], uint32_t(nk * G::kStageW));
+        mbar_expect_tx(&full[st], uint32_t(nk * G::kStageK));
         for (int ii = 0; ii < nk; ++ii)
 #pragma unroll
-          for (int b = 0; b < kRB; ++b) {
+          for (int b = 0; b < 4; ++b) {
             bool unused;
-            tma_load_hint(base + (ii * kRB + b) * kBox, wm, (kb + ii) * kBK,
-                          weight_row<kGateUp>(g, c.u.rb, (block + b) * 64, unused), &full[st], policy);
+            tma_load_hint(base + ii * kWBytes + b * kBox, wm, (c.kb + ii) * kBK,
+                          weight_row<kGateUp>(g, c.u.rb, b * 64, unused), &full[st], policy);
           }
       }
       const float* ws = g.wscale[c.u.e];
       float* sc = reinterpret_cast<float*>(base + sc_off);
-      for (int idx = lane; idx < kp * 64 * kRB; idx += 32) {
-        const int ii = idx / (64 * kRB), row = idx - ii * 64 * kRB;
+      for (int idx = lane; idx < kp * kW; idx += 32) {
+        const int ii = idx / kW, row = idx - ii * kW;
         bool ok;
-        const int n = weight_row<kGateUp>(g, c.u.rb, block * 64 + row, ok);
+        const int n = weight_row<kGateUp>(g, c.u.rb, row, ok);
         ok = ok && ii < nk;
-        cp_async4(&sc[idx], ok ? ws + int64_t(n / g.sbr) * g.nkb + kb + ii : ws, ok);
+        cp_async4(&sc[idx], ok ? ws + int64_t(n / g.sbr) * g.nkb + c.kb + ii : ws, ok);
       }
     };
     // A stage's token rows and their scales; then the lanes' arrivals.
     auto load_tokens = [&](const Cursor& c, int st) {
-      int block, chunk;
-      stage_of<kRB>(c.j, c.nch, block, chunk);
-      const int kb = c.kb0 + chunk * kp, nk = min(kp, c.kb1 - kb);
+      const int nk = min(kp, c.kb1 - c.kb);
       uint8_t* base = ring + st * stride;
       if (lane == 0)
-        for (int ii = 0; ii < nk; ++ii) tma_load(base + tok_off(ii), &amap, (kb + ii) * kBK, c.u.r0, &full[st]);
-      float* sc = reinterpret_cast<float*>(base + sc_off) + kp * 64 * kRB;
+        for (int ii = 0; ii < nk; ++ii)
+          tma_load(base + tok_off + ii * G::kTokBox, &amap, (c.kb + ii) * kBK, c.u.r0, &full[st]);
+      float* sc = reinterpret_cast<float*>(base + sc_off) + kp * kW;
       for (int idx = lane; idx < kp * kNt; idx += 32) {
         const int ii = idx / kNt, r = idx - ii * kNt;
         const bool ok = r < c.u.rows && ii < nk;
-        cp_async4(&sc[idx], ok ? g.a_scale + int64_t(c.u.r0 + r) * g.nkb + kb + ii : g.a_scale, ok);
+        cp_async4(&sc[idx], ok ? g.a_scale + int64_t(c.u.r0 + r) * g.nkb + c.kb + ii : g.a_scale, ok);
       }
       cp_async_arrive(&full[st]);
     };
@@ -261,33 +253,21 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     const Unit u = unit_of(g, i, kNt);
     int kb0, kb1;
     split_range(u.ks, g.ksplit, g.nkb, kb0, kb1);
-    const int nch = (kb1 - kb0 + kp - 1) / kp, nst = (kRB == 4 ? 1 : 4) * nch;
     float fin[2][kAcc];
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int k = 0; k < kAcc; ++k) fin[b][k] = 0.0f;
-    for (int j = 0; j < nst; ++j) {
-      int block, chunk;
-      stage_of<kRB>(j, nch, block, chunk);
-      if (kRB == 4 || (block >> 1) == cw) {
-        mbar_wait(&full[s], fp);
-        const uint8_t* base = ring + s * stride;
-        const int nk = min(kp, kb1 - (kb0 + chunk * kp));
-        for (int ii = 0; ii < nk; ++ii) {
-          const int bb0 = kRB == 4 ? 2 * cw : 0;  // the warpgroup's first box in the stage
-          const float* sc = reinterpret_cast<const float*>(base + sc_off);
-          if (kRB == 4 || (block & 1) == 0)
-            stream_product<kNt>(tmp[0], fin[0], base + (ii * kRB + bb0) * kBox, base + tok_off(ii),
-                                sc + ii * 64 * kRB + 64 * bb0, sc + kp * 64 * kRB + ii * kNt, w, g8, q);
-          if (kRB == 4 || (block & 1) == 1)
-            stream_product<kNt>(tmp[1], fin[1], base + (ii * kRB + bb0 + (kRB == 4 ? 1 : 0)) * kBox, base + tok_off(ii),
-                                sc + ii * 64 * kRB + 64 * (bb0 + (kRB == 4 ? 1 : 0)), sc + kp * 64 * kRB + ii * kNt, w,
-                                g8, q);
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
-      }
+    for (int kb = kb0; kb < kb1; kb += kp) {
+      mbar_wait(&full[s], fp);
+      const uint8_t* base = ring + s * stride;
+      const float* sc = reinterpret_cast<const float*>(base + sc_off);
+      const int nk = min(kp, kb1 - kb);
+      for (int ii = 0; ii < nk; ++ii)
+        stream_product<kNt>(tmp, fin, base + ii * kWBytes + 2 * cw * kBox, base + tok_off + ii * G::kTokBox,
+                            sc + ii * kW + 128 * cw, sc + kp * kW + ii * kNt, w, g8, q);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
       if (++s == S) s = 0, fp ^= 1;
     }
 
@@ -394,42 +374,36 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
 }
 
 template <bool kGateUp, int kNt>
-void launch_one(int rbox, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl, cudaStream_t st) {
-  const char* what = kGateUp ? "moe_experts fp8 (gate_up stream)" : "moe_experts fp8 (down stream)";
-  if (rbox == 4) {
-    auto kernel = stream_kernel<kGateUp, kNt, 4>;
-    set_smem(kernel, Geo<kNt, 4>::kBytes);
-    launch_pdl(pdl, kernel, dim3(unsigned(grid)), dim3(kThreads), Geo<kNt, 4>::kBytes, st, what, amap, g);
-  } else {
-    auto kernel = stream_kernel<kGateUp, kNt, 1>;
-    set_smem(kernel, Geo<kNt, 1>::kBytes);
-    launch_pdl(pdl, kernel, dim3(unsigned(grid)), dim3(kThreads), Geo<kNt, 1>::kBytes, st, what, amap, g);
-  }
+void launch_one(const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl, cudaStream_t st) {
+  auto kernel = stream_kernel<kGateUp, kNt>;
+  set_smem(kernel, Geo<kNt>::kBytes);
+  launch_pdl(pdl, kernel, dim3(unsigned(grid)), dim3(kThreads), Geo<kNt>::kBytes, st,
+             kGateUp ? "moe_experts fp8 (gate_up stream)" : "moe_experts fp8 (down stream)", amap, g);
 }
 
 }  // namespace
 
 size_t stream_smem_bytes(int nt) {
   switch (nt) {
-    case 8: return Geo<8, 4>::kBytes;
-    case 16: return Geo<16, 4>::kBytes;
-    case 32: return Geo<32, 4>::kBytes;
-    default: return Geo<64, 4>::kBytes;
+    case 8: return Geo<8>::kBytes;
+    case 16: return Geo<16>::kBytes;
+    case 32: return Geo<32>::kBytes;
+    default: return Geo<64>::kBytes;
   }
 }
 
-void launch_stream(bool gate_up, int nt, int rbox, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
+void launch_stream(bool gate_up, int nt, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
                    cudaStream_t st) {
-  SIEVE_CHECK((rbox == 1 || rbox == 4) && g.kp >= 1 && g.kp <= kMaxKp, "moe_experts fp8: stream stage shape");
+  SIEVE_CHECK(g.kp >= 1 && g.kp <= kMaxKp, "moe_experts fp8: k blocks a stream stage");
   switch (nt * 2 + (gate_up ? 1 : 0)) {
-    case 17: launch_one<true, 8>(rbox, amap, g, grid, pdl, st); break;
-    case 16: launch_one<false, 8>(rbox, amap, g, grid, pdl, st); break;
-    case 33: launch_one<true, 16>(rbox, amap, g, grid, pdl, st); break;
-    case 32: launch_one<false, 16>(rbox, amap, g, grid, pdl, st); break;
-    case 65: launch_one<true, 32>(rbox, amap, g, grid, pdl, st); break;
-    case 64: launch_one<false, 32>(rbox, amap, g, grid, pdl, st); break;
-    case 129: launch_one<true, 64>(rbox, amap, g, grid, pdl, st); break;
-    default: launch_one<false, 64>(rbox, amap, g, grid, pdl, st); break;
+    case 17: launch_one<true, 8>(amap, g, grid, pdl, st); break;
+    case 16: launch_one<false, 8>(amap, g, grid, pdl, st); break;
+    case 33: launch_one<true, 16>(amap, g, grid, pdl, st); break;
+    case 32: launch_one<false, 16>(amap, g, grid, pdl, st); break;
+    case 65: launch_one<true, 32>(amap, g, grid, pdl, st); break;
+    case 64: launch_one<false, 32>(amap, g, grid, pdl, st); break;
+    case 129: launch_one<true, 64>(amap, g, grid, pdl, st); break;
+    default: launch_one<false, 64>(amap, g, grid, pdl, st); break;
   }
 }
 

@@ -97,7 +97,6 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(moe, fp8_ksplit_gate_up),
       SIEVE_INT_FIELD(moe, fp8_ksplit_down),
       SIEVE_INT_FIELD(moe, fp8_stream_kblocks),
-      SIEVE_INT_FIELD(moe, fp8_stream_boxes),
       SIEVE_BOOL_FIELD(moe, fp8_pdl),
       Field{"moe.route_fused_max_tokens",
             [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },

@@ -97,12 +97,11 @@ struct MoeTuning {
   int fp8_stream_rows = 0;
   // K splits of the stream kernels (0: enough units to fill the GPU twice).
   int fp8_ksplit_gate_up = 0, fp8_ksplit_down = 0;
-  // A stream kernel's pipeline stage: k blocks of 128 (1 to 4) of 64-row weight boxes (1: one
-  // 64-row block, so a weight row is read k blocks x 128 contiguous bytes at a time; 4: the work
-  // unit's 256 rows, read by both consumer warpgroups). 0: by the token rows (8 and 16 rows: 4 k
-  // blocks of one box; 32 and 64, whose token boxes a one-box stage would read four times: 1 k
-  // block of 4 boxes).
-  int fp8_stream_kblocks = 0, fp8_stream_boxes = 0;
+  // K blocks of 128 a stream kernel's pipeline stage holds (1 to 4; 0: 2 at 8 and 16 token rows,
+  // 1 above, where the token boxes make a stage too large for more than two in flight). Two
+  // read each weight row 256 contiguous bytes at a time: 32 tokens at one TP4 rank took 517
+  // instead of 605 us on an H100 (docs/kernels.md).
+  int fp8_stream_kblocks = 0;
   // Programmatic dependent launch along the stream path's kernels.
   bool fp8_pdl = true;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
