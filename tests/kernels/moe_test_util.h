@@ -140,57 +140,85 @@ struct MoeCaseData {
     return p;
   }
 
-  // Dequantized weight element (double, exact).
-  double wgu(int e, int64_t n, int64_t k) const { return weight(gu, gu_scale, e, n, k, s.H); }
-  double wdn(int e, int64_t n, int64_t k) const { return weight(dn, dn_scale, e, n, k, s.I); }
-  double weight(const std::vector<TypedBuffer>& m, const std::vector<std::vector<float>>& sc, int e, int64_t n,
-                int64_t k, int64_t cols) const {
-    const double v = m[size_t(e)].get(size_t(n * cols + k));
-    if (s.w != DType::FP8_E4M3) return v;
-    return v * double(sc[size_t(e)][size_t((n / s.br) * blocks(cols, s.bc) + k / s.bc)]);
-  }
   double xval(int64_t t, int64_t k) const {
     const double v = x.get(size_t(t * s.H + k));
     return s.fp8_x ? v * double(x_scale[size_t(t * blocks(s.H, 128) + k / 128)]) : v;
+  }
+
+  // Row n of an expert matrix ([rows, cols]) dequantized exactly into out[0 .. cols).
+  void weight_row(const std::vector<TypedBuffer>& m, const std::vector<std::vector<float>>& sc, int e, int64_t n,
+                  int64_t cols, double* out) const {
+    if (s.w != DType::FP8_E4M3) {
+      for (int64_t k = 0; k < cols; ++k) out[k] = m[size_t(e)].get(size_t(n * cols + k));
+      return;
+    }
+    static const std::vector<double> lut = [] {
+      std::vector<double> v(256);
+      for (int i = 0; i < 256; ++i) v[size_t(i)] = fp8e4m3_to_f32(uint8_t(i));
+      return v;
+    }();
+    const auto* q = static_cast<const uint8_t*>(m[size_t(e)].data()) + n * cols;
+    const float* srow = &sc[size_t(e)][size_t((n / s.br) * blocks(cols, s.bc))];
+    for (int64_t k = 0; k < cols; ++k) out[k] = lut[q[k]] * double(srow[k / s.bc]);
   }
 
   // out0 + the routed experts in double. `quant`: the activations entering each product go
   // through cpu::quantize_row_fp8 first (x from its fp32 value, the SwiGLU row from its double
   // value rounded to fp32), as the CUDA kernels and the CPU's quantize_act do. `mag`, when set,
   // gets per output element the sum of |weight x expert output| over the token's experts (the
-  // scale of the rounding a kernel may add to each term).
+  // scale of the rounding a kernel may add to each term). Expert by expert: each weight row is
+  // dequantized once for all the expert's tokens.
   std::vector<double> reference(bool quant, std::vector<double>* mag = nullptr) const {
     const int64_t T = s.T, H = s.H, I = s.I;
     const int K = s.K;
     std::vector<double> ref(size_t(T * H));
     for (size_t i = 0; i < ref.size(); ++i) ref[i] = out0.get(i);
     if (mag) mag->assign(ref.size(), 0.0);
-    std::vector<float> xf(static_cast<size_t>(H)), hf(static_cast<size_t>(I));
-    std::vector<double> xr(static_cast<size_t>(H)), act(static_cast<size_t>(I));
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t k = 0; k < H; ++k) xf[size_t(k)] = float(xval(t, k));
-      if (quant && !s.fp8_x) qdq(xf);
-      for (int64_t k = 0; k < H; ++k) xr[size_t(k)] = xf[size_t(k)];
-      for (int j = 0; j < K; ++j) {
-        const int e = ids[size_t(t * K + j)];
-        if (e < 0 || e >= s.E) continue;
+    std::vector<double> xr(size_t(T * H));
+    {
+      std::vector<float> xf(static_cast<size_t>(H));
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t k = 0; k < H; ++k) xf[size_t(k)] = float(xval(t, k));
+        if (quant && !s.fp8_x) qdq(xf);
+        for (int64_t k = 0; k < H; ++k) xr[size_t(t * H + k)] = xf[size_t(k)];
+      }
+    }
+    std::vector<double> wrow(static_cast<size_t>(std::max(H, I)));
+    std::vector<float> hf(static_cast<size_t>(I));
+    for (int e = 0; e < s.E; ++e) {
+      std::vector<int64_t> pairs;  // token * K + slot, in token order
+      for (int64_t q = 0; q < T * K; ++q)
+        if (ids[size_t(q)] == e) pairs.push_back(q);
+      if (pairs.empty()) continue;
+      const size_t np = pairs.size();
+      std::vector<double> gu_out(np * size_t(2 * I));
+      for (int64_t n = 0; n < 2 * I; ++n) {
+        weight_row(gu, gu_scale, e, n, H, wrow.data());
+        for (size_t i = 0; i < np; ++i) {
+          const double* x = &xr[size_t((pairs[i] / K) * H)];
+          double acc = 0;
+          for (int64_t k = 0; k < H; ++k) acc += x[k] * wrow[size_t(k)];
+          gu_out[i * size_t(2 * I) + size_t(n)] = acc;
+        }
+      }
+      std::vector<double> act(np * size_t(I));
+      for (size_t i = 0; i < np; ++i) {
         for (int64_t u = 0; u < I; ++u) {
-          double g = 0, up = 0;
-          for (int64_t k = 0; k < H; ++k) {
-            g += xr[size_t(k)] * wgu(e, u, k);
-            up += xr[size_t(k)] * wgu(e, I + u, k);
-          }
-          g = std::min(g, 7.0);
-          up = std::clamp(up, -7.0, 7.0);
+          const double g = std::min(gu_out[i * size_t(2 * I) + size_t(u)], 7.0);
+          const double up = std::clamp(gu_out[i * size_t(2 * I) + size_t(I + u)], -7.0, 7.0);
           hf[size_t(u)] = float(g / (1.0 + std::exp(-1.702 * g)) * (up + 1.0));
         }
         if (quant) qdq(hf);
-        for (int64_t u = 0; u < I; ++u) act[size_t(u)] = hf[size_t(u)];
-        for (int64_t d = 0; d < H; ++d) {
+        for (int64_t u = 0; u < I; ++u) act[i * size_t(I) + size_t(u)] = hf[size_t(u)];
+      }
+      for (int64_t d = 0; d < H; ++d) {
+        weight_row(dn, dn_scale, e, d, I, wrow.data());
+        for (size_t i = 0; i < np; ++i) {
           double y = 0;
-          for (int64_t u = 0; u < I; ++u) y += act[size_t(u)] * wdn(e, d, u);
-          ref[size_t(t * H + d)] += double(weights[size_t(t * K + j)]) * y;
-          if (mag) (*mag)[size_t(t * H + d)] += std::fabs(double(weights[size_t(t * K + j)]) * y);
+          for (int64_t u = 0; u < I; ++u) y += act[i * size_t(I) + size_t(u)] * wrow[size_t(u)];
+          const int64_t q = pairs[i], t = q / K;
+          ref[size_t(t * H + d)] += double(weights[size_t(q)]) * y;
+          if (mag) (*mag)[size_t(t * H + d)] += std::fabs(double(weights[size_t(q)]) * y);
         }
       }
     }

@@ -110,14 +110,17 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
   }
 }
 
-// Step 5. A CTA a token; 8 elements (16 bytes of y) a thread at a time.
+// Step 5. A CTA a token (x) and a slice of its columns (y: a decode batch's few tokens still
+// fill the GPU); 8 elements (16 bytes of y) a thread at a time.
+constexpr int kCombineThreads = 128;
 __global__ void combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const uint16_t* y,
                                int64_t H, void* out, int ot) {
   pdl_wait();
   const int64_t t = blockIdx.x;
   int order[kMaxTopk];
   const int n = expert_order(ids, t, topk, E, order);
-  for (int64_t d = 8 * int64_t(threadIdx.x); d < H; d += 8 * int64_t(blockDim.x)) {
+  for (int64_t d = 8 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x); d < H;
+       d += 8 * int64_t(blockDim.x) * gridDim.y) {
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int qi = 0; qi < n; ++qi) {
       const int j = order[qi];
@@ -135,6 +138,18 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
       const int64_t o = t * H + d + i;
       st_elem(out, ot, o, __fadd_rn(ld_elem(out, ot, o), sum[i]));
     }
+  }
+}
+
+// Tests (MoeFp8Probe): the sorted rows' quantized SwiGLU rows and scales copied to their pairs'
+// places; a CTA a sorted row.
+__global__ void probe_kernel(const int32_t* offsets, int E, const int32_t* sorted, const uint8_t* aq, const float* as,
+                             int I, int64_t pair0, uint8_t* out_q, float* out_s) {
+  const int groups = (I + kGroup - 1) / kGroup;
+  for (int r = blockIdx.x; r < offsets[E]; r += gridDim.x) {
+    const int64_t pair = pair0 + sorted[r];
+    for (int u = threadIdx.x; u < I; u += blockDim.x) out_q[pair * I + u] = aq[int64_t(r) * I + u];
+    for (int gi = threadIdx.x; gi < groups; gi += blockDim.x) out_s[pair * groups + gi] = as[int64_t(r) * groups + gi];
   }
 }
 
@@ -179,7 +194,7 @@ int stream_rows_for(int64_t pairs, int E) {
 
 }  // namespace
 
-bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
+bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* probe) {
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
   const bool fp8_x = p.x_scale != nullptr;
   if (p.scale_block_cols != kGroup || p.scale_block_rows < 1) return false;
@@ -209,6 +224,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
   if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
   const int R = stream ? nt : 128;
+  const int kp = knobs.fp8_stream_kblocks ? knobs.fp8_stream_kblocks : (nt <= 16 ? 2 : 1);
+  if (stream && (kp < 1 || kp > 4)) return false;
   const int64_t experts_max = std::min<int64_t>(E, pairs_max);
   const int64_t blocks_max = pairs_max / R + experts_max;  // row blocks, an upper bound
   const int rb_gu = int(ceil_div(I, 128)), rb_dn = int(ceil_div(H, 256));
@@ -298,6 +315,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
     g.limit = p.limit;
     g.beta = p.beta;
     g.partial = partial;
+    g.kp = kp;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
@@ -328,8 +346,14 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
     } else {
       launch_tiles(false, map_a, g, grid, st);
     }
+    if (probe) {
+      probe_kernel<<<unsigned(std::min<int64_t>(pairs, 4096)), 128, 0, st>>>(
+          offsets, int(E), sorted, aq, as, int(I), t0 * topk, probe->act_q, probe->act_scale);
+      SIEVE_LAUNCH_CHECK("moe_experts fp8 (probe)");
+    }
 
-    launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens)), dim3(256), 0, st, "moe_experts fp8 (combine)", ids,
+    launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens), unsigned(ceil_div(H, 8 * kCombineThreads))),
+               dim3(kCombineThreads), 0, st, "moe_experts fp8 (combine)", ids,
                weights, int(topk), int(E), static_cast<const uint16_t*>(y), int64_t(H),
                static_cast<void*>(static_cast<uint8_t*>(p.out) + size_t(t0 * H) * esz), elem_code(p.act_dtype));
   }
@@ -338,12 +362,12 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st) {
 
 }  // namespace moe_fp8
 
-bool run_moe_experts_fp8(const ops::MoeExpertsParams& p, void* stream) {
+bool run_moe_experts_fp8(const ops::MoeExpertsParams& p, void* stream, const MoeFp8Probe* probe) {
   if (p.num_tokens <= 0 || p.hidden <= 0) return true;
   if (!p.x || !p.out || !p.ids || !p.weights || !p.w_gate_up || !p.w_down) throw Error("moe_experts: null operand");
   if (p.inter <= 0 || p.topk <= 0 || p.num_experts <= 0) throw Error("moe_experts: bad sizes");
   if (!p.w_gate_up_scale || !p.w_down_scale) throw Error("moe_experts: FP8 weights need their scale arrays");
-  return moe_fp8::run(p, static_cast<cudaStream_t>(stream));
+  return moe_fp8::run(p, static_cast<cudaStream_t>(stream), probe);
 }
 
 void quantize_fp8_1x128(const void* x, DType dtype, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,

@@ -184,6 +184,7 @@ struct GemmArgs {
   int E;
   int cols;    // work items a row block: tile kernels, weight-row tiles; stream kernels, rb * ksplit
   int ksplit;  // stream kernels: k splits of a row block's k range
+  int kp;      // stream kernels: k blocks of 128 a pipeline stage
   // gate_up: the SwiGLU rows quantized for down, by sorted row.
   uint8_t* act_q;       // [rows_cap, ld_act]
   int64_t ld_act;
@@ -199,7 +200,8 @@ struct GemmArgs {
 // Dynamic shared memory and launch of the tile kernels (128 rows x 256 weight rows a tile).
 size_t tile_smem_bytes();
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st);
-// Stream kernels (256 weight rows x `nt` token rows a work unit, nt = 8, 16, 32 or 64).
+// Stream kernels (256 weight rows x `nt` token rows a work unit, nt = 8, 16, 32 or 64; a
+// pipeline stage holds g.kp k blocks of them, 1 to 4).
 size_t stream_smem_bytes(int nt);
 void launch_stream(bool gate_up, int nt, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
                    cudaStream_t st);

@@ -104,6 +104,7 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(moe, fp8_stream_rows),
       SIEVE_INT_FIELD(moe, fp8_ksplit_gate_up),
       SIEVE_INT_FIELD(moe, fp8_ksplit_down),
+      SIEVE_INT_FIELD(moe, fp8_stream_kblocks),
       SIEVE_BOOL_FIELD(moe, fp8_pdl),
       Field{"moe.route_fused_max_tokens",
             [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },

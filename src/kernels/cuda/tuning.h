@@ -117,11 +117,17 @@ struct MoeTuning {
   int fp8_stream_rows = 0;
   // K splits of the stream kernels (0: enough units to fill the GPU twice).
   int fp8_ksplit_gate_up = 0, fp8_ksplit_down = 0;
+  // K blocks of 128 a stream kernel's pipeline stage holds (1 to 4; 0: 2 at 8 and 16 token rows,
+  // 1 above, where the token boxes make a stage too large for more than two in flight). Two
+  // read each weight row 256 contiguous bytes at a time: 32 tokens at one TP4 rank took 517
+  // instead of 605 us on an H100 (docs/kernels.md).
+  int fp8_stream_kblocks = 0;
   // Programmatic dependent launch along the stream path's kernels.
   bool fp8_pdl = true;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
-  // BF16 x always takes it).
-  long long route_fused_max_tokens = 64;
+  // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
+  // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
+  long long route_fused_max_tokens = 0;
 };
 
 struct Tuning {
