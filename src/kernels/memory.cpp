@@ -43,24 +43,38 @@ Buffer::Buffer(Device device, size_t bytes) : device_(device), bytes_(bytes) {
   }
 }
 
+Buffer Buffer::view_of(const Buffer& parent, size_t offset, size_t bytes) {
+  if (offset + bytes > parent.bytes_)
+    throw Error("Buffer::view_of: bytes " + std::to_string(offset) + ".." + std::to_string(offset + bytes) +
+                " outside a buffer of " + std::to_string(parent.bytes_));
+  Buffer v;
+  v.device_ = parent.device_;
+  v.data_ = static_cast<uint8_t*>(parent.data_) + offset;
+  v.bytes_ = bytes;
+  v.owned_ = false;
+  return v;
+}
+
 void Buffer::release() {
   if (!data_) return;
-  if (device_.is_cpu()) {
+  if (owned_ && device_.is_cpu()) {
     std::free(data_);
-  } else {
+  } else if (owned_) {
 #ifdef SIEVE_HAVE_CUDA
     cuda_mem::free(device_.index, data_);
 #endif
   }
   data_ = nullptr;
   bytes_ = 0;
+  owned_ = true;
 }
 
 Buffer::~Buffer() { release(); }
 
-Buffer::Buffer(Buffer&& o) noexcept : device_(o.device_), data_(o.data_), bytes_(o.bytes_) {
+Buffer::Buffer(Buffer&& o) noexcept : device_(o.device_), data_(o.data_), bytes_(o.bytes_), owned_(o.owned_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
+  o.owned_ = true;
 }
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
@@ -69,8 +83,10 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     device_ = o.device_;
     data_ = o.data_;
     bytes_ = o.bytes_;
+    owned_ = o.owned_;
     o.data_ = nullptr;
     o.bytes_ = 0;
+    o.owned_ = true;
   }
   return *this;
 }

@@ -14,6 +14,8 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(Device device, size_t bytes);  // zero-filled
+  // Bytes [offset, offset + bytes) of `parent`, which must outlive the view; a view frees nothing.
+  static Buffer view_of(const Buffer& parent, size_t offset, size_t bytes);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;
@@ -33,6 +35,7 @@ class Buffer {
   Device device_;
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  bool owned_ = true;
 };
 
 // Copies between host memory and `device` memory (either may be the CPU).

@@ -67,6 +67,8 @@ struct ModelWeights {
   size_t bytes = 0;          // on the device, every weight and scale
   size_t file_bytes = 0;     // of the checkpoint tensors read (0 for dummy weights)
   int64_t regroup_inexact = 0;  // fp8 values not exact after the 1x32 -> 1x128 regrouping
+  // CUDA: the allocations that hold the smaller weights (Weight::data etc. are views into them).
+  std::vector<Buffer> arena;
 };
 
 struct WeightOptions {

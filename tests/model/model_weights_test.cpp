@@ -337,3 +337,19 @@ TEST(CudaShapes, UnsupportedShapesAreNamed) {
 
 }  // namespace
 }  // namespace sieve
+
+namespace sieve {
+// Weights on a GPU are views into shared allocations (a CUDA allocation takes whole 2 MiB pages).
+TEST(BufferView, SharesItsParentsBytesAndFreesNothing) {
+  Buffer parent(Device{}, 1000);
+  for (int i = 0; i < 1000; ++i) parent.as<uint8_t>()[i] = uint8_t(i * 7 + 3);
+  Buffer v = Buffer::view_of(parent, 256, 100);
+  EXPECT_EQ(v.bytes(), 100u);
+  EXPECT_EQ(v.as<uint8_t>(), parent.as<uint8_t>() + 256);
+  Buffer moved = std::move(v);
+  EXPECT_EQ(moved.as<uint8_t>()[5], uint8_t(261 * 7 + 3));
+  moved = Buffer();  // releasing a view leaves the parent's bytes alone
+  EXPECT_EQ(parent.as<uint8_t>()[261], uint8_t(261 * 7 + 3));
+  EXPECT_THROW(Buffer::view_of(parent, 900, 101), Error);
+}
+}  // namespace sieve
