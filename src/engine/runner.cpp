@@ -158,10 +158,13 @@ Runner::~Runner() {
 }
 
 void Runner::reserve(int64_t max_tokens, int64_t max_seqs) {
-  const int64_t rows = std::min(max_tokens, max_seqs);
-  use_device(dev_);
-  m_.reserve_step(max_tokens, rows);
-  logits_rows(rows);
+  lockstep([=](Runner& r) { r.reserve(max_tokens, max_seqs); },
+           [&] {
+             const int64_t rows = std::min(max_tokens, max_seqs);
+             use_device(dev_);
+             m_.reserve_step(max_tokens, rows);
+             logits_rows(rows);
+           });
 }
 
 Runner::Bounds Runner::check(const StepInputs& in) const {
@@ -266,6 +269,9 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
 }
 
 void Runner::set_draft(spec::Eagle3Draft* d) {
+  // The draft reads the target's embedding and hidden states, which a tensor-parallel target
+  // holds in shards.
+  if (d && followers_) throw Error("--speculative-config: the eagle3 draft does not run with --tensor-parallel-size > 1 yet (ngram does)");
   draft_ = d;
   graphs_.clear();
 }
@@ -382,12 +388,58 @@ void Runner::propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& d
   }
 }
 
-void Runner::read_logits(int64_t rows, std::vector<float>& logits) const {
-  logits.assign(size_t(rows * m_.vocab_size()), 0.0f);
-  if (rows > 0) copy_to_host(dev_, logits.data(), logits_.data(), logits.size() * sizeof(float));
+void Runner::read_logits(int64_t rows, std::vector<float>& logits) {
+  const int64_t V = m_.vocab_size();
+  const int shards = m_.logits_shards();
+  logits.assign(size_t(rows * V), 0.0f);
+  if (rows == 0) return;
+  if (shards == 1) {
+    copy_to_host(dev_, logits.data(), logits_.data(), logits.size() * sizeof(float));
+    return;
+  }
+  // [shards, rows, V / shards] -> [rows, V]
+  shards_.resize(logits.size());
+  copy_to_host(dev_, shards_.data(), logits_.data(), shards_.size() * sizeof(float));
+  const int64_t vs = V / shards;
+  for (int i = 0; i < shards; ++i)
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(logits.data() + r * V + i * vs, shards_.data() + (i * rows + r) * vs, size_t(vs) * sizeof(float));
+}
+
+void Runner::lockstep(const std::function<void(Runner&)>& job, const std::function<void()>& local) {
+  if (!followers_) return local();
+  if (const std::string why = followers_->broken(); !why.empty())
+    throw Error("the tensor-parallel group stopped earlier: " + why);
+  followers_->start(job);
+  try {
+    local();
+  } catch (const std::exception& e) {
+    followers_->finish(e.what());  // throws the first rank's failure
+    throw;
+  }
+  followers_->finish("");
+}
+
+void Runner::allocate_caches(const model::CacheOptions& co) {
+  lockstep([co](Runner& r) { r.allocate_caches(co); }, [&] { m_.allocate_caches(co); });
+}
+
+void Runner::release_caches() {
+  lockstep([](Runner& r) { r.release_caches(); }, [&] { m_.release_caches(); });
 }
 
 void Runner::run(const StepInputs& in, std::vector<float>& logits) {
+  // Bad inputs are refused before any rank starts (a failed rank would break the group).
+  if (followers_) check(in);
+  // The followers run the same inputs; their logits are not read.
+  lockstep([&in](Runner& r) {
+             std::vector<float> unused;
+             r.run(in, unused);
+           },
+           [&] { run_here(in, logits); });
+}
+
+void Runner::run_here(const StepInputs& in, std::vector<float>& logits) {
   use_device(dev_);  // the engine's thread is not the one that made the model
   const Bounds b = check(in);
   phase(Phase::Begin);
@@ -510,7 +562,7 @@ void warm_up(Runner& r, DType kv_dtype, DType index_dtype, int64_t tokens) {
   co.kv_dtype = kv_dtype;
   co.index_dtype = index_dtype;
   co.num_blocks = blocks;
-  m.allocate_caches(co);
+  r.allocate_caches(co);
   StepInputs in;
   const int64_t V = m.vocab_size();
   for (int64_t i = 0; i < n; ++i) {
@@ -525,7 +577,7 @@ void warm_up(Runner& r, DType kv_dtype, DType index_dtype, int64_t tokens) {
   in.logits_indices = {int32_t(n - 1)};
   std::vector<float> logits;
   r.run(in, logits);
-  m.release_caches();
+  r.release_caches();
 }
 
 }  // namespace sieve::engine

@@ -89,6 +89,23 @@ struct GraphStats {
   std::string off_reason;  // why graphs are off ("" while they are on or were never tried)
 };
 
+class Runner;
+
+// The other ranks of a tensor-parallel group (engine/rank_group.h). The leading runner hands each
+// call it gets to them and runs its own part at the same time, so that their collectives meet.
+class Followers {
+ public:
+  virtual ~Followers() = default;
+  // Starts `job` on every other rank's runner and returns at once.
+  virtual void start(std::function<void(Runner&)> job) = 0;
+  // Waits until they are done. `leader_error` (non-empty: the leader's part failed) breaks the
+  // group first, so that no rank waits for the leader. Throws Error with the first failure of
+  // any rank.
+  virtual void finish(const std::string& leader_error) = 0;
+  // Why the group broke ("" while it works); a broken group runs nothing more.
+  virtual std::string broken() const = 0;
+};
+
 class Runner {
  public:
   explicit Runner(model::Model& m, RunnerOptions opts = {});
@@ -104,6 +121,16 @@ class Runner {
   // Checks `in` against the model's vocabulary and caches (an Error names what is wrong), runs
   // it, and fills `logits` [in.logits_indices.size(), vocab] on the host.
   void run(const StepInputs& in, std::vector<float>& logits);
+
+  // The model's caches (Model::allocate_caches / release_caches), on every rank of a group.
+  void allocate_caches(const model::CacheOptions& co);
+  void release_caches();
+
+  // Tensor parallelism: this runner leads the ranks of `f` (RankGroup sets it; null: alone).
+  void set_followers(Followers* f) { followers_ = f; }
+  // Why this runner's tensor-parallel group broke; "" while it works (or when alone). A broken
+  // group fails every later step: the process serving it should stop.
+  std::string broken() const { return followers_ ? followers_->broken() : std::string(); }
 
   // Instrumentation (sieve bench step): called on the host as run() passes the phases of a
   // step, in order: Begin (checked), Uploaded (inputs on the device), Computed (the forward or
@@ -142,7 +169,10 @@ class Runner {
   // dst is a captured graph's, so it must not move.
   model::StepView upload(const StepInputs& in, const Bounds& b, Buffer& dst, bool pinned);
   float* logits_rows(int64_t rows);
-  void read_logits(int64_t rows, std::vector<float>& logits) const;
+  void read_logits(int64_t rows, std::vector<float>& logits);
+  // Runs `local` here and `job` on the followers at the same time (`local` alone without any).
+  void lockstep(const std::function<void(Runner&)>& job, const std::function<void()>& local);
+  void run_here(const StepInputs& in, std::vector<float>& logits);
   // Runs a decode or verification step as a graph replay (or its first, eager run and capture).
   // False for other steps, and for steps that graphs do not take (counted as eager).
   bool graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits);
@@ -162,6 +192,7 @@ class Runner {
   void draft_argmax(int64_t rows, std::vector<int32_t>& out);
 
   model::Model& m_;
+  Followers* followers_ = nullptr;
   spec::Eagle3Draft* draft_ = nullptr;
   Buffer aux_;                // [n_aux, tokens, hidden] fp32, the target's aux hidden states
   Buffer draft_logits_;       // [rows, draft vocab] fp32
@@ -176,6 +207,7 @@ class Runner {
   ops::Stream stream_;
   Buffer inputs_;               // eager steps' device inputs
   std::vector<uint8_t> stage_;  // their host side
+  std::vector<float> shards_;   // logits in vocabulary shards, before they are put in rows
   Buffer logits_;               // [rows, vocab] fp32, every step's (captured ones too)
   uint64_t logits_epoch_ = 0;   // bumped when logits_ is replaced
   // By (kind: 0 target / 1 draft's first pass / 2 its next ones, padded sequences, tokens per

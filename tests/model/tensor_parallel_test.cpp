@@ -1,0 +1,238 @@
+// Tensor and expert parallelism on the CPU backend (thread ranks, engine/rank_group.h): the
+// log-probs of tp 2 and tp 4 equal those of one rank within fp32 summation-order tolerance and the
+// greedy continuations are the same, on tiny random models of three layouts (index top-k sharing;
+// fewer kv heads than ranks, which replicates them); expert parallelism likewise; shapes that do
+// not split, and a rank that fails or stalls, end in an Error instead of a hang.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/rank_group.h"
+#include "engine/runner.h"
+#include "io/tiny_model.h"
+#include "model/model.h"
+
+namespace sieve {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Layout {
+  std::string name;
+  TinyModelOptions opts;
+  std::string overrides;
+};
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> v;
+  Layout a;  // M3 in miniature: dense layer 0, then sparse + MoE with a shared expert
+  a.name = "m3";
+  a.opts.seed = 101;
+  v.push_back(a);
+  Layout b;  // every other sparse layer reuses the index top-k of the one before
+  b.name = "shared_index";
+  b.opts.seed = 202;
+  b.opts.num_layers = 5;
+  b.opts.num_kv_heads = 4;
+  b.overrides = R"({"use_index_cache": true, "index_topk_freq": 2})";
+  v.push_back(b);
+  Layout c;  // one kv head for 8 query heads: replicated on every rank; no shared expert
+  c.name = "one_kv_head";
+  c.opts.seed = 303;
+  c.opts.num_heads = 8;
+  c.opts.num_kv_heads = 1;
+  c.opts.sparse_layers = {0, 1, 1, 0};
+  c.opts.moe_layers = {1, 0, 1, 1};
+  c.opts.shared_intermediate = 0;
+  c.opts.init_blocks = 1;
+  c.opts.topk_blocks = 2;
+  v.push_back(c);
+  return v;
+}
+
+std::string write_model(const Layout& l) {
+  fs::path p = fs::temp_directory_path() / ("sieve_tp_test_" + l.name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  write_tiny_model(l.opts, p.string());
+  return p.string();
+}
+
+// A group of `tp` CPU ranks over the model in `dir` (tp 1: one rank, no communicator).
+std::unique_ptr<engine::RankGroup> group(const std::string& dir, const std::string& overrides, int tp, bool ep = false,
+                                         std::chrono::milliseconds timeout = std::chrono::minutes(2)) {
+  engine::RankGroupOptions o;
+  o.size = tp;
+  o.timeout = timeout;
+  return std::make_unique<engine::RankGroup>(o, [&](int r, const Device& dev, ops::Collective* c) {
+    model::LoadOptions lo;
+    lo.hf_overrides = overrides;
+    lo.device = dev;
+    lo.tp_size = tp;
+    lo.tp_rank = r;
+    lo.group = c;
+    lo.expert_parallel = ep;
+    return model::Model::load(dir, lo);
+  });
+}
+
+constexpr int kBlocks = 6;
+
+// One sequence in blocks 0, 1, ...: the prompt prefilled in chunks of `chunk`, then `decode`
+// greedy tokens. Returns the log-probs of every prompt position and decode step; `greedy` gets
+// the tokens chosen.
+std::vector<float> run_sequence(engine::Runner& r, const std::vector<int32_t>& prompt, int chunk, int decode,
+                                std::vector<int32_t>* greedy) {
+  const int bs = r.model().block_size();
+  const int64_t V = r.model().vocab_size();
+  std::vector<int32_t> table(kBlocks);
+  for (int b = 0; b < kBlocks; ++b) table[size_t(b)] = b;
+  std::vector<int32_t> ids = prompt;
+  std::vector<float> out;
+  auto step = [&](int begin, int end) {
+    engine::StepInputs in;
+    for (int p = begin; p < end; ++p) {
+      in.token_ids.push_back(ids[size_t(p)]);
+      in.positions.push_back(p);
+      in.slot_mapping.push_back(int64_t(table[size_t(p / bs)]) * bs + p % bs);
+      in.logits_indices.push_back(p - begin);
+    }
+    in.query_start_loc = {0, end - begin};
+    in.seq_lens = {end};
+    in.block_tables = table;
+    in.max_blocks_per_seq = kBlocks;
+    std::vector<float> logits;
+    r.run(in, logits);
+    for (int64_t row = 0; row < end - begin; ++row) {
+      const float* x = logits.data() + row * V;
+      double mx = *std::max_element(x, x + V), sum = 0;
+      for (int64_t i = 0; i < V; ++i) sum += std::exp(double(x[i]) - mx);
+      for (int64_t i = 0; i < V; ++i) out.push_back(float(double(x[i]) - mx - std::log(sum)));
+    }
+    return logits;
+  };
+  const int n = int(prompt.size());
+  std::vector<float> last;
+  for (int at = 0; at < n; at += chunk) last = step(at, std::min(n, at + chunk));
+  for (int i = 0; i < decode; ++i) {
+    const float* x = last.data() + (last.size() / size_t(V) - 1) * size_t(V);
+    const int32_t next = int32_t(std::max_element(x, x + V) - x);
+    if (greedy) greedy->push_back(next);
+    ids.push_back(next);
+    last = step(int(ids.size()) - 1, int(ids.size()));
+  }
+  return out;
+}
+
+std::vector<int32_t> random_prompt(int n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& x : ids) x = d(rng);
+  return ids;
+}
+
+struct Result {
+  std::vector<float> logprobs;
+  std::vector<int32_t> greedy;
+};
+
+Result run(engine::RankGroup& g, const std::vector<int32_t>& prompt) {
+  model::CacheOptions co;
+  co.kv_dtype = co.index_dtype = DType::F32;
+  co.num_blocks = kBlocks;
+  g.leader().allocate_caches(co);
+  Result r;
+  // 300 tokens: 3 blocks of 128, of which sparse layers keep 2, so selection drops blocks.
+  r.logprobs = run_sequence(g.leader(), prompt, 113, 8, &r.greedy);
+  return r;
+}
+
+void expect_same(const Result& a, const Result& b, const std::string& what) {
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << what;
+  double d = 0, scale = 0;
+  for (size_t i = 0; i < a.logprobs.size(); ++i) {
+    ASSERT_FALSE(std::isnan(b.logprobs[i])) << what << " at " << i;
+    d = std::max(d, double(std::fabs(a.logprobs[i] - b.logprobs[i])));
+    scale = std::max(scale, double(std::fabs(a.logprobs[i])));
+  }
+  EXPECT_GT(scale, 1.0) << what << ": log-probs too flat to test anything";
+  EXPECT_LT(d, 2e-4) << what << ": largest log-prob difference";
+  EXPECT_EQ(a.greedy, b.greedy) << what << ": greedy continuations differ";
+}
+
+TEST(TensorParallel, ShardedRanksGiveTheLogProbsOfOneRank) {
+  for (const Layout& l : layouts()) {
+    const std::string dir = write_model(l);
+    const auto prompt = random_prompt(300, l.opts.vocab_size, l.opts.seed + 1);
+    const Result one = run(*group(dir, l.overrides, 1), prompt);
+    for (int tp : {2, 4}) {
+      auto g = group(dir, l.overrides, tp);
+      ASSERT_EQ(g->model(1).logits_shards(), tp);
+      expect_same(one, run(*g, prompt), l.name + " tp " + std::to_string(tp));
+    }
+    fs::remove_all(dir);
+  }
+}
+
+TEST(TensorParallel, ExpertParallelRanksGiveTheLogProbsOfOneRank) {
+  const Layout l = layouts()[0];
+  const std::string dir = write_model(l);
+  const auto prompt = random_prompt(300, l.opts.vocab_size, 7);
+  const Result one = run(*group(dir, l.overrides, 1), prompt);
+  for (int tp : {2, 4}) expect_same(one, run(*group(dir, l.overrides, tp, true), prompt), "ep " + std::to_string(tp));
+  fs::remove_all(dir);
+}
+
+void expect_error(const std::function<void()>& fn, const std::string& part) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one with \"" << part << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorParallel, ShapesThatDoNotSplitAreNamed) {
+  Layout l = layouts()[0];
+  l.opts.num_experts = 6;
+  const std::string dir = write_model(l);
+  expect_error([&] { group(dir, "", 3); }, "num_attention_heads = 4 does not split over 3");
+  expect_error([&] { group(dir, "", 8); }, "num_attention_heads = 4 does not split over 8");
+  expect_error([&] { group(dir, R"({"vocab_size": 510})", 4); }, "vocab_size = 510");
+  expect_error([&] { group(dir, "", 4, true); }, "num_local_experts = 6 does not split over 4");
+  fs::remove_all(dir);
+}
+
+TEST(TensorParallel, ARankThatFailsStopsTheGroup) {
+  const Layout l = layouts()[0];
+  const std::string dir = write_model(l);
+  auto g = group(dir, l.overrides, 2);
+  const auto prompt = random_prompt(40, l.opts.vocab_size, 3);
+  g->runner(1).set_phase_observer([](engine::Runner::Phase p) {
+    if (p == engine::Runner::Phase::Computed) throw Error("injected failure");
+  });
+  // Rank 1 fails after its forward, while rank 0 may still be in a collective.
+  expect_error([&] { run(*g, prompt); }, "rank 1 failed: injected failure");
+  EXPECT_NE(g->leader().broken(), "");
+  expect_error([&] { run(*g, prompt); }, "stopped earlier");
+  fs::remove_all(dir);
+}
+
+TEST(TensorParallel, ARankThatStallsTimesOut) {
+  const Layout l = layouts()[0];
+  const std::string dir = write_model(l);
+  auto g = group(dir, l.overrides, 2, false, std::chrono::milliseconds(300));
+  g->runner(1).set_phase_observer([](engine::Runner::Phase p) {
+    if (p == engine::Runner::Phase::Begin) std::this_thread::sleep_for(std::chrono::seconds(2));
+  });
+  expect_error([&] { run(*g, random_prompt(40, l.opts.vocab_size, 3)); }, "in a collective for the other ranks");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sieve
