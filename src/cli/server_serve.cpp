@@ -152,6 +152,41 @@ void check_parser_name(const std::string& flag, const std::string& value, const 
 double stats_interval_s() { return env::log_stats_interval_s(); }
 
 // Logs engine::stats_log_line every `interval` seconds while there is work.
+// Stops the server once the engine can run no more steps (a tensor-parallel rank failed): the
+// requests in flight have had their errors (503), and the process exits non-zero rather than
+// serving nothing.
+class FatalWatch {
+ public:
+  FatalWatch(const engine::Engine& e, server::Server& srv) : engine_(e), srv_(srv) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~FatalWatch() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lk(mu_);
+    while (!cv_.wait_for(lk, std::chrono::milliseconds(100), [this] { return stop_; })) {
+      if (engine_.stats().fatal_error.empty()) continue;
+      lk.unlock();
+      srv_.shutdown();
+      return;
+    }
+  }
+  const engine::Engine& engine_;
+  server::Server& srv_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class StatsLogger {
  public:
   StatsLogger(const engine::Engine& e, double interval) : engine_(e), interval_(interval) {
@@ -289,6 +324,7 @@ int run_serve(const std::vector<std::string>& argv) {
       .flag({"--no-enable-prefix-caching"}, "compute every prompt from its first token")
       .flag({"--disable-web-ui"}, "no chat page at / and no dashboard (the API alone)");
   add_model_load_flags(a);
+  add_parallel_flags(a);
   if (!a.parse()) return 0;
 
   const long long tp = a.get_int("--tensor-parallel-size");
@@ -353,13 +389,15 @@ int run_serve(const std::vector<std::string>& argv) {
   if (a.has("--chat-template")) chat_template = text::chat_template_arg(a.get("--chat-template"));
   model::LoadOptions lo = model_load_options(a);
   lo.gpu_memory_utilization = gpu_util;
-  auto m = model::Model::load(dir, lo);
-  lo.device = m->device();  // the CPU when --device auto fell back
   const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
                                  .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
-  engine::Runner runner(*m, ro);
+  const auto group = load_model_group(dir, a, lo, ro);
+  model::Model* m = &group->model();
+  lo.device = m->device();  // the CPU when --device auto fell back
+  engine::Runner& runner = group->leader();
   std::unique_ptr<spec::Eagle3Draft> draft;
   if (spec_cfg.method == spec::Method::Eagle3) {
+    runner.check_draft_allowed();
     draft = spec::Eagle3Draft::load(spec_cfg.model, m->config(), lo.device, m->input_embedding());
     runner.set_draft(draft.get());
   }
@@ -398,8 +436,13 @@ int run_serve(const std::vector<std::string>& argv) {
       SIEVE_LOG(Info, "warm-up step of " << n << " tokens on " << lo.device.str() << ": " << ms
                                          << " ms");
     }
+    // Every rank holds a cache of the same blocks: the GPU with the least room sets their number.
     size_t free_b = 0, total_b = 0;
-    model::device_memory(lo.device, &free_b, &total_b);
+    for (int r = 0; r < group->size(); ++r) {
+      size_t f = 0, t = 0;
+      model::device_memory(group->model(r).device(), &f, &t);
+      if (r == 0 || f < free_b) free_b = f, total_b = t;
+    }
     co.num_blocks = cache::blocks_for_gpu(total_b, free_b, gpu_util, per_block);
     const double gib = double(1ull << 30);
     SIEVE_LOG(Info, "memory on " << lo.device.str() << ": " << double(total_b) / gib << " GiB; weights "
@@ -422,7 +465,7 @@ int run_serve(const std::vector<std::string>& argv) {
                   " is longer than the model's max_position_embeddings (" +
                   std::to_string(cfg.max_position_embeddings) + ")");
   }
-  m->allocate_caches(co);
+  runner.allocate_caches(co);
   if (draft) draft->allocate_cache(co.kv_dtype, co.num_blocks, m->block_size(), max_len + spec_cfg.num_speculative_tokens + 1);
 
   engine::EngineConfig ec;
@@ -480,10 +523,15 @@ int run_serve(const std::vector<std::string>& argv) {
                              << ", prefix caching " << (prefix_caching ? "on" : "off") << ")");
   std::optional<StatsLogger> stats_log;
   if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval);
+  FatalWatch watch(engine, srv);
   srv.run();
   serving = nullptr;
   stats_log.reset();
   engine.stop();
+  if (const std::string why = engine.stats().fatal_error; !why.empty()) {
+    SIEVE_LOG(Error, "server stopped: the engine can run no more steps: " << why);
+    return 1;
+  }
   SIEVE_LOG(Info, "server stopped");
   return 0;
 }

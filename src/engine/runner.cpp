@@ -268,10 +268,13 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   return v;
 }
 
+void Runner::check_draft_allowed() const {
+  if (followers_)
+    throw Error("--speculative-config: the eagle3 draft does not run with --tensor-parallel-size > 1 yet (ngram does)");
+}
+
 void Runner::set_draft(spec::Eagle3Draft* d) {
-  // The draft reads the target's embedding and hidden states, which a tensor-parallel target
-  // holds in shards.
-  if (d && followers_) throw Error("--speculative-config: the eagle3 draft does not run with --tensor-parallel-size > 1 yet (ngram does)");
+  if (d) check_draft_allowed();
   draft_ = d;
   graphs_.clear();
 }

@@ -141,6 +141,9 @@ class Runner {
   // EAGLE3: runs `draft` after every step (propose()); the target then also writes the aux hidden
   // states the draft reads. Null: none.
   void set_draft(spec::Eagle3Draft* draft);
+  // Throws Error when a draft cannot run here (a tensor-parallel group: the draft reads the
+  // target's embedding and hidden states, which its ranks hold in shards).
+  void check_draft_allowed() const;
   spec::Eagle3Draft* draft() const { return draft_; }
   // After run(): the draft's passes of `plan` (see DraftPlan); drafts[i] receives the K draft
   // tokens (target ids) of plan.seqs[i].
