@@ -270,8 +270,6 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--api-key"}, "KEY",
            "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
       .opt({"--tokenizer"}, "DIR", "tokenizer (and chat template) from DIR instead of the model directory")
-      .opt({"--tensor-parallel-size", "-tp"}, "N", "tensor-parallel ranks (only 1 is supported)",
-           "1")
       .opt({"--block-size"}, "N", "tokens per KV cache block (128 for MiniMax-M3)", "128")
       .opt({"--max-num-batched-tokens"}, "N", "token budget of one engine step (chunked prefill)",
            "8192")
@@ -327,10 +325,6 @@ int run_serve(const std::vector<std::string>& argv) {
   add_parallel_flags(a);
   if (!a.parse()) return 0;
 
-  const long long tp = a.get_int("--tensor-parallel-size");
-  if (tp != 1)
-    throw Error("--tensor-parallel-size " + std::to_string(tp) +
-                " is not supported yet: this engine runs on one device (use 1)");
   const long long port = a.get_int("--port");
   if (port < 0 || port > 65535)
     throw Error("--port must be in 0..65535, got " + std::to_string(port));

@@ -384,7 +384,7 @@ struct AllReduceParams {
   void* data = nullptr;  // [count], summed in place
   DType dtype = DType::F32;
   int64_t count = 0;
-  Collective* group = nullptr;  // null or a group of one: nothing to do
+  Collective* group = nullptr;  // null: nothing to do (a group of one is called: the identity)
 };
 
 struct AllGatherParams {

@@ -54,7 +54,7 @@ class MiniMaxM3 final : public Model {
  public:
   MiniMaxM3(ModelConfig cfg, RankLayout layout, ModelWeights w, const Device& dev, ops::Collective* group)
       : cfg_(std::move(cfg)), layout_(layout), w_(std::move(w)), dev_(dev),
-        act_(dev.is_cuda() ? DType::BF16 : DType::F32), group_(group && group->size() > 1 ? group : nullptr) {}
+        act_(dev.is_cuda() ? DType::BF16 : DType::F32), group_(group) {}
 
   const ModelConfig& config() const override { return cfg_; }
   const Device& device() const override { return dev_; }
@@ -579,7 +579,9 @@ class MiniMaxM3 final : public Model {
   ModelWeights w_;
   Device dev_;
   DType act_;           // activations between ops: fp32 on the CPU, bf16 on CUDA
-  ops::Collective* group_;  // the rank's communicator; null with one rank
+  // The rank's communicator; null: no communication (one rank, or a shard run alone). A group of
+  // one runs its collectives (the identity), so that a test can compare them with none.
+  ops::Collective* group_;
   ops::Stream stream_;      // forward()'s
   CacheOptions cache_opts_;
   std::vector<LayerCache> caches_;

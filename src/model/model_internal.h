@@ -9,7 +9,7 @@
 
 namespace sieve::model {
 
-// group: the rank's communicator (null, or one rank: no communication).
+// group: the rank's communicator (null: no communication).
 std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev,
                                        ops::Collective* group);
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -16,6 +17,8 @@
 #include "engine/runner.h"
 #include "io/tiny_model.h"
 #include "model/model.h"
+#include "parallel/thread_group.h"
+#include "tp_util.h"
 
 namespace sieve {
 namespace {
@@ -80,62 +83,6 @@ std::unique_ptr<engine::RankGroup> group(const std::string& dir, const std::stri
   });
 }
 
-constexpr int kBlocks = 6;
-
-// One sequence in blocks 0, 1, ...: the prompt prefilled in chunks of `chunk`, then `decode`
-// greedy tokens. Returns the log-probs of every prompt position and decode step; `greedy` gets
-// the tokens chosen.
-std::vector<float> run_sequence(engine::Runner& r, const std::vector<int32_t>& prompt, int chunk, int decode,
-                                std::vector<int32_t>* greedy) {
-  const int bs = r.model().block_size();
-  const int64_t V = r.model().vocab_size();
-  std::vector<int32_t> table(kBlocks);
-  for (int b = 0; b < kBlocks; ++b) table[size_t(b)] = b;
-  std::vector<int32_t> ids = prompt;
-  std::vector<float> out;
-  auto step = [&](int begin, int end) {
-    engine::StepInputs in;
-    for (int p = begin; p < end; ++p) {
-      in.token_ids.push_back(ids[size_t(p)]);
-      in.positions.push_back(p);
-      in.slot_mapping.push_back(int64_t(table[size_t(p / bs)]) * bs + p % bs);
-      in.logits_indices.push_back(p - begin);
-    }
-    in.query_start_loc = {0, end - begin};
-    in.seq_lens = {end};
-    in.block_tables = table;
-    in.max_blocks_per_seq = kBlocks;
-    std::vector<float> logits;
-    r.run(in, logits);
-    for (int64_t row = 0; row < end - begin; ++row) {
-      const float* x = logits.data() + row * V;
-      double mx = *std::max_element(x, x + V), sum = 0;
-      for (int64_t i = 0; i < V; ++i) sum += std::exp(double(x[i]) - mx);
-      for (int64_t i = 0; i < V; ++i) out.push_back(float(double(x[i]) - mx - std::log(sum)));
-    }
-    return logits;
-  };
-  const int n = int(prompt.size());
-  std::vector<float> last;
-  for (int at = 0; at < n; at += chunk) last = step(at, std::min(n, at + chunk));
-  for (int i = 0; i < decode; ++i) {
-    const float* x = last.data() + (last.size() / size_t(V) - 1) * size_t(V);
-    const int32_t next = int32_t(std::max_element(x, x + V) - x);
-    if (greedy) greedy->push_back(next);
-    ids.push_back(next);
-    last = step(int(ids.size()) - 1, int(ids.size()));
-  }
-  return out;
-}
-
-std::vector<int32_t> random_prompt(int n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& x : ids) x = d(rng);
-  return ids;
-}
-
 struct Result {
   std::vector<float> logprobs;
   std::vector<int32_t> greedy;
@@ -144,11 +91,11 @@ struct Result {
 Result run(engine::RankGroup& g, const std::vector<int32_t>& prompt) {
   model::CacheOptions co;
   co.kv_dtype = co.index_dtype = DType::F32;
-  co.num_blocks = kBlocks;
+  co.num_blocks = testing::kBlocks;
   g.leader().allocate_caches(co);
   Result r;
   // 300 tokens: 3 blocks of 128, of which sparse layers keep 2, so selection drops blocks.
-  r.logprobs = run_sequence(g.leader(), prompt, 113, 8, &r.greedy);
+  r.logprobs = testing::run_sequence(g.leader(), prompt, 113, 8, &r.greedy);
   return r;
 }
 
@@ -168,7 +115,7 @@ void expect_same(const Result& a, const Result& b, const std::string& what) {
 TEST(TensorParallel, ShardedRanksGiveTheLogProbsOfOneRank) {
   for (const Layout& l : layouts()) {
     const std::string dir = write_model(l);
-    const auto prompt = random_prompt(300, l.opts.vocab_size, l.opts.seed + 1);
+    const auto prompt = testing::random_prompt(300, l.opts.vocab_size, l.opts.seed + 1);
     const Result one = run(*group(dir, l.overrides, 1), prompt);
     for (int tp : {2, 4}) {
       auto g = group(dir, l.overrides, tp);
@@ -179,10 +126,29 @@ TEST(TensorParallel, ShardedRanksGiveTheLogProbsOfOneRank) {
   }
 }
 
+TEST(TensorParallel, AGroupOfOneEqualsNoGroupBitForBit) {
+  const Layout l = layouts()[0];
+  const std::string dir = write_model(l);
+  const auto prompt = testing::random_prompt(300, l.opts.vocab_size, 9);
+  const Result plain = run(*group(dir, l.overrides, 1), prompt);
+  parallel::ThreadGroup one(1);
+  engine::RankGroupOptions o;
+  engine::RankGroup g(o, [&](int, const Device&, ops::Collective*) {
+    model::LoadOptions lo;
+    lo.group = one.rank(0);  // its collectives run (the identity)
+    return model::Model::load(dir, lo);
+  });
+  const Result grouped = run(g, prompt);
+  ASSERT_EQ(plain.logprobs.size(), grouped.logprobs.size());
+  EXPECT_EQ(std::memcmp(plain.logprobs.data(), grouped.logprobs.data(), plain.logprobs.size() * sizeof(float)), 0);
+  EXPECT_EQ(plain.greedy, grouped.greedy);
+  fs::remove_all(dir);
+}
+
 TEST(TensorParallel, ExpertParallelRanksGiveTheLogProbsOfOneRank) {
   const Layout l = layouts()[0];
   const std::string dir = write_model(l);
-  const auto prompt = random_prompt(300, l.opts.vocab_size, 7);
+  const auto prompt = testing::random_prompt(300, l.opts.vocab_size, 7);
   const Result one = run(*group(dir, l.overrides, 1), prompt);
   for (int tp : {2, 4}) expect_same(one, run(*group(dir, l.overrides, tp, true), prompt), "ep " + std::to_string(tp));
   fs::remove_all(dir);
@@ -212,7 +178,7 @@ TEST(TensorParallel, ARankThatFailsStopsTheGroup) {
   const Layout l = layouts()[0];
   const std::string dir = write_model(l);
   auto g = group(dir, l.overrides, 2);
-  const auto prompt = random_prompt(40, l.opts.vocab_size, 3);
+  const auto prompt = testing::random_prompt(40, l.opts.vocab_size, 3);
   g->runner(1).set_phase_observer([](engine::Runner::Phase p) {
     if (p == engine::Runner::Phase::Computed) throw Error("injected failure");
   });
@@ -230,7 +196,7 @@ TEST(TensorParallel, ARankThatStallsTimesOut) {
   g->runner(1).set_phase_observer([](engine::Runner::Phase p) {
     if (p == engine::Runner::Phase::Begin) std::this_thread::sleep_for(std::chrono::seconds(2));
   });
-  expect_error([&] { run(*g, random_prompt(40, l.opts.vocab_size, 3)); }, "in a collective for the other ranks");
+  expect_error([&] { run(*g, testing::random_prompt(40, l.opts.vocab_size, 3)); }, "in a collective for the other ranks");
   fs::remove_all(dir);
 }
 
