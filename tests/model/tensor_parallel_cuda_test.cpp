@@ -19,19 +19,19 @@ namespace {
 
 const std::string kModel = std::string(SIEVE_SOURCE_DIR) + "/models/minimax-m3-tiny";
 
-struct Run {
+struct Outcome {
   std::vector<float> logprobs;
   std::vector<int32_t> greedy;
   engine::GraphStats graphs;
 };
 
-Run run(model::Model& m, const std::vector<int32_t>& prompt) {
+Outcome run(model::Model& m, const std::vector<int32_t>& prompt) {
   engine::Runner r(m);
   model::CacheOptions co;
   co.kv_dtype = co.index_dtype = DType::BF16;
   co.num_blocks = testing::kBlocks;
   r.allocate_caches(co);
-  Run out;
+  Outcome out;
   out.logprobs = testing::run_sequence(r, prompt, 113, 12, &out.greedy);
   out.graphs = r.graph_stats();
   return out;
@@ -43,12 +43,12 @@ TEST(TensorParallelCuda, NcclGroupOfOneEqualsThePlainPathBitForBit) {
   lo.device = Device{DeviceKind::CUDA, 0};
   auto plain = model::Model::load(kModel, lo);
   const auto prompt = testing::random_prompt(300, plain->vocab_size(), 5);
-  const Run a = run(*plain, prompt);
+  const Outcome a = run(*plain, prompt);
   plain.reset();
   auto comm = parallel::nccl_collective(parallel::nccl_unique_id(), 0, 1, 0);
   lo.group = comm.get();
   auto grouped = model::Model::load(kModel, lo);
-  const Run b = run(*grouped, prompt);
+  const Outcome b = run(*grouped, prompt);
   EXPECT_GT(b.graphs.replayed, 0) << "the decode steps did not replay graphs: " << b.graphs.off_reason;
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
   EXPECT_EQ(std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)), 0);
