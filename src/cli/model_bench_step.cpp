@@ -339,6 +339,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
   std::unique_ptr<model::Model> alone;
   if (group_tp > 1) {
     group = load_model_group(dir, a, lo);
+    if (follow_node_zero(*group)) return 0;
   } else {
     lo.tp_size = int(tp);
     lo.tp_rank = 0;

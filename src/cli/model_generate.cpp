@@ -182,6 +182,7 @@ int run_generate(const std::vector<std::string>& argv) {
   if (dir.empty()) throw Error("--model: no model directory given and no bundled model under models/");
 
   const auto group = load_model_group(dir, a, {.enforce_eager = a.get_flag("--enforce-eager")});
+  if (follow_node_zero(*group)) return 0;
   engine::Runner& runner = group->leader();
   const ModelConfig& cfg = group->model().config();
 

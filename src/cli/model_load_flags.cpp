@@ -78,7 +78,7 @@ std::unique_ptr<engine::RankGroup> load_model_group(const std::string& dir, cons
     if (tp > 1) l.cpu_fallback = false;            // decided below for every rank at once
     return model::Model::load(dir, l);
   };
-  if (tp == 1 && nnodes == 1) return std::make_unique<engine::RankGroup>(go, load);
+  if (tp == 1 && nnodes == 1) return std::make_unique<engine::RankGroup>(std::move(go), load);
 
   // The split is checked before any rank starts, so that a bad -tp is named once, as a flag.
   const ModelConfig cfg = load_model_config(dir, lo.hf_overrides);
@@ -100,8 +100,10 @@ std::unique_ptr<engine::RankGroup> load_model_group(const std::string& dir, cons
     r.run_key = "tp=" + std::to_string(tp) + " nnodes=" + std::to_string(nnodes) +
                 " ep=" + (lo.expert_parallel ? "1" : "0") + " model=" + cfg.model_type + "/" +
                 std::to_string(cfg.num_hidden_layers) + "x" + std::to_string(cfg.hidden_size);
-    // Node 0 makes the NCCL group's id; every node leaves with it.
-    const std::string id = parallel::rendezvous(r, node_rank == 0 && parallel::have_nccl() ? parallel::nccl_unique_id() : "");
+    // Node 0 makes the NCCL group's id; every node leaves with it, and with its connections.
+    parallel::Joined joined =
+        parallel::rendezvous_links(r, node_rank == 0 && parallel::have_nccl() ? parallel::nccl_unique_id() : "");
+    const std::string& id = joined.payload;
     SIEVE_LOG(Info, "rendezvous: node " << node_rank << " of " << nnodes << " joined at " << r.addr << " ("
                                         << id.size() << " bytes of NCCL group id)");
     const long long local = tp / nnodes;
@@ -110,9 +112,12 @@ std::unique_ptr<engine::RankGroup> load_model_group(const std::string& dir, cons
                   std::to_string(local) + " CUDA device(s) for its ranks, but this machine has " +
                   std::to_string(cuda_device_count()) + (lo.device.is_cuda() ? "" : " (or --device cpu was given)"));
     if (id.empty()) throw Error("--nnodes " + std::to_string(nnodes) + ": node 0's build has no NCCL");
-    throw Error("--nnodes " + std::to_string(nnodes) +
-                ": the NCCL group id is shared, but running the ranks of several machines in lockstep (handing "
-                "each step to the other nodes) is not implemented yet; use the GPUs of one machine");
+    go.size = int(local);
+    go.rank0 = int(node_rank * local);
+    go.world = int(tp);
+    go.nccl_id = id;
+    go.links = std::move(joined.links);
+    return std::make_unique<engine::RankGroup>(std::move(go), load);
   }
   if (lo.device.is_cuda() && lo.cpu_fallback) {
     // --device auto: a model the CUDA kernels cannot run goes to the CPU on every rank.
@@ -122,7 +127,15 @@ std::unique_ptr<engine::RankGroup> load_model_group(const std::string& dir, cons
       go.device = Device{};
     }
   }
-  return std::make_unique<engine::RankGroup>(go, load);
+  return std::make_unique<engine::RankGroup>(std::move(go), load);
+}
+
+bool follow_node_zero(engine::RankGroup& g) {
+  if (!g.follows_another_node()) return false;
+  SIEVE_LOG(Info, "following node 0's steps (HTTP and the engine run there)");
+  g.follow();
+  SIEVE_LOG(Info, "node 0 ended the run");
+  return true;
 }
 
 std::function<void(uint64_t, uint64_t)> load_progress_printer(const std::string& what) {

@@ -32,6 +32,10 @@ std::unique_ptr<engine::RankGroup> load_model_group(const std::string& dir, cons
 std::unique_ptr<engine::RankGroup> load_model_group(const std::string& dir, const Args& a,
                                                     const engine::RunnerOptions& ro = {});
 
+// The process of another node than node 0 (--node-rank > 0): runs node 0's steps on its ranks
+// until node 0 ends the run, and returns true (the command then exits); false on node 0.
+bool follow_node_zero(engine::RankGroup& g);
+
 // A progress callback (done, total bytes) for core/progress.h's bar (bytes, rate, time left; on
 // a terminal in place, else a log line every few seconds); silent for loads under a second.
 std::function<void(uint64_t, uint64_t)> load_progress_printer(const std::string& what);

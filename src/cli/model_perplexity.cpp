@@ -49,6 +49,7 @@ int run_perplexity(const std::vector<std::string>& argv) {
   ss << f.rdbuf();
 
   const auto group = load_model_group(dir, a);
+  if (follow_node_zero(*group)) return 0;
   engine::Runner& runner = group->leader();
   model::Model* m = &group->model();
   const ModelConfig& cfg = m->config();

@@ -386,6 +386,7 @@ int run_serve(const std::vector<std::string>& argv) {
   const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
                                  .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
   const auto group = load_model_group(dir, a, lo, ro);
+  if (follow_node_zero(*group)) return 0;  // HTTP on node 0 only
   model::Model* m = &group->model();
   lo.device = m->device();  // the CPU when --device auto fell back
   engine::Runner& runner = group->leader();

@@ -158,8 +158,11 @@ Runner::~Runner() {
 }
 
 void Runner::reserve(int64_t max_tokens, int64_t max_seqs) {
-  lockstep([=](Runner& r) { r.reserve(max_tokens, max_seqs); },
-           [&] {
+  RankCommand c;
+  c.kind = RankCommand::Kind::Reserve;
+  c.max_tokens = max_tokens;
+  c.max_seqs = max_seqs;
+  lockstep(c, [&] {
              const int64_t rows = std::min(max_tokens, max_seqs);
              use_device(dev_);
              m_.reserve_step(max_tokens, rows);
@@ -409,11 +412,11 @@ void Runner::read_logits(int64_t rows, std::vector<float>& logits) {
       std::memcpy(logits.data() + r * V + i * vs, shards_.data() + (i * rows + r) * vs, size_t(vs) * sizeof(float));
 }
 
-void Runner::lockstep(const std::function<void(Runner&)>& job, const std::function<void()>& local) {
+void Runner::lockstep(const RankCommand& c, const std::function<void()>& local) {
   if (!followers_) return local();
   if (const std::string why = followers_->broken(); !why.empty())
     throw Error("the tensor-parallel group stopped earlier: " + why);
-  followers_->start(job);
+  followers_->start(c);
   try {
     local();
   } catch (const std::exception& e) {
@@ -423,23 +426,40 @@ void Runner::lockstep(const std::function<void(Runner&)>& job, const std::functi
   followers_->finish("");
 }
 
+void Runner::apply(const RankCommand& c) {
+  switch (c.kind) {
+    case RankCommand::Kind::Run: {
+      std::vector<float> unused;  // the leader's logits are the ones read
+      run(c.in, unused);
+      return;
+    }
+    case RankCommand::Kind::AllocateCaches: return allocate_caches(c.caches);
+    case RankCommand::Kind::ReleaseCaches: return release_caches();
+    case RankCommand::Kind::Reserve: return reserve(c.max_tokens, c.max_seqs);
+  }
+}
+
 void Runner::allocate_caches(const model::CacheOptions& co) {
-  lockstep([co](Runner& r) { r.allocate_caches(co); }, [&] { m_.allocate_caches(co); });
+  RankCommand c;
+  c.kind = RankCommand::Kind::AllocateCaches;
+  c.caches = co;
+  lockstep(c, [&] { m_.allocate_caches(co); });
 }
 
 void Runner::release_caches() {
-  lockstep([](Runner& r) { r.release_caches(); }, [&] { m_.release_caches(); });
+  RankCommand c;
+  c.kind = RankCommand::Kind::ReleaseCaches;
+  lockstep(c, [&] { m_.release_caches(); });
 }
 
 void Runner::run(const StepInputs& in, std::vector<float>& logits) {
   // Bad inputs are refused before any rank starts (a failed rank would break the group).
   if (followers_) check(in);
+  if (!followers_) return run_here(in, logits);
   // The followers run the same inputs; their logits are not read.
-  lockstep([&in](Runner& r) {
-             std::vector<float> unused;
-             r.run(in, unused);
-           },
-           [&] { run_here(in, logits); });
+  RankCommand c;
+  c.in = in;
+  lockstep(c, [&] { run_here(in, logits); });
 }
 
 void Runner::run_here(const StepInputs& in, std::vector<float>& logits) {

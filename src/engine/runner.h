@@ -89,15 +89,23 @@ struct GraphStats {
   std::string off_reason;  // why graphs are off ("" while they are on or were never tried)
 };
 
-class Runner;
+// A call of a tensor-parallel group's leading runner that every other rank repeats on its own
+// runner: plain data, so that it also travels to the ranks of other machines.
+struct RankCommand {
+  enum class Kind : uint8_t { Run, AllocateCaches, ReleaseCaches, Reserve };
+  Kind kind = Kind::Run;
+  StepInputs in;                          // Run
+  model::CacheOptions caches;             // AllocateCaches
+  int64_t max_tokens = 0, max_seqs = 0;   // Reserve
+};
 
 // The other ranks of a tensor-parallel group (engine/rank_group.h). The leading runner hands each
 // call it gets to them and runs its own part at the same time, so that their collectives meet.
 class Followers {
  public:
   virtual ~Followers() = default;
-  // Starts `job` on every other rank's runner and returns at once.
-  virtual void start(std::function<void(Runner&)> job) = 0;
+  // Starts `c` on every other rank's runner and returns at once.
+  virtual void start(const RankCommand& c) = 0;
   // Waits until they are done. `leader_error` (non-empty: the leader's part failed) breaks the
   // group first, so that no rank waits for the leader. Throws Error with the first failure of
   // any rank.
@@ -125,6 +133,9 @@ class Runner {
   // The model's caches (Model::allocate_caches / release_caches), on every rank of a group.
   void allocate_caches(const model::CacheOptions& co);
   void release_caches();
+
+  // Runs `c` as the call it describes (a follower's part of the leader's call).
+  void apply(const RankCommand& c);
 
   // Tensor parallelism: this runner leads the ranks of `f` (RankGroup sets it; null: alone).
   void set_followers(Followers* f) { followers_ = f; }
@@ -174,7 +185,7 @@ class Runner {
   float* logits_rows(int64_t rows);
   void read_logits(int64_t rows, std::vector<float>& logits);
   // Runs `local` here and `job` on the followers at the same time (`local` alone without any).
-  void lockstep(const std::function<void(Runner&)>& job, const std::function<void()>& local);
+  void lockstep(const RankCommand& c, const std::function<void()>& local);
   void run_here(const StepInputs& in, std::vector<float>& logits);
   // Runs a decode or verification step as a graph replay (or its first, eager run and capture).
   // False for other steps, and for steps that graphs do not take (counted as eager).

@@ -3,7 +3,11 @@
 // greedy continuations are the same, on tiny random models of three layouts (index top-k sharing;
 // fewer kv heads than ranks, which replicates them); expert parallelism likewise; shapes that do
 // not split, and a rank that fails or stalls, end in an Error instead of a hang.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,6 +21,7 @@
 #include "engine/runner.h"
 #include "io/tiny_model.h"
 #include "model/model.h"
+#include "parallel/rendezvous.h"
 #include "parallel/thread_group.h"
 #include "tp_util.h"
 
@@ -71,7 +76,7 @@ std::unique_ptr<engine::RankGroup> group(const std::string& dir, const std::stri
   engine::RankGroupOptions o;
   o.size = tp;
   o.timeout = timeout;
-  return std::make_unique<engine::RankGroup>(o, [&](int r, const Device& dev, ops::Collective* c) {
+  return std::make_unique<engine::RankGroup>(std::move(o), [&](int r, const Device& dev, ops::Collective* c) {
     model::LoadOptions lo;
     lo.hf_overrides = overrides;
     lo.device = dev;
@@ -133,7 +138,7 @@ TEST(TensorParallel, AGroupOfOneEqualsNoGroupBitForBit) {
   const Result plain = run(*group(dir, l.overrides, 1), prompt);
   parallel::ThreadGroup one(1);
   engine::RankGroupOptions o;
-  engine::RankGroup g(o, [&](int, const Device&, ops::Collective*) {
+  engine::RankGroup g(std::move(o), [&](int, const Device&, ops::Collective*) {
     model::LoadOptions lo;
     lo.group = one.rank(0);  // its collectives run (the identity)
     return model::Model::load(dir, lo);
@@ -161,6 +166,97 @@ void expect_error(const std::function<void()>& fn, const std::string& part) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
   }
+}
+
+// Two "machines" in one process: a rank each, their collectives over a thread group, node 0's
+// calls handed to node 1 over the rendezvous connection on loopback.
+struct TwoNodes {
+  parallel::ThreadGroup comms{2};
+  std::unique_ptr<engine::RankGroup> node[2];
+
+  explicit TwoNodes(const std::string& dir) {
+    int port = 0;
+    {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      socklen_t len = sizeof a;
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+      port = ntohs(a.sin_port);
+      ::close(fd);
+    }
+    parallel::Joined joined[2];
+    std::thread t([&] {
+      parallel::RendezvousOptions r{"127.0.0.1:" + std::to_string(port), 2, 1, "tp test", std::chrono::seconds(20)};
+      joined[1] = parallel::rendezvous_links(r, "");
+    });
+    parallel::RendezvousOptions r{"127.0.0.1:" + std::to_string(port), 2, 0, "tp test", std::chrono::seconds(20)};
+    joined[0] = parallel::rendezvous_links(r, "id");
+    t.join();
+    for (int n : {1, 0}) {
+      engine::RankGroupOptions o;
+      o.rank0 = n;
+      o.world = 2;
+      o.timeout = std::chrono::seconds(20);
+      o.links = std::move(joined[n].links);
+      o.comms = {comms.rank(n)};
+      node[n] = std::make_unique<engine::RankGroup>(std::move(o), [&](int rank, const Device&, ops::Collective* c) {
+        model::LoadOptions lo;
+        lo.tp_size = 2;
+        lo.tp_rank = rank;
+        lo.group = c;
+        return model::Model::load(dir, lo);
+      });
+    }
+  }
+};
+
+TEST(TensorParallel, RanksOnTwoNodesGiveTheLogProbsOfOneRank) {
+  const Layout l = layouts()[0];
+  const std::string dir = write_model(l);
+  const auto prompt = testing::random_prompt(300, l.opts.vocab_size, 21);
+  const Result one = run(*group(dir, l.overrides, 1), prompt);
+  TwoNodes two(dir);
+  EXPECT_FALSE(two.node[0]->follows_another_node());
+  ASSERT_TRUE(two.node[1]->follows_another_node());
+  std::string follow_error = "not returned";
+  std::thread follower([&] {
+    try {
+      two.node[1]->follow();
+      follow_error.clear();
+    } catch (const std::exception& e) {
+      follow_error = e.what();
+    }
+  });
+  expect_same(one, run(*two.node[0], prompt), "two nodes");
+  two.node[0].reset();  // ends the run: node 1's follow() returns
+  follower.join();
+  EXPECT_EQ(follow_error, "");
+  fs::remove_all(dir);
+}
+
+TEST(TensorParallel, ARankThatFailsOnAnotherNodeStopsNodeZero) {
+  const Layout l = layouts()[0];
+  const std::string dir = write_model(l);
+  TwoNodes two(dir);
+  two.node[1]->runner(0).set_phase_observer([](engine::Runner::Phase p) {
+    if (p == engine::Runner::Phase::Computed) throw Error("injected failure");
+  });
+  std::string follow_error;
+  std::thread follower([&] {
+    try {
+      two.node[1]->follow();
+    } catch (const std::exception& e) {
+      follow_error = e.what();
+    }
+  });
+  expect_error([&] { run(*two.node[0], testing::random_prompt(40, l.opts.vocab_size, 3)); }, "node 1: injected failure");
+  follower.join();
+  EXPECT_EQ(follow_error, "injected failure");
+  two.node[0].reset();
+  fs::remove_all(dir);
 }
 
 TEST(TensorParallel, ShapesThatDoNotSplitAreNamed) {

@@ -24,7 +24,7 @@ TEST(ServerTensorParallel, ARankThatFailsAnswers503AndStopsTheEngine) {
   text::Tokenizer tok = text::Tokenizer::load(dir.string());
   engine::RankGroupOptions go;
   go.size = 2;
-  engine::RankGroup group(go, [](int rank, const Device&, ops::Collective*) {
+  engine::RankGroup group(std::move(go), [](int rank, const Device&, ops::Collective*) {
     auto m = std::make_unique<engine::testing::FakeModel>(300, 16);
     if (rank == 1) m->fail_on_token = 77;
     return m;
