@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -151,16 +153,14 @@ void check_parser_name(const std::string& flag, const std::string& value, const 
 // VLLM_LOG_STATS_INTERVAL, else 10.
 double stats_interval_s() { return env::log_stats_interval_s(); }
 
-// Logs engine::stats_log_line every `interval` seconds while there is work.
-// Stops the server once the engine can run no more steps (a tensor-parallel rank failed): the
-// requests in flight have had their errors (503), and the process exits non-zero rather than
-// serving nothing.
-class FatalWatch {
+// Calls `tick` every `interval_s` seconds on a thread of its own, until destroyed or until tick
+// returns false.
+class Periodic {
  public:
-  FatalWatch(const engine::Engine& e, server::Server& srv) : engine_(e), srv_(srv) {
+  Periodic(double interval_s, std::function<bool()> tick) : interval_(interval_s), tick_(std::move(tick)) {
     thread_ = std::thread([this] { loop(); });
   }
-  ~FatalWatch() {
+  ~Periodic() {
     {
       std::lock_guard lk(mu_);
       stop_ = true;
@@ -171,57 +171,34 @@ class FatalWatch {
 
  private:
   void loop() {
-    std::unique_lock lk(mu_);
-    while (!cv_.wait_for(lk, std::chrono::milliseconds(100), [this] { return stop_; })) {
-      if (engine_.stats().fatal_error.empty()) continue;
-      lk.unlock();
-      srv_.shutdown();
-      return;
-    }
-  }
-  const engine::Engine& engine_;
-  server::Server& srv_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-class StatsLogger {
- public:
-  StatsLogger(const engine::Engine& e, double interval) : engine_(e), interval_(interval) {
-    thread_ = std::thread([this] { loop(); });
-  }
-  ~StatsLogger() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  void loop() {
-    engine::EngineStats before = engine_.stats();
-    auto t0 = std::chrono::steady_clock::now();
     std::unique_lock lk(mu_);
     while (!cv_.wait_for(lk, std::chrono::duration<double>(interval_), [this] { return stop_; })) {
-      engine::EngineStats now = engine_.stats();
-      const auto t1 = std::chrono::steady_clock::now();
-      const std::string line = engine::stats_log_line(before, now, std::chrono::duration<double>(t1 - t0).count());
-      if (!line.empty()) SIEVE_LOG(Info, line);
-      before = std::move(now);
-      t0 = t1;
+      lk.unlock();
+      const bool go_on = tick_();
+      lk.lock();
+      if (!go_on) return;
     }
   }
-  const engine::Engine& engine_;
   double interval_;
+  std::function<bool()> tick_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;
 };
+
+// Logs engine::stats_log_line every `interval` seconds while there is work.
+std::unique_ptr<Periodic> log_stats(const engine::Engine& e, double interval) {
+  return std::make_unique<Periodic>(interval, [&e, before = e.stats(), t0 = std::chrono::steady_clock::now()]() mutable {
+    engine::EngineStats now = e.stats();
+    const auto t1 = std::chrono::steady_clock::now();
+    const std::string line = engine::stats_log_line(before, now, std::chrono::duration<double>(t1 - t0).count());
+    if (!line.empty()) SIEVE_LOG(Info, line);
+    before = std::move(now);
+    t0 = t1;
+    return true;
+  });
+}
 
 int run_serve(const std::vector<std::string>& argv) {
   // SIGINT and SIGTERM go to one waiting thread. They are blocked before anything starts a
@@ -516,9 +493,15 @@ int run_serve(const std::vector<std::string>& argv) {
                              << srv.port() << " (" << co.num_blocks << " cache blocks of "
                              << m->block_size() << " tokens, max model len " << max_len
                              << ", prefix caching " << (prefix_caching ? "on" : "off") << ")");
-  std::optional<StatsLogger> stats_log;
-  if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval);
-  FatalWatch watch(engine, srv);
+  std::unique_ptr<Periodic> stats_log;
+  if (!a.get_flag("--disable-log-stats")) stats_log = log_stats(engine, stats_interval);
+  // Once the engine can run no more steps (a tensor-parallel rank failed) the requests in flight
+  // have had their errors (503): stop serving, and exit non-zero below.
+  Periodic fatal_watch(0.1, [&] {
+    if (engine.stats().fatal_error.empty()) return true;
+    srv.shutdown();
+    return false;
+  });
   srv.run();
   serving = nullptr;
   stats_log.reset();

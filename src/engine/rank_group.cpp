@@ -32,7 +32,8 @@ std::vector<std::string> on_every_rank(int n, const std::function<void(int)>& fn
 void throw_first(const std::vector<std::string>& errors, int n) {
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty())
-      throw Error(n > 1 ? "tensor-parallel rank " + std::to_string(r) + ": " + errors[r] : errors[r]);
+      throw Error(n > 1 ? "tensor-parallel rank " + std::to_string(r) + ": " + errors[r]
+                        : errors[r]);
 }
 
 // Little-endian fixed-width fields and length-prefixed arrays.
@@ -73,12 +74,14 @@ class Reader {
     at_ += n * sizeof(T);
   }
   void done() const {
-    if (at_ != s_.size()) throw Error("a step from node 0 has " + std::to_string(s_.size() - at_) + " bytes too many");
+    if (at_ != s_.size())
+      throw Error("a step from node 0 has " + std::to_string(s_.size() - at_) + " bytes too many");
   }
 
  private:
   void need(uint64_t n) const {
-    if (n > s_.size() - at_) throw Error("a step from node 0 is cut short (another version of sieve?)");
+    if (n > s_.size() - at_)
+      throw Error("a step from node 0 is cut short (another version of sieve?)");
   }
   const std::string& s_;
   size_t at_ = 0;
@@ -93,8 +96,8 @@ std::string encode_command(const RankCommand& c) {
   w.put<uint32_t>(kCommandMagic);
   w.put<uint8_t>(uint8_t(c.kind));
   const StepInputs& in = c.in;
-  for (const auto* v : {&in.token_ids, &in.positions, &in.query_start_loc, &in.seq_lens, &in.block_tables,
-                        &in.logits_indices, &in.hidden_rows, &in.draft_rows})
+  for (const auto* v : {&in.token_ids, &in.positions, &in.query_start_loc, &in.seq_lens,
+                        &in.block_tables, &in.logits_indices, &in.hidden_rows, &in.draft_rows})
     w.put(*v);
   w.put(in.slot_mapping);
   w.put<int32_t>(in.max_blocks_per_seq);
@@ -112,7 +115,8 @@ std::string encode_command(const RankCommand& c) {
 
 RankCommand decode_command(const std::string& bytes) {
   Reader r(bytes);
-  if (r.get<uint32_t>() != kCommandMagic) throw Error("node 0 sent something that is not a step of this version");
+  if (r.get<uint32_t>() != kCommandMagic)
+    throw Error("node 0 sent something that is not a step of this version");
   RankCommand c;
   const uint8_t kind = r.get<uint8_t>();
   if (kind > uint8_t(RankCommand::Kind::Reserve)) throw Error("node 0 sent an unknown call");
@@ -152,11 +156,16 @@ RankGroup::RankGroup(RankGroupOptions opts, const ShardLoader& load) : opts_(std
       throw Error("--tensor-parallel-size " + std::to_string(n) + " needs " + std::to_string(n) +
                   " CUDA devices (one per rank), but this machine has " + std::to_string(gpus));
     if (!parallel::have_nccl())
-      throw Error("--tensor-parallel-size " + std::to_string(n) + " on CUDA devices needs NCCL, which this build lacks");
+      throw Error("--tensor-parallel-size " + std::to_string(n) +
+                  " on CUDA devices needs NCCL, which this build lacks");
     // Every rank joins at once (NCCL's initialisation waits for all of them, on every node).
     const std::string id = o.nccl_id.empty() ? parallel::nccl_unique_id() : o.nccl_id;
     nccl_.resize(size_t(n));
-    throw_first(on_every_rank(n, [&](int r) { nccl_[size_t(r)] = parallel::nccl_collective(id, rank0 + r, world, r, o.timeout); }),
+    throw_first(on_every_rank(n,
+                              [&](int r) {
+                                nccl_[size_t(r)] =
+                                    parallel::nccl_collective(id, rank0 + r, world, r, o.timeout);
+                              }),
                 n);
     for (int r = 0; r < n; ++r) ranks_[size_t(r)].comm = nccl_[size_t(r)].get();
   } else if (world > 1) {
@@ -177,14 +186,17 @@ RankGroup::RankGroup(RankGroupOptions opts, const ShardLoader& load) : opts_(std
   if (world == 1) return;
   for (int r = 1; r < n; ++r) ranks_[size_t(r)].thread = std::thread([this, r] { drive(r); });
   if (rank0 == 0) {
-    for (size_t i = 0; i < opts_.links.size(); ++i) listeners_.emplace_back([this, i] { listen(i); });
+    for (size_t i = 0; i < opts_.links.size(); ++i)
+      listeners_.emplace_back([this, i] { listen(i); });
     ranks_[0].runner->set_followers(this);
   } else if (n > 1) {
     ranks_[0].runner->set_followers(this);  // this node's leader drives its own ranks
   }
-  SIEVE_LOG(Info, "tensor parallelism: ranks " << rank0 << ".." << rank0 + n - 1 << " of " << world << " on "
-                                               << (o.device.is_cuda() ? "CUDA devices 0.." + std::to_string(n - 1) + " (NCCL)"
-                                                                      : std::string("CPU threads")));
+  SIEVE_LOG(Info,
+            "tensor parallelism: ranks "
+                << rank0 << ".." << rank0 + n - 1 << " of " << world << " on "
+                << (o.device.is_cuda() ? "CUDA devices 0.." + std::to_string(n - 1) + " (NCCL)"
+                                       : std::string("CPU threads")));
 }
 
 RankGroup::~RankGroup() {
@@ -276,7 +288,8 @@ void RankGroup::listen(size_t i) {
       cv_.notify_all();
       return;
     }
-    if (answer != "OK") fail(-1, "node " + std::to_string(l.node()) + ": " + answer.substr(answer.find(' ') + 1));
+    if (answer != "OK")
+      fail(-1, "node " + std::to_string(l.node()) + ": " + answer.substr(answer.find(' ') + 1));
     {
       std::lock_guard lk(mu_);
       --pending_;
@@ -286,7 +299,8 @@ void RankGroup::listen(size_t i) {
 }
 
 void RankGroup::follow() {
-  SIEVE_CHECK(opts_.rank0 > 0 && opts_.links.size() == 1, "follow() is for the processes of nodes 1, 2, ...");
+  SIEVE_CHECK(opts_.rank0 > 0 && opts_.links.size() == 1,
+              "follow() is for the processes of nodes 1, 2, ...");
   parallel::NodeLink& l = *opts_.links[0];
   for (;;) {
     const std::string frame = l.recv();  // Error when node 0 went away
@@ -325,7 +339,8 @@ void RankGroup::fail(int rank, const std::string& what) {
   {
     std::lock_guard lk(mu_);
     if (!error_.empty()) return;  // a consequence of the first failure
-    error_ = rank >= 0 ? "rank " + std::to_string(opts_.rank0 + rank) + " failed: " + what : "group failed: " + what;
+    error_ = rank >= 0 ? "rank " + std::to_string(opts_.rank0 + rank) + " failed: " + what
+                       : "group failed: " + what;
   }
   SIEVE_LOG(Error, "tensor-parallel " << error_);
   for (auto& k : ranks_)

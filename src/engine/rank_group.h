@@ -36,8 +36,8 @@ class ThreadGroup;
 namespace sieve::engine {
 
 struct RankGroupOptions {
-  int size = 1;     // tensor-parallel ranks (all in this process)
-  Device device;    // CPU: thread ranks; CUDA: ranks on devices 0 .. size - 1
+  int size = 1;   // tensor-parallel ranks (all in this process)
+  Device device;  // CPU: thread ranks; CUDA: ranks on devices 0 .. size - 1
   // How long a rank waits for the others (forming the NCCL group, a collective on the CPU)
   // before the group is declared broken.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
@@ -57,7 +57,8 @@ std::string encode_command(const RankCommand& c);
 RankCommand decode_command(const std::string& bytes);
 
 // Makes global rank `rank`'s model on `device`, talking through `group` (LoadOptions::group).
-using ShardLoader = std::function<std::unique_ptr<model::Model>(int rank, const Device& device, ops::Collective* group)>;
+using ShardLoader = std::function<std::unique_ptr<model::Model>(int rank, const Device& device,
+                                                                ops::Collective* group)>;
 
 class RankGroup final : public Followers {
  public:
@@ -99,7 +100,7 @@ class RankGroup final : public Followers {
   void fail(int rank, const std::string& what);
 
   RankGroupOptions opts_;
-  std::unique_ptr<parallel::ThreadGroup> threads_;     // CPU ranks' communicator
+  std::unique_ptr<parallel::ThreadGroup> threads_;      // CPU ranks' communicator
   std::vector<std::unique_ptr<ops::Collective>> nccl_;  // CUDA ranks' communicators
   std::vector<Rank> ranks_;
   std::vector<std::thread> listeners_;

@@ -38,7 +38,8 @@ Outcome run(model::Model& m, const std::vector<int32_t>& prompt) {
 }
 
 TEST(TensorParallelCuda, NcclGroupOfOneEqualsThePlainPathBitForBit) {
-  if (cuda_device_count() == 0 || !parallel::have_nccl()) GTEST_SKIP() << "no CUDA device or no NCCL";
+  if (cuda_device_count() == 0 || !parallel::have_nccl())
+    GTEST_SKIP() << "no CUDA device or no NCCL";
   model::LoadOptions lo;
   lo.device = Device{DeviceKind::CUDA, 0};
   auto plain = model::Model::load(kModel, lo);
@@ -49,9 +50,11 @@ TEST(TensorParallelCuda, NcclGroupOfOneEqualsThePlainPathBitForBit) {
   lo.group = comm.get();
   auto grouped = model::Model::load(kModel, lo);
   const Outcome b = run(*grouped, prompt);
-  EXPECT_GT(b.graphs.replayed, 0) << "the decode steps did not replay graphs: " << b.graphs.off_reason;
+  EXPECT_GT(b.graphs.replayed, 0) << "the decode steps did not replay graphs: "
+                                  << b.graphs.off_reason;
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-  EXPECT_EQ(std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)),
+            0);
   EXPECT_EQ(a.greedy, b.greedy);
   grouped.reset();
 }

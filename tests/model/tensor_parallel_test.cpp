@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -64,28 +64,31 @@ std::vector<Layout> layouts() {
 }
 
 std::string write_model(const Layout& l) {
-  fs::path p = fs::temp_directory_path() / ("sieve_tp_test_" + l.name + "_" + std::to_string(::getpid()));
+  fs::path p =
+      fs::temp_directory_path() / ("sieve_tp_test_" + l.name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   write_tiny_model(l.opts, p.string());
   return p.string();
 }
 
 // A group of `tp` CPU ranks over the model in `dir` (tp 1: one rank, no communicator).
-std::unique_ptr<engine::RankGroup> group(const std::string& dir, const std::string& overrides, int tp, bool ep = false,
-                                         std::chrono::milliseconds timeout = std::chrono::minutes(2)) {
+std::unique_ptr<engine::RankGroup> group(
+    const std::string& dir, const std::string& overrides, int tp, bool ep = false,
+    std::chrono::milliseconds timeout = std::chrono::minutes(2)) {
   engine::RankGroupOptions o;
   o.size = tp;
   o.timeout = timeout;
-  return std::make_unique<engine::RankGroup>(std::move(o), [&](int r, const Device& dev, ops::Collective* c) {
-    model::LoadOptions lo;
-    lo.hf_overrides = overrides;
-    lo.device = dev;
-    lo.tp_size = tp;
-    lo.tp_rank = r;
-    lo.group = c;
-    lo.expert_parallel = ep;
-    return model::Model::load(dir, lo);
-  });
+  return std::make_unique<engine::RankGroup>(std::move(o),
+                                             [&](int r, const Device& dev, ops::Collective* c) {
+                                               model::LoadOptions lo;
+                                               lo.hf_overrides = overrides;
+                                               lo.device = dev;
+                                               lo.tp_size = tp;
+                                               lo.tp_rank = r;
+                                               lo.group = c;
+                                               lo.expert_parallel = ep;
+                                               return model::Model::load(dir, lo);
+                                             });
 }
 
 struct Result {
@@ -145,7 +148,9 @@ TEST(TensorParallel, AGroupOfOneEqualsNoGroupBitForBit) {
   });
   const Result grouped = run(g, prompt);
   ASSERT_EQ(plain.logprobs.size(), grouped.logprobs.size());
-  EXPECT_EQ(std::memcmp(plain.logprobs.data(), grouped.logprobs.data(), plain.logprobs.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(plain.logprobs.data(), grouped.logprobs.data(),
+                        plain.logprobs.size() * sizeof(float)),
+            0);
   EXPECT_EQ(plain.greedy, grouped.greedy);
   fs::remove_all(dir);
 }
@@ -155,7 +160,8 @@ TEST(TensorParallel, ExpertParallelRanksGiveTheLogProbsOfOneRank) {
   const std::string dir = write_model(l);
   const auto prompt = testing::random_prompt(300, l.opts.vocab_size, 7);
   const Result one = run(*group(dir, l.overrides, 1), prompt);
-  for (int tp : {2, 4}) expect_same(one, run(*group(dir, l.overrides, tp, true), prompt), "ep " + std::to_string(tp));
+  for (int tp : {2, 4})
+    expect_same(one, run(*group(dir, l.overrides, tp, true), prompt), "ep " + std::to_string(tp));
   fs::remove_all(dir);
 }
 
@@ -189,10 +195,12 @@ struct TwoNodes {
     }
     parallel::Joined joined[2];
     std::thread t([&] {
-      parallel::RendezvousOptions r{"127.0.0.1:" + std::to_string(port), 2, 1, "tp test", std::chrono::seconds(20)};
+      parallel::RendezvousOptions r{"127.0.0.1:" + std::to_string(port), 2, 1, "tp test",
+                                    std::chrono::seconds(20)};
       joined[1] = parallel::rendezvous_links(r, "");
     });
-    parallel::RendezvousOptions r{"127.0.0.1:" + std::to_string(port), 2, 0, "tp test", std::chrono::seconds(20)};
+    parallel::RendezvousOptions r{"127.0.0.1:" + std::to_string(port), 2, 0, "tp test",
+                                  std::chrono::seconds(20)};
     joined[0] = parallel::rendezvous_links(r, "id");
     t.join();
     for (int n : {1, 0}) {
@@ -202,13 +210,14 @@ struct TwoNodes {
       o.timeout = std::chrono::seconds(20);
       o.links = std::move(joined[n].links);
       o.comms = {comms.rank(n)};
-      node[n] = std::make_unique<engine::RankGroup>(std::move(o), [&](int rank, const Device&, ops::Collective* c) {
-        model::LoadOptions lo;
-        lo.tp_size = 2;
-        lo.tp_rank = rank;
-        lo.group = c;
-        return model::Model::load(dir, lo);
-      });
+      node[n] = std::make_unique<engine::RankGroup>(
+          std::move(o), [&](int rank, const Device&, ops::Collective* c) {
+            model::LoadOptions lo;
+            lo.tp_size = 2;
+            lo.tp_rank = rank;
+            lo.group = c;
+            return model::Model::load(dir, lo);
+          });
     }
   }
 };
@@ -252,7 +261,8 @@ TEST(TensorParallel, ARankThatFailsOnAnotherNodeStopsNodeZero) {
       follow_error = e.what();
     }
   });
-  expect_error([&] { run(*two.node[0], testing::random_prompt(40, l.opts.vocab_size, 3)); }, "node 1: injected failure");
+  expect_error([&] { run(*two.node[0], testing::random_prompt(40, l.opts.vocab_size, 3)); },
+               "node 1: injected failure");
   follower.join();
   EXPECT_EQ(follow_error, "injected failure");
   two.node[0].reset();
@@ -292,7 +302,8 @@ TEST(TensorParallel, ARankThatStallsTimesOut) {
   g->runner(1).set_phase_observer([](engine::Runner::Phase p) {
     if (p == engine::Runner::Phase::Begin) std::this_thread::sleep_for(std::chrono::seconds(2));
   });
-  expect_error([&] { run(*g, testing::random_prompt(40, l.opts.vocab_size, 3)); }, "in a collective for the other ranks");
+  expect_error([&] { run(*g, testing::random_prompt(40, l.opts.vocab_size, 3)); },
+               "in a collective for the other ranks");
   fs::remove_all(dir);
 }
 

@@ -16,8 +16,8 @@ constexpr int kBlocks = 6;
 // One sequence in blocks 0, 1, ...: the prompt prefilled in chunks of `chunk`, then `decode`
 // greedy tokens. Returns the log-probs of every prompt position and decode step; `greedy` gets
 // the tokens chosen.
-inline std::vector<float> run_sequence(engine::Runner& r, const std::vector<int32_t>& prompt, int chunk, int decode,
-                                std::vector<int32_t>* greedy) {
+inline std::vector<float> run_sequence(engine::Runner& r, const std::vector<int32_t>& prompt,
+                                       int chunk, int decode, std::vector<int32_t>* greedy) {
   const int bs = r.model().block_size();
   const int64_t V = r.model().vocab_size();
   std::vector<int32_t> table(kBlocks);

@@ -19,7 +19,8 @@ namespace sieve::server {
 namespace {
 
 TEST(ServerTensorParallel, ARankThatFailsAnswers503AndStopsTheEngine) {
-  const auto dir = std::filesystem::temp_directory_path() / ("sieve-server-tp-test-" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("sieve-server-tp-test-" + std::to_string(::getpid()));
   text::write_byte_level_tokenizer(dir.string(), 300);
   text::Tokenizer tok = text::Tokenizer::load(dir.string());
   engine::RankGroupOptions go;
@@ -30,8 +31,13 @@ TEST(ServerTensorParallel, ARankThatFailsAnswers503AndStopsTheEngine) {
     return m;
   });
   group.leader().allocate_caches({.num_blocks = 32});
-  engine::Engine eng(group.leader(), engine::EngineConfig{{.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256},
-                                                          32, false, {}, std::nullopt});
+  engine::Engine eng(
+      group.leader(),
+      engine::EngineConfig{{.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256},
+                           32,
+                           false,
+                           {},
+                           std::nullopt});
   ServerOptions so;
   so.port = 0;
   Server srv(eng, tok, so);
@@ -49,7 +55,8 @@ TEST(ServerTensorParallel, ARankThatFailsAnswers503AndStopsTheEngine) {
   EXPECT_EQ(bad->status, 503) << bad->body;
   EXPECT_NE(bad->body.find("rank 1 failed"), std::string::npos) << bad->body;
   EXPECT_NE(eng.stats().fatal_error, "");
-  auto after = c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":4})", "application/json");
+  auto after =
+      c.Post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":4})", "application/json");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 503) << after->body;
   auto health = c.Get("/health");
