@@ -151,9 +151,11 @@ std::map<std::string, Cost> step_costs(const ModelConfig& c, const model::RankLa
       const double I = double(l.expert_inter);
       // Distinct experts the step's tokens touch under uniform routing.
       const double touched = E * (1 - std::pow(1 - k / E, B));
+      // The rank's share of them and of the (token, expert) pairs: 1 unless expert-parallel.
+      const double own = double(l.experts) / E;
       Cost& m = f["MoE"];
-      m.bytes += touched * wbytes(3 * I, H, fp8_experts) + B * k * (H * 4 + 2 * I * 2) + E * H * 4;
-      m.flops += 2 * B * k * 3 * I * H + 2 * B * E * H;
+      m.bytes += own * (touched * wbytes(3 * I, H, fp8_experts) + B * k * (H * 4 + 2 * I * 2)) + E * H * 4;
+      m.flops += own * 2 * B * k * 3 * I * H + 2 * B * E * H;
       if (l.shared_inter > 0) {
         gemm(2.0 * l.shared_inter, H, B, fp8_weights);
         gemm(H, double(l.shared_inter), B, fp8_weights);
