@@ -152,9 +152,11 @@ std::map<std::string, Cost> step_costs(const ModelConfig& c, const model::RankLa
       const double I = double(l.expert_inter);
       // Distinct experts the step's tokens touch under uniform routing.
       const double touched = E * (1 - std::pow(1 - k / E, B));
+      // The rank's share of them and of the (token, expert) pairs: 1 unless expert-parallel.
+      const double own = double(l.experts) / E;
       Cost& m = f["MoE"];
-      m.bytes += touched * wbytes(3 * I, H, fp8_experts) + B * k * (H * 4 + 2 * I * 2) + E * H * 4;
-      m.flops += 2 * B * k * 3 * I * H + 2 * B * E * H;
+      m.bytes += own * (touched * wbytes(3 * I, H, fp8_experts) + B * k * (H * 4 + 2 * I * 2)) + E * H * 4;
+      m.flops += own * 2 * B * k * 3 * I * H + 2 * B * E * H;
       if (l.shared_inter > 0) {
         gemm(2.0 * l.shared_inter, H, B, fp8_weights);
         gemm(H, double(l.shared_inter), B, fp8_weights);
@@ -297,7 +299,8 @@ json table(const std::string& title, const std::map<std::string, double>& ms, co
 int run_bench_step(const std::vector<std::string>& argv) {
   Args a("bench step", argv);
   a.opt({"--model"}, "DIR", "model directory (default: configs/minimax-m3, the published MiniMax-M3 config)")
-      .opt({"--tp-rank-of", "--tp"}, "N", "run one rank's shard of N tensor-parallel ranks (rank 0)", "1")
+      .opt({"--tp-rank-of", "--tp"}, "N",
+           "run one rank's shard of N tensor-parallel ranks (rank 0) alone, its collectives projected", "1")
       .opt({"--batch"}, "N", "decode step: sequences", "32")
       .opt({"--context"}, "N", "decode step: tokens of each sequence after the step", "9216")
       .opt({"--prefill"}, "N", "prefill chunk: tokens (one sequence from position 0; 0 = none)", "8192")
@@ -315,9 +318,14 @@ int run_bench_step(const std::vector<std::string>& argv) {
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--json"}, "print one JSON object");
   add_model_load_flags(a);
+  add_parallel_flags(a);
   if (!a.parse()) return 0;
   const std::string dir = a.has("--model") ? a.get("--model") : std::string(SIEVE_SOURCE_DIR) + "/configs/minimax-m3";
-  const long long tp = a.get_int("--tp-rank-of"), batch = a.get_int("--batch"), context = a.get_int("--context");
+  // -tp N: N ranks in lockstep, collectives measured; --tp-rank-of N: rank 0's shard alone.
+  const long long group_tp = a.get_int("--tensor-parallel-size");
+  if (group_tp > 1 && a.has("--tp-rank-of"))
+    throw Error("--tp-rank-of and --tensor-parallel-size: give one (one rank's shard alone, or every rank)");
+  const long long tp = group_tp > 1 ? group_tp : a.get_int("--tp-rank-of"), batch = a.get_int("--batch"), context = a.get_int("--context");
   const long long prefill = a.get_int("--prefill"), iters = a.get_int("--iters");
   if (tp < 1 || tp > 64) throw Error("--tp-rank-of must be in 1..64");
   if (batch < 1 || batch > 4096) throw Error("--batch must be in 1..4096");
@@ -330,12 +338,21 @@ int run_bench_step(const std::vector<std::string>& argv) {
   if (!a.has("--load-format")) lo.load_format = "dummy";
   // The issue's workload shares the index top-k over 4 sparse layers (spec §3.4, ATOM's recipe).
   if (!a.has("--hf-overrides")) lo.hf_overrides = R"({"use_index_cache": true, "index_topk_freq": 4})";
-  lo.tp_size = int(tp);
-  lo.tp_rank = 0;
-  auto m = model::Model::load(dir, lo);
+  std::unique_ptr<engine::RankGroup> group;
+  std::unique_ptr<model::Model> alone;
+  if (group_tp > 1) {
+    group = load_model_group(dir, a, lo);
+    if (follow_node_zero(*group)) return 0;
+  } else {
+    lo.tp_size = int(tp);
+    lo.tp_rank = 0;
+    lo.expert_parallel = a.get_flag("--enable-expert-parallel");
+    alone = model::Model::load(dir, lo);
+  }
+  model::Model* m = group ? &group->model() : alone.get();
   const ModelConfig& cfg = m->config();
   const Device dev = m->device();
-  const model::RankLayout layout = model::RankLayout::make(cfg, int(tp), 0);
+  const model::RankLayout layout = model::RankLayout::make(cfg, int(tp), 0, a.get_flag("--enable-expert-parallel"));
   model::CacheOptions co = model::cache_options_from_flags(a.get("--kv-cache-dtype"), a.get("--index-cache-dtype"));
   co.dense = a.get_flag("--dense");
   const int bs = m->block_size();
@@ -360,10 +377,17 @@ int run_bench_step(const std::vector<std::string>& argv) {
                   " GiB; " + std::to_string(double(free_b) / double(1ull << 30)) + " GiB are free after the weights");
   }
   // The caches hold zeros: no step's time depends on the values it reads.
-  m->allocate_caches(co);
+  // With a group its leader runs every step (graphs for decode, prefill eagerly); the per-op
+  // breakdown needs a runner of its own over rank 0's model, which only a shard alone has.
+  std::unique_ptr<engine::Runner> own, own_eager;
+  if (!group) {
+    own = std::make_unique<engine::Runner>(*m);
+    own_eager = std::make_unique<engine::Runner>(*m, engine::RunnerOptions{.enforce_eager = true});
+  }
+  engine::Runner& graphed = group ? group->leader() : *own;
+  engine::Runner& eager = group ? group->leader() : *own_eager;
+  graphed.allocate_caches(co);
   memory_note("after the caches");
-  engine::Runner graphed(*m);
-  engine::Runner eager(*m, {.enforce_eager = true});
 
   Rates rates;
   rates.hbm_gbps = a.has("--hbm-gbps") ? a.get_double("--hbm-gbps") : measure_copy_gbps(dev);
@@ -439,7 +463,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
     sample_ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
   }
   memory_note("after the graphed decode steps");
-  const auto dec_fam = per_family_ms(eager, dec, cfg, co.dense, eager_marks);
+  const auto dec_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, dec, cfg, co.dense, eager_marks);
   memory_note("after the eager decode step");
   const auto dec_cost = step_costs(cfg, layout, dshape, fp8, fp8_experts, kvb, ixb);
   double dec_bytes = 0;
@@ -451,6 +475,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
   out["model"] = dir;
   out["device"] = device_name(dev);
   out["tp_rank_of"] = tp;
+  out["tensor_parallel_size"] = group ? tp : 1;
+  out["expert_parallel"] = a.get_flag("--enable-expert-parallel");
   out["quantization"] = fp8 ? quant : "bf16";
   out["experts"] = fp8_experts ? "fp8" : "bf16";
   out["kv_cache_dtype"] = std::string(dtype_name(co.kv_dtype));
@@ -460,8 +486,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
   out["fp8_tflops"] = rates.fp8_tflops;
   out["bf16_tflops"] = rates.bf16_tflops;
   if (print) {
-    std::printf("sieve bench step: %s, one rank of %lld (%s weights, %s experts, %s KV / %s index caches) on %s\n",
-                dir.c_str(), tp, fp8 ? quant.c_str() : "bf16", fp8_experts ? "fp8" : "bf16",
+    std::printf("sieve bench step: %s, %s %lld (%s weights, %s experts, %s KV / %s index caches) on %s\n",
+                dir.c_str(), group ? "every rank of" : "one rank of", tp, fp8 ? quant.c_str() : "bf16", fp8_experts ? "fp8" : "bf16",
                 std::string(dtype_name(co.kv_dtype)).c_str(), std::string(dtype_name(co.index_dtype)).c_str(),
                 device_name(dev).c_str());
     std::printf("weights %.2f GB on the device; floors at %.0f GB/s (%s), %.0f FP8 / %.0f BF16 TFLOP/s\n",
@@ -501,7 +527,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
   const double ar_ms = tp > 1 ? (ar_bytes * 2.0 * double(tp - 1) / double(tp) / (a.get_double("--allreduce-gbps") * 1e9)) * 1e3 +
                                     a.get_double("--allreduce-us") * 1e-3
                               : 0.0;
-  const double comm = 2.0 * cfg.num_hidden_layers * ar_ms;
+  // (-tp N: the step measured includes them.)
+  const double comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * ar_ms;
   const double tpot = dec_step + d_logits + d_sample + comm;
   out["decode"] = d;
   out["projected_tpot_ms"] = tpot;
@@ -511,7 +538,10 @@ int run_bench_step(const std::vector<std::string>& argv) {
                        {"allreduce_bytes", ar_bytes},
                        {"allreduces", 2 * cfg.num_hidden_layers},
                        {"comm_ms", comm}};
-  if (print && tp > 1)
+  if (print && group)
+    std::printf("  TPOT for %lld ranks: %.3f ms = step %.3f (its all-reduces included) + logits %.3f + sampling %.3f\n",
+                tp, tpot, dec_step, d_logits, d_sample);
+  else if (print && tp > 1)
     std::printf("  projected TPOT for %lld ranks: %.3f ms = step %.3f + logits %.3f + sampling %.3f + %d all-reduces x "
                 "%.4f ms (%.0f KB of fp32 hidden states each at %.0f GB/s bus bandwidth + %.0f us)\n",
                 tp, tpot, dec_step, d_logits, d_sample, 2 * cfg.num_hidden_layers, ar_ms, ar_bytes / 1e3,
@@ -551,7 +581,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
       eager.set_phase_observer({});
       if (i > 0) pre_ms.push_back(eager_marks.ms(up, comp));
     }
-    const auto pre_fam = per_family_ms(eager, pre, cfg, co.dense, eager_marks);
+    const auto pre_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, pre, cfg, co.dense, eager_marks);
     const auto pre_cost = step_costs(cfg, layout, ps, fp8, fp8_experts, kvb, ixb);
     json p;
     p["tokens"] = prefill;

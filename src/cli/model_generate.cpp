@@ -119,13 +119,14 @@ SpecRun generate_speculative(engine::Runner& runner, model::CacheOptions co, con
   model::Model& m = runner.model();
   std::unique_ptr<spec::Eagle3Draft> draft;
   if (sc.method == spec::Method::Eagle3) {
+    runner.check_draft_allowed();
     draft = spec::Eagle3Draft::load(sc.model, m.config(), m.device(), m.input_embedding());
     runner.set_draft(draft.get());
   }
   const int bs = m.block_size();
   const int64_t len = int64_t(prompt.size()) + sp.max_tokens + sc.num_speculative_tokens + 1;
   co.num_blocks = (len + bs - 1) / bs + 1;
-  m.allocate_caches(co);
+  runner.allocate_caches(co);
   if (draft) draft->allocate_cache(co.kv_dtype, co.num_blocks, bs, len);
   engine::EngineConfig ec;
   ec.scheduler.max_model_len = co.num_blocks * bs;
@@ -172,6 +173,7 @@ int run_generate(const std::vector<std::string>& argv) {
       .flag({"--enforce-eager"}, "CUDA: launch every kernel of every step (no CUDA graphs for decode steps)")
       .flag({"--json"}, "print one JSON object");
   add_model_load_flags(a);
+  add_parallel_flags(a);
   if (!a.parse()) return 0;
 
   const spec::SpeculativeConfig spec_cfg = spec::parse_speculative_config(a.get("--speculative-config"));
@@ -179,9 +181,10 @@ int run_generate(const std::vector<std::string>& argv) {
   if (dir.empty()) dir = model::bundled_model_dir(SIEVE_SOURCE_DIR);
   if (dir.empty()) throw Error("--model: no model directory given and no bundled model under models/");
 
-  auto m = model::Model::load(dir, model_load_options(a));
-  engine::Runner runner(*m, {.enforce_eager = a.get_flag("--enforce-eager")});
-  const ModelConfig& cfg = m->config();
+  const auto group = load_model_group(dir, a, {.enforce_eager = a.get_flag("--enforce-eager")});
+  if (follow_node_zero(*group)) return 0;
+  engine::Runner& runner = group->leader();
+  const ModelConfig& cfg = group->model().config();
 
   std::vector<int32_t> prompt;
 #ifdef SIEVE_HAVE_TEXT

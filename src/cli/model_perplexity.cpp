@@ -34,6 +34,7 @@ int run_perplexity(const std::vector<std::string>& argv) {
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--json"}, "print one JSON object");
   add_model_load_flags(a);
+  add_parallel_flags(a);
   if (!a.parse()) return 0;
 #ifndef SIEVE_HAVE_TEXT
   throw Error("eval perplexity needs the tokenizer, which this build lacks");
@@ -47,8 +48,10 @@ int run_perplexity(const std::vector<std::string>& argv) {
   std::stringstream ss;
   ss << f.rdbuf();
 
-  auto m = model::Model::load(dir, model_load_options(a));
-  engine::Runner runner(*m);
+  const auto group = load_model_group(dir, a);
+  if (follow_node_zero(*group)) return 0;
+  engine::Runner& runner = group->leader();
+  model::Model* m = &group->model();
   const ModelConfig& cfg = m->config();
   text::Tokenizer tok = text::Tokenizer::load(dir);
   std::vector<int32_t> ids = tok.encode(ss.str(), false);

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -151,13 +153,14 @@ void check_parser_name(const std::string& flag, const std::string& value, const 
 // VLLM_LOG_STATS_INTERVAL, else 10.
 double stats_interval_s() { return env::log_stats_interval_s(); }
 
-// Logs engine::stats_log_line every `interval` seconds while there is work.
-class StatsLogger {
+// Calls `tick` every `interval_s` seconds on a thread of its own, until destroyed or until tick
+// returns false.
+class Periodic {
  public:
-  StatsLogger(const engine::Engine& e, double interval) : engine_(e), interval_(interval) {
+  Periodic(double interval_s, std::function<bool()> tick) : interval_(interval_s), tick_(std::move(tick)) {
     thread_ = std::thread([this] { loop(); });
   }
-  ~StatsLogger() {
+  ~Periodic() {
     {
       std::lock_guard lk(mu_);
       stop_ = true;
@@ -168,25 +171,34 @@ class StatsLogger {
 
  private:
   void loop() {
-    engine::EngineStats before = engine_.stats();
-    auto t0 = std::chrono::steady_clock::now();
     std::unique_lock lk(mu_);
     while (!cv_.wait_for(lk, std::chrono::duration<double>(interval_), [this] { return stop_; })) {
-      engine::EngineStats now = engine_.stats();
-      const auto t1 = std::chrono::steady_clock::now();
-      const std::string line = engine::stats_log_line(before, now, std::chrono::duration<double>(t1 - t0).count());
-      if (!line.empty()) SIEVE_LOG(Info, line);
-      before = std::move(now);
-      t0 = t1;
+      lk.unlock();
+      const bool go_on = tick_();
+      lk.lock();
+      if (!go_on) return;
     }
   }
-  const engine::Engine& engine_;
   double interval_;
+  std::function<bool()> tick_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;
 };
+
+// Logs engine::stats_log_line every `interval` seconds while there is work.
+std::unique_ptr<Periodic> log_stats(const engine::Engine& e, double interval) {
+  return std::make_unique<Periodic>(interval, [&e, before = e.stats(), t0 = std::chrono::steady_clock::now()]() mutable {
+    engine::EngineStats now = e.stats();
+    const auto t1 = std::chrono::steady_clock::now();
+    const std::string line = engine::stats_log_line(before, now, std::chrono::duration<double>(t1 - t0).count());
+    if (!line.empty()) SIEVE_LOG(Info, line);
+    before = std::move(now);
+    t0 = t1;
+    return true;
+  });
+}
 
 int run_serve(const std::vector<std::string>& argv) {
   // SIGINT and SIGTERM go to one waiting thread. They are blocked before anything starts a
@@ -235,8 +247,6 @@ int run_serve(const std::vector<std::string>& argv) {
       .opt({"--api-key"}, "KEY",
            "require 'Authorization: Bearer KEY' on /v1 routes (env: SIEVE_API_KEY, VLLM_API_KEY)")
       .opt({"--tokenizer"}, "DIR", "tokenizer (and chat template) from DIR instead of the model directory")
-      .opt({"--tensor-parallel-size", "-tp"}, "N", "tensor-parallel ranks (only 1 is supported)",
-           "1")
       .opt({"--block-size"}, "N", "tokens per KV cache block (128 for MiniMax-M3)", "128")
       .opt({"--max-num-batched-tokens"}, "N", "token budget of one engine step (chunked prefill)",
            "8192")
@@ -289,12 +299,9 @@ int run_serve(const std::vector<std::string>& argv) {
       .flag({"--no-enable-prefix-caching"}, "compute every prompt from its first token")
       .flag({"--disable-web-ui"}, "no chat page at / and no dashboard (the API alone)");
   add_model_load_flags(a);
+  add_parallel_flags(a);
   if (!a.parse()) return 0;
 
-  const long long tp = a.get_int("--tensor-parallel-size");
-  if (tp != 1)
-    throw Error("--tensor-parallel-size " + std::to_string(tp) +
-                " is not supported yet: this engine runs on one device (use 1)");
   const long long port = a.get_int("--port");
   if (port < 0 || port > 65535)
     throw Error("--port must be in 0..65535, got " + std::to_string(port));
@@ -353,13 +360,16 @@ int run_serve(const std::vector<std::string>& argv) {
   if (a.has("--chat-template")) chat_template = text::chat_template_arg(a.get("--chat-template"));
   model::LoadOptions lo = model_load_options(a);
   lo.gpu_memory_utilization = gpu_util;
-  auto m = model::Model::load(dir, lo);
-  lo.device = m->device();  // the CPU when --device auto fell back
   const engine::RunnerOptions ro{.enforce_eager = a.get_flag("--enforce-eager"),
                                  .max_graph_batch = int(std::min<long long>(max_seqs, 256))};
-  engine::Runner runner(*m, ro);
+  const auto group = load_model_group(dir, a, lo, ro);
+  if (follow_node_zero(*group)) return 0;  // HTTP on node 0 only
+  model::Model* m = &group->model();
+  lo.device = m->device();  // the CPU when --device auto fell back
+  engine::Runner& runner = group->leader();
   std::unique_ptr<spec::Eagle3Draft> draft;
   if (spec_cfg.method == spec::Method::Eagle3) {
+    runner.check_draft_allowed();
     draft = spec::Eagle3Draft::load(spec_cfg.model, m->config(), lo.device, m->input_embedding());
     runner.set_draft(draft.get());
   }
@@ -398,8 +408,13 @@ int run_serve(const std::vector<std::string>& argv) {
       SIEVE_LOG(Info, "warm-up step of " << n << " tokens on " << lo.device.str() << ": " << ms
                                          << " ms");
     }
+    // Every rank holds a cache of the same blocks: the GPU with the least room sets their number.
     size_t free_b = 0, total_b = 0;
-    model::device_memory(lo.device, &free_b, &total_b);
+    for (int r = 0; r < group->size(); ++r) {
+      size_t f = 0, t = 0;
+      model::device_memory(group->model(r).device(), &f, &t);
+      if (r == 0 || f < free_b) free_b = f, total_b = t;
+    }
     co.num_blocks = cache::blocks_for_gpu(total_b, free_b, gpu_util, per_block);
     const double gib = double(1ull << 30);
     SIEVE_LOG(Info, "memory on " << lo.device.str() << ": " << double(total_b) / gib << " GiB; weights "
@@ -422,7 +437,7 @@ int run_serve(const std::vector<std::string>& argv) {
                   " is longer than the model's max_position_embeddings (" +
                   std::to_string(cfg.max_position_embeddings) + ")");
   }
-  m->allocate_caches(co);
+  runner.allocate_caches(co);
   if (draft) draft->allocate_cache(co.kv_dtype, co.num_blocks, m->block_size(), max_len + spec_cfg.num_speculative_tokens + 1);
 
   engine::EngineConfig ec;
@@ -478,12 +493,23 @@ int run_serve(const std::vector<std::string>& argv) {
                              << srv.port() << " (" << co.num_blocks << " cache blocks of "
                              << m->block_size() << " tokens, max model len " << max_len
                              << ", prefix caching " << (prefix_caching ? "on" : "off") << ")");
-  std::optional<StatsLogger> stats_log;
-  if (!a.get_flag("--disable-log-stats")) stats_log.emplace(engine, stats_interval);
+  std::unique_ptr<Periodic> stats_log;
+  if (!a.get_flag("--disable-log-stats")) stats_log = log_stats(engine, stats_interval);
+  // Once the engine can run no more steps (a tensor-parallel rank failed) the requests in flight
+  // have had their errors (503): stop serving, and exit non-zero below.
+  Periodic fatal_watch(0.1, [&] {
+    if (engine.stats().fatal_error.empty()) return true;
+    srv.shutdown();
+    return false;
+  });
   srv.run();
   serving = nullptr;
   stats_log.reset();
   engine.stop();
+  if (const std::string why = engine.stats().fatal_error; !why.empty()) {
+    SIEVE_LOG(Error, "server stopped: the engine can run no more steps: " << why);
+    return 1;
+  }
   SIEVE_LOG(Info, "server stopped");
   return 0;
 }

@@ -169,6 +169,7 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt,
   }
   r->arrival_s = now_seconds();
   auto stream = std::make_shared<RequestStream>(r->id, n);
+  if (const std::string why = runner_.broken(); !why.empty()) throw Error("the engine stopped: " + why);
   {
     std::lock_guard lk(inbox_mu_);
     if (stop_) throw Error("the server is shutting down");
@@ -456,10 +457,19 @@ void Engine::step() {
     runner_.run(in, logits_);
   } catch (const std::exception& e) {
     SIEVE_LOG(Error, "forward failed: " << e.what());
+    // A broken tensor-parallel group runs no step again: every request ends now.
+    const std::string fatal = runner_.broken();
     {
       std::lock_guard lk(stats_mu_);
       ++stats_.consecutive_failed_steps;
       stats_.last_step_error = e.what();
+      if (!fatal.empty()) stats_.fatal_error = fatal;
+    }
+    if (!fatal.empty()) {
+      std::vector<Request*> all;
+      for (auto& [id, p] : live_) all.push_back(p.req.get());
+      for (Request* r : all) finish_request(r, FinishReason::Error, e.what());
+      return;
     }
     for (const auto& s : plan.seqs) {
       auto it = live_.find(s.request_id);

@@ -35,6 +35,9 @@ struct EngineStats {
   // device that fails every step (a lost GPU context) makes /health answer 503.
   int64_t consecutive_failed_steps = 0;
   std::string last_step_error;
+  // Set when the engine can run no more steps (its tensor-parallel group broke): every request
+  // in flight has ended with an error and new ones are refused; the server answers 503 and stops.
+  std::string fatal_error;
   Histogram ttft{ttft_buckets()}, itl{itl_buckets()}, e2e{e2e_buckets()};
   // Speculative decoding (vLLM's spec_decode_* counters): verified drafts, their draft tokens,
   // the ones kept, and kept ones per draft position. Exported only when speculative decoding is

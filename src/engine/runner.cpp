@@ -159,10 +159,16 @@ Runner::~Runner() {
 }
 
 void Runner::reserve(int64_t max_tokens, int64_t max_seqs) {
-  const int64_t rows = std::min(max_tokens, max_seqs);
-  use_device(dev_);
-  m_.reserve_step(max_tokens, rows);
-  logits_rows(rows);
+  RankCommand c;
+  c.kind = RankCommand::Kind::Reserve;
+  c.max_tokens = max_tokens;
+  c.max_seqs = max_seqs;
+  lockstep(c, [&] {
+             const int64_t rows = std::min(max_tokens, max_seqs);
+             use_device(dev_);
+             m_.reserve_step(max_tokens, rows);
+             logits_rows(rows);
+           });
 }
 
 Runner::Bounds Runner::check(const StepInputs& in) const {
@@ -266,7 +272,13 @@ model::StepView Runner::upload(const StepInputs& in, const Bounds& b, Buffer& ds
   return v;
 }
 
+void Runner::check_draft_allowed() const {
+  if (followers_)
+    throw Error("--speculative-config: the eagle3 draft does not run with --tensor-parallel-size > 1 yet (ngram does)");
+}
+
 void Runner::set_draft(spec::Eagle3Draft* d) {
+  if (d) check_draft_allowed();
   draft_ = d;
   graphs_.clear();
 }
@@ -383,12 +395,75 @@ void Runner::propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& d
   }
 }
 
-void Runner::read_logits(int64_t rows, std::vector<float>& logits) const {
-  logits.assign(size_t(rows * m_.vocab_size()), 0.0f);
-  if (rows > 0) copy_to_host(dev_, logits.data(), logits_.data(), logits.size() * sizeof(float));
+void Runner::read_logits(int64_t rows, std::vector<float>& logits) {
+  const int64_t V = m_.vocab_size();
+  const int shards = m_.logits_shards();
+  logits.assign(size_t(rows * V), 0.0f);
+  if (rows == 0) return;
+  if (shards == 1) {
+    copy_to_host(dev_, logits.data(), logits_.data(), logits.size() * sizeof(float));
+    return;
+  }
+  // [shards, rows, V / shards] -> [rows, V]
+  shards_.resize(logits.size());
+  copy_to_host(dev_, shards_.data(), logits_.data(), shards_.size() * sizeof(float));
+  const int64_t vs = V / shards;
+  for (int i = 0; i < shards; ++i)
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(logits.data() + r * V + i * vs, shards_.data() + (i * rows + r) * vs, size_t(vs) * sizeof(float));
+}
+
+void Runner::lockstep(const RankCommand& c, const std::function<void()>& local) {
+  if (!followers_) return local();
+  if (const std::string why = followers_->broken(); !why.empty())
+    throw Error("the tensor-parallel group stopped earlier: " + why);
+  followers_->start(c);
+  try {
+    local();
+  } catch (const std::exception& e) {
+    followers_->finish(e.what());  // throws the first rank's failure
+    throw;
+  }
+  followers_->finish("");
+}
+
+void Runner::apply(const RankCommand& c) {
+  switch (c.kind) {
+    case RankCommand::Kind::Run: {
+      std::vector<float> unused;  // the leader's logits are the ones read
+      run(c.in, unused);
+      return;
+    }
+    case RankCommand::Kind::AllocateCaches: return allocate_caches(c.caches);
+    case RankCommand::Kind::ReleaseCaches: return release_caches();
+    case RankCommand::Kind::Reserve: return reserve(c.max_tokens, c.max_seqs);
+  }
+}
+
+void Runner::allocate_caches(const model::CacheOptions& co) {
+  RankCommand c;
+  c.kind = RankCommand::Kind::AllocateCaches;
+  c.caches = co;
+  lockstep(c, [&] { m_.allocate_caches(co); });
+}
+
+void Runner::release_caches() {
+  RankCommand c;
+  c.kind = RankCommand::Kind::ReleaseCaches;
+  lockstep(c, [&] { m_.release_caches(); });
 }
 
 void Runner::run(const StepInputs& in, std::vector<float>& logits) {
+  // Bad inputs are refused before any rank starts (a failed rank would break the group).
+  if (followers_) check(in);
+  if (!followers_) return run_here(in, logits);
+  // The followers run the same inputs; their logits are not read.
+  RankCommand c;
+  c.in = in;
+  lockstep(c, [&] { run_here(in, logits); });
+}
+
+void Runner::run_here(const StepInputs& in, std::vector<float>& logits) {
   use_device(dev_);  // the engine's thread is not the one that made the model
   const Bounds b = check(in);
   phase(Phase::Begin);
@@ -513,7 +588,7 @@ void warm_up(Runner& r, DType kv_dtype, DType index_dtype, int64_t tokens) {
   co.kv_dtype = kv_dtype;
   co.index_dtype = index_dtype;
   co.num_blocks = blocks;
-  m.allocate_caches(co);
+  r.allocate_caches(co);
   StepInputs in;
   const int64_t V = m.vocab_size();
   for (int64_t i = 0; i < n; ++i) {
@@ -528,7 +603,7 @@ void warm_up(Runner& r, DType kv_dtype, DType index_dtype, int64_t tokens) {
   in.logits_indices = {int32_t(n - 1)};
   std::vector<float> logits;
   r.run(in, logits);
-  m.release_caches();
+  r.release_caches();
 }
 
 }  // namespace sieve::engine

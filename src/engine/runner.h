@@ -89,6 +89,31 @@ struct GraphStats {
   std::string off_reason;  // why graphs are off ("" while they are on or were never tried)
 };
 
+// A call of a tensor-parallel group's leading runner that every other rank repeats on its own
+// runner: plain data, so that it also travels to the ranks of other machines.
+struct RankCommand {
+  enum class Kind : uint8_t { Run, AllocateCaches, ReleaseCaches, Reserve };
+  Kind kind = Kind::Run;
+  StepInputs in;                          // Run
+  model::CacheOptions caches;             // AllocateCaches
+  int64_t max_tokens = 0, max_seqs = 0;   // Reserve
+};
+
+// The other ranks of a tensor-parallel group (engine/rank_group.h). The leading runner hands each
+// call it gets to them and runs its own part at the same time, so that their collectives meet.
+class Followers {
+ public:
+  virtual ~Followers() = default;
+  // Starts `c` on every other rank's runner and returns at once.
+  virtual void start(const RankCommand& c) = 0;
+  // Waits until they are done. `leader_error` (non-empty: the leader's part failed) breaks the
+  // group first, so that no rank waits for the leader. Throws Error with the first failure of
+  // any rank.
+  virtual void finish(const std::string& leader_error) = 0;
+  // Why the group broke ("" while it works); a broken group runs nothing more.
+  virtual std::string broken() const = 0;
+};
+
 class Runner {
  public:
   explicit Runner(model::Model& m, RunnerOptions opts = {});
@@ -105,6 +130,19 @@ class Runner {
   // it, and fills `logits` [in.logits_indices.size(), vocab] on the host.
   void run(const StepInputs& in, std::vector<float>& logits);
 
+  // The model's caches (Model::allocate_caches / release_caches), on every rank of a group.
+  void allocate_caches(const model::CacheOptions& co);
+  void release_caches();
+
+  // Runs `c` as the call it describes (a follower's part of the leader's call).
+  void apply(const RankCommand& c);
+
+  // Tensor parallelism: this runner leads the ranks of `f` (RankGroup sets it; null: alone).
+  void set_followers(Followers* f) { followers_ = f; }
+  // Why this runner's tensor-parallel group broke; "" while it works (or when alone). A broken
+  // group fails every later step: the process serving it should stop.
+  std::string broken() const { return followers_ ? followers_->broken() : std::string(); }
+
   // Instrumentation (sieve bench step): called on the host as run() passes the phases of a
   // step, in order: Begin (checked), Uploaded (inputs on the device), Computed (the forward or
   // graph replay enqueued on stream()), Done (logits on the host).
@@ -114,6 +152,9 @@ class Runner {
   // EAGLE3: runs `draft` after every step (propose()); the target then also writes the aux hidden
   // states the draft reads. Null: none.
   void set_draft(spec::Eagle3Draft* draft);
+  // Throws Error when a draft cannot run here (a tensor-parallel group: the draft reads the
+  // target's embedding and hidden states, which its ranks hold in shards).
+  void check_draft_allowed() const;
   spec::Eagle3Draft* draft() const { return draft_; }
   // After run(): the draft's passes of `plan` (see DraftPlan); drafts[i] receives the K draft
   // tokens (target ids) of plan.seqs[i].
@@ -142,7 +183,10 @@ class Runner {
   // dst is a captured graph's, so it must not move.
   model::StepView upload(const StepInputs& in, const Bounds& b, Buffer& dst, bool pinned);
   float* logits_rows(int64_t rows);
-  void read_logits(int64_t rows, std::vector<float>& logits) const;
+  void read_logits(int64_t rows, std::vector<float>& logits);
+  // Runs `local` here and `job` on the followers at the same time (`local` alone without any).
+  void lockstep(const RankCommand& c, const std::function<void()>& local);
+  void run_here(const StepInputs& in, std::vector<float>& logits);
   // Runs a decode or verification step as a graph replay (or its first, eager run and capture).
   // False for other steps, and for steps that graphs do not take (counted as eager).
   bool graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits);
@@ -162,6 +206,7 @@ class Runner {
   void draft_argmax(int64_t rows, std::vector<int32_t>& out);
 
   model::Model& m_;
+  Followers* followers_ = nullptr;
   spec::Eagle3Draft* draft_ = nullptr;
   Buffer aux_;                // [n_aux, tokens, hidden] fp32, the target's aux hidden states
   Buffer draft_logits_;       // [rows, draft vocab] fp32
@@ -176,6 +221,7 @@ class Runner {
   ops::Stream stream_;
   Buffer inputs_;               // eager steps' device inputs
   std::vector<uint8_t> stage_;  // their host side
+  std::vector<float> shards_;   // logits in vocabulary shards, before they are put in rows
   Buffer logits_;               // [rows, vocab] fp32, every step's (captured ones too)
   uint64_t logits_epoch_ = 0;   // bumped when logits_ is replaced
   // By (kind: 0 target / 1 draft's first pass / 2 its next ones, padded sequences, tokens per

@@ -12,7 +12,7 @@ SingleSequence::SingleSequence(Runner& r, model::CacheOptions opts, int64_t capa
   const int bs = m.block_size();
   const int64_t blocks = std::max<int64_t>(1, (capacity + bs - 1) / bs);
   opts.num_blocks = blocks;
-  m.allocate_caches(opts);
+  r.allocate_caches(opts);
   table_.resize(size_t(blocks));
   for (int64_t b = 0; b < blocks; ++b) table_[size_t(b)] = int32_t(blocks - 1 - b);
 }

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -173,13 +174,19 @@ struct LinearParams {
   bool accumulate = false;
 };
 
-// out[i, :] = table[ids[i], :]
+// out[i, :] = table[ids[i] - vocab0, :]
+// shard (vocabulary-parallel embedding): the table holds ids [vocab0, vocab0 + vocab) of a
+// vocabulary split over tensor-parallel ranks; any other id gives a row of zeros (another rank
+// holds it, and the all_reduce that follows adds it in). Without shard every id must be in the
+// table.
 struct EmbeddingParams {
   const int32_t* ids = nullptr;  // [num_tokens]
   int64_t num_tokens = 0;
   const void* table = nullptr;  // [vocab, hidden]
   DType table_dtype = DType::BF16;
   int64_t vocab = 0, hidden = 0;
+  bool shard = false;
+  int64_t vocab0 = 0;  // shard only
   void* out = nullptr;  // [num_tokens, hidden]
   DType out_dtype = DType::F32;
 };
@@ -248,10 +255,15 @@ struct MoeRouteParams {
   float scaling = 1.0f;
   int32_t* ids = nullptr;    // [num_tokens, topk], by descending biased score
   float* weights = nullptr;  // [num_tokens, topk]
+  // Expert parallelism: ids are written as expert - id_offset, so that a rank holding experts
+  // [id_offset, id_offset + n) passes its n experts to moe_experts, which skips the ids outside
+  // [0, n) (the experts of other ranks).
+  int id_offset = 0;
 };
 
 // Routed experts: out[t] += sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) with
-// expert(x) = w_down . swiglu_oai(w_gate_up . x).
+// expert(x) = w_down . swiglu_oai(w_gate_up . x). Pairs whose id is outside [0, num_experts)
+// add nothing (expert parallelism: another rank's expert, see MoeRouteParams::id_offset).
 // FP8_E4M3 weights (the WeightView layout, one block shape for every matrix): w[n][k] =
 // fp8[n][k] * scale[(n / scale_block_rows) * ceil(cols / scale_block_cols) + k / scale_block_cols].
 // The CPU dequantizes them exactly (fp32, any block shape); the CUDA kernels take blocks of
@@ -377,13 +389,16 @@ class Collective {
   virtual void all_reduce_sum(void* data, DType dtype, int64_t count, const Stream& s) = 0;
   // out[size][count] = every rank's in[count], in rank order.
   virtual void all_gather(const void* in, void* out, DType dtype, int64_t count, const Stream& s) = 0;
+  // Breaks the group from any thread (a rank failed): collectives waiting or enqueued on any rank
+  // end with an Error instead of waiting for the failed one, and later ones throw.
+  virtual void abort(const std::string& why) = 0;
 };
 
 struct AllReduceParams {
   void* data = nullptr;  // [count], summed in place
   DType dtype = DType::F32;
   int64_t count = 0;
-  Collective* group = nullptr;  // null or a group of one: nothing to do
+  Collective* group = nullptr;  // null: nothing to do (a group of one is called: the identity)
 };
 
 struct AllGatherParams {

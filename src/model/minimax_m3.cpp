@@ -8,8 +8,11 @@
 // over the selection; dense layers attend over everything.
 //
 // Activations: the residual stream h is fp32. Each sublayer writes its output to `part` (fp32;
-// with several ranks the partial sums a later all_reduce adds up), and the next RMSNorm adds it
-// to h and normalises the sum in one op. On the CPU every activation is fp32 (the oracle); on
+// with several ranks each rank's partial sum, which an all_reduce adds up at once), and the next
+// RMSNorm adds it to h and normalises the sum in one op. Tensor parallelism (rank_layout.h): every
+// rank holds the whole residual stream; attention runs on the rank's heads, the MLP on its
+// intermediate columns, the MoE on its slices of every expert (or, expert-parallel, on its whole
+// experts); the embedding and lm_head on its vocabulary rows, the logits gathered. On the CPU every activation is fp32 (the oracle); on
 // CUDA the projections' outputs and the attention's are bf16, and a norm or activation that
 // feeds an FP8 GEMM writes FP8 with its 1 x 128 scales. The MoE input stays fp32: the router
 // takes it as it is (routing must not see the experts' quantization), and the expert kernels
@@ -49,15 +52,16 @@ struct Act {
 
 class MiniMaxM3 final : public Model {
  public:
-  MiniMaxM3(ModelConfig cfg, RankLayout layout, ModelWeights w, const Device& dev)
+  MiniMaxM3(ModelConfig cfg, RankLayout layout, ModelWeights w, const Device& dev, ops::Collective* group)
       : cfg_(std::move(cfg)), layout_(layout), w_(std::move(w)), dev_(dev),
-        act_(dev.is_cuda() ? DType::BF16 : DType::F32) {}
+        act_(dev.is_cuda() ? DType::BF16 : DType::F32), group_(group) {}
 
   const ModelConfig& config() const override { return cfg_; }
   const Device& device() const override { return dev_; }
   const CacheOptions& cache_options() const override { return cache_opts_; }
   SelectionStats selection_stats() const override { return stats_; }
   uint64_t buffers_epoch() const override { return epoch_; }
+  int logits_shards() const override { return group_ ? layout_.tp_size : 1; }
   size_t weight_bytes() const override { return w_.bytes; }
   ops::WeightView input_embedding() const override {
     ops::WeightView v;
@@ -168,13 +172,16 @@ class MiniMaxM3 final : public Model {
     ep.num_tokens = n;
     ep.table = w_.embed.data.data();
     ep.table_dtype = w_.embed.dtype;
-    // With the vocabulary split over ranks, ids index this rank's rows (the masked lookup and
-    // all_reduce of tensor-parallel serving belong with the communication).
+    // With the vocabulary split over ranks, each rank looks up the ids in its rows (zeros for
+    // the others') and the all_reduce completes every row.
     ep.vocab = w_.embed.rows;
+    ep.shard = layout_.tp_size > 1;
+    ep.vocab0 = layout_.vocab0;
     ep.hidden = H;
     ep.out = sb.h.data();
     ep.out_dtype = DType::F32;
     ops::embedding(ep, stream_);
+    reduce_ranks(sb.h.data(), n * H);
     bool have_part = false;  // sb.part holds the last sublayer's output, not yet added to h
 
     bool have_topk = false;
@@ -271,6 +278,7 @@ class MiniMaxM3 final : public Model {
       }
       ops::attention(ap, stream_);
       linear(Act{sb.attn.data(), act_, nullptr, q_cols}, L.o_proj, sb.part.data(), DType::F32, H, n, false);
+      reduce_ranks(sb.part.data(), n * H);  // each rank's heads' share of o_proj
       have_part = true;
 
       // FFN
@@ -283,6 +291,7 @@ class MiniMaxM3 final : public Model {
         add_norm(L.post_norm, n, 0, true, xf);
         mlp(xf, L.mlp_gate_up, L.mlp_down, n, false);
       }
+      reduce_ranks(sb.part.data(), n * H);  // intermediate columns (or experts) of every rank
     }
 
     // Final norm (with the last residual add) and lm_head, on the requested rows only; the
@@ -298,8 +307,33 @@ class MiniMaxM3 final : public Model {
       add_norm(w_.norm, j - i, logits_rows[size_t(i)], have_part, out);
       i = j;
     }
-    linear(gemm_input(w_.lm_head, sb.sel, sb.sel_scale, H), w_.lm_head, step.logits + layout_.vocab0, DType::F32,
-           cfg_.vocab_size, nl, false);
+    const Act sel = gemm_input(w_.lm_head, sb.sel, sb.sel_scale, H);
+    if (!group_) {
+      // One rank (or one rank's shard run alone): its vocabulary columns of [nl, vocab].
+      linear(sel, w_.lm_head, step.logits + layout_.vocab0, DType::F32, cfg_.vocab_size, nl, false);
+      return;
+    }
+    // Each rank its columns [nl, vocab / tp], gathered as [tp, nl, vocab / tp] (logits_shards).
+    const int64_t vs = layout_.vocab;
+    linear(sel, w_.lm_head, sb.logits.data(), DType::F32, vs, nl, false);
+    ops::AllGatherParams gp;
+    gp.in = sb.logits.data();
+    gp.out = step.logits;
+    gp.dtype = DType::F32;
+    gp.count = nl * vs;
+    gp.group = group_;
+    ops::all_gather(gp, stream_);
+  }
+
+  // data[count] (fp32) = its sum over the ranks; nothing with one rank.
+  void reduce_ranks(void* data, int64_t count) {
+    if (!group_) return;
+    ops::AllReduceParams p;
+    p.data = data;
+    p.dtype = DType::F32;
+    p.count = count;
+    p.group = group_;
+    ops::all_reduce(p, stream_);
   }
 
   // The routed experts (and the shared expert) of x into part.
@@ -321,6 +355,7 @@ class MiniMaxM3 final : public Model {
     mr.scaling = cfg_.routed_scaling_factor;
     mr.ids = sb.route_ids.as<int32_t>();
     mr.weights = sb.route_w.as<float>();
+    mr.id_offset = layout_.expert0;  // expert parallelism: ids of this rank's experts from 0
     ops::moe_route(mr, stream_);
     // The experts add into part: the shared expert sets it first (or it starts at zero).
     if (L.shared_gate_up.rows) {
@@ -341,7 +376,7 @@ class MiniMaxM3 final : public Model {
     me.num_tokens = n;
     me.hidden = cfg_.hidden_size;
     me.inter = layout_.expert_inter;
-    me.num_experts = E;
+    me.num_experts = layout_.experts;
     me.topk = k;
     me.ids = sb.route_ids.as<int32_t>();
     me.weights = sb.route_w.as<float>();
@@ -440,6 +475,7 @@ class MiniMaxM3 final : public Model {
     Buffer act, act_scale;         // SwiGLU output (activation dtype or FP8 + scales)
     Buffer topk, route_ids, route_w;
     Buffer sel, sel_scale;         // normed logits rows
+    Buffer logits;                 // fp32 [nl, vocab / tp]: this rank's columns, before the gather
   };
 
   // b, holding at least `bytes` (at least 1). Captured steps point at b, so replacing it is a
@@ -476,6 +512,7 @@ class MiniMaxM3 final : public Model {
     sized(sb.route_w, size_t(n * cfg_.num_experts_per_tok) * 4);
     sized(sb.sel, size_t(nl * H) * a);
     sized(sb.sel_scale, size_t(nl * ops::fp8_groups(H)) * 4);
+    if (group_) sized(sb.logits, size_t(nl * layout_.vocab) * 4);
   }
 
   // Re-runs the indexer of a full sparse layer on its index keys re-stored in
@@ -542,7 +579,10 @@ class MiniMaxM3 final : public Model {
   ModelWeights w_;
   Device dev_;
   DType act_;           // activations between ops: fp32 on the CPU, bf16 on CUDA
-  ops::Stream stream_;  // forward()'s
+  // The rank's communicator; null: no communication (one rank, or a shard run alone). A group of
+  // one runs its collectives (the identity), so that a test can compare them with none.
+  ops::Collective* group_;
+  ops::Stream stream_;      // forward()'s
   CacheOptions cache_opts_;
   std::vector<LayerCache> caches_;
   Buffer rope_;
@@ -554,8 +594,9 @@ class MiniMaxM3 final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev) {
-  return std::make_unique<MiniMaxM3>(std::move(cfg), layout, std::move(w), dev);
+std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev,
+                                       ops::Collective* group) {
+  return std::make_unique<MiniMaxM3>(std::move(cfg), layout, std::move(w), dev, group);
 }
 
 }  // namespace sieve::model

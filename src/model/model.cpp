@@ -123,7 +123,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
   }
   WeightOptions wo;
   wo.device = dev;
-  wo.layout = RankLayout::make(cfg, o.tp_size, o.tp_rank);
+  wo.layout = RankLayout::make(cfg, o.tp_size, o.tp_rank, o.expert_parallel);
+  if (o.group && (o.group->size() != o.tp_size || o.group->rank() != o.tp_rank))
+    throw Error("the communicator is rank " + std::to_string(o.group->rank()) + " of " +
+                std::to_string(o.group->size()) + ", the model rank " + std::to_string(o.tp_rank) + " of " +
+                std::to_string(o.tp_size));
   wo.quantization = o.quantization;
   wo.progress = o.progress;
   const std::string quant = effective_quantization(cfg, o.quantization);
@@ -153,7 +157,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
   }
   if (w.regroup_inexact > 0) line += "; " + std::to_string(w.regroup_inexact) + " fp8 values rounded by the 1x128 regrouping";
   SIEVE_LOG(Info, line << ")");
-  return make_minimax_m3(std::move(cfg), wo.layout, std::move(w), dev);
+  return make_minimax_m3(std::move(cfg), wo.layout, std::move(w), dev, o.group);
 }
 
 }  // namespace sieve::model

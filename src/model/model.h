@@ -33,8 +33,15 @@ struct LoadOptions {
   // "auto" (the safetensors weights of the directory) or "dummy" (weights of the config's
   // shapes and formats made on the device; no weight file is read).
   std::string load_format = "auto";
-  // Tensor parallelism: the model is this rank's shard (rank_layout.h).
+  // Tensor parallelism: the model is this rank's shard (rank_layout.h). With tp_size > 1 and a
+  // group (this rank's handle on a communicator of tp_size ranks, kept alive by the caller) the
+  // forward adds up the ranks' partial sums (all_reduce after o_proj, the MLP/MoE and the
+  // embedding) and gathers the logits; without one (sieve bench step --tp-rank-of) the rank's
+  // work runs alone and its outputs are partial.
   int tp_size = 1, tp_rank = 0;
+  ops::Collective* group = nullptr;
+  // --enable-expert-parallel: routed experts dealt out whole over the ranks instead of split.
+  bool expert_parallel = false;
   // CUDA: the weights must fit in this fraction of the device's memory (what other processes
   // hold counts against it); checked before anything is allocated.
   double gpu_memory_utilization = 0.9;
@@ -76,7 +83,9 @@ struct StepView {
   int max_position = 0;                   // no position is larger (host bound)
   // Token rows whose logits are wanted, in output order (host memory: a captured step keeps them).
   std::span<const int32_t> logits_rows;
-  float* logits = nullptr;  // [logits_rows.size(), vocab] fp32, on the device
+  // [logits_rows.size(), vocab] fp32 on the device; in vocabulary shards when the model has
+  // several (Model::logits_shards).
+  float* logits = nullptr;
   // Speculative decoding (EAGLE3): the residual stream entering each layer of aux_layers (host
   // list), for every token of the step, fp32 on the device: aux_hidden[i, t, :] for
   // aux_layers[i]. Empty list: not written.
@@ -116,6 +125,11 @@ class Model {
   // The input embedding [vocab, hidden] on the model's device (an EAGLE3 draft without one of its
   // own reads it); empty when the model has none to share.
   virtual ops::WeightView input_embedding() const { return {}; }
+
+  // The logits rows of forward() come in this many vocabulary shards: step.logits holds
+  // [shards, rows, vocab / shards] (shard i: ids [i * vocab / shards, (i + 1) * vocab / shards)),
+  // which is [rows, vocab] for one shard. The runner puts the rows back together on the host.
+  virtual int logits_shards() const { return 1; }
 
   // Counts replacements of the device buffers forward() uses besides its arguments (caches,
   // activations, tables): work captured from forward() before a change must not be replayed.

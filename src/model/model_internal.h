@@ -9,6 +9,8 @@
 
 namespace sieve::model {
 
-std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev);
+// group: the rank's communicator (null: no communication).
+std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev,
+                                       ops::Collective* group);
 
 }  // namespace sieve::model

@@ -16,7 +16,7 @@ int64_t split(int64_t n, int tp, const char* key) {
 
 }  // namespace
 
-RankLayout RankLayout::make(const ModelConfig& c, int tp, int rank) {
+RankLayout RankLayout::make(const ModelConfig& c, int tp, int rank, bool expert_parallel) {
   if (tp < 1) throw Error("tensor-parallel size must be at least 1, got " + std::to_string(tp));
   if (rank < 0 || rank >= tp)
     throw Error("tensor-parallel rank " + std::to_string(rank) + " is outside 0.." + std::to_string(tp - 1));
@@ -41,8 +41,21 @@ RankLayout RankLayout::make(const ModelConfig& c, int tp, int rank) {
   l.index_head0 = c.use_sparse_attention ? l.kv_head0 : 0;
   l.dense_inter = split(c.dense_intermediate_size, tp, "dense_intermediate_size");
   l.dense_inter0 = rank * l.dense_inter;
-  l.expert_inter = split(c.intermediate_size, tp, "intermediate_size");
-  l.expert_inter0 = rank * l.expert_inter;
+  l.expert_parallel = expert_parallel;
+  if (expert_parallel && c.num_local_experts > 0) {
+    if (c.num_local_experts % tp != 0)
+      throw Error("--enable-expert-parallel: num_local_experts = " + std::to_string(c.num_local_experts) +
+                  " does not split over " + std::to_string(tp) + " tensor-parallel ranks");
+    l.experts = c.num_local_experts / tp;
+    l.expert0 = rank * l.experts;
+    l.expert_inter = c.intermediate_size;
+    l.expert_inter0 = 0;
+  } else {
+    l.experts = c.num_local_experts;
+    l.expert0 = 0;
+    l.expert_inter = split(c.intermediate_size, tp, "intermediate_size");
+    l.expert_inter0 = rank * l.expert_inter;
+  }
   l.shared_inter = split(c.shared_intermediate_size, tp, "shared_intermediate_size");
   l.shared_inter0 = rank * l.shared_inter;
   l.vocab = split(c.vocab_size, tp, "vocab_size");

@@ -161,10 +161,11 @@ std::vector<Spec> plan(const ModelConfig& c, const RankLayout& l, ModelWeights& 
       const std::string b = p + "block_sparse_moe.";
       add(L.router, {{b + "gate.weight", whole(E, H)}}, false, true);
       if (c.use_routing_bias) add(L.router_bias, {{b + "e_score_correction_bias", whole(E, 0)}}, false, true);
-      L.expert_gate_up.resize(size_t(E));
-      L.expert_down.resize(size_t(E));
-      for (int e = 0; e < E; ++e) {
-        const std::string x = b + "experts." + std::to_string(e) + ".";
+      // The rank's experts (all of them unless expert-parallel), each its intermediate slice.
+      L.expert_gate_up.resize(size_t(l.experts));
+      L.expert_down.resize(size_t(l.experts));
+      for (int e = 0; e < l.experts; ++e) {
+        const std::string x = b + "experts." + std::to_string(l.expert0 + e) + ".";
         mlp(L.expert_gate_up[size_t(e)], L.expert_down[size_t(e)], x + "w1.weight", x + "w3.weight", x + "w2.weight",
             c.intermediate_size, l.expert_inter0, l.expert_inter, true);
       }

@@ -1,5 +1,6 @@
 #include "parallel/nccl_group.h"
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -34,10 +35,13 @@ class NcclRank final : public ops::Collective {
  public:
   NcclRank(ncclComm_t comm, int rank, int size, int device) : comm_(comm), rank_(rank), size_(size), device_(device) {}
   ~NcclRank() override {
-    if (comm_) {
-      // A group whose peers are gone cannot finalize collectively: abort is the local teardown.
-      ncclCommAbort(comm_);
-    }
+    // A group whose peers are gone cannot finalize collectively: abort is the local teardown.
+    if (ncclComm_t c = comm_.exchange(nullptr)) ncclCommAbort(c);
+  }
+  // ncclCommAbort ends the collectives this rank has enqueued (their kernels return), so the
+  // stream no longer waits for a peer that failed; later collectives find no communicator.
+  void abort(const std::string&) override {
+    if (ncclComm_t c = comm_.exchange(nullptr)) ncclCommAbort(c);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -45,30 +49,37 @@ class NcclRank final : public ops::Collective {
   void all_reduce_sum(void* data, DType dtype, int64_t count, const ops::Stream& s) override {
     if (dtype != DType::F32 && dtype != DType::BF16)
       throw Error("all_reduce: dtype " + std::string(dtype_name(dtype)) + " is not supported (F32 or BF16)");
-    check(ncclAllReduce(data, data, size_t(count), nccl_type(dtype), ncclSum, comm_,
+    check(ncclAllReduce(data, data, size_t(count), nccl_type(dtype), ncclSum, comm(),
                         static_cast<cudaStream_t>(s.cuda_stream)),
           "ncclAllReduce");
   }
 
   void all_gather(const void* in, void* out, DType dtype, int64_t count, const ops::Stream& s) override {
-    check(ncclAllGather(in, out, size_t(count), nccl_type(dtype), comm_, static_cast<cudaStream_t>(s.cuda_stream)),
+    check(ncclAllGather(in, out, size_t(count), nccl_type(dtype), comm(), static_cast<cudaStream_t>(s.cuda_stream)),
           "ncclAllGather");
   }
 
  private:
   // A non-blocking communicator may return ncclInProgress; its enqueue completes on its own, so
   // wait for that (never for the collective itself, which runs on the stream).
+  ncclComm_t comm() const {
+    ncclComm_t c = comm_.load();
+    if (!c) throw Error("tensor-parallel rank " + std::to_string(rank_) + ": the group was aborted (a rank failed)");
+    return c;
+  }
   void check(ncclResult_t r, const char* what) {
     while (r == ncclInProgress) {
       std::this_thread::yield();
-      ncclCommGetAsyncError(comm_, &r);
+      ncclComm_t c = comm_.load();
+      if (!c) break;
+      ncclCommGetAsyncError(c, &r);
     }
     if (r != ncclSuccess)
       throw Error(std::string("tensor-parallel rank ") + std::to_string(rank_) + ": " + what +
                   " failed: " + ncclGetErrorString(r));
   }
 
-  ncclComm_t comm_ = nullptr;
+  std::atomic<ncclComm_t> comm_{nullptr};
   int rank_, size_, device_;
 };
 

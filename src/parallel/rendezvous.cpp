@@ -34,6 +34,11 @@ class Fd {
     return *this;
   }
   int get() const { return fd_; }
+  int release() {
+    const int f = fd_;
+    fd_ = -1;
+    return f;
+  }
 
  private:
   int fd_;
@@ -84,7 +89,8 @@ void recv_all(int fd, void* data, size_t n, Clock::time_point deadline, const st
   }
 }
 
-constexpr uint32_t kMaxFrame = 1 << 20;
+// A step's inputs fit easily (block tables of hundreds of sequences included).
+constexpr uint32_t kMaxFrame = 1u << 30;
 
 void send_frame(int fd, const std::string& s, Clock::time_point deadline) {
   const uint32_t len = htonl(uint32_t(s.size()));
@@ -117,7 +123,7 @@ addrinfo* resolve(const std::string& host, int port, bool passive) {
 
 std::string hello(const RendezvousOptions& o) { return std::to_string(o.node_rank) + "\n" + o.run_key; }
 
-std::string serve(const RendezvousOptions& o, const std::string& host, int port, const std::string& payload) {
+Joined serve(const RendezvousOptions& o, const std::string& host, int port, const std::string& payload) {
   const auto deadline = Clock::now() + o.timeout;
   addrinfo* ai = resolve(host, port, true);
   Fd lfd(::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
@@ -177,11 +183,16 @@ std::string serve(const RendezvousOptions& o, const std::string& host, int port,
     }
     peers.emplace(r, std::move(c));
   }
-  for (auto& [r, fd] : peers) send_frame(fd.get(), "OK " + payload, deadline);
-  return payload;
+  Joined j;
+  j.payload = payload;
+  for (auto& [r, fd] : peers) {
+    send_frame(fd.get(), "OK " + payload, deadline);
+    j.links.push_back(std::make_unique<NodeLink>(fd.release(), r));
+  }
+  return j;
 }
 
-std::string join(const RendezvousOptions& o, const std::string& host, int port) {
+Joined join(const RendezvousOptions& o, const std::string& host, int port) {
   const auto deadline = Clock::now() + o.timeout;
   std::string last_error = "no answer";
   for (;;) {
@@ -191,8 +202,15 @@ std::string join(const RendezvousOptions& o, const std::string& host, int port) 
     ::freeaddrinfo(ai);
     if (rc == 0) {
       send_frame(fd.get(), hello(o), deadline);
-      const std::string reply = recv_frame(fd.get(), deadline, "node 0 at " + o.addr);
-      if (reply.rfind("OK ", 0) == 0) return reply.substr(3);
+      // Node 0 answers at the latest at its own deadline (naming a node that never came), which
+      // may fall a little after this node's: wait a little longer for that answer.
+      const std::string reply = recv_frame(fd.get(), deadline + std::chrono::seconds(5), "node 0 at " + o.addr);
+      if (reply.rfind("OK ", 0) == 0) {
+        Joined j;
+        j.payload = reply.substr(3);
+        j.links.push_back(std::make_unique<NodeLink>(fd.release(), 0));
+        return j;
+      }
       throw Error("rendezvous: node 0 refused node " + std::to_string(o.node_rank) + ": " +
                   (reply.rfind("ERR ", 0) == 0 ? reply.substr(4) : reply));
     }
@@ -221,11 +239,32 @@ void parse_host_port(const std::string& addr, std::string& host, int& port) {
   if (port < 1 || port > 65535) throw Error("--dist-init-addr: port " + std::to_string(port) + " is outside 1..65535");
 }
 
+NodeLink::NodeLink(int fd, int node) : fd_(fd), node_(node) {}
+
+NodeLink::~NodeLink() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void NodeLink::send(const std::string& frame) {
+  send_frame(fd_, frame, Clock::now() + std::chrono::hours(24 * 365));
+}
+
+std::string NodeLink::recv(std::chrono::milliseconds timeout) {
+  const auto deadline = timeout.count() < 0 ? Clock::now() + std::chrono::hours(24 * 365) : Clock::now() + timeout;
+  return recv_frame(fd_, deadline, "node " + std::to_string(node_));
+}
+
+void NodeLink::close() { ::shutdown(fd_, SHUT_RDWR); }
+
 std::string rendezvous(const RendezvousOptions& o, const std::string& payload) {
+  return rendezvous_links(o, payload).payload;
+}
+
+Joined rendezvous_links(const RendezvousOptions& o, const std::string& payload) {
   if (o.nnodes < 1) throw Error("--nnodes must be at least 1, got " + std::to_string(o.nnodes));
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw Error("--node-rank " + std::to_string(o.node_rank) + " is outside 0.." + std::to_string(o.nnodes - 1));
-  if (o.nnodes == 1) return payload;
+  if (o.nnodes == 1) return Joined{payload, {}};
   std::string host;
   int port = 0;
   parse_host_port(o.addr, host, port);

@@ -52,6 +52,8 @@ class ThreadGroup::Rank final : public ops::Collective {
     g_.arrive_and_wait(r_);  // the inputs stay untouched until every rank has read them
   }
 
+  void abort(const std::string& why) override { g_.abort(why); }
+
  private:
   ThreadGroup& g_;
   int r_;

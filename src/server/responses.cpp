@@ -36,7 +36,10 @@ std::optional<json> GenerationWriter::full_step(std::chrono::milliseconds wait) 
   for (const Choice& c : gen.choices)
     if (c.fin == engine::FinishReason::Error) {
       abort_all(engine_, gen);
-      throw ApiError(500, "generation failed: " + c.rs->error());
+      // An engine that can run no more steps (a tensor-parallel rank failed) is unavailable.
+      const bool stopped = !engine_.stats().fatal_error.empty();
+      throw ApiError(stopped ? 503 : 500, "generation failed: " + c.rs->error(), {},
+                     stopped ? "service_unavailable" : "");
     }
   json choices = json::array();
   for (Choice& c : gen.choices) {

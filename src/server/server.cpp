@@ -124,6 +124,8 @@ struct Server::Impl {
     const std::string& req_body = ex->request().body;
     if (owner->draining())
       throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
+    if (const std::string why = engine.stats().fatal_error; !why.empty())
+      throw ApiError(503, "the engine stopped: " + why, {}, "service_unavailable");
     ojson body = parse_json_body(req_body);
     auto gen = std::make_shared<Generation>();
     gen->g = parse_generate_request(body, chat, opts.defaults);
@@ -330,6 +332,7 @@ struct Server::Impl {
       if (owner->draining()) throw ApiError(503, "the server is shutting down");
       // A device that fails step after step (a lost GPU context) is not healthy; one bad step is.
       const engine::EngineStats st = engine.stats();
+      if (!st.fatal_error.empty()) throw ApiError(503, "the engine stopped: " + st.fatal_error);
       if (st.consecutive_failed_steps >= kUnhealthyFailedSteps)
         throw ApiError(503, "the engine's last " + std::to_string(st.consecutive_failed_steps) +
                                 " steps failed: " + st.last_step_error);

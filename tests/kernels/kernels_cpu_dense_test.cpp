@@ -118,6 +118,36 @@ TEST(CpuEmbedding, GathersRows) {
   }
 }
 
+// A vocabulary shard (tensor parallelism): rows for the ids in [vocab0, vocab0 + vocab), zeros for
+// the others, every output element written.
+TEST(CpuEmbedding, VocabShardGivesZerosForOtherRanksIds) {
+  Rng rng(6);
+  const int64_t vocab = 37, hidden = 129, vocab0 = 74;
+  TypedBuffer table = TypedBuffer::from(DType::BF16, random_vector(size_t(vocab * hidden), rng, -3, 3));
+  std::vector<int32_t> ids = {74, 110, 0, 73, 111, 90, 500};
+  std::vector<float> out(ids.size() * hidden, kNaN);
+  ops::EmbeddingParams p;
+  p.ids = ids.data();
+  p.num_tokens = int64_t(ids.size());
+  p.table = table.data();
+  p.table_dtype = DType::BF16;
+  p.vocab = vocab;
+  p.hidden = hidden;
+  p.shard = true;
+  p.vocab0 = vocab0;
+  p.out = out.data();
+  p.out_dtype = DType::F32;
+  cpu::run_embedding(p);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const bool here = ids[t] >= vocab0 && ids[t] < vocab0 + vocab;
+    for (int64_t d = 0; d < hidden; ++d)
+      ASSERT_EQ(out[t * hidden + d], here ? table.get(size_t((ids[t] - vocab0) * hidden + d)) : 0.0f) << "token " << t;
+  }
+  // Without shard an id outside the table is an error, not a zero row.
+  p.shard = false;
+  EXPECT_THROW(cpu::run_embedding(p), std::exception);
+}
+
 // ---------------------------------------------------------------------------------------------
 // rms_norm
 
@@ -246,6 +276,32 @@ TEST(CpuSwigluOai, ClampsAndStrides) {
 
 // ---------------------------------------------------------------------------------------------
 // moe_route
+
+// Expert parallelism: ids come out less id_offset (the rest of the routing unchanged).
+TEST(CpuMoeRoute, IdOffsetShiftsTheIds) {
+  Rng rng(18);
+  const int64_t T = 7;
+  const int E = 12, K = 3;
+  std::vector<float> logits = random_vector(size_t(T * E), rng, -3, 3);
+  std::vector<int32_t> ids(size_t(T * K), -7), shifted(size_t(T * K), -7);
+  std::vector<float> w(size_t(T * K), kNaN), w2(size_t(T * K), kNaN);
+  ops::MoeRouteParams p;
+  p.logits = logits.data();
+  p.num_tokens = T;
+  p.num_experts = E;
+  p.topk = K;
+  p.ids = ids.data();
+  p.weights = w.data();
+  cpu::run_moe_route(p);
+  p.id_offset = 4;
+  p.ids = shifted.data();
+  p.weights = w2.data();
+  cpu::run_moe_route(p);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(shifted[i], ids[i] - 4);
+    EXPECT_EQ(w2[i], w[i]);
+  }
+}
 
 TEST(CpuMoeRoute, TopkBiasTiesRenormScaling) {
   Rng rng(17);

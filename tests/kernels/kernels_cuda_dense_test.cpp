@@ -130,6 +130,35 @@ TEST(CudaEmbedding, GathersRowsBitwise) {
   }
 }
 
+// A vocabulary shard: ids outside the table's rows give zero rows, as on the CPU.
+TEST(CudaEmbedding, VocabShardBitwise) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(12);
+  const int64_t vocab = 250, hidden = 257, vocab0 = 500;
+  TypedBuffer table = TypedBuffer::from(DType::BF16, random_vector(size_t(vocab * hidden), rng, -3, 3));
+  std::vector<int32_t> ids = {500, 749, 0, 499, 750, 600, 999};
+  for (int i = 0; i < 40; ++i) ids.push_back(rng.uniform_int(0, 999));
+  TypedBuffer want(DType::F32, ids.size() * hidden);
+  ops::EmbeddingParams p;
+  p.ids = ids.data();
+  p.num_tokens = int64_t(ids.size());
+  p.table = table.data();
+  p.table_dtype = DType::BF16;
+  p.vocab = vocab;
+  p.hidden = hidden;
+  p.shard = true;
+  p.vocab0 = vocab0;
+  p.out = want.data();
+  p.out_dtype = DType::F32;
+  cpu::run_embedding(p);
+  Dev dids = Dev::of(ids), dtable = Dev::of(table), dout = Dev::of(TypedBuffer(DType::F32, want.count));
+  p.ids = dids.as<int32_t>();
+  p.table = dtable.p();
+  p.out = dout.p();
+  ops::embedding(p, gpu_stream());
+  EXPECT_EQ(dout.bytes(want.bytes.size()), want.bytes);
+}
+
 TEST(CudaRmsNorm, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 40;

@@ -296,8 +296,10 @@ TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {
 // ids: the CPU's, except that the GPU may pick another expert whose biased score is within 1e-5
 // of the CPU's pick at that rank (the logits' fp32 sums run in another order); with `ties`
 // (experts whose router rows are identical) exactly the CPU's. Weights within 1e-4 relative.
-void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool ties, int64_t fused_max, uint64_t seed) {
-  SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H) + " E " + std::to_string(E) + " K " +
+// id_offset: ids written less it (expert parallelism), on both sides.
+void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool ties, int64_t fused_max, uint64_t seed,
+                          int id_offset = 0) {
+  SCOPED_TRACE("id_offset " + std::to_string(id_offset) + " " + "T " + std::to_string(T) + " H " + std::to_string(H) + " E " + std::to_string(E) + " K " +
                std::to_string(K) + " x " + name(xt) + (ties ? " ties" : "") + " fused up to " + std::to_string(fused_max));
   Rng rng(seed);
   const int64_t ldx = H + 4;
@@ -317,7 +319,9 @@ void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool tie
   p.x = x.data(), p.x_dtype = xt, p.hidden = H, p.ldx = ldx, p.gate = gate.data(), p.bias = bias.data();
   p.num_tokens = T, p.num_experts = E, p.topk = K, p.scaling = 2.0f;
   p.ids = ids.data(), p.weights = w.data();
+  p.id_offset = id_offset;
   cpu::run_moe_route(p);
+  for (int32_t& id : ids) id += id_offset;  // compared as experts
   std::vector<float> logits(size_t(T * E));
   {
     ops::MatmulParams mm;
@@ -334,7 +338,8 @@ void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool tie
     cuda::TuningScope scope(with_moe(m));
     ops::moe_route(p, gpu_stream());
   }
-  const std::vector<int32_t> gi = di.get<int32_t>(ids.size());
+  std::vector<int32_t> gi = di.get<int32_t>(ids.size());
+  for (int32_t& id : gi) id += id_offset;
   const std::vector<float> gw = dw.get<float>(w.size());
   auto score = [&](int64_t t, int e) {
     return 1.0 / (1.0 + std::exp(-double(logits[size_t(t * E + e)]))) + double(bias[size_t(e)]);
@@ -366,6 +371,7 @@ TEST(CudaMoeRoute, FusedRouterGemm) {
     gpu_fused_route_case(65, 1000, 130, 8, xt, false, 64, seed++);  // F32: matmul then routing
     gpu_fused_route_case(20, 6144, 128, 4, xt, true, 64, seed++);
     gpu_fused_route_case(20, 520, 64, 4, xt, true, 0, seed++);  // ties, unfused (F32)
+    gpu_fused_route_case(33, 6144, 128, 4, xt, false, 64, seed++, 32);  // rank 1 of 4, expert-parallel
   }
 }
 

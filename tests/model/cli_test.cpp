@@ -1,8 +1,10 @@
 // The model commands of the `sieve` binary (generate, serve): where they run (--device) and what
 // they refuse.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,71 @@ TEST(ModelCli, BadDeviceValuesAreUserErrors) {
     EXPECT_EQ(c.rc, 2) << c.out;
     EXPECT_NE(c.out.find("no CUDA device"), std::string::npos) << c.out;
   }
+}
+
+// -tp on the CPU: thread ranks, the same greedy tokens as one rank (log-probs within fp32
+// summation-order tolerance), with and without expert parallelism.
+TEST(ModelCli, TensorParallelGenerateOnCpuThreads) {
+  auto tokens = [](const std::string& extra) {
+    // fp32 caches: a bf16 cache would round the ranks' last-bit differences in k and v further.
+    testing::CliResult r = run_sieve(std::string(kGenerate) + " --max-tokens 6 --device cpu --kv-cache-dtype fp32 " + extra);
+    EXPECT_EQ(r.rc, 0) << extra << ": " << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j;
+  };
+  const nlohmann::json one = tokens("");
+  for (const std::string extra : {"-tp 2", "--tensor-parallel-size 4", "-tp 2 --enable-expert-parallel"}) {
+    const nlohmann::json j = tokens(extra);
+    EXPECT_EQ(j["token_ids"], one["token_ids"]) << extra;
+    for (size_t i = 0; i < one["logprobs"].size(); ++i)
+      EXPECT_NEAR(j["logprobs"][i].get<double>(), one["logprobs"][i].get<double>(), 1e-4) << extra;
+  }
+}
+
+// -tp values the model does not split into, and more ranks than GPUs: exit 2 naming the numbers.
+TEST(ModelCli, TensorParallelSizesThatDoNotFitAreUserErrors) {
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"-tp 3 --device cpu", "--tensor-parallel-size 3: "},
+           {"-tp 3 --device cpu", "num_attention_heads = 4 does not split over 3"},
+           {"-tp 8 --device cpu", "num_attention_heads = 4 does not split over 8"},
+           {"-tp 0 --device cpu", "--tensor-parallel-size must be in 1..64"},
+           {"-tp 2 --device cpu --hf-overrides '{\"num_local_experts\": 7}' --enable-expert-parallel",
+            "num_local_experts = 7 does not split over 2"},
+           {"-tp 2 --device cpu --nnodes 2", "--nnodes 2 needs --dist-init-addr"},
+           {"-tp 2 --device cpu --dist-timeout 0", "--dist-timeout"}}) {
+    testing::CliResult r = run_sieve(std::string(kGenerate) + " " + args);
+    EXPECT_EQ(r.rc, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
+  }
+  const int gpus = cuda_device_count();
+  if (gpus > 0) {
+    const std::string n = std::to_string(gpus * 2 > 4 ? 4 : gpus * 2);
+    testing::CliResult r = run_sieve(std::string(kGenerate) + " --device cuda -tp " + n);
+    EXPECT_EQ(r.rc, 2) << r.out;
+    EXPECT_NE(r.out.find("CUDA devices (one per rank), but this machine has"), std::string::npos) << r.out;
+  }
+}
+
+// Two processes of a two-node run meet over loopback (the rendezvous hands node 1 the NCCL group
+// id) and then each stops where it needs its GPUs, with a message; a node that never comes is a
+// timeout, not a hang.
+TEST(ModelCli, TwoNodesMeetOverLoopbackThenNeedTheirGpus) {
+  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  const std::string common = std::string(kGenerate) + " -tp 2 --nnodes 2 --dist-timeout 30 --dist-init-addr 127.0.0.1:" + port;
+  testing::CliResult node1;
+  std::thread t([&] { node1 = run_sieve(common + " --node-rank 1"); });
+  testing::CliResult node0 = run_sieve(common + " --node-rank 0");
+  t.join();
+  for (const testing::CliResult* r : {&node0, &node1}) {
+    EXPECT_NE(r->out.find("rendezvous: node"), std::string::npos) << r->out;
+    EXPECT_EQ(r->rc, 2) << r->out;
+    if (cuda_device_count() == 0) EXPECT_NE(r->out.find("needs 1 CUDA device(s) for its ranks"), std::string::npos) << r->out;
+  }
+  testing::CliResult alone = run_sieve(std::string(kGenerate) + " -tp 2 --nnodes 2 --dist-timeout 1 --node-rank 0 "
+                                       "--dist-init-addr 127.0.0.1:" + std::to_string(20000 + (::getpid() + 1) % 20000));
+  EXPECT_EQ(alone.rc, 2) << alone.out;
+  EXPECT_NE(alone.out.find("did not join"), std::string::npos) << alone.out;
 }
 
 // vLLM's serving flags that Sieve takes: a wrong value is refused at start, before the weights

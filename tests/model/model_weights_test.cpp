@@ -227,10 +227,12 @@ TEST(RankLayout, LoadsOnlyTheRanksSlices) {
   auto half = model::Model::load(dir, lo);
   EXPECT_LT(half->weight_bytes(), whole->weight_bytes() * 7 / 10);
   EXPECT_GT(half->weight_bytes(), whole->weight_bytes() * 4 / 10);
-  // The shard's forward runs (ids inside its half of the vocabulary) and writes its vocabulary
-  // columns, the second half of every row, with finite values.
+  // The shard's forward runs (ids inside its half of the vocabulary, the ones its embedding rows
+  // hold) and writes its vocabulary columns, the second half of every row, with finite values.
   const int64_t V = half->vocab_size();
-  const auto logits = prefill_logits(*half, ids_for(40, V / 2));
+  std::vector<int32_t> ids = ids_for(40, V / 2);
+  for (int32_t& id : ids) id += int32_t(V / 2);
+  const auto logits = prefill_logits(*half, ids);
   size_t nonzero = 0;
   for (size_t r = 0; r < logits.size() / size_t(V); ++r)
     for (int64_t v = V / 2; v < V; ++v) {

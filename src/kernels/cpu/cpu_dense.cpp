@@ -189,13 +189,13 @@ void run_embedding(const ops::EmbeddingParams& p) {
   if (p.num_tokens <= 0) return;
   SIEVE_CHECK(p.ids && p.table && p.out, "embedding: null operand");
   for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const int64_t id = p.ids[t];
-    SIEVE_CHECK(id >= 0 && id < p.vocab, "embedding: token id " + std::to_string(id) +
-                                             " is outside the vocabulary of " +
-                                             std::to_string(p.vocab));
+    const int64_t id = int64_t(p.ids[t]) - (p.shard ? p.vocab0 : 0);
+    const bool here = id >= 0 && id < p.vocab;
+    SIEVE_CHECK(here || p.shard, "embedding: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                     std::to_string(p.vocab));
     for (int64_t d = 0; d < p.hidden; ++d) {
       store_from_f32(p.out, p.out_dtype, size_t(t * p.hidden + d),
-                     load_as_f32(p.table, p.table_dtype, size_t(id * p.hidden + d)));
+                     here ? load_as_f32(p.table, p.table_dtype, size_t(id * p.hidden + d)) : 0.0f);
     }
   }
 }

@@ -140,7 +140,7 @@ void run_moe_route(const ops::MoeRouteParams& p) {
       const int32_t e = order[size_t(j)];
       float w = s[size_t(e)];
       if (p.renormalize) w = w / sum;
-      p.ids[t * K + j] = e;
+      p.ids[t * K + j] = e - p.id_offset;
       p.weights[t * K + j] = w * p.scaling;
     }
   }

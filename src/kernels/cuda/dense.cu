@@ -29,13 +29,15 @@ constexpr int kRowThreads = 256;
 // ---------------------------------------------------------------------------------------------
 // Kernels
 
+// shard: ids outside the table's [vocab0, vocab0 + vocab) are another rank's (zero rows).
 __global__ void embedding_kernel(const int32_t* ids, int64_t vocab, int64_t hidden, const void* table, int tt,
-                                 void* out, int ot) {
+                                 void* out, int ot, bool shard, int64_t vocab0) {
   const int64_t t = blockIdx.x;
-  const int64_t id = ids[t];
+  const int64_t id = int64_t(ids[t]) - vocab0;
   const bool ok = id >= 0 && id < vocab;  // the model validates ids first; NaN marks a bad one
+  const float miss = shard ? 0.0f : __int_as_float(0x7fc00000);
   for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x)
-    st_elem(out, ot, t * hidden + d, ok ? ld_elem(table, tt, id * hidden + d) : __int_as_float(0x7fc00000));
+    st_elem(out, ot, t * hidden + d, ok ? ld_elem(table, tt, id * hidden + d) : miss);
 }
 
 struct RmsArgs {
@@ -180,7 +182,8 @@ bool run_embedding(const ops::EmbeddingParams& p, void* stream_v) {
   if (tt < 0 || ot < 0 || p.num_tokens > INT_MAX) return false;
   if (p.hidden <= 0) return true;
   cudaStream_t st = static_cast<cudaStream_t>(stream_v);
-  embedding_kernel<<<unsigned(p.num_tokens), kRowThreads, 0, st>>>(p.ids, p.vocab, p.hidden, p.table, tt, p.out, ot);
+  embedding_kernel<<<unsigned(p.num_tokens), kRowThreads, 0, st>>>(p.ids, p.vocab, p.hidden, p.table, tt, p.out, ot,
+                                                                         p.shard, p.shard ? p.vocab0 : 0);
   SIEVE_LAUNCH_CHECK("embedding");
   return true;
 }

@@ -80,7 +80,7 @@ __device__ void route_token(const ops::MoeRouteParams& p, const float* logits, i
       if (i == slot) mine = s[i];
     chosen_s[j] = __shfl_sync(0xffffffffu, mine, owner);
     if (lane == owner) taken |= 1u << slot;
-    if (lane == 0) p.ids[t * K + j] = bid;
+    if (lane == 0) p.ids[t * K + j] = bid - p.id_offset;
   }
   if (lane == 0) {
     float sum = 0.0f;
