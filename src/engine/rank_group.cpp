@@ -13,22 +13,6 @@ namespace sieve::engine {
 
 namespace {
 
-// Runs fn(r) for every rank on a thread of its own; the errors by rank ("" where none).
-std::vector<std::string> on_every_rank(int n, const std::function<void(int)>& fn) {
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
-}
-
 void throw_first(const std::vector<std::string>& errors, int n) {
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty())
@@ -161,11 +145,11 @@ RankGroup::RankGroup(RankGroupOptions opts, const ShardLoader& load) : opts_(std
     // Every rank joins at once (NCCL's initialisation waits for all of them, on every node).
     const std::string id = o.nccl_id.empty() ? parallel::nccl_unique_id() : o.nccl_id;
     nccl_.resize(size_t(n));
-    throw_first(on_every_rank(n,
-                              [&](int r) {
-                                nccl_[size_t(r)] =
-                                    parallel::nccl_collective(id, rank0 + r, world, r, o.timeout);
-                              }),
+    throw_first(parallel::run_on_threads(n,
+                                         [&](int r) {
+                                           nccl_[size_t(r)] =
+                                               parallel::nccl_collective(id, rank0 + r, world, r, o.timeout);
+                                         }),
                 n);
     for (int r = 0; r < n; ++r) ranks_[size_t(r)].comm = nccl_[size_t(r)].get();
   } else if (world > 1) {
@@ -174,14 +158,14 @@ RankGroup::RankGroup(RankGroupOptions opts, const ShardLoader& load) : opts_(std
     for (int r = 0; r < n; ++r) ranks_[size_t(r)].comm = threads_->rank(r);
   }
   // The shards load in parallel (reading the checkpoint and filling a device each).
-  throw_first(on_every_rank(n,
-                            [&](int r) {
-                              Device dev = o.device;
-                              if (dev.is_cuda() && world > 1) dev.index = r;
-                              Rank& k = ranks_[size_t(r)];
-                              k.model = load(rank0 + r, dev, world > 1 ? k.comm : nullptr);
-                              k.runner = std::make_unique<Runner>(*k.model, o.runner);
-                            }),
+  throw_first(parallel::run_on_threads(n,
+                                       [&](int r) {
+                                         Device dev = o.device;
+                                         if (dev.is_cuda() && world > 1) dev.index = r;
+                                         Rank& k = ranks_[size_t(r)];
+                                         k.model = load(rank0 + r, dev, world > 1 ? k.comm : nullptr);
+                                         k.runner = std::make_unique<Runner>(*k.model, o.runner);
+                                       }),
               n);
   if (world == 1) return;
   for (int r = 1; r < n; ++r) ranks_[size_t(r)].thread = std::thread([this, r] { drive(r); });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -101,6 +102,21 @@ void ThreadGroup::arrive_and_wait(int rank) {
             " ms in a collective for the other ranks";
   cv_.notify_all();
   throw Error("tensor-parallel group stopped: " + broken_);
+}
+
+std::vector<std::string> run_on_threads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::string> errors(static_cast<size_t>(std::max(n, 0)));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
 }
 
 }  // namespace sieve::parallel

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,5 +52,10 @@ class ThreadGroup {
   std::vector<void*> out_;
   std::vector<float> sum_;
 };
+
+// Runs fn(r) for r in [0, n), each on a thread of its own, and joins them all; returns each
+// rank's error text ("" where fn returned), so one rank's exception never leaves the others
+// unjoined.
+std::vector<std::string> run_on_threads(int n, const std::function<void(int)>& fn);
 
 }  // namespace sieve::parallel

@@ -4,13 +4,13 @@
 
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/memory.h"
 #include "parallel/nccl_group.h"
+#include "parallel/thread_group.h"
 
 namespace sieve::parallel {
 namespace {
@@ -47,28 +47,20 @@ TEST(Nccl, RanksOnSeveralGpusSumAndGather) {
   if (n < 2 || !have_nccl()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   const std::string id = nccl_unique_id();
   const int64_t count = 1000;
-  std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::vector<float>> results(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(count)));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        Device dev{DeviceKind::CUDA, r};
-        auto c = nccl_collective(id, r, n, r);
-        std::vector<float> h(static_cast<size_t>(count));
-        for (int64_t i = 0; i < count; ++i) h[size_t(i)] = float(r + 1) * float(i % 17);
-        Buffer b(dev, h.size() * 4);
-        copy_to_device(dev, b.data(), h.data(), h.size() * 4);
-        ops::Stream s{dev, create_stream(dev)};
-        c->all_reduce_sum(b.data(), DType::F32, count, s);
-        device_synchronize(dev);
-        copy_to_host(dev, results[size_t(r)].data(), b.data(), h.size() * 4);
-        destroy_stream(dev, s.cuda_stream);
-      } catch (const Error& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  const std::vector<std::string> errors = run_on_threads(n, [&](int r) {
+    Device dev{DeviceKind::CUDA, r};
+    auto c = nccl_collective(id, r, n, r);
+    std::vector<float> h(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) h[size_t(i)] = float(r + 1) * float(i % 17);
+    Buffer b(dev, h.size() * 4);
+    copy_to_device(dev, b.data(), h.data(), h.size() * 4);
+    ops::Stream s{dev, create_stream(dev)};
+    c->all_reduce_sum(b.data(), DType::F32, count, s);
+    device_synchronize(dev);
+    copy_to_host(dev, results[size_t(r)].data(), b.data(), h.size() * 4);
+    destroy_stream(dev, s.cuda_stream);
+  });
   const float ranks_sum = float(n * (n + 1) / 2);
   for (int r = 0; r < n; ++r) {
     ASSERT_EQ(errors[size_t(r)], "");

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
@@ -12,22 +11,6 @@
 
 namespace sieve::parallel {
 namespace {
-
-// Runs fn(rank) on `n` threads; rethrows nothing, returns each rank's error text ("" if none).
-std::vector<std::string> run_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const Error& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
-}
 
 class ThreadGroupSizes : public ::testing::TestWithParam<int> {};
 
@@ -47,7 +30,7 @@ TEST_P(ThreadGroupSizes, AllReduceSumsInRankOrderOnEveryRank) {
         for (int r = 0; r < n; ++r) acc += load_as_f32(bufs[size_t(r)].data(), dt, size_t(i));
         want[size_t(i)] = dt == DType::BF16 ? round_bf16(acc) : acc;
       }
-      auto errors = run_ranks(n, [&](int r) {
+      auto errors = run_on_threads(n, [&](int r) {
         for (int rep = 0; rep < 3; ++rep) {  // the same buffer reduced again must keep working
           if (rep > 0) std::fill(bufs[size_t(r)].begin(), bufs[size_t(r)].end(), 0);
           if (rep > 0 && r == 0)
@@ -72,7 +55,7 @@ TEST_P(ThreadGroupSizes, AllGatherConcatenatesInRankOrder) {
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(n), std::vector<int32_t>(size_t(n * count), -7));
   for (int r = 0; r < n; ++r)
     for (int64_t i = 0; i < count; ++i) in[size_t(r)][size_t(i)] = int32_t(r * 100000 + i * 7 + 3);
-  auto errors = run_ranks(n, [&](int r) {
+  auto errors = run_on_threads(n, [&](int r) {
     g.rank(r)->all_gather(in[size_t(r)].data(), out[size_t(r)].data(), DType::I32, count, ops::Stream::cpu());
   });
   for (const auto& e : errors) ASSERT_EQ(e, "");
@@ -86,7 +69,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ThreadGroupSizes, ::testing::Values(1, 2, 3, 4, 
 TEST(ThreadGroup, AFailedRankStopsTheOthersWithItsReason) {
   ThreadGroup g(4);
   std::vector<float> bufs(4 * 16, 1.0f);
-  auto errors = run_ranks(4, [&](int r) {
+  auto errors = run_on_threads(4, [&](int r) {
     if (r == 2) {
       g.abort("rank 2 failed: out of memory");
       throw Error("rank 2 failed: out of memory");
@@ -101,7 +84,7 @@ TEST(ThreadGroup, ARankThatNeverComesEndsInATimeoutNotAHang) {
   ThreadGroup g(3, std::chrono::milliseconds(200));
   std::vector<float> bufs(3 * 8, 1.0f);
   const auto t0 = std::chrono::steady_clock::now();
-  auto errors = run_ranks(3, [&](int r) {
+  auto errors = run_on_threads(3, [&](int r) {
     if (r == 1) return;  // never joins
     g.rank(r)->all_reduce_sum(bufs.data() + r * 8, DType::F32, 8, ops::Stream::cpu());
   });
