@@ -164,7 +164,7 @@ class Engine {
 
   // Engine-thread state.
   std::unordered_map<RequestId, Pending> live_;
-  std::vector<float> logits_;
+  HostLogits logits_;
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
   SpecController spec_ctl_;
   int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)

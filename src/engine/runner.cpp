@@ -395,24 +395,42 @@ void Runner::propose(const DraftPlan& plan, std::vector<std::vector<int32_t>>& d
   }
 }
 
-void Runner::read_logits(int64_t rows, std::vector<float>& logits) {
+HostLogits::~HostLogits() { free_host(memory_, p_); }
+
+float* HostLogits::resize(const Device& device, size_t n) {
+  if (n > cap_ || !(device == device_)) {
+    free_host(memory_, p_);
+    p_ = nullptr;
+    cap_ = n_ = 0;
+    // (Page-locked memory is a scarce resource of the host: a step that wants every row's logits
+    // of a long prompt (prompt log-probs) gets ordinary memory past 1 GiB.)
+    const size_t bytes = n * sizeof(float);
+    device_ = device;
+    memory_ = bytes > (size_t(1) << 30) ? Device{} : device;
+    p_ = static_cast<float*>(alloc_host(memory_, bytes));
+    cap_ = n;
+  }
+  n_ = n;
+  return p_;
+}
+
+void Runner::read_logits(int64_t rows, const LogitsSink& out) {
   const int64_t V = m_.vocab_size();
   const int shards = m_.logits_shards();
-  // Every element is overwritten below: resize, not assign (the engine reuses one vector, and
-  // zeroing 32 rows of a 200k vocabulary each step costs a millisecond).
-  logits.resize(size_t(rows * V));
+  // Every element is overwritten below (the sink's memory is reused from step to step).
+  float* logits = out(size_t(rows * V));
   if (rows == 0) return;
   if (shards == 1) {
-    copy_to_host(dev_, logits.data(), logits_.data(), logits.size() * sizeof(float));
+    copy_to_host(dev_, logits, logits_.data(), size_t(rows * V) * sizeof(float));
     return;
   }
   // [shards, rows, V / shards] -> [rows, V]
-  shards_.resize(logits.size());
+  shards_.resize(size_t(rows * V));
   copy_to_host(dev_, shards_.data(), logits_.data(), shards_.size() * sizeof(float));
   const int64_t vs = V / shards;
   for (int i = 0; i < shards; ++i)
     for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(logits.data() + r * V + i * vs, shards_.data() + (i * rows + r) * vs, size_t(vs) * sizeof(float));
+      std::memcpy(logits + r * V + i * vs, shards_.data() + (i * rows + r) * vs, size_t(vs) * sizeof(float));
 }
 
 void Runner::lockstep(const RankCommand& c, const std::function<void()>& local) {
@@ -456,16 +474,27 @@ void Runner::release_caches() {
 }
 
 void Runner::run(const StepInputs& in, std::vector<float>& logits) {
+  run_sink(in, [&](size_t n) {
+    logits.resize(n);
+    return logits.data();
+  });
+}
+
+void Runner::run(const StepInputs& in, HostLogits& logits) {
+  run_sink(in, [&](size_t n) { return logits.resize(dev_, n); });
+}
+
+void Runner::run_sink(const StepInputs& in, const LogitsSink& out) {
   // Bad inputs are refused before any rank starts (a failed rank would break the group).
   if (followers_) check(in);
-  if (!followers_) return run_here(in, logits);
+  if (!followers_) return run_here(in, out);
   // The followers run the same inputs; their logits are not read.
   RankCommand c;
   c.in = in;
-  lockstep(c, [&] { run_here(in, logits); });
+  lockstep(c, [&] { run_here(in, out); });
 }
 
-void Runner::run_here(const StepInputs& in, std::vector<float>& logits) {
+void Runner::run_here(const StepInputs& in, const LogitsSink& logits) {
   use_device(dev_);  // the engine's thread is not the one that made the model
   const Bounds b = check(in);
   phase(Phase::Begin);
@@ -553,7 +582,7 @@ bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const
   return true;
 }
 
-bool Runner::graph_step(const StepInputs& in, const Bounds& b, std::vector<float>& logits) {
+bool Runner::graph_step(const StepInputs& in, const Bounds& b, const LogitsSink& logits) {
   const int q = dev_.is_cuda() ? uniform_q(in) : 0;
   // Graphs take decode and verification steps (1 to K+1 tokens per sequence); a prefill that
   // wants every row's logits is uniform too, but runs eagerly.

@@ -15,6 +15,8 @@ void* alloc(int device, size_t bytes);
 void free(int device, void* p);
 void copy_h2d(int device, void* dst, const void* src, size_t bytes);
 void copy_d2h(int device, void* dst, const void* src, size_t bytes);
+void* alloc_host(int device, size_t bytes);
+void free_host(int device, void* p);
 void fill(int device, void* dst, uint8_t value, size_t bytes);
 void sync(int device);
 void set_device(int device);
@@ -97,6 +99,26 @@ void copy_to_device(const Device& device, void* dst, const void* src, size_t byt
   } else {
     SIEVE_CUDA_OR_THROW(cuda_mem::copy_h2d(device.index, dst, src, bytes));
   }
+}
+
+void* alloc_host(const Device& device, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (device.is_cpu()) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void* p = nullptr;
+  SIEVE_CUDA_OR_THROW(p = cuda_mem::alloc_host(device.index, bytes));
+  return p;
+}
+
+void free_host(const Device& device, void* p) {
+  if (!p) return;
+  if (device.is_cpu()) return std::free(p);
+#ifdef SIEVE_HAVE_CUDA
+  cuda_mem::free_host(device.index, p);
+#endif
 }
 
 void copy_to_host(const Device& device, void* dst, const void* src, size_t bytes) {

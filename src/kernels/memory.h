@@ -38,6 +38,11 @@ class Buffer {
   bool owned_ = true;
 };
 
+// Host memory that `device` copies to and from at the link's rate: page-locked (cudaMallocHost)
+// for a GPU, ordinary 64-byte aligned memory for the CPU. Uninitialised; free with free_host.
+void* alloc_host(const Device& device, size_t bytes);
+void free_host(const Device& device, void* p);
+
 // Copies between host memory and `device` memory (either may be the CPU).
 void copy_to_device(const Device& device, void* dst, const void* src, size_t bytes);
 void copy_to_host(const Device& device, void* dst, const void* src, size_t bytes);

@@ -35,6 +35,16 @@ void copy_d2h(int device, void* dst, const void* src, size_t bytes) {
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
+void* alloc_host(int device, size_t bytes) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  void* p = nullptr;
+  check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+  return p;
+}
+void free_host(int device, void* p) {
+  cudaSetDevice(device);
+  cudaFreeHost(p);
+}
 void fill(int device, void* dst, uint8_t value, size_t bytes) {
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaMemset(dst, value, bytes), "cudaMemset");
