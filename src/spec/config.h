@@ -35,6 +35,7 @@ struct SpeculativeConfig {
 // --speculative-config and the field) for malformed JSON, an unknown method or field, or a value
 // out of range. Empty text: speculation off. `draft_optional`: an eagle3 config may leave out
 // "model" (`sieve bench step` then makes a draft of the published shape with dummy weights).
-SpeculativeConfig parse_speculative_config(const std::string& json_text, bool draft_optional = false);
+SpeculativeConfig parse_speculative_config(const std::string& json_text,
+                                           bool draft_optional = false);
 
 }  // namespace sieve::spec
