@@ -710,7 +710,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
     engine::Runner& vr = spec_runner ? *spec_runner : graphed;
     const int64_t replays_before = vr.graph_stats().replayed;
     std::vector<float> vlogits;
-    const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, marks, vlogits);
+    Marks vmarks(dev, vr.stream().cuda_stream);  // (each runner has its own stream)
+    const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, vmarks, vlogits);
     const bool v_graphs = vr.graph_stats().replayed > replays_before && vr.graph_stats().off_reason.empty();
     const double v_sample = sampling_ms(workers, vlogits, V, batch, rows);
     memory_note("after the verification steps");
