@@ -816,6 +816,10 @@ int run_bench_step(const std::vector<std::string>& argv) {
                     r["steps"].get<double>());
     }
     out["speculative"] = sp;
+    // The prefill chunk gets the draft's memory back.
+    spec_runner.reset();
+    draft.draft.reset();
+    draft.embed = Buffer();
   }
 
   if (prefill > 0) {
