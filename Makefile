@@ -21,10 +21,15 @@ build: $(BUILD)/build.ninja
 test: setup build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
-# Builds only the `sieve` binary: serving needs none of the tests.
+# Builds only the `sieve` binary: serving needs none of the tests. `make serve SPEC=eagle3` adds the
+# bundled model's EAGLE3 draft (models/minimax-m3-tiny-eagle3), `SPEC=ngram` prompt lookup.
+SPEC ?=
+SPEC_ARGS_eagle3 = --speculative-config models/minimax-m3-tiny-eagle3/speculative.json
+SPEC_ARGS_ngram = --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'
 serve: setup-build $(BUILD)/build.ninja
+	@if [ -n "$(SPEC)" ] && [ -z "$(SPEC_ARGS_$(SPEC))" ]; then echo "make serve: SPEC must be eagle3 or ngram, not '$(SPEC)'" >&2; exit 2; fi
 	cmake --build $(BUILD) -j $(JOBS) --target sieve
-	$(BUILD)/sieve serve $(ARGS)
+	$(BUILD)/sieve serve $(SPEC_ARGS_$(SPEC)) $(ARGS)
 
 gpu-check:
 	bash scripts/gpu-check out/gpu-check

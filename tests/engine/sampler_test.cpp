@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <random>
 #include <map>
 #include <numeric>
 #include <set>
@@ -260,6 +262,37 @@ TEST(Sampler, FlatLargeVocabularyDrawsMatchAFullSort) {
       same += got == want;
     }
     EXPECT_GE(same, draws - 2) << "trial " << trial << ": prefix of " << cut;
+  }
+}
+
+// A row nothing modifies takes a path without copies (sampler.cpp: plain_row); it must draw the
+// very token the general path draws from the same RNG state, greedy and sampled, on a large
+// vocabulary with masked (-inf) entries and ties.
+TEST(Sampler, PlainRowsDrawWhatTheGeneralPathDraws) {
+  std::mt19937_64 gen(std::random_device{}());
+  const int V = 50000;
+  for (int trial = 0; trial < 6; ++trial) {
+    std::vector<float> logits(static_cast<size_t>(V));
+    std::normal_distribution<float> nd(0.0f, 2.0f + float(trial));
+    for (auto& x : logits) x = nd(gen);
+    for (int i = 0; i < 200; ++i) logits[size_t(gen() % V)] = -std::numeric_limits<float>::infinity();
+    logits[size_t(gen() % V)] = 30.0f;
+    logits[size_t(gen() % V)] = 30.0f;
+    for (double t : {0.0, 0.3, 1.0, 1.7}) {
+      SamplingParams p;
+      p.temperature = t;
+      p.min_tokens = 4;  // past: the stop ids are not masked, the row stays plain
+      const std::vector<int32_t> history = {0, 1, 2, 3, 4, 5};
+      const std::vector<int32_t> stops = {7};
+      for (int d = 0; d < 40; ++d) {
+        const uint64_t seed = gen();
+        std::mt19937_64 a(seed), b(seed);
+        const int32_t got = sample_token(logits, p, history, 1, stops, a).token;
+        const int32_t want = sampling_distribution(logits, p, history, 1, stops).draw(b);
+        ASSERT_EQ(got, want) << "trial " << trial << " temperature " << t;
+        EXPECT_EQ(a(), b()) << "the same RNG draws";
+      }
+    }
   }
 }
 

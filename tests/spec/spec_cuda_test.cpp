@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -217,9 +218,23 @@ TEST(SpecCuda, GreedyOutputEqualsPlainDecodingWithGraphs) {
     EXPECT_TRUE(gs.off_reason.empty()) << gs.off_reason;
     EXPECT_GT(gs.replayed, 0);
     // Activations are bf16 on the GPU, so a GEMM's rounding depends on how many rows its step has
-    // (a verification step has K + 1 per sequence): greedy outputs may part where the plain run's
-    // two best tokens are a near tie, and only there. Up to the first difference they are equal;
-    // at it, the spec run's token is the plain run's runner-up within bf16 noise.
+    // (a verification step has K + 1 per sequence): the two runs' log-probs differ by bf16 noise,
+    // and greedy outputs may part where the plain run's two best tokens are closer than that noise
+    // can move them, and only there. The noise is measured on the positions where the runs agree
+    // (the same two best tokens in both): a gap moves by at most the change of both log-probs.
+    float noise = 0;
+    for (size_t i = 0; i < want.tokens.size(); ++i) {
+      const auto& w = want.tokens[i];
+      const auto& g = got.tokens[i];
+      for (size_t p = 0; p < w.size() && p < g.size() && w[p] == g[p]; ++p) {
+        const auto& a = want.top[i][p];
+        const auto& b = got.top[i][p];
+        if (a.size() != 2 || b.size() != 2 || a[1].token != b[1].token) continue;
+        noise = std::max({noise, std::fabs(a[0].logprob - b[0].logprob), std::fabs(a[1].logprob - b[1].logprob)});
+      }
+    }
+    std::printf("[ spec ] %s: largest log-prob difference where the runs agree %.4f\n", method_name(method), noise);
+    EXPECT_LT(noise, 0.5f) << method_name(method) << ": the runs differ by more than bf16 noise";
     for (size_t i = 0; i < want.tokens.size(); ++i) {
       const auto& w = want.tokens[i];
       const auto& g = got.tokens[i];
@@ -233,7 +248,7 @@ TEST(SpecCuda, GreedyOutputEqualsPlainDecodingWithGraphs) {
       std::printf("[ spec ] %s prompt %zu: parts at token %zu of %zu, where the plain run's best two are %.4f apart\n",
                   method_name(method), i, same, w.size(), gap);
       EXPECT_EQ(top[1].token, g[same]) << method_name(method) << " prompt " << i << " token " << same;
-      EXPECT_LT(gap, 0.1f) << method_name(method) << " prompt " << i << " token " << same;
+      EXPECT_LE(gap, 2 * noise + 1e-3f) << method_name(method) << " prompt " << i << " token " << same;
     }
   }
 }
