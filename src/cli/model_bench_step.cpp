@@ -4,11 +4,16 @@
 // (dense attention, indexer, sparse attention, GEMMs, MoE, norms and the rest, sampling) the
 // time of an eager run (events around every op), the bytes or FLOPs the family must move or
 // compute, the floor those take at the device's rates, and the ratio; then the step against its
-// bytes floor and the time per output token projected for N ranks.
+// bytes floor and the time per output token projected for N ranks. With --speculative-config,
+// a verification step of K + 1 rows per sequence and the EAGLE3 draft's K passes after it, timed
+// as serving runs them, and the speedup they give at a range of mean acceptance lengths.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -22,12 +27,15 @@
 #include "core/log.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
+#include "engine/speculation.h"
 #include "engine/workers.h"
 #include "kernels/memory.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "model/rank_layout.h"
 #include "model/weights.h"
+#include "spec/config.h"
+#include "spec/eagle3.h"
 
 #ifdef SIEVE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -296,6 +304,143 @@ json table(const std::string& title, const std::map<std::string, double>& ms, co
   return rows;
 }
 
+// Times of a step run again and again on a runner (medians over the timed runs).
+struct StepTimes {
+  double step_ms = 0;     // the forward on the device, between the Uploaded and Computed marks
+  double logits_ms = 0;   // host time from the forward's launch to the logits on the host, less it
+  double draft_ms = 0;    // the draft's passes on the device (between their marks, summed)
+  double propose_ms = 0;  // host time of Runner::propose: the passes, their logits to the host, the argmax
+};
+
+// Runs `in` iters + 3 times on `r` (the first use runs eagerly and captures a CUDA graph, then warm
+// replays) and times the last iters; with `plan`, the draft's passes after each step as well.
+StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engine::DraftPlan* plan, long long iters,
+                     Marks& marks, std::vector<float>& logits) {
+  using Phase = engine::Runner::Phase;
+  std::vector<double> step, lg, draft, propose;
+  std::vector<std::vector<int32_t>> drafts;
+  for (long long i = 0; i < iters + 3; ++i) {
+    marks.clear();
+    int up = -1, comp = -1;
+    std::vector<int> pass_marks;
+    clock_type::time_point t_comp, t_done;
+    r.set_phase_observer([&](Phase p) {
+      if (p == Phase::Uploaded) up = marks.mark();
+      if (p == Phase::Computed) {
+        comp = marks.mark();
+        t_comp = clock_type::now();
+      }
+      if (p == Phase::Done) t_done = clock_type::now();
+      if (p == Phase::DraftUploaded || p == Phase::DraftComputed) pass_marks.push_back(marks.mark());
+    });
+    double prop = 0;
+    try {
+      r.run(in, logits);
+      const auto t0 = clock_type::now();
+      if (plan) r.propose(*plan, drafts);
+      prop = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    } catch (...) {
+      r.set_phase_observer({});
+      throw;
+    }
+    r.set_phase_observer({});
+    if (i < 3) continue;
+    const double fwd = marks.ms(up, comp);
+    step.push_back(fwd);
+    lg.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(t_done - t_comp).count() - fwd));
+    double d = 0;
+    for (size_t k = 0; k + 1 < pass_marks.size(); k += 2) d += marks.ms(pass_marks[k], pass_marks[k + 1]);
+    draft.push_back(d);
+    propose.push_back(prop);
+  }
+  return {median(step), median(lg), median(draft), median(propose)};
+}
+
+// Host time of the engine's draws over `seqs` sequences of `rows` logits rows each (one request per
+// worker, every row drawn as a plain token is): the median of 5 rounds.
+double sampling_ms(engine::Workers& workers, const std::vector<float>& logits, int64_t vocab, long long seqs,
+                   int rows) {
+  std::vector<double> ms;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = clock_type::now();
+    workers.run(seqs, [&](int64_t s) {
+      engine::SamplingParams sp;
+      std::mt19937_64 g{uint64_t(s)};
+      for (int j = 0; j < rows; ++j)
+        engine::sample_token(std::span<const float>(logits.data() + size_t((s * rows + j) * vocab), size_t(vocab)), sp,
+                             {}, 0, {}, g);
+    });
+    ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
+  }
+  return median(ms);
+}
+
+// The published MiniMax-M3 EAGLE3 draft (Inferact/MiniMax-M3-EAGLE3; spec section 6): one Llama
+// layer at the target's hidden size over the residual streams entering layers (2, n/2, n-3), with
+// the target's vocabulary (it shares the target's embedding and lm_head vocabulary), about 3.3 B
+// parameters with its embedding and lm_head. Its head counts and MLP width are not stated where
+// this project reads: 64 heads of 128 over 8 kv heads and an MLP of 32768 make those 3.3 B. A
+// draft directory ("model") gives any other shape.
+spec::RandomEagle3Options published_draft_shape() {
+  spec::RandomEagle3Options o;
+  o.num_heads = 64;
+  o.num_kv_heads = 8;
+  o.head_dim = 128;
+  o.intermediate_size = 32768;
+  o.write_weights = false;
+  return o;
+}
+
+struct BenchDraft {
+  Buffer embed;  // a full embedding table for a rank's shard (declared first: outlives the draft)
+  std::unique_ptr<spec::Eagle3Draft> draft;
+  std::string source;
+  double weight_bytes = 0;
+};
+
+// The EAGLE3 draft of the bench: the config.json of sc.model (its weights made up under
+// --load-format dummy), else the published shape with made-up weights. A rank's shard holds 1/N of
+// the target's embedding rows while the draft looks up any token, so there the draft gets a full
+// table of its own (its values do not change the draft's time).
+BenchDraft load_bench_draft(const spec::SpeculativeConfig& sc, const model::Model& m, bool dummy, long long tp) {
+  namespace fs = std::filesystem;
+  BenchDraft b;
+  const ModelConfig& cfg = m.config();
+  std::string dir = sc.model;
+  fs::path tmp;
+  if (dir.empty()) {
+    tmp = fs::temp_directory_path() / ("sieve-bench-step-draft-" + std::to_string(getpid()));
+    spec::write_random_eagle3(tmp.string(), cfg, published_draft_shape());
+    dir = tmp.string();
+    dummy = true;
+    b.source = "the published MiniMax-M3 EAGLE3 shape, dummy weights";
+  } else {
+    b.source = dir + (dummy ? " (dummy weights)" : "");
+  }
+  ops::WeightView embed = m.input_embedding();
+  if (tp > 1) {
+    b.embed = Buffer(m.device(), size_t(cfg.vocab_size) * size_t(cfg.hidden_size) * 2);
+    embed = {};
+    embed.data = b.embed.data();
+    embed.dtype = DType::BF16;
+    embed.rows = cfg.vocab_size;
+    embed.cols = cfg.hidden_size;
+  }
+  std::error_code ec;
+  try {
+    b.draft = spec::Eagle3Draft::load(dir, cfg, m.device(), embed, dummy);
+  } catch (...) {
+    if (!tmp.empty()) fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (!tmp.empty()) fs::remove_all(tmp, ec);
+  const spec::Eagle3Config& c = b.draft->config();
+  const double H = double(c.hidden_size), Ht = double(c.target_hidden_size), hd = double(c.head_dim);
+  b.weight_bytes = 2 * (H * Ht * double(c.aux_layers.size()) + (c.num_heads + 2.0 * c.num_kv_heads) * hd * 2 * H +
+                        H * c.num_heads * hd + 3 * H * double(c.intermediate_size) + double(c.draft_vocab_size) * H);
+  return b;
+}
+
 int run_bench_step(const std::vector<std::string>& argv) {
   Args a("bench step", argv);
   a.opt({"--model"}, "DIR", "model directory (default: configs/minimax-m3, the published MiniMax-M3 config)")
@@ -315,6 +460,10 @@ int run_bench_step(const std::vector<std::string>& argv) {
       .opt({"--hbm-gbps"}, "GB/S", "memory bandwidth of the floors (default: a device-to-device copy, measured)")
       .opt({"--fp8-tflops"}, "T", "FP8 tensor-core rate of the floors (H100/H200 SXM dense peak)", "1979")
       .opt({"--bf16-tflops"}, "T", "BF16 tensor-core rate of the floors (H100/H200 SXM dense peak)", "989")
+      .opt({"--speculative-config"}, "JSON",
+           "also time a verification step of K + 1 rows per sequence and the draft's K passes, and project the "
+           "speedup: vLLM's {\"method\": \"eagle3\" or \"ngram\", \"num_speculative_tokens\": K, \"model\": DRAFT "
+           "(eagle3, optional: without it a draft of the published MiniMax-M3 EAGLE3 shape)}")
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--json"}, "print one JSON object");
   add_model_load_flags(a);
@@ -333,6 +482,14 @@ int run_bench_step(const std::vector<std::string>& argv) {
   if (prefill < 0 || prefill > (1 << 20)) throw Error("--prefill must be in 0..1048576");
   if (iters < 1) throw Error("--iters must be at least 1");
   const bool print = !a.get_flag("--json");
+  // Checked before any weights load: a mistake in it is one line.
+  const spec::SpeculativeConfig sc =
+      a.has("--speculative-config") ? spec::parse_speculative_config(a.get("--speculative-config"), true)
+                                    : spec::SpeculativeConfig{};
+  const bool eagle3 = sc.method == spec::Method::Eagle3;
+  if (eagle3 && group_tp > 1)
+    throw Error("--speculative-config: the eagle3 draft does not run in a tensor-parallel group (-tp) yet; "
+                "--tp-rank-of N times one rank's shard with the draft");
 
   model::LoadOptions lo = model_load_options(a);
   if (!a.has("--load-format")) lo.load_format = "dummy";
@@ -357,7 +514,13 @@ int run_bench_step(const std::vector<std::string>& argv) {
   co.dense = a.get_flag("--dense");
   const int bs = m->block_size();
   const int64_t per_seq = (context + bs - 1) / bs, pre_blocks = (prefill + bs - 1) / bs;
-  co.num_blocks = batch * per_seq + pre_blocks;
+  // The verification step's first row sits where the decode step's row does (position context - 1),
+  // its K drafts after it; the draft's own positions follow.
+  const int K = sc.num_speculative_tokens;
+  engine::SyntheticVerification ver;
+  if (sc.enabled()) ver = engine::synthetic_verification(int(batch), context - 1, K, bs, layout.vocab, 2);
+  const int64_t step_blocks = std::max<int64_t>(batch * per_seq, ver.blocks_needed);
+  co.num_blocks = step_blocks + pre_blocks;
   // Device memory along the way (a shortfall names the stage that needs more).
   auto memory_note = [&](const char* stage) {
     if (!dev.is_cuda()) return;
@@ -367,10 +530,17 @@ int run_bench_step(const std::vector<std::string>& argv) {
                                  << " GiB free of " << double(total_b) / double(1ull << 30));
   };
   memory_note("after the weights");
+  BenchDraft draft;
+  if (eagle3) {
+    draft = load_bench_draft(sc, *m, lo.load_format == "dummy", tp);
+    memory_note("after the draft's weights");
+  }
   if (dev.is_cuda()) {
     size_t free_b = 0, total_b = 0;
     model::device_memory(dev, &free_b, &total_b);
-    const double need = double(m->cache_bytes_per_block(co.kv_dtype, co.index_dtype)) * double(co.num_blocks);
+    const size_t per_block = m->cache_bytes_per_block(co.kv_dtype, co.index_dtype) +
+                             (draft.draft ? draft.draft->cache_bytes_per_block(co.kv_dtype, bs) : 0);
+    const double need = double(per_block) * double(co.num_blocks);
     if (need > double(free_b))
       throw Error("the caches of --batch " + std::to_string(batch) + " x --context " + std::to_string(context) +
                   " (+ --prefill " + std::to_string(prefill) + ") need " + std::to_string(need / double(1ull << 30)) +
@@ -387,6 +557,13 @@ int run_bench_step(const std::vector<std::string>& argv) {
   engine::Runner& graphed = group ? group->leader() : *own;
   engine::Runner& eager = group ? group->leader() : *own_eager;
   graphed.allocate_caches(co);
+  // The EAGLE3 runner: the target's steps also write the aux hidden states, the draft runs after.
+  std::unique_ptr<engine::Runner> spec_runner;
+  if (draft.draft) {
+    draft.draft->allocate_cache(co.kv_dtype, co.num_blocks, bs, context + 2 * K + 2);
+    spec_runner = std::make_unique<engine::Runner>(*m);
+    spec_runner->set_draft(draft.draft.get());
+  }
   memory_note("after the caches");
 
   Rates rates;
@@ -425,51 +602,20 @@ int run_bench_step(const std::vector<std::string>& argv) {
   Marks marks(dev, graphed.stream().cuda_stream);
   Marks eager_marks(dev, eager.stream().cuda_stream);
   std::vector<float> logits;
-  // Graph replays: the forward's time between the Uploaded and Computed marks' completion, and
-  // the logits' trip to the host after it.
-  std::vector<double> step_ms, logits_ms;
-  for (long long i = 0; i < iters + 3; ++i) {
-    marks.clear();
-    int up = -1, comp = -1;
-    clock_type::time_point t_comp, t_done;
-    graphed.set_phase_observer([&](engine::Runner::Phase p) {
-      if (p == engine::Runner::Phase::Uploaded) up = marks.mark();
-      if (p == engine::Runner::Phase::Computed) {
-        comp = marks.mark();
-        t_comp = clock_type::now();
-      }
-      if (p == engine::Runner::Phase::Done) t_done = clock_type::now();
-    });
-    graphed.run(dec, logits);
-    graphed.set_phase_observer({});
-    if (i < 3) continue;  // first use: eager run and capture, then warm replays
-    const double fwd = marks.ms(up, comp);
-    step_ms.push_back(fwd);
-    // Host time from the replay's launch to the logits on the host, less the forward's own time.
-    logits_ms.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(t_done - t_comp).count() - fwd));
-  }
+  const StepTimes dec_t = time_steps(graphed, dec, nullptr, iters, marks, logits);
   const engine::GraphStats gs = graphed.graph_stats();
   // Sampling of the step's rows on the host, as the engine draws them (one request per worker).
   engine::Workers workers(engine::Workers::default_threads());
   const int64_t V = cfg.vocab_size;
-  std::vector<double> sample_ms;
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = clock_type::now();
-    workers.run(batch, [&](int64_t r) {
-      engine::SamplingParams sp;
-      std::mt19937_64 g{uint64_t(r)};
-      engine::sample_token(std::span<const float>(logits.data() + size_t(r * V), size_t(V)), sp, {}, 0, {}, g);
-    });
-    sample_ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
-  }
+  const double d_sample = sampling_ms(workers, logits, V, batch, 1);
   memory_note("after the graphed decode steps");
   const auto dec_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, dec, cfg, co.dense, eager_marks);
   memory_note("after the eager decode step");
   const auto dec_cost = step_costs(cfg, layout, dshape, fp8, fp8_experts, kvb, ixb);
   double dec_bytes = 0;
   for (const auto& [k, c] : dec_cost) dec_bytes += c.bytes;
-  const double dec_step = median(step_ms), dec_floor = dec_bytes / (rates.hbm_gbps * 1e9) * 1e3;
-  const double d_logits = median(logits_ms), d_sample = median(sample_ms);
+  const double dec_step = dec_t.step_ms, dec_floor = dec_bytes / (rates.hbm_gbps * 1e9) * 1e3;
+  const double d_logits = dec_t.logits_ms;
 
   json out;
   out["model"] = dir;
@@ -523,10 +669,15 @@ int run_bench_step(const std::vector<std::string>& argv) {
 
   // Projection: the step, its logits and sampling, and two all-reduces per layer of the step's
   // hidden states (fp32 sublayer outputs) at the given bus bandwidth: time = bytes * 2(N-1)/N / bus.
+  // (A step of `rows` tokens.)
+  auto allreduce_ms = [&](double rows) {
+    const double bytes = rows * double(cfg.hidden_size) * 4;
+    return tp > 1 ? (bytes * 2.0 * double(tp - 1) / double(tp) / (a.get_double("--allreduce-gbps") * 1e9)) * 1e3 +
+                        a.get_double("--allreduce-us") * 1e-3
+                  : 0.0;
+  };
   const double ar_bytes = double(batch) * double(cfg.hidden_size) * 4;
-  const double ar_ms = tp > 1 ? (ar_bytes * 2.0 * double(tp - 1) / double(tp) / (a.get_double("--allreduce-gbps") * 1e9)) * 1e3 +
-                                    a.get_double("--allreduce-us") * 1e-3
-                              : 0.0;
+  const double ar_ms = allreduce_ms(double(batch));
   // (-tp N: the step measured includes them.)
   const double comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * ar_ms;
   const double tpot = dec_step + d_logits + d_sample + comm;
@@ -550,9 +701,130 @@ int run_bench_step(const std::vector<std::string>& argv) {
     std::printf("  TPOT on one device: %.3f ms = step %.3f + logits %.3f + sampling %.3f\n", tpot, dec_step, d_logits,
                 d_sample);
 
+  if (sc.enabled()) {
+    // The verification step on the runner serving would use (with EAGLE3 the target's step also
+    // writes the aux hidden states, and the draft's K passes follow it: the first over the step's
+    // rows with fc over those states, then K - 1 one-row passes, each with the draft's lm_head and
+    // its rows' argmax on the host).
+    const int rows = K + 1;
+    engine::Runner& vr = spec_runner ? *spec_runner : graphed;
+    const int64_t replays_before = vr.graph_stats().replayed;
+    std::vector<float> vlogits;
+    Marks vmarks(dev, vr.stream().cuda_stream);  // (each runner has its own stream)
+    const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, vmarks, vlogits);
+    const bool v_graphs = vr.graph_stats().replayed > replays_before && vr.graph_stats().off_reason.empty();
+    const double v_sample = sampling_ms(workers, vlogits, V, batch, rows);
+    memory_note("after the verification steps");
+    StepShape vshape;
+    vshape.tokens = batch * rows;
+    for (long long s = 0; s < batch; ++s)
+      for (int i = 0; i < rows; ++i) vshape.q_keys.push_back(context + i);
+    vshape.seq_ctx.assign(size_t(batch), context + K);
+    vshape.logit_rows = batch * rows;
+    const auto v_fam =
+        group ? std::map<std::string, double>{} : per_family_ms(eager, ver.verify, cfg, co.dense, eager_marks);
+    const auto v_cost = step_costs(cfg, layout, vshape, fp8, fp8_experts, kvb, ixb);
+    double v_bytes = 0;
+    for (const auto& [k, c] : v_cost) v_bytes += c.bytes;
+    const double v_floor = v_bytes / (rates.hbm_gbps * 1e9) * 1e3;
+    const double v_comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * allreduce_ms(double(batch * rows));
+    // Whole steps: the forward, its logits to the host, the draws (every row, as when every draft
+    // is kept), the projected all-reduces and the draft's proposal; against the plain step's TPOT.
+    const double spec_step = vt.step_ms + vt.logits_ms + v_sample + v_comm + vt.propose_ms;
+
+    if (print) {
+      std::printf("\nspeculative decoding: %s, K = %d (%d rows per sequence)\n", spec::method_name(sc.method), K, rows);
+      if (draft.draft) {
+        const spec::Eagle3Config& c = draft.draft->config();
+        std::printf("  draft: %s; %.2f GB bf16 (hidden %lld, %d heads / %d kv heads, MLP %lld, draft vocabulary %lld)%s\n",
+                    draft.source.c_str(), draft.weight_bytes / 1e9, (long long)c.hidden_size, c.num_heads,
+                    c.num_kv_heads, (long long)c.intermediate_size, (long long)c.draft_vocab_size,
+                    tp > 1 ? "; unsharded on the rank (the engine does not split the draft)" : "");
+      } else {
+        std::printf("  draft: n-gram lookup on the host (not timed)\n");
+      }
+    }
+    json sp;
+    sp["method"] = spec::method_name(sc.method);
+    sp["num_speculative_tokens"] = K;
+    sp["rows_per_sequence"] = rows;
+    json v;
+    v["families"] = table("verification step: " + std::to_string(batch) + " sequences of " + std::to_string(rows) +
+                              " rows from position " + std::to_string(context - 1) + " (eager per-op times)",
+                          v_fam, v_cost, rates, fp8, fp8_experts, print);
+    v["step_ms"] = vt.step_ms;
+    v["bytes"] = v_bytes;
+    v["floor_ms"] = v_floor;
+    v["ratio"] = v_floor > 0 ? vt.step_ms / v_floor : 0.0;
+    v["logits_to_host_ms"] = vt.logits_ms;
+    v["sampling_ms"] = v_sample;
+    v["comm_ms"] = v_comm;
+    v["graph"] = v_graphs;
+    sp["verify"] = v;
+    if (print)
+      std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (%s, median of %lld)\n", "step", vt.step_ms,
+                  v_bytes / 1e9, "", v_floor, v_floor > 0 ? vt.step_ms / v_floor : 0.0,
+                  v_graphs ? "CUDA graph replay" : "eager", iters);
+    if (draft.draft) {
+      const spec::Eagle3Config& c = draft.draft->config();
+      sp["draft"] = {{"source", draft.source},
+                     {"weights_gb", draft.weight_bytes / 1e9},
+                     {"hidden_size", c.hidden_size},
+                     {"intermediate_size", c.intermediate_size},
+                     {"num_attention_heads", c.num_heads},
+                     {"num_key_value_heads", c.num_kv_heads},
+                     {"head_dim", c.head_dim},
+                     {"draft_vocab_size", c.draft_vocab_size},
+                     {"aux_layers", c.aux_layers},
+                     {"unsharded", tp > 1},
+                     {"passes_ms", vt.draft_ms},
+                     {"propose_ms", vt.propose_ms}};
+    } else {
+      sp["draft"] = nullptr;  // n-gram lookup: host work, not timed
+    }
+    sp["plain_step_ms"] = dec_step;
+    sp["verify_step_ms"] = vt.step_ms;
+    sp["draft_ms"] = vt.draft_ms;
+    sp["plain_tpot_ms"] = tpot;
+    sp["spec_step_ms"] = spec_step;
+    // The mean tokens a step must gain to break even.
+    sp["break_even_length"] = dec_step > 0 ? (vt.step_ms + vt.draft_ms) / dec_step : 0.0;
+    std::vector<double> lengths;
+    for (double L : {1.5, 2.0, 2.5, 3.0, 3.2})
+      if (L < rows) lengths.push_back(L);
+    lengths.push_back(rows);
+    json speedup = json::array();
+    for (double L : lengths) {
+      const double fwd = vt.step_ms + vt.draft_ms > 0 ? L * dec_step / (vt.step_ms + vt.draft_ms) : 0.0;
+      const double whole = spec_step > 0 ? L * tpot / spec_step : 0.0;
+      speedup.push_back({{"acceptance_length", L}, {"forwards", fwd}, {"steps", whole}});
+    }
+    sp["speedup"] = speedup;
+    if (print) {
+      std::printf("\n  %-22s %9.3f ms  (forward on the device)\n", "plain decode step", dec_step);
+      std::printf("  %-22s %9.3f ms  (forward on the device; logits to host %.3f, draws %.3f, all-reduces %.3f)\n",
+                  "verification step", vt.step_ms, vt.logits_ms, v_sample, v_comm);
+      if (draft.draft)
+        std::printf("  %-22s %9.3f ms  (%d passes on the device; propose %.3f ms with their logits to the host and "
+                    "the argmax)\n",
+                    "draft passes", vt.draft_ms, K, vt.propose_ms);
+      std::printf("  %-22s %9.3f ms  vs plain TPOT %.3f ms; forwards break even at an acceptance length of %.2f\n",
+                  "whole speculative step", spec_step, tpot, sp["break_even_length"].get<double>());
+      std::printf("  %-22s %12s %12s\n", "mean acceptance length", "forwards", "whole steps");
+      for (const auto& r : speedup)
+        std::printf("  %22.2f %11.2fx %11.2fx\n", r["acceptance_length"].get<double>(), r["forwards"].get<double>(),
+                    r["steps"].get<double>());
+    }
+    out["speculative"] = sp;
+    // The prefill chunk gets the draft's memory back.
+    spec_runner.reset();
+    draft.draft.reset();
+    draft.embed = Buffer();
+  }
+
   if (prefill > 0) {
     engine::StepInputs pre;
-    const int64_t base = batch * per_seq;
+    const int64_t base = step_blocks;
     for (int64_t i = 0; i < prefill; ++i) {
       pre.token_ids.push_back(token());
       pre.positions.push_back(int32_t(i));

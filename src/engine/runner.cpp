@@ -325,7 +325,10 @@ int64_t Runner::draft_pass(const StepInputs& in, const Bounds& b, int kind, int6
     if (run_graph(key, in, b, fwd)) return int64_t(in.seq_lens.size());
   }
   (void)dv;
-  fwd(upload(in, b, inputs_, false));
+  const model::StepView v = upload(in, b, inputs_, false);
+  phase(Phase::DraftUploaded);
+  fwd(v);
+  phase(Phase::DraftComputed);
   return int64_t(in.seq_lens.size());
 }
 
@@ -530,7 +533,9 @@ std::pair<int, int64_t> Runner::graph_shape(int n, int max_seq) const {
 bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const StepInputs& p, const Bounds& pb,
                        const std::function<void(const model::StepView&)>& fwd) {
   const uint64_t draft_epoch = draft_ ? draft_->buffers_epoch() : 0;
-  const bool target = std::get<0>(key) == 0;  // the target's step (the phases a bench observes)
+  const bool target = std::get<0>(key) == 0;  // the target's step, else one of the draft's passes
+  const Phase uploaded = target ? Phase::Uploaded : Phase::DraftUploaded;
+  const Phase computed = target ? Phase::Computed : Phase::DraftComputed;
   // Graphs captured before a buffer they point at was replaced are retired.
   std::erase_if(graphs_, [&](const auto& kv) {
     return kv.second.model_epoch != m_.buffers_epoch() || kv.second.logits_epoch != logits_epoch_ ||
@@ -540,9 +545,9 @@ bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const
   if (it != graphs_.end()) {
     it->second.used = ++graph_clock_;
     upload(p, pb, it->second.inputs, true);
-    if (target) phase(Phase::Uploaded);
+    phase(uploaded);
     it->second.graph.replay(stream_.cuda_stream);
-    if (target) phase(Phase::Computed);
+    phase(computed);
     ++graph_stats_.replayed;
     return true;
   }
@@ -550,9 +555,9 @@ bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const
   // buffers and the kernels' workspaces grow to the shape), then capture the same work.
   StepGraph g;
   const model::StepView v = upload(p, pb, g.inputs, false);
-  if (target) phase(Phase::Uploaded);
+  phase(uploaded);
   fwd(v);
-  if (target) phase(Phase::Computed);
+  phase(computed);
   ++graph_stats_.eager;
   std::string why;
   // (The eager run may have grown a buffer: the view is taken again for the capture.)

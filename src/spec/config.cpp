@@ -41,7 +41,7 @@ int get_int(const nlohmann::json& j, const char* key, int lo, int hi) {
 
 }  // namespace
 
-SpeculativeConfig parse_speculative_config(const std::string& arg) {
+SpeculativeConfig parse_speculative_config(const std::string& arg, bool draft_optional) {
   SpeculativeConfig c;
   if (arg.empty()) return c;
   // A file of JSON (so that `make serve ARGS=...` needs no shell quoting): its "model" is
@@ -91,10 +91,12 @@ SpeculativeConfig parse_speculative_config(const std::string& arg) {
     c.disable_by_batch_size = get_int(j, "disable_by_batch_size", 1, 1 << 20);
   if (j.contains("draft_tensor_parallel_size")) get_int(j, "draft_tensor_parallel_size", 1, 1);
   if (c.method == Method::Eagle3) {
-    if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty())
-      fail("method \"eagle3\" needs \"model\": the draft's directory");
-    c.model = j["model"].get<std::string>();
-    if (!base.empty() && fs::path(c.model).is_relative()) {
+    if (j.contains("model") || !draft_optional) {
+      if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty())
+        fail("method \"eagle3\" needs \"model\": the draft's directory");
+      c.model = j["model"].get<std::string>();
+    }
+    if (!c.model.empty() && !base.empty() && fs::path(c.model).is_relative()) {
       fs::path m = (fs::path(base) / c.model).lexically_normal();
       if (m.filename().empty()) m = m.parent_path();  // "dir/." -> "dir"
       c.model = m.string();

@@ -33,7 +33,9 @@ struct SpeculativeConfig {
 // Parses --speculative-config: a JSON object, or the path of a file holding one (whose relative
 // "model" is taken from the file's folder). Throws Error (one line, naming
 // --speculative-config and the field) for malformed JSON, an unknown method or field, or a value
-// out of range. Empty text: speculation off.
-SpeculativeConfig parse_speculative_config(const std::string& json_text);
+// out of range. Empty text: speculation off. `draft_optional`: an eagle3 config may leave out
+// "model" (`sieve bench step` then makes a draft of the published shape with dummy weights).
+SpeculativeConfig parse_speculative_config(const std::string& json_text,
+                                           bool draft_optional = false);
 
 }  // namespace sieve::spec

@@ -184,6 +184,84 @@ TEST(ModelCli, BenchStepReportsEveryFamily) {
   EXPECT_GT(j["projected_tpot_ms"].get<double>(), j["decode"]["step_ms"].get<double>());
 }
 
+// bench step with --speculative-config (CPU): the verification step of K + 1 rows, the draft's
+// passes (an EAGLE3 draft of the published shape, unsharded on the rank), and speedups that follow
+// from those times at every acceptance length up to K + 1.
+TEST(ModelCli, BenchStepTimesSpeculation) {
+  const std::string base = std::string("bench step --model ") + SIEVE_SOURCE_DIR +
+                           "/models/minimax-m3-tiny --load-format auto --device cpu --batch 3 --context 300 "
+                           "--prefill 0 --iters 1 --kv-cache-dtype bf16 --json ";
+  struct Case {
+    std::string args;
+    bool eagle3;
+    std::vector<double> lengths;
+  } cases[] = {
+      {"--tp-rank-of 2 --speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 3}'", true,
+       {1.5, 2.0, 2.5, 3.0, 3.2, 4.0}},
+      {"--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 2}'", false,
+       {1.5, 2.0, 2.5, 3.0}},
+  };
+  for (const Case& c : cases) {
+    testing::CliResult r = run_sieve(base + c.args);
+    ASSERT_EQ(r.rc, 0) << c.args << ": " << r.out;
+    const size_t open = r.out.find("{\n");
+    ASSERT_NE(open, std::string::npos) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out.substr(open));
+    ASSERT_TRUE(j.contains("speculative")) << r.out;
+    const nlohmann::json& sp = j["speculative"];
+    EXPECT_EQ(sp["method"], c.eagle3 ? "eagle3" : "ngram");
+    const nlohmann::json& v = sp["verify"];
+    ASSERT_EQ(v["families"].size(), 6u) << v.dump();
+    for (const auto& f : v["families"]) EXPECT_GT(f["bytes"].get<double>(), 0.0) << f.dump();
+    EXPECT_GT(v["step_ms"].get<double>(), 0.0);
+    // K + 1 rows a sequence move more bytes than the plain step's one.
+    EXPECT_GT(v["bytes"].get<double>(), j["decode"]["bytes"].get<double>());
+    EXPECT_DOUBLE_EQ(sp["plain_step_ms"].get<double>(), j["decode"]["step_ms"].get<double>());
+    const double plain = sp["plain_step_ms"], verify = sp["verify_step_ms"], draft = sp["draft_ms"];
+    if (c.eagle3) {
+      const nlohmann::json& d = sp["draft"];
+      EXPECT_EQ(d["hidden_size"], 256);  // the target's
+      EXPECT_EQ(d["num_attention_heads"], 64);
+      EXPECT_EQ(d["draft_vocab_size"], 6144);
+      EXPECT_EQ(d["aux_layers"], nlohmann::json({2, 3, 3}));  // (2, n/2, n-3) of 6 layers
+      EXPECT_EQ(d["unsharded"], true);
+      EXPECT_GT(draft, 0.0);
+      EXPECT_GE(d["propose_ms"].get<double>(), draft);
+    } else {
+      EXPECT_TRUE(sp["draft"].is_null());
+      EXPECT_EQ(draft, 0.0);
+    }
+    ASSERT_EQ(sp["speedup"].size(), c.lengths.size()) << sp.dump();
+    for (size_t i = 0; i < c.lengths.size(); ++i) {
+      const nlohmann::json& row = sp["speedup"][i];
+      const double L = c.lengths[i];
+      EXPECT_DOUBLE_EQ(row["acceptance_length"].get<double>(), L);
+      EXPECT_NEAR(row["forwards"].get<double>(), L * plain / (verify + draft), 1e-9);
+      EXPECT_NEAR(row["steps"].get<double>(),
+                  L * sp["plain_tpot_ms"].get<double>() / sp["spec_step_ms"].get<double>(), 1e-9);
+    }
+  }
+}
+
+TEST(ModelCli, BenchStepSpeculationErrorsAreOneLine) {
+  const std::string base = std::string("bench step --model ") + SIEVE_SOURCE_DIR +
+                           "/models/minimax-m3-tiny --load-format auto --device cpu --batch 2 --context 200 "
+                           "--prefill 0 --iters 1 ";
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--speculative-config '{\"method\": \"medusa\", \"num_speculative_tokens\": 3}'",
+            "unknown method \"medusa\""},
+           {"--speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 17}'",
+            "num_speculative_tokens must be in 1..16"},
+           {"-tp 2 --speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 3}'",
+            "does not run in a tensor-parallel group"}}) {
+    testing::CliResult r = run_sieve(base + args);
+    EXPECT_EQ(r.rc, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find("--speculative-config"), std::string::npos) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
+    EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "one line: " << r.out;
+  }
+}
+
 TEST(ModelCli, Fp32CacheOnCudaIsRefused) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   testing::CliResult r = run_sieve(std::string(kGenerate) + " --device cuda --kv-cache-dtype fp32");

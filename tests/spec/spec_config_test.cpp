@@ -11,9 +11,9 @@
 namespace sieve::spec {
 namespace {
 
-std::string error_of(const std::string& text) {
+std::string error_of(const std::string& text, bool draft_optional = false) {
   try {
-    parse_speculative_config(text);
+    parse_speculative_config(text, draft_optional);
   } catch (const Error& e) {
     return e.what();
   }
@@ -46,6 +46,22 @@ TEST(SpeculativeConfig, Eagle3) {
       R"({"method": "eagle3", "model": "/d", "num_speculative_tokens": 3})");
   EXPECT_EQ(c.method, Method::Eagle3);
   EXPECT_EQ(c.model, "/d");
+}
+
+// sieve bench step makes a draft itself when none is named; "model" given is still checked.
+TEST(SpeculativeConfig, Eagle3DraftOptionalForTheBench) {
+  const SpeculativeConfig c =
+      parse_speculative_config(R"({"method": "eagle3", "num_speculative_tokens": 3})", true);
+  EXPECT_EQ(c.method, Method::Eagle3);
+  EXPECT_EQ(c.num_speculative_tokens, 3);
+  EXPECT_TRUE(c.model.empty());
+  EXPECT_EQ(parse_speculative_config(
+                R"({"method": "eagle3", "model": "/d", "num_speculative_tokens": 2})", true)
+                .model,
+            "/d");
+  for (const char* bad : {R"({"method": "eagle3", "model": "", "num_speculative_tokens": 3})",
+                          R"({"method": "eagle3", "model": 7, "num_speculative_tokens": 3})"})
+    EXPECT_NE(error_of(bad, true).find("needs \"model\""), std::string::npos) << bad;
 }
 
 TEST(SpeculativeConfig, FromAFile) {
