@@ -315,7 +315,7 @@ struct StepTimes {
 // Runs `in` iters + 3 times on `r` (the first use runs eagerly and captures a CUDA graph, then warm
 // replays) and times the last iters; with `plan`, the draft's passes after each step as well.
 StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engine::DraftPlan* plan, long long iters,
-                     Marks& marks, std::vector<float>& logits) {
+                     Marks& marks, engine::HostLogits& logits) {
   using Phase = engine::Runner::Phase;
   std::vector<double> step, lg, draft, propose;
   std::vector<std::vector<int32_t>> drafts;
@@ -358,7 +358,7 @@ StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engi
 
 // Host time of the engine's draws over `seqs` sequences of `rows` logits rows each (one request per
 // worker, every row drawn as a plain token is): the median of 5 rounds.
-double sampling_ms(engine::Workers& workers, const std::vector<float>& logits, int64_t vocab, long long seqs,
+double sampling_ms(engine::Workers& workers, const engine::HostLogits& logits, int64_t vocab, long long seqs,
                    int rows) {
   std::vector<double> ms;
   for (int i = 0; i < 5; ++i) {
@@ -601,7 +601,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
 
   Marks marks(dev, graphed.stream().cuda_stream);
   Marks eager_marks(dev, eager.stream().cuda_stream);
-  std::vector<float> logits;
+  engine::HostLogits logits;  // the engine's (page-locked on a GPU)
   const StepTimes dec_t = time_steps(graphed, dec, nullptr, iters, marks, logits);
   const engine::GraphStats gs = graphed.graph_stats();
   // Sampling of the step's rows on the host, as the engine draws them (one request per worker).
@@ -709,7 +709,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
     const int rows = K + 1;
     engine::Runner& vr = spec_runner ? *spec_runner : graphed;
     const int64_t replays_before = vr.graph_stats().replayed;
-    std::vector<float> vlogits;
+    engine::HostLogits vlogits;
     Marks vmarks(dev, vr.stream().cuda_stream);  // (each runner has its own stream)
     const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, vmarks, vlogits);
     const bool v_graphs = vr.graph_stats().replayed > replays_before && vr.graph_stats().off_reason.empty();
