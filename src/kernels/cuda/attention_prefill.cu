@@ -59,6 +59,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/setmaxnreg.cuh"
 #include "kernels/cuda/tuning.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -128,16 +129,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
           smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
       : "memory");
-}
-
-// setmaxnreg (the converter path): the converter warpgroup gives registers to the consumers.
-template <int N>
-__device__ __forceinline__ void regs_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void regs_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 template <bool kFp8, bool kSolo, bool kConv = false>
