@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/setmaxnreg.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace sieve::cuda::moe_fp8 {
@@ -205,16 +206,6 @@ void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int 
 size_t stream_smem_bytes(int nt);
 void launch_stream(bool gate_up, int nt, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
                    cudaStream_t st);
-
-// setmaxnreg: the producer warpgroup gives registers to the consumer warpgroups.
-template <int N>
-__device__ __forceinline__ void regs_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void regs_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
 
 // Shared memory rounded up to 1024 bytes (128-byte swizzled TMA boxes and wgmma operands).
 __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {

@@ -87,6 +87,10 @@ struct AttentionTuning {
   int max_cluster = 8, max_stages = 12, splits = 0, consumer_groups = 0;
   // Q by one bulk copy: -1 the measured rule, 0 never, 1 wherever the rows are aligned.
   int q_bulk = -1;
+  // fp8 KV, Q K^T: 0 f16 MMAs over keys converted to f16 (Q rounded to f16), 1 e4m3 MMAs over
+  // the cached key bytes with Q split in two e4m3 parts (twice the MMAs, no key conversions;
+  // Q keeps 8 significant bits, as bf16).
+  int fp8_qk = 0;
   // K/V copies with an L2 evict-first policy: -1 by the stream's size, 0 never, 1 always.
   int l2_evict_first = -1;
   // Two clusters a row merge through flagged records when the whole grid is resident (true), or
@@ -99,6 +103,11 @@ struct AttentionTuning {
   int prefill_tiles = -1;
   // Sparse prefill tiles give blocks read by one token their own path (bf16 cache).
   bool prefill_solo = true;
+  // Prefill tiles with an fp8 cache: -1 the rule (a converter warpgroup turns each block, bulk
+  // copied into a ring of raw slots, into the bf16 tiles of the bf16 path's consumers, wherever
+  // the cache and its scales are 16-byte aligned), 0 the CTA's own threads convert block i + 1,
+  // loaded into registers, around block i's math (one CTA barrier a block), 1 the converter.
+  int prefill_fp8 = -1;
 };
 
 // moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
