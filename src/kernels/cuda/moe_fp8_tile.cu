@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
 #include "kernels/cuda/moe_fp8_work.h"
 
@@ -59,8 +60,17 @@ __device__ __forceinline__ int weight_row(const GemmArgs& g, int col, int c, boo
   return kGateUp ? gate_up_row(col, c, g.inter, valid) : down_row(col, c, g.hidden, valid);
 }
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g) {
+// One map for the kernels that read the sort's maps in global memory.
+struct NoMaps {
+  CUtensorMap m[1];
+};
+
+// kKmajor: scales k-block-major (GemmArgs::wst); Maps: TileMaps (weight maps in the parameter)
+// or NoMaps (g.wmaps, written by the sort).
+template <bool kGateUp, bool kKmajor, class Maps>
+__global__ void __launch_bounds__(kThreads, 1)
+    tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g, const __grid_constant__ Maps pmaps) {
+  constexpr bool kParamMaps = sizeof(Maps) > sizeof(NoMaps);
   extern __shared__ uint8_t tile_smem_raw[];
   uint8_t* const smem = align1024(tile_smem_raw);
   uint8_t* const a_ring = smem;
@@ -88,12 +98,16 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
     const CUtensorMap* acquired = nullptr;
     for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
       const Tile t = tile_of(g, i);
-      const CUtensorMap* wm = g.wmaps + t.e;
+      const CUtensorMap* wm = kParamMaps ? &pmaps.m[t.e] : g.wmaps + t.e;
       if (lane == 0 && wm != acquired) {
-        tensormap_acquire(wm);
+        if (kParamMaps) {
+          prefetch_tensor_map(wm);
+        } else {
+          tensormap_acquire(wm);
+        }
         acquired = wm;
       }
-      const float* ws = g.wscale[t.e];
+      const float* ws = kKmajor ? nullptr : g.wscale[t.e];
       for (int kb = 0; kb < g.nkb; ++kb) {
         mbar_wait(&empty[s], ep);
         if (lane == 0) {
@@ -108,19 +122,38 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
             tma_load(w + b * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64, unused), &full[s]);
           }
         }
-        // Scales: this lane's 8 weight rows and 4 activation rows (zeros past the rows).
+        // Scales: 8 weight rows and 4 activation rows a lane (zeros past the rows). K-block-major:
+        // row c = 32 k + lane, so that each instruction reads 32 consecutive floats.
         float* sc = s_ring + s * kScales;
+        if (kKmajor) {
+          const float* wsk = g.wst + (int64_t(t.e) * g.nkb + kb) * g.wn;
+          const float* ask = g.a_scale + int64_t(kb) * g.rows_cap + t.r0;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          bool ok;
-          const int n = weight_row<kGateUp>(g, t.col, lane * 8 + k, ok);
-          cp_async4(&sc[wscale_slot(lane * 8 + k)], ok ? ws + int64_t(n / g.sbr) * g.nkb + kb : ws, ok);
-        }
+          for (int k = 0; k < 8; ++k) {
+            bool ok;
+            const int c = 32 * k + lane;
+            const int n = weight_row<kGateUp>(g, t.col, c, ok);
+            cp_async4(&sc[wscale_slot(c)], ok ? wsk + n : wsk, ok);
+          }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int r = lane * 4 + k;
-          const bool ok = r < t.rows;
-          cp_async4(&sc[kTileW + r], ok ? g.a_scale + int64_t(t.r0 + r) * g.nkb + kb : g.a_scale, ok);
+          for (int k = 0; k < 4; ++k) {
+            const int r = 32 * k + lane;
+            const bool ok = r < t.rows;
+            cp_async4(&sc[kTileW + r], ok ? ask + r : g.a_scale, ok);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            bool ok;
+            const int n = weight_row<kGateUp>(g, t.col, lane * 8 + k, ok);
+            cp_async4(&sc[wscale_slot(lane * 8 + k)], ok ? ws + int64_t(n / g.sbr) * g.nkb + kb : ws, ok);
+          }
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int r = lane * 4 + k;
+            const bool ok = r < t.rows;
+            cp_async4(&sc[kTileW + r], ok ? g.a_scale + int64_t(t.r0 + r) * g.nkb + kb : g.a_scale, ok);
+          }
         }
         cp_async_arrive(&full[s]);
         if (++s == kStages) s = 0, ep ^= 1;
@@ -218,7 +251,9 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
                 *reinterpret_cast<uint16_t*>(dst + unit) =
                     uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
             }
-          if (q == 0) g.act_scale[int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
+          if (q == 0)
+            g.act_scale[kKmajor ? int64_t(t.col) * g.rows_cap + t.r0 + row
+                                : int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
         }
       } else if (row < t.rows) {
         uint16_t* dst = g.y + int64_t(g.sorted[t.r0 + row]) * g.hidden;
@@ -239,15 +274,33 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
 
 size_t tile_smem_bytes() { return kSmemBytes; }
 
-void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st) {
-  if (gate_up) {
-    set_smem(tile_kernel<true>, kSmemBytes);
-    tile_kernel<true><<<grid, kThreads, kSmemBytes, st>>>(amap, g);
-    SIEVE_LAUNCH_CHECK("moe_experts fp8 (gate_up tiles)");
+namespace {
+template <bool kGateUp, bool kKmajor, class Maps>
+void launch_one(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, cudaStream_t st) {
+  set_smem(tile_kernel<kGateUp, kKmajor, Maps>, kSmemBytes);
+  tile_kernel<kGateUp, kKmajor, Maps><<<grid, kThreads, kSmemBytes, st>>>(amap, g, maps);
+  SIEVE_LAUNCH_CHECK(kGateUp ? "moe_experts fp8 (gate_up tiles)" : "moe_experts fp8 (down tiles)");
+}
+template <bool kGateUp>
+void launch_product(const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st, bool kmajor,
+                    const TileMaps* maps) {
+  if (maps) {
+    launch_one<kGateUp, true>(amap, g, *maps, grid, st);
+  } else if (kmajor) {
+    launch_one<kGateUp, true>(amap, g, NoMaps{}, grid, st);
   } else {
-    set_smem(tile_kernel<false>, kSmemBytes);
-    tile_kernel<false><<<grid, kThreads, kSmemBytes, st>>>(amap, g);
-    SIEVE_LAUNCH_CHECK("moe_experts fp8 (down tiles)");
+    launch_one<kGateUp, false>(amap, g, NoMaps{}, grid, st);
+  }
+}
+}  // namespace
+
+void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st, bool kmajor,
+                  const TileMaps* maps) {
+  SIEVE_CHECK(!maps || kmajor, "moe_experts fp8: parameter maps need the k-block-major scales");
+  if (gate_up) {
+    launch_product<true>(amap, g, grid, st, kmajor, maps);
+  } else {
+    launch_product<false>(amap, g, grid, st, kmajor, maps);
   }
 }
 
