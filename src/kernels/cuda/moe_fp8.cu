@@ -285,15 +285,17 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   int64_t chunk = int64_t((kScratchBytes - fixed_bytes) / (pair_bytes * size_t(topk)));
   if (knobs.chunk_tokens > 0) chunk = knobs.chunk_tokens;
   chunk = std::max<int64_t>(1, std::min<int64_t>({chunk, T, (int64_t(1) << 24) / topk}));
-  const int64_t cap = chunk * topk;  // rows of every per-pair buffer
+  const int64_t cap = (chunk * topk + 3) / 4 * 4;  // rows of every per-pair buffer (bulk scale copies: % 4)
 
   // Path and row blocks: the largest chunk decides (the scratch layout must not change in a chunk
   // loop); the stream kernels while the pairs are few per expert.
-  const int64_t pairs_max = cap;
+  const int64_t pairs_max = chunk * topk;
   bool stream = pairs_max <= int64_t(knobs.fp8_stream_pairs_per_expert) * E;
   if (knobs.fp8_path == 1) stream = true;
   if (knobs.fp8_path == 2) stream = false;
   const bool kmajor = !stream && knobs.fp8_tile_kmajor_scales && kmajor_fits;
+  const TileScales scales =
+      !kmajor ? TileScales::kRowMajor : (knobs.fp8_tile_bulk_scales ? TileScales::kBulk : TileScales::kKmajor);
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
   if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
   const int R = stream ? nt : 128;
@@ -428,7 +430,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     if (stream) {
       launch_stream(true, nt, map_x, g, grid, pdl, st);
     } else {
-      launch_tiles(true, map_x, g, grid, st, kmajor, maps_gu.get());
+      launch_tiles(true, map_x, g, grid, st, scales, maps_gu.get());
     }
     // down
     g.wmaps = maps + E;
@@ -444,7 +446,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     if (stream) {
       launch_stream(false, nt, map_a, g, grid, pdl, st);
     } else {
-      launch_tiles(false, map_a, g, grid, st, kmajor, maps_dn.get());
+      launch_tiles(false, map_a, g, grid, st, scales, maps_dn.get());
     }
     if (probe) {
       probe_kernel<<<unsigned(std::min<int64_t>(pairs, 4096)), 128, 0, st>>>(

@@ -209,12 +209,17 @@ struct TileMaps {
   CUtensorMap m[kTileParamMaps];
 };
 
+// How the tile kernels' producer reads the scales: the row-major layouts by 4-byte cp.async, the
+// k-block-major ones (GemmArgs::wst; rows_cap a multiple of 4 for kBulk) by 4-byte cp.async, or
+// by bulk copies that the stage's barrier counts in bytes.
+enum class TileScales { kRowMajor, kKmajor, kBulk };
+
 // Dynamic shared memory and launch of the tile kernels (128 rows x 256 weight rows a tile).
-// kmajor: the scale layouts of GemmArgs::wst; maps: the weight maps as a parameter (null: the
-// sort's maps in global memory, g.wmaps; only with kmajor).
+// maps: the weight maps as a parameter (null: the sort's maps in global memory, g.wmaps; only
+// with k-block-major scales).
 size_t tile_smem_bytes();
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
-                  bool kmajor = false, const TileMaps* maps = nullptr);
+                  TileScales scales = TileScales::kRowMajor, const TileMaps* maps = nullptr);
 // Stream kernels (256 weight rows x `nt` token rows a work unit, nt = 8, 16, 32 or 64; a
 // pipeline stage holds g.kp k blocks of them, 1 to 4).
 size_t stream_smem_bytes(int nt);

@@ -107,6 +107,7 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(moe, fp8_stream_kblocks),
       SIEVE_BOOL_FIELD(moe, fp8_pdl),
       SIEVE_BOOL_FIELD(moe, fp8_tile_kmajor_scales),
+      SIEVE_BOOL_FIELD(moe, fp8_tile_bulk_scales),
       SIEVE_BOOL_FIELD(moe, fp8_tile_param_maps),
       Field{"moe.route_fused_max_tokens",
             [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },

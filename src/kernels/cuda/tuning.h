@@ -129,6 +129,10 @@ struct MoeTuning {
   // once a call, so that the producer reads a stage's 384 scales from ~12 cache lines instead of
   // 384 (false: the row-major layouts, one line a scale).
   bool fp8_tile_kmajor_scales = true;
+  // Tile kernels with k-block-major scales: a stage's scales by bulk copies counted in its
+  // barrier's bytes (one arrival a stage, as the operands), not by 4-byte cp.async from 32 lanes
+  // that each arrive when their copies land.
+  bool fp8_tile_bulk_scales = true;
   // Tile kernels with k-block-major scales: the experts' weight tensor maps as a kernel parameter
   // (encoded on the host, which reads the expert pointer arrays: one stream synchronisation a
   // call; never under stream capture or with more than 128 experts) instead of maps written in
