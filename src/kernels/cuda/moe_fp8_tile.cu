@@ -5,9 +5,11 @@
 // expert, weight-row tile, row tile (row tiles fastest: the CTAs that share an expert's weight
 // tile run together and meet in L2):
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
-//    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four); the 32
-//    lanes copy the stage's 256 weight-row scales and 128 activation-row scales by 4-byte
-//    cp.async, arriving on the stage's barrier when they land (33 arrivals and the TMA bytes).
+//    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four) and the
+//    stage's 256 weight-row scales and 128 activation-row scales: by default (k-block-major
+//    layouts) as 5 bulk copies counted in the stage's bytes (1 arrival), else by 4-byte cp.async
+//    from the 32 lanes, each arriving when its copies land (33 arrivals and the TMA bytes). The
+//    weight maps come from the kernel parameter (host-encoded) or from global memory (the sort's).
 //  - warpgroups 1 and 2: the consumers, rows 0-63 and 64-127 of the tile. Per k block and half of
 //    the weight rows (128 each): 4 wgmma.m64n128k32 into a temporary accumulator, then the
 //    promotion final += temporary * (x scale of the row * weight scale of the column) in fp32.
