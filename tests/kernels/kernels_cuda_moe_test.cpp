@@ -191,15 +191,28 @@ std::vector<GpuRun> stream_runs() {
   return r;
 }
 
+// The tile kernels under each scale layout and map source (MoeTuning::fp8_tile_*), whole and in
+// chunks.
 std::vector<GpuRun> tile_runs() {
   std::vector<GpuRun> r;
-  GpuRun g;
-  g.knobs.fp8_path = 2;
-  g.what = "tiles";
-  r.push_back(g);
-  g.knobs.chunk_tokens = 7;
-  g.what = "tiles, chunks of 7 tokens";
-  r.push_back(g);
+  struct Layout {
+    bool kmajor, bulk, param_maps;
+    const char* what;
+  };
+  for (const Layout& l : {Layout{true, true, true, "tiles"}, Layout{true, true, false, "tiles, device maps"},
+                          Layout{true, false, true, "tiles, k-major scales by cp.async"},
+                          Layout{false, false, false, "tiles, row-major scales"}}) {
+    GpuRun g;
+    g.knobs.fp8_path = 2;
+    g.knobs.fp8_tile_kmajor_scales = l.kmajor;
+    g.knobs.fp8_tile_bulk_scales = l.bulk;
+    g.knobs.fp8_tile_param_maps = l.param_maps;
+    g.what = l.what;
+    r.push_back(g);
+    g.knobs.chunk_tokens = 7;
+    g.what = std::string(l.what) + ", chunks of 7 tokens";
+    r.push_back(g);
+  }
   return r;
 }
 
@@ -269,6 +282,29 @@ TEST(CudaMoeExpertsFp8, ModelShapes) {
   MoeShape b;
   b.T = 40, b.H = 256, b.I = 128, b.E = 128, b.K = 8, b.br = 128;
   gpu_fp8_case(b, all_runs(), seed++);
+}
+
+// Prefill batches that the default rule sends to the tile kernels (pairs > 48 x experts): odd
+// token counts up to 8191, empty experts, an expert with one row, a hot expert (tiles of one
+// expert across many row blocks), skipped ids, partial k blocks and units, and the same batch in
+// chunks (the chunk loop reuses the transposed weight scales and the parameter maps).
+TEST(CudaMoeExpertsFp8, PrefillBatches) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2400;
+  std::vector<GpuRun> runs = tile_runs();
+  runs.push_back(GpuRun{});  // "default": the rule, and ops::moe_experts bit for bit
+  MoeShape a;
+  a.T = 1031, a.H = 512, a.I = 256, a.E = 16, a.K = 4, a.empty_every = 5, a.lone = 3, a.skipped = 1;
+  gpu_fp8_case(a, runs, seed++);
+  MoeShape b;
+  b.T = 769, b.H = 400, b.I = 144, b.E = 12, b.K = 3, b.br = 128, b.hot = 7, b.lone = 2, b.act = DType::BF16;
+  gpu_fp8_case(b, runs, seed++);
+  MoeShape c;
+  c.T = 8191, c.H = 256, c.I = 128, c.E = 32, c.K = 4, c.empty_every = 9, c.lone = 4, c.pow2_scales = true;
+  gpu_fp8_case(c, {runs.front(), runs.back()}, seed++);
+  MoeShape f;
+  f.T = 517, f.H = 256, f.I = 256, f.E = 8, f.K = 2, f.fp8_x = true, f.act = DType::BF16, f.lone = 6;
+  gpu_fp8_case(f, runs, seed++);
 }
 
 TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {

@@ -25,13 +25,15 @@ struct MoeShape {
   int hot = -1;              // every token routes to this expert first
   int only = -1;             // every token's every slot is this expert or skipped (K must be 1)
   int empty_every = 0;       // experts e with e % empty_every == 1 get no tokens (0: none)
+  int lone = -1;             // this expert gets exactly one pair: token T / 2, its last slot
   std::string describe() const {
     return "T " + std::to_string(T) + " H " + std::to_string(H) + " I " + std::to_string(I) + " E " +
            std::to_string(E) + " K " + std::to_string(K) + " w " + std::string(dtype_name(w)) + " act " +
            std::string(dtype_name(act)) + (w == DType::FP8_E4M3 ? " blocks (" + std::to_string(br) + "," +
                                                                      std::to_string(bc) + ")" : std::string()) +
            (fp8_x ? " fp8 x" : "") + " skipped " + std::to_string(skipped) + " hot " + std::to_string(hot) +
-           " only " + std::to_string(only) + " empty_every " + std::to_string(empty_every);
+           " only " + std::to_string(only) + " empty_every " + std::to_string(empty_every) + " lone " +
+           std::to_string(lone);
   }
 };
 
@@ -99,7 +101,7 @@ struct MoeCaseData {
     // Routing: K distinct experts a token, drawn from those that may take tokens.
     std::vector<int32_t> pool;
     for (int e = 0; e < E; ++e)
-      if (!(s.empty_every > 0 && e % s.empty_every == 1) || e == s.hot) pool.push_back(e);
+      if ((!(s.empty_every > 0 && e % s.empty_every == 1) || e == s.hot) && e != s.lone) pool.push_back(e);
     ids.resize(size_t(T * K));
     weights.resize(size_t(T * K));
     for (int64_t t = 0; t < T; ++t) {
@@ -113,6 +115,7 @@ struct MoeCaseData {
         weights[size_t(t * K + j)] = rng.uniform(0.05f, 1.0f);
       }
     }
+    if (s.lone >= 0) ids[size_t((T / 2) * K + K - 1)] = s.lone;
   }
 
   // Host-pointer parameters (out left null).

@@ -219,19 +219,34 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       // The default, then the other kernel family (decode sizes: the tiles; prefill sizes: the
       // stream kernels) and at 32 tokens the stream kernels without PDL.
       const bool stream_default = int64_t(tokens) * K <= int64_t(cuda::tuning().moe.fp8_stream_pairs_per_expert) * E;
+      // At prefill sizes also the tile kernels' other scale layouts and map sources
+      // (MoeTuning::fp8_tile_*; the default: bulk k-block-major scales and parameter maps): the
+      // row-major scales and device-written maps are the kernels before; under a graph the
+      // parameter maps are not used (they read the expert pointers on the host), so the graph
+      // row times the device maps.
       struct Variant {
         int path;  // MoeTuning::fp8_path
         bool pdl, graph;
         std::string mode;
+        bool kmajor = true, bulk = true, param_maps = true;
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
       if (tokens <= 1024) variants.push_back({stream_default ? 2 : 1, true, false, stream_default ? "tile kernels" : "stream kernels"});
       if (tokens == 32) variants.push_back({1, false, true, "stream kernels, no PDL, " + kBatchMode});
+      if (tokens >= 1024) {
+        variants.push_back({2, true, false, "tiles, bulk k-major scales, device maps", true, true, false});
+        variants.push_back({2, true, false, "tiles, cp.async k-major scales, parameter maps", true, false, true});
+        variants.push_back({2, true, false, "tiles, cp.async k-major scales, device maps", true, false, false});
+        variants.push_back({2, true, false, "tiles, row-major scales, device maps (before)", false, false, false});
+      }
       for (const Variant& v : variants) {
         cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
           m.fp8_path = v.path;
           m.fp8_pdl = v.pdl;
+          m.fp8_tile_kmajor_scales = v.kmajor;
+          m.fp8_tile_bulk_scales = v.bulk;
+          m.fp8_tile_param_maps = v.param_maps;
         }));
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;

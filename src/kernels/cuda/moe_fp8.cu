@@ -25,7 +25,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -64,12 +69,14 @@ __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, 
 }
 
 // Step 2. A warp a (token, 1 x 128 group), 4 consecutive elements a lane. kind 0: F32 x, 1: BF16
-// x, 2: FP8 x with x_scale. pos null: row t of xq is token t (a plain quantization).
+// x, 2: FP8 x with x_scale. pos null: row t of xq is token t (a plain quantization). Row r's
+// scale of group gi goes to xs[r * xs_row + gi * xs_group] (row-major or k-block-major).
 // With programmatic dependent launch the kernel waits for the sort before anything else and only
 // then lets gate_up start, so that gate_up, which reads the sort's lists and tensor maps before
 // its own wait, finds them complete.
 __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, int64_t ldx, int64_t T, int H,
-                                int topk, const int32_t* pos, uint8_t* xq, int64_t ldq, float* xs) {
+                                int topk, const int32_t* pos, uint8_t* xq, int64_t ldq, float* xs, int64_t xs_row,
+                                int64_t xs_group) {
   pdl_wait();
   pdl_trigger();
   const int groups = (H + kGroup - 1) / kGroup;
@@ -105,7 +112,7 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
       const int64_t r = pos ? pos[t * topk + j] : t;
       if (r < 0) continue;
       if (in) *reinterpret_cast<uint32_t*>(xq + r * ldq + k) = packed;
-      if (lane == 0) xs[r * groups + gi] = scale;
+      if (lane == 0) xs[r * xs_row + gi * xs_group] = scale;
     }
   }
 }
@@ -144,12 +151,33 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
 // Tests (MoeFp8Probe): the sorted rows' quantized SwiGLU rows and scales copied to their pairs'
 // places; a CTA a sorted row.
 __global__ void probe_kernel(const int32_t* offsets, int E, const int32_t* sorted, const uint8_t* aq, const float* as,
-                             int I, int64_t pair0, uint8_t* out_q, float* out_s) {
+                             int64_t as_row, int64_t as_group, int I, int64_t pair0, uint8_t* out_q, float* out_s) {
   const int groups = (I + kGroup - 1) / kGroup;
   for (int r = blockIdx.x; r < offsets[E]; r += gridDim.x) {
     const int64_t pair = pair0 + sorted[r];
     for (int u = threadIdx.x; u < I; u += blockDim.x) out_q[pair * I + u] = aq[int64_t(r) * I + u];
-    for (int gi = threadIdx.x; gi < groups; gi += blockDim.x) out_s[pair * groups + gi] = as[int64_t(r) * groups + gi];
+    for (int gi = threadIdx.x; gi < groups; gi += blockDim.x)
+      out_s[pair * groups + gi] = as[int64_t(r) * as_row + gi * as_group];
+  }
+}
+
+// Tile kernels with k-block-major scales: every expert's weight multipliers of one product,
+// ws[e] [ceil(N / sbr)][nkb] (row-major over blocks), as wst [E][nkb][N] (one a weight row). A CTA
+// transposes 32 rows x 32 k blocks of one expert through shared memory, so that both the reads
+// (along k) and the writes (along rows) are 128-byte runs.
+__global__ void scale_transpose_kernel(const float* const* ws, int N, int sbr, int nkb, float* wst) {
+  __shared__ float tile[32][33];
+  const int e = blockIdx.z, n0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
+  const float* src = ws[e];
+  const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8
+  for (int i = ty; i < 32; i += 8) {
+    const int n = n0 + i, kb = k0 + tx;
+    if (n < N && kb < nkb) tile[i][tx] = src[int64_t(n / sbr) * nkb + kb];
+  }
+  __syncthreads();
+  for (int i = ty; i < 32; i += 8) {
+    const int kb = k0 + i, n = n0 + tx;
+    if (n < N && kb < nkb) wst[(int64_t(e) * nkb + kb) * N + n] = tile[tx][i];
   }
 }
 
@@ -192,6 +220,44 @@ int stream_rows_for(int64_t pairs, int E) {
   return 64;
 }
 
+bool capturing(cudaStream_t st) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone;
+}
+
+// Tile kernels' parameter maps: each expert's gate_up and down maps (64-row boxes), encoded on the
+// host from the expert pointers, which it reads from the device (one synchronisation of st). The
+// maps depend only on an expert's address and shape, so they are kept per address.
+bool host_weight_maps(const ops::MoeExpertsParams& p, cudaStream_t st, TileMaps* gu, TileMaps* dn) {
+  const int E = p.num_experts;
+  std::vector<const void*> w(2 * size_t(E));
+  cuda_check(cudaMemcpyAsync(w.data(), p.w_gate_up, size_t(E) * sizeof(void*), cudaMemcpyDeviceToHost, st),
+             "moe_experts fp8: reading the gate_up pointers");
+  cuda_check(cudaMemcpyAsync(w.data() + E, p.w_down, size_t(E) * sizeof(void*), cudaMemcpyDeviceToHost, st),
+             "moe_experts fp8: reading the down pointers");
+  cuda_check(cudaStreamSynchronize(st), "moe_experts fp8: reading the expert pointers");
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t>, CUtensorMap> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto map_of = [&](const void* base, int64_t rows, int64_t cols, CUtensorMap* out) {
+    const auto key = std::make_tuple(base, rows, cols);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      CUtensorMap m{};
+      if (!fp8_map(&m, base, rows, cols, cols, 64)) return false;
+      it = cache.emplace(key, m).first;
+    }
+    *out = it->second;
+    return true;
+  };
+  for (int e = 0; e < E; ++e) {
+    if (!map_of(w[size_t(e)], 2 * p.inter, p.hidden, &gu->m[e]) ||
+        !map_of(w[size_t(E + e)], p.hidden, p.inter, &dn->m[e]))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* probe) {
@@ -208,19 +274,28 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const int sms = num_sms();
   const int gh = int(ceil_div(H, kGroup)), gi = int(ceil_div(I, kGroup));
 
+  // Tile kernels with k-block-major scales: the weight multipliers of both products copied
+  // k-block-major (once a call, before the chunks), where they take at most a quarter of the scratch.
+  const size_t wst_gu = size_t(E) * size_t(gh) * size_t(2 * I), wst_dn = size_t(E) * size_t(gi) * size_t(H);
+  const bool kmajor_fits = 4 * (wst_gu + wst_dn) <= kScratchBytes / 4;
+  const size_t fixed_bytes = (size_t(64) << 20) + (kmajor_fits ? 4 * (wst_gu + wst_dn) + 2048 : 0);
+
   // Tokens a chunk: every buffer of its pairs fits the scratch.
   const size_t pair_bytes = size_t(H) + 4 * size_t(gh) + size_t(I) + 4 * size_t(gi) + 2 * size_t(H) + 8;
-  int64_t chunk = int64_t((kScratchBytes - (size_t(64) << 20)) / (pair_bytes * size_t(topk)));
+  int64_t chunk = int64_t((kScratchBytes - fixed_bytes) / (pair_bytes * size_t(topk)));
   if (knobs.chunk_tokens > 0) chunk = knobs.chunk_tokens;
   chunk = std::max<int64_t>(1, std::min<int64_t>({chunk, T, (int64_t(1) << 24) / topk}));
-  const int64_t cap = chunk * topk;  // rows of every per-pair buffer
+  const int64_t cap = (chunk * topk + 3) / 4 * 4;  // rows of every per-pair buffer (bulk scale copies: % 4)
 
   // Path and row blocks: the largest chunk decides (the scratch layout must not change in a chunk
   // loop); the stream kernels while the pairs are few per expert.
-  const int64_t pairs_max = cap;
+  const int64_t pairs_max = chunk * topk;
   bool stream = pairs_max <= int64_t(knobs.fp8_stream_pairs_per_expert) * E;
   if (knobs.fp8_path == 1) stream = true;
   if (knobs.fp8_path == 2) stream = false;
+  const bool kmajor = !stream && knobs.fp8_tile_kmajor_scales && kmajor_fits;
+  const TileScales scales =
+      !kmajor ? TileScales::kRowMajor : (knobs.fp8_tile_bulk_scales ? TileScales::kBulk : TileScales::kKmajor);
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
   if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
   const int R = stream ? nt : 128;
@@ -255,6 +330,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const size_t o_aq = take(size_t(cap) * size_t(I)), o_as = take(size_t(cap) * size_t(gi) * 4);
   const size_t o_y = take(size_t(cap) * size_t(H) * 2);
   const size_t o_partial = take(partial_floats * 4);
+  const size_t o_wst_gu = take(kmajor ? wst_gu * 4 : 0), o_wst_dn = take(kmajor ? wst_dn * 4 : 0);
   auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, off));
   auto* maps = reinterpret_cast<CUtensorMap*>(base + o_maps);
   auto* offsets = reinterpret_cast<int32_t*>(base + o_off);
@@ -267,6 +343,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   auto* as = reinterpret_cast<float*>(base + o_as);
   auto* y = reinterpret_cast<uint16_t*>(base + o_y);
   auto* partial = reinterpret_cast<float*>(base + o_partial);
+  auto* wst_gu_p = reinterpret_cast<float*>(base + o_wst_gu);
+  auto* wst_dn_p = reinterpret_cast<float*>(base + o_wst_dn);
   const int64_t n_cnt_gu = ks_gu > 1 ? blocks_max * rb_gu : 0, n_cnt_dn = ks_dn > 1 ? blocks_max * rb_dn : 0;
   int32_t* counters = n_cnt_gu + n_cnt_dn > 0 ? zeroed_counters(st, size_t(n_cnt_gu + n_cnt_dn)) : nullptr;
 
@@ -281,6 +359,24 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const bool pdl = stream && knobs.fp8_pdl;
   const size_t esz = dtype_size(p.act_dtype);
   const int xkind = fp8_x ? 2 : (p.act_dtype == DType::F32 ? 0 : 1);
+  // Scale layouts: row-major [row][group], or k-block-major [group][row] (rows of the chunk's cap).
+  const int64_t xs_row = kmajor ? 1 : gh, xs_group = kmajor ? cap : 1;
+  const int64_t as_row = kmajor ? 1 : gi, as_group = kmajor ? cap : 1;
+  std::unique_ptr<TileMaps> maps_gu, maps_dn;
+  if (kmajor) {
+    const dim3 tb(32, 8);
+    scale_transpose_kernel<<<dim3(unsigned(ceil_div(2 * I, 32)), unsigned(ceil_div(gh, 32)), unsigned(E)), tb, 0, st>>>(
+        p.w_gate_up_scale, int(2 * I), p.scale_block_rows, gh, wst_gu_p);
+    SIEVE_LAUNCH_CHECK("moe_experts fp8 (gate_up scales)");
+    scale_transpose_kernel<<<dim3(unsigned(ceil_div(H, 32)), unsigned(ceil_div(gi, 32)), unsigned(E)), tb, 0, st>>>(
+        p.w_down_scale, int(H), p.scale_block_rows, gi, wst_dn_p);
+    SIEVE_LAUNCH_CHECK("moe_experts fp8 (down scales)");
+    if (knobs.fp8_tile_param_maps && E <= kTileParamMaps && !capturing(st)) {
+      maps_gu = std::make_unique<TileMaps>();
+      maps_dn = std::make_unique<TileMaps>();
+      if (!host_weight_maps(p, st, maps_gu.get(), maps_dn.get())) maps_gu.reset(), maps_dn.reset();
+    }
+  }
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t tokens = std::min(chunk, T - t0);
     const int pairs = int(tokens * topk);
@@ -296,7 +392,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     const int qblocks = int(std::min<int64_t>(ceil_div(qwarps, 8), int64_t(sms) * 8));
     launch_pdl(pdl, quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, st, "moe_experts fp8 (quantize)", x, xkind,
                fp8_x ? p.x_scale + t0 * gh : static_cast<const float*>(nullptr), int64_t(H), tokens, int(H),
-               int(topk), static_cast<const int32_t*>(pos), xq, int64_t(H), xs);
+               int(topk), static_cast<const int32_t*>(pos), xq, int64_t(H), xs, xs_row, xs_group);
 
     GemmArgs g{};
     g.sbr = p.scale_block_rows;
@@ -316,6 +412,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.beta = p.beta;
     g.partial = partial;
     g.kp = kp;
+    g.wst = nullptr;
+    g.wn = 0;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
@@ -326,11 +424,13 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.cols = stream ? rb_gu * ks_gu : rb_gu;
     g.ksplit = ks_gu;
     g.counters = counters;
+    g.wst = wst_gu_p;
+    g.wn = int(2 * I);
     int grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
     if (stream) {
       launch_stream(true, nt, map_x, g, grid, pdl, st);
     } else {
-      launch_tiles(true, map_x, g, grid, st);
+      launch_tiles(true, map_x, g, grid, st, scales, maps_gu.get());
     }
     // down
     g.wmaps = maps + E;
@@ -340,15 +440,17 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.cols = stream ? rb_dn * ks_dn : rb_dn;
     g.ksplit = ks_dn;
     g.counters = counters ? counters + n_cnt_gu : nullptr;
+    g.wst = wst_dn_p;
+    g.wn = int(H);
     grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
     if (stream) {
       launch_stream(false, nt, map_a, g, grid, pdl, st);
     } else {
-      launch_tiles(false, map_a, g, grid, st);
+      launch_tiles(false, map_a, g, grid, st, scales, maps_dn.get());
     }
     if (probe) {
       probe_kernel<<<unsigned(std::min<int64_t>(pairs, 4096)), 128, 0, st>>>(
-          offsets, int(E), sorted, aq, as, int(I), t0 * topk, probe->act_q, probe->act_scale);
+          offsets, int(E), sorted, aq, as, as_row, as_group, int(I), t0 * topk, probe->act_q, probe->act_scale);
       SIEVE_LAUNCH_CHECK("moe_experts fp8 (probe)");
     }
 
@@ -377,7 +479,8 @@ void quantize_fp8_1x128(const void* x, DType dtype, int64_t rows, int64_t cols, 
   const int64_t warps = rows * moe_fp8::ceil_div(cols, moe_fp8::kGroup);
   moe_fp8::quantize_kernel<<<unsigned(std::min<int64_t>(moe_fp8::ceil_div(warps, 8), 65535)), 256, 0,
                              static_cast<cudaStream_t>(stream)>>>(x, dtype == DType::F32 ? 0 : 1, nullptr, ldx, rows,
-                                                                  int(cols), 1, nullptr, q, cols, scale);
+                                                                  int(cols), 1, nullptr, q, cols, scale,
+                                                                  moe_fp8::ceil_div(cols, moe_fp8::kGroup), 1);
   SIEVE_LAUNCH_CHECK("quantize_fp8_1x128");
 }
 

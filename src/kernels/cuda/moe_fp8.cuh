@@ -196,11 +196,31 @@ struct GemmArgs {
   // stream kernels with ksplit > 1: fp32 partial sums and arrival counters (returned to zero).
   float* partial;
   int32_t* counters;
+  // Tile kernels with k-block-major scales (MoeTuning::fp8_tile_kmajor_scales): a_scale and
+  // act_scale are [nkb][rows_cap] and [ceil(I / 128)][rows_cap], the weight scales
+  // wst [E][nkb][wn] (wn: the product's weight rows, 2 I or H).
+  const float* wst;
+  int wn;
 };
 
+// Tile kernels: the experts' weight maps of one product as a kernel parameter (encoded on the
+// host), for up to kTileParamMaps experts.
+constexpr int kTileParamMaps = 128;
+struct TileMaps {
+  CUtensorMap m[kTileParamMaps];
+};
+
+// How the tile kernels' producer reads the scales: the row-major layouts by 4-byte cp.async, the
+// k-block-major ones (GemmArgs::wst; rows_cap a multiple of 4 for kBulk) by 4-byte cp.async, or
+// by bulk copies that the stage's barrier counts in bytes.
+enum class TileScales { kRowMajor, kKmajor, kBulk };
+
 // Dynamic shared memory and launch of the tile kernels (128 rows x 256 weight rows a tile).
+// maps: the weight maps as a parameter (null: the sort's maps in global memory, g.wmaps; only
+// with k-block-major scales).
 size_t tile_smem_bytes();
-void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st);
+void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
+                  TileScales scales = TileScales::kRowMajor, const TileMaps* maps = nullptr);
 // Stream kernels (256 weight rows x `nt` token rows a work unit, nt = 8, 16, 32 or 64; a
 // pipeline stage holds g.kp k blocks of them, 1 to 4).
 size_t stream_smem_bytes(int nt);

@@ -5,9 +5,11 @@
 // expert, weight-row tile, row tile (row tiles fastest: the CTAs that share an expert's weight
 // tile run together and meet in L2):
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
-//    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four); the 32
-//    lanes copy the stage's 256 weight-row scales and 128 activation-row scales by 4-byte
-//    cp.async, arriving on the stage's barrier when they land (33 arrivals and the TMA bytes).
+//    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four) and the
+//    stage's 256 weight-row scales and 128 activation-row scales: by default (k-block-major
+//    layouts) as 5 bulk copies counted in the stage's bytes (1 arrival), else by 4-byte cp.async
+//    from the 32 lanes, each arriving when its copies land (33 arrivals and the TMA bytes). The
+//    weight maps come from the kernel parameter (host-encoded) or from global memory (the sort's).
 //  - warpgroups 1 and 2: the consumers, rows 0-63 and 64-127 of the tile. Per k block and half of
 //    the weight rows (128 each): 4 wgmma.m64n128k32 into a temporary accumulator, then the
 //    promotion final += temporary * (x scale of the row * weight scale of the column) in fp32.
@@ -26,6 +28,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
 #include "kernels/cuda/moe_fp8_work.h"
 
@@ -37,7 +40,10 @@ constexpr int kTileRows = 128, kTileW = 256, kBK = 128, kStages = 4, kThreads = 
 constexpr int kABytes = kTileRows * kBK;  // 16 KB: two 64-row boxes
 constexpr int kWBytes = kTileW * kBK;     // 32 KB: four 64-row boxes
 constexpr int kBox = 64 * kBK;            // one 64-row box
-constexpr int kScales = kTileW + kTileRows;  // floats a stage: weight rows (permuted), then act rows
+// Floats a stage: the weight rows' scales (permuted, or in row order with bulk copies), then the
+// activation rows' (with bulk copies from the 16-byte boundary at or before the tile's first
+// row: up to 3 more).
+constexpr int kScales = kTileW + kTileRows + 4;
 constexpr size_t kSmemBytes =
     1024 + size_t(kStages) * (kABytes + kWBytes) + size_t(kStages) * kScales * 4 + 2 * kStages * 8;
 
@@ -59,8 +65,32 @@ __device__ __forceinline__ int weight_row(const GemmArgs& g, int col, int c, boo
   return kGateUp ? gate_up_row(col, c, g.inter, valid) : down_row(col, c, g.hidden, valid);
 }
 
+// One map for the kernels that read the sort's maps in global memory.
+struct NoMaps {
+  CUtensorMap m[1];
+};
+
+// Scale modes: kRowMajor, the row-major layouts by 4-byte cp.async (each arriving on the stage's
+// barrier); kKmajor, the k-block-major layouts (GemmArgs::wst) by 4-byte cp.async; kBulk, the
+// k-block-major layouts by bulk copies counted in the stage's transaction bytes (the stage
+// completes on its bytes alone). Maps: TileMaps (weight maps in the parameter) or NoMaps
+// (g.wmaps, written by the sort).
+enum ScaleMode { kRowMajor = 0, kKmajor = 1, kBulk = 2 };
+
+// Bulk mode: the weight-row runs of a tile (4 x 64 rows, consecutive in wst) and how many of each
+// exist; the bytes of the tile's activation scales from the 16-byte boundary (shift = r0 % 4,
+// rows_cap a multiple of 4).
 template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g) {
+__device__ __forceinline__ int run_rows(const GemmArgs& g, int col, int b) {
+  const int first = kGateUp ? col * 128 + (b >> 1) * 64 : col * kTileW + 64 * b;
+  return max(0, min(64, (kGateUp ? g.inter : g.hidden) - first));
+}
+
+template <bool kGateUp, int kMode, class Maps>
+__global__ void __launch_bounds__(kThreads, 1)
+    tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g, const __grid_constant__ Maps pmaps) {
+  constexpr bool kParamMaps = sizeof(Maps) > sizeof(NoMaps);
+  constexpr bool kKmaj = kMode != kRowMajor;
   extern __shared__ uint8_t tile_smem_raw[];
   uint8_t* const smem = align1024(tile_smem_raw);
   uint8_t* const a_ring = smem;
@@ -71,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 33);  // the TMA issuer's expect_tx and the 32 scale lanes
+      mbar_init(&full[s], kMode == kBulk ? 1 : 33);  // the TMA issuer's expect_tx (and the 32 scale lanes)
       mbar_init(&empty[s], 8);  // the 8 consumer warps
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -88,16 +118,40 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
     const CUtensorMap* acquired = nullptr;
     for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
       const Tile t = tile_of(g, i);
-      const CUtensorMap* wm = g.wmaps + t.e;
+      const CUtensorMap* wm = kParamMaps ? &pmaps.m[t.e] : g.wmaps + t.e;
       if (lane == 0 && wm != acquired) {
-        tensormap_acquire(wm);
+        if (kParamMaps) {
+          prefetch_tensor_map(wm);
+        } else {
+          tensormap_acquire(wm);
+        }
         acquired = wm;
       }
-      const float* ws = g.wscale[t.e];
+      const float* ws = kKmaj ? nullptr : g.wscale[t.e];
       for (int kb = 0; kb < g.nkb; ++kb) {
         mbar_wait(&empty[s], ep);
-        if (lane == 0) {
+        float* sc = s_ring + s * kScales;
+        if (kMode == kBulk && lane == 0) {
+          const float* wsk = g.wst + (int64_t(t.e) * g.nkb + kb) * g.wn;
+          const int64_t a0 = int64_t(kb) * g.rows_cap + t.r0;
+          const int shift = t.r0 & 3;
+          const uint32_t abytes = uint32_t((shift + t.rows + 3) / 4 * 16);
+          uint32_t wbytes = 0;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) wbytes += uint32_t(run_rows<kGateUp>(g, t.col, b)) * 4;
+          mbar_expect_tx(&full[s], kABytes + kWBytes + wbytes + abytes);
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int nr = run_rows<kGateUp>(g, t.col, b);
+            bool unused;
+            if (nr > 0)
+              bulk_copy(&sc[64 * b], wsk + weight_row<kGateUp>(g, t.col, 64 * b, unused), uint32_t(nr) * 4, &full[s]);
+          }
+          bulk_copy(&sc[kTileW], g.a_scale + (a0 - shift), abytes, &full[s]);
+        } else if (lane == 0) {
           mbar_expect_tx(&full[s], kABytes + kWBytes);
+        }
+        if (lane == 0) {
           uint8_t* a = a_ring + s * kABytes;
           tma_load(a, &amap, kb * kBK, t.r0, &full[s]);
           tma_load(a + kBox, &amap, kb * kBK, t.r0 + 64, &full[s]);
@@ -108,21 +162,41 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
             tma_load(w + b * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64, unused), &full[s]);
           }
         }
-        // Scales: this lane's 8 weight rows and 4 activation rows (zeros past the rows).
-        float* sc = s_ring + s * kScales;
+        // Scales: 8 weight rows and 4 activation rows a lane (zeros past the rows). K-block-major:
+        // row c = 32 k + lane, so that each instruction reads 32 consecutive floats.
+        if (kMode == kBulk) {
+          // in the stage's bytes
+        } else if (kMode == kKmajor) {
+          const float* wsk = g.wst + (int64_t(t.e) * g.nkb + kb) * g.wn;
+          const float* ask = g.a_scale + int64_t(kb) * g.rows_cap + t.r0;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          bool ok;
-          const int n = weight_row<kGateUp>(g, t.col, lane * 8 + k, ok);
-          cp_async4(&sc[wscale_slot(lane * 8 + k)], ok ? ws + int64_t(n / g.sbr) * g.nkb + kb : ws, ok);
-        }
+          for (int k = 0; k < 8; ++k) {
+            bool ok;
+            const int c = 32 * k + lane;
+            const int n = weight_row<kGateUp>(g, t.col, c, ok);
+            cp_async4(&sc[wscale_slot(c)], ok ? wsk + n : wsk, ok);
+          }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int r = lane * 4 + k;
-          const bool ok = r < t.rows;
-          cp_async4(&sc[kTileW + r], ok ? g.a_scale + int64_t(t.r0 + r) * g.nkb + kb : g.a_scale, ok);
+          for (int k = 0; k < 4; ++k) {
+            const int r = 32 * k + lane;
+            const bool ok = r < t.rows;
+            cp_async4(&sc[kTileW + r], ok ? ask + r : g.a_scale, ok);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            bool ok;
+            const int n = weight_row<kGateUp>(g, t.col, lane * 8 + k, ok);
+            cp_async4(&sc[wscale_slot(lane * 8 + k)], ok ? ws + int64_t(n / g.sbr) * g.nkb + kb : ws, ok);
+          }
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int r = lane * 4 + k;
+            const bool ok = r < t.rows;
+            cp_async4(&sc[kTileW + r], ok ? g.a_scale + int64_t(t.r0 + r) * g.nkb + kb : g.a_scale, ok);
+          }
         }
-        cp_async_arrive(&full[s]);
+        if (kMode != kBulk) cp_async_arrive(&full[s]);
         if (++s == kStages) s = 0, ep ^= 1;
       }
     }
@@ -140,6 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
   for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
     const Tile t = tile_of(g, i);
     const bool active = 64 * c < t.rows;
+    const int xoff = kTileW + (kMode == kBulk ? (t.r0 & 3) : 0);  // the tile's first activation scale
     float fin[2][64];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -149,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
       mbar_wait(&full[s], fp);
       if (active) {
         const float* sc = s_ring + s * kScales;
-        const float xs0 = sc[kTileW + 64 * c + 16 * w + g8], xs1 = sc[kTileW + 64 * c + 16 * w + g8 + 8];
+        const float xs0 = sc[xoff + 64 * c + 16 * w + g8], xs1 = sc[xoff + 64 * c + 16 * w + g8 + 8];
         const uint32_t a_addr = smem_u32(a_ring + s * kABytes + c * kBox);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -163,8 +238,16 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
           const float4* ws4 = reinterpret_cast<const float4*>(sc + h * 128 + q * 32);
 #pragma unroll
           for (int j2 = 0; j2 < 8; ++j2) {
-            const float4 v = ws4[j2];  // columns (j, i) = (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1)
-            const float wv[4] = {v.x, v.y, v.z, v.w};
+            // columns (j, i) = (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1)
+            float wv[4];
+            if (kMode == kBulk) {  // weight rows in order: column 8 j + 2 q + i at h * 128 + that
+              const float2 u0 = *reinterpret_cast<const float2*>(sc + h * 128 + 16 * j2 + 2 * q);
+              const float2 u1 = *reinterpret_cast<const float2*>(sc + h * 128 + 16 * j2 + 8 + 2 * q);
+              wv[0] = u0.x, wv[1] = u0.y, wv[2] = u1.x, wv[3] = u1.y;
+            } else {
+              const float4 v = ws4[j2];
+              wv[0] = v.x, wv[1] = v.y, wv[2] = v.z, wv[3] = v.w;
+            }
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
               const int j = 2 * j2 + jj;
@@ -218,7 +301,9 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
                 *reinterpret_cast<uint16_t*>(dst + unit) =
                     uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
             }
-          if (q == 0) g.act_scale[int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
+          if (q == 0)
+            g.act_scale[kKmaj ? int64_t(t.col) * g.rows_cap + t.r0 + row
+                                : int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
         }
       } else if (row < t.rows) {
         uint16_t* dst = g.y + int64_t(g.sorted[t.r0 + row]) * g.hidden;
@@ -239,15 +324,42 @@ __global__ void __launch_bounds__(kThreads, 1) tile_kernel(const __grid_constant
 
 size_t tile_smem_bytes() { return kSmemBytes; }
 
-void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st) {
-  if (gate_up) {
-    set_smem(tile_kernel<true>, kSmemBytes);
-    tile_kernel<true><<<grid, kThreads, kSmemBytes, st>>>(amap, g);
-    SIEVE_LAUNCH_CHECK("moe_experts fp8 (gate_up tiles)");
+namespace {
+template <bool kGateUp, int kMode, class Maps>
+void launch_one(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, cudaStream_t st) {
+  set_smem(tile_kernel<kGateUp, kMode, Maps>, kSmemBytes);
+  tile_kernel<kGateUp, kMode, Maps><<<grid, kThreads, kSmemBytes, st>>>(amap, g, maps);
+  SIEVE_LAUNCH_CHECK(kGateUp ? "moe_experts fp8 (gate_up tiles)" : "moe_experts fp8 (down tiles)");
+}
+template <bool kGateUp>
+void launch_product(const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st, TileScales scales,
+                    const TileMaps* maps) {
+  if (scales == TileScales::kBulk) {
+    if (maps) {
+      launch_one<kGateUp, kBulk>(amap, g, *maps, grid, st);
+    } else {
+      launch_one<kGateUp, kBulk>(amap, g, NoMaps{}, grid, st);
+    }
+  } else if (scales == TileScales::kKmajor) {
+    if (maps) {
+      launch_one<kGateUp, kKmajor>(amap, g, *maps, grid, st);
+    } else {
+      launch_one<kGateUp, kKmajor>(amap, g, NoMaps{}, grid, st);
+    }
   } else {
-    set_smem(tile_kernel<false>, kSmemBytes);
-    tile_kernel<false><<<grid, kThreads, kSmemBytes, st>>>(amap, g);
-    SIEVE_LAUNCH_CHECK("moe_experts fp8 (down tiles)");
+    launch_one<kGateUp, kRowMajor>(amap, g, NoMaps{}, grid, st);
+  }
+}
+}  // namespace
+
+void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
+                  TileScales scales, const TileMaps* maps) {
+  SIEVE_CHECK(!maps || scales != TileScales::kRowMajor, "moe_experts fp8: parameter maps need k-block-major scales");
+  SIEVE_CHECK(scales != TileScales::kBulk || g.rows_cap % 4 == 0, "moe_experts fp8: bulk scales need rows_cap % 4");
+  if (gate_up) {
+    launch_product<true>(amap, g, grid, st, scales, maps);
+  } else {
+    launch_product<false>(amap, g, grid, st, scales, maps);
   }
 }
 

@@ -133,6 +133,20 @@ struct MoeTuning {
   int fp8_stream_kblocks = 0;
   // Programmatic dependent launch along the stream path's kernels.
   bool fp8_pdl = true;
+  // Tile kernels (prefill): the 1 x 128 activation scales laid out k-block-major ([k block][row],
+  // by the quantizer and gate_up's epilogue) and the experts' weight scales copied k-block-major
+  // once a call, so that the producer reads a stage's 384 scales from ~12 cache lines instead of
+  // 384 (false: the row-major layouts, one line a scale).
+  bool fp8_tile_kmajor_scales = true;
+  // Tile kernels with k-block-major scales: a stage's scales by bulk copies counted in its
+  // barrier's bytes (one arrival a stage, as the operands), not by 4-byte cp.async from 32 lanes
+  // that each arrive when their copies land.
+  bool fp8_tile_bulk_scales = true;
+  // Tile kernels with k-block-major scales: the experts' weight tensor maps as a kernel parameter
+  // (encoded on the host, which reads the expert pointer arrays: one stream synchronisation a
+  // call; never under stream capture or with more than 128 experts) instead of maps written in
+  // global memory by the sort kernel. false: the device-written maps.
+  bool fp8_tile_param_maps = true;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
   // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
