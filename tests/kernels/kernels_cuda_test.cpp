@@ -588,45 +588,6 @@ TEST(CudaAttention, DenseMatchesCpu) {
   }
 }
 
-// fp8 caches with Q K^T on e4m3 tensor cores (AttentionTuning::fp8_qk 1: Q split in two e4m3
-// parts at a power-of-two scale per token and kv group): sparse and dense decode and spec rows,
-// GQA 4 (padded rows), widely spread scores and scales, the benchmark's grid shape (two clusters
-// of 2 a row, flagged merge) and long rows (several clusters a row).
-TEST(CudaAttention, Fp8QkE4m3MatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  cuda::Tuning t;
-  t.attention.fp8_qk = 1;
-  cuda::TuningScope scope(t);
-  uint64_t seed = 7700;
-  Rng rng(7700);
-  std::vector<SeqSpec> b32, longs;
-  for (int i = 0; i < 32; ++i) b32.push_back({rng.uniform_int(8900, 9216) - 1, 1});
-  for (int i = 0; i < 3; ++i) longs.push_back({rng.uniform_int(20000, 24000) - 1, 1});
-  for (const auto& specs : {kDecodeSpecs, kSpecSpecs, b32, longs})
-    for (bool sparse : {true, false}) {
-      AttnCase c;
-      c.specs = specs;
-      c.kv = DType::FP8_E4M3;
-      c.sparse = sparse;
-      c.out = DType::BF16;
-      check_attention(c, seed++);
-    }
-  for (bool sparse : {true, false}) {
-    AttnCase c;
-    c.specs = kDecodeSpecs;
-    c.kv = DType::FP8_E4M3;
-    c.sparse = sparse;
-    c.nq = 8, c.nkv = 2, c.topk = 6;  // GQA 4, padded mma rows
-    check_attention(c, seed++);
-    c.nq = 16, c.nkv = 1, c.topk = 16;
-    c.scale_spread = 20.f;
-    check_attention(c, seed++);
-    c.scale_spread = 0.f;
-    c.q = DType::F32, c.q_pad = 4;  // f32 Q rows, bulk-copied
-    check_attention(c, seed++);
-  }
-}
-
 // Decode rows with the K/V copies under the L2 evict-first policy forced on (the rule turns it on
 // only for streams of 4 MB and more, larger than these tests' batches): a cache policy only, so
 // the same results.

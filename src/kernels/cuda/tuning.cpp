@@ -90,7 +90,6 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(attention, splits),
       SIEVE_INT_FIELD(attention, consumer_groups),
       SIEVE_INT_FIELD(attention, q_bulk),
-      SIEVE_INT_FIELD(attention, fp8_qk),
       SIEVE_INT_FIELD(attention, l2_evict_first),
       SIEVE_BOOL_FIELD(attention, flagged_merge),
       SIEVE_INT_FIELD(attention, trace),

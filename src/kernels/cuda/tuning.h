@@ -87,10 +87,6 @@ struct AttentionTuning {
   int max_cluster = 8, max_stages = 12, splits = 0, consumer_groups = 0;
   // Q by one bulk copy: -1 the measured rule, 0 never, 1 wherever the rows are aligned.
   int q_bulk = -1;
-  // fp8 KV, Q K^T: 0 f16 MMAs over keys converted to f16 (Q rounded to f16), 1 e4m3 MMAs over
-  // the cached key bytes with Q split in two e4m3 parts (twice the MMAs, no key conversions;
-  // Q keeps 8 significant bits, as bf16).
-  int fp8_qk = 0;
   // K/V copies with an L2 evict-first policy: -1 by the stream's size, 0 never, 1 always.
   int l2_evict_first = -1;
   // Two clusters a row merge through flagged records when the whole grid is resident (true), or

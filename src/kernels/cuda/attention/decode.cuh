@@ -76,7 +76,6 @@ struct AttnArgs {
   int topk;
   int splits, cluster, groups, per_split, stages;
   int cgroups;  // consumer groups of the launched kernel (host side)
-  bool q8;      // fp8 KV: Q K^T on e4m3 tensor cores, Q split in two e4m3 parts (host side)
   float* part_o;      // [rows, groups, 16, 128]
   float* part_ml;     // [rows, groups, 16, 2]
   int32_t* counters;  // [rows], zero between calls

@@ -27,10 +27,7 @@
 // Precision: bf16 KV -> bf16 MMA (Q rounded to bf16); fp8 KV -> Q K^T in f16 (keys convert
 // exactly; Q rounded to f16), k_scale applied to the fp32 scores; P V in f16 with V converted
 // exactly and P * v_scale * 2^-k rounded to f16 (k per warp and row, see p_scale_exponent).
-// Softmax and accumulation in fp32. fp8 KV with kQ8 (AttentionTuning::fp8_qk): Q K^T on e4m3
-// tensor cores straight from the cached key bytes (no conversion of keys): Q, scaled by a
-// power of two per (token, kv group), is split into two e4m3 parts, hi = e4m3(q) and
-// lo = e4m3(q - hi), and S = hi K^T + lo K^T (8 significant bits of q, as bf16 Q).
+// Softmax and accumulation in fp32.
 //
 // Files: decode.cuh (geometry, arguments), merge.cuh (the merges across CTAs), this file (the
 // kernel), planner.cu (the grid from shapes only, and the launch).
@@ -54,32 +51,6 @@ namespace {
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
-}
-
-// D += A B, A 16 x 32 e4m3 (row), B 32 x 8 e4m3 (col), fp32 accumulation. Fragments: a0 / a1
-// rows g / g + 8, k 4 q .. 4 q + 3 (the lowest k in the lowest byte), a2 / a3 the same at k + 16;
-// b0 k 4 q .. 4 q + 3, b1 k 16 + 4 q .., column g; D as m16n8k16's.
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four floats (each of magnitude <= 448) as four e4m3 bytes, the first in the lowest byte
-// (hi), and the four e4m3 bytes of what they leave (lo = e4m3(x - hi), exactly computed).
-__device__ __forceinline__ void split_e4m3x4(const float (&x)[4], uint32_t& hi, uint32_t& lo) {
-  uint32_t h = 0, l = 0;
-#pragma unroll
-  for (int i = 0; i < 4; i += 2) {
-    const __nv_fp8x2_storage_t hb = __nv_cvt_float2_to_fp8x2(make_float2(x[i], x[i + 1]), __NV_SATFINITE, __NV_E4M3);
-    const float2 hv = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(hb, __NV_E4M3)));
-    const __nv_fp8x2_storage_t lb =
-        __nv_cvt_float2_to_fp8x2(make_float2(x[i] - hv.x, x[i + 1] - hv.y), __NV_SATFINITE, __NV_E4M3);
-    h |= uint32_t(hb) << (8 * i);
-    l |= uint32_t(lb) << (8 * i);
-  }
-  hi = h, lo = l;
 }
 
 // Request of token t: decode batches (one token per request) hit the first guess.
@@ -197,12 +168,11 @@ __device__ __forceinline__ void produce(const AttnArgs& a, uint8_t* smem, uint64
 
 // A consumer warp: for each unit of its group (until the sentinel), S = Q K^T over its 32 keys,
 // the base-2 online softmax (running maxima m, sums l; fp8: P's scale exponents kc) and O += P V.
-// s_log2: the scores' factor to base 2 (sm_scale * log2(e); kQ8: over Q's power-of-two scale).
-template <bool kFp8, int kGroups, bool kQ8>
+template <bool kFp8, int kGroups>
 __device__ __forceinline__ void consume(const AttnArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                        const int* blk_ring, const uint32_t (&qa)[8][4], float s_log2, int pos,
-                                        int warp, int lane, int g, int q, float (&o)[16][4], float& m0, float& m1,
-                                        float& l0, float& l1, float& kc0, float& kc1, unsigned long long* tr) {
+                                        const int* blk_ring, const uint32_t (&qa)[8][4], int pos, int warp, int lane,
+                                        int g, int q, float (&o)[16][4], float& m0, float& m1, float& l0, float& l1,
+                                        float& kc0, float& kc1, unsigned long long* tr) {
   using G = Geo<kFp8>;
   const int NS = a.stages;
   // ---- Consumers.
@@ -242,18 +212,8 @@ __device__ __forceinline__ void consume(const AttnArgs& a, uint8_t* smem, uint64
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) sacc[nt][j] = 0.f;
-        if constexpr (kQ8) {
-          // k-step st: words 2 (st % 2), + 1 of run st / 2 are dims 64 (st / 2) + 16 q + 8 (st % 2)
-          // + 0..3, 4..7 (Q's parts in qa[st], qa[4 + st] hold the same dims).
 #pragma unroll
-          for (int st = 0; st < 4; ++st) {
-            const uint32_t b0 = word_of(kr[st / 2], (st % 2) * 2), b1 = word_of(kr[st / 2], (st % 2) * 2 + 1);
-            mma_e4m3(sacc[nt], qa[st], b0, b1);
-            mma_e4m3(sacc[nt], qa[4 + st], b0, b1);
-          }
-        }
-#pragma unroll
-        for (int st = 0; st < (kQ8 ? 0 : 8); ++st) {
+        for (int st = 0; st < 8; ++st) {
           if constexpr (kFp8) {
             const uint32_t w = word_of(kr[st / 4], st % 4);
             mma_f16(sacc[nt], qa[st], fp8x2_to_f16x2(uint16_t(w & 0xffff)), fp8x2_to_f16x2(uint16_t(w >> 16)));
@@ -282,7 +242,7 @@ __device__ __forceinline__ void consume(const AttnArgs& a, uint8_t* smem, uint64
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          float f = kQ8 ? s_log2 : a.scale_log2;
+          float f = a.scale_log2;
           if constexpr (kFp8) f *= (j ? ksc[nt].y : ksc[nt].x);
           sacc[nt][j] *= f;
           sacc[nt][2 + j] *= f;
@@ -422,9 +382,8 @@ __device__ __forceinline__ void consume(const AttnArgs& a, uint8_t* smem, uint64
   }
 }
 
-template <bool kFp8, int kGroups, bool kQ8 = false>
+template <bool kFp8, int kGroups>
 __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) attention_kernel(AttnArgs a) {
-  static_assert(!kQ8 || kFp8, "e4m3 Q K^T is for fp8 caches");
   constexpr int kConsumers = kGroupWarps * kGroups;
   constexpr int kThreads = threads_of<kGroups>();
   using G = Geo<kFp8>;
@@ -532,95 +491,63 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
 
   // Q fragments: rows g, g + 8 = heads of this kv group.
   uint32_t qa[8][4];
-  float s_log2 = a.scale_log2;
   if (!is_producer) {
     const int h0 = kvh * a.gqa + g, h1 = h0 + 8;
     const bool ok0 = g < a.gqa, ok1 = g + 8 < a.gqa;
     const int64_t r0 = t * a.q_stride + int64_t(h0) * kDim, r1 = t * a.q_stride + int64_t(h1) * kDim;
     if (a.q_bulk) mbar_wait(&qbar, 0);
-    // kQ8: a first pass over the lane's Q values finds the kv group's largest |q| (the warp's
-    // lanes hold all 16 rows; every consumer warp gets the same value), and the power of two 2^e
-    // that brings it below 2^8 (e4m3 reaches 448); the second loads them again (L1 or shared
-    // memory) and splits them at that scale into qa[st'] (hi) and qa[4 + st'] (lo); the scores
-    // take 2^-e back in s_log2. No finite nonzero q: e = 0.
-    float mx = 0.f, up = 1.f;
 #pragma unroll
-    for (int pass = 0; pass < (kQ8 ? 2 : 1); ++pass) {
-      if (kQ8 && pass == 1) {
+    for (int st = 0; st < 8; ++st) {
+      const int d = dbase<kFp8>(st, q);
+      float x0[4] = {0.f, 0.f, 0.f, 0.f}, x1[4] = {0.f, 0.f, 0.f, 0.f};
+      if (a.q_bulk) {
+        // Rows g and g + 8 of the kv group in shared memory (the same layout as in global memory).
+        if (a.q_bf16) {
+          const uint16_t* qs = reinterpret_cast<const uint16_t*>(q_s);
+          unpack_bf16x4(ok0 ? *reinterpret_cast<const uint2*>(qs + g * kDim + d) : make_uint2(0, 0), x0);
+          unpack_bf16x4(ok1 ? *reinterpret_cast<const uint2*>(qs + (g + 8) * kDim + d) : make_uint2(0, 0), x1);
+        } else {
+          const float* qs = reinterpret_cast<const float*>(q_s);
+          unpack_f32x4(ok0 ? *reinterpret_cast<const float4*>(qs + g * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f), x0);
+          unpack_f32x4(ok1 ? *reinterpret_cast<const float4*>(qs + (g + 8) * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f), x1);
+        }
+      } else if (a.q_vec) {
+        if (a.q_bf16) {
+          uint2 u0 = make_uint2(0, 0), u1 = make_uint2(0, 0);
+          if constexpr (kQEarly) {
+            u0 = qraw[st][0], u1 = qraw[st][1];
+          } else {
+            const uint16_t* qp = static_cast<const uint16_t*>(a.q);
+            if (ok0) u0 = __ldg(reinterpret_cast<const uint2*>(qp + r0 + d));
+            if (ok1) u1 = __ldg(reinterpret_cast<const uint2*>(qp + r1 + d));
+          }
+          unpack_bf16x4(u0, x0);
+          unpack_bf16x4(u1, x1);
+        } else {
+          const float* qp = static_cast<const float*>(a.q);
+          float4 f0 = make_float4(0.f, 0.f, 0.f, 0.f), f1 = f0;
+          if (ok0) f0 = __ldg(reinterpret_cast<const float4*>(qp + r0 + d));
+          if (ok1) f1 = __ldg(reinterpret_cast<const float4*>(qp + r1 + d));
+          unpack_f32x4(f0, x0);
+          unpack_f32x4(f1, x1);
+        }
+      } else {
 #pragma unroll
-        for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-        const int ex = int((__float_as_uint(mx) >> 23) & 0xffu) - 127;  // mx in [2^ex, 2^(ex + 1))
-        const int e = mx > 0.f && mx <= 3.0e38f ? min(max(7 - ex, -100), 100) : 0;
-        up = __uint_as_float(uint32_t(e + 127) << 23);
-        s_log2 = a.scale_log2 * __uint_as_float(uint32_t(127 - e) << 23);
+        for (int i = 0; i < 4; ++i) {
+          x0[i] = ok0 ? load_act(a.q, r0 + d + i, a.q_bf16) : 0.f;
+          x1[i] = ok1 ? load_act(a.q, r1 + d + i, a.q_bf16) : 0.f;
+        }
       }
-#pragma unroll
-      for (int st = 0; st < 8; ++st) {
-        const int d = dbase<kFp8>(st, q);
-        float x0[4] = {0.f, 0.f, 0.f, 0.f}, x1[4] = {0.f, 0.f, 0.f, 0.f};
-        if (a.q_bulk) {
-          // Rows g and g + 8 of the kv group in shared memory (the same layout as in global memory).
-          if (a.q_bf16) {
-            const uint16_t* qs = reinterpret_cast<const uint16_t*>(q_s);
-            unpack_bf16x4(ok0 ? *reinterpret_cast<const uint2*>(qs + g * kDim + d) : make_uint2(0, 0), x0);
-            unpack_bf16x4(ok1 ? *reinterpret_cast<const uint2*>(qs + (g + 8) * kDim + d) : make_uint2(0, 0), x1);
-          } else {
-            const float* qs = reinterpret_cast<const float*>(q_s);
-            unpack_f32x4(ok0 ? *reinterpret_cast<const float4*>(qs + g * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f), x0);
-            unpack_f32x4(ok1 ? *reinterpret_cast<const float4*>(qs + (g + 8) * kDim + d) : make_float4(0.f, 0.f, 0.f, 0.f), x1);
-          }
-        } else if (a.q_vec) {
-          if (a.q_bf16) {
-            uint2 u0 = make_uint2(0, 0), u1 = make_uint2(0, 0);
-            if constexpr (kQEarly) {
-              u0 = qraw[st][0], u1 = qraw[st][1];
-            } else {
-              const uint16_t* qp = static_cast<const uint16_t*>(a.q);
-              if (ok0) u0 = __ldg(reinterpret_cast<const uint2*>(qp + r0 + d));
-              if (ok1) u1 = __ldg(reinterpret_cast<const uint2*>(qp + r1 + d));
-            }
-            unpack_bf16x4(u0, x0);
-            unpack_bf16x4(u1, x1);
-          } else {
-            const float* qp = static_cast<const float*>(a.q);
-            float4 f0 = make_float4(0.f, 0.f, 0.f, 0.f), f1 = f0;
-            if (ok0) f0 = __ldg(reinterpret_cast<const float4*>(qp + r0 + d));
-            if (ok1) f1 = __ldg(reinterpret_cast<const float4*>(qp + r1 + d));
-            unpack_f32x4(f0, x0);
-            unpack_f32x4(f1, x1);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            x0[i] = ok0 ? load_act(a.q, r0 + d + i, a.q_bf16) : 0.f;
-            x1[i] = ok1 ? load_act(a.q, r1 + d + i, a.q_bf16) : 0.f;
-          }
-        }
-        if constexpr (kQ8) {
-          if (pass == 0) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) mx = fmaxf(mx, fmaxf(fabsf(x0[i]), fabsf(x1[i])));
-          } else {
-            // These are dims 64 (st / 4) + 16 q + 4 (st % 4) + 0..3 (dbase): in e4m3 k-step
-            // st' = 2 (st / 4) + (st % 4) / 2 (k 32: dims 64 (st' / 2) + 16 q + 8 (st' % 2) + 0..7),
-            // registers a0 / a1 (rows g / g + 8) for even st, a2 / a3 for odd.
-            const int sp = 2 * (st / 4) + (st % 4) / 2, r = 2 * (st % 2);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) x0[i] *= up, x1[i] *= up;
-            split_e4m3x4(x0, qa[sp][r], qa[4 + sp][r]);
-            split_e4m3x4(x1, qa[sp][r + 1], qa[4 + sp][r + 1]);
-          }
-        } else if constexpr (kFp8) {
-          qa[st][0] = pack_f16x2(x0[0], x0[1]);
-          qa[st][1] = pack_f16x2(x1[0], x1[1]);
-          qa[st][2] = pack_f16x2(x0[2], x0[3]);
-          qa[st][3] = pack_f16x2(x1[2], x1[3]);
-        } else {
-          qa[st][0] = pack_bf16x2(x0[0], x0[1]);
-          qa[st][1] = pack_bf16x2(x1[0], x1[1]);
-          qa[st][2] = pack_bf16x2(x0[2], x0[3]);
-          qa[st][3] = pack_bf16x2(x1[2], x1[3]);
-        }
+      if constexpr (kFp8) {
+        qa[st][0] = pack_f16x2(x0[0], x0[1]);
+        qa[st][1] = pack_f16x2(x1[0], x1[1]);
+        qa[st][2] = pack_f16x2(x0[2], x0[3]);
+        qa[st][3] = pack_f16x2(x1[2], x1[3]);
+      } else {
+        qa[st][0] = pack_bf16x2(x0[0], x0[1]);
+        qa[st][1] = pack_bf16x2(x1[0], x1[1]);
+        qa[st][2] = pack_bf16x2(x0[2], x0[3]);
+        qa[st][3] = pack_bf16x2(x1[2], x1[3]);
       }
     }
   }
@@ -637,8 +564,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     produce<kFp8, kGroups>(a, smem, full, empty, blk_ring, sel, s, s_guess, kvh, e_begin, e_end, n_blk, n_old, bt_first,
                            b_first, lane, tr);
   } else {
-    consume<kFp8, kGroups, kQ8>(a, smem, full, empty, blk_ring, qa, s_log2, pos, warp, lane, g, q, o, m0, m1, l0, l1, kc0,
-                                kc1, tr);
+    consume<kFp8, kGroups>(a, smem, full, empty, blk_ring, qa, pos, warp, lane, g, q, o, m0, m1, l0, l1, kc0, kc1, tr);
   }
 
   // ---- Merge the consumer warps. Row maxima and sums go to their own arrays at once; after one
@@ -775,16 +701,14 @@ int max_active_clusters_of(int cluster, int stages) {
   return n;
 }
 
-// The kQ8 kernels have the same shared memory and register cap (launch bounds) as the others
-// of their kFp8 and kGroups, so max_active_clusters_of's answer holds for them too.
-template <bool kFp8, int kGroups, bool kQ8 = false>
+template <bool kFp8, int kGroups>
 void launch_of(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) {
   const size_t smem = smem_bytes<kFp8>(a.stages);
-  set_smem(attention_kernel<kFp8, kGroups, kQ8>, smem);
+  set_smem(attention_kernel<kFp8, kGroups>, smem);
   ClusterLaunch l(dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1), dim3(threads_of<kGroups>(), 1, 1),
                   smem, stream, a.cluster);
   if (pdl_enabled(kPdlAttention, tokens, a.topk_idx == nullptr)) l.allow_programmatic_serialization();
-  cuda_check(cudaLaunchKernelEx(&l.cfg, attention_kernel<kFp8, kGroups, kQ8>, a), "attention launch");
+  cuda_check(cudaLaunchKernelEx(&l.cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
 }
 
 }  // namespace
@@ -795,10 +719,7 @@ int max_active_clusters(bool fp8, int groups, int cluster, int stages) {
 }
 
 void launch(const AttnArgs& a, bool fp8, int64_t tokens, int nkv, cudaStream_t stream) {
-  if (fp8 && a.q8) {
-    if (a.cgroups == 2) launch_of<true, 2, true>(a, tokens, nkv, stream);
-    else launch_of<true, 1, true>(a, tokens, nkv, stream);
-  } else if (fp8) {
+  if (fp8) {
     if (a.cgroups == 2) launch_of<true, 2>(a, tokens, nkv, stream);
     else launch_of<true, 1>(a, tokens, nkv, stream);
   } else {

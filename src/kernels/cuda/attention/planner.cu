@@ -82,7 +82,6 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   a.v = static_cast<const uint8_t*>(p.kv.v);
   a.k_scale = p.kv.k_scale;
   a.v_scale = p.kv.v_scale;
-  a.q8 = fp8 && tuning().attention.fp8_qk == 1;
 
   // Splits from shapes only. About two resident CTAs per SM; one cluster of up to 8 CTAs per
   // row when that already covers the GPU, else several clusters per row.
