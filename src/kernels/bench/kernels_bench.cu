@@ -472,19 +472,9 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       auto attn_fn = [&](bool sparse) {
         return [&c, sparse](int s, cudaStream_t stream) { cuda::run_attention(c.attention(s, sparse), stream); };
       };
-      // fp8: the same tiles with the CTA's own threads converting each block (the path before the
-      // converter warpgroup), for the A/B in one run.
-      auto inline_fp8_row = [&](Row o, bool sparse) {
-        o.mode = "eager, fp8 converted in-line";
-        o.target_us = 0, o.target_note = "";
-        TuningEdit e([](cuda::Tuning& t) { t.attention.prefill_fp8 = 0; });
-        o.us = time_it(iters, sets, attn_fn(sparse), false, st);
-        emit(o, c);
-      };
       if (row_wanted(opt, a.kernel)) {
         a.us = time_it(iters, sets, attn_fn(true), false, st);
         emit(a, c);
-        if (fp8) inline_fp8_row(a, true);
         if (ps.n == 8192 && ps.cached == 0) {
           // The decode kernel (one row per token and kv head, its blocks streamed from L2): the
           // gain of the tiles that share K/V blocks.
@@ -502,7 +492,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       if (!row_wanted(opt, d.kernel)) continue;
       d.us = time_it(iters, sets, attn_fn(false), false, st);
       emit(d, c);
-      if (fp8) inline_fp8_row(d, false);
       if (ps.n == 8192 && ps.cached == 0) {
         d.mode = "eager, per-token kernel";
         {

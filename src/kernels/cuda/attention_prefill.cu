@@ -29,16 +29,9 @@
 //    mbarrier (transaction count) per stage; the last of the 8 warps done with a stage (a
 //    shared-memory counter) refills it, so the two warpgroups run apart by up to the ring's
 //    depth. Tensor maps over the whole cache ([num_blocks * kv_heads * 128 rows, 128 dims]) are
-//    built on the host per call. fp8 KV (the rule): a third, converter warpgroup (setmaxnreg
-//    gives its registers to the consumers) bulk-copies each block's fp8 K and V (16 KB each) and
-//    their 128 scales into a ring of 3 raw slots, runs ahead of the consumers by up to 3 such
-//    halves, and converts each exactly to bf16 into the swizzled tiles of a 2-stage ring (with
-//    the scales), once both consumer warpgroups have released the stage (an mbarrier of 256
-//    arrivals); a stage's full barrier then opens for the consumers, which run as with bf16
-//    KV (no CTA barrier, the warpgroups free to drift). The conversion and the loads leave the
-//    consumers' path; the L2 traffic is half bf16's. AttentionTuning::prefill_fp8 0 keeps the
-//    earlier path: the CTA reads block i + 1 into registers (16-byte loads) before block i's
-//    math and stores it converted after it (one CTA barrier a block). Both give the same bits.
+//    built on the host per call. fp8 KV: the CTA reads block i + 1 into registers (16-byte
+//    loads) before block i's math and stores it converted exactly to bf16 after it, into a ring
+//    of 2 stages that also holds the block's 128 k and 128 v scales (one CTA barrier a block).
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
@@ -47,7 +40,7 @@
 // block's tokens become an 8-bit mask. Blocks are visited in ascending order.
 // Grid: x = ceil(num_tokens / 8) + num_seqs (an upper bound on the tiles; CTAs past the last
 // tile exit), taken in reverse so the longest tiles of a prompt start first; y = kv head. One
-// CTA per SM (~226 KB of shared memory with bf16, ~214 KB with fp8, ~162 KB fp8 in-line).
+// CTA per SM (~226 KB of shared memory with bf16, ~162 KB with fp8).
 // Precision: as the decode kernel's bf16 path: Q rounded to bf16, bf16 MMA with fp32
 // accumulation, P rounded to bf16 for P V (fp8: P * v_scale rounded to bf16; k_scale applied
 // to the fp32 scores), softmax and the running sums in fp32.
@@ -59,7 +52,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
-#include "kernels/cuda/setmaxnreg.cuh"
 #include "kernels/cuda/tuning.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -71,30 +63,21 @@ constexpr int kBlock = 128;
 constexpr int kDim = 128;
 constexpr int kTileTokens = 8;
 constexpr int kHeads = 16;                  // q heads per kv head
-constexpr int kThreads = 256;               // two consumer warpgroups
-constexpr int kConvThreads = 128;           // fp8, converter path: the converter warpgroup
+constexpr int kThreads = 256;               // two warpgroups
 constexpr int kChunk = kSwzHalfBytes;       // bytes: one 64-dim half of a 128-row bf16 tile (swz)
 constexpr int kTileBytes = 2 * kChunk;      // a 128 x 128 bf16 tile (Q, K or V)
 constexpr int kMaxPairs = 256;  // kTileTokens * topk
 
 // Ring geometry: bf16 KV, 3 stages of K and V tiles filled by TMA; fp8 KV, 2 stages of the
-// converted tiles plus the block's 128 k and 128 v scales, filled by the CTA's threads (kConv:
-// by the converter warpgroup, from a ring of 3 raw slots, each one fp8 K or V block and its
-// scales, filled by bulk copies).
-template <bool kFp8, bool kConv = false>
+// converted tiles plus the block's 128 k and 128 v scales, filled by the CTA's threads.
+template <bool kFp8>
 struct PfGeo {
   static constexpr int kStages = kFp8 ? 2 : 3;
   static constexpr int kStageBytes = 2 * kTileBytes + (kFp8 ? 2 * kBlock * 4 : 0);
-  static constexpr int kRawSlots = kConv ? 3 : 0;
-  static constexpr int kRawRing = kConv ? kRawSlots : 1;  // the modulus of a raw slot's index
-  static constexpr int kRawBytes = kBlock * kDim + kBlock * 4;
-  // Barriers: a full one a stage; kConv also an empty one a stage and a full one a raw slot.
-  static constexpr int kBars = kConv ? 2 * kStages + kRawSlots : kStages;
-  // Shared memory: [Q tile][kStages x (K, V[, scales])][raw slots][barriers][union blocks][their
+  // Shared memory: [Q tile][kStages x (K, V[, scales])][full barriers][union blocks][their
   // physical blocks][union masks][misc].
-  static constexpr size_t kRawOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
-  static constexpr size_t kBarOffset = kRawOffset + size_t(kRawSlots) * kRawBytes;
-  static constexpr size_t kSmemBytes = kBarOffset + kBars * 8 + kMaxPairs * 8 + kMaxPairs + 32 * 4;
+  static constexpr size_t kBarOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
+  static constexpr size_t kSmemBytes = kBarOffset + kStages * 8 + kMaxPairs * 8 + kMaxPairs + 32 * 4;
 };
 
 struct PfArgs {
@@ -131,10 +114,9 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
-template <bool kFp8, bool kSolo, bool kConv = false>
-__global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
+template <bool kFp8, bool kSolo>
+__global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
-  static_assert(!kConv || (kFp8 && !kSolo), "the converter path is the fp8 path without solo blocks");
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kvh = blockIdx.y;
@@ -164,18 +146,14 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
   const int ntok = min(kTileTokens, qlen - int(tile) * kTileTokens);
   const int pos0 = seq_len - qlen + int(tile) * kTileTokens;  // position of the tile's first token
   const int last_own = (pos0 + ntok - 1) / kBlock;
-  using Geo = PfGeo<kFp8, kConv>;
-  constexpr int kStages = Geo::kStages;
-  constexpr int kStageBytes = Geo::kStageBytes;
-  constexpr size_t kBarOffset = Geo::kBarOffset;
+  constexpr int kStages = PfGeo<kFp8>::kStages;
+  constexpr int kStageBytes = PfGeo<kFp8>::kStageBytes;
+  constexpr size_t kBarOffset = PfGeo<kFp8>::kBarOffset;
 
   uint8_t* qs = smem;
   uint8_t* stages = smem + kTileBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
-  uint64_t* empty = full + kStages;  // kConv: the 256 consumer threads are done with the stage's block
-  uint64_t* rfull = empty + kStages;  // kConv: a raw slot's bulk copies have landed
-  uint8_t* raw = smem + Geo::kRawOffset;
-  int* ublk = reinterpret_cast<int*>(full + Geo::kBars);
+  int* ublk = reinterpret_cast<int*>(full + kStages);
   int* uphys = ublk + kMaxPairs;
   uint8_t* umask = reinterpret_cast<uint8_t*>(uphys + kMaxPairs);
   // [0..7] per-warp scratch, [8] union size, [9] the first warpgroup's token slots (8-bit set),
@@ -189,19 +167,13 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
       mbar_init(&full[i], 1);
       misc[12 + i] = 0;
     }
-    if (kConv) {
-      for (int i = 0; i < kStages; ++i) mbar_init(&empty[i], kThreads);
-      for (int i = 0; i < Geo::kRawSlots; ++i) mbar_init(&rfull[i], 1);
-    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
 
-  // Union of the tile's blocks, and the warpgroups' token slots (the consumer threads; the
-  // converter warpgroup waits at the CTA barrier below).
+  // Union of the tile's blocks, and the warpgroups' token slots.
   // Sparse: rank the (block, slot) pairs of the tile's topk_idx entries (scratch: the Q tile's
   // space); a block's slots become its mask.
-  if (kConv && tid >= kThreads) {
-  } else if (!dense) {
+  if (!dense) {
     int* keys = reinterpret_cast<int*>(qs);
     int* sorted = keys + kMaxPairs;
     const int n = kTileTokens * a.topk;
@@ -327,22 +299,6 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
   if (!kFp8 && tid == 0)
     for (int i = 0; i < min(nu, kStages); ++i) issue(i);
 
-  // kConv: half u of the union's blocks (block u / 2; K for even u, V for odd) and its 128
-  // scales, by two bulk copies into raw slot u % kRawSlots. The first three are issued before
-  // the Q tile is loaded; the converter issues each later one when it has converted the slot's
-  // previous half.
-  auto raw_issue = [&](int u) {
-    const int j = u >> 1, s = u % Geo::kRawRing;
-    const int phys = j < kMaxPairs ? uphys[j] : bt[j];
-    const int64_t row0 = (int64_t(phys) * a.nkv + kvh) * kBlock;
-    uint8_t* d = raw + s * Geo::kRawBytes;
-    mbar_expect_tx(&rfull[s], Geo::kRawBytes);
-    bulk_copy(d, ((u & 1) ? a.v8 : a.k8) + row0 * kDim, kBlock * kDim, &rfull[s]);
-    bulk_copy(d + kBlock * kDim, ((u & 1) ? a.v_scale : a.k_scale) + row0, kBlock * 4, &rfull[s]);
-  };
-  if (kConv && tid == kThreads)
-    for (int u = 0; u < min(2 * nu, Geo::kRawSlots); ++u) raw_issue(u);
-
   // fp8: block j's bytes and scales, read into registers ahead of the block before it
   // (fp8_load), then converted exactly to bf16 into its stage (fp8_store), V rows and scales past
   // the request's length as zeros. Thread tid takes 16-byte units tid + 256 k of K (k < 4) and
@@ -386,7 +342,7 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
   };
 
   // Q tile: row 16 * (the slot's position) + h, bf16, swizzled; rows of absent tokens are zero.
-  for (int e = tid; e < (kConv && tid >= kThreads ? 0 : 128 * 16); e += kThreads) {
+  for (int e = tid; e < 128 * 16; e += kThreads) {
     const int row = e >> 4, u = e & 15, slot = slot_of(row >> 4), h = row & 15;
     uint4 w = make_uint4(0, 0, 0, 0);
     if (slot < ntok) {
@@ -409,58 +365,11 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
     *reinterpret_cast<uint4*>(qs + swz(row, u * 8)) = w;
   }
   fence_proxy_async();
-  if (kFp8 && !kConv && nu > 0) {
+  if (kFp8 && nu > 0) {
     fp8_load(0);
     fp8_store(0);
   }
   __syncthreads();  // Q tile ready
-
-  if constexpr (kConv) {
-    if (tid >= kThreads) {
-      // The converter warpgroup: each fp8 K or V block from its raw slot into the stage's bf16
-      // tile (exactly, 128-byte swizzled as the TMA boxes of the bf16 path), with its scales,
-      // once the consumers are done with the stage's previous block; V rows past the request's
-      // length and their v scales as zeros. Thread ct takes 16-byte units ct + 128 k (row
-      // (ct + 128 k) / 8, dims 16 ((ct + 128 k) % 8) ..+15) and key ct's scale.
-      regs_dec<40>();
-      const int ct = tid - kThreads;
-      for (int u = 0; u < 2 * nu; ++u) {
-        const int j = u >> 1, h = u & 1, s = u % Geo::kRawSlots, st = j % kStages;
-        if (h == 0 && j >= kStages) mbar_wait(&empty[st], uint32_t(j / kStages - 1) & 1u);
-        mbar_wait(&rfull[s], uint32_t(u / Geo::kRawSlots) & 1u);
-        int b, mask;
-        entry(j, b, mask);
-        const int valid = h && b == last_blk ? tail : kBlock;
-        const uint8_t* src = raw + s * Geo::kRawBytes;
-        uint8_t* tile = stages + st * kStageBytes + h * kTileBytes;
-#pragma unroll 2
-        for (int k = 0; k < 8; ++k) {
-          const int e = ct + kConvThreads * k, row = e >> 3, c = e & 7;
-          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-          if (row < valid) {
-            const uint4 x = *reinterpret_cast<const uint4*>(src + e * 16);
-            lo = make_uint4(fp8x2_to_bf16x2(uint16_t(x.x)), fp8x2_to_bf16x2(uint16_t(x.x >> 16)),
-                            fp8x2_to_bf16x2(uint16_t(x.y)), fp8x2_to_bf16x2(uint16_t(x.y >> 16)));
-            hi = make_uint4(fp8x2_to_bf16x2(uint16_t(x.z)), fp8x2_to_bf16x2(uint16_t(x.z >> 16)),
-                            fp8x2_to_bf16x2(uint16_t(x.w)), fp8x2_to_bf16x2(uint16_t(x.w >> 16)));
-          }
-          *reinterpret_cast<uint4*>(tile + swz(row, 16 * c)) = lo;
-          *reinterpret_cast<uint4*>(tile + swz(row, 16 * c + 8)) = hi;
-        }
-        const float x = reinterpret_cast<const float*>(src + kBlock * kDim)[ct];
-        reinterpret_cast<float*>(stages + st * kStageBytes + 2 * kTileBytes)[h * kBlock + ct] = ct < valid ? x : 0.f;
-        fence_proxy_async();  // the consumers' wgmma read the tiles through the async proxy
-        // Every converter thread is done with the raw slot and has written its part of the stage.
-        asm volatile("bar.sync 4, %0;\n" ::"n"(kConvThreads) : "memory");
-        if (ct == 0) {
-          if (h == 1) mbar_arrive(&full[st]);
-          if (u + Geo::kRawSlots < 2 * nu) raw_issue(u + Geo::kRawSlots);
-        }
-      }
-      return;
-    }
-    regs_inc<232>();
-  }
 
   // Consumers.
   const int wg = warp >> 2, slot = slot_of(warp);
@@ -480,7 +389,7 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
     const int st = i % kStages;
     uint8_t* kd = stages + st * kStageBytes;
     const float* scl = reinterpret_cast<const float*>(kd + 2 * kTileBytes);  // fp8: k, v scales
-    if constexpr (kFp8 && !kConv) {
+    if constexpr (kFp8) {
       if (i + 1 < nu) fp8_load(i + 1);
       __syncthreads();  // block i in its stage; every warp done with block i - 1
     } else {
@@ -538,13 +447,11 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
         float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
         for (int c = 0; c < 16; ++c) {
-          // fp8: the k scales of keys 8 c + 2 t4 and the next, by one 8-byte load.
-          const float2 ks = kFp8 ? *reinterpret_cast<const float2*>(scl + 8 * c + 2 * t4) : make_float2(1.f, 1.f);
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = 8 * c + 2 * t4 + e;
             const bool ok = !causal || key <= lim;
-            const float sc = kFp8 ? (e ? ks.y : ks.x) * a.scale_log2 : a.scale_log2;
+            const float sc = kFp8 ? scl[key] * a.scale_log2 : a.scale_log2;
             const float v0 = ok ? s[4 * c + e] * sc : kNegInf;
             const float v1 = ok ? s[4 * c + 2 + e] * sc : kNegInf;
             s[4 * c + e] = v0;
@@ -617,10 +524,6 @@ __global__ void __launch_bounds__(kConv ? kThreads + kConvThreads : kThreads, 1)
         wgmma_wait_all();
         fence_acc(o);
       }
-    }
-    if constexpr (kConv) {
-      mbar_arrive(&empty[st]);  // this thread's reads of the stage are done (wgmma waited for)
-      continue;
     }
     if constexpr (kFp8) {
       if (i + 1 < nu) fp8_store(i + 1);
@@ -741,20 +644,8 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     a.v8 = static_cast<const uint8_t*>(p.kv.v);
     a.k_scale = p.kv.k_scale;
     a.v_scale = p.kv.v_scale;
-    // The converter warpgroup (bulk copies need 16-byte aligned caches and scales) unless
-    // AttentionTuning::prefill_fp8 forces the in-line conversion.
-    const bool aligned = (reinterpret_cast<uintptr_t>(a.k8) | reinterpret_cast<uintptr_t>(a.v8) |
-                          reinterpret_cast<uintptr_t>(a.k_scale) | reinterpret_cast<uintptr_t>(a.v_scale)) %
-                             16 ==
-                         0;
-    if (tuning().attention.prefill_fp8 != 0 && aligned) {
-      set_smem(prefill_attention_kernel<true, false, true>, PfGeo<true, true>::kSmemBytes);
-      prefill_attention_kernel<true, false, true>
-          <<<grid, kThreads + kConvThreads, PfGeo<true, true>::kSmemBytes, stream>>>(a, tk, tv);
-    } else {
-      set_smem(prefill_attention_kernel<true, false>, PfGeo<true>::kSmemBytes);
-      prefill_attention_kernel<true, false><<<grid, kThreads, PfGeo<true>::kSmemBytes, stream>>>(a, tk, tv);
-    }
+    set_smem(prefill_attention_kernel<true, false>, PfGeo<true>::kSmemBytes);
+    prefill_attention_kernel<true, false><<<grid, kThreads, PfGeo<true>::kSmemBytes, stream>>>(a, tk, tv);
   } else {
     const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
     if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;

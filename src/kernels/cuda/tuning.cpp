@@ -95,7 +95,6 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(attention, trace),
       SIEVE_INT_FIELD(attention, prefill_tiles),
       SIEVE_BOOL_FIELD(attention, prefill_solo),
-      SIEVE_INT_FIELD(attention, prefill_fp8),
       Field{"moe.chunk_tokens", [](Tuning& t, const std::string& v) { t.moe.chunk_tokens = parse_int("moe.chunk_tokens", v); },
             [](const Tuning& t) { return std::to_string(t.moe.chunk_tokens); }},
       SIEVE_BOOL_FIELD(moe, force_simt),

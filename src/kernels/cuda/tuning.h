@@ -99,11 +99,6 @@ struct AttentionTuning {
   int prefill_tiles = -1;
   // Sparse prefill tiles give blocks read by one token their own path (bf16 cache).
   bool prefill_solo = true;
-  // Prefill tiles with an fp8 cache: -1 the rule (a converter warpgroup turns each block, bulk
-  // copied into a ring of raw slots, into the bf16 tiles of the bf16 path's consumers, wherever
-  // the cache and its scales are 16-byte aligned), 0 the CTA's own threads convert block i + 1,
-  // loaded into registers, around block i's math (one CTA barrier a block), 1 the converter.
-  int prefill_fp8 = -1;
 };
 
 // moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
