@@ -631,8 +631,14 @@ void Engine::step() {
     for (const auto& s : plan.seqs) decode_only = decode_only && s.sample && int(s.token_ids.size()) == 1 + s.num_draft;
     // A step with drafts is charged the draft's passes that made them (after the step before);
     // a plain step is not charged the passes after it, which plain mode does not run.
-    if (decode_only && !captured)
+    if (decode_only && !captured) {
+      const bool was = spec_ctl_.speculating();
       spec_ctl_.record_step(k, t_own - t0 + (k > 0 ? eagle_draft_s_ : 0.0), int(decode_seqs), decode_tokens);
+      if (spec_ctl_.speculating() != was)
+        SIEVE_LOG(Info, "speculation " << (was ? "off" : "on") << " at " << decode_seqs << " sequences: "
+                                       << spec_ctl_.cost_spec() * 1e3 << " ms a token with drafts, "
+                                       << spec_ctl_.cost_plain() * 1e3 << " without");
+    }
   }
   eagle_draft_s_ = draft_s;
   // Trace before finishing: a finished request's reader may stop the profile right away.

@@ -77,7 +77,7 @@ class SpecController {
   double cost_spec() const { return cost_[1]; }
   double cost_plain() const { return cost_[0]; }
 
-  static constexpr int first_probe = 64;
+  static constexpr int first_probe = 8;
   static constexpr int max_probe_every = 512;
   static constexpr double min_position_rate = 0.1;
 

@@ -523,6 +523,42 @@ TEST(Eagle3Draft, GreedyOutputEqualsPlainDecodingOnARealModel) {
   }
 }
 
+// The adaptive controller with a useless (random) draft: speculation costs more than it gains, so
+// the engine turns to plain decoding, which stops the draft's passes over decode rows (sequences
+// it skipped draft no more) and probes now and then with new sequences; with more sequences than
+// the cache holds at once, some are preempted and recomputed. Output stays plain decoding's.
+TEST(Eagle3Draft, AdaptiveDraftThatTurnsOffKeepsGreedyOutput) {
+  Target t = make_target("adaptive");
+  model::Model& m = *t.model;
+  std::mt19937_64 rng(9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> p(size_t(20 + rng() % 150));
+    for (auto& x : p) x = int32_t(rng() % 300);
+    prompts.push_back(p);
+  }
+  engine::EngineStats st;
+  const auto want = run_engine(m, nullptr, {}, prompts, 90, false, &st);
+  const std::string dd = temp_dir("adaptive_draft");
+  RandomEagle3Options o;
+  o.head_dim = 32;
+  o.num_heads = 4;
+  o.aux_layers = {1, 2, 3};
+  write_random_eagle3(dd, m.config(), o);
+  auto draft = Eagle3Draft::load(dd, m.config(), Device{}, m.input_embedding());
+  SpeculativeConfig sc;
+  sc.method = Method::Eagle3;
+  sc.num_speculative_tokens = 3;
+  sc.model = dd;
+  sc.adaptive = true;
+  for (bool caching : {false, true}) {
+    const auto got = run_engine(m, draft.get(), sc, prompts, 90, caching, &st);
+    EXPECT_EQ(got, want) << "prefix caching " << caching;
+    std::printf("[ spec ] adaptive random draft: %llu drafts, %llu preemptions\n",
+                (unsigned long long)st.spec_num_drafts, (unsigned long long)st.preemptions);
+  }
+}
+
 // The trained draft of the bundled model (models/minimax-m3-tiny-eagle3, when present): greedy
 // output still equals plain decoding, and drafts are kept often (the training script measured
 // the acceptance it should reach; this checks the engine's passes reach a good part of it).
