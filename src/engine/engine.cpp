@@ -631,7 +631,10 @@ void Engine::step() {
     for (const auto& s : plan.seqs) decode_only = decode_only && s.sample && int(s.token_ids.size()) == 1 + s.num_draft;
     // A step with drafts is charged the draft's passes that made them (after the step before);
     // a plain step is not charged the passes after it, which plain mode does not run.
-    if (decode_only && !captured) {
+    // (A step meant to speculate in which no sequence had drafts measured nothing about them.)
+    int step_k = 0;
+    for (const auto& s : plan.seqs) step_k = std::max(step_k, s.num_draft);
+    if (decode_only && !captured && (k == 0 || step_k > 0)) {
       const bool was = spec_ctl_.speculating();
       spec_ctl_.record_step(k, t_own - t0 + (k > 0 ? eagle_draft_s_ : 0.0), int(decode_seqs), decode_tokens);
       if (spec_ctl_.speculating() != was)

@@ -84,9 +84,12 @@ void SpecController::record_step(int k, double seconds, int num_seqs, int64_t to
   // A probe's sample is the other mode's only news for a while: it weighs more.
   const double w = probe_ ? 0.3 : 0.1;
   e = e == 0 ? c : (1 - w) * e + w * c;
-  // The cheaper mode wins once both were measured; speculation starts on.
+  // The cheaper mode wins once both were measured, by a margin over the mode in use (modes within
+  // noise of each other would otherwise flip often, and each switch to plain leaves the running
+  // EAGLE3 sequences unable to draft); speculation starts on.
   const bool was = plain_;
-  if (cost_[0] > 0 && cost_[1] > 0) plain_ = cost_[0] < cost_[1];
+  if (cost_[0] > 0 && cost_[1] > 0)
+    plain_ = plain_ ? cost_[1] > cost_[0] * (1 - switch_margin) : cost_[0] < cost_[1] * (1 - switch_margin);
   if (plain_ != was)
     probe_every_ = first_probe;
   else if (probe_)

@@ -50,7 +50,8 @@ struct SpecStats {
 // measures both modes on the running workload: the wall time of a decode-only step (with the
 // draft's passes that made its drafts; without the passes a plain step needs none of) divided by
 // the tokens each sequence gained in it, an exponential average per mode. It keeps the cheaper
-// mode and re-measures the other with one probe step, first after `first_probe` decisions; each
+// mode (the other must be `switch_margin` cheaper to take over) and re-measures the other with one
+// probe step, first after `first_probe` decisions; each
 // probe that confirms the mode doubles the interval (up to `max_probe_every`), a switch resets it.
 // It also drops the draft positions whose acceptance rate fell below `min_position_rate` (they
 // cost a row each and rarely pay).
@@ -80,6 +81,7 @@ class SpecController {
   static constexpr int first_probe = 8;
   static constexpr int max_probe_every = 512;
   static constexpr double min_position_rate = 0.1;
+  static constexpr double switch_margin = 0.03;
 
  private:
   spec::SpeculativeConfig cfg_;

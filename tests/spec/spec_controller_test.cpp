@@ -139,6 +139,21 @@ TEST(SpecController, NoisyProbesDoNotFlipAClearChoice) {
   EXPECT_LE(flips, 2);
 }
 
+TEST(SpecController, ModesWithinTheMarginDoNotSwitch) {
+  // Plain decoding 2 % cheaper than speculation: the mode in use stays.
+  SpecController c(config(3));
+  Workload w;
+  w.kept = 0.6;
+  w.spec_s = [](int) { return 1.6 * 1.02; };
+  const Trace t = drive(c, w, 2000);
+  EXPECT_TRUE(c.speculating());
+  EXPECT_EQ(t.plain_steps, int(t.probes.size()));
+  // 5 % cheaper: it switches.
+  w.spec_s = [](int) { return 1.6 * 1.05; };
+  drive(c, w, 2000);
+  EXPECT_FALSE(c.speculating());
+}
+
 TEST(SpecController, DropsPositionsThatRarelyPayAndProbesUseAll) {
   SpecController c(config(3));
   // Position 0 is kept half the time, later ones never.
