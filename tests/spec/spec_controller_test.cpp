@@ -143,13 +143,13 @@ TEST(SpecController, ModesWithinTheMarginDoNotSwitch) {
   // Plain decoding 2 % cheaper than speculation: the mode in use stays.
   SpecController c(config(3));
   Workload w;
-  w.kept = 0.6;
-  w.spec_s = [](int) { return 1.6 * 1.02; };
+  w.kept = 0.5;  // 24 tokens a step
+  w.spec_s = [](int) { return 1.5 * 1.02; };
   const Trace t = drive(c, w, 2000);
   EXPECT_TRUE(c.speculating());
   EXPECT_EQ(t.plain_steps, int(t.probes.size()));
   // 5 % cheaper: it switches.
-  w.spec_s = [](int) { return 1.6 * 1.05; };
+  w.spec_s = [](int) { return 1.5 * 1.05; };
   drive(c, w, 2000);
   EXPECT_FALSE(c.speculating());
 }
