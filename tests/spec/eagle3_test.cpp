@@ -434,6 +434,16 @@ TEST(Eagle3Draft, DraftsThatDoNotFitTheTargetAreRefused) {
 
 // ---- greedy equality through the engine on a real (tiny) model ---------------------------------
 
+// A small random draft of `m` written to `dir` and loaded.
+std::unique_ptr<Eagle3Draft> small_random_draft(model::Model& m, const std::string& dir) {
+  RandomEagle3Options o;
+  o.head_dim = 32;
+  o.num_heads = 4;
+  o.aux_layers = {1, 2, 3};
+  write_random_eagle3(dir, m.config(), o);
+  return Eagle3Draft::load(dir, m.config(), Device{}, m.input_embedding());
+}
+
 std::vector<std::vector<int32_t>> run_engine(model::Model& m, Eagle3Draft* draft,
                                              const SpeculativeConfig& sc,
                                              const std::vector<std::vector<int32_t>>& prompts,
@@ -493,12 +503,7 @@ TEST(Eagle3Draft, GreedyOutputEqualsPlainDecodingOnARealModel) {
   SpeculativeConfig off;
   const auto want = run_engine(m, nullptr, off, prompts, 24, false, &st);
   const std::string dd = temp_dir("greedy_draft");
-  RandomEagle3Options o;
-  o.head_dim = 32;
-  o.num_heads = 4;
-  o.aux_layers = {1, 2, 3};
-  write_random_eagle3(dd, m.config(), o);
-  auto draft = Eagle3Draft::load(dd, m.config(), Device{}, m.input_embedding());
+  auto draft = small_random_draft(m, dd);
   struct Variant {
     Method method;
     int k;
@@ -540,12 +545,7 @@ TEST(Eagle3Draft, AdaptiveDraftThatTurnsOffKeepsGreedyOutput) {
   engine::EngineStats st;
   const auto want = run_engine(m, nullptr, {}, prompts, 90, false, &st);
   const std::string dd = temp_dir("adaptive_draft");
-  RandomEagle3Options o;
-  o.head_dim = 32;
-  o.num_heads = 4;
-  o.aux_layers = {1, 2, 3};
-  write_random_eagle3(dd, m.config(), o);
-  auto draft = Eagle3Draft::load(dd, m.config(), Device{}, m.input_embedding());
+  auto draft = small_random_draft(m, dd);
   SpeculativeConfig sc;
   sc.method = Method::Eagle3;
   sc.num_speculative_tokens = 3;
