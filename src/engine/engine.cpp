@@ -394,27 +394,42 @@ void Engine::prepare_drafts(int k) {
     }
 }
 
-void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int K) {
+void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int K,
+                            bool follow) {
   DraftPlan dp;
   dp.num_tokens = K;
   dp.next_tokens.assign(in.token_ids.size(), 0);
   dp.slots.assign(in.token_ids.size(), -1);
   std::vector<Request*> who;
+  bool any_rows = false;
   for (size_t si = 0; si < plan.seqs.size(); ++si) {
     const ScheduledSeq& s = plan.seqs[si];
     auto it = live_.find(s.request_id);
     if (it == live_.end()) continue;
     Request* r = it->second.req.get();
+    r->draft.clear();
+    // A first chunk after a prefix-cache hit counts the cached positions as followed (their
+    // draft K/V were written with the blocks); a recompute or a rollback rewrites from start_pos.
+    int64_t& covered = r->draft_covered;
+    if (covered < 0 || s.start_pos < covered) covered = s.start_pos;
+    // Prompt chunks go through the draft in either mode (new sequences start fresh); decode rows
+    // only when asked to follow. Rows after a gap would not make the draft's K/V whole again.
+    const bool decode = s.sample && int64_t(s.token_ids.size()) == 1 + s.num_draft;
     const int64_t row0 = in.query_start_loc[si];
-    // Rows of positions the target kept: the draft's K/V there; the token after each is known.
-    for (int64_t t = 0; t < int64_t(s.token_ids.size()); ++t) {
-      const int64_t pos = s.start_pos + t;
-      if (pos >= r->num_computed_tokens || pos + 1 >= int64_t(r->tokens.size())) break;
-      dp.next_tokens[size_t(row0 + t)] = r->tokens[size_t(pos + 1)];
-      dp.slots[size_t(row0 + t)] = in.slot_mapping[size_t(row0 + t)];
+    if ((follow || !decode) && s.start_pos == covered) {
+      // Rows of positions the target kept: the draft's K/V there; the token after each is known.
+      for (int64_t t = 0; t < int64_t(s.token_ids.size()); ++t) {
+        const int64_t pos = s.start_pos + t;
+        if (pos >= r->num_computed_tokens || pos + 1 >= int64_t(r->tokens.size())) break;
+        dp.next_tokens[size_t(row0 + t)] = r->tokens[size_t(pos + 1)];
+        dp.slots[size_t(row0 + t)] = in.slot_mapping[size_t(row0 + t)];
+        covered = pos + 1;
+        any_rows = true;
+      }
     }
     if (K == 0 || !s.sample || finished[si] || r->status != RequestStatus::Running) continue;
     const int64_t c = r->num_computed_tokens;
+    if (covered != c) continue;  // stale: the draft missed some of its positions
     // K drafts need K - 1 draft positions now and K + 1 target positions next step.
     if (c + 1 + K > r->max_total_tokens || !kv_.allocate(r->id, c + 1 + K)) continue;
     DraftPlan::Seq q;
@@ -425,6 +440,7 @@ void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const st
     dp.seqs.push_back(std::move(q));
     who.push_back(r);
   }
+  if (!any_rows && who.empty()) return;  // plain decoding: the draft costs nothing
   std::vector<std::vector<int32_t>> drafts;
   runner_.propose(dp, drafts);
   for (size_t i = 0; i < who.size(); ++i) who[i]->draft = std::move(drafts[i]);
@@ -432,6 +448,7 @@ void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const st
 
 void Engine::step() {
   const double t0 = now_seconds();
+  const int64_t captures0 = runner_.graph_stats().captured;
   const spec::SpeculativeConfig& sc = cfg_.speculative;
   const bool eagle3 = sc.method == spec::Method::Eagle3 && runner_.draft();
   // (EAGLE3 drafts for this step were made, in the number chosen then, after the last step.)
@@ -584,21 +601,49 @@ void Engine::step() {
     }
   }
   scheduler_.step_done(plan);
+  const double t_own = now_seconds();
+  // A step that captured a CUDA graph (a new shape) says nothing about the mode's cost.
+  const bool captured = runner_.graph_stats().captured != captures0 || eagle_draft_captured_;
+  double draft_s = 0;
   if (eagle3) {
-    // The draft always follows the step (its KV must cover every computed position); it proposes
-    // only when the next step is to speculate.
-    eagle_next_k_ = spec_ctl_.choose(int(scheduler_.num_running()));
-    propose_eagle3(plan, in, finished, eagle_next_k_);
+    // The draft follows the step while speculation is the mode (its K/V must cover every
+    // position of a sequence that drafts). In plain mode it follows only prompt chunks, so new
+    // sequences stay able to draft for a probe, and decode steps skip its passes: they cost what
+    // they cost without a draft.
+    const int64_t captures1 = runner_.graph_stats().captured;
+    bool fresh = false;  // some sequence could draft for the next step
+    for (const auto& s : plan.seqs) {
+      auto it = live_.find(s.request_id);
+      if (it == live_.end()) continue;
+      const Request* r = it->second.req.get();
+      fresh = fresh || (r->status == RequestStatus::Running && (r->draft_covered < 0 || r->draft_covered == s.start_pos) &&
+                        r->num_computed_tokens + 1 == int64_t(r->tokens.size()));
+    }
+    eagle_next_k_ = spec_ctl_.choose(int(scheduler_.num_running()), fresh);
+    propose_eagle3(plan, in, finished, eagle_next_k_, eagle_next_k_ > 0 || spec_ctl_.speculating());
+    draft_s = now_seconds() - t_own;
+    eagle_draft_captured_ = runner_.graph_stats().captured != captures1;
   }
   const double t4 = now_seconds();
   if (sc.enabled()) {
     // Only steps of decodes alone measure what speculation costs (prefill chunks dwarf them).
     bool decode_only = true;
     for (const auto& s : plan.seqs) decode_only = decode_only && s.sample && int(s.token_ids.size()) == 1 + s.num_draft;
+    // A step with drafts is charged the draft's passes that made them (after the step before);
+    // a plain step is not charged the passes after it, which plain mode does not run.
+    // (A step meant to speculate in which no sequence had drafts measured nothing about them.)
     int step_k = 0;
     for (const auto& s : plan.seqs) step_k = std::max(step_k, s.num_draft);
-    if (decode_only) spec_ctl_.record_step(step_k, t4 - t0, int(decode_seqs), decode_tokens);
+    if (decode_only && !captured && (k == 0 || step_k > 0)) {
+      const bool was = spec_ctl_.speculating();
+      spec_ctl_.record_step(k, t_own - t0 + (k > 0 ? eagle_draft_s_ : 0.0), int(decode_seqs), decode_tokens);
+      if (spec_ctl_.speculating() != was)
+        SIEVE_LOG(Info, "speculation " << (was ? "off" : "on") << " at " << decode_seqs << " sequences: "
+                                       << spec_ctl_.cost_spec() * 1e3 << " ms a token with drafts, "
+                                       << spec_ctl_.cost_plain() * 1e3 << " without");
+    }
   }
+  eagle_draft_s_ = draft_s;
   // Trace before finishing: a finished request's reader may stop the profile right away.
   if (profiling_.load(std::memory_order_relaxed)) {
     int64_t decodes = 0;

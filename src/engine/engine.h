@@ -140,7 +140,10 @@ class Engine {
   // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
   // step before) and, after a step, the EAGLE3 draft's proposals for the next one.
   void prepare_drafts(int k);
-  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int k);
+  // `follow`: the draft's passes also cover decode rows (prompt chunks always), keeping the
+  // sequences that drafted so far able to draft.
+  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int k,
+                      bool follow);
   void trace(const std::string& name, double t0, double t1, const std::string& args = {});
   Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg);
 
@@ -168,6 +171,8 @@ class Engine {
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
   SpecController spec_ctl_;
   int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)
+  double eagle_draft_s_ = 0;         // the time of those proposals (the draft's passes)
+  bool eagle_draft_captured_ = false;  // whether they captured a CUDA graph
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

@@ -76,6 +76,10 @@ struct Request {
   // Speculative decoding: draft tokens proposed for the next step (after the last token), checked
   // by the target in that step and cleared after it.
   std::vector<int32_t> draft;
+  // EAGLE3: the draft's K/V follow the target's over positions [0, draft_covered) (-1: not
+  // scheduled yet). Below num_computed_tokens the draft skipped some of its rows (plain decoding
+  // stops the draft's passes), so its drafts would be poor: it drafts no more.
+  int64_t draft_covered = -1;
   // For latency metrics (seconds, steady clock).
   double arrival_s = 0, first_token_s = 0, last_token_s = 0;
 

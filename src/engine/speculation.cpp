@@ -59,17 +59,19 @@ Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V,
 SpecController::SpecController(const spec::SpeculativeConfig& c)
     : cfg_(c), pos_rate_(size_t(std::max(c.num_speculative_tokens, 0)), 1.0) {}
 
-int SpecController::choose(int num_running) {
+int SpecController::choose(int num_running, bool can_probe) {
+  probe_ = false;
   const int K = cfg_.num_speculative_tokens;
   if (!cfg_.enabled() || K <= 0) return 0;
   if (cfg_.disable_by_batch_size > 0 && num_running > cfg_.disable_by_batch_size) return 0;
   if (!cfg_.adaptive) return K;
-  const uint64_t n = decisions_++;
-  const bool probe = n % probe_every == probe_every - 1;
-  bool plain = plain_;
-  if (probe) plain = !plain;  // re-measure the other mode
-  if (plain) return 0;
-  if (probe) return K;  // a probe of speculation uses every position
+  ++since_probe_;
+  if (since_probe_ >= probe_every_ && (can_probe || !plain_)) {
+    since_probe_ = 0;
+    probe_ = true;
+    return plain_ ? K : 0;  // a probe of speculation uses every position
+  }
+  if (plain_) return 0;
   int k = 1;
   while (k < K && pos_rate_[size_t(k)] >= min_position_rate) ++k;
   return k;
@@ -79,9 +81,20 @@ void SpecController::record_step(int k, double seconds, int num_seqs, int64_t to
   if (num_seqs <= 0 || tokens <= 0 || !(seconds > 0)) return;
   const double c = seconds * double(num_seqs) / double(tokens);
   double& e = cost_[k > 0 ? 1 : 0];
-  e = e == 0 ? c : 0.9 * e + 0.1 * c;
-  // The cheaper mode wins once both were measured; speculation starts on.
-  if (cost_[0] > 0 && cost_[1] > 0) plain_ = cost_[0] < cost_[1];
+  // A probe's sample is the other mode's only news for a while: it weighs more.
+  const double w = probe_ ? 0.3 : 0.1;
+  e = e == 0 ? c : (1 - w) * e + w * c;
+  // The cheaper mode wins once both were measured, by a margin over the mode in use (modes within
+  // noise of each other would otherwise flip often, and each switch to plain leaves the running
+  // EAGLE3 sequences unable to draft); speculation starts on.
+  const bool was = plain_;
+  if (cost_[0] > 0 && cost_[1] > 0)
+    plain_ = plain_ ? cost_[1] > cost_[0] * (1 - switch_margin) : cost_[0] < cost_[1] * (1 - switch_margin);
+  if (plain_ != was)
+    probe_every_ = first_probe;
+  else if (probe_)
+    probe_every_ = std::min(2 * probe_every_, max_probe_every);
+  probe_ = false;
 }
 
 void SpecController::record_draft(int drafted, int accepted) {

@@ -47,34 +47,49 @@ struct SpecStats {
 
 // Chooses the number of draft tokens of each step. Speculation costs every decode step extra
 // rows (and the draft's passes); it pays only when enough of them are accepted. The controller
-// measures both modes on the running workload: the wall time of decode-only steps divided by the
-// tokens each sequence gained in them, an exponential average per mode; it keeps the cheaper one
-// and re-measures the other every `probe_every` decode steps. It also drops the draft positions
-// whose acceptance rate fell below `min_position_rate` (they cost a row each and rarely pay).
+// measures both modes on the running workload: the wall time of a decode-only step (with the
+// draft's passes that made its drafts; without the passes a plain step needs none of) divided by
+// the tokens each sequence gained in it, an exponential average per mode. It keeps the cheaper
+// mode (the other must be `switch_margin` cheaper to take over) and re-measures the other with one
+// probe step, first after `first_probe` decisions; each
+// probe that confirms the mode doubles the interval (up to `max_probe_every`), a switch resets it.
+// It also drops the draft positions whose acceptance rate fell below `min_position_rate` (they
+// cost a row each and rarely pay).
 class SpecController {
  public:
   SpecController(const spec::SpeculativeConfig& c);
 
-  // Draft tokens for this step given the running batch size (0: plain decoding).
-  int choose(int num_running);
-  // After a decode-only step that used `k` draft tokens: its wall time, the sequences in it and
-  // the tokens they gained.
+  // Draft tokens for this step given the running batch size (0: plain decoding). `can_probe`:
+  // whether a step with drafts could run now (with EAGLE3 in plain mode, only sequences whose
+  // draft followed every position can draft); a probe of speculation that is due waits for one.
+  int choose(int num_running, bool can_probe = true);
+  // After a decode-only step for which choose() returned `k`: its wall time (with the draft's
+  // passes that proposed its drafts), the sequences in it and the tokens they gained. Call it
+  // before the next choose(); leave out steps that include one-off costs (a CUDA graph capture).
   void record_step(int k, double seconds, int num_seqs, int64_t tokens);
   // After each verified draft: how many of its `drafted` tokens were kept.
   void record_draft(int drafted, int accepted);
 
+  // Whether the cheaper mode measured so far is speculation (EAGLE3's draft then follows every
+  // step; in plain mode only the prompts of new sequences and probes).
   bool speculating() const { return !plain_; }
+  bool probing() const { return probe_; }  // the last choose() was a probe
+  int probe_interval() const { return probe_every_; }
   double cost_spec() const { return cost_[1]; }
   double cost_plain() const { return cost_[0]; }
+
+  static constexpr int first_probe = 8;
+  static constexpr int max_probe_every = 512;
+  static constexpr double min_position_rate = 0.1;
+  static constexpr double switch_margin = 0.03;
 
  private:
   spec::SpeculativeConfig cfg_;
   bool plain_ = false;  // the cheaper mode measured so far
-  uint64_t decisions_ = 0;
+  bool probe_ = false;
+  int since_probe_ = 0, probe_every_ = first_probe;
   double cost_[2] = {0, 0};  // seconds per token per sequence (0: not measured yet)
   std::vector<double> pos_rate_;
-  static constexpr int probe_every = 64;
-  static constexpr double min_position_rate = 0.1;
 };
 
 // A verification step for benchmarks (`sieve bench step`): `batch` sequences that hold `context`

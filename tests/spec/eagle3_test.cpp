@@ -434,6 +434,16 @@ TEST(Eagle3Draft, DraftsThatDoNotFitTheTargetAreRefused) {
 
 // ---- greedy equality through the engine on a real (tiny) model ---------------------------------
 
+// A small random draft of `m` written to `dir` and loaded.
+std::unique_ptr<Eagle3Draft> small_random_draft(model::Model& m, const std::string& dir) {
+  RandomEagle3Options o;
+  o.head_dim = 32;
+  o.num_heads = 4;
+  o.aux_layers = {1, 2, 3};
+  write_random_eagle3(dir, m.config(), o);
+  return Eagle3Draft::load(dir, m.config(), Device{}, m.input_embedding());
+}
+
 std::vector<std::vector<int32_t>> run_engine(model::Model& m, Eagle3Draft* draft,
                                              const SpeculativeConfig& sc,
                                              const std::vector<std::vector<int32_t>>& prompts,
@@ -493,12 +503,7 @@ TEST(Eagle3Draft, GreedyOutputEqualsPlainDecodingOnARealModel) {
   SpeculativeConfig off;
   const auto want = run_engine(m, nullptr, off, prompts, 24, false, &st);
   const std::string dd = temp_dir("greedy_draft");
-  RandomEagle3Options o;
-  o.head_dim = 32;
-  o.num_heads = 4;
-  o.aux_layers = {1, 2, 3};
-  write_random_eagle3(dd, m.config(), o);
-  auto draft = Eagle3Draft::load(dd, m.config(), Device{}, m.input_embedding());
+  auto draft = small_random_draft(m, dd);
   struct Variant {
     Method method;
     int k;
@@ -520,6 +525,36 @@ TEST(Eagle3Draft, GreedyOutputEqualsPlainDecodingOnARealModel) {
                                 24, v.caching, &st);
     EXPECT_EQ(got, want) << method_name(v.method) << " K=" << v.k;
     EXPECT_GT(st.spec_num_draft_tokens, 0u) << method_name(v.method) << " K=" << v.k;
+  }
+}
+
+// The adaptive controller with a useless (random) draft: speculation costs more than it gains, so
+// the engine turns to plain decoding, which stops the draft's passes over decode rows (sequences
+// it skipped draft no more) and probes now and then with new sequences. Output stays plain
+// decoding's, with and without prefix caching.
+TEST(Eagle3Draft, AdaptiveDraftThatTurnsOffKeepsGreedyOutput) {
+  Target t = make_target("adaptive");
+  model::Model& m = *t.model;
+  std::mt19937_64 rng(9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> p(size_t(20 + rng() % 150));
+    for (auto& x : p) x = int32_t(rng() % 300);
+    prompts.push_back(p);
+  }
+  engine::EngineStats st;
+  const auto want = run_engine(m, nullptr, {}, prompts, 90, false, &st);
+  const std::string dd = temp_dir("adaptive_draft");
+  auto draft = small_random_draft(m, dd);
+  SpeculativeConfig sc;
+  sc.method = Method::Eagle3;
+  sc.num_speculative_tokens = 3;
+  sc.model = dd;
+  sc.adaptive = true;
+  for (bool caching : {false, true}) {
+    const auto got = run_engine(m, draft.get(), sc, prompts, 90, caching, &st);
+    EXPECT_EQ(got, want) << "prefix caching " << caching;
+    std::printf("[ spec ] adaptive random draft: %llu drafts\n", (unsigned long long)st.spec_num_drafts);
   }
 }
 
