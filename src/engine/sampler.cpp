@@ -9,6 +9,31 @@
 
 namespace sieve::engine {
 
+namespace {
+
+bool greedy(const SamplingParams& p) { return p.temperature < 1e-5; }
+
+// The first index of the largest value (0 when every value is -inf).
+int32_t first_argmax(std::span<const float> x) {
+  float best = -std::numeric_limits<float>::infinity();
+  int32_t chosen = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (x[i] > best) {
+      best = x[i];
+      chosen = int32_t(i);
+    }
+  return chosen;
+}
+
+// A token's unnormalised weight, exp(logit / T - mx) with inv_t = 1 / T and mx the largest
+// scaled logit: 0 for a masked (-inf) logit.
+double token_weight(float logit, double inv_t, double mx) {
+  const double v = double(logit);
+  return std::isinf(v) && v < 0 ? 0.0 : std::exp(v * inv_t - mx);
+}
+
+}  // namespace
+
 std::vector<float> log_softmax(std::span<const float> logits) {
   double mx = -std::numeric_limits<double>::infinity();
   for (float x : logits) mx = std::max(mx, double(x));
@@ -64,13 +89,8 @@ SamplingDist sampling_distribution(std::span<const float> logits, const Sampling
   }
 
   int32_t chosen = 0;
-  if (p.temperature < 1e-5) {
-    float best = neg_inf;
-    for (int64_t i = 0; i < V; ++i)
-      if (x[size_t(i)] > best) {
-        best = x[size_t(i)];
-        chosen = int32_t(i);
-      }
+  if (greedy(p)) {
+    chosen = first_argmax(x);
   } else {
     // Candidates sorted by logit (descending, ties to the lower id) so the filters are prefixes.
     std::vector<int32_t> idx(static_cast<size_t>(V));
@@ -79,10 +99,7 @@ SamplingDist sampling_distribution(std::span<const float> logits, const Sampling
     auto by_logit = [&](int32_t a, int32_t b) {
       return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b);
     };
-    auto weight = [&](int32_t t, double mx) {
-      const double v = double(x[size_t(t)]);
-      return std::isinf(v) && v < 0 ? 0.0 : std::exp(v * inv_t - mx);
-    };
+    auto weight = [&](int32_t t, double mx) { return token_weight(x[size_t(t)], inv_t, mx); };
     size_t keep = idx.size();
     double tail_mass = 0;  // unnormalized mass of candidates past `keep` (head-only sorting)
     double mx = -std::numeric_limits<double>::infinity();
@@ -246,28 +263,15 @@ bool plain_row(std::span<const float> logits, const SamplingParams& p, std::span
 // per-thread buffer, one uniform draw scaled by their sum, the first id whose running sum passes
 // it. -1 when the row has no mass (the general path decides then).
 int32_t draw_plain(std::span<const float> logits, const SamplingParams& p, std::mt19937_64& rng) {
+  if (greedy(p)) return first_argmax(logits);
   const size_t V = logits.size();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  if (p.temperature < 1e-5) {
-    float best = neg_inf;
-    int32_t chosen = 0;
-    for (size_t i = 0; i < V; ++i)
-      if (logits[i] > best) {
-        best = logits[i];
-        chosen = int32_t(i);
-      }
-    return chosen;
-  }
   const double inv_t = 1.0 / p.temperature;
   double mx = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < V; ++i) mx = std::max(mx, double(logits[i]) * inv_t);
   thread_local std::vector<double> w;
   if (w.size() < V) w.resize(V);
   double total = 0;
-  for (size_t i = 0; i < V; ++i) {
-    const double v = double(logits[i]);
-    total += w[i] = std::isinf(v) && v < 0 ? 0.0 : std::exp(v * inv_t - mx);
-  }
+  for (size_t i = 0; i < V; ++i) total += w[i] = token_weight(logits[i], inv_t, mx);
   if (!(total > 0)) return -1;
   std::uniform_real_distribution<double> uni(0.0, 1.0);
   const double u = uni(rng) * total;
