@@ -74,6 +74,24 @@ struct TypedBuffer {
 
 inline void fill_nan(std::vector<float>& v) { std::fill(v.begin(), v.end(), kNaN); }
 
+// Embedding of `ids` from a BF16 vocabulary shard: rows [vocab0, vocab0 + vocab) of the whole
+// table, F32 out (zero rows for the other ranks' ids).
+inline ops::EmbeddingParams shard_embedding_params(const std::vector<int32_t>& ids, const void* table,
+                                                   int64_t vocab, int64_t hidden, int64_t vocab0, void* out) {
+  ops::EmbeddingParams p;
+  p.ids = ids.data();
+  p.num_tokens = int64_t(ids.size());
+  p.table = table;
+  p.table_dtype = DType::BF16;
+  p.vocab = vocab;
+  p.hidden = hidden;
+  p.shard = true;
+  p.vocab0 = vocab0;
+  p.out = out;
+  p.out_dtype = DType::F32;
+  return p;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Paged batches.
 

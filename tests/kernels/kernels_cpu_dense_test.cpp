@@ -126,17 +126,7 @@ TEST(CpuEmbedding, VocabShardGivesZerosForOtherRanksIds) {
   TypedBuffer table = TypedBuffer::from(DType::BF16, random_vector(size_t(vocab * hidden), rng, -3, 3));
   std::vector<int32_t> ids = {74, 110, 0, 73, 111, 90, 500};
   std::vector<float> out(ids.size() * hidden, kNaN);
-  ops::EmbeddingParams p;
-  p.ids = ids.data();
-  p.num_tokens = int64_t(ids.size());
-  p.table = table.data();
-  p.table_dtype = DType::BF16;
-  p.vocab = vocab;
-  p.hidden = hidden;
-  p.shard = true;
-  p.vocab0 = vocab0;
-  p.out = out.data();
-  p.out_dtype = DType::F32;
+  ops::EmbeddingParams p = shard_embedding_params(ids, table.data(), vocab, hidden, vocab0, out.data());
   cpu::run_embedding(p);
   for (size_t t = 0; t < ids.size(); ++t) {
     const bool here = ids[t] >= vocab0 && ids[t] < vocab0 + vocab;

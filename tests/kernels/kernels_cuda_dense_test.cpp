@@ -139,17 +139,7 @@ TEST(CudaEmbedding, VocabShardBitwise) {
   std::vector<int32_t> ids = {500, 749, 0, 499, 750, 600, 999};
   for (int i = 0; i < 40; ++i) ids.push_back(rng.uniform_int(0, 999));
   TypedBuffer want(DType::F32, ids.size() * hidden);
-  ops::EmbeddingParams p;
-  p.ids = ids.data();
-  p.num_tokens = int64_t(ids.size());
-  p.table = table.data();
-  p.table_dtype = DType::BF16;
-  p.vocab = vocab;
-  p.hidden = hidden;
-  p.shard = true;
-  p.vocab0 = vocab0;
-  p.out = want.data();
-  p.out_dtype = DType::F32;
+  ops::EmbeddingParams p = shard_embedding_params(ids, table.data(), vocab, hidden, vocab0, want.data());
   cpu::run_embedding(p);
   Dev dids = Dev::of(ids), dtable = Dev::of(table), dout = Dev::of(TypedBuffer(DType::F32, want.count));
   p.ids = dids.as<int32_t>();
