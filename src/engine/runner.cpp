@@ -402,16 +402,18 @@ HostLogits::~HostLogits() { free_host(memory_, p_); }
 
 float* HostLogits::resize(const Device& device, size_t n) {
   if (n > cap_ || !(device == device_)) {
+    // Page-locked memory is a scarce resource of the host: a step that wants every row's logits
+    // of a long prompt (prompt log-probs) gets ordinary memory past 1 GiB. Below that the room
+    // doubles, so that a batch growing a sequence at a time page-locks a few times, not each step.
+    constexpr size_t kPinnedFloats = (size_t(1) << 30) / sizeof(float);
+    const size_t cap = device == device_ ? std::max(n, std::min(2 * cap_, kPinnedFloats)) : n;
     free_host(memory_, p_);
-    p_ = nullptr;
+    p_ = nullptr;  // (alloc_host may throw)
     cap_ = n_ = 0;
-    // (Page-locked memory is a scarce resource of the host: a step that wants every row's logits
-    // of a long prompt (prompt log-probs) gets ordinary memory past 1 GiB.)
-    const size_t bytes = n * sizeof(float);
     device_ = device;
-    memory_ = bytes > (size_t(1) << 30) ? Device{} : device;
-    p_ = static_cast<float*>(alloc_host(memory_, bytes));
-    cap_ = n;
+    memory_ = cap > kPinnedFloats ? Device{} : device;
+    p_ = static_cast<float*>(alloc_host(memory_, cap * sizeof(float)));
+    cap_ = cap;
   }
   n_ = n;
   return p_;
