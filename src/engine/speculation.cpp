@@ -60,11 +60,19 @@ SpecController::SpecController(const spec::SpeculativeConfig& c)
     : cfg_(c), pos_rate_(size_t(std::max(c.num_speculative_tokens, 0)), 1.0) {}
 
 int SpecController::choose(int num_running, bool can_probe) {
+  const bool unmeasured = probe_;  // record_step() did not see the last probe's step
   probe_ = false;
   const int K = cfg_.num_speculative_tokens;
   if (!cfg_.enabled() || K <= 0) return 0;
   if (cfg_.disable_by_batch_size > 0 && num_running > cfg_.disable_by_batch_size) return 0;
   if (!cfg_.adaptive) return K;
+  // A probe step that measured nothing is tried again a few times: in prompt-heavy traffic many
+  // steps carry a prompt chunk, and a lost probe would otherwise wait a whole interval. (Its
+  // sequences were followed by the draft, so in plain mode they can still draft.)
+  if (unmeasured && ++probe_tries_ < max_probe_tries)
+    since_probe_ = probe_every_ - 1;
+  else
+    probe_tries_ = 0;
   ++since_probe_;
   if (since_probe_ >= probe_every_ && (can_probe || !plain_)) {
     since_probe_ = 0;
@@ -95,6 +103,7 @@ void SpecController::record_step(int k, double seconds, int num_seqs, int64_t to
   else if (probe_)
     probe_every_ = std::min(2 * probe_every_, max_probe_every);
   probe_ = false;
+  probe_tries_ = 0;
 }
 
 void SpecController::record_draft(int drafted, int accepted) {

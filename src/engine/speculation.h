@@ -51,8 +51,9 @@ struct SpecStats {
 // draft's passes that made its drafts; without the passes a plain step needs none of) divided by
 // the tokens each sequence gained in it, an exponential average per mode. It keeps the cheaper
 // mode (the other must be `switch_margin` cheaper to take over) and re-measures the other with one
-// probe step, first after `first_probe` decisions; each
-// probe that confirms the mode doubles the interval (up to `max_probe_every`), a switch resets it.
+// probe step, first after `first_probe` decisions; each probe that confirms the mode doubles the
+// interval (up to `max_probe_every`), a switch resets it. A probe whose step measured nothing (it
+// had prompt chunks or captured a graph) stays due for up to `max_probe_tries` decisions in all.
 // It also drops the draft positions whose acceptance rate fell below `min_position_rate` (they
 // cost a row each and rarely pay).
 class SpecController {
@@ -71,8 +72,14 @@ class SpecController {
   void record_draft(int drafted, int accepted);
 
   // Whether the cheaper mode measured so far is speculation (EAGLE3's draft then follows every
-  // step; in plain mode only the prompts of new sequences and probes).
+  // step).
   bool speculating() const { return !plain_; }
+  // In plain mode: a probe of speculation is due and waits for a sequence that can draft. Only
+  // then does EAGLE3's draft follow new prompts (sequences whose draft skipped a position never
+  // draft), so while speculation is off the draft runs over about one prompt a probe interval.
+  bool probe_waiting() const { return plain_ && cfg_.adaptive && since_probe_ >= probe_every_; }
+  // Whether EAGLE3's draft should follow the prompt chunks of the step just run.
+  bool covers_prompts() const { return speculating() || probe_waiting(); }
   bool probing() const { return probe_; }  // the last choose() was a probe
   int probe_interval() const { return probe_every_; }
   double cost_spec() const { return cost_[1]; }
@@ -80,6 +87,7 @@ class SpecController {
 
   static constexpr int first_probe = 8;
   static constexpr int max_probe_every = 512;
+  static constexpr int max_probe_tries = 4;
   static constexpr double min_position_rate = 0.1;
   static constexpr double switch_margin = 0.03;
 
@@ -87,6 +95,7 @@ class SpecController {
   spec::SpeculativeConfig cfg_;
   bool plain_ = false;  // the cheaper mode measured so far
   bool probe_ = false;
+  int probe_tries_ = 0;  // probes in a row whose step measured nothing
   int since_probe_ = 0, probe_every_ = first_probe;
   double cost_[2] = {0, 0};  // seconds per token per sequence (0: not measured yet)
   std::vector<double> pos_rate_;

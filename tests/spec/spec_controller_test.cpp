@@ -95,6 +95,81 @@ TEST(SpecController, ADueProbeOfSpeculationWaitsForASequenceThatCanDraft) {
   EXPECT_TRUE(c.probing());
 }
 
+// EAGLE3 in plain mode: a new sequence can draft (for a probe) only if the draft followed its
+// prompt, which costs a draft pass. A sequence arrives every `every` decisions (its prompt in one
+// step, so it can draft at the next decision only); its prompt is followed when the decision
+// probes (the draft then follows every row) or a probe waits (covers_prompts). Returns the
+// fraction of prompts followed and counts the probes.
+double followed_prompts(SpecController& c, const Workload& w, int decisions, int every, int* probes) {
+  int arrivals = 0, followed = 0;
+  *probes = 0;
+  for (int i = 0; i < decisions; ++i) {
+    const bool arrived = i % every == 0;
+    const int k = c.choose(w.seqs, arrived);
+    if (arrived) {
+      ++arrivals;
+      followed += k > 0 || c.covers_prompts();
+    }
+    if (c.probing() && k > 0) ++*probes;
+    if (k > 0)
+      c.record_step(k, w.spec_s(k), w.seqs, int64_t(w.seqs * (1 + w.kept)));
+    else
+      c.record_step(0, w.plain_s, w.seqs, w.seqs);
+  }
+  return double(followed) / double(arrivals);
+}
+
+TEST(SpecController, WhileOffTheDraftFollowsAboutOnePromptAProbeInterval) {
+  SpecController c(config(3));
+  Workload w;
+  w.kept = 0.3;
+  int probes = 0;
+  followed_prompts(c, w, 3000, 10, &probes);  // settles: plain, probes every max_probe_every
+  ASSERT_FALSE(c.speculating());
+  ASSERT_EQ(c.probe_interval(), SpecController::max_probe_every);
+  // Settled: each probe waits for the next arrival (at most `every` decisions) and follows only
+  // that prompt; none in between.
+  const int decisions = 40 * SpecController::max_probe_every;
+  const double f = followed_prompts(c, w, decisions, 10, &probes);
+  EXPECT_GE(probes, 38);
+  EXPECT_LE(probes, 40);
+  EXPECT_NEAR(f, 10.0 / SpecController::max_probe_every, 0.004);
+  // Speculation on: every prompt is followed.
+  SpecController on(config(3));
+  Workload good;
+  good.kept = 1.5;
+  EXPECT_EQ(followed_prompts(on, good, 3000, 10, &probes), 1.0);
+  EXPECT_EQ(probes, 0);
+}
+
+TEST(SpecController, AProbeWhoseStepMeasuredNothingIsTriedAgainAFewTimes) {
+  SpecController c(config(3));
+  Workload w;
+  w.kept = 0.2;
+  drive(c, w, 3000);
+  ASSERT_FALSE(c.speculating());
+  // Run to the next probe.
+  int i = 0;
+  while (c.choose(w.seqs, true) == 0) {
+    c.record_step(0, w.plain_s, w.seqs, w.seqs);
+    ASSERT_LT(++i, 2 * SpecController::max_probe_every);
+  }
+  ASSERT_TRUE(c.probing());
+  // Its step had a prompt chunk (not recorded): the next decisions probe again.
+  for (int t = 1; t < SpecController::max_probe_tries; ++t) {
+    EXPECT_EQ(c.choose(w.seqs, true), 3) << t;
+    EXPECT_TRUE(c.probing());
+  }
+  // Then it waits a whole interval.
+  EXPECT_EQ(c.choose(w.seqs, true), 0);
+  EXPECT_FALSE(c.probing());
+  EXPECT_FALSE(c.covers_prompts());
+  // A probe retried and recorded counts as any: the interval stays at its maximum.
+  const Trace t = drive(c, w, 2 * SpecController::max_probe_every);
+  EXPECT_EQ(t.spec_steps, 2);
+  EXPECT_EQ(c.probe_interval(), SpecController::max_probe_every);
+}
+
 TEST(SpecController, FollowsAWorkloadWhoseBetterModeChanges) {
   SpecController c(config(3));
   Workload busy;
