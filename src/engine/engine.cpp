@@ -394,37 +394,61 @@ void Engine::prepare_drafts(int k) {
     }
 }
 
-void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int K,
-                            bool follow) {
+bool Engine::draft_whole(const Request& r, int64_t start_pos) const {
+  if (!r.draft_whole_at(start_pos)) return false;
+  if (start_pos == 0 || (r.draft_covered >= 0 && start_pos >= r.draft_covered)) return true;
+  // A (re)start after a prefix-cache hit reuses the draft's K/V of the cached blocks, written by
+  // whichever sequence computed them: only blocks whose every position the draft followed count.
+  const std::vector<int32_t>& table = kv_.block_table(r.id);
+  const int64_t bs = model_.block_size();
+  for (int64_t b = 0; b * bs < start_pos; ++b)
+    if (b >= int64_t(table.size()) || !draft_block_whole_[size_t(table[size_t(b)])]) return false;
+  return true;
+}
+
+uint64_t Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished,
+                                int K, bool follow, bool cover_prompts) {
   DraftPlan dp;
   dp.num_tokens = K;
   dp.next_tokens.assign(in.token_ids.size(), 0);
   dp.slots.assign(in.token_ids.size(), -1);
+  if (draft_block_whole_.empty()) draft_block_whole_.assign(size_t(cfg_.num_blocks), 0);
+  const int64_t bs = model_.block_size();
   std::vector<Request*> who;
   bool any_rows = false;
+  uint64_t prompt_rows = 0;
   for (size_t si = 0; si < plan.seqs.size(); ++si) {
     const ScheduledSeq& s = plan.seqs[si];
     auto it = live_.find(s.request_id);
     if (it == live_.end()) continue;
     Request* r = it->second.req.get();
     r->draft.clear();
-    // A first chunk after a prefix-cache hit counts the cached positions as followed (their
-    // draft K/V were written with the blocks); a recompute or a rollback rewrites from start_pos.
+    // A first chunk after a prefix-cache hit counts the cached positions as followed (when the
+    // draft followed them as they were computed); a recompute or a rollback rewrites from start_pos.
     int64_t& covered = r->draft_covered;
-    if (covered < 0 || s.start_pos < covered) covered = s.start_pos;
-    // Prompt chunks go through the draft in either mode (new sequences start fresh); decode rows
-    // only when asked to follow. Rows after a gap would not make the draft's K/V whole again.
+    const bool whole = draft_whole(*r, s.start_pos);
+    if (whole) covered = s.start_pos;
+    // Decode rows go through the draft only when asked to follow; prompt chunks also while the
+    // controller wants new sequences able to draft. Rows after a gap would not make the draft's
+    // K/V whole again.
     const bool decode = s.sample && int64_t(s.token_ids.size()) == 1 + s.num_draft;
+    const bool rows = whole && (follow || (!decode && cover_prompts));
     const int64_t row0 = in.query_start_loc[si];
-    if ((follow || !decode) && s.start_pos == covered) {
+    for (int64_t t = 0; t < int64_t(s.token_ids.size()); ++t) {
+      const int64_t pos = s.start_pos + t;
+      if (pos >= r->num_computed_tokens) break;  // rejected drafts: rewritten before they count
+      const int64_t slot = in.slot_mapping[size_t(row0 + t)];
+      uint8_t& block_whole = draft_block_whole_[size_t(slot / bs)];
       // Rows of positions the target kept: the draft's K/V there; the token after each is known.
-      for (int64_t t = 0; t < int64_t(s.token_ids.size()); ++t) {
-        const int64_t pos = s.start_pos + t;
-        if (pos >= r->num_computed_tokens || pos + 1 >= int64_t(r->tokens.size())) break;
+      if (rows && covered == pos && pos + 1 < int64_t(r->tokens.size())) {
         dp.next_tokens[size_t(row0 + t)] = r->tokens[size_t(pos + 1)];
-        dp.slots[size_t(row0 + t)] = in.slot_mapping[size_t(row0 + t)];
+        dp.slots[size_t(row0 + t)] = slot;
         covered = pos + 1;
         any_rows = true;
+        prompt_rows += !decode;
+        if (slot % bs == 0) block_whole = 1;  // a block's positions are written in order
+      } else {
+        block_whole = 0;
       }
     }
     if (K == 0 || !s.sample || finished[si] || r->status != RequestStatus::Running) continue;
@@ -440,10 +464,11 @@ void Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, const st
     dp.seqs.push_back(std::move(q));
     who.push_back(r);
   }
-  if (!any_rows && who.empty()) return;  // plain decoding: the draft costs nothing
+  if (!any_rows && who.empty()) return 0;  // plain decoding: the draft costs nothing
   std::vector<std::vector<int32_t>> drafts;
   runner_.propose(dp, drafts);
   for (size_t i = 0; i < who.size(); ++i) who[i]->draft = std::move(drafts[i]);
+  return prompt_rows;
 }
 
 void Engine::step() {
@@ -604,27 +629,6 @@ void Engine::step() {
   const double t_own = now_seconds();
   // A step that captured a CUDA graph (a new shape) says nothing about the mode's cost.
   const bool captured = runner_.graph_stats().captured != captures0 || eagle_draft_captured_;
-  double draft_s = 0;
-  if (eagle3) {
-    // The draft follows the step while speculation is the mode (its K/V must cover every
-    // position of a sequence that drafts). In plain mode it follows only prompt chunks, so new
-    // sequences stay able to draft for a probe, and decode steps skip its passes: they cost what
-    // they cost without a draft.
-    const int64_t captures1 = runner_.graph_stats().captured;
-    bool fresh = false;  // some sequence could draft for the next step
-    for (const auto& s : plan.seqs) {
-      auto it = live_.find(s.request_id);
-      if (it == live_.end()) continue;
-      const Request* r = it->second.req.get();
-      fresh = fresh || (r->status == RequestStatus::Running && (r->draft_covered < 0 || r->draft_covered == s.start_pos) &&
-                        r->num_computed_tokens + 1 == int64_t(r->tokens.size()));
-    }
-    eagle_next_k_ = spec_ctl_.choose(int(scheduler_.num_running()), fresh);
-    propose_eagle3(plan, in, finished, eagle_next_k_, eagle_next_k_ > 0 || spec_ctl_.speculating());
-    draft_s = now_seconds() - t_own;
-    eagle_draft_captured_ = runner_.graph_stats().captured != captures1;
-  }
-  const double t4 = now_seconds();
   if (sc.enabled()) {
     // Only steps of decodes alone measure what speculation costs (prefill chunks dwarf them).
     bool decode_only = true;
@@ -632,18 +636,45 @@ void Engine::step() {
     // A step with drafts is charged the draft's passes that made them (after the step before);
     // a plain step is not charged the passes after it, which plain mode does not run.
     // (A step meant to speculate in which no sequence had drafts measured nothing about them.)
+    // Recorded before the next choice, so that a probe's sample is known as the probe's.
     int step_k = 0;
     for (const auto& s : plan.seqs) step_k = std::max(step_k, s.num_draft);
     if (decode_only && !captured && (k == 0 || step_k > 0)) {
       const bool was = spec_ctl_.speculating();
-      spec_ctl_.record_step(k, t_own - t0 + (k > 0 ? eagle_draft_s_ : 0.0), int(decode_seqs), decode_tokens);
+      const double seconds = cfg_.spec_step_seconds
+                                 ? cfg_.spec_step_seconds(k, int(decode_seqs), decode_tokens)
+                                 : t_own - t0 + (k > 0 ? eagle_draft_s_ : 0.0);
+      spec_ctl_.record_step(k, seconds, int(decode_seqs), decode_tokens);
       if (spec_ctl_.speculating() != was)
         SIEVE_LOG(Info, "speculation " << (was ? "off" : "on") << " at " << decode_seqs << " sequences: "
                                        << spec_ctl_.cost_spec() * 1e3 << " ms a token with drafts, "
                                        << spec_ctl_.cost_plain() * 1e3 << " without");
     }
   }
-  eagle_draft_s_ = draft_s;
+  uint64_t draft_prompt_rows = 0, probes = 0;
+  if (eagle3) {
+    // The draft follows the step while speculation is the mode (its K/V must cover every
+    // position of a sequence that drafts). In plain mode decode steps skip its passes, and so do
+    // prompt chunks except while a probe of speculation waits for a sequence that can draft:
+    // plain steps then cost what they cost without a draft.
+    const double t_draft = now_seconds();
+    const int64_t captures1 = runner_.graph_stats().captured;
+    bool fresh = false;  // some sequence could draft for the next step
+    for (const auto& s : plan.seqs) {
+      auto it = live_.find(s.request_id);
+      if (it == live_.end()) continue;
+      const Request* r = it->second.req.get();
+      fresh = fresh || (r->status == RequestStatus::Running && draft_whole(*r, s.start_pos) &&
+                        r->num_computed_tokens + 1 == int64_t(r->tokens.size()));
+    }
+    eagle_next_k_ = spec_ctl_.choose(int(scheduler_.num_running()), fresh);
+    probes += spec_ctl_.probing() && eagle_next_k_ > 0;
+    draft_prompt_rows = propose_eagle3(plan, in, finished, eagle_next_k_, eagle_next_k_ > 0 || spec_ctl_.speculating(),
+                                       spec_ctl_.covers_prompts());
+    eagle_draft_s_ = now_seconds() - t_draft;
+    eagle_draft_captured_ = runner_.graph_stats().captured != captures1;
+  }
+  const double t4 = now_seconds();
   // Trace before finishing: a finished request's reader may stop the profile right away.
   if (profiling_.load(std::memory_order_relaxed)) {
     int64_t decodes = 0;
@@ -669,6 +700,8 @@ void Engine::step() {
     stats_.prefix_query_tokens = uint64_t(kv_.prefix_query_tokens());
     stats_.prefix_hit_tokens = uint64_t(kv_.prefix_hit_tokens());
     stats_.spec_num_drafts += n_drafts;
+    stats_.spec_draft_prompt_rows += draft_prompt_rows;
+    stats_.spec_probes += probes;
     stats_.spec_num_draft_tokens += n_draft_tokens;
     stats_.spec_num_accepted_tokens += n_accepted;
     if (stats_.spec_accepted_per_pos.size() < accepted_per_pos.size())

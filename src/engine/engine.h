@@ -42,6 +42,9 @@ struct EngineConfig {
   RunnerOptions runner;
   // --speculative-config. Method eagle3 needs the runner's draft (Runner::set_draft) set.
   spec::SpeculativeConfig speculative;
+  // Tests: the time the speculation controller is told a decode-only step took (k drafts, the
+  // sequences, the tokens they gained) instead of the measured one. Unset: measured.
+  std::function<double(int k, int num_seqs, int64_t tokens)> spec_step_seconds;
 };
 
 struct TokenOutput {
@@ -140,10 +143,14 @@ class Engine {
   // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
   // step before) and, after a step, the EAGLE3 draft's proposals for the next one.
   void prepare_drafts(int k);
-  // `follow`: the draft's passes also cover decode rows (prompt chunks always), keeping the
-  // sequences that drafted so far able to draft.
-  void propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int k,
-                      bool follow);
+  // `follow`: the draft's passes cover every row, keeping the sequences that drafted so far able
+  // to draft; `cover_prompts`: they cover prompt chunks (so new sequences can draft). Returns the
+  // prompt rows the draft ran over.
+  uint64_t propose_eagle3(const StepPlan& plan, const StepInputs& in, const std::vector<bool>& finished, int k,
+                          bool follow, bool cover_prompts);
+  // EAGLE3: whether rows of r from `start_pos` keep the draft's K/V whole (Request::draft_whole_at,
+  // and after a prefix-cache hit, blocks whose draft K/V were written with them).
+  bool draft_whole(const Request& r, int64_t start_pos) const;
   void trace(const std::string& name, double t0, double t1, const std::string& args = {});
   Engine(std::unique_ptr<Runner> own, Runner* runner, EngineConfig cfg);
 
@@ -173,6 +180,9 @@ class Engine {
   int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)
   double eagle_draft_s_ = 0;         // the time of those proposals (the draft's passes)
   bool eagle_draft_captured_ = false;  // whether they captured a CUDA graph
+  // Per block id: whether the draft's K/V there were written with the target's, every position
+  // in order (a prefix-cache hit on a block the draft skipped leaves a sequence stale).
+  std::vector<uint8_t> draft_block_whole_;
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

@@ -45,6 +45,8 @@ struct EngineStats {
   bool spec_enabled = false;
   uint64_t spec_num_drafts = 0, spec_num_draft_tokens = 0, spec_num_accepted_tokens = 0;
   std::vector<uint64_t> spec_accepted_per_pos;
+  // EAGLE3: prompt rows the draft ran over, and probes of speculation made in plain mode.
+  uint64_t spec_draft_prompt_rows = 0, spec_probes = 0;
 };
 
 // vLLM's periodic log line for the `seconds` between two snapshots: average prompt and

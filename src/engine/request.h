@@ -80,6 +80,10 @@ struct Request {
   // scheduled yet). Below num_computed_tokens the draft skipped some of its rows (plain decoding
   // stops the draft's passes), so its drafts would be poor: it drafts no more.
   int64_t draft_covered = -1;
+  // EAGLE3: whether rows from position `start_pos` on keep the draft's K/V whole: it followed
+  // every position before them (a recompute or a rollback starts again at or below what it
+  // followed). A sequence for which this fails is stale.
+  bool draft_whole_at(int64_t start_pos) const { return draft_covered < 0 || start_pos <= draft_covered; }
   // For latency metrics (seconds, steady clock).
   double arrival_s = 0, first_token_s = 0, last_token_s = 0;
 

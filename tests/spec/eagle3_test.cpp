@@ -5,6 +5,8 @@
 #include "spec/eagle3.h"
 
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <unistd.h>
 
 #include <cmath>
@@ -444,11 +446,15 @@ std::unique_ptr<Eagle3Draft> small_random_draft(model::Model& m, const std::stri
   return Eagle3Draft::load(dir, m.config(), Device{}, m.input_embedding());
 }
 
+// Greedy outputs of `prompts` (max_tokens each, or max_tokens_of(i)) through an engine; `tweak`
+// changes its config.
 std::vector<std::vector<int32_t>> run_engine(model::Model& m, Eagle3Draft* draft,
                                              const SpeculativeConfig& sc,
                                              const std::vector<std::vector<int32_t>>& prompts,
                                              int max_tokens, bool caching,
-                                             engine::EngineStats* st) {
+                                             engine::EngineStats* st,
+                                             const std::function<int(size_t)>& max_tokens_of = {},
+                                             const std::function<void(engine::EngineConfig&)>& tweak = {}) {
   engine::Runner runner(m);
   const int64_t blocks = 48;
   m.allocate_caches({.kv_dtype = DType::F32, .index_dtype = DType::F32, .num_blocks = blocks});
@@ -461,13 +467,15 @@ std::vector<std::vector<int32_t>> run_engine(model::Model& m, Eagle3Draft* draft
   ec.num_blocks = blocks;
   ec.enable_prefix_caching = caching;
   ec.speculative = sc;
+  if (tweak) tweak(ec);
   engine::Engine e(runner, ec);
   e.start();
   std::vector<std::shared_ptr<engine::RequestStream>> streams;
-  for (const auto& p : prompts) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& p = prompts[i];
     engine::SamplingParams sp;
     sp.temperature = 0;
-    sp.max_tokens = max_tokens;
+    sp.max_tokens = max_tokens_of ? max_tokens_of(i) : max_tokens;
     sp.ignore_eos = true;
     streams.push_back(e.submit(p, sp));
   }
@@ -556,6 +564,61 @@ TEST(Eagle3Draft, AdaptiveDraftThatTurnsOffKeepsGreedyOutput) {
     EXPECT_EQ(got, want) << "prefix caching " << caching;
     std::printf("[ spec ] adaptive random draft: %llu drafts\n", (unsigned long long)st.spec_num_drafts);
   }
+}
+
+// While speculation is off (the controller is told steps with drafts cost three plain steps),
+// the draft skips the prompts of new sequences except while a probe waits for one that can
+// draft: probes still run (with drafts), most prompts never reach the draft, and the output is
+// plain decoding's. Requests end at different times, so sequences arrive one by one as in served
+// traffic; with prefix caching the prompts share a prefix of several blocks (the draft's K/V of
+// a cached block count only when the draft followed it).
+TEST(Eagle3Draft, WhileSpeculationIsOffTheDraftSkipsMostPrompts) {
+  Target t = make_target("off");
+  model::Model& m = *t.model;
+  std::mt19937_64 rng(21);
+  std::vector<int32_t> shared(size_t(3 * m.block_size() + 5));
+  for (auto& x : shared) x = int32_t(rng() % 300);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 60; ++i) {
+    std::vector<int32_t> p = i % 2 ? shared : std::vector<int32_t>{};
+    const size_t own = 10 + rng() % 50;
+    for (size_t j = 0; j < own; ++j) p.push_back(int32_t(rng() % 300));
+    prompts.push_back(p);
+  }
+  const auto max_tokens_of = [](size_t i) { return int(8 + (i * 7) % 29); };
+  engine::EngineStats st;
+  const auto want = run_engine(m, nullptr, {}, prompts, 0, false, &st, max_tokens_of);
+  const std::string dd = temp_dir("off_draft");
+  auto draft = small_random_draft(m, dd);
+  SpeculativeConfig sc;
+  sc.method = Method::Eagle3;
+  sc.num_speculative_tokens = 3;
+  sc.model = dd;
+  sc.adaptive = true;
+  const auto slow_drafts = [](engine::EngineConfig& ec) {
+    ec.spec_step_seconds = [](int k, int, int64_t) { return k > 0 ? 3.0 : 1.0; };
+  };
+  for (bool caching : {false, true}) {
+    const auto got = run_engine(m, draft.get(), sc, prompts, 0, caching, &st, max_tokens_of, slow_drafts);
+    EXPECT_EQ(got, want) << "prefix caching " << caching;
+    const double followed = double(st.spec_draft_prompt_rows) / double(st.prompt_tokens);
+    std::printf("[ spec ] off: draft over %.0f %% of prompt tokens, %llu probes, %llu drafts (caching %d)\n",
+                100 * followed, (unsigned long long)st.spec_probes, (unsigned long long)st.spec_num_drafts,
+                int(caching));
+    // The first batch of sequences (speculation starts on) and one prompt or two a probe.
+    EXPECT_LT(followed, 0.35) << "prefix caching " << caching;
+    EXPECT_GE(st.spec_probes, 2u) << "prefix caching " << caching;
+    EXPECT_GT(st.spec_num_drafts, st.spec_probes) << "prefix caching " << caching;
+  }
+  // With speculation on, the draft follows every prompt (recomputes after preemption count again).
+  const auto fast_drafts = [](engine::EngineConfig& ec) {
+    ec.spec_step_seconds = [](int k, int, int64_t) { return k > 0 ? 0.5 : 1.0; };
+  };
+  const std::vector<std::vector<int32_t>> few(prompts.begin(), prompts.begin() + 16);
+  const auto got = run_engine(m, draft.get(), sc, few, 0, false, &st, max_tokens_of, fast_drafts);
+  EXPECT_EQ(got, std::vector<std::vector<int32_t>>(want.begin(), want.begin() + 16));
+  EXPECT_GE(st.spec_draft_prompt_rows, st.prompt_tokens);
+  EXPECT_EQ(st.spec_probes, 0u);
 }
 
 // The trained draft of the bundled model (models/minimax-m3-tiny-eagle3, when present): greedy
