@@ -25,6 +25,7 @@ namespace sieve::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
+constexpr int64_t kAddRowElems = 8192;
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
@@ -32,6 +33,9 @@ constexpr int kRowThreads = 256;
 // shard: ids outside the table's [vocab0, vocab0 + vocab) are another rank's (zero rows).
 __global__ void embedding_kernel(const int32_t* ids, int64_t vocab, int64_t hidden, const void* table, int tt,
                                  void* out, int ot, bool shard, int64_t vocab0) {
+  // PDL (common.cuh): the ids may come from the kernel before.
+  pdl_trigger();
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const int64_t id = int64_t(ids[t]) - vocab0;
   const bool ok = id >= 0 && id < vocab;  // the model validates ids first; NaN marks a bad one
@@ -54,8 +58,13 @@ struct RmsArgs {
 
 // One CTA a row. Sum of squares in double (the CPU reference's), so the scale matches it.
 // kFp8: the normed row is quantized per 1 x 128 group (a warp a group) instead of stored.
+// PDL (common.cuh): the norm weight is brought into L2 before waiting for the kernel before (the
+// residual stream's writer).
 template <bool kFp8>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
+  pdl_trigger();
+  prefetch_l2(a.weight, a.dim * (a.wt == kElemF32 ? 4 : 2));
+  pdl_wait();
   const int64_t r = blockIdx.x;
   double ss = 0;
   for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
@@ -116,6 +125,8 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
 }
 
 __global__ void add_kernel(void* y, const void* x, int t, int64_t n, float alpha, bool assign) {
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float ax = __fmul_rn(alpha, ld_elem(x, t, i));
     st_elem(y, t, i, assign ? ax : __fadd_rn(ld_elem(y, t, i), ax));
@@ -124,6 +135,8 @@ __global__ void add_kernel(void* y, const void* x, int t, int64_t n, float alpha
 
 __global__ void swiglu_kernel(const void* gate_up, void* out, int t, int64_t rows, int64_t inter, int64_t ld_in,
                               int64_t ld_out, float alpha, float limit, float beta) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t n = rows * inter;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, c = i % inter;
@@ -182,9 +195,8 @@ bool run_embedding(const ops::EmbeddingParams& p, void* stream_v) {
   if (tt < 0 || ot < 0 || p.num_tokens > INT_MAX) return false;
   if (p.hidden <= 0) return true;
   cudaStream_t st = static_cast<cudaStream_t>(stream_v);
-  embedding_kernel<<<unsigned(p.num_tokens), kRowThreads, 0, st>>>(p.ids, p.vocab, p.hidden, p.table, tt, p.out, ot,
-                                                                         p.shard, p.shard ? p.vocab0 : 0);
-  SIEVE_LAUNCH_CHECK("embedding");
+  launch_pdl(chain_pdl(st, p.num_tokens), embedding_kernel, dim3(unsigned(p.num_tokens)), dim3(kRowThreads), 0, st,
+             "embedding", p.ids, p.vocab, p.hidden, p.table, tt, p.out, ot, p.shard, p.shard ? p.vocab0 : int64_t(0));
   return true;
 }
 
@@ -211,9 +223,9 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   a.eps = p.eps;
   a.gemma = p.gemma;
   a.y_scale = p.y_scale;
-  if (fp8) rms_norm_kernel<true><<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
-  else rms_norm_kernel<false><<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
-  SIEVE_LAUNCH_CHECK("rms_norm");
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  launch_pdl(chain_pdl(st, p.rows), fp8 ? rms_norm_kernel<true> : rms_norm_kernel<false>, dim3(unsigned(p.rows)),
+             dim3(kRowThreads), 0, st, "rms_norm", a);
   return true;
 }
 
@@ -222,9 +234,11 @@ bool run_add(const ops::AddParams& p, void* stream_v) {
   if (!p.x || !p.y) throw Error("add: null operand");
   const int t = elem_code(p.dtype);
   if (t < 0) return false;
-  add_kernel<<<elementwise_grid(p.n), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(p.y, p.x, t, p.n,
-                                                                                            p.alpha, p.assign);
-  SIEVE_LAUNCH_CHECK("add");
+  // add has no rows: chain_pdl counts every kAddRowElems elements as one (no served model's
+  // hidden rows are wider, so a decode step's adds count at most their rows).
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  launch_pdl(chain_pdl(st, (p.n + kAddRowElems - 1) / kAddRowElems), add_kernel, dim3(elementwise_grid(p.n)), dim3(kRowThreads), 0, st,
+             "add", p.y, p.x, t, p.n, p.alpha, p.assign);
   return true;
 }
 
@@ -235,9 +249,9 @@ bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream_v) {
   if (p.out_scale) return run_swiglu_oai_fp8(p, stream_v);
   const int t = elem_code(p.dtype);
   if (t < 0) return false;
-  swiglu_kernel<<<elementwise_grid(p.rows * p.inter), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(
-      p.gate_up, p.out, t, p.rows, p.inter, p.ld_in, p.ld_out, p.alpha, p.limit, p.beta);
-  SIEVE_LAUNCH_CHECK("swiglu_oai");
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  launch_pdl(chain_pdl(st, p.rows), swiglu_kernel, dim3(elementwise_grid(p.rows * p.inter)), dim3(kRowThreads), 0, st,
+             "swiglu_oai", p.gate_up, p.out, t, p.rows, p.inter, p.ld_in, p.ld_out, p.alpha, p.limit, p.beta);
   return true;
 }
 

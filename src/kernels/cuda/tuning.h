@@ -15,6 +15,11 @@ struct LaunchTuning {
   // dense attention up to 128, the cache write never); else a mask of PdlKernel (1 cache write,
   // 2 decode indexers, 4 attention; 0 none, 7 all).
   int pdl_mask = -1;
+  // The small kernels of a decode step (rms_norm, add, embedding, swiglu_oai, moe_route's
+  // routing kernels, and the cache write while pdl_mask is -1) launched with programmatic
+  // dependent launch: -1 for calls of at most kPdlChainMaxRows rows, not on the legacy stream
+  // (common.cuh), 0 never, 1 at every size.
+  int chain_pdl = -1;
 };
 
 // ops::linear with FP8 weights (linear_fp8.cu, linear_fp8_plan.h; docs/kernels.md "FP8 GEMM").
