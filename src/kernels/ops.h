@@ -16,14 +16,17 @@
 // - Paged caches: block b of sequence s is physical block block_tables[s * max_blocks_per_seq + b];
 //   token position p lives in block p / block_size at offset p % block_size.
 // - CUDA streams: the decode-step kernels (qkv_norm_rope_cache, the decode indexer, attention)
-//   may use programmatic dependent launch (by default the decode indexer, sparse attention for
-//   batches of at most 4 query tokens and dense attention for up to 128; the tests and the
-//   benchmark may choose otherwise, cuda/tuning.h). Each
+//   may use programmatic dependent launch (by default the decode indexer, the cache write at
+//   decode sizes, sparse attention for batches of at most 4 query tokens and dense attention for
+//   up to 128; the tests and the benchmark may choose otherwise, cuda/tuning.h). Each
 //   may then read the batch metadata (query_start_loc, seq_lens, block_tables, positions,
 //   slot_mapping) and the cache blocks that hold only positions before its request's first new
 //   token while the previous kernel of the stream is still running; everything else it reads or
 //   writes waits for that kernel. So the kernel just before one of them must not write those
 //   (the metadata comes from host copies; the cache-write op writes only the new tokens' slots).
+//   The other small ops of a decode step (rms_norm, add, embedding, swiglu_oai, moe_route) and
+//   the FP8 linear may be launched so too; before waiting they read only weights, which no
+//   kernel writes.
 #pragma once
 
 #include <cstdint>
@@ -210,6 +213,12 @@ struct RmsNormParams {
   float eps = 1e-6f;
   bool gemma = true;
   float* y_scale = nullptr;  // y_dtype FP8_E4M3 only
+  // Optional second copy of the normed rows, quantized as an FP8_E4M3 y would be (from the fp32
+  // normed values, not from y's stored ones): for rows that one op reads in fp32 and an FP8 GEMM
+  // reads too (an MoE layer's router and its experts). y must not alias x, nor be FP8_E4M3 then.
+  void* y_fp8 = nullptr;          // [rows, dim] e4m3 codes, row stride ld_fp8
+  int64_t ld_fp8 = 0;
+  float* y_fp8_scale = nullptr;  // [rows, fp8_groups(dim)] (packed)
 };
 
 // y[i] += alpha * x[i]; with assign, y[i] = alpha * x[i] (a copy when alpha is 1; y's old

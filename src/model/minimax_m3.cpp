@@ -283,9 +283,12 @@ class MiniMaxM3 final : public Model {
 
       // FFN
       if (L.moe) {
+        // The router reads the normed rows in fp32; FP8 experts read them quantized, which the
+        // norm writes too (one kernel instead of a quantizer for each reader).
         const Act xf{sb.xn.data(), DType::F32, nullptr, H};
-        add_norm(L.post_norm, n, 0, true, xf);
-        moe(L, xf, n);
+        const Act x8 = gemm_input(L.expert_gate_up[0], sb.xn8, sb.xn8_scale, H);
+        add_norm(L.post_norm, n, 0, true, xf, x8.scale ? &x8 : nullptr);
+        moe(L, xf, x8.scale ? x8 : xf, n);
       } else {
         const Act xf = gemm_input(L.mlp_gate_up, sb.xn, sb.xn_scale, H);
         add_norm(L.post_norm, n, 0, true, xf);
@@ -336,8 +339,9 @@ class MiniMaxM3 final : public Model {
     ops::all_reduce(p, stream_);
   }
 
-  // The routed experts (and the shared expert) of x into part.
-  void moe(const LayerWeights& L, const Act& x, int64_t n) {
+  // The routed experts (and the shared expert) of x into part; x8: the same rows quantized for
+  // FP8 weights (or x).
+  void moe(const LayerWeights& L, const Act& x, const Act& x8, int64_t n) {
     StepBuffers& sb = step_;
     const int E = cfg_.num_local_experts, k = cfg_.num_experts_per_tok;
     // The router GEMM (fp32 weights, fp32 sums) runs inside the routing op.
@@ -359,7 +363,7 @@ class MiniMaxM3 final : public Model {
     ops::moe_route(mr, stream_);
     // The experts add into part: the shared expert sets it first (or it starts at zero).
     if (L.shared_gate_up.rows) {
-      mlp(x, L.shared_gate_up, L.shared_down, n, false);
+      mlp(x8.scale && L.shared_gate_up.dtype == DType::FP8_E4M3 ? x8 : x, L.shared_gate_up, L.shared_down, n, false);
     } else {
       // No fill op on the contract: part - part is exactly 0 for the finite values it holds.
       ops::AddParams zero;
@@ -373,6 +377,10 @@ class MiniMaxM3 final : public Model {
     ops::MoeExpertsParams me;
     me.x = x.data;
     me.act_dtype = x.dtype;
+    if (x8.scale && gu0.dtype == DType::FP8_E4M3) {
+      me.x = x8.data;
+      me.x_scale = x8.scale;
+    }
     me.num_tokens = n;
     me.hidden = cfg_.hidden_size;
     me.inter = layout_.expert_inter;
@@ -425,7 +433,8 @@ class MiniMaxM3 final : public Model {
   }
 
   // out = rms_norm(h + part) of `rows` rows from row0, after h += part (when add); else of h.
-  void add_norm(const Weight& w, int64_t rows, int64_t row0, bool add, const Act& out) {
+  // out8: the same rows quantized to FP8 too (out not FP8).
+  void add_norm(const Weight& w, int64_t rows, int64_t row0, bool add, const Act& out, const Act* out8 = nullptr) {
     StepBuffers& sb = step_;
     const int64_t H = cfg_.hidden_size;
     ops::RmsNormParams np;
@@ -439,6 +448,11 @@ class MiniMaxM3 final : public Model {
     np.y = out.data;
     np.y_dtype = out.dtype;
     np.y_scale = out.scale;
+    if (out8) {
+      np.y_fp8 = out8->data;
+      np.ld_fp8 = out8->ld;
+      np.y_fp8_scale = out8->scale;
+    }
     np.weight = w.data.data();
     np.weight_dtype = w.dtype;
     np.rows = rows;
@@ -471,6 +485,7 @@ class MiniMaxM3 final : public Model {
   struct StepBuffers {
     Buffer h, part;                // fp32 [n, hidden]: residual stream, sublayer output
     Buffer xn, xn_scale;           // normed rows (fp32, activation dtype or FP8 + scales)
+    Buffer xn8, xn8_scale;         // MoE layers: the fp32 normed rows of xn quantized to FP8
     Buffer qkv, attn, gate_up;     // activation dtype
     Buffer act, act_scale;         // SwiGLU output (activation dtype or FP8 + scales)
     Buffer topk, route_ids, route_w;
@@ -502,6 +517,8 @@ class MiniMaxM3 final : public Model {
     sized(sb.part, size_t(n * H) * 4);
     sized(sb.xn, size_t(n * H) * 4);
     sized(sb.xn_scale, size_t(n * ops::fp8_groups(H)) * 4);
+    sized(sb.xn8, size_t(n * H));
+    sized(sb.xn8_scale, size_t(n * ops::fp8_groups(H)) * 4);
     sized(sb.qkv, size_t(n * qkv_cols) * a);
     sized(sb.attn, size_t(n * q_cols) * a);
     sized(sb.gate_up, size_t(n * 2 * ffn) * a);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -206,7 +207,22 @@ TEST(CpuFusedQuantize, RmsNormFp8IsTheF32NormQuantized) {
           EXPECT_TRUE(std::equal(ws.begin(), ws.end(), sc.begin() + r * ops::fp8_groups(dim)))
               << "row " << r;
         }
-        p.y_scale = nullptr;
+        // Both outputs at once (y_fp8 beside an F32 y): the same y and the same codes and scales.
+        TypedBuffer res_c = res0;
+        std::vector<float> yf2(size_t(rows * ld), kNaN);
+        std::vector<uint8_t> q2(size_t(rows * ld), 0x7f);
+        std::vector<float> sc2(sc.size(), kNaN);
+        p.residual = residual ? res_c.data() : nullptr;
+        p.y = yf2.data(), p.y_dtype = DType::F32, p.y_scale = nullptr;
+        p.y_fp8 = q2.data(), p.ld_fp8 = ld, p.y_fp8_scale = sc2.data();
+        cpu::run_rms_norm(p);
+        EXPECT_EQ(res_c.bytes, res_a.bytes);
+        EXPECT_EQ(0, std::memcmp(yf2.data(), yf.data(), yf.size() * 4));
+        EXPECT_EQ(q2, q);
+        EXPECT_EQ(0, std::memcmp(sc2.data(), sc.data(), sc.size() * 4));
+        p.y = const_cast<void*>(p.x);  // y_fp8 with y aliasing x
+        EXPECT_THROW(cpu::run_rms_norm(p), Error);
+        p.y = q.data(), p.y_dtype = DType::FP8_E4M3, p.y_scale = nullptr, p.y_fp8 = nullptr;
         EXPECT_THROW(cpu::run_rms_norm(p), Error);
       }
 }

@@ -156,6 +156,18 @@ TEST(CudaRmsNormFp8, BitExactQuantizationOfTheF32Norm) {
         const std::vector<float> yf = dyf.get<float>(size_t(rows * ld));
         const std::vector<uint8_t> q = dyq.bytes(size_t(rows * ld));
         const std::vector<float> s = ds.get<float>(size_t(rows * groups));
+        // Both outputs at once (y_fp8 beside an F32 y): the same y, codes and scales.
+        Dev dr3 = Dev::of(r), dyf2 = Dev::of(std::vector<float>(size_t(rows * ld), kNaN));
+        Dev dyq2 = Dev::of(std::vector<uint8_t>(size_t(rows * ld), 0x7f));
+        Dev ds2 = Dev::of(std::vector<float>(size_t(rows * groups), kNaN));
+        p.residual = residual ? dr3.p() : nullptr;
+        p.y = dyf2.p(), p.y_dtype = DType::F32, p.y_scale = nullptr;
+        p.y_fp8 = dyq2.p(), p.ld_fp8 = ld, p.y_fp8_scale = ds2.as<float>();
+        ops::rms_norm(p, gpu_stream());
+        EXPECT_EQ(dr3.bytes(r.bytes.size()), dr1.bytes(r.bytes.size()));
+        EXPECT_EQ(dyf2.bytes(size_t(rows * ld) * 4), dyf.bytes(size_t(rows * ld) * 4));
+        EXPECT_EQ(dyq2.bytes(size_t(rows * ld)), q);
+        EXPECT_EQ(ds2.get<float>(size_t(rows * groups)), s);
         for (int64_t i = 0; i < rows; ++i) {
           std::vector<uint8_t> wq(static_cast<size_t>(dim));
           std::vector<float> wsc(static_cast<size_t>(groups));

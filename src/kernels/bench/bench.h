@@ -43,5 +43,8 @@ Env measure_env();
 void run_all(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
 // The "fp8 linear" rows (bench_linear.cu); run_all calls it last.
 void run_linear_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
+// The "decode chain" rows (decode_chain.cu): one decode layer's small-kernel chain from CUDA
+// graphs, with and without programmatic dependent launch; run_all calls it after the decode cases.
+void run_chain_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
 
 }  // namespace sieve::kernels_bench

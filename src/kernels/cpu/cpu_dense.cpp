@@ -207,6 +207,8 @@ void run_rms_norm(const ops::RmsNormParams& p) {
               "rms_norm: row strides must be >= dim");
   const bool fp8 = p.y_dtype == DType::FP8_E4M3;
   SIEVE_CHECK(!fp8 || p.y_scale, "rms_norm: an F8_E4M3 y needs y_scale");
+  SIEVE_CHECK(!p.y_fp8 || (!fp8 && p.y_fp8_scale && p.ld_fp8 >= p.dim && p.y != p.x),
+              "rms_norm: y_fp8 needs y_fp8_scale, ld_fp8 >= dim and a y that is neither x nor FP8");
   const int64_t dim = p.dim;
   std::vector<float> v(static_cast<size_t>(dim)), w(static_cast<size_t>(dim));
   for (int64_t d = 0; d < dim; ++d) {
@@ -232,6 +234,11 @@ void run_rms_norm(const ops::RmsNormParams& p) {
     }
     for (int64_t d = 0; d < dim; ++d) {
       store_from_f32(p.y, p.y_dtype, size_t(r * p.ldy + d), (v[size_t(d)] * inv) * w[size_t(d)]);
+    }
+    if (p.y_fp8) {
+      for (int64_t d = 0; d < dim; ++d) v[size_t(d)] = (v[size_t(d)] * inv) * w[size_t(d)];
+      quantize_row_fp8(v.data(), dim, static_cast<uint8_t*>(p.y_fp8) + r * p.ld_fp8,
+                       p.y_fp8_scale + r * ops::fp8_groups(dim));
     }
   }
 }

@@ -94,6 +94,16 @@ bool pdl_enabled(PdlKernel k, int64_t num_tokens, bool dense) {
   return (v & k) != 0;
 }
 
+bool chain_pdl(cudaStream_t stream, int64_t rows) {
+  const int v = tuning().launch.chain_pdl;
+  return stream != nullptr && (v > 0 || (v < 0 && rows <= kPdlChainMaxRows));
+}
+
+bool cache_write_pdl(cudaStream_t stream, int64_t num_tokens) {
+  if (tuning().launch.pdl_mask >= 0) return pdl_enabled(kPdlCacheWrite, num_tokens);
+  return chain_pdl(stream, num_tokens);
+}
+
 int num_sms() {
   static int n = [] {
     int dev = 0, v = 0;

@@ -73,6 +73,21 @@ constexpr int64_t kPdlDenseAttentionMaxTokens = 128;
 // `dense`: for kPdlAttention, the call is dense attention (no top-k).
 bool pdl_enabled(PdlKernel k, int64_t num_tokens, bool dense = false);
 
+// The small kernels of a decode step (rms_norm, add, embedding, swiglu_oai, moe_route's routing
+// kernels) follow the same rule with programmatic dependent launch: pdl_trigger at the top, only
+// weights (never written by a kernel) touched before pdl_wait, and every thread through pdl_wait
+// before it writes global memory or exits. chain_pdl says whether a call of `rows` rows on
+// `stream` is launched so (LaunchTuning::chain_pdl): by default calls of at most
+// kPdlChainMaxRows rows (decode and speculative verification; a prefill's kernels are long enough
+// that their launch hides behind the one before anyway), never on the legacy default stream
+// (which the parity tests use: launches there stay plain, as the FP8 GEMM's do).
+constexpr int64_t kPdlChainMaxRows = 256;
+bool chain_pdl(cudaStream_t stream, int64_t rows);
+// The cache write (qkv_norm_rope_cache): pdl_enabled(kPdlCacheWrite) under an explicit
+// LaunchTuning::pdl_mask; with the default mask, the chain's rule (in the model it follows the
+// qkv projection, which writes no batch metadata).
+bool cache_write_pdl(cudaStream_t stream, int64_t num_tokens);
+
 // Launches `kernel`, with programmatic stream serialisation when `pdl` (e.g. pdl_enabled(k)).
 template <class... P, class... A>
 void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -95,6 +110,14 @@ void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t sm
 // its writes are visible (returns at once when launched plainly).
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Brings `bytes` from p into L2, one prefetch a 128-byte line, the lines spread over every thread
+// of the grid: a PDL kernel's prologue for the weights it reads after pdl_wait.
+__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const int64_t step = int64_t(gridDim.x) * gridDim.y * blockDim.x * 128;
+  const int64_t first = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t o = first * 128; o < bytes; o += step) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + o));
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();

@@ -25,6 +25,7 @@ namespace sieve::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
+constexpr int64_t kAddRowElems = 8192;
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
@@ -32,6 +33,9 @@ constexpr int kRowThreads = 256;
 // shard: ids outside the table's [vocab0, vocab0 + vocab) are another rank's (zero rows).
 __global__ void embedding_kernel(const int32_t* ids, int64_t vocab, int64_t hidden, const void* table, int tt,
                                  void* out, int ot, bool shard, int64_t vocab0) {
+  // PDL (common.cuh): the ids may come from the kernel before.
+  pdl_trigger();
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const int64_t id = int64_t(ids[t]) - vocab0;
   const bool ok = id >= 0 && id < vocab;  // the model validates ids first; NaN marks a bad one
@@ -50,12 +54,49 @@ struct RmsArgs {
   float eps;
   bool gemma;
   float* y_scale;  // kFp8: y holds e4m3 codes, these the 1 x 128 group scales
+  uint8_t* q;      // optional second output: e4m3 codes (row stride ldq) and their group scales
+  int64_t ldq;
+  float* q_scale;
 };
 
+// Row r's normed values (from the stored residual sums, or x) quantized per 1 x 128 group, a warp
+// a group, into q / q_scale. The residual sums other threads stored must be visible (a barrier).
+__device__ __forceinline__ void rms_quantize_row(const RmsArgs& a, int64_t r, float inv, uint8_t* q, int64_t ldq,
+                                                float* q_scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = (a.dim + 127) / 128;
+  for (int64_t g = threadIdx.x / 32; g < groups; g += kRowThreads / 32) {
+    const int64_t c0 = g * 128 + lane * 4;
+    const int valid = int(max(int64_t(0), min(int64_t(4), a.dim - c0)));
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = 0.0f;
+      if (k < valid) {
+        const int64_t d = c0 + k;
+        const float x = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
+        float w = ld_elem(a.weight, a.wt, d);
+        if (a.gemma) w = __fadd_rn(1.0f, w);
+        v[k] = __fmul_rn(__fmul_rn(x, inv), w);
+      }
+    }
+    uint8_t c[4];
+    const float s = quantize_group_warp(v, valid, c);
+    if (valid > 0) store_codes(q + r * ldq + c0, c, valid);
+    if (lane == 0) q_scale[r * groups + g] = s;
+  }
+}
+
 // One CTA a row. Sum of squares in double (the CPU reference's), so the scale matches it.
-// kFp8: the normed row is quantized per 1 x 128 group (a warp a group) instead of stored.
+// kFp8: the normed row is quantized per 1 x 128 group (a warp a group) instead of stored; a.q:
+// stored and also quantized so.
+// PDL (common.cuh): the norm weight is brought into L2 before waiting for the kernel before (the
+// residual stream's writer).
 template <bool kFp8>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
+  pdl_trigger();
+  prefetch_l2(a.weight, a.dim * (a.wt == kElemF32 ? 4 : 2));
+  pdl_wait();
   const int64_t r = blockIdx.x;
   double ss = 0;
   for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
@@ -82,40 +123,22 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
   const float inv = inv_s;
   if constexpr (kFp8) {
     // The residual sums other threads stored are visible after the barrier above.
-    const int lane = threadIdx.x & 31;
-    const int64_t groups = (a.dim + 127) / 128;
-    for (int64_t g = threadIdx.x / 32; g < groups; g += kRowThreads / 32) {
-      const int64_t c0 = g * 128 + lane * 4;
-      const int valid = int(max(int64_t(0), min(int64_t(4), a.dim - c0)));
-      float v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        v[k] = 0.0f;
-        if (k < valid) {
-          const int64_t d = c0 + k;
-          const float x = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
-          float w = ld_elem(a.weight, a.wt, d);
-          if (a.gemma) w = __fadd_rn(1.0f, w);
-          v[k] = __fmul_rn(__fmul_rn(x, inv), w);
-        }
-      }
-      uint8_t q[4];
-      const float s = quantize_group_warp(v, valid, q);
-      if (valid > 0) store_codes(static_cast<uint8_t*>(a.y) + r * a.ldy + c0, q, valid);
-      if (lane == 0) a.y_scale[r * groups + g] = s;
-    }
+    rms_quantize_row(a, r, inv, static_cast<uint8_t*>(a.y), a.ldy, a.y_scale);
   } else {
-    // Each thread reads back only the elements it wrote above, so y may alias x.
+    // Each thread reads back only the elements it wrote above, so y may alias x (not with q).
     for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
       const float v = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
       float w = ld_elem(a.weight, a.wt, d);
       if (a.gemma) w = __fadd_rn(1.0f, w);
       st_elem(a.y, a.yt, r * a.ldy + d, __fmul_rn(__fmul_rn(v, inv), w));
     }
+    if (a.q) rms_quantize_row(a, r, inv, a.q, a.ldq, a.q_scale);
   }
 }
 
 __global__ void add_kernel(void* y, const void* x, int t, int64_t n, float alpha, bool assign) {
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float ax = __fmul_rn(alpha, ld_elem(x, t, i));
     st_elem(y, t, i, assign ? ax : __fadd_rn(ld_elem(y, t, i), ax));
@@ -124,6 +147,8 @@ __global__ void add_kernel(void* y, const void* x, int t, int64_t n, float alpha
 
 __global__ void swiglu_kernel(const void* gate_up, void* out, int t, int64_t rows, int64_t inter, int64_t ld_in,
                               int64_t ld_out, float alpha, float limit, float beta) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t n = rows * inter;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, c = i % inter;
@@ -182,9 +207,8 @@ bool run_embedding(const ops::EmbeddingParams& p, void* stream_v) {
   if (tt < 0 || ot < 0 || p.num_tokens > INT_MAX) return false;
   if (p.hidden <= 0) return true;
   cudaStream_t st = static_cast<cudaStream_t>(stream_v);
-  embedding_kernel<<<unsigned(p.num_tokens), kRowThreads, 0, st>>>(p.ids, p.vocab, p.hidden, p.table, tt, p.out, ot,
-                                                                         p.shard, p.shard ? p.vocab0 : 0);
-  SIEVE_LAUNCH_CHECK("embedding");
+  launch_pdl(chain_pdl(st, p.num_tokens), embedding_kernel, dim3(unsigned(p.num_tokens)), dim3(kRowThreads), 0, st,
+             "embedding", p.ids, p.vocab, p.hidden, p.table, tt, p.out, ot, p.shard, p.shard ? p.vocab0 : int64_t(0));
   return true;
 }
 
@@ -196,6 +220,8 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   RmsArgs a{};
   const bool fp8 = p.y_dtype == DType::FP8_E4M3;
   if (fp8 && !p.y_scale) throw Error("rms_norm: an F8_E4M3 y needs y_scale");
+  if (p.y_fp8 && (fp8 || !p.y_fp8_scale || p.ld_fp8 < p.dim || p.y == p.x))
+    throw Error("rms_norm: y_fp8 needs y_fp8_scale, ld_fp8 >= dim and a y that is neither x nor FP8");
   a.xt = elem_code(p.x_dtype);
   a.yt = fp8 ? kElemF32 : elem_code(p.y_dtype);
   a.wt = elem_code(p.weight_dtype);
@@ -211,9 +237,12 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   a.eps = p.eps;
   a.gemma = p.gemma;
   a.y_scale = p.y_scale;
-  if (fp8) rms_norm_kernel<true><<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
-  else rms_norm_kernel<false><<<unsigned(p.rows), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(a);
-  SIEVE_LAUNCH_CHECK("rms_norm");
+  a.q = static_cast<uint8_t*>(p.y_fp8);
+  a.ldq = p.ld_fp8;
+  a.q_scale = p.y_fp8_scale;
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  launch_pdl(chain_pdl(st, p.rows), fp8 ? rms_norm_kernel<true> : rms_norm_kernel<false>, dim3(unsigned(p.rows)),
+             dim3(kRowThreads), 0, st, "rms_norm", a);
   return true;
 }
 
@@ -222,9 +251,11 @@ bool run_add(const ops::AddParams& p, void* stream_v) {
   if (!p.x || !p.y) throw Error("add: null operand");
   const int t = elem_code(p.dtype);
   if (t < 0) return false;
-  add_kernel<<<elementwise_grid(p.n), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(p.y, p.x, t, p.n,
-                                                                                            p.alpha, p.assign);
-  SIEVE_LAUNCH_CHECK("add");
+  // add has no rows: chain_pdl counts every kAddRowElems elements as one (no served model's
+  // hidden rows are wider, so a decode step's adds count at most their rows).
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  launch_pdl(chain_pdl(st, (p.n + kAddRowElems - 1) / kAddRowElems), add_kernel, dim3(elementwise_grid(p.n)), dim3(kRowThreads), 0, st,
+             "add", p.y, p.x, t, p.n, p.alpha, p.assign);
   return true;
 }
 
@@ -235,9 +266,9 @@ bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream_v) {
   if (p.out_scale) return run_swiglu_oai_fp8(p, stream_v);
   const int t = elem_code(p.dtype);
   if (t < 0) return false;
-  swiglu_kernel<<<elementwise_grid(p.rows * p.inter), kRowThreads, 0, static_cast<cudaStream_t>(stream_v)>>>(
-      p.gate_up, p.out, t, p.rows, p.inter, p.ld_in, p.ld_out, p.alpha, p.limit, p.beta);
-  SIEVE_LAUNCH_CHECK("swiglu_oai");
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  launch_pdl(chain_pdl(st, p.rows), swiglu_kernel, dim3(elementwise_grid(p.rows * p.inter)), dim3(kRowThreads), 0, st,
+             "swiglu_oai", p.gate_up, p.out, t, p.rows, p.inter, p.ld_in, p.ld_out, p.alpha, p.limit, p.beta);
   return true;
 }
 

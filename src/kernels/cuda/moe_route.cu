@@ -93,7 +93,10 @@ __device__ void route_token(const ops::MoeRouteParams& p, const float* logits, i
   }
 }
 
+// PDL (common.cuh, chain_pdl): waits for the router GEMM before it reads the logits.
 __global__ void moe_route_kernel(ops::MoeRouteParams p, const float* logits) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= p.num_tokens) return;
   route_token(p, logits + t * p.num_experts, t, threadIdx.x & 31);
@@ -110,6 +113,9 @@ __global__ void __launch_bounds__(256) moe_route_fused_kernel(ops::MoeRouteParam
   const int s = blockIdx.x, g = blockIdx.y;
   const int e = g * kGroupExperts + warp;
   const bool bf16 = p.x_dtype == DType::BF16;
+  // PDL: the router weights load before waiting for x's writer; every thread waits.
+  pdl_trigger();
+  if (e >= E) pdl_wait();
   if (e < E) {
     // Lane l's columns: k0 + 4 l + 128 m + 0..3, m < 4 (16-byte runs, coalesced).
     const int64_t k0 = int64_t(s) * kSlice;
@@ -120,6 +126,7 @@ __global__ void __launch_bounds__(256) moe_route_fused_kernel(ops::MoeRouteParam
 #pragma unroll
       for (int i = 0; i < 4; ++i) wv[m][i] = k + i < H ? p.gate[int64_t(e) * H + k + i] : 0.0f;
     }
+    pdl_wait();
     // Four tokens at a time (independent loads in flight); x as 16-byte (F32) or 8-byte (BF16)
     // runs when vec (rows aligned, hidden % 4 == 0), else element by element.
     for (int64_t t0 = 0; t0 < T; t0 += 4) {
@@ -199,9 +206,9 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   constexpr int kWarps = 4;
   const int64_t blocks = (T + kWarps - 1) / kWarps;
   if (blocks > INT_MAX) return false;
+  const bool pdl = chain_pdl(st, T);
   if (p.logits) {
-    moe_route_kernel<<<unsigned(blocks), kWarps * 32, 0, st>>>(p, p.logits);
-    SIEVE_LAUNCH_CHECK("moe_route");
+    launch_pdl(pdl, moe_route_kernel, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, st, "moe_route", p, p.logits);
     return true;
   }
   if (p.hidden <= 0 || p.ldx < p.hidden) throw Error("moe_route: the fused router GEMM needs hidden and ldx");
@@ -218,9 +225,8 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
     int32_t* counters = zeroed_counters(st, size_t(G + 1));
     const size_t esz = p.x_dtype == DType::BF16 ? 2 : 4;
     const bool vec = p.hidden % 4 == 0 && p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % (4 * esz) == 0;
-    moe_route_fused_kernel<<<dim3(unsigned(S), unsigned(G)), 256, 0, st>>>(
-        p, reinterpret_cast<float*>(base + logit_bytes), logits, counters, vec);
-    SIEVE_LAUNCH_CHECK("moe_route (fused router GEMM)");
+    launch_pdl(pdl, moe_route_fused_kernel, dim3(unsigned(S), unsigned(G)), dim3(256), 0, st,
+               "moe_route (fused router GEMM)", p, reinterpret_cast<float*>(base + logit_bytes), logits, counters, vec);
     return true;
   }
   ops::MatmulParams mm;
@@ -236,8 +242,8 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   mm.ldx = p.ldx;
   mm.ldy = E;
   if (!run_matmul(mm, stream_v)) return false;
-  moe_route_kernel<<<unsigned(blocks), kWarps * 32, 0, st>>>(p, logits);
-  SIEVE_LAUNCH_CHECK("moe_route");
+  launch_pdl(pdl, moe_route_kernel, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, st, "moe_route", p,
+             static_cast<const float*>(logits));
   return true;
 }
 

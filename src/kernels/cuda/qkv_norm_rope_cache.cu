@@ -259,7 +259,8 @@ bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p, void* stream)
   a.vec_cache = aligned(p.kv.k, 16) && aligned(p.kv.v, 16) && (!a.write_index || aligned(p.index_cache.k, 16));
   a.slot32 = p.kv.num_blocks * int64_t(p.kv.block_size) <= int64_t(0x7fffffff);
   const dim3 grid(unsigned(p.num_tokens), unsigned((a.jobs_per_token + kWarps - 1) / kWarps));
-  launch_pdl(pdl_enabled(kPdlCacheWrite, p.num_tokens), qkv_kernel, grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream), "qkv_norm_rope_cache", a);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  launch_pdl(cache_write_pdl(st, p.num_tokens), qkv_kernel, grid, kWarps * 32, 0, st, "qkv_norm_rope_cache", a);
   return true;
 }
 

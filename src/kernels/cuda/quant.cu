@@ -58,12 +58,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The GEMM after it (the down projection) may start its weight loads at once.
+// The GEMM after it (the down projection) may start its weight loads at once; with programmatic
+// dependent launch (chain_pdl) this one waits for the gate_up GEMM before it reads its rows.
 __global__ void __launch_bounds__(kThreads)
     swiglu_fp8_kernel(const void* gate_up, int t, int64_t ld_in, int64_t rows, int64_t inter,
                       uint8_t* out, int64_t ld_out, float* out_scale, float alpha, float limit,
                       float beta) {
   pdl_trigger();
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t groups = (inter + 127) / 128, total = rows * groups;
   const int64_t step = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -128,11 +130,10 @@ bool run_quantize_fp8(const ops::QuantizeFp8Params& p, void* stream) {
 bool run_swiglu_oai_fp8(const ops::SwigluOaiParams& p, void* stream) {
   const int t = elem_code(p.dtype);
   if (t < 0) return false;
-  swiglu_fp8_kernel<<<warp_grid(p.rows * ops::fp8_groups(p.inter)), kThreads, 0,
-                      static_cast<cudaStream_t>(stream)>>>(p.gate_up, t, p.ld_in, p.rows, p.inter,
-                                                           static_cast<uint8_t*>(p.out), p.ld_out,
-                                                           p.out_scale, p.alpha, p.limit, p.beta);
-  SIEVE_LAUNCH_CHECK("swiglu_oai (fp8 out)");
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  launch_pdl(chain_pdl(st, p.rows), swiglu_fp8_kernel, dim3(warp_grid(p.rows * ops::fp8_groups(p.inter))),
+             dim3(kThreads), 0, st, "swiglu_oai (fp8 out)", p.gate_up, t, p.ld_in, p.rows, p.inter,
+             static_cast<uint8_t*>(p.out), p.ld_out, p.out_scale, p.alpha, p.limit, p.beta);
   return true;
 }
 

@@ -12,9 +12,14 @@ namespace sieve::cuda {
 // Programmatic dependent launch and L2 policies shared by the decode-step kernels (common.cuh).
 struct LaunchTuning {
   // -1: the measured default (decode indexers always, sparse attention up to 4 query tokens,
-  // dense attention up to 128, the cache write never); else a mask of PdlKernel (1 cache write,
-  // 2 decode indexers, 4 attention; 0 none, 7 all).
+  // dense attention up to 128, the cache write by chain_pdl's rule); else a mask of PdlKernel
+  // (1 cache write, 2 decode indexers, 4 attention; 0 none, 7 all).
   int pdl_mask = -1;
+  // The small kernels of a decode step (rms_norm, add, embedding, swiglu_oai, moe_route's
+  // routing kernels, and the cache write while pdl_mask is -1) launched with programmatic
+  // dependent launch: -1 for calls of at most kPdlChainMaxRows rows, not on the legacy stream
+  // (common.cuh), 0 never, 1 at every size.
+  int chain_pdl = -1;
 };
 
 // ops::linear with FP8 weights (linear_fp8.cu, linear_fp8_plan.h; docs/kernels.md "FP8 GEMM").
