@@ -43,5 +43,8 @@ Env measure_env();
 void run_all(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
 // The "fp8 linear" rows (bench_linear.cu); run_all calls it last.
 void run_linear_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
+// The "sample" rows (bench_sample.cu), on `stream` (a cudaStream_t).
+void run_sample_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row,
+                     struct CUstream_st* stream);
 
 }  // namespace sieve::kernels_bench
