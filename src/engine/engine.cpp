@@ -471,6 +471,40 @@ uint64_t Engine::propose_eagle3(const StepPlan& plan, const StepInputs& in, cons
   return prompt_rows;
 }
 
+std::vector<ops::SampleRow> Engine::device_rows(const StepPlan& plan, const std::vector<int>& row_seq) {
+  std::vector<ops::SampleRow> rows(row_seq.size());  // Skip: the row comes to the host
+  if (!runner_.options().device_sampling) return rows;
+  const int64_t V = model_.vocab_size();
+  next_rng_.resize(plan.seqs.size());
+  for (size_t first = 0, row = 0; first < row_seq.size(); first = row) {
+    const size_t si = size_t(row_seq[first]);
+    while (row < row_seq.size() && row_seq[row] == row_seq[first]) ++row;
+    const ScheduledSeq& s = plan.seqs[si];
+    auto it = live_.find(s.request_id);
+    // Prompt log-probs need every row; log-probs and the general path need the sampled rows.
+    if (!s.sample || s.all_logits || it == live_.end()) continue;
+    Request& r = *it->second.req;
+    const SamplingParams& p = r.params;
+    const bool stops = !p.stop_token_ids.empty() || (!p.ignore_eos && !r.eos_ids.empty());
+    if (p.logprobs || p.top_logprobs > 0 ||
+        !plain_row(p, V, int64_t(r.tokens.size()) - r.num_prompt_tokens, stops, r.constraint_state != nullptr))
+      continue;
+    if (greedy_row(p)) {
+      // Greedy verification needs only the target's argmax of each row (spec/acceptance.h).
+      for (size_t i = first; i < row; ++i) rows[i].mode = int32_t(ops::SampleMode::Greedy);
+    } else if (s.num_draft == 0) {
+      // The draw sample_token would make: its uniform from the request's own generator (a copy,
+      // kept until the op's token is in: a row without mass leaves the generator as it was).
+      next_rng_[si] = r.rng;
+      ops::SampleRow& d = rows[row - 1];
+      d.mode = int32_t(ops::SampleMode::Draw);
+      d.inv_t = 1.0 / p.temperature;
+      d.u = std::uniform_real_distribution<double>(0.0, 1.0)(next_rng_[si]);
+    }
+  }
+  return rows;
+}
+
 void Engine::step() {
   const double t0 = now_seconds();
   const int64_t captures0 = runner_.graph_stats().captured;
@@ -494,9 +528,10 @@ void Engine::step() {
   }
   std::vector<int> row_seq;
   const StepInputs in = build_step_inputs(plan, model_.block_size(), &row_seq);
+  const std::vector<ops::SampleRow> sample = device_rows(plan, row_seq);
   const double t2 = now_seconds();
   try {
-    runner_.run(in, logits_);
+    runner_.run(in, sample, out_);
   } catch (const std::exception& e) {
     SIEVE_LOG(Error, "forward failed: " << e.what());
     // A broken tensor-parallel group runs no step again: every request ends now.
@@ -525,8 +560,7 @@ void Engine::step() {
   }
   const double t3 = now_seconds();
   const int64_t V = model_.vocab_size();
-  SIEVE_CHECK(int64_t(logits_.size()) >= int64_t(row_seq.size()) * V,
-              "model returned too few logits");
+  SIEVE_CHECK(out_.tokens.size() == row_seq.size(), "model returned too few logits rows");
 
   std::vector<std::pair<Request*, FinishReason>> done;
   std::vector<bool> finished(plan.seqs.size(), false);
@@ -560,9 +594,8 @@ void Engine::step() {
       for (size_t j = 0; first + j < row; ++j) {
         const int64_t q = s.start_pos + int64_t(j) + 1;
         if (q >= r->num_prompt_tokens || q != int64_t(r->prompt_lp.size()) + 1) continue;
-        r->prompt_lp.push_back(prompt_token_logprob(
-            std::span<const float>(logits_.data() + (first + j) * size_t(V), size_t(V)),
-            r->tokens[size_t(q)], p.prompt_logprobs));
+        r->prompt_lp.push_back(prompt_token_logprob(std::span<const float>(out_.row(first + j), size_t(V)),
+                                                    r->tokens[size_t(q)], p.prompt_logprobs));
       }
     }
     if (!s.sample) continue;
@@ -574,8 +607,16 @@ void Engine::step() {
     Draw& d = draws[size_t(i)];
     const ScheduledSeq& s = plan.seqs[d.seq];
     const size_t rows = 1 + size_t(s.num_draft);
-    std::span<const float> sampled(logits_.data() + d.row * size_t(V), rows * size_t(V));
     std::span<const int32_t> drafts(s.token_ids.data() + s.token_ids.size() - size_t(s.num_draft), size_t(s.num_draft));
+    if (out_.tokens[d.row] >= 0) {
+      // The sample op's tokens (every row of the request has one then); a draw's uniform came
+      // from the request's generator before the step (device_rows), which now moves on.
+      d.res = verify_and_sample(*d.r, {}, V, drafts, d.stop_ids,
+                                std::span<const int32_t>(out_.tokens.data() + d.row, rows));
+      if (sample[d.row].mode == int32_t(ops::SampleMode::Draw)) d.r->rng = next_rng_[d.seq];
+      return;
+    }
+    std::span<const float> sampled(out_.row(d.row), rows * size_t(V));
     d.res = verify_and_sample(*d.r, sampled, V, drafts, d.stop_ids);
   };
   // (A draw over a small vocabulary costs less than handing it to another thread.)

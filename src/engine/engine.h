@@ -140,6 +140,10 @@ class Engine {
   void step();
   void finish_request(Request* r, FinishReason reason, const std::string& error = {});
   void update_gauges();
+  // What each logits row of the step needs (row_seq: its sequence): the sample op's token on the
+  // device for rows that plain_row() leaves alone (greedy ones, and draws without drafts, whose
+  // uniform is drawn here), the full row on the host for the rest.
+  std::vector<ops::SampleRow> device_rows(const StepPlan& plan, const std::vector<int>& row_seq);
   // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
   // step before) and, after a step, the EAGLE3 draft's proposals for the next one.
   void prepare_drafts(int k);
@@ -174,7 +178,8 @@ class Engine {
 
   // Engine-thread state.
   std::unordered_map<RequestId, Pending> live_;
-  HostLogits logits_;
+  StepOutput out_;                        // the last step's tokens and host logits rows
+  std::vector<std::mt19937_64> next_rng_;  // by plan sequence: a draw's generator after its uniform
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
   SpecController spec_ctl_;
   int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "spec/config.h"
 
 namespace sieve::engine {
@@ -285,17 +286,38 @@ void Runner::set_draft(spec::Eagle3Draft* d) {
 
 void Runner::draft_argmax(int64_t rows, std::vector<int32_t>& out) {
   const int64_t dv = draft_->config().draft_vocab_size;
-  draft_host_.resize(size_t(rows * dv));
-  if (rows > 0) copy_to_host(dev_, draft_host_.data(), draft_logits_.data(), draft_host_.size() * sizeof(float));
   const auto& d2t = draft_->draft_to_target();
   out.resize(size_t(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = draft_host_.data() + r * dv;
-    int64_t best = 0;
-    for (int64_t i = 1; i < dv; ++i)
-      if (x[i] > x[best]) best = i;
-    out[size_t(r)] = d2t[size_t(best)];
+  if (rows == 0) return;
+  if (!opts_.device_sampling) {
+    draft_host_.resize(size_t(rows * dv));
+    copy_to_host(dev_, draft_host_.data(), draft_logits_.data(), draft_host_.size() * sizeof(float));
+    for (int64_t r = 0; r < rows; ++r)
+      out[size_t(r)] = d2t[size_t(cpu::first_argmax(draft_host_.data() + r * dv, dv))];
+    return;
   }
+  // The op on the device (greedy, through the map); only the ids come back.
+  if (d2t_of_ != draft_) {
+    grow(d2t_, dev_, d2t.size() * sizeof(int32_t));
+    copy_to_device(dev_, d2t_.data(), d2t.data(), d2t.size() * sizeof(int32_t));
+    d2t_of_ = draft_;
+  }
+  if (rows > greedy_rows_) {
+    if (grow(sample_rows_, dev_, size_t(rows) * sizeof(ops::SampleRow))) greedy_rows_ = 0;
+    sample_stage_.assign(size_t(rows), ops::SampleRow{1.0, 0.0, int32_t(ops::SampleMode::Greedy), 0});
+    copy_to_device(dev_, sample_rows_.data(), sample_stage_.data(), size_t(rows) * sizeof(ops::SampleRow));
+    greedy_rows_ = rows;
+  }
+  grow(sample_ids_, dev_, size_t(rows) * sizeof(int32_t));
+  ops::SampleParams p;
+  p.logits = draft_logits_.as<float>();
+  p.rows = rows;
+  p.vocab = dv;
+  p.row = sample_rows_.as<ops::SampleRow>();
+  p.id_map = d2t_.as<int32_t>();
+  p.out = sample_ids_.as<int32_t>();
+  ops::sample(p, stream_);
+  copy_to_host(dev_, out.data(), sample_ids_.data(), size_t(rows) * sizeof(int32_t));
 }
 
 int64_t Runner::draft_pass(const StepInputs& in, const Bounds& b, int kind, int64_t extra, bool padded,
@@ -419,23 +441,65 @@ float* HostLogits::resize(const Device& device, size_t n) {
   return p_;
 }
 
-void Runner::read_logits(int64_t rows, const LogitsSink& out) {
+void Runner::copy_rows(int64_t r0, int64_t r1, int64_t layout_rows, float* dst) {
   const int64_t V = m_.vocab_size();
   const int shards = m_.logits_shards();
-  // Every element is overwritten below (the sink's memory is reused from step to step).
-  float* logits = out(size_t(rows * V));
-  if (rows == 0) return;
+  if (r1 <= r0) return;
   if (shards == 1) {
-    copy_to_host(dev_, logits, logits_.data(), size_t(rows * V) * sizeof(float));
+    copy_to_host(dev_, dst, logits_.as<float>() + r0 * V, size_t((r1 - r0) * V) * sizeof(float));
     return;
   }
-  // [shards, rows, V / shards] -> [rows, V]
-  shards_.resize(size_t(rows * V));
-  copy_to_host(dev_, shards_.data(), logits_.data(), shards_.size() * sizeof(float));
-  const int64_t vs = V / shards;
-  for (int i = 0; i < shards; ++i)
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(logits + r * V + i * vs, shards_.data() + (i * rows + r) * vs, size_t(vs) * sizeof(float));
+  // [shards, layout_rows, V / shards] -> [rows, V]
+  const int64_t vs = V / shards, n = r1 - r0;
+  shards_.resize(size_t(n * vs));
+  for (int i = 0; i < shards; ++i) {
+    copy_to_host(dev_, shards_.data(), logits_.as<float>() + (i * layout_rows + r0) * vs, shards_.size() * sizeof(float));
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(dst + r * V + i * vs, shards_.data() + r * vs, size_t(vs) * sizeof(float));
+  }
+}
+
+void Runner::read_logits(int64_t rows, int64_t layout_rows, const LogitsSink& out) {
+  // Every element is overwritten (the sink's memory is reused from step to step).
+  float* logits = out(size_t(rows * m_.vocab_size()));
+  copy_rows(0, rows, layout_rows, logits);
+}
+
+void Runner::sample_rows(int64_t rows, int64_t layout_rows, const std::vector<ops::SampleRow>& req,
+                         StepOutput& out) {
+  const int64_t V = m_.vocab_size();
+  out.vocab = V;
+  out.tokens.assign(size_t(rows), -1);
+  out.host_row.assign(size_t(rows), -1);
+  bool any = false;
+  for (const auto& r : req) any = any || r.mode != int32_t(ops::SampleMode::Skip);
+  if (any) {
+    // The op runs over the whole layout (a padded graph step's rows too; they are skipped).
+    ops::SampleParams p;
+    p.logits = logits_.as<float>();
+    p.rows = layout_rows;
+    p.vocab = V;
+    p.shards = m_.logits_shards();
+    p.row = sample_rows_.as<ops::SampleRow>();
+    p.out = sample_ids_.as<int32_t>();
+    ops::sample(p, stream_);
+    copy_to_host(dev_, out.tokens.data(), sample_ids_.data(), size_t(rows) * sizeof(int32_t));
+  }
+  // The rows the host needs, compacted, a copy per run of consecutive rows.
+  int64_t n_host = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    if (out.tokens[size_t(i)] < 0) out.host_row[size_t(i)] = int32_t(n_host++);
+  float* dst = out.logits.resize(dev_, size_t(n_host * V));
+  for (int64_t i = 0; i < rows;) {
+    if (out.host_row[size_t(i)] < 0) {
+      ++i;
+      continue;
+    }
+    int64_t j = i + 1;
+    while (j < rows && out.host_row[size_t(j)] >= 0) ++j;
+    copy_rows(i, j, layout_rows, dst + int64_t(out.host_row[size_t(i)]) * V);
+    i = j;
+  }
 }
 
 void Runner::lockstep(const RankCommand& c, const std::function<void()>& local) {
@@ -479,31 +543,57 @@ void Runner::release_caches() {
 }
 
 void Runner::run(const StepInputs& in, std::vector<float>& logits) {
-  run_sink(in, [&](size_t n) {
+  const LogitsSink sink = [&](size_t n) {
     logits.resize(n);
     return logits.data();
-  });
+  };
+  run_sink(in, [&](int64_t rows, int64_t layout_rows) { read_logits(rows, layout_rows, sink); });
 }
 
 void Runner::run(const StepInputs& in, HostLogits& logits) {
-  run_sink(in, [&](size_t n) { return logits.resize(dev_, n); });
+  const LogitsSink sink = [&](size_t n) { return logits.resize(dev_, n); };
+  run_sink(in, [&](int64_t rows, int64_t layout_rows) { read_logits(rows, layout_rows, sink); });
 }
 
-void Runner::run_sink(const StepInputs& in, const LogitsSink& out) {
+void Runner::run(const StepInputs& in, const std::vector<ops::SampleRow>& rows, StepOutput& out) {
+  SIEVE_CHECK(rows.size() == in.logits_indices.size(), "one sampling request per logits row expected");
+  if (!opts_.device_sampling) {
+    const std::vector<ops::SampleRow> all_host(rows.size());
+    return run_sink(in, [&](int64_t n, int64_t layout_rows) { sample_rows(n, layout_rows, all_host, out); });
+  }
+  // The rows' parameters go up before the forward is enqueued; a graph step's padding rows (Skip)
+  // are added after it, when it has them.
+  use_device(dev_);
+  auto stage = [&](size_t n) {
+    sample_stage_.assign(n, ops::SampleRow{});
+    std::copy(rows.begin(), rows.end(), sample_stage_.begin());
+    greedy_rows_ = 0;
+    grow(sample_rows_, dev_, n * sizeof(ops::SampleRow));
+    grow(sample_ids_, dev_, n * sizeof(int32_t));
+    copy_to_device(dev_, sample_rows_.data(), sample_stage_.data(), n * sizeof(ops::SampleRow));
+  };
+  stage(rows.size());
+  run_sink(in, [&](int64_t n, int64_t layout_rows) {
+    if (size_t(layout_rows) > rows.size()) stage(size_t(layout_rows));
+    sample_rows(n, layout_rows, rows, out);
+  });
+}
+
+void Runner::run_sink(const StepInputs& in, const LogitsReader& read) {
   // Bad inputs are refused before any rank starts (a failed rank would break the group).
   if (followers_) check(in);
-  if (!followers_) return run_here(in, out);
+  if (!followers_) return run_here(in, read);
   // The followers run the same inputs; their logits are not read.
   RankCommand c;
   c.in = in;
-  lockstep(c, [&] { run_here(in, out); });
+  lockstep(c, [&] { run_here(in, read); });
 }
 
-void Runner::run_here(const StepInputs& in, const LogitsSink& logits) {
+void Runner::run_here(const StepInputs& in, const LogitsReader& read) {
   use_device(dev_);  // the engine's thread is not the one that made the model
   const Bounds b = check(in);
   phase(Phase::Begin);
-  if (graph_step(in, b, logits)) return;
+  if (graph_step(in, b, read)) return;
   if (draft_) {
     last_ = in;
     last_bounds_ = b;
@@ -513,7 +603,7 @@ void Runner::run_here(const StepInputs& in, const LogitsSink& logits) {
   phase(Phase::Uploaded);
   m_.forward(v, stream_);
   phase(Phase::Computed);
-  read_logits(int64_t(in.logits_indices.size()), logits);
+  read(int64_t(in.logits_indices.size()), int64_t(in.logits_indices.size()));
   phase(Phase::Done);
 }
 
@@ -589,7 +679,7 @@ bool Runner::run_graph(const std::tuple<int, int, int, int, int64_t>& key, const
   return true;
 }
 
-bool Runner::graph_step(const StepInputs& in, const Bounds& b, const LogitsSink& logits) {
+bool Runner::graph_step(const StepInputs& in, const Bounds& b, const LogitsReader& read) {
   const int q = dev_.is_cuda() ? uniform_q(in) : 0;
   // Graphs take decode and verification steps (1 to K+1 tokens per sequence); a prefill that
   // wants every row's logits is uniform too, but runs eagerly.
@@ -612,7 +702,7 @@ bool Runner::graph_step(const StepInputs& in, const Bounds& b, const LogitsSink&
     last_padded_ = true;
   }
   run_graph(std::make_tuple(0, rows, q, int(keys), int64_t(0)), p, pb, [this](const model::StepView& v) { m_.forward(v, stream_); });
-  read_logits(int64_t(in.token_ids.size()), logits);
+  read(int64_t(in.token_ids.size()), int64_t(p.token_ids.size()));
   phase(Phase::Done);
   return true;
 }

@@ -79,6 +79,10 @@ struct RunnerOptions {
   // launches every kernel of every step instead (vLLM's --enforce-eager).
   bool enforce_eager = false;
   int max_graph_batch = 256;
+  // The tokens of rows the engine asks for (StepOutput) and the EAGLE3 draft's argmax come from
+  // the sample op on the model's device, and only the ids and the rows the host needs are copied
+  // back; off, every row comes to the host and the host picks the tokens (tests, A/B benchmarks).
+  bool device_sampling = true;
 };
 
 // What the CUDA-graph decode path did so far.
@@ -136,6 +140,17 @@ class HostLogits {
   Device memory_;  // what allocated p_ (the CPU: ordinary memory)
 };
 
+// A step's results for the engine (Runner::run with row requests): for logits row i (in
+// logits_indices order) the sample op's token, or its logits on the host.
+struct StepOutput {
+  std::vector<int32_t> tokens;    // [rows] the op's token; -1: none (the row is on the host)
+  std::vector<int32_t> host_row;  // [rows] its row in `logits`; -1: not on the host
+  HostLogits logits;              // [rows on the host, vocab], compacted
+  int64_t vocab = 0;
+  // Row i's logits (host_row[i] >= 0).
+  const float* row(size_t i) const { return logits.data() + size_t(host_row[i]) * size_t(vocab); }
+};
+
 class Runner {
  public:
   explicit Runner(model::Model& m, RunnerOptions opts = {});
@@ -151,8 +166,15 @@ class Runner {
   // Checks `in` against the model's vocabulary and caches (an Error names what is wrong), runs
   // it, and fills `logits` [in.logits_indices.size(), vocab] on the host.
   void run(const StepInputs& in, std::vector<float>& logits);
-  // The same into host memory that the device copies to at the link's rate (the engine's).
+  // The same into host memory that the device copies to at the link's rate.
   void run(const StepInputs& in, HostLogits& logits);
+  // The engine's: rows[i] says what logits row i needs (ops::SampleRow; mode Skip: its full
+  // logits on the host). After the forward, the sample op picks the token of every other row on
+  // the model's device; only the ids and the rows the host needs are copied back: the Skip rows
+  // and the rows the op left at -1 (no mass: the host's general path decides). With
+  // device_sampling off every row comes to the host.
+  void run(const StepInputs& in, const std::vector<ops::SampleRow>& rows, StepOutput& out);
+  const RunnerOptions& options() const { return opts_; }
 
   // The model's caches (Model::allocate_caches / release_caches), on every rank of a group.
   void allocate_caches(const model::CacheOptions& co);
@@ -210,14 +232,22 @@ class Runner {
   float* logits_rows(int64_t rows);
   // Where a step's logits go: returns room for n floats on the host.
   using LogitsSink = std::function<float*(size_t n)>;
-  void read_logits(int64_t rows, const LogitsSink& out);
-  void run_sink(const StepInputs& in, const LogitsSink& out);
+  // What a step does with its logits once the forward is enqueued: `rows` real rows, in a
+  // buffer laid out for `layout_rows` (a graph's padded step).
+  using LogitsReader = std::function<void(int64_t rows, int64_t layout_rows)>;
+  void read_logits(int64_t rows, int64_t layout_rows, const LogitsSink& out);
+  // Rows [r0, r1) of the logits (layout_rows of them) into `dst` [r1 - r0, vocab].
+  void copy_rows(int64_t r0, int64_t r1, int64_t layout_rows, float* dst);
+  // The sample op over the step's logits (rows_dev_ uploaded), then the ids and the rows the host
+  // needs into `out`.
+  void sample_rows(int64_t rows, int64_t layout_rows, const std::vector<ops::SampleRow>& req, StepOutput& out);
+  void run_sink(const StepInputs& in, const LogitsReader& read);
   // Runs `local` here and `job` on the followers at the same time (`local` alone without any).
   void lockstep(const RankCommand& c, const std::function<void()>& local);
-  void run_here(const StepInputs& in, const LogitsSink& out);
+  void run_here(const StepInputs& in, const LogitsReader& read);
   // Runs a decode or verification step as a graph replay (or its first, eager run and capture).
   // False for other steps, and for steps that graphs do not take (counted as eager).
-  bool graph_step(const StepInputs& in, const Bounds& b, const LogitsSink& out);
+  bool graph_step(const StepInputs& in, const Bounds& b, const LogitsReader& read);
   // One of the draft's passes, as a graph when it has q tokens per sequence (padded; `kind`: 1 the
   // first pass, 3 the same without logits, 2 the next ones; `extra` tells passes of one layout
   // apart), else eagerly. Returns the rows of draft logits.
@@ -250,6 +280,13 @@ class Runner {
   Buffer inputs_;               // eager steps' device inputs
   std::vector<uint8_t> stage_;  // their host side
   std::vector<float> shards_;   // logits in vocabulary shards, before they are put in rows
+  Buffer sample_rows_;          // [rows] ops::SampleRow of the sample op
+  Buffer sample_ids_;           // [rows] int32 its tokens
+  std::vector<ops::SampleRow> sample_stage_;
+  std::vector<int32_t> ids_host_;
+  Buffer d2t_;                  // the draft's draft-to-target map, for draft_argmax's op
+  const spec::Eagle3Draft* d2t_of_ = nullptr;
+  int64_t greedy_rows_ = 0;     // sample_rows_ holds that many Greedy rows (draft_argmax's)
   Buffer logits_;               // [rows, vocab] fp32, every step's (captured ones too)
   uint64_t logits_epoch_ = 0;   // bumped when logits_ is replaced
   // By (kind: 0 target / 1 draft's first pass / 2 its next ones, padded sequences, tokens per

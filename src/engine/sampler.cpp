@@ -7,30 +7,17 @@
 #include <random>
 #include <unordered_map>
 
+#include "kernels/cpu/cpu_ops.h"
+
 namespace sieve::engine {
 
 namespace {
 
 bool greedy(const SamplingParams& p) { return p.temperature < 1e-5; }
 
-// The first index of the largest value (0 when every value is -inf).
-int32_t first_argmax(std::span<const float> x) {
-  float best = -std::numeric_limits<float>::infinity();
-  int32_t chosen = 0;
-  for (size_t i = 0; i < x.size(); ++i)
-    if (x[i] > best) {
-      best = x[i];
-      chosen = int32_t(i);
-    }
-  return chosen;
-}
-
-// A token's unnormalised weight, exp(logit / T - mx) with inv_t = 1 / T and mx the largest
-// scaled logit: 0 for a masked (-inf) logit.
-double token_weight(float logit, double inv_t, double mx) {
-  const double v = double(logit);
-  return std::isinf(v) && v < 0 ? 0.0 : std::exp(v * inv_t - mx);
-}
+// The rule of the sample op (kernels/ops.h), which the runner may run on the device instead.
+int32_t first_argmax(std::span<const float> x) { return cpu::first_argmax(x.data(), int64_t(x.size())); }
+double token_weight(float logit, double inv_t, double mx) { return cpu::token_weight(logit, inv_t, mx); }
 
 }  // namespace
 
@@ -242,48 +229,27 @@ int32_t SamplingDist::draw(std::mt19937_64& rng, int32_t exclude) const {
   return chosen;
 }
 
-namespace {
-
-// A request that changes nothing in its row: no guided mask, bias, penalties, active min_tokens,
-// top-k, top-p or min-p. Such rows are most rows of a benchmark, and at a 200k vocabulary the
-// general path's copies (the row, an id list, a weight per id: ~3 MB) cost more than the draw.
-bool plain_row(std::span<const float> logits, const SamplingParams& p, std::span<const int32_t> history,
-               int64_t num_prompt_tokens, std::span<const int32_t> stop_ids,
-               const guided::OutputConstraint::State* constraint) {
-  const int64_t V = int64_t(logits.size());
-  const int64_t num_out = int64_t(history.size()) - num_prompt_tokens;
-  return !constraint && p.logit_bias.empty() && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 &&
-         p.presence_penalty == 0.0 && (num_out >= p.min_tokens || stop_ids.empty()) &&
-         !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0) && !(p.min_p > 0) && V > 0;
+bool plain_row(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained) {
+  return !constrained && p.logit_bias.empty() && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 &&
+         p.presence_penalty == 0.0 && (num_out >= p.min_tokens || !has_stop_ids) &&
+         !(p.top_k > 0 && p.top_k < vocab) && !(p.top_p < 1.0) && !(p.min_p > 0) && vocab > 0;
 }
+
+bool greedy_row(const SamplingParams& p) { return greedy(p); }
+
+namespace {
 
 // The same token as sampling_distribution(...).draw(rng) for a plain row, with the same
 // arithmetic in the same order (so the same draw for the same RNG state), straight from the
-// logits: the argmax for greedy rows; else the weights exp(x / T - max) in id order into a
-// per-thread buffer, one uniform draw scaled by their sum, the first id whose running sum passes
-// it. -1 when the row has no mass (the general path decides then).
+// logits (cpu::draw_row). -1 when the row has no mass (the general path decides then); the RNG
+// is then left as it was.
 int32_t draw_plain(std::span<const float> logits, const SamplingParams& p, std::mt19937_64& rng) {
   if (greedy(p)) return first_argmax(logits);
-  const size_t V = logits.size();
-  const double inv_t = 1.0 / p.temperature;
-  double mx = -std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < V; ++i) mx = std::max(mx, double(logits[i]) * inv_t);
-  thread_local std::vector<double> w;
-  if (w.size() < V) w.resize(V);
-  double total = 0;
-  for (size_t i = 0; i < V; ++i) total += w[i] = token_weight(logits[i], inv_t, mx);
-  if (!(total > 0)) return -1;
-  std::uniform_real_distribution<double> uni(0.0, 1.0);
-  const double u = uni(rng) * total;
-  double acc = 0;
-  int32_t chosen = 0;
-  for (size_t i = 0; i < V; ++i) {
-    if (w[i] <= 0) continue;
-    acc += w[i];
-    chosen = int32_t(i);
-    if (u < acc) break;
-  }
-  return chosen;
+  std::mt19937_64 next = rng;
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(next);
+  const int32_t t = cpu::draw_row(logits.data(), int64_t(logits.size()), 1.0 / p.temperature, u);
+  if (t >= 0) rng = next;
+  return t;
 }
 
 }  // namespace
@@ -292,7 +258,8 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
                           std::span<const int32_t> history, int64_t num_prompt_tokens,
                           std::span<const int32_t> stop_ids, std::mt19937_64& rng,
                           const guided::OutputConstraint::State* constraint) {
-  if (plain_row(logits, p, history, num_prompt_tokens, stop_ids, constraint)) {
+  if (plain_row(p, int64_t(logits.size()), int64_t(history.size()) - num_prompt_tokens, !stop_ids.empty(),
+                constraint != nullptr)) {
     // (A row without mass draws nothing from the RNG here, so the general path sees it unchanged.)
     if (const int32_t t = draw_plain(logits, p, rng); t >= 0) return with_logprobs(logits, p, t);
   }

@@ -53,6 +53,15 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
                           std::span<const int32_t> stop_ids, std::mt19937_64& rng,
                           const guided::OutputConstraint::State* constraint = nullptr);
 
+// A row that nothing transforms: no guided constraint, logit_bias, penalties, active min_tokens
+// (num_out output tokens so far, stop ids to mask), top-k, top-p or min-p. Such rows are drawn by
+// the sample op's rule (kernels/ops.h), on the host (sample_token) or on the device (the runner),
+// with the same result; they are most rows of a benchmark, and at a 200k vocabulary the general
+// path's copies (the row, an id list, a weight per id: ~3 MB) cost more than the draw.
+bool plain_row(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained);
+// Whether the request samples greedily (temperature 0: the argmax, ties to the lower id).
+bool greedy_row(const SamplingParams& p);
+
 // log_softmax over the whole row (natural log), in double for accuracy.
 std::vector<float> log_softmax(std::span<const float> logits);
 

@@ -18,12 +18,25 @@ FinishReason ending(const Request& r, int32_t token, int64_t n_out, int64_t tota
 }
 
 Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V,
-                           std::span<const int32_t> draft, std::span<const int32_t> stop_ids) {
+                           std::span<const int32_t> draft, std::span<const int32_t> stop_ids,
+                           std::span<const int32_t> picked) {
   Verified v;
   const SamplingParams& p = r.params;
   std::vector<int32_t> history(r.tokens.begin(), r.tokens.end());
   const int k = int(draft.size());
   for (int i = 0; i <= k; ++i) {
+    if (!picked.empty()) {
+      // (Greedy when there are drafts: the op's argmax decides as dist.greedy below would.)
+      const int32_t tok = picked[size_t(i)];
+      const bool kept = i < k && tok == draft[size_t(i)];
+      v.tokens.push_back(SampleResult{tok, 0.0f, {}});
+      history.push_back(tok);
+      if (!kept) break;
+      ++v.accepted;
+      if (ending(r, tok, int64_t(history.size()) - r.num_prompt_tokens, int64_t(history.size())) != FinishReason::None)
+        break;
+      continue;
+    }
     const std::span<const float> row = logits.subspan(size_t(i) * size_t(V), size_t(V));
     const SamplingDist dist = sampling_distribution(row, p, history, r.num_prompt_tokens, stop_ids,
                                                     r.constraint_state.get());

@@ -36,8 +36,12 @@ FinishReason ending(const Request& r, int32_t token, int64_t n_out, int64_t tota
 // the tokens are distributed exactly as without speculation. Stops at the first rejection (its
 // correction is the last token) or at a token that ends the request; after K kept drafts, one
 // more token comes from row K. Advances r's guided state with every token it returns.
+// `picked` (rows of a plain request, engine/sampler.h's plain_row, without log-probs): row i's
+// token as the sample op chose it (the argmax for greedy requests; for a sampled request without
+// drafts its draw); `logits` is not read then.
 Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t vocab,
-                           std::span<const int32_t> draft, std::span<const int32_t> stop_ids);
+                           std::span<const int32_t> draft, std::span<const int32_t> stop_ids,
+                           std::span<const int32_t> picked = {});
 
 // Counts for /metrics (vLLM's spec_decode_* names).
 struct SpecStats {

@@ -83,6 +83,7 @@ void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
 }
 void attention(const AttentionParams& p, const Stream& s) { SIEVE_DISPATCH(attention, p, s); }
 void indexer(const IndexerParams& p, const Stream& s) { SIEVE_DISPATCH(indexer, p, s); }
+void sample(const SampleParams& p, const Stream& s) { SIEVE_DISPATCH(sample, p, s); }
 
 void all_reduce(const AllReduceParams& p, const Stream& s) {
   if (!p.group || p.count == 0) return;

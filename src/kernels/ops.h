@@ -383,6 +383,47 @@ struct IndexerParams {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Sampling
+
+// What `sample` does with one logits row.
+enum class SampleMode : int32_t {
+  Skip = 0,    // nothing read; the token is -1 (a row the host samples from its full logits)
+  Greedy = 1,  // the first index of the largest value
+  Draw = 2,    // one draw at temperature 1 / inv_t with the uniform u
+};
+// One row's parameters, as the op reads them (device memory on CUDA).
+struct SampleRow {
+  double inv_t = 1;  // Draw: 1 / temperature, > 0
+  double u = 0;      // Draw: the uniform in [0, 1) that picks the token
+  int32_t mode = 0;  // SampleMode
+  int32_t pad = 0;
+};
+
+// The token of each logits row, as engine/sampler.cpp picks it for a row it does not transform:
+//   Greedy: the first index of the largest value (NaN never wins; 0 when no value is > -inf).
+//   Draw:   weights w_i = exp(double(x_i) * inv_t - mx) with mx = max_i double(x_i) * inv_t (0 for
+//           x_i = -inf), total = their sum in id order (double); the first id with w_i > 0 whose
+//           running sum in id order exceeds u * total (the last id with w_i > 0 when none does);
+//           -1 when total is not > 0 (every value -inf, or a NaN or +inf in the row).
+//   Skip:   -1.
+// Then out[r] = id_map[id] for id >= 0 when id_map is set (the EAGLE3 draft's draft-to-target map).
+// Layout: shards == 1: column i of row r at logits[r * ld + i]. shards > 1 (the logits a tensor-
+// parallel group gathered, [shards, rows, vocab / shards]): column i of row r at
+// logits[((i / vs) * rows + r) * vs + i % vs], vs = vocab / shards.
+// The CPU does exactly that arithmetic in that order (cpu::draw_row; the host sampler calls the
+// same functions). CUDA gives the same greedy ids; its draw sums in another order, so a u within
+// rounding (~1e-13 relative) of the running sum at a boundary may pick the neighbouring id.
+struct SampleParams {
+  const float* logits = nullptr;  // see Layout
+  int64_t rows = 0, vocab = 0;
+  int64_t ld = 0;  // shards == 1: row stride (0: vocab)
+  int shards = 1;
+  const SampleRow* row = nullptr;  // [rows]
+  const int32_t* id_map = nullptr;  // optional [vocab]
+  int32_t* out = nullptr;           // [rows]
+};
+
+// ---------------------------------------------------------------------------------------------
 // Communication (tensor parallelism)
 
 // One rank's handle on its tensor-parallel group; src/parallel/ implements it (threads of one
@@ -433,6 +474,7 @@ void moe_experts(const MoeExpertsParams& p, const Stream& s);
 void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s);
 void attention(const AttentionParams& p, const Stream& s);
 void indexer(const IndexerParams& p, const Stream& s);
+void sample(const SampleParams& p, const Stream& s);
 void all_reduce(const AllReduceParams& p, const Stream& s);
 void all_gather(const AllGatherParams& p, const Stream& s);
 

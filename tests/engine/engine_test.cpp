@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <optional>
 #include <random>
@@ -57,12 +58,15 @@ struct Rig {
   bool caching = false;
   std::vector<int32_t> eos;
   std::optional<uint64_t> seed;  // EngineConfig::seed (--seed)
+  bool device_sampling = true;   // RunnerOptions::device_sampling
 };
 
 std::vector<Result> run(const Rig& st, const std::vector<Job>& jobs, EngineStats* stats = nullptr) {
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, st.caching, st.eos, st.seed});
+  EngineConfig ec{st.sched, st.num_blocks, st.caching, st.eos, st.seed};
+  ec.runner.device_sampling = st.device_sampling;
+  Engine engine(model, ec);
   engine.start();
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& j : jobs) streams.push_back(engine.submit(j.prompt, j.params));
@@ -145,6 +149,43 @@ TEST(Engine, ParallelDrawsEqualSoloRuns) {
     EXPECT_EQ(together[i].logprobs, alone[i].logprobs) << "request " << i;
   }
   EXPECT_NE(alone[0].tokens, alone[1].tokens);
+}
+
+// Plain rows (greedy, or seeded draws without top-k/top-p/min-p, penalties or log-probs) take
+// their tokens from the sample op; the rest come to the host. Either way every request gets the
+// tokens the host sampler gives it, in batches and chunked prefills.
+TEST(Engine, DeviceSamplingGivesTheHostSamplersTokens) {
+  Rig rig;
+  rig.vocab = 5000;
+  rig.sched.max_num_batched_tokens = 40;
+  rig.eos = {7};
+  auto jobs = random_jobs(14, 1, 60, rig.vocab, 11, 16);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SamplingParams& p = jobs[i].params;
+    p.logprobs = i % 5 == 4;  // host rows among device rows
+    p.top_p = i % 6 == 5 ? 0.8 : 1.0;
+    p.temperature = i % 3 == 0 ? 0.0 : (i % 3 == 1 ? 0.7 : 1.3);
+    if (i % 7 == 3) p.min_tokens = 4;
+    p.has_seed = true;
+    p.seed = 40 + i;
+  }
+  std::atomic<int> ops_run{0};
+  ops::set_op_observer([&](const char* op, double, double) { ops_run += std::string(op) == "sample"; });
+  auto on = run(rig, jobs);
+  const int with = ops_run.exchange(0);
+  Rig off = rig;
+  off.device_sampling = false;
+  auto host = run(off, jobs);
+  const int without = ops_run.load();
+  ops::set_op_observer({});
+  EXPECT_GT(with, 0);
+  EXPECT_EQ(without, 0);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(on[i].tokens, host[i].tokens) << "request " << i;
+    EXPECT_EQ(on[i].logprobs, host[i].logprobs) << "request " << i;
+    EXPECT_EQ(on[i].finish, host[i].finish) << "request " << i;
+  }
+  EXPECT_NE(on[1].tokens, on[4].tokens);
 }
 
 TEST(Engine, CacheExhaustionPreemptsAndResumesWithTheSameOutput) {

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "fake_model.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace sieve::engine {
 
@@ -64,6 +65,49 @@ TEST(Runner, RunsCheckedStepsAndReturnsTheirRows) {
   EXPECT_THROW(runner.run(bad, logits), Error);
   EXPECT_EQ(model.steps, 1);  // none of them reached the model
   EXPECT_EQ(runner.graph_stats().captured + runner.graph_stats().replayed + runner.graph_stats().eager, 0);
+}
+
+// With row requests the runner returns the sample op's tokens and only the other rows' logits,
+// compacted in order; the tokens are the host rule's on the full rows.
+TEST(Runner, SamplesRowsAndReturnsOnlyTheRowsTheHostNeeds) {
+  testing::FakeModel model(50, 4);
+  model.allocate_caches({.num_blocks = 6});
+  Runner runner(model);
+  StepPlan plan;
+  plan.seqs.push_back(ScheduledSeq{1, {10, 11, 12, 13, 14}, 0, {4, 1}, true, true});
+  plan.seqs.push_back(ScheduledSeq{2, {20, 21}, 0, {0}, true});
+  plan.num_tokens = 7;
+  const StepInputs in = build_step_inputs(plan, 4);
+  std::vector<float> full;
+  runner.run(in, full);
+  using M = ops::SampleMode;
+  const M modes[6] = {M::Skip, M::Greedy, M::Draw, M::Skip, M::Skip, M::Draw};
+  std::vector<ops::SampleRow> rows(6);
+  for (size_t i = 0; i < 6; ++i) rows[i] = {1.0 / 0.8, 0.1 + 0.15 * double(i), int32_t(modes[i]), 0};
+  StepOutput out;
+  runner.run(in, rows, out);
+  ASSERT_EQ(out.tokens.size(), 6u);
+  EXPECT_EQ(out.host_row, (std::vector<int32_t>{0, -1, -1, 1, 2, -1}));
+  EXPECT_EQ(out.logits.size(), 3u * 50u);
+  for (size_t i = 0; i < 6; ++i) {
+    const float* x = full.data() + i * 50;
+    if (modes[i] == M::Skip) {
+      EXPECT_EQ(out.tokens[i], -1);
+      EXPECT_EQ(std::vector<float>(out.row(i), out.row(i) + 50), std::vector<float>(x, x + 50)) << "row " << i;
+    } else if (modes[i] == M::Greedy) {
+      EXPECT_EQ(out.tokens[i], cpu::first_argmax(x, 50));
+    } else {
+      EXPECT_EQ(out.tokens[i], cpu::draw_row(x, 50, rows[i].inv_t, rows[i].u));
+    }
+  }
+  // Off, every row comes to the host.
+  RunnerOptions o;
+  o.device_sampling = false;
+  Runner host(model, o);
+  StepOutput all;
+  host.run(in, rows, all);
+  EXPECT_EQ(all.tokens, std::vector<int32_t>(6, -1));
+  EXPECT_EQ(std::vector<float>(all.logits.data(), all.logits.data() + all.logits.size()), full);
 }
 
 }  // namespace sieve::engine

@@ -45,6 +45,7 @@ struct Rig {
   bool caching = false;
   std::vector<int32_t> eos;
   spec::SpeculativeConfig spec;
+  bool device_sampling = true;  // RunnerOptions::device_sampling
 };
 
 std::vector<Out> run(const Rig& rig,
@@ -54,6 +55,7 @@ std::vector<Out> run(const Rig& rig,
   model.allocate_caches({.num_blocks = rig.num_blocks});
   EngineConfig ec{rig.sched, rig.num_blocks, rig.caching, rig.eos};
   ec.speculative = rig.spec;
+  ec.runner.device_sampling = rig.device_sampling;
   Engine engine(model, ec);
   engine.start();
   std::vector<std::shared_ptr<RequestStream>> streams;
@@ -126,6 +128,29 @@ TEST(SpecEngine, GreedyNgramEqualsPlainDecoding) {
       EXPECT_EQ(st.spec_accepted_per_pos.size(), size_t(k));
       EXPECT_EQ(st.spec_accepted_per_pos[0] >= (k > 1 ? st.spec_accepted_per_pos[1] : 0), true);
     }
+  }
+}
+
+// Greedy requests without log-probs verify their drafts with the sample op's argmax rows; with
+// the op off (every row on the host) and without speculation the tokens are the same.
+TEST(SpecEngine, GreedyDraftsVerifiedOnTheDeviceEqualPlainDecoding) {
+  auto jobs = repetitive_jobs(30, 11, 9);
+  for (auto& [p, sp] : jobs) sp.logprobs = false;
+  Rig plain;
+  plain.eos = {3};
+  plain.device_sampling = false;
+  const auto want = run(plain, jobs);
+  for (bool device : {true, false}) {
+    Rig r = plain;
+    r.spec = ngram(3);
+    r.device_sampling = device;
+    EngineStats st;
+    const auto got = run(r, jobs, &st);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i << (device ? " (device)" : "");
+      EXPECT_EQ(got[i].finish, want[i].finish) << "request " << i;
+    }
+    EXPECT_GT(st.spec_num_accepted_tokens, 0u);
   }
 }
 

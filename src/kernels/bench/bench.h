@@ -46,5 +46,8 @@ void run_linear_rows(const Options& opt, const Env& env, const std::function<voi
 // The "decode chain" rows (decode_chain.cu): one decode layer's small-kernel chain from CUDA
 // graphs, with and without programmatic dependent launch; run_all calls it after the decode cases.
 void run_chain_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);
+// The "sample" rows (bench_sample.cu), on `stream` (a cudaStream_t).
+void run_sample_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row,
+                     struct CUstream_st* stream);
 
 }  // namespace sieve::kernels_bench

@@ -643,6 +643,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
 
   run_chain_rows(opt, env, on_row);
   run_moe_fp8(opt, env, on_row, st);
+  run_sample_rows(opt, env, on_row, st);
 
   run_linear_rows(opt, env, on_row);
   cuda_check(cudaStreamSynchronize(st), "bench end");

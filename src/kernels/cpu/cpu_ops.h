@@ -20,6 +20,18 @@ void run_moe_experts(const ops::MoeExpertsParams& p);
 void run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p);
 void run_attention(const ops::AttentionParams& p);
 void run_indexer(const ops::IndexerParams& p);
+void run_sample(const ops::SampleParams& p);
+
+// The sampling rule of ops::sample on one contiguous row (cpu_sample.cpp); engine/sampler.cpp
+// samples with these, so the op and the host sampler agree bit for bit.
+// The first index of the largest value (NaN never wins; 0 when no value is > -inf).
+int32_t first_argmax(const float* x, int64_t n);
+// A token's unnormalised weight exp(double(logit) * inv_t - mx); 0 for a -inf logit.
+double token_weight(float logit, double inv_t, double mx);
+// One draw with the uniform u in [0, 1) (ops.h, SampleMode::Draw); -1 when the row has no mass.
+int32_t draw_row(const float* x, int64_t n, double inv_t, double u);
+// Argument checks shared by both backends (throw Error naming the field).
+void validate_sample(const ops::SampleParams& p);
 
 // Pieces of the indexer, exposed for tests and for the unfused CUDA baseline's checks.
 // Selects the top-k of one row of block scores (the sentinels already applied) with the ops.h

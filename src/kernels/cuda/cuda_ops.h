@@ -21,5 +21,6 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream);
 bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p, void* stream);
 bool run_attention(const ops::AttentionParams& p, void* stream);
 bool run_indexer(const ops::IndexerParams& p, void* stream);
+bool run_sample(const ops::SampleParams& p, void* stream);
 
 }  // namespace sieve::cuda

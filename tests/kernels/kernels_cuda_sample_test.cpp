@@ -1,0 +1,132 @@
+// CUDA sample op vs the CPU reference (kernels/ops.h): greedy and skipped rows exactly, draws the
+// same id or, where u falls within rounding of a boundary, an id whose interval of the rule's
+// running sum holds u within 1e-12 of the total; plain and shard layouts, the id map, rows without
+// mass, and the op captured in a CUDA graph.
+#include <gtest/gtest.h>
+
+#include "cuda_test_util.h"
+#include "sample_test_util.h"
+
+namespace sieve::test {
+namespace {
+
+struct DevCase {
+  Dev logits, row, map, out;
+  ops::SampleParams p;
+  explicit DevCase(const SampleCase& c)
+      : logits(Dev::of(c.logits)), row(Dev::of(c.row)), map(Dev::of(c.id_map)), out(size_t(c.rows) * 4) {
+    out.poison(0x5a);
+    p.logits = logits.as<float>();
+    p.rows = c.rows;
+    p.vocab = c.vocab;
+    p.shards = c.shards;
+    p.row = row.as<ops::SampleRow>();
+    p.id_map = c.id_map.empty() ? nullptr : map.as<int32_t>();
+    p.out = out.as<int32_t>();
+  }
+};
+
+std::vector<int32_t> run_cpu(const SampleCase& c) {
+  std::vector<int32_t> out(size_t(c.rows), 0x5a5a5a5a);
+  ops::SampleParams p;
+  p.logits = c.logits.data();
+  p.rows = c.rows;
+  p.vocab = c.vocab;
+  p.shards = c.shards;
+  p.row = c.row.data();
+  p.id_map = c.id_map.empty() ? nullptr : c.id_map.data();
+  p.out = out.data();
+  ops::sample(p, ops::Stream::cpu());
+  return out;
+}
+
+// Compares the GPU's ids with the CPU's; returns how many draws differed (within tolerance).
+int compare(const SampleCase& c, const std::vector<int32_t>& gpu, const std::vector<int32_t>& cpu) {
+  int near_boundary = 0;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    SCOPED_TRACE("row " + std::to_string(r));
+    const auto mode = ops::SampleMode(c.row[size_t(r)].mode);
+    if (mode != ops::SampleMode::Draw || gpu[size_t(r)] == cpu[size_t(r)] || cpu[size_t(r)] < 0) {
+      EXPECT_EQ(gpu[size_t(r)], cpu[size_t(r)]);
+      continue;
+    }
+    int32_t id = gpu[size_t(r)];
+    if (!c.id_map.empty()) {
+      int32_t found = -1;
+      for (int64_t i = 0; i < c.vocab && id >= 0; ++i)
+        if (c.id_map[size_t(i)] == id) found = int32_t(i);
+      id = found;
+    }
+    EXPECT_EQ(check_draw(c.rows_plain.data() + r * c.vocab, c.vocab, c.row[size_t(r)].inv_t, c.row[size_t(r)].u, id,
+                         1e-12),
+              "");
+    ++near_boundary;
+  }
+  return near_boundary;
+}
+
+TEST(CudaSample, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  int differed = 0, draws = 0;
+  for (int64_t vocab : {int64_t(37), int64_t(1000), int64_t(200064)})
+    for (int shards : {1, 8})
+      for (bool map : {false, true})
+        for (int64_t rows : {int64_t(1), int64_t(45), int64_t(128)}) {
+          if (vocab % shards != 0 || (vocab > 100000 && rows == 45)) continue;
+          SCOPED_TRACE("vocab " + std::to_string(vocab) + " shards " + std::to_string(shards) + " rows " +
+                       std::to_string(rows) + (map ? " mapped" : ""));
+          const SampleCase c = make_sample_case(rows, vocab, shards, map, uint64_t(vocab + rows * 13 + shards + map));
+          DevCase d(c);
+          ops::sample(d.p, ops::Stream{kGpu, nullptr});
+          const std::vector<int32_t> gpu = d.out.get<int32_t>(size_t(rows));
+          differed += compare(c, gpu, run_cpu(c));
+          for (const auto& sr : c.row) draws += sr.mode == int32_t(ops::SampleMode::Draw);
+        }
+  // Boundary cases are rare: most draws agree exactly.
+  EXPECT_LE(differed * 100, draws) << differed << " of " << draws << " draws differed";
+}
+
+// Many draws of one flat row at u spread over [0, 1): every id is checked against the rule.
+TEST(CudaSample, DrawsAcrossTheDistribution) {
+  SKIP_WITHOUT_GPU();
+  const int64_t vocab = 200064, rows = 96;
+  Rng rng(7);
+  std::vector<float> one = random_vector(size_t(vocab), rng, -2.0f, 2.0f);
+  for (int64_t i = 0; i < vocab; i += 17) one[size_t(i)] = -INFINITY;
+  SampleCase c;
+  c.rows = rows;
+  c.vocab = vocab;
+  c.row.resize(size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    c.rows_plain.insert(c.rows_plain.end(), one.begin(), one.end());
+    c.row[size_t(r)] = {r % 2 ? 1.0 : 0.25, (double(r) + 0.5) / double(rows), int32_t(ops::SampleMode::Draw), 0};
+  }
+  c.row[0].u = 0.0;
+  c.row[1].u = std::nextafter(1.0, 0.0);
+  c.logits = c.rows_plain;
+  DevCase d(c);
+  ops::sample(d.p, ops::Stream{kGpu, nullptr});
+  const int differed = compare(c, d.out.get<int32_t>(size_t(rows)), run_cpu(c));
+  EXPECT_LE(differed, 2);
+}
+
+TEST(CudaSample, GraphReplayGivesTheEagerIds) {
+  SKIP_WITHOUT_GPU();
+  const SampleCase c = make_sample_case(33, 200064, 8, false, 99);
+  DevCase d(c);
+  void* stream = create_stream(kGpu);
+  ops::sample(d.p, ops::Stream{kGpu, stream});  // sizes the scratch outside the capture
+  device_synchronize(kGpu);
+  const std::vector<int32_t> eager = d.out.get<int32_t>(size_t(c.rows));
+  d.out.poison(0x5a);
+  std::string why;
+  Graph g = Graph::capture(kGpu, stream, [&] { ops::sample(d.p, ops::Stream{kGpu, stream}); }, &why);
+  ASSERT_TRUE(g) << why;
+  g.replay(stream);
+  device_synchronize(kGpu);
+  EXPECT_EQ(d.out.get<int32_t>(size_t(c.rows)), eager);
+  destroy_stream(kGpu, stream);
+}
+
+}  // namespace
+}  // namespace sieve::test
