@@ -310,18 +310,22 @@ struct StepTimes {
   double logits_ms = 0;   // host time from the forward's launch to the logits on the host, less it
   double draft_ms = 0;    // the draft's passes on the device (between their marks, summed)
   double propose_ms = 0;  // host time of Runner::propose: the passes, their logits to the host, the argmax
+  double op_ms = 0;       // with row requests: the sample op on the device (events around it)
 };
 
 // Runs `in` iters + 3 times on `r` (the first use runs eagerly and captures a CUDA graph, then warm
 // replays) and times the last iters; with `plan`, the draft's passes after each step as well.
+// With `sample` (a request per logits row) the step runs as the engine runs it: the sample op on
+// the device and the ids (and rows the host needs) to the host; logits_ms is then that part.
 StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engine::DraftPlan* plan, long long iters,
-                     Marks& marks, engine::HostLogits& logits) {
+                     Marks& marks, engine::HostLogits& logits, const std::vector<ops::SampleRow>* sample = nullptr) {
   using Phase = engine::Runner::Phase;
-  std::vector<double> step, lg, draft, propose;
+  std::vector<double> step, lg, draft, propose, op;
+  engine::StepOutput sampled;
   std::vector<std::vector<int32_t>> drafts;
   for (long long i = 0; i < iters + 3; ++i) {
     marks.clear();
-    int up = -1, comp = -1;
+    int up = -1, comp = -1, samp = -1;
     std::vector<int> pass_marks;
     clock_type::time_point t_comp, t_done;
     r.set_phase_observer([&](Phase p) {
@@ -330,12 +334,16 @@ StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engi
         comp = marks.mark();
         t_comp = clock_type::now();
       }
+      if (p == Phase::Sampled) samp = marks.mark();
       if (p == Phase::Done) t_done = clock_type::now();
       if (p == Phase::DraftUploaded || p == Phase::DraftComputed) pass_marks.push_back(marks.mark());
     });
     double prop = 0;
     try {
-      r.run(in, logits);
+      if (sample)
+        r.run(in, *sample, sampled);
+      else
+        r.run(in, logits);
       const auto t0 = clock_type::now();
       if (plan) r.propose(*plan, drafts);
       prop = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -352,8 +360,11 @@ StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engi
     for (size_t k = 0; k + 1 < pass_marks.size(); k += 2) d += marks.ms(pass_marks[k], pass_marks[k + 1]);
     draft.push_back(d);
     propose.push_back(prop);
+    op.push_back(samp >= 0 ? marks.ms(comp, samp) : 0.0);
+    // (On the CPU the op runs before the Computed mark's clock reads on: its time is the op's.)
+    if (sample) lg.back() = std::max(lg.back(), op.back());
   }
-  return {median(step), median(lg), median(draft), median(propose)};
+  return {median(step), median(lg), median(draft), median(propose), median(op)};
 }
 
 // Host time of the engine's draws over `seqs` sequences of `rows` logits rows each (one request per
@@ -465,6 +476,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
            "speedup: vLLM's {\"method\": \"eagle3\" or \"ngram\", \"num_speculative_tokens\": K, \"model\": DRAFT "
            "(eagle3, optional: without it a draft of the published MiniMax-M3 EAGLE3 shape)}")
       .flag({"--dense"}, "select every block in sparse layers")
+      .flag({"--host-sampling"},
+            "the projections count sampling on the host (logits rows to the host, draws there; the draft's argmax "
+            "there too) instead of the sample op on the device")
       .flag({"--json"}, "print one JSON object");
   add_model_load_flags(a);
   add_parallel_flags(a);
@@ -482,6 +496,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
   if (prefill < 0 || prefill > (1 << 20)) throw Error("--prefill must be in 0..1048576");
   if (iters < 1) throw Error("--iters must be at least 1");
   const bool print = !a.get_flag("--json");
+  const bool host_sampling = a.get_flag("--host-sampling");
   // Checked before any weights load: a mistake in it is one line.
   const spec::SpeculativeConfig sc =
       a.has("--speculative-config") ? spec::parse_speculative_config(a.get("--speculative-config"), true)
@@ -561,7 +576,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
   std::unique_ptr<engine::Runner> spec_runner;
   if (draft.draft) {
     draft.draft->allocate_cache(co.kv_dtype, co.num_blocks, bs, context + 2 * K + 2);
-    spec_runner = std::make_unique<engine::Runner>(*m);
+    spec_runner = std::make_unique<engine::Runner>(*m, engine::RunnerOptions{.device_sampling = !host_sampling});
     spec_runner->set_draft(draft.draft.get());
   }
   memory_note("after the caches");
@@ -608,6 +623,11 @@ int run_bench_step(const std::vector<std::string>& argv) {
   engine::Workers workers(engine::Workers::default_threads());
   const int64_t V = cfg.vocab_size;
   const double d_sample = sampling_ms(workers, logits, V, batch, 1);
+  // The engine's way: a draw per row by the sample op on the device, the ids to the host.
+  std::vector<ops::SampleRow> dec_rows(static_cast<size_t>(batch));
+  for (long long s = 0; s < batch; ++s)
+    dec_rows[size_t(s)] = {1.0, (double(s) + 0.5) / double(batch), int32_t(ops::SampleMode::Draw), 0};
+  const StepTimes dec_dev = time_steps(graphed, dec, nullptr, iters, marks, logits, &dec_rows);
   memory_note("after the graphed decode steps");
   const auto dec_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, dec, cfg, co.dense, eager_marks);
   memory_note("after the eager decode step");
@@ -616,6 +636,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
   for (const auto& [k, c] : dec_cost) dec_bytes += c.bytes;
   const double dec_step = dec_t.step_ms, dec_floor = dec_bytes / (rates.hbm_gbps * 1e9) * 1e3;
   const double d_logits = dec_t.logits_ms;
+  // What the TPOT projection counts: the device op and its ids copy, or (--host-sampling) the
+  // logits to the host and the host's draws.
+  const double d_sampling = host_sampling ? d_logits + d_sample : dec_dev.logits_ms;
 
   json out;
   out["model"] = dir;
@@ -653,15 +676,27 @@ int run_bench_step(const std::vector<std::string>& argv) {
   d["ratio"] = dec_floor > 0 ? dec_step / dec_floor : 0.0;
   d["logits_to_host_ms"] = d_logits;
   d["sampling_ms"] = d_sample;
+  d["device_sampling_ms"] = dec_dev.logits_ms;
+  d["device_sampling_op_ms"] = dec_dev.op_ms;
   d["graphs"] = {{"captured", gs.captured}, {"replayed", gs.replayed}, {"off", gs.off_reason}};
-  // Sampling: the logits rows to the host, then one draw per sequence on the engine's workers.
+  // Sampling: the sample op over the rows on the device and the ids to the host (the engine's
+  // way; its floor: the rows read once); then, for comparison, the rows to the host and one draw
+  // per sequence on the engine's workers.
   const double logit_bytes = double(batch) * double(V) * 4;
-  d["families"].push_back({{"family", "sampling"}, {"time_ms", d_logits + d_sample}, {"bytes", logit_bytes},
+  const double logit_floor = logit_bytes / (rates.hbm_gbps * 1e9) * 1e3;
+  d["families"].push_back({{"family", "sampling"}, {"time_ms", dec_dev.logits_ms}, {"bytes", logit_bytes},
+                           {"flops", 0.0}, {"floor_ms", logit_floor},
+                           {"ratio", logit_floor > 0 ? dec_dev.op_ms / logit_floor : 0.0},
+                           {"op_ms", dec_dev.op_ms}, {"where", "device"}});
+  d["families"].push_back({{"family", "sampling (host)"}, {"time_ms", d_logits + d_sample}, {"bytes", logit_bytes},
                            {"flops", 0.0}, {"floor_ms", 0.0}, {"ratio", 0.0},
-                           {"logits_to_host_ms", d_logits}, {"host_ms", d_sample}});
+                           {"logits_to_host_ms", d_logits}, {"host_ms", d_sample}, {"where", "host"}});
   if (print) {
-    std::printf("  %-20s %10.3f %12.3f %12s %10s %8s   (logits to host %.3f, draws on the host %.3f)\n", "sampling",
-                d_logits + d_sample, logit_bytes / 1e9, "", "-", "-", d_logits, d_sample);
+    std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (the op on the device %.3f, ratio of it; ids to host)\n",
+                "sampling", dec_dev.logits_ms, logit_bytes / 1e9, "", logit_floor,
+                logit_floor > 0 ? dec_dev.op_ms / logit_floor : 0.0, dec_dev.op_ms);
+    std::printf("  %-20s %10.3f %12.3f %12s %10s %8s   (logits to host %.3f, draws on the host %.3f)\n",
+                "sampling (host)", d_logits + d_sample, logit_bytes / 1e9, "", "-", "-", d_logits, d_sample);
     std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (%s, median of %lld)\n", "step", dec_step, dec_bytes / 1e9,
                 "", dec_floor, dec_floor > 0 ? dec_step / dec_floor : 0.0,
                 gs.replayed > 0 ? "CUDA graph replay" : "eager: no graphs on this device", iters);
@@ -680,7 +715,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
   const double ar_ms = allreduce_ms(double(batch));
   // (-tp N: the step measured includes them.)
   const double comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * ar_ms;
-  const double tpot = dec_step + d_logits + d_sample + comm;
+  const double tpot = dec_step + d_sampling + comm;
+  const char* sampling_where = host_sampling ? "logits to the host, draws there" : "on the device, ids to the host";
   out["decode"] = d;
   out["projected_tpot_ms"] = tpot;
   out["projection"] = {{"ranks", tp},
@@ -690,16 +726,16 @@ int run_bench_step(const std::vector<std::string>& argv) {
                        {"allreduces", 2 * cfg.num_hidden_layers},
                        {"comm_ms", comm}};
   if (print && group)
-    std::printf("  TPOT for %lld ranks: %.3f ms = step %.3f (its all-reduces included) + logits %.3f + sampling %.3f\n",
-                tp, tpot, dec_step, d_logits, d_sample);
+    std::printf("  TPOT for %lld ranks: %.3f ms = step %.3f (its all-reduces included) + sampling %.3f (%s)\n",
+                tp, tpot, dec_step, d_sampling, sampling_where);
   else if (print && tp > 1)
-    std::printf("  projected TPOT for %lld ranks: %.3f ms = step %.3f + logits %.3f + sampling %.3f + %d all-reduces x "
+    std::printf("  projected TPOT for %lld ranks: %.3f ms = step %.3f + sampling %.3f (%s) + %d all-reduces x "
                 "%.4f ms (%.0f KB of fp32 hidden states each at %.0f GB/s bus bandwidth + %.0f us)\n",
-                tp, tpot, dec_step, d_logits, d_sample, 2 * cfg.num_hidden_layers, ar_ms, ar_bytes / 1e3,
+                tp, tpot, dec_step, d_sampling, sampling_where, 2 * cfg.num_hidden_layers, ar_ms, ar_bytes / 1e3,
                 a.get_double("--allreduce-gbps"), a.get_double("--allreduce-us"));
   else if (print)
-    std::printf("  TPOT on one device: %.3f ms = step %.3f + logits %.3f + sampling %.3f\n", tpot, dec_step, d_logits,
-                d_sample);
+    std::printf("  TPOT on one device: %.3f ms = step %.3f + sampling %.3f (%s)\n", tpot, dec_step, d_sampling,
+                sampling_where);
 
   if (sc.enabled()) {
     // The verification step on the runner serving would use (with EAGLE3 the target's step also
@@ -711,9 +747,18 @@ int run_bench_step(const std::vector<std::string>& argv) {
     const int64_t replays_before = vr.graph_stats().replayed;
     engine::HostLogits vlogits;
     Marks vmarks(dev, vr.stream().cuda_stream);  // (each runner has its own stream)
-    const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, vmarks, vlogits);
+    // Greedy verification (the target's argmax of every row) by the sample op on the device, and
+    // the draft's proposals with its argmax there too; for comparison the rows to the host and the
+    // host's draws (fewer steps: they only measure the copy).
+    const std::vector<ops::SampleRow> ver_rows(size_t(batch * rows),
+                                               ops::SampleRow{1.0, 0.0, int32_t(ops::SampleMode::Greedy), 0});
+    const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, vmarks, vlogits,
+                                    host_sampling ? nullptr : &ver_rows);
     const bool v_graphs = vr.graph_stats().replayed > replays_before && vr.graph_stats().off_reason.empty();
+    const StepTimes vt_host =
+        host_sampling ? vt : time_steps(vr, ver.verify, nullptr, std::max(3LL, iters / 4), vmarks, vlogits);
     const double v_sample = sampling_ms(workers, vlogits, V, batch, rows);
+    const double v_sampling = host_sampling ? vt.logits_ms + v_sample : vt.logits_ms;
     memory_note("after the verification steps");
     StepShape vshape;
     vshape.tokens = batch * rows;
@@ -730,7 +775,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
     const double v_comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * allreduce_ms(double(batch * rows));
     // Whole steps: the forward, its logits to the host, the draws (every row, as when every draft
     // is kept), the projected all-reduces and the draft's proposal; against the plain step's TPOT.
-    const double spec_step = vt.step_ms + vt.logits_ms + v_sample + v_comm + vt.propose_ms;
+    const double spec_step = vt.step_ms + v_sampling + v_comm + vt.propose_ms;
 
     if (print) {
       std::printf("\nspeculative decoding: %s, K = %d (%d rows per sequence)\n", spec::method_name(sc.method), K, rows);
@@ -756,8 +801,11 @@ int run_bench_step(const std::vector<std::string>& argv) {
     v["bytes"] = v_bytes;
     v["floor_ms"] = v_floor;
     v["ratio"] = v_floor > 0 ? vt.step_ms / v_floor : 0.0;
-    v["logits_to_host_ms"] = vt.logits_ms;
+    v["logits_to_host_ms"] = vt_host.logits_ms;
     v["sampling_ms"] = v_sample;
+    v["device_sampling_ms"] = host_sampling ? 0.0 : vt.logits_ms;
+    v["device_sampling_op_ms"] = vt.op_ms;
+    v["counted_sampling_ms"] = v_sampling;
     v["comm_ms"] = v_comm;
     v["graph"] = v_graphs;
     sp["verify"] = v;
@@ -802,12 +850,17 @@ int run_bench_step(const std::vector<std::string>& argv) {
     sp["speedup"] = speedup;
     if (print) {
       std::printf("\n  %-22s %9.3f ms  (forward on the device)\n", "plain decode step", dec_step);
-      std::printf("  %-22s %9.3f ms  (forward on the device; logits to host %.3f, draws %.3f, all-reduces %.3f)\n",
-                  "verification step", vt.step_ms, vt.logits_ms, v_sample, v_comm);
+      if (host_sampling)
+        std::printf("  %-22s %9.3f ms  (forward on the device; logits to host %.3f, draws %.3f, all-reduces %.3f)\n",
+                    "verification step", vt.step_ms, vt.logits_ms, v_sample, v_comm);
+      else
+        std::printf("  %-22s %9.3f ms  (forward on the device; greedy rows by the sample op + ids to host %.3f (op "
+                    "%.3f), all-reduces %.3f; on the host instead: logits to host %.3f + draws %.3f)\n",
+                    "verification step", vt.step_ms, vt.logits_ms, vt.op_ms, v_comm, vt_host.logits_ms, v_sample);
       if (draft.draft)
-        std::printf("  %-22s %9.3f ms  (%d passes on the device; propose %.3f ms with their logits to the host and "
-                    "the argmax)\n",
-                    "draft passes", vt.draft_ms, K, vt.propose_ms);
+        std::printf("  %-22s %9.3f ms  (%d passes on the device; propose %.3f ms with %s)\n", "draft passes",
+                    vt.draft_ms, K, vt.propose_ms,
+                    host_sampling ? "their logits to the host and the argmax there" : "the argmax on the device, ids to the host");
       std::printf("  %-22s %9.3f ms  vs plain TPOT %.3f ms; forwards break even at an acceptance length of %.2f\n",
                   "whole speculative step", spec_step, tpot, sp["break_even_length"].get<double>());
       std::printf("  %-22s %12s %12s\n", "mean acceptance length", "forwards", "whole steps");

@@ -483,12 +483,14 @@ void Runner::sample_rows(int64_t rows, int64_t layout_rows, const std::vector<op
     p.row = sample_rows_.as<ops::SampleRow>();
     p.out = sample_ids_.as<int32_t>();
     ops::sample(p, stream_);
+    phase(Phase::Sampled);
     copy_to_host(dev_, out.tokens.data(), sample_ids_.data(), size_t(rows) * sizeof(int32_t));
   }
   // The rows the host needs, compacted, a copy per run of consecutive rows.
   int64_t n_host = 0;
   for (int64_t i = 0; i < rows; ++i)
     if (out.tokens[size_t(i)] < 0) out.host_row[size_t(i)] = int32_t(n_host++);
+  if (n_host == 0) return;  // (no room to make: page-locking nothing may fail)
   float* dst = out.logits.resize(dev_, size_t(n_host * V));
   for (int64_t i = 0; i < rows;) {
     if (out.host_row[size_t(i)] < 0) {

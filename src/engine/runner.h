@@ -191,9 +191,10 @@ class Runner {
 
   // Instrumentation (sieve bench step): called on the host as run() passes the phases of a
   // step, in order: Begin (checked), Uploaded (inputs on the device), Computed (the forward or
-  // graph replay enqueued on stream()), Done (logits on the host); and as propose() passes each
-  // of the draft's passes: DraftUploaded, DraftComputed (the pass enqueued).
-  enum class Phase { Begin, Uploaded, Computed, Done, DraftUploaded, DraftComputed };
+  // graph replay enqueued on stream()), Sampled (run with row requests: the sample op enqueued,
+  // when any row has one), Done (logits or tokens on the host); and as propose() passes each of
+  // the draft's passes: DraftUploaded, DraftComputed (the pass enqueued).
+  enum class Phase { Begin, Uploaded, Computed, Sampled, Done, DraftUploaded, DraftComputed };
   void set_phase_observer(std::function<void(Phase)> fn) { phase_ = std::move(fn); }
 
   // EAGLE3: runs `draft` after every step (propose()); the target then also writes the aux hidden

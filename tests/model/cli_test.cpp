@@ -168,7 +168,7 @@ TEST(ModelCli, BenchStepReportsEveryFamily) {
   for (const char* part : {"decode", "prefill"}) {
     ASSERT_TRUE(j.contains(part)) << r.out;
     const auto& fams = j[part]["families"];
-    ASSERT_EQ(fams.size(), std::string(part) == "decode" ? 7u : 6u) << r.out;  // decode: and sampling
+    ASSERT_EQ(fams.size(), std::string(part) == "decode" ? 8u : 6u) << r.out;  // decode: and sampling (device, host)
     double sum = 0;
     for (const auto& f : fams) {
       EXPECT_GE(f["time_ms"].get<double>(), 0.0);

@@ -230,9 +230,10 @@ __global__ void __launch_bounds__(kThreads)
       }
       first = block_min(first);
       last = block_max(last);
-      // (Rounding may leave the target past this chunk's last id: the rule's last-id case.)
+      // (Rounding may leave the target past this chunk's last id: the rule's last-id case. A
+      // chunk whose exact weights all underflow, which only rounding can pick, gives the argmax.)
       const int32_t k = first != kNone ? first : last;
-      id = k >= 0 ? int32_t(sp.col0 + k) : -1;
+      id = k >= 0 ? int32_t(sp.col0 + k) : bi;
     }
   }
   if (threadIdx.x == 0) out[r] = id >= 0 && id_map ? id_map[id] : id;
