@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/model_bench_step_timing.h"
 #include "cli/model_load_flags.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -45,56 +46,15 @@ namespace sieve::cli {
 namespace {
 
 using nlohmann::json;
-using clock_type = std::chrono::steady_clock;
+using step_timing::clock_type;
+using step_timing::Marks;
+using step_timing::median;
+using step_timing::sampling_ms;
+using step_timing::StepTimes;
+using step_timing::time_steps;
 
 const std::vector<std::string> kFamilies = {"dense attention", "indexer", "sparse attention", "GEMMs",
                                             "MoE", "norms and the rest"};
-
-// Time marks on the device's timeline: CUDA events on a stream, or host clock readings on the CPU
-// (whose ops run when called).
-class Marks {
- public:
-  Marks(const Device& dev, void* stream) : cuda_(dev.is_cuda()), stream_(stream) {}
-  ~Marks() {
-#ifdef SIEVE_HAVE_CUDA
-    for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-#endif
-  }
-  void clear() { used_ = 0; }
-  int mark() {
-    if (!cuda_) {
-      host_.resize(size_t(used_) + 1);
-      host_[size_t(used_)] = clock_type::now();
-      return used_++;
-    }
-#ifdef SIEVE_HAVE_CUDA
-    if (used_ == int(events_.size())) {
-      cudaEvent_t e = nullptr;
-      if (cudaEventCreate(&e) != cudaSuccess) throw Error("cudaEventCreate failed");
-      events_.push_back(e);
-    }
-    cudaEventRecord(static_cast<cudaEvent_t>(events_[size_t(used_)]), static_cast<cudaStream_t>(stream_));
-#endif
-    return used_++;
-  }
-  // Milliseconds between two marks (after the device has passed both).
-  double ms(int a, int b) const {
-    if (!cuda_) return std::chrono::duration<double, std::milli>(host_[size_t(b)] - host_[size_t(a)]).count();
-    float t = 0;
-#ifdef SIEVE_HAVE_CUDA
-    cudaEventSynchronize(static_cast<cudaEvent_t>(events_[size_t(b)]));
-    cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(events_[size_t(a)]), static_cast<cudaEvent_t>(events_[size_t(b)]));
-#endif
-    return double(t);
-  }
-
- private:
-  bool cuda_;
-  void* stream_;
-  int used_ = 0;
-  std::vector<void*> events_;
-  std::vector<clock_type::time_point> host_;
-};
 
 // What one step must move and compute, per family (the floors' inputs).
 struct Cost {
@@ -261,11 +221,6 @@ std::string device_name(const Device& dev) {
   return dev.str();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 struct Rates {
   double hbm_gbps = 0, fp8_tflops = 0, bf16_tflops = 0;
 };
@@ -302,88 +257,6 @@ json table(const std::string& title, const std::map<std::string, double>& ms, co
     std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f\n", "sum (eager ops)", t_sum, b_sum / 1e9, "", f_sum,
                 f_sum > 0 ? t_sum / f_sum : 0.0);
   return rows;
-}
-
-// Times of a step run again and again on a runner (medians over the timed runs).
-struct StepTimes {
-  double step_ms = 0;     // the forward on the device, between the Uploaded and Computed marks
-  double logits_ms = 0;   // host time from the forward's launch to the logits on the host, less it
-  double draft_ms = 0;    // the draft's passes on the device (between their marks, summed)
-  double propose_ms = 0;  // host time of Runner::propose: the passes, their logits to the host, the argmax
-  double op_ms = 0;       // with row requests: the sample op on the device (events around it)
-};
-
-// Runs `in` iters + 3 times on `r` (the first use runs eagerly and captures a CUDA graph, then warm
-// replays) and times the last iters; with `plan`, the draft's passes after each step as well.
-// With `sample` (a request per logits row) the step runs as the engine runs it: the sample op on
-// the device and the ids (and rows the host needs) to the host; logits_ms is then that part.
-StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engine::DraftPlan* plan, long long iters,
-                     Marks& marks, engine::HostLogits& logits, const std::vector<ops::SampleRow>* sample = nullptr) {
-  using Phase = engine::Runner::Phase;
-  std::vector<double> step, lg, draft, propose, op;
-  engine::StepOutput sampled;
-  std::vector<std::vector<int32_t>> drafts;
-  for (long long i = 0; i < iters + 3; ++i) {
-    marks.clear();
-    int up = -1, comp = -1, samp = -1;
-    std::vector<int> pass_marks;
-    clock_type::time_point t_comp, t_done;
-    r.set_phase_observer([&](Phase p) {
-      if (p == Phase::Uploaded) up = marks.mark();
-      if (p == Phase::Computed) {
-        comp = marks.mark();
-        t_comp = clock_type::now();
-      }
-      if (p == Phase::Sampled) samp = marks.mark();
-      if (p == Phase::Done) t_done = clock_type::now();
-      if (p == Phase::DraftUploaded || p == Phase::DraftComputed) pass_marks.push_back(marks.mark());
-    });
-    double prop = 0;
-    try {
-      if (sample)
-        r.run(in, *sample, sampled);
-      else
-        r.run(in, logits);
-      const auto t0 = clock_type::now();
-      if (plan) r.propose(*plan, drafts);
-      prop = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-    } catch (...) {
-      r.set_phase_observer({});
-      throw;
-    }
-    r.set_phase_observer({});
-    if (i < 3) continue;
-    const double fwd = marks.ms(up, comp);
-    step.push_back(fwd);
-    lg.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(t_done - t_comp).count() - fwd));
-    double d = 0;
-    for (size_t k = 0; k + 1 < pass_marks.size(); k += 2) d += marks.ms(pass_marks[k], pass_marks[k + 1]);
-    draft.push_back(d);
-    propose.push_back(prop);
-    op.push_back(samp >= 0 ? marks.ms(comp, samp) : 0.0);
-    // (On the CPU the op runs before the Computed mark's clock reads on: its time is the op's.)
-    if (sample) lg.back() = std::max(lg.back(), op.back());
-  }
-  return {median(step), median(lg), median(draft), median(propose), median(op)};
-}
-
-// Host time of the engine's draws over `seqs` sequences of `rows` logits rows each (one request per
-// worker, every row drawn as a plain token is): the median of 5 rounds.
-double sampling_ms(engine::Workers& workers, const engine::HostLogits& logits, int64_t vocab, long long seqs,
-                   int rows) {
-  std::vector<double> ms;
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = clock_type::now();
-    workers.run(seqs, [&](int64_t s) {
-      engine::SamplingParams sp;
-      std::mt19937_64 g{uint64_t(s)};
-      for (int j = 0; j < rows; ++j)
-        engine::sample_token(std::span<const float>(logits.data() + size_t((s * rows + j) * vocab), size_t(vocab)), sp,
-                             {}, 0, {}, g);
-    });
-    ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
-  }
-  return median(ms);
 }
 
 // The published MiniMax-M3 EAGLE3 draft (Inferact/MiniMax-M3-EAGLE3; spec section 6): one Llama

@@ -559,7 +559,9 @@ void Runner::run(const StepInputs& in, HostLogits& logits) {
 
 void Runner::run(const StepInputs& in, const std::vector<ops::SampleRow>& rows, StepOutput& out) {
   SIEVE_CHECK(rows.size() == in.logits_indices.size(), "one sampling request per logits row expected");
-  if (!opts_.device_sampling) {
+  bool any = false;
+  for (const auto& r : rows) any = any || r.mode != int32_t(ops::SampleMode::Skip);
+  if (!opts_.device_sampling || !any) {
     const std::vector<ops::SampleRow> all_host(rows.size());
     return run_sink(in, [&](int64_t n, int64_t layout_rows) { sample_rows(n, layout_rows, all_host, out); });
   }
