@@ -29,16 +29,22 @@ TEST(Runner, BuildsStepInputsFromAPlan) {
   EXPECT_EQ(sample_seq, (std::vector<int>{1}));
 }
 
+// Two sequences: one wanting every row's logits (5 tokens), one its last row's (2 tokens).
+static StepPlan two_sequence_plan() {
+  StepPlan plan;
+  plan.seqs.push_back(ScheduledSeq{1, {10, 11, 12, 13, 14}, 0, {4, 1}, true, true});
+  plan.seqs.push_back(ScheduledSeq{2, {20, 21}, 0, {0}, true});
+  plan.num_tokens = 7;
+  return plan;
+}
+
 // The runner checks a step against the model's vocabulary and cache before anything runs, and
 // hands back exactly the requested logits rows (on the CPU: no graphs).
 TEST(Runner, RunsCheckedStepsAndReturnsTheirRows) {
   testing::FakeModel model(50, 4);
   model.allocate_caches({.num_blocks = 6});
   Runner runner(model);
-  StepPlan plan;
-  plan.seqs.push_back(ScheduledSeq{1, {10, 11, 12, 13, 14}, 0, {4, 1}, true, true});
-  plan.seqs.push_back(ScheduledSeq{2, {20, 21}, 0, {0}, true});
-  plan.num_tokens = 7;
+  const StepPlan plan = two_sequence_plan();
   std::vector<int> row_seq;
   const StepInputs in = build_step_inputs(plan, 4, &row_seq);
   EXPECT_EQ(in.logits_indices, (std::vector<int32_t>{0, 1, 2, 3, 4, 6}));
@@ -73,10 +79,7 @@ TEST(Runner, SamplesRowsAndReturnsOnlyTheRowsTheHostNeeds) {
   testing::FakeModel model(50, 4);
   model.allocate_caches({.num_blocks = 6});
   Runner runner(model);
-  StepPlan plan;
-  plan.seqs.push_back(ScheduledSeq{1, {10, 11, 12, 13, 14}, 0, {4, 1}, true, true});
-  plan.seqs.push_back(ScheduledSeq{2, {20, 21}, 0, {0}, true});
-  plan.num_tokens = 7;
+  const StepPlan plan = two_sequence_plan();
   const StepInputs in = build_step_inputs(plan, 4);
   std::vector<float> full;
   runner.run(in, full);

@@ -26,20 +26,6 @@ struct DevCase {
   }
 };
 
-std::vector<int32_t> run_cpu(const SampleCase& c) {
-  std::vector<int32_t> out(size_t(c.rows), 0x5a5a5a5a);
-  ops::SampleParams p;
-  p.logits = c.logits.data();
-  p.rows = c.rows;
-  p.vocab = c.vocab;
-  p.shards = c.shards;
-  p.row = c.row.data();
-  p.id_map = c.id_map.empty() ? nullptr : c.id_map.data();
-  p.out = out.data();
-  ops::sample(p, ops::Stream::cpu());
-  return out;
-}
-
 // Compares the GPU's ids with the CPU's; returns how many draws differed (within tolerance).
 int compare(const SampleCase& c, const std::vector<int32_t>& gpu, const std::vector<int32_t>& cpu) {
   int near_boundary = 0;
@@ -50,13 +36,7 @@ int compare(const SampleCase& c, const std::vector<int32_t>& gpu, const std::vec
       EXPECT_EQ(gpu[size_t(r)], cpu[size_t(r)]);
       continue;
     }
-    int32_t id = gpu[size_t(r)];
-    if (!c.id_map.empty()) {
-      int32_t found = -1;
-      for (int64_t i = 0; i < c.vocab && id >= 0; ++i)
-        if (c.id_map[size_t(i)] == id) found = int32_t(i);
-      id = found;
-    }
+    const int32_t id = unmap(c, gpu[size_t(r)]);
     EXPECT_EQ(check_draw(c.rows_plain.data() + r * c.vocab, c.vocab, c.row[size_t(r)].inv_t, c.row[size_t(r)].u, id,
                          1e-12),
               "");
@@ -79,7 +59,7 @@ TEST(CudaSample, MatchesCpu) {
           DevCase d(c);
           ops::sample(d.p, ops::Stream{kGpu, nullptr});
           const std::vector<int32_t> gpu = d.out.get<int32_t>(size_t(rows));
-          differed += compare(c, gpu, run_cpu(c));
+          differed += compare(c, gpu, run_sample_cpu(c));
           for (const auto& sr : c.row) draws += sr.mode == int32_t(ops::SampleMode::Draw);
         }
   // Boundary cases are rare: most draws agree exactly.
@@ -106,7 +86,7 @@ TEST(CudaSample, DrawsAcrossTheDistribution) {
   c.logits = c.rows_plain;
   DevCase d(c);
   ops::sample(d.p, ops::Stream{kGpu, nullptr});
-  const int differed = compare(c, d.out.get<int32_t>(size_t(rows)), run_cpu(c));
+  const int differed = compare(c, d.out.get<int32_t>(size_t(rows)), run_sample_cpu(c));
   EXPECT_LE(differed, 2);
 }
 

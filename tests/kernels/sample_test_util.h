@@ -109,6 +109,30 @@ inline std::string check_draw(const float* x, int64_t vocab, double inv_t, doubl
   return "";
 }
 
+// The op's ids on the CPU for case c (out poisoned first).
+inline std::vector<int32_t> run_sample_cpu(const SampleCase& c) {
+  std::vector<int32_t> out(size_t(c.rows), 0x5a5a5a5a);
+  ops::SampleParams p;
+  p.logits = c.logits.data();
+  p.rows = c.rows;
+  p.vocab = c.vocab;
+  p.shards = c.shards;
+  p.row = c.row.data();
+  p.id_map = c.id_map.empty() ? nullptr : c.id_map.data();
+  p.out = out.data();
+  ops::sample(p, ops::Stream::cpu());
+  return out;
+}
+
+// The vocabulary id that c's map sends to `id` (the map is injective); id itself without a map,
+// -1 for -1 or an id the map does not give.
+inline int32_t unmap(const SampleCase& c, int32_t id) {
+  if (c.id_map.empty() || id < 0) return id;
+  for (int64_t i = 0; i < c.vocab; ++i)
+    if (c.id_map[size_t(i)] == id) return int32_t(i);
+  return -1;
+}
+
 // The first index of the largest value, written independently of the op (NaN never wins).
 inline int32_t naive_argmax(const float* x, int64_t n) {
   int32_t best = -1;
