@@ -36,13 +36,13 @@ struct Rig {
                bool prefix_caching = false, int max_seqs = 8)
       : dir(make_dir()), tok(text::Tokenizer::load(dir)) {
     model.allocate_caches({.num_blocks = blocks});
-    engine = std::make_unique<engine::Engine>(
-        model, engine::EngineConfig{
-                   {.max_num_batched_tokens = 64, .max_num_seqs = max_seqs, .max_model_len = max_len},
-                   blocks,
-                   prefix_caching,
-                   {},
-                   std::nullopt});
+    engine::EngineConfig ec;
+    ec.scheduler.max_num_batched_tokens = 64;
+    ec.scheduler.max_num_seqs = max_seqs;
+    ec.scheduler.max_model_len = max_len;
+    ec.num_blocks = blocks;
+    ec.enable_prefix_caching = prefix_caching;
+    engine = std::make_unique<engine::Engine>(model, ec);
     o.port = 0;
     srv = std::make_unique<Server>(*engine, tok, o);
     srv->bind();
