@@ -138,6 +138,13 @@ bool grow(Buffer& b, const Device& dev, size_t bytes) {
   return true;
 }
 
+// Whether any row is picked by the sample op (the others' logits go to the host).
+bool any_on_device(const std::vector<ops::SampleRow>& rows) {
+  for (const auto& r : rows)
+    if (r.mode != int32_t(ops::SampleMode::Skip)) return true;
+  return false;
+}
+
 }  // namespace
 
 Runner::Runner(model::Model& m, RunnerOptions opts) : m_(m), opts_(opts), dev_(m.device()) {
@@ -471,9 +478,7 @@ void Runner::sample_rows(int64_t rows, int64_t layout_rows, const std::vector<op
   out.vocab = V;
   out.tokens.assign(size_t(rows), -1);
   out.host_row.assign(size_t(rows), -1);
-  bool any = false;
-  for (const auto& r : req) any = any || r.mode != int32_t(ops::SampleMode::Skip);
-  if (any) {
+  if (any_on_device(req)) {
     // The op runs over the whole layout (a padded graph step's rows too; they are skipped).
     ops::SampleParams p;
     p.logits = logits_.as<float>();
@@ -559,9 +564,7 @@ void Runner::run(const StepInputs& in, HostLogits& logits) {
 
 void Runner::run(const StepInputs& in, const std::vector<ops::SampleRow>& rows, StepOutput& out) {
   SIEVE_CHECK(rows.size() == in.logits_indices.size(), "one sampling request per logits row expected");
-  bool any = false;
-  for (const auto& r : rows) any = any || r.mode != int32_t(ops::SampleMode::Skip);
-  if (!opts_.device_sampling || !any) {
+  if (!opts_.device_sampling || !any_on_device(rows)) {
     const std::vector<ops::SampleRow> all_host(rows.size());
     return run_sink(in, [&](int64_t n, int64_t layout_rows) { sample_rows(n, layout_rows, all_host, out); });
   }
