@@ -718,12 +718,19 @@ void Engine::step() {
   const double t4 = now_seconds();
   // Trace before finishing: a finished request's reader may stop the profile right away.
   if (profiling_.load(std::memory_order_relaxed)) {
-    int64_t decodes = 0;
-    for (const auto& s : plan.seqs) decodes += s.token_ids.size() == size_t(1 + s.num_draft) && s.sample;
+    int64_t decodes = 0, drafts = 0;
+    for (const auto& s : plan.seqs) {
+      decodes += s.token_ids.size() == size_t(1 + s.num_draft) && s.sample;
+      drafts += s.num_draft;
+    }
     std::ostringstream args;
     args << "{\"num_seqs\":" << plan.seqs.size() << ",\"num_tokens\":" << plan.num_tokens
-         << ",\"num_decodes\":" << decodes << ",\"num_preempted\":" << plan.preempted.size()
-         << ",\"kv_usage\":" << kv_.usage() << "}";
+         << ",\"num_decodes\":" << decodes << ",\"num_draft_tokens\":" << drafts
+         << ",\"num_preempted\":" << plan.preempted.size() << ",\"kv_usage\":" << kv_.usage()
+         << ",\"draft_prompt_rows\":" << draft_prompt_rows;
+    // EAGLE3: the drafts made after this step for the next one, and whether they are a probe.
+    if (eagle3) args << ",\"next_k\":" << eagle_next_k_ << ",\"probe\":" << probes;
+    args << "}";
     trace("step", t0, t4, args.str());
     trace("schedule", t0, t1);
     trace("prepare_inputs", t1, t2);
