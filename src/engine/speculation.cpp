@@ -82,10 +82,15 @@ int SpecController::choose(int num_running, bool can_probe) {
   // A probe step that measured nothing is tried again a few times: in prompt-heavy traffic many
   // steps carry a prompt chunk, and a lost probe would otherwise wait a whole interval. (Its
   // sequences were followed by the draft, so in plain mode they can still draft.)
-  if (unmeasured && ++probe_tries_ < max_probe_tries)
+  if (unmeasured && ++probe_tries_ < max_probe_tries) {
     since_probe_ = probe_every_ - 1;
-  else
+  } else {
+    // Every try measured nothing: those steps cost what the other mode costs and said nothing
+    // (traffic where most steps carry a prompt chunk). The next probe waits longer, as after one
+    // that confirmed the mode in use; otherwise a quarter of such a workload's steps would probe.
+    if (unmeasured) probe_every_ = std::min(2 * probe_every_, max_probe_every);
     probe_tries_ = 0;
+  }
   ++since_probe_;
   if (since_probe_ >= probe_every_ && (can_probe || !plain_)) {
     since_probe_ = 0;

@@ -170,6 +170,30 @@ TEST(SpecController, AProbeWhoseStepMeasuredNothingIsTriedAgainAFewTimes) {
   EXPECT_EQ(c.probe_interval(), SpecController::max_probe_every);
 }
 
+TEST(SpecController, ProbesThatNeverMeasureBackOff) {
+  // Speculation settled off, then traffic in which no step is decodes alone: no probe's step is
+  // recorded. Probes still come (a step of decodes alone may come later), but ever more rarely.
+  SpecController c(config(3));
+  Workload w;
+  w.kept = 0.2;
+  drive(c, w, 40);  // just after the switch: probes come often
+  ASSERT_FALSE(c.speculating());
+  const int before = c.probe_interval();
+  ASSERT_LT(before, SpecController::max_probe_every);
+  int probes = 0;
+  const int decisions = 20 * SpecController::max_probe_every;
+  for (int i = 0; i < decisions; ++i) {
+    c.choose(w.seqs, true);
+    probes += c.probing();
+  }
+  EXPECT_GE(c.probe_interval(), before);
+  EXPECT_EQ(c.probe_interval(), SpecController::max_probe_every);
+  // At most the tries of one probe an interval once the interval is at its maximum, and the
+  // intervals before it.
+  EXPECT_LE(probes, SpecController::max_probe_tries * (20 + 8));
+  EXPECT_FALSE(c.speculating());
+}
+
 TEST(SpecController, FollowsAWorkloadWhoseBetterModeChanges) {
   SpecController c(config(3));
   Workload busy;
