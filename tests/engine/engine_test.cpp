@@ -151,9 +151,32 @@ TEST(Engine, ParallelDrawsEqualSoloRuns) {
   EXPECT_NE(alone[0].tokens, alone[1].tokens);
 }
 
-// Plain rows (greedy, or seeded draws without top-k/top-p/min-p, penalties or log-probs) take
-// their tokens from the sample op; the rest come to the host. Either way every request gets the
-// tokens the host sampler gives it, in batches and chunked prefills.
+// Runs jobs with device sampling on and off: the sample op runs only when on, and every request
+// gets the same tokens, log-probs and finish either way. Returns the results with it on.
+std::vector<Result> expect_device_sampling_changes_nothing(const Rig& rig, const std::vector<Job>& jobs) {
+  std::atomic<int> ops_run{0};
+  ops::set_op_observer([&](const char* op, double, double) { ops_run += std::string(op) == "sample"; });
+  auto on = run(rig, jobs);
+  const int with = ops_run.exchange(0);
+  Rig off = rig;
+  off.device_sampling = false;
+  auto host = run(off, jobs);
+  const int without = ops_run.load();
+  ops::set_op_observer({});
+  EXPECT_GT(with, 0);
+  EXPECT_EQ(without, 0);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(on[i].tokens, host[i].tokens) << "request " << i;
+    EXPECT_EQ(on[i].logprobs, host[i].logprobs) << "request " << i;
+    EXPECT_EQ(on[i].finish, host[i].finish) << "request " << i;
+  }
+  return on;
+}
+
+// Plain rows (greedy, or seeded draws without top-k/top-p/min-p, penalties or log-probs) and
+// filtered ones (top-k with top-p, min-p) take their tokens from the sample op; the rest come to
+// the host. Either way every request gets the tokens the host sampler gives it, in batches and
+// chunked prefills.
 TEST(Engine, DeviceSamplingGivesTheHostSamplersTokens) {
   Rig rig;
   rig.vocab = 5000;
@@ -173,22 +196,7 @@ TEST(Engine, DeviceSamplingGivesTheHostSamplersTokens) {
     p.has_seed = true;
     p.seed = 40 + i;
   }
-  std::atomic<int> ops_run{0};
-  ops::set_op_observer([&](const char* op, double, double) { ops_run += std::string(op) == "sample"; });
-  auto on = run(rig, jobs);
-  const int with = ops_run.exchange(0);
-  Rig off = rig;
-  off.device_sampling = false;
-  auto host = run(off, jobs);
-  const int without = ops_run.load();
-  ops::set_op_observer({});
-  EXPECT_GT(with, 0);
-  EXPECT_EQ(without, 0);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    EXPECT_EQ(on[i].tokens, host[i].tokens) << "request " << i;
-    EXPECT_EQ(on[i].logprobs, host[i].logprobs) << "request " << i;
-    EXPECT_EQ(on[i].finish, host[i].finish) << "request " << i;
-  }
+  const std::vector<Result> on = expect_device_sampling_changes_nothing(rig, jobs);
   EXPECT_NE(on[1].tokens, on[4].tokens);
 }
 
@@ -208,20 +216,7 @@ TEST(Engine, DefaultConfigRequestsSampleOnTheDeviceWithTheHostsTokens) {
     p.has_seed = true;
     p.seed = 900 + i;
   }
-  std::atomic<int> ops_run{0};
-  ops::set_op_observer([&](const char* op, double, double) { ops_run += std::string(op) == "sample"; });
-  auto on = run(rig, jobs);
-  const int with = ops_run.exchange(0);
-  Rig off = rig;
-  off.device_sampling = false;
-  auto host = run(off, jobs);
-  ops::set_op_observer({});
-  EXPECT_GT(with, 0);
-  EXPECT_EQ(ops_run.load(), 0);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    EXPECT_EQ(on[i].tokens, host[i].tokens) << "request " << i;
-    EXPECT_EQ(on[i].finish, host[i].finish) << "request " << i;
-  }
+  const std::vector<Result> on = expect_device_sampling_changes_nothing(rig, jobs);
   EXPECT_NE(on[0].tokens, on[1].tokens);
 }
 

@@ -5,6 +5,9 @@
 // in a CUDA graph.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <utility>
+
 #include "cuda_test_util.h"
 #include "sample_test_util.h"
 
@@ -55,23 +58,36 @@ int compare(const SampleCase& c, const std::vector<int32_t>& gpu, const std::vec
   return near_boundary;
 }
 
-TEST(CudaSample, MatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  int differed = 0, draws = 0;
+// The op against the CPU on cases of 37, 1000 and 200,064 columns, plain and 8 shards, with and
+// without a map, of 1, `mid` (not at 200,064) and 128 rows made by `make`; returns how many rows
+// differed within tolerance and how many rows of mode `counted` there were.
+std::pair<int, int> compare_layouts(const std::function<SampleCase(int64_t, int64_t, int, bool)>& make, int64_t mid,
+                                    ops::SampleMode counted) {
+  int differed = 0, rows_of_mode = 0;
   for (int64_t vocab : {int64_t(37), int64_t(1000), int64_t(200064)})
     for (int shards : {1, 8})
       for (bool map : {false, true})
-        for (int64_t rows : {int64_t(1), int64_t(45), int64_t(128)}) {
-          if (vocab % shards != 0 || (vocab > 100000 && rows == 45)) continue;
+        for (int64_t rows : {int64_t(1), mid, int64_t(128)}) {
+          if (vocab % shards != 0 || (vocab > 100000 && rows == mid)) continue;
           SCOPED_TRACE("vocab " + std::to_string(vocab) + " shards " + std::to_string(shards) + " rows " +
                        std::to_string(rows) + (map ? " mapped" : ""));
-          const SampleCase c = make_sample_case(rows, vocab, shards, map, uint64_t(vocab + rows * 13 + shards + map));
+          const SampleCase c = make(rows, vocab, shards, map);
           DevCase d(c);
           ops::sample(d.p, ops::Stream{kGpu, nullptr});
           const std::vector<int32_t> gpu = d.out.get<int32_t>(size_t(rows));
           differed += compare(c, gpu, run_sample_cpu(c));
-          for (const auto& sr : c.row) draws += sr.mode == int32_t(ops::SampleMode::Draw);
+          for (const auto& sr : c.row) rows_of_mode += sr.mode == int32_t(counted);
         }
+  return {differed, rows_of_mode};
+}
+
+TEST(CudaSample, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const auto [differed, draws] = compare_layouts(
+      [](int64_t rows, int64_t vocab, int shards, bool map) {
+        return make_sample_case(rows, vocab, shards, map, uint64_t(vocab + rows * 13 + shards + map));
+      },
+      45, ops::SampleMode::Draw);
   // Boundary cases are rare: most draws agree exactly.
   EXPECT_LE(differed * 100, draws) << differed << " of " << draws << " draws differed";
 }
@@ -104,22 +120,11 @@ TEST(CudaSample, DrawsAcrossTheDistribution) {
 // the device's exp moved a boundary by its last bit, an id the rule gives within 1e-12 of it.
 TEST(CudaSample, FilteredMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  int differed = 0, filtered = 0;
-  for (int64_t vocab : {int64_t(37), int64_t(1000), int64_t(200064)})
-    for (int shards : {1, 8})
-      for (bool map : {false, true})
-        for (int64_t rows : {int64_t(1), int64_t(54), int64_t(128)}) {
-          if (vocab % shards != 0 || (vocab > 100000 && rows == 54)) continue;
-          SCOPED_TRACE("vocab " + std::to_string(vocab) + " shards " + std::to_string(shards) + " rows " +
-                       std::to_string(rows) + (map ? " mapped" : ""));
-          const SampleCase c =
-              make_filtered_case(rows, vocab, shards, map, uint64_t(vocab * 3 + rows * 11 + shards + map));
-          DevCase d(c);
-          ops::sample(d.p, ops::Stream{kGpu, nullptr});
-          const std::vector<int32_t> gpu = d.out.get<int32_t>(size_t(rows));
-          differed += compare(c, gpu, run_sample_cpu(c));
-          for (const auto& sr : c.row) filtered += sr.mode == int32_t(ops::SampleMode::Filtered);
-        }
+  const auto [differed, filtered] = compare_layouts(
+      [](int64_t rows, int64_t vocab, int shards, bool map) {
+        return make_filtered_case(rows, vocab, shards, map, uint64_t(vocab * 3 + rows * 11 + shards + map));
+      },
+      54, ops::SampleMode::Filtered);
   EXPECT_LE(differed * 100, filtered + 100) << differed << " of " << filtered << " filtered rows and draws differed";
 }
 

@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(kFThreads)
     filtered_pick_kernel(Layout l, const ops::SampleRow* rows, int64_t vocab, const uint64_t* cand,
                          const int32_t* bad, int chunks, const int32_t* id_map, int32_t* out) {
   __shared__ uint64_t s_c[kMaxK];  // the candidates, then sorted: value descending, ties to the lower id
-  __shared__ double s_w[kMaxK], s_s[kMaxK];  // their weights and running sums
+  __shared__ double s_w[kMaxK], s_s[kMaxK], s_q[kMaxK];  // their weights, running sums, top-p shares
   __shared__ int s_n, s_keep;
   const int64_t r = blockIdx.x;
   const ops::SampleRow sr = rows[r];
@@ -467,14 +467,17 @@ __global__ void __launch_bounds__(kFThreads)
     keep = max(block_min<kFThreads>(first), 1);
   }
   __syncthreads();  // (s_s is written)
-  // top-p: the shortest prefix whose share of the kept mass reaches top_p.
+  // top-p: the shortest prefix whose share of the kept mass reaches top_p (the shares divided in
+  // parallel, summed in order by one thread).
   if (sr.top_p < 1.0) {
+    const double norm = s_s[keep - 1];
+    for (int i = threadIdx.x; i < keep; i += kFThreads) s_q[i] = s_w[i] / norm;
+    __syncthreads();
     if (threadIdx.x == 0) {
-      const double norm = s_s[keep - 1];
       double acc = 0;
       int n = 0;
       while (n < keep) {
-        acc = __dadd_rn(acc, s_w[n] / norm);
+        acc = __dadd_rn(acc, s_q[n]);
         ++n;
         if (acc >= sr.top_p) break;
       }
