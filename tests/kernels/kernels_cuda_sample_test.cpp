@@ -92,6 +92,17 @@ TEST(CudaSample, MatchesCpu) {
   EXPECT_LE(differed * 100, draws) << differed << " of " << draws << " draws differed";
 }
 
+// Case c (plain layout) with u = 0 in row 0 and the largest double below 1 in row 1, on the GPU
+// against the CPU; returns how many rows differed within tolerance.
+int compare_with_the_ends(SampleCase& c) {
+  c.row[0].u = 0.0;
+  c.row[1].u = std::nextafter(1.0, 0.0);
+  c.logits = c.rows_plain;
+  DevCase d(c);
+  ops::sample(d.p, ops::Stream{kGpu, nullptr});
+  return compare(c, d.out.get<int32_t>(size_t(c.rows)), run_sample_cpu(c));
+}
+
 // Many draws of one flat row at u spread over [0, 1): every id is checked against the rule.
 TEST(CudaSample, DrawsAcrossTheDistribution) {
   SKIP_WITHOUT_GPU();
@@ -107,13 +118,7 @@ TEST(CudaSample, DrawsAcrossTheDistribution) {
     c.rows_plain.insert(c.rows_plain.end(), one.begin(), one.end());
     c.row[size_t(r)] = {r % 2 ? 1.0 : 0.25, (double(r) + 0.5) / double(rows), int32_t(ops::SampleMode::Draw), 0};
   }
-  c.row[0].u = 0.0;
-  c.row[1].u = std::nextafter(1.0, 0.0);
-  c.logits = c.rows_plain;
-  DevCase d(c);
-  ops::sample(d.p, ops::Stream{kGpu, nullptr});
-  const int differed = compare(c, d.out.get<int32_t>(size_t(rows)), run_sample_cpu(c));
-  EXPECT_LE(differed, 2);
+  EXPECT_LE(compare_with_the_ends(c), 2);
 }
 
 // Filtered rows (top-k, min-p, top-p) among greedy, draw and skipped ones: the CPU's ids, or where
@@ -152,13 +157,7 @@ TEST(CudaSample, FilteredDrawsAcrossTheDistribution) {
     sr.top_p = r % 4 == 2 ? 1.0 : 0.95;
     sr.min_p = r % 4 == 3 ? 0.05 : 0.0;
   }
-  c.row[0].u = 0.0;
-  c.row[1].u = std::nextafter(1.0, 0.0);
-  c.logits = c.rows_plain;
-  DevCase d(c);
-  ops::sample(d.p, ops::Stream{kGpu, nullptr});
-  const int differed = compare(c, d.out.get<int32_t>(size_t(rows)), run_sample_cpu(c));
-  EXPECT_LE(differed, 2);
+  EXPECT_LE(compare_with_the_ends(c), 2);
 }
 
 TEST(CudaSample, GraphReplayGivesTheEagerIds) {
