@@ -590,11 +590,11 @@ int run_bench_step(const std::vector<std::string>& argv) {
                            {"flops", 0.0}, {"floor_ms", 0.0}, {"ratio", 0.0},
                            {"logits_to_host_ms", d_logits}, {"host_ms", d_sample}, {"where", "host"}});
   if (print) {
-    const std::string filters =
-        top_k > 0 ? ", top-k " + std::to_string(top_k) + " top-p " + std::to_string(top_p).substr(0, 6) : "";
+    char filters[64] = "";
+    if (top_k > 0) std::snprintf(filters, sizeof filters, ", top-k %lld top-p %g", top_k, top_p);
     std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (the op on the device %.3f, ratio of it; ids to host%s)\n",
                 "sampling", dec_dev.logits_ms, logit_bytes / 1e9, "", logit_floor,
-                logit_floor > 0 ? dec_dev.op_ms / logit_floor : 0.0, dec_dev.op_ms, filters.c_str());
+                logit_floor > 0 ? dec_dev.op_ms / logit_floor : 0.0, dec_dev.op_ms, filters);
     std::printf("  %-20s %10.3f %12.3f %12s %10s %8s   (logits to host %.3f, draws on the host %.3f)\n",
                 "sampling (host)", d_logits + d_sample, logit_bytes / 1e9, "", "-", "-", d_logits, d_sample);
     std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (%s, median of %lld)\n", "step", dec_step, dec_bytes / 1e9,
