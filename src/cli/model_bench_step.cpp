@@ -349,6 +349,11 @@ int run_bench_step(const std::vector<std::string>& argv) {
            "speedup: vLLM's {\"method\": \"eagle3\" or \"ngram\", \"num_speculative_tokens\": K, \"model\": DRAFT "
            "(eagle3, optional: without it a draft of the published MiniMax-M3 EAGLE3 shape)}")
       .flag({"--dense"}, "select every block in sparse layers")
+      .opt({"--top-k"}, "N",
+           "decode rows sample with top-k N (1.." + std::to_string(ops::kMaxDeviceTopK) +
+               ", the sample op's filtered draw; 0: a plain draw); MiniMax's generation_config has 40",
+           "0")
+      .opt({"--top-p"}, "P", "with --top-k: top-p P in (0, 1] (MiniMax's generation_config has 0.95)", "1")
       .flag({"--host-sampling"},
             "the projections count sampling on the host (logits rows to the host, draws there; the draft's argmax "
             "there too) instead of the sample op on the device")
@@ -370,6 +375,16 @@ int run_bench_step(const std::vector<std::string>& argv) {
   if (iters < 1) throw Error("--iters must be at least 1");
   const bool print = !a.get_flag("--json");
   const bool host_sampling = a.get_flag("--host-sampling");
+  const long long top_k = a.get_int("--top-k");
+  const double top_p = a.get_double("--top-p");
+  if (top_k < 0 || top_k > ops::kMaxDeviceTopK)
+    throw Error("--top-k must be in 0.." + std::to_string(ops::kMaxDeviceTopK));
+  if (!(top_p > 0 && top_p <= 1)) throw Error("--top-p must be in (0, 1]");
+  if (top_p < 1 && top_k == 0) throw Error("--top-p needs --top-k (top-p alone samples on the host)");
+  // The decode rows' sampling parameters, as a request carries them.
+  engine::SamplingParams dec_params;
+  dec_params.top_k = int(top_k);
+  dec_params.top_p = top_p;
   // Checked before any weights load: a mistake in it is one line.
   const spec::SpeculativeConfig sc =
       a.has("--speculative-config") ? spec::parse_speculative_config(a.get("--speculative-config"), true)
@@ -495,11 +510,19 @@ int run_bench_step(const std::vector<std::string>& argv) {
   // Sampling of the step's rows on the host, as the engine draws them (one request per worker).
   engine::Workers workers(engine::Workers::default_threads());
   const int64_t V = cfg.vocab_size;
-  const double d_sample = sampling_ms(workers, logits, V, batch, 1);
-  // The engine's way: a draw per row by the sample op on the device, the ids to the host.
+  const double d_sample = sampling_ms(workers, logits, V, batch, 1, dec_params);
+  // The engine's way: a draw per row by the sample op on the device (filtered with --top-k), the
+  // ids to the host.
   std::vector<ops::SampleRow> dec_rows(static_cast<size_t>(batch));
-  for (long long s = 0; s < batch; ++s)
-    dec_rows[size_t(s)] = {1.0, (double(s) + 0.5) / double(batch), int32_t(ops::SampleMode::Draw), 0};
+  for (long long s = 0; s < batch; ++s) {
+    ops::SampleRow& r = dec_rows[size_t(s)];
+    r = {1.0, (double(s) + 0.5) / double(batch), int32_t(ops::SampleMode::Draw), 0};
+    if (top_k > 0) {
+      r.mode = int32_t(ops::SampleMode::Filtered);
+      r.top_k = int32_t(top_k);
+      r.top_p = top_p;
+    }
+  }
   const StepTimes dec_dev = time_steps(graphed, dec, nullptr, iters, marks, logits, &dec_rows);
   memory_note("after the graphed decode steps");
   const auto dec_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, dec, cfg, co.dense, eager_marks);
@@ -549,6 +572,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
   d["ratio"] = dec_floor > 0 ? dec_step / dec_floor : 0.0;
   d["logits_to_host_ms"] = d_logits;
   d["sampling_ms"] = d_sample;
+  d["sampling_top_k"] = top_k;
+  d["sampling_top_p"] = top_p;
   d["device_sampling_ms"] = dec_dev.logits_ms;
   d["device_sampling_op_ms"] = dec_dev.op_ms;
   d["graphs"] = {{"captured", gs.captured}, {"replayed", gs.replayed}, {"off", gs.off_reason}};
@@ -565,9 +590,11 @@ int run_bench_step(const std::vector<std::string>& argv) {
                            {"flops", 0.0}, {"floor_ms", 0.0}, {"ratio", 0.0},
                            {"logits_to_host_ms", d_logits}, {"host_ms", d_sample}, {"where", "host"}});
   if (print) {
-    std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (the op on the device %.3f, ratio of it; ids to host)\n",
+    char filters[64] = "";
+    if (top_k > 0) std::snprintf(filters, sizeof filters, ", top-k %lld top-p %g", top_k, top_p);
+    std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (the op on the device %.3f, ratio of it; ids to host%s)\n",
                 "sampling", dec_dev.logits_ms, logit_bytes / 1e9, "", logit_floor,
-                logit_floor > 0 ? dec_dev.op_ms / logit_floor : 0.0, dec_dev.op_ms);
+                logit_floor > 0 ? dec_dev.op_ms / logit_floor : 0.0, dec_dev.op_ms, filters);
     std::printf("  %-20s %10.3f %12.3f %12s %10s %8s   (logits to host %.3f, draws on the host %.3f)\n",
                 "sampling (host)", d_logits + d_sample, logit_bytes / 1e9, "", "-", "-", d_logits, d_sample);
     std::printf("  %-20s %10.3f %12.3f %12s %10.3f %8.2f   (%s, median of %lld)\n", "step", dec_step, dec_bytes / 1e9,

@@ -60,12 +60,11 @@ StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engi
 // Host time of the engine's draws over `seqs` sequences of `rows` logits rows each (one request per
 // worker, every row drawn as a plain token is): the median of 5 rounds.
 double sampling_ms(engine::Workers& workers, const engine::HostLogits& logits, int64_t vocab, long long seqs,
-                   int rows) {
+                   int rows, const engine::SamplingParams& sp) {
   std::vector<double> ms;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = clock_type::now();
     workers.run(seqs, [&](int64_t s) {
-      engine::SamplingParams sp;
       std::mt19937_64 g{uint64_t(s)};
       for (int j = 0; j < rows; ++j)
         engine::sample_token(std::span<const float>(logits.data() + size_t((s * rows + j) * vocab), size_t(vocab)), sp,

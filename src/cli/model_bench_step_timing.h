@@ -87,8 +87,8 @@ StepTimes time_steps(engine::Runner& r, const engine::StepInputs& in, const engi
                      Marks& marks, engine::HostLogits& logits, const std::vector<ops::SampleRow>* sample = nullptr);
 
 // Host time of the engine's draws over `seqs` sequences of `rows` logits rows each (one request per
-// worker, every row drawn as a plain token is): the median of 5 rounds.
+// worker, every row drawn with `params` as sample_token draws it): the median of 5 rounds.
 double sampling_ms(engine::Workers& workers, const engine::HostLogits& logits, int64_t vocab, long long seqs,
-                   int rows);
+                   int rows, const engine::SamplingParams& params = {});
 
 }  // namespace sieve::cli::step_timing

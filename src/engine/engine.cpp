@@ -486,20 +486,28 @@ std::vector<ops::SampleRow> Engine::device_rows(const StepPlan& plan, const std:
     Request& r = *it->second.req;
     const SamplingParams& p = r.params;
     const bool stops = !p.stop_token_ids.empty() || (!p.ignore_eos && !r.eos_ids.empty());
-    if (p.logprobs || p.top_logprobs > 0 ||
-        !plain_row(p, V, int64_t(r.tokens.size()) - r.num_prompt_tokens, stops, r.constraint_state != nullptr))
-      continue;
+    const int64_t num_out = int64_t(r.tokens.size()) - r.num_prompt_tokens;
+    const bool constrained = r.constraint_state != nullptr;
+    if (p.logprobs || p.top_logprobs > 0) continue;
+    const bool plain = plain_row(p, V, num_out, stops, constrained);
+    if (!plain && !filtered_row(p, V, num_out, stops, constrained)) continue;
     if (greedy_row(p)) {
       // Greedy verification needs only the target's argmax of each row (spec/acceptance.h).
       for (size_t i = first; i < row; ++i) rows[i].mode = int32_t(ops::SampleMode::Greedy);
     } else if (s.num_draft == 0) {
-      // The draw sample_token would make: its uniform from the request's own generator (a copy,
-      // kept until the op's token is in: a row without mass leaves the generator as it was).
+      // The draw the host would make: its uniform from the request's own generator (a copy, kept
+      // until the op's token is in: a row the op leaves to the host leaves the generator as it
+      // was, and the host's draw takes the same uniform).
       next_rng_[si] = r.rng;
       ops::SampleRow& d = rows[row - 1];
-      d.mode = int32_t(ops::SampleMode::Draw);
+      d.mode = int32_t(plain ? ops::SampleMode::Draw : ops::SampleMode::Filtered);
       d.inv_t = 1.0 / p.temperature;
       d.u = std::uniform_real_distribution<double>(0.0, 1.0)(next_rng_[si]);
+      if (!plain) {
+        d.top_k = p.top_k;
+        d.top_p = p.top_p;
+        d.min_p = p.min_p;
+      }
     }
   }
   return rows;
@@ -613,7 +621,9 @@ void Engine::step() {
       // from the request's generator before the step (device_rows), which now moves on.
       d.res = verify_and_sample(*d.r, {}, V, drafts, d.stop_ids,
                                 std::span<const int32_t>(out_.tokens.data() + d.row, rows));
-      if (sample[d.row].mode == int32_t(ops::SampleMode::Draw)) d.r->rng = next_rng_[d.seq];
+      const int32_t mode = sample[d.row].mode;
+      if (mode == int32_t(ops::SampleMode::Draw) || mode == int32_t(ops::SampleMode::Filtered))
+        d.r->rng = next_rng_[d.seq];
       return;
     }
     std::span<const float> sampled(out_.row(d.row), rows * size_t(V));

@@ -92,13 +92,13 @@ SamplingDist sampling_distribution(std::span<const float> logits, const Sampling
     double mx = -std::numeric_limits<double>::infinity();
     if (p.top_k > 0 && p.top_k < V) {
       keep = size_t(p.top_k);
-      std::partial_sort(idx.begin(), idx.begin() + long(keep), idx.end(), by_logit);
+      cpu::sort_candidates(x.data(), idx.data(), V, int64_t(keep));
       mx = double(x[size_t(idx[0])]) * inv_t;
     } else if (p.top_p < 1.0 || p.min_p > 0) {
       // Sorting a 200k vocabulary per token is slow. The head almost always holds the top-p mass
       // and every min-p survivor; sort only the head when it provably does.
       const size_t head = std::min<size_t>(idx.size(), 1024);
-      std::partial_sort(idx.begin(), idx.begin() + long(head), idx.end(), by_logit);
+      cpu::sort_candidates(x.data(), idx.data(), V, int64_t(head));
       mx = double(x[size_t(idx[0])]) * inv_t;
       if (head < idx.size()) {
         double head_mass = 0;
@@ -163,30 +163,11 @@ SamplingDist sampling_distribution(std::span<const float> logits, const Sampling
     } else {
       for (int32_t t : idx) mx = std::max(mx, double(x[size_t(t)]) * inv_t);
     }
+    // The filters (min-p, then top-p) as the sample op applies them (kernels/ops.h, Filtered).
     std::vector<double> prob(keep);
     double total = 0;
-    for (size_t i = 0; i < keep; ++i) total += prob[i] = weight(idx[i], mx);
-    // min-p: drop tokens below min_p times the most likely one's probability.
-    if (p.min_p > 0) {
-      const double floor = p.min_p * prob[0];
-      size_t k = 0;
-      while (k < keep && prob[k] >= floor) ++k;
-      keep = std::max<size_t>(k, 1);
-      total = std::accumulate(prob.begin(), prob.begin() + long(keep), 0.0);
-    }
-    // top-p: the smallest prefix whose mass reaches top_p (at least one token).
-    if (p.top_p < 1.0) {
-      const double norm = total + tail_mass;
-      double acc = 0;
-      size_t k = 0;
-      while (k < keep) {
-        acc += prob[k] / norm;
-        ++k;
-        if (acc >= p.top_p) break;
-      }
-      keep = std::max<size_t>(k, 1);
-      total = std::accumulate(prob.begin(), prob.begin() + long(keep), 0.0);
-    }
+    keep = size_t(cpu::filter_candidates(x.data(), idx.data(), int64_t(keep), inv_t, mx, p.min_p, p.top_p, tail_mass,
+                                         prob.data(), &total));
     idx.resize(keep);
     prob.resize(keep);
     dist.ids = std::move(idx);
@@ -213,26 +194,34 @@ int32_t SamplingDist::draw(std::mt19937_64& rng, int32_t exclude) const {
   if (exclude >= 0)
     for (size_t i = 0; i < ids.size(); ++i)
       if (ids[i] == exclude) mass -= weights[i];
-  // Nothing left besides `exclude` (it held all the mass): any draw from the row is right.
-  if (!(mass > 0)) return draw(rng, -1);
+  // Nothing left besides `exclude` (it held all the mass): any draw from the row is right. (A
+  // row without mass, every logit -inf or a NaN, still gives a token: draw_candidates' fallback.)
+  if (!(mass > 0) && exclude >= 0) return draw(rng, -1);
   // One uniform draw per token keeps the RNG stream independent of the vocabulary filters.
   std::uniform_real_distribution<double> uni(0.0, 1.0);
-  const double u = uni(rng) * mass;
-  double acc = 0;
-  int32_t chosen = ids[0] == exclude && ids.size() > 1 ? ids[1] : ids[0];
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (weights[i] <= 0 || ids[i] == exclude) continue;
-    acc += weights[i];
-    chosen = ids[i];
-    if (u < acc) break;
-  }
-  return chosen;
+  return cpu::draw_candidates(ids.data(), weights.data(), int64_t(ids.size()), uni(rng) * mass, exclude);
 }
 
-bool plain_row(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained) {
+namespace {
+
+// No guided constraint, logit_bias, penalties or active min_tokens (num_out output tokens so far,
+// stop ids to mask): the row's logits are what the model gave.
+bool untransformed(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained) {
   return !constrained && p.logit_bias.empty() && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 &&
-         p.presence_penalty == 0.0 && (num_out >= p.min_tokens || !has_stop_ids) &&
-         !(p.top_k > 0 && p.top_k < vocab) && !(p.top_p < 1.0) && !(p.min_p > 0) && vocab > 0;
+         p.presence_penalty == 0.0 && (num_out >= p.min_tokens || !has_stop_ids) && vocab > 0;
+}
+
+}  // namespace
+
+bool plain_row(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained) {
+  // (A greedy row takes the argmax whatever its top-k, top-p or min-p.)
+  return untransformed(p, vocab, num_out, has_stop_ids, constrained) &&
+         (greedy(p) || (!(p.top_k > 0 && p.top_k < vocab) && !(p.top_p < 1.0) && !(p.min_p > 0)));
+}
+
+bool filtered_row(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained) {
+  return untransformed(p, vocab, num_out, has_stop_ids, constrained) && !greedy(p) && p.top_k > 0 &&
+         p.top_k < vocab && p.top_k <= ops::kMaxDeviceTopK;
 }
 
 bool greedy_row(const SamplingParams& p) { return greedy(p); }

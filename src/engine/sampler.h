@@ -54,11 +54,17 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
                           const guided::OutputConstraint::State* constraint = nullptr);
 
 // A row that nothing transforms: no guided constraint, logit_bias, penalties, active min_tokens
-// (num_out output tokens so far, stop ids to mask), top-k, top-p or min-p. Such rows are drawn by
-// the sample op's rule (kernels/ops.h), on the host (sample_token) or on the device (the runner),
-// with the same result; they are most rows of a benchmark, and at a 200k vocabulary the general
-// path's copies (the row, an id list, a weight per id: ~3 MB) cost more than the draw.
+// (num_out output tokens so far, stop ids to mask), and greedy or without top-k, top-p and min-p.
+// Such rows are drawn by the sample op's rule (kernels/ops.h, Greedy or Draw), on the host
+// (sample_token) or on the device (the runner), with the same result; they are most rows of a
+// benchmark, and at a 200k vocabulary the general path's copies (the row, an id list, a weight per
+// id: ~3 MB) cost more than the draw.
 bool plain_row(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained);
+// A sampled row that nothing transforms (as plain_row) with 0 < top_k < vocab, top_k <=
+// ops::kMaxDeviceTopK, and any top-p and min-p (the models' generation_config defaults): the
+// sample op's Filtered rule draws from it what sampling_distribution(...).draw(rng) draws, with
+// the uniform that draw takes from rng.
+bool filtered_row(const SamplingParams& p, int64_t vocab, int64_t num_out, bool has_stop_ids, bool constrained);
 // Whether the request samples greedily (temperature 0: the argmax, ties to the lower id).
 bool greedy_row(const SamplingParams& p);
 

@@ -387,16 +387,22 @@ struct IndexerParams {
 
 // What `sample` does with one logits row.
 enum class SampleMode : int32_t {
-  Skip = 0,    // nothing read; the token is -1 (a row the host samples from its full logits)
-  Greedy = 1,  // the first index of the largest value
-  Draw = 2,    // one draw at temperature 1 / inv_t with the uniform u
+  Skip = 0,      // nothing read; the token is -1 (a row the host samples from its full logits)
+  Greedy = 1,    // the first index of the largest value
+  Draw = 2,      // one draw at temperature 1 / inv_t with the uniform u
+  Filtered = 3,  // one draw from the top_k candidates after min-p and top-p, with the uniform u
 };
+// Filtered rows take at most this many candidates (rows with more go to the host; the CUDA op
+// keeps this many per 8192 columns of each row in scratch).
+inline constexpr int32_t kMaxDeviceTopK = 256;
 // One row's parameters, as the op reads them (device memory on CUDA).
 struct SampleRow {
-  double inv_t = 1;  // Draw: 1 / temperature, > 0
-  double u = 0;      // Draw: the uniform in [0, 1) that picks the token
-  int32_t mode = 0;  // SampleMode
-  int32_t pad = 0;
+  double inv_t = 1;   // Draw, Filtered: 1 / temperature, > 0
+  double u = 0;       // Draw, Filtered: the uniform in [0, 1) that picks the token
+  int32_t mode = 0;   // SampleMode
+  int32_t top_k = 0;  // Filtered: the candidates, 1 .. kMaxDeviceTopK
+  double top_p = 1;   // Filtered: in (0, 1]; 1 keeps every candidate
+  double min_p = 0;   // Filtered: in [0, 1]; 0 keeps every candidate
 };
 
 // The token of each logits row, as engine/sampler.cpp picks it for a row it does not transform:
@@ -405,14 +411,27 @@ struct SampleRow {
 //           x_i = -inf), total = their sum in id order (double); the first id with w_i > 0 whose
 //           running sum in id order exceeds u * total (the last id with w_i > 0 when none does);
 //           -1 when total is not > 0 (every value -inf, or a NaN or +inf in the row).
+//   Filtered: -1 when the row holds a NaN or +inf. Otherwise k = min(top_k, vocab) (top_k < 1
+//           counts as 1, above kMaxDeviceTopK as kMaxDeviceTopK) candidates c_0 .. c_{k-1}: the
+//           ids by value descending, ties to the lower id. mx = double(x_{c_0}) * inv_t, w_j =
+//           exp(double(x_{c_j}) * inv_t - mx) (0 for -inf), S_j = w_0 + .. + w_j summed in that
+//           order (double); keep = k, total = S_{keep-1}. min_p > 0: keep = the first j with
+//           w_j < min_p * w_0 (k when none; at least 1), total = S_{keep-1}. top_p < 1: acc = 0;
+//           for j = 0, 1, .. < keep: acc += w_j / total, and the first j where acc >= top_p ends
+//           the prefix there (keep = j + 1); total = S_{keep-1}. Then -1 when total is not > 0;
+//           else the first c_j (j < keep) with w_j > 0 and u * total < S_j (the last such c_j
+//           with w_j > 0 when none).
 //   Skip:   -1.
 // Then out[r] = id_map[id] for id >= 0 when id_map is set (the EAGLE3 draft's draft-to-target map).
 // Layout: shards == 1: column i of row r at logits[r * ld + i]. shards > 1 (the logits a tensor-
 // parallel group gathered, [shards, rows, vocab / shards]): column i of row r at
 // logits[((i / vs) * rows + r) * vs + i % vs], vs = vocab / shards.
-// The CPU does exactly that arithmetic in that order (cpu::draw_row; the host sampler calls the
-// same functions). CUDA gives the same greedy ids; its draw sums in another order, so a u within
-// rounding (~1e-13 relative) of the running sum at a boundary may pick the neighbouring id.
+// The CPU does exactly that arithmetic in that order (cpu::draw_row, cpu::filtered_draw; the host
+// sampler calls the same functions). CUDA gives the same greedy ids; its draw sums in another
+// order, so a u within rounding (~1e-13 relative) of the running sum at a boundary may pick the
+// neighbouring id. Its filtered draw sums in the rule's order, but its exp may differ from the
+// host's in the last bit, which moves a min-p, top-p or draw boundary that lies within that
+// rounding of the value it is compared with.
 struct SampleParams {
   const float* logits = nullptr;  // see Layout
   int64_t rows = 0, vocab = 0;

@@ -151,24 +151,9 @@ TEST(Engine, ParallelDrawsEqualSoloRuns) {
   EXPECT_NE(alone[0].tokens, alone[1].tokens);
 }
 
-// Plain rows (greedy, or seeded draws without top-k/top-p/min-p, penalties or log-probs) take
-// their tokens from the sample op; the rest come to the host. Either way every request gets the
-// tokens the host sampler gives it, in batches and chunked prefills.
-TEST(Engine, DeviceSamplingGivesTheHostSamplersTokens) {
-  Rig rig;
-  rig.vocab = 5000;
-  rig.sched.max_num_batched_tokens = 40;
-  rig.eos = {7};
-  auto jobs = random_jobs(14, 1, 60, rig.vocab, 11, 16);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    SamplingParams& p = jobs[i].params;
-    p.logprobs = i % 5 == 4;  // host rows among device rows
-    p.top_p = i % 6 == 5 ? 0.8 : 1.0;
-    p.temperature = i % 3 == 0 ? 0.0 : (i % 3 == 1 ? 0.7 : 1.3);
-    if (i % 7 == 3) p.min_tokens = 4;
-    p.has_seed = true;
-    p.seed = 40 + i;
-  }
+// Runs jobs with device sampling on and off: the sample op runs only when on, and every request
+// gets the same tokens, log-probs and finish either way. Returns the results with it on.
+std::vector<Result> expect_device_sampling_changes_nothing(const Rig& rig, const std::vector<Job>& jobs) {
   std::atomic<int> ops_run{0};
   ops::set_op_observer([&](const char* op, double, double) { ops_run += std::string(op) == "sample"; });
   auto on = run(rig, jobs);
@@ -185,7 +170,54 @@ TEST(Engine, DeviceSamplingGivesTheHostSamplersTokens) {
     EXPECT_EQ(on[i].logprobs, host[i].logprobs) << "request " << i;
     EXPECT_EQ(on[i].finish, host[i].finish) << "request " << i;
   }
+  return on;
+}
+
+// Plain rows (greedy, or seeded draws without top-k/top-p/min-p, penalties or log-probs) and
+// filtered ones (top-k with top-p, min-p) take their tokens from the sample op; the rest come to
+// the host. Either way every request gets the tokens the host sampler gives it, in batches and
+// chunked prefills.
+TEST(Engine, DeviceSamplingGivesTheHostSamplersTokens) {
+  Rig rig;
+  rig.vocab = 5000;
+  rig.sched.max_num_batched_tokens = 40;
+  rig.eos = {7};
+  auto jobs = random_jobs(14, 1, 60, rig.vocab, 11, 16);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SamplingParams& p = jobs[i].params;
+    p.logprobs = i % 5 == 4;  // host rows among device rows
+    p.top_p = i % 6 == 5 ? 0.8 : 1.0;
+    p.temperature = i % 3 == 0 ? 0.0 : (i % 3 == 1 ? 0.7 : 1.3);
+    // Filtered rows (top-k with top-p and min-p), greedy ones among them.
+    if (i % 4 == 2 || i % 9 == 0) p.top_k = i % 8 == 2 ? 1 : 40;
+    if (i % 8 == 6) p.min_p = 0.1;
+    if (i == 13) p.top_k = ops::kMaxDeviceTopK + 1;  // above the op's limit: the host draws
+    if (i % 7 == 3) p.min_tokens = 4;
+    p.has_seed = true;
+    p.seed = 40 + i;
+  }
+  const std::vector<Result> on = expect_device_sampling_changes_nothing(rig, jobs);
   EXPECT_NE(on[1].tokens, on[4].tokens);
+}
+
+// The models' generation_config defaults (temperature 1, top_p 0.95, top_k 40): every row is
+// filtered, the sample op draws them all, and seeded requests get the host sampler's tokens.
+TEST(Engine, DefaultConfigRequestsSampleOnTheDeviceWithTheHostsTokens) {
+  Rig rig;
+  rig.vocab = 7001;
+  rig.sched.max_num_batched_tokens = 48;
+  auto jobs = random_jobs(9, 3, 50, rig.vocab, 23, 14);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SamplingParams& p = jobs[i].params;
+    p.logprobs = false;
+    p.temperature = 1.0;
+    p.top_p = 0.95;
+    p.top_k = 40;
+    p.has_seed = true;
+    p.seed = 900 + i;
+  }
+  const std::vector<Result> on = expect_device_sampling_changes_nothing(rig, jobs);
+  EXPECT_NE(on[0].tokens, on[1].tokens);
 }
 
 TEST(Engine, CacheExhaustionPreemptsAndResumesWithTheSameOutput) {

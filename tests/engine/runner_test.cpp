@@ -84,14 +84,17 @@ TEST(Runner, SamplesRowsAndReturnsOnlyTheRowsTheHostNeeds) {
   std::vector<float> full;
   runner.run(in, full);
   using M = ops::SampleMode;
-  const M modes[6] = {M::Skip, M::Greedy, M::Draw, M::Skip, M::Skip, M::Draw};
+  const M modes[6] = {M::Skip, M::Greedy, M::Draw, M::Skip, M::Filtered, M::Draw};
   std::vector<ops::SampleRow> rows(6);
   for (size_t i = 0; i < 6; ++i) rows[i] = {1.0 / 0.8, 0.1 + 0.15 * double(i), int32_t(modes[i]), 0};
+  rows[4].top_k = 7;
+  rows[4].top_p = 0.9;
+  rows[4].min_p = 0.01;
   StepOutput out;
   runner.run(in, rows, out);
   ASSERT_EQ(out.tokens.size(), 6u);
-  EXPECT_EQ(out.host_row, (std::vector<int32_t>{0, -1, -1, 1, 2, -1}));
-  EXPECT_EQ(out.logits.size(), 3u * 50u);
+  EXPECT_EQ(out.host_row, (std::vector<int32_t>{0, -1, -1, 1, -1, -1}));
+  EXPECT_EQ(out.logits.size(), 2u * 50u);
   for (size_t i = 0; i < 6; ++i) {
     const float* x = full.data() + i * 50;
     if (modes[i] == M::Skip) {
@@ -99,6 +102,9 @@ TEST(Runner, SamplesRowsAndReturnsOnlyTheRowsTheHostNeeds) {
       EXPECT_EQ(std::vector<float>(out.row(i), out.row(i) + 50), std::vector<float>(x, x + 50)) << "row " << i;
     } else if (modes[i] == M::Greedy) {
       EXPECT_EQ(out.tokens[i], cpu::first_argmax(x, 50));
+    } else if (modes[i] == M::Filtered) {
+      EXPECT_GE(out.tokens[i], 0);
+      EXPECT_EQ(out.tokens[i], cpu::filtered_draw(x, 50, rows[i]));
     } else {
       EXPECT_EQ(out.tokens[i], cpu::draw_row(x, 50, rows[i].inv_t, rows[i].u));
     }

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <set>
 
+#include "kernels/cpu/cpu_ops.h"
+
 namespace sieve::engine {
 namespace {
 
@@ -294,6 +296,87 @@ TEST(Sampler, PlainRowsDrawWhatTheGeneralPathDraws) {
       }
     }
   }
+}
+
+// A filtered row (filtered_row: top-k with top-p and min-p, nothing else) drawn by the sample op's
+// rule (cpu::filtered_draw, what the device runs) with the uniform the host's draw takes from the
+// same RNG state gives the host's token: many random rows with ties and -inf entries, k = 1 and
+// k = vocab - 1, tiny top_p, min_p, temperatures far from 1.
+TEST(Sampler, FilteredRowsDrawWhatTheHostDraws) {
+  std::mt19937_64 gen(std::random_device{}());
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  int checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int V = trial % 3 == 0 ? 200 : (trial % 3 == 1 ? 3001 : 40000);
+    std::vector<float> logits(static_cast<size_t>(V));
+    std::normal_distribution<float> nd(0.0f, 1.0f + float(trial % 5));
+    const bool ties = trial % 4 == 1;
+    for (auto& x : logits) x = ties ? float(int(gen() % 9) - 4) * 0.5f : nd(gen);
+    for (int i = 0; i < V / 20; ++i) logits[size_t(gen() % uint64_t(V))] = neg_inf;
+    SamplingParams p;
+    const double temps[] = {1.0, 0.7, 1e-3, 30.0};
+    p.temperature = temps[trial % 4];
+    const int ks[] = {1, 2, 40, ops::kMaxDeviceTopK, V - 1};
+    p.top_k = std::min(ks[(trial / 4) % 5], V - 1);
+    const double top_ps[] = {1.0, 0.95, 1e-9, 0.6};
+    p.top_p = top_ps[(trial / 3) % 4];
+    p.min_p = trial % 5 == 2 ? 0.05 : (trial % 7 == 3 ? 0.9 : 0.0);
+    if (!filtered_row(p, V, 0, false, false)) continue;  // (k = V - 1 above the op's limit)
+    const uint64_t seed = gen();
+    std::mt19937_64 host(seed), dev(seed);
+    const int32_t want = sampling_distribution(logits, p, {}, 0, {}).draw(host);
+    ops::SampleRow row;
+    row.mode = int32_t(ops::SampleMode::Filtered);
+    row.inv_t = 1.0 / p.temperature;
+    row.u = std::uniform_real_distribution<double>(0.0, 1.0)(dev);
+    row.top_k = p.top_k;
+    row.top_p = p.top_p;
+    row.min_p = p.min_p;
+    ASSERT_EQ(cpu::filtered_draw(logits.data(), V, row), want)
+        << "trial " << trial << " V " << V << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
+    // sample_token (the engine's host path) draws the same.
+    std::mt19937_64 again(seed);
+    EXPECT_EQ(sample_token(logits, p, {}, 0, {}, again).token, want);
+    ++checked;
+  }
+  EXPECT_GT(checked, 200);
+}
+
+// Greedy rows are plain whatever their filters (the argmax ignores them); sampled rows with top-k
+// are filtered up to the op's limit; anything that transforms the logits is neither.
+TEST(Sampler, PlainAndFilteredRows) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.top_k = 40;
+  p.top_p = 0.95;
+  EXPECT_TRUE(plain_row(p, 1000, 0, false, false));
+  EXPECT_FALSE(filtered_row(p, 1000, 0, false, false));
+  p.temperature = 1.0;
+  EXPECT_FALSE(plain_row(p, 1000, 0, false, false));
+  EXPECT_TRUE(filtered_row(p, 1000, 0, false, false));
+  EXPECT_FALSE(filtered_row(p, 1000, 0, false, true));  // guided
+  p.top_k = ops::kMaxDeviceTopK + 1;
+  EXPECT_FALSE(filtered_row(p, 100000, 0, false, false));
+  p.top_k = 0;  // top-p alone: the host's head path
+  EXPECT_FALSE(filtered_row(p, 1000, 0, false, false));
+  p.top_k = 40;
+  p.min_tokens = 3;
+  EXPECT_FALSE(filtered_row(p, 1000, 1, true, false));
+  EXPECT_TRUE(filtered_row(p, 1000, 3, true, false));
+  p.presence_penalty = 0.5;
+  EXPECT_FALSE(filtered_row(p, 1000, 3, true, false));
+}
+
+// A row without mass still draws a token (and does not recurse).
+TEST(Sampler, RowWithoutMassDrawsAToken) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> logits(10, neg_inf);
+  SamplingParams p;
+  p.top_k = 3;
+  std::mt19937_64 rng(5);
+  const int32_t t = sampling_distribution(logits, p, {}, 0, {}).draw(rng);
+  EXPECT_GE(t, 0);
+  EXPECT_LT(t, 10);
 }
 
 }  // namespace

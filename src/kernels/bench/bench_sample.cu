@@ -1,6 +1,7 @@
 // `sieve bench kernels` rows "sample": the sample op (ops.h) over 32 and 128 logits rows of
-// MiniMax-M3's 200,064-token vocabulary, as the runner runs it after a decode step: greedy rows
-// and draws, the rows laid out plainly (one GPU) and as a TP8 group gathers them
+// MiniMax-M3's 200,064-token vocabulary, as the runner runs it after a decode step: greedy rows,
+// draws and filtered draws (top-k 40, top-p 0.95: the models' generation_config defaults), the
+// rows laid out plainly (one GPU) and as a TP8 group gathers them
 // ([8, rows, 25,008]). Logits uniform in [-10, 10]; input sets rotate so that, over the sets, the
 // rows read exceed 4x the L2. Floor: the rows' bytes read once at the measured copy rate.
 #include <cuda_runtime.h>
@@ -36,14 +37,23 @@ void run_sample_rows(const Options& opt, const Env& env, const std::function<voi
     }
     auto ids = dev(size_t(rows) * 4);
     for (int shards : {1, 8}) {
-      for (auto mode : {ops::SampleMode::Greedy, ops::SampleMode::Draw}) {
+      for (auto mode : {ops::SampleMode::Greedy, ops::SampleMode::Draw, ops::SampleMode::Filtered}) {
         const std::string shape = std::to_string(rows) + " rows x " + std::to_string(V) +
                                   (shards > 1 ? " tp8 shards" : "") +
-                                  (mode == ops::SampleMode::Greedy ? ", greedy" : ", draw");
+                                  (mode == ops::SampleMode::Greedy ? ", greedy"
+                                   : mode == ops::SampleMode::Draw ? ", draw"
+                                                                   : ", top-k 40 top-p 0.95");
         if (!opt.filter.empty() && (std::string(kSample) + " " + shape + " f32").find(opt.filter) == std::string::npos)
           continue;
         std::vector<ops::SampleRow> rr(static_cast<size_t>(rows));
-        for (int64_t r = 0; r < rows; ++r) rr[size_t(r)] = {1.0 / 0.8, (double(r) + 0.5) / double(rows), int32_t(mode), 0};
+        for (int64_t r = 0; r < rows; ++r) {
+          rr[size_t(r)] = {1.0 / 0.8, (double(r) + 0.5) / double(rows), int32_t(mode), 0};
+          // (The models' generation_config defaults.)
+          if (mode == ops::SampleMode::Filtered) {
+            rr[size_t(r)].top_k = 40;
+            rr[size_t(r)].top_p = 0.95;
+          }
+        }
         auto d_rows = upload(rr);
         std::vector<ops::SampleParams> ps(static_cast<size_t>(sets));
         for (int s = 0; s < sets; ++s) {

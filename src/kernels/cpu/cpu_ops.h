@@ -30,6 +30,21 @@ int32_t first_argmax(const float* x, int64_t n);
 double token_weight(float logit, double inv_t, double mx);
 // One draw with the uniform u in [0, 1) (ops.h, SampleMode::Draw); -1 when the row has no mass.
 int32_t draw_row(const float* x, int64_t n, double inv_t, double u);
+// The candidate order of top-k, top-p and min-p (sampler.cpp; ops.h, SampleMode::Filtered):
+// reorders ids[0..n) so that its first k are the ids of the k largest values of x, largest first,
+// ties to the lower id.
+void sort_candidates(const float* x, int32_t* ids, int64_t n, int64_t k);
+// The weights w[0..keep) of candidates ids[0..keep) (token_weight at mx), then the min-p cut and
+// the top-p prefix over them (top-p's norm adds tail_mass, the mass of candidates past `keep`
+// that were not sorted). Returns the count kept; *total is their weights' sum in order.
+int64_t filter_candidates(const float* x, const int32_t* ids, int64_t keep, double inv_t, double mx,
+                          double min_p, double top_p, double tail_mass, double* w, double* total);
+// The draw over candidates: the first id (other than `exclude`) with w > 0 whose running sum
+// exceeds target, the last such id when none does, ids[0] (or ids[1] when ids[0] is `exclude`)
+// when no weight is > 0.
+int32_t draw_candidates(const int32_t* ids, const double* w, int64_t n, double target, int32_t exclude = -1);
+// One filtered draw (ops.h, SampleMode::Filtered) from a contiguous row; -1 as the rule says.
+int32_t filtered_draw(const float* x, int64_t n, const ops::SampleRow& row);
 // Argument checks shared by both backends (throw Error naming the field).
 void validate_sample(const ops::SampleParams& p);
 
