@@ -221,9 +221,15 @@ int persistent_ctas_per_sm(bool fp8, int64_t blocks) {
 // units of 2 blocks let the early CTAs take the late ones' work, so the data ends within about
 // a unit of each other. The polled finish keeps a unit's finisher at a few relaxed stores (no
 // release fence and counter a unit, which at 2 blocks a unit would be as long as the unit).
+// It replaces the one-unit-a-CTA plan where that exists (b1, b8 at 131072) and v2 where v4 had
+// no plan for the length (up to 4096 blocks); larger batches of 512..2048 blocks a request keep
+// their kernel (not measured with it).
 bool persistent_long_plan(const ops::IndexerParams& p, int64_t blocks) {
-  return is_fp8(p) && tuning().indexer.persistent_long_unit >= 0 && blocks >= kPersistentLongMinBlocks &&
-         blocks <= kPersistentLongMaxBlocks && p.batch.num_seqs <= kPersistentMaxSeqs;
+  if (!is_fp8(p) || tuning().indexer.persistent_long_unit < 0 || blocks < kPersistentLongMinBlocks ||
+      blocks > kPersistentLongMaxBlocks || p.batch.num_seqs > kPersistentMaxSeqs)
+    return false;
+  return blocks > kPersistentMaxBlocks ||
+         persistent_single_unit(p.batch.num_seqs, blocks, int64_t(persistent_ctas_per_sm(true, blocks)) * num_sms()) > 0;
 }
 
 bool run_persistent(const ops::IndexerParams& p, cudaStream_t stream) {
