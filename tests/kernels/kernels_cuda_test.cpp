@@ -1039,7 +1039,7 @@ TEST(CudaIndexer, LongContextMatchesCpu) {
 // request's end; 32), the counter finish with claims (persistent_claim_poll 0), exact ties (the
 // order rests on the lower-block rule across units of different CTAs), and the plan off (-1: v4
 // refuses 4096 blocks and the planner falls back to v2). Then q in fp32 rounded to fp8
-// (q_in_cache_dtype) with two heads through the plan.
+// (q_in_cache_dtype) with two heads, and speculative rows with four heads, through the plan.
 TEST(CudaIndexer, LongContextPlanVariantsMatchCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 9950;
@@ -1075,6 +1075,14 @@ TEST(CudaIndexer, LongContextPlanVariantsMatchCpu) {
   c.q_in_cache = true;
   c.H = 2;
   check_indexer_draw(c, seed++, {cuda::IndexerKernel::kAuto});
+  // Speculative rows: 4 query rows x 4 heads (16 vectors: the 16-row MMA) under the plan.
+  IndexerInputs sp;
+  sp.specs = {{140000, 4}, {70000, 2}, {66000, 3}};
+  sp.cache = DType::FP8_E4M3;
+  sp.H = 4;
+  sp.topk = 32;
+  sp.init = 1;
+  check_indexer_draw(sp, seed++, {cuda::IndexerKernel::kAuto, cuda::IndexerKernel::kDecodeChunked});
 }
 
 // Sparse decode attention at long contexts: selections anywhere in 4096 blocks (b1 at 524288,
