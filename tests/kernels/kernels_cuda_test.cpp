@@ -42,7 +42,11 @@ TEST(CudaTuning, FieldsParseAndScopesRestore) {
   cuda::set_tuning_field(t, "attention.trace", "2");
   cuda::set_tuning_field(t, "moe.chunk_tokens", "17");
   cuda::set_tuning_field(t, "launch.pdl_mask", "7");
+  cuda::set_tuning_field(t, "indexer.persistent_long_unit", "-1");
+  cuda::set_tuning_field(t, "indexer.persistent_claim_poll", "1");
   EXPECT_EQ(t.indexer.persistent_unit, 4);
+  EXPECT_EQ(t.indexer.persistent_long_unit, -1);
+  EXPECT_EQ(t.indexer.persistent_claim_poll, 1);
   EXPECT_FALSE(t.indexer.narrow_mma);
   EXPECT_EQ(t.indexer.prefill_mma, cuda::IndexerTuning::PrefillMma::kRSP);
   EXPECT_EQ(t.attention.trace, 2);
@@ -935,6 +939,165 @@ TEST(CudaIndexer, V4LongRowsExactTiesMatchCpu) {
       c.kernel = cuda::IndexerKernel::kDecodePersistent;
       check_indexer_once(c, seed++);
     }
+  }
+}
+
+// v4 with claimed units and the polled finish (persistent_claim_poll 1) under forced shapes:
+// small grids (most units claimed, slots and ring wrapping), several static units, long units.
+// A polling finisher waits for units that other CTAs claimed.
+TEST(CudaIndexer, V4ClaimedUnitsPolledFinishMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9850;
+  struct Shape {
+    int unit, stages, grid, statics;
+  };
+  const std::vector<Shape> shapes = {{1, 2, 8, 1}, {3, 2, 5, 1}, {2, 6, 16, 3}, {5, 3, 1, 1}, {12, 4, 6, 2}};
+  for (const Shape& sh : shapes) {
+    cuda::Tuning t = persistent_shape(sh.unit, sh.stages, sh.grid, sh.statics);
+    t.indexer.persistent_claim_poll = 1;
+    cuda::TuningScope scope(t);
+    check_forced_decode_cases(cuda::IndexerKernel::kDecodePersistent,
+                              "v4 polled claims unit " + std::to_string(sh.unit) + " stages " +
+                                  std::to_string(sh.stages) + " grid " + std::to_string(sh.grid) + " statics " +
+                                  std::to_string(sh.statics),
+                              seed);
+  }
+}
+
+// The same in a CUDA graph captured at a larger max_seq_len: the poll scratch and the unit
+// counter must return to zero between replays.
+TEST(CudaIndexer, V4ClaimedUnitsPolledGraphReplayMatchesEager) {
+  SKIP_WITHOUT_GPU();
+  GraphReplayInputs in(9460, DType::FP8_E4M3);
+  in.g.init_blocks = 1;
+  for (const auto& sh : std::vector<std::array<int, 4>>{{1, 2, 8, 1}, {2, 3, 20, 2}, {3, 2, 1, 1}}) {
+    SCOPED_TRACE("v4 polled claims unit " + std::to_string(sh[0]) + " stages " + std::to_string(sh[1]) + " grid " +
+                 std::to_string(sh[2]) + " statics " + std::to_string(sh[3]));
+    cuda::Tuning t = persistent_shape(sh[0], sh[1], sh[2], sh[3]);
+    t.indexer.persistent_claim_poll = 1;
+    cuda::TuningScope scope(t);
+    in.expect_eager_and_graph_match_v2(cuda::IndexerKernel::kDecodePersistent, "v4");
+  }
+}
+
+// One draw of a case (long cases: the inputs and the CPU reference once) through each of
+// `kernels` on poisoned outputs; a kernel without a plan for the shape is skipped where
+// `may_refuse` (the cluster and persistent kernels).
+void check_indexer_draw(const IndexerInputs& c, uint64_t seed, const std::vector<cuda::IndexerKernel>& kernels) {
+  SCOPED_TRACE(c.describe() + " seed " + std::to_string(seed));
+  IndexerRef r(c, seed);
+  for (cuda::IndexerKernel k : kernels) {
+    SCOPED_TRACE("kernel " + std::to_string(int(k)));
+    r.d_idx.poison(0x55);
+    r.d_scores.poison(0xff);
+    const bool may_refuse = k == cuda::IndexerKernel::kDecodeCluster || k == cuda::IndexerKernel::kDecodePersistent;
+    const bool ran = cuda::run_indexer_kernel(r.gpu, nullptr, k);
+    if (!ran && may_refuse) continue;
+    ASSERT_TRUE(ran);
+    device_synchronize(kGpu);
+    r.expect_gpu_matches(true);
+  }
+}
+
+// Long contexts up to 524288 tokens (4096 blocks: twice v4's limit with one unit a CTA, the
+// longest request of the long-context plan). A batch of a 4096-block request with shorter ones
+// (547 blocks: inside the plan's range; a short row; an empty context), fp8 and bf16, through
+// every decode kernel: the planner's (fp8: v4 under the long-context plan, units of 2 claimed,
+// polled finish; bf16: v3), v2 (chunks of 32 blocks; 4 chunks of 1024 when forced to 2), v3
+// (groups > 1) and v4 where it has a plan; then one 4096-block request alone (b1).
+const std::vector<SeqSpec> kLongSpecs = {{524287, 1}, {70000, 1}, {300, 1}, {0, 1}};
+const std::vector<cuda::IndexerKernel> kDecodeKernels = {cuda::IndexerKernel::kAuto, cuda::IndexerKernel::kDecodeChunked,
+                                                         cuda::IndexerKernel::kDecodeCluster,
+                                                         cuda::IndexerKernel::kDecodePersistent};
+
+TEST(CudaIndexer, LongContextMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9900;
+  for (DType cd : {DType::FP8_E4M3, DType::BF16}) {
+    IndexerInputs c;
+    c.specs = kLongSpecs;
+    c.cache = cd;
+    c.init = 1;
+    check_indexer_draw(c, seed++, kDecodeKernels);
+    // v2 at its chunk limit (1024 blocks a chunk, the whole table in shared memory).
+    cuda::Tuning t;
+    t.indexer.chunked_max_chunks = 2;
+    cuda::TuningScope scope(t);
+    check_indexer_draw(c, seed++, {cuda::IndexerKernel::kDecodeChunked});
+  }
+  for (DType cd : {DType::FP8_E4M3, DType::BF16}) {
+    IndexerInputs c;
+    c.specs = {{524287, 1}};
+    c.cache = cd;
+    c.H = 2;
+    c.topk = 32;
+    check_indexer_draw(c, seed++, kDecodeKernels);
+  }
+}
+
+// The long-context plan's variants on fp8 caches: forced unit sizes (1; 3: units that straddle a
+// request's end; 32), the counter finish with claims (persistent_claim_poll 0), exact ties (the
+// order rests on the lower-block rule across units of different CTAs), and the plan off (-1: v4
+// refuses 4096 blocks and the planner falls back to v2). Then q in fp32 rounded to fp8
+// (q_in_cache_dtype) with two heads, and speculative rows with four heads, through the plan.
+TEST(CudaIndexer, LongContextPlanVariantsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9950;
+  const std::vector<SeqSpec> specs = {{524287, 1}, {65600, 1}, {140000, 1}};
+  struct Variant {
+    int long_unit, claim_poll;
+    bool ties;
+  };
+  for (const Variant& v : std::vector<Variant>{
+           {0, -1, true}, {1, -1, false}, {3, -1, false}, {32, -1, false}, {2, 0, true}, {-1, -1, false}}) {
+    cuda::Tuning t;
+    t.indexer.persistent_long_unit = v.long_unit;
+    t.indexer.persistent_claim_poll = v.claim_poll;
+    cuda::TuningScope scope(t);
+    SCOPED_TRACE("long unit " + std::to_string(v.long_unit) + " claim poll " + std::to_string(v.claim_poll));
+    IndexerInputs c;
+    c.specs = specs;
+    c.cache = DType::FP8_E4M3;
+    c.init = 1;
+    c.local = 2;
+    check_indexer_draw(c, seed++, {cuda::IndexerKernel::kAuto, cuda::IndexerKernel::kDecodePersistent});
+    if (v.ties) {
+      c.ties = true;
+      c.init = 0;
+      c.local = 1;
+      check_indexer_draw(c, seed++, {cuda::IndexerKernel::kAuto});
+    }
+  }
+  IndexerInputs c;
+  c.specs = {{200000, 1}, {131071, 1}};
+  c.cache = DType::FP8_E4M3;
+  c.q_dtype = DType::F32;
+  c.q_in_cache = true;
+  c.H = 2;
+  check_indexer_draw(c, seed++, {cuda::IndexerKernel::kAuto});
+  // Speculative rows: 4 query rows x 4 heads (16 vectors: the 16-row MMA) under the plan.
+  IndexerInputs sp;
+  sp.specs = {{140000, 4}, {70000, 2}, {66000, 3}};
+  sp.cache = DType::FP8_E4M3;
+  sp.H = 4;
+  sp.topk = 32;
+  sp.init = 1;
+  check_indexer_draw(sp, seed++, {cuda::IndexerKernel::kAuto, cuda::IndexerKernel::kDecodeChunked});
+}
+
+// Sparse decode attention at long contexts: selections anywhere in 4096 blocks (b1 at 524288,
+// and a batch with a 131072-token request), fp8 and bf16.
+TEST(CudaAttention, SparseDecodeLongContextMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 5950;
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+    AttnCase c;
+    c.specs = {{524287, 1}};
+    c.kv = kvd;
+    check_attention(c, seed++);
+    c.specs = {{131071, 1}, {524287, 1}, {9000, 1}};
+    c.out = DType::BF16;
+    check_attention(c, seed++);
   }
 }
 

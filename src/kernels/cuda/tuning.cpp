@@ -68,6 +68,8 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(indexer, persistent_ctas_per_sm),
       SIEVE_BOOL_FIELD(indexer, persistent_early_copies),
       SIEVE_BOOL_FIELD(indexer, persistent_poll),
+      SIEVE_INT_FIELD(indexer, persistent_long_unit),
+      SIEVE_INT_FIELD(indexer, persistent_claim_poll),
       Field{"indexer.prefill_mma",
             [](Tuning& t, const std::string& v) {
               if (v == "auto") t.indexer.prefill_mma = Mma::kAuto;

@@ -75,6 +75,17 @@ struct IndexerTuning {
   bool persistent_early_copies = false;
   // false: the counter finish also when every unit is static (else the polled finish).
   bool persistent_poll = true;
+  // Long contexts with an fp8 cache (512..4096 key blocks a request, where one unit a CTA fits or
+  // past 2048 blocks; planner.cu persistent_long_plan): units of this many blocks claimed from
+  // the counter, so a CTA whose copies are served late takes fewer units, with the polled finish
+  // (persistent_claim_poll). -1: one unit a CTA as at shorter contexts (v2 beyond 2048 blocks);
+  // 0: the rule (2).
+  int persistent_long_unit = 0;
+  // The polled finish with claimed units (every CTA of the persistent grid is resident, so a
+  // selecting finisher may wait for units that other CTAs claimed): -1 the rule (where the long
+  // plan above runs), 0 never (the counter finish wherever units are claimed), 1 wherever the
+  // grid claims units.
+  int persistent_claim_poll = -1;
 
   // Prefill kernel: the MMA form (kAuto: rs / rsp with a bf16 cache by the work per CTA, ss with
   // fp8), whether the selection kernel overlaps the scoring grid's tail, and the stream-K cost

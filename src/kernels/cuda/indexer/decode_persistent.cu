@@ -37,8 +37,10 @@
 //    its full score row (select_row: lane bests -> threshold -> candidate ranking, one warp a
 //    row) and returns the counter to zero. Only the last request's selection is left after the
 //    last data; every other selection overlaps the streaming of later units.
-//  - Polled finish (kPoll: every unit static, so every CTA of the grid is resident at once):
-//    no fence and no counter. Each finisher stores its rows' scores as order keys (never 0) into
+//  - Polled finish (kPoll: every CTA of the grid is resident at once, as the planner sizes it;
+//    used where every unit is static, and with claimed units under the long-context plan, where
+//    a polling finisher waits only for units numbered below its own: planner.cu): no fence and
+//    no counter. Each finisher stores its rows' scores as order keys (never 0) into
 //    a zeroed private scratch [rows][max_blocks rounded to 4] with relaxed stores, and the
 //    finisher of the unit holding the request's last block copies each row from there into
 //    shared memory (cp.async through L2, again for any chunk with a word still 0), selects, and
@@ -156,7 +158,7 @@ __device__ __forceinline__ UnitInfo unit_info(const IndexerArgs& a, const UnitLo
   return r;
 }
 
-// kPoll: every unit static; the CTA of a request's last block polls the others' scores (IndexerArgs::rec).
+// kPoll: the CTA of a request's last block polls the others' scores (IndexerArgs::rec).
 template <bool kFp8, int kMinCtas, bool kPoll, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, kMinCtas) decode_persistent_kernel(IndexerArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -380,6 +382,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_persistent_kernel(I
     const int v0 = max_vec<kNarrow>(g, q, 0), v1 = max_vec<kNarrow>(g, q, 1);
     uint32_t qa[8][4];
     int k = -1, slot = 0, nv = 0, pos0 = 0, pos1 = 0, b0 = 0;
+    int frag_s = -1;  // the request whose query fragments qa holds
     for (int i = 0;; ++i) {
       const int st = i % NS;
       mbar_wait(&full[st], uint32_t(i / NS) & 1u);
@@ -400,7 +403,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_persistent_kernel(I
         nv = um[6];
         pos0 = seq_len - qlen + v0 / a.H;
         pos1 = seq_len - qlen + v1 / a.H;
-        q_frags_from_slot<kFp8>(a, qslot + size_t(slot) * a.q_slot_bytes, nv, g, q, qa);
+        // A CTA's claimed units are mostly of one request (units are claimed in order, P apart):
+        // the fragments (32 conversions a lane) are rebuilt only when it changes. Only in the
+        // fp8 two-CTA builds (the long-context plan's): elsewhere the extra register changed
+        // the allocation (bf16 87 -> 88 and 88 -> 90 registers, the fp8 three-CTA spills).
+        if (!(kFp8 && kMinCtas == 2) || um[0] != frag_s) {
+          frag_s = um[0];
+          q_frags_from_slot<kFp8>(a, qslot + size_t(slot) * a.q_slot_bytes, nv, g, q, qa);
+        }
       }
       const uint8_t* base = stage + st * block_bytes + warp * 16 * row_bytes;
       KeyRegs<kFp8> kr[2];

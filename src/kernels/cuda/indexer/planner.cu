@@ -5,7 +5,8 @@
 // Kernels (cuda/indexer/; docs/kernels.md; "v2".."v4" are their names in docs/performance.md):
 //  - decode (max_query_len x index heads <= 16 query vectors a request):
 //      persistent (v4, decode_persistent.cu) where its one-unit-per-CTA plan exists, with an
-//        fp8 cache only where it measured faster (below);
+//        fp8 cache only where it measured faster (below), and with an fp8 cache at 512..4096
+//        blocks a request under the long-context plan (claimed units, persistent_long_plan);
 //      cluster (v3, decode_cluster.cu) for large batches without that plan;
 //      chunked (v2, decode_chunked.cu) otherwise, and wherever the other two have no plan;
 //  - prefill: the stream-K tensor-core kernel and its selection kernel (prefill.cu) for rows of
@@ -189,6 +190,8 @@ constexpr int kPersistentMaxUnit = 32;    // blocks a unit: a producer lane hold
 constexpr int kPersistentMaxSlots = 8;    // units in flight a CTA
 constexpr int kPersistentMaxStages = 16;
 constexpr int kPersistentMaxBlocks = 2048;  // blocks a request (the selection stages a row's keys)
+constexpr int kPersistentLongMaxBlocks = 4096;  // the same under the long-context plan (16 KB of keys)
+constexpr int kPersistentLongMinBlocks = 512;   // the long-context plan's shortest request (blocks)
 constexpr int kPersistentMaxSeqs = 1024;    // requests (the live-unit prefix sums are in shared memory)
 
 // The smallest unit of at most 32 key blocks that gives every request's `blocks` at most one unit
@@ -209,13 +212,34 @@ int persistent_ctas_per_sm(bool fp8, int64_t blocks) {
   return std::clamp(forced > 0 ? forced : fp8 ? (blocks >= 256 ? 2 : 3) : 2, 1, fp8 ? 3 : 2);
 }
 
+// The long-context plan (IndexerTuning::persistent_long_unit): with an fp8 cache and requests of
+// 512 to 4096 key blocks, small units claimed from the counter with the polled finish instead of
+// one static unit a CTA. With one static unit a CTA, a CTA whose copies are served late (the
+// grid's first copies alone, ~20 MB requested at once, arrive over ~4 us) still has its whole
+// share to stream when the others are done: at b8 ctx131072 the CTAs' consumers were done at
+// 32.5-33.1 us (median) and 35.6-36.3 (last), and the selection waits for the last. Claimed
+// units of 2 blocks let the early CTAs take the late ones' work, so the data ends within about
+// a unit of each other. The polled finish keeps a unit's finisher at a few relaxed stores (no
+// release fence and counter a unit, which at 2 blocks a unit would be as long as the unit).
+// It replaces the one-unit-a-CTA plan where that exists (b1, b8 at 131072) and v2 where v4 had
+// no plan for the length (up to 4096 blocks); larger batches of 512..2048 blocks a request keep
+// their kernel (not measured with it).
+bool persistent_long_plan(const ops::IndexerParams& p, int64_t blocks) {
+  if (!is_fp8(p) || tuning().indexer.persistent_long_unit < 0 || blocks < kPersistentLongMinBlocks ||
+      blocks > kPersistentLongMaxBlocks || p.batch.num_seqs > kPersistentMaxSeqs)
+    return false;
+  return blocks > kPersistentMaxBlocks ||
+         persistent_single_unit(p.batch.num_seqs, blocks, int64_t(persistent_ctas_per_sm(true, blocks)) * num_sms()) > 0;
+}
+
 bool run_persistent(const ops::IndexerParams& p, cudaStream_t stream) {
   const IndexerTuning& tu = tuning().indexer;
   const bool fp8 = is_fp8(p);
   const int N = p.batch.num_seqs;
   IndexerArgs a = make_indexer_args(p);
   const int max_blocks = a.max_blocks;
-  if (max_blocks > kPersistentMaxBlocks || N > kPersistentMaxSeqs) return false;
+  const bool long_plan = persistent_long_plan(p, max_blocks);
+  if (max_blocks > (long_plan ? kPersistentLongMaxBlocks : kPersistentMaxBlocks) || N > kPersistentMaxSeqs) return false;
   const uint32_t block_bytes = key_block_bytes(fp8);
   const size_t esz = a.q_bf16 ? 2 : 4;
   const int nv_max = std::min(16, std::max(1, p.batch.max_query_len * p.num_index_heads));
@@ -230,9 +254,11 @@ bool run_persistent(const ops::IndexerParams& p, cudaStream_t stream) {
   const int p_full = per_sm * num_sms();
   // One unit per CTA when the batch fits (the smallest such U): every unit is static, no claims,
   // and each CTA pays one query copy, one finish. Otherwise about 4 units per resident CTA.
-  int unit = persistent_single_unit(N, max_blocks, p_full);
+  // The long-context plan: units of 2 blocks (the static ones fill the ring), the rest claimed.
+  int unit = long_plan ? 0 : persistent_single_unit(N, max_blocks, p_full);
   const bool single = unit > 0;
-  if (!single) unit = int(std::clamp<int64_t>((work_blocks + 4 * int64_t(p_full) - 1) / (4 * int64_t(p_full)), 1, 8));
+  if (long_plan) unit = tu.persistent_long_unit > 0 ? std::min(tu.persistent_long_unit, kPersistentMaxUnit) : 2;
+  else if (!single) unit = int(std::clamp<int64_t>((work_blocks + 4 * int64_t(p_full) - 1) / (4 * int64_t(p_full)), 1, 8));
   if (tu.persistent_unit > 0) unit = std::min(tu.persistent_unit, kPersistentMaxUnit);
   const PersistentLayout fixed = persistent_layout(0, slots, unit, q_slot_bytes, max_blocks, N, block_bytes);
   int stages = fixed.total + 256 < budget ? int((budget - fixed.total - 256) / block_bytes) : 1;
@@ -263,9 +289,15 @@ bool run_persistent(const ops::IndexerParams& p, cudaStream_t stream) {
   } else {
     a.sbuf = static_cast<float*>(workspace(stream, size_t(p.batch.num_tokens) * p.num_index_heads * a.mbps * 4));
   }
-  // Every unit static (no claims), so every CTA is resident at once: the CTA of a request's last
-  // block can wait for the others' scores by polling them.
-  const bool poll = int64_t(a.static_units) * P >= dense_units && tu.persistent_poll;
+  // Every CTA of the grid is resident at once (P is at most what fits), so the CTA of a
+  // request's last block can wait for the others' scores by polling them: where every unit is
+  // static, and with claimed units under the long-context plan (persistent_claim_poll). Claims
+  // are in unit order and each finisher takes its units in order, so a polling finisher waits
+  // only for units numbered below its own, and the lowest unit not yet scored always can be:
+  // no CTA waits in a cycle.
+  const bool all_static = int64_t(a.static_units) * P >= dense_units;
+  const bool claim_poll = tu.persistent_claim_poll > 0 || (tu.persistent_claim_poll < 0 && long_plan);
+  const bool poll = (all_static || claim_poll) && tu.persistent_poll;
   if (poll) {
     a.rec_stride = (max_blocks + 3) & ~3;
     a.rec = static_cast<uint32_t*>(private_scratch(
@@ -306,6 +338,7 @@ IndexerKernel decode_kernel_for(const ops::IndexerParams& p) {
   const int64_t blocks = std::max(1, std::min((p.batch.max_seq_len + 127) / 128, p.batch.max_blocks_per_seq));
   const int64_t work = blocks * p.batch.num_seqs;  // key blocks of the batch, at most
   const bool fp8 = is_fp8(p);
+  if (persistent_long_plan(p, blocks)) return IndexerKernel::kDecodePersistent;
   const int unit = persistent_single_unit(p.batch.num_seqs, blocks,
                                           int64_t(persistent_ctas_per_sm(fp8, blocks)) * num_sms());
   if (unit > 0 && (!fp8 || unit <= 8 || blocks >= 256 || narrow_mma(p))) return IndexerKernel::kDecodePersistent;
