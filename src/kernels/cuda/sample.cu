@@ -302,6 +302,8 @@ __device__ Threshold radix_select(const Each& each, int bits, int k) {
   for (int hi = bits; hi > 0; hi = lo) {
     lo = max(hi - 8, 0);
     const unsigned digit_mask = (1u << (hi - lo)) - 1;
+    // (Every thread has read the last pass's choice before the histogram is cleared.)
+    __syncthreads();
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     each([&](uint64_t key, bool valid) {
