@@ -75,11 +75,11 @@ struct IndexerTuning {
   bool persistent_early_copies = false;
   // false: the counter finish also when every unit is static (else the polled finish).
   bool persistent_poll = true;
-  // Long contexts with an fp8 cache (512..4096 key blocks a request, where one unit a CTA fits or
-  // past 2048 blocks; planner.cu persistent_long_plan): units of this many blocks claimed from
-  // the counter, so a CTA whose copies are served late takes fewer units, with the polled finish
-  // (persistent_claim_poll). -1: one unit a CTA as at shorter contexts (v2 beyond 2048 blocks);
-  // 0: the rule (2).
+  // Long contexts with an fp8 cache (planner.cu persistent_long_plan): units of this many blocks
+  // claimed from the counter, so a CTA whose copies are served late takes fewer units, with the
+  // polled finish (persistent_claim_poll). 0 (the rule): units of 2 past 2048 blocks a request,
+  // where v2 ran before; > 0: units of this many from 512 blocks, also where one unit a CTA fits
+  // (slower there on an H100: b8 ctx131072 66.7 against 53.5 us); -1: never (v2 past 2048).
   int persistent_long_unit = 0;
   // The polled finish with claimed units (every CTA of the persistent grid is resident, so a
   // selecting finisher may wait for units that other CTAs claimed): -1 the rule (where the long

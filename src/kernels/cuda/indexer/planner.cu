@@ -221,15 +221,18 @@ int persistent_ctas_per_sm(bool fp8, int64_t blocks) {
 // units of 2 blocks let the early CTAs take the late ones' work, so the data ends within about
 // a unit of each other. The polled finish keeps a unit's finisher at a few relaxed stores (no
 // release fence and counter a unit, which at 2 blocks a unit would be as long as the unit).
-// It replaces the one-unit-a-CTA plan where that exists (b1, b8 at 131072) and v2 where v4 had
-// no plan for the length (up to 4096 blocks); larger batches of 512..2048 blocks a request keep
-// their kernel (not measured with it).
+// By default it replaces v2 where v4 had no plan for the length (2049..4096 blocks): on an H100,
+// b8 ctx524288 202.8 us against v2's 228.7 (graph x16), b1 ctx524288 42.9 against 42.7. Where
+// the one-unit-a-CTA plan exists it lost (b8 ctx131072 66.7 against 53.5 us), so it replaces
+// that plan only when persistent_long_unit is set (> 0).
 bool persistent_long_plan(const ops::IndexerParams& p, int64_t blocks) {
-  if (!is_fp8(p) || tuning().indexer.persistent_long_unit < 0 || blocks < kPersistentLongMinBlocks ||
-      blocks > kPersistentLongMaxBlocks || p.batch.num_seqs > kPersistentMaxSeqs)
+  const int u = tuning().indexer.persistent_long_unit;
+  if (!is_fp8(p) || u < 0 || blocks < kPersistentLongMinBlocks || blocks > kPersistentLongMaxBlocks ||
+      p.batch.num_seqs > kPersistentMaxSeqs)
     return false;
   return blocks > kPersistentMaxBlocks ||
-         persistent_single_unit(p.batch.num_seqs, blocks, int64_t(persistent_ctas_per_sm(true, blocks)) * num_sms()) > 0;
+         (u > 0 &&
+          persistent_single_unit(p.batch.num_seqs, blocks, int64_t(persistent_ctas_per_sm(true, blocks)) * num_sms()) > 0);
 }
 
 bool run_persistent(const ops::IndexerParams& p, cudaStream_t stream) {
