@@ -494,19 +494,24 @@ std::vector<ops::SampleRow> Engine::device_rows(const StepPlan& plan, const std:
     if (greedy_row(p)) {
       // Greedy verification needs only the target's argmax of each row (spec/acceptance.h).
       for (size_t i = first; i < row; ++i) rows[i].mode = int32_t(ops::SampleMode::Greedy);
-    } else if (s.num_draft == 0) {
-      // The draw the host would make: its uniform from the request's own generator (a copy, kept
-      // until the op's token is in: a row the op leaves to the host leaves the generator as it
-      // was, and the host's draw takes the same uniform).
+    } else {
+      // The draws the host would make, one a sampled row (the last token's and each draft's, in
+      // order; spec/acceptance.h: a draft is kept when the draw is it): their uniforms from the
+      // request's own generator, by a copy. The generator moves on once the tokens are in, by the
+      // rows they used; a row the op leaves to the host draws the same uniform there.
       next_rng_[si] = r.rng;
-      ops::SampleRow& d = rows[row - 1];
-      d.mode = int32_t(plain ? ops::SampleMode::Draw : ops::SampleMode::Filtered);
-      d.inv_t = 1.0 / p.temperature;
-      d.u = std::uniform_real_distribution<double>(0.0, 1.0)(next_rng_[si]);
-      if (!plain) {
-        d.top_k = p.top_k;
-        d.top_p = p.top_p;
-        d.min_p = p.min_p;
+      std::mt19937_64 g = r.rng;
+      std::uniform_real_distribution<double> uni(0.0, 1.0);
+      for (size_t i = row - 1 - size_t(s.num_draft); i < row; ++i) {
+        ops::SampleRow& d = rows[i];
+        d.mode = int32_t(plain ? ops::SampleMode::Draw : ops::SampleMode::Filtered);
+        d.inv_t = 1.0 / p.temperature;
+        d.u = uni(g);
+        if (!plain) {
+          d.top_k = p.top_k;
+          d.top_p = p.top_p;
+          d.min_p = p.min_p;
+        }
       }
     }
   }
@@ -616,18 +621,14 @@ void Engine::step() {
     const ScheduledSeq& s = plan.seqs[d.seq];
     const size_t rows = 1 + size_t(s.num_draft);
     std::span<const int32_t> drafts(s.token_ids.data() + s.token_ids.size() - size_t(s.num_draft), size_t(s.num_draft));
-    if (out_.tokens[d.row] >= 0) {
-      // The sample op's tokens (every row of the request has one then); a draw's uniform came
-      // from the request's generator before the step (device_rows), which now moves on.
-      d.res = verify_and_sample(*d.r, {}, V, drafts, d.stop_ids,
-                                std::span<const int32_t>(out_.tokens.data() + d.row, rows));
-      const int32_t mode = sample[d.row].mode;
-      if (mode == int32_t(ops::SampleMode::Draw) || mode == int32_t(ops::SampleMode::Filtered))
-        d.r->rng = next_rng_[d.seq];
-      return;
-    }
-    std::span<const float> sampled(out_.row(d.row), rows * size_t(V));
-    d.res = verify_and_sample(*d.r, sampled, V, drafts, d.stop_ids);
+    // The sample op's tokens where it chose them (-1: the row's logits are on the host); a
+    // sampled row's uniform came from the request's generator before the step (device_rows).
+    const int32_t mode = sample.empty() ? 0 : sample[d.row].mode;
+    const bool drawn = mode == int32_t(ops::SampleMode::Draw) || mode == int32_t(ops::SampleMode::Filtered);
+    const auto row_of = [&](int i) { return std::span<const float>(out_.row(d.row + size_t(i)), size_t(V)); };
+    d.res = verify_and_sample(*d.r, row_of, V, drafts, d.stop_ids,
+                              std::span<const int32_t>(out_.tokens.data() + d.row, rows),
+                              drawn ? &next_rng_[d.seq] : nullptr);
   };
   // (A draw over a small vocabulary costs less than handing it to another thread.)
   if (V >= 4096)

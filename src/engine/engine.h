@@ -180,7 +180,7 @@ class Engine {
   // Engine-thread state.
   std::unordered_map<RequestId, Pending> live_;
   StepOutput out_;                        // the last step's tokens and host logits rows
-  std::vector<std::mt19937_64> next_rng_;  // by plan sequence: a draw's generator after its uniform
+  std::vector<std::mt19937_64> next_rng_;  // by plan sequence: the generator before the op's uniforms
   Workers workers_{Workers::default_threads()};  // a step's draws, one request each
   SpecController spec_ctl_;
   int eagle_next_k_ = -1;  // draft tokens the EAGLE3 draft made for the next step (-1: none yet)

@@ -17,16 +17,23 @@ FinishReason ending(const Request& r, int32_t token, int64_t n_out, int64_t tota
   return FinishReason::None;
 }
 
-Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V,
+Verified verify_and_sample(Request& r, const std::function<std::span<const float>(int i)>& row_of, int64_t V,
                            std::span<const int32_t> draft, std::span<const int32_t> stop_ids,
-                           std::span<const int32_t> picked) {
+                           std::span<const int32_t> picked, const std::mt19937_64* drawn_from) {
   Verified v;
   const SamplingParams& p = r.params;
   std::vector<int32_t> history(r.tokens.begin(), r.tokens.end());
+  // The generator as it was before row i's uniform: the op's uniforms came from `drawn_from` in row
+  // order, so a row left to the host draws the uniform the op would have taken.
+  auto generator_at = [&](size_t i) {
+    if (!drawn_from) return;
+    r.rng = *drawn_from;
+    std::uniform_real_distribution<double> uni(0.0, 1.0);
+    for (size_t j = 0; j < i; ++j) uni(r.rng);
+  };
   const int k = int(draft.size());
   for (int i = 0; i <= k; ++i) {
-    if (!picked.empty()) {
-      // (Greedy when there are drafts: the op's argmax decides as dist.greedy below would.)
+    if (!picked.empty() && picked[size_t(i)] >= 0) {
       const int32_t tok = picked[size_t(i)];
       const bool kept = i < k && tok == draft[size_t(i)];
       v.tokens.push_back(SampleResult{tok, 0.0f, {}});
@@ -37,24 +44,14 @@ Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V,
         break;
       continue;
     }
-    const std::span<const float> row = logits.subspan(size_t(i) * size_t(V), size_t(V));
+    generator_at(size_t(i));
+    const std::span<const float> row = row_of(i).first(size_t(V));
     const SamplingDist dist = sampling_distribution(row, p, history, r.num_prompt_tokens, stop_ids,
                                                     r.constraint_state.get());
-    int32_t tok;
-    bool kept = false;
-    if (i < k) {
-      const int32_t d = draft[size_t(i)];
-      if (dist.greedy) {
-        tok = dist.ids[0];
-        kept = tok == d;
-      } else {
-        // Keep with probability min(1, p(d) / q(d)), q(d) = 1 (spec/acceptance.h).
-        kept = std::uniform_real_distribution<double>(0.0, 1.0)(r.rng) < dist.prob(d);
-        tok = kept ? d : dist.draw(r.rng, d);
-      }
-    } else {
-      tok = dist.draw(r.rng);
-    }
+    // Greedy: the argmax; sampled: the draw plain sampling makes, which keeps draft token d when
+    // it is d (see above).
+    const int32_t tok = dist.draw(r.rng);
+    const bool kept = i < k && tok == draft[size_t(i)];
     v.tokens.push_back(with_logprobs(row, p, tok));
     if (r.constraint_state) r.constraint_state->accept(tok);
     history.push_back(tok);
@@ -64,6 +61,7 @@ Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t V,
         FinishReason::None)
       break;
   }
+  generator_at(v.tokens.size());
   return v;
 }
 

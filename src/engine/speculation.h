@@ -4,6 +4,9 @@
 // not pay). Proposals come from spec/ (n-gram lookup, the EAGLE3 draft through the runner).
 #pragma once
 
+#include <functional>
+#include <random>
+
 #include <cstdint>
 #include <random>
 #include <span>
@@ -29,19 +32,23 @@ struct Verified {
 // with it.
 FinishReason ending(const Request& r, int32_t token, int64_t n_out, int64_t total);
 
-// Samples the request's next token from rows[0] when `draft` is empty; otherwise checks each draft
-// token in turn: row i is the target's logits after the request's tokens and draft[0..i). Greedy
-// requests keep a draft token while it is the target's argmax; sampled ones keep draft token d
-// with probability p(d) (the proposer is deterministic) and otherwise draw from p without d, so
-// the tokens are distributed exactly as without speculation. Stops at the first rejection (its
-// correction is the last token) or at a token that ends the request; after K kept drafts, one
-// more token comes from row K. Advances r's guided state with every token it returns.
-// `picked` (rows of a plain request, engine/sampler.h's plain_row, without log-probs): row i's
-// token as the sample op chose it (the argmax for greedy requests; for a sampled request without
-// drafts its draw); `logits` is not read then.
-Verified verify_and_sample(Request& r, std::span<const float> logits, int64_t vocab,
+// Samples the request's next token from row(0) when `draft` is empty; otherwise checks each draft
+// token in turn: row(i) is the target's logits after the request's tokens and draft[0..i).
+// Greedy requests keep a draft token while it is the target's argmax. A sampled request draws
+// its token at row i as without speculation (one uniform a row) and keeps draft token d when the
+// draw is d: for a deterministic proposer that is the rejection rule exactly (d is kept with
+// probability p(d), and a rejected draft's replacement is distributed as p without d,
+// normalised), so the tokens are distributed as without speculation. Stops at the first
+// rejection (its correction is the last token) or at a token that ends the request; after K kept
+// drafts, one more token comes from row K. Advances r's guided state with every token it returns.
+// `picked` (rows of a plain or filtered request without log-probs, engine/sampler.h): row i's
+// token as the sample op chose it, -1 where the op left the row to the host (row(i) is read
+// then). `drawn_from`: for a sampled request whose uniforms the op took, r's generator before
+// them (row i's was its (i + 1)-th); r's generator ends as after one uniform a returned token,
+// as the host's own draws leave it.
+Verified verify_and_sample(Request& r, const std::function<std::span<const float>(int i)>& row, int64_t vocab,
                            std::span<const int32_t> draft, std::span<const int32_t> stop_ids,
-                           std::span<const int32_t> picked = {});
+                           std::span<const int32_t> picked = {}, const std::mt19937_64* drawn_from = nullptr);
 
 // Counts for /metrics (vLLM's spec_decode_* names).
 struct SpecStats {

@@ -154,6 +154,40 @@ TEST(SpecEngine, GreedyDraftsVerifiedOnTheDeviceEqualPlainDecoding) {
   }
 }
 
+// Seeded sampled requests (plain, and filtered by top-k / top-p / min-p) whose drafts are
+// verified with the sample op's draws give the tokens of the host's own draws (every row on the
+// host), request by request; some requests take the host's path (penalties) in the same steps.
+TEST(SpecEngine, SampledDraftsVerifiedOnTheDeviceEqualTheHostsDraws) {
+  auto jobs = repetitive_jobs(48, 11, 13);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SamplingParams& sp = jobs[i].second;
+    sp.logprobs = false;
+    sp.temperature = i % 3 == 0 ? 1.0 : 0.7;
+    sp.has_seed = true;
+    sp.seed = 500 + i;
+    sp.max_tokens = 8 + int64_t(i % 24);
+    if (i % 3 == 1) sp.top_k = 4, sp.top_p = 0.9;
+    if (i % 6 == 2) sp.top_k = 6, sp.min_p = 0.05;
+  }
+  Rig host;
+  host.eos = {3};
+  host.spec = ngram(3);
+  host.device_sampling = false;
+  EngineStats hs;
+  const auto want = run(host, jobs, &hs);
+  Rig dev = host;
+  dev.device_sampling = true;
+  EngineStats ds;
+  const auto got = run(dev, jobs, &ds);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].finish, want[i].finish) << "request " << i;
+  }
+  EXPECT_GT(ds.spec_num_accepted_tokens, 0u);
+  EXPECT_LT(ds.spec_num_accepted_tokens, ds.spec_num_draft_tokens);
+  EXPECT_EQ(ds.spec_num_accepted_tokens, hs.spec_num_accepted_tokens);
+}
+
 TEST(SpecEngine, GreedyEqualityUnderPreemptionAndSmallBudgets) {
   const auto jobs = repetitive_jobs(24, 11, 11);
   Rig plain;
