@@ -323,6 +323,7 @@ void Runner::draft_argmax(int64_t rows, std::vector<int32_t>& out) {
   p.row = sample_rows_.as<ops::SampleRow>();
   p.id_map = d2t_.as<int32_t>();
   p.out = sample_ids_.as<int32_t>();
+  p.any_filtered = false;  // greedy rows
   ops::sample(p, stream_);
   copy_to_host(dev_, out.data(), sample_ids_.data(), size_t(rows) * sizeof(int32_t));
 }
@@ -487,6 +488,8 @@ void Runner::sample_rows(int64_t rows, int64_t layout_rows, const std::vector<op
     p.shards = m_.logits_shards();
     p.row = sample_rows_.as<ops::SampleRow>();
     p.out = sample_ids_.as<int32_t>();
+    p.any_filtered = std::any_of(req.begin(), req.end(),
+                                 [](const ops::SampleRow& r) { return r.mode == int32_t(ops::SampleMode::Filtered); });
     ops::sample(p, stream_);
     phase(Phase::Sampled);
     copy_to_host(dev_, out.tokens.data(), sample_ids_.data(), size_t(rows) * sizeof(int32_t));

@@ -440,6 +440,9 @@ struct SampleParams {
   const SampleRow* row = nullptr;  // [rows]
   const int32_t* id_map = nullptr;  // optional [vocab]
   int32_t* out = nullptr;           // [rows]
+  // false: no row is Filtered (the caller knows its rows; the CUDA op then launches only the
+  // greedy / draw kernels). true is always right.
+  bool any_filtered = true;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ void run_sample_rows(const Options& opt, const Env& env, const std::function<voi
           p.shards = shards;
           p.row = d_rows->as<ops::SampleRow>();
           p.out = ids->as<int32_t>();
+          p.any_filtered = mode == ops::SampleMode::Filtered;  // as the runner says it
         }
         auto fn = [&](int s, cudaStream_t stream) { cuda::run_sample(ps[size_t(s)], stream); };
         fn(0, st);  // sizes the op's scratch outside the graph capture

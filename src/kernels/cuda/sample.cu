@@ -542,6 +542,8 @@ bool run_sample(const ops::SampleParams& p, void* stream_v) {
   SIEVE_LAUNCH_CHECK("sample (chunks)");
   sample_pick_kernel<<<unsigned(p.rows), kThreads, smem, stream>>>(l, p.row, part, int(chunks), p.id_map, p.out);
   SIEVE_LAUNCH_CHECK("sample (pick)");
+  // (sample_pick_kernel writes every row but the Filtered ones: without those, that is all.)
+  if (!p.any_filtered) return true;
   filtered_chunks_kernel<<<dim3(unsigned(p.rows), unsigned(fchunks)), kFThreads, 0, stream>>>(lf, p.row, p.vocab, cand,
                                                                                             bad, int(fchunks));
   SIEVE_LAUNCH_CHECK("sample (filtered chunks)");
