@@ -623,7 +623,7 @@ void Engine::step() {
     std::span<const int32_t> drafts(s.token_ids.data() + s.token_ids.size() - size_t(s.num_draft), size_t(s.num_draft));
     // The sample op's tokens where it chose them (-1: the row's logits are on the host); a
     // sampled row's uniform came from the request's generator before the step (device_rows).
-    const int32_t mode = sample.empty() ? 0 : sample[d.row].mode;
+    const int32_t mode = sample[d.row].mode;
     const bool drawn = mode == int32_t(ops::SampleMode::Draw) || mode == int32_t(ops::SampleMode::Filtered);
     const auto row_of = [&](int i) { return std::span<const float>(out_.row(d.row + size_t(i)), size_t(V)); };
     d.res = verify_and_sample(*d.r, row_of, V, drafts, d.stop_ids,

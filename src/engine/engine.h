@@ -141,9 +141,9 @@ class Engine {
   void finish_request(Request* r, FinishReason reason, const std::string& error = {});
   void update_gauges();
   // What each logits row of the step needs (row_seq: its sequence): the sample op's token on the
-  // device for rows that plain_row() leaves alone (greedy ones, and draws without drafts, whose
-  // uniform is drawn here) and for filtered_row()'s rows without drafts (top-k, top-p, min-p),
-  // the full row on the host for the rest.
+  // device for the rows of requests that plain_row() or filtered_row() (top-k, top-p, min-p)
+  // accepts, greedy or drawn (their uniforms drawn here, drafts' rows included), the full row on
+  // the host for the rest.
   std::vector<ops::SampleRow> device_rows(const StepPlan& plan, const std::vector<int>& row_seq);
   // Speculative decoding: this step's draft tokens (n-gram lookup, or the EAGLE3 draft's from the
   // step before) and, after a step, the EAGLE3 draft's proposals for the next one.

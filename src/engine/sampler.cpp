@@ -182,24 +182,12 @@ SamplingDist sampling_distribution(std::span<const float> logits, const Sampling
   return dist;
 }
 
-double SamplingDist::prob(int32_t t) const {
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] == t) return weights[i] / total;
-  return 0.0;
-}
-
-int32_t SamplingDist::draw(std::mt19937_64& rng, int32_t exclude) const {
+int32_t SamplingDist::draw(std::mt19937_64& rng) const {
   if (greedy) return ids[0];
-  double mass = total;
-  if (exclude >= 0)
-    for (size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] == exclude) mass -= weights[i];
-  // Nothing left besides `exclude` (it held all the mass): any draw from the row is right. (A
+  // One uniform draw per token keeps the RNG stream independent of the vocabulary filters. (A
   // row without mass, every logit -inf or a NaN, still gives a token: draw_candidates' fallback.)
-  if (!(mass > 0) && exclude >= 0) return draw(rng, -1);
-  // One uniform draw per token keeps the RNG stream independent of the vocabulary filters.
   std::uniform_real_distribution<double> uni(0.0, 1.0);
-  return cpu::draw_candidates(ids.data(), weights.data(), int64_t(ids.size()), uni(rng) * mass, exclude);
+  return cpu::draw_candidates(ids.data(), weights.data(), int64_t(ids.size()), uni(rng) * total);
 }
 
 namespace {

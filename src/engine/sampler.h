@@ -28,12 +28,8 @@ struct SamplingDist {
   std::vector<int32_t> ids;
   std::vector<double> weights;
   double total = 0;
-  // Probability of token t (0 for tokens filtered out).
-  double prob(int32_t t) const;
-  // A draw (one uniform from rng unless greedy); with exclude >= 0, from the distribution with
-  // that token removed and the rest renormalised (the residual of a rejected deterministic
-  // draft; the full distribution when nothing else has mass).
-  int32_t draw(std::mt19937_64& rng, int32_t exclude = -1) const;
+  // A draw (one uniform from rng unless greedy).
+  int32_t draw(std::mt19937_64& rng) const;
 };
 
 SamplingDist sampling_distribution(std::span<const float> logits, const SamplingParams& params,

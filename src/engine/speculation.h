@@ -4,10 +4,8 @@
 // not pay). Proposals come from spec/ (n-gram lookup, the EAGLE3 draft through the runner).
 #pragma once
 
-#include <functional>
-#include <random>
-
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <vector>
@@ -64,7 +62,8 @@ struct SpecStats {
 // mode (the other must be `switch_margin` cheaper to take over) and re-measures the other with one
 // probe step, first after `first_probe` decisions; each probe that confirms the mode doubles the
 // interval (up to `max_probe_every`), a switch resets it. A probe whose step measured nothing (it
-// had prompt chunks or captured a graph) stays due for up to `max_probe_tries` decisions in all.
+// had prompt chunks or captured a graph) stays due for up to `max_probe_tries` decisions in all;
+// when none of them measured, the interval doubles as after a confirming probe.
 // It also drops the draft positions whose acceptance rate fell below `min_position_rate` (they
 // cost a row each and rarely pay).
 class SpecController {

@@ -39,10 +39,9 @@ void sort_candidates(const float* x, int32_t* ids, int64_t n, int64_t k);
 // that were not sorted). Returns the count kept; *total is their weights' sum in order.
 int64_t filter_candidates(const float* x, const int32_t* ids, int64_t keep, double inv_t, double mx,
                           double min_p, double top_p, double tail_mass, double* w, double* total);
-// The draw over candidates: the first id (other than `exclude`) with w > 0 whose running sum
-// exceeds target, the last such id when none does, ids[0] (or ids[1] when ids[0] is `exclude`)
-// when no weight is > 0.
-int32_t draw_candidates(const int32_t* ids, const double* w, int64_t n, double target, int32_t exclude = -1);
+// The draw over candidates: the first id with w > 0 whose running sum exceeds target, the last
+// such id when none does, ids[0] when no weight is > 0.
+int32_t draw_candidates(const int32_t* ids, const double* w, int64_t n, double target);
 // One filtered draw (ops.h, SampleMode::Filtered) from a contiguous row; -1 as the rule says.
 int32_t filtered_draw(const float* x, int64_t n, const ops::SampleRow& row);
 // Argument checks shared by both backends (throw Error naming the field).

@@ -84,11 +84,11 @@ int64_t filter_candidates(const float* x, const int32_t* ids, int64_t keep, doub
   return keep;
 }
 
-int32_t draw_candidates(const int32_t* ids, const double* w, int64_t n, double target, int32_t exclude) {
+int32_t draw_candidates(const int32_t* ids, const double* w, int64_t n, double target) {
   double acc = 0;
-  int32_t chosen = ids[0] == exclude && n > 1 ? ids[1] : ids[0];
+  int32_t chosen = ids[0];
   for (int64_t i = 0; i < n; ++i) {
-    if (w[i] <= 0 || ids[i] == exclude) continue;
+    if (w[i] <= 0) continue;
     acc += w[i];
     chosen = ids[i];
     if (target < acc) break;

@@ -5,8 +5,8 @@
 // Kernels (cuda/indexer/; docs/kernels.md; "v2".."v4" are their names in docs/performance.md):
 //  - decode (max_query_len x index heads <= 16 query vectors a request):
 //      persistent (v4, decode_persistent.cu) where its one-unit-per-CTA plan exists, with an
-//        fp8 cache only where it measured faster (below), and with an fp8 cache at 512..4096
-//        blocks a request under the long-context plan (claimed units, persistent_long_plan);
+//        fp8 cache only where it measured faster (below), and with an fp8 cache past 2048 (up to
+//        4096) blocks a request under the long-context plan (claimed units, persistent_long_plan);
 //      cluster (v3, decode_cluster.cu) for large batches without that plan;
 //      chunked (v2, decode_chunked.cu) otherwise, and wherever the other two have no plan;
 //  - prefill: the stream-K tensor-core kernel and its selection kernel (prefill.cu) for rows of
