@@ -23,6 +23,9 @@ void set_device(int device);
 int device_count();
 void* create_stream(int device);
 void destroy_stream(int device, void* stream);
+void create_side_stream(int device, void** stream, void** forked, void** joined);
+void destroy_side_stream(int device, void* stream, void* forked, void* joined);
+void stream_wait(void* from, void* to, void* event);
 void* graph_capture(int device, void* stream, const std::function<void()>& fn, std::string* why);
 void graph_replay(int device, void* exec, void* stream);
 void graph_destroy(int device, void* exec);
@@ -155,6 +158,51 @@ void destroy_stream(const Device& device, void* stream) {
   if (!device.is_cpu() && stream) cuda_mem::destroy_stream(device.index, stream);
 #else
   (void)device, (void)stream;
+#endif
+}
+
+SideStream::SideStream(const Device& device) : device_(device) {
+  if (device.is_cpu()) return;
+  SIEVE_CUDA_OR_THROW(cuda_mem::create_side_stream(device.index, &stream_, &forked_, &joined_));
+}
+
+SideStream::~SideStream() { release(); }
+
+SideStream::SideStream(SideStream&& o) noexcept
+    : device_(o.device_), stream_(o.stream_), forked_(o.forked_), joined_(o.joined_) {
+  o.stream_ = o.forked_ = o.joined_ = nullptr;
+}
+
+SideStream& SideStream::operator=(SideStream&& o) noexcept {
+  if (this != &o) {
+    release();
+    device_ = o.device_;
+    stream_ = o.stream_, forked_ = o.forked_, joined_ = o.joined_;
+    o.stream_ = o.forked_ = o.joined_ = nullptr;
+  }
+  return *this;
+}
+
+void SideStream::release() {
+#ifdef SIEVE_HAVE_CUDA
+  if (stream_) cuda_mem::destroy_side_stream(device_.index, stream_, forked_, joined_);
+#endif
+  stream_ = forked_ = joined_ = nullptr;
+}
+
+void SideStream::fork(void* main) const {
+#ifdef SIEVE_HAVE_CUDA
+  if (stream_) cuda_mem::stream_wait(main, stream_, forked_);
+#else
+  (void)main;
+#endif
+}
+
+void SideStream::join(void* main) const {
+#ifdef SIEVE_HAVE_CUDA
+  if (stream_) cuda_mem::stream_wait(stream_, main, joined_);
+#else
+  (void)main;
 #endif
 }
 

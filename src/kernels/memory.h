@@ -57,6 +57,37 @@ void use_device(const Device& device);
 void* create_stream(const Device& device);
 void destroy_stream(const Device& device, void* stream);
 
+// A second stream beside a main one, for work that does not depend on what the main stream runs
+// meanwhile (a MoE layer's shared expert beside its routing). fork(main): what the side stream
+// is given next waits for what `main` has been given so far; join(main): what `main` is given
+// next waits for what the side stream has been given. Both are an event recorded on one stream
+// and waited on by the other, so in a graph capture of `main` the side stream's work becomes a
+// branch of the graph beside main's (every fork must be joined before the capture ends). The
+// side stream's kernels have scratch of their own (kernels/cuda/stream_scratch.h), so they may
+// run beside the main stream's. Empty on the CPU, whose ops run at once.
+class SideStream {
+ public:
+  SideStream() = default;
+  explicit SideStream(const Device& device);  // makes the stream on `device` (CUDA)
+  ~SideStream();
+  SideStream(SideStream&& o) noexcept;
+  SideStream& operator=(SideStream&& o) noexcept;
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  explicit operator bool() const { return stream_ != nullptr; }
+  void* stream() const { return stream_; }  // a cudaStream_t
+  void fork(void* main) const;
+  void join(void* main) const;
+
+ private:
+  void release();
+  Device device_;
+  void* stream_ = nullptr;
+  void* forked_ = nullptr;  // events
+  void* joined_ = nullptr;
+};
+
 // Device work captured once from a stream and replayed on it as a whole (a CUDA graph): one
 // launch for a whole step's kernels, with their arguments (pointers, shapes) fixed at capture.
 class Graph {

@@ -1,4 +1,4 @@
-// Per-device workspace and counters (see common.cuh).
+// Per-device workspace and counters (see common.cuh), one set per stream_scratch.h set.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
@@ -21,13 +22,25 @@ struct DeviceScratch {
   std::vector<std::pair<void*, size_t>> owned;  // private_scratch, by id
 };
 std::mutex g_mutex;
-std::vector<DeviceScratch> g_scratch;
+// [device][set] (stream_scratch.h); set s > 0 belongs to g_set_owner[s - 1] (null: free).
+std::vector<std::vector<DeviceScratch>> g_scratch;
+std::vector<cudaStream_t> g_set_owner;
 
-DeviceScratch& scratch_of_current() {
+int set_of(cudaStream_t stream) {
+  if (!stream) return 0;
+  for (size_t i = 0; i < g_set_owner.size(); ++i)
+    if (g_set_owner[i] == stream) return int(i) + 1;
+  return 0;
+}
+
+DeviceScratch& scratch_of(cudaStream_t stream) {
   int dev = 0;
   cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-  if (int(g_scratch.size()) <= dev) g_scratch.resize(dev + 1);
-  return g_scratch[dev];
+  if (int(g_scratch.size()) <= dev) g_scratch.resize(size_t(dev) + 1);
+  auto& sets = g_scratch[size_t(dev)];
+  const size_t set = size_t(set_of(stream));
+  if (sets.size() <= set) sets.resize(set + 1);
+  return sets[set];
 }
 
 void refuse_growth_in_capture(cudaStream_t stream) {
@@ -39,9 +52,32 @@ void refuse_growth_in_capture(cudaStream_t stream) {
 }
 }  // namespace
 
+void claim_own_scratch(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!stream || set_of(stream) > 0) return;
+  for (auto& owner : g_set_owner)
+    if (!owner) {
+      owner = stream;
+      return;
+    }
+  g_set_owner.push_back(stream);
+}
+
+void release_own_scratch(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  // The set's memory stays: graphs captured from the stream may still point at it.
+  const int set = set_of(stream);
+  if (set > 0) g_set_owner[size_t(set - 1)] = nullptr;
+}
+
+int scratch_set(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return set_of(stream);
+}
+
 void* workspace(cudaStream_t stream, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  DeviceScratch& s = scratch_of_current();
+  DeviceScratch& s = scratch_of(stream);
   if (bytes > s.ws_bytes) {
     refuse_growth_in_capture(stream);
     // The old block stays allocated: a captured graph may still point at it.
@@ -56,7 +92,7 @@ void* workspace(cudaStream_t stream, size_t bytes) {
 
 int32_t* zeroed_counters(cudaStream_t stream, size_t count) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  DeviceScratch& s = scratch_of_current();
+  DeviceScratch& s = scratch_of(stream);
   if (count > s.counter_count) {
     refuse_growth_in_capture(stream);
     size_t grow = count * 2 + 1024;
@@ -71,7 +107,7 @@ int32_t* zeroed_counters(cudaStream_t stream, size_t count) {
 
 void* private_scratch(cudaStream_t stream, int id, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  DeviceScratch& s = scratch_of_current();
+  DeviceScratch& s = scratch_of(stream);
   if (int(s.owned.size()) <= id) s.owned.resize(size_t(id) + 1, {nullptr, 0});
   auto& [ptr, have] = s.owned[size_t(id)];
   if (bytes > have) {

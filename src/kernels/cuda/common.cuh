@@ -1,5 +1,5 @@
 // Shared device helpers of the sm_90a kernels: mma.sync wrappers, fp8/bf16/f16 conversions,
-// the per-device workspace, and launch checks.
+// the per-device (per scratch set) workspace, and launch checks.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,10 +24,10 @@ inline void cuda_check(cudaError_t e, const char* what) {
 }
 #define SIEVE_LAUNCH_CHECK(what) ::sieve::cuda::cuda_check(cudaGetLastError(), what)
 
-// Grow-only scratch memory per device for split partials and merge counters. It is never
-// freed or moved while a graph may hold its address: it grows only outside stream capture
-// (a growth needed during capture is an error: run one eager call of the shape first).
-// One stream at a time per device may use it.
+// Grow-only scratch memory per device and scratch set (stream_scratch.h: a side stream has a set
+// of its own) for split partials and merge counters. It is never freed or moved while a graph
+// may hold its address: it grows only outside stream capture (a growth needed during capture is
+// an error: run one eager call of the shape first). The kernels of one set never run at once.
 void* workspace(cudaStream_t stream, size_t bytes);
 // Zero-initialised int32 counters that the kernels return to zero themselves (last-CTA merges).
 int32_t* zeroed_counters(cudaStream_t stream, size_t count);

@@ -19,6 +19,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/quant.h"
+#include "kernels/cuda/stream_scratch.h"
 
 namespace sieve::cuda {
 
@@ -172,20 +173,25 @@ unsigned elementwise_grid(int64_t n) {
 }
 
 #ifdef SIEVE_HAVE_CUBLAS
-// One cuBLAS handle per device, made at first use; the stream is set at each call.
-cublasHandle_t blas_handle() {
+// One cuBLAS handle per device and scratch set (stream_scratch.h), made at first use; the stream
+// is set at each call. A handle's default workspace serves every call made through it, so a side
+// stream's GEMMs, which run beside the main stream's, go through a handle of their own.
+cublasHandle_t blas_handle(cudaStream_t stream) {
   static std::mutex mu;
-  static std::vector<cublasHandle_t> handles;
+  static std::vector<std::vector<cublasHandle_t>> handles;  // [device][set]
   int dev = 0;
   cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  const size_t set = size_t(scratch_set(stream));
   std::lock_guard<std::mutex> lock(mu);
-  if (int(handles.size()) <= dev) handles.resize(size_t(dev) + 1, nullptr);
-  if (!handles[size_t(dev)]) {
+  if (int(handles.size()) <= dev) handles.resize(size_t(dev) + 1);
+  auto& of_dev = handles[size_t(dev)];
+  if (of_dev.size() <= set) of_dev.resize(set + 1, nullptr);
+  if (!of_dev[set]) {
     cublasHandle_t h = nullptr;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: cannot create a handle");
-    handles[size_t(dev)] = h;
+    of_dev[set] = h;
   }
-  return handles[size_t(dev)];
+  return of_dev[set];
 }
 #endif
 
@@ -309,7 +315,7 @@ bool run_matmul(const ops::MatmulParams& p, void* stream_v) {
   const cudaDataType ab = w_bf16 ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType yc = p.y_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
-  cublasHandle_t h = blas_handle();
+  cublasHandle_t h = blas_handle(st);
   if (cublasSetStream(h, st) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: cannot set the stream");
   const cublasStatus_t s =
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(p.n), int(p.m), int(p.k), &alpha, p.w, ab, int(p.k), b, ab,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/cuda/stream_scratch.h"
 
 namespace sieve::cuda_mem {
 
@@ -72,6 +73,37 @@ void* create_stream(int device) {
 void destroy_stream(int device, void* stream) {
   cudaSetDevice(device);
   cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+// A side stream (SideStream in kernels/memory.h): blocking like create_stream's, with scratch of
+// its own; its events record no timing (the cheapest kind to record and wait on).
+void create_side_stream(int device, void** stream, void** forked, void** joined) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  cudaEvent_t f = nullptr, j = nullptr;
+  check(cudaStreamCreate(&s), "cudaStreamCreate (side stream)");
+  cudaError_t e = cudaEventCreateWithFlags(&f, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&j, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    if (f) cudaEventDestroy(f);
+    cudaStreamDestroy(s);
+    check(e, "cudaEventCreate (side stream)");
+  }
+  sieve::cuda::claim_own_scratch(s);
+  *stream = s, *forked = f, *joined = j;
+}
+void destroy_side_stream(int device, void* stream, void* forked, void* joined) {
+  cudaSetDevice(device);
+  sieve::cuda::release_own_scratch(static_cast<cudaStream_t>(stream));
+  cudaEventDestroy(static_cast<cudaEvent_t>(forked));
+  cudaEventDestroy(static_cast<cudaEvent_t>(joined));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+// `to` waits for what `from` has enqueued so far (in a capture: a dependency edge).
+void stream_wait(void* from, void* to, void* event) {
+  cudaEvent_t e = static_cast<cudaEvent_t>(event);
+  check(cudaEventRecord(e, static_cast<cudaStream_t>(from)), "cudaEventRecord");
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(to), e, 0), "cudaStreamWaitEvent");
 }
 
 void* graph_capture(int device, void* stream, const std::function<void()>& fn, std::string* why) {
