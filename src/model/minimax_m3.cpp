@@ -52,9 +52,14 @@ struct Act {
 
 class MiniMaxM3 final : public Model {
  public:
-  MiniMaxM3(ModelConfig cfg, RankLayout layout, ModelWeights w, const Device& dev, ops::Collective* group)
+  MiniMaxM3(ModelConfig cfg, RankLayout layout, ModelWeights w, const Device& dev, ops::Collective* group,
+            bool side_stream)
       : cfg_(std::move(cfg)), layout_(layout), w_(std::move(w)), dev_(dev),
-        act_(dev.is_cuda() ? DType::BF16 : DType::F32), group_(group) {}
+        act_(dev.is_cuda() ? DType::BF16 : DType::F32), group_(group) {
+    const bool shared = std::any_of(w_.layers.begin(), w_.layers.end(),
+                                    [](const LayerWeights& L) { return L.moe && L.shared_gate_up.rows > 0; });
+    if (side_stream && shared && dev.is_cuda()) side_ = SideStream(dev);
+  }
 
   const ModelConfig& config() const override { return cfg_; }
   const Device& device() const override { return dev_; }
@@ -360,10 +365,24 @@ class MiniMaxM3 final : public Model {
     mr.ids = sb.route_ids.as<int32_t>();
     mr.weights = sb.route_w.as<float>();
     mr.id_offset = layout_.expert0;  // expert parallelism: ids of this rank's experts from 0
+    // The experts add into part: the shared expert sets it first (or it starts at zero). It
+    // does not depend on the routing, so with a side stream it runs beside it (its kernels, its
+    // buffers gate_up and act, and part, which nothing on the main stream touches until the
+    // join); the same ops on the same inputs either way.
+    const bool beside = L.shared_gate_up.rows && side_ && stream_.cuda_stream;
+    if (beside) side_.fork(stream_.cuda_stream);
     ops::moe_route(mr, stream_);
-    // The experts add into part: the shared expert sets it first (or it starts at zero).
     if (L.shared_gate_up.rows) {
-      mlp(x8.scale && L.shared_gate_up.dtype == DType::FP8_E4M3 ? x8 : x, L.shared_gate_up, L.shared_down, n, false);
+      const Act& xs = x8.scale && L.shared_gate_up.dtype == DType::FP8_E4M3 ? x8 : x;
+      if (beside) {
+        const ops::Stream main = stream_;
+        stream_.cuda_stream = side_.stream();
+        mlp(xs, L.shared_gate_up, L.shared_down, n, false);
+        stream_ = main;
+        side_.join(stream_.cuda_stream);
+      } else {
+        mlp(xs, L.shared_gate_up, L.shared_down, n, false);
+      }
     } else {
       // No fill op on the contract: part - part is exactly 0 for the finite values it holds.
       ops::AddParams zero;
@@ -600,6 +619,7 @@ class MiniMaxM3 final : public Model {
   // one runs its collectives (the identity), so that a test can compare them with none.
   ops::Collective* group_;
   ops::Stream stream_;      // forward()'s
+  SideStream side_;         // the shared experts' (CUDA, unless LoadOptions::side_stream is false)
   CacheOptions cache_opts_;
   std::vector<LayerCache> caches_;
   Buffer rope_;
@@ -612,8 +632,8 @@ class MiniMaxM3 final : public Model {
 }  // namespace
 
 std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev,
-                                       ops::Collective* group) {
-  return std::make_unique<MiniMaxM3>(std::move(cfg), layout, std::move(w), dev, group);
+                                       ops::Collective* group, bool side_stream) {
+  return std::make_unique<MiniMaxM3>(std::move(cfg), layout, std::move(w), dev, group, side_stream);
 }
 
 }  // namespace sieve::model

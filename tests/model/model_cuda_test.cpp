@@ -314,6 +314,52 @@ TEST(ModelCuda, Fp8CheckpointsMatchTheCpu) {
   }
 }
 
+// Each MoE layer's shared expert on a side stream beside the routing (LoadOptions::side_stream,
+// the default) runs the same ops on the same inputs as after the routing on one stream, so the
+// logits are the same bit for bit: eagerly, and from CUDA graphs (where the side stream's kernels
+// are a branch of the graph). The bundled BF16 model (cuBLAS GEMMs: a handle for each stream) and
+// an FP8 checkpoint (the FP8 GEMMs' split-k counters and quantized rows: scratch for each stream).
+TEST(ModelCuda, SideStreamMatchesOneStream) {
+  SKIP_WITHOUT_GPU();
+  nlohmann::json g = read_json(kGoldenDir + "/moby_dick.json");
+  const std::vector<int32_t> text = g["prompt_ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(text.size(), 700u);
+  for (const std::string quant : {"", "fp8"}) {
+    SCOPED_TRACE(quant.empty() ? "bundled bf16" : quant);
+    const std::string dir = quant.empty() ? model_dir() : cuda_tiny(quant, "side_" + quant);
+    model::LoadOptions lo;
+    lo.device = kCuda;
+    for (const bool eager : {true, false}) {
+      lo.side_stream = false;
+      auto one_model = model::Model::load(dir, lo);
+      lo.side_stream = true;
+      auto side_model = model::Model::load(dir, lo);
+      const int64_t V = one_model->vocab_size();
+      std::vector<std::vector<int32_t>> prompts;
+      for (auto [at, n] : std::vector<std::pair<int, int>>{{0, 37}, {40, 129}, {200, 300}, {100, 260}, {150, 520}}) {
+        prompts.emplace_back();
+        for (int i = 0; i < n; ++i) prompts.back().push_back(int32_t(text[size_t(at + i)] % V));
+      }
+      engine::Runner one(*one_model, {.enforce_eager = eager});
+      engine::Runner side(*side_model, {.enforce_eager = eager});
+      const int steps = 8;
+      BatchRun a = run_batch(one, prompts, steps, nullptr);
+      BatchRun b = run_batch(side, prompts, steps, &a.tokens);
+      if (!eager) {
+        EXPECT_TRUE(side.graph_stats().off_reason.empty()) << side.graph_stats().off_reason;
+        EXPECT_GT(side.graph_stats().replayed, 0);
+        EXPECT_EQ(side.graph_stats().replayed, one.graph_stats().replayed);
+      }
+      ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+      size_t differ = 0;
+      for (size_t r = 0; r < a.logprobs.size(); ++r) differ += a.logprobs[r] != b.logprobs[r];
+      EXPECT_EQ(differ, 0u) << (eager ? "eager" : "graphs") << ": rows of " << a.logprobs.size()
+                            << " whose log-probs differ with the side stream";
+    }
+    if (!quant.empty()) fs::remove_all(dir);
+  }
+}
+
 // A BF16 checkpoint quantized at load (--quantization fp8) runs on the GPU and stays close to
 // its BF16 self on the same GPU.
 TEST(ModelCuda, OnlineFp8QuantizationRuns) {
