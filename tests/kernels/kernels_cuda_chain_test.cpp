@@ -3,8 +3,10 @@
 // quantizers, the cache write, routing, SwiGLU-OAI): launched back to back with PDL, and captured
 // into CUDA graphs with PDL edges (two layers a graph, so that a layer's first kernels run right
 // after the previous layer's last ones over the same buffers), every byte the chain writes equals
-// what plain launches with a synchronisation after every op write. Each kernel's own parity
-// against the CPU is tested elsewhere. Label gpu: skipped without a CUDA device.
+// what plain launches with a synchronisation after every op write; and so with the shared expert
+// on a side stream beside the routing (kernels/memory.h SideStream: forked, joined, in a graph a
+// branch of its own). Each kernel's own parity against the CPU is tested elsewhere. Label gpu:
+// skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -15,6 +17,7 @@
 
 #include "cuda_test_util.h"
 #include "kernels/bench/decode_chain.h"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/tuning.h"
 #include "kernels/memory.h"
 
@@ -68,30 +71,65 @@ void check_chain(const ChainShape& shape, uint64_t seed) {
       EXPECT_LT(poisoned, ref[i].size() / 4 + 1) << DecodeChain::output_names()[i] << " left poisoned";
     }
   }
-  for (const bool pdl : {true, false}) {
-    cuda::TuningScope scope(chain_tuning(pdl));
-    const std::string mode = pdl ? "PDL" : "plain";
-    for (int rep = 0; rep < 3; ++rep) {
-      chain.poison(stream, uint8_t(0x55 + rep));
-      chain.run(stream);
-      expect_same(chain.outputs(), ref, mode + " back to back, repeat " + std::to_string(rep));
+  const SideStream side(kGpu);
+  ASSERT_TRUE(bool(side));
+  for (const bool pdl : {true, false})
+    for (const bool beside : {false, true}) {
+      cuda::TuningScope scope(chain_tuning(pdl));
+      const std::string mode = std::string(pdl ? "PDL" : "plain") + (beside ? ", side stream" : "");
+      const SideStream* sp = beside ? &side : nullptr;
+      for (int rep = 0; rep < 3; ++rep) {
+        chain.poison(stream, uint8_t(0x55 + rep));
+        chain.run(stream, false, sp);
+        expect_same(chain.outputs(), ref, mode + " back to back, repeat " + std::to_string(rep));
+      }
+      std::string why;
+      Graph g = Graph::capture(
+          kGpu, stream,
+          [&] {
+            chain.run(stream, false, sp);
+            chain.run(stream, false, sp);
+          },
+          &why);
+      ASSERT_TRUE(bool(g)) << why;
+      for (int rep = 0; rep < 3; ++rep) {
+        chain.poison(stream, uint8_t(0x33 + rep));
+        g.replay(stream);
+        expect_same(chain.outputs(), ref, mode + " graph of two layers, replay " + std::to_string(rep));
+      }
     }
-    std::string why;
-    Graph g = Graph::capture(
-        kGpu, stream,
-        [&] {
-          chain.run(stream);
-          chain.run(stream);
-        },
-        &why);
-    ASSERT_TRUE(bool(g)) << why;
-    for (int rep = 0; rep < 3; ++rep) {
-      chain.poison(stream, uint8_t(0x33 + rep));
-      g.replay(stream);
-      expect_same(chain.outputs(), ref, mode + " graph of two layers, replay " + std::to_string(rep));
-    }
+  // The side stream in the synchronised order too (each op waited for, on its own stream).
+  {
+    cuda::TuningScope scope(chain_tuning(false));
+    chain.poison(stream, 0x77);
+    chain.run(stream, true, &side);
+    expect_same(chain.outputs(), ref, "synchronised with the side stream");
   }
   destroy_stream(kGpu, stream);
+}
+
+// Every stream shares scratch set 0 but a side stream, which has a set of its own while it lives
+// (a later side stream takes over a released one).
+TEST(CudaSideStream, HasScratchOfItsOwn) {
+  SKIP_WITHOUT_GPU();
+  auto* plain = static_cast<cudaStream_t>(create_stream(kGpu));
+  EXPECT_EQ(cuda::scratch_set(plain), 0);
+  EXPECT_EQ(cuda::scratch_set(nullptr), 0);
+  int first = 0;
+  {
+    const SideStream a(kGpu), b(kGpu);
+    first = cuda::scratch_set(static_cast<cudaStream_t>(a.stream()));
+    const int second = cuda::scratch_set(static_cast<cudaStream_t>(b.stream()));
+    EXPECT_GT(first, 0);
+    EXPECT_GT(second, 0);
+    EXPECT_NE(first, second);
+  }
+  const SideStream c(kGpu);
+  const int again = cuda::scratch_set(static_cast<cudaStream_t>(c.stream()));
+  EXPECT_GT(again, 0);
+  EXPECT_LE(again, 2);
+  EXPECT_FALSE(bool(SideStream(Device{})));
+  destroy_stream(kGpu, plain);
 }
 
 // Odd sizes: rows, a hidden size with a partial 128-column group, 3 q heads, 37 experts.

@@ -10,6 +10,7 @@
 #include "kernels/bench/bench.h"
 #include "kernels/bench/harness.cuh"
 #include "kernels/cuda/tuning.h"
+#include "kernels/memory.h"
 #include "kernels/ops.h"
 
 namespace sieve::kernels_bench {
@@ -150,13 +151,15 @@ DecodeChain::DecodeChain(const ChainShape& shape, uint64_t seed) : d_(std::make_
 
 DecodeChain::~DecodeChain() = default;
 
-void DecodeChain::run(cudaStream_t stream, bool sync) const {
+void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side) const {
   const Impl& d = *d_;
   const ChainShape& s = d.s;
   const int64_t T = s.rows, H = s.hidden, I = s.shared_inter;
-  const ops::Stream st{Device{DeviceKind::CUDA, d.device}, stream};
+  const ops::Stream main{Device{DeviceKind::CUDA, d.device}, stream};
+  ops::Stream st = main;  // where the next op goes
   auto step = [&] {
-    if (sync) cuda_check(cudaStreamSynchronize(stream), "decode chain (synchronised)");
+    if (sync)
+      cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(st.cuda_stream)), "decode chain (synchronised)");
   };
   // fp8: y FP8 (xq); else y F32 (xf) and, with dual, its FP8 copy (x8) too.
   auto norm = [&](const DevMem& weight, bool add, bool fp8, bool dual = false) {
@@ -235,10 +238,14 @@ void DecodeChain::run(cudaStream_t stream, bool sync) const {
   mr.num_tokens = T, mr.num_experts = s.experts, mr.topk = s.topk;
   mr.renormalize = true, mr.scaling = 2.0f;
   mr.ids = d.route_ids->as<int32_t>(), mr.weights = d.route_w->as<float>();
+  const bool beside = side && *side;
+  if (beside) side->fork(stream);
   ops::moe_route(mr, st);
   step();
 
-  // The shared expert: gate_up over the FP8 normed rows, SwiGLU-OAI into FP8, down into part.
+  // The shared expert: gate_up over the FP8 normed rows, SwiGLU-OAI into FP8, down into part;
+  // beside the routing on the side stream when there is one.
+  if (beside) st.cuda_stream = side->stream();
   linear(d.x8->p, DType::FP8_E4M3, d.x8s->as<float>(), H, *d.wgu, d.gu->p, DType::BF16);
   ops::SwigluOaiParams sp;
   sp.gate_up = d.gu->p;
@@ -249,6 +256,10 @@ void DecodeChain::run(cudaStream_t stream, bool sync) const {
   ops::swiglu_oai(sp, st);
   step();
   linear(d.aq->p, DType::FP8_E4M3, d.as->as<float>(), I, *d.wdn, d.part->p, DType::F32);
+  if (beside) {
+    st = main;
+    side->join(stream);
+  }
 
   // The next layer's input norm.
   norm(*d.in_norm, true, true);
@@ -307,16 +318,24 @@ void run_chain_rows(const Options& opt, const Env& env, const std::function<void
     const int sets = std::clamp(int(std::ceil(4.0 * env.l2_mb * 1048576.0 / bytes)), 2, 16);
     for (int i = 1; i < sets; ++i) chains.push_back(std::make_unique<DecodeChain>(shape, uint64_t(1 + 100 * i)));
     const int iters = std::max(50, opt.iters);
-    auto fn = [&](int set, cudaStream_t stream) { chains[size_t(set)]->run(stream); };
+    // The shared expert beside the routing, as the model runs it (LoadOptions::side_stream).
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    const SideStream side(Device{DeviceKind::CUDA, device});
+    const SideStream* use_side = nullptr;
+    auto fn = [&](int set, cudaStream_t stream) { chains[size_t(set)]->run(stream, false, use_side); };
     struct Variant {
       std::string mode;
       int chain_pdl;  // -2: as tuned
       bool linear_pdl;
       int pdl_mask;
+      bool side = false;
     };
-    const std::vector<Variant> variants = {{"PDL as tuned (default: every kernel)", -2, true, -1},
-                                           {"GEMMs' PDL only (launch.chain_pdl 0)", 0, true, -1},
-                                           {"no PDL (chain_pdl 0, linear.pdl false, pdl_mask 0)", 0, false, 0}};
+    const std::vector<Variant> variants = {
+        {"PDL as tuned (default: every kernel)", -2, true, -1},
+        {"PDL as tuned, the shared expert on a side stream beside the routing", -2, true, -1, true},
+        {"GEMMs' PDL only (launch.chain_pdl 0)", 0, true, -1},
+        {"no PDL (chain_pdl 0, linear.pdl false, pdl_mask 0)", 0, false, 0}};
     for (const bool batched : {true, false}) {
       for (const Variant& v : variants) {
         cuda::Tuning t = cuda::tuning();
@@ -326,6 +345,7 @@ void run_chain_rows(const Options& opt, const Env& env, const std::function<void
           t.launch.pdl_mask = v.pdl_mask;
         }
         cuda::TuningScope scope(t);
+        use_side = v.side ? &side : nullptr;
         Row r{kKernel, name, "fp8", (batched ? kBatchMode : std::string("graph (one call)")) + ", " + v.mode, 0,
               bytes / (env.copy_gbps * 1e9) * 1e6, "bytes"};
         r.runs = iters, r.input_sets = sets;

@@ -6,8 +6,10 @@
 // SwiGLU-OAI quantized, down) and the next layer's input norm; the
 // embedding first, so that one call starts from the same residual stream every time and its
 // outputs depend only on its inputs. The "decode chain" rows of `sieve bench kernels` time it from
-// CUDA graphs with and without programmatic dependent launch; kernels_cuda_chain_test checks that
-// graphs and back-to-back launches of it give what synchronised plain launches give, bit for bit.
+// CUDA graphs with and without programmatic dependent launch, and with the shared expert on a
+// side stream beside the routing as the model runs it (kernels/memory.h SideStream);
+// kernels_cuda_chain_test checks that graphs and back-to-back launches of it give what
+// synchronised plain launches give, bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +18,10 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+namespace sieve {
+class SideStream;
+}
 
 namespace sieve::kernels_bench {
 
@@ -37,8 +43,10 @@ class DecodeChain {
   DecodeChain& operator=(const DecodeChain&) = delete;
 
   // Enqueues the chain on `stream` (graph-capturable once it has run eagerly with this shape).
-  // sync: synchronise the stream after every op (nothing overlaps: the reference order).
-  void run(cudaStream_t stream, bool sync = false) const;
+  // sync: synchronise the stream after every op (nothing overlaps: the reference order). side:
+  // the shared expert on side->stream(), forked from `stream` after the post-attention norm and
+  // joined before the next norm (it runs beside the routing).
+  void run(cudaStream_t stream, bool sync = false, const SideStream* side = nullptr) const;
   // Every byte the chain writes, buffer by buffer (synchronises the device).
   std::vector<std::vector<uint8_t>> outputs() const;
   // Names of outputs()' buffers.
