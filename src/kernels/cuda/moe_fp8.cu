@@ -17,7 +17,7 @@
 //     CPU's order), fp32, one rounding to the activation dtype.
 // The stream path launches 1-5 (the sort: MoeTuning::fp8_sort_pdl) with programmatic dependent
 // launch (MoeTuning::fp8_pdl): each kernel starts while the previous one finishes (the sort
-// checks or writes the maps, the stream kernels load their first weight stages, before they
+// checks the cache's maps, the stream kernels load their first weight stages, before they
 // wait). Grids come from upper bounds on the work (pairs / rows + experts blocks);
 // persistent CTAs stop at the sort's count.
 #include "kernels/cuda/moe_fp8.h"
@@ -54,21 +54,11 @@ constexpr size_t kScratchBytes = size_t(1) << 30;
 // maps[e], maps[E + e]: expert e's gate_up and down maps. addr (the map cache, or null):
 // addr[e], addr[E + e] hold the expert addresses that maps[e], maps[E + e] were made for, and
 // only a map whose expert moved is written again (a map is a function of the address and the
-// shape, which the cache key fixes). With programmatic dependent launch the maps are written
-// before the wait for moe_route: they depend only on the weights, and no kernel that reads them
-// can still run, since the combine before this call's sort (or any kernel after an earlier call)
-// cannot have let its dependents start early: combine_kernel never triggers, so what follows it
-// starts only once it, and with it the products it waited for, has completed.
-__global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, int pairs, int E, int R,
-                                                            int32_t* offsets, int32_t* blk_start, int32_t* sorted,
-                                                            int32_t* pos, CUtensorMap* maps, const void** addr,
-                                                            const __grid_constant__ CUtensorMap tmpl_gu,
-                                                            const __grid_constant__ CUtensorMap tmpl_dn,
-                                                            const void* const* w_gu, const void* const* w_dn,
-                                                            bool scan) {
-  extern __shared__ int32_t sort_smem[];
-  pdl_trigger();
-  for (int e = threadIdx.x; e < E; e += kSortThreads) {
+// shape, which the cache key fixes).
+__device__ __forceinline__ void write_maps(CUtensorMap* maps, const void** addr, int E, const CUtensorMap& tmpl_gu,
+                                           const CUtensorMap& tmpl_dn, const void* const* w_gu,
+                                           const void* const* w_dn) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const void* a_gu = w_gu[e];
     const void* a_dn = w_dn[e];
     if (!addr || addr[e] != a_gu) {
@@ -82,8 +72,27 @@ __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, 
       if (addr) addr[E + e] = a_dn;
     }
   }
-  tensormap_release();
+}
+// With programmatic dependent launch the cache's maps are checked and written before the wait
+// for moe_route: they depend only on the weights and live in memory of their own, whose only
+// readers are this weight set's products, and none of an earlier call can still run: the
+// combine that ends every call never lets its dependents start early (combine_kernel has no
+// pdl_trigger), so whatever follows it starts only once it, and the products it waited for, have
+// completed. The scratch's maps are written after the wait: the routing keeps its logits at the
+// start of the same scratch (moe_route.cu) and may still be reading them.
+__global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, int pairs, int E, int R,
+                                                            int32_t* offsets, int32_t* blk_start, int32_t* sorted,
+                                                            int32_t* pos, CUtensorMap* maps, const void** addr,
+                                                            const __grid_constant__ CUtensorMap tmpl_gu,
+                                                            const __grid_constant__ CUtensorMap tmpl_dn,
+                                                            const void* const* w_gu, const void* const* w_dn,
+                                                            bool scan) {
+  extern __shared__ int32_t sort_smem[];
+  pdl_trigger();
+  if (addr) write_maps(maps, addr, E, tmpl_gu, tmpl_dn, w_gu, w_dn);
   pdl_wait();
+  if (!addr) write_maps(maps, addr, E, tmpl_gu, tmpl_dn, w_gu, w_dn);
+  tensormap_release();
   sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos, scan);
 }
 

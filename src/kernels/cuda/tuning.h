@@ -141,7 +141,8 @@ struct MoeTuning {
   // Programmatic dependent launch along the stream path's kernels.
   bool fp8_pdl = true;
   // Stream path with fp8_pdl: the sort launched with programmatic dependent launch too, its
-  // weight-map writes (which do not depend on the routing) before it waits for moe_route.
+  // checks and writes of the map cache's maps (which do not depend on the routing) before it
+  // waits for moe_route.
   bool fp8_sort_pdl = true;
   // The sort's prefix over the experts by warp scans (false: one thread's serial loop).
   bool fp8_sort_scan = true;
