@@ -3,6 +3,7 @@
 // CUDA kernels) and moe_route's fused router GEMM.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -256,6 +257,28 @@ TEST(MoeFp8Work, WeightRowsScaleSlotsAndSplits) {
       EXPECT_EQ(next, nkb);
     }
   }
+}
+
+// The k split the stream kernels pick for their busiest CTA (MoeTuning::fp8_ksplit_waves) at the
+// shapes of one MiniMax-M3 rank on 132 SMs: gate_up at 32 tokens (about 81 experts touched) and
+// one token; down at one token; and when the units fill many waves, no split.
+TEST(MoeFp8Work, KsplitByWaves) {
+  using cuda::moe_fp8::pick_ksplit;
+  EXPECT_EQ(pick_ksplit(81 * 6, 48, 132, 16), 4);  // TP4: 4 waves of whole units -> 15 of quarters
+  EXPECT_EQ(pick_ksplit(81 * 6, 48, 132, 3), 1);   // 2 and 3 splits leave the last wave as empty
+  EXPECT_EQ(pick_ksplit(81 * 3, 48, 132, 16), 1);  // TP8: 2 waves of 92 % already
+  EXPECT_EQ(pick_ksplit(4 * 6, 48, 132, 16), 5);   // one token, TP4: one wave of 10 k blocks
+  EXPECT_EQ(pick_ksplit(4 * 3, 48, 132, 16), 10);  // one token, TP8: one wave of 5 k blocks
+  EXPECT_EQ(pick_ksplit(4 * 24, 6, 132, 16), 1);   // down, one token, TP4
+  EXPECT_EQ(pick_ksplit(81 * 24, 6, 132, 16), 1);
+  EXPECT_EQ(pick_ksplit(0, 48, 132, 16), 1);
+  for (int64_t units : {1, 7, 100, 131, 132, 133, 1000})
+    for (int nkb : {1, 2, 5, 48})
+      for (int m : {1, 2, 8, 64}) {
+        const int ks = pick_ksplit(units, nkb, 132, m);
+        EXPECT_GE(ks, 1);
+        EXPECT_LE(ks, std::max(1, std::min(m, nkb)));
+      }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // quantizer bit for bit, moe_experts with FP8 weights on both kernel families (stream kernels for
 // decode batches in every token-row width, with and without k splits and programmatic dependent
 // launch; tile kernels for prefill batches), and moe_route with the fused router GEMM.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,6 +89,85 @@ cuda::Tuning with_moe(const cuda::MoeTuning& m) {
   return t;
 }
 
+// A case's operands on the device; run() launches moe_experts on them (out back to out0 and the
+// probe buffers poisoned first) and checks the result.
+struct DevMoe {
+  const MoeCaseData& c;
+  std::vector<Dev> gu, dn, gus, dns;
+  Dev x, xs, ids, w, gup{16}, dnp{16}, gusp{16}, dnsp{16}, aq, as, out;
+  explicit DevMoe(const MoeCaseData& cd)
+      : c(cd),
+        x(Dev::of(cd.x)),
+        xs(Dev::of(cd.x_scale)),
+        ids(Dev::of(cd.ids)),
+        w(Dev::of(cd.weights)),
+        aq(size_t(cd.s.T * cd.s.K * cd.s.I)),
+        as(size_t(cd.s.T * cd.s.K * ((cd.s.I + 127) / 128)) * 4),
+        out(Dev::of(cd.out0)) {
+    std::vector<const void*> gu_d, dn_d;
+    std::vector<const float*> gus_d, dns_d;
+    for (int e = 0; e < c.s.E; ++e) {
+      gu.push_back(Dev::of(c.gu[size_t(e)]));
+      dn.push_back(Dev::of(c.dn[size_t(e)]));
+      gus.push_back(Dev::of(c.gu_scale[size_t(e)]));
+      dns.push_back(Dev::of(c.dn_scale[size_t(e)]));
+      gu_d.push_back(gu.back().p());
+      dn_d.push_back(dn.back().p());
+      gus_d.push_back(gus.back().as<float>());
+      dns_d.push_back(dns.back().as<float>());
+    }
+    gup = Dev::of(gu_d), dnp = Dev::of(dn_d), gusp = Dev::of(gus_d), dnsp = Dev::of(dns_d);
+  }
+  ops::MoeExpertsParams params() const {
+    ops::MoeExpertsParams p = c.params();
+    p.x = x.p();
+    p.x_scale = c.s.fp8_x ? xs.as<float>() : nullptr;
+    p.ids = ids.as<int32_t>();
+    p.weights = w.as<float>();
+    p.w_gate_up = gup.as<const void*>();
+    p.w_down = dnp.as<const void*>();
+    p.w_gate_up_scale = gusp.as<const float*>();
+    p.w_down_scale = dnsp.as<const float*>();
+    p.out = out.p();
+    return p;
+  }
+  cuda::MoeFp8Probe probe() const {
+    cuda::MoeFp8Probe pr;
+    pr.act_q = aq.as<uint8_t>();
+    pr.act_scale = as.as<float>();
+    return pr;
+  }
+  // In place: a captured graph holds these addresses.
+  void reset() {
+    ASSERT_EQ(cudaMemcpy(out.p(), c.out0.bytes.data(), c.out0.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    aq.poison(0x7f);
+    as.poison(0xFF);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  // The output after a run, checked; the output bytes in *bytes when set.
+  void check(std::vector<uint8_t>* bytes = nullptr) const {
+    const int64_t T = c.s.T, K = c.s.K, I = c.s.I, gi = (I + 127) / 128;
+    TypedBuffer got(c.s.act, size_t(T * c.s.H));
+    got.bytes = out.bytes(got.bytes.size());
+    const std::vector<uint8_t> q = aq.bytes(size_t(T * K * I));
+    const std::vector<float> sc = as.get<float>(size_t(T * K * gi));
+    MoeFp8CheckStats st;
+    EXPECT_EQ(check_moe_fp8(c, got, q.data(), sc.data(), &st), "");
+    if (bytes) *bytes = got.bytes;
+  }
+  // One call on `stream` under `knobs`, checked.
+  void run(const cuda::MoeTuning& knobs, cudaStream_t stream = nullptr, std::vector<uint8_t>* bytes = nullptr) {
+    reset();
+    const cuda::MoeFp8Probe pr = probe();
+    {
+      cuda::TuningScope scope(with_moe(knobs));
+      ASSERT_TRUE(cuda::run_moe_experts_fp8(params(), stream, &pr));
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    check(bytes);
+  }
+};
+
 // One case on the GPU under each knob setting, checked by moe_fp8_emulation.h's two-stage check
 // against exact arithmetic: the quantized SwiGLU rows the kernels wrote (read back by pair through
 // MoeFp8Probe) each one of the two fp8 neighbours of the exact value, and the output tight against
@@ -99,58 +179,17 @@ cuda::Tuning with_moe(const cuda::MoeTuning& m) {
 void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64_t seed) {
   SCOPED_TRACE(shape.describe());
   MoeCaseData c(shape, seed);
-  const int64_t T = shape.T, H = shape.H, I = shape.I;
-  const int E = shape.E, K = shape.K;
-  const int64_t gi = (I + 127) / 128;
-  std::vector<Dev> dgu, ddn, dgus, ddns;
-  std::vector<const void*> gu_d, dn_d;
-  std::vector<const float*> gus_d, dns_d;
-  for (int e = 0; e < E; ++e) {
-    dgu.push_back(Dev::of(c.gu[size_t(e)]));
-    ddn.push_back(Dev::of(c.dn[size_t(e)]));
-    dgus.push_back(Dev::of(c.gu_scale[size_t(e)]));
-    ddns.push_back(Dev::of(c.dn_scale[size_t(e)]));
-    gu_d.push_back(dgu.back().p());
-    dn_d.push_back(ddn.back().p());
-    gus_d.push_back(dgus.back().as<float>());
-    dns_d.push_back(ddns.back().as<float>());
-  }
-  Dev dx = Dev::of(c.x), dxs = Dev::of(c.x_scale), dids = Dev::of(c.ids), dw = Dev::of(c.weights);
-  Dev dgup = Dev::of(gu_d), ddnp = Dev::of(dn_d), dgusp = Dev::of(gus_d), ddnsp = Dev::of(dns_d);
-  Dev daq(size_t(T * K * I)), das(size_t(T * K * gi) * 4);
+  DevMoe d(c);
   for (const GpuRun& run : runs) {
     SCOPED_TRACE(run.what);
-    Dev dout = Dev::of(c.out0);
-    daq.poison(0x7f);
-    das.poison(0xFF);
-    ops::MoeExpertsParams p = c.params();
-    p.x = dx.p();
-    p.x_scale = shape.fp8_x ? dxs.as<float>() : nullptr;
-    p.ids = dids.as<int32_t>();
-    p.weights = dw.as<float>();
-    p.w_gate_up = dgup.as<const void*>();
-    p.w_down = ddnp.as<const void*>();
-    p.w_gate_up_scale = dgusp.as<const float*>();
-    p.w_down_scale = ddnsp.as<const float*>();
-    p.out = dout.p();
-    cuda::MoeFp8Probe probe;
-    probe.act_q = daq.as<uint8_t>();
-    probe.act_scale = das.as<float>();
-    {
-      cuda::TuningScope scope(with_moe(run.knobs));
-      ASSERT_TRUE(cuda::run_moe_experts_fp8(p, nullptr, &probe));
-    }
-    TypedBuffer got(shape.act, size_t(T * H));
-    got.bytes = dout.bytes(got.bytes.size());
-    const std::vector<uint8_t> aq = daq.bytes(size_t(T * K * I));
-    const std::vector<float> as = das.get<float>(size_t(T * K * gi));
-    MoeFp8CheckStats st;
-    EXPECT_EQ(check_moe_fp8(c, got, aq.data(), as.data(), &st), "");
+    std::vector<uint8_t> got;
+    d.run(run.knobs, nullptr, &got);
     if (run.what == "default") {
       Dev dout2 = Dev::of(c.out0);
+      ops::MoeExpertsParams p = d.params();
       p.out = dout2.p();
       ops::moe_experts(p, gpu_stream());
-      EXPECT_TRUE(dout2.bytes(got.bytes.size()) == got.bytes) << "ops::moe_experts differs from the same kernels";
+      EXPECT_TRUE(dout2.bytes(got.size()) == got) << "ops::moe_experts differs from the same kernels";
     }
   }
 }
@@ -185,6 +224,24 @@ std::vector<GpuRun> stream_runs() {
   g.knobs.fp8_stream_kblocks = 3;
   g.what = "stream 32, stages of 3 k blocks";
   r.push_back(g);
+  // The sort as before (plain launch, one thread's prefix, every map written every call), and
+  // k splits picked by the kernels for the busiest CTA.
+  g = GpuRun{};
+  g.knobs.fp8_path = 1;
+  g.knobs.fp8_stream_rows = 8;
+  g.knobs.fp8_sort_pdl = false;
+  g.knobs.fp8_sort_scan = false;
+  g.knobs.fp8_map_cache = false;
+  g.what = "stream 8, plain sort, serial prefix, no map cache";
+  r.push_back(g);
+  for (int nt : {8, 16}) {
+    g = GpuRun{};
+    g.knobs.fp8_path = 1;
+    g.knobs.fp8_stream_rows = nt;
+    g.knobs.fp8_ksplit_waves = 16;
+    g.what = "stream " + std::to_string(nt) + ", k splits by waves";
+    r.push_back(g);
+  }
   g = GpuRun{};
   g.what = "default";
   r.push_back(g);
@@ -305,6 +362,139 @@ TEST(CudaMoeExpertsFp8, PrefillBatches) {
   MoeShape f;
   f.T = 517, f.H = 256, f.I = 256, f.E = 8, f.K = 2, f.fp8_x = true, f.act = DType::BF16, f.lone = 6;
   gpu_fp8_case(f, runs, seed++);
+}
+
+// The decode path's fixed costs (MoeTuning::fp8_sort_pdl, fp8_sort_scan, fp8_map_cache,
+// fp8_ksplit_waves) on and off, at 1, 3, 32, 33 and 256 tokens over 128 experts (the model's
+// count) and over 1100 (several experts a thread in the sort's prefix).
+std::vector<GpuRun> fixed_cost_runs() {
+  std::vector<GpuRun> r;
+  GpuRun on;
+  on.knobs.fp8_path = 1;
+  on.knobs.fp8_ksplit_waves = 16;
+  on.what = "new sort, map cache, k splits by waves";
+  r.push_back(on);
+  r.push_back(on);  // the cache's maps again
+  GpuRun off;
+  off.knobs.fp8_path = 1;
+  off.knobs.fp8_sort_pdl = off.knobs.fp8_sort_scan = off.knobs.fp8_map_cache = false;
+  off.what = "old sort, maps every call";
+  r.push_back(off);
+  GpuRun mixed = off;
+  mixed.knobs.fp8_sort_pdl = true;
+  mixed.knobs.fp8_map_cache = true;
+  mixed.what = "pdl sort, serial prefix, map cache";
+  r.push_back(mixed);
+  r.push_back(GpuRun{});
+  r.back().what = "default";
+  return r;
+}
+
+TEST(CudaMoeExpertsFp8, DecodeFixedCosts) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2500;
+  for (int64_t T : {1, 3, 32, 33, 256}) {
+    MoeShape s;
+    s.T = T, s.H = 384, s.I = 256, s.E = 128, s.K = 4, s.br = 128, s.skipped = T == 33 ? 1 : 0;
+    gpu_fp8_case(s, fixed_cost_runs(), seed++);
+  }
+  MoeShape b;
+  b.T = 40, b.H = 256, b.I = 128, b.E = 1100, b.K = 4, b.act = DType::BF16;
+  gpu_fp8_case(b, fixed_cost_runs(), seed++);
+}
+
+// The map cache across weight sets: two sets of the same shapes used in turn (each its own
+// entry), a set whose pointer arrays are rewritten in place to point at the other set's experts
+// (the sort must see the moved experts and write their maps again), and a set made and freed
+// between calls (its arrays' addresses may come back with other experts).
+TEST(CudaMoeExpertsFp8, MapCacheFollowsTheWeights) {
+  SKIP_WITHOUT_GPU();
+  MoeShape s;
+  s.T = 33, s.H = 384, s.I = 256, s.E = 16, s.K = 4, s.br = 128;
+  MoeCaseData c1(s, 2600), c2(s, 2601);
+  DevMoe d1(c1), d2(c2);
+  cuda::MoeTuning knobs;
+  knobs.fp8_path = 1;
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    d1.run(knobs);
+    d2.run(knobs);
+  }
+  {
+    // d2's operands with d1's pointer arrays, now holding d2's experts.
+    SCOPED_TRACE("pointer arrays rewritten in place");
+    const size_t n = size_t(s.E) * sizeof(void*);
+    ASSERT_EQ(cudaMemcpy(d1.gup.p(), d2.gup.p(), n, cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d1.dnp.p(), d2.dnp.p(), n, cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d1.gusp.p(), d2.gusp.p(), n, cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d1.dnsp.p(), d2.dnsp.p(), n, cudaMemcpyDeviceToDevice), cudaSuccess);
+    std::swap(d1.gup, d2.gup);
+    std::swap(d1.dnp, d2.dnp);
+    std::swap(d1.gusp, d2.gusp);
+    std::swap(d1.dnsp, d2.dnsp);
+    d2.run(knobs);
+  }
+  for (uint64_t seed : {2602, 2603, 2604}) {
+    SCOPED_TRACE("a fresh weight set, seed " + std::to_string(seed));
+    MoeCaseData c(s, seed);
+    DevMoe d(c);
+    d.run(knobs);
+    d.run(knobs);
+  }
+}
+
+// Graph capture and replay: a weight set the cache knows (eager call first) and one it has not
+// seen (the captured call writes the maps in its scratch), each replayed twice against the eager
+// result, bit for bit, and checked.
+TEST(CudaMoeExpertsFp8, GraphReplay) {
+  SKIP_WITHOUT_GPU();
+  MoeShape s;
+  s.T = 32, s.H = 384, s.I = 256, s.E = 128, s.K = 4, s.br = 128;
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  for (int waves : {0, 16}) {
+    for (bool seen : {true, false}) {
+      SCOPED_TRACE(std::string(seen ? "cached weight set" : "weight set first seen in the capture") +
+                   (waves ? ", k splits by waves" : ""));
+      MoeCaseData c(s, 2700 + (seen ? 0 : 1) + 2 * waves);
+      DevMoe d(c);
+      cuda::MoeTuning knobs;
+      knobs.fp8_ksplit_waves = waves;
+      std::vector<uint8_t> eager;
+      if (seen) {
+        d.run(knobs, st, &eager);
+      } else {
+        // Sizes the scratch outside the capture with another weight set of the same shapes.
+        MoeCaseData other(s, 2800 + waves);
+        DevMoe o(other);
+        o.run(knobs, st);
+      }
+      cudaGraph_t g;
+      {
+        cuda::TuningScope scope(with_moe(knobs));
+        const cuda::MoeFp8Probe pr = d.probe();
+        ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        const bool ok = cuda::run_moe_experts_fp8(d.params(), st, &pr);
+        ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
+        ASSERT_TRUE(ok);
+      }
+      cudaGraphExec_t e;
+      ASSERT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+      std::vector<std::vector<uint8_t>> replays(2);
+      for (int replay = 0; replay < 2; ++replay) {
+        SCOPED_TRACE("replay " + std::to_string(replay));
+        d.reset();
+        ASSERT_EQ(cudaGraphLaunch(e, st), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+        d.check(&replays[size_t(replay)]);
+      }
+      if (!seen) d.run(knobs, st, &eager);  // now through the cache
+      for (const std::vector<uint8_t>& r : replays) EXPECT_TRUE(r == eager) << "a replay differs from the eager call";
+      cudaGraphExecDestroy(e);
+      cudaGraphDestroy(g);
+    }
+  }
+  cudaStreamDestroy(st);
 }
 
 TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {

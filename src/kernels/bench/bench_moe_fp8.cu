@@ -7,7 +7,8 @@
 // tokens the products' FLOPs at the measured FP8 matrix rate (cuBLASLt, e4m3 8192^3, per-tensor
 // scales, random data), whichever is larger. Each case: the default kernels eagerly and replayed
 // from a CUDA graph, and the other kernel family (or the stream kernels without programmatic
-// dependent launch) for comparison.
+// dependent launch) for comparison; at decode sizes also the sort's knobs off and on and the k
+// split picked by the kernels (MoeTuning::fp8_sort_*, fp8_map_cache, fp8_ksplit_waves).
 #include "kernels/bench/bench_moe_fp8.h"
 
 #include <cuda_runtime.h>
@@ -229,11 +230,23 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         bool pdl, graph;
         std::string mode;
         bool kmajor = true, bulk = true, param_maps = true;
+        // The sort's knobs (fp8_sort_pdl, fp8_sort_scan, fp8_map_cache) all off (0) or on (1),
+        // and MoeTuning::fp8_ksplit_waves; -1: as tuned.
+        int sort = -1, waves = -1;
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
       if (tokens <= 1024) variants.push_back({stream_default ? 2 : 1, true, false, stream_default ? "tile kernels" : "stream kernels"});
       if (tokens == 32) variants.push_back({1, false, true, "stream kernels, no PDL, " + kBatchMode});
+      // Decode sizes: the fixed costs of the call (issue 44) as before and now, and the k split
+      // picked by the kernels, all replayed from graphs as the model runs them.
+      if (stream_default && tokens <= 256) {
+        variants.push_back({0, true, true, "stream, sort before (plain, serial prefix, maps every call), " + kBatchMode,
+                            true, true, true, 0, 0});
+        variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, " + kBatchMode, true, true, true, 1, 0});
+        variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, k splits by waves, " + kBatchMode, true,
+                            true, true, 1, 16});
+      }
       if (tokens >= 1024) {
         variants.push_back({2, true, false, "tiles, bulk k-major scales, device maps", true, true, false});
         variants.push_back({2, true, false, "tiles, cp.async k-major scales, parameter maps", true, false, true});
@@ -247,6 +260,8 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           m.fp8_tile_kmajor_scales = v.kmajor;
           m.fp8_tile_bulk_scales = v.bulk;
           m.fp8_tile_param_maps = v.param_maps;
+          if (v.sort >= 0) m.fp8_sort_pdl = m.fp8_sort_scan = m.fp8_map_cache = v.sort == 1;
+          if (v.waves >= 0) m.fp8_ksplit_waves = v.waves;
         }));
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;

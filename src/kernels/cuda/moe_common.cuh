@@ -12,8 +12,12 @@ namespace sieve::cuda {
 // first row block of R rows; offsets[E], blk_start[E]: the totals; pos[q] (when set): the sorted
 // row of pair q, -1 when its id is outside [0, E) (not this rank's expert). The order inside an
 // expert's range comes from shared-memory atomics: a row's result must not depend on it.
+// scan (blockDim.x a multiple of 32): the prefix over the experts by warp scans, each thread
+// summing a run of consecutive experts, instead of thread 0's serial loop (same results): the
+// serial loop's E dependent shared-memory reads and global stores were most of a decode sort.
 __device__ __forceinline__ void sort_pairs(const int32_t* ids, int pairs, int E, int R, int32_t* cnt, int32_t* cur,
-                                           int32_t* offsets, int32_t* blk_start, int32_t* sorted, int32_t* pos) {
+                                           int32_t* offsets, int32_t* blk_start, int32_t* sorted, int32_t* pos,
+                                           bool scan = false) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
@@ -21,7 +25,45 @@ __device__ __forceinline__ void sort_pairs(const int32_t* ids, int pairs, int E,
     if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (scan) {
+    __shared__ int32_t warp_tot[2][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int per = (E + blockDim.x - 1) / blockDim.x;
+    const int e0 = min(E, int(threadIdx.x) * per), e1 = min(E, e0 + per);
+    int rows = 0, blks = 0;
+    for (int e = e0; e < e1; ++e) rows += cnt[e], blks += (cnt[e] + R - 1) / R;
+    int rin = rows, bin = blks;  // inclusive over the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int r = __shfl_up_sync(0xffffffffu, rin, o), b = __shfl_up_sync(0xffffffffu, bin, o);
+      if (lane >= o) rin += r, bin += b;
+    }
+    if (lane == 31) warp_tot[0][warp] = rin, warp_tot[1][warp] = bin;
+    __syncthreads();
+    if (warp == 0) {
+      int r = lane < warps ? warp_tot[0][lane] : 0, b = lane < warps ? warp_tot[1][lane] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int r2 = __shfl_up_sync(0xffffffffu, r, o), b2 = __shfl_up_sync(0xffffffffu, b, o);
+        if (lane >= o) r += r2, b += b2;
+      }
+      warp_tot[0][lane] = r, warp_tot[1][lane] = b;  // inclusive over the warps
+    }
+    __syncthreads();
+    int off = rin - rows + (warp > 0 ? warp_tot[0][warp - 1] : 0);
+    int blk = bin - blks + (warp > 0 ? warp_tot[1][warp - 1] : 0);
+    for (int e = e0; e < e1; ++e) {
+      offsets[e] = off;
+      blk_start[e] = blk;
+      cur[e] = off;
+      off += cnt[e];
+      blk += (cnt[e] + R - 1) / R;
+    }
+    if (threadIdx.x == blockDim.x - 1) {  // its run ends at E (or is empty past it): the totals
+      offsets[E] = off;
+      blk_start[E] = blk;
+    }
+  } else if (threadIdx.x == 0) {
     int off = 0, blks = 0;
     for (int e = 0; e < E; ++e) {
       offsets[e] = off;

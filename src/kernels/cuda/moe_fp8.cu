@@ -6,7 +6,8 @@
 //  1. sort (one CTA): each expert's (token, slot) pairs, their sorted rows and row blocks (128 rows
 //     for the tile kernels, 8 to 64 for the stream kernels); and the per-expert TMA tensor maps of
 //     both weight matrices, copied from a template encoded on the host with the expert's address
-//     put in by tensormap.replace (the expert pointers live in device memory);
+//     put in by tensormap.replace (the expert pointers live in device memory): with the map cache,
+//     kept per weight set and written only where an expert's address changed;
 //  2. quantize: x per 1 x 128 token group (the contract's quantizer, bit for bit), each token's row
 //     written to the sorted row of each of its pairs (FP8 x: copied with its scales);
 //  3. gate_up: the tile or stream kernel, SwiGLU-OAI and the 1 x 128 quantization of its output
@@ -14,9 +15,10 @@
 //  4. down: the same kernels, each pair's output row in bf16;
 //  5. combine: out[t] += sum of weight x row over the token's experts, in expert-id order (the
 //     CPU's order), fp32, one rounding to the activation dtype.
-// The stream path launches 2-5 with programmatic dependent launch (MoeTuning::fp8_pdl): each kernel
-// starts while the previous one finishes (the stream kernels load their first weight stages
-// before they wait). Grids come from upper bounds on the work (pairs / rows + experts blocks);
+// The stream path launches 1-5 (the sort: MoeTuning::fp8_sort_pdl) with programmatic dependent
+// launch (MoeTuning::fp8_pdl): each kernel starts while the previous one finishes (the sort
+// checks the cache's maps, the stream kernels load their first weight stages, before they
+// wait). Grids come from upper bounds on the work (pairs / rows + experts blocks);
 // persistent CTAs stop at the sort's count.
 #include "kernels/cuda/moe_fp8.h"
 
@@ -49,23 +51,49 @@ constexpr int kSortThreads = 1024;
 constexpr size_t kScratchBytes = size_t(1) << 30;
 
 // Step 1. The sort (moe_common.cuh's sort_pairs, with each pair's sorted row in pos), and
-// maps[e], maps[E + e]: expert e's gate_up and down maps.
+// maps[e], maps[E + e]: expert e's gate_up and down maps. addr (the map cache, or null):
+// addr[e], addr[E + e] hold the expert addresses that maps[e], maps[E + e] were made for, and
+// only a map whose expert moved is written again (a map is a function of the address and the
+// shape, which the cache key fixes).
+__device__ __forceinline__ void write_maps(CUtensorMap* maps, const void** addr, int E, const CUtensorMap& tmpl_gu,
+                                           const CUtensorMap& tmpl_dn, const void* const* w_gu,
+                                           const void* const* w_dn) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const void* a_gu = w_gu[e];
+    const void* a_dn = w_dn[e];
+    if (!addr || addr[e] != a_gu) {
+      maps[e] = tmpl_gu;
+      tensormap_set_address(&maps[e], a_gu);
+      if (addr) addr[e] = a_gu;
+    }
+    if (!addr || addr[E + e] != a_dn) {
+      maps[E + e] = tmpl_dn;
+      tensormap_set_address(&maps[E + e], a_dn);
+      if (addr) addr[E + e] = a_dn;
+    }
+  }
+}
+// With programmatic dependent launch the cache's maps are checked and written before the wait
+// for moe_route: they depend only on the weights and live in memory of their own, whose only
+// readers are this weight set's products, and none of an earlier call can still run: the
+// combine that ends every call never lets its dependents start early (combine_kernel has no
+// pdl_trigger), so whatever follows it starts only once it, and the products it waited for, have
+// completed. The scratch's maps are written after the wait: the routing keeps its logits at the
+// start of the same scratch (moe_route.cu) and may still be reading them.
 __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, int pairs, int E, int R,
                                                             int32_t* offsets, int32_t* blk_start, int32_t* sorted,
-                                                            int32_t* pos, CUtensorMap* maps,
+                                                            int32_t* pos, CUtensorMap* maps, const void** addr,
                                                             const __grid_constant__ CUtensorMap tmpl_gu,
                                                             const __grid_constant__ CUtensorMap tmpl_dn,
-                                                            const void* const* w_gu, const void* const* w_dn) {
+                                                            const void* const* w_gu, const void* const* w_dn,
+                                                            bool scan) {
   extern __shared__ int32_t sort_smem[];
   pdl_trigger();
-  for (int e = threadIdx.x; e < E; e += kSortThreads) {
-    maps[e] = tmpl_gu;
-    tensormap_set_address(&maps[e], w_gu[e]);
-    maps[E + e] = tmpl_dn;
-    tensormap_set_address(&maps[E + e], w_dn[e]);
-  }
+  if (addr) write_maps(maps, addr, E, tmpl_gu, tmpl_dn, w_gu, w_dn);
+  pdl_wait();
+  if (!addr) write_maps(maps, addr, E, tmpl_gu, tmpl_dn, w_gu, w_dn);
   tensormap_release();
-  sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos);
+  sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos, scan);
 }
 
 // Step 2. A warp a (token, 1 x 128 group), 4 consecutive elements a lane. kind 0: F32 x, 1: BF16
@@ -118,7 +146,8 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
 }
 
 // Step 5. A CTA a token (x) and a slice of its columns (y: a decode batch's few tokens still
-// fill the GPU); 8 elements (16 bytes of y) a thread at a time.
+// fill the GPU); 8 elements (16 bytes of y) a thread at a time. It never lets its dependents
+// start early (no pdl_trigger): the sort of the next chunk or call relies on it (step 1).
 constexpr int kCombineThreads = 128;
 __global__ void combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const uint16_t* y,
                                int64_t H, void* out, int ot) {
@@ -225,6 +254,42 @@ bool capturing(cudaStream_t st) {
   return cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone;
 }
 
+// The map cache (MoeTuning::fp8_map_cache): per weight set, device memory for its 2 E weight
+// maps and the 2 E expert addresses they were made for, all ones when made (no expert's address:
+// the first sort writes every map). Keyed by the device, the two pointer arrays' addresses and the shapes the map
+// template encodes; the sort checks each expert's address on every call, so pointer arrays freed
+// and made again at the same address with other experts are safe. Entries live as long as the
+// process (34 KiB for 128 experts; at most kMapCacheEntries, then calls go without).
+// Made only outside stream capture; a call captured before its weight set was seen writes the
+// maps in the scratch as without the cache. One stream at a time may use a weight set.
+constexpr size_t kMapCacheEntries = 4096;
+struct CachedMaps {
+  CUtensorMap* maps = nullptr;
+  const void** addr = nullptr;
+};
+CachedMaps cached_maps(const ops::MoeExpertsParams& p, cudaStream_t st) {
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "moe_experts fp8: the device");
+  using Key = std::tuple<int, const void*, const void*, int64_t, int64_t, int64_t>;
+  static std::mutex mu;
+  static std::map<Key, CachedMaps> cache;
+  const Key key(dev, p.w_gate_up, p.w_down, p.num_experts, p.inter, p.hidden);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= kMapCacheEntries || capturing(st)) return {};
+  const size_t n = 2 * size_t(p.num_experts);
+  void* mem = nullptr;
+  cuda_check(cudaMalloc(&mem, n * (sizeof(CUtensorMap) + sizeof(void*))), "moe_experts fp8: the map cache");
+  CachedMaps c;
+  c.maps = static_cast<CUtensorMap*>(mem);  // cudaMalloc: 256-byte aligned, maps need 64
+  c.addr = reinterpret_cast<const void**>(c.maps + n);
+  cuda_check(cudaMemsetAsync(c.addr, 0xFF, n * sizeof(void*), st), "moe_experts fp8: the map cache");
+  cuda_check(cudaStreamSynchronize(st), "moe_experts fp8: the map cache");
+  cache.emplace(key, c);
+  return c;
+}
+
 // Tile kernels' parameter maps: each expert's gate_up and down maps (64-row boxes), encoded on the
 // host from the expert pointers, which it reads from the device (one synchronisation of st). The
 // maps depend only on an expert's address and shape, so they are kept per address.
@@ -309,11 +374,28 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     const int64_t units = experts_max * rbs;
     return int(std::clamp<int64_t>(ceil_div(2 * int64_t(sms), units), 1, nkb));
   };
-  const int ks_gu = stream ? ksplit(knobs.fp8_ksplit_gate_up, rb_gu, gh) : 1;
-  const int ks_dn = stream ? ksplit(knobs.fp8_ksplit_down, rb_dn, gi) : 1;
+  int ks_gu = stream ? ksplit(knobs.fp8_ksplit_gate_up, rb_gu, gh) : 1;
+  int ks_dn = stream ? ksplit(knobs.fp8_ksplit_down, rb_dn, gi) : 1;
+  // MoeTuning::fp8_ksplit_waves: the kernels pick their split, up to kw_* (0: the host's ks_*),
+  // as many as a 32 MiB partial-sum buffer holds for the largest row-block count.
+  int kw_gu = 0, kw_dn = 0;
+  if (stream && nt <= 32 && knobs.fp8_ksplit_waves > 0) {
+    auto waves_cap = [&](int forced, int rbs, int nkb) {
+      if (forced > 0) return 0;
+      const int64_t per_split = blocks_max * 256 * nt * rbs * 4;
+      const int64_t c = std::min<int64_t>({(int64_t(32) << 20) / per_split, knobs.fp8_ksplit_waves, nkb});
+      return c >= 2 ? int(c) : 0;
+    };
+    kw_gu = waves_cap(knobs.fp8_ksplit_gate_up, rb_gu, gh);
+    kw_dn = waves_cap(knobs.fp8_ksplit_down, rb_dn, gi);
+    if (kw_gu) ks_gu = 1;
+    if (kw_dn) ks_dn = 1;
+  }
+  const int kmax_gu = std::max(ks_gu, kw_gu), kmax_dn = std::max(ks_dn, kw_dn);
   const size_t partial_floats =
       stream ? size_t(blocks_max) * 256 * size_t(nt) *
-                   size_t(std::max<int64_t>(ks_gu > 1 ? int64_t(rb_gu) * ks_gu : 0, ks_dn > 1 ? int64_t(rb_dn) * ks_dn : 0))
+                   size_t(std::max<int64_t>(kmax_gu > 1 ? int64_t(rb_gu) * kmax_gu : 0,
+                                            kmax_dn > 1 ? int64_t(rb_dn) * kmax_dn : 0))
              : 0;
 
   // Scratch: [maps][offsets][blk_start][sorted][pos][xq][xs][aq][as][y][partial].
@@ -345,7 +427,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   auto* partial = reinterpret_cast<float*>(base + o_partial);
   auto* wst_gu_p = reinterpret_cast<float*>(base + o_wst_gu);
   auto* wst_dn_p = reinterpret_cast<float*>(base + o_wst_dn);
-  const int64_t n_cnt_gu = ks_gu > 1 ? blocks_max * rb_gu : 0, n_cnt_dn = ks_dn > 1 ? blocks_max * rb_dn : 0;
+  const int64_t n_cnt_gu = kmax_gu > 1 ? blocks_max * rb_gu : 0, n_cnt_dn = kmax_dn > 1 ? blocks_max * rb_dn : 0;
   int32_t* counters = n_cnt_gu + n_cnt_dn > 0 ? zeroed_counters(st, size_t(n_cnt_gu + n_cnt_dn)) : nullptr;
 
   // Tensor maps: the weight templates (any valid address; the sort puts each expert's in), the
@@ -357,6 +439,12 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     return false;
 
   const bool pdl = stream && knobs.fp8_pdl;
+  const bool sort_pdl = pdl && knobs.fp8_sort_pdl;
+  // The experts' weight maps: the cache's (kept per weight set) or the scratch's (all written
+  // every call).
+  const CachedMaps cached = knobs.fp8_map_cache ? cached_maps(p, st) : CachedMaps{};
+  CUtensorMap* const wmaps = cached.maps ? cached.maps : maps;
+  const void** const wmaps_addr = cached.addr;
   const size_t esz = dtype_size(p.act_dtype);
   const int xkind = fp8_x ? 2 : (p.act_dtype == DType::F32 ? 0 : 1);
   // Scale layouts: row-major [row][group], or k-block-major [group][row] (rows of the chunk's cap).
@@ -383,9 +471,9 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     const int32_t* ids = p.ids + t0 * topk;
     const float* weights = p.weights + t0 * topk;
 
-    sort_kernel<<<1, kSortThreads, size_t(2 * E) * sizeof(int32_t), st>>>(
-        ids, pairs, int(E), R, offsets, blk_start, sorted, pos, maps, tmpl_gu, tmpl_dn, p.w_gate_up, p.w_down);
-    SIEVE_LAUNCH_CHECK("moe_experts fp8 (sort)");
+    launch_pdl(sort_pdl, sort_kernel, dim3(1), dim3(kSortThreads), size_t(2 * E) * sizeof(int32_t), st,
+               "moe_experts fp8 (sort)", ids, pairs, int(E), R, offsets, blk_start, sorted, pos, wmaps, wmaps_addr,
+               tmpl_gu, tmpl_dn, p.w_gate_up, p.w_down, bool(knobs.fp8_sort_scan));
 
     const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * (fp8_x ? 1 : esz);
     const int64_t qwarps = tokens * gh;
@@ -417,32 +505,34 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
-    g.wmaps = maps;
+    g.wmaps = wmaps;
     g.wscale = p.w_gate_up_scale;
     g.nkb = gh;
     g.a_scale = xs;
     g.cols = stream ? rb_gu * ks_gu : rb_gu;
     g.ksplit = ks_gu;
+    g.ksplit_max = kw_gu;
     g.counters = counters;
     g.wst = wst_gu_p;
     g.wn = int(2 * I);
-    int grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
+    int grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_gu), sms));
     if (stream) {
       launch_stream(true, nt, map_x, g, grid, pdl, st);
     } else {
       launch_tiles(true, map_x, g, grid, st, scales, maps_gu.get());
     }
     // down
-    g.wmaps = maps + E;
+    g.wmaps = wmaps + E;
     g.wscale = p.w_down_scale;
     g.nkb = gi;
     g.a_scale = as;
     g.cols = stream ? rb_dn * ks_dn : rb_dn;
     g.ksplit = ks_dn;
+    g.ksplit_max = kw_dn;
     g.counters = counters ? counters + n_cnt_gu : nullptr;
     g.wst = wst_dn_p;
     g.wn = int(H);
-    grid = int(std::min<int64_t>(pairs_blocks * g.cols, sms));
+    grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_dn), sms));
     if (stream) {
       launch_stream(false, nt, map_a, g, grid, pdl, st);
     } else {

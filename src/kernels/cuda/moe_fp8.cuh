@@ -185,6 +185,10 @@ struct GemmArgs {
   int E;
   int cols;    // work items a row block: tile kernels, weight-row tiles; stream kernels, rb * ksplit
   int ksplit;  // stream kernels: k splits of a row block's k range
+  // Stream kernels: > 0, the kernel picks the k split itself (moe_fp8_work.h pick_ksplit, up to
+  // this many, from the sort's row blocks and its grid); cols is then the weight-row blocks and
+  // ksplit 1.
+  int ksplit_max;
   int kp;      // stream kernels: k blocks of 128 a pipeline stage
   // gate_up: the SwiGLU rows quantized for down, by sorted row.
   uint8_t* act_q;       // [rows_cap, ld_act]

@@ -65,15 +65,16 @@ struct Unit {
   int e, rb, ks, r0, rows;
   int64_t pe;  // the row block's partial-sum slot: global token block * rbs + rb
 };
-__device__ __forceinline__ Unit unit_of(const GemmArgs& g, int64_t i, int nt) {
-  const WorkItem w = work_item(g.blk_start, g.E, i, g.cols);
+// cols, ksplit: the call's (GemmArgs::cols and ksplit, or the kernel's own pick).
+__device__ __forceinline__ Unit unit_of(const GemmArgs& g, int64_t i, int nt, int cols, int ksplit) {
+  const WorkItem w = work_item(g.blk_start, g.E, i, cols);
   Unit u;
   u.e = w.e;
-  u.rb = w.col / g.ksplit;
-  u.ks = w.col - u.rb * g.ksplit;
+  u.rb = w.col / ksplit;
+  u.ks = w.col - u.rb * ksplit;
   u.r0 = g.offsets[w.e] + w.blk * nt;
   u.rows = min(nt, g.offsets[w.e + 1] - u.r0);
-  u.pe = int64_t(g.blk_start[w.e] + w.blk) * (g.cols / g.ksplit) + u.rb;
+  u.pe = int64_t(g.blk_start[w.e] + w.blk) * (cols / ksplit) + u.rb;
   return u;
 }
 
@@ -154,7 +155,15 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   }
   __syncthreads();
   pdl_trigger();
-  const int64_t total = int64_t(g.blk_start[g.E]) * g.cols;
+  // The k split: the host's, or picked here from the row blocks the sort found (the same in
+  // every CTA). Not at 64 token rows (the host never asks there): the two live values made the
+  // gate_up kernel spill.
+  int ksplit = g.ksplit, cols = g.cols;
+  if (kNt <= 32 && g.ksplit_max > 0) {
+    ksplit = pick_ksplit(int64_t(g.blk_start[g.E]) * g.cols, g.nkb, int(gridDim.x), g.ksplit_max);
+    cols = g.cols * ksplit;
+  }
+  const int64_t total = int64_t(g.blk_start[g.E]) * cols;
   // A stage: [kp][256 weight rows] boxes, [kp][token rows] boxes, then the scales.
   const int tok_off = kp * kWBytes, sc_off = kp * G::kStageK;
 
@@ -171,8 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     auto begin = [&](Cursor& c, int64_t i) {
       c.i = i;
       if (i >= total) return;
-      c.u = unit_of(g, i, kNt);
-      split_range(c.u.ks, g.ksplit, g.nkb, c.kb, c.kb1);
+      c.u = unit_of(g, i, kNt, cols, ksplit);
+      split_range(c.u.ks, ksplit, g.nkb, c.kb, c.kb1);
     };
     auto advance = [&](Cursor& c) {
       c.kb += kp;
@@ -254,9 +263,9 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
 #pragma unroll
     for (int k = 0; k < kAcc; ++k) tmp[b][k] = 0.0f;
   for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
-    const Unit u = unit_of(g, i, kNt);
+    const Unit u = unit_of(g, i, kNt, cols, ksplit);
     int kb0, kb1;
-    split_range(u.ks, g.ksplit, g.nkb, kb0, kb1);
+    split_range(u.ks, ksplit, g.nkb, kb0, kb1);
     float fin[2][kAcc];
 #pragma unroll
     for (int b = 0; b < 2; ++b)
@@ -275,9 +284,9 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       if (++s == S) s = 0, fp ^= 1;
     }
 
-    if (g.ksplit > 1) {
+    if (ksplit > 1) {
       // Partial sums in; the last split of the row block sums them in split order.
-      float4* mine = reinterpret_cast<float4*>(g.partial + ((u.pe * g.ksplit + u.ks) * 256 + ctid) * kNt);
+      float4* mine = reinterpret_cast<float4*>(g.partial + ((u.pe * ksplit + u.ks) * 256 + ctid) * kNt);
 #pragma unroll
       for (int k = 0; k < kAcc / 4; ++k) {
         mine[k] = make_float4(fin[0][4 * k], fin[0][4 * k + 1], fin[0][4 * k + 2], fin[0][4 * k + 3]);
@@ -287,8 +296,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       named_sync(1, 256);
       if (ctid == 0) {
         const int old = atomicAdd(&g.counters[u.pe], 1);
-        *flag = old == g.ksplit - 1;
-        if (old == g.ksplit - 1) g.counters[u.pe] = 0;  // every split has counted: back to zero for the next call
+        *flag = old == ksplit - 1;
+        if (old == ksplit - 1) g.counters[u.pe] = 0;  // every split has counted: back to zero for the next call
       }
       named_sync(1, 256);
       if (!*flag) continue;
@@ -297,8 +306,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       for (int b = 0; b < 2; ++b)
 #pragma unroll
         for (int k = 0; k < kAcc; ++k) fin[b][k] = 0.0f;
-      for (int k2 = 0; k2 < g.ksplit; ++k2) {
-        const float4* src = reinterpret_cast<const float4*>(g.partial + ((u.pe * g.ksplit + k2) * 256 + ctid) * kNt);
+      for (int k2 = 0; k2 < ksplit; ++k2) {
+        const float4* src = reinterpret_cast<const float4*>(g.partial + ((u.pe * ksplit + k2) * 256 + ctid) * kNt);
 #pragma unroll
         for (int k = 0; k < kAcc / 4; ++k) {
           const float4 a = __ldcg(src + k), b = __ldcg(src + kAcc / 4 + k);

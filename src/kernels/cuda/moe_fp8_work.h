@@ -65,4 +65,23 @@ SIEVE_MOE_HD void split_range(int ks, int ksplit, int nkb, int& kb0, int& kb1) {
   kb1 = int(int64_t(ks + 1) * nkb / ksplit);
 }
 
+// Stream kernels, MoeTuning::fp8_ksplit_waves: the k split (1 .. max_split, at most nkb) of a
+// product of `units` units (row blocks x weight-row blocks) of nkb k blocks each on `ctas`
+// persistent CTAs. A CTA takes every ctas-th unit, so the busiest one works ceil(units x split /
+// ctas) units of up to ceil(nkb / split) k blocks; the stream kernels' CTAs each run at a rate
+// that their own pipeline sets, not the DRAM's, so a last wave that fills few CTAs is time lost.
+// Cost in quarter k blocks, two more for a split unit: its partial sums' write, fence and count
+// stall the consumers for about 1 us, half a k block's time at a CTA's rate (32 tokens at a TP4
+// rank: about 2 us a k block). The least cost wins, ties the fewest splits.
+SIEVE_MOE_HD int pick_ksplit(int64_t units, int nkb, int ctas, int max_split) {
+  int best = 1;
+  int64_t best_cost = -1;
+  for (int ks = 1; ks <= max_split && ks <= nkb; ++ks) {
+    const int64_t waves = (units * ks + ctas - 1) / ctas;
+    const int64_t cost = waves * (4 * int64_t((nkb + ks - 1) / ks) + (ks > 1 ? 2 : 0));
+    if (best_cost < 0 || cost < best_cost) best = ks, best_cost = cost;
+  }
+  return best;
+}
+
 }  // namespace sieve::cuda::moe_fp8

@@ -140,6 +140,21 @@ struct MoeTuning {
   int fp8_stream_kblocks = 0;
   // Programmatic dependent launch along the stream path's kernels.
   bool fp8_pdl = true;
+  // Stream path with fp8_pdl: the sort launched with programmatic dependent launch too, its
+  // checks and writes of the map cache's maps (which do not depend on the routing) before it
+  // waits for moe_route.
+  bool fp8_sort_pdl = true;
+  // The sort's prefix over the experts by warp scans (false: one thread's serial loop).
+  bool fp8_sort_scan = true;
+  // The experts' weight tensor maps kept per weight set (device memory keyed by the pointer
+  // arrays and shapes, first made outside stream capture) and rewritten by the sort only where an
+  // expert's address changed, instead of all 2 x experts maps written every call.
+  bool fp8_map_cache = true;
+  // Stream kernels: the k split picked by the kernel from the row blocks the sort found, for the
+  // least time of the busiest persistent CTA (moe_fp8_work.h pick_ksplit), up to this many splits
+  // (bounded by a 32 MiB partial-sum buffer; 0: the host's rule above), at up to 32 token rows a
+  // unit. fp8_ksplit_* override it.
+  int fp8_ksplit_waves = 0;
   // Tile kernels (prefill): the 1 x 128 activation scales laid out k-block-major ([k block][row],
   // by the quantizer and gate_up's epilogue) and the experts' weight scales copied k-block-major
   // once a call, so that the producer reads a stage's 384 scales from ~12 cache lines instead of
