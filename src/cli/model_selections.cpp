@@ -118,7 +118,7 @@ int run_selections(const std::vector<std::string>& argv) {
   if (a.get_flag("--random")) {
     set_shape(128, 16);
     std::mt19937_64 rng(seed);
-    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> nd(-1.f, 1.f);  // the benchmark's fill: uniform on [-1, 1)
     std::vector<float> q(size_t(tokens) * s.dim), k(q.size());
     for (auto& x : q) x = nd(rng);
     for (auto& x : k) x = nd(rng);
