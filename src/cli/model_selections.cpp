@@ -186,6 +186,7 @@ int run_selections(const std::vector<std::string>& argv) {
     engine::SingleSequence seq(group->leader(), co, tokens);
     seq.append(ids, false, a.get_int("--prefill-chunk"));
     ops::set_indexer_tap(nullptr);
+    if (calls == 0) throw Error("--device: eval selections reads the CPU backend's selections; pass --device cpu");
     print_header(s, tokens);
     for (int l = 0; l < layers; ++l) {
       kernels_bench::LocalityAccum acc;
