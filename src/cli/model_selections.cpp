@@ -113,6 +113,9 @@ int run_selections(const std::vector<std::string>& argv) {
     if (s.block_size < 1) throw Error("--block-size must be >= 1");
     s.topk = a.has("--topk") ? int(a.get_int("--topk")) : std::max(1, model_topk * model_block / s.block_size);
     if (s.topk < s.local_blocks + s.init_blocks) throw Error("--topk must exceed the forced blocks");
+    if ((tokens - 1) / s.block_size + 1 <= s.topk)
+      throw Error("--tokens: no token has more than topk (" + std::to_string(s.topk) +
+                  ") blocks to choose from; give more tokens, a smaller --block-size or --topk");
   };
 
   if (a.get_flag("--random")) {
