@@ -17,6 +17,7 @@ namespace sieve::ops {
 namespace {
 std::mutex g_observer_mu;
 std::shared_ptr<const OpObserver> g_observer;  // read under the mutex, called outside it
+std::shared_ptr<const IndexerTap> g_indexer_tap;  // the same
 
 std::shared_ptr<const OpObserver> current_observer() {
   std::lock_guard lk(g_observer_mu);
@@ -82,7 +83,20 @@ void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
   SIEVE_DISPATCH(qkv_norm_rope_cache, p, s);
 }
 void attention(const AttentionParams& p, const Stream& s) { SIEVE_DISPATCH(attention, p, s); }
-void indexer(const IndexerParams& p, const Stream& s) { SIEVE_DISPATCH(indexer, p, s); }
+void indexer(const IndexerParams& p, const Stream& s) {
+  SIEVE_DISPATCH(indexer, p, s);
+  std::shared_ptr<const IndexerTap> tap;
+  {
+    std::lock_guard lk(g_observer_mu);
+    tap = g_indexer_tap;
+  }
+  if (tap && s.device.is_cpu()) (*tap)(p);
+}
+
+void set_indexer_tap(IndexerTap fn) {
+  std::lock_guard lk(g_observer_mu);
+  g_indexer_tap = fn ? std::make_shared<const IndexerTap>(std::move(fn)) : nullptr;
+}
 void sample(const SampleParams& p, const Stream& s) { SIEVE_DISPATCH(sample, p, s); }
 
 void all_reduce(const AllReduceParams& p, const Stream& s) {

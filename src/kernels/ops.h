@@ -505,6 +505,10 @@ void all_gather(const AllGatherParams& p, const Stream& s);
 // launch only (nothing synchronises for the observer).
 using OpObserver = std::function<void(const char* op, double t0, double t1)>;
 void set_op_observer(OpObserver fn);  // an empty function stops reporting
+// Measurement (`sieve eval selections`): when set, called after every indexer op that ran on the
+// CPU backend, with its parameters (host memory, the selections written). Not for serving.
+using IndexerTap = std::function<void(const IndexerParams& p)>;
+void set_indexer_tap(IndexerTap fn);  // an empty function stops it
 
 // The table `cos_sin` [max_position, rotary_dim] used by qkv_norm_rope_cache, built in fp32 as
 // transformers does: inv_freq[j] = 1 / theta^(2j / rotary_dim), angle = float(pos) * inv_freq[j].

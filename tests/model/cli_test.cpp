@@ -109,6 +109,17 @@ TEST(ModelCli, TwoNodesMeetOverLoopbackThenNeedTheirGpus) {
 
 // vLLM's serving flags that Sieve takes: a wrong value is refused at start, before the weights
 // load, with a message that names the flag.
+TEST(ModelCli, SelectionLocalityOfTheBundledModel) {
+  // At the model's own shape the recomputed selections must be the model's.
+  testing::CliResult r = run_sieve("eval selections --device cpu --tokens 700");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("all layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("recomputed = the model's selection on 1.0000"), std::string::npos) << r.out;
+  r = run_sieve("eval selections --device cpu --tokens 700 --block-size 0");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--block-size"), std::string::npos) << r.out;
+}
+
 TEST(ModelCli, ServeFlagErrorsNameTheFlag) {
 #ifndef SIEVE_TEST_HAVE_SERVER
   GTEST_SKIP() << "this build has no server (cpp-httplib or pcre2 missing)";

@@ -24,6 +24,7 @@
 #include "kernels/bench/bench.h"
 #include "kernels/bench/bench_moe_fp8.h"
 #include "kernels/bench/harness.cuh"
+#include "kernels/bench/selections.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/internal.h"
@@ -432,7 +433,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       const std::string dt = fp8 ? "fp8" : "bf16";
       const std::string shape = ctx_name(c.shape);
       if (!wanted(opt, "prefill " + shape + " " + dt)) continue;
-      if (fp8 && !(ps.cached == 0 && ps.n == 8192)) continue;  // fp8 prefill: one shape
+      if (fp8 && ps.n != 8192) continue;  // fp8 prefill: the 8192-token chunks
       c.build(uint64_t(ps.cached) + ps.n + fp8, l2);
       const int sets = int(c.sets.size());
       const double ifl = c.index_flops() / rate * 1e6;
@@ -500,6 +501,28 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
             o.us = time_it(std::min(iters, 50), sets, attn_fn(true), false, st);
           }
           emit(o, c);
+        }
+        // The same attention over selections with a trained indexer's locality (selections.h:
+        // neighbouring tokens share most blocks) instead of the indexer's over random inputs,
+        // whose tokens select nearly independent blocks. Same FLOP floor: min(16, blocks) a token.
+        std::vector<int32_t> ids(size_t(c.T) * 16);
+        for (int s = 0; s < sets; ++s) {
+          generate_selections(trained_like(), 16, 128, 1, ps.cached, ps.n, uint64_t(s) + 1, ids.data());
+          cuda_check(cudaMemcpy(c.sets[size_t(s)].topk->p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
+                     "bench selections");
+        }
+        Row t = a;
+        t.mode = "eager, trained-like selections";
+        t.us = time_it(iters, sets, attn_fn(true), false, st);
+        emit(t, c);
+        if (ps.n == 8192 && ps.cached == 0) {
+          t.mode = "eager, trained-like selections, per-token kernel";
+          t.target_us = 0, t.target_note = "";
+          {
+            TuningEdit e([](cuda::Tuning& tu) { tu.attention.prefill_tiles = 0; });
+            t.us = time_it(std::min(iters, 50), sets, attn_fn(true), false, st);
+          }
+          emit(t, c);
         }
       }
       Row d{"dense prefill attention", shape, dt, "eager", 0, c.attn_flops(false) / rate * 1e6, "flops"};
