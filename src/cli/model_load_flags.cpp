@@ -22,9 +22,9 @@ void add_model_load_flags(Args& a) {
            "auto (the directory's safetensors) or dummy (random weights of the config's shapes and formats, "
            "made on the device; no weight file is read)",
            "auto")
-      .flag({"--no-side-stream"},
-            "CUDA: run each MoE layer's shared expert after its routing on one stream (default: beside it, on a "
-            "second stream)");
+      .flag({"--side-stream"},
+            "CUDA: run each MoE layer's shared expert beside its routing, on a second stream (default: after it, on "
+            "the step's one stream)");
 }
 
 model::LoadOptions model_load_options(const Args& a) {
@@ -34,7 +34,7 @@ model::LoadOptions model_load_options(const Args& a) {
   lo.cpu_fallback = a.get("--device") == "auto";
   lo.quantization = a.get("--quantization");
   lo.load_format = a.get("--load-format");
-  lo.side_stream = !a.get_flag("--no-side-stream");
+  lo.side_stream = a.get_flag("--side-stream");
   lo.progress = load_progress_printer("loading weights");
   return lo;
 }

@@ -45,10 +45,10 @@ struct LoadOptions {
   // CUDA: the weights must fit in this fraction of the device's memory (what other processes
   // hold counts against it); checked before anything is allocated.
   double gpu_memory_utilization = 0.9;
-  // CUDA: each MoE layer's shared expert runs on a second stream beside the layer's routing
-  // (joined before the routed experts; the same ops on the same inputs, so the same results);
-  // false (--no-side-stream): after the routing on the one stream.
-  bool side_stream = true;
+  // CUDA (--side-stream): each MoE layer's shared expert runs on a second stream beside the
+  // layer's routing (joined before the routed experts; the same ops on the same inputs, so the
+  // same results); false: after the routing on the one stream. Off until timed on a GPU.
+  bool side_stream = false;
   // Called as weights reach the device: bytes done, bytes in all.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
