@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "engine/single_sequence.h"
 #include "kernels/bench/selections.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "model/locate.h"
 #include "model/model.h"
@@ -35,12 +36,11 @@ struct Shape {
 };
 
 // Top-`topk` blocks of positions [pos0, pos0 + n) of one head, as the indexer chooses them (max
-// over a block's causal keys, forced local and init blocks, ties to the lower id), into
-// out[(pos - pos0) * topk ...]. q: [n, dim] (token stride q_stride), k: [pos0 + n, dim].
+// over a block's causal keys, forced local and init blocks, then the CPU indexer's own top-k and
+// tie rule), into out[(pos - pos0) * topk ...]. q: [n, dim] (token stride q_stride), k: [pos0 + n, dim].
 void select_rows(const Shape& s, const float* q, int64_t q_stride, const float* k, int pos0, int n, int32_t* out) {
   auto work = [&](int i0, int i1) {
     std::vector<float> score;
-    std::vector<int32_t> ids;
     for (int i = i0; i < i1; ++i) {
       const int pos = pos0 + i, n_blk = pos / s.block_size + 1;
       score.assign(size_t(n_blk), -INFINITY);
@@ -55,13 +55,7 @@ void select_rows(const Shape& s, const float* q, int64_t q_stride, const float* 
       for (int b = 0; b < n_blk; ++b)
         if (b >= n_blk - s.local_blocks) score[size_t(b)] = 2e30f;
         else if (b < s.init_blocks) score[size_t(b)] = 1e30f;
-      ids.resize(size_t(n_blk));
-      for (int b = 0; b < n_blk; ++b) ids[size_t(b)] = b;
-      const int kk = std::min(s.topk, n_blk);
-      std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(), [&](int32_t a, int32_t b) {
-        return score[size_t(a)] != score[size_t(b)] ? score[size_t(a)] > score[size_t(b)] : a < b;
-      });
-      for (int t = 0; t < s.topk; ++t) out[size_t(i) * s.topk + t] = t < kk ? ids[size_t(t)] : -1;
+      cpu::select_topk_blocks(score.data(), n_blk, s.topk, out + size_t(i) * s.topk);
     }
   };
   const int nt = std::max(1u, std::thread::hardware_concurrency());

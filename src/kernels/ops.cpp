@@ -85,12 +85,13 @@ void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
 void attention(const AttentionParams& p, const Stream& s) { SIEVE_DISPATCH(attention, p, s); }
 void indexer(const IndexerParams& p, const Stream& s) {
   SIEVE_DISPATCH(indexer, p, s);
+  if (!s.device.is_cpu()) return;  // the tap sees CPU selections only: no lock on the GPU path
   std::shared_ptr<const IndexerTap> tap;
   {
     std::lock_guard lk(g_observer_mu);
     tap = g_indexer_tap;
   }
-  if (tap && s.device.is_cpu()) (*tap)(p);
+  if (tap) (*tap)(p);
 }
 
 void set_indexer_tap(IndexerTap fn) {
