@@ -140,17 +140,18 @@ struct MoeTuning {
   int fp8_stream_kblocks = 0;
   // Programmatic dependent launch along the stream path's kernels.
   bool fp8_pdl = true;
-  // The next three: off until timed on a GPU (compiled and parity-tested on the CPU build only).
+  // The next three: on (H100, 32 tokens: 515 -> 510 us at TP4, 289 -> 283 at TP8; 1 token
+  // 64.8 -> 58.4 / 58.1 -> 51.8 us; docs/performance.md "MoE experts, FP8 weights").
   // Stream path with fp8_pdl: the sort launched with programmatic dependent launch too, its
   // checks and writes of the map cache's maps (which do not depend on the routing) before it
   // waits for moe_route.
-  bool fp8_sort_pdl = false;
+  bool fp8_sort_pdl = true;
   // The sort's prefix over the experts by warp scans (false: one thread's serial loop).
-  bool fp8_sort_scan = false;
+  bool fp8_sort_scan = true;
   // The experts' weight tensor maps kept per weight set (device memory keyed by the pointer
   // arrays and shapes, first made outside stream capture) and rewritten by the sort only where an
   // expert's address changed, instead of all 2 x experts maps written every call.
-  bool fp8_map_cache = false;
+  bool fp8_map_cache = true;
   // Stream kernels: the k split picked by the kernel from the row blocks the sort found, for the
   // least time of the busiest persistent CTA (moe_fp8_work.h pick_ksplit), up to this many splits
   // (bounded by a 32 MiB partial-sum buffer; 0: the host's rule above), at up to 32 token rows a
