@@ -113,6 +113,9 @@ const std::vector<Field>& fields() {
       Field{"moe.route_fused_max_tokens",
             [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },
             [](const Tuning& t) { return std::to_string(t.moe.route_fused_max_tokens); }},
+      Field{"moe.route_splitk_max_tokens",
+            [](Tuning& t, const std::string& v) { t.moe.route_splitk_max_tokens = parse_int("moe.route_splitk_max_tokens", v); },
+            [](const Tuning& t) { return std::to_string(t.moe.route_splitk_max_tokens); }},
   };
   return f;
 }
