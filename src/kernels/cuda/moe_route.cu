@@ -11,9 +11,11 @@
 // an expert group (an arrival counter) sums its slices in slice order into the logits, and the
 // last group to finish routes every token. The sums' order is fixed, so the result does not
 // depend on which CTA finishes last; it differs from the CPU's (fp32 products and sums in
-// run_matmul's order) by rounding, so near ties may pick differently. Larger batches (F32 x) run
-// the GEMM through matmul (cuBLAS, fp32) into a scratch row block, then the routing kernel; BF16
-// x always takes the fused kernel.
+// run_matmul's order) by rounding, so near ties may pick differently. Otherwise F32 x up to
+// MoeTuning::route_splitk_max_tokens tokens takes the split-K router GEMM (moe_route_splitk_kernel)
+// and a routing kernel that sums its slices first; larger batches run the GEMM through matmul
+// (cuBLAS, fp32) into a scratch row block, then the routing kernel; BF16 x always takes the
+// fused kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -193,7 +195,6 @@ __global__ void __launch_bounds__(256) moe_route_fused_kernel(ops::MoeRouteParam
   for (int64_t t = warp; t < T; t += blockDim.x / 32) route_token(p, logits + t * E, t, lane);
 }
 
-
 // Split-K router GEMM (F32 x, decode): grid (slices of kSkCols hidden columns, groups of 32
 // experts), 8 warps. Lane l holds expert 32 g + l's weights over the warp's kSkCols / 8 columns
 // in registers (loaded before pdl_wait); the tokens' x slice is staged in shared memory
@@ -251,6 +252,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) moe_route_splitk_kernel(ops::Mo
     __syncthreads();
 #pragma unroll
     for (int tt = 0; tt < kSkTokens; ++tt) {
+      if (t0 + tt >= T) break;  // the last chunk's missing tokens (uniform across the CTA)
       float acc = 0.0f;
 #pragma unroll
       for (int j = 0; j < kSkWarpCols; j += 4) {
