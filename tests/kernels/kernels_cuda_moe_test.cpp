@@ -333,10 +333,11 @@ TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {
 // of the CPU's pick at that rank (the logits' fp32 sums run in another order); with `ties`
 // (experts whose router rows are identical) exactly the CPU's. Weights within 1e-4 relative.
 // id_offset: ids written less it (expert parallelism), on both sides. splitk_max:
-// MoeTuning::route_splitk_max_tokens (F32 x). with_bias false: no correction bias.
+// MoeTuning::route_splitk_max_tokens (F32 x), splitk_warps its route_splitk_warps. with_bias
+// false: no correction bias.
 void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool ties, int64_t fused_max, uint64_t seed,
-                          int id_offset = 0, int64_t splitk_max = 0, bool with_bias = true) {
-  SCOPED_TRACE("split-K up to " + std::to_string(splitk_max) + (with_bias ? " bias" : " no bias") + " id_offset " +
+                          int id_offset = 0, int64_t splitk_max = 0, bool with_bias = true, int splitk_warps = 8) {
+  SCOPED_TRACE("split-K (" + std::to_string(splitk_warps) + " warps) up to " + std::to_string(splitk_max) + (with_bias ? " bias" : " no bias") + " id_offset " +
                std::to_string(id_offset) + " " + "T " + std::to_string(T) + " H " + std::to_string(H) + " E " + std::to_string(E) + " K " +
                std::to_string(K) + " x " + name(xt) + (ties ? " ties" : "") + " fused up to " + std::to_string(fused_max));
   Rng rng(seed);
@@ -375,6 +376,7 @@ void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool tie
     cuda::MoeTuning m;
     m.route_fused_max_tokens = fused_max;
     m.route_splitk_max_tokens = splitk_max;
+    m.route_splitk_warps = splitk_warps;
     cuda::TuningScope scope(with_moe(m));
     ops::moe_route(p, gpu_stream());
   }
@@ -436,6 +438,10 @@ TEST(CudaMoeRoute, SplitKRouterGemm) {
   gpu_fused_route_case(65, 6144, 128, 4, f, false, 0, seed++, 0, 64);   // past the limit: matmul
   gpu_fused_route_case(32, 6144, 128, 4, f, false, 0, seed++, 0, 128);  // a larger limit
   gpu_fused_route_case(100, 6144, 128, 8, f, false, 0, seed++, 0, 128);
+  // Four warps a CTA (slices of 64).
+  for (int64_t T : {1, 33, 64}) gpu_fused_route_case(T, 6144, 128, 4, f, false, 0, seed++, 0, 64, T != 33, 4);
+  gpu_fused_route_case(17, 301, 72, 8, f, false, 0, seed++, 0, 64, true, 4);
+  gpu_fused_route_case(20, 6144, 128, 4, f, true, 0, seed++, 0, 64, true, 4);
 }
 
 }  // namespace

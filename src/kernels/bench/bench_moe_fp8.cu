@@ -122,13 +122,16 @@ void run_route(const Options& opt, const Env& env, const std::function<void(cons
     p.ids = static_cast<int32_t*>(ids.p), p.weights = static_cast<float*>(w.p);
     cuda_check(cudaDeviceSynchronize(), "bench inputs");
     const double floor_us = double(E * H) * 4 / (env.copy_gbps * 1e9) * 1e6;
-    // 0: fused, 1: split-K router GEMM + summing routing kernel (the default), 2: cuBLAS + routing.
-    for (int mode : {0, 1, 2}) {
+    // 0: fused, 1: split-K router GEMM (8 warps a CTA, the default) + summing routing kernel, 2:
+    // the same with 4 warps a CTA, 3: cuBLAS + routing.
+    for (int mode : {0, 1, 2, 3}) {
       cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
         m.route_fused_max_tokens = mode == 0 ? 64 : 0;
-        m.route_splitk_max_tokens = mode == 1 ? 64 : 0;
+        m.route_splitk_max_tokens = mode == 1 || mode == 2 ? 64 : 0;
+        m.route_splitk_warps = mode == 2 ? 4 : 8;
       }));
-      static constexpr const char* kModes[] = {"fused (one kernel), ", "split-K + routing, ", "matmul + routing, "};
+      static constexpr const char* kModes[] = {"fused (one kernel), ", "split-K 8 warps + routing, ",
+                                               "split-K 4 warps + routing, ", "matmul + routing, "};
       Row r{kKernel, shape, "f32", std::string(kModes[mode]) + kBatchMode, 0, floor_us, "bytes"};
       r.runs = opt.iters, r.input_sets = 1;
       r.us = time_it(opt.iters, 1, [&](int, cudaStream_t s) { cuda::run_moe_route(p, s); }, true, st, kGraphBatch);

@@ -195,21 +195,22 @@ __global__ void __launch_bounds__(256) moe_route_fused_kernel(ops::MoeRouteParam
   for (int64_t t = warp; t < T; t += blockDim.x / 32) route_token(p, logits + t * E, t, lane);
 }
 
-// Split-K router GEMM (F32 x, decode): grid (slices of kSkCols hidden columns, groups of 32
-// experts), 8 warps. Lane l holds expert 32 g + l's weights over the warp's kSkCols / 8 columns
-// in registers (loaded before pdl_wait); the tokens' x slice is staged in shared memory
-// kSkTokens at a time and read as broadcasts (every lane the same address), so a warp does 16
-// FMAs a token for 4 shared loads. The 8 warps' sums meet in shared memory and are added in warp
-// order into partial [slices, tokens, E]; moe_route_sum_kernel adds the slices in slice order and
-// routes. Every sum has a fixed order: the result does not depend on scheduling.
-constexpr int kSkCols = 128;
-constexpr int kSkWarps = 8;
-constexpr int kSkWarpCols = kSkCols / kSkWarps;  // 16
+// Split-K router GEMM (F32 x, decode): grid (slices of 16 x kWarps hidden columns, groups of 32
+// experts), kWarps warps (8, or 4 for twice the CTAs: MoeTuning::route_splitk_warps). Lane l
+// holds expert 32 g + l's weights over its warp's 16 columns in registers (loaded before
+// pdl_wait); the tokens' x slice is staged in shared memory kSkTokens at a time and read as
+// broadcasts (every lane the same address), so a warp does 16 FMAs a token for 4 shared loads.
+// The warps' sums meet in shared memory and are added in warp order into partial [slices,
+// tokens, E]; moe_route_sum_kernel adds the slices in slice order and routes. Every sum has a
+// fixed order: the result does not depend on scheduling.
+constexpr int kSkWarpCols = 16;
 constexpr int kSkTokens = 16;
 
-__global__ void __launch_bounds__(kSkWarps * 32) moe_route_splitk_kernel(ops::MoeRouteParams p, float* partial, bool vec) {
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) moe_route_splitk_kernel(ops::MoeRouteParams p, float* partial, bool vec) {
+  constexpr int kSkCols = kWarps * kSkWarpCols;
   __shared__ __align__(16) float xs[kSkTokens][kSkCols];
-  __shared__ float red[kSkWarps][kSkTokens][32];
+  __shared__ float red[kWarps][kSkTokens][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int E = p.num_experts;
   const int64_t T = p.num_tokens, H = p.hidden;
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) moe_route_splitk_kernel(ops::Mo
       if (t >= T || ee >= E) continue;
       float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kSkWarps; ++w) sum += red[w][tt][el];
+      for (int w = 0; w < kWarps; ++w) sum += red[w][tt][el];
       partial[(int64_t(s) * T + t) * E + ee] = sum;
     }
   }
@@ -327,7 +328,9 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   const int64_t S = (p.hidden + kSlice - 1) / kSlice, G = (E + kGroupExperts - 1) / kGroupExperts;
   if (S > 65535 || G > 65535) return false;
   const bool fused = T <= tuning().moe.route_fused_max_tokens || p.x_dtype == DType::BF16;
-  const int64_t sk_slices = (p.hidden + kSkCols - 1) / kSkCols, sk_groups = (E + 31) / 32;
+  const int sk_warps = tuning().moe.route_splitk_warps == 4 ? 4 : 8;
+  const int64_t sk_cols = sk_warps * kSkWarpCols;
+  const int64_t sk_slices = (p.hidden + sk_cols - 1) / sk_cols, sk_groups = (E + 31) / 32;
   const bool splitk = !fused && T <= tuning().moe.route_splitk_max_tokens && sk_slices <= 65535 && sk_groups <= 65535 &&
                       T <= INT_MAX;
   // Scratch: [logits T x E][fused, split-K: partial S x T x E], in the MoE scratch (moe_experts,
@@ -339,8 +342,9 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
     auto* partial = reinterpret_cast<float*>(base + logit_bytes);
     const bool vec = p.hidden % 4 == 0 && p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(p.gate) % 16 == 0;
-    launch_pdl(pdl, moe_route_splitk_kernel, dim3(unsigned(sk_slices), unsigned(sk_groups)), dim3(kSkWarps * 32), 0, st,
-               "moe_route (split-K router GEMM)", p, partial, vec);
+    launch_pdl(pdl, sk_warps == 4 ? moe_route_splitk_kernel<4> : moe_route_splitk_kernel<8>,
+               dim3(unsigned(sk_slices), unsigned(sk_groups)), dim3(sk_warps * 32), 0, st, "moe_route (split-K router GEMM)",
+               p, partial, vec);
     launch_pdl(pdl, moe_route_sum_kernel, dim3(unsigned(T)), dim3(128), 0, st, "moe_route (split-K sum)", p,
                static_cast<const float*>(partial), int(sk_slices), logits);
     return true;

@@ -151,6 +151,9 @@ struct MoeTuning {
   // experts, partial sums added in a fixed order by the routing kernel) up to this many tokens
   // (0: never); larger batches run matmul (cuBLAS) then the routing kernel.
   long long route_splitk_max_tokens = 64;
+  // Warps a split-K CTA, 16 hidden columns each: 8 (slices of 128) or 4 (slices of 64, twice
+  // the CTAs and slices to add).
+  int route_splitk_warps = 8;
 };
 
 struct Tuning {
