@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_splitk_kernel(ops::MoeR
   const float* x = static_cast<const float*>(p.x);
   for (int64_t t0 = 0; t0 < T; t0 += kSkTokens) {
     __syncthreads();  // the previous chunk's xs and red are read
-    // Stage x[t0 .. t0 + 16, k0 .. k0 + 128) (zeros past the tokens and the hidden size).
+    // Stage x[t0 .. t0 + 16, k0 .. k0 + kSkCols) (zeros past the tokens and the hidden size).
     for (int i = threadIdx.x; i < kSkTokens * kSkCols / 4; i += blockDim.x) {
       const int tt = i / (kSkCols / 4), c = 4 * (i % (kSkCols / 4));
       const int64_t t = t0 + tt, k = k0 + c;
