@@ -444,5 +444,18 @@ TEST(CudaMoeRoute, SplitKRouterGemm) {
   gpu_fused_route_case(20, 6144, 128, 4, f, true, 0, seed++, 0, 64, true, 4);
 }
 
+// The split-K knobs through the bench's --tune names (no GPU needed).
+TEST(CudaMoeRoute, SplitKTuningFields) {
+  cuda::Tuning t;
+  EXPECT_EQ(t.moe.route_splitk_max_tokens, 64);
+  EXPECT_EQ(t.moe.route_splitk_warps, 8);
+  cuda::set_tuning_field(t, "moe.route_splitk_max_tokens", "0");
+  cuda::set_tuning_field(t, "moe.route_splitk_warps", "4");
+  EXPECT_EQ(t.moe.route_splitk_max_tokens, 0);
+  EXPECT_EQ(t.moe.route_splitk_warps, 4);
+  EXPECT_THROW(cuda::set_tuning_field(t, "moe.route_splitk_warps", "5"), Error);
+  EXPECT_EQ(t.moe.route_splitk_warps, 4);
+}
+
 }  // namespace
 }  // namespace sieve
