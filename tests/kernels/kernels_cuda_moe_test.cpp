@@ -522,10 +522,13 @@ TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {
 // ids: the CPU's, except that the GPU may pick another expert whose biased score is within 1e-5
 // of the CPU's pick at that rank (the logits' fp32 sums run in another order); with `ties`
 // (experts whose router rows are identical) exactly the CPU's. Weights within 1e-4 relative.
-// id_offset: ids written less it (expert parallelism), on both sides.
+// id_offset: ids written less it (expert parallelism), on both sides. splitk_max:
+// MoeTuning::route_splitk_max_tokens (F32 x), splitk_warps its route_splitk_warps. with_bias
+// false: no correction bias.
 void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool ties, int64_t fused_max, uint64_t seed,
-                          int id_offset = 0) {
-  SCOPED_TRACE("id_offset " + std::to_string(id_offset) + " " + "T " + std::to_string(T) + " H " + std::to_string(H) + " E " + std::to_string(E) + " K " +
+                          int id_offset = 0, int64_t splitk_max = 0, bool with_bias = true, int splitk_warps = 8) {
+  SCOPED_TRACE("split-K (" + std::to_string(splitk_warps) + " warps) up to " + std::to_string(splitk_max) + (with_bias ? " bias" : " no bias") + " id_offset " +
+               std::to_string(id_offset) + " " + "T " + std::to_string(T) + " H " + std::to_string(H) + " E " + std::to_string(E) + " K " +
                std::to_string(K) + " x " + name(xt) + (ties ? " ties" : "") + " fused up to " + std::to_string(fused_max));
   Rng rng(seed);
   const int64_t ldx = H + 4;
@@ -542,7 +545,8 @@ void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool tie
   std::vector<int32_t> ids(size_t(T * K), -7);
   std::vector<float> w(size_t(T * K), kNaN);
   ops::MoeRouteParams p;
-  p.x = x.data(), p.x_dtype = xt, p.hidden = H, p.ldx = ldx, p.gate = gate.data(), p.bias = bias.data();
+  p.x = x.data(), p.x_dtype = xt, p.hidden = H, p.ldx = ldx, p.gate = gate.data();
+  p.bias = with_bias ? bias.data() : nullptr;
   p.num_tokens = T, p.num_experts = E, p.topk = K, p.scaling = 2.0f;
   p.ids = ids.data(), p.weights = w.data();
   p.id_offset = id_offset;
@@ -557,10 +561,12 @@ void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool tie
   }
   Dev dx = Dev::of(x), dg = Dev::of(gate), db = Dev::of(bias), di = Dev::of(std::vector<int32_t>(ids.size(), -7)),
       dw = Dev::of(std::vector<float>(w.size(), kNaN));
-  p.x = dx.p(), p.gate = dg.as<float>(), p.bias = db.as<float>(), p.ids = di.as<int32_t>(), p.weights = dw.as<float>();
+  p.x = dx.p(), p.gate = dg.as<float>(), p.bias = with_bias ? db.as<float>() : nullptr, p.ids = di.as<int32_t>(), p.weights = dw.as<float>();
   {
     cuda::MoeTuning m;
     m.route_fused_max_tokens = fused_max;
+    m.route_splitk_max_tokens = splitk_max;
+    m.route_splitk_warps = splitk_warps;
     cuda::TuningScope scope(with_moe(m));
     ops::moe_route(p, gpu_stream());
   }
@@ -568,7 +574,7 @@ void gpu_fused_route_case(int64_t T, int64_t H, int E, int K, DType xt, bool tie
   for (int32_t& id : gi) id += id_offset;
   const std::vector<float> gw = dw.get<float>(w.size());
   auto score = [&](int64_t t, int e) {
-    return 1.0 / (1.0 + std::exp(-double(logits[size_t(t * E + e)]))) + double(bias[size_t(e)]);
+    return 1.0 / (1.0 + std::exp(-double(logits[size_t(t * E + e)]))) + (with_bias ? double(bias[size_t(e)]) : 0.0);
   };
   int bad = 0;
   for (int64_t t = 0; t < T && bad < 5; ++t) {
@@ -599,6 +605,46 @@ TEST(CudaMoeRoute, FusedRouterGemm) {
     gpu_fused_route_case(20, 520, 64, 4, xt, true, 0, seed++);  // ties, unfused (F32)
     gpu_fused_route_case(33, 6144, 128, 4, xt, false, 64, seed++, 32);  // rank 1 of 4, expert-parallel
   }
+}
+
+// The split-K router GEMM (F32 x, up to route_splitk_max_tokens tokens): whole and partial
+// slices of 128 columns and groups of 32 experts, unaligned x rows (scalar loads), bias or none.
+TEST(CudaMoeRoute, SplitKRouterGemm) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 3100;
+  const DType f = DType::F32;
+  for (int64_t T : {1, 3, 32, 33, 64}) {
+    for (bool b : {true, false}) {
+      gpu_fused_route_case(T, 6144, 128, 4, f, false, 0, seed++, 0, 64, b);
+      gpu_fused_route_case(T, 6144, 72, 8, f, false, 0, seed++, 0, 64, b);
+    }
+  }
+  gpu_fused_route_case(5, 300, 13, 3, f, false, 0, seed++, 0, 64);      // a partial slice, a partial group
+  gpu_fused_route_case(17, 301, 40, 4, f, false, 0, seed++, 0, 64);     // hidden % 4 != 0: scalar loads
+  gpu_fused_route_case(64, 1000, 130, 8, f, false, 0, seed++, 0, 64, false);
+  gpu_fused_route_case(20, 6144, 128, 4, f, true, 0, seed++, 0, 64);    // ties: exactly the CPU's
+  gpu_fused_route_case(20, 520, 64, 4, f, true, 0, seed++, 0, 64, false);
+  gpu_fused_route_case(33, 6144, 128, 4, f, false, 0, seed++, 32, 64);  // rank 1 of 4, expert-parallel
+  gpu_fused_route_case(65, 6144, 128, 4, f, false, 0, seed++, 0, 64);   // past the limit: matmul
+  gpu_fused_route_case(32, 6144, 128, 4, f, false, 0, seed++, 0, 128);  // a larger limit
+  gpu_fused_route_case(100, 6144, 128, 8, f, false, 0, seed++, 0, 128);
+  // Four warps a CTA (slices of 64).
+  for (int64_t T : {1, 33, 64}) gpu_fused_route_case(T, 6144, 128, 4, f, false, 0, seed++, 0, 64, T != 33, 4);
+  gpu_fused_route_case(17, 301, 72, 8, f, false, 0, seed++, 0, 64, true, 4);
+  gpu_fused_route_case(20, 6144, 128, 4, f, true, 0, seed++, 0, 64, true, 4);
+}
+
+// The split-K knobs through the bench's --tune names (no GPU needed).
+TEST(CudaMoeRoute, SplitKTuningFields) {
+  cuda::Tuning t;
+  EXPECT_EQ(t.moe.route_splitk_max_tokens, 64);
+  EXPECT_EQ(t.moe.route_splitk_warps, 8);
+  cuda::set_tuning_field(t, "moe.route_splitk_max_tokens", "0");
+  cuda::set_tuning_field(t, "moe.route_splitk_warps", "4");
+  EXPECT_EQ(t.moe.route_splitk_max_tokens, 0);
+  EXPECT_EQ(t.moe.route_splitk_warps, 4);
+  EXPECT_THROW(cuda::set_tuning_field(t, "moe.route_splitk_warps", "5"), Error);
+  EXPECT_EQ(t.moe.route_splitk_warps, 4);
 }
 
 }  // namespace

@@ -100,8 +100,9 @@ double measure_fp8_tflops(cudaStream_t st) {
 
 }  // namespace
 
-// moe_route with the router GEMM (fp32 router weight [128, 6144], fp32 x), fused into one kernel
-// against matmul (cuBLAS fp32) + the routing kernel; floor: the router weight read once.
+// moe_route with the router GEMM (fp32 router weight [128, 6144], fp32 x): fused into one kernel,
+// split over K (two kernels) and matmul (cuBLAS fp32) + the routing kernel; floor: the router
+// weight read once.
 void run_route(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row, cudaStream_t st) {
   constexpr const char* kKernel = "moe route + router gemm";
   if (!opt.rows.empty() && std::string(kKernel).find(opt.rows) == std::string::npos) return;
@@ -122,10 +123,17 @@ void run_route(const Options& opt, const Env& env, const std::function<void(cons
     p.ids = static_cast<int32_t*>(ids.p), p.weights = static_cast<float*>(w.p);
     cuda_check(cudaDeviceSynchronize(), "bench inputs");
     const double floor_us = double(E * H) * 4 / (env.copy_gbps * 1e9) * 1e6;
-    for (int fused : {1, 0}) {
-      cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) { m.route_fused_max_tokens = fused ? 64 : 0; }));
-      Row r{kKernel, shape, "f32", std::string(fused ? "fused (one kernel), " : "matmul + routing, ") + kBatchMode, 0,
-            floor_us, "bytes"};
+    // 0: fused, 1: split-K router GEMM (8 warps a CTA, the default) + summing routing kernel, 2:
+    // the same with 4 warps a CTA, 3: cuBLAS + routing.
+    for (int mode : {0, 1, 2, 3}) {
+      cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
+        m.route_fused_max_tokens = mode == 0 ? 64 : 0;
+        m.route_splitk_max_tokens = mode == 1 || mode == 2 ? 64 : 0;
+        m.route_splitk_warps = mode == 2 ? 4 : 8;
+      }));
+      static constexpr const char* kModes[] = {"fused (one kernel), ", "split-K 8 warps + routing, ",
+                                               "split-K 4 warps + routing, ", "matmul + routing, "};
+      Row r{kKernel, shape, "f32", std::string(kModes[mode]) + kBatchMode, 0, floor_us, "bytes"};
       r.runs = opt.iters, r.input_sets = 1;
       r.us = time_it(opt.iters, 1, [&](int, cudaStream_t s) { cuda::run_moe_route(p, s); }, true, st, kGraphBatch);
       on_row(r);

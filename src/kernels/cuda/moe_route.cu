@@ -11,9 +11,11 @@
 // an expert group (an arrival counter) sums its slices in slice order into the logits, and the
 // last group to finish routes every token. The sums' order is fixed, so the result does not
 // depend on which CTA finishes last; it differs from the CPU's (fp32 products and sums in
-// run_matmul's order) by rounding, so near ties may pick differently. Larger batches (F32 x) run
-// the GEMM through matmul (cuBLAS, fp32) into a scratch row block, then the routing kernel; BF16
-// x always takes the fused kernel.
+// run_matmul's order) by rounding, so near ties may pick differently. Otherwise F32 x up to
+// MoeTuning::route_splitk_max_tokens tokens takes the split-K router GEMM (moe_route_splitk_kernel)
+// and a routing kernel that sums its slices first; larger batches run the GEMM through matmul
+// (cuBLAS, fp32) into a scratch row block, then the routing kernel; BF16 x always takes the
+// fused kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -193,6 +195,116 @@ __global__ void __launch_bounds__(256) moe_route_fused_kernel(ops::MoeRouteParam
   for (int64_t t = warp; t < T; t += blockDim.x / 32) route_token(p, logits + t * E, t, lane);
 }
 
+// Split-K router GEMM (F32 x, decode): grid (slices of 16 x kWarps hidden columns, groups of 32
+// experts), kWarps warps (8, or 4 for twice the CTAs: MoeTuning::route_splitk_warps). Lane l
+// holds expert 32 g + l's weights over its warp's 16 columns in registers (loaded before
+// pdl_wait); the tokens' x slice is staged in shared memory kSkTokens at a time and read as
+// broadcasts (every lane the same address), so a warp does 16 FMAs a token for 4 shared loads.
+// The warps' sums meet in shared memory and are added in warp order into partial [slices,
+// tokens, E]; moe_route_sum_kernel adds the slices in slice order and routes. Every sum has a
+// fixed order: the result does not depend on scheduling.
+constexpr int kSkWarpCols = 16;
+constexpr int kSkTokens = 16;
+
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) moe_route_splitk_kernel(ops::MoeRouteParams p, float* partial, bool vec) {
+  constexpr int kSkCols = kWarps * kSkWarpCols;
+  __shared__ __align__(16) float xs[kSkTokens][kSkCols];
+  __shared__ float red[kWarps][kSkTokens][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int E = p.num_experts;
+  const int64_t T = p.num_tokens, H = p.hidden;
+  const int s = blockIdx.x, g = blockIdx.y;
+  const int e = g * 32 + lane;
+  const int64_t k0 = int64_t(s) * kSkCols;
+  const int64_t kw = k0 + warp * kSkWarpCols;
+  pdl_trigger();
+  float wv[kSkWarpCols];
+  if (e < E && vec && kw + kSkWarpCols <= H) {
+    const float4* src = reinterpret_cast<const float4*>(p.gate + int64_t(e) * H + kw);
+#pragma unroll
+    for (int j = 0; j < kSkWarpCols / 4; ++j) {
+      const float4 f = __ldg(src + j);
+      wv[4 * j] = f.x, wv[4 * j + 1] = f.y, wv[4 * j + 2] = f.z, wv[4 * j + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kSkWarpCols; ++j) wv[j] = e < E && kw + j < H ? p.gate[int64_t(e) * H + kw + j] : 0.0f;
+  }
+  pdl_wait();
+  const float* x = static_cast<const float*>(p.x);
+  for (int64_t t0 = 0; t0 < T; t0 += kSkTokens) {
+    __syncthreads();  // the previous chunk's xs and red are read
+    // Stage x[t0 .. t0 + 16, k0 .. k0 + kSkCols) (zeros past the tokens and the hidden size).
+    for (int i = threadIdx.x; i < kSkTokens * kSkCols / 4; i += blockDim.x) {
+      const int tt = i / (kSkCols / 4), c = 4 * (i % (kSkCols / 4));
+      const int64_t t = t0 + tt, k = k0 + c;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (t < T) {
+        if (vec && k + 4 <= H) {
+          unpack_f32x4(__ldg(reinterpret_cast<const float4*>(x + t * p.ldx + k)), v);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) v[q] = k + q < H ? x[t * p.ldx + k + q] : 0.0f;
+        }
+      }
+      *reinterpret_cast<float4*>(&xs[tt][c]) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int tt = 0; tt < kSkTokens; ++tt) {
+      if (t0 + tt >= T) break;  // the last chunk's missing tokens (uniform across the CTA)
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSkWarpCols; j += 4) {
+        const float4 xv = *reinterpret_cast<const float4*>(&xs[tt][warp * kSkWarpCols + j]);
+        acc = fmaf(xv.x, wv[j], acc);
+        acc = fmaf(xv.y, wv[j + 1], acc);
+        acc = fmaf(xv.z, wv[j + 2], acc);
+        acc = fmaf(xv.w, wv[j + 3], acc);
+      }
+      red[warp][tt][lane] = acc;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kSkTokens * 32; i += blockDim.x) {
+      const int tt = i / 32, el = i % 32;
+      const int64_t t = t0 + tt;
+      const int ee = g * 32 + el;
+      if (t >= T || ee >= E) continue;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += red[w][tt][el];
+      partial[(int64_t(s) * T + t) * E + ee] = sum;
+    }
+  }
+}
+
+// After moe_route_splitk_kernel: a CTA a token adds its partial logits over the S slices in slice
+// order into logits, then its first warp routes the token.
+__global__ void __launch_bounds__(128) moe_route_sum_kernel(ops::MoeRouteParams p, const float* partial, int S, float* logits) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t t = blockIdx.x, T = p.num_tokens;
+  const int E = p.num_experts;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float* src = partial + t * E + e;
+    float sum = 0.0f;
+    int k = 0;
+    for (; k + 16 <= S; k += 16) {  // 16 loads in flight, added in order
+      float v[16];
+#pragma unroll
+      for (int q = 0; q < 16; ++q) v[q] = __ldcg(src + int64_t(k + q) * T * E);
+#pragma unroll
+      for (int q = 0; q < 16; ++q) sum += v[q];
+    }
+    for (; k < S; ++k) sum += __ldcg(src + int64_t(k) * T * E);
+    logits[t * E + e] = sum;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x < 32) route_token(p, logits + t * E, t, threadIdx.x);
+}
+
 }  // namespace
 
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
@@ -216,9 +328,27 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   const int64_t S = (p.hidden + kSlice - 1) / kSlice, G = (E + kGroupExperts - 1) / kGroupExperts;
   if (S > 65535 || G > 65535) return false;
   const bool fused = T <= tuning().moe.route_fused_max_tokens || p.x_dtype == DType::BF16;
-  // Scratch: [logits T x E][fused: partial S x T x E], in the MoE scratch (moe_experts, which
-  // reuses it, runs after the routing on the stream).
+  const int sk_warps = tuning().moe.route_splitk_warps == 4 ? 4 : 8;
+  const int64_t sk_cols = sk_warps * kSkWarpCols;
+  const int64_t sk_slices = (p.hidden + sk_cols - 1) / sk_cols, sk_groups = (E + 31) / 32;
+  const bool splitk = !fused && T <= tuning().moe.route_splitk_max_tokens && sk_slices <= 65535 && sk_groups <= 65535 &&
+                      T <= INT_MAX;
+  // Scratch: [logits T x E][fused, split-K: partial S x T x E], in the MoE scratch (moe_experts,
+  // which reuses it, runs after the routing on the stream).
   const size_t logit_bytes = (size_t(T * E) * 4 + 255) / 256 * 256;
+  if (splitk) {
+    auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, logit_bytes + size_t(sk_slices * T * E) * 4));
+    auto* logits = reinterpret_cast<float*>(base);
+    auto* partial = reinterpret_cast<float*>(base + logit_bytes);
+    const bool vec = p.hidden % 4 == 0 && p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(p.gate) % 16 == 0;
+    launch_pdl(pdl, sk_warps == 4 ? moe_route_splitk_kernel<4> : moe_route_splitk_kernel<8>,
+               dim3(unsigned(sk_slices), unsigned(sk_groups)), dim3(sk_warps * 32), 0, st, "moe_route (split-K router GEMM)",
+               p, partial, vec);
+    launch_pdl(pdl, moe_route_sum_kernel, dim3(unsigned(T)), dim3(128), 0, st, "moe_route (split-K sum)", p,
+               static_cast<const float*>(partial), int(sk_slices), logits);
+    return true;
+  }
   auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, logit_bytes + (fused ? size_t(S * T * E) * 4 : 0)));
   auto* logits = reinterpret_cast<float*>(base);
   if (fused) {

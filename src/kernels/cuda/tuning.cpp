@@ -119,6 +119,16 @@ const std::vector<Field>& fields() {
       Field{"moe.route_fused_max_tokens",
             [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },
             [](const Tuning& t) { return std::to_string(t.moe.route_fused_max_tokens); }},
+      Field{"moe.route_splitk_max_tokens",
+            [](Tuning& t, const std::string& v) { t.moe.route_splitk_max_tokens = parse_int("moe.route_splitk_max_tokens", v); },
+            [](const Tuning& t) { return std::to_string(t.moe.route_splitk_max_tokens); }},
+      Field{"moe.route_splitk_warps",
+            [](Tuning& t, const std::string& v) {
+              const long long w = parse_int("moe.route_splitk_warps", v);
+              if (w != 4 && w != 8) throw Error("tuning field moe.route_splitk_warps: \"" + v + "\" is not 4 or 8");
+              t.moe.route_splitk_warps = int(w);
+            },
+            [](const Tuning& t) { return std::to_string(t.moe.route_splitk_warps); }},
   };
   return f;
 }

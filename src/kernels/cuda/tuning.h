@@ -175,6 +175,13 @@ struct MoeTuning {
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
   // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
   long long route_fused_max_tokens = 0;
+  // moe_route, F32 x: the router GEMM split over hidden slices of 128 (a CTA a slice and 32
+  // experts, partial sums added in a fixed order by the routing kernel) up to this many tokens
+  // (0: never); larger batches run matmul (cuBLAS) then the routing kernel.
+  long long route_splitk_max_tokens = 64;
+  // Warps a split-K CTA, 16 hidden columns each: 8 (slices of 128) or 4 (slices of 64, twice
+  // the CTAs and slices to add).
+  int route_splitk_warps = 8;
 };
 
 struct Tuning {
