@@ -54,6 +54,11 @@ class Args {
   std::vector<std::string> positional_;
 };
 
+// --tune FIELD=VALUE,...: changes the CUDA kernels' tuning fields (kernels/cuda/tuning.h) for this
+// process, e.g. to A/B a knob in `bench kernels` or `bench step`; Error naming a bad item. Only in
+// builds with the CUDA backend (kernels_bench.cpp).
+void apply_tune_flag(const std::string& value);
+
 // The value of a --device option: `auto` (the first GPU when the build and the machine have one,
 // else the CPU), `cpu`, `cuda` or `cuda:N`. A GPU the machine lacks is a user error.
 Device parse_device(const std::string& value, const std::string& flag = "--device");

@@ -15,6 +15,22 @@
 #include "kernels/memory.h"
 #endif
 
+#ifdef SIEVE_HAVE_CUDA
+namespace sieve::cli {
+void apply_tune_flag(const std::string& value) {
+  cuda::Tuning t = cuda::tuning();
+  std::stringstream items(value);
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) throw Error("--tune: \"" + item + "\" is not FIELD=VALUE");
+    cuda::set_tuning_field(t, item.substr(0, eq), item.substr(eq + 1));
+  }
+  cuda::set_tuning(t);
+  std::fprintf(stderr, "tuning changed: %s\n", value.c_str());
+}
+}  // namespace sieve::cli
+#endif
+
 namespace {
 
 #ifdef SIEVE_HAVE_CUDA
@@ -39,6 +55,7 @@ std::string verdict(const sieve::kernels_bench::Row& r) {
 }
 #endif
 
+
 int run_bench_kernels(const std::vector<std::string>& argv) {
   sieve::cli::Args args("bench kernels", argv);
   args.opt({"--json"}, "PATH", "write all rows as JSON")
@@ -58,15 +75,7 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
       for (const auto& f : sieve::cuda::tuning_field_names()) std::printf("%s\n", f.c_str());
       return 0;
     }
-    sieve::cuda::Tuning t = sieve::cuda::tuning();
-    std::stringstream items(*tune);
-    for (std::string item; std::getline(items, item, ',');) {
-      const size_t eq = item.find('=');
-      if (eq == std::string::npos) throw sieve::Error("--tune: \"" + item + "\" is not FIELD=VALUE");
-      sieve::cuda::set_tuning_field(t, item.substr(0, eq), item.substr(eq + 1));
-    }
-    sieve::cuda::set_tuning(t);
-    std::printf("tuning changed: %s\n", tune->c_str());
+    sieve::cli::apply_tune_flag(*tune);
   }
   if (sieve::cuda_device_count() == 0) throw sieve::Error("bench kernels: no CUDA device");
   namespace kb = sieve::kernels_bench;

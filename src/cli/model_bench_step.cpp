@@ -357,6 +357,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
       .flag({"--host-sampling"},
             "the projections count sampling on the host (logits rows to the host, draws there; the draft's argmax "
             "there too) instead of the sample op on the device")
+      .opt({"--tune"}, "FIELD=VALUE,...", "change the CUDA kernels' tuning fields (as `bench kernels --tune`)")
       .flag({"--json"}, "print one JSON object");
   add_model_load_flags(a);
   add_parallel_flags(a);
@@ -374,6 +375,13 @@ int run_bench_step(const std::vector<std::string>& argv) {
   if (prefill < 0 || prefill > (1 << 20)) throw Error("--prefill must be in 0..1048576");
   if (iters < 1) throw Error("--iters must be at least 1");
   const bool print = !a.get_flag("--json");
+  if (auto tune = a.maybe("--tune")) {
+#ifdef SIEVE_HAVE_CUDA
+    apply_tune_flag(*tune);
+#else
+    throw Error("--tune: this build has no CUDA backend");
+#endif
+  }
   const bool host_sampling = a.get_flag("--host-sampling");
   const long long top_k = a.get_int("--top-k");
   const double top_p = a.get_double("--top-p");
