@@ -655,17 +655,23 @@ int run_bench_step(const std::vector<std::string>& argv) {
     const int64_t replays_before = vr.graph_stats().replayed;
     engine::HostLogits vlogits;
     Marks vmarks(dev, vr.stream().cuda_stream);  // (each runner has its own stream)
-    // Greedy verification (the target's argmax of every row) by the sample op on the device, and
-    // the draft's proposals with its argmax there too; for comparison the rows to the host and the
-    // host's draws (fewer steps: they only measure the copy).
-    const std::vector<ops::SampleRow> ver_rows(size_t(batch * rows),
-                                               ops::SampleRow{1.0, 0.0, int32_t(ops::SampleMode::Greedy), 0});
+    // Verification by the sample op on the device: greedy rows (the target's argmax of every row),
+    // or with --top-k the decode rows' filtered draw on every row (the engine keeps a draft token
+    // when the row's draw is it); the draft's proposals with its argmax there too. For comparison
+    // the rows to the host and the host's draws (fewer steps: they only measure the copy).
+    std::vector<ops::SampleRow> ver_rows(size_t(batch * rows), ops::SampleRow{1.0, 0.0, int32_t(ops::SampleMode::Greedy), 0});
+    if (top_k > 0)
+      for (size_t i = 0; i < ver_rows.size(); ++i) {
+        ops::SampleRow& r = ver_rows[i];
+        r = {1.0, (double(i) + 0.5) / double(ver_rows.size()), int32_t(ops::SampleMode::Filtered), int32_t(top_k)};
+        r.top_p = top_p;
+      }
     const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, vmarks, vlogits,
                                     host_sampling ? nullptr : &ver_rows);
     const bool v_graphs = vr.graph_stats().replayed > replays_before && vr.graph_stats().off_reason.empty();
     const StepTimes vt_host =
         host_sampling ? vt : time_steps(vr, ver.verify, nullptr, std::max(3LL, iters / 4), vmarks, vlogits);
-    const double v_sample = sampling_ms(workers, vlogits, V, batch, rows);
+    const double v_sample = sampling_ms(workers, vlogits, V, batch, rows, dec_params);
     const double v_sampling = host_sampling ? vt.logits_ms + v_sample : vt.logits_ms;
     memory_note("after the verification steps");
     StepShape vshape;
@@ -762,9 +768,10 @@ int run_bench_step(const std::vector<std::string>& argv) {
         std::printf("  %-22s %9.3f ms  (forward on the device; logits to host %.3f, draws %.3f, all-reduces %.3f)\n",
                     "verification step", vt.step_ms, vt.logits_ms, v_sample, v_comm);
       else
-        std::printf("  %-22s %9.3f ms  (forward on the device; greedy rows by the sample op + ids to host %.3f (op "
+        std::printf("  %-22s %9.3f ms  (forward on the device; %s rows by the sample op + ids to host %.3f (op "
                     "%.3f), all-reduces %.3f; on the host instead: logits to host %.3f + draws %.3f)\n",
-                    "verification step", vt.step_ms, vt.logits_ms, vt.op_ms, v_comm, vt_host.logits_ms, v_sample);
+                    "verification step", vt.step_ms, top_k > 0 ? "filtered" : "greedy", vt.logits_ms, vt.op_ms, v_comm,
+                    vt_host.logits_ms, v_sample);
       if (draft.draft)
         std::printf("  %-22s %9.3f ms  (%d passes on the device; propose %.3f ms with %s)\n", "draft passes",
                     vt.draft_ms, K, vt.propose_ms,
