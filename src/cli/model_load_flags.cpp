@@ -22,9 +22,10 @@ void add_model_load_flags(Args& a) {
            "auto (the directory's safetensors) or dummy (random weights of the config's shapes and formats, "
            "made on the device; no weight file is read)",
            "auto")
-      .flag({"--side-stream"},
-            "CUDA: run each MoE layer's shared expert beside its routing, on a second stream (default: after it, on "
-            "the step's one stream)");
+      .flag({"--side-stream"}, "CUDA: the default; kept for scripts that name it (see --no-side-stream)")
+      .flag({"--no-side-stream"},
+            "CUDA: run each MoE layer's shared expert after its routing on the step's one stream (default: beside "
+            "the routing on a second stream where the routing splits its router GEMM, decode batches)");
 }
 
 model::LoadOptions model_load_options(const Args& a) {
@@ -34,7 +35,9 @@ model::LoadOptions model_load_options(const Args& a) {
   lo.cpu_fallback = a.get("--device") == "auto";
   lo.quantization = a.get("--quantization");
   lo.load_format = a.get("--load-format");
-  lo.side_stream = a.get_flag("--side-stream");
+  if (a.get_flag("--side-stream") && a.get_flag("--no-side-stream"))
+    throw Error("--side-stream and --no-side-stream: give one");
+  lo.side_stream = !a.get_flag("--no-side-stream");
   lo.progress = load_progress_printer("loading weights");
   return lo;
 }

@@ -78,6 +78,15 @@ void rms_norm(const RmsNormParams& p, const Stream& s) { SIEVE_DISPATCH(rms_norm
 void add(const AddParams& p, const Stream& s) { SIEVE_DISPATCH(add, p, s); }
 void swiglu_oai(const SwigluOaiParams& p, const Stream& s) { SIEVE_DISPATCH(swiglu_oai, p, s); }
 void moe_route(const MoeRouteParams& p, const Stream& s) { SIEVE_DISPATCH(moe_route, p, s); }
+bool moe_route_splits(const MoeRouteParams& p, const Stream& s) {
+#ifdef SIEVE_HAVE_CUDA
+  return s.device.is_cuda() && cuda::moe_route_splits(p);
+#else
+  (void)p;
+  (void)s;
+  return false;
+#endif
+}
 void moe_experts(const MoeExpertsParams& p, const Stream& s) { SIEVE_DISPATCH(moe_experts, p, s); }
 void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
   SIEVE_DISPATCH(qkv_norm_rope_cache, p, s);

@@ -492,6 +492,11 @@ void rms_norm(const RmsNormParams& p, const Stream& s);
 void add(const AddParams& p, const Stream& s);
 void swiglu_oai(const SwigluOaiParams& p, const Stream& s);
 void moe_route(const MoeRouteParams& p, const Stream& s);
+// Whether moe_route(p, s) runs the split-K router GEMM (CUDA, F32 x, decode batches up to the
+// tuning field moe.route_splitk_max_tokens; docs/kernels.md "The router GEMM"); false on the CPU.
+// The model runs a MoE layer's shared expert beside the routing on its side stream only then:
+// the two together measured faster than either alone (docs/performance.md "The decode chain").
+bool moe_route_splits(const MoeRouteParams& p, const Stream& s);
 void moe_experts(const MoeExpertsParams& p, const Stream& s);
 void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s);
 void attention(const AttentionParams& p, const Stream& s);

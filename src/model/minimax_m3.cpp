@@ -369,7 +369,7 @@ class MiniMaxM3 final : public Model {
     // does not depend on the routing, so with a side stream it runs beside it (its kernels, its
     // buffers gate_up and act, and part, which nothing on the main stream touches until the
     // join); the same ops on the same inputs either way.
-    const bool beside = L.shared_gate_up.rows && side_ && stream_.cuda_stream;
+    const bool beside = L.shared_gate_up.rows && side_ && stream_.cuda_stream && ops::moe_route_splits(mr, stream_);
     if (beside) side_.fork(stream_.cuda_stream);
     ops::moe_route(mr, stream_);
     if (L.shared_gate_up.rows) {

@@ -45,11 +45,13 @@ struct LoadOptions {
   // CUDA: the weights must fit in this fraction of the device's memory (what other processes
   // hold counts against it); checked before anything is allocated.
   double gpu_memory_utilization = 0.9;
-  // CUDA (--side-stream): each MoE layer's shared expert runs on a second stream beside the
-  // layer's routing (joined before the routed experts; the same ops on the same inputs, so the
-  // same results); false: after the routing on the one stream. Off: slower on an H100 (the
-  // decode chain 117 vs 104 us).
-  bool side_stream = false;
+  // CUDA: each MoE layer's shared expert runs on a second stream beside the layer's routing
+  // (joined before the routed experts; the same ops on the same inputs, so the same results)
+  // where the routing runs its split-K router GEMM (ops::moe_route_splits: decode batches), after
+  // it on the one stream otherwise; false (--no-side-stream): always after it. On an H100, one
+  // TP8 rank's decode step took 22.36 ms with the two together against 22.75 ms with neither
+  // (the side stream without the split-K GEMM: 24.0 ms; docs/performance.md "The decode chain").
+  bool side_stream = true;
   // Called as weights reach the device: bytes done, bytes in all.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

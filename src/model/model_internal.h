@@ -11,6 +11,6 @@ namespace sieve::model {
 
 // group: the rank's communicator (null: no communication); side_stream: LoadOptions::side_stream.
 std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev,
-                                       ops::Collective* group, bool side_stream = false);
+                                       ops::Collective* group, bool side_stream = true);
 
 }  // namespace sieve::model

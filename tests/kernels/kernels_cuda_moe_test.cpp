@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "cuda_test_util.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/tuning.h"
 #include "moe_fp8_emulation.h"
@@ -637,7 +638,7 @@ TEST(CudaMoeRoute, SplitKRouterGemm) {
 // The split-K knobs through the bench's --tune names (no GPU needed).
 TEST(CudaMoeRoute, SplitKTuningFields) {
   cuda::Tuning t;
-  EXPECT_EQ(t.moe.route_splitk_max_tokens, 64);
+  EXPECT_EQ(t.moe.route_splitk_max_tokens, 32);
   EXPECT_EQ(t.moe.route_splitk_warps, 8);
   cuda::set_tuning_field(t, "moe.route_splitk_max_tokens", "0");
   cuda::set_tuning_field(t, "moe.route_splitk_warps", "4");
@@ -645,6 +646,33 @@ TEST(CudaMoeRoute, SplitKTuningFields) {
   EXPECT_EQ(t.moe.route_splitk_warps, 4);
   EXPECT_THROW(cuda::set_tuning_field(t, "moe.route_splitk_warps", "5"), Error);
   EXPECT_EQ(t.moe.route_splitk_warps, 4);
+}
+
+// ops::moe_route_splits (the model's side-stream rule) answers what run_moe_route picks: F32 x
+// with the router GEMM in the op, decode batches up to the limit, never BF16 x or given logits.
+TEST(CudaMoeRoute, SplitsAnswersThePath) {
+  float dummy = 0;
+  ops::MoeRouteParams p;
+  p.x = &dummy, p.x_dtype = DType::F32, p.hidden = 6144, p.ldx = 6144, p.gate = &dummy;
+  p.num_experts = 128, p.topk = 4;
+  cuda::MoeTuning m;
+  m.route_splitk_max_tokens = 32;
+  cuda::TuningScope scope(with_moe(m));
+  for (int64_t T : {1, 32}) {
+    p.num_tokens = T;
+    EXPECT_TRUE(cuda::moe_route_splits(p)) << T;
+  }
+  p.num_tokens = 33;
+  EXPECT_FALSE(cuda::moe_route_splits(p));
+  p.num_tokens = 8;
+  p.x_dtype = DType::BF16;
+  EXPECT_FALSE(cuda::moe_route_splits(p));
+  p.x_dtype = DType::F32;
+  p.logits = &dummy;
+  EXPECT_FALSE(cuda::moe_route_splits(p));
+  p.logits = nullptr;
+  p.num_experts = 2000;  // past the routing kernel's 1024
+  EXPECT_FALSE(cuda::moe_route_splits(p));
 }
 
 }  // namespace

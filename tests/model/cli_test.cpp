@@ -273,6 +273,19 @@ TEST(ModelCli, BenchStepSpeculationErrorsAreOneLine) {
   }
 }
 
+// The side stream is on by default; --no-side-stream turns it off, --side-stream (the default,
+// still accepted) beside it is one line and exit 2. On the CPU both run the one-stream order.
+TEST(ModelCli, SideStreamFlags) {
+  for (const char* flag : {" --side-stream", " --no-side-stream"}) {
+    testing::CliResult r = run_sieve(std::string(kGenerate) + " --device cpu" + flag);
+    EXPECT_EQ(r.rc, 0) << flag << ": " << r.out;
+  }
+  testing::CliResult r = run_sieve(std::string(kGenerate) + " --device cpu --side-stream --no-side-stream");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--no-side-stream"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("give one"), std::string::npos) << r.out;
+}
+
 TEST(ModelCli, Fp32CacheOnCudaIsRefused) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   testing::CliResult r = run_sieve(std::string(kGenerate) + " --device cuda --kv-cache-dtype fp32");

@@ -17,6 +17,7 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream);
 bool run_add(const ops::AddParams& p, void* stream);
 bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream);
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream);
+bool moe_route_splits(const ops::MoeRouteParams& p);  // ops::moe_route_splits
 bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream);
 bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p, void* stream);
 bool run_attention(const ops::AttentionParams& p, void* stream);

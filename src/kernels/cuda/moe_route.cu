@@ -305,7 +305,23 @@ __global__ void __launch_bounds__(128) moe_route_sum_kernel(ops::MoeRouteParams 
   if (threadIdx.x < 32) route_token(p, logits + t * E, t, threadIdx.x);
 }
 
+// The split-K router GEMM's rule (run_moe_route and ops::moe_route_splits): F32 x with the GEMM in
+// the op, decode batches up to moe.route_splitk_max_tokens, not the fused kernel's batches.
+bool takes_splitk(const ops::MoeRouteParams& p) {
+  if (p.logits || !p.x || !p.gate || p.x_dtype != DType::F32 || p.hidden <= 0) return false;
+  if (p.num_experts <= 0 || p.num_experts > kMaxExperts || p.topk <= 0 || p.topk > kMaxTopk) return false;
+  const int64_t T = p.num_tokens;
+  if (T <= 0 || T <= tuning().moe.route_fused_max_tokens || T > tuning().moe.route_splitk_max_tokens) return false;
+  const int64_t sk_cols = (tuning().moe.route_splitk_warps == 4 ? 4 : 8) * kSkWarpCols;
+  const int64_t slices = (p.hidden + sk_cols - 1) / sk_cols, groups = (p.num_experts + 31) / 32;
+  if (slices > 65535 || groups > 65535 || T > INT_MAX) return false;
+  const int64_t S = (p.hidden + kSlice - 1) / kSlice, G = (p.num_experts + kGroupExperts - 1) / kGroupExperts;
+  return S <= 65535 && G <= 65535;  // run_moe_route's own bounds before it picks a path
+}
+
 }  // namespace
+
+bool moe_route_splits(const ops::MoeRouteParams& p) { return takes_splitk(p); }
 
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   if (p.num_tokens <= 0) return true;
@@ -331,8 +347,7 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   const int sk_warps = tuning().moe.route_splitk_warps == 4 ? 4 : 8;
   const int64_t sk_cols = sk_warps * kSkWarpCols;
   const int64_t sk_slices = (p.hidden + sk_cols - 1) / sk_cols, sk_groups = (E + 31) / 32;
-  const bool splitk = !fused && T <= tuning().moe.route_splitk_max_tokens && sk_slices <= 65535 && sk_groups <= 65535 &&
-                      T <= INT_MAX;
+  const bool splitk = takes_splitk(p);
   // Scratch: [logits T x E][fused, split-K: partial S x T x E], in the MoE scratch (moe_experts,
   // which reuses it, runs after the routing on the stream).
   const size_t logit_bytes = (size_t(T * E) * 4 + 255) / 256 * 256;

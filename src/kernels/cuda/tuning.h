@@ -177,8 +177,12 @@ struct MoeTuning {
   long long route_fused_max_tokens = 0;
   // moe_route, F32 x: the router GEMM split over hidden slices of 128 (a CTA a slice and 32
   // experts, partial sums added in a fixed order by the routing kernel) up to this many tokens
-  // (0: never); larger batches run matmul (cuBLAS) then the routing kernel.
-  long long route_splitk_max_tokens = 64;
+  // (0: never); larger batches run matmul (cuBLAS) then the routing kernel. On an H100 (hidden
+  // 6144, 128 experts) alone 10.6 / 15.6 / 25.2 us at 1 / 32 / 64 tokens against 12.6 / 19.4 /
+  // 20.6 for matmul + routing, but within a TP8 decode step it pays only with the shared expert
+  // beside it on the side stream (LoadOptions::side_stream, which follows this rule through
+  // ops::moe_route_splits): step 22.36 ms against 22.75 with neither, 23.13 with split-K alone.
+  long long route_splitk_max_tokens = 32;
   // Warps a split-K CTA, 16 hidden columns each: 8 (slices of 128) or 4 (slices of 64, twice
   // the CTAs and slices to add).
   int route_splitk_warps = 8;
