@@ -521,16 +521,21 @@ int run_bench_step(const std::vector<std::string>& argv) {
   const double d_sample = sampling_ms(workers, logits, V, batch, 1, dec_params);
   // The engine's way: a draw per row by the sample op on the device (filtered with --top-k), the
   // ids to the host.
-  std::vector<ops::SampleRow> dec_rows(static_cast<size_t>(batch));
-  for (long long s = 0; s < batch; ++s) {
-    ops::SampleRow& r = dec_rows[size_t(s)];
-    r = {1.0, (double(s) + 0.5) / double(batch), int32_t(ops::SampleMode::Draw), 0};
-    if (top_k > 0) {
-      r.mode = int32_t(ops::SampleMode::Filtered);
-      r.top_k = int32_t(top_k);
-      r.top_p = top_p;
+  // n rows of draws by the sample op (filtered with --top-k), their uniforms spread over [0, 1).
+  auto drawn_rows = [&](size_t n) {
+    std::vector<ops::SampleRow> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      ops::SampleRow& r = out[i];
+      r = {1.0, (double(i) + 0.5) / double(n), int32_t(ops::SampleMode::Draw), 0};
+      if (top_k > 0) {
+        r.mode = int32_t(ops::SampleMode::Filtered);
+        r.top_k = int32_t(top_k);
+        r.top_p = top_p;
+      }
     }
-  }
+    return out;
+  };
+  const std::vector<ops::SampleRow> dec_rows = drawn_rows(size_t(batch));
   const StepTimes dec_dev = time_steps(graphed, dec, nullptr, iters, marks, logits, &dec_rows);
   memory_note("after the graphed decode steps");
   const auto dec_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, dec, cfg, co.dense, eager_marks);
@@ -659,13 +664,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
     // or with --top-k the decode rows' filtered draw on every row (the engine keeps a draft token
     // when the row's draw is it); the draft's proposals with its argmax there too. For comparison
     // the rows to the host and the host's draws (fewer steps: they only measure the copy).
-    std::vector<ops::SampleRow> ver_rows(size_t(batch * rows), ops::SampleRow{1.0, 0.0, int32_t(ops::SampleMode::Greedy), 0});
-    if (top_k > 0)
-      for (size_t i = 0; i < ver_rows.size(); ++i) {
-        ops::SampleRow& r = ver_rows[i];
-        r = {1.0, (double(i) + 0.5) / double(ver_rows.size()), int32_t(ops::SampleMode::Filtered), int32_t(top_k)};
-        r.top_p = top_p;
-      }
+    const std::vector<ops::SampleRow> ver_rows =
+        top_k > 0 ? drawn_rows(size_t(batch * rows))
+                  : std::vector<ops::SampleRow>(size_t(batch * rows), ops::SampleRow{1.0, 0.0, int32_t(ops::SampleMode::Greedy), 0});
     const StepTimes vt = time_steps(vr, ver.verify, spec_runner ? &ver.draft : nullptr, iters, vmarks, vlogits,
                                     host_sampling ? nullptr : &ver_rows);
     const bool v_graphs = vr.graph_stats().replayed > replays_before && vr.graph_stats().off_reason.empty();

@@ -306,22 +306,23 @@ __global__ void __launch_bounds__(128) moe_route_sum_kernel(ops::MoeRouteParams 
 }
 
 // The split-K router GEMM's rule (run_moe_route and ops::moe_route_splits): F32 x with the GEMM in
-// the op, decode batches up to moe.route_splitk_max_tokens, not the fused kernel's batches.
-bool takes_splitk(const ops::MoeRouteParams& p) {
-  if (p.logits || !p.x || !p.gate || p.x_dtype != DType::F32 || p.hidden <= 0) return false;
-  if (p.num_experts <= 0 || p.num_experts > kMaxExperts || p.topk <= 0 || p.topk > kMaxTopk) return false;
+// the op, decode batches up to moe.route_splitk_max_tokens, not the fused kernel's batches. The
+// hidden slices a call splits into, or 0 where it takes another path. (Slices of 64 or 128
+// columns within the grid's 65535 bound also keep the fused kernel's slices of 512 within it, and
+// kMaxExperts keeps the expert groups far below it.)
+int64_t splitk_slices(const ops::MoeRouteParams& p) {
+  if (p.logits || !p.x || !p.gate || p.x_dtype != DType::F32 || p.hidden <= 0) return 0;
+  if (p.num_experts <= 0 || p.num_experts > kMaxExperts || p.topk <= 0 || p.topk > kMaxTopk) return 0;
   const int64_t T = p.num_tokens;
-  if (T <= 0 || T <= tuning().moe.route_fused_max_tokens || T > tuning().moe.route_splitk_max_tokens) return false;
-  const int64_t sk_cols = (tuning().moe.route_splitk_warps == 4 ? 4 : 8) * kSkWarpCols;
-  const int64_t slices = (p.hidden + sk_cols - 1) / sk_cols, groups = (p.num_experts + 31) / 32;
-  if (slices > 65535 || groups > 65535 || T > INT_MAX) return false;
-  const int64_t S = (p.hidden + kSlice - 1) / kSlice, G = (p.num_experts + kGroupExperts - 1) / kGroupExperts;
-  return S <= 65535 && G <= 65535;  // run_moe_route's own bounds before it picks a path
+  if (T <= 0 || T <= tuning().moe.route_fused_max_tokens || T > tuning().moe.route_splitk_max_tokens) return 0;
+  const int64_t cols = (tuning().moe.route_splitk_warps == 4 ? 4 : 8) * kSkWarpCols;
+  const int64_t slices = (p.hidden + cols - 1) / cols;
+  return slices <= 65535 && T <= INT_MAX ? slices : 0;
 }
 
 }  // namespace
 
-bool moe_route_splits(const ops::MoeRouteParams& p) { return takes_splitk(p); }
+bool moe_route_splits(const ops::MoeRouteParams& p) { return splitk_slices(p) > 0; }
 
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   if (p.num_tokens <= 0) return true;
@@ -345,13 +346,11 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   if (S > 65535 || G > 65535) return false;
   const bool fused = T <= tuning().moe.route_fused_max_tokens || p.x_dtype == DType::BF16;
   const int sk_warps = tuning().moe.route_splitk_warps == 4 ? 4 : 8;
-  const int64_t sk_cols = sk_warps * kSkWarpCols;
-  const int64_t sk_slices = (p.hidden + sk_cols - 1) / sk_cols, sk_groups = (E + 31) / 32;
-  const bool splitk = takes_splitk(p);
+  const int64_t sk_slices = splitk_slices(p), sk_groups = (E + 31) / 32;
   // Scratch: [logits T x E][fused, split-K: partial S x T x E], in the MoE scratch (moe_experts,
   // which reuses it, runs after the routing on the stream).
   const size_t logit_bytes = (size_t(T * E) * 4 + 255) / 256 * 256;
-  if (splitk) {
+  if (sk_slices > 0) {
     auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, logit_bytes + size_t(sk_slices * T * E) * 4));
     auto* logits = reinterpret_cast<float*>(base);
     auto* partial = reinterpret_cast<float*>(base + logit_bytes);
