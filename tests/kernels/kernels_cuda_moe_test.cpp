@@ -82,6 +82,9 @@ TEST(CudaFp8Quantizer, BitExactWithCpu) {
 struct GpuRun {
   cuda::MoeTuning knobs;  // fp8_* and chunk_tokens
   std::string what;
+  // >= 0: this run's output and quantized SwiGLU rows must be the same bytes as those of run
+  // `same_as` of the list (a variant that promises the same arithmetic).
+  int same_as = -1;
 };
 
 cuda::Tuning with_moe(const cuda::MoeTuning& m) {
@@ -145,8 +148,9 @@ struct DevMoe {
     as.poison(0xFF);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
-  // The output after a run, checked; the output bytes in *bytes when set.
-  void check(std::vector<uint8_t>* bytes = nullptr) const {
+  // The output after a run, checked; the output bytes in *bytes when set, followed by the
+  // quantized SwiGLU rows when `with_act`.
+  void check(std::vector<uint8_t>* bytes = nullptr, bool with_act = false) const {
     const int64_t T = c.s.T, K = c.s.K, I = c.s.I, gi = (I + 127) / 128;
     TypedBuffer got(c.s.act, size_t(T * c.s.H));
     got.bytes = out.bytes(got.bytes.size());
@@ -154,10 +158,18 @@ struct DevMoe {
     const std::vector<float> sc = as.get<float>(size_t(T * K * gi));
     MoeFp8CheckStats st;
     EXPECT_EQ(check_moe_fp8(c, got, q.data(), sc.data(), &st), "");
-    if (bytes) *bytes = got.bytes;
+    if (bytes) {
+      *bytes = got.bytes;
+      if (with_act) {
+        bytes->insert(bytes->end(), q.begin(), q.end());
+        const uint8_t* sb = reinterpret_cast<const uint8_t*>(sc.data());
+        bytes->insert(bytes->end(), sb, sb + sc.size() * 4);
+      }
+    }
   }
   // One call on `stream` under `knobs`, checked.
-  void run(const cuda::MoeTuning& knobs, cudaStream_t stream = nullptr, std::vector<uint8_t>* bytes = nullptr) {
+  void run(const cuda::MoeTuning& knobs, cudaStream_t stream = nullptr, std::vector<uint8_t>* bytes = nullptr,
+           bool with_act = false) {
     reset();
     const cuda::MoeFp8Probe pr = probe();
     {
@@ -165,7 +177,7 @@ struct DevMoe {
       ASSERT_TRUE(cuda::run_moe_experts_fp8(params(), stream, &pr));
     }
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    check(bytes);
+    check(bytes, with_act);
   }
 };
 
@@ -181,10 +193,20 @@ void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64
   SCOPED_TRACE(shape.describe());
   MoeCaseData c(shape, seed);
   DevMoe d(c);
+  std::vector<std::vector<uint8_t>> outs;  // each run's output and quantized SwiGLU rows
   for (const GpuRun& run : runs) {
     SCOPED_TRACE(run.what);
     std::vector<uint8_t> got;
-    d.run(run.knobs, nullptr, &got);
+    d.run(run.knobs, nullptr, &got, true);
+    outs.push_back(got);
+    if (run.same_as >= 0) {
+      const std::vector<uint8_t>& ref = outs[size_t(run.same_as)];
+      size_t first = 0;
+      while (first < got.size() && first < ref.size() && got[first] == ref[first]) ++first;
+      EXPECT_TRUE(got == ref) << "not the same bytes as \"" << runs[size_t(run.same_as)].what << "\" (first difference at byte "
+                              << first << " of " << got.size() << ")";
+    }
+    got.resize(c.out0.bytes.size());  // the output alone
     if (run.what == "default") {
       Dev dout2 = Dev::of(c.out0);
       ops::MoeExpertsParams p = d.params();
@@ -193,6 +215,48 @@ void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64
       EXPECT_TRUE(dout2.bytes(got.size()) == got) << "ops::moe_experts differs from the same kernels";
     }
   }
+}
+
+// Each stream run again under every other consumer loop (MoeTuning::fp8_stream_overlap), which
+// must give the same bytes.
+std::vector<GpuRun> with_overlap_variants(std::vector<GpuRun> r) {
+  const size_t n = r.size();
+  for (int mode : {1, 2})
+    for (size_t i = 0; i < n; ++i) {
+      if (r[i].knobs.fp8_path != 1 || r[i].knobs.fp8_stream_overlap != 0) continue;
+      GpuRun g = r[i];
+      g.knobs.fp8_stream_overlap = mode;
+      g.what += mode == 1 ? ", overlap 1 (two accumulator sets)" : ", overlap 2 (boxes in turn)";
+      g.same_as = int(i);
+      r.push_back(g);
+    }
+  return r;
+}
+
+// Stage depths and stream widths for the overlapped consumer loops: every k-block count of a
+// unit modulo the 4-block iteration, partial last stages, stages of 1 to 4 k blocks (4 at 64
+// token rows: one stage in the ring, the plain loop).
+std::vector<GpuRun> overlap_runs() {
+  std::vector<GpuRun> r;
+  for (int nt : {8, 16, 32, 64})
+    for (int kp : {1, 2, 3, 4}) {
+      GpuRun g;
+      g.knobs.fp8_path = 1;
+      g.knobs.fp8_stream_rows = nt;
+      g.knobs.fp8_stream_kblocks = kp;
+      g.what = "stream " + std::to_string(nt) + ", stages of " + std::to_string(kp) + " k blocks";
+      r.push_back(g);
+    }
+  for (int ks : {2, 3, 5}) {
+    GpuRun g;
+    g.knobs.fp8_path = 1;
+    g.knobs.fp8_stream_rows = 16;
+    g.knobs.fp8_ksplit_gate_up = ks;
+    g.knobs.fp8_ksplit_down = ks > 2 ? ks - 1 : ks;
+    g.what = "stream 16, k splits " + std::to_string(ks);
+    r.push_back(g);
+  }
+  return with_overlap_variants(r);
 }
 
 std::vector<GpuRun> stream_runs() {
@@ -243,6 +307,7 @@ std::vector<GpuRun> stream_runs() {
     g.what = "stream " + std::to_string(nt) + ", k splits by waves";
     r.push_back(g);
   }
+  r = with_overlap_variants(r);
   g = GpuRun{};
   g.what = "default";
   r.push_back(g);
@@ -334,12 +399,35 @@ TEST(CudaMoeExpertsFp8, ModelShapes) {
     s.T = 3;
     std::vector<GpuRun> runs = stream_runs();
     runs.resize(2);
+    runs = with_overlap_variants(runs);
     runs.push_back(GpuRun{});
     gpu_fp8_case(s, runs, seed++);
   }
   MoeShape b;
   b.T = 40, b.H = 256, b.I = 128, b.E = 128, b.K = 8, b.br = 128;
   gpu_fp8_case(b, all_runs(), seed++);
+}
+
+// The overlapped consumer loops of the stream kernels (MoeTuning::fp8_stream_overlap) against the
+// plain loop, byte for byte, at 1 to 256 tokens: units of 1 to 9 k blocks (hidden 1040 and 656,
+// inter 272 and 400: partial k blocks; k splits of 2 to 5), several token blocks an expert, empty
+// experts and skipped ids, and one TP8 rank's expert shape.
+TEST(CudaMoeExpertsFp8, OverlappedConsumers) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2600;
+  const std::vector<GpuRun> runs = overlap_runs();
+  MoeShape a;
+  a.T = 1, a.H = 1040, a.I = 272, a.E = 8, a.K = 4;
+  gpu_fp8_case(a, runs, seed++);
+  MoeShape b;
+  b.T = 33, b.H = 656, b.I = 400, b.E = 16, b.K = 4, b.empty_every = 2, b.skipped = 2, b.act = DType::BF16;
+  gpu_fp8_case(b, runs, seed++);
+  MoeShape c;
+  c.T = 256, c.H = 384, c.I = 144, c.E = 8, c.K = 2, c.br = 128;
+  gpu_fp8_case(c, runs, seed++);
+  MoeShape m;
+  m.T = 5, m.H = 6144, m.I = 384, m.E = 8, m.K = 4, m.br = 1, m.pow2_scales = true;
+  gpu_fp8_case(m, runs, seed++);
 }
 
 // Prefill batches that the default rule sends to the tile kernels (pairs > 48 x experts): odd
