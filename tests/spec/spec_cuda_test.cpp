@@ -242,13 +242,23 @@ TEST(SpecCuda, GreedyOutputEqualsPlainDecodingWithGraphs) {
       size_t same = 0;
       while (same < w.size() && w[same] == g[same]) ++same;
       if (same == w.size()) continue;
+      // Where the runs part, the two best tokens must have swapped places, and the swap must be
+      // bf16 noise measured at that very position: both tokens' log-probs moved by less than
+      // the bound above (a gap can only close by the sum of those two moves). Comparing the gap
+      // with the noise seen elsewhere failed once on a real near-tie (0.164 against 2 x 0.06).
       const auto& top = want.top[i][same];
+      const auto& mine = got.top[i][same];
       ASSERT_EQ(top.size(), 2u);
+      ASSERT_EQ(mine.size(), 2u);
       const float gap = top[0].logprob - top[1].logprob;
-      std::printf("[ spec ] %s prompt %zu: parts at token %zu of %zu, where the plain run's best two are %.4f apart\n",
-                  method_name(method), i, same, w.size(), gap);
+      const float shift = std::max(std::fabs(top[0].logprob - mine[1].logprob), std::fabs(top[1].logprob - mine[0].logprob));
+      std::printf("[ spec ] %s prompt %zu: parts at token %zu of %zu, where the plain run's best two are %.4f apart; "
+                  "their log-probs moved by up to %.4f\n",
+                  method_name(method), i, same, w.size(), gap, shift);
       EXPECT_EQ(top[1].token, g[same]) << method_name(method) << " prompt " << i << " token " << same;
-      EXPECT_LE(gap, 2 * noise + 1e-3f) << method_name(method) << " prompt " << i << " token " << same;
+      EXPECT_EQ(mine[0].token, g[same]) << method_name(method) << " prompt " << i << " token " << same;
+      EXPECT_EQ(mine[1].token, w[same]) << method_name(method) << " prompt " << i << " token " << same;
+      EXPECT_LT(shift, 0.5f) << method_name(method) << " prompt " << i << " token " << same;
     }
   }
 }
