@@ -151,7 +151,15 @@ DecodeChain::DecodeChain(const ChainShape& shape, uint64_t seed) : d_(std::make_
 
 DecodeChain::~DecodeChain() = default;
 
-void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side) const {
+std::vector<std::string> DecodeChain::op_names() {
+  return {"embedding", "input norm", "qkv GEMM", "q/k norm + RoPE + cache write", "o_proj (quantizer + GEMM)",
+          "post-attention add + norm", "routing", "shared gate_up GEMM", "SwiGLU-OAI", "shared down GEMM",
+          "next input norm"};
+}
+
+void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side, int ops) const {
+  SIEVE_CHECK(ops < 0 || !side, "decode chain: a prefix of the chain runs on one stream");
+  int left = ops < 0 ? int(op_names().size()) : ops;
   const Impl& d = *d_;
   const ChainShape& s = d.s;
   const int64_t T = s.rows, H = s.hidden, I = s.shared_inter;
@@ -197,9 +205,12 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side) co
   ep.vocab = s.vocab, ep.hidden = H;
   ep.out = d.h->p;
   ep.out_dtype = DType::F32;
+  if (left-- <= 0) return;
   ops::embedding(ep, st);
   step();
+  if (left-- <= 0) return;
   norm(*d.in_norm, false, true);
+  if (left-- <= 0) return;
   linear(d.xq->p, DType::FP8_E4M3, d.xs->as<float>(), H, *d.wqkv, d.qkv->p, DType::BF16);
 
   ops::QkvNormRopeCacheParams rp;
@@ -224,12 +235,15 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side) co
   rp.index_cache.k = d.index_k->p;
   rp.index_cache.dtype = DType::FP8_E4M3;
   rp.index_cache.num_blocks = T, rp.index_cache.block_size = kBlock, rp.index_cache.index_dim = kHeadDim;
+  if (left-- <= 0) return;
   ops::qkv_norm_rope_cache(rp, st);
   step();
 
   // o_proj over the (fixed) attention output: its quantizer, then the GEMM.
+  if (left-- <= 0) return;
   linear(d.attn->p, DType::BF16, nullptr, d.qc, *d.wo, d.part->p, DType::F32);
   // The post-attention add + norm: fp32 rows for the router, FP8 ones for the experts.
+  if (left-- <= 0) return;
   norm(*d.post_norm, true, false, true);
 
   ops::MoeRouteParams mr;
@@ -240,12 +254,14 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side) co
   mr.ids = d.route_ids->as<int32_t>(), mr.weights = d.route_w->as<float>();
   const bool beside = side && *side;
   if (beside) side->fork(stream);
+  if (left-- <= 0) return;
   ops::moe_route(mr, st);
   step();
 
   // The shared expert: gate_up over the FP8 normed rows, SwiGLU-OAI into FP8, down into part;
   // beside the routing on the side stream when there is one.
   if (beside) st.cuda_stream = side->stream();
+  if (left-- <= 0) return;
   linear(d.x8->p, DType::FP8_E4M3, d.x8s->as<float>(), H, *d.wgu, d.gu->p, DType::BF16);
   ops::SwigluOaiParams sp;
   sp.gate_up = d.gu->p;
@@ -253,8 +269,10 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side) co
   sp.dtype = DType::BF16;
   sp.rows = T, sp.inter = I, sp.ld_in = 2 * I, sp.ld_out = I;
   sp.alpha = 1.702f, sp.limit = 7.0f, sp.beta = 1.0f;
+  if (left-- <= 0) return;
   ops::swiglu_oai(sp, st);
   step();
+  if (left-- <= 0) return;
   linear(d.aq->p, DType::FP8_E4M3, d.as->as<float>(), I, *d.wdn, d.part->p, DType::F32);
   if (beside) {
     st = main;
@@ -262,6 +280,7 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side) co
   }
 
   // The next layer's input norm.
+  if (left-- <= 0) return;
   norm(*d.in_norm, true, true);
 }
 
@@ -323,7 +342,8 @@ void run_chain_rows(const Options& opt, const Env& env, const std::function<void
     cuda_check(cudaGetDevice(&device), "cudaGetDevice");
     const SideStream side(Device{DeviceKind::CUDA, device});
     const SideStream* use_side = nullptr;
-    auto fn = [&](int set, cudaStream_t stream) { chains[size_t(set)]->run(stream, false, use_side); };
+    int prefix = -1;
+    auto fn = [&](int set, cudaStream_t stream) { chains[size_t(set)]->run(stream, false, use_side, prefix); };
     struct Variant {
       std::string mode;
       int chain_pdl;  // -2: as tuned
@@ -353,6 +373,20 @@ void run_chain_rows(const Options& opt, const Env& env, const std::function<void
         on_row(r);
       }
     }
+    // The chain's prefixes (one stream, PDL as tuned, graphs of 16): each row's time less the
+    // previous row's is what that op adds where it runs in the chain. The floor column is the
+    // whole chain's.
+    use_side = nullptr;
+    const std::vector<std::string> names = DecodeChain::op_names();
+    for (prefix = 1; prefix <= int(names.size()); ++prefix) {
+      Row r{kKernel, name, "fp8", std::string(kBatchMode) + ", the first " + std::to_string(prefix) + " ops (to " +
+                                      names[size_t(prefix - 1)] + ")", 0,
+            bytes / (env.copy_gbps * 1e9) * 1e6, "bytes"};
+      r.runs = iters, r.input_sets = sets;
+      r.us = time_it(iters, sets, fn, true, st, kGraphBatch);
+      on_row(r);
+    }
+    prefix = -1;
   }
   cuda_check(cudaStreamSynchronize(st), "bench end");
   cudaStreamDestroy(st);

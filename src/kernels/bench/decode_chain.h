@@ -45,8 +45,12 @@ class DecodeChain {
   // Enqueues the chain on `stream` (graph-capturable once it has run eagerly with this shape).
   // sync: synchronise the stream after every op (nothing overlaps: the reference order). side:
   // the shared expert on side->stream(), forked from `stream` after the post-attention norm and
-  // joined before the next norm (it runs beside the routing).
-  void run(cudaStream_t stream, bool sync = false, const SideStream* side = nullptr) const;
+  // joined before the next norm (it runs beside the routing). ops >= 0: only the chain's first
+  // `ops` ops (op_names(); one stream only), so that the differences between prefixes' times show
+  // what each op adds where it runs in the chain.
+  void run(cudaStream_t stream, bool sync = false, const SideStream* side = nullptr, int ops = -1) const;
+  // The chain's ops in order (a GEMM with its input's quantizer is one op).
+  static std::vector<std::string> op_names();
   // Every byte the chain writes, buffer by buffer (synchronises the device).
   std::vector<std::vector<uint8_t>> outputs() const;
   // Names of outputs()' buffers.
