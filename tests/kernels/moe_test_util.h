@@ -143,6 +143,40 @@ struct MoeCaseData {
     return p;
   }
 
+  // The FP8 weights repacked into the tiled layout (kernels/fp8_tiles.h; CPU op), for
+  // params_tiled(). Needs ops::fp8_tiles_fit(H, I).
+  std::vector<std::vector<uint8_t>> gu_t, dn_t;
+  std::vector<const void*> gu_tptr, dn_tptr;
+  void make_tiled() {
+    auto tile = [](const TypedBuffer& m, int64_t rows, int64_t cols, bool gate_up, std::vector<uint8_t>& out) {
+      out.assign(size_t(rows * cols), 0xAB);  // poison: every byte must be written
+      ops::RepackFp8TilesParams r;
+      r.src = m.data();
+      r.dst = out.data();
+      r.rows = rows;
+      r.cols = cols;
+      r.gate_up = gate_up;
+      cpu::run_repack_fp8_tiles(r);
+    };
+    gu_t.resize(size_t(s.E));
+    dn_t.resize(size_t(s.E));
+    gu_tptr.clear();
+    dn_tptr.clear();
+    for (int e = 0; e < s.E; ++e) {
+      tile(gu[size_t(e)], 2 * s.I, s.H, true, gu_t[size_t(e)]);
+      tile(dn[size_t(e)], s.H, s.I, false, dn_t[size_t(e)]);
+      gu_tptr.push_back(gu_t[size_t(e)].data());
+      dn_tptr.push_back(dn_t[size_t(e)].data());
+    }
+  }
+  ops::MoeExpertsParams params_tiled() const {
+    ops::MoeExpertsParams p = params();
+    p.w_gate_up = gu_tptr.data();
+    p.w_down = dn_tptr.data();
+    p.w_tiled = true;
+    return p;
+  }
+
   double xval(int64_t t, int64_t k) const {
     const double v = x.get(size_t(t * s.H + k));
     return s.fp8_x ? v * double(x_scale[size_t(t * blocks(s.H, 128) + k / 128)]) : v;

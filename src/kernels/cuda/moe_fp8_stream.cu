@@ -367,9 +367,9 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
         for (int ii = 0; ii < nk; ++ii)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            bool unused;
-            tma_load_hint(base + ii * kWBytes + b * kBox, wm, (c.kb + ii) * kBK,
-                          weight_row<kGateUp>(g, c.u.rb, b * 64, unused), &full[st], policy);
+            int x, y;
+            weight_box<kGateUp>(g, c.u.rb, b, c.kb + ii, x, y);
+            tma_load_hint(base + ii * kWBytes + b * kBox, wm, x, y, &full[st], policy);
           }
       }
       const float* ws = g.wscale[c.u.e];
