@@ -32,11 +32,12 @@ SIEVE_TILES_HD bool fp8_tiles_fit(int64_t hidden, int64_t inter) {
 }
 
 // The box of slot s, k block kb (slots row boxes, nkb k blocks); past the slots: slots * nkb, the
-// first box past the matrix (a TMA read there gives zeros).
-SIEVE_TILES_HD int64_t fp8_tile_box(int s, int kb, int slots, int nkb) {
-  if (s >= slots) return int64_t(slots) * nkb;
+// first box past the matrix (a TMA read there gives zeros). 32-bit: the kernels' producers have
+// few registers, and a matrix of 2^31 boxes would be 16 TB.
+SIEVE_TILES_HD int fp8_tile_box(int s, int kb, int slots, int nkb) {
+  if (s >= slots) return slots * nkb;
   const int grp = s >> 2, gs = slots - 4 * grp < 4 ? slots - 4 * grp : 4;
-  return int64_t(grp) * 4 * nkb + int64_t(kb) * gs + (s & 3);
+  return 4 * nkb * grp + kb * gs + (s & 3);
 }
 
 // The slot of row `row` of a matrix of `rows` rows (gate_up: [gate | up] halves interleaved).

@@ -189,6 +189,37 @@ TEST(Fp8Tiles, RepackRoundTripAndOrder) {
   EXPECT_THROW(cpu::run_repack_fp8_tiles(r), Error);
 }
 
+// The kernels' box coordinates (moe_fp8_work.h weight_coords): row-major, the k byte and the
+// box's first row (gate_up_row, down_row); tiled, 64 x fp8_tile_box for every box of the matrix.
+TEST(MoeFp8Work, WeightCoordsFindTheBoxes) {
+  using cuda::moe_fp8::weight_box_at;
+  using cuda::moe_fp8::weight_coords;
+  const int shapes[][2] = {{384, 256}, {640, 128}, {6144, 384}, {6144, 768}, {256, 128}};
+  for (const auto& sh : shapes) {
+    const int H = sh[0], I = sh[1];
+    SCOPED_TRACE("H " + std::to_string(H) + " I " + std::to_string(I));
+    for (bool gate_up : {true, false}) {
+      const int rows = gate_up ? 2 * I : H, nkb = (gate_up ? H : I) / 128, blocks = gate_up ? (I + 127) / 128 : (H + 255) / 256;
+      const auto rm = weight_coords(gate_up, false, I, H, nkb), tl = weight_coords(gate_up, true, I, H, nkb);
+      for (int blk = 0; blk < blocks; ++blk)
+        for (int b = 0; b < 4; ++b)
+          for (int kb = 0; kb < nkb; ++kb) {
+            bool valid;
+            const int row = gate_up ? cuda::moe_fp8::gate_up_row(blk, 64 * b, I, valid) : cuda::moe_fp8::down_row(blk, 64 * b, H, valid);
+            int x, y;
+            weight_box_at(rm, blk, b, kb, x, y);
+            EXPECT_EQ(x, 128 * kb);
+            EXPECT_EQ(y, row);
+            if (!valid) continue;
+            weight_box_at(tl, blk, b, kb, x, y);
+            EXPECT_EQ(x, 0);
+            EXPECT_EQ(y, 64 * ops::fp8_tile_box(4 * blk + b, kb, rows / 64, nkb));
+            EXPECT_EQ(int64_t(y) * 128, ops::fp8_tile_offset(row, 128 * kb, rows, gate_up ? H : I, gate_up));
+          }
+    }
+  }
+}
+
 // moe_experts reads tiled weights as the same matrices: the same bits as row-major.
 TEST(Fp8Tiles, CpuMoeExpertsTiledEqualsRowMajor) {
   uint64_t seed = 4200;

@@ -512,7 +512,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.kp = kp;
     g.wst = nullptr;
     g.wn = 0;
-    g.w_tiled = p.w_tiled ? 1 : 0;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
@@ -526,7 +525,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters;
     g.wst = wst_gu_p;
     g.wn = int(2 * I);
-    g.wslots = int(2 * I / ops::kFp8TileRows);
+    g.wc = weight_coords(true, p.w_tiled, int(I), int(H), gh);
     int grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_gu), sms));
     if (stream) {
       launch_stream(true, nt, map_x, g, grid, pdl, st);
@@ -544,7 +543,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters ? counters + n_cnt_gu : nullptr;
     g.wst = wst_dn_p;
     g.wn = int(H);
-    g.wslots = int(H / ops::kFp8TileRows);
+    g.wc = weight_coords(false, p.w_tiled, int(I), int(H), gi);
     grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_dn), sms));
     if (stream) {
       launch_stream(false, nt, map_a, g, grid, pdl, st);

@@ -11,7 +11,6 @@
 #include "kernels/cuda/moe_fp8_work.h"
 #include "kernels/cuda/setmaxnreg.cuh"
 #include "kernels/cuda/wgmma.cuh"
-#include "kernels/fp8_tiles.h"
 
 namespace sieve::cuda::moe_fp8 {
 
@@ -207,27 +206,9 @@ struct GemmArgs {
   // wst [E][nkb][wn] (wn: the product's weight rows, 2 I or H).
   const float* wst;
   int wn;
-  // The weights in the tiled layout (ops::MoeExpertsParams::w_tiled, kernels/fp8_tiles.h): the
-  // maps are over [64 x boxes, 128] and wslots is the product's row boxes (weight rows / 64).
-  int w_tiled;
-  int wslots;
+  // Where the weight boxes are (row-major or tiled: ops::MoeExpertsParams::w_tiled).
+  WeightCoords wc;
 };
-
-// The TMA coordinates of weight box b (0..3: rows 64 b ..) of 256-row block blk, k block kb:
-// row-major, the k byte and the box's first weight row (gate_up: moe_fp8_work.h gate_up_row, a
-// missing unit's box past the matrix or over rows the epilogue drops); tiled, 0 and 64 x the
-// box's index (past the matrix for a missing box: zeros).
-template <bool kGateUp>
-__device__ __forceinline__ void weight_box(const GemmArgs& g, int blk, int b, int kb, int& x, int& y) {
-  if (g.w_tiled) {
-    x = 0;
-    y = int(ops::kFp8TileRows * ops::fp8_tile_box(4 * blk + b, kb, g.wslots, g.nkb));
-  } else {
-    bool unused;
-    x = kb * 128;
-    y = kGateUp ? gate_up_row(blk, 64 * b, g.inter, unused) : down_row(blk, 64 * b, g.hidden, unused);
-  }
-}
 
 // Tile kernels: the experts' weight maps of one product as a kernel parameter (encoded on the
 // host), for up to kTileParamMaps experts.

@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
             int x, y;
-            weight_box<kGateUp>(g, c.u.rb, b, c.kb + ii, x, y);
+            weight_box_at(g.wc, c.u.rb, b, c.kb + ii, x, y);
             tma_load_hint(base + ii * kWBytes + b * kBox, wm, x, y, &full[st], policy);
           }
       }

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
             int x, y;
-            weight_box<kGateUp>(g, t.col, b, kb, x, y);
+            weight_box_at(g.wc, t.col, b, kb, x, y);
             tma_load(w + b * kBox, wm, x, y, &full[s]);
           }
         }
