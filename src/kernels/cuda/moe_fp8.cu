@@ -237,14 +237,6 @@ bool fp8_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// An expert matrix's weight map: row-major [rows, cols], or tiled (kernels/fp8_tiles.h) as the
-// [64 x boxes, 128] matrix of its boxes in order; boxes of 64 rows x 128 bytes either way, so the
-// kernels' shared memory gets the same bytes.
-bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, bool tiled) {
-  if (!tiled) return fp8_map(map, base, rows, cols, cols, 64);
-  return fp8_map(map, base, rows * (cols / ops::kFp8TileBytes), ops::kFp8TileBytes, ops::kFp8TileBytes, 64);
-}
-
 size_t align1k(size_t b) { return (b + 1023) / 1024 * 1024; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -333,6 +325,11 @@ bool host_weight_maps(const ops::MoeExpertsParams& p, cudaStream_t st, TileMaps*
 }
 
 }  // namespace
+
+bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, bool tiled) {
+  if (!tiled) return fp8_map(map, base, rows, cols, cols, 64);
+  return fp8_map(map, base, rows * (cols / ops::kFp8TileBytes), ops::kFp8TileBytes, ops::kFp8TileBytes, 64);
+}
 
 bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* probe) {
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
