@@ -131,13 +131,7 @@ struct DevMoe {
       auto tile = [](const Dev& src, int64_t rows, int64_t cols, bool gate_up) {
         Dev t(size_t(rows * cols));
         t.poison(0xAB);
-        ops::RepackFp8TilesParams r;
-        r.src = src.p();
-        r.dst = t.p();
-        r.rows = rows;
-        r.cols = cols;
-        r.gate_up = gate_up;
-        EXPECT_TRUE(cuda::run_repack_fp8_tiles(r, nullptr));
+        EXPECT_TRUE(cuda::run_repack_fp8_tiles(tiles_repack(src.p(), t.p(), rows, cols, gate_up), nullptr));
         return t;
       };
       std::vector<const void*> gt, dt;

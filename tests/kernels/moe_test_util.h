@@ -13,6 +13,17 @@
 
 namespace sieve::test {
 
+// repack_fp8_tiles of one expert matrix [rows, cols], row-major to tiled.
+inline ops::RepackFp8TilesParams tiles_repack(const void* src, void* dst, int64_t rows, int64_t cols, bool gate_up) {
+  ops::RepackFp8TilesParams r;
+  r.src = src;
+  r.dst = dst;
+  r.rows = rows;
+  r.cols = cols;
+  r.gate_up = gate_up;
+  return r;
+}
+
 struct MoeShape {
   int64_t T = 5, H = 256, I = 128;
   int E = 8, K = 2;
@@ -150,13 +161,7 @@ struct MoeCaseData {
   void make_tiled() {
     auto tile = [](const TypedBuffer& m, int64_t rows, int64_t cols, bool gate_up, std::vector<uint8_t>& out) {
       out.assign(size_t(rows * cols), 0xAB);  // poison: every byte must be written
-      ops::RepackFp8TilesParams r;
-      r.src = m.data();
-      r.dst = out.data();
-      r.rows = rows;
-      r.cols = cols;
-      r.gate_up = gate_up;
-      cpu::run_repack_fp8_tiles(r);
+      cpu::run_repack_fp8_tiles(tiles_repack(m.data(), out.data(), rows, cols, gate_up));
     };
     gu_t.resize(size_t(s.E));
     dn_t.resize(size_t(s.E));
