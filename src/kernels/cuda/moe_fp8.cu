@@ -7,7 +7,8 @@
 //     for the tile kernels, 8 to 64 for the stream kernels); and the per-expert TMA tensor maps of
 //     both weight matrices, copied from a template encoded on the host with the expert's address
 //     put in by tensormap.replace (the expert pointers live in device memory): with the map cache,
-//     kept per weight set and written only where an expert's address changed;
+//     kept per weight set and written only where an expert's address changed (tiled weights,
+//     MoeExpertsParams::w_tiled: maps over each expert's [64 x boxes, 128] matrix of boxes);
 //  2. quantize: x per 1 x 128 token group (the contract's quantizer, bit for bit), each token's row
 //     written to the sorted row of each of its pairs (FP8 x: copied with its scales);
 //  3. gate_up: the tile or stream kernel, SwiGLU-OAI and the 1 x 128 quantization of its output
