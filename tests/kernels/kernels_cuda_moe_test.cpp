@@ -661,6 +661,15 @@ TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {
 // ---------------------------------------------------------------------------------------------
 // moe_experts, FP8 weights in the tiled layout (kernels/fp8_tiles.h; MoeTuning::fp8_weight_tiles)
 
+// The knob takes 0 or 1 (a layout), default 0 (row-major).
+TEST(CudaFp8Tiles, KnobValues) {
+  cuda::Tuning t;
+  EXPECT_EQ(t.moe.fp8_weight_tiles, 0);
+  cuda::set_tuning_field(t, "moe.fp8_weight_tiles", "1");
+  EXPECT_EQ(t.moe.fp8_weight_tiles, 1);
+  EXPECT_THROW(cuda::set_tuning_field(t, "moe.fp8_weight_tiles", "2"), Error);
+}
+
 // The GPU repack: the CPU's bytes, and back.
 TEST(CudaFp8Tiles, RepackMatchesCpu) {
   SKIP_WITHOUT_GPU();
