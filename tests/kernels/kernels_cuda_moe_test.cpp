@@ -256,22 +256,6 @@ void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64
   }
 }
 
-// Each stream run again under every other consumer loop (MoeTuning::fp8_stream_overlap), which
-// must give the same bytes.
-std::vector<GpuRun> with_overlap_variants(std::vector<GpuRun> r) {
-  const size_t n = r.size();
-  for (int mode : {1, 2})
-    for (size_t i = 0; i < n; ++i) {
-      if (r[i].knobs.fp8_path != 1 || r[i].knobs.fp8_stream_overlap != 0) continue;
-      GpuRun g = r[i];
-      g.knobs.fp8_stream_overlap = mode;
-      g.what += mode == 1 ? ", overlap 1 (two accumulator sets)" : ", overlap 2 (boxes in turn)";
-      g.same_as = int(i);
-      r.push_back(g);
-    }
-  return r;
-}
-
 // Each run again with the weights tiled (kernels/fp8_tiles.h): the kernels' shared memory gets
 // the same bytes, so the output and the quantized SwiGLU rows must be the same bits.
 std::vector<GpuRun> with_tiled_variants(std::vector<GpuRun> r) {
@@ -286,10 +270,9 @@ std::vector<GpuRun> with_tiled_variants(std::vector<GpuRun> r) {
   return r;
 }
 
-// Stage depths and stream widths for the overlapped consumer loops: every k-block count of a
-// unit modulo the 4-block iteration, partial last stages, stages of 1 to 4 k blocks (4 at 64
-// token rows: one stage in the ring, the plain loop).
-std::vector<GpuRun> overlap_runs() {
+// Stage depths and stream widths of the stream kernels: stages of 1 to 4 k blocks at every width
+// (partial last stages; 4 at 64 token rows: one stage in the ring), and k splits of 2 to 5.
+std::vector<GpuRun> stage_runs() {
   std::vector<GpuRun> r;
   for (int nt : {8, 16, 32, 64})
     for (int kp : {1, 2, 3, 4}) {
@@ -309,7 +292,7 @@ std::vector<GpuRun> overlap_runs() {
     g.what = "stream 16, k splits " + std::to_string(ks);
     r.push_back(g);
   }
-  return with_overlap_variants(r);
+  return r;
 }
 
 std::vector<GpuRun> stream_runs() {
@@ -360,7 +343,6 @@ std::vector<GpuRun> stream_runs() {
     g.what = "stream " + std::to_string(nt) + ", k splits by waves";
     r.push_back(g);
   }
-  r = with_overlap_variants(r);
   g = GpuRun{};
   g.what = "default";
   r.push_back(g);
@@ -452,7 +434,6 @@ TEST(CudaMoeExpertsFp8, ModelShapes) {
     s.T = 3;
     std::vector<GpuRun> runs = stream_runs();
     runs.resize(2);
-    runs = with_overlap_variants(runs);
     runs.push_back(GpuRun{});
     gpu_fp8_case(s, runs, seed++);
   }
@@ -461,14 +442,13 @@ TEST(CudaMoeExpertsFp8, ModelShapes) {
   gpu_fp8_case(b, all_runs(), seed++);
 }
 
-// The overlapped consumer loops of the stream kernels (MoeTuning::fp8_stream_overlap) against the
-// plain loop, byte for byte, at 1 to 256 tokens: units of 1 to 9 k blocks (hidden 1040 and 656,
-// inter 272 and 400: partial k blocks; k splits of 2 to 5), several token blocks an expert, empty
-// experts and skipped ids, and one TP8 rank's expert shape.
-TEST(CudaMoeExpertsFp8, OverlappedConsumers) {
+// The stream kernels' stage depths and k splits (stage_runs) at 1 to 256 tokens: units of 1 to 9
+// k blocks (hidden 1040 and 656, inter 272 and 400: partial k blocks), several token blocks an
+// expert, empty experts and skipped ids, and one TP8 rank's expert shape.
+TEST(CudaMoeExpertsFp8, StreamStages) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 2600;
-  const std::vector<GpuRun> runs = overlap_runs();
+  const std::vector<GpuRun> runs = stage_runs();
   MoeShape a;
   a.T = 1, a.H = 1040, a.I = 272, a.E = 8, a.K = 4;
   gpu_fp8_case(a, runs, seed++);
@@ -719,28 +699,25 @@ void gpu_tiled_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint
   }
 }
 
-// Runs of the stream kernels at decode sizes: the default, each consumer loop, k splits forced
-// and picked by waves, 1 to 3 k blocks a stage.
+// Runs of the stream kernels at decode sizes: the default, k splits forced and picked by waves,
+// 1 to 3 k blocks a stage.
 std::vector<GpuRun> tiled_stream_runs() {
   std::vector<GpuRun> r;
   GpuRun g;
   g.what = "default";
   r.push_back(g);
-  for (int ov : {0, 1, 2}) {
-    g = GpuRun{};
-    g.knobs.fp8_path = 1;
-    g.knobs.fp8_stream_overlap = ov;
-    g.what = "stream, overlap " + std::to_string(ov);
-    r.push_back(g);
-    g.knobs.fp8_ksplit_gate_up = 3;
-    g.knobs.fp8_ksplit_down = 2;
-    g.what += ", k splits 3 / 2";
-    r.push_back(g);
-    g.knobs.fp8_ksplit_gate_up = g.knobs.fp8_ksplit_down = 0;
-    g.knobs.fp8_ksplit_waves = 16;
-    g.what = "stream, overlap " + std::to_string(ov) + ", k splits by waves";
-    r.push_back(g);
-  }
+  g = GpuRun{};
+  g.knobs.fp8_path = 1;
+  g.what = "stream";
+  r.push_back(g);
+  g.knobs.fp8_ksplit_gate_up = 3;
+  g.knobs.fp8_ksplit_down = 2;
+  g.what = "stream, k splits 3 / 2";
+  r.push_back(g);
+  g.knobs.fp8_ksplit_gate_up = g.knobs.fp8_ksplit_down = 0;
+  g.knobs.fp8_ksplit_waves = 16;
+  g.what = "stream, k splits by waves";
+  r.push_back(g);
   for (int kp : {1, 3}) {
     g = GpuRun{};
     g.knobs.fp8_path = 1;
@@ -769,9 +746,9 @@ TEST(CudaMoeExpertsFp8, TiledWeightsSmallShapes) {
   MoeShape f;
   f.T = 5, f.H = 256, f.I = 128, f.E = 8, f.K = 4, f.fp8_x = true, f.act = DType::BF16;
   gpu_fp8_case(f, with_tiled_variants(all_runs()), seed++);
-  MoeShape m;  // the overlapped loops over many k blocks
+  MoeShape m;  // stages of 1 to 4 k blocks over many k blocks
   m.T = 5, m.H = 6144, m.I = 384, m.E = 5, m.K = 4, m.br = 1, m.pow2_scales = true;
-  gpu_fp8_case(m, with_tiled_variants(overlap_runs()), seed++);
+  gpu_fp8_case(m, with_tiled_variants(stage_runs()), seed++);
 }
 
 // One TP4 and one TP8 rank's expert shapes (hidden 6144, 768 / 384 units, top-4; 9 experts) at

@@ -365,7 +365,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // The sort's knobs (fp8_sort_pdl, fp8_sort_scan, fp8_map_cache) all off (0) or on (1),
         // and MoeTuning::fp8_ksplit_waves; -1: as tuned.
         int sort = -1, waves = -1;
-        int overlap = -1;  // MoeTuning::fp8_stream_overlap; -1: as tuned
         bool tiled = false;  // the tiled weights
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
@@ -380,29 +379,13 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, " + kBatchMode, true, true, true, 1, 0});
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, k splits by waves, " + kBatchMode, true,
                             true, true, 1, 16});
-        // The stream kernels' consumer loops (issue 44: the CTAs' pace is their consumers'), the
-        // rest as tuned.
-        for (int ov : {0, 1, 2}) {
-          static const char* const kLoop[] = {"overlap 0 (plain consumers)", "overlap 1 (two accumulator sets)",
-                                              "overlap 2 (boxes in turn)"};
-          variants.push_back({1, true, true, std::string("stream, ") + kLoop[ov] + ", " + kBatchMode, true, true, true,
-                              -1, -1, ov});
-        }
       }
-      // Tiled weights beside the default (graph replays), at decode sizes also under each
-      // consumer loop.
+      // Tiled weights beside the default (graph replays).
       if (tokens != 1024) {
         Variant t{0, true, true, def + ", tiled weights, " + kBatchMode};
         t.tiled = true;
         variants.push_back(t);
       }
-      if (stream_default && tokens <= 256)
-        for (int ov : {0, 1, 2}) {
-          Variant t{1, true, true, "stream, overlap " + std::to_string(ov) + ", tiled weights, " + kBatchMode};
-          t.overlap = ov;
-          t.tiled = true;
-          variants.push_back(t);
-        }
       if (tokens >= 1024) {
         variants.push_back({2, true, false, "tiles, bulk k-major scales, device maps", true, true, false});
         variants.push_back({2, true, false, "tiles, cp.async k-major scales, parameter maps", true, false, true});
@@ -418,7 +401,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           m.fp8_tile_param_maps = v.param_maps;
           if (v.sort >= 0) m.fp8_sort_pdl = m.fp8_sort_scan = m.fp8_map_cache = v.sort == 1;
           if (v.waves >= 0) m.fp8_ksplit_waves = v.waves;
-          if (v.overlap >= 0) m.fp8_stream_overlap = v.overlap;
         }));
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;

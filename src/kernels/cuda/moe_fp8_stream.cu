@@ -15,15 +15,9 @@
 //  - warpgroups 1 and 2: the consumers, weight rows 0-127 and 128-255 (two m64 blocks each). Per k
 //    block: 8 wgmma.m64nNk32 into temporary accumulators, one wait, then the promotion final +=
 //    temporary * (weight scale of the row * x scale of the token) in fp32 (as in the tile
-//    kernels). (Stages of one 64-row box worked by one warpgroup were slower: the consumers'
-//    latency, not the DRAM pattern, sets the pace.) That loop leaves the tensor cores idle while
-//    it promotes and the promotion idle while they work, so two variants overlap them
-//    (MoeTuning::fp8_stream_overlap; same bits, each element's k blocks promoted in the same
-//    order by the same expression): 1, two sets of temporary accumulators, the next k block's
-//    8 wgmma issued before the wait for this one's (wait_group 1); 2, one set, the two 64-row
-//    boxes as separate commit groups, one box's products running while the other's are
-//    promoted (no extra registers: the cheaper variant where a set of 64 token columns is 64
-//    registers a thread).
+//    kernels). (Stages of one 64-row box worked by one warpgroup were slower, and loops that
+//    overlap the products with the promotion gained nothing: docs/performance.md "Measured and
+//    not kept".)
 // The weights may be row-major or tiled (kernels/fp8_tiles.h: each box one contiguous 8 KB piece,
 // a stage's boxes one run); the producer finds a box by moe_fp8_work.h weight_box_at either way
 // and the consumers see the same shared-memory bytes.
@@ -45,7 +39,6 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
 #include "kernels/cuda/moe_fp8_work.h"
-#include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda::moe_fp8 {
 
@@ -105,8 +98,7 @@ __device__ __forceinline__ void box_product(float (&acc)[kNt / 2], const uint8_t
 
 // The promotion of one box's k block (its products complete in tmp): fin += tmp * (weight scale
 // of the row * token scale of the column) in fp32. wsc: the box's 64 weight-row scales; xsc: the
-// token rows' scales. Every variant of the consumer loop promotes each element's k blocks with
-// this one expression in k order, so their outputs are the same bits.
+// token rows' scales.
 template <int kNt>
 __device__ __forceinline__ void promote_box(const float (&tmp)[kNt / 2], float (&fin)[kNt / 2], const float* wsc,
                                             const float* xsc, int w, int g8, int q) {
@@ -149,148 +141,6 @@ __device__ __forceinline__ void stream_product(float (&tmp)[2][kNt / 2], float (
   for (int b = 0; b < 2; ++b) promote_box<kNt>(tmp[b], fin[b], wsc + 64 * b, xsc, w, g8, q);
 }
 
-// A consumer's view of the ring: where k block ii of a stage keeps its operands and scales.
-struct RingView {
-  uint8_t* ring;
-  uint64_t* full;
-  uint64_t* empty;
-  int stride, S, kp, tok_off, sc_off, tok_box, cw, lane;
-  __device__ __forceinline__ const uint8_t* wbox(int s, int ii) const {
-    return ring + s * stride + ii * kWBytes + 2 * cw * kBox;
-  }
-  __device__ __forceinline__ uint32_t tbox(int s, int ii) const {
-    return smem_u32(ring + s * stride + tok_off + ii * tok_box);
-  }
-  __device__ __forceinline__ const float* wsc(int s, int ii) const {
-    return reinterpret_cast<const float*>(ring + s * stride + sc_off) + ii * kW + 128 * cw;
-  }
-  __device__ __forceinline__ const float* xsc(int s, int ii, int nt) const {
-    return reinterpret_cast<const float*>(ring + s * stride + sc_off) + kp * kW + ii * nt;
-  }
-  // The warp is done with stage s: one arrival of the 8 consumer warps.
-  __device__ __forceinline__ void release(int s) const {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
-  }
-};
-
-// A position in the ring, k block by k block: stage s of phase ph, k block ii of it. A unit's
-// stages hold kp k blocks each from its first, the last one the rest.
-struct RingPos {
-  int s, ii;
-  uint32_t ph;
-  // k block t of the unit's n: last of its stage?
-  __device__ __forceinline__ bool last(int t, int n, int kp) const { return ii == kp - 1 || t == n - 1; }
-  __device__ __forceinline__ void next(bool stage_done, int S) {
-    if (!stage_done) {
-      ++ii;
-      return;
-    }
-    ii = 0;
-    if (++s == S) s = 0, ph ^= 1;
-  }
-};
-
-// The overlapped loops below keep every wgmma, commit and wait out of branches, and no group in
-// flight across a loop's back edge: otherwise ptxas serialises every wgmma of the kernel (C7514,
-// C7518; it does not follow wait_group 1 across a back edge). Each k block waits on its stage's
-// full barrier, which returns at once for a stage already waited on (the warp still holds it).
-
-// MoeTuning::fp8_stream_overlap = 1: two sets of temporary accumulators, 4 k blocks an iteration.
-// k block t + 1's products are issued (their own commit group) before the wait for k block t's
-// (wait_group 1), so the tensor cores work on t + 1 while t is promoted and its stage released;
-// the fourth is promoted alone. Past the unit's last k block the slots repeat it and their
-// products are dropped; its stage is released after the last wait, so that the repeats read a
-// stage the warp still holds (and its barrier's wait returns at once). One unit's n k blocks
-// from ring position `at` (advanced past them).
-template <int kNt>
-__device__ __forceinline__ void consume_overlap(const RingView& v, RingPos& at, int n, float (&fin)[2][kNt / 2], int w,
-                                                int g8, int q) {
-  float ta[2][kNt / 2], tb[2][kNt / 2];
-  RingPos is = at;  // the next k block to issue; `at`: the next to promote
-  int ls = at.s, lii = 0;
-  uint32_t lph = at.ph;  // the last k block issued
-  auto issue = [&](float (&t)[2][kNt / 2], int kt) {
-    if (kt < n) ls = is.s, lii = is.ii, lph = is.ph;
-    mbar_wait(&v.full[ls], lph);
-    const uint32_t t_addr = v.tbox(ls, lii);
-    wgmma_fence();
-#pragma unroll
-    for (int b = 0; b < 2; ++b) box_product<kNt>(t[b], v.wbox(ls, lii) + b * kBox, t_addr);
-    wgmma_commit();
-    if (kt < n) is.next(is.last(kt, n, v.kp), v.S);
-  };
-  auto promote = [&](float (&t)[2][kNt / 2], int kt) {
-    fence_acc(t[0]);
-    fence_acc(t[1]);
-    if (kt >= n) return;
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      promote_box<kNt>(t[b], fin[b], v.wsc(at.s, at.ii) + 64 * b, v.xsc(at.s, at.ii, kNt), w, g8, q);
-    const bool done = at.last(kt, n, v.kp);
-    if (done && kt < n - 1) v.release(at.s);
-    at.next(done, v.S);
-  };
-  for (int kt = 0; kt < n; kt += 4) {
-    issue(ta, kt);
-    issue(tb, kt + 1);
-    wgmma_wait_1();
-    promote(ta, kt);
-    issue(ta, kt + 2);
-    wgmma_wait_1();
-    promote(tb, kt + 1);
-    issue(tb, kt + 3);
-    wgmma_wait_1();
-    promote(ta, kt + 2);
-    wgmma_wait_all();
-    promote(tb, kt + 3);
-  }
-  v.release(ls);  // the last k block's stage
-}
-
-// MoeTuning::fp8_stream_overlap = 2: one set, the two 64-row boxes in turn. Each box's products
-// are their own commit group: box 0 of k block t runs while box 1 of t - 1 is promoted, box 1 of
-// t while box 0 of t is promoted. The same registers as the plain loop.
-template <int kNt>
-__device__ __forceinline__ void consume_pingpong(const RingView& v, RingPos& at, int n, float (&fin)[2][kNt / 2], int w,
-                                                 int g8, int q) {
-  float tmp[2][kNt / 2];
-#pragma unroll
-  for (int b = 0; b < 2; ++b)
-#pragma unroll
-    for (int k = 0; k < kNt / 2; ++k) tmp[b][k] = 0.0f;
-  RingPos is = at;  // k block kt's stage; `at`: box 1 of the k block before it
-  for (int kt = 0; kt < n; ++kt) {
-    wgmma_wait_all();  // box 1 of k block kt - 1
-    fence_acc(tmp[1]);
-    mbar_wait(&v.full[is.s], is.ph);
-    const uint32_t t_addr = v.tbox(is.s, is.ii);
-    wgmma_fence();
-    box_product<kNt>(tmp[0], v.wbox(is.s, is.ii), t_addr);
-    wgmma_commit();
-    if (kt > 0) {
-      promote_box<kNt>(tmp[1], fin[1], v.wsc(at.s, at.ii) + 64, v.xsc(at.s, at.ii, kNt), w, g8, q);
-      const bool done = at.last(kt - 1, n, v.kp);
-      if (done) v.release(at.s);
-      at.next(done, v.S);
-    }
-    wgmma_wait_1();  // returns at once (box 0 stays in flight): ends the stretch that read tmp[1]
-    wgmma_fence();
-    box_product<kNt>(tmp[1], v.wbox(is.s, is.ii) + kBox, t_addr);
-    wgmma_commit();
-    wgmma_wait_1();
-    fence_acc(tmp[0]);
-    promote_box<kNt>(tmp[0], fin[0], v.wsc(is.s, is.ii), v.xsc(is.s, is.ii, kNt), w, g8, q);
-    is.next(is.last(kt, n, v.kp), v.S);
-  }
-  wgmma_wait_all();
-  fence_acc(tmp[1]);
-  promote_box<kNt>(tmp[1], fin[1], v.wsc(at.s, at.ii) + 64, v.xsc(at.s, at.ii, kNt), w, g8, q);
-  const bool done = at.last(n - 1, n, v.kp);
-  if (done) v.release(at.s);
-  at.next(done, v.S);
-}
-
 // The producer's position: work unit, its k range and stage.
 struct Cursor {
   int64_t i;
@@ -298,11 +148,7 @@ struct Cursor {
   int kb, kb1;
 };
 
-// kMode: MoeTuning::fp8_stream_overlap (0 the plain loop, 1 two accumulator sets, 2 the boxes in
-// turn). Two sets at 64 token rows hold 192 accumulator registers a thread: the producer
-// warpgroup keeps 56 registers and the consumers take 224 (setmaxnreg; without it 2 KB of
-// spills, with 40 / 232 the producer spilled); the boxes in turn spilled 12 bytes without it.
-template <bool kGateUp, int kNt, int kMode>
+template <bool kGateUp, int kNt>
 __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g) {
   using G = Geo<kNt>;
   const int kp = g.kp, stride = G::stride(kp), S = G::stages(kp);
@@ -334,9 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   // A stage: [kp][256 weight rows] boxes, [kp][token rows] boxes, then the scales.
   const int tok_off = kp * kWBytes, sc_off = kp * G::kStageK;
 
-  constexpr bool kRegs = kMode != 0 && kNt == 64;
   if (warp < 4) {
-    if constexpr (kRegs) regs_dec<56>();
     if (warp != 0) {
       pdl_wait();
       return;
@@ -421,13 +265,12 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
 
   // Consumers: warpgroup cw holds weight rows 128 cw + 64 b + 16 w + g8 + 8 r (b, r < 2) and
   // token columns 8 j + 2 q + ii.
-  if constexpr (kRegs) regs_inc<224>();
   pdl_wait();
   const int ctid = tid - 128, cw = ctid >> 7, w = (ctid >> 5) & 3, g8 = lane >> 2, q = lane & 3;
   constexpr int kAcc = kNt / 2;
   int s = 0;
   uint32_t fp = 0;
-  float tmp[2][kAcc];  // the plain loop's (kMode 0)
+  float tmp[2][kAcc];
 #pragma unroll
   for (int b = 0; b < 2; ++b)
 #pragma unroll
@@ -441,28 +284,17 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int k = 0; k < kAcc; ++k) fin[b][k] = 0.0f;
-    if constexpr (kMode == 0) {
-      for (int kb = kb0; kb < kb1; kb += kp) {
-        mbar_wait(&full[s], fp);
-        const uint8_t* base = ring + s * stride;
-        const float* sc = reinterpret_cast<const float*>(base + sc_off);
-        const int nk = min(kp, kb1 - kb);
-        for (int ii = 0; ii < nk; ++ii)
-          stream_product<kNt>(tmp, fin, base + ii * kWBytes + 2 * cw * kBox, base + tok_off + ii * G::kTokBox,
-                              sc + ii * kW + 128 * cw, sc + kp * kW + ii * kNt, w, g8, q);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
-        if (++s == S) s = 0, fp ^= 1;
-      }
-    } else {
-      const RingView v{ring, full, empty, stride, S, kp, tok_off, sc_off, G::kTokBox, cw, lane};
-      RingPos at{s, 0, fp};
-      if constexpr (kMode == 1) {
-        consume_overlap<kNt>(v, at, kb1 - kb0, fin, w, g8, q);
-      } else {
-        consume_pingpong<kNt>(v, at, kb1 - kb0, fin, w, g8, q);
-      }
-      s = at.s, fp = at.ph;
+    for (int kb = kb0; kb < kb1; kb += kp) {
+      mbar_wait(&full[s], fp);
+      const uint8_t* base = ring + s * stride;
+      const float* sc = reinterpret_cast<const float*>(base + sc_off);
+      const int nk = min(kp, kb1 - kb);
+      for (int ii = 0; ii < nk; ++ii)
+        stream_product<kNt>(tmp, fin, base + ii * kWBytes + 2 * cw * kBox, base + tok_off + ii * G::kTokBox,
+                            sc + ii * kW + 128 * cw, sc + kp * kW + ii * kNt, w, g8, q);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+      if (++s == S) s = 0, fp ^= 1;
     }
 
     if (ksplit > 1) {
@@ -567,26 +399,12 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   }
 }
 
-template <bool kGateUp, int kNt, int kMode>
-void launch_mode(const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl, cudaStream_t st) {
-  auto kernel = stream_kernel<kGateUp, kNt, kMode>;
+template <bool kGateUp, int kNt>
+void launch_one(const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl, cudaStream_t st) {
+  auto kernel = stream_kernel<kGateUp, kNt>;
   set_smem(kernel, Geo<kNt>::kBytes);
   launch_pdl(pdl, kernel, dim3(unsigned(grid)), dim3(kThreads), Geo<kNt>::kBytes, st,
              kGateUp ? "moe_experts fp8 (gate_up stream)" : "moe_experts fp8 (down stream)", amap, g);
-}
-
-// The overlapped loops hold a stage while they wait for the next one: with a single stage in the
-// ring (4 k blocks at 64 token rows) they take the plain loop.
-template <bool kGateUp, int kNt>
-void launch_one(const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl, cudaStream_t st) {
-  const int mode = Geo<kNt>::stages(g.kp) >= 2 ? tuning().moe.fp8_stream_overlap : 0;
-  if (mode == 1) {
-    launch_mode<kGateUp, kNt, 1>(amap, g, grid, pdl, st);
-  } else if (mode == 2) {
-    launch_mode<kGateUp, kNt, 2>(amap, g, grid, pdl, st);
-  } else {
-    launch_mode<kGateUp, kNt, 0>(amap, g, grid, pdl, st);
-  }
 }
 
 }  // namespace

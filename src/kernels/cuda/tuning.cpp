@@ -108,13 +108,6 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(moe, fp8_ksplit_gate_up),
       SIEVE_INT_FIELD(moe, fp8_ksplit_down),
       SIEVE_INT_FIELD(moe, fp8_stream_kblocks),
-      Field{"moe.fp8_stream_overlap",
-            [](Tuning& t, const std::string& v) {
-              const int m = parse_int("moe.fp8_stream_overlap", v);
-              if (m < 0 || m > 2) throw Error("tuning field moe.fp8_stream_overlap: \"" + v + "\" is not 0, 1 or 2");
-              t.moe.fp8_stream_overlap = m;
-            },
-            [](const Tuning& t) { return std::to_string(t.moe.fp8_stream_overlap); }},
       SIEVE_BOOL_FIELD(moe, fp8_pdl),
       SIEVE_BOOL_FIELD(moe, fp8_sort_pdl),
       SIEVE_BOOL_FIELD(moe, fp8_sort_scan),

@@ -138,13 +138,6 @@ struct MoeTuning {
   // read each weight row 256 contiguous bytes at a time: 32 tokens at one TP4 rank took 517
   // instead of 605 us on an H100 (docs/kernels.md).
   int fp8_stream_kblocks = 0;
-  // The stream kernels' consumer loop (moe_fp8_stream.cu; same output bits in each): 0 per k
-  // block 8 wgmma, one wait, the promotion, then the next k block; 1 two sets of temporary
-  // accumulators, k block j + 1 issued before the wait for j (wait_group 1), so the tensor cores
-  // run while j is promoted and its stage released; 2 one set, the two 64-row boxes in turn, one
-  // box's products running while the other's are promoted. 1 and 2 need two stages in the ring
-  // (else the plain loop).
-  int fp8_stream_overlap = 0;
   // Programmatic dependent launch along the stream path's kernels.
   bool fp8_pdl = true;
   // The next three: on (H100, 32 tokens: 515 -> 510 us at TP4, 289 -> 283 at TP8; 1 token
