@@ -36,32 +36,45 @@ constexpr int kMaxTopk = 32;
 constexpr int kSlice = 512;        // hidden columns a fused CTA
 constexpr int kGroupExperts = 8;   // experts a fused CTA (a warp each)
 
-// Routes token t from its logits row (read through L2: another CTA may have written it).
-__device__ void route_token(const ops::MoeRouteParams& p, const float* logits, int64_t t, int lane) {
+// Routes token t from its logits row (read through L2: another CTA may have written it). kPer:
+// experts a lane holds (E <= 32 kPer). Every loop over them and over the top-k ranks is unrolled
+// with compile-time indices, so the scores stay in registers and a lane's logit and bias loads
+// are issued together (with a run-time bound the arrays lived in a 384-byte stack frame).
+template <int kPer>
+__device__ __forceinline__ void route_token_t(const ops::MoeRouteParams& p, const float* logits, int64_t t, int lane) {
   const int E = p.num_experts, K = p.topk;
-  const int per = (E + 31) / 32;
-  float s[kMaxExperts / 32], c[kMaxExperts / 32];
+  float lv[kPer], bv[kPer], s[kPer], c[kPer];
   uint32_t taken = 0;  // bit i: expert lane + 32 i is chosen (or does not exist)
-  for (int i = 0; i < kMaxExperts / 32; ++i) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    lv[i] = e < E ? __ldcg(logits + e) : 0.0f;
+    bv[i] = e < E && p.bias ? p.bias[e] : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
     s[i] = 0.0f;
     c[i] = kNegInf;
-    if (i >= per || e >= E) {
+    if (e >= E) {
       taken |= 1u << i;
       continue;
     }
-    const float sv = sigmoid_value(__ldcg(logits + e));
-    const float cv = __fadd_rn(sv, p.bias ? p.bias[e] : 0.0f);
+    const float sv = sigmoid_value(lv[i]);
+    const float cv = __fadd_rn(sv, bv[i]);
     s[i] = sv;
     c[i] = isnan(cv) ? kNegInf : cv;
   }
   float chosen_s[kMaxTopk];
-  for (int j = 0; j < K; ++j) {
+#pragma unroll
+  for (int j = 0; j < kMaxTopk; ++j) {
+    if (j >= K) break;
     // The lane's best among its free experts (ascending ids, so ties keep the lower id), then
     // the warp's: a total order (score descending, id ascending) gives every lane the same one.
     float best = kNegInf;
     int bid = INT_MAX;
-    for (int i = 0; i < per; ++i) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
       if ((taken >> i) & 1u) continue;
       if (bid == INT_MAX || c[i] > best) {
         best = c[i];
@@ -78,7 +91,8 @@ __device__ void route_token(const ops::MoeRouteParams& p, const float* logits, i
     }
     const int owner = bid & 31, slot = bid >> 5;
     float mine = 0.0f;
-    for (int i = 0; i < kMaxExperts / 32; ++i)
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
       if (i == slot) mine = s[i];
     chosen_s[j] = __shfl_sync(0xffffffffu, mine, owner);
     if (lane == owner) taken |= 1u << slot;
@@ -86,12 +100,27 @@ __device__ void route_token(const ops::MoeRouteParams& p, const float* logits, i
   }
   if (lane == 0) {
     float sum = 0.0f;
-    for (int j = 0; j < K; ++j) sum = __fadd_rn(sum, chosen_s[j]);
-    for (int j = 0; j < K; ++j) {
+#pragma unroll
+    for (int j = 0; j < kMaxTopk; ++j)
+      if (j < K) sum = __fadd_rn(sum, chosen_s[j]);
+#pragma unroll
+    for (int j = 0; j < kMaxTopk; ++j) {
+      if (j >= K) break;
       float w = chosen_s[j];
       if (p.renormalize) w = __fdiv_rn(w, sum);
       p.weights[t * K + j] = __fmul_rn(w, p.scaling);
     }
+  }
+}
+
+__device__ void route_token(const ops::MoeRouteParams& p, const float* logits, int64_t t, int lane) {
+  const int per = (p.num_experts + 31) / 32;
+  if (per <= 4) {
+    route_token_t<4>(p, logits, t, lane);
+  } else if (per <= 8) {
+    route_token_t<8>(p, logits, t, lane);
+  } else {
+    route_token_t<kMaxExperts / 32>(p, logits, t, lane);
   }
 }
 
