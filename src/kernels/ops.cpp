@@ -73,7 +73,6 @@ void set_op_observer(OpObserver fn) {
 void matmul(const MatmulParams& p, const Stream& s) { SIEVE_DISPATCH(matmul, p, s); }
 void linear(const LinearParams& p, const Stream& s) { SIEVE_DISPATCH(linear, p, s); }
 void quantize_fp8(const QuantizeFp8Params& p, const Stream& s) { SIEVE_DISPATCH(quantize_fp8, p, s); }
-void repack_fp8_tiles(const RepackFp8TilesParams& p, const Stream& s) { SIEVE_DISPATCH(repack_fp8_tiles, p, s); }
 void embedding(const EmbeddingParams& p, const Stream& s) { SIEVE_DISPATCH(embedding, p, s); }
 void rms_norm(const RmsNormParams& p, const Stream& s) { SIEVE_DISPATCH(rms_norm, p, s); }
 void add(const AddParams& p, const Stream& s) { SIEVE_DISPATCH(add, p, s); }

@@ -145,17 +145,6 @@ std::vector<float> lt_weight_scales(const WeightView& w, const float* scale);
 constexpr int64_t kFp8Group = 128;
 inline int64_t fp8_groups(int64_t cols) { return (cols + kFp8Group - 1) / kFp8Group; }
 
-// An FP8 expert matrix [rows, cols] (gate_up: [gate | up] rows) from row-major into the tiled
-// layout of kernels/fp8_tiles.h, or back (untile). src and dst do not overlap; rows % 64 == 0,
-// cols % 128 == 0 (gate_up: rows % 128 == 0), 16-byte aligned. Pure byte moves.
-struct RepackFp8TilesParams {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  int64_t rows = 0, cols = 0;
-  bool gate_up = false;
-  bool untile = false;
-};
-
 // Standalone quantization of activation rows (the FP8 GEMM input) as above.
 struct QuantizeFp8Params {
   const void* x = nullptr;  // [rows, cols], row stride ldx
@@ -304,10 +293,6 @@ struct MoeExpertsParams {
   const void* const* w_gate_up = nullptr;  // [num_experts] -> [2 * inter, hidden] ([gate | up] rows)
   const void* const* w_down = nullptr;     // [num_experts] -> [hidden, inter]
   DType w_dtype = DType::BF16;             // F32, BF16 or FP8_E4M3
-  // FP8_E4M3 only: both matrices of every expert in the tiled layout (kernels/fp8_tiles.h, made
-  // by repack_fp8_tiles; fp8_tiles_fit(hidden, inter) must hold), not row-major. Set by whoever
-  // laid the weights out (the model, at load), never by a knob at the call.
-  bool w_tiled = false;
   // FP8_E4M3 only: per expert the dequant multipliers of its two matrices (row-major over blocks).
   const float* const* w_gate_up_scale = nullptr;  // [num_experts] -> [ceil(2 inter / br), ceil(hidden / bc)]
   const float* const* w_down_scale = nullptr;     // [num_experts] -> [ceil(hidden / br), ceil(inter / bc)]
@@ -502,7 +487,6 @@ struct AllGatherParams {
 void matmul(const MatmulParams& p, const Stream& s);
 void linear(const LinearParams& p, const Stream& s);
 void quantize_fp8(const QuantizeFp8Params& p, const Stream& s);
-void repack_fp8_tiles(const RepackFp8TilesParams& p, const Stream& s);
 void embedding(const EmbeddingParams& p, const Stream& s);
 void rms_norm(const RmsNormParams& p, const Stream& s);
 void add(const AddParams& p, const Stream& s);

@@ -410,7 +410,6 @@ class MiniMaxM3 final : public Model {
     me.w_gate_up = static_cast<const void* const*>(L.expert_gate_up_ptrs.data());
     me.w_down = static_cast<const void* const*>(L.expert_down_ptrs.data());
     me.w_dtype = gu0.dtype;
-    me.w_tiled = L.experts_tiled;
     me.w_gate_up_scale = static_cast<const float* const*>(L.expert_gate_up_scale_ptrs.data());
     me.w_down_scale = static_cast<const float* const*>(L.expert_down_scale_ptrs.data());
     me.scale_block_rows = gu0.block_rows;

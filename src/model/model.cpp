@@ -13,8 +13,6 @@
 
 #ifdef SIEVE_HAVE_CUDA
 #include <cuda_runtime_api.h>
-
-#include "kernels/cuda/tuning.h"
 #endif
 
 namespace sieve::model {
@@ -131,9 +129,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
                 std::to_string(o.group->size()) + ", the model rank " + std::to_string(o.tp_rank) + " of " +
                 std::to_string(o.tp_size));
   wo.quantization = o.quantization;
-#ifdef SIEVE_HAVE_CUDA
-  wo.fp8_expert_tiles = dev.is_cuda() && cuda::tuning().moe.fp8_weight_tiles == 1;  // the layout is fixed here
-#endif
   wo.progress = o.progress;
   const std::string quant = effective_quantization(cfg, o.quantization);
   std::optional<Checkpoint> ckpt;

@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "core/splitmix.h"
-#include "kernels/fp8_tiles.h"
 #include "model/weight_formats.h"
 
 namespace sieve::model {
@@ -97,7 +96,6 @@ struct Spec {
   bool linear = false;  // a projection: FP8 formats apply
   bool f32 = false;     // norms, router, bias
   bool expert = false;  // a routed expert's (the MoE op's formats)
-  bool gate_up = false;  // [gate | up] rows
   // FP8 scales per row whatever the blocks: an expert's two matrices share one block shape in
   // the MoE op, so down follows gate_up when gate_up's stacked halves are not whole blocks.
   bool per_row = false;
@@ -155,7 +153,6 @@ std::vector<Spec> plan(const ModelConfig& c, const RankLayout& l, ModelWeights& 
         else
           add(down, {{dn, cols_of(H, inter, i0, n)}}, true, false);
         specs.back().expert = expert;
-        specs.back().gate_up = part == 0;
         specs.back().per_row = expert && n % 128 != 0;
       }
     };
@@ -272,52 +269,15 @@ const TensorInfo& checked_tensor(const Checkpoint& ck, const std::string& name, 
   return t;
 }
 
-// WeightOptions::fp8_expert_tiles: a routed expert's FP8 matrix reaches the device row-major in
-// a staging buffer and is repacked from there into its own memory in the tiled layout (no second
-// copy of the weights, no host-side pass over them).
-class Tiler {
- public:
-  Tiler(const WeightOptions& o, const ModelConfig& c)
-      : on_(o.fp8_expert_tiles && o.device.is_cuda() && ops::fp8_tiles_fit(c.hidden_size, o.layout.expert_inter)),
-        dev_(o.device) {}
-  bool wants(const Spec& s, DType t) const { return on_ && s.expert && t == DType::FP8_E4M3; }
-  void* stage(size_t bytes) {
-    if (buf_.bytes() < bytes) buf_ = Buffer(dev_, bytes);
-    return buf_.data();
-  }
-  // The staged bytes into w.data (w's shape set), tiled.
-  void repack(Weight& w, bool gate_up) {
-    ops::RepackFp8TilesParams r;
-    r.src = buf_.data();
-    r.dst = w.data.data();
-    r.rows = w.rows;
-    r.cols = w.cols;
-    r.gate_up = gate_up;
-    ops::repack_fp8_tiles(r, ops::Stream{dev_, nullptr});  // the legacy stream: ordered with the copies
-    w.tiled = true;
-  }
-
- private:
-  bool on_;
-  Device dev_;
-  Buffer buf_;
-};
-
-// Moves a host weight to the device (tiler: tiled, by the spec's rows).
-void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection, Arena& arena, Tiler* tiler = nullptr,
-            bool gate_up = false) {
+// Moves a host weight to the device.
+void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection, Arena& arena) {
   w.dtype = h.dtype;
   w.rows = h.rows;
   w.cols = h.cols;
   w.block_rows = h.block_rows;
   w.block_cols = h.block_cols;
   w.data = arena.take(h.data.size());
-  if (tiler) {
-    copy_to_device(dev, tiler->stage(h.data.size()), h.data.data(), h.data.size());
-    tiler->repack(w, gate_up);
-  } else {
-    copy_to_device(dev, w.data.data(), h.data.data(), h.data.size());
-  }
+  copy_to_device(dev, w.data.data(), h.data.data(), h.data.size());
   if (!h.scale.empty()) {
     w.scale = arena.take(h.scale.size() * 4);
     copy_to_device(dev, w.scale.data(), h.scale.data(), h.scale.size() * 4);
@@ -332,8 +292,7 @@ void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
   const Weight& first = L.expert_gate_up[0];
   for (size_t e = 0; e < L.expert_gate_up.size(); ++e) {
     for (const Weight* w : {&L.expert_gate_up[e], &L.expert_down[e]})
-      if (w->dtype != first.dtype || w->block_rows != first.block_rows || w->block_cols != first.block_cols ||
-          w->tiled != first.tiled)
+      if (w->dtype != first.dtype || w->block_rows != first.block_rows || w->block_cols != first.block_cols)
         throw Error("layer " + std::to_string(layer) + ": the experts' weights differ in format (" +
                     std::string(dtype_name(w->dtype)) + " " + std::to_string(w->block_rows) + "x" +
                     std::to_string(w->block_cols) + " vs " + std::string(dtype_name(first.dtype)) + " " +
@@ -350,7 +309,6 @@ void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
   };
   put(L.expert_gate_up_ptrs, gu);
   put(L.expert_down_ptrs, dn);
-  L.experts_tiled = first.tiled;
   if (first.dtype == DType::FP8_E4M3) {
     put(L.expert_gate_up_scale_ptrs, gus);
     put(L.expert_down_scale_ptrs, dns);
@@ -400,7 +358,6 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, const We
   const std::vector<Spec> specs = plan(cfg, o.layout, mw);
   const uint64_t total = estimate_weight_bytes(cfg, o, &ck);
   Arena arena(o.device, mw.arena);
-  Tiler tiler(o, cfg);
   for (const Spec& s : specs) {
     std::vector<HostWeight> parts;
     for (const Part& p : s.parts) {
@@ -430,8 +387,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, const We
     }
     HostWeight h = detail::stack(std::move(parts));
     if (s.per_row) h = detail::expand_rows(h);
-    Tiler* const tiles = tiler.wants(s, h.dtype) ? &tiler : nullptr;
-    upload(std::move(h), *s.out, o.device, !s.expert, arena, tiles, s.gate_up);
+    upload(std::move(h), *s.out, o.device, !s.expert, arena);
     mw.bytes += s.out->bytes();
     if (o.progress) o.progress(mw.bytes, total);
   }
@@ -462,18 +418,17 @@ ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
     store_from_f32(f32_pool.data(), DType::F32, i, v);
   }
   size_t offset = 0;
-  auto fill = [&](void* dst, size_t bytes, const std::vector<uint8_t>& pool) {
+  auto fill = [&](Buffer& b, const std::vector<uint8_t>& pool) {
     // Copies the pool over the buffer from a moving start (pool sizes are multiples of 16).
     size_t at = 0;
     offset = (offset + 4099 * 16) % pool.size();
-    while (at < bytes) {
+    while (at < b.bytes()) {
       const size_t start = at == 0 ? offset : 0;
-      const size_t n = std::min(bytes - at, pool.size() - start);
-      copy_to_device(o.device, static_cast<uint8_t*>(dst) + at, pool.data() + start, n);
+      const size_t n = std::min(b.bytes() - at, pool.size() - start);
+      copy_to_device(o.device, static_cast<uint8_t*>(b.data()) + at, pool.data() + start, n);
       at += n;
     }
   };
-  Tiler tiler(o, cfg);
   for (const Spec& s : specs) {
     // (Dummy FP8 experts the MoE op cannot take are made BF16.)
     const DType src = fp8_ok(s) && !quant.empty() ? DType::FP8_E4M3 : DType::BF16;
@@ -485,14 +440,7 @@ ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
     w.block_rows = sh.block_rows;
     w.block_cols = sh.block_cols;
     w.data = arena.take(size_t(sh.rows * sh.cols) * dtype_size(sh.dtype));
-    const std::vector<uint8_t>& pool = sh.dtype == DType::FP8_E4M3 ? fp8_pool : sh.dtype == DType::BF16 ? bf16_pool : f32_pool;
-    if (tiler.wants(s, sh.dtype)) {
-      // The same bytes as row-major dummy weights, tiled: the same model either way.
-      fill(tiler.stage(w.data.bytes()), w.data.bytes(), pool);
-      tiler.repack(w, s.gate_up);
-    } else {
-      fill(w.data.data(), w.data.bytes(), pool);
-    }
+    fill(w.data, sh.dtype == DType::FP8_E4M3 ? fp8_pool : sh.dtype == DType::BF16 ? bf16_pool : f32_pool);
     if (sh.scales > 0) {
       const std::vector<float> sc(size_t(sh.scales), std::ldexp(1.0f, -14));
       w.scale = arena.take(sc.size() * 4);

@@ -34,8 +34,6 @@ struct Weight {
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
   int block_rows = 0, block_cols = 0;  // FP8_E4M3 only
-  // A routed expert's FP8 matrix in the tiled layout (kernels/fp8_tiles.h), not row-major.
-  bool tiled = false;
   ops::WeightView view() const;
   size_t bytes() const { return data.bytes() + scale.bytes() + scale_lt.bytes(); }
 };
@@ -57,7 +55,6 @@ struct LayerWeights {
   std::vector<Weight> expert_down;     // each [hidden, inter]
   // Device arrays of the experts' data and scale pointers (the MoE op's form).
   Buffer expert_gate_up_ptrs, expert_down_ptrs, expert_gate_up_scale_ptrs, expert_down_scale_ptrs;
-  bool experts_tiled = false;  // every expert matrix tiled (ops::MoeExpertsParams::w_tiled)
   Weight shared_gate_up;  // [2 * shared_inter, hidden] (empty when no shared expert)
   Weight shared_down;     // [hidden, shared_inter]
 };
@@ -79,10 +76,6 @@ struct WeightOptions {
   RankLayout layout;
   // "" (as stored) or "fp8": BF16 projections quantized per 128 x 128 block at load.
   std::string quantization;
-  // CUDA: the routed experts' FP8 matrices repacked at load into the tiled layout
-  // (kernels/fp8_tiles.h; MoeTuning::fp8_weight_tiles) where their shapes allow it
-  // (ops::fp8_tiles_fit), row-major otherwise.
-  bool fp8_expert_tiles = false;
   // Called after each weight is on the device with the bytes done so far and the total.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

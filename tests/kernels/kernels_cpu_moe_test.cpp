@@ -5,13 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/moe_fp8_work.h"
-#include "kernels/fp8_tiles.h"
 #include "kernel_test_util.h"
 #include "moe_test_util.h"
 
@@ -117,143 +115,6 @@ TEST(CpuMoeExpertsFp8, MissingScalesAreAnError) {
   p = c.params();
   p.out = out.data();
   p.scale_block_cols = 0;
-  EXPECT_THROW(cpu::run_moe_experts(p), Error);
-}
-
-// ---------------------------------------------------------------------------------------------
-// The tiled layout of FP8 expert weights (kernels/fp8_tiles.h, repack_fp8_tiles)
-
-// Every element lands where fp8_tile_offset says, each box is one 8 KB run of its 64 rows, a
-// 256-row block's boxes of a k block are adjacent (gate_up: gate, up, gate, up), and untiling
-// gives the matrix back; rows not a multiple of 256 leave a short last group.
-TEST(Fp8Tiles, RepackRoundTripAndOrder) {
-  Rng rng(4100);
-  const struct {
-    int64_t rows, cols;
-    bool gate_up;
-  } cases[] = {{384, 256, false}, {640, 384, false}, {64, 128, false}, {256, 384, true}, {768, 256, true},
-               {128, 640, true}, {1536, 128, false}};
-  for (const auto& c : cases) {
-    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + (c.gate_up ? " gate_up" : " down"));
-    const size_t n = size_t(c.rows * c.cols);
-    std::vector<uint8_t> m(n), t(n, 0xCD), back(n, 0xEF);
-    for (auto& v : m) v = uint8_t(rng.uniform_int(0, 255));
-    ops::RepackFp8TilesParams r;
-    r.src = m.data();
-    r.dst = t.data();
-    r.rows = c.rows;
-    r.cols = c.cols;
-    r.gate_up = c.gate_up;
-    cpu::run_repack_fp8_tiles(r);
-    int bad = 0;
-    for (int64_t row = 0; row < c.rows && bad < 5; ++row)
-      for (int64_t k = 0; k < c.cols && bad < 5; ++k) {
-        const int64_t at = ops::fp8_tile_offset(row, k, c.rows, c.cols, c.gate_up);
-        if (t[size_t(at)] != m[size_t(row * c.cols + k)]) ADD_FAILURE() << "row " << row << " k " << k, ++bad;
-      }
-    // A box: the 64 rows of one slot and k block, in order, 128 bytes each.
-    const int slots = int(c.rows / 64), nkb = int(c.cols / 128);
-    for (int64_t row = 0; row < c.rows; row += 37) {
-      const int64_t k = (row * 5) % c.cols;
-      const int64_t box = ops::fp8_tile_box(ops::fp8_tile_slot(row, c.rows, c.gate_up), int(k / 128), slots, nkb);
-      EXPECT_EQ(ops::fp8_tile_offset(row, k, c.rows, c.cols, c.gate_up), box * 8192 + (row % 64) * 128 + k % 128);
-    }
-    // A 256-row block's boxes of consecutive k blocks are one run (the stream kernels' stage).
-    for (int blk = 0; 4 * blk < slots; ++blk) {
-      const int gs = std::min(4, slots - 4 * blk);
-      const int64_t first = ops::fp8_tile_box(4 * blk, 0, slots, nkb);
-      for (int kb = 0; kb < nkb; ++kb)
-        for (int b = 0; b < gs; ++b) EXPECT_EQ(ops::fp8_tile_box(4 * blk + b, kb, slots, nkb), first + kb * gs + b);
-      EXPECT_EQ(ops::fp8_tile_box(4 * blk + gs, 0, slots, nkb), gs < 4 ? int64_t(slots) * nkb : first + 4 * nkb);
-    }
-    if (c.gate_up) {
-      // Slot 2 j: gate rows 64 j ..; slot 2 j + 1: up rows 64 j .. (moe_fp8_work.h gate_up_row).
-      for (int rb = 0; 4 * rb < slots; ++rb)
-        for (int b = 0; b < 4; ++b) {
-          bool valid;
-          const int row = cuda::moe_fp8::gate_up_row(rb, 64 * b, int(c.rows / 2), valid);
-          if (valid) EXPECT_EQ(ops::fp8_tile_slot(row, c.rows, true), 4 * rb + b);
-        }
-    }
-    r.src = t.data();
-    r.dst = back.data();
-    r.untile = true;
-    cpu::run_repack_fp8_tiles(r);
-    EXPECT_TRUE(back == m);
-  }
-  ops::RepackFp8TilesParams r;
-  std::vector<uint8_t> a(192 * 128), b(a.size());
-  r.src = a.data(), r.dst = b.data(), r.rows = 192, r.cols = 128, r.gate_up = true;  // halves of 96 rows
-  EXPECT_THROW(cpu::run_repack_fp8_tiles(r), Error);
-  r.rows = 128, r.cols = 96;
-  EXPECT_THROW(cpu::run_repack_fp8_tiles(r), Error);
-}
-
-// The kernels' box coordinates (moe_fp8_work.h weight_coords): row-major, the k byte and the
-// box's first row (gate_up_row, down_row); tiled, 64 x fp8_tile_box for every box of the matrix.
-TEST(MoeFp8Work, WeightCoordsFindTheBoxes) {
-  using cuda::moe_fp8::weight_box_at;
-  using cuda::moe_fp8::weight_coords;
-  const int shapes[][2] = {{384, 256}, {640, 128}, {6144, 384}, {6144, 768}, {256, 128}};
-  for (const auto& sh : shapes) {
-    const int H = sh[0], I = sh[1];
-    SCOPED_TRACE("H " + std::to_string(H) + " I " + std::to_string(I));
-    for (bool gate_up : {true, false}) {
-      const int rows = gate_up ? 2 * I : H, nkb = (gate_up ? H : I) / 128, blocks = gate_up ? (I + 127) / 128 : (H + 255) / 256;
-      const auto rm = weight_coords(gate_up, false, I, H, nkb), tl = weight_coords(gate_up, true, I, H, nkb);
-      for (int blk = 0; blk < blocks; ++blk)
-        for (int b = 0; b < 4; ++b)
-          for (int kb = 0; kb < nkb; ++kb) {
-            bool valid;
-            const int row = gate_up ? cuda::moe_fp8::gate_up_row(blk, 64 * b, I, valid) : cuda::moe_fp8::down_row(blk, 64 * b, H, valid);
-            int x, y;
-            weight_box_at(rm, blk, b, kb, x, y);
-            EXPECT_EQ(x, 128 * kb);
-            EXPECT_EQ(y, row);
-            if (!valid) continue;
-            weight_box_at(tl, blk, b, kb, x, y);
-            EXPECT_EQ(x, 0);
-            EXPECT_EQ(y, 64 * ops::fp8_tile_box(4 * blk + b, kb, rows / 64, nkb));
-            EXPECT_EQ(int64_t(y) * 128, ops::fp8_tile_offset(row, 128 * kb, rows, gate_up ? H : I, gate_up));
-          }
-    }
-  }
-}
-
-// moe_experts reads tiled weights as the same matrices: the same bits as row-major.
-TEST(Fp8Tiles, CpuMoeExpertsTiledEqualsRowMajor) {
-  uint64_t seed = 4200;
-  const int64_t shapes[][4] = {{7, 384, 128, 5}, {3, 256, 256, 7}, {12, 640, 384, 9}, {1, 128, 128, 3}};
-  for (const auto& sh : shapes) {
-    for (bool quant : {false, true}) {
-      MoeShape s;
-      s.T = sh[0], s.H = sh[1], s.I = sh[2], s.E = int(sh[3]), s.K = 2;
-      s.br = quant ? 1 : 128;
-      s.skipped = 1;
-      s.act = quant ? DType::BF16 : DType::F32;
-      SCOPED_TRACE(s.describe());
-      MoeCaseData c(s, seed++);
-      c.make_tiled();
-      TypedBuffer a = c.out0, b = c.out0;
-      ops::MoeExpertsParams p = c.params();
-      p.quantize_act = quant;
-      p.out = a.data();
-      cpu::run_moe_experts(p);
-      p = c.params_tiled();
-      p.quantize_act = quant;
-      p.out = b.data();
-      cpu::run_moe_experts(p);
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.count * dtype_size(s.act)));
-    }
-  }
-  // Shapes the layout does not take are refused.
-  MoeShape s;
-  s.H = 200, s.I = 72;
-  MoeCaseData c(s, seed);
-  TypedBuffer out = c.out0;
-  ops::MoeExpertsParams p = c.params();
-  p.w_tiled = true;
-  p.out = out.data();
   EXPECT_THROW(cpu::run_moe_experts(p), Error);
 }
 

@@ -15,7 +15,6 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/tuning.h"
-#include "kernels/fp8_tiles.h"
 #include "moe_fp8_emulation.h"
 #include "moe_test_util.h"
 
@@ -86,9 +85,6 @@ struct GpuRun {
   // >= 0: this run's output and quantized SwiGLU rows must be the same bytes as those of run
   // `same_as` of the list (a variant that promises the same arithmetic).
   int same_as = -1;
-  // The weights in the tiled layout (kernels/fp8_tiles.h, repacked on the GPU); skipped where
-  // the shape does not take it.
-  bool tiled = false;
 };
 
 cuda::Tuning with_moe(const cuda::MoeTuning& m) {
@@ -101,9 +97,8 @@ cuda::Tuning with_moe(const cuda::MoeTuning& m) {
 // probe buffers poisoned first) and checks the result.
 struct DevMoe {
   const MoeCaseData& c;
-  std::vector<Dev> gu, dn, gus, dns, gu_t, dn_t;
-  Dev x, xs, ids, w, gup{16}, dnp{16}, gusp{16}, dnsp{16}, gutp{16}, dntp{16}, aq, as, out;
-  bool tiles = false;  // gu_t, dn_t: the weights tiled
+  std::vector<Dev> gu, dn, gus, dns;
+  Dev x, xs, ids, w, gup{16}, dnp{16}, gusp{16}, dnsp{16}, aq, as, out;
   explicit DevMoe(const MoeCaseData& cd)
       : c(cd),
         x(Dev::of(cd.x)),
@@ -126,33 +121,15 @@ struct DevMoe {
       dns_d.push_back(dns.back().as<float>());
     }
     gup = Dev::of(gu_d), dnp = Dev::of(dn_d), gusp = Dev::of(gus_d), dnsp = Dev::of(dns_d);
-    tiles = c.s.w == DType::FP8_E4M3 && ops::fp8_tiles_fit(c.s.H, c.s.I);
-    if (tiles) {
-      auto tile = [](const Dev& src, int64_t rows, int64_t cols, bool gate_up) {
-        Dev t(size_t(rows * cols));
-        t.poison(0xAB);
-        EXPECT_TRUE(cuda::run_repack_fp8_tiles(tiles_repack(src.p(), t.p(), rows, cols, gate_up), nullptr));
-        return t;
-      };
-      std::vector<const void*> gt, dt;
-      for (int e = 0; e < c.s.E; ++e) {
-        gu_t.push_back(tile(gu[size_t(e)], 2 * c.s.I, c.s.H, true));
-        dn_t.push_back(tile(dn[size_t(e)], c.s.H, c.s.I, false));
-        gt.push_back(gu_t.back().p());
-        dt.push_back(dn_t.back().p());
-      }
-      gutp = Dev::of(gt), dntp = Dev::of(dt);
-    }
   }
-  ops::MoeExpertsParams params(bool tiled = false) const {
+  ops::MoeExpertsParams params() const {
     ops::MoeExpertsParams p = c.params();
     p.x = x.p();
     p.x_scale = c.s.fp8_x ? xs.as<float>() : nullptr;
     p.ids = ids.as<int32_t>();
     p.weights = w.as<float>();
-    p.w_gate_up = (tiled ? gutp : gup).as<const void*>();
-    p.w_down = (tiled ? dntp : dnp).as<const void*>();
-    p.w_tiled = tiled;
+    p.w_gate_up = gup.as<const void*>();
+    p.w_down = dnp.as<const void*>();
     p.w_gate_up_scale = gusp.as<const float*>();
     p.w_down_scale = dnsp.as<const float*>();
     p.out = out.p();
@@ -190,28 +167,17 @@ struct DevMoe {
       }
     }
   }
-  // One call on `stream` under `knobs`, checked (verify false: the bytes only, for runs compared
-  // byte for byte with a checked one).
+  // One call on `stream` under `knobs`, checked.
   void run(const cuda::MoeTuning& knobs, cudaStream_t stream = nullptr, std::vector<uint8_t>* bytes = nullptr,
-           bool with_act = false, bool tiled = false, bool verify = true) {
+           bool with_act = false) {
     reset();
     const cuda::MoeFp8Probe pr = probe();
     {
       cuda::TuningScope scope(with_moe(knobs));
-      ASSERT_TRUE(cuda::run_moe_experts_fp8(params(tiled), stream, &pr));
+      ASSERT_TRUE(cuda::run_moe_experts_fp8(params(), stream, &pr));
     }
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    if (verify) {
-      check(bytes, with_act);
-      return;
-    }
-    const int64_t T = c.s.T, K = c.s.K, I = c.s.I, gi = (I + 127) / 128;
-    *bytes = out.bytes(c.out0.bytes.size());
-    if (with_act) {
-      const std::vector<uint8_t> q = aq.bytes(size_t(T * K * I)), sc = as.bytes(size_t(T * K * gi) * 4);
-      bytes->insert(bytes->end(), q.begin(), q.end());
-      bytes->insert(bytes->end(), sc.begin(), sc.end());
-    }
+    check(bytes, with_act);
   }
 };
 
@@ -231,12 +197,7 @@ void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64
   for (const GpuRun& run : runs) {
     SCOPED_TRACE(run.what);
     std::vector<uint8_t> got;
-    if (run.tiled && !d.tiles) {
-      outs.push_back(got);
-      continue;
-    }
-    // A tiled run compared byte for byte with its row-major twin needs no check of its own.
-    d.run(run.knobs, nullptr, &got, true, run.tiled, !(run.tiled && run.same_as >= 0));
+    d.run(run.knobs, nullptr, &got, true);
     outs.push_back(got);
     if (run.same_as >= 0) {
       const std::vector<uint8_t>& ref = outs[size_t(run.same_as)];
@@ -246,28 +207,14 @@ void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64
                               << first << " of " << got.size() << ")";
     }
     got.resize(c.out0.bytes.size());  // the output alone
-    if (run.what == "default" || run.what == "default, tiled weights") {
+    if (run.what == "default") {
       Dev dout2 = Dev::of(c.out0);
-      ops::MoeExpertsParams p = d.params(run.tiled);
+      ops::MoeExpertsParams p = d.params();
       p.out = dout2.p();
       ops::moe_experts(p, gpu_stream());
       EXPECT_TRUE(dout2.bytes(got.size()) == got) << "ops::moe_experts differs from the same kernels";
     }
   }
-}
-
-// Each run again with the weights tiled (kernels/fp8_tiles.h): the kernels' shared memory gets
-// the same bytes, so the output and the quantized SwiGLU rows must be the same bits.
-std::vector<GpuRun> with_tiled_variants(std::vector<GpuRun> r) {
-  const size_t n = r.size();
-  for (size_t i = 0; i < n; ++i) {
-    GpuRun g = r[i];
-    g.tiled = true;
-    g.what += ", tiled weights";
-    g.same_as = int(i);
-    r.push_back(g);
-  }
-  return r;
 }
 
 // Stage depths and stream widths of the stream kernels: stages of 1 to 4 k blocks at every width
@@ -636,186 +583,6 @@ TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {
   p.w_gate_up = p.w_down = dp.as<const void*>();
   p.w_gate_up_scale = p.w_down_scale = dps.as<const float*>();
   EXPECT_THROW(ops::moe_experts(p, gpu_stream()), Error);
-}
-
-// ---------------------------------------------------------------------------------------------
-// moe_experts, FP8 weights in the tiled layout (kernels/fp8_tiles.h; MoeTuning::fp8_weight_tiles)
-
-// The knob takes 0 or 1 (a layout), default 0 (row-major).
-TEST(CudaFp8Tiles, KnobValues) {
-  cuda::Tuning t;
-  EXPECT_EQ(t.moe.fp8_weight_tiles, 0);
-  cuda::set_tuning_field(t, "moe.fp8_weight_tiles", "1");
-  EXPECT_EQ(t.moe.fp8_weight_tiles, 1);
-  EXPECT_THROW(cuda::set_tuning_field(t, "moe.fp8_weight_tiles", "2"), Error);
-}
-
-// The GPU repack: the CPU's bytes, and back.
-TEST(CudaFp8Tiles, RepackMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  Rng rng(4300);
-  const struct {
-    int64_t rows, cols;
-    bool gate_up;
-  } cases[] = {{384, 256, false}, {6144, 384, false}, {768, 6144, true}, {1536, 6144, true}, {128, 640, true}};
-  for (const auto& c : cases) {
-    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + (c.gate_up ? " gate_up" : " down"));
-    const size_t n = size_t(c.rows * c.cols);
-    std::vector<uint8_t> m(n), want(n);
-    for (auto& v : m) v = uint8_t(rng.uniform_int(0, 255));
-    ops::RepackFp8TilesParams r;
-    r.src = m.data(), r.dst = want.data(), r.rows = c.rows, r.cols = c.cols, r.gate_up = c.gate_up;
-    cpu::run_repack_fp8_tiles(r);
-    Dev dm = Dev::of(m), dt(n), db(n);
-    dt.poison(0xAB);
-    db.poison(0xCD);
-    r.src = dm.p(), r.dst = dt.p();
-    ops::repack_fp8_tiles(r, gpu_stream());
-    r.src = dt.p(), r.dst = db.p(), r.untile = true;
-    ops::repack_fp8_tiles(r, gpu_stream());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_TRUE(dt.bytes(n) == want);
-    EXPECT_TRUE(db.bytes(n) == m);
-  }
-}
-
-// Every run of a case with row-major and with tiled weights, byte for byte (output and quantized
-// SwiGLU rows); only the first row-major run is checked against exact arithmetic (verify_first),
-// so that model-sized cases stay quick.
-void gpu_tiled_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64_t seed, bool verify_first = true) {
-  SCOPED_TRACE(shape.describe());
-  MoeCaseData c(shape, seed);
-  DevMoe d(c);
-  ASSERT_TRUE(d.tiles);
-  for (size_t i = 0; i < runs.size(); ++i) {
-    SCOPED_TRACE(runs[i].what);
-    std::vector<uint8_t> row_major, tiled;
-    d.run(runs[i].knobs, nullptr, &row_major, true, false, verify_first && i == 0);
-    d.run(runs[i].knobs, nullptr, &tiled, true, true, false);
-    size_t first = 0;
-    while (first < tiled.size() && first < row_major.size() && tiled[first] == row_major[first]) ++first;
-    EXPECT_TRUE(tiled == row_major) << "tiled weights differ from row-major (first difference at byte " << first
-                                    << " of " << tiled.size() << ")";
-  }
-}
-
-// Runs of the stream kernels at decode sizes: the default, k splits forced and picked by waves,
-// 1 to 3 k blocks a stage.
-std::vector<GpuRun> tiled_stream_runs() {
-  std::vector<GpuRun> r;
-  GpuRun g;
-  g.what = "default";
-  r.push_back(g);
-  g = GpuRun{};
-  g.knobs.fp8_path = 1;
-  g.what = "stream";
-  r.push_back(g);
-  g.knobs.fp8_ksplit_gate_up = 3;
-  g.knobs.fp8_ksplit_down = 2;
-  g.what = "stream, k splits 3 / 2";
-  r.push_back(g);
-  g.knobs.fp8_ksplit_gate_up = g.knobs.fp8_ksplit_down = 0;
-  g.knobs.fp8_ksplit_waves = 16;
-  g.what = "stream, k splits by waves";
-  r.push_back(g);
-  for (int kp : {1, 3}) {
-    g = GpuRun{};
-    g.knobs.fp8_path = 1;
-    g.knobs.fp8_stream_kblocks = kp;
-    g.what = "stream, stages of " + std::to_string(kp) + " k blocks";
-    r.push_back(g);
-  }
-  return r;
-}
-
-// Small shapes through every run of the other tests (stream and tile kernels, each knob), down
-// rows not a multiple of 256 (hidden 384, 640: a short last group of boxes), odd expert counts,
-// empty experts, one expert with every token, FP8 x.
-TEST(CudaMoeExpertsFp8, TiledWeightsSmallShapes) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 4400;
-  MoeShape a;
-  a.T = 9, a.H = 384, a.I = 256, a.E = 7, a.K = 2, a.br = 1, a.pow2_scales = true;
-  gpu_fp8_case(a, with_tiled_variants(all_runs()), seed++);
-  MoeShape b;
-  b.T = 33, b.H = 640, b.I = 128, b.E = 11, b.K = 4, b.empty_every = 2, b.skipped = 2, b.br = 128, b.act = DType::BF16;
-  gpu_fp8_case(b, with_tiled_variants(all_runs()), seed++);
-  MoeShape o;
-  o.T = 301, o.H = 256, o.I = 128, o.E = 5, o.K = 1, o.only = 3;
-  gpu_fp8_case(o, with_tiled_variants(all_runs()), seed++);
-  MoeShape f;
-  f.T = 5, f.H = 256, f.I = 128, f.E = 8, f.K = 4, f.fp8_x = true, f.act = DType::BF16;
-  gpu_fp8_case(f, with_tiled_variants(all_runs()), seed++);
-  MoeShape m;  // stages of 1 to 4 k blocks over many k blocks
-  m.T = 5, m.H = 6144, m.I = 384, m.E = 5, m.K = 4, m.br = 1, m.pow2_scales = true;
-  gpu_fp8_case(m, with_tiled_variants(stage_runs()), seed++);
-}
-
-// One TP4 and one TP8 rank's expert shapes (hidden 6144, 768 / 384 units, top-4; 9 experts) at
-// 1, 32 and 256 tokens.
-TEST(CudaMoeExpertsFp8, TiledWeightsModelShapes) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 4500;
-  for (int64_t I : {768, 384})
-    for (int64_t T : {1, 32, 256}) {
-      MoeShape s;
-      s.H = 6144, s.I = I, s.E = 9, s.K = 4, s.br = 1, s.pow2_scales = true, s.T = T;
-      gpu_tiled_case(s, tiled_stream_runs(), seed++, T == 1);
-    }
-}
-
-// Prefill batches on the tile kernels (each scale layout and map source, whole and in chunks):
-// 8191 tokens, and 2000 tokens of one TP8 rank's shape.
-TEST(CudaMoeExpertsFp8, TiledWeightsPrefill) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 4600;
-  std::vector<GpuRun> runs = tile_runs();
-  runs.insert(runs.begin(), GpuRun{});
-  runs.front().what = "default";
-  MoeShape a;
-  a.T = 8191, a.H = 512, a.I = 256, a.E = 33, a.K = 4, a.empty_every = 9, a.lone = 4, a.pow2_scales = true;
-  gpu_tiled_case(a, runs, seed++, false);
-  MoeShape b;
-  b.T = 2000, b.H = 6144, b.I = 384, b.E = 9, b.K = 4, b.br = 1, b.pow2_scales = true, b.hot = 2;
-  gpu_tiled_case(b, {runs[0], runs[1], runs[3]}, seed++, false);
-}
-
-// Under stream capture (the map cache's first call, then through it) tiled and row-major replays
-// give the same bytes.
-TEST(CudaMoeExpertsFp8, TiledWeightsGraphReplay) {
-  SKIP_WITHOUT_GPU();
-  MoeShape s;
-  s.T = 32, s.H = 6144, s.I = 384, s.E = 9, s.K = 4, s.br = 1, s.pow2_scales = true;
-  MoeCaseData c(s, 4700);
-  DevMoe d(c);
-  ASSERT_TRUE(d.tiles);
-  cudaStream_t st;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-  std::vector<uint8_t> results[2];
-  for (int tiled = 0; tiled < 2; ++tiled) {
-    SCOPED_TRACE(tiled ? "tiled" : "row-major");
-    cudaGraph_t g;
-    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const cuda::MoeFp8Probe pr = d.probe();
-    const bool ok = cuda::run_moe_experts_fp8(d.params(tiled == 1), st, &pr);
-    ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
-    ASSERT_TRUE(ok);
-    cudaGraphExec_t e;
-    ASSERT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
-    for (int replay = 0; replay < 2; ++replay) {
-      d.reset();
-      ASSERT_EQ(cudaGraphLaunch(e, st), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      std::vector<uint8_t> got = d.out.bytes(c.out0.bytes.size());
-      if (replay == 0 && tiled == 0) d.check();
-      if (replay == 0) results[tiled] = got;
-      EXPECT_TRUE(got == results[tiled]) << "a replay differs";
-    }
-    cudaGraphExecDestroy(e);
-    cudaGraphDestroy(g);
-  }
-  EXPECT_TRUE(results[0] == results[1]) << "tiled weights differ from row-major";
-  cudaStreamDestroy(st);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,17 +13,6 @@
 
 namespace sieve::test {
 
-// repack_fp8_tiles of one expert matrix [rows, cols], row-major to tiled.
-inline ops::RepackFp8TilesParams tiles_repack(const void* src, void* dst, int64_t rows, int64_t cols, bool gate_up) {
-  ops::RepackFp8TilesParams r;
-  r.src = src;
-  r.dst = dst;
-  r.rows = rows;
-  r.cols = cols;
-  r.gate_up = gate_up;
-  return r;
-}
-
 struct MoeShape {
   int64_t T = 5, H = 256, I = 128;
   int E = 8, K = 2;
@@ -151,34 +140,6 @@ struct MoeCaseData {
       p.scale_block_rows = s.br;
       p.scale_block_cols = s.bc;
     }
-    return p;
-  }
-
-  // The FP8 weights repacked into the tiled layout (kernels/fp8_tiles.h; CPU op), for
-  // params_tiled(). Needs ops::fp8_tiles_fit(H, I).
-  std::vector<std::vector<uint8_t>> gu_t, dn_t;
-  std::vector<const void*> gu_tptr, dn_tptr;
-  void make_tiled() {
-    auto tile = [](const TypedBuffer& m, int64_t rows, int64_t cols, bool gate_up, std::vector<uint8_t>& out) {
-      out.assign(size_t(rows * cols), 0xAB);  // poison: every byte must be written
-      cpu::run_repack_fp8_tiles(tiles_repack(m.data(), out.data(), rows, cols, gate_up));
-    };
-    gu_t.resize(size_t(s.E));
-    dn_t.resize(size_t(s.E));
-    gu_tptr.clear();
-    dn_tptr.clear();
-    for (int e = 0; e < s.E; ++e) {
-      tile(gu[size_t(e)], 2 * s.I, s.H, true, gu_t[size_t(e)]);
-      tile(dn[size_t(e)], s.H, s.I, false, dn_t[size_t(e)]);
-      gu_tptr.push_back(gu_t[size_t(e)].data());
-      dn_tptr.push_back(dn_t[size_t(e)].data());
-    }
-  }
-  ops::MoeExpertsParams params_tiled() const {
-    ops::MoeExpertsParams p = params();
-    p.w_gate_up = gu_tptr.data();
-    p.w_down = dn_tptr.data();
-    p.w_tiled = true;
     return p;
   }
 

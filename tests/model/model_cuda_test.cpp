@@ -16,7 +16,6 @@
 #include "core/error.h"
 #include "golden_util.h"
 #include "io/tiny_model.h"
-#include "kernels/cuda/tuning.h"
 #include "kernels/memory.h"
 #include "model/weights.h"
 
@@ -408,91 +407,6 @@ TEST(ModelCuda, UnsupportedShapesAreRefusedAtLoad) {
   auto m = model::Model::load(dir.string(), lo);
   EXPECT_TRUE(m->device().is_cpu());
   fs::remove_all(dir);
-}
-
-// The routed experts' FP8 matrices repacked at load (MoeTuning::fp8_weight_tiles = 1, which the
-// load reads into WeightOptions::fp8_expert_tiles) hold the row-major load's bytes in the tiled
-// layout (kernels/fp8_tiles.h), from a checkpoint and as dummy weights; and the model gives the
-// same logits bit for bit, eagerly and from graphs (decode batches on the stream kernels, prefill
-// on the tile kernels).
-void expect_tiled_experts(const model::ModelWeights& rm, const model::ModelWeights& tl) {
-  ASSERT_EQ(rm.layers.size(), tl.layers.size());
-  int moe_layers = 0;
-  for (size_t l = 0; l < rm.layers.size(); ++l) {
-    const model::LayerWeights &a = rm.layers[l], &b = tl.layers[l];
-    if (!a.moe) continue;
-    ++moe_layers;
-    EXPECT_FALSE(a.experts_tiled);
-    EXPECT_TRUE(b.experts_tiled) << "layer " << l;
-    for (size_t e : {size_t(0), a.expert_gate_up.size() - 1})
-      for (int m = 0; m < 2; ++m) {
-        const model::Weight& wa = m == 0 ? a.expert_gate_up[e] : a.expert_down[e];
-        const model::Weight& wb = m == 0 ? b.expert_gate_up[e] : b.expert_down[e];
-        ASSERT_EQ(wa.dtype, DType::FP8_E4M3);
-        std::vector<uint8_t> ha(wa.data.bytes()), hb(wb.data.bytes()), want(ha.size());
-        copy_to_host(kCuda, ha.data(), wa.data.data(), ha.size());
-        copy_to_host(kCuda, hb.data(), wb.data.data(), hb.size());
-        ops::RepackFp8TilesParams r;
-        r.src = ha.data(), r.dst = want.data(), r.rows = wa.rows, r.cols = wa.cols, r.gate_up = m == 0;
-        ops::repack_fp8_tiles(r, ops::Stream::cpu());
-        EXPECT_TRUE(hb == want) << "layer " << l << " expert " << e << (m == 0 ? " gate_up" : " down");
-      }
-  }
-  EXPECT_GT(moe_layers, 0);
-}
-
-TEST(ModelCuda, TiledExpertWeightsMatchRowMajor) {
-  SKIP_WITHOUT_GPU();
-  nlohmann::json g = read_json(kGoldenDir + "/moby_dick.json");
-  const std::vector<int32_t> text = g["prompt_ids"].get<std::vector<int32_t>>();
-  ASSERT_GE(text.size(), 700u);
-  cuda::Tuning tiles = cuda::tuning();
-  tiles.moe.fp8_weight_tiles = 1;
-  for (const std::string quant : {"mxfp8", "fp8"}) {
-    SCOPED_TRACE(quant);
-    const std::string dir = cuda_tiny(quant, "tiles_" + quant);
-    model::LoadOptions lo;
-    lo.device = kCuda;
-    auto rm_model = model::Model::load(dir, lo);
-    std::unique_ptr<model::Model> tl_model;
-    {
-      cuda::TuningScope scope(tiles);
-      tl_model = model::Model::load(dir, lo);
-    }
-    // The loader itself, from the checkpoint and as dummy weights.
-    model::WeightOptions wo;
-    wo.device = kCuda;
-    wo.layout = model::RankLayout::make(rm_model->config(), 1, 0);
-    const Checkpoint ck = Checkpoint::open(dir);
-    {
-      const model::ModelWeights a = model::load_weights(ck, rm_model->config(), wo);
-      model::WeightOptions wt = wo;
-      wt.fp8_expert_tiles = true;
-      const model::ModelWeights b = model::load_weights(ck, rm_model->config(), wt);
-      expect_tiled_experts(a, b);
-      const model::ModelWeights c = model::dummy_weights(rm_model->config(), wo);
-      const model::ModelWeights d = model::dummy_weights(rm_model->config(), wt);
-      expect_tiled_experts(c, d);
-    }
-    const int64_t V = rm_model->vocab_size();
-    std::vector<std::vector<int32_t>> prompts;
-    for (auto [at, n] : std::vector<std::pair<int, int>>{{0, 37}, {40, 129}, {200, 300}, {150, 520}}) {
-      prompts.emplace_back();
-      for (int i = 0; i < n; ++i) prompts.back().push_back(int32_t(text[size_t(at + i)] % V));
-    }
-    for (const bool eager : {true, false}) {
-      engine::Runner a(*rm_model, {.enforce_eager = eager});
-      engine::Runner b(*tl_model, {.enforce_eager = eager});
-      BatchRun x = run_batch(a, prompts, 8, nullptr);
-      BatchRun y = run_batch(b, prompts, 8, &x.tokens);
-      ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
-      size_t differ = 0;
-      for (size_t r = 0; r < x.logprobs.size(); ++r) differ += x.logprobs[r] != y.logprobs[r];
-      EXPECT_EQ(differ, 0u) << (eager ? "eager" : "graphs") << ": rows of " << x.logprobs.size()
-                            << " whose log-probs differ with tiled expert weights";
-    }
-    fs::remove_all(dir);
-  }
 }
 
 // The published config at full width (four layers: three dense, one sparse MoE) with dummy

@@ -9,11 +9,9 @@
 // from a CUDA graph, and the other kernel family (or the stream kernels without programmatic
 // dependent launch) for comparison; at decode sizes also the sort's knobs off and on and the k
 // split picked by the kernels (MoeTuning::fp8_sort_*, fp8_map_cache, fp8_ksplit_waves).
-// Tiled weights (kernels/fp8_tiles.h, MoeTuning::fp8_weight_tiles; the same experts repacked) at
-// 1, 32, 256 and 8192 tokens beside the default, and at decode sizes a read probe: a kernel that
-// only TMA-reads the touched experts' weight boxes in the stream kernels' order (their units, k
-// splits, stages of 2 k blocks and ring depth; no math, no scales), row-major and tiled, which
-// tells how much of the gap to the floor is the DRAM access pattern.
+// At decode sizes also a read probe: a kernel that only TMA-reads the touched experts' weight
+// boxes in the stream kernels' order (their units, k splits, stages of 2 k blocks and ring depth;
+// no math, no scales), which tells how much of the gap to the floor is the DRAM access pattern.
 #include "kernels/bench/bench_moe_fp8.h"
 
 #include <cuda_runtime.h>
@@ -34,6 +32,7 @@
 #include "kernels/bench/harness.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
 #include "kernels/cuda/moe_fp8.h"
+#include "kernels/cuda/moe_fp8_work.h"
 #include "kernels/cuda/tuning.h"
 
 namespace sieve::kernels_bench {
@@ -105,12 +104,13 @@ double measure_fp8_tflops(cudaStream_t st) {
 }
 
 // The read probe (see the top): per unit (int4: expert, 256-row block, k blocks [x, y)), 4 weight
-// boxes a k block through the expert's map, kp k blocks a stage, into a ring of S stages; warp 0's
-// lane 0 loads (L2 evict-first, as the stream kernels), warp 1's lane 0 waits for each stage and
-// frees it.
+// boxes a k block through the expert's map (the stream producer's rows: moe_fp8_work.h), kp k
+// blocks a stage, into a ring of S stages; warp 0's lane 0 loads (L2 evict-first, as the stream
+// kernels), warp 1's lane 0 waits for each stage and frees it. inter, hidden: the weight rows of
+// gate_up's units, down's rows.
 constexpr int kProbeKp = 2, kProbeStage = kProbeKp * 4 * 64 * 128;
-__global__ void read_probe_kernel(const CUtensorMap* maps, const int4* units, int n_units, cuda::moe_fp8::WeightCoords wc,
-                                  int S) {
+__global__ void read_probe_kernel(const CUtensorMap* maps, const int4* units, int n_units, bool gate_up, int inter,
+                                  int hidden, int S) {
   extern __shared__ uint8_t probe_smem_raw[];
   uint8_t* const ring = cuda::moe_fp8::align1024(probe_smem_raw);
   uint64_t* const full = reinterpret_cast<uint64_t*>(ring + S * kProbeStage);
@@ -137,10 +137,11 @@ __global__ void read_probe_kernel(const CUtensorMap* maps, const int4* units, in
         cuda::mbar_expect_tx(&full[s], uint32_t(nk * 4 * 64 * 128));
         for (int ii = 0; ii < nk; ++ii)
           for (int b = 0; b < 4; ++b) {
-            int x, y;
-            cuda::moe_fp8::weight_box_at(wc, u.y, b, kb + ii, x, y);
-            cuda::moe_fp8::tma_load_hint(ring + s * kProbeStage + (4 * ii + b) * 64 * 128, maps + u.x, x, y, &full[s],
-                                         policy);
+            bool unused;
+            const int y = gate_up ? cuda::moe_fp8::gate_up_row(u.y, 64 * b, inter, unused)
+                                  : cuda::moe_fp8::down_row(u.y, 64 * b, hidden, unused);
+            cuda::moe_fp8::tma_load_hint(ring + s * kProbeStage + (4 * ii + b) * 64 * 128, maps + u.x,
+                                         (kb + ii) * 128, y, &full[s], policy);
           }
       } else {
         cuda::mbar_wait(&full[s], ph);
@@ -155,18 +156,17 @@ __global__ void read_probe_kernel(const CUtensorMap* maps, const int4* units, in
 // path's host rule (moe_fp8.cu: enough units to fill the GPU twice).
 struct MoeReadProbe {
   DevMem maps_gu, maps_dn, units_gu, units_dn;
-  int n_gu = 0, n_dn = 0, S = 0, sms = 0;
-  cuda::moe_fp8::WeightCoords wc_gu{}, wc_dn{};
+  int n_gu = 0, n_dn = 0, S = 0, sms = 0, inter = 0, hidden = 0;
   size_t smem = 0;
   MoeReadProbe(const std::vector<const void*>& gu, const std::vector<const void*>& dn, const std::vector<char>& used,
-            int64_t H, int64_t I, bool tiled)
+               int64_t H, int64_t I)
       : maps_gu(used.size() * sizeof(CUtensorMap)), maps_dn(used.size() * sizeof(CUtensorMap)),
         units_gu(size_t(1) << 20), units_dn(size_t(1) << 20) {
     const int E = int(used.size()), gh = int(H / 128), gi = int(I / 128);
     std::vector<CUtensorMap> mg(static_cast<size_t>(E)), md(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e)
-      if (!cuda::moe_fp8::weight_map(&mg[size_t(e)], gu[size_t(e)], 2 * I, H, tiled) ||
-          !cuda::moe_fp8::weight_map(&md[size_t(e)], dn[size_t(e)], H, I, tiled))
+      if (!cuda::moe_fp8::weight_map(&mg[size_t(e)], gu[size_t(e)], 2 * I, H) ||
+          !cuda::moe_fp8::weight_map(&md[size_t(e)], dn[size_t(e)], H, I))
         throw Error("bench: the read probe's tensor maps");
     cuda_check(cudaMemcpy(maps_gu.p, mg.data(), mg.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(maps_dn.p, md.data(), md.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice), "upload");
@@ -186,8 +186,7 @@ struct MoeReadProbe {
     };
     n_gu = units(int((I + 127) / 128), gh, units_gu);
     n_dn = units(int((H + 255) / 256), gi, units_dn);
-    wc_gu = cuda::moe_fp8::weight_coords(true, tiled, int(I), int(H), gh);
-    wc_dn = cuda::moe_fp8::weight_coords(false, tiled, int(I), int(H), gi);
+    inter = int(I), hidden = int(H);
     S = 210 * 1024 / (kProbeStage + 3 * 1024);  // the stream kernels' ring (a stage with its token rows and scales)
     smem = 1024 + size_t(S) * kProbeStage + 2 * size_t(S) * 8;
     cuda_check(cudaFuncSetAttribute(read_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
@@ -195,9 +194,11 @@ struct MoeReadProbe {
   }
   void run(cudaStream_t st) const {
     read_probe_kernel<<<std::min(n_gu, sms), 64, smem, st>>>(static_cast<const CUtensorMap*>(maps_gu.p),
-                                                            static_cast<const int4*>(units_gu.p), n_gu, wc_gu, S);
+                                                            static_cast<const int4*>(units_gu.p), n_gu, true, inter,
+                                                            hidden, S);
     read_probe_kernel<<<std::min(n_dn, sms), 64, smem, st>>>(static_cast<const CUtensorMap*>(maps_dn.p),
-                                                            static_cast<const int4*>(units_dn.p), n_dn, wc_dn, S);
+                                                            static_cast<const int4*>(units_dn.p), n_dn, false, inter,
+                                                            hidden, S);
     cuda_check(cudaGetLastError(), "bench: the read probe");
   }
 };
@@ -285,21 +286,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
     cuda_check(cudaMemcpy(d_dn.p, dn_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_gus.p, gus_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_dns.p, dns_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
-    // The same experts tiled (kernels/fp8_tiles.h), as a load with moe.fp8_weight_tiles=1 makes them.
-    DevMem wgu_t(gu_bytes * E), wdn_t(dn_bytes * E), d_gu_t(E * 8), d_dn_t(E * 8);
-    std::vector<const void*> gu_tp(E), dn_tp(E);
-    for (int e = 0; e < E; ++e) {
-      gu_tp[size_t(e)] = static_cast<uint8_t*>(wgu_t.p) + gu_bytes * e;
-      dn_tp[size_t(e)] = static_cast<uint8_t*>(wdn_t.p) + dn_bytes * e;
-      ops::RepackFp8TilesParams r;
-      r.src = gu_p[size_t(e)], r.dst = const_cast<void*>(gu_tp[size_t(e)]), r.rows = 2 * I, r.cols = H, r.gate_up = true;
-      if (!cuda::run_repack_fp8_tiles(r, st)) throw Error("bench: repack_fp8_tiles refused gate_up");
-      r.src = dn_p[size_t(e)], r.dst = const_cast<void*>(dn_tp[size_t(e)]), r.rows = H, r.cols = I, r.gate_up = false;
-      if (!cuda::run_repack_fp8_tiles(r, st)) throw Error("bench: repack_fp8_tiles refused down");
-    }
-    cuda_check(cudaMemcpy(d_gu_t.p, gu_tp.data(), E * 8, cudaMemcpyHostToDevice), "upload");
-    cuda_check(cudaMemcpy(d_dn_t.p, dn_tp.data(), E * 8, cudaMemcpyHostToDevice), "upload");
-    cuda_check(cudaStreamSynchronize(st), "bench: repack");
     std::mt19937 rng(77);
     for (int tokens : {1, 32, 256, 1024, 8192}) {
       const std::string shape = std::to_string(tokens) + " tokens " + rank;
@@ -341,13 +327,8 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       const double flops = double(tokens) * K * 2.0 * 3.0 * double(H * I);
       const bool by_flops = tokens >= 8192 || flops / rate > bytes / bw;
       const double floor_us = (by_flops ? flops / rate : bytes / bw) * 1e6;
-      ops::MoeExpertsParams pt = p;  // tiled weights
-      pt.w_gate_up = static_cast<const void* const*>(d_gu_t.p);
-      pt.w_down = static_cast<const void* const*>(d_dn_t.p);
-      pt.w_tiled = true;
-      bool tiled_run = false;
       auto fn = [&](int, cudaStream_t s) {
-        if (!cuda::run_moe_experts(tiled_run ? pt : p, s)) throw Error("bench: moe_experts fp8 refused its parameters");
+        if (!cuda::run_moe_experts(p, s)) throw Error("bench: moe_experts fp8 refused its parameters");
       };
       // The default, then the other kernel family (decode sizes: the tiles; prefill sizes: the
       // stream kernels) and at 32 tokens the stream kernels without PDL.
@@ -365,7 +346,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // The sort's knobs (fp8_sort_pdl, fp8_sort_scan, fp8_map_cache) all off (0) or on (1),
         // and MoeTuning::fp8_ksplit_waves; -1: as tuned.
         int sort = -1, waves = -1;
-        bool tiled = false;  // the tiled weights
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
@@ -379,12 +359,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, " + kBatchMode, true, true, true, 1, 0});
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, k splits by waves, " + kBatchMode, true,
                             true, true, 1, 16});
-      }
-      // Tiled weights beside the default (graph replays).
-      if (tokens != 1024) {
-        Variant t{0, true, true, def + ", tiled weights, " + kBatchMode};
-        t.tiled = true;
-        variants.push_back(t);
       }
       if (tokens >= 1024) {
         variants.push_back({2, true, false, "tiles, bulk k-major scales, device maps", true, true, false});
@@ -412,25 +386,19 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           r.target_us = 2.0 * floor_us;
           r.target_note = ">= 50 % of the FP8 matrix rate (issue 44)";
         }
-        tiled_run = v.tiled;
         r.us = time_it(r.runs, 1, fn, v.graph, st, v.graph ? kGraphBatch : 1);
         on_row(r);
       }
-      tiled_run = false;
-      // The read probe, row-major and tiled (graph replays; floor as the rows above, which also
-      // counts the scales that the probe does not read).
+      // The read probe (graph replays; floor as the rows above, which also counts the scales that
+      // the probe does not read).
       if (stream_default && tokens <= 256) {
-        for (bool tiled : {false, true}) {
-          const MoeReadProbe probe(tiled ? gu_tp : gu_p, tiled ? dn_tp : dn_p, used, H, I, tiled);
-          Row r{kKernel, shape, "fp8 (1,128)",
-                std::string("read probe (weight boxes only, stream order), ") + (tiled ? "tiled" : "row-major") + ", " +
-                    kBatchMode,
-                0, floor_us, "bytes"};
-          r.runs = opt.iters;
-          r.input_sets = 1;
-          r.us = time_it(r.runs, 1, [&](int, cudaStream_t s) { probe.run(s); }, true, st, kGraphBatch);
-          on_row(r);
-        }
+        const MoeReadProbe probe(gu_p, dn_p, used, H, I);
+        Row r{kKernel, shape, "fp8 (1,128)", "read probe (weight boxes only, stream order), row-major, " + kBatchMode,
+              0, floor_us, "bytes"};
+        r.runs = opt.iters;
+        r.input_sets = 1;
+        r.us = time_it(r.runs, 1, [&](int, cudaStream_t s) { probe.run(s); }, true, st, kGraphBatch);
+        on_row(r);
       }
     }
   }

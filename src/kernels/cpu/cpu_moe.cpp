@@ -26,7 +26,6 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/fp8_tiles.h"
 
 namespace sieve::cpu {
 
@@ -74,20 +73,6 @@ const float* matrix_as_f32(const void* w, const float* scale, DType t, int64_t r
   v.scale_block_rows = br;
   v.scale_block_cols = bc;
   dequantize_weight_rows(v, 0, rows, out.data());
-  return out.data();
-}
-
-// A tiled FP8 expert matrix (kernels/fp8_tiles.h) back in row-major order into `out`.
-const void* untiled(const void* w, int64_t rows, int64_t cols, bool gate_up, std::vector<uint8_t>& out) {
-  out.resize(size_t(rows * cols));
-  ops::RepackFp8TilesParams r;
-  r.src = w;
-  r.dst = out.data();
-  r.rows = rows;
-  r.cols = cols;
-  r.gate_up = gate_up;
-  r.untile = true;
-  run_repack_fp8_tiles(r);
   return out.data();
 }
 
@@ -161,21 +146,6 @@ void run_moe_route(const ops::MoeRouteParams& p) {
   }
 }
 
-void run_repack_fp8_tiles(const ops::RepackFp8TilesParams& p) {
-  if (p.rows <= 0 || p.cols <= 0) return;
-  SIEVE_CHECK(p.src && p.dst, "repack_fp8_tiles: null operand");
-  SIEVE_CHECK(p.rows % (p.gate_up ? 128 : 64) == 0 && p.cols % 128 == 0,
-              "repack_fp8_tiles: rows must be a multiple of 64 (gate_up: 128), cols of 128");
-  const auto* src = static_cast<const uint8_t*>(p.src);
-  auto* dst = static_cast<uint8_t*>(p.dst);
-  // A row's 128-byte piece of a k block is contiguous in both layouts.
-  for (int64_t r = 0; r < p.rows; ++r)
-    for (int64_t k = 0; k < p.cols; k += ops::kFp8TileBytes) {
-      const int64_t t = ops::fp8_tile_offset(r, k, p.rows, p.cols, p.gate_up), m = r * p.cols + k;
-      std::memcpy(dst + (p.untile ? m : t), src + (p.untile ? t : m), ops::kFp8TileBytes);
-    }
-}
-
 void run_moe_experts(const ops::MoeExpertsParams& p) {
   if (p.num_tokens <= 0 || p.hidden <= 0) return;
   SIEVE_CHECK(p.x && p.out && p.ids && p.weights && p.w_gate_up && p.w_down, "moe_experts: null operand");
@@ -189,13 +159,10 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     SIEVE_CHECK(p.scale_block_rows > 0 && p.scale_block_cols > 0, "moe_experts: FP8 weights need a scale block shape");
   }
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens;
-  SIEVE_CHECK(!p.w_tiled || (fp8 && ops::fp8_tiles_fit(H, I)),
-              "moe_experts: tiled weights must be FP8 with hidden and inter multiples of 128");
   const int64_t xgroups = ops::fp8_groups(H);
   const bool quant = fp8 && p.quantize_act;
   std::vector<float> sum(size_t(T * H), 0.0f);
   std::vector<float> X, GU, A, Y, W;
-  std::vector<uint8_t> U;  // a tiled matrix untiled
   std::vector<int64_t> tok;
   std::vector<float> wt;
   for (int e = 0; e < p.num_experts; ++e) {
@@ -229,7 +196,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     A.resize(size_t(c * I));
     Y.resize(size_t(c * H));
     product(X.data(), c, H,
-            matrix_as_f32(p.w_tiled ? untiled(p.w_gate_up[e], 2 * I, H, true, U) : p.w_gate_up[e], fp8 ? p.w_gate_up_scale[e] : nullptr, p.w_dtype, 2 * I, H,
+            matrix_as_f32(p.w_gate_up[e], fp8 ? p.w_gate_up_scale[e] : nullptr, p.w_dtype, 2 * I, H,
                           p.scale_block_rows, p.scale_block_cols, W),
             2 * I, GU.data());
     ops::SwigluOaiParams sw;
@@ -246,7 +213,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     run_swiglu_oai(sw);
     if (quant) quantize_dequantize_rows(A.data(), c, I);
     product(A.data(), c, I,
-            matrix_as_f32(p.w_tiled ? untiled(p.w_down[e], H, I, false, U) : p.w_down[e], fp8 ? p.w_down_scale[e] : nullptr, p.w_dtype, H, I, p.scale_block_rows,
+            matrix_as_f32(p.w_down[e], fp8 ? p.w_down_scale[e] : nullptr, p.w_dtype, H, I, p.scale_block_rows,
                           p.scale_block_cols, W),
             H, Y.data());
     for (int64_t r = 0; r < c; ++r) {

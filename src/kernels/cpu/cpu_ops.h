@@ -11,7 +11,6 @@ namespace sieve::cpu {
 void run_matmul(const ops::MatmulParams& p);
 void run_linear(const ops::LinearParams& p);
 void run_quantize_fp8(const ops::QuantizeFp8Params& p);
-void run_repack_fp8_tiles(const ops::RepackFp8TilesParams& p);
 void run_embedding(const ops::EmbeddingParams& p);
 void run_rms_norm(const ops::RmsNormParams& p);
 void run_add(const ops::AddParams& p);

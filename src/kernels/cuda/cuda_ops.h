@@ -12,7 +12,6 @@ namespace sieve::cuda {
 bool run_matmul(const ops::MatmulParams& p, void* stream);
 bool run_linear(const ops::LinearParams& p, void* stream);
 bool run_quantize_fp8(const ops::QuantizeFp8Params& p, void* stream);
-bool run_repack_fp8_tiles(const ops::RepackFp8TilesParams& p, void* stream);
 bool run_embedding(const ops::EmbeddingParams& p, void* stream);
 bool run_rms_norm(const ops::RmsNormParams& p, void* stream);
 bool run_add(const ops::AddParams& p, void* stream);

@@ -570,7 +570,7 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   if (p.inter <= 0 || p.topk <= 0 || p.num_experts <= 0) throw Error("moe_experts: bad sizes");
   if (p.w_dtype == DType::FP8_E4M3) return run_moe_experts_fp8(p, stream_v);
   if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
-  if (p.x_scale || p.w_tiled) return false;  // FP8 x, tiled weights: only with FP8 weights
+  if (p.x_scale) return false;  // FP8 x: only with FP8 weights
   const int at = elem_code(p.act_dtype);
   if (p.w_dtype != DType::BF16 && p.w_dtype != DType::F32) return false;
   if (p.topk > kMaxTopk || p.num_experts > kMaxSortExperts) return false;

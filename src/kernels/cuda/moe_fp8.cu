@@ -7,8 +7,7 @@
 //     for the tile kernels, 8 to 64 for the stream kernels); and the per-expert TMA tensor maps of
 //     both weight matrices, copied from a template encoded on the host with the expert's address
 //     put in by tensormap.replace (the expert pointers live in device memory): with the map cache,
-//     kept per weight set and written only where an expert's address changed (tiled weights,
-//     MoeExpertsParams::w_tiled: maps over each expert's [64 x boxes, 128] matrix of boxes);
+//     kept per weight set and written only where an expert's address changed;
 //  2. quantize: x per 1 x 128 token group (the contract's quantizer, bit for bit), each token's row
 //     written to the sorted row of each of its pairs (FP8 x: copied with its scales);
 //  3. gate_up: the tile or stream kernel, SwiGLU-OAI and the 1 x 128 quantization of its output
@@ -40,7 +39,6 @@
 #include "kernels/cuda/moe_common.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
 #include "kernels/cuda/tuning.h"
-#include "kernels/fp8_tiles.h"
 
 namespace sieve::cuda {
 
@@ -272,10 +270,10 @@ struct CachedMaps {
 CachedMaps cached_maps(const ops::MoeExpertsParams& p, cudaStream_t st) {
   int dev = 0;
   cuda_check(cudaGetDevice(&dev), "moe_experts fp8: the device");
-  using Key = std::tuple<int, const void*, const void*, int64_t, int64_t, int64_t, bool>;
+  using Key = std::tuple<int, const void*, const void*, int64_t, int64_t, int64_t>;
   static std::mutex mu;
   static std::map<Key, CachedMaps> cache;
-  const Key key(dev, p.w_gate_up, p.w_down, p.num_experts, p.inter, p.hidden, p.w_tiled);
+  const Key key(dev, p.w_gate_up, p.w_down, p.num_experts, p.inter, p.hidden);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -294,7 +292,7 @@ CachedMaps cached_maps(const ops::MoeExpertsParams& p, cudaStream_t st) {
 
 // Tile kernels' parameter maps: each expert's gate_up and down maps (64-row boxes), encoded on the
 // host from the expert pointers, which it reads from the device (one synchronisation of st). The
-// maps depend only on an expert's address, shape and layout, so they are kept per those.
+// maps depend only on an expert's address and shape, so they are kept per address.
 bool host_weight_maps(const ops::MoeExpertsParams& p, cudaStream_t st, TileMaps* gu, TileMaps* dn) {
   const int E = p.num_experts;
   std::vector<const void*> w(2 * size_t(E));
@@ -304,14 +302,14 @@ bool host_weight_maps(const ops::MoeExpertsParams& p, cudaStream_t st, TileMaps*
              "moe_experts fp8: reading the down pointers");
   cuda_check(cudaStreamSynchronize(st), "moe_experts fp8: reading the expert pointers");
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, bool>, CUtensorMap> cache;
+  static std::map<std::tuple<const void*, int64_t, int64_t>, CUtensorMap> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto map_of = [&](const void* base, int64_t rows, int64_t cols, CUtensorMap* out) {
-    const auto key = std::make_tuple(base, rows, cols, p.w_tiled);
+    const auto key = std::make_tuple(base, rows, cols);
     auto it = cache.find(key);
     if (it == cache.end()) {
       CUtensorMap m{};
-      if (!weight_map(&m, base, rows, cols, p.w_tiled)) return false;
+      if (!weight_map(&m, base, rows, cols)) return false;
       it = cache.emplace(key, m).first;
     }
     *out = it->second;
@@ -327,9 +325,8 @@ bool host_weight_maps(const ops::MoeExpertsParams& p, cudaStream_t st, TileMaps*
 
 }  // namespace
 
-bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, bool tiled) {
-  if (!tiled) return fp8_map(map, base, rows, cols, cols, 64);
-  return fp8_map(map, base, rows * (cols / ops::kFp8TileBytes), ops::kFp8TileBytes, ops::kFp8TileBytes, 64);
+bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols) {
+  return fp8_map(map, base, rows, cols, cols, 64);
 }
 
 bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* probe) {
@@ -339,7 +336,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
   if (H % 16 || I % 16 || H < 128 || I < 128 || H > (1 << 20) || I > (1 << 20)) return false;
   if (topk > kMaxTopk || E > kMaxExperts) return false;
-  if (p.w_tiled && !ops::fp8_tiles_fit(H, I)) return false;
   const size_t xalign = fp8_x ? 4 : (p.act_dtype == DType::F32 ? 16 : 8);
   if (reinterpret_cast<uintptr_t>(p.x) % xalign) return false;
   if (!encode_fn()) return false;
@@ -442,7 +438,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   // activation buffers' maps in the kernel's box height.
   CUtensorMap tmpl_gu{}, tmpl_dn{}, map_x{}, map_a{};
   const int box = stream ? nt : 64;
-  if (!weight_map(&tmpl_gu, base, 2 * I, H, p.w_tiled) || !weight_map(&tmpl_dn, base, H, I, p.w_tiled) ||
+  if (!weight_map(&tmpl_gu, base, 2 * I, H) || !weight_map(&tmpl_dn, base, H, I) ||
       !fp8_map(&map_x, xq, cap, H, H, box) || !fp8_map(&map_a, aq, cap, I, I, box))
     return false;
 
@@ -523,7 +519,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters;
     g.wst = wst_gu_p;
     g.wn = int(2 * I);
-    g.wc = weight_coords(true, p.w_tiled, int(I), int(H), gh);
     int grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_gu), sms));
     if (stream) {
       launch_stream(true, nt, map_x, g, grid, pdl, st);
@@ -541,7 +536,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.counters = counters ? counters + n_cnt_gu : nullptr;
     g.wst = wst_dn_p;
     g.wn = int(H);
-    g.wc = weight_coords(false, p.w_tiled, int(I), int(H), gi);
     grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_dn), sms));
     if (stream) {
       launch_stream(false, nt, map_a, g, grid, pdl, st);

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/moe_fp8_work.h"
 #include "kernels/cuda/setmaxnreg.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -206,15 +205,12 @@ struct GemmArgs {
   // wst [E][nkb][wn] (wn: the product's weight rows, 2 I or H).
   const float* wst;
   int wn;
-  // Where the weight boxes are (row-major or tiled: ops::MoeExpertsParams::w_tiled).
-  WeightCoords wc;
 };
 
-// An expert matrix's weight map (moe_fp8.cu): row-major [rows, cols], or tiled
-// (kernels/fp8_tiles.h) as the [64 x boxes, 128] matrix of its boxes in order; boxes of 64 rows x
-// 128 bytes with the 128-byte swizzle either way, so the kernels' shared memory gets the same
-// bytes. False when the driver refuses it.
-bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, bool tiled);
+// An expert matrix's weight map (moe_fp8.cu): row-major [rows, cols] fp8, boxes of 64 rows x 128
+// bytes with the 128-byte swizzle, as the tile and stream kernels read them (also the bench's read
+// probe). False when the driver refuses it.
+bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols);
 
 // Tile kernels: the experts' weight maps of one product as a kernel parameter (encoded on the
 // host), for up to kTileParamMaps experts.

@@ -18,9 +18,6 @@
 //    kernels). (Stages of one 64-row box worked by one warpgroup were slower, and loops that
 //    overlap the products with the promotion gained nothing: docs/performance.md "Measured and
 //    not kept".)
-// The weights may be row-major or tiled (kernels/fp8_tiles.h: each box one contiguous 8 KB piece,
-// a stage's boxes one run); the producer finds a box by moe_fp8_work.h weight_box_at either way
-// and the consumers see the same shared-memory bytes.
 // gate_up: the 256 weight rows are [gate u0..u0+63 | up u0..u0+63 | gate u0+64.. | up u0+64..],
 // so warpgroup c holds the gate and up sums of units u0 + 64 c + 0..63 in the same registers of
 // its two blocks. The epilogue applies SwiGLU-OAI, takes each token's amax over the 128 units (a
@@ -214,9 +211,9 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
         for (int ii = 0; ii < nk; ++ii)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            int x, y;
-            weight_box_at(g.wc, c.u.rb, b, c.kb + ii, x, y);
-            tma_load_hint(base + ii * kWBytes + b * kBox, wm, x, y, &full[st], policy);
+            bool unused;
+            tma_load_hint(base + ii * kWBytes + b * kBox, wm, (c.kb + ii) * kBK,
+                          weight_row<kGateUp>(g, c.u.rb, b * 64, unused), &full[st], policy);
           }
       }
       const float* ws = g.wscale[c.u.e];

@@ -158,9 +158,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint8_t* w = w_ring + s * kWBytes;
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            int x, y;
-            weight_box_at(g.wc, t.col, b, kb, x, y);
-            tma_load(w + b * kBox, wm, x, y, &full[s]);
+            bool unused;
+            tma_load(w + b * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64, unused), &full[s]);
           }
         }
         // Scales: 8 weight rows and 4 activation rows a lane (zeros past the rows). K-block-major:

@@ -50,29 +50,6 @@ SIEVE_MOE_HD int down_row(int rb, int c, int hidden, bool& valid) {
   return n;
 }
 
-// Where the kernels' TMA loads find weight box b (0..3: rows 64 b .. of the block) of 256-row
-// block blk, k block kb: x = kb x_kb, y = blk rb + (b & 1) b1 + (b >> 1) b2 + kb min(kb_step,
-// tail - blk kb_step), all from the call's constants (branch-free: the producers run on few
-// registers). Row-major, x is the k byte and y the box's first weight row (gate_up_row,
-// down_row); tiled (kernels/fp8_tiles.h, the map over the [64 x boxes, 128] matrix of boxes),
-// x = 0 and y = 64 x fp8_tile_box. A box past the weight rows (a missing unit's, a last block
-// of 2 slots) reads rows the epilogues drop: past the matrix (zeros) or of another box.
-struct WeightCoords {
-  int rb, b1, b2, kb_step, tail, x_kb;
-};
-SIEVE_MOE_HD WeightCoords weight_coords(bool gate_up, bool tiled, int inter, int hidden, int nkb) {
-  if (tiled) {
-    const int slots = (gate_up ? 2 * inter : hidden) / 64;
-    return WeightCoords{64 * 4 * nkb, 64, 128, 256, 64 * slots, 0};
-  }
-  return gate_up ? WeightCoords{128, inter, 64, 0, 0, 128} : WeightCoords{256, 64, 128, 0, 0, 128};
-}
-SIEVE_MOE_HD void weight_box_at(const WeightCoords& w, int blk, int b, int kb, int& x, int& y) {
-  const int step = w.tail - blk * w.kb_step < w.kb_step ? w.tail - blk * w.kb_step : w.kb_step;
-  x = kb * w.x_kb;
-  y = blk * w.rb + (b & 1) * w.b1 + (b >> 1) * w.b2 + kb * step;
-}
-
 // Tile kernels: where the scale of weight row c (0..255) sits in a stage, so that the consumer
 // thread of quad lane q finds the scales of its columns 8 j + 2 q + i (j < 16, i < 2) of half h
 // (rows 128 h ..) as 32 consecutive floats at h * 128 + q * 32 (j-major, then i).

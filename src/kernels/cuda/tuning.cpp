@@ -116,13 +116,6 @@ const std::vector<Field>& fields() {
       SIEVE_BOOL_FIELD(moe, fp8_tile_kmajor_scales),
       SIEVE_BOOL_FIELD(moe, fp8_tile_bulk_scales),
       SIEVE_BOOL_FIELD(moe, fp8_tile_param_maps),
-      Field{"moe.fp8_weight_tiles",
-            [](Tuning& t, const std::string& v) {
-              const long long m = parse_int("moe.fp8_weight_tiles", v);
-              if (m != 0 && m != 1) throw Error("tuning field moe.fp8_weight_tiles: \"" + v + "\" is not 0 or 1");
-              t.moe.fp8_weight_tiles = int(m);
-            },
-            [](const Tuning& t) { return std::to_string(t.moe.fp8_weight_tiles); }},
       Field{"moe.route_fused_max_tokens",
             [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },
             [](const Tuning& t) { return std::to_string(t.moe.route_fused_max_tokens); }},

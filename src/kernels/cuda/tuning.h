@@ -171,12 +171,6 @@ struct MoeTuning {
   // call; never under stream capture or with more than 128 experts) instead of maps written in
   // global memory by the sort kernel. false: the device-written maps.
   bool fp8_tile_param_maps = true;
-  // FP8 expert weights stored as contiguous TMA boxes (kernels/fp8_tiles.h; docs/kernels.md
-  // "FP8 MoE"): 1, each expert matrix repacked at load into 8 KB boxes of 64 rows x 128 bytes in
-  // the order the stream kernels read them; 0, row-major. Read only where the model loads its
-  // experts (the layout is then the weight set's: ops::MoeExpertsParams::w_tiled), never at a
-  // launch.
-  int fp8_weight_tiles = 0;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
   // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
