@@ -149,113 +149,74 @@ TEST(CudaEmbedding, VocabShardBitwise) {
   EXPECT_EQ(dout.bytes(want.bytes.size()), want.bytes);
 }
 
-TEST(CudaRmsNorm, MatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 40;
-  for (int64_t dim : {1, 127, 256, 1000, 6144}) {
-    for (DType xt : {DType::F32, DType::BF16}) {
-      for (DType wt : {DType::F32, DType::BF16}) {
-        for (int mode = 0; mode < 4; ++mode) {  // bit 0: residual; bit 1: y aliases x
-          const bool residual = mode & 1, alias = mode & 2;
-          const DType yt = alias ? xt : (dim % 2 ? DType::BF16 : DType::F32);
-          const bool gemma = seed % 2;
-          SCOPED_TRACE("dim " + std::to_string(dim) + " x " + name(xt) + " w " + name(wt) + " y " + name(yt) +
-                       " residual " + std::to_string(residual) + " alias " + std::to_string(alias));
-          Rng rng(seed++);
-          const int64_t rows = 7, ldx = dim + 5, ldr = dim + 3, ldy = dim + 1;
-          TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(rows * ldx), rng, -3, 3));
-          TypedBuffer r = TypedBuffer::from(xt, random_vector(size_t(rows * ldr), rng, -3, 3));
-          TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(dim), rng, -1, 1));
-          TypedBuffer y(yt, size_t(rows * ldy));
-          Dev dx = Dev::of(x), dr = Dev::of(r), dw = Dev::of(w), dy = Dev::of(y);
-          ops::RmsNormParams p;
-          p.x = x.data();
-          p.x_dtype = xt;
-          p.residual = residual ? r.data() : nullptr;
-          p.ldr = ldr;
-          p.y = alias ? x.data() : y.data();
-          p.y_dtype = yt;
-          p.weight = w.data();
-          p.weight_dtype = wt;
-          p.rows = rows;
-          p.dim = dim;
-          p.ldx = ldx;
-          p.ldy = alias ? ldx : ldy;
-          p.eps = 1e-6f;
-          p.gemma = gemma;
-          cpu::run_rms_norm(p);
-          p.x = dx.p();
-          p.residual = residual ? dr.p() : nullptr;
-          p.y = alias ? dx.p() : dy.p();
-          p.weight = dw.p();
-          ops::rms_norm(p, gpu_stream());
-          const TypedBuffer& want = alias ? x : y;
-          TypedBuffer got = fetch(alias ? dx : dy, yt, want.count);
-          expect_elements_close(
-              got, want, [&](double b) { return yt == DType::BF16 ? ulp_bf16(b) : 4e-7 * std::fabs(b); }, "y");
-          if (residual) {
-            EXPECT_EQ(dr.bytes(r.bytes.size()), r.bytes) << "stored residual sums differ";
-          }
-        }
-      }
-    }
+// One rms_norm case on the GPU against the CPU: y within an ulp of the CPU's (bf16) or 4e-7
+// relative (fp32), the stored residual sums bit for bit. mode bit 0: residual; bit 1: y aliases x.
+void expect_rms_norm_matches_cpu(int64_t dim, DType xt, DType wt, DType y_dtype, int mode, bool gemma, uint64_t seed,
+                                 int64_t rows, int64_t ldx, int64_t ldr, int64_t ldy) {
+  const bool residual = mode & 1, alias = mode & 2;
+  const DType yt = alias ? xt : y_dtype;
+  SCOPED_TRACE("dim " + std::to_string(dim) + " x " + name(xt) + " w " + name(wt) + " y " + name(yt) +
+               " residual " + std::to_string(residual) + " alias " + std::to_string(alias));
+  Rng rng(seed);
+  TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(rows * ldx), rng, -3, 3));
+  TypedBuffer r = TypedBuffer::from(xt, random_vector(size_t(rows * ldr), rng, -3, 3));
+  TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(dim), rng, -1, 1));
+  // Poisoned (finite, so the rows' padding, which neither side writes, compares equal).
+  TypedBuffer y = TypedBuffer::from(yt, std::vector<float>(size_t(rows * ldy), -7.25f));
+  Dev dx = Dev::of(x), dr = Dev::of(r), dw = Dev::of(w), dy = Dev::of(y);
+  ops::RmsNormParams p;
+  p.x = x.data();
+  p.x_dtype = xt;
+  p.residual = residual ? r.data() : nullptr;
+  p.ldr = ldr;
+  p.y = alias ? x.data() : y.data();
+  p.y_dtype = yt;
+  p.weight = w.data();
+  p.weight_dtype = wt;
+  p.rows = rows;
+  p.dim = dim;
+  p.ldx = ldx;
+  p.ldy = alias ? ldx : ldy;
+  p.eps = 1e-6f;
+  p.gemma = gemma;
+  cpu::run_rms_norm(p);
+  p.x = dx.p();
+  p.residual = residual ? dr.p() : nullptr;
+  p.y = alias ? dx.p() : dy.p();
+  p.weight = dw.p();
+  ops::rms_norm(p, gpu_stream());
+  const TypedBuffer& want = alias ? x : y;
+  TypedBuffer got = fetch(alias ? dx : dy, yt, want.count);
+  expect_elements_close(
+      got, want, [&](double b) { return yt == DType::BF16 ? ulp_bf16(b) : 4e-7 * std::fabs(b); }, "y");
+  if (residual) {
+    EXPECT_EQ(dr.bytes(r.bytes.size()), r.bytes) << "stored residual sums differ";
   }
 }
 
-// The register path (whole 128-groups, rows aligned for vector access: decode's norms) against
-// the CPU, with the general kernel's bounds; 8320 (65 groups: more than the path takes)
-// and the odd strides above take the general kernel.
+// Odd strides: the general kernel.
+TEST(CudaRmsNorm, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 40;
+  for (int64_t dim : {1, 127, 256, 1000, 6144})
+    for (DType xt : {DType::F32, DType::BF16})
+      for (DType wt : {DType::F32, DType::BF16})
+        for (int mode = 0; mode < 4; ++mode, ++seed)
+          expect_rms_norm_matches_cpu(dim, xt, wt, dim % 2 ? DType::BF16 : DType::F32, mode, seed % 2, seed, 7,
+                                      dim + 5, dim + 3, dim + 1);
+}
+
+// The register path (whole 128-groups, rows aligned for vector access: decode's norms); 8320 (65
+// groups: more than the path takes) takes the general kernel.
 TEST(CudaRmsNorm, RegisterPathMatchesCpu) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 140;
-  for (int64_t dim : {128, 768, 6144, 8192, 8320}) {
-    for (DType xt : {DType::F32, DType::BF16}) {
-      for (DType wt : {DType::F32, DType::BF16}) {
-        for (int mode = 0; mode < 4; ++mode) {  // bit 0: residual; bit 1: y aliases x
-          const bool residual = mode & 1, alias = mode & 2;
-          const DType yt = alias ? xt : (seed % 3 == 0 ? DType::BF16 : DType::F32);
-          const bool gemma = seed % 2;
-          SCOPED_TRACE("dim " + std::to_string(dim) + " x " + name(xt) + " w " + name(wt) + " y " + name(yt) +
-                       " residual " + std::to_string(residual) + " alias " + std::to_string(alias));
-          Rng rng(seed++);
-          const int64_t rows = 33, ldx = dim + 4, ldr = dim + 8, ldy = dim;
-          TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(rows * ldx), rng, -3, 3));
-          TypedBuffer r = TypedBuffer::from(xt, random_vector(size_t(rows * ldr), rng, -3, 3));
-          TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(dim), rng, -1, 1));
-          TypedBuffer y = TypedBuffer::from(yt, std::vector<float>(size_t(rows * ldy), std::nanf("")));
-          Dev dx = Dev::of(x), dr = Dev::of(r), dw = Dev::of(w), dy = Dev::of(y);
-          ops::RmsNormParams p;
-          p.x = x.data();
-          p.x_dtype = xt;
-          p.residual = residual ? r.data() : nullptr;
-          p.ldr = ldr;
-          p.y = alias ? x.data() : y.data();
-          p.y_dtype = yt;
-          p.weight = w.data();
-          p.weight_dtype = wt;
-          p.rows = rows;
-          p.dim = dim;
-          p.ldx = ldx;
-          p.ldy = alias ? ldx : ldy;
-          p.eps = 1e-6f;
-          p.gemma = gemma;
-          cpu::run_rms_norm(p);
-          p.x = dx.p();
-          p.residual = residual ? dr.p() : nullptr;
-          p.y = alias ? dx.p() : dy.p();
-          p.weight = dw.p();
-          ops::rms_norm(p, gpu_stream());
-          const TypedBuffer& want = alias ? x : y;
-          TypedBuffer got = fetch(alias ? dx : dy, yt, want.count);
-          expect_elements_close(
-              got, want, [&](double b) { return yt == DType::BF16 ? ulp_bf16(b) : 4e-7 * std::fabs(b); }, "y");
-          if (residual) {
-            EXPECT_EQ(dr.bytes(r.bytes.size()), r.bytes) << "stored residual sums differ";
-          }
-        }
-      }
-    }
-  }
+  for (int64_t dim : {128, 768, 6144, 8192, 8320})
+    for (DType xt : {DType::F32, DType::BF16})
+      for (DType wt : {DType::F32, DType::BF16})
+        for (int mode = 0; mode < 4; ++mode, ++seed)
+          expect_rms_norm_matches_cpu(dim, xt, wt, seed % 3 == 0 ? DType::BF16 : DType::F32, mode, seed % 2, seed, 33,
+                                      dim + 4, dim + 8, dim);
 }
 
 TEST(CudaAdd, Bitwise) {
