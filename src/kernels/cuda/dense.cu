@@ -60,6 +60,29 @@ struct RmsArgs {
   float* q_scale;
 };
 
+// One normed value: x * inv * w (w + 1 for Gemma's weights), rounded as the CPU reference rounds.
+__device__ __forceinline__ float normed(float x, float inv, float w, bool gemma) {
+  if (gemma) w = __fadd_rn(1.0f, w);
+  return __fmul_rn(__fmul_rn(x, inv), w);
+}
+
+// 1 / rms of a row from every thread's part of its sum of squares (in double, like the CPU's):
+// summed over the warp, then the warps in order by thread 0. Every thread of the CTA calls it.
+__device__ __forceinline__ float row_inv_rms(double ss, int64_t dim, float eps) {
+  __shared__ double part[kRowThreads / 32];
+  __shared__ float inv_s;
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kRowThreads / 32; ++w) total += part[w];
+    inv_s = 1.0f / sqrtf(float(total / double(dim)) + eps);
+  }
+  __syncthreads();
+  return inv_s;
+}
+
 // Row r's normed values (from the stored residual sums, or x) quantized per 1 x 128 group, a warp
 // a group, into q / q_scale. The residual sums other threads stored must be visible (a barrier).
 __device__ __forceinline__ void rms_quantize_row(const RmsArgs& a, int64_t r, float inv, uint8_t* q, int64_t ldq,
@@ -76,9 +99,7 @@ __device__ __forceinline__ void rms_quantize_row(const RmsArgs& a, int64_t r, fl
       if (k < valid) {
         const int64_t d = c0 + k;
         const float x = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
-        float w = ld_elem(a.weight, a.wt, d);
-        if (a.gemma) w = __fadd_rn(1.0f, w);
-        v[k] = __fmul_rn(__fmul_rn(x, inv), w);
+        v[k] = normed(x, inv, ld_elem(a.weight, a.wt, d), a.gemma);
       }
     }
     uint8_t c[4];
@@ -110,18 +131,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
     }
     ss += double(v) * double(v);
   }
-  __shared__ double part[kRowThreads / 32];
-  __shared__ float inv_s;
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int w = 0; w < kRowThreads / 32; ++w) total += part[w];
-    inv_s = 1.0f / sqrtf(float(total / double(a.dim)) + a.eps);
-  }
-  __syncthreads();
-  const float inv = inv_s;
+  const float inv = row_inv_rms(ss, a.dim, a.eps);
   if constexpr (kFp8) {
     // The residual sums other threads stored are visible after the barrier above.
     rms_quantize_row(a, r, inv, static_cast<uint8_t*>(a.y), a.ldy, a.y_scale);
@@ -129,9 +139,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
     // Each thread reads back only the elements it wrote above, so y may alias x (not with q).
     for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
       const float v = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
-      float w = ld_elem(a.weight, a.wt, d);
-      if (a.gemma) w = __fadd_rn(1.0f, w);
-      st_elem(a.y, a.yt, r * a.ldy + d, __fmul_rn(__fmul_rn(v, inv), w));
+      st_elem(a.y, a.yt, r * a.ldy + d, normed(v, inv, ld_elem(a.weight, a.wt, d), a.gemma));
     }
     if (a.q) rms_quantize_row(a, r, inv, a.q, a.ldq, a.q_scale);
   }
@@ -151,10 +159,7 @@ __device__ __forceinline__ void store_act4(void* y, int yt, int64_t i, const flo
   if (yt == kElemF32) {
     *reinterpret_cast<float4*>(static_cast<float*>(y) + i) = make_float4(v[0], v[1], v[2], v[3]);
   } else {
-    uint2 u;
-    u.x = uint32_t(f32_to_bf16_bits(v[0])) | (uint32_t(f32_to_bf16_bits(v[1])) << 16);
-    u.y = uint32_t(f32_to_bf16_bits(v[2])) | (uint32_t(f32_to_bf16_bits(v[3])) << 16);
-    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(y) + i) = u;
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(y) + i) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
   }
 }
 
@@ -199,18 +204,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_vec_kernel(RmsArgs a) {
     if (warp + i * kWarps < groups)
 #pragma unroll
       for (int k = 0; k < 4; ++k) ss += double(v[i][k]) * double(v[i][k]);
-  __shared__ double part[kWarps];
-  __shared__ float inv_s;
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (lane == 0) part[warp] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int w = 0; w < kWarps; ++w) total += part[w];
-    inv_s = 1.0f / sqrtf(float(total / double(a.dim)) + a.eps);
-  }
-  __syncthreads();
-  const float inv = inv_s;
+  const float inv = row_inv_rms(ss, a.dim, a.eps);
   const int64_t sgroups = groups;
 #pragma unroll
   for (int i = 0; i < kVecNormMaxGroups; ++i) {
@@ -220,10 +214,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_vec_kernel(RmsArgs a) {
     float w[4], n[4];
     load_act4(a.weight, a.wt, c0, 4, true, w);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (a.gemma) w[k] = __fadd_rn(1.0f, w[k]);
-      n[k] = __fmul_rn(__fmul_rn(v[i][k], inv), w[k]);
-    }
+    for (int k = 0; k < 4; ++k) n[k] = normed(v[i][k], inv, w[k], a.gemma);
     uint8_t c[4];
     if constexpr (kFp8) {
       const float sc = quantize_group_warp(n, 4, c);
