@@ -55,7 +55,6 @@ std::string verdict(const sieve::kernels_bench::Row& r) {
 }
 #endif
 
-
 int run_bench_kernels(const std::vector<std::string>& argv) {
   sieve::cli::Args args("bench kernels", argv);
   args.opt({"--json"}, "PATH", "write all rows as JSON")

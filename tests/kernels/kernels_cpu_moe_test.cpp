@@ -259,6 +259,18 @@ TEST(MoeFp8Work, WeightRowsScaleSlotsAndSplits) {
   }
 }
 
+// The host's k split (the stream kernels' default, and the bench's read probe): two split units an
+// SM, within 1 .. nkb.
+TEST(MoeFp8Work, HostKsplit) {
+  using cuda::moe_fp8::host_ksplit;
+  EXPECT_EQ(host_ksplit(128 * 6, 48, 132), 1);  // 32 tokens at a TP4 rank: 768 units already
+  EXPECT_EQ(host_ksplit(4 * 6, 48, 132), 11);   // one token, TP4: 24 units -> 264 / 24
+  EXPECT_EQ(host_ksplit(4 * 3, 48, 132), 22);
+  EXPECT_EQ(host_ksplit(4 * 24, 6, 132), 3);    // down at one token
+  EXPECT_EQ(host_ksplit(1, 48, 132), 48);       // capped at the k blocks
+  EXPECT_EQ(host_ksplit(133, 48, 132), 2);      // ceil(264 / 133)
+}
+
 // The k split the stream kernels pick for their busiest CTA (MoeTuning::fp8_ksplit_waves) at the
 // shapes of one MiniMax-M3 rank on 132 SMs: gate_up at 32 tokens (about 81 experts touched) and
 // one token; down at one token; and when the units fill many waves, no split.

@@ -153,7 +153,7 @@ __global__ void read_probe_kernel(const CUtensorMap* maps, const int4* units, in
 }
 
 // The probe of one call's two products over the touched experts (`used`), k splits by the stream
-// path's host rule (moe_fp8.cu: enough units to fill the GPU twice).
+// path's host rule (moe_fp8_work.h host_ksplit) over the experts it touches.
 struct MoeReadProbe {
   DevMem maps_gu, maps_dn, units_gu, units_dn;
   int n_gu = 0, n_dn = 0, S = 0, sms = 0, inter = 0, hidden = 0;
@@ -173,13 +173,16 @@ struct MoeReadProbe {
     cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "bench: SMs");
     const int experts = int(std::count(used.begin(), used.end(), 1));
     auto units = [&](int rbs, int nkb, DevMem& d) {
-      const int ks = int(std::clamp<int64_t>((2 * int64_t(sms) + int64_t(experts) * rbs - 1) / (int64_t(experts) * rbs), 1, nkb));
+      const int ks = cuda::moe_fp8::host_ksplit(int64_t(experts) * rbs, nkb, sms);
       std::vector<int4> u;
       for (int e = 0; e < E; ++e) {
         if (!used[size_t(e)]) continue;
         for (int rb = 0; rb < rbs; ++rb)
-          for (int k = 0; k < ks; ++k)
-            u.push_back(make_int4(e, rb, int(int64_t(k) * nkb / ks), int(int64_t(k + 1) * nkb / ks)));
+          for (int k = 0; k < ks; ++k) {
+            int kb0, kb1;
+            cuda::moe_fp8::split_range(k, ks, nkb, kb0, kb1);
+            u.push_back(make_int4(e, rb, kb0, kb1));
+          }
       }
       cuda_check(cudaMemcpy(d.p, u.data(), u.size() * sizeof(int4), cudaMemcpyHostToDevice), "upload");
       return int(u.size());

@@ -38,6 +38,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/moe_common.cuh"
 #include "kernels/cuda/moe_fp8.cuh"
+#include "kernels/cuda/moe_fp8_work.h"
 #include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
@@ -375,8 +376,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const int rb_gu = int(ceil_div(I, 128)), rb_dn = int(ceil_div(H, 256));
   auto ksplit = [&](int forced, int rbs, int nkb) {
     if (forced > 0) return std::min(forced, nkb);
-    const int64_t units = experts_max * rbs;
-    return int(std::clamp<int64_t>(ceil_div(2 * int64_t(sms), units), 1, nkb));
+    return host_ksplit(experts_max * rbs, nkb, sms);
   };
   int ks_gu = stream ? ksplit(knobs.fp8_ksplit_gate_up, rb_gu, gh) : 1;
   int ks_dn = stream ? ksplit(knobs.fp8_ksplit_down, rb_dn, gi) : 1;

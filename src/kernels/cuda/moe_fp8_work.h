@@ -65,6 +65,13 @@ SIEVE_MOE_HD void split_range(int ks, int ksplit, int nkb, int& kb0, int& kb1) {
   kb1 = int(int64_t(ks + 1) * nkb / ksplit);
 }
 
+// Stream kernels, the host's k split of a product of `units` units (experts x weight-row blocks)
+// of nkb k blocks each: enough split units to give each of `sms` SMs two, 1 .. nkb.
+SIEVE_MOE_HD int host_ksplit(int64_t units, int nkb, int sms) {
+  const int64_t ks = (2 * int64_t(sms) + units - 1) / units;
+  return int(ks < 1 ? 1 : (ks > nkb ? nkb : ks));
+}
+
 // Stream kernels, MoeTuning::fp8_ksplit_waves: the k split (1 .. max_split, at most nkb) of a
 // product of `units` units (row blocks x weight-row blocks) of nkb k blocks each on `ctas`
 // persistent CTAs. A CTA takes every ctas-th unit, so the busiest one works ceil(units x split /
