@@ -349,6 +349,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // The sort's knobs (fp8_sort_pdl, fp8_sort_scan, fp8_map_cache) all off (0) or on (1),
         // and MoeTuning::fp8_ksplit_waves; -1: as tuned.
         int sort = -1, waves = -1;
+        int experiment = 0;  // MoeTuning::fp8_stream_experiment
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
@@ -362,6 +363,12 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, " + kBatchMode, true, true, true, 1, 0});
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, k splits by waves, " + kBatchMode, true,
                             true, true, 1, 16});
+        Variant x1{0, true, true, "stream experiment (wrong results): no weight scales, " + kBatchMode};
+        x1.experiment = 1;
+        variants.push_back(x1);
+        Variant x2{0, true, true, "stream experiment (wrong results): no weight scales, no products, " + kBatchMode};
+        x2.experiment = 2;
+        variants.push_back(x2);
       }
       if (tokens >= 1024) {
         variants.push_back({2, true, false, "tiles, bulk k-major scales, device maps", true, true, false});
@@ -378,6 +385,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           m.fp8_tile_param_maps = v.param_maps;
           if (v.sort >= 0) m.fp8_sort_pdl = m.fp8_sort_scan = m.fp8_map_cache = v.sort == 1;
           if (v.waves >= 0) m.fp8_ksplit_waves = v.waves;
+          m.fp8_stream_experiment = v.experiment;
         }));
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;

@@ -504,6 +504,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.beta = p.beta;
     g.partial = partial;
     g.kp = kp;
+    g.experiment = knobs.fp8_stream_experiment;
     g.wst = nullptr;
     g.wn = 0;
 

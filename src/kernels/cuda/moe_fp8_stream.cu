@@ -143,6 +143,11 @@ struct Cursor {
   int64_t i;
   Unit u;
   int kb, kb1;
+  // The lane's weight-row scales of the unit (rows lane + 32 j, j < 8): offsets into the expert's
+  // scales (k block 0), and which rows exist.
+  const float* ws;
+  int soff[8];
+  uint32_t smask;
 };
 
 template <bool kGateUp, int kNt>
@@ -192,6 +197,15 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       if (i >= total) return;
       c.u = unit_of(g, i, kNt, cols, ksplit);
       split_range(c.u.ks, ksplit, g.nkb, c.kb, c.kb1);
+      c.ws = g.wscale[c.u.e];
+      c.smask = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        bool ok;
+        const int n = weight_row<kGateUp>(g, c.u.rb, lane + 32 * j, ok);
+        c.soff[j] = ok ? (n / g.sbr) * g.nkb : 0;
+        c.smask |= uint32_t(ok) << j;
+      }
     };
     auto advance = [&](Cursor& c) {
       c.kb += kp;
@@ -216,15 +230,17 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
                           weight_row<kGateUp>(g, c.u.rb, b * 64, unused), &full[st], policy);
           }
       }
-      const float* ws = g.wscale[c.u.e];
       float* sc = reinterpret_cast<float*>(base + sc_off);
-      for (int idx = lane; idx < kp * kW; idx += 32) {
-        const int ii = idx / kW, row = idx - ii * kW;
-        bool ok;
-        const int n = weight_row<kGateUp>(g, c.u.rb, row, ok);
-        ok = ok && ii < nk;
-        cp_async4(&sc[idx], ok ? ws + int64_t(n / g.sbr) * g.nkb + c.kb + ii : ws, ok);
-      }
+      if (g.experiment >= 1) return;  // timing experiment: no weight scales
+      // The unit's rows were found once (begin): a scale is one add from its row's offset. (Finding
+      // each scale's row for every stage made the producer the kernels' pace: 32 tokens took 524
+      // instead of 418 us at one TP4 rank; docs/performance.md.)
+      for (int ii = 0; ii < kp; ++ii)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const bool ok = (c.smask >> j & 1u) && ii < nk;
+          cp_async4(&sc[ii * kW + lane + 32 * j], c.ws + (ok ? c.soff[j] + c.kb + ii : 0), ok);
+        }
     };
     // A stage's token rows and their scales; then the lanes' arrivals.
     auto load_tokens = [&](const Cursor& c, int st) {
@@ -286,9 +302,10 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       const uint8_t* base = ring + s * stride;
       const float* sc = reinterpret_cast<const float*>(base + sc_off);
       const int nk = min(kp, kb1 - kb);
-      for (int ii = 0; ii < nk; ++ii)
-        stream_product<kNt>(tmp, fin, base + ii * kWBytes + 2 * cw * kBox, base + tok_off + ii * G::kTokBox,
-                            sc + ii * kW + 128 * cw, sc + kp * kW + ii * kNt, w, g8, q);
+      if (g.experiment < 2)  // timing experiment 2: no products
+        for (int ii = 0; ii < nk; ++ii)
+          stream_product<kNt>(tmp, fin, base + ii * kWBytes + 2 * cw * kBox, base + tok_off + ii * G::kTokBox,
+                              sc + ii * kW + 128 * cw, sc + kp * kW + ii * kNt, w, g8, q);
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
       if (++s == S) s = 0, fp ^= 1;

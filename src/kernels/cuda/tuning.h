@@ -157,6 +157,9 @@ struct MoeTuning {
   // (bounded by a 32 MiB partial-sum buffer; 0: the host's rule above), at up to 32 token rows a
   // unit. fp8_ksplit_* override it.
   int fp8_ksplit_waves = 0;
+  // Stream kernels, timing experiments (wrong results): 1 the weight scales not loaded, 2 also
+  // no products (the consumers only wait and release the stages). 0: off.
+  int fp8_stream_experiment = 0;
   // Tile kernels (prefill): the 1 x 128 activation scales laid out k-block-major ([k block][row],
   // by the quantizer and gate_up's epilogue) and the experts' weight scales copied k-block-major
   // once a call, so that the producer reads a stage's 384 scales from ~12 cache lines instead of
