@@ -36,11 +36,12 @@ constexpr int kMaxTopk = 32;
 constexpr int kSlice = 512;        // hidden columns a fused CTA
 constexpr int kGroupExperts = 8;   // experts a fused CTA (a warp each)
 
-// Routes token t from its logits row (read through L2: another CTA may have written it). kPer:
-// experts a lane holds (E <= 32 kPer). Every loop over them and over the top-k ranks is unrolled
-// with compile-time indices, so the scores stay in registers and a lane's logit and bias loads
-// are issued together (with a run-time bound the arrays lived in a 384-byte stack frame).
-template <int kPer>
+// Routes token t from its logits row (global memory, read through L2: another CTA may have
+// written it; or with kShared the CTA's own shared memory). kPer: experts a lane holds (E <= 32
+// kPer). Every loop over them and over the top-k ranks is unrolled with compile-time indices, so
+// the scores stay in registers and a lane's logit and bias loads are issued together (with a
+// run-time bound the arrays lived in a 384-byte stack frame).
+template <int kPer, bool kShared>
 __device__ __forceinline__ void route_token_t(const ops::MoeRouteParams& p, const float* logits, int64_t t, int lane) {
   const int E = p.num_experts, K = p.topk;
   float lv[kPer], bv[kPer], s[kPer], c[kPer];
@@ -48,7 +49,7 @@ __device__ __forceinline__ void route_token_t(const ops::MoeRouteParams& p, cons
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    lv[i] = e < E ? __ldcg(logits + e) : 0.0f;
+    lv[i] = e < E ? (kShared ? logits[e] : __ldcg(logits + e)) : 0.0f;
     bv[i] = e < E && p.bias ? p.bias[e] : 0.0f;
   }
 #pragma unroll
@@ -113,14 +114,15 @@ __device__ __forceinline__ void route_token_t(const ops::MoeRouteParams& p, cons
   }
 }
 
+template <bool kShared = false>
 __device__ void route_token(const ops::MoeRouteParams& p, const float* logits, int64_t t, int lane) {
   const int per = (p.num_experts + 31) / 32;
   if (per <= 4) {
-    route_token_t<4>(p, logits, t, lane);
+    route_token_t<4, kShared>(p, logits, t, lane);
   } else if (per <= 8) {
-    route_token_t<8>(p, logits, t, lane);
+    route_token_t<8, kShared>(p, logits, t, lane);
   } else {
-    route_token_t<kMaxExperts / 32>(p, logits, t, lane);
+    route_token_t<kMaxExperts / 32, kShared>(p, logits, t, lane);
   }
 }
 
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(256) moe_route_fused_kernel(ops::MoeRouteParam
 // tokens, E]; moe_route_sum_kernel adds the slices in slice order and routes. Every sum has a
 // fixed order: the result does not depend on scheduling.
 constexpr int kSkWarpCols = 16;
-constexpr int kSkTokens = 16;
+constexpr int kSkTokens = 32;  // a decode batch's tokens in one round (16: a second round's latency)
 
 template <int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) moe_route_splitk_kernel(ops::MoeRouteParams p, float* partial, bool vec) {
@@ -309,8 +311,11 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_splitk_kernel(ops::MoeR
 }
 
 // After moe_route_splitk_kernel: a CTA a token adds its partial logits over the S slices in slice
-// order into logits, then its first warp routes the token.
-__global__ void __launch_bounds__(128) moe_route_sum_kernel(ops::MoeRouteParams p, const float* partial, int S, float* logits) {
+// order into shared memory (up to kSumInFlight slices' loads in flight at once: one L2 round trip
+// at decode's 48), then its first warp routes the token from there.
+constexpr int kSumInFlight = 64;
+__global__ void __launch_bounds__(128) moe_route_sum_kernel(ops::MoeRouteParams p, const float* partial, int S) {
+  __shared__ float lg[kMaxExperts];
   pdl_trigger();
   pdl_wait();
   const int64_t t = blockIdx.x, T = p.num_tokens;
@@ -318,20 +323,29 @@ __global__ void __launch_bounds__(128) moe_route_sum_kernel(ops::MoeRouteParams 
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float* src = partial + t * E + e;
     float sum = 0.0f;
-    int k = 0;
-    for (; k + 16 <= S; k += 16) {  // 16 loads in flight, added in order
-      float v[16];
+    if (S <= kSumInFlight) {
+      float v[kSumInFlight];
 #pragma unroll
-      for (int q = 0; q < 16; ++q) v[q] = __ldcg(src + int64_t(k + q) * T * E);
+      for (int q = 0; q < kSumInFlight; ++q)
+        if (q < S) v[q] = __ldcg(src + int64_t(q) * T * E);
 #pragma unroll
-      for (int q = 0; q < 16; ++q) sum += v[q];
+      for (int q = 0; q < kSumInFlight; ++q)
+        if (q < S) sum += v[q];
+    } else {
+      int k = 0;
+      for (; k + 16 <= S; k += 16) {  // 16 loads in flight, added in order
+        float v[16];
+#pragma unroll
+        for (int q = 0; q < 16; ++q) v[q] = __ldcg(src + int64_t(k + q) * T * E);
+#pragma unroll
+        for (int q = 0; q < 16; ++q) sum += v[q];
+      }
+      for (; k < S; ++k) sum += __ldcg(src + int64_t(k) * T * E);
     }
-    for (; k < S; ++k) sum += __ldcg(src + int64_t(k) * T * E);
-    logits[t * E + e] = sum;
+    lg[e] = sum;
   }
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x < 32) route_token(p, logits + t * E, t, threadIdx.x);
+  if (threadIdx.x < 32) route_token<true>(p, lg, t, threadIdx.x);
 }
 
 // The split-K router GEMM's rule (run_moe_route and ops::moe_route_splits): F32 x with the GEMM in
@@ -376,20 +390,19 @@ bool run_moe_route(const ops::MoeRouteParams& p, void* stream_v) {
   const bool fused = T <= tuning().moe.route_fused_max_tokens || p.x_dtype == DType::BF16;
   const int sk_warps = tuning().moe.route_splitk_warps == 4 ? 4 : 8;
   const int64_t sk_slices = splitk_slices(p), sk_groups = (E + 31) / 32;
-  // Scratch: [logits T x E][fused, split-K: partial S x T x E], in the MoE scratch (moe_experts,
-  // which reuses it, runs after the routing on the stream).
+  // Scratch, in the MoE scratch (moe_experts, which reuses it, runs after the routing on the
+  // stream): split-K, [partial S x T x E] (the sum kernel keeps a token's logits in shared memory);
+  // otherwise [logits T x E][fused: partial S x T x E].
   const size_t logit_bytes = (size_t(T * E) * 4 + 255) / 256 * 256;
   if (sk_slices > 0) {
-    auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, logit_bytes + size_t(sk_slices * T * E) * 4));
-    auto* logits = reinterpret_cast<float*>(base);
-    auto* partial = reinterpret_cast<float*>(base + logit_bytes);
+    auto* partial = static_cast<float*>(private_scratch(st, kScratchMoe, size_t(sk_slices * T * E) * 4));
     const bool vec = p.hidden % 4 == 0 && p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(p.gate) % 16 == 0;
     launch_pdl(pdl, sk_warps == 4 ? moe_route_splitk_kernel<4> : moe_route_splitk_kernel<8>,
                dim3(unsigned(sk_slices), unsigned(sk_groups)), dim3(sk_warps * 32), 0, st, "moe_route (split-K router GEMM)",
                p, partial, vec);
     launch_pdl(pdl, moe_route_sum_kernel, dim3(unsigned(T)), dim3(128), 0, st, "moe_route (split-K sum)", p,
-               static_cast<const float*>(partial), int(sk_slices), logits);
+               static_cast<const float*>(partial), int(sk_slices));
     return true;
   }
   auto* base = static_cast<uint8_t*>(private_scratch(st, kScratchMoe, logit_bytes + (fused ? size_t(S * T * E) * 4 : 0)));
