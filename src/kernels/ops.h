@@ -297,6 +297,11 @@ struct MoeExpertsParams {
   const float* const* w_gate_up_scale = nullptr;  // [num_experts] -> [ceil(2 inter / br), ceil(hidden / bc)]
   const float* const* w_down_scale = nullptr;     // [num_experts] -> [ceil(hidden / br), ceil(inter / bc)]
   int scale_block_rows = 0, scale_block_cols = 0;  // br, bc
+  // FP8 with (1, 128) blocks only: each expert's two scale arrays are k-block-major,
+  // [ceil(hidden / 128)][2 inter] and [ceil(inter / 128)][hidden] (out[kb * N + n] = the row-major
+  // scale[n * KB + kb], as lt_weight_scales makes them), which the CUDA kernels read as contiguous
+  // runs of rows. On CUDA each array then starts 16-byte aligned. Other block shapes refuse it.
+  bool scale_kmajor = false;
   // CPU only, FP8 weights: quantize the activations entering each product (x unless already FP8,
   // and the SwiGLU output) per 1 x 128 token group as the CUDA kernels do, so that a parity test
   // compares like with like; false (the oracle): fp32 activations.

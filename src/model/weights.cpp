@@ -19,6 +19,7 @@ using detail::Slice;
 constexpr bool kMoeTakesFp8 = true;
 
 ops::WeightView Weight::view() const {
+  SIEVE_CHECK(!scale_kmajor, "a WeightView of an expert whose scales are k-block-major (only the MoE op reads them)");
   ops::WeightView v;
   v.data = data.data();
   v.dtype = dtype;
@@ -269,6 +270,22 @@ const TensorInfo& checked_tensor(const Checkpoint& ck, const std::string& name, 
   return t;
 }
 
+// A weight's scales (host copy `host`, WeightView layout, n floats) to the device. CUDA, FP8 experts
+// with (1, 128) blocks: k-block-major (Weight::scale_kmajor), so that the MoE kernels read a k
+// block's scales of consecutive weight rows as one run.
+void upload_scales(Weight& w, const float* host, size_t n, const Device& dev, bool expert, Arena& arena) {
+  std::vector<float> kmajor;
+  if (expert && dev.is_cuda() && w.dtype == DType::FP8_E4M3 && w.block_rows == 1 && w.block_cols == ops::kFp8Group) {
+    kmajor = ops::lt_weight_scales(w.view(), host);  // (1, 128): [ceil(cols / 128)][rows]
+    SIEVE_CHECK(kmajor.size() == n, "expert scales: unexpected k-block-major size");
+    host = kmajor.data();
+    w.scale_kmajor = true;
+  }
+  w.scale = arena.take(n * 4);  // 256-byte aligned: the kernels' bulk copies need 16
+  copy_to_device(dev, w.scale.data(), host, n * 4);
+  if (!expert) upload_lt_scales(w, host, arena);
+}
+
 // Moves a host weight to the device.
 void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection, Arena& arena) {
   w.dtype = h.dtype;
@@ -278,11 +295,7 @@ void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection, Arena
   w.block_cols = h.block_cols;
   w.data = arena.take(h.data.size());
   copy_to_device(dev, w.data.data(), h.data.data(), h.data.size());
-  if (!h.scale.empty()) {
-    w.scale = arena.take(h.scale.size() * 4);
-    copy_to_device(dev, w.scale.data(), h.scale.data(), h.scale.size() * 4);
-    if (projection) upload_lt_scales(w, h.scale.data(), arena);
-  }
+  if (!h.scale.empty()) upload_scales(w, h.scale.data(), h.scale.size(), dev, !projection, arena);
 }
 
 // The MoE op's device arrays of expert pointers; one dtype and block shape for all experts.
@@ -292,11 +305,13 @@ void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
   const Weight& first = L.expert_gate_up[0];
   for (size_t e = 0; e < L.expert_gate_up.size(); ++e) {
     for (const Weight* w : {&L.expert_gate_up[e], &L.expert_down[e]})
-      if (w->dtype != first.dtype || w->block_rows != first.block_rows || w->block_cols != first.block_cols)
+      if (w->dtype != first.dtype || w->block_rows != first.block_rows || w->block_cols != first.block_cols ||
+          w->scale_kmajor != first.scale_kmajor)
         throw Error("layer " + std::to_string(layer) + ": the experts' weights differ in format (" +
                     std::string(dtype_name(w->dtype)) + " " + std::to_string(w->block_rows) + "x" +
                     std::to_string(w->block_cols) + " vs " + std::string(dtype_name(first.dtype)) + " " +
                     std::to_string(first.block_rows) + "x" + std::to_string(first.block_cols) +
+                    (w->scale_kmajor != first.scale_kmajor ? ", scale layouts" : "") +
                     "); the MoE op takes one format for all experts");
     gu.push_back(L.expert_gate_up[e].data.data());
     dn.push_back(L.expert_down[e].data.data());
@@ -309,6 +324,7 @@ void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
   };
   put(L.expert_gate_up_ptrs, gu);
   put(L.expert_down_ptrs, dn);
+  L.expert_scale_kmajor = first.scale_kmajor;
   if (first.dtype == DType::FP8_E4M3) {
     put(L.expert_gate_up_scale_ptrs, gus);
     put(L.expert_down_scale_ptrs, dns);
@@ -443,9 +459,7 @@ ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
     fill(w.data, sh.dtype == DType::FP8_E4M3 ? fp8_pool : sh.dtype == DType::BF16 ? bf16_pool : f32_pool);
     if (sh.scales > 0) {
       const std::vector<float> sc(size_t(sh.scales), std::ldexp(1.0f, -14));
-      w.scale = arena.take(sc.size() * 4);
-      copy_to_device(o.device, w.scale.data(), sc.data(), sc.size() * 4);
-      if (!s.expert) upload_lt_scales(w, sc.data(), arena);
+      upload_scales(w, sc.data(), sc.size(), o.device, s.expert, arena);
     }
     mw.bytes += w.bytes();
     if (o.progress) o.progress(mw.bytes, total);

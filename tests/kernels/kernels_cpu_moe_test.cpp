@@ -105,6 +105,62 @@ TEST(CpuMoeExpertsFp8, QuantizeActMatchesTheQuantizedReference) {
   }
 }
 
+// K-block-major scales (scale_kmajor) are the same multipliers: the same bytes out, with short last
+// k blocks, empty experts, FP8 x and the quantize_act emulation.
+TEST(CpuMoeExpertsFp8, KmajorScalesGiveTheSameBytes) {
+  uint64_t seed = 1100;
+  for (int v = 0; v < 4; ++v) {
+    MoeShape s;
+    s.T = 9 + 4 * v, s.H = v % 2 ? 300 : 256, s.I = v < 2 ? 72 : 200, s.E = 7, s.K = 2;
+    s.empty_every = v == 1 ? 3 : 0;
+    s.fp8_x = v == 2;
+    s.act = v == 3 ? DType::BF16 : DType::F32;
+    for (bool quant : {false, true}) {
+      SCOPED_TRACE(s.describe() + (quant ? " quantize_act" : ""));
+      MoeCaseData c(s, seed++);
+      TypedBuffer row = c.out0, km = c.out0;
+      ops::MoeExpertsParams p = c.params();
+      p.quantize_act = quant;
+      p.out = row.data();
+      cpu::run_moe_experts(p);
+      p = c.params(true);
+      p.quantize_act = quant;
+      p.out = km.data();
+      cpu::run_moe_experts(p);
+      EXPECT_TRUE(row.bytes == km.bytes);
+    }
+  }
+}
+
+// The loader makes an expert's k-block-major scales with ops::lt_weight_scales ((1, 128) blocks):
+// that is the layout the op reads as scale_kmajor.
+TEST(CpuMoeExpertsFp8, LoaderTranspositionIsTheKmajorLayout) {
+  MoeShape s;
+  s.H = 400, s.I = 144, s.E = 2;
+  MoeCaseData c(s, 3);
+  for (int e = 0; e < s.E; ++e) {
+    ops::WeightView gu, dn;
+    gu.dtype = dn.dtype = DType::FP8_E4M3;
+    gu.scale_block_rows = dn.scale_block_rows = 1;
+    gu.scale_block_cols = dn.scale_block_cols = 128;
+    gu.rows = 2 * s.I, gu.cols = s.H;
+    dn.rows = s.H, dn.cols = s.I;
+    EXPECT_EQ(ops::lt_weight_scales(gu, c.gu_scale[size_t(e)].data()), c.gu_scale_km[size_t(e)]);
+    EXPECT_EQ(ops::lt_weight_scales(dn, c.dn_scale[size_t(e)].data()), c.dn_scale_km[size_t(e)]);
+  }
+}
+
+TEST(CpuMoeExpertsFp8, KmajorScalesNeedOneBy128Blocks) {
+  MoeShape s;
+  s.br = 128;
+  MoeCaseData c(s, 2);
+  TypedBuffer out = c.out0;
+  ops::MoeExpertsParams p = c.params();
+  p.out = out.data();
+  p.scale_kmajor = true;
+  EXPECT_THROW(cpu::run_moe_experts(p), Error);
+}
+
 TEST(CpuMoeExpertsFp8, MissingScalesAreAnError) {
   MoeCaseData c(MoeShape{}, 1);
   TypedBuffer out = c.out0;

@@ -50,6 +50,10 @@ struct MoeCaseData {
   std::vector<float> weights;
   std::vector<const void*> gu_ptr, dn_ptr;
   std::vector<const float*> gu_sptr, dn_sptr;
+  // FP8 with (1, 128) blocks: the same scales k-block-major ([ceil(cols / 128)][rows],
+  // ops::MoeExpertsParams::scale_kmajor).
+  std::vector<std::vector<float>> gu_scale_km, dn_scale_km;
+  std::vector<const float*> gu_sptr_km, dn_sptr_km;
 
   static int64_t blocks(int64_t n, int b) { return (n + b - 1) / b; }
 
@@ -98,6 +102,23 @@ struct MoeCaseData {
       gu_sptr.push_back(fp8 ? gu_scale[size_t(e)].data() : nullptr);
       dn_sptr.push_back(fp8 ? dn_scale[size_t(e)].data() : nullptr);
     }
+    if (fp8 && s.br == 1 && s.bc == 128) {
+      auto kmajor = [](const std::vector<float>& sc, int64_t rows, int64_t cols) {
+        const int64_t kb = blocks(cols, 128);
+        std::vector<float> t(sc.size());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t b = 0; b < kb; ++b) t[size_t(b * rows + r)] = sc[size_t(r * kb + b)];
+        return t;
+      };
+      for (int e = 0; e < E; ++e) {
+        gu_scale_km.push_back(kmajor(gu_scale[size_t(e)], 2 * I, H));
+        dn_scale_km.push_back(kmajor(dn_scale[size_t(e)], H, I));
+      }
+      for (int e = 0; e < E; ++e) {
+        gu_sptr_km.push_back(gu_scale_km[size_t(e)].data());
+        dn_sptr_km.push_back(dn_scale_km[size_t(e)].data());
+      }
+    }
     // Routing: K distinct experts a token, drawn from those that may take tokens.
     std::vector<int32_t> pool;
     for (int e = 0; e < E; ++e)
@@ -118,8 +139,8 @@ struct MoeCaseData {
     if (s.lone >= 0) ids[size_t((T / 2) * K + K - 1)] = s.lone;
   }
 
-  // Host-pointer parameters (out left null).
-  ops::MoeExpertsParams params() const {
+  // Host-pointer parameters (out left null); kmajor: the k-block-major scales (FP8, (1, 128)).
+  ops::MoeExpertsParams params(bool kmajor = false) const {
     ops::MoeExpertsParams p;
     p.x = x.data();
     p.act_dtype = s.act;
@@ -135,10 +156,11 @@ struct MoeCaseData {
     p.w_down = dn_ptr.data();
     p.w_dtype = s.w;
     if (s.w == DType::FP8_E4M3) {
-      p.w_gate_up_scale = gu_sptr.data();
-      p.w_down_scale = dn_sptr.data();
+      p.w_gate_up_scale = kmajor ? gu_sptr_km.data() : gu_sptr.data();
+      p.w_down_scale = kmajor ? dn_sptr_km.data() : dn_sptr.data();
       p.scale_block_rows = s.br;
       p.scale_block_cols = s.bc;
+      p.scale_kmajor = kmajor;
     }
     return p;
   }

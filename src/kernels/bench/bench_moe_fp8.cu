@@ -1,7 +1,9 @@
 // `sieve bench kernels` rows "moe route + router gemm" (the fused routing against matmul + routing,
 // 1 / 32 / 64 tokens) and "moe experts fp8" (see bench_moe_fp8.h): FP8 moe_experts at one TP4
 // and one TP8 rank of MiniMax-M3 (hidden 6144, 768 / 384 units of each of 128 experts, top-4,
-// (1, 128) weight scales as MXFP8 regrouped for the GPU, fp32 activations as the model runs them),
+// (1, 128) weight scales as MXFP8 regrouped for the GPU, k-block-major as the model uploads them
+// (MoeExpertsParams::scale_kmajor; a "row-major scales" row at 1, 32, 256 and 8192 tokens), fp32
+// activations as the model runs them),
 // for 1, 32, 256, 1024 and 8192 tokens routed to 4 distinct experts drawn uniformly (fixed seed).
 // Floor: the touched experts' fp8 bytes and scales read once at the measured copy rate, or at 8192
 // tokens the products' FLOPs at the measured FP8 matrix rate (cuBLASLt, e4m3 8192^3, per-tensor
@@ -284,11 +286,31 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       gus_p[size_t(e)] = static_cast<float*>(sgu.p) + gus_n * e;
       dns_p[size_t(e)] = static_cast<float*>(sdn.p) + dns_n * e;
     }
-    DevMem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8);
+    // The same scales k-block-major ([ceil(K / 128)][N] an expert), as the model uploads them.
+    DevMem sgu_km(gus_n * 4 * E), sdn_km(dns_n * 4 * E);
+    auto kmajor_copy = [&](const DevMem& src, DevMem& dst, int64_t n_rows, int64_t nkb) {
+      const size_t per = size_t(n_rows * nkb);
+      std::vector<float> h(per * E), t(per * E);
+      cuda_check(cudaMemcpy(h.data(), src.p, h.size() * 4, cudaMemcpyDeviceToHost), "bench scales");
+      for (int e = 0; e < E; ++e)
+        for (int64_t n = 0; n < n_rows; ++n)
+          for (int64_t b = 0; b < nkb; ++b) t[per * e + size_t(b * n_rows + n)] = h[per * e + size_t(n * nkb + b)];
+      cuda_check(cudaMemcpy(dst.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice), "bench scales");
+    };
+    kmajor_copy(sgu, sgu_km, 2 * I, gh);
+    kmajor_copy(sdn, sdn_km, H, gi);
+    std::vector<const float*> gus_km(E), dns_km(E);
+    for (int e = 0; e < E; ++e) {
+      gus_km[size_t(e)] = static_cast<float*>(sgu_km.p) + gus_n * e;
+      dns_km[size_t(e)] = static_cast<float*>(sdn_km.p) + dns_n * e;
+    }
+    DevMem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8), d_gus_km(E * 8), d_dns_km(E * 8);
     cuda_check(cudaMemcpy(d_gu.p, gu_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_dn.p, dn_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_gus.p, gus_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_dns.p, dns_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(d_gus_km.p, gus_km.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(d_dns_km.p, dns_km.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     std::mt19937 rng(77);
     for (int tokens : {1, 32, 256, 1024, 8192}) {
       const std::string shape = std::to_string(tokens) + " tokens " + rank;
@@ -350,6 +372,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // and MoeTuning::fp8_ksplit_waves; -1: as tuned.
         int sort = -1, waves = -1;
         int experiment = 0;  // MoeTuning::fp8_stream_experiment
+        bool rowmajor = false;  // the weights' scales row-major (not MoeExpertsParams::scale_kmajor)
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
@@ -363,6 +386,9 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, " + kBatchMode, true, true, true, 1, 0});
         variants.push_back({0, true, true, "stream, sort pdl + scan + map cache, k splits by waves, " + kBatchMode, true,
                             true, true, 1, 16});
+        Variant rm{0, true, true, "stream, row-major scales, " + kBatchMode};
+        rm.rowmajor = true;
+        variants.push_back(rm);
         Variant x1{0, true, true, "stream experiment (wrong results): no weight scales, " + kBatchMode};
         x1.experiment = 1;
         variants.push_back(x1);
@@ -376,6 +402,11 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back({2, true, false, "tiles, cp.async k-major scales, device maps", true, false, false});
         variants.push_back({2, true, false, "tiles, row-major scales, device maps (before)", false, false, false});
       }
+      if (tokens == 8192) {
+        Variant rm{0, true, false, "tiles, row-major scales (transposed a call), bulk copies, parameter maps"};
+        rm.rowmajor = true;
+        variants.push_back(rm);
+      }
       for (const Variant& v : variants) {
         cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
           m.fp8_path = v.path;
@@ -387,6 +418,11 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           if (v.waves >= 0) m.fp8_ksplit_waves = v.waves;
           m.fp8_stream_experiment = v.experiment;
         }));
+        // (The tile kernels' row-major scale mode takes row-major weight scales only.)
+        const bool rowmajor = v.rowmajor || !v.kmajor;
+        p.scale_kmajor = !rowmajor;
+        p.w_gate_up_scale = static_cast<const float* const*>(rowmajor ? d_gus.p : d_gus_km.p);
+        p.w_down_scale = static_cast<const float* const*>(rowmajor ? d_dns.p : d_dns_km.p);
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;
         r.input_sets = 1;

@@ -60,10 +60,19 @@ void quantize_dequantize_rows(float* x, int64_t rows, int64_t cols) {
 
 // One expert matrix [rows, cols] as packed fp32: F32 as it is, BF16 converted exactly and
 // FP8_E4M3 dequantized exactly (the WeightView rule) into `out`.
+// kmajor: the scales are k-block-major ([ceil(cols / 128)][rows], (1, 128) blocks), put back in
+// row-major order in `scratch` first.
 const float* matrix_as_f32(const void* w, const float* scale, DType t, int64_t rows, int64_t cols, int br, int bc,
-                           std::vector<float>& out) {
+                           bool kmajor, std::vector<float>& out, std::vector<float>& scratch) {
   if (t == DType::F32) return static_cast<const float*>(w);
   out.resize(size_t(rows * cols));
+  if (kmajor && scale) {
+    const int64_t kb = ops::fp8_groups(cols);
+    scratch.resize(size_t(rows * kb));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < kb; ++b) scratch[size_t(r * kb + b)] = scale[b * rows + r];
+    scale = scratch.data();
+  }
   ops::WeightView v;
   v.data = w;
   v.dtype = t;
@@ -157,12 +166,14 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
   if (fp8) {
     SIEVE_CHECK(p.w_gate_up_scale && p.w_down_scale, "moe_experts: FP8 weights need their scale arrays");
     SIEVE_CHECK(p.scale_block_rows > 0 && p.scale_block_cols > 0, "moe_experts: FP8 weights need a scale block shape");
+    SIEVE_CHECK(!p.scale_kmajor || (p.scale_block_rows == 1 && p.scale_block_cols == ops::kFp8Group),
+                "moe_experts: k-block-major scales (scale_kmajor) need (1, 128) blocks");
   }
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens;
   const int64_t xgroups = ops::fp8_groups(H);
   const bool quant = fp8 && p.quantize_act;
   std::vector<float> sum(size_t(T * H), 0.0f);
-  std::vector<float> X, GU, A, Y, W;
+  std::vector<float> X, GU, A, Y, W, S;
   std::vector<int64_t> tok;
   std::vector<float> wt;
   for (int e = 0; e < p.num_experts; ++e) {
@@ -197,7 +208,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     Y.resize(size_t(c * H));
     product(X.data(), c, H,
             matrix_as_f32(p.w_gate_up[e], fp8 ? p.w_gate_up_scale[e] : nullptr, p.w_dtype, 2 * I, H,
-                          p.scale_block_rows, p.scale_block_cols, W),
+                          p.scale_block_rows, p.scale_block_cols, p.scale_kmajor, W, S),
             2 * I, GU.data());
     ops::SwigluOaiParams sw;
     sw.gate_up = GU.data();
@@ -214,7 +225,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     if (quant) quantize_dequantize_rows(A.data(), c, I);
     product(A.data(), c, I,
             matrix_as_f32(p.w_down[e], fp8 ? p.w_down_scale[e] : nullptr, p.w_dtype, H, I, p.scale_block_rows,
-                          p.scale_block_cols, W),
+                          p.scale_block_cols, p.scale_kmajor, W, S),
             H, Y.data());
     for (int64_t r = 0; r < c; ++r) {
       float* dst = &sum[size_t(tok[size_t(r)] * H)];

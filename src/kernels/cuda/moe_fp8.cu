@@ -333,6 +333,8 @@ bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols) 
 bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* probe) {
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
   const bool fp8_x = p.x_scale != nullptr;
+  if (p.scale_kmajor && (p.scale_block_rows != 1 || p.scale_block_cols != kGroup))
+    throw Error("moe_experts: k-block-major scales (scale_kmajor) need (1, 128) blocks");
   if (p.scale_block_cols != kGroup || p.scale_block_rows < 1) return false;
   if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
   if (H % 16 || I % 16 || H < 128 || I < 128 || H > (1 << 20) || I > (1 << 20)) return false;
@@ -344,9 +346,12 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const int sms = num_sms();
   const int gh = int(ceil_div(H, kGroup)), gi = int(ceil_div(I, kGroup));
 
-  // Tile kernels with k-block-major scales: the weight multipliers of both products copied
-  // k-block-major (once a call, before the chunks), where they take at most a quarter of the scratch.
-  const size_t wst_gu = size_t(E) * size_t(gh) * size_t(2 * I), wst_dn = size_t(E) * size_t(gi) * size_t(H);
+  // Tile kernels with k-block-major scales: row-major weight multipliers of both products copied
+  // k-block-major (once a call, before the chunks), where they take at most a quarter of the
+  // scratch; weights whose scales are k-block-major already (p.scale_kmajor) are read in place.
+  const bool w_kmajor = p.scale_kmajor;
+  const size_t wst_gu = w_kmajor ? 0 : size_t(E) * size_t(gh) * size_t(2 * I);
+  const size_t wst_dn = w_kmajor ? 0 : size_t(E) * size_t(gi) * size_t(H);
   const bool kmajor_fits = 4 * (wst_gu + wst_dn) <= kScratchBytes / 4;
   const size_t fixed_bytes = (size_t(64) << 20) + (kmajor_fits ? 4 * (wst_gu + wst_dn) + 2048 : 0);
 
@@ -363,7 +368,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   bool stream = pairs_max <= int64_t(knobs.fp8_stream_pairs_per_expert) * E;
   if (knobs.fp8_path == 1) stream = true;
   if (knobs.fp8_path == 2) stream = false;
-  const bool kmajor = !stream && knobs.fp8_tile_kmajor_scales && kmajor_fits;
+  // (The tile kernels read k-block-major weight scales only in their k-block-major modes.)
+  const bool kmajor = !stream && ((knobs.fp8_tile_kmajor_scales && kmajor_fits) || w_kmajor);
   const TileScales scales =
       !kmajor ? TileScales::kRowMajor : (knobs.fp8_tile_bulk_scales ? TileScales::kBulk : TileScales::kKmajor);
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
@@ -455,7 +461,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const int64_t xs_row = kmajor ? 1 : gh, xs_group = kmajor ? cap : 1;
   const int64_t as_row = kmajor ? 1 : gi, as_group = kmajor ? cap : 1;
   std::unique_ptr<TileMaps> maps_gu, maps_dn;
-  if (kmajor) {
+  if (kmajor && !w_kmajor) {
     const dim3 tb(32, 8);
     scale_transpose_kernel<<<dim3(unsigned(ceil_div(2 * I, 32)), unsigned(ceil_div(gh, 32)), unsigned(E)), tb, 0, st>>>(
         p.w_gate_up_scale, int(2 * I), p.scale_block_rows, gh, wst_gu_p);
@@ -463,6 +469,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     scale_transpose_kernel<<<dim3(unsigned(ceil_div(H, 32)), unsigned(ceil_div(gi, 32)), unsigned(E)), tb, 0, st>>>(
         p.w_down_scale, int(H), p.scale_block_rows, gi, wst_dn_p);
     SIEVE_LAUNCH_CHECK("moe_experts fp8 (down scales)");
+  }
+  if (kmajor) {
     if (knobs.fp8_tile_param_maps && E <= kTileParamMaps && !capturing(st)) {
       maps_gu = std::make_unique<TileMaps>();
       maps_dn = std::make_unique<TileMaps>();
@@ -507,6 +515,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.experiment = knobs.fp8_stream_experiment;
     g.wst = nullptr;
     g.wn = 0;
+    g.wkmajor = w_kmajor;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
@@ -518,7 +527,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.ksplit = ks_gu;
     g.ksplit_max = kw_gu;
     g.counters = counters;
-    g.wst = wst_gu_p;
+    g.wst = w_kmajor ? nullptr : wst_gu_p;
     g.wn = int(2 * I);
     int grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_gu), sms));
     if (stream) {
@@ -535,7 +544,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.ksplit = ks_dn;
     g.ksplit_max = kw_dn;
     g.counters = counters ? counters + n_cnt_gu : nullptr;
-    g.wst = wst_dn_p;
+    g.wst = w_kmajor ? nullptr : wst_dn_p;
     g.wn = int(H);
     grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_dn), sms));
     if (stream) {

@@ -175,6 +175,10 @@ struct GemmArgs {
   const CUtensorMap* wmaps;    // [E] per-expert weight maps of this product (written by the sort)
   const float* const* wscale;  // [E] -> dequant multipliers, blocks of (sbr, 128)
   int sbr;                     // scale block rows
+  // wscale k-block-major ([nkb][wn], sbr 1: ops::MoeExpertsParams::scale_kmajor), each array
+  // 16-byte aligned: the stream kernels bulk-copy a stage's rows, the tile kernels (k-block-major
+  // modes) read them in place of wst.
+  bool wkmajor;
   int nkb;                     // k blocks of 128 (ceil(K / 128))
   int inter, hidden;           // I and H
   const float* a_scale;        // [rows_cap, nkb] the activation rows' 1 x 128 scales, by sorted row
@@ -201,9 +205,10 @@ struct GemmArgs {
   // stream kernels with ksplit > 1: fp32 partial sums and arrival counters (returned to zero).
   float* partial;
   int32_t* counters;
-  // Tile kernels with k-block-major scales (MoeTuning::fp8_tile_kmajor_scales): a_scale and
-  // act_scale are [nkb][rows_cap] and [ceil(I / 128)][rows_cap], the weight scales
-  // wst [E][nkb][wn] (wn: the product's weight rows, 2 I or H).
+  // Tile kernels with k-block-major scales (MoeTuning::fp8_tile_kmajor_scales, or wkmajor): a_scale
+  // and act_scale are [nkb][rows_cap] and [ceil(I / 128)][rows_cap], the weight scales
+  // wst [E][nkb][wn] (null with wkmajor) (wn: the product's weight rows, 2 I or H; also set for
+  // the stream kernels).
   const float* wst;
   int wn;
 };

@@ -9,9 +9,12 @@
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of g.kp k blocks a stage
 //    into a ring of stages (per k block the 256 weight rows as four 64-row boxes through the
 //    expert's tensor map, with the L2 evict-first policy: each weight byte is read once; the
-//    token rows as one box); the 32 lanes copy the weight-row scales and the token rows' scales
-//    by 4-byte cp.async. Two k blocks a stage (decode) read each weight row 256 contiguous bytes
-//    at a time and halve the barrier round trips a byte: 514 instead of 600 us at 32 tokens.
+//    token rows as one box). The weight-row scales: k-block-major (GemmArgs::wkmajor), lane 0
+//    bulk-copies each k block's existing rows (gate_up: four runs of up to 64 rows, down: one of
+//    up to 256), counted in the stage's bytes; row-major, the 32 lanes copy them by 4-byte
+//    cp.async. The lanes copy the token rows' scales by cp.async. Two k blocks a stage (decode)
+//    read each weight row 256 contiguous bytes at a time and halve the barrier round trips a
+//    byte: 514 instead of 600 us at 32 tokens.
 //  - warpgroups 1 and 2: the consumers, weight rows 0-127 and 128-255 (two m64 blocks each). Per k
 //    block: 8 wgmma.m64nNk32 into temporary accumulators, one wait, then the promotion final +=
 //    temporary * (weight scale of the row * x scale of the token) in fp32 (as in the tile
@@ -82,6 +85,19 @@ __device__ __forceinline__ Unit unit_of(const GemmArgs& g, int64_t i, int nt, in
 template <bool kGateUp>
 __device__ __forceinline__ int weight_row(const GemmArgs& g, int rb, int c, bool& valid) {
   return kGateUp ? gate_up_row(rb, c, g.inter, valid) : down_row(rb, c, g.hidden, valid);
+}
+
+// K-block-major weight scales: a stage's k block is kSegs runs of consecutive weight rows (gate_up:
+// the four 64-row boxes; down: the 256 rows), run b from stage row kSegRows * b. Rows that exist
+// in run b of row block rb: a multiple of 16 (I and H are), so every bulk copy is one of 64 bytes
+// from a 64-byte boundary of the expert's array.
+template <bool kGateUp>
+constexpr int kSegs = kGateUp ? 4 : 1;
+template <bool kGateUp>
+constexpr int kSegRows = kGateUp ? 64 : 256;
+template <bool kGateUp>
+__device__ __forceinline__ int seg_rows(const GemmArgs& g, int rb, int b) {
+  return kGateUp ? max(0, min(64, g.inter - (rb * 128 + (b >> 1) * 64))) : max(0, min(256, g.hidden - rb * 256));
 }
 
 // One 64-row weight box (`wbox`) times the token rows (`t_addr`) over one k block: 4
@@ -161,6 +177,17 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   float* const red = reinterpret_cast<float*>(empty + kMaxStages);  // [8 warps][kNt]
   int* const flag = reinterpret_cast<int*>(red + 8 * kNt);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // A stage: [kp][256 weight rows] boxes, [kp][token rows] boxes, then the scales.
+  const int tok_off = kp * kWBytes, sc_off = kp * G::kStageK;
+  if (g.wkmajor) {
+    // The bulk copies write only the rows that exist: the others' scale slots hold zeros (or an
+    // earlier unit's scales), finite, so that their products (0, or masked) stay finite.
+    for (int idx = tid; idx < S * kp * kW; idx += kThreads) {
+      const int st = idx / (kp * kW);
+      reinterpret_cast<float*>(ring + st * stride + sc_off)[idx - st * kp * kW] = 0.0f;
+    }
+    fence_proxy_async();  // before the bulk copies (async proxy) write the same slots
+  }
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 33);
@@ -179,8 +206,6 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     cols = g.cols * ksplit;
   }
   const int64_t total = int64_t(g.blk_start[g.E]) * cols;
-  // A stage: [kp][256 weight rows] boxes, [kp][token rows] boxes, then the scales.
-  const int tok_off = kp * kWBytes, sc_off = kp * G::kStageK;
 
   if (warp < 4) {
     if (warp != 0) {
@@ -199,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       split_range(c.u.ks, ksplit, g.nkb, c.kb, c.kb1);
       c.ws = g.wscale[c.u.e];
       c.smask = 0;
+      if (g.wkmajor) return;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         bool ok;
@@ -221,7 +247,13 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
           tensormap_acquire(wm);
           acquired = wm;
         }
-        mbar_expect_tx(&full[st], uint32_t(nk * G::kStageK));
+        // K-block-major scales: the stage's bytes count their runs too (timing experiment 1: none).
+        const bool bulk = g.wkmajor && g.experiment < 1;
+        uint32_t sbytes = 0;
+        if (bulk)
+#pragma unroll
+          for (int b = 0; b < kSegs<kGateUp>; ++b) sbytes += uint32_t(seg_rows<kGateUp>(g, c.u.rb, b)) * 4;
+        mbar_expect_tx(&full[st], uint32_t(nk) * (uint32_t(G::kStageK) + sbytes));
         for (int ii = 0; ii < nk; ++ii)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
@@ -229,9 +261,22 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
             tma_load_hint(base + ii * kWBytes + b * kBox, wm, (c.kb + ii) * kBK,
                           weight_row<kGateUp>(g, c.u.rb, b * 64, unused), &full[st], policy);
           }
+        if (bulk) {
+          float* sc = reinterpret_cast<float*>(base + sc_off);
+          for (int ii = 0; ii < nk; ++ii) {
+            const float* wsk = c.ws + int64_t(c.kb + ii) * g.wn;
+#pragma unroll
+            for (int b = 0; b < kSegs<kGateUp>; ++b) {
+              const int nr = seg_rows<kGateUp>(g, c.u.rb, b);
+              bool unused;
+              const int n0 = weight_row<kGateUp>(g, c.u.rb, kSegRows<kGateUp> * b, unused);
+              if (nr > 0) bulk_copy(&sc[ii * kW + kSegRows<kGateUp> * b], wsk + n0, uint32_t(nr) * 4, &full[st]);
+            }
+          }
+        }
       }
       float* sc = reinterpret_cast<float*>(base + sc_off);
-      if (g.experiment >= 1) return;  // timing experiment: no weight scales
+      if (g.experiment >= 1 || g.wkmajor) return;  // timing experiment 1: no weight scales
       // The unit's rows were found once (begin): a scale is one add from its row's offset. (Finding
       // each scale's row for every stage made the producer the kernels' pace: 32 tokens took 524
       // instead of 418 us at one TP4 rank; docs/performance.md.)
@@ -435,6 +480,10 @@ size_t stream_smem_bytes(int nt) {
 void launch_stream(bool gate_up, int nt, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
                    cudaStream_t st) {
   SIEVE_CHECK(g.kp >= 1 && g.kp <= kMaxKp, "moe_experts fp8: k blocks a stream stage");
+  // K-block-major scales are bulk-copied in runs of 16 rows (64 bytes) from the runs' first rows.
+  SIEVE_CHECK(!g.wkmajor || (g.sbr == 1 && g.inter % 16 == 0 && g.hidden % 16 == 0 &&
+                             g.wn == (gate_up ? 2 * g.inter : g.hidden)),
+              "moe_experts fp8: k-block-major scales need (1, 128) blocks and I, H multiples of 16");
   switch (nt * 2 + (gate_up ? 1 : 0)) {
     case 17: launch_one<true, 8>(amap, g, grid, pdl, st); break;
     case 16: launch_one<false, 8>(amap, g, grid, pdl, st); break;

@@ -7,7 +7,8 @@
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
 //    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four) and the
 //    stage's 256 weight-row scales and 128 activation-row scales: by default (k-block-major
-//    layouts) as 5 bulk copies counted in the stage's bytes (1 arrival), else by 4-byte cp.async
+//    layouts: the weights' own k-block-major scales, or the call's transposed copy of row-major
+//    ones) as 5 bulk copies counted in the stage's bytes (1 arrival), else by 4-byte cp.async
 //    from the 32 lanes, each arriving when its copies land (33 arrivals and the TMA bytes). The
 //    weight maps come from the kernel parameter (host-encoded) or from global memory (the sort's).
 //  - warpgroups 1 and 2: the consumers, rows 0-63 and 64-127 of the tile. Per k block and half of
@@ -71,10 +72,10 @@ struct NoMaps {
 };
 
 // Scale modes: kRowMajor, the row-major layouts by 4-byte cp.async (each arriving on the stage's
-// barrier); kKmajor, the k-block-major layouts (GemmArgs::wst) by 4-byte cp.async; kBulk, the
-// k-block-major layouts by bulk copies counted in the stage's transaction bytes (the stage
-// completes on its bytes alone). Maps: TileMaps (weight maps in the parameter) or NoMaps
-// (g.wmaps, written by the sort).
+// barrier); kKmajor, the k-block-major layouts (GemmArgs::wst, or the experts' own arrays with
+// wkmajor) by 4-byte cp.async; kBulk, the k-block-major layouts by bulk copies counted in the
+// stage's transaction bytes (the stage completes on its bytes alone). Maps: TileMaps (weight
+// maps in the parameter) or NoMaps (g.wmaps, written by the sort).
 enum ScaleMode { kRowMajor = 0, kKmajor = 1, kBulk = 2 };
 
 // Bulk mode: the weight-row runs of a tile (4 x 64 rows, consecutive in wst) and how many of each
@@ -127,12 +128,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         acquired = wm;
       }
-      const float* ws = kKmaj ? nullptr : g.wscale[t.e];
+      // Row-major scales, or (k-block-major modes) the expert's own k-block-major array when the
+      // weights come with one (g.wkmajor), else its part of the call's transposed copy wst.
+      const float* ws = !kKmaj || g.wkmajor ? g.wscale[t.e] : g.wst + int64_t(t.e) * g.nkb * g.wn;
       for (int kb = 0; kb < g.nkb; ++kb) {
         mbar_wait(&empty[s], ep);
         float* sc = s_ring + s * kScales;
         if (kMode == kBulk && lane == 0) {
-          const float* wsk = g.wst + (int64_t(t.e) * g.nkb + kb) * g.wn;
+          const float* wsk = ws + int64_t(kb) * g.wn;
           const int64_t a0 = int64_t(kb) * g.rows_cap + t.r0;
           const int shift = t.r0 & 3;
           const uint32_t abytes = uint32_t((shift + t.rows + 3) / 4 * 16);
@@ -167,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kMode == kBulk) {
           // in the stage's bytes
         } else if (kMode == kKmajor) {
-          const float* wsk = g.wst + (int64_t(t.e) * g.nkb + kb) * g.wn;
+          const float* wsk = ws + int64_t(kb) * g.wn;
           const float* ask = g.a_scale + int64_t(kb) * g.rows_cap + t.r0;
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
@@ -356,6 +359,8 @@ void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int 
                   TileScales scales, const TileMaps* maps) {
   SIEVE_CHECK(!maps || scales != TileScales::kRowMajor, "moe_experts fp8: parameter maps need k-block-major scales");
   SIEVE_CHECK(scales != TileScales::kBulk || g.rows_cap % 4 == 0, "moe_experts fp8: bulk scales need rows_cap % 4");
+  SIEVE_CHECK(!g.wkmajor || scales != TileScales::kRowMajor,
+              "moe_experts fp8: k-block-major weight scales need a k-block-major tile mode");
   if (gate_up) {
     launch_product<true>(amap, g, grid, st, scales, maps);
   } else {
