@@ -160,16 +160,6 @@ __global__ void __launch_bounds__(128 * WGS + 32, 1)
   // its tensor-copy bytes); FP8 rows: the token tile and token scales; the arrivals once the
   // stage is written (its cp.asyncs when they land, lane 0 after the warp's stores).
   const uint64_t policy = producer && a.l2_first ? l2_policy_evict_first() : 0;
-  // The lane's weight rows n0 + lane + 32 u: their scale offsets (k block 0) found once, so that a
-  // stage's scale is one add (rows past n read a real scale, of the last row: their tiles are
-  // zeros). Found for every stage, the 64-bit division made the producer the decode shapes' pace.
-  constexpr int kWsPer = BM / 32;
-  int64_t wsoff[kWsPer];
-  if (producer) {
-#pragma unroll
-    for (int u = 0; u < kWsPer; ++u)
-      wsoff[u] = fp8::w_scale_index(min(n0 + lane + 32 * u, a.n - 1), a.br, p.kb_total, 0);
-  }
   auto load_weights = [&](int i) {
     const int s = i % p.stages, kb = kb0 + i;
     if (lane == 0) {
@@ -181,8 +171,9 @@ __global__ void __launch_bounds__(128 * WGS + 32, 1)
         tma_load_2d(st, &wmap, kb * fp8::kBK, n0, &full[s]);
     }
     float* ws = reinterpret_cast<float*>(base + L.scales + s * L.scale_stage) + BN;
-#pragma unroll
-    for (int u = 0; u < kWsPer; ++u) cp_async4(ws + lane + 32 * u, a.w_scale + wsoff[u] + kb);
+    // Rows past n read a real scale (of the last row): their tiles are zeros.
+    for (int r = lane; r < BM; r += 32)
+      cp_async4(ws + r, a.w_scale + fp8::w_scale_index(min(n0 + r, a.n - 1), a.br, p.kb_total, kb));
   };
   auto load_tokens = [&](int i) {
     const int s = i % p.stages, kb = kb0 + i;
