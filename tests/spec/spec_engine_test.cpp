@@ -53,7 +53,11 @@ std::vector<Out> run(const Rig& rig,
                      EngineStats* stats = nullptr) {
   FakeModel model(rig.vocab, rig.block_size);
   model.allocate_caches({.num_blocks = rig.num_blocks});
-  EngineConfig ec{rig.sched, rig.num_blocks, rig.caching, rig.eos};
+  EngineConfig ec;
+  ec.scheduler = rig.sched;
+  ec.num_blocks = rig.num_blocks;
+  ec.enable_prefix_caching = rig.caching;
+  ec.eos_ids = rig.eos;
   ec.speculative = rig.spec;
   ec.runner.device_sampling = rig.device_sampling;
   Engine engine(model, ec);
@@ -221,7 +225,11 @@ TEST(SpecEngine, RollbackLeavesThePrefixCacheAsPlainDecoding) {
   auto follow = [&](const Rig& rig) {
     FakeModel model(rig.vocab, rig.block_size);
     model.allocate_caches({.num_blocks = rig.num_blocks});
-    EngineConfig ec{rig.sched, rig.num_blocks, rig.caching, rig.eos};
+    EngineConfig ec;
+    ec.scheduler = rig.sched;
+    ec.num_blocks = rig.num_blocks;
+    ec.enable_prefix_caching = rig.caching;
+    ec.eos_ids = rig.eos;
     ec.speculative = rig.spec;
     Engine engine(model, ec);
     engine.start();
