@@ -135,6 +135,10 @@ struct WeightView {
 //   (128, 128): rows of blocks padded to a multiple of 4, [ceil(rows / 128)][round_up(KB, 4)]
 //               (padding 1, never read for real columns).
 std::vector<float> lt_weight_scales(const WeightView& w, const float* scale);
+// (1, 128) scales of a [rows, cols] FP8 matrix, row-major [rows][ceil(cols / 128)] (host copy),
+// k-block major: [ceil(cols / 128)][rows], out[kb * rows + r] = scale[r * KB + kb]. The layout of
+// lt_weight_scales' (1, 128) case and of MoeExpertsParams::scale_kmajor.
+std::vector<float> fp8_scales_kmajor(const float* scale, int64_t rows, int64_t cols);
 
 // Activations quantized for the FP8 GEMMs: per-token groups of 128 columns (1 x 128).
 // For row r and group g = c / 128 (the last group may be shorter):

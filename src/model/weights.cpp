@@ -276,7 +276,7 @@ const TensorInfo& checked_tensor(const Checkpoint& ck, const std::string& name, 
 void upload_scales(Weight& w, const float* host, size_t n, const Device& dev, bool expert, Arena& arena) {
   std::vector<float> kmajor;
   if (expert && dev.is_cuda() && w.dtype == DType::FP8_E4M3 && w.block_rows == 1 && w.block_cols == ops::kFp8Group) {
-    kmajor = ops::lt_weight_scales(w.view(), host);  // (1, 128): [ceil(cols / 128)][rows]
+    kmajor = ops::fp8_scales_kmajor(host, w.rows, w.cols);
     SIEVE_CHECK(kmajor.size() == n, "expert scales: unexpected k-block-major size");
     host = kmajor.data();
     w.scale_kmajor = true;

@@ -103,16 +103,9 @@ struct MoeCaseData {
       dn_sptr.push_back(fp8 ? dn_scale[size_t(e)].data() : nullptr);
     }
     if (fp8 && s.br == 1 && s.bc == 128) {
-      auto kmajor = [](const std::vector<float>& sc, int64_t rows, int64_t cols) {
-        const int64_t kb = blocks(cols, 128);
-        std::vector<float> t(sc.size());
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t b = 0; b < kb; ++b) t[size_t(b * rows + r)] = sc[size_t(r * kb + b)];
-        return t;
-      };
       for (int e = 0; e < E; ++e) {
-        gu_scale_km.push_back(kmajor(gu_scale[size_t(e)], 2 * I, H));
-        dn_scale_km.push_back(kmajor(dn_scale[size_t(e)], H, I));
+        gu_scale_km.push_back(ops::fp8_scales_kmajor(gu_scale[size_t(e)].data(), 2 * I, H));
+        dn_scale_km.push_back(ops::fp8_scales_kmajor(dn_scale[size_t(e)].data(), H, I));
       }
       for (int e = 0; e < E; ++e) {
         gu_sptr_km.push_back(gu_scale_km[size_t(e)].data());

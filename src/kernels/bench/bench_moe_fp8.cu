@@ -288,17 +288,18 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
     }
     // The same scales k-block-major ([ceil(K / 128)][N] an expert), as the model uploads them.
     DevMem sgu_km(gus_n * 4 * E), sdn_km(dns_n * 4 * E);
-    auto kmajor_copy = [&](const DevMem& src, DevMem& dst, int64_t n_rows, int64_t nkb) {
-      const size_t per = size_t(n_rows * nkb);
-      std::vector<float> h(per * E), t(per * E);
+    auto kmajor_copy = [&](const DevMem& src, DevMem& dst, int64_t n_rows, int64_t k) {
+      const size_t per = size_t(n_rows * ((k + 127) / 128));
+      std::vector<float> h(per * E);
       cuda_check(cudaMemcpy(h.data(), src.p, h.size() * 4, cudaMemcpyDeviceToHost), "bench scales");
-      for (int e = 0; e < E; ++e)
-        for (int64_t n = 0; n < n_rows; ++n)
-          for (int64_t b = 0; b < nkb; ++b) t[per * e + size_t(b * n_rows + n)] = h[per * e + size_t(n * nkb + b)];
-      cuda_check(cudaMemcpy(dst.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice), "bench scales");
+      for (int e = 0; e < E; ++e) {
+        const std::vector<float> t = ops::fp8_scales_kmajor(h.data() + per * e, n_rows, k);
+        cuda_check(cudaMemcpy(static_cast<float*>(dst.p) + per * e, t.data(), per * 4, cudaMemcpyHostToDevice),
+                   "bench scales");
+      }
     };
-    kmajor_copy(sgu, sgu_km, 2 * I, gh);
-    kmajor_copy(sdn, sdn_km, H, gi);
+    kmajor_copy(sgu, sgu_km, 2 * I, H);
+    kmajor_copy(sdn, sdn_km, H, I);
     std::vector<const float*> gus_km(E), dns_km(E);
     for (int e = 0; e < E; ++e) {
       gus_km[size_t(e)] = static_cast<float*>(sgu_km.p) + gus_n * e;

@@ -159,15 +159,21 @@ void run_linear(const ops::LinearParams& p) {
 
 namespace sieve::ops {
 
+std::vector<float> fp8_scales_kmajor(const float* scale, int64_t rows, int64_t cols) {
+  const int64_t kb = fp8_groups(cols);
+  std::vector<float> out(size_t(kb * rows));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < kb; ++b) out[size_t(b * rows + r)] = scale[r * kb + b];
+  return out;
+}
+
 std::vector<float> lt_weight_scales(const WeightView& w, const float* scale) {
   std::vector<float> out;
   if (w.dtype != DType::FP8_E4M3 || w.scale_block_cols != 128 || w.rows == 0 || w.cols == 0)
     return out;
   const int64_t kb = fp8_groups(w.cols);
   if (w.scale_block_rows == 1) {
-    out.resize(size_t(kb * w.rows));
-    for (int64_t r = 0; r < w.rows; ++r)
-      for (int64_t b = 0; b < kb; ++b) out[size_t(b * w.rows + r)] = scale[r * kb + b];
+    out = fp8_scales_kmajor(scale, w.rows, w.cols);
   } else if (w.scale_block_rows == 128 && kb % 4 != 0) {
     const int64_t nb = (w.rows + 127) / 128, kb4 = (kb + 3) / 4 * 4;
     out.assign(size_t(nb * kb4), 1.0f);
