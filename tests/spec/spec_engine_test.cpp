@@ -61,9 +61,11 @@ std::vector<Out> run(const Rig& rig,
   ec.speculative = rig.spec;
   ec.runner.device_sampling = rig.device_sampling;
   Engine engine(model, ec);
-  engine.start();
+  // Every request in the inbox before the loop starts: the steps (and so which drafts a token
+  // budget cuts) do not depend on how submissions interleave with the loop's first steps.
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& [p, sp] : jobs) streams.push_back(engine.submit(p, sp));
+  engine.start();
   std::vector<Out> out;
   for (auto& s : streams) out.push_back(collect(*s));
   EXPECT_TRUE(engine.wait_idle(5s));
