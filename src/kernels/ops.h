@@ -137,8 +137,20 @@ struct WeightView {
 std::vector<float> lt_weight_scales(const WeightView& w, const float* scale);
 // (1, 128) scales of a [rows, cols] FP8 matrix, row-major [rows][ceil(cols / 128)] (host copy),
 // k-block major: [ceil(cols / 128)][rows], out[kb * rows + r] = scale[r * KB + kb]. The layout of
-// lt_weight_scales' (1, 128) case and of MoeExpertsParams::scale_kmajor.
+// lt_weight_scales' (1, 128) case.
 std::vector<float> fp8_scales_kmajor(const float* scale, int64_t rows, int64_t cols);
+// The tiled layout of a routed expert's (1, 128) scales (MoeExpertsParams::scale_tiled): blocks
+// of 256 weight rows in the CUDA MoE kernels' order, [rbs][ceil(cols / 128)][256], so that one
+// k block of one row block is one contiguous 1 KB run. gate_up ([2 I, cols], gate rows then up
+// rows): block rb holds units u0 = 128 rb .. u0 + 127 as [gate u0..u0+63 | up u0..u0+63 |
+// gate u0+64.. | up u0+64..], rbs = ceil(I / 128); down ([H, cols]): block rb holds rows
+// 256 rb .. + 255, rbs = ceil(H / 256). Slots of rows past the matrix hold 0.
+// fp8_moe_tiled_size: the array's floats; fp8_moe_tiled_index: where row n's scale of k block kb
+// sits (rows: the matrix's, 2 I or H); fp8_scales_moe_tiled: the row-major [rows][ceil(cols / 128)]
+// host copy `scale` rearranged.
+int64_t fp8_moe_tiled_size(int64_t rows, int64_t cols, bool gate_up);
+int64_t fp8_moe_tiled_index(int64_t n, int64_t kb, int64_t rows, int64_t cols, bool gate_up);
+std::vector<float> fp8_scales_moe_tiled(const float* scale, int64_t rows, int64_t cols, bool gate_up);
 
 // Activations quantized for the FP8 GEMMs: per-token groups of 128 columns (1 x 128).
 // For row r and group g = c / 128 (the last group may be shorter):
@@ -301,11 +313,12 @@ struct MoeExpertsParams {
   const float* const* w_gate_up_scale = nullptr;  // [num_experts] -> [ceil(2 inter / br), ceil(hidden / bc)]
   const float* const* w_down_scale = nullptr;     // [num_experts] -> [ceil(hidden / br), ceil(inter / bc)]
   int scale_block_rows = 0, scale_block_cols = 0;  // br, bc
-  // FP8 with (1, 128) blocks only: each expert's two scale arrays are k-block-major,
-  // [ceil(hidden / 128)][2 inter] and [ceil(inter / 128)][hidden] (out[kb * N + n] = the row-major
-  // scale[n * KB + kb], as lt_weight_scales makes them), which the CUDA kernels read as contiguous
-  // runs of rows. On CUDA each array then starts 16-byte aligned. Other block shapes refuse it.
-  bool scale_kmajor = false;
+  // FP8 with (1, 128) blocks only: each expert's two scale arrays are tiled
+  // (fp8_scales_moe_tiled: [ceil(inter / 128)][ceil(hidden / 128)][256] and
+  // [ceil(hidden / 256)][ceil(inter / 128)][256], the CUDA kernels' 256-row blocks, zeros past the
+  // rows), so that a kernel stage's scales of one k block are one 1 KB run. On CUDA each array then
+  // starts 16-byte aligned. Other block shapes refuse it.
+  bool scale_tiled = false;
   // CPU only, FP8 weights: quantize the activations entering each product (x unless already FP8,
   // and the SwiGLU output) per 1 x 128 token group as the CUDA kernels do, so that a parity test
   // compares like with like; false (the oracle): fp32 activations.

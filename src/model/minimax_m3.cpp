@@ -414,7 +414,7 @@ class MiniMaxM3 final : public Model {
     me.w_down_scale = static_cast<const float* const*>(L.expert_down_scale_ptrs.data());
     me.scale_block_rows = gu0.block_rows;
     me.scale_block_cols = gu0.block_cols;
-    me.scale_kmajor = L.expert_scale_kmajor;
+    me.scale_tiled = L.expert_scale_tiled;
     me.alpha = cfg_.swiglu_alpha;
     me.limit = cfg_.swiglu_limit;
     me.beta = cfg_.swiglu_beta;

@@ -19,7 +19,7 @@ using detail::Slice;
 constexpr bool kMoeTakesFp8 = true;
 
 ops::WeightView Weight::view() const {
-  SIEVE_CHECK(!scale_kmajor, "a WeightView of an expert whose scales are k-block-major (only the MoE op reads them)");
+  SIEVE_CHECK(!scale_tiled, "a WeightView of an expert whose scales are tiled (only the MoE op reads them)");
   ops::WeightView v;
   v.data = data.data();
   v.dtype = dtype;
@@ -97,6 +97,7 @@ struct Spec {
   bool linear = false;  // a projection: FP8 formats apply
   bool f32 = false;     // norms, router, bias
   bool expert = false;  // a routed expert's (the MoE op's formats)
+  bool gate_up = false;  // a routed expert's [gate | up] (its scales' tiled layout differs from down's)
   // FP8 scales per row whatever the blocks: an expert's two matrices share one block shape in
   // the MoE op, so down follows gate_up when gate_up's stacked halves are not whole blocks.
   bool per_row = false;
@@ -154,6 +155,7 @@ std::vector<Spec> plan(const ModelConfig& c, const RankLayout& l, ModelWeights& 
         else
           add(down, {{dn, cols_of(H, inter, i0, n)}}, true, false);
         specs.back().expert = expert;
+        specs.back().gate_up = part == 0;
         specs.back().per_row = expert && n % 128 != 0;
       }
     };
@@ -270,16 +272,23 @@ const TensorInfo& checked_tensor(const Checkpoint& ck, const std::string& name, 
   return t;
 }
 
+// Whether an expert's scales go to the device tiled (CUDA, FP8 with (1, 128) blocks).
+bool tiled_scales(const Device& dev, bool expert, DType dtype, int block_rows, int block_cols) {
+  return expert && dev.is_cuda() && dtype == DType::FP8_E4M3 && block_rows == 1 && block_cols == ops::kFp8Group;
+}
+
 // A weight's scales (host copy `host`, WeightView layout, n floats) to the device. CUDA, FP8 experts
-// with (1, 128) blocks: k-block-major (Weight::scale_kmajor), so that the MoE kernels read a k
-// block's scales of consecutive weight rows as one run.
-void upload_scales(Weight& w, const float* host, size_t n, const Device& dev, bool expert, Arena& arena) {
-  std::vector<float> kmajor;
-  if (expert && dev.is_cuda() && w.dtype == DType::FP8_E4M3 && w.block_rows == 1 && w.block_cols == ops::kFp8Group) {
-    kmajor = ops::fp8_scales_kmajor(host, w.rows, w.cols);
-    SIEVE_CHECK(kmajor.size() == n, "expert scales: unexpected k-block-major size");
-    host = kmajor.data();
-    w.scale_kmajor = true;
+// with (1, 128) blocks: tiled (Weight::scale_tiled, ops::fp8_scales_moe_tiled; gate_up: which of
+// the expert's matrices), so that the MoE kernels read a stage's scales as one run.
+void upload_scales(Weight& w, const float* host, size_t n, const Device& dev, bool expert, bool gate_up,
+                   Arena& arena) {
+  std::vector<float> tiled;
+  if (tiled_scales(dev, expert, w.dtype, w.block_rows, w.block_cols)) {
+    SIEVE_CHECK(n == size_t(w.rows * ops::fp8_groups(w.cols)), "expert scales: unexpected (1, 128) scale count");
+    tiled = ops::fp8_scales_moe_tiled(host, w.rows, w.cols, gate_up);
+    host = tiled.data();
+    n = tiled.size();
+    w.scale_tiled = true;
   }
   w.scale = arena.take(n * 4);  // 256-byte aligned: the kernels' bulk copies need 16
   copy_to_device(dev, w.scale.data(), host, n * 4);
@@ -287,7 +296,7 @@ void upload_scales(Weight& w, const float* host, size_t n, const Device& dev, bo
 }
 
 // Moves a host weight to the device.
-void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection, Arena& arena) {
+void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection, bool gate_up, Arena& arena) {
   w.dtype = h.dtype;
   w.rows = h.rows;
   w.cols = h.cols;
@@ -295,7 +304,7 @@ void upload(HostWeight&& h, Weight& w, const Device& dev, bool projection, Arena
   w.block_cols = h.block_cols;
   w.data = arena.take(h.data.size());
   copy_to_device(dev, w.data.data(), h.data.data(), h.data.size());
-  if (!h.scale.empty()) upload_scales(w, h.scale.data(), h.scale.size(), dev, !projection, arena);
+  if (!h.scale.empty()) upload_scales(w, h.scale.data(), h.scale.size(), dev, !projection, gate_up, arena);
 }
 
 // The MoE op's device arrays of expert pointers; one dtype and block shape for all experts.
@@ -306,12 +315,12 @@ void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
   for (size_t e = 0; e < L.expert_gate_up.size(); ++e) {
     for (const Weight* w : {&L.expert_gate_up[e], &L.expert_down[e]})
       if (w->dtype != first.dtype || w->block_rows != first.block_rows || w->block_cols != first.block_cols ||
-          w->scale_kmajor != first.scale_kmajor)
+          w->scale_tiled != first.scale_tiled)
         throw Error("layer " + std::to_string(layer) + ": the experts' weights differ in format (" +
                     std::string(dtype_name(w->dtype)) + " " + std::to_string(w->block_rows) + "x" +
                     std::to_string(w->block_cols) + " vs " + std::string(dtype_name(first.dtype)) + " " +
                     std::to_string(first.block_rows) + "x" + std::to_string(first.block_cols) +
-                    (w->scale_kmajor != first.scale_kmajor ? ", scale layouts" : "") +
+                    (w->scale_tiled != first.scale_tiled ? ", scale layouts" : "") +
                     "); the MoE op takes one format for all experts");
     gu.push_back(L.expert_gate_up[e].data.data());
     dn.push_back(L.expert_down[e].data.data());
@@ -324,7 +333,7 @@ void expert_arrays(LayerWeights& L, const Device& dev, int layer) {
   };
   put(L.expert_gate_up_ptrs, gu);
   put(L.expert_down_ptrs, dn);
-  L.expert_scale_kmajor = first.scale_kmajor;
+  L.expert_scale_tiled = first.scale_tiled;
   if (first.dtype == DType::FP8_E4M3) {
     put(L.expert_gate_up_scale_ptrs, gus);
     put(L.expert_down_scale_ptrs, dns);
@@ -353,6 +362,8 @@ size_t estimate_weight_bytes(const ModelConfig& cfg, const WeightOptions& o, con
     if (ck) src = ck->get(names->full(s.parts[0].name)).dtype;
     const Shape sh = shape_of(s, target_of(s, src, quant, o.device));
     total += sh.bytes();
+    if (sh.dtype == DType::FP8_E4M3 && tiled_scales(o.device, s.expert, sh.dtype, sh.block_rows, sh.block_cols))
+      total += size_t(ops::fp8_moe_tiled_size(sh.rows, sh.cols, s.gate_up) - sh.scales) * 4;  // the tiles' padding
     if (o.device.is_cuda() && !s.expert && sh.dtype == DType::FP8_E4M3 && sh.block_cols == 128 && sh.scales > 0) {
       // Weight::scale_lt (ops::lt_weight_scales' sizes).
       const int64_t kb = (sh.cols + sh.block_cols - 1) / sh.block_cols;
@@ -403,7 +414,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, const We
     }
     HostWeight h = detail::stack(std::move(parts));
     if (s.per_row) h = detail::expand_rows(h);
-    upload(std::move(h), *s.out, o.device, !s.expert, arena);
+    upload(std::move(h), *s.out, o.device, !s.expert, s.gate_up, arena);
     mw.bytes += s.out->bytes();
     if (o.progress) o.progress(mw.bytes, total);
   }
@@ -459,7 +470,7 @@ ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
     fill(w.data, sh.dtype == DType::FP8_E4M3 ? fp8_pool : sh.dtype == DType::BF16 ? bf16_pool : f32_pool);
     if (sh.scales > 0) {
       const std::vector<float> sc(size_t(sh.scales), std::ldexp(1.0f, -14));
-      upload_scales(w, sc.data(), sc.size(), o.device, s.expert, arena);
+      upload_scales(w, sc.data(), sc.size(), o.device, s.expert, s.gate_up, arena);
     }
     mw.bytes += w.bytes();
     if (o.progress) o.progress(mw.bytes, total);

@@ -34,9 +34,9 @@ struct Weight {
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
   int block_rows = 0, block_cols = 0;  // FP8_E4M3 only
-  // CUDA, FP8 experts with (1, 128) blocks: `scale` is k-block-major, [ceil(cols / 128)][rows]
-  // (ops::MoeExpertsParams::scale_kmajor), not the WeightView layout; only the MoE op reads it.
-  bool scale_kmajor = false;
+  // CUDA, FP8 experts with (1, 128) blocks: `scale` is tiled (ops::fp8_scales_moe_tiled,
+  // ops::MoeExpertsParams::scale_tiled), not the WeightView layout; only the MoE op reads it.
+  bool scale_tiled = false;
   ops::WeightView view() const;
   size_t bytes() const { return data.bytes() + scale.bytes() + scale_lt.bytes(); }
 };
@@ -58,7 +58,7 @@ struct LayerWeights {
   std::vector<Weight> expert_down;     // each [hidden, inter]
   // Device arrays of the experts' data and scale pointers (the MoE op's form).
   Buffer expert_gate_up_ptrs, expert_down_ptrs, expert_gate_up_scale_ptrs, expert_down_scale_ptrs;
-  bool expert_scale_kmajor = false;  // every expert's Weight::scale_kmajor (the same for all)
+  bool expert_scale_tiled = false;  // every expert's Weight::scale_tiled (the same for all)
   Weight shared_gate_up;  // [2 * shared_inter, hidden] (empty when no shared expert)
   Weight shared_down;     // [hidden, shared_inter]
 };

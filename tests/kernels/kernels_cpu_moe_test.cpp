@@ -105,9 +105,9 @@ TEST(CpuMoeExpertsFp8, QuantizeActMatchesTheQuantizedReference) {
   }
 }
 
-// K-block-major scales (scale_kmajor) are the same multipliers: the same bytes out, with short last
-// k blocks, empty experts, FP8 x and the quantize_act emulation.
-TEST(CpuMoeExpertsFp8, KmajorScalesGiveTheSameBytes) {
+// Tiled scales (scale_tiled) are the same multipliers: the same bytes out, with short last k
+// blocks, row blocks with absent rows, empty experts, FP8 x and the quantize_act emulation.
+TEST(CpuMoeExpertsFp8, TiledScalesGiveTheSameBytes) {
   uint64_t seed = 1100;
   for (int v = 0; v < 4; ++v) {
     MoeShape s;
@@ -132,9 +132,54 @@ TEST(CpuMoeExpertsFp8, KmajorScalesGiveTheSameBytes) {
   }
 }
 
-// The loader makes an expert's k-block-major scales with ops::lt_weight_scales ((1, 128) blocks):
-// that is the layout the op reads as scale_kmajor.
-TEST(CpuMoeExpertsFp8, LoaderTranspositionIsTheKmajorLayout) {
+// The tiled layout (ops::fp8_scales_moe_tiled, which the loader, the tests and the bench use) holds
+// row c of the kernels' 256-row block rb (moe_fp8_work.h: gate_up_row, down_row) at k block kb in
+// slot (rb * nkb + kb) * 256 + c, zeros for the absent rows; fp8_moe_tiled_index finds each row's.
+// Partial row blocks: inter 144 (and 200, 72), hidden 400.
+TEST(CpuMoeExpertsFp8, TiledLayoutIsTheKernelsRowOrder) {
+  for (int64_t I : {72, 144, 256}) {
+    const int64_t H = 400, gh = ops::fp8_groups(H), gi = ops::fp8_groups(I);
+    SCOPED_TRACE("inter " + std::to_string(I));
+    MoeShape s;
+    s.H = H, s.I = I, s.E = 1;
+    MoeCaseData c(s, 4);
+    const std::vector<float>& gu = c.gu_scale[0];
+    const std::vector<float>& dn = c.dn_scale[0];
+    const std::vector<float> gut = ops::fp8_scales_moe_tiled(gu.data(), 2 * I, H, true);
+    const std::vector<float> dnt = ops::fp8_scales_moe_tiled(dn.data(), H, I, false);
+    const int64_t rb_gu = (I + 127) / 128, rb_dn = (H + 255) / 256;
+    ASSERT_EQ(int64_t(gut.size()), rb_gu * gh * 256);
+    ASSERT_EQ(int64_t(gut.size()), ops::fp8_moe_tiled_size(2 * I, H, true));
+    ASSERT_EQ(int64_t(dnt.size()), rb_dn * gi * 256);
+    ASSERT_EQ(int64_t(dnt.size()), ops::fp8_moe_tiled_size(H, I, false));
+    EXPECT_EQ(c.gu_scale_tiled[0], gut);
+    for (int rb = 0; rb < rb_gu; ++rb)
+      for (int64_t kb = 0; kb < gh; ++kb)
+        for (int cc = 0; cc < 256; ++cc) {
+          bool ok;
+          const int n = cuda::moe_fp8::gate_up_row(rb, cc, int(I), ok);
+          const size_t slot = size_t((rb * gh + kb) * 256 + cc);
+          ASSERT_EQ(gut[slot], ok ? gu[size_t(n * gh + kb)] : 0.0f) << "rb " << rb << " kb " << kb << " c " << cc;
+          if (ok) {
+            ASSERT_EQ(ops::fp8_moe_tiled_index(n, kb, 2 * I, H, true), int64_t(slot));
+          }
+        }
+    for (int rb = 0; rb < rb_dn; ++rb)
+      for (int64_t kb = 0; kb < gi; ++kb)
+        for (int cc = 0; cc < 256; ++cc) {
+          bool ok;
+          const int n = cuda::moe_fp8::down_row(rb, cc, int(H), ok);
+          const size_t slot = size_t((rb * gi + kb) * 256 + cc);
+          ASSERT_EQ(dnt[slot], ok ? dn[size_t(n * gi + kb)] : 0.0f) << "rb " << rb << " kb " << kb << " c " << cc;
+          if (ok) {
+            ASSERT_EQ(ops::fp8_moe_tiled_index(n, kb, H, I, false), int64_t(slot));
+          }
+        }
+  }
+}
+
+// ops::lt_weight_scales' (1, 128) case is ops::fp8_scales_kmajor's layout.
+TEST(CpuMoeExpertsFp8, LtWeightScalesAreTheKmajorLayout) {
   MoeShape s;
   s.H = 400, s.I = 144, s.E = 2;
   MoeCaseData c(s, 3);
@@ -145,19 +190,24 @@ TEST(CpuMoeExpertsFp8, LoaderTranspositionIsTheKmajorLayout) {
     gu.scale_block_cols = dn.scale_block_cols = 128;
     gu.rows = 2 * s.I, gu.cols = s.H;
     dn.rows = s.H, dn.cols = s.I;
-    EXPECT_EQ(ops::lt_weight_scales(gu, c.gu_scale[size_t(e)].data()), c.gu_scale_km[size_t(e)]);
-    EXPECT_EQ(ops::lt_weight_scales(dn, c.dn_scale[size_t(e)].data()), c.dn_scale_km[size_t(e)]);
+    EXPECT_EQ(ops::lt_weight_scales(gu, c.gu_scale[size_t(e)].data()),
+              ops::fp8_scales_kmajor(c.gu_scale[size_t(e)].data(), 2 * s.I, s.H));
+    EXPECT_EQ(ops::lt_weight_scales(dn, c.dn_scale[size_t(e)].data()),
+              ops::fp8_scales_kmajor(c.dn_scale[size_t(e)].data(), s.H, s.I));
   }
+  // (1, 128): out[kb * rows + r] = scale[r * KB + kb]
+  const std::vector<float> sc = {1, 2, 3, 4, 5, 6};  // 3 rows x 2 k blocks
+  EXPECT_EQ(ops::fp8_scales_kmajor(sc.data(), 3, 200), (std::vector<float>{1, 3, 5, 2, 4, 6}));
 }
 
-TEST(CpuMoeExpertsFp8, KmajorScalesNeedOneBy128Blocks) {
+TEST(CpuMoeExpertsFp8, TiledScalesNeedOneBy128Blocks) {
   MoeShape s;
   s.br = 128;
   MoeCaseData c(s, 2);
   TypedBuffer out = c.out0;
   ops::MoeExpertsParams p = c.params();
   p.out = out.data();
-  p.scale_kmajor = true;
+  p.scale_tiled = true;
   EXPECT_THROW(cpu::run_moe_experts(p), Error);
 }
 

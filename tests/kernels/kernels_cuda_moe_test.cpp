@@ -85,19 +85,19 @@ struct GpuRun {
   // >= 0: this run's output and quantized SwiGLU rows must be the same bytes as those of run
   // `same_as` of the list (a variant that promises the same arithmetic).
   int same_as = -1;
-  // The weights' scales k-block-major (MoeExpertsParams::scale_kmajor; (1, 128) blocks only: the
-  // run is left out for other cases).
-  bool kmajor = false;
+  // The weights' scales tiled (MoeExpertsParams::scale_tiled; (1, 128) blocks only: the run is
+  // left out for other cases).
+  bool tiled = false;
 };
 
-// `runs`, then each again with k-block-major weight scales, the same bytes as its row-major twin.
-std::vector<GpuRun> with_kmajor(const std::vector<GpuRun>& runs) {
+// `runs`, then each again with tiled weight scales, the same bytes as its row-major twin.
+std::vector<GpuRun> with_tiled(const std::vector<GpuRun>& runs) {
   std::vector<GpuRun> r = runs;
   for (size_t i = 0; i < runs.size(); ++i) {
     GpuRun g = runs[i];
-    g.kmajor = true;
+    g.tiled = true;
     g.same_as = int(i);
-    g.what += ", k-major scales";
+    g.what += ", tiled scales";
     r.push_back(g);
   }
   return r;
@@ -113,8 +113,8 @@ cuda::Tuning with_moe(const cuda::MoeTuning& m) {
 // probe buffers poisoned first) and checks the result.
 struct DevMoe {
   const MoeCaseData& c;
-  std::vector<Dev> gu, dn, gus, dns, gus_km, dns_km;
-  Dev x, xs, ids, w, gup{16}, dnp{16}, gusp{16}, dnsp{16}, gusp_km{16}, dnsp_km{16}, aq, as, out;
+  std::vector<Dev> gu, dn, gus, dns, gus_tiled, dns_tiled;
+  Dev x, xs, ids, w, gup{16}, dnp{16}, gusp{16}, dnsp{16}, gusp_tiled{16}, dnsp_tiled{16}, aq, as, out;
   explicit DevMoe(const MoeCaseData& cd)
       : c(cd),
         x(Dev::of(cd.x)),
@@ -137,28 +137,28 @@ struct DevMoe {
       dns_d.push_back(dns.back().as<float>());
     }
     gup = Dev::of(gu_d), dnp = Dev::of(dn_d), gusp = Dev::of(gus_d), dnsp = Dev::of(dns_d);
-    if (!c.gu_scale_km.empty()) {
+    if (!c.gu_scale_tiled.empty()) {
       std::vector<const float*> gk, dk;
       for (int e = 0; e < c.s.E; ++e) {
-        gus_km.push_back(Dev::of(c.gu_scale_km[size_t(e)]));
-        dns_km.push_back(Dev::of(c.dn_scale_km[size_t(e)]));
-        gk.push_back(gus_km.back().as<float>());
-        dk.push_back(dns_km.back().as<float>());
+        gus_tiled.push_back(Dev::of(c.gu_scale_tiled[size_t(e)]));
+        dns_tiled.push_back(Dev::of(c.dn_scale_tiled[size_t(e)]));
+        gk.push_back(gus_tiled.back().as<float>());
+        dk.push_back(dns_tiled.back().as<float>());
       }
-      gusp_km = Dev::of(gk), dnsp_km = Dev::of(dk);
+      gusp_tiled = Dev::of(gk), dnsp_tiled = Dev::of(dk);
     }
   }
-  // kmajor: the k-block-major copies of the scales (FP8 with (1, 128) blocks).
-  ops::MoeExpertsParams params(bool kmajor = false) const {
-    ops::MoeExpertsParams p = c.params(kmajor);
+  // tiled: the tiled copies of the scales (FP8 with (1, 128) blocks).
+  ops::MoeExpertsParams params(bool tiled = false) const {
+    ops::MoeExpertsParams p = c.params(tiled);
     p.x = x.p();
     p.x_scale = c.s.fp8_x ? xs.as<float>() : nullptr;
     p.ids = ids.as<int32_t>();
     p.weights = w.as<float>();
     p.w_gate_up = gup.as<const void*>();
     p.w_down = dnp.as<const void*>();
-    p.w_gate_up_scale = kmajor ? gusp_km.as<const float*>() : gusp.as<const float*>();
-    p.w_down_scale = kmajor ? dnsp_km.as<const float*>() : dnsp.as<const float*>();
+    p.w_gate_up_scale = tiled ? gusp_tiled.as<const float*>() : gusp.as<const float*>();
+    p.w_down_scale = tiled ? dnsp_tiled.as<const float*>() : dnsp.as<const float*>();
     p.out = out.p();
     return p;
   }
@@ -196,12 +196,12 @@ struct DevMoe {
   }
   // One call on `stream` under `knobs`, checked.
   void run(const cuda::MoeTuning& knobs, cudaStream_t stream = nullptr, std::vector<uint8_t>* bytes = nullptr,
-           bool with_act = false, bool kmajor = false) {
+           bool with_act = false, bool tiled = false) {
     reset();
     const cuda::MoeFp8Probe pr = probe();
     {
       cuda::TuningScope scope(with_moe(knobs));
-      ASSERT_TRUE(cuda::run_moe_experts_fp8(params(kmajor), stream, &pr));
+      ASSERT_TRUE(cuda::run_moe_experts_fp8(params(tiled), stream, &pr));
     }
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     check(bytes, with_act);
@@ -224,11 +224,11 @@ void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64
   for (const GpuRun& run : runs) {
     SCOPED_TRACE(run.what);
     std::vector<uint8_t> got;
-    if (run.kmajor && c.gu_scale_km.empty()) {  // k-block-major scales need (1, 128) blocks
+    if (run.tiled && c.gu_scale_tiled.empty()) {  // tiled scales need (1, 128) blocks
       outs.emplace_back();
       continue;
     }
-    d.run(run.knobs, nullptr, &got, true, run.kmajor);
+    d.run(run.knobs, nullptr, &got, true, run.tiled);
     outs.push_back(got);
     if (run.same_as >= 0) {
       const std::vector<uint8_t>& ref = outs[size_t(run.same_as)];
@@ -382,21 +382,22 @@ TEST(CudaMoeExpertsFp8, PartialBlocks) {
   gpu_fp8_case(s, all_runs(), 2100);
 }
 
-// K-block-major weight scales on every path (stream widths, stage depths, k splits, tiles whole and
-// in chunks), the same bytes as row-major: partial runs of rows (inter 144 and 400, hidden 400 and
-// 656: inter % 128, hidden % 256 != 0), empty experts, skipped ids, 1 to 256 tokens.
-TEST(CudaMoeExpertsFp8, KmajorScales) {
+// Tiled weight scales on every path (stream widths, stage depths, k splits, tiles whole and in
+// chunks), the same bytes as row-major: row blocks with absent rows (inter 144 and 400, hidden 400
+// and 656: inter % 128, hidden % 256 != 0; their slots hold zeros), empty experts, skipped ids, 1
+// to 256 tokens.
+TEST(CudaMoeExpertsFp8, TiledScales) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 2150;
   MoeShape s;
   s.H = 400, s.I = 144, s.E = 6, s.K = 3, s.skipped = 3, s.empty_every = 3;
   for (int64_t T : {1, 11, 256}) {
     s.T = T;
-    gpu_fp8_case(s, with_kmajor(all_runs()), seed++);
+    gpu_fp8_case(s, with_tiled(all_runs()), seed++);
   }
   MoeShape b;
   b.T = 40, b.H = 656, b.I = 400, b.E = 9, b.K = 4, b.empty_every = 4, b.act = DType::BF16, b.fp8_x = true;
-  gpu_fp8_case(b, with_kmajor(all_runs()), seed++);
+  gpu_fp8_case(b, with_tiled(all_runs()), seed++);
 }
 
 // Empty experts, every token to one expert (several row blocks and tiles of one expert), a hot
@@ -430,7 +431,7 @@ TEST(CudaMoeExpertsFp8, ModelShapes) {
     std::vector<GpuRun> runs = stream_runs();
     runs.resize(2);
     runs.push_back(GpuRun{});
-    gpu_fp8_case(s, with_kmajor(runs), seed++);
+    gpu_fp8_case(s, with_tiled(runs), seed++);
   }
   MoeShape b;
   b.T = 40, b.H = 256, b.I = 128, b.E = 128, b.K = 8, b.br = 128;
@@ -443,7 +444,7 @@ TEST(CudaMoeExpertsFp8, ModelShapes) {
 TEST(CudaMoeExpertsFp8, StreamStages) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 2600;
-  const std::vector<GpuRun> runs = with_kmajor(stage_runs());  // k-major: (1, 128) shapes only
+  const std::vector<GpuRun> runs = with_tiled(stage_runs());  // tiled: (1, 128) shapes only
   MoeShape a;
   a.T = 1, a.H = 1040, a.I = 272, a.E = 8, a.K = 4;
   gpu_fp8_case(a, runs, seed++);
@@ -467,7 +468,7 @@ TEST(CudaMoeExpertsFp8, PrefillBatches) {
   uint64_t seed = 2400;
   std::vector<GpuRun> base = tile_runs();
   base.push_back(GpuRun{});  // "default": the rule, and ops::moe_experts bit for bit
-  const std::vector<GpuRun> runs = with_kmajor(base);  // k-major: (1, 128) shapes only
+  const std::vector<GpuRun> runs = with_tiled(base);  // tiled: (1, 128) shapes only
   MoeShape a;
   a.T = 1031, a.H = 512, a.I = 256, a.E = 16, a.K = 4, a.empty_every = 5, a.lone = 3, a.skipped = 1;
   gpu_fp8_case(a, runs, seed++);
@@ -476,7 +477,7 @@ TEST(CudaMoeExpertsFp8, PrefillBatches) {
   gpu_fp8_case(b, runs, seed++);
   MoeShape c;
   c.T = 8191, c.H = 256, c.I = 128, c.E = 32, c.K = 4, c.empty_every = 9, c.lone = 4, c.pow2_scales = true;
-  gpu_fp8_case(c, with_kmajor({base.front(), base.back()}), seed++);
+  gpu_fp8_case(c, with_tiled({base.front(), base.back()}), seed++);
   MoeShape f;
   f.T = 517, f.H = 256, f.I = 256, f.E = 8, f.K = 2, f.fp8_x = true, f.act = DType::BF16, f.lone = 6;
   gpu_fp8_case(f, runs, seed++);
@@ -632,7 +633,7 @@ TEST(CudaMoeExpertsFp8, UnsupportedShapesAreRefused) {
   p.w_gate_up = p.w_down = dp.as<const void*>();
   p.w_gate_up_scale = p.w_down_scale = dps.as<const float*>();
   EXPECT_THROW(ops::moe_experts(p, gpu_stream()), Error);
-  p.scale_block_rows = 128, p.scale_block_cols = 128, p.scale_kmajor = true;  // k-major: (1, 128) only
+  p.scale_block_rows = 128, p.scale_block_cols = 128, p.scale_tiled = true;  // tiled: (1, 128) only
   EXPECT_THROW(ops::moe_experts(p, gpu_stream()), Error);
 }
 

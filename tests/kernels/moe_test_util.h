@@ -50,10 +50,10 @@ struct MoeCaseData {
   std::vector<float> weights;
   std::vector<const void*> gu_ptr, dn_ptr;
   std::vector<const float*> gu_sptr, dn_sptr;
-  // FP8 with (1, 128) blocks: the same scales k-block-major ([ceil(cols / 128)][rows],
-  // ops::MoeExpertsParams::scale_kmajor).
-  std::vector<std::vector<float>> gu_scale_km, dn_scale_km;
-  std::vector<const float*> gu_sptr_km, dn_sptr_km;
+  // FP8 with (1, 128) blocks: the same scales tiled (ops::fp8_scales_moe_tiled,
+  // ops::MoeExpertsParams::scale_tiled).
+  std::vector<std::vector<float>> gu_scale_tiled, dn_scale_tiled;
+  std::vector<const float*> gu_sptr_tiled, dn_sptr_tiled;
 
   static int64_t blocks(int64_t n, int b) { return (n + b - 1) / b; }
 
@@ -104,12 +104,12 @@ struct MoeCaseData {
     }
     if (fp8 && s.br == 1 && s.bc == 128) {
       for (int e = 0; e < E; ++e) {
-        gu_scale_km.push_back(ops::fp8_scales_kmajor(gu_scale[size_t(e)].data(), 2 * I, H));
-        dn_scale_km.push_back(ops::fp8_scales_kmajor(dn_scale[size_t(e)].data(), H, I));
+        gu_scale_tiled.push_back(ops::fp8_scales_moe_tiled(gu_scale[size_t(e)].data(), 2 * I, H, true));
+        dn_scale_tiled.push_back(ops::fp8_scales_moe_tiled(dn_scale[size_t(e)].data(), H, I, false));
       }
       for (int e = 0; e < E; ++e) {
-        gu_sptr_km.push_back(gu_scale_km[size_t(e)].data());
-        dn_sptr_km.push_back(dn_scale_km[size_t(e)].data());
+        gu_sptr_tiled.push_back(gu_scale_tiled[size_t(e)].data());
+        dn_sptr_tiled.push_back(dn_scale_tiled[size_t(e)].data());
       }
     }
     // Routing: K distinct experts a token, drawn from those that may take tokens.
@@ -132,8 +132,8 @@ struct MoeCaseData {
     if (s.lone >= 0) ids[size_t((T / 2) * K + K - 1)] = s.lone;
   }
 
-  // Host-pointer parameters (out left null); kmajor: the k-block-major scales (FP8, (1, 128)).
-  ops::MoeExpertsParams params(bool kmajor = false) const {
+  // Host-pointer parameters (out left null); tiled: the tiled scales (FP8, (1, 128)).
+  ops::MoeExpertsParams params(bool tiled = false) const {
     ops::MoeExpertsParams p;
     p.x = x.data();
     p.act_dtype = s.act;
@@ -149,11 +149,11 @@ struct MoeCaseData {
     p.w_down = dn_ptr.data();
     p.w_dtype = s.w;
     if (s.w == DType::FP8_E4M3) {
-      p.w_gate_up_scale = kmajor ? gu_sptr_km.data() : gu_sptr.data();
-      p.w_down_scale = kmajor ? dn_sptr_km.data() : dn_sptr.data();
+      p.w_gate_up_scale = tiled ? gu_sptr_tiled.data() : gu_sptr.data();
+      p.w_down_scale = tiled ? dn_sptr_tiled.data() : dn_sptr.data();
       p.scale_block_rows = s.br;
       p.scale_block_cols = s.bc;
-      p.scale_kmajor = kmajor;
+      p.scale_tiled = tiled;
     }
     return p;
   }

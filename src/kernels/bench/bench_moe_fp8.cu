@@ -1,8 +1,8 @@
 // `sieve bench kernels` rows "moe route + router gemm" (the fused routing against matmul + routing,
 // 1 / 32 / 64 tokens) and "moe experts fp8" (see bench_moe_fp8.h): FP8 moe_experts at one TP4
 // and one TP8 rank of MiniMax-M3 (hidden 6144, 768 / 384 units of each of 128 experts, top-4,
-// (1, 128) weight scales as MXFP8 regrouped for the GPU, k-block-major as the model uploads them
-// (MoeExpertsParams::scale_kmajor; a "row-major scales" row at 1, 32, 256 and 8192 tokens), fp32
+// (1, 128) weight scales as MXFP8 regrouped for the GPU, tiled as the model uploads them
+// (MoeExpertsParams::scale_tiled; a "row-major scales" row at 1, 32, 256 and 8192 tokens), fp32
 // activations as the model runs them),
 // for 1, 32, 256, 1024 and 8192 tokens routed to 4 distinct experts drawn uniformly (fixed seed).
 // Floor: the touched experts' fp8 bytes and scales read once at the measured copy rate, or at 8192
@@ -286,24 +286,26 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       gus_p[size_t(e)] = static_cast<float*>(sgu.p) + gus_n * e;
       dns_p[size_t(e)] = static_cast<float*>(sdn.p) + dns_n * e;
     }
-    // The same scales k-block-major ([ceil(K / 128)][N] an expert), as the model uploads them.
-    DevMem sgu_km(gus_n * 4 * E), sdn_km(dns_n * 4 * E);
-    auto kmajor_copy = [&](const DevMem& src, DevMem& dst, int64_t n_rows, int64_t k) {
+    // The same scales tiled (ops::fp8_scales_moe_tiled), as the model uploads them.
+    const size_t gut_n = size_t(ops::fp8_moe_tiled_size(2 * I, H, true));
+    const size_t dnt_n = size_t(ops::fp8_moe_tiled_size(H, I, false));
+    DevMem sgu_km(gut_n * 4 * E), sdn_km(dnt_n * 4 * E);
+    auto tiled_copy = [&](const DevMem& src, DevMem& dst, int64_t n_rows, int64_t k, bool gate_up, size_t per_t) {
       const size_t per = size_t(n_rows * ((k + 127) / 128));
       std::vector<float> h(per * E);
       cuda_check(cudaMemcpy(h.data(), src.p, h.size() * 4, cudaMemcpyDeviceToHost), "bench scales");
       for (int e = 0; e < E; ++e) {
-        const std::vector<float> t = ops::fp8_scales_kmajor(h.data() + per * e, n_rows, k);
-        cuda_check(cudaMemcpy(static_cast<float*>(dst.p) + per * e, t.data(), per * 4, cudaMemcpyHostToDevice),
+        const std::vector<float> t = ops::fp8_scales_moe_tiled(h.data() + per * e, n_rows, k, gate_up);
+        cuda_check(cudaMemcpy(static_cast<float*>(dst.p) + per_t * e, t.data(), per_t * 4, cudaMemcpyHostToDevice),
                    "bench scales");
       }
     };
-    kmajor_copy(sgu, sgu_km, 2 * I, H);
-    kmajor_copy(sdn, sdn_km, H, I);
+    tiled_copy(sgu, sgu_km, 2 * I, H, true, gut_n);
+    tiled_copy(sdn, sdn_km, H, I, false, dnt_n);
     std::vector<const float*> gus_km(E), dns_km(E);
     for (int e = 0; e < E; ++e) {
-      gus_km[size_t(e)] = static_cast<float*>(sgu_km.p) + gus_n * e;
-      dns_km[size_t(e)] = static_cast<float*>(sdn_km.p) + dns_n * e;
+      gus_km[size_t(e)] = static_cast<float*>(sgu_km.p) + gut_n * e;
+      dns_km[size_t(e)] = static_cast<float*>(sdn_km.p) + dnt_n * e;
     }
     DevMem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8), d_gus_km(E * 8), d_dns_km(E * 8);
     cuda_check(cudaMemcpy(d_gu.p, gu_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
@@ -373,7 +375,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // and MoeTuning::fp8_ksplit_waves; -1: as tuned.
         int sort = -1, waves = -1;
         int experiment = 0;  // MoeTuning::fp8_stream_experiment
-        bool rowmajor = false;  // the weights' scales row-major (not MoeExpertsParams::scale_kmajor)
+        bool rowmajor = false;  // the weights' scales row-major (not MoeExpertsParams::scale_tiled)
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
@@ -421,7 +423,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         }));
         // (The tile kernels' row-major scale mode takes row-major weight scales only.)
         const bool rowmajor = v.rowmajor || !v.kmajor;
-        p.scale_kmajor = !rowmajor;
+        p.scale_tiled = !rowmajor;
         p.w_gate_up_scale = static_cast<const float* const*>(rowmajor ? d_gus.p : d_gus_km.p);
         p.w_down_scale = static_cast<const float* const*>(rowmajor ? d_dns.p : d_dns_km.p);
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};

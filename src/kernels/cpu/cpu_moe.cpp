@@ -60,17 +60,18 @@ void quantize_dequantize_rows(float* x, int64_t rows, int64_t cols) {
 
 // One expert matrix [rows, cols] as packed fp32: F32 as it is, BF16 converted exactly and
 // FP8_E4M3 dequantized exactly (the WeightView rule) into `out`.
-// kmajor: the scales are k-block-major ([ceil(cols / 128)][rows], (1, 128) blocks), put back in
-// row-major order in `scratch` first.
+// tiled: the scales are in the MoE kernels' tiled layout (ops::fp8_scales_moe_tiled, (1, 128)
+// blocks; gate_up: which matrix), put back in row-major order in `scratch` first.
 const float* matrix_as_f32(const void* w, const float* scale, DType t, int64_t rows, int64_t cols, int br, int bc,
-                           bool kmajor, std::vector<float>& out, std::vector<float>& scratch) {
+                           bool tiled, bool gate_up, std::vector<float>& out, std::vector<float>& scratch) {
   if (t == DType::F32) return static_cast<const float*>(w);
   out.resize(size_t(rows * cols));
-  if (kmajor && scale) {
+  if (tiled && scale) {
     const int64_t kb = ops::fp8_groups(cols);
     scratch.resize(size_t(rows * kb));
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t b = 0; b < kb; ++b) scratch[size_t(r * kb + b)] = scale[b * rows + r];
+      for (int64_t b = 0; b < kb; ++b)
+        scratch[size_t(r * kb + b)] = scale[ops::fp8_moe_tiled_index(r, b, rows, cols, gate_up)];
     scale = scratch.data();
   }
   ops::WeightView v;
@@ -166,8 +167,8 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
   if (fp8) {
     SIEVE_CHECK(p.w_gate_up_scale && p.w_down_scale, "moe_experts: FP8 weights need their scale arrays");
     SIEVE_CHECK(p.scale_block_rows > 0 && p.scale_block_cols > 0, "moe_experts: FP8 weights need a scale block shape");
-    SIEVE_CHECK(!p.scale_kmajor || (p.scale_block_rows == 1 && p.scale_block_cols == ops::kFp8Group),
-                "moe_experts: k-block-major scales (scale_kmajor) need (1, 128) blocks");
+    SIEVE_CHECK(!p.scale_tiled || (p.scale_block_rows == 1 && p.scale_block_cols == ops::kFp8Group),
+                "moe_experts: tiled scales (scale_tiled) need (1, 128) blocks");
   }
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens;
   const int64_t xgroups = ops::fp8_groups(H);
@@ -208,7 +209,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     Y.resize(size_t(c * H));
     product(X.data(), c, H,
             matrix_as_f32(p.w_gate_up[e], fp8 ? p.w_gate_up_scale[e] : nullptr, p.w_dtype, 2 * I, H,
-                          p.scale_block_rows, p.scale_block_cols, p.scale_kmajor, W, S),
+                          p.scale_block_rows, p.scale_block_cols, p.scale_tiled, true, W, S),
             2 * I, GU.data());
     ops::SwigluOaiParams sw;
     sw.gate_up = GU.data();
@@ -225,7 +226,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
     if (quant) quantize_dequantize_rows(A.data(), c, I);
     product(A.data(), c, I,
             matrix_as_f32(p.w_down[e], fp8 ? p.w_down_scale[e] : nullptr, p.w_dtype, H, I, p.scale_block_rows,
-                          p.scale_block_cols, p.scale_kmajor, W, S),
+                          p.scale_block_cols, p.scale_tiled, false, W, S),
             H, Y.data());
     for (int64_t r = 0; r < c; ++r) {
       float* dst = &sum[size_t(tok[size_t(r)] * H)];
@@ -239,3 +240,34 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
 }
 
 }  // namespace sieve::cpu
+
+namespace sieve::ops {
+
+int64_t fp8_moe_tiled_size(int64_t rows, int64_t cols, bool gate_up) {
+  const int64_t rbs = gate_up ? (rows / 2 + 127) / 128 : (rows + 255) / 256;
+  return rbs * fp8_groups(cols) * 256;
+}
+
+int64_t fp8_moe_tiled_index(int64_t n, int64_t kb, int64_t rows, int64_t cols, bool gate_up) {
+  int64_t rb, c;
+  if (gate_up) {  // the inverse of the kernels' gate_up_row
+    const int64_t I = rows / 2, half = n >= I ? 1 : 0, unit = n - half * I, u = unit % 128;
+    rb = unit / 128;
+    c = (u / 64) * 128 + half * 64 + u % 64;
+  } else {
+    rb = n / 256;
+    c = n % 256;
+  }
+  return (rb * fp8_groups(cols) + kb) * 256 + c;
+}
+
+std::vector<float> fp8_scales_moe_tiled(const float* scale, int64_t rows, int64_t cols, bool gate_up) {
+  SIEVE_CHECK(!gate_up || rows % 2 == 0, "fp8_scales_moe_tiled: gate_up has an even row count");
+  const int64_t kb = fp8_groups(cols);
+  std::vector<float> out(size_t(fp8_moe_tiled_size(rows, cols, gate_up)), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < kb; ++b) out[size_t(fp8_moe_tiled_index(r, b, rows, cols, gate_up))] = scale[r * kb + b];
+  return out;
+}
+
+}  // namespace sieve::ops

@@ -100,15 +100,30 @@ __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, 
 // Step 2. A warp a (token, 1 x 128 group), 4 consecutive elements a lane. kind 0: F32 x, 1: BF16
 // x, 2: FP8 x with x_scale. pos null: row t of xq is token t (a plain quantization). Row r's
 // scale of group gi goes to xs[r * xs_row + gi * xs_group] (row-major or k-block-major).
+// tail (k-block-major scales, rows_cap cap): the sort's row count; the rows from it to the next
+// multiple of 4 get scale 0 in xs and in as ([as_groups][cap], the gate_up product's output),
+// which no product writes but the bulk copies of a unit's or tile's scales read (16-byte runs):
+// their columns are masked, and stay finite.
 // With programmatic dependent launch the kernel waits for the sort before anything else and only
 // then lets gate_up start, so that gate_up, which reads the sort's lists and tensor maps before
 // its own wait, finds them complete.
 __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, int64_t ldx, int64_t T, int H,
                                 int topk, const int32_t* pos, uint8_t* xq, int64_t ldq, float* xs, int64_t xs_row,
-                                int64_t xs_group) {
+                                int64_t xs_group, const int32_t* tail, int64_t cap, float* as, int as_groups) {
   pdl_wait();
   pdl_trigger();
   const int groups = (H + kGroup - 1) / kGroup;
+  if (tail && blockIdx.x == 0) {
+    const int64_t r0 = *tail, n = min(cap, (r0 + 3) / 4 * 4) - r0;
+    for (int64_t idx = threadIdx.x; idx < n * (groups + as_groups); idx += blockDim.x) {
+      const int64_t gg = idx / n, r = r0 + idx % n;
+      if (gg < groups) {
+        xs[gg * cap + r] = 0.0f;
+      } else {
+        as[(gg - groups) * cap + r] = 0.0f;
+      }
+    }
+  }
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t wi = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; wi < T * groups; wi += warps) {
@@ -191,23 +206,28 @@ __global__ void probe_kernel(const int32_t* offsets, int E, const int32_t* sorte
   }
 }
 
-// Tile kernels with k-block-major scales: every expert's weight multipliers of one product,
-// ws[e] [ceil(N / sbr)][nkb] (row-major over blocks), as wst [E][nkb][N] (one a weight row). A CTA
-// transposes 32 rows x 32 k blocks of one expert through shared memory, so that both the reads
-// (along k) and the writes (along rows) are 128-byte runs.
-__global__ void scale_transpose_kernel(const float* const* ws, int N, int sbr, int nkb, float* wst) {
+// Tile kernels with k-block-major scales from row-major ones: every expert's weight multipliers of
+// one product, ws[e] [ceil(N / sbr)][nkb] (row-major over blocks), tiled as wst [E][rbs][nkb][256]
+// (ops::fp8_scales_moe_tiled's layout: the tiles' 256-row blocks in their row order, zeros past
+// the rows). A CTA moves 32 slots (32 consecutive weight rows) x 32 k blocks of one expert through
+// shared memory, so that both the reads (along k) and the writes (along the slots) are 128-byte runs.
+template <bool kGateUp>
+__global__ void scale_tile_kernel(const float* const* ws, int inter, int hidden, int sbr, int nkb, int rbs,
+                                  float* wst) {
   __shared__ float tile[32][33];
-  const int e = blockIdx.z, n0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
+  const int e = blockIdx.z, rb = blockIdx.x >> 3, c0 = (blockIdx.x & 7) * 32, k0 = blockIdx.y * 32;
   const float* src = ws[e];
   const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8
   for (int i = ty; i < 32; i += 8) {
-    const int n = n0 + i, kb = k0 + tx;
-    if (n < N && kb < nkb) tile[i][tx] = src[int64_t(n / sbr) * nkb + kb];
+    bool ok;
+    const int n = kGateUp ? gate_up_row(rb, c0 + i, inter, ok) : down_row(rb, c0 + i, hidden, ok);
+    const int kb = k0 + tx;
+    if (kb < nkb) tile[i][tx] = ok ? src[int64_t(n / sbr) * nkb + kb] : 0.0f;
   }
   __syncthreads();
   for (int i = ty; i < 32; i += 8) {
-    const int kb = k0 + i, n = n0 + tx;
-    if (n < N && kb < nkb) wst[(int64_t(e) * nkb + kb) * N + n] = tile[tx][i];
+    const int kb = k0 + i;
+    if (kb < nkb) wst[((int64_t(e) * rbs + rb) * nkb + kb) * 256 + c0 + tx] = tile[tx][i];
   }
 }
 
@@ -333,8 +353,8 @@ bool weight_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols) 
 bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* probe) {
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
   const bool fp8_x = p.x_scale != nullptr;
-  if (p.scale_kmajor && (p.scale_block_rows != 1 || p.scale_block_cols != kGroup))
-    throw Error("moe_experts: k-block-major scales (scale_kmajor) need (1, 128) blocks");
+  if (p.scale_tiled && (p.scale_block_rows != 1 || p.scale_block_cols != kGroup))
+    throw Error("moe_experts: tiled scales (scale_tiled) need (1, 128) blocks");
   if (p.scale_block_cols != kGroup || p.scale_block_rows < 1) return false;
   if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
   if (H % 16 || I % 16 || H < 128 || I < 128 || H > (1 << 20) || I > (1 << 20)) return false;
@@ -345,13 +365,14 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const MoeTuning& knobs = tuning().moe;
   const int sms = num_sms();
   const int gh = int(ceil_div(H, kGroup)), gi = int(ceil_div(I, kGroup));
+  const int rb_gu = int(ceil_div(I, 128)), rb_dn = int(ceil_div(H, 256));  // the kernels' 256-row blocks
 
   // Tile kernels with k-block-major scales: row-major weight multipliers of both products copied
-  // k-block-major (once a call, before the chunks), where they take at most a quarter of the
-  // scratch; weights whose scales are k-block-major already (p.scale_kmajor) are read in place.
-  const bool w_kmajor = p.scale_kmajor;
-  const size_t wst_gu = w_kmajor ? 0 : size_t(E) * size_t(gh) * size_t(2 * I);
-  const size_t wst_dn = w_kmajor ? 0 : size_t(E) * size_t(gi) * size_t(H);
+  // tiled (once a call, before the chunks), where they take at most a quarter of the scratch;
+  // weights whose scales are tiled already (p.scale_tiled) are read in place.
+  const bool w_tiled = p.scale_tiled;
+  const size_t wst_gu = w_tiled ? 0 : size_t(E) * size_t(rb_gu) * size_t(gh) * 256;
+  const size_t wst_dn = w_tiled ? 0 : size_t(E) * size_t(rb_dn) * size_t(gi) * 256;
   const bool kmajor_fits = 4 * (wst_gu + wst_dn) <= kScratchBytes / 4;
   const size_t fixed_bytes = (size_t(64) << 20) + (kmajor_fits ? 4 * (wst_gu + wst_dn) + 2048 : 0);
 
@@ -369,7 +390,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   if (knobs.fp8_path == 1) stream = true;
   if (knobs.fp8_path == 2) stream = false;
   // (The tile kernels read k-block-major weight scales only in their k-block-major modes.)
-  const bool kmajor = !stream && ((knobs.fp8_tile_kmajor_scales && kmajor_fits) || w_kmajor);
+  const bool kmajor = !stream && ((knobs.fp8_tile_kmajor_scales && kmajor_fits) || w_tiled);
   const TileScales scales =
       !kmajor ? TileScales::kRowMajor : (knobs.fp8_tile_bulk_scales ? TileScales::kBulk : TileScales::kKmajor);
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
@@ -379,7 +400,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   if (stream && (kp < 1 || kp > 4)) return false;
   const int64_t experts_max = std::min<int64_t>(E, pairs_max);
   const int64_t blocks_max = pairs_max / R + experts_max;  // row blocks, an upper bound
-  const int rb_gu = int(ceil_div(I, 128)), rb_dn = int(ceil_div(H, 256));
   auto ksplit = [&](int forced, int rbs, int nkb) {
     if (forced > 0) return std::min(forced, nkb);
     return host_ksplit(experts_max * rbs, nkb, sms);
@@ -457,17 +477,19 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const void** const wmaps_addr = cached.addr;
   const size_t esz = dtype_size(p.act_dtype);
   const int xkind = fp8_x ? 2 : (p.act_dtype == DType::F32 ? 0 : 1);
-  // Scale layouts: row-major [row][group], or k-block-major [group][row] (rows of the chunk's cap).
-  const int64_t xs_row = kmajor ? 1 : gh, xs_group = kmajor ? cap : 1;
-  const int64_t as_row = kmajor ? 1 : gi, as_group = kmajor ? cap : 1;
+  // Activation scale layouts: row-major [row][group] (the tile kernels' row-major mode), or
+  // k-block-major [group][row] (rows of the chunk's cap; the stream kernels' bulk copies).
+  const bool a_kmajor = stream || kmajor;
+  const int64_t xs_row = a_kmajor ? 1 : gh, xs_group = a_kmajor ? cap : 1;
+  const int64_t as_row = a_kmajor ? 1 : gi, as_group = a_kmajor ? cap : 1;
   std::unique_ptr<TileMaps> maps_gu, maps_dn;
-  if (kmajor && !w_kmajor) {
+  if (kmajor && !w_tiled) {
     const dim3 tb(32, 8);
-    scale_transpose_kernel<<<dim3(unsigned(ceil_div(2 * I, 32)), unsigned(ceil_div(gh, 32)), unsigned(E)), tb, 0, st>>>(
-        p.w_gate_up_scale, int(2 * I), p.scale_block_rows, gh, wst_gu_p);
+    scale_tile_kernel<true><<<dim3(unsigned(rb_gu * 8), unsigned(ceil_div(gh, 32)), unsigned(E)), tb, 0, st>>>(
+        p.w_gate_up_scale, int(I), int(H), p.scale_block_rows, gh, rb_gu, wst_gu_p);
     SIEVE_LAUNCH_CHECK("moe_experts fp8 (gate_up scales)");
-    scale_transpose_kernel<<<dim3(unsigned(ceil_div(H, 32)), unsigned(ceil_div(gi, 32)), unsigned(E)), tb, 0, st>>>(
-        p.w_down_scale, int(H), p.scale_block_rows, gi, wst_dn_p);
+    scale_tile_kernel<false><<<dim3(unsigned(rb_dn * 8), unsigned(ceil_div(gi, 32)), unsigned(E)), tb, 0, st>>>(
+        p.w_down_scale, int(I), int(H), p.scale_block_rows, gi, rb_dn, wst_dn_p);
     SIEVE_LAUNCH_CHECK("moe_experts fp8 (down scales)");
   }
   if (kmajor) {
@@ -492,7 +514,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     const int qblocks = int(std::min<int64_t>(ceil_div(qwarps, 8), int64_t(sms) * 8));
     launch_pdl(pdl, quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, st, "moe_experts fp8 (quantize)", x, xkind,
                fp8_x ? p.x_scale + t0 * gh : static_cast<const float*>(nullptr), int64_t(H), tokens, int(H),
-               int(topk), static_cast<const int32_t*>(pos), xq, int64_t(H), xs, xs_row, xs_group);
+               int(topk), static_cast<const int32_t*>(pos), xq, int64_t(H), xs, xs_row, xs_group,
+               a_kmajor ? static_cast<const int32_t*>(offsets + E) : nullptr, cap, as, gi);
 
     GemmArgs g{};
     g.sbr = p.scale_block_rows;
@@ -515,7 +538,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.experiment = knobs.fp8_stream_experiment;
     g.wst = nullptr;
     g.wn = 0;
-    g.wkmajor = w_kmajor;
+    g.wtiled = w_tiled;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
@@ -527,7 +550,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.ksplit = ks_gu;
     g.ksplit_max = kw_gu;
     g.counters = counters;
-    g.wst = w_kmajor ? nullptr : wst_gu_p;
+    g.wst = w_tiled ? nullptr : wst_gu_p;
     g.wn = int(2 * I);
     int grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_gu), sms));
     if (stream) {
@@ -544,7 +567,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.ksplit = ks_dn;
     g.ksplit_max = kw_dn;
     g.counters = counters ? counters + n_cnt_gu : nullptr;
-    g.wst = w_kmajor ? nullptr : wst_dn_p;
+    g.wst = w_tiled ? nullptr : wst_dn_p;
     g.wn = int(H);
     grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_dn), sms));
     if (stream) {
@@ -584,7 +607,8 @@ void quantize_fp8_1x128(const void* x, DType dtype, int64_t rows, int64_t cols, 
   moe_fp8::quantize_kernel<<<unsigned(std::min<int64_t>(moe_fp8::ceil_div(warps, 8), 65535)), 256, 0,
                              static_cast<cudaStream_t>(stream)>>>(x, dtype == DType::F32 ? 0 : 1, nullptr, ldx, rows,
                                                                   int(cols), 1, nullptr, q, cols, scale,
-                                                                  moe_fp8::ceil_div(cols, moe_fp8::kGroup), 1);
+                                                                  moe_fp8::ceil_div(cols, moe_fp8::kGroup), 1, nullptr,
+                                                                  0, nullptr, 0);
   SIEVE_LAUNCH_CHECK("quantize_fp8_1x128");
 }
 

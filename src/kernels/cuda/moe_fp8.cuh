@@ -175,13 +175,16 @@ struct GemmArgs {
   const CUtensorMap* wmaps;    // [E] per-expert weight maps of this product (written by the sort)
   const float* const* wscale;  // [E] -> dequant multipliers, blocks of (sbr, 128)
   int sbr;                     // scale block rows
-  // wscale k-block-major ([nkb][wn], sbr 1: ops::MoeExpertsParams::scale_kmajor), each array
-  // 16-byte aligned: the stream kernels bulk-copy a stage's rows, the tile kernels (k-block-major
-  // modes) read them in place of wst.
-  bool wkmajor;
+  // wscale tiled ([rbs][nkb][256], sbr 1: ops::MoeExpertsParams::scale_tiled, ops::
+  // fp8_scales_moe_tiled: the kernels' 256-row blocks in their row order, zeros past the rows),
+  // each array 16-byte aligned: the stream kernels bulk-copy a stage's k blocks of a row block as
+  // one run, the tile kernels (k-block-major modes) read them in place of wst.
+  bool wtiled;
   int nkb;                     // k blocks of 128 (ceil(K / 128))
   int inter, hidden;           // I and H
-  const float* a_scale;        // [rows_cap, nkb] the activation rows' 1 x 128 scales, by sorted row
+  // The activation rows' 1 x 128 scales, by sorted row: [rows_cap][nkb] (tile kernels, row-major
+  // mode) or k-block-major [nkb][rows_cap] (stream kernels; tile kernels, k-block-major modes).
+  const float* a_scale;
   int rows_cap;                // rows of the activation buffers
   const int32_t* offsets;      // [E + 1]
   const int32_t* blk_start;    // [E + 1]
@@ -198,17 +201,18 @@ struct GemmArgs {
   // gate_up: the SwiGLU rows quantized for down, by sorted row.
   uint8_t* act_q;       // [rows_cap, ld_act]
   int64_t ld_act;
-  float* act_scale;     // [rows_cap, ceil(I / 128)]
+  float* act_scale;     // [rows_cap][ceil(I / 128)], k-block-major as a_scale
   // down: each pair's expert output, bf16, by pair.
   uint16_t* y;          // [pairs, H]
   float alpha, limit, beta;
   // stream kernels with ksplit > 1: fp32 partial sums and arrival counters (returned to zero).
   float* partial;
   int32_t* counters;
-  // Tile kernels with k-block-major scales (MoeTuning::fp8_tile_kmajor_scales, or wkmajor): a_scale
-  // and act_scale are [nkb][rows_cap] and [ceil(I / 128)][rows_cap], the weight scales
-  // wst [E][nkb][wn] (null with wkmajor) (wn: the product's weight rows, 2 I or H; also set for
-  // the stream kernels).
+  // Tile kernels with k-block-major scales (MoeTuning::fp8_tile_kmajor_scales, or wtiled): a_scale
+  // and act_scale are [nkb][rows_cap] and [ceil(I / 128)][rows_cap] (so are they for the stream
+  // kernels, rows_cap a multiple of 4), the weight scales wst [E][cols][nkb][256] (the call's tiled
+  // copy of row-major ones; null with wtiled) (wn: the product's weight rows, 2 I or H; also set
+  // for the stream kernels).
   const float* wst;
   int wn;
 };
@@ -226,8 +230,9 @@ struct TileMaps {
 };
 
 // How the tile kernels' producer reads the scales: the row-major layouts by 4-byte cp.async, the
-// k-block-major ones (GemmArgs::wst; rows_cap a multiple of 4 for kBulk) by 4-byte cp.async, or
-// by bulk copies that the stage's barrier counts in bytes.
+// tiled weight scales and k-block-major activation scales (GemmArgs::wst or wtiled; rows_cap a
+// multiple of 4 for kBulk) by 4-byte cp.async, or by bulk copies that the stage's barrier counts
+// in bytes.
 enum class TileScales { kRowMajor, kKmajor, kBulk };
 
 // Dynamic shared memory and launch of the tile kernels (128 rows x 256 weight rows a tile).

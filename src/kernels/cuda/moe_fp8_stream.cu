@@ -9,12 +9,15 @@
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of g.kp k blocks a stage
 //    into a ring of stages (per k block the 256 weight rows as four 64-row boxes through the
 //    expert's tensor map, with the L2 evict-first policy: each weight byte is read once; the
-//    token rows as one box). The weight-row scales: k-block-major (GemmArgs::wkmajor), lane 0
-//    bulk-copies each k block's existing rows (gate_up: four runs of up to 64 rows, down: one of
-//    up to 256), counted in the stage's bytes; row-major, the 32 lanes copy them by 4-byte
-//    cp.async. The lanes copy the token rows' scales by cp.async. Two k blocks a stage (decode)
-//    read each weight row 256 contiguous bytes at a time and halve the barrier round trips a
-//    byte: 514 instead of 600 us at 32 tokens.
+//    token rows as one box) and the scales' bulk copies, all counted in the stage's bytes, so
+//    that the stage completes on lane 0's one arrival. The weight-row scales: tiled (GemmArgs::
+//    wtiled, [rbs][nkb][256]), the stage's kp k blocks of the unit's row block are one run, one
+//    bulk copy of kp KB; row-major, the 32 lanes copy them by 4-byte cp.async (and arrive: 33
+//    arrivals). The token rows' scales (k-block-major, [nkb][rows_cap]): a bulk copy a k block
+//    from the 16-byte boundary at or before the unit's first row. What a unit's copies need (the
+//    boxes' first weight rows, the scales' addresses, the stage's bytes) is found once a unit.
+//    Two k blocks a stage (decode) read each weight row 256 contiguous bytes at a time and halve
+//    the barrier round trips a byte: 514 instead of 600 us at 32 tokens.
 //  - warpgroups 1 and 2: the consumers, weight rows 0-127 and 128-255 (two m64 blocks each). Per k
 //    block: 8 wgmma.m64nNk32 into temporary accumulators, one wait, then the promotion final +=
 //    temporary * (weight scale of the row * x scale of the token) in fp32 (as in the tile
@@ -49,14 +52,18 @@ constexpr int kMaxKp = 4, kMaxStages = 16;
 constexpr int kRingBytes = 210 * 1024;  // bytes in flight: what a decode SM streams with
 
 // A stage: kp k blocks of the unit's 256 weight rows (four 64-row boxes each) and of its token
-// rows, then their scales ([kp][256] weight rows, [kp][kNt] token rows), 1024-aligned. Two k
+// rows, then their scales ([kp][256] weight rows, [kp][kTs] token rows), 1024-aligned. Two k
 // blocks a stage (decode) read each weight row 256 contiguous bytes at a time.
 template <int kNt>
 struct Geo {
   static constexpr int kTokBox = kNt * kBK;
   static constexpr int kStageK = kWBytes + kTokBox;  // weight and token bytes of one k block
+  // A k block's token-row scales: the unit's rows from the 16-byte boundary at or before its
+  // first row (up to 3 more), a multiple of 4 floats so that each k block's run is 16-byte aligned.
+  static constexpr int kTs = kNt + 4;
+  static constexpr int kScales = kW + kTs;  // floats of a k block's scales
   __host__ __device__ static constexpr int stride(int kp) {
-    return (kp * kStageK + kp * (kW + kNt) * 4 + 1023) / 1024 * 1024;
+    return (kp * kStageK + kp * kScales * 4 + 1023) / 1024 * 1024;
   }
   __host__ __device__ static constexpr int stages(int kp) {
     return kRingBytes / stride(kp) < kMaxStages ? kRingBytes / stride(kp) : kMaxStages;
@@ -87,19 +94,6 @@ __device__ __forceinline__ int weight_row(const GemmArgs& g, int rb, int c, bool
   return kGateUp ? gate_up_row(rb, c, g.inter, valid) : down_row(rb, c, g.hidden, valid);
 }
 
-// K-block-major weight scales: a stage's k block is kSegs runs of consecutive weight rows (gate_up:
-// the four 64-row boxes; down: the 256 rows), run b from stage row kSegRows * b. Rows that exist
-// in run b of row block rb: a multiple of 16 (I and H are), so every bulk copy is one of 64 bytes
-// from a 64-byte boundary of the expert's array.
-template <bool kGateUp>
-constexpr int kSegs = kGateUp ? 4 : 1;
-template <bool kGateUp>
-constexpr int kSegRows = kGateUp ? 64 : 256;
-template <bool kGateUp>
-__device__ __forceinline__ int seg_rows(const GemmArgs& g, int rb, int b) {
-  return kGateUp ? max(0, min(64, g.inter - (rb * 128 + (b >> 1) * 64))) : max(0, min(256, g.hidden - rb * 256));
-}
-
 // One 64-row weight box (`wbox`) times the token rows (`t_addr`) over one k block: 4
 // wgmma.m64nNk32 into acc (not committed).
 template <int kNt>
@@ -111,7 +105,7 @@ __device__ __forceinline__ void box_product(float (&acc)[kNt / 2], const uint8_t
 
 // The promotion of one box's k block (its products complete in tmp): fin += tmp * (weight scale
 // of the row * token scale of the column) in fp32. wsc: the box's 64 weight-row scales; xsc: the
-// token rows' scales.
+// token rows' scales (4-byte aligned only: where the unit's first row fell in its bulk copy).
 template <int kNt>
 __device__ __forceinline__ void promote_box(const float (&tmp)[kNt / 2], float (&fin)[kNt / 2], const float* wsc,
                                             const float* xsc, int w, int g8, int q) {
@@ -120,9 +114,8 @@ __device__ __forceinline__ void promote_box(const float (&tmp)[kNt / 2], float (
   for (int r = 0; r < 2; ++r) wsv[r] = wsc[16 * w + g8 + 8 * r];
 #pragma unroll
   for (int j = 0; j < kNt / 8; ++j) {
-    const float2 x2 = *reinterpret_cast<const float2*>(xsc + 8 * j + 2 * q);
-    xsv[j][0] = x2.x;
-    xsv[j][1] = x2.y;
+    xsv[j][0] = xsc[8 * j + 2 * q];
+    xsv[j][1] = xsc[8 * j + 2 * q + 1];
   }
 #pragma unroll
   for (int j = 0; j < kNt / 8; ++j)
@@ -154,16 +147,21 @@ __device__ __forceinline__ void stream_product(float (&tmp)[2][kNt / 2], float (
   for (int b = 0; b < 2; ++b) promote_box<kNt>(tmp[b], fin[b], wsc + 64 * b, xsc, w, g8, q);
 }
 
-// The producer's position: work unit, its k range and stage.
+// The producer's position: work unit, its k range and stage, and what the unit's copies need.
 struct Cursor {
   int64_t i;
   Unit u;
   int kb, kb1;
-  // The lane's weight-row scales of the unit (rows lane + 32 j, j < 8): offsets into the expert's
-  // scales (k block 0), and which rows exist.
+  const CUtensorMap* wm;  // the expert's weight map
+  int wrow[4];            // each 64-row box's first weight row
+  // Tiled: the unit's row block's weight-row scales (k block 0). Row-major: the expert's; the
+  // lane's rows (lane + 32 j, j < 8): offsets into them (k block 0), and which rows exist.
   const float* ws;
   int soff[8];
   uint32_t smask;
+  const float* as;  // the token rows' scales of k block 0, from the 16-byte boundary
+  uint32_t abytes;  // a k block's token-row scale bytes
+  uint32_t kbytes;  // a k block's bytes in the stage's count: weights, token rows, bulk-copied scales
 };
 
 template <bool kGateUp, int kNt>
@@ -179,18 +177,20 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // A stage: [kp][256 weight rows] boxes, [kp][token rows] boxes, then the scales.
   const int tok_off = kp * kWBytes, sc_off = kp * G::kStageK;
-  if (g.wkmajor) {
-    // The bulk copies write only the rows that exist: the others' scale slots hold zeros (or an
-    // earlier unit's scales), finite, so that their products (0, or masked) stay finite.
-    for (int idx = tid; idx < S * kp * kW; idx += kThreads) {
-      const int st = idx / (kp * kW);
-      reinterpret_cast<float*>(ring + st * stride + sc_off)[idx - st * kp * kW] = 0.0f;
-    }
-    fence_proxy_async();  // before the bulk copies (async proxy) write the same slots
+  // Who brings the weight rows' scales: lane 0's bulk copy (tiled), the 32 lanes' cp.async
+  // (row-major), or nobody (timing experiment 1).
+  const bool w_bulk = g.wtiled && g.experiment < 1, w_lanes = !g.wtiled && g.experiment < 1;
+  // The scale slots start at zero: the token rows' bulk copies leave the slots past their runs as
+  // they were (read, and masked, for the unit's absent columns), and timing experiment 1 never
+  // writes the weight rows'; zeros keep those products finite.
+  for (int idx = tid; idx < S * kp * G::kScales; idx += kThreads) {
+    const int st = idx / (kp * G::kScales);
+    reinterpret_cast<float*>(ring + st * stride + sc_off)[idx - st * kp * G::kScales] = 0.0f;
   }
+  fence_proxy_async();  // before the bulk copies (async proxy) write the same slots
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 33);
+      mbar_init(&full[s], w_lanes ? 33 : 1);  // lane 0's expect_tx (and the 32 lanes' scale copies)
       mbar_init(&empty[s], 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -222,9 +222,22 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       if (i >= total) return;
       c.u = unit_of(g, i, kNt, cols, ksplit);
       split_range(c.u.ks, ksplit, g.nkb, c.kb, c.kb1);
-      c.ws = g.wscale[c.u.e];
+      c.wm = g.wmaps + c.u.e;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        bool unused;
+        c.wrow[b] = weight_row<kGateUp>(g, c.u.rb, b * 64, unused);
+      }
+      const int shift = c.u.r0 & 3;  // rows_cap % 4 == 0: the run starts 16-byte aligned
+      c.as = g.a_scale + (c.u.r0 - shift);
+      c.abytes = uint32_t((shift + c.u.rows + 3) / 4 * 16);
+      c.kbytes = uint32_t(G::kStageK) + (w_bulk ? uint32_t(kW * 4) : 0u) + c.abytes;
       c.smask = 0;
-      if (g.wkmajor) return;
+      if (g.wtiled) {
+        c.ws = g.wscale[c.u.e] + int64_t(c.u.rb) * g.nkb * kW;
+        return;
+      }
+      c.ws = g.wscale[c.u.e];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         bool ok;
@@ -237,46 +250,25 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       c.kb += kp;
       if (c.kb >= c.kb1) begin(c, c.i + gridDim.x);
     };
-    // A stage's weights (lane 0: TMA, expecting the whole stage's bytes) and weight scales.
+    // A stage's weights and weight-row scales (lane 0: TMA and bulk copy, expecting the whole
+    // stage's bytes; row-major scales: the lanes' cp.async, then their arrivals).
     auto load_weights = [&](const Cursor& c, int st) {
       const int nk = min(kp, c.kb1 - c.kb);
-      const CUtensorMap* wm = g.wmaps + c.u.e;
       uint8_t* base = ring + st * stride;
+      float* sc = reinterpret_cast<float*>(base + sc_off);
       if (lane == 0) {
-        if (wm != acquired) {
-          tensormap_acquire(wm);
-          acquired = wm;
+        if (c.wm != acquired) {
+          tensormap_acquire(c.wm);
+          acquired = c.wm;
         }
-        // K-block-major scales: the stage's bytes count their runs too (timing experiment 1: none).
-        const bool bulk = g.wkmajor && g.experiment < 1;
-        uint32_t sbytes = 0;
-        if (bulk)
-#pragma unroll
-          for (int b = 0; b < kSegs<kGateUp>; ++b) sbytes += uint32_t(seg_rows<kGateUp>(g, c.u.rb, b)) * 4;
-        mbar_expect_tx(&full[st], uint32_t(nk) * (uint32_t(G::kStageK) + sbytes));
+        mbar_expect_tx(&full[st], uint32_t(nk) * c.kbytes);
         for (int ii = 0; ii < nk; ++ii)
 #pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            bool unused;
-            tma_load_hint(base + ii * kWBytes + b * kBox, wm, (c.kb + ii) * kBK,
-                          weight_row<kGateUp>(g, c.u.rb, b * 64, unused), &full[st], policy);
-          }
-        if (bulk) {
-          float* sc = reinterpret_cast<float*>(base + sc_off);
-          for (int ii = 0; ii < nk; ++ii) {
-            const float* wsk = c.ws + int64_t(c.kb + ii) * g.wn;
-#pragma unroll
-            for (int b = 0; b < kSegs<kGateUp>; ++b) {
-              const int nr = seg_rows<kGateUp>(g, c.u.rb, b);
-              bool unused;
-              const int n0 = weight_row<kGateUp>(g, c.u.rb, kSegRows<kGateUp> * b, unused);
-              if (nr > 0) bulk_copy(&sc[ii * kW + kSegRows<kGateUp> * b], wsk + n0, uint32_t(nr) * 4, &full[st]);
-            }
-          }
-        }
+          for (int b = 0; b < 4; ++b)
+            tma_load_hint(base + ii * kWBytes + b * kBox, c.wm, (c.kb + ii) * kBK, c.wrow[b], &full[st], policy);
+        if (w_bulk) bulk_copy(sc, c.ws + int64_t(c.kb) * kW, uint32_t(nk) * kW * 4, &full[st]);
       }
-      float* sc = reinterpret_cast<float*>(base + sc_off);
-      if (g.experiment >= 1 || g.wkmajor) return;  // timing experiment 1: no weight scales
+      if (!w_lanes) return;
       // The unit's rows were found once (begin): a scale is one add from its row's offset. (Finding
       // each scale's row for every stage made the producer the kernels' pace: 32 tokens took 524
       // instead of 418 us at one TP4 rank; docs/performance.md.)
@@ -286,21 +278,18 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
           const bool ok = (c.smask >> j & 1u) && ii < nk;
           cp_async4(&sc[ii * kW + lane + 32 * j], c.ws + (ok ? c.soff[j] + c.kb + ii : 0), ok);
         }
+      cp_async_arrive(&full[st]);
     };
-    // A stage's token rows and their scales; then the lanes' arrivals.
+    // A stage's token rows and their scales (lane 0; in the stage's bytes).
     auto load_tokens = [&](const Cursor& c, int st) {
+      if (lane != 0) return;
       const int nk = min(kp, c.kb1 - c.kb);
       uint8_t* base = ring + st * stride;
-      if (lane == 0)
-        for (int ii = 0; ii < nk; ++ii)
-          tma_load(base + tok_off + ii * G::kTokBox, &amap, (c.kb + ii) * kBK, c.u.r0, &full[st]);
-      float* sc = reinterpret_cast<float*>(base + sc_off) + kp * kW;
-      for (int idx = lane; idx < kp * kNt; idx += 32) {
-        const int ii = idx / kNt, r = idx - ii * kNt;
-        const bool ok = r < c.u.rows && ii < nk;
-        cp_async4(&sc[idx], ok ? g.a_scale + int64_t(c.u.r0 + r) * g.nkb + c.kb + ii : g.a_scale, ok);
+      float* tsc = reinterpret_cast<float*>(base + sc_off) + kp * kW;
+      for (int ii = 0; ii < nk; ++ii) {
+        tma_load(base + tok_off + ii * G::kTokBox, &amap, (c.kb + ii) * kBK, c.u.r0, &full[st]);
+        bulk_copy(tsc + ii * G::kTs, c.as + int64_t(c.kb + ii) * g.rows_cap, c.abytes, &full[st]);
       }
-      cp_async_arrive(&full[st]);
     };
     // The first stages' weights before the wait for the previous kernel, their token rows after.
     Cursor c;
@@ -335,6 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     for (int k = 0; k < kAcc; ++k) tmp[b][k] = 0.0f;
   for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
     const Unit u = unit_of(g, i, kNt, cols, ksplit);
+    const int xshift = u.r0 & 3;  // the unit's first token-row scale in its k block's run
     int kb0, kb1;
     split_range(u.ks, ksplit, g.nkb, kb0, kb1);
     float fin[2][kAcc];
@@ -350,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       if (g.experiment < 2)  // timing experiment 2: no products
         for (int ii = 0; ii < nk; ++ii)
           stream_product<kNt>(tmp, fin, base + ii * kWBytes + 2 * cw * kBox, base + tok_off + ii * G::kTokBox,
-                              sc + ii * kW + 128 * cw, sc + kp * kW + ii * kNt, w, g8, q);
+                              sc + ii * kW + 128 * cw, sc + kp * kW + ii * G::kTs + xshift, w, g8, q);
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
       if (++s == S) s = 0, fp ^= 1;
@@ -422,7 +412,6 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
           amax[j][ii] = m;
         }
       named_sync(1, 256);  // red is free for the next unit
-      const int groups = (g.inter + kGroup - 1) / kGroup;
 #pragma unroll
       for (int j = 0; j < kNt / 8; ++j)
 #pragma unroll
@@ -436,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
             const int unit = u.rb * 128 + 64 * cw + 16 * w + g8 + 8 * r;
             if (unit < g.inter) dst[unit] = quant(v[j][r][ii], scale);
           }
-          if (ctid < 4) g.act_scale[int64_t(u.r0 + col) * groups + u.rb] = scale;
+          if (ctid < 4) g.act_scale[int64_t(u.rb) * g.rows_cap + u.r0 + col] = scale;
         }
     } else {
 #pragma unroll
@@ -480,10 +469,9 @@ size_t stream_smem_bytes(int nt) {
 void launch_stream(bool gate_up, int nt, const CUtensorMap& amap, const GemmArgs& g, int grid, bool pdl,
                    cudaStream_t st) {
   SIEVE_CHECK(g.kp >= 1 && g.kp <= kMaxKp, "moe_experts fp8: k blocks a stream stage");
-  // K-block-major scales are bulk-copied in runs of 16 rows (64 bytes) from the runs' first rows.
-  SIEVE_CHECK(!g.wkmajor || (g.sbr == 1 && g.inter % 16 == 0 && g.hidden % 16 == 0 &&
-                             g.wn == (gate_up ? 2 * g.inter : g.hidden)),
-              "moe_experts fp8: k-block-major scales need (1, 128) blocks and I, H multiples of 16");
+  SIEVE_CHECK(!g.wtiled || g.sbr == 1, "moe_experts fp8: tiled scales need (1, 128) blocks");
+  // The token rows' scales are bulk-copied in 16-byte runs of k-block-major rows.
+  SIEVE_CHECK(g.rows_cap % 4 == 0, "moe_experts fp8: the stream kernels need rows_cap % 4");
   switch (nt * 2 + (gate_up ? 1 : 0)) {
     case 17: launch_one<true, 8>(amap, g, grid, pdl, st); break;
     case 16: launch_one<false, 8>(amap, g, grid, pdl, st); break;

@@ -6,11 +6,13 @@
 // tile run together and meet in L2):
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
 //    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four) and the
-//    stage's 256 weight-row scales and 128 activation-row scales: by default (k-block-major
-//    layouts: the weights' own k-block-major scales, or the call's transposed copy of row-major
-//    ones) as 5 bulk copies counted in the stage's bytes (1 arrival), else by 4-byte cp.async
-//    from the 32 lanes, each arriving when its copies land (33 arrivals and the TMA bytes). The
-//    weight maps come from the kernel parameter (host-encoded) or from global memory (the sort's).
+//    stage's 256 weight-row scales and 128 activation-row scales: by default (the weights' tiled
+//    scales, [rbs][nkb][256] in the tile's row order, their own or the call's copy of row-major
+//    ones, and k-block-major activation scales) as 2 bulk copies counted in the stage's bytes (1
+//    arrival: the weight rows' 1 KB run and the activation rows' from the 16-byte boundary at or
+//    before the tile's first row), else by 4-byte cp.async from the 32 lanes, each arriving when
+//    its copies land (33 arrivals and the TMA bytes). The weight maps come from the kernel
+//    parameter (host-encoded) or from global memory (the sort's).
 //  - warpgroups 1 and 2: the consumers, rows 0-63 and 64-127 of the tile. Per k block and half of
 //    the weight rows (128 each): 4 wgmma.m64n128k32 into a temporary accumulator, then the
 //    promotion final += temporary * (x scale of the row * weight scale of the column) in fp32.
@@ -41,7 +43,7 @@ constexpr int kTileRows = 128, kTileW = 256, kBK = 128, kStages = 4, kThreads = 
 constexpr int kABytes = kTileRows * kBK;  // 16 KB: two 64-row boxes
 constexpr int kWBytes = kTileW * kBK;     // 32 KB: four 64-row boxes
 constexpr int kBox = 64 * kBK;            // one 64-row box
-// Floats a stage: the weight rows' scales (permuted, or in row order with bulk copies), then the
+// Floats a stage: the weight rows' scales (permuted, or in tile row order with bulk copies), then the
 // activation rows' (with bulk copies from the 16-byte boundary at or before the tile's first
 // row: up to 3 more).
 constexpr int kScales = kTileW + kTileRows + 4;
@@ -72,20 +74,11 @@ struct NoMaps {
 };
 
 // Scale modes: kRowMajor, the row-major layouts by 4-byte cp.async (each arriving on the stage's
-// barrier); kKmajor, the k-block-major layouts (GemmArgs::wst, or the experts' own arrays with
-// wkmajor) by 4-byte cp.async; kBulk, the k-block-major layouts by bulk copies counted in the
-// stage's transaction bytes (the stage completes on its bytes alone). Maps: TileMaps (weight
-// maps in the parameter) or NoMaps (g.wmaps, written by the sort).
+// barrier); kKmajor, the tiled weight scales (GemmArgs::wst, or the experts' own arrays with
+// wtiled) and k-block-major activation scales by 4-byte cp.async; kBulk, the same layouts by bulk
+// copies counted in the stage's transaction bytes (the stage completes on its bytes alone).
+// Maps: TileMaps (weight maps in the parameter) or NoMaps (g.wmaps, written by the sort).
 enum ScaleMode { kRowMajor = 0, kKmajor = 1, kBulk = 2 };
-
-// Bulk mode: the weight-row runs of a tile (4 x 64 rows, consecutive in wst) and how many of each
-// exist; the bytes of the tile's activation scales from the 16-byte boundary (shift = r0 % 4,
-// rows_cap a multiple of 4).
-template <bool kGateUp>
-__device__ __forceinline__ int run_rows(const GemmArgs& g, int col, int b) {
-  const int first = kGateUp ? col * 128 + (b >> 1) * 64 : col * kTileW + 64 * b;
-  return max(0, min(64, (kGateUp ? g.inter : g.hidden) - first));
-}
 
 template <bool kGateUp, int kMode, class Maps>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -128,28 +121,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         acquired = wm;
       }
-      // Row-major scales, or (k-block-major modes) the expert's own k-block-major array when the
-      // weights come with one (g.wkmajor), else its part of the call's transposed copy wst.
-      const float* ws = !kKmaj || g.wkmajor ? g.wscale[t.e] : g.wst + int64_t(t.e) * g.nkb * g.wn;
+      // Row-major scales, or (k-block-major modes) the tile's row block of the expert's own tiled
+      // array when the weights come with one (g.wtiled), else of the call's tiled copy wst.
+      const float* ws = !kKmaj ? g.wscale[t.e]
+                               : (g.wtiled ? g.wscale[t.e] : g.wst + int64_t(t.e) * g.cols * g.nkb * kTileW) +
+                                     int64_t(t.col) * g.nkb * kTileW;
       for (int kb = 0; kb < g.nkb; ++kb) {
         mbar_wait(&empty[s], ep);
         float* sc = s_ring + s * kScales;
         if (kMode == kBulk && lane == 0) {
-          const float* wsk = ws + int64_t(kb) * g.wn;
           const int64_t a0 = int64_t(kb) * g.rows_cap + t.r0;
           const int shift = t.r0 & 3;
           const uint32_t abytes = uint32_t((shift + t.rows + 3) / 4 * 16);
-          uint32_t wbytes = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) wbytes += uint32_t(run_rows<kGateUp>(g, t.col, b)) * 4;
-          mbar_expect_tx(&full[s], kABytes + kWBytes + wbytes + abytes);
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const int nr = run_rows<kGateUp>(g, t.col, b);
-            bool unused;
-            if (nr > 0)
-              bulk_copy(&sc[64 * b], wsk + weight_row<kGateUp>(g, t.col, 64 * b, unused), uint32_t(nr) * 4, &full[s]);
-          }
+          mbar_expect_tx(&full[s], kABytes + kWBytes + kTileW * 4 + abytes);
+          bulk_copy(sc, ws + int64_t(kb) * kTileW, kTileW * 4, &full[s]);
           bulk_copy(&sc[kTileW], g.a_scale + (a0 - shift), abytes, &full[s]);
         } else if (lane == 0) {
           mbar_expect_tx(&full[s], kABytes + kWBytes);
@@ -170,14 +155,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kMode == kBulk) {
           // in the stage's bytes
         } else if (kMode == kKmajor) {
-          const float* wsk = ws + int64_t(kb) * g.wn;
+          const float* wsk = ws + int64_t(kb) * kTileW;  // the tile's rows in order, zeros past the matrix
           const float* ask = g.a_scale + int64_t(kb) * g.rows_cap + t.r0;
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
-            bool ok;
             const int c = 32 * k + lane;
-            const int n = weight_row<kGateUp>(g, t.col, c, ok);
-            cp_async4(&sc[wscale_slot(c)], ok ? wsk + n : wsk, ok);
+            cp_async4(&sc[wscale_slot(c)], wsk + c, true);
           }
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
@@ -359,8 +342,8 @@ void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int 
                   TileScales scales, const TileMaps* maps) {
   SIEVE_CHECK(!maps || scales != TileScales::kRowMajor, "moe_experts fp8: parameter maps need k-block-major scales");
   SIEVE_CHECK(scales != TileScales::kBulk || g.rows_cap % 4 == 0, "moe_experts fp8: bulk scales need rows_cap % 4");
-  SIEVE_CHECK(!g.wkmajor || scales != TileScales::kRowMajor,
-              "moe_experts fp8: k-block-major weight scales need a k-block-major tile mode");
+  SIEVE_CHECK(!g.wtiled || scales != TileScales::kRowMajor,
+              "moe_experts fp8: tiled weight scales need a k-block-major tile mode");
   if (gate_up) {
     launch_product<true>(amap, g, grid, st, scales, maps);
   } else {

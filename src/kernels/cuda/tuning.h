@@ -158,14 +158,14 @@ struct MoeTuning {
   // unit. fp8_ksplit_* override it.
   int fp8_ksplit_waves = 0;
   // Stream kernels, timing experiments (wrong results): 1 the weight scales not loaded (neither
-  // the row-major cp.async nor the k-block-major bulk copies), 2 also no products (the consumers
-  // only wait and release the stages). 0: off.
+  // the row-major cp.async nor the tiled bulk copy, nor their bytes), 2 also no products (the
+  // consumers only wait and release the stages). 0: off.
   int fp8_stream_experiment = 0;
   // Tile kernels (prefill): the 1 x 128 activation scales laid out k-block-major ([k block][row],
-  // by the quantizer and gate_up's epilogue) and the experts' weight scales copied k-block-major
-  // once a call, so that the producer reads a stage's 384 scales from ~12 cache lines instead of
-  // 384 (false: the row-major layouts, one line a scale; ignored when the weights' scales come
-  // k-block-major, MoeExpertsParams::scale_kmajor, which only these modes read).
+  // by the quantizer and gate_up's epilogue) and the experts' weight scales copied tiled
+  // (ops::fp8_scales_moe_tiled) once a call, so that the producer reads a stage's 384 scales from
+  // ~12 cache lines instead of 384 (false: the row-major layouts, one line a scale; ignored when
+  // the weights' scales come tiled, MoeExpertsParams::scale_tiled, which only these modes read).
   bool fp8_tile_kmajor_scales = true;
   // Tile kernels with k-block-major scales: a stage's scales by bulk copies counted in its
   // barrier's bytes (one arrival a stage, as the operands), not by 4-byte cp.async from 32 lanes
