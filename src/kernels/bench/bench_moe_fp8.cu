@@ -362,7 +362,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       // stream kernels) and at 32 tokens the stream kernels without PDL.
       const bool stream_default = int64_t(tokens) * K <= int64_t(cuda::tuning().moe.fp8_stream_pairs_per_expert) * E;
       // At prefill sizes also the tile kernels' other scale layouts and map sources
-      // (MoeTuning::fp8_tile_*; the default: bulk k-block-major scales and parameter maps): the
+      // (MoeTuning::fp8_tile_*; the default: bulk copies of the tiled weight scales and k-block-major token scales, parameter maps): the
       // row-major scales and device-written maps are the kernels before; under a graph the
       // parameter maps are not used (they read the expert pointers on the host), so the graph
       // row times the device maps.
@@ -400,9 +400,9 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back(x2);
       }
       if (tokens >= 1024) {
-        variants.push_back({2, true, false, "tiles, bulk k-major scales, device maps", true, true, false});
-        variants.push_back({2, true, false, "tiles, cp.async k-major scales, parameter maps", true, false, true});
-        variants.push_back({2, true, false, "tiles, cp.async k-major scales, device maps", true, false, false});
+        variants.push_back({2, true, false, "tiles, bulk tiled scales, device maps", true, true, false});
+        variants.push_back({2, true, false, "tiles, cp.async tiled scales, parameter maps", true, false, true});
+        variants.push_back({2, true, false, "tiles, cp.async tiled scales, device maps", true, false, false});
         variants.push_back({2, true, false, "tiles, row-major scales, device maps (before)", false, false, false});
       }
       if (tokens == 8192) {
