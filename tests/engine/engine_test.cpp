@@ -15,6 +15,7 @@
 namespace sieve::engine {
 namespace {
 
+using testing::engine_config;
 using testing::FakeModel;
 using namespace std::chrono_literals;
 
@@ -64,7 +65,7 @@ struct Rig {
 std::vector<Result> run(const Rig& st, const std::vector<Job>& jobs, EngineStats* stats = nullptr) {
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  EngineConfig ec{st.sched, st.num_blocks, st.caching, st.eos, st.seed};
+  EngineConfig ec = engine_config(st.sched, st.num_blocks, st.caching, st.eos, st.seed);
   ec.runner.device_sampling = st.device_sampling;
   Engine engine(model, ec);
   engine.start();
@@ -306,7 +307,7 @@ TEST(Engine, PrefixCachingReusesBlocksWithoutChangingOutputs) {
   // Same prompt, run one after the other in the same engine.
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, true, {}, std::nullopt});
+  Engine engine(model, engine_config(st.sched, st.num_blocks, true));
   engine.start();
   auto a = collect(*engine.submit(jobs[0].prompt, jobs[0].params));
   auto b = collect(*engine.submit(jobs[1].prompt, jobs[1].params));
@@ -321,7 +322,7 @@ TEST(Engine, AbortFreesBlocksAtOnce) {
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
   model.delay_us = 2000;
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
+  Engine engine(model, engine_config(st.sched, st.num_blocks));
   engine.start();
   SamplingParams p;
   p.max_tokens = 200;
@@ -416,7 +417,7 @@ TEST(Engine, RejectsInvalidRequests) {
   Rig st;
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
+  Engine engine(model, engine_config(st.sched, st.num_blocks));
   SamplingParams p;
   EXPECT_THROW(engine.submit({}, p), Error);
   EXPECT_THROW(engine.submit({1, 97}, p), Error);
@@ -427,13 +428,8 @@ TEST(Engine, RejectsInvalidRequests) {
   p.max_tokens = 0;
   EXPECT_THROW(engine.submit({1}, p), Error);
   // A max_model_len beyond the cache is refused at construction.
-  EXPECT_THROW(Engine(model, EngineConfig{{.max_num_batched_tokens = 8,
-                                           .max_num_seqs = 1,
-                                           .max_model_len = 64 * 16 + 1},
-                                          st.num_blocks,
-                                          false,
-                                          {},
-                                          std::nullopt}),
+  EXPECT_THROW(Engine(model, engine_config({.max_num_batched_tokens = 8, .max_num_seqs = 1, .max_model_len = 64 * 16 + 1},
+                                     st.num_blocks)),
                Error);
 }
 
@@ -442,7 +438,7 @@ TEST(Engine, AFailingStepFailsItsRequestsAndTheEngineGoesOn) {
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
   model.fail_on_token = 13;
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
+  Engine engine(model, engine_config(st.sched, st.num_blocks));
   engine.start();
   SamplingParams p;
   p.max_tokens = 4;
@@ -463,7 +459,7 @@ TEST(Engine, ProfilerWritesAChromeTrace) {
   Rig st;
   FakeModel model(st.vocab, st.block_size);
   model.allocate_caches({.num_blocks = st.num_blocks});
-  Engine engine(model, EngineConfig{st.sched, st.num_blocks, false, {}, std::nullopt});
+  Engine engine(model, engine_config(st.sched, st.num_blocks));
   engine.start();
   engine.start_profile();
   SamplingParams p;

@@ -7,10 +7,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "engine/engine.h"
 #include "model/model.h"
 
 namespace sieve::engine::testing {
@@ -91,5 +94,18 @@ class FakeModel : public model::Model {
   model::CacheOptions opts_;
   std::vector<int32_t> slots_;
 };
+
+// An EngineConfig from the fields the tests choose, the others at their defaults (a brace list
+// would leave the later fields to -Wmissing-field-initializers).
+inline EngineConfig engine_config(const SchedulerConfig& scheduler, int64_t num_blocks, bool prefix_caching = false,
+                                  std::vector<int32_t> eos_ids = {}, std::optional<uint64_t> seed = std::nullopt) {
+  EngineConfig c;
+  c.scheduler = scheduler;
+  c.num_blocks = num_blocks;
+  c.enable_prefix_caching = prefix_caching;
+  c.eos_ids = std::move(eos_ids);
+  c.seed = seed;
+  return c;
+}
 
 }  // namespace sieve::engine::testing

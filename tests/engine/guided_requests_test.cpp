@@ -30,11 +30,8 @@ TEST(Guided, RequestsComeOutAsJsonObjectsOrAChoice) {
   model.allocate_caches({.num_blocks = 64});
   Engine engine(
       model,
-      EngineConfig{{.max_num_batched_tokens = 256, .max_num_seqs = 16, .max_model_len = 1024},
-                   64,
-                   false,
-                   {256},
-                   std::nullopt});
+      testing::engine_config({.max_num_batched_tokens = 256, .max_num_seqs = 16, .max_model_len = 1024}, 64,
+                             false, {256}));
   engine.start();
   auto json_c = guided::json_object_constraint(vocab);
   auto choice_c = guided::choice_constraint(vocab, {"yes", "no", "maybe not"});

@@ -210,7 +210,9 @@ TEST(Sampler, LargeVocabularyTopPMatchesTheDefinition) {
       EXPECT_TRUE(allowed.count(t)) << "trial " << trial << " token " << t;
       seen.insert(t);
     }
-    if (cut > 1) EXPECT_GT(seen.size(), 1u);
+    if (cut > 1) {
+      EXPECT_GT(seen.size(), 1u);
+    }
   }
 }
 

@@ -432,7 +432,7 @@ TEST(TinyModel, CommandLine) {
       << out;
 #endif
 
-  for (const std::string bad : std::vector<std::string>{
+  for (const std::string& bad : std::vector<std::string>{
            " make-tiny-model", " make-tiny-model --out " + dir + " --num-heads 3",
            " make-tiny-model --out " + dir + " --sparse-layers 9",
            " make-tiny-model --out " + dir + " --hidden-size abc",

@@ -34,7 +34,9 @@ TEST(BenchSelections, RowsAreValidForTheAttentionOp) {
         }
         ASSERT_GE(row[i], 0) << "row " << r;
         ASSERT_LT(row[i], n_blk) << "row " << r;  // causal
-        if (i > 0) ASSERT_LT(row[i - 1], row[i]) << "row " << r;  // sorted, unique
+        if (i > 0) {
+          ASSERT_LT(row[i - 1], row[i]) << "row " << r;  // sorted, unique
+        }
       }
       for (int b = std::max(0, n_blk - sh.local); b < n_blk; ++b)
         ASSERT_TRUE(std::find(row, row + want, b) != row + want) << "row " << r << " lacks local block " << b;

@@ -73,7 +73,9 @@ bool gpu_linear_case(const LinearCase& c, const std::string& what = "",
   Dev dlt = Dev::of(lt.empty() ? std::vector<float>{kNaN} : lt);
   if (!lt.empty()) p.w.scale_lt = dlt.as<float>();
   if (!cuda::run_linear(p, stream)) return false;
-  if (stream) EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  if (stream) {
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
   const TypedBuffer got = fetch(dy, c.yt, c.y.count);
   if (c.wt == DType::FP8_E4M3) {
     const LinearCase q = quantized_twin(c);

@@ -99,7 +99,9 @@ TEST(ModelCli, TwoNodesMeetOverLoopbackThenNeedTheirGpus) {
   for (const testing::CliResult* r : {&node0, &node1}) {
     EXPECT_NE(r->out.find("rendezvous: node"), std::string::npos) << r->out;
     EXPECT_EQ(r->rc, 2) << r->out;
-    if (cuda_device_count() == 0) EXPECT_NE(r->out.find("needs 1 CUDA device(s) for its ranks"), std::string::npos) << r->out;
+    if (cuda_device_count() == 0) {
+      EXPECT_NE(r->out.find("needs 1 CUDA device(s) for its ranks"), std::string::npos) << r->out;
+    }
   }
   testing::CliResult alone = run_sieve(std::string(kGenerate) + " -tp 2 --nnodes 2 --dist-timeout 1 --node-rank 0 "
                                        "--dist-init-addr 127.0.0.1:" + std::to_string(20000 + (::getpid() + 1) % 20000));

@@ -88,7 +88,7 @@ TEST(WeightFormats, RegroupCostOnTheBundledModel) {
   int64_t values = 0, inexact = 0;
   double err2 = 0, ref2 = 0;
   for (const auto& [name, t] : ck.tensors()) {
-    if (t.shape.size() != 2 || name.find("proj") == std::string::npos && name.find("experts") == std::string::npos)
+    if (t.shape.size() != 2 || (name.find("proj") == std::string::npos && name.find("experts") == std::string::npos))
       continue;
     const int64_t rows = t.shape[0], cols = t.shape[1];
     std::vector<float> v(size_t(rows * cols));

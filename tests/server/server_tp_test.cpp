@@ -33,11 +33,7 @@ TEST(ServerTensorParallel, ARankThatFailsAnswers503AndStopsTheEngine) {
   group.leader().allocate_caches({.num_blocks = 32});
   engine::Engine eng(
       group.leader(),
-      engine::EngineConfig{{.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256},
-                           32,
-                           false,
-                           {},
-                           std::nullopt});
+      engine::testing::engine_config({.max_num_batched_tokens = 64, .max_num_seqs = 8, .max_model_len = 256}, 32));
   ServerOptions so;
   so.port = 0;
   Server srv(eng, tok, so);
