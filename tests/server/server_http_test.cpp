@@ -50,7 +50,10 @@ TEST(ServerHttp, PromptLimitsAre400sNamingThePrompt) {
   Rig rig({}, 64);
   auto c = rig.client();
   std::string long_ids;
-  for (int i = 0; i < 70; ++i) long_ids += (i ? "," : "") + std::to_string(1 + i % 200);
+  for (int i = 0; i < 70; ++i) {
+    if (i) long_ids += ',';
+    long_ids += std::to_string(1 + i % 200);
+  }
   auto r = c.Post("/v1/completions", R"({"prompt":[)" + long_ids + "]}", "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 400) << r->body;

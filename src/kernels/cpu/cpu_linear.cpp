@@ -19,8 +19,14 @@ namespace {
 // Rows of w dequantized per call of run_matmul (keeps the fp32 copy of a tile small).
 constexpr int64_t kWeightTileRows = 256;
 
+// (Appended piece by piece: "[" + std::string gives g++ 12 a false -Wrestrict warning.)
 std::string shape_text(int64_t r, int64_t c) {
-  return "[" + std::to_string(r) + ", " + std::to_string(c) + "]";
+  std::string s = "[";
+  s += std::to_string(r);
+  s += ", ";
+  s += std::to_string(c);
+  s += "]";
+  return s;
 }
 
 }  // namespace
