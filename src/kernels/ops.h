@@ -145,11 +145,9 @@ std::vector<float> fp8_scales_kmajor(const float* scale, int64_t rows, int64_t c
 // rows): block rb holds units u0 = 128 rb .. u0 + 127 as [gate u0..u0+63 | up u0..u0+63 |
 // gate u0+64.. | up u0+64..], rbs = ceil(I / 128); down ([H, cols]): block rb holds rows
 // 256 rb .. + 255, rbs = ceil(H / 256). Slots of rows past the matrix hold 0.
-// fp8_moe_tiled_size: the array's floats; fp8_moe_tiled_index: where row n's scale of k block kb
-// sits (rows: the matrix's, 2 I or H); fp8_scales_moe_tiled: the row-major [rows][ceil(cols / 128)]
-// host copy `scale` rearranged.
+// fp8_moe_tiled_size: the array's floats (rows: the matrix's, 2 I or H); fp8_scales_moe_tiled:
+// the row-major [rows][ceil(cols / 128)] host copy `scale` rearranged.
 int64_t fp8_moe_tiled_size(int64_t rows, int64_t cols, bool gate_up);
-int64_t fp8_moe_tiled_index(int64_t n, int64_t kb, int64_t rows, int64_t cols, bool gate_up);
 std::vector<float> fp8_scales_moe_tiled(const float* scale, int64_t rows, int64_t cols, bool gate_up);
 
 // Activations quantized for the FP8 GEMMs: per-token groups of 128 columns (1 x 128).

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -134,9 +135,21 @@ TEST(CpuMoeExpertsFp8, TiledScalesGiveTheSameBytes) {
 
 // The tiled layout (ops::fp8_scales_moe_tiled, which the loader, the tests and the bench use) holds
 // row c of the kernels' 256-row block rb (moe_fp8_work.h: gate_up_row, down_row) at k block kb in
-// slot (rb * nkb + kb) * 256 + c, zeros for the absent rows; fp8_moe_tiled_index finds each row's.
-// Partial row blocks: inter 144 (and 200, 72), hidden 400.
+// slot (rb * nkb + kb) * 256 + c, zeros for the absent rows (the CPU op reads it back:
+// TiledScalesGiveTheSameBytes). Partial row blocks: inter 144 (and 200, 72), hidden 400.
 TEST(CpuMoeExpertsFp8, TiledLayoutIsTheKernelsRowOrder) {
+  // One product's tiled scales against its row-major ones; row_of: the kernels' row of a block row.
+  auto check = [](const std::vector<float>& tiled, const std::vector<float>& rowmajor, int64_t rbs, int64_t nkb,
+                  const std::function<int(int rb, int c, bool& ok)>& row_of) {
+    for (int rb = 0; rb < rbs; ++rb)
+      for (int64_t kb = 0; kb < nkb; ++kb)
+        for (int cc = 0; cc < 256; ++cc) {
+          bool ok;
+          const int n = row_of(rb, cc, ok);
+          const size_t slot = size_t((rb * nkb + kb) * 256 + cc);
+          ASSERT_EQ(tiled[slot], ok ? rowmajor[size_t(n * nkb + kb)] : 0.0f) << "rb " << rb << " kb " << kb << " c " << cc;
+        }
+  };
   for (int64_t I : {72, 144, 256}) {
     const int64_t H = 400, gh = ops::fp8_groups(H), gi = ops::fp8_groups(I);
     SCOPED_TRACE("inter " + std::to_string(I));
@@ -153,28 +166,8 @@ TEST(CpuMoeExpertsFp8, TiledLayoutIsTheKernelsRowOrder) {
     ASSERT_EQ(int64_t(dnt.size()), rb_dn * gi * 256);
     ASSERT_EQ(int64_t(dnt.size()), ops::fp8_moe_tiled_size(H, I, false));
     EXPECT_EQ(c.gu_scale_tiled[0], gut);
-    for (int rb = 0; rb < rb_gu; ++rb)
-      for (int64_t kb = 0; kb < gh; ++kb)
-        for (int cc = 0; cc < 256; ++cc) {
-          bool ok;
-          const int n = cuda::moe_fp8::gate_up_row(rb, cc, int(I), ok);
-          const size_t slot = size_t((rb * gh + kb) * 256 + cc);
-          ASSERT_EQ(gut[slot], ok ? gu[size_t(n * gh + kb)] : 0.0f) << "rb " << rb << " kb " << kb << " c " << cc;
-          if (ok) {
-            ASSERT_EQ(ops::fp8_moe_tiled_index(n, kb, 2 * I, H, true), int64_t(slot));
-          }
-        }
-    for (int rb = 0; rb < rb_dn; ++rb)
-      for (int64_t kb = 0; kb < gi; ++kb)
-        for (int cc = 0; cc < 256; ++cc) {
-          bool ok;
-          const int n = cuda::moe_fp8::down_row(rb, cc, int(H), ok);
-          const size_t slot = size_t((rb * gi + kb) * 256 + cc);
-          ASSERT_EQ(dnt[slot], ok ? dn[size_t(n * gi + kb)] : 0.0f) << "rb " << rb << " kb " << kb << " c " << cc;
-          if (ok) {
-            ASSERT_EQ(ops::fp8_moe_tiled_index(n, kb, H, I, false), int64_t(slot));
-          }
-        }
+    check(gut, gu, rb_gu, gh, [&](int rb, int cc, bool& ok) { return cuda::moe_fp8::gate_up_row(rb, cc, int(I), ok); });
+    check(dnt, dn, rb_dn, gi, [&](int rb, int cc, bool& ok) { return cuda::moe_fp8::down_row(rb, cc, int(H), ok); });
   }
 }
 

@@ -26,6 +26,32 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/moe_fp8_work.h"  // the CUDA MoE kernels' row order (plain C++), which the tiled scales follow
+
+namespace sieve {
+namespace {
+
+// The tiled layout of a routed expert's (1, 128) scales (ops::fp8_scales_moe_tiled): row blocks of
+// the kernels' 256 weight rows.
+int64_t tiled_row_blocks(int64_t rows, bool gate_up) { return gate_up ? (rows / 2 + 127) / 128 : (rows + 255) / 256; }
+
+// Every existing weight row's place in the tiled layout, in the kernels' own row order
+// (moe_fp8_work.h: gate_up_row, down_row): f(tiled slot, row-major index) for each row and k block.
+template <class F>
+void for_each_tiled_scale(int64_t rows, int64_t cols, bool gate_up, F&& f) {
+  const int64_t kb = ops::fp8_groups(cols);
+  for (int64_t rb = 0; rb < tiled_row_blocks(rows, gate_up); ++rb)
+    for (int c = 0; c < 256; ++c) {
+      bool ok;
+      const int64_t n = gate_up ? cuda::moe_fp8::gate_up_row(int(rb), c, int(rows / 2), ok)
+                                : cuda::moe_fp8::down_row(int(rb), c, int(rows), ok);
+      if (!ok) continue;
+      for (int64_t b = 0; b < kb; ++b) f((rb * kb + b) * 256 + c, n * kb + b);
+    }
+}
+
+}  // namespace
+}  // namespace sieve
 
 namespace sieve::cpu {
 
@@ -67,11 +93,8 @@ const float* matrix_as_f32(const void* w, const float* scale, DType t, int64_t r
   if (t == DType::F32) return static_cast<const float*>(w);
   out.resize(size_t(rows * cols));
   if (tiled && scale) {
-    const int64_t kb = ops::fp8_groups(cols);
-    scratch.resize(size_t(rows * kb));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t b = 0; b < kb; ++b)
-        scratch[size_t(r * kb + b)] = scale[ops::fp8_moe_tiled_index(r, b, rows, cols, gate_up)];
+    scratch.resize(size_t(rows * ops::fp8_groups(cols)));
+    for_each_tiled_scale(rows, cols, gate_up, [&](int64_t slot, int64_t i) { scratch[size_t(i)] = scale[slot]; });
     scale = scratch.data();
   }
   ops::WeightView v;
@@ -244,29 +267,13 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
 namespace sieve::ops {
 
 int64_t fp8_moe_tiled_size(int64_t rows, int64_t cols, bool gate_up) {
-  const int64_t rbs = gate_up ? (rows / 2 + 127) / 128 : (rows + 255) / 256;
-  return rbs * fp8_groups(cols) * 256;
-}
-
-int64_t fp8_moe_tiled_index(int64_t n, int64_t kb, int64_t rows, int64_t cols, bool gate_up) {
-  int64_t rb, c;
-  if (gate_up) {  // the inverse of the kernels' gate_up_row
-    const int64_t I = rows / 2, half = n >= I ? 1 : 0, unit = n - half * I, u = unit % 128;
-    rb = unit / 128;
-    c = (u / 64) * 128 + half * 64 + u % 64;
-  } else {
-    rb = n / 256;
-    c = n % 256;
-  }
-  return (rb * fp8_groups(cols) + kb) * 256 + c;
+  return tiled_row_blocks(rows, gate_up) * fp8_groups(cols) * 256;
 }
 
 std::vector<float> fp8_scales_moe_tiled(const float* scale, int64_t rows, int64_t cols, bool gate_up) {
   SIEVE_CHECK(!gate_up || rows % 2 == 0, "fp8_scales_moe_tiled: gate_up has an even row count");
-  const int64_t kb = fp8_groups(cols);
   std::vector<float> out(size_t(fp8_moe_tiled_size(rows, cols, gate_up)), 0.0f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < kb; ++b) out[size_t(fp8_moe_tiled_index(r, b, rows, cols, gate_up))] = scale[r * kb + b];
+  for_each_tiled_scale(rows, cols, gate_up, [&](int64_t slot, int64_t i) { out[size_t(slot)] = scale[i]; });
   return out;
 }
 
