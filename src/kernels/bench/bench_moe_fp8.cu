@@ -289,7 +289,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
     // The same scales tiled (ops::fp8_scales_moe_tiled), as the model uploads them.
     const size_t gut_n = size_t(ops::fp8_moe_tiled_size(2 * I, H, true));
     const size_t dnt_n = size_t(ops::fp8_moe_tiled_size(H, I, false));
-    DevMem sgu_km(gut_n * 4 * E), sdn_km(dnt_n * 4 * E);
+    DevMem sgu_tiled(gut_n * 4 * E), sdn_tiled(dnt_n * 4 * E);
     auto tiled_copy = [&](const DevMem& src, DevMem& dst, int64_t n_rows, int64_t k, bool gate_up, size_t per_t) {
       const size_t per = size_t(n_rows * ((k + 127) / 128));
       std::vector<float> h(per * E);
@@ -300,20 +300,20 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
                    "bench scales");
       }
     };
-    tiled_copy(sgu, sgu_km, 2 * I, H, true, gut_n);
-    tiled_copy(sdn, sdn_km, H, I, false, dnt_n);
-    std::vector<const float*> gus_km(E), dns_km(E);
+    tiled_copy(sgu, sgu_tiled, 2 * I, H, true, gut_n);
+    tiled_copy(sdn, sdn_tiled, H, I, false, dnt_n);
+    std::vector<const float*> gus_tiled(E), dns_tiled(E);
     for (int e = 0; e < E; ++e) {
-      gus_km[size_t(e)] = static_cast<float*>(sgu_km.p) + gut_n * e;
-      dns_km[size_t(e)] = static_cast<float*>(sdn_km.p) + dnt_n * e;
+      gus_tiled[size_t(e)] = static_cast<float*>(sgu_tiled.p) + gut_n * e;
+      dns_tiled[size_t(e)] = static_cast<float*>(sdn_tiled.p) + dnt_n * e;
     }
-    DevMem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8), d_gus_km(E * 8), d_dns_km(E * 8);
+    DevMem d_gu(E * 8), d_dn(E * 8), d_gus(E * 8), d_dns(E * 8), d_gus_tiled(E * 8), d_dns_tiled(E * 8);
     cuda_check(cudaMemcpy(d_gu.p, gu_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_dn.p, dn_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_gus.p, gus_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     cuda_check(cudaMemcpy(d_dns.p, dns_p.data(), E * 8, cudaMemcpyHostToDevice), "upload");
-    cuda_check(cudaMemcpy(d_gus_km.p, gus_km.data(), E * 8, cudaMemcpyHostToDevice), "upload");
-    cuda_check(cudaMemcpy(d_dns_km.p, dns_km.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(d_gus_tiled.p, gus_tiled.data(), E * 8, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(d_dns_tiled.p, dns_tiled.data(), E * 8, cudaMemcpyHostToDevice), "upload");
     std::mt19937 rng(77);
     for (int tokens : {1, 32, 256, 1024, 8192}) {
       const std::string shape = std::to_string(tokens) + " tokens " + rank;
@@ -362,10 +362,10 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       // stream kernels) and at 32 tokens the stream kernels without PDL.
       const bool stream_default = int64_t(tokens) * K <= int64_t(cuda::tuning().moe.fp8_stream_pairs_per_expert) * E;
       // At prefill sizes also the tile kernels' other scale layouts and map sources
-      // (MoeTuning::fp8_tile_*; the default: bulk copies of the tiled weight scales and k-block-major token scales, parameter maps): the
-      // row-major scales and device-written maps are the kernels before; under a graph the
-      // parameter maps are not used (they read the expert pointers on the host), so the graph
-      // row times the device maps.
+      // (MoeTuning::fp8_tile_*; the default: bulk copies of the tiled weight scales and the
+      // k-block-major token scales, parameter maps): the row-major scales and device-written maps
+      // are the kernels before; under a graph the parameter maps are not used (they read the
+      // expert pointers on the host), so the graph row times the device maps.
       struct Variant {
         int path;  // MoeTuning::fp8_path
         bool pdl, graph;
@@ -424,8 +424,8 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // (The tile kernels' row-major scale mode takes row-major weight scales only.)
         const bool rowmajor = v.rowmajor || !v.kmajor;
         p.scale_tiled = !rowmajor;
-        p.w_gate_up_scale = static_cast<const float* const*>(rowmajor ? d_gus.p : d_gus_km.p);
-        p.w_down_scale = static_cast<const float* const*>(rowmajor ? d_dns.p : d_dns_km.p);
+        p.w_gate_up_scale = static_cast<const float* const*>(rowmajor ? d_gus.p : d_gus_tiled.p);
+        p.w_down_scale = static_cast<const float* const*>(rowmajor ? d_dns.p : d_dns_tiled.p);
         Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;
         r.input_sets = 1;
