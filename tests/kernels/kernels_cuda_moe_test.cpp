@@ -124,29 +124,21 @@ struct DevMoe {
         aq(size_t(cd.s.T * cd.s.K * cd.s.I)),
         as(size_t(cd.s.T * cd.s.K * ((cd.s.I + 127) / 128)) * 4),
         out(Dev::of(cd.out0)) {
-    std::vector<const void*> gu_d, dn_d;
-    std::vector<const float*> gus_d, dns_d;
-    for (int e = 0; e < c.s.E; ++e) {
-      gu.push_back(Dev::of(c.gu[size_t(e)]));
-      dn.push_back(Dev::of(c.dn[size_t(e)]));
-      gus.push_back(Dev::of(c.gu_scale[size_t(e)]));
-      dns.push_back(Dev::of(c.dn_scale[size_t(e)]));
-      gu_d.push_back(gu.back().p());
-      dn_d.push_back(dn.back().p());
-      gus_d.push_back(gus.back().as<float>());
-      dns_d.push_back(dns.back().as<float>());
+    gup = upload_each(c.gu, gu), dnp = upload_each(c.dn, dn);
+    gusp = upload_each(c.gu_scale, gus), dnsp = upload_each(c.dn_scale, dns);
+    if (!c.gu_scale_tiled.empty())
+      gusp_tiled = upload_each(c.gu_scale_tiled, gus_tiled), dnsp_tiled = upload_each(c.dn_scale_tiled, dns_tiled);
+  }
+  // Each of an expert list's host arrays on the device (kept in `arrays`), and the device array of
+  // their addresses (what MoeExpertsParams points to).
+  template <class H>
+  static Dev upload_each(const std::vector<H>& host, std::vector<Dev>& arrays) {
+    std::vector<const void*> ptrs;
+    for (const H& h : host) {
+      arrays.push_back(Dev::of(h));
+      ptrs.push_back(arrays.back().p());
     }
-    gup = Dev::of(gu_d), dnp = Dev::of(dn_d), gusp = Dev::of(gus_d), dnsp = Dev::of(dns_d);
-    if (!c.gu_scale_tiled.empty()) {
-      std::vector<const float*> gk, dk;
-      for (int e = 0; e < c.s.E; ++e) {
-        gus_tiled.push_back(Dev::of(c.gu_scale_tiled[size_t(e)]));
-        dns_tiled.push_back(Dev::of(c.dn_scale_tiled[size_t(e)]));
-        gk.push_back(gus_tiled.back().as<float>());
-        dk.push_back(dns_tiled.back().as<float>());
-      }
-      gusp_tiled = Dev::of(gk), dnsp_tiled = Dev::of(dk);
-    }
+    return Dev::of(ptrs);
   }
   // tiled: the tiled copies of the scales (FP8 with (1, 128) blocks).
   ops::MoeExpertsParams params(bool tiled = false) const {
