@@ -45,6 +45,24 @@
 namespace sieve::cli {
 namespace {
 
+// The step's default overrides (index sharing every 4 sparse layers) merged under the user's.
+std::string bench_step_overrides(const std::string& user) {
+  nlohmann::json ov = {{"use_index_cache", true}, {"index_topk_freq", 4}};
+  if (user.empty()) return ov.dump();
+  nlohmann::json u;
+  try {
+    u = nlohmann::json::parse(user);
+  } catch (const nlohmann::json::exception&) {
+    return user;  // the config loader names the error
+  }
+  if (!u.is_object()) return user;
+  const nlohmann::json* flat = u.contains("text_config") && u["text_config"].is_object() ? &u["text_config"] : &u;
+  for (const char* k : {"use_index_cache", "index_topk_freq"})
+    if (u.contains(k) || flat->contains(k)) ov.erase(k);
+  ov.update(u);
+  return ov.dump();
+}
+
 using nlohmann::json;
 using step_timing::clock_type;
 using step_timing::Marks;
@@ -404,8 +422,10 @@ int run_bench_step(const std::vector<std::string>& argv) {
 
   model::LoadOptions lo = model_load_options(a);
   if (!a.has("--load-format")) lo.load_format = "dummy";
-  // The issue's workload shares the index top-k over 4 sparse layers (spec §3.4, ATOM's recipe).
-  if (!a.has("--hf-overrides")) lo.hf_overrides = R"({"use_index_cache": true, "index_topk_freq": 4})";
+  // The benchmark's workload shares the index top-k over 4 sparse layers (spec §3.4, ATOM's recipe).
+  // Those two keys lie under the user's --hf-overrides (which win where they name them), so a run
+  // that cuts the layers (`{"num_hidden_layers": 30}`) times the same workload.
+  lo.hf_overrides = bench_step_overrides(a.has("--hf-overrides") ? a.get("--hf-overrides") : "");
   std::unique_ptr<engine::RankGroup> group;
   std::unique_ptr<model::Model> alone;
   if (group_tp > 1) {
