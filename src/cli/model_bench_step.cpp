@@ -170,14 +170,36 @@ std::string family_of(const std::string& op, const ModelConfig& c, bool dense, i
   return "norms and the rest";
 }
 
+// One op name's share of an eager step (--ops).
+struct OpTotal {
+  double ms = 0;
+  int calls = 0;
+};
+
+// The --ops table: each op name's eager milliseconds and calls, largest first.
+nlohmann::json ops_table(const std::string& title, const std::map<std::string, OpTotal>& by_op, bool print) {
+  std::vector<std::pair<std::string, OpTotal>> v(by_op.begin(), by_op.end());
+  std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+  nlohmann::json out = nlohmann::json::array();
+  if (print) std::printf("  %s\n  %-44s %10s %8s %10s\n", title.c_str(), "family / op", "ms", "calls", "us a call");
+  for (const auto& [name, t] : v) {
+    out.push_back({{"op", name}, {"ms", t.ms}, {"calls", t.calls}});
+    if (print)
+      std::printf("  %-44s %10.3f %8d %10.2f\n", name.c_str(), t.ms, t.calls, t.calls ? t.ms * 1e3 / t.calls : 0.0);
+  }
+  return out;
+}
+
 struct OpRecord {
   std::string op;
   int mark = 0;
 };
 
-// Runs `in` once eagerly with a mark after every op; returns each family's milliseconds.
+// Runs `in` once eagerly with a mark after every op; returns each family's milliseconds (and,
+// with by_op, each op name's).
 std::map<std::string, double> per_family_ms(engine::Runner& r, const engine::StepInputs& in, const ModelConfig& c,
-                                            bool dense, Marks& marks) {
+                                            bool dense, Marks& marks,
+                                            std::map<std::string, OpTotal>* by_op = nullptr) {
   marks.clear();
   std::vector<OpRecord> ops;
   int start = -1;
@@ -200,7 +222,14 @@ std::map<std::string, double> per_family_ms(engine::Runner& r, const engine::Ste
   int attention_seen = 0;
   int prev = start;
   for (const OpRecord& o : ops) {
-    ms[family_of(o.op, c, dense, &attention_seen)] += marks.ms(prev, o.mark);
+    const double t = marks.ms(prev, o.mark);
+    const std::string fam = family_of(o.op, c, dense, &attention_seen);
+    ms[fam] += t;
+    if (by_op) {
+      OpTotal& ot = (*by_op)[fam + " / " + o.op];
+      ot.ms += t;
+      ++ot.calls;
+    }
     prev = o.mark;
   }
   return ms;
@@ -367,6 +396,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
            "speedup: vLLM's {\"method\": \"eagle3\" or \"ngram\", \"num_speculative_tokens\": K, \"model\": DRAFT "
            "(eagle3, optional: without it a draft of the published MiniMax-M3 EAGLE3 shape)}")
       .flag({"--dense"}, "select every block in sparse layers")
+      .flag({"--ops"}, "also print each op's eager time and calls in the decode step and the prefill chunk (largest first)")
       .opt({"--top-k"}, "N",
            "decode rows sample with top-k N (1.." + std::to_string(ops::kMaxDeviceTopK) +
                ", the sample op's filtered draw; 0: a plain draw); MiniMax's generation_config has 40",
@@ -558,7 +588,10 @@ int run_bench_step(const std::vector<std::string>& argv) {
   const std::vector<ops::SampleRow> dec_rows = drawn_rows(size_t(batch));
   const StepTimes dec_dev = time_steps(graphed, dec, nullptr, iters, marks, logits, &dec_rows);
   memory_note("after the graphed decode steps");
-  const auto dec_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, dec, cfg, co.dense, eager_marks);
+  const bool by_ops = a.get_flag("--ops");
+  std::map<std::string, OpTotal> dec_ops, pre_ops;
+  const auto dec_fam = group ? std::map<std::string, double>{}
+                             : per_family_ms(eager, dec, cfg, co.dense, eager_marks, by_ops ? &dec_ops : nullptr);
   memory_note("after the eager decode step");
   const auto dec_cost = step_costs(cfg, layout, dshape, fp8, fp8_experts, kvb, ixb);
   double dec_bytes = 0;
@@ -599,6 +632,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
   d["families"] = table("decode step: " + std::to_string(batch) + " sequences at " + std::to_string(context) +
                             " tokens (per-op times from an eager run with events around every op)",
                         dec_fam, dec_cost, rates, fp8, fp8_experts, print);
+  if (by_ops) d["ops"] = ops_table("decode step, each op (eager, events around every op):", dec_ops, print);
   d["step_ms"] = dec_step;
   d["bytes"] = dec_bytes;
   d["floor_ms"] = dec_floor;
@@ -842,12 +876,14 @@ int run_bench_step(const std::vector<std::string>& argv) {
       eager.set_phase_observer({});
       if (i > 0) pre_ms.push_back(eager_marks.ms(up, comp));
     }
-    const auto pre_fam = group ? std::map<std::string, double>{} : per_family_ms(eager, pre, cfg, co.dense, eager_marks);
+    const auto pre_fam = group ? std::map<std::string, double>{}
+                               : per_family_ms(eager, pre, cfg, co.dense, eager_marks, by_ops ? &pre_ops : nullptr);
     const auto pre_cost = step_costs(cfg, layout, ps, fp8, fp8_experts, kvb, ixb);
     json p;
     p["tokens"] = prefill;
     p["families"] = table("prefill chunk: " + std::to_string(prefill) + " tokens of one sequence from position 0", pre_fam,
                           pre_cost, rates, fp8, fp8_experts, print);
+    if (by_ops) p["ops"] = ops_table("prefill chunk, each op (eager, events around every op):", pre_ops, print);
     double fl = 0;
     for (const auto& [k, c] : pre_cost) fl += floor_ms(c, k == "GEMMs" ? fp8 : k == "MoE" ? fp8_experts : false, rates);
     p["step_ms"] = median(pre_ms);

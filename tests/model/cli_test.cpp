@@ -173,7 +173,7 @@ TEST(ModelCli, DummyWeightsOfThePublishedConfig) {
 TEST(ModelCli, BenchStepReportsEveryFamily) {
   testing::CliResult r = run_sieve(std::string("bench step --model ") + SIEVE_SOURCE_DIR +
                                    "/models/minimax-m3-tiny --load-format auto --device cpu --batch 3 --context 300 "
-                                   "--prefill 130 --iters 1 --kv-cache-dtype bf16 --tp-rank-of 2 --json");
+                                   "--prefill 130 --iters 1 --kv-cache-dtype bf16 --tp-rank-of 2 --ops --json");
   ASSERT_EQ(r.rc, 0) << r.out;
   const size_t open = r.out.find("{\n");
   ASSERT_NE(open, std::string::npos) << r.out;
@@ -189,6 +189,17 @@ TEST(ModelCli, BenchStepReportsEveryFamily) {
       sum += f["time_ms"].get<double>();
     }
     EXPECT_GT(sum, 0.0);
+    // --ops: each op name with its calls; their times add up to the families'.
+    ASSERT_TRUE(j[part].contains("ops")) << r.out;
+    double ops_sum = 0;
+    for (const auto& o : j[part]["ops"]) {
+      EXPECT_GT(o["calls"].get<int>(), 0) << o.dump();
+      ops_sum += o["ms"].get<double>();
+    }
+    double eager_sum = 0;
+    for (const auto& f : fams)
+      if (f["family"].get<std::string>().rfind("sampling", 0) != 0) eager_sum += f["time_ms"].get<double>();
+    EXPECT_NEAR(ops_sum, eager_sum, 1e-6 + 1e-6 * eager_sum) << r.out;
     EXPECT_GT(j[part]["step_ms"].get<double>(), 0.0);
     EXPECT_GT(j[part]["floor_ms"].get<double>(), 0.0);
   }
