@@ -889,9 +889,18 @@ int run_bench_step(const std::vector<std::string>& argv) {
     p["step_ms"] = median(pre_ms);
     p["floor_ms"] = fl;
     p["tokens_per_s"] = double(prefill) / (median(pre_ms) * 1e-3);
+    // The chunk's all-reduces carry `prefill` rows each: at 8192 tokens 256 x a decode step's.
+    const double pre_comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * allreduce_ms(double(prefill));
+    p["projected_ms"] = median(pre_ms) + pre_comm;
+    p["comm_ms"] = pre_comm;
     if (print)
       std::printf("  %-20s %10.3f %12s %12s %10.3f %8.2f   (eager, median of %lld; %.0f tokens/s)\n", "step",
                   median(pre_ms), "", "", fl, fl > 0 ? median(pre_ms) / fl : 0.0, pre_iters, double(prefill) / (median(pre_ms) * 1e-3));
+    if (print && !group && tp > 1)
+      std::printf("  projected chunk for %lld ranks: %.3f ms = step %.3f + %d all-reduces x %.4f ms (%.1f MB of fp32 hidden "
+                  "states each) (%.0f tokens/s)\n",
+                  tp, median(pre_ms) + pre_comm, median(pre_ms), 2 * cfg.num_hidden_layers, allreduce_ms(double(prefill)),
+                  double(prefill) * double(cfg.hidden_size) * 4 / 1e6, double(prefill) / ((median(pre_ms) + pre_comm) * 1e-3));
     out["prefill"] = p;
   }
   if (!print) std::printf("%s\n", out.dump(2).c_str());

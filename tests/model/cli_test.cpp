@@ -205,6 +205,10 @@ TEST(ModelCli, BenchStepReportsEveryFamily) {
   }
   EXPECT_EQ(j["tp_rank_of"], 2);
   EXPECT_EQ(j["projection"]["allreduces"], 12);  // 2 per layer of 6
+  // The prefill chunk's projection: its 12 all-reduces of 130 rows each.
+  EXPECT_GT(j["prefill"]["comm_ms"].get<double>(), 0.0);
+  EXPECT_NEAR(j["prefill"]["projected_ms"].get<double>(),
+              j["prefill"]["step_ms"].get<double>() + j["prefill"]["comm_ms"].get<double>(), 1e-9);
   EXPECT_GT(j["projected_tpot_ms"].get<double>(), j["decode"]["step_ms"].get<double>());
 }
 
