@@ -600,18 +600,18 @@ TEST(CudaAttention, L2EvictFirstMatchesCpu) {
   }
 }
 
-// The prefill tiles (attention_prefill.cu: 8 tokens a CTA over the union of their blocks),
-// forced for every batch they support: prompts and chunks after cached prefixes with lengths at
-// and around block boundaries (the request's last block partial or full), a single new token,
-// decode rows, sparse and dense, bf16 and fp8 caches, f32 and bf16 outputs, two kv heads, topk
-// 32 (a tile's 256 pairs) and 5, widely spread fp8 scales; then the automatic rule on a
-// 1500-token prompt.
-TEST(CudaAttentionPrefill, TilesMatchCpu) {
-  SKIP_WITHOUT_GPU();
+// The prefill tiles (attention_prefill.cu: a CTA's 128 MMA rows are the tokens x q heads of one
+// kv head over the union of their blocks; 8 tokens x 16 heads or 16 tokens x 8 heads), forced for
+// every batch they support: prompts and chunks after cached prefixes with lengths at and around
+// block boundaries (the request's last block partial or full), a single new token, decode rows,
+// sparse and dense, bf16 and fp8 caches, f32 and bf16 outputs, two kv heads, a tile's 256 pairs
+// (topk 32 with 16 heads, 16 with 8) and topk 5, widely spread fp8 scales; then the automatic
+// rule on a 1500-token prompt. `group`: q heads per kv head.
+void check_prefill_tiles(int group, uint64_t seed) {
+  SCOPED_TRACE("q heads per kv head " + std::to_string(group));
   cuda::Tuning t;
   t.attention.prefill_tiles = 1;
   auto scope = std::make_unique<cuda::TuningScope>(t);
-  uint64_t seed = 8000;
   const std::vector<std::vector<SeqSpec>> sets = {
       kPrefillSpecs,
       {{0, 127}, {0, 128}, {0, 129}, {128, 128}, {255, 257}, {2047, 2}, {3000, 333}},
@@ -625,17 +625,18 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
         for (DType out : {DType::F32, DType::BF16}) {
           AttnCase c;
           c.specs = specs;
+          c.nq = group;
           c.kv = kvd;
           c.sparse = sparse;
           c.out = out;
           check_attention(c, seed++);
         }
   for (DType kvd : {DType::BF16, DType::FP8_E4M3})
-    for (int topk : {32, 5}) {
+    for (int topk : {256 / (128 / group), 5}) {
       AttnCase c;
       c.specs = {{0, 700}, {1500, 77}, {129, 1}};
       c.kv = kvd;
-      c.nq = 32, c.nkv = 2;
+      c.nq = 2 * group, c.nkv = 2;
       c.topk = topk;
       check_attention(c, seed++);
     }
@@ -643,6 +644,7 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
   for (bool sparse : {true, false}) {
     AttnCase c;
     c.specs = {{0, 600}, {2000, 300}};
+    c.nq = group;
     c.kv = DType::FP8_E4M3;
     c.sparse = sparse;
     c.scale_spread = 20.f;
@@ -652,28 +654,85 @@ TEST(CudaAttentionPrefill, TilesMatchCpu) {
   for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
     AttnCase c;
     c.specs = {{0, 1500}};
+    c.nq = group;
     c.kv = kvd;
     check_attention(c, seed++);
   }
 }
 
+TEST(CudaAttentionPrefill, TilesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_prefill_tiles(16, 8000);
+}
+
+// One TP8 rank's shape: 8 q heads per kv head (tiles of 16 tokens, two a warp).
+TEST(CudaAttentionPrefill, TilesOfEightHeadsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_prefill_tiles(8, 8800);
+}
+
+// The tiles take 16 or 8 q heads per kv head (with at most 256 (token, topk entry) pairs a tile)
+// and leave other groups to the decode kernel.
+TEST(CudaAttentionPrefill, SupportedGroups) {
+  SKIP_WITHOUT_GPU();
+  for (DType kvd : {DType::BF16, DType::FP8_E4M3}) {
+    SCOPED_TRACE("kv " + name(kvd));
+    float scale = 1.f;
+    char cache[16] = {};
+    ops::AttentionParams p;
+    p.q_dtype = DType::BF16;
+    p.out_dtype = DType::BF16;
+    p.head_dim = 128;
+    p.kv.dtype = kvd;
+    p.kv.k = p.kv.v = cache;
+    p.kv.k_scale = p.kv.v_scale = kvd == DType::FP8_E4M3 ? &scale : nullptr;
+    p.kv.num_blocks = 1;
+    p.kv.block_size = 128;
+    p.kv.num_kv_heads = 1;
+    p.kv.head_dim = 128;
+    int32_t topk = 0;
+    auto supported = [&](int nq, int nkv, int k) {
+      p.num_q_heads = nq, p.num_kv_heads = nkv;
+      p.kv.num_kv_heads = nkv;
+      p.topk_idx = k > 0 ? &topk : nullptr;
+      p.topk = k;
+      return cuda::prefill_attention_supported(p);
+    };
+    EXPECT_TRUE(supported(16, 1, 0));
+    EXPECT_TRUE(supported(16, 1, 32));
+    EXPECT_FALSE(supported(16, 1, 33));
+    EXPECT_TRUE(supported(64, 4, 16));
+    EXPECT_TRUE(supported(8, 1, 0));
+    EXPECT_TRUE(supported(8, 1, 16));
+    EXPECT_FALSE(supported(8, 1, 17));  // 16 tokens x 17 > 256 pairs
+    EXPECT_TRUE(supported(16, 2, 16));
+    EXPECT_FALSE(supported(4, 1, 0));
+    EXPECT_FALSE(supported(4, 1, 16));
+    EXPECT_FALSE(supported(32, 1, 0));
+    EXPECT_FALSE(supported(12, 1, 0));
+    EXPECT_FALSE(supported(24, 2, 0));
+  }
+}
+
 // A few small prefill batches through the tiles (the compute-sanitizer runs use this one):
 // partial last blocks, chunks after prefixes (the long one with solo blocks), bf16 and fp8,
-// sparse and dense.
+// sparse and dense; 16 and 8 q heads per kv head.
 TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
   SKIP_WITHOUT_GPU();
   cuda::Tuning t;
   t.attention.prefill_tiles = 1;
   cuda::TuningScope scope(t);
   uint64_t seed = 8500;
-  for (DType kvd : {DType::BF16, DType::FP8_E4M3})
-    for (bool sparse : {true, false}) {
-      AttnCase c;
-      c.specs = {{0, 45}, {300, 20}, {2100, 9}, {20000, 24}};
-      c.kv = kvd;
-      c.sparse = sparse;
-      check_attention(c, seed++);
-    }
+  for (int group : {16, 8})
+    for (DType kvd : {DType::BF16, DType::FP8_E4M3})
+      for (bool sparse : {true, false}) {
+        AttnCase c;
+        c.specs = {{0, 45}, {300, 20}, {2100, 9}, {20000, 24}};
+        c.nq = group;
+        c.kv = kvd;
+        c.sparse = sparse;
+        check_attention(c, seed++);
+      }
 }
 
 // The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps

@@ -136,6 +136,9 @@ struct Set {
 struct Case {
   BatchShape shape;
   bool fp8 = false;
+  // Attention's q heads (one kv head): 16 at one TP4 rank, 8 at one TP8 rank (the q and out
+  // buffers hold 16).
+  int q_heads = 16;
   bool need_kv = true, need_index = true;
   int64_t blocks_per_set = 0;
   std::vector<Set> sets;
@@ -241,11 +244,11 @@ struct Case {
     ops::AttentionParams p;
     p.q = st.q->p;
     p.q_dtype = DType::BF16;
-    p.q_stride = 16 * 128;
+    p.q_stride = int64_t(q_heads) * 128;
     p.out = st.out->p;
     p.out_dtype = DType::BF16;
-    p.out_stride = 16 * 128;
-    p.num_q_heads = 16;
+    p.out_stride = int64_t(q_heads) * 128;
+    p.num_q_heads = q_heads;
     p.num_kv_heads = 1;
     p.head_dim = 128;
     p.sm_scale = float(1.0 / std::sqrt(128.0));
@@ -283,9 +286,9 @@ struct Case {
   double attn_bytes(bool sparse) const {
     // Decode: every attended key's K and V row (+ scales) once; q and out once.
     const double per_key = 2.0 * 128 * (fp8 ? 1 : 2) + (fp8 ? 8 : 0);
-    return attended_keys(sparse) * per_key + double(T) * 16 * 128 * 2 * 2;
+    return attended_keys(sparse) * per_key + double(T) * q_heads * 128 * 2 * 2;
   }
-  double attn_flops(bool sparse) const { return attended_keys(sparse) * 16 * 128 * 4; }
+  double attn_flops(bool sparse) const { return attended_keys(sparse) * q_heads * 128 * 4; }
   double index_flops() const { return attended_keys(false) * 128 * 2; }
 };
 

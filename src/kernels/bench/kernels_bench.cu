@@ -421,24 +421,28 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
     }
   }
 
-  // ---- Prefill.
+  // ---- Prefill. Attention at one TP4 rank's shape (16 q heads, one kv head), and the 8192-token
+  // prompt again at one TP8 rank's (8 q heads: shape "8192 new tp8"; no indexer rows, the
+  // indexer's shape is the same at both).
   struct PShape {
     int cached, n;
+    int q_heads = 16;
   };
-  for (const auto& ps : std::vector<PShape>{{0, 8192}, {0, 32768}, {57344, 8192}}) {
+  for (const auto& ps : std::vector<PShape>{{0, 8192}, {0, 32768}, {57344, 8192}, {0, 8192, 8}}) {
     for (bool fp8 : {false, true}) {
       Case c;
       c.shape = prefill_shape(ps.cached, ps.n);
       c.fp8 = fp8;
+      c.q_heads = ps.q_heads;
       const std::string dt = fp8 ? "fp8" : "bf16";
-      const std::string shape = ctx_name(c.shape);
+      const std::string shape = ctx_name(c.shape) + (ps.q_heads == 8 ? " tp8" : "");
       if (!wanted(opt, "prefill " + shape + " " + dt)) continue;
       if (fp8 && ps.n != 8192) continue;  // fp8 prefill: the 8192-token chunks
       c.build(uint64_t(ps.cached) + ps.n + fp8, l2);
       const int sets = int(c.sets.size());
       const double ifl = c.index_flops() / rate * 1e6;
       Row r{"prefill indexer", shape, dt, "eager", 0, ifl, "flops"};
-      const bool index_rows = row_wanted(opt, r.kernel);
+      const bool index_rows = row_wanted(opt, r.kernel) && ps.q_heads == 16;
       if (!fp8 && ps.cached == 0) {
         r.target_us = ps.n == 8192 ? 35 : 280;
         r.target_note = "issue target";

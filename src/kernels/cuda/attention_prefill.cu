@@ -1,11 +1,14 @@
 // Paged GQA attention for prefill batches (ops::AttentionParams, block-sparse or dense, bf16 or
-// fp8 KV, 16 q heads per kv head, head_dim and block_size 128): query tiles that share K/V blocks.
+// fp8 KV, 16 or 8 q heads per kv head, head_dim and block_size 128): query tiles that share K/V
+// blocks.
 //
 // The decode kernel (attention.cu) gives every (query token, kv head) row its own CTAs, which
 // stream the row's blocks from L2; at 8192 prompt tokens that is ~8.6 GB of L2 reads for 148
 // GFLOP. Here one CTA takes a tile of 8 consecutive new tokens of one request (one kv head) and
 // walks the union of the blocks they attend to (sparse: the union of their topk_idx entries;
 // dense: blocks 0 .. the last token's block), loading each block once for all 8 tokens.
+// That is for G = 16 q heads per kv head (one TP4 rank of MiniMax-M3); with G = 8 (one TP8 rank)
+// the tile is 16 tokens and a warp's 16 MMA rows are two tokens' 8 heads (below: G = 8).
 //
 // CTA = 256 threads = two warpgroups, each owning 4 of the tile's tokens; which 4 is chosen per
 // tile: of the 35 ways to split the 8 tokens in two, the one with the fewest (warpgroup, block)
@@ -36,11 +39,19 @@
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
 // Union of a tile's selections: the (block, token) pairs of its topk_idx entries (entries < 0
-// or past the token's own block dropped) are ranked by the CTA (8 x topk <= 256 pairs), and a
-// block's tokens become an 8-bit mask. Blocks are visited in ascending order.
-// Grid: x = ceil(num_tokens / 8) + num_seqs (an upper bound on the tiles; CTAs past the last
-// tile exit), taken in reverse so the longest tiles of a prompt start first; y = kv head. One
-// CTA per SM (~226 KB of shared memory with bf16, ~162 KB with fp8).
+// or past the token's own block dropped) are ranked by the CTA (tile tokens x topk <= 256
+// pairs), and a block's tokens become an 8-bit (G = 16) or 16-bit (G = 8) mask. Blocks are
+// visited in ascending order.
+// G = 8: tile of 16 tokens; warpgroup w takes tokens 8 w .. 8 w + 7 (the consecutive split, no
+// search), its warp j tokens 8 w + 2 j (rows g of each lane: wgmma rows 16 j + g) and
+// 8 w + 2 j + 1 (rows g + 8), head g in both. The two rows of a lane keep their own m, l and O
+// as for G = 16, but masks are per row: a row whose token does not attend to the block (the
+// other row's token does) gets P = 0 and keeps its state (a row that has seen no key yet
+// subtracts 0 for its m = -inf), and the causal mask uses each row's own position. No solo
+// blocks (they take a whole warp for one token).
+// Grid: x = ceil(num_tokens / tile tokens) + num_seqs (an upper bound on the tiles; CTAs past
+// the last tile exit), taken in reverse so the longest tiles of a prompt start first; y = kv
+// head. One CTA per SM (~226 KB of shared memory with bf16, ~162 KB with fp8).
 // Precision: as the decode kernel's bf16 path: Q rounded to bf16, bf16 MMA with fp32
 // accumulation, P rounded to bf16 for P V (fp8: P * v_scale rounded to bf16; k_scale applied
 // to the fp32 scores), softmax and the running sums in fp32.
@@ -48,6 +59,7 @@
 #include <cudaTypedefs.h>
 
 #include <climits>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -61,23 +73,28 @@ namespace {
 
 constexpr int kBlock = 128;
 constexpr int kDim = 128;
-constexpr int kTileTokens = 8;
-constexpr int kHeads = 16;                  // q heads per kv head
 constexpr int kThreads = 256;               // two warpgroups
 constexpr int kChunk = kSwzHalfBytes;       // bytes: one 64-dim half of a 128-row bf16 tile (swz)
 constexpr int kTileBytes = 2 * kChunk;      // a 128 x 128 bf16 tile (Q, K or V)
-constexpr int kMaxPairs = 256;  // kTileTokens * topk
+constexpr int kMaxPairs = 256;  // tile tokens * topk
+// The rule's smallest prompt chunk (use_prefill_attention), whatever the tile's size.
+constexpr int kRuleMinChunk = 8;
+
+// The tile's tokens for G q heads per kv head: the CTA's 128 wgmma rows are tokens x heads.
+constexpr int tile_tokens(int g) { return 128 / g; }
 
 // Ring geometry: bf16 KV, 3 stages of K and V tiles filled by TMA; fp8 KV, 2 stages of the
-// converted tiles plus the block's 128 k and 128 v scales, filled by the CTA's threads.
-template <bool kFp8>
+// converted tiles plus the block's 128 k and 128 v scales, filled by the CTA's threads. Union
+// masks take kMaskBytes a block (a bit per tile token).
+template <bool kFp8, int kMaskBytes>
 struct PfGeo {
   static constexpr int kStages = kFp8 ? 2 : 3;
   static constexpr int kStageBytes = 2 * kTileBytes + (kFp8 ? 2 * kBlock * 4 : 0);
   // Shared memory: [Q tile][kStages x (K, V[, scales])][full barriers][union blocks][their
   // physical blocks][union masks][misc].
   static constexpr size_t kBarOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
-  static constexpr size_t kSmemBytes = kBarOffset + kStages * 8 + kMaxPairs * 8 + kMaxPairs + 32 * 4;
+  static constexpr size_t kSmemBytes =
+      kBarOffset + kStages * 8 + kMaxPairs * 8 + kMaxPairs * kMaskBytes + 32 * 4;
 };
 
 struct PfArgs {
@@ -114,9 +131,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
-template <bool kFp8, bool kSolo>
+// G: q heads per kv head, 16 or 8 (G = 8: a warp's 16 rows are two tokens' 8 heads, rows g and
+// g + 8 of a lane belonging to different tokens, so masks and softmax state are per row).
+template <int G, bool kFp8, bool kSolo>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+  static_assert(G == 16 || G == 8, "tiles of 8 tokens x 16 heads or 16 tokens x 8 heads");
+  static_assert(!kSolo || G == 16, "solo blocks run a whole warp's rows for one token");
+  constexpr int kTileTokens = tile_tokens(G);
+  constexpr int kTokBits = G == 16 ? 3 : 4;          // log2(kTileTokens)
+  constexpr int kAllSlots = (1 << kTileTokens) - 1;  // a tile's token slots as a bit set
+  using Mask = std::conditional_t<G == 16, uint8_t, uint16_t>;
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kvh = blockIdx.y;
@@ -146,17 +171,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ntok = min(kTileTokens, qlen - int(tile) * kTileTokens);
   const int pos0 = seq_len - qlen + int(tile) * kTileTokens;  // position of the tile's first token
   const int last_own = (pos0 + ntok - 1) / kBlock;
-  constexpr int kStages = PfGeo<kFp8>::kStages;
-  constexpr int kStageBytes = PfGeo<kFp8>::kStageBytes;
-  constexpr size_t kBarOffset = PfGeo<kFp8>::kBarOffset;
+  using Geo = PfGeo<kFp8, int(sizeof(Mask))>;
+  constexpr int kStages = Geo::kStages;
+  constexpr int kStageBytes = Geo::kStageBytes;
+  constexpr size_t kBarOffset = Geo::kBarOffset;
 
   uint8_t* qs = smem;
   uint8_t* stages = smem + kTileBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
   int* ublk = reinterpret_cast<int*>(full + kStages);
   int* uphys = ublk + kMaxPairs;
-  uint8_t* umask = reinterpret_cast<uint8_t*>(uphys + kMaxPairs);
-  // [0..7] per-warp scratch, [8] union size, [9] the first warpgroup's token slots (8-bit set),
+  Mask* umask = reinterpret_cast<Mask*>(uphys + kMaxPairs);
+  // [0..7] per-warp scratch, [8] union size, [9] the first warpgroup's token slots (bit set),
   // [10] the tile runs solo blocks,
   // [12 .. 12 + kStages) warps done with a stage's block
   int* misc = reinterpret_cast<int*>(umask + kMaxPairs);
@@ -182,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int slot = tid / a.topk, k = tid - slot * a.topk;
       if (slot < ntok) {
         const int b = a.topk_idx[((tok0 + slot) * a.nkv + kvh) * a.topk + k];
-        if (b >= 0 && b <= (pos0 + slot) / kBlock) key = b * kTileTokens + slot;
+        if (b >= 0 && b <= (pos0 + slot) / kBlock) key = (b << kTokBits) + slot;
       }
     }
     keys[tid] = key;
@@ -196,69 +222,77 @@ __global__ void __launch_bounds__(kThreads, 1)
     else sorted[tid] = INT_MAX;
     consumers_sync();
     const int kc = sorted[tid];
-    const bool head = kc != INT_MAX && (tid == 0 || (sorted[tid - 1] >> 3) != (kc >> 3));
+    const bool head = kc != INT_MAX && (tid == 0 || (sorted[tid - 1] >> kTokBits) != (kc >> kTokBits));
     const unsigned bal = __ballot_sync(0xffffffffu, head);
     if (lane == 0) misc[warp] = __popc(bal);
     consumers_sync();
     int u = __popc(bal & ((1u << lane) - 1));
     for (int w = 0; w < warp; ++w) u += misc[w];
     if (head) {
-      const int b = kc >> 3;
+      const int b = kc >> kTokBits;
       int mask = 0;
-      for (int j = tid; j < n && (sorted[j] >> 3) == b; ++j) mask |= 1 << (sorted[j] & 7);
+      for (int j = tid; j < n && (sorted[j] >> kTokBits) == b; ++j) mask |= 1 << (sorted[j] & (kTileTokens - 1));
       ublk[u] = b;
       uphys[u] = a.block_tables[int64_t(seq) * a.mbps + b];
-      umask[u] = uint8_t(mask);
+      umask[u] = Mask(mask);
     }
     int total = 0;
     for (int w = 0; w < kThreads / 32; ++w) total += misc[w];
     consumers_sync();  // union written; misc[0..7] read
-    // The split of the tile's tokens over the two warpgroups with the fewest (warpgroup, block)
-    // passes: slot set m (slot 0 in it, 4 slots) for the first warpgroup, the lowest m among the
-    // cheapest (the consecutive split, m = 15, wins ties). Warp w tries the sets m = 2 w + 1 + 16 k,
-    // its lanes summing over the union's entries.
-    int best = INT_MAX;
-    for (int m = 2 * warp + 1; m < 256; m += 16) {
-      if (__popc(m) != 4) continue;
-      int part = 0;
-      for (int i = lane; i < total; i += 32) part += ((umask[i] & m) != 0) + ((umask[i] & ~m & 0xFF) != 0);
-      best = min(best, __reduce_add_sync(0xffffffffu, part) * 256 + m);
-    }
-    if (lane == 0) misc[warp] = best;
-    consumers_sync();
-    if (warp == 0) {
-      int m = INT_MAX;
-      for (int w = 0; w < kThreads / 32; ++w) m = min(m, misc[w]);
-      const int w0 = m == INT_MAX ? 0x0F : (m & 255);
-      int solo = 0;
-      if (kSolo) {
-        // Solo blocks pay off in tiles whose passes mostly serve one token (long prefixes: 8192
-        // tokens after 57344 1331 -> 1095 us); where most serve several (8192-token prompts) they
-        // only add variance (526-547 us without, 547-682 with), so a tile uses them only when its
-        // single-token passes are more than twice its shared ones.
-        const int w1 = ~w0 & 0xFF;
-        int single = 0, shared = 0;
-        for (int i = lane; i < total; i += 32)
-          for (int set : {w0, w1}) {
-            const int n = __popc(umask[i] & set);
-            single += n == 1;
-            shared += n > 1;
-          }
-        solo = __reduce_add_sync(0xffffffffu, single) > 2 * __reduce_add_sync(0xffffffffu, shared);
+    if constexpr (G == 8) {
+      // 16 tokens: the consecutive split (the search over the C(16, 8) / 2 splits would cost
+      // more than it saves), no solo blocks.
+      if (tid == 0) misc[8] = total, misc[9] = 0x00FF, misc[10] = 0;
+    } else {
+      // The split of the tile's tokens over the two warpgroups with the fewest (warpgroup, block)
+      // passes: slot set m (slot 0 in it, 4 slots) for the first warpgroup, the lowest m among the
+      // cheapest (the consecutive split, m = 15, wins ties). Warp w tries the sets m = 2 w + 1 + 16 k,
+      // its lanes summing over the union's entries.
+      int best = INT_MAX;
+      for (int m = 2 * warp + 1; m < 256; m += 16) {
+        if (__popc(m) != 4) continue;
+        int part = 0;
+        for (int i = lane; i < total; i += 32) part += ((umask[i] & m) != 0) + ((umask[i] & ~m & 0xFF) != 0);
+        best = min(best, __reduce_add_sync(0xffffffffu, part) * 256 + m);
       }
-      if (lane == 0) misc[8] = total, misc[9] = w0, misc[10] = solo;
+      if (lane == 0) misc[warp] = best;
+      consumers_sync();
+      if (warp == 0) {
+        int m = INT_MAX;
+        for (int w = 0; w < kThreads / 32; ++w) m = min(m, misc[w]);
+        const int w0 = m == INT_MAX ? 0x0F : (m & 255);
+        int solo = 0;
+        if (kSolo) {
+          // Solo blocks pay off in tiles whose passes mostly serve one token (long prefixes: 8192
+          // tokens after 57344 1331 -> 1095 us); where most serve several (8192-token prompts) they
+          // only add variance (526-547 us without, 547-682 with), so a tile uses them only when its
+          // single-token passes are more than twice its shared ones.
+          const int w1 = ~w0 & 0xFF;
+          int single = 0, shared = 0;
+          for (int i = lane; i < total; i += 32)
+            for (int set : {w0, w1}) {
+              const int n = __popc(umask[i] & set);
+              single += n == 1;
+              shared += n > 1;
+            }
+          solo = __reduce_add_sync(0xffffffffu, single) > 2 * __reduce_add_sync(0xffffffffu, shared);
+        }
+        if (lane == 0) misc[8] = total, misc[9] = w0, misc[10] = solo;
+      }
     }
   } else {
     for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kThreads)
       uphys[b] = a.block_tables[int64_t(seq) * a.mbps + b];
-    if (tid == 0) misc[8] = last_own + 1, misc[9] = 0x0F;
+    if (tid == 0) misc[8] = last_own + 1, misc[9] = kAllSlots >> (kTileTokens / 2);
   }
   __syncthreads();  // union, slot split and barriers ready; the sort's scratch is free again
   const int nu = misc[8];
   const int wg0_slots = misc[9];
   const bool solo_tile = kSolo && misc[10] != 0;
-  // Slot at position p (warp p of the consumers): the first warpgroup's slots, then the others.
+  // Slot at position p (G = 16: warp p of the consumers; G = 8: warp p / 2's rows 8 (p % 2) ..
+  // 8 (p % 2) + 7 of each lane): the first warpgroup's slots, then the others.
   auto slot_of = [&](int p) {
+    if constexpr (G == 8) return p;  // the consecutive split
     const int set = p < 4 ? wg0_slots : (~wg0_slots & 0xFF);
     int k = p & 3;
     for (int sl = 0; sl < kTileTokens; ++sl)
@@ -341,12 +375,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();
   };
 
-  // Q tile: row 16 * (the slot's position) + h, bf16, swizzled; rows of absent tokens are zero.
+  // Q tile: row G * (the slot's position) + h, bf16, swizzled; rows of absent tokens are zero.
   for (int e = tid; e < 128 * 16; e += kThreads) {
-    const int row = e >> 4, u = e & 15, slot = slot_of(row >> 4), h = row & 15;
+    const int row = e >> 4, u = e & 15, slot = slot_of(row >> (kTokBits == 3 ? 4 : 3)), h = row & (G - 1);
     uint4 w = make_uint4(0, 0, 0, 0);
     if (slot < ntok) {
-      const int64_t base = (tok0 + slot) * a.q_stride + int64_t(kvh * kHeads + h) * kDim + u * 8;
+      const int64_t base = (tok0 + slot) * a.q_stride + int64_t(kvh * G + h) * kDim + u * 8;
       if (a.q_bf16 && a.q_vec) {
         w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + base);
       } else if (!a.q_bf16 && a.q_vec) {
@@ -371,11 +405,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // Q tile ready
 
-  // Consumers.
-  const int wg = warp >> 2, slot = slot_of(warp);
-  const int wg_slots = wg == 0 ? wg0_slots : (~wg0_slots & 0xFF);
+  // Consumers. A lane's rows g and g + 8: slots slot and slot1 (G = 16: both the warp's token).
+  const int wg = warp >> 2;
+  const int slot = G == 16 ? slot_of(warp) : slot_of(2 * warp), slot1 = G == 16 ? slot : slot_of(2 * warp + 1);
+  const int wg_slots = wg == 0 ? wg0_slots : (~wg0_slots & kAllSlots);
   const int g = lane >> 2, t4 = lane & 3;
   const int own = (pos0 + slot) / kBlock, lim = (pos0 + slot) - own * kBlock;
+  const int own1 = (pos0 + slot1) / kBlock, lim1 = (pos0 + slot1) - own1 * kBlock;
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -442,18 +478,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_acc(s);
       }
       uint32_t pf[8][4];
-      if ((mask >> slot) & 1) {
-        const bool causal = b == own;
+      // G = 8: a row whose token does not attend to the block gets P = 0 and keeps its state.
+      const bool att0 = (mask >> slot) & 1, att1 = G == 16 ? att0 : ((mask >> slot1) & 1) != 0;
+      if (att0 || att1) {
+        const bool causal = b == own, causal1 = G == 16 ? causal : b == own1;
         float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
         for (int c = 0; c < 16; ++c) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = 8 * c + 2 * t4 + e;
-            const bool ok = !causal || key <= lim;
+            const bool ok = G == 16 ? !causal || key <= lim : att0 && (!causal || key <= lim);
+            const bool ok1 = G == 16 ? ok : att1 && (!causal1 || key <= lim1);
             const float sc = kFp8 ? scl[key] * a.scale_log2 : a.scale_log2;
             const float v0 = ok ? s[4 * c + e] * sc : kNegInf;
-            const float v1 = ok ? s[4 * c + 2 + e] * sc : kNegInf;
+            const float v1 = ok1 ? s[4 * c + 2 + e] * sc : kNegInf;
             s[4 * c + e] = v0;
             s[4 * c + 2 + e] = v1;
             mx0 = fmaxf(mx0, v0);
@@ -465,15 +504,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        const float al0 = ex2_approx(m0 - n0), al1 = ex2_approx(m1 - n1);
+        // G = 8: a row that has attended to no key yet and skips this block keeps m = -inf; it
+        // subtracts 0 instead (alpha = 0 on its zero state, P = 0) rather than -inf - -inf.
+        const float z0 = G == 16 || n0 != kNegInf ? n0 : 0.f, z1 = G == 16 || n1 != kNegInf ? n1 : 0.f;
+        const float al0 = ex2_approx(m0 - z0), al1 = ex2_approx(m1 - z1);
         m0 = n0, m1 = n1;
         float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
         for (int c = 0; c < 16; ++c) {
-          s[4 * c + 0] = ex2_approx(s[4 * c + 0] - n0);
-          s[4 * c + 1] = ex2_approx(s[4 * c + 1] - n0);
-          s[4 * c + 2] = ex2_approx(s[4 * c + 2] - n1);
-          s[4 * c + 3] = ex2_approx(s[4 * c + 3] - n1);
+          s[4 * c + 0] = ex2_approx(s[4 * c + 0] - z0);
+          s[4 * c + 1] = ex2_approx(s[4 * c + 1] - z0);
+          s[4 * c + 2] = ex2_approx(s[4 * c + 2] - z1);
+          s[4 * c + 3] = ex2_approx(s[4 * c + 3] - z1);
           ls0 += s[4 * c + 0] + s[4 * c + 1];
           ls1 += s[4 * c + 2] + s[4 * c + 3];
           o[4 * c + 0] *= al0;
@@ -540,16 +582,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  if (slot >= ntok) return;
+  if (slot >= ntok && slot1 >= ntok) return;
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
-  const int64_t tok = tok0 + slot;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int h = kvh * kHeads + g + 8 * hh;
+    const int sl = hh ? slot1 : slot;
+    if (G == 8 && sl >= ntok) continue;
+    const int64_t tok = tok0 + sl;
+    const int h = kvh * G + (G == 16 ? g + 8 * hh : g);
     const float inv = hh ? i1 : i0;
     const int64_t base = tok * a.out_stride + int64_t(h) * kDim + 2 * t4;
 #pragma unroll
@@ -601,16 +645,25 @@ bool cache_map(CUtensorMap* map, const void* base, int64_t rows) {
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A kernel instance's template arguments, as a value for the launcher.
+template <int G, bool F, bool S>
+struct PfKernel {
+  static constexpr int kG = G;
+  static constexpr bool kFp8 = F, kSolo = S;
+};
+
 }  // namespace
 
 bool prefill_attention_supported(const ops::AttentionParams& p) {
   const bool fp8 = p.kv.dtype == DType::FP8_E4M3;
   if (fp8 ? !p.kv.k_scale || !p.kv.v_scale : p.kv.dtype != DType::BF16) return false;
-  return p.head_dim == kDim && p.kv.head_dim == kDim && p.kv.block_size == kBlock &&
-         p.num_kv_heads > 0 && p.num_q_heads == kHeads * p.num_kv_heads &&
-         (p.q_dtype == DType::BF16 || p.q_dtype == DType::F32) &&
+  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) return false;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  return (group == 16 || group == 8) && p.head_dim == kDim && p.kv.head_dim == kDim &&
+         p.kv.block_size == kBlock && (p.q_dtype == DType::BF16 || p.q_dtype == DType::F32) &&
          (p.out_dtype == DType::BF16 || p.out_dtype == DType::F32) &&
-         (!p.topk_idx || (p.topk > 0 && kTileTokens * p.topk <= kMaxPairs)) && (fp8 || encode_fn() != nullptr);
+         (!p.topk_idx || (p.topk > 0 && tile_tokens(group) * p.topk <= kMaxPairs)) &&
+         (fp8 || encode_fn() != nullptr);
 }
 
 bool use_prefill_attention(const ops::AttentionParams& p) {
@@ -618,7 +671,7 @@ bool use_prefill_attention(const ops::AttentionParams& p) {
   if (forced == 0 || !prefill_attention_supported(p)) return false;
   if (forced > 0) return true;
   // Batches with a prompt chunk of at least 8 tokens and at least 512 new tokens in all.
-  return p.batch.max_query_len >= kTileTokens && p.batch.num_tokens >= 512;
+  return p.batch.max_query_len >= kRuleMinChunk && p.batch.num_tokens >= 512;
 }
 
 bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
@@ -635,29 +688,37 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     const size_t esz = a.out_bf16 ? 2 : 4;
     a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (2 * esz) == 0 && p.out_stride % 2 == 0;
   }
+  const int group = p.num_q_heads / p.num_kv_heads;
   const bool solo = tuning().attention.prefill_solo;
-  const dim3 grid(unsigned((p.batch.num_tokens + kTileTokens - 1) / kTileTokens + p.batch.num_seqs),
-                  unsigned(p.num_kv_heads));
   CUtensorMap tk{}, tv{};
-  if (p.kv.dtype == DType::FP8_E4M3) {
+  const bool fp8 = p.kv.dtype == DType::FP8_E4M3;
+  if (fp8) {
     a.k8 = static_cast<const uint8_t*>(p.kv.k);
     a.v8 = static_cast<const uint8_t*>(p.kv.v);
     a.k_scale = p.kv.k_scale;
     a.v_scale = p.kv.v_scale;
-    set_smem(prefill_attention_kernel<true, false>, PfGeo<true>::kSmemBytes);
-    prefill_attention_kernel<true, false><<<grid, kThreads, PfGeo<true>::kSmemBytes, stream>>>(a, tk, tv);
   } else {
     const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
     if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
-    // Solo blocks (sparse only: in a dense tile a block has one token of a warpgroup only at the
-    // warpgroup's last token's block edge).
-    if (solo && p.topk_idx) {
-      set_smem(prefill_attention_kernel<false, true>, PfGeo<false>::kSmemBytes);
-      prefill_attention_kernel<false, true><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
-    } else {
-      set_smem(prefill_attention_kernel<false, false>, PfGeo<false>::kSmemBytes);
-      prefill_attention_kernel<false, false><<<grid, kThreads, PfGeo<false>::kSmemBytes, stream>>>(a, tk, tv);
-    }
+  }
+  auto launch = [&](auto kernel_tag) {
+    constexpr int G = decltype(kernel_tag)::kG;
+    constexpr bool kFp8 = decltype(kernel_tag)::kFp8, kSolo = decltype(kernel_tag)::kSolo;
+    constexpr int kTile = tile_tokens(G);
+    constexpr size_t smem = PfGeo<kFp8, G == 16 ? 1 : 2>::kSmemBytes;
+    const dim3 grid(unsigned((p.batch.num_tokens + kTile - 1) / kTile + p.batch.num_seqs), unsigned(p.num_kv_heads));
+    set_smem(prefill_attention_kernel<G, kFp8, kSolo>, smem);
+    prefill_attention_kernel<G, kFp8, kSolo><<<grid, kThreads, smem, stream>>>(a, tk, tv);
+  };
+  // Solo blocks: bf16 and sparse only (in a dense tile a block has one token of a warpgroup only
+  // at the warpgroup's last token's block edge), 16 heads a token only.
+  if (group == 16) {
+    if (fp8) launch(PfKernel<16, true, false>{});
+    else if (solo && p.topk_idx) launch(PfKernel<16, false, true>{});
+    else launch(PfKernel<16, false, false>{});
+  } else {
+    if (fp8) launch(PfKernel<8, true, false>{});
+    else launch(PfKernel<8, false, false>{});
   }
   SIEVE_LAUNCH_CHECK("prefill attention launch");
   return true;

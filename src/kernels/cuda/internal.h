@@ -34,8 +34,9 @@ bool run_indexer_kernel(const ops::IndexerParams& p, void* stream, IndexerKernel
 // for the test that the captured grid gives the eager result.
 bool run_indexer_graph_check(const ops::IndexerParams& p, IndexerKernel kernel = IndexerKernel::kAuto);
 
-// ---- Attention prefill tiles (attention_prefill.cu): tiles of 8 tokens that share K/V blocks;
-// bf16 or fp8 KV, 16 q heads per kv head, head_dim and block_size 128, 8 * topk <= 256.
+// ---- Attention prefill tiles (attention_prefill.cu): tiles of tokens that share K/V blocks;
+// bf16 or fp8 KV, 16 q heads per kv head (tiles of 8 tokens) or 8 (tiles of 16), head_dim and
+// block_size 128, tile tokens * topk <= 256.
 // run_attention uses them for batches with a chunk of at least 8 new tokens and at least 512 new
 // tokens in all (AttentionTuning::prefill_tiles forces them on or off).
 bool prefill_attention_supported(const ops::AttentionParams& p);
