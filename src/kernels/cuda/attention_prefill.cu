@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kvh = blockIdx.y;
 
-  // The tile: CTAs in reverse order over the requests' tiles of 8 new tokens.
+  // The tile: CTAs in reverse order over the requests' tiles of kTileTokens new tokens.
   const int64_t r = int64_t(gridDim.x) - 1 - blockIdx.x;
   int seq = -1;
   int64_t tile = 0;
@@ -833,7 +833,8 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     cuda_check(cudaMemsetAsync(table, 0xFF, size_t(entries) * 4, stream), "prefill fp8 stage table");
     cuda_check(cudaMemsetAsync(counter, 0, 4, stream), "prefill fp8 stage counter");
     if (p.topk_idx) {
-      const dim3 g(unsigned(p.batch.num_seqs), unsigned((p.batch.max_query_len + 255) / 256));
+      const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
+      const dim3 g(unsigned(p.batch.num_seqs), unsigned((qmax + 255) / 256));
       stage_mark_kernel<<<g, 256, 0, stream>>>(a, table);
       SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
     }
