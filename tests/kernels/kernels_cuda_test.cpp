@@ -346,7 +346,8 @@ struct AttnCase {
   float scale_spread = 0.f;
 };
 
-void check_attention_once(const AttnCase& c, uint64_t seed) {
+// gpu_bytes (when given) receives the device's output as it was written.
+void check_attention_once(const AttnCase& c, uint64_t seed, std::vector<uint8_t>* gpu_bytes = nullptr) {
   SCOPED_TRACE("kv " + name(c.kv) + (c.sparse ? " sparse" : " dense") + " nq " + std::to_string(c.nq) +
                " nkv " + std::to_string(c.nkv) + " q " + name(c.q) + " pad " + std::to_string(c.q_pad) + " out " +
                name(c.out) + " seed " + std::to_string(seed));
@@ -418,6 +419,7 @@ void check_attention_once(const AttnCase& c, uint64_t seed) {
   ops::attention(g, kStream);
   device_synchronize(kGpu);
   copy_to_host(kGpu, gout.data(), d_out.p(), gout.bytes.size());
+  if (gpu_bytes) *gpu_bytes = gout.bytes;
 
   int bad = 0;
   for (int64_t t = 0; t < T && bad < 5; ++t) {
@@ -712,6 +714,60 @@ TEST(CudaAttentionPrefill, SupportedGroups) {
     EXPECT_FALSE(supported(12, 1, 0));
     EXPECT_FALSE(supported(24, 2, 0));
   }
+}
+
+// fp8 caches through the tiles: the staged bf16 copy (AttentionTuning::prefill_fp8_stage, with
+// its scales from global memory and staged with the blocks) gives the tiles' own conversion's
+// results bit for bit, and all three match the CPU: prompts, chunks after prefixes, partial last
+// blocks, decode rows, widely spread scales, two kv heads, sparse and dense, 16 and 8 q heads
+// per kv head; and with a staging limit too small for the call, the tiles convert.
+TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 9100;
+  const std::vector<std::vector<SeqSpec>> sets = {
+      {{0, 300}, {1000, 129}, {0, 1}, {127, 130}}, {{20000, 40}, {0, 1500}, {9000, 1}}, {{2047, 2}, {0, 128}}};
+  for (int group : {16, 8})
+    for (const auto& specs : sets)
+      for (bool sparse : {true, false})
+        for (int nkv : {1, 2}) {
+          AttnCase c;
+          c.specs = specs;
+          c.nq = group * nkv, c.nkv = nkv;
+          c.kv = DType::FP8_E4M3;
+          c.sparse = sparse;
+          c.scale_spread = nkv == 2 ? 20.f : 0.f;
+          c.out = sparse ? DType::BF16 : DType::F32;
+          std::vector<uint8_t> ref, got;
+          {
+            cuda::Tuning t;
+            t.attention.prefill_tiles = 1;
+            t.attention.prefill_fp8_stage = false;
+            cuda::TuningScope scope(t);
+            SCOPED_TRACE("converted in the tiles");
+            check_attention_once(c, seed, &ref);
+          }
+          for (int scales : {0, 1}) {
+            cuda::Tuning t;
+            t.attention.prefill_tiles = 1;
+            t.attention.prefill_fp8_stage = true;
+            t.attention.prefill_fp8_stage_scales = scales;
+            cuda::TuningScope scope(t);
+            SCOPED_TRACE("staged, scales " + std::to_string(scales));
+            check_attention_once(c, seed, &got);
+            ASSERT_EQ(got.size(), ref.size());
+            EXPECT_TRUE(got == ref) << "staged output differs from the tiles' own conversion";
+          }
+          {
+            cuda::Tuning t;
+            t.attention.prefill_tiles = 1;
+            t.attention.prefill_fp8_stage_max_mib = 0;  // nothing fits: converted in the tiles
+            cuda::TuningScope scope(t);
+            SCOPED_TRACE("staging limit 0");
+            check_attention_once(c, seed, &got);
+            EXPECT_TRUE(got == ref);
+          }
+          ++seed;
+        }
 }
 
 // A few small prefill batches through the tiles (the compute-sanitizer runs use this one):

@@ -491,9 +491,23 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       auto attn_fn = [&](bool sparse) {
         return [&c, sparse](int s, cudaStream_t stream) { cuda::run_attention(c.attention(s, sparse), stream); };
       };
+      // fp8: the row again with the blocks staged as bf16 (AttentionTuning::prefill_fp8_stage) and
+      // with the tiles converting them, in one run (the row above times the default).
+      auto stage_pair = [&](Row r, bool sparse) {
+        if (!fp8) return;
+        r.target_us = 0, r.target_note = "";
+        const std::string mode = r.mode;
+        for (bool on : {true, false}) {
+          r.mode = mode + (on ? ", fp8 staged" : ", fp8 converted in the tiles");
+          TuningEdit e([on](cuda::Tuning& t) { t.attention.prefill_fp8_stage = on; });
+          r.us = time_it(iters, sets, attn_fn(sparse), false, st);
+          emit(r, c);
+        }
+      };
       if (row_wanted(opt, a.kernel)) {
         a.us = time_it(iters, sets, attn_fn(true), false, st);
         emit(a, c);
+        stage_pair(a, true);
         if (ps.n == 8192 && ps.cached == 0) {
           // The decode kernel (one row per token and kv head, its blocks streamed from L2): the
           // gain of the tiles that share K/V blocks.
@@ -519,6 +533,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         t.mode = "eager, trained-like selections";
         t.us = time_it(iters, sets, attn_fn(true), false, st);
         emit(t, c);
+        stage_pair(t, true);
         if (ps.n == 8192 && ps.cached == 0) {
           t.mode = "eager, trained-like selections, per-token kernel";
           t.target_us = 0, t.target_note = "";
@@ -533,6 +548,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       if (!row_wanted(opt, d.kernel)) continue;
       d.us = time_it(iters, sets, attn_fn(false), false, st);
       emit(d, c);
+      stage_pair(d, false);
       if (ps.n == 8192 && ps.cached == 0) {
         d.mode = "eager, per-token kernel";
         {

@@ -35,6 +35,17 @@
 //    built on the host per call. fp8 KV: the CTA reads block i + 1 into registers (16-byte
 //    loads) before block i's math and stores it converted exactly to bf16 after it, into a ring
 //    of 2 stages that also holds the block's 128 k and 128 v scales (one CTA barrier a block).
+//  - Staged fp8 (AttentionTuning::prefill_fp8_stage, the default): before the tiles, a kernel
+//    converts every fp8 block the call reads (sparse: marked from topk_idx by a first kernel;
+//    dense: every block up to each request's length) exactly to bf16 into the workspace, with a
+//    block table of its own (slots taken by a counter) and its k and v scales beside it (v
+//    scales past the request's length zero); the bf16 path (TMA, tensor maps over the copy)
+//    then runs over it, applying k_scale to the fp32 scores and v_scale to P as the fp8 ring
+//    does, so the results are the same bit for bit. The scales come per key from global memory
+//    (L1) beside the 3-stage ring, or (prefill_fp8_stage_scales = 1) by two bulk copies with
+//    each block into a 2-stage ring (3 stages with scales do not fit). The copy's size is
+//    bounded from the call's shapes (slots: requests x max blocks, sparse also tokens x kv
+//    heads x topk); a call whose bound passes prefill_fp8_stage_max_mib converts in the tiles.
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
@@ -58,6 +69,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -83,13 +95,14 @@ constexpr int kRuleMinChunk = 8;
 // The tile's tokens for G q heads per kv head: the CTA's 128 wgmma rows are tokens x heads.
 constexpr int tile_tokens(int g) { return 128 / g; }
 
-// Ring geometry: bf16 KV, 3 stages of K and V tiles filled by TMA; fp8 KV, 2 stages of the
-// converted tiles plus the block's 128 k and 128 v scales, filled by the CTA's threads. Union
-// masks take kMaskBytes a block (a bit per tile token).
-template <bool kFp8, int kMaskBytes>
+// Ring geometry: bf16 KV (and staged fp8 with scales from global memory), 3 stages of K and V
+// tiles filled by TMA; fp8 KV, 2 stages of the converted tiles plus the block's 128 k and 128 v
+// scales (kScaleStage), filled by the CTA's threads (or, staged fp8, by TMA and bulk copies).
+// Union masks take kMaskBytes a block (a bit per tile token).
+template <bool kScaleStage, int kMaskBytes>
 struct PfGeo {
-  static constexpr int kStages = kFp8 ? 2 : 3;
-  static constexpr int kStageBytes = 2 * kTileBytes + (kFp8 ? 2 * kBlock * 4 : 0);
+  static constexpr int kStages = kScaleStage ? 2 : 3;
+  static constexpr int kStageBytes = 2 * kTileBytes + (kScaleStage ? 2 * kBlock * 4 : 0);
   // Shared memory: [Q tile][kStages x (K, V[, scales])][full barriers][union blocks][their
   // physical blocks][union masks][misc].
   static constexpr size_t kBarOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
@@ -114,11 +127,19 @@ struct PfArgs {
   int mbps, num_seqs;
   const int32_t* topk_idx;  // null: dense
   int topk;
-  // fp8 KV: the caches and their per-(token, kv head) scales (bf16 KV: read through the maps).
+  // fp8 KV: the caches and their per-(token, kv head) scales (bf16 KV: read through the maps;
+  // staged fp8: the staged copy's scales, in the staged blocks' order).
   const uint8_t* k8;
   const uint8_t* v8;
   const float* k_scale;
   const float* v_scale;
+};
+
+// Staged fp8 (AttentionTuning::prefill_fp8_stage): where the k / v scales of a block come from.
+enum StagedScales : int {
+  kNoScales = 0,      // bf16 cache, or fp8 converted by the tile (its own ring holds the scales)
+  kScalesGlobal = 1,  // read per key from global memory (L1) beside the bf16 path's 3 stages
+  kScalesStaged = 2,  // bulk-copied with the block into a 2-stage ring
 };
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
@@ -133,11 +154,14 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 
 // G: q heads per kv head, 16 or 8 (G = 8: a warp's 16 rows are two tokens' 8 heads, rows g and
 // g + 8 of a lane belonging to different tokens, so masks and softmax state are per row).
-template <int G, bool kFp8, bool kSolo>
+// kScl (StagedScales): the bf16 path over a staged bf16 copy of an fp8 cache, with its scales.
+template <int G, bool kFp8, bool kSolo, int kScl = kNoScales>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   static_assert(G == 16 || G == 8, "tiles of 8 tokens x 16 heads or 16 tokens x 8 heads");
   static_assert(!kSolo || G == 16, "solo blocks run a whole warp's rows for one token");
+  static_assert(!(kFp8 && kScl != kNoScales) && !(kSolo && kScl != kNoScales), "staged: the plain TMA path");
+  constexpr bool kScaled = kFp8 || kScl != kNoScales;  // k_scale on S, v_scale on P
   constexpr int kTileTokens = tile_tokens(G);
   constexpr int kTokBits = G == 16 ? 3 : 4;          // log2(kTileTokens)
   constexpr int kAllSlots = (1 << kTileTokens) - 1;  // a tile's token slots as a bit set
@@ -146,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kvh = blockIdx.y;
 
-  // The tile: CTAs in reverse order over the requests' tiles of 8 new tokens.
+  // The tile: CTAs in reverse order over the requests' tiles of kTileTokens new tokens.
   const int64_t r = int64_t(gridDim.x) - 1 - blockIdx.x;
   int seq = -1;
   int64_t tile = 0;
@@ -171,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ntok = min(kTileTokens, qlen - int(tile) * kTileTokens);
   const int pos0 = seq_len - qlen + int(tile) * kTileTokens;  // position of the tile's first token
   const int last_own = (pos0 + ntok - 1) / kBlock;
-  using Geo = PfGeo<kFp8, int(sizeof(Mask))>;
+  using Geo = PfGeo<kFp8 || kScl == kScalesStaged, int(sizeof(Mask))>;
   constexpr int kStages = Geo::kStages;
   constexpr int kStageBytes = Geo::kStageBytes;
   constexpr size_t kBarOffset = Geo::kBarOffset;
@@ -329,6 +353,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_load_2d(kd + kChunk, &tk, 64, row, &full[st]);
     tma_load_2d(kd + kTileBytes, &tv, 0, row, &full[st]);
     tma_load_2d(kd + kTileBytes + kChunk, &tv, 64, row, &full[st]);
+    if constexpr (kScl == kScalesStaged) {
+      bulk_copy(kd + 2 * kTileBytes, a.k_scale + row, kBlock * 4, &full[st]);
+      bulk_copy(kd + 2 * kTileBytes + kBlock * 4, a.v_scale + row, kBlock * 4, &full[st]);
+    }
   };
   if (!kFp8 && tid == 0)
     for (int i = 0; i < min(nu, kStages); ++i) issue(i);
@@ -424,7 +452,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     entry(i, b, mask);
     const int st = i % kStages;
     uint8_t* kd = stages + st * kStageBytes;
-    const float* scl = reinterpret_cast<const float*>(kd + 2 * kTileBytes);  // fp8: k, v scales
+    // fp8: the block's k scales, then its v scales (in the stage, or staged in global memory).
+    const float* scl = reinterpret_cast<const float*>(kd + 2 * kTileBytes);
+    const float* vscl = scl + kBlock;
+    if constexpr (kScl == kScalesGlobal) {
+      const int64_t row0 = (int64_t(i < kMaxPairs ? uphys[i] : bt[i]) * a.nkv + kvh) * kBlock;
+      scl = a.k_scale + row0;
+      vscl = a.v_scale + row0;
+    }
     if constexpr (kFp8) {
       if (i + 1 < nu) fp8_load(i + 1);
       __syncthreads();  // block i in its stage; every warp done with block i - 1
@@ -490,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int key = 8 * c + 2 * t4 + e;
             const bool ok = G == 16 ? !causal || key <= lim : att0 && (!causal || key <= lim);
             const bool ok1 = G == 16 ? ok : att1 && (!causal1 || key <= lim1);
-            const float sc = kFp8 ? scl[key] * a.scale_log2 : a.scale_log2;
+            const float sc = kScaled ? scl[key] * a.scale_log2 : a.scale_log2;
             const float v0 = ok ? s[4 * c + e] * sc : kNegInf;
             const float v1 = ok1 ? s[4 * c + 2 + e] * sc : kNegInf;
             s[4 * c + e] = v0;
@@ -525,12 +560,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         l0 = l0 * al0 + ls0;
         l1 = l1 * al1 + ls1;
-        if constexpr (kFp8) {
+        if constexpr (kScaled) {
           // P V with V's scales folded into P (p * v_scale rounded to bf16).
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            const float2 va0 = *reinterpret_cast<const float2*>(scl + kBlock + 16 * j + 2 * t4);
-            const float2 va1 = *reinterpret_cast<const float2*>(scl + kBlock + 16 * j + 8 + 2 * t4);
+            const float2 va0 = *reinterpret_cast<const float2*>(vscl + 16 * j + 2 * t4);
+            const float2 va1 = *reinterpret_cast<const float2*>(vscl + 16 * j + 8 + 2 * t4);
             s[8 * j + 0] *= va0.x, s[8 * j + 1] *= va0.y, s[8 * j + 2] *= va0.x, s[8 * j + 3] *= va0.y;
             s[8 * j + 4] *= va1.x, s[8 * j + 5] *= va1.y, s[8 * j + 6] *= va1.x, s[8 * j + 7] *= va1.y;
           }
@@ -620,6 +655,93 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---- Staged fp8 (AttentionTuning::prefill_fp8_stage): the fp8 blocks the call reads, converted
+// exactly to bf16 into the workspace, where the bf16 path reads them through tensor maps.
+// Workspace: [table: num_seqs x mbps int32 (the staged copy's block table: -1 not read, -2 read
+// (sparse, before the copy), else the block's slot)][slot counter][K: cap slots x kv heads x
+// 128 rows x 128 bf16][V: the same][k scales: cap x kv heads x 128 f32][v scales: the same]. A
+// slot's rows are laid out as a bf16 cache block's; the v scales past the request's length are
+// zero (as the tile's own fp8 ring makes them), so P V reads 0 there.
+struct StageLayout {
+  size_t table = 0, counter = 0, k = 0, v = 0, ks = 0, vs = 0, bytes = 0;
+  int64_t cap = 0;  // slots
+};
+
+StageLayout stage_layout(const ops::AttentionParams& p) {
+  auto up = [](size_t x) { return (x + 1023) / 1024 * 1024; };
+  StageLayout l;
+  const int64_t entries = int64_t(p.batch.num_seqs) * p.batch.max_blocks_per_seq;
+  // Slots: every (request, block) the call reads at most once; sparse, at most one a selection.
+  l.cap = entries;
+  if (p.topk_idx) l.cap = std::min<int64_t>(l.cap, p.batch.num_tokens * p.num_kv_heads * p.topk);
+  const size_t rows = size_t(l.cap) * size_t(p.num_kv_heads) * kBlock;
+  l.counter = up(size_t(entries) * 4);
+  l.k = up(l.counter + 4);
+  l.v = l.k + rows * kDim * 2;
+  l.ks = l.v + rows * kDim * 2;
+  l.vs = l.ks + rows * 4;
+  l.bytes = l.vs + rows * 4;
+  return l;
+}
+
+// Sparse: marks the table entries of the blocks the call's tokens select (those the tiles keep:
+// 0 <= block <= the token's own block) with -2. Grid: x = request, y = chunks of 256 tokens.
+__global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* table) {
+  const int seq = blockIdx.x;
+  const int q0 = a.qsl[seq], qlen = a.qsl[seq + 1] - q0;
+  const int i = int(blockIdx.y) * 256 + int(threadIdx.x);
+  if (i >= qlen) return;
+  const int own = (a.seq_lens[seq] - qlen + i) / kBlock;
+  const int32_t* sel = a.topk_idx + (int64_t(q0) + i) * a.nkv * a.topk;
+  for (int k = 0; k < a.nkv * a.topk; ++k) {
+    const int b = sel[k];
+    if (b >= 0 && b <= own) table[int64_t(seq) * a.mbps + b] = -2;
+  }
+}
+
+// One (request, block) a CTA: if the call reads it (dense: every block up to the request's
+// length; sparse: marked), takes a slot, writes it in the table and converts the block's K and V
+// of every kv head (e4m3 -> bf16 exactly) and copies its scales (v scales past the length 0).
+__global__ void __launch_bounds__(256)
+    stage_convert_kernel(PfArgs a, int32_t* table, int32_t* counter, uint16_t* k16, uint16_t* v16, float* ks,
+                         float* vs, bool sparse) {
+  const int64_t e = blockIdx.x;
+  const int seq = int(e / a.mbps), b = int(e % a.mbps);
+  const int seq_len = a.seq_lens[seq];
+  const int last = (seq_len - 1) / kBlock;
+  if (seq_len <= 0 || b > last || (sparse && table[e] != -2)) return;
+  __shared__ int slot_s;
+  if (threadIdx.x == 0) {
+    slot_s = atomicAdd(counter, 1);
+    table[e] = slot_s;
+  }
+  __syncthreads();
+  const int slot = slot_s, tid = threadIdx.x;
+  const int valid = b == last ? seq_len - last * kBlock : kBlock;
+  const int phys = a.block_tables[e];
+  for (int h = 0; h < a.nkv; ++h) {
+    const int64_t src = (int64_t(phys) * a.nkv + h) * kBlock, dst = (int64_t(slot) * a.nkv + h) * kBlock;
+    // 16-byte units u = tid + 256 k of K (k < 4) and of V (k >= 4): row u / 8, 16 keys' dims.
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int u = tid + kThreads * (k & 3), row = u >> 3, c = u & 7;
+      const uint4 x = ldg_stream((k < 4 ? a.k8 : a.v8) + (src + row) * kDim + c * 16);
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (k < 4 || row < valid) {
+        lo = make_uint4(fp8x2_to_bf16x2(uint16_t(x.x)), fp8x2_to_bf16x2(uint16_t(x.x >> 16)),
+                        fp8x2_to_bf16x2(uint16_t(x.y)), fp8x2_to_bf16x2(uint16_t(x.y >> 16)));
+        hi = make_uint4(fp8x2_to_bf16x2(uint16_t(x.z)), fp8x2_to_bf16x2(uint16_t(x.z >> 16)),
+                        fp8x2_to_bf16x2(uint16_t(x.w)), fp8x2_to_bf16x2(uint16_t(x.w >> 16)));
+      }
+      uint16_t* d = (k < 4 ? k16 : v16) + (dst + row) * kDim + c * 16;
+      reinterpret_cast<uint4*>(d)[0] = lo;
+      reinterpret_cast<uint4*>(d)[1] = hi;
+    }
+    if (tid < kBlock) ks[dst + tid] = a.k_scale[src + tid];
+    else vs[dst + tid - kBlock] = tid - kBlock < valid ? a.v_scale[src + tid - kBlock] : 0.f;
+  }
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* p = nullptr;
@@ -646,9 +768,9 @@ bool cache_map(CUtensorMap* map, const void* base, int64_t rows) {
 }
 
 // A kernel instance's template arguments, as a value for the launcher.
-template <int G, bool F, bool S>
+template <int G, bool F, bool S, int C = kNoScales>
 struct PfKernel {
-  static constexpr int kG = G;
+  static constexpr int kG = G, kScl = C;
   static constexpr bool kFp8 = F, kSolo = S;
 };
 
@@ -689,35 +811,70 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     a.out_vec = reinterpret_cast<uintptr_t>(p.out) % (2 * esz) == 0 && p.out_stride % 2 == 0;
   }
   const int group = p.num_q_heads / p.num_kv_heads;
-  const bool solo = tuning().attention.prefill_solo;
+  const AttentionTuning& tu = tuning().attention;
   CUtensorMap tk{}, tv{};
   const bool fp8 = p.kv.dtype == DType::FP8_E4M3;
+  // Staged fp8: the copy's size is bounded from the call's shapes alone (graph-safe); calls whose
+  // bound passes prefill_fp8_stage_max_mib (long contexts of many requests) convert in the tiles.
+  const StageLayout stage = fp8 ? stage_layout(p) : StageLayout{};
+  const bool staged = fp8 && tu.prefill_fp8_stage && p.batch.max_blocks_per_seq > 0 && encode_fn() != nullptr &&
+                      stage.bytes <= (size_t(std::max(tu.prefill_fp8_stage_max_mib, 0)) << 20);
   if (fp8) {
     a.k8 = static_cast<const uint8_t*>(p.kv.k);
     a.v8 = static_cast<const uint8_t*>(p.kv.v);
     a.k_scale = p.kv.k_scale;
     a.v_scale = p.kv.v_scale;
-  } else {
+  }
+  if (staged) {
+    uint8_t* ws = static_cast<uint8_t*>(workspace(stream, stage.bytes));
+    int32_t* table = reinterpret_cast<int32_t*>(ws + stage.table);
+    int32_t* counter = reinterpret_cast<int32_t*>(ws + stage.counter);
+    const int64_t entries = int64_t(p.batch.num_seqs) * p.batch.max_blocks_per_seq;
+    cuda_check(cudaMemsetAsync(table, 0xFF, size_t(entries) * 4, stream), "prefill fp8 stage table");
+    cuda_check(cudaMemsetAsync(counter, 0, 4, stream), "prefill fp8 stage counter");
+    if (p.topk_idx) {
+      const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
+      const dim3 g(unsigned(p.batch.num_seqs), unsigned((qmax + 255) / 256));
+      stage_mark_kernel<<<g, 256, 0, stream>>>(a, table);
+      SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
+    }
+    stage_convert_kernel<<<unsigned(entries), 256, 0, stream>>>(
+        a, table, counter, reinterpret_cast<uint16_t*>(ws + stage.k), reinterpret_cast<uint16_t*>(ws + stage.v),
+        reinterpret_cast<float*>(ws + stage.ks), reinterpret_cast<float*>(ws + stage.vs), p.topk_idx != nullptr);
+    SIEVE_LAUNCH_CHECK("prefill fp8 stage convert launch");
+    a.block_tables = table;
+    a.k_scale = reinterpret_cast<const float*>(ws + stage.ks);
+    a.v_scale = reinterpret_cast<const float*>(ws + stage.vs);
+    const int64_t rows = stage.cap * p.num_kv_heads * kBlock;
+    if (!cache_map(&tk, ws + stage.k, rows) || !cache_map(&tv, ws + stage.v, rows))
+      throw Error("prefill attention: tensor maps over the staged fp8 blocks");
+  } else if (!fp8) {
     const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
     if (!cache_map(&tk, p.kv.k, rows) || !cache_map(&tv, p.kv.v, rows)) return false;
   }
   auto launch = [&](auto kernel_tag) {
-    constexpr int G = decltype(kernel_tag)::kG;
+    constexpr int G = decltype(kernel_tag)::kG, kScl = decltype(kernel_tag)::kScl;
     constexpr bool kFp8 = decltype(kernel_tag)::kFp8, kSolo = decltype(kernel_tag)::kSolo;
     constexpr int kTile = tile_tokens(G);
-    constexpr size_t smem = PfGeo<kFp8, G == 16 ? 1 : 2>::kSmemBytes;
+    constexpr size_t smem = PfGeo<kFp8 || kScl == kScalesStaged, G == 16 ? 1 : 2>::kSmemBytes;
     const dim3 grid(unsigned((p.batch.num_tokens + kTile - 1) / kTile + p.batch.num_seqs), unsigned(p.num_kv_heads));
-    set_smem(prefill_attention_kernel<G, kFp8, kSolo>, smem);
-    prefill_attention_kernel<G, kFp8, kSolo><<<grid, kThreads, smem, stream>>>(a, tk, tv);
+    set_smem(prefill_attention_kernel<G, kFp8, kSolo, kScl>, smem);
+    prefill_attention_kernel<G, kFp8, kSolo, kScl><<<grid, kThreads, smem, stream>>>(a, tk, tv);
   };
   // Solo blocks: bf16 and sparse only (in a dense tile a block has one token of a warpgroup only
   // at the warpgroup's last token's block edge), 16 heads a token only.
+  const bool solo = tu.prefill_solo && p.topk_idx && !fp8;
+  const bool scales_staged = tu.prefill_fp8_stage_scales == 1;
   if (group == 16) {
-    if (fp8) launch(PfKernel<16, true, false>{});
-    else if (solo && p.topk_idx) launch(PfKernel<16, false, true>{});
+    if (staged && scales_staged) launch(PfKernel<16, false, false, kScalesStaged>{});
+    else if (staged) launch(PfKernel<16, false, false, kScalesGlobal>{});
+    else if (fp8) launch(PfKernel<16, true, false>{});
+    else if (solo) launch(PfKernel<16, false, true>{});
     else launch(PfKernel<16, false, false>{});
   } else {
-    if (fp8) launch(PfKernel<8, true, false>{});
+    if (staged && scales_staged) launch(PfKernel<8, false, false, kScalesStaged>{});
+    else if (staged) launch(PfKernel<8, false, false, kScalesGlobal>{});
+    else if (fp8) launch(PfKernel<8, true, false>{});
     else launch(PfKernel<8, false, false>{});
   }
   SIEVE_LAUNCH_CHECK("prefill attention launch");

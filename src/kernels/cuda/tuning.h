@@ -115,6 +115,15 @@ struct AttentionTuning {
   int prefill_tiles = -1;
   // Sparse prefill tiles give blocks read by one token their own path (bf16 cache).
   bool prefill_solo = true;
+  // fp8 cache: the prefill tiles run the bf16 path (TMA, 3-stage ring) over a bf16 copy of the
+  // blocks the call reads, staged in the workspace by a conversion kernel (the same results);
+  // false: the tile's threads convert each block into a 2-stage ring themselves.
+  bool prefill_fp8_stage = true;
+  // Staged fp8: the per-key k and v scales read from global memory (L1) beside the 3-stage ring
+  // (0), or copied with each block into a 2-stage ring (1).
+  int prefill_fp8_stage_scales = 0;
+  // Staged fp8: the largest copy (MiB) a call may stage; a larger call converts in the tiles.
+  int prefill_fp8_stage_max_mib = 256;
 };
 
 // moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
