@@ -741,7 +741,7 @@ TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
           {
             cuda::Tuning t;
             t.attention.prefill_tiles = 1;
-            t.attention.prefill_fp8_stage = false;
+            t.attention.prefill_fp8_stage = 0;
             cuda::TuningScope scope(t);
             SCOPED_TRACE("converted in the tiles");
             check_attention_once(c, seed, &ref);
@@ -749,7 +749,7 @@ TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
           for (int scales : {0, 1}) {
             cuda::Tuning t;
             t.attention.prefill_tiles = 1;
-            t.attention.prefill_fp8_stage = true;
+            t.attention.prefill_fp8_stage = 2;  // sparse calls too
             t.attention.prefill_fp8_stage_scales = scales;
             cuda::TuningScope scope(t);
             SCOPED_TRACE("staged, scales " + std::to_string(scales));
@@ -760,6 +760,7 @@ TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
           {
             cuda::Tuning t;
             t.attention.prefill_tiles = 1;
+            t.attention.prefill_fp8_stage = 2;
             t.attention.prefill_fp8_stage_max_mib = 0;  // nothing fits: converted in the tiles
             cuda::TuningScope scope(t);
             SCOPED_TRACE("staging limit 0");
@@ -770,17 +771,19 @@ TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
         }
 }
 
-// A few small prefill batches through the tiles (the compute-sanitizer runs use this one):
+// A few small prefill batches through the tiles (the compute-sanitizer runs use these):
 // partial last blocks, chunks after prefixes (the long one with solo blocks), bf16 and fp8,
-// sparse and dense; 16 and 8 q heads per kv head.
-TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
-  SKIP_WITHOUT_GPU();
+// sparse and dense; 16 and 8 q heads per kv head. fp8 caches take the default (the staged bf16
+// copy); the two tests after it take the tiles' own conversion and the staged copy with its
+// scales in the ring.
+void check_small_prefill_batches(const std::vector<DType>& kv_dtypes, uint64_t seed,
+                                 const std::function<void(cuda::Tuning&)>& tweak = {}) {
   cuda::Tuning t;
   t.attention.prefill_tiles = 1;
+  if (tweak) tweak(t);
   cuda::TuningScope scope(t);
-  uint64_t seed = 8500;
   for (int group : {16, 8})
-    for (DType kvd : {DType::BF16, DType::FP8_E4M3})
+    for (DType kvd : kv_dtypes)
       for (bool sparse : {true, false}) {
         AttnCase c;
         c.specs = {{0, 45}, {300, 20}, {2100, 9}, {20000, 24}};
@@ -789,6 +792,29 @@ TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
         c.sparse = sparse;
         check_attention(c, seed++);
       }
+}
+
+TEST(CudaAttentionPrefill, SmallBatchesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_small_prefill_batches({DType::BF16, DType::FP8_E4M3}, 8500);
+}
+
+TEST(CudaAttentionPrefill, SmallBatchesFp8InTilesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_small_prefill_batches({DType::FP8_E4M3}, 8500, [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 0; });
+}
+
+TEST(CudaAttentionPrefill, SmallBatchesFp8StagedScalesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_small_prefill_batches({DType::FP8_E4M3}, 8500, [](cuda::Tuning& t) {
+    t.attention.prefill_fp8_stage = 2;
+    t.attention.prefill_fp8_stage_scales = 1;
+  });
+}
+
+TEST(CudaAttentionPrefill, SmallBatchesFp8StagedSparseMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_small_prefill_batches({DType::FP8_E4M3}, 8500, [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 2; });
 }
 
 // The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps

@@ -499,7 +499,7 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         const std::string mode = r.mode;
         for (bool on : {true, false}) {
           r.mode = mode + (on ? ", fp8 staged" : ", fp8 converted in the tiles");
-          TuningEdit e([on](cuda::Tuning& t) { t.attention.prefill_fp8_stage = on; });
+          TuningEdit e([on](cuda::Tuning& t) { t.attention.prefill_fp8_stage = on ? 2 : 0; });
           r.us = time_it(iters, sets, attn_fn(sparse), false, st);
           emit(r, c);
         }

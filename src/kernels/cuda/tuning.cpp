@@ -98,7 +98,7 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(attention, trace),
       SIEVE_INT_FIELD(attention, prefill_tiles),
       SIEVE_BOOL_FIELD(attention, prefill_solo),
-      SIEVE_BOOL_FIELD(attention, prefill_fp8_stage),
+      SIEVE_INT_FIELD(attention, prefill_fp8_stage),
       SIEVE_INT_FIELD(attention, prefill_fp8_stage_scales),
       SIEVE_INT_FIELD(attention, prefill_fp8_stage_max_mib),
       Field{"moe.chunk_tokens", [](Tuning& t, const std::string& v) { t.moe.chunk_tokens = parse_int("moe.chunk_tokens", v); },

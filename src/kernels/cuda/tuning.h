@@ -116,9 +116,11 @@ struct AttentionTuning {
   // Sparse prefill tiles give blocks read by one token their own path (bf16 cache).
   bool prefill_solo = true;
   // fp8 cache: the prefill tiles run the bf16 path (TMA, 3-stage ring) over a bf16 copy of the
-  // blocks the call reads, staged in the workspace by a conversion kernel (the same results);
-  // false: the tile's threads convert each block into a 2-stage ring themselves.
-  bool prefill_fp8_stage = true;
+  // blocks the call reads, staged in the workspace by a conversion kernel (the same results),
+  // for dense calls (1) or dense and sparse calls (2); 0: the tile's threads convert each block
+  // into a 2-stage ring themselves. Sparse calls stay off by default: under compute-sanitizer
+  // racecheck the staged sparse path gave wrong results (docs/kernels.md).
+  int prefill_fp8_stage = 1;
   // Staged fp8: the per-key k and v scales read from global memory (L1) beside the 3-stage ring
   // (0), or copied with each block into a 2-stage ring (1).
   int prefill_fp8_stage_scales = 0;
