@@ -46,8 +46,7 @@
 //    copies with each block into a 2-stage ring (3 stages with scales do not fit). The copy's
 //    size is bounded from the call's shapes (slots: requests x max blocks, sparse also tokens x
 //    kv heads x topk); a call whose bound passes prefill_fp8_stage_max_mib converts in the
-//    tiles. Sparse calls are staged only with prefill_fp8_stage = 2: under compute-sanitizer
-//    racecheck their results were wrong (not yet explained; docs/kernels.md).
+//    tiles. Sparse calls are staged only with prefill_fp8_stage = 2 (docs/kernels.md).
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
@@ -711,14 +710,18 @@ __global__ void __launch_bounds__(256)
   const int seq = int(e / a.mbps), b = int(e % a.mbps);
   const int seq_len = a.seq_lens[seq];
   const int last = (seq_len - 1) / kBlock;
-  if (seq_len <= 0 || b > last || (sparse && table[e] != -2)) return;
+  if (seq_len <= 0 || b > last) return;
+  // Thread 0 alone reads the mark: it overwrites it with the slot, and a warp that read the entry
+  // after that write would take the marked block for unmarked and leave its rows unconverted.
   __shared__ int slot_s;
   if (threadIdx.x == 0) {
-    slot_s = atomicAdd(counter, 1);
-    table[e] = slot_s;
+    const bool read = !sparse || table[e] == -2;
+    slot_s = read ? atomicAdd(counter, 1) : -1;
+    if (read) table[e] = slot_s;
   }
   __syncthreads();
   const int slot = slot_s, tid = threadIdx.x;
+  if (slot < 0) return;
   const int valid = b == last ? seq_len - last * kBlock : kBlock;
   const int phys = a.block_tables[e];
   for (int h = 0; h < a.nkv; ++h) {
