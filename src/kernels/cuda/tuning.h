@@ -118,8 +118,8 @@ struct AttentionTuning {
   // fp8 cache: the prefill tiles run the bf16 path (TMA, 3-stage ring) over a bf16 copy of the
   // blocks the call reads, staged in the workspace by a conversion kernel (the same results),
   // for dense calls (1) or dense and sparse calls (2); 0: the tile's threads convert each block
-  // into a 2-stage ring themselves. Sparse calls stay off by default: under compute-sanitizer
-  // racecheck the staged sparse path gave wrong results (docs/kernels.md).
+  // into a 2-stage ring themselves. Sparse calls stay off by default until racecheck passes on the
+  // race fixed in the conversion kernel (docs/kernels.md).
   int prefill_fp8_stage = 1;
   // Staged fp8: the per-key k and v scales read from global memory (L1) beside the 3-stage ring
   // (0), or copied with each block into a 2-stage ring (1).
