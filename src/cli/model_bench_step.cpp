@@ -45,9 +45,54 @@
 namespace sieve::cli {
 namespace {
 
-// The step's default overrides (index sharing every 4 sparse layers) merged under the user's.
-std::string bench_step_overrides(const std::string& user) {
+// --layers A:B: the overrides that keep layers A .. B - 1 of the model's per-layer lists (its MoE
+// and sparse-attention layout) as a model of B - A layers, from `text` (the text config after the
+// user's overrides). Empty `spec`: none.
+nlohmann::json layer_range_overrides(const std::string& spec, const nlohmann::json& text, int* first, int* last) {
+  nlohmann::json ov = nlohmann::json::object();
+  if (spec.empty()) return ov;
+  const size_t colon = spec.find(':');
+  int a = -1, b = -1;
+  try {
+    size_t ua = 0, ub = 0;
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    a = std::stoi(spec.substr(0, colon), &ua);
+    b = std::stoi(spec.substr(colon + 1), &ub);
+    if (ua != colon || ub != spec.size() - colon - 1) throw std::invalid_argument("trailing");
+  } catch (const std::exception&) {
+    throw Error("--layers " + spec + ": expected A:B, the first layer and one past the last (e.g. 30:60)");
+  }
+  const int n = text.contains("num_hidden_layers") && text["num_hidden_layers"].is_number_integer()
+                    ? text["num_hidden_layers"].get<int>()
+                    : 0;
+  if (a < 0 || b <= a || b > n)
+    throw Error("--layers " + spec + ": expected 0 <= A < B <= num_hidden_layers = " + std::to_string(n));
+  const nlohmann::json& sparse =
+      text.contains("sparse_attention_config") && text["sparse_attention_config"].is_object() ? text["sparse_attention_config"]
+                                                                                            : text;
+  ov["num_hidden_layers"] = b - a;
+  auto slice = [&](const nlohmann::json& obj, const char* key) {
+    if (!obj.contains(key)) return;
+    const nlohmann::json& v = obj[key];
+    if (!v.is_array() || int(v.size()) != n)
+      throw Error(std::string("--layers: the config's ") + key + " is not a list of num_hidden_layers entries");
+    nlohmann::json out = nlohmann::json::array();
+    for (int i = a; i < b; ++i) out.push_back(v[size_t(i)]);
+    ov[key] = out;
+  };
+  slice(text, "moe_layer_freq");
+  slice(sparse, "sparse_attention_freq");
+  slice(sparse, "sparse_disable_index_value");
+  *first = a;
+  *last = b;
+  return ov;
+}
+
+// The step's default overrides (index sharing every 4 sparse layers, and --layers' slice) merged
+// under the user's.
+std::string bench_step_overrides(const std::string& user, const nlohmann::json& layers = nlohmann::json::object()) {
   nlohmann::json ov = {{"use_index_cache", true}, {"index_topk_freq", 4}};
+  ov.update(layers);
   if (user.empty()) return ov.dump();
   nlohmann::json u;
   try {
@@ -397,6 +442,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
            "(eagle3, optional: without it a draft of the published MiniMax-M3 EAGLE3 shape)}")
       .flag({"--dense"}, "select every block in sparse layers")
       .flag({"--ops"}, "also print each op's eager time and calls in the decode step and the prefill chunk (largest first)")
+      .opt({"--layers"}, "A:B",
+           "time layers A .. B-1 of the model's layout as a model of B-A layers (their MoE and sparse-attention kinds "
+           "kept; dummy weights): a rank too large for one GPU timed in pieces, e.g. 0:30 and 30:60")
       .opt({"--top-k"}, "N",
            "decode rows sample with top-k N (1.." + std::to_string(ops::kMaxDeviceTopK) +
                ", the sample op's filtered draw; 0: a plain draw); MiniMax's generation_config has 40",
@@ -455,7 +503,18 @@ int run_bench_step(const std::vector<std::string>& argv) {
   // The benchmark's workload shares the index top-k over 4 sparse layers (spec §3.4, ATOM's recipe).
   // Those two keys lie under the user's --hf-overrides (which win where they name them), so a run
   // that cuts the layers (`{"num_hidden_layers": 30}`) times the same workload.
-  lo.hf_overrides = bench_step_overrides(a.has("--hf-overrides") ? a.get("--hf-overrides") : "");
+  const std::string user_ov = a.has("--hf-overrides") ? a.get("--hf-overrides") : "";
+  int layer0 = 0, layer_end = 0;
+  nlohmann::json layers_ov = nlohmann::json::object();
+  if (a.has("--layers")) {
+    if (user_ov.find("num_hidden_layers") != std::string::npos)
+      throw Error("--layers and num_hidden_layers in --hf-overrides: give one");
+    // A checkpoint's layer A + i would have to load as layer i: timing runs use dummy weights.
+    if (lo.load_format != "dummy") throw Error("--layers needs --load-format dummy (checkpoint layers are not renumbered)");
+    const ModelConfig full = load_model_config(dir, user_ov);
+    layers_ov = layer_range_overrides(a.get("--layers"), full.raw, &layer0, &layer_end);
+  }
+  lo.hf_overrides = bench_step_overrides(user_ov, layers_ov);
   std::unique_ptr<engine::RankGroup> group;
   std::unique_ptr<model::Model> alone;
   if (group_tp > 1) {
@@ -606,6 +665,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
   out["model"] = dir;
   out["device"] = device_name(dev);
   out["tp_rank_of"] = tp;
+  if (layer_end > 0) out["layers"] = {layer0, layer_end};
   out["tensor_parallel_size"] = group ? tp : 1;
   out["expert_parallel"] = a.get_flag("--enable-expert-parallel");
   out["quantization"] = fp8 ? quant : "bf16";
@@ -625,6 +685,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
                 double(m->weight_bytes()) / 1e9, rates.hbm_gbps,
                 a.has("--hbm-gbps") ? "given" : dev.is_cuda() ? "a device copy, measured" : "a figure for the CPU, not measured",
                 rates.fp8_tflops, rates.bf16_tflops);
+    if (layer_end > 0)
+      std::printf("layers %d .. %d of the model's layout (--layers %d:%d), timed as a model of %d layers\n", layer0,
+                  layer_end - 1, layer0, layer_end, layer_end - layer0);
   }
   json d;
   d["batch"] = batch;

@@ -212,6 +212,33 @@ TEST(ModelCli, BenchStepReportsEveryFamily) {
   EXPECT_GT(j["projected_tpot_ms"].get<double>(), j["decode"]["step_ms"].get<double>());
 }
 
+// bench step --layers A:B: layers A .. B - 1 of the model's layout timed as a model of B - A layers
+// (a rank too large for one GPU in pieces); bad ranges are one line and exit 2.
+TEST(ModelCli, BenchStepTimesALayerRange) {
+  const std::string base = std::string("bench step --model ") + SIEVE_SOURCE_DIR +
+                           "/models/minimax-m3-tiny --device cpu --batch 2 --context 200 "
+                           "--prefill 0 --iters 1 --tp-rank-of 2";
+  testing::CliResult r = run_sieve(base + " --layers 1:4 --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const size_t open = r.out.find("{\n");
+  ASSERT_NE(open, std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out.substr(open));
+  EXPECT_EQ(j["layers"], nlohmann::json::array({1, 4})) << r.out;
+  EXPECT_EQ(j["projection"]["allreduces"], 6);  // 2 per layer of 3
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--layers 4:2", "expected 0 <= A < B <= num_hidden_layers = 6"},
+           {"--layers 0:7", "expected 0 <= A < B <= num_hidden_layers = 6"},
+           {"--layers 3", "expected A:B"},
+           {"--layers 1:2x", "expected A:B"},
+           {"--layers 1:3 --hf-overrides '{\"num_hidden_layers\": 2}'", "give one"},
+           {"--layers 1:3 --load-format auto", "--layers needs --load-format dummy"}}) {
+    testing::CliResult e = run_sieve(base + " " + args);
+    EXPECT_EQ(e.rc, 2) << args << ": " << e.out;
+    EXPECT_NE(e.out.find(needle), std::string::npos) << args << ": " << e.out;
+    EXPECT_EQ(e.out.find('\n'), e.out.size() - 1) << "one line: " << e.out;
+  }
+}
+
 // bench step with --speculative-config (CPU): the verification step of K + 1 rows, the draft's
 // passes (an EAGLE3 draft of the published shape, unsharded on the rank), and speedups that follow
 // from those times at every acceptance length up to K + 1.
