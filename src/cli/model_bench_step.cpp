@@ -47,10 +47,8 @@ namespace {
 
 // --layers A:B: the overrides that keep layers A .. B - 1 of the model's per-layer lists (its MoE
 // and sparse-attention layout) as a model of B - A layers, from `text` (the text config after the
-// user's overrides). Empty `spec`: none.
-nlohmann::json layer_range_overrides(const std::string& spec, const nlohmann::json& text, int* first, int* last) {
-  nlohmann::json ov = nlohmann::json::object();
-  if (spec.empty()) return ov;
+// user's overrides).
+nlohmann::json layer_range_overrides(const std::string& spec, nlohmann::json text, int* first, int* last) {
   const size_t colon = spec.find(':');
   int a = -1, b = -1;
   try {
@@ -67,22 +65,17 @@ nlohmann::json layer_range_overrides(const std::string& spec, const nlohmann::js
                     : 0;
   if (a < 0 || b <= a || b > n)
     throw Error("--layers " + spec + ": expected 0 <= A < B <= num_hidden_layers = " + std::to_string(n));
-  const nlohmann::json& sparse =
-      text.contains("sparse_attention_config") && text["sparse_attention_config"].is_object() ? text["sparse_attention_config"]
-                                                                                            : text;
-  ov["num_hidden_layers"] = b - a;
-  auto slice = [&](const nlohmann::json& obj, const char* key) {
-    if (!obj.contains(key)) return;
-    const nlohmann::json& v = obj[key];
+  nlohmann::json ov = {{"num_hidden_layers", b - a}};
+  // Flat keys: the config loader puts the sparse ones into sparse_attention_config.
+  for_each_layer_list(text, [&](nlohmann::json& holder, const char* key) {
+    if (!holder.contains(key)) return;
+    const nlohmann::json& v = holder[key];
     if (!v.is_array() || int(v.size()) != n)
       throw Error(std::string("--layers: the config's ") + key + " is not a list of num_hidden_layers entries");
     nlohmann::json out = nlohmann::json::array();
     for (int i = a; i < b; ++i) out.push_back(v[size_t(i)]);
     ov[key] = out;
-  };
-  slice(text, "moe_layer_freq");
-  slice(sparse, "sparse_attention_freq");
-  slice(sparse, "sparse_disable_index_value");
+  });
   *first = a;
   *last = b;
   return ov;
@@ -953,7 +946,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
     p["floor_ms"] = fl;
     p["tokens_per_s"] = double(prefill) / (median(pre_ms) * 1e-3);
     // The chunk's all-reduces carry `prefill` rows each: at 8192 tokens 256 x a decode step's.
-    const double pre_comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * allreduce_ms(double(prefill));
+    const double pre_ar_ms = allreduce_ms(double(prefill));
+    const double pre_comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * pre_ar_ms;
     p["projected_ms"] = median(pre_ms) + pre_comm;
     p["comm_ms"] = pre_comm;
     if (print)
@@ -962,7 +956,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
     if (print && !group && tp > 1)
       std::printf("  projected chunk for %lld ranks: %.3f ms = step %.3f + %d all-reduces x %.4f ms (%.1f MB of fp32 hidden "
                   "states each) (%.0f tokens/s)\n",
-                  tp, median(pre_ms) + pre_comm, median(pre_ms), 2 * cfg.num_hidden_layers, allreduce_ms(double(prefill)),
+                  tp, median(pre_ms) + pre_comm, median(pre_ms), 2 * cfg.num_hidden_layers, pre_ar_ms,
                   double(prefill) * double(cfg.hidden_size) * 4 / 1e6, double(prefill) / ((median(pre_ms) + pre_comm) * 1e-3));
     out["prefill"] = p;
   }

@@ -174,18 +174,12 @@ void truncate_layer_lists(json& text, const json& ov) {
   if (!flat->contains("num_hidden_layers") || !(*flat)["num_hidden_layers"].is_number_integer()) return;
   const int64_t n = (*flat)["num_hidden_layers"].get<int64_t>();
   if (n < 1) return;
-  auto cut = [&](json& obj, const char* key) {
+  for_each_layer_list(text, [&](json& obj, const char* key) {
     if (flat->contains(key) || !obj.contains(key) || !obj[key].is_array() || int64_t(obj[key].size()) <= n) return;
     json keep = json::array();
     for (int64_t i = 0; i < n; ++i) keep.push_back(obj[key][size_t(i)]);
     obj[key] = keep;
-  };
-  cut(text, "moe_layer_freq");
-  json& sparse = text.contains("sparse_attention_config") && text["sparse_attention_config"].is_object()
-                     ? text["sparse_attention_config"]
-                     : text;
-  cut(sparse, "sparse_attention_freq");
-  cut(sparse, "sparse_disable_index_value");
+  });
 }
 
 // moe_layer_freq / sparse_attention_freq as an int k: layer i is on iff i >= first_k and
@@ -679,6 +673,15 @@ bool ModelConfig::shares_index_topk(int layer) const {
     return o < int(index_topk_pattern.size()) && index_topk_pattern[size_t(o)] == 'S';
   if (index_topk_freq <= 1) return false;
   return std::max(o - index_skip_topk_offset, 0) % index_topk_freq != 0;
+}
+
+void for_each_layer_list(json& text, const std::function<void(json& holder, const char* key)>& fn) {
+  fn(text, "moe_layer_freq");
+  json& sparse = text.contains("sparse_attention_config") && text["sparse_attention_config"].is_object()
+                     ? text["sparse_attention_config"]
+                     : text;
+  fn(sparse, "sparse_attention_freq");
+  fn(sparse, "sparse_disable_index_value");
 }
 
 }  // namespace sieve

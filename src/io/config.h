@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,11 @@ ModelConfig load_model_config(const std::string& dir, const std::string& hf_over
 // Same, from JSON already in memory; `source` names it in errors.
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& hf_overrides = "",
                                const std::string& source = "config.json");
+
+// The text config's per-layer lists: fn(the object that holds the key, the key) for
+// moe_layer_freq (in `text`) and sparse_attention_freq and sparse_disable_index_value (in
+// sparse_attention_config where the config has that object, else in `text`), present or not.
+void for_each_layer_list(nlohmann::json& text, const std::function<void(nlohmann::json& holder, const char* key)>& fn);
 
 // Writes the published VL layout: {"model_type": "minimax_m3_vl", "text_config": {...}, ...}.
 nlohmann::json model_config_to_json(const ModelConfig& c);
