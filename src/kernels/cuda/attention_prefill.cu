@@ -665,18 +665,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 // zero (as the tile's own fp8 ring makes them), so P V reads 0 there.
 struct StageLayout {
   size_t table = 0, counter = 0, k = 0, v = 0, ks = 0, vs = 0, bytes = 0;
-  int64_t cap = 0;  // slots
+  int64_t entries = 0;  // the table's: requests x max blocks a request
+  int64_t cap = 0;      // slots
 };
 
 StageLayout stage_layout(const ops::AttentionParams& p) {
   auto up = [](size_t x) { return (x + 1023) / 1024 * 1024; };
   StageLayout l;
-  const int64_t entries = int64_t(p.batch.num_seqs) * p.batch.max_blocks_per_seq;
+  l.entries = int64_t(p.batch.num_seqs) * p.batch.max_blocks_per_seq;
   // Slots: every (request, block) the call reads at most once; sparse, at most one a selection.
-  l.cap = entries;
+  l.cap = l.entries;
   if (p.topk_idx) l.cap = std::min<int64_t>(l.cap, p.batch.num_tokens * p.num_kv_heads * p.topk);
   const size_t rows = size_t(l.cap) * size_t(p.num_kv_heads) * kBlock;
-  l.counter = up(size_t(entries) * 4);
+  l.counter = up(size_t(l.entries) * 4);
   l.k = up(l.counter + 4);
   l.v = l.k + rows * kDim * 2;
   l.ks = l.v + rows * kDim * 2;
@@ -835,8 +836,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     uint8_t* ws = static_cast<uint8_t*>(workspace(stream, stage.bytes));
     int32_t* table = reinterpret_cast<int32_t*>(ws + stage.table);
     int32_t* counter = reinterpret_cast<int32_t*>(ws + stage.counter);
-    const int64_t entries = int64_t(p.batch.num_seqs) * p.batch.max_blocks_per_seq;
-    cuda_check(cudaMemsetAsync(table, 0xFF, size_t(entries) * 4, stream), "prefill fp8 stage table");
+    cuda_check(cudaMemsetAsync(table, 0xFF, size_t(stage.entries) * 4, stream), "prefill fp8 stage table");
     cuda_check(cudaMemsetAsync(counter, 0, 4, stream), "prefill fp8 stage counter");
     if (p.topk_idx) {
       const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
@@ -844,7 +844,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
       stage_mark_kernel<<<g, 256, 0, stream>>>(a, table);
       SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
     }
-    stage_convert_kernel<<<unsigned(entries), 256, 0, stream>>>(
+    stage_convert_kernel<<<unsigned(stage.entries), 256, 0, stream>>>(
         a, table, counter, reinterpret_cast<uint16_t*>(ws + stage.k), reinterpret_cast<uint16_t*>(ws + stage.v),
         reinterpret_cast<float*>(ws + stage.ks), reinterpret_cast<float*>(ws + stage.vs), p.topk_idx != nullptr);
     SIEVE_LAUNCH_CHECK("prefill fp8 stage convert launch");
@@ -871,18 +871,16 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   // at the warpgroup's last token's block edge), 16 heads a token only.
   const bool solo = tu.prefill_solo && p.topk_idx && !fp8;
   const bool scales_staged = tu.prefill_fp8_stage_scales == 1;
-  if (group == 16) {
-    if (staged && scales_staged) launch(PfKernel<16, false, false, kScalesStaged>{});
-    else if (staged) launch(PfKernel<16, false, false, kScalesGlobal>{});
-    else if (fp8) launch(PfKernel<16, true, false>{});
-    else if (solo) launch(PfKernel<16, false, true>{});
-    else launch(PfKernel<16, false, false>{});
-  } else {
-    if (staged && scales_staged) launch(PfKernel<8, false, false, kScalesStaged>{});
-    else if (staged) launch(PfKernel<8, false, false, kScalesGlobal>{});
-    else if (fp8) launch(PfKernel<8, true, false>{});
-    else launch(PfKernel<8, false, false>{});
-  }
+  auto launch_group = [&](auto group_tag) {
+    constexpr int G = decltype(group_tag)::value;
+    if (staged && scales_staged) launch(PfKernel<G, false, false, kScalesStaged>{});
+    else if (staged) launch(PfKernel<G, false, false, kScalesGlobal>{});
+    else if (fp8) launch(PfKernel<G, true, false>{});
+    else if constexpr (G == 16) solo ? launch(PfKernel<G, false, true>{}) : launch(PfKernel<G, false, false>{});
+    else launch(PfKernel<G, false, false>{});
+  };
+  if (group == 16) launch_group(std::integral_constant<int, 16>{});
+  else launch_group(std::integral_constant<int, 8>{});
   SIEVE_LAUNCH_CHECK("prefill attention launch");
   return true;
 }
