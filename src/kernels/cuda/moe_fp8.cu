@@ -535,7 +535,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.beta = p.beta;
     g.partial = partial;
     g.kp = kp;
-    g.experiment = knobs.fp8_stream_experiment;
+    g.experiment = stream ? knobs.fp8_stream_experiment : knobs.fp8_tile_experiment;
     g.wst = nullptr;
     g.wn = 0;
     g.wtiled = w_tiled;

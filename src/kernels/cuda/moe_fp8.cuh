@@ -197,7 +197,7 @@ struct GemmArgs {
   // ksplit 1.
   int ksplit_max;
   int kp;      // stream kernels: k blocks of 128 a pipeline stage
-  int experiment;  // stream kernels: MoeTuning::fp8_stream_experiment
+  int experiment;  // MoeTuning::fp8_stream_experiment (stream kernels) or fp8_tile_experiment (tile kernels)
   // gate_up: the SwiGLU rows quantized for down, by sorted row.
   uint8_t* act_q;       // [rows_cap, ld_act]
   int64_t ld_act;

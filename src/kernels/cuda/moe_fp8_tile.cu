@@ -112,7 +112,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const CUtensorMap* acquired = nullptr;
     for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
       const Tile t = tile_of(g, i);
-      const CUtensorMap* wm = kParamMaps ? &pmaps.m[t.e] : g.wmaps + t.e;
+      // Timing experiments (MoeTuning::fp8_tile_experiment; wrong results): bit 0 every tile's
+      // weights and their scales from expert 0, bit 1 every tile's activation rows from row 0.
+      const int ew = (g.experiment & 1) ? 0 : t.e;
+      const int ar0 = (g.experiment & 2) ? 0 : t.r0;
+      const CUtensorMap* wm = kParamMaps ? &pmaps.m[ew] : g.wmaps + ew;
       if (lane == 0 && wm != acquired) {
         if (kParamMaps) {
           prefetch_tensor_map(wm);
@@ -123,8 +127,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // Row-major scales, or (k-block-major modes) the tile's row block of the expert's own tiled
       // array when the weights come with one (g.wtiled), else of the call's tiled copy wst.
-      const float* ws = !kKmaj ? g.wscale[t.e]
-                               : (g.wtiled ? g.wscale[t.e] : g.wst + int64_t(t.e) * g.cols * g.nkb * kTileW) +
+      const float* ws = !kKmaj ? g.wscale[ew]
+                               : (g.wtiled ? g.wscale[ew] : g.wst + int64_t(ew) * g.cols * g.nkb * kTileW) +
                                      int64_t(t.col) * g.nkb * kTileW;
       for (int kb = 0; kb < g.nkb; ++kb) {
         mbar_wait(&empty[s], ep);
@@ -141,8 +145,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (lane == 0) {
           uint8_t* a = a_ring + s * kABytes;
-          tma_load(a, &amap, kb * kBK, t.r0, &full[s]);
-          tma_load(a + kBox, &amap, kb * kBK, t.r0 + 64, &full[s]);
+          tma_load(a, &amap, kb * kBK, ar0, &full[s]);
+          tma_load(a + kBox, &amap, kb * kBK, ar0 + 64, &full[s]);
           uint8_t* w = w_ring + s * kWBytes;
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int k = 0; k < 64; ++k) tmp[k] = 0.0f;
   for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
     const Tile t = tile_of(g, i);
-    const bool active = 64 * c < t.rows;
+    const bool active = 64 * c < t.rows && g.experiment != 4;  // 4: no products, no epilogue (timing)
     const int xoff = kTileW + (kMode == kBulk ? (t.r0 & 3) : 0);  // the tile's first activation scale
     float fin[2][64];
 #pragma unroll

@@ -117,10 +117,9 @@ struct AttentionTuning {
   bool prefill_solo = true;
   // fp8 cache: the prefill tiles run the bf16 path (TMA, 3-stage ring) over a bf16 copy of the
   // blocks the call reads, staged in the workspace by a conversion kernel (the same results),
-  // for dense calls (1) or dense and sparse calls (2); 0: the tile's threads convert each block
-  // into a 2-stage ring themselves. Sparse calls stay off by default until racecheck passes on the
-  // race fixed in the conversion kernel (docs/kernels.md).
-  int prefill_fp8_stage = 1;
+  // for dense calls (1) or dense and sparse calls (2, the default); 0: the tile's threads convert
+  // each block into a 2-stage ring themselves (docs/kernels.md).
+  int prefill_fp8_stage = 2;
   // Staged fp8: the per-key k and v scales read from global memory (L1) beside the 3-stage ring
   // (0), or copied with each block into a 2-stage ring (1).
   int prefill_fp8_stage_scales = 0;
@@ -172,6 +171,11 @@ struct MoeTuning {
   // the row-major cp.async nor the tiled bulk copy, nor their bytes), 2 also no products (the
   // consumers only wait and release the stages). 0: off.
   int fp8_stream_experiment = 0;
+  // Tile kernels, timing experiments (wrong results): 1 every tile's weights (and their scales)
+  // from expert 0, so they come from L2; 2 every tile's activation rows from the buffer's first
+  // 128; 3 both; 4 no products and no epilogue (the consumers only wait and release the stages).
+  // 0: off.
+  int fp8_tile_experiment = 0;
   // Tile kernels (prefill): the 1 x 128 activation scales laid out k-block-major ([k block][row],
   // by the quantizer and gate_up's epilogue) and the experts' weight scales copied tiled
   // (ops::fp8_scales_moe_tiled) once a call, so that the producer reads a stage's 384 scales from
