@@ -191,6 +191,11 @@ struct MoeTuning {
   // call; never under stream capture or with more than 128 experts) instead of maps written in
   // global memory by the sort kernel. false: the device-written maps.
   bool fp8_tile_param_maps = true;
+  // Tile kernels with bulk scales: 1, each CTA loads the weight tiles of its own tiles; 2, the
+  // kernels in clusters of two CTAs that take two row tiles of one expert and weight-row tile
+  // together, each stage's weight tile loaded once for both by TMA multicast (docs/kernels.md
+  // "FP8 MoE"; the same results bit for bit). Other scale modes run as 1. Not yet run on a GPU.
+  int fp8_tile_cluster = 1;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
   // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
