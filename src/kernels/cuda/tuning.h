@@ -173,8 +173,8 @@ struct MoeTuning {
   int fp8_stream_experiment = 0;
   // Tile kernels, timing experiments (wrong results): 1 every tile's weights (and their scales)
   // from expert 0, so they come from L2; 2 every tile's activation rows from the buffer's first
-  // 128; 3 both; 4 no products and no epilogue (the consumers only wait and release the stages).
-  // 0: off.
+  // 128; 3 both; 4 no products and no epilogue (the consumers only wait and release the stages);
+  // 7 the products but no epilogue (nothing stored). 0: off.
   int fp8_tile_experiment = 0;
   // Tile kernels (prefill): the 1 x 128 activation scales laid out k-block-major ([k block][row],
   // by the quantizer and gate_up's epilogue) and the experts' weight scales copied tiled
