@@ -325,7 +325,7 @@ std::vector<GpuRun> stream_runs() {
 // The tile kernels under each scale layout and map source (MoeTuning::fp8_tile_*), whole and in
 // chunks; then those with bulk scales in clusters of two CTAs (MoeTuning::fp8_tile_cluster), the
 // same bytes as their one-CTA twins (same_as: indices into this list), and the cp.async layout
-// asked for clusters (it runs as one CTA).
+// asked for clusters (it runs as one CTA); then the first with one weight multiplier a column.
 std::vector<GpuRun> tile_runs() {
   std::vector<GpuRun> r;
   struct Layout {
@@ -357,6 +357,14 @@ std::vector<GpuRun> tile_runs() {
     g.what += ", clusters of 2";
     r.push_back(g);
   }
+  // Weight blocks of 128 rows or more take one multiplier a run of rows in the promotion
+  // (MoeTuning::fp8_tile_block_scales); one a column gives the same bytes (other blocks: the
+  // knob changes nothing).
+  GpuRun g = r[0];
+  g.knobs.fp8_tile_block_scales = false;
+  g.same_as = 0;
+  g.what += ", a weight multiplier a column";
+  r.push_back(g);
   return r;
 }
 

@@ -378,6 +378,9 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         int experiment = 0;  // MoeTuning::fp8_stream_experiment
         bool rowmajor = false;  // the weights' scales row-major (not MoeExpertsParams::scale_tiled)
         int cluster = -1;       // MoeTuning::fp8_tile_cluster; -1: as tuned
+        // Weight blocks of (128, 128) (the row-major arrays read as such; tiled a call) with
+        // MoeTuning::fp8_tile_block_scales off (0) or on (1); -1: (1, 128) blocks.
+        int block = -1;
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
@@ -419,6 +422,15 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         Variant rm{0, true, false, "tiles, row-major scales (transposed a call), bulk copies, parameter maps"};
         rm.rowmajor = true;
         variants.push_back(rm);
+        // (128, 128) weight blocks (HF fp8, --quantization fp8): one multiplier a run of rows in
+        // the promotion, and one a column as before.
+        for (int b : {1, 0}) {
+          Variant bv{0, true, false, b ? "tiles, (128, 128) weight blocks, a multiplier a run of rows"
+                                       : "tiles, (128, 128) weight blocks, a multiplier a column"};
+          bv.rowmajor = true;
+          bv.block = b;
+          variants.push_back(bv);
+        }
       }
       for (const Variant& v : variants) {
         cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
@@ -431,13 +443,16 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           if (v.waves >= 0) m.fp8_ksplit_waves = v.waves;
           m.fp8_stream_experiment = v.experiment;
           if (v.cluster > 0) m.fp8_tile_cluster = v.cluster;
+          if (v.block >= 0) m.fp8_tile_block_scales = v.block == 1;
         }));
+        p.scale_block_rows = v.block >= 0 ? 128 : 1;
         // (The tile kernels' row-major scale mode takes row-major weight scales only.)
         const bool rowmajor = v.rowmajor || !v.kmajor;
         p.scale_tiled = !rowmajor;
         p.w_gate_up_scale = static_cast<const float* const*>(rowmajor ? d_gus.p : d_gus_tiled.p);
         p.w_down_scale = static_cast<const float* const*>(rowmajor ? d_dns.p : d_dns_tiled.p);
-        Row r{kKernel, shape, "fp8 (1,128)", v.mode, 0, floor_us, by_flops ? "flops" : "bytes"};
+        Row r{kKernel, shape, v.block >= 0 ? "fp8 (128,128)" : "fp8 (1,128)", v.mode, 0, floor_us,
+              by_flops ? "flops" : "bytes"};
         r.runs = tokens >= 1024 ? std::min(opt.iters, 30) : opt.iters;
         r.input_sets = 1;
         if (tokens == 32 && rank == "TP4") {

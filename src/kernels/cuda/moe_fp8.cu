@@ -398,6 +398,12 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   // MoeTuning::fp8_tile_cluster: the tile kernels in clusters of two CTAs (bulk scales only; the
   // other modes run as one CTA).
   const bool tile_cluster = !stream && scales == TileScales::kBulk && knobs.fp8_tile_cluster == 2;
+  // MoeTuning::fp8_tile_block_scales: weight blocks of 128 rows or more (HF fp8, --quantization
+  // fp8) promote with one multiplier for each half's gate rows and one for its up rows (64 rows
+  // each: I % 64 == 0), down's with one for each half (128 rows); the same products.
+  const bool block_gu = scales == TileScales::kBulk && knobs.fp8_tile_block_scales && p.scale_block_rows % 128 == 0 &&
+                        I % 64 == 0;
+  const bool block_dn = scales == TileScales::kBulk && knobs.fp8_tile_block_scales && p.scale_block_rows % 128 == 0;
   const int nt = stream ? (knobs.fp8_stream_rows ? knobs.fp8_stream_rows : stream_rows_for(pairs_max, int(E))) : 0;
   if (stream && nt != 8 && nt != 16 && nt != 32 && nt != 64) return false;
   const int R = stream ? nt : 128;
@@ -567,7 +573,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     if (stream) {
       launch_stream(true, nt, map_x, g, grid, pdl, st);
     } else {
-      launch_tiles(true, map_x, g, grid, st, scales, maps_gu.get(), block_pairs_max * g.cols);
+      launch_tiles(true, map_x, g, grid, st, scales, maps_gu.get(), block_pairs_max * g.cols, block_gu);
     }
     // down
     g.wmaps = wmaps + E;
@@ -584,7 +590,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     if (stream) {
       launch_stream(false, nt, map_a, g, grid, pdl, st);
     } else {
-      launch_tiles(false, map_a, g, grid, st, scales, maps_dn.get(), block_pairs_max * g.cols);
+      launch_tiles(false, map_a, g, grid, st, scales, maps_dn.get(), block_pairs_max * g.cols, block_dn);
     }
     if (probe) {
       probe_kernel<<<unsigned(std::min<int64_t>(pairs, 4096)), 128, 0, st>>>(

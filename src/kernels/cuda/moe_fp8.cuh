@@ -256,10 +256,12 @@ enum class TileScales { kRowMajor, kKmajor, kBulk };
 // kernels in clusters of two CTAs that share each weight tile (MoeTuning::fp8_tile_cluster), at
 // most cluster_items clusters (an upper bound on the sort's pair_start[E] x g.cols) and at most
 // as many as the device keeps resident; `grid` CTAs of the plain kernels where it keeps none.
+// block_w (kBulk only): weight multipliers constant over each half's gate rows and up rows (down:
+// over each half), as with blocks of 128 rows or more: one multiplier a run in the promotion.
 size_t tile_smem_bytes();
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
                   TileScales scales = TileScales::kRowMajor, const TileMaps* maps = nullptr,
-                  int64_t cluster_items = 0);
+                  int64_t cluster_items = 0, bool block_w = false);
 // Stream kernels (256 weight rows x `nt` token rows a work unit, nt = 8, 16, 32 or 64; a
 // pipeline stage holds g.kp k blocks of them, 1 to 4).
 size_t stream_smem_bytes(int nt);

@@ -122,10 +122,11 @@ struct NoMaps {
 enum ScaleMode { kRowMajor = 0, kKmajor = 1, kBulk = 2 };
 
 // kCluster: 1, or 2 (clusters of two CTAs sharing the weight tiles; kBulk only).
-template <bool kGateUp, int kMode, class Maps, int kCluster>
+template <bool kGateUp, int kMode, class Maps, int kCluster, bool kBlockW>
 __global__ void __launch_bounds__(kThreads, 1)
     tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g, const __grid_constant__ Maps pmaps) {
   static_assert(kCluster == 1 || (kCluster == 2 && kMode == kBulk), "clusters of two: bulk scales only");
+  static_assert(!kBlockW || kMode == kBulk, "block weight multipliers: bulk scales only");
   constexpr bool kParamMaps = sizeof(Maps) > sizeof(NoMaps);
   constexpr bool kKmaj = kMode != kRowMajor;
   extern __shared__ uint8_t tile_smem_raw[];
@@ -300,6 +301,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_commit();
           wgmma_wait_all();
           fence_acc(tmp);
+          if (kBlockW) {
+            // Weight blocks of 128 rows or more (HF fp8, --quantization fp8): one multiplier for
+            // the half's gate rows and one for its up rows (down: one for the half), the same
+            // values as the per-column path, and the same products.
+            const float wg = sc[h * 128], wu = kGateUp ? sc[h * 128 + 64] : wg;
+            const float p[2][2] = {{xs0 * wg, xs1 * wg}, {xs0 * wu, xs1 * wu}};
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+              for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int ii = 0; ii < 2; ++ii) {
+                  const int k = 4 * j + 2 * r + ii;
+                  fin[h][k] = fmaf(tmp[k], p[j >= 8][r], fin[h][k]);
+                }
+            continue;
+          }
           const float4* ws4 = reinterpret_cast<const float4*>(sc + h * 128 + q * 32);
 #pragma unroll
           for (int j2 = 0; j2 < 8; ++j2) {
@@ -394,13 +412,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 size_t tile_smem_bytes() { return kSmemBytes; }
 
 namespace {
-template <bool kGateUp, int kMode, class Maps, int kCluster = 1>
+template <bool kGateUp, int kMode, class Maps, int kCluster = 1, bool kBlockW = false>
 void launch_one(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, cudaStream_t st) {
   const char* what = kGateUp ? "moe_experts fp8 (gate_up tiles)" : "moe_experts fp8 (down tiles)";
-  auto* kernel = tile_kernel<kGateUp, kMode, Maps, kCluster>;
+  auto* kernel = tile_kernel<kGateUp, kMode, Maps, kCluster, kBlockW>;
   set_smem(kernel, kSmemBytes);
   if (kCluster == 1) {
-    tile_kernel<kGateUp, kMode, Maps, kCluster><<<grid, kThreads, kSmemBytes, st>>>(amap, g, maps);
+    kernel<<<grid, kThreads, kSmemBytes, st>>>(amap, g, maps);
     SIEVE_LAUNCH_CHECK(what);
   } else {
     ClusterLaunch l(dim3(unsigned(grid), 1, 1), dim3(kThreads, 1, 1), kSmemBytes, st, kCluster);
@@ -409,27 +427,37 @@ void launch_one(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, in
 }
 // Bulk scales: in clusters of two where asked (cluster_items > 0) and the device keeps such
 // clusters resident (asked once a kernel), persistent: at most that many clusters.
-template <bool kGateUp, class Maps>
+template <bool kGateUp, class Maps, bool kBlockW>
 void launch_bulk(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, int64_t cluster_items,
                  cudaStream_t st) {
   if (cluster_items > 0) {
-    static const int resident = resident_clusters(tile_kernel<kGateUp, kBulk, Maps, 2>, kThreads, kSmemBytes, 2,
-                                                  std::max(1, num_sms() / 2), 0);
+    static const int resident = resident_clusters(tile_kernel<kGateUp, kBulk, Maps, 2, kBlockW>, kThreads, kSmemBytes,
+                                                  2, std::max(1, num_sms() / 2), 0);
     if (resident > 0) {
-      launch_one<kGateUp, kBulk, Maps, 2>(amap, g, maps, int(2 * std::min<int64_t>(cluster_items, resident)), st);
+      launch_one<kGateUp, kBulk, Maps, 2, kBlockW>(amap, g, maps, int(2 * std::min<int64_t>(cluster_items, resident)),
+                                                   st);
       return;
     }
   }
-  launch_one<kGateUp, kBulk, Maps>(amap, g, maps, grid, st);
+  launch_one<kGateUp, kBulk, Maps, 1, kBlockW>(amap, g, maps, grid, st);
+}
+template <bool kGateUp, class Maps>
+void launch_bulk(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, int64_t cluster_items,
+                 bool block_w, cudaStream_t st) {
+  if (block_w) {
+    launch_bulk<kGateUp, Maps, true>(amap, g, maps, grid, cluster_items, st);
+  } else {
+    launch_bulk<kGateUp, Maps, false>(amap, g, maps, grid, cluster_items, st);
+  }
 }
 template <bool kGateUp>
 void launch_product(const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st, TileScales scales,
-                    const TileMaps* maps, int64_t cluster_items) {
+                    const TileMaps* maps, int64_t cluster_items, bool block_w) {
   if (scales == TileScales::kBulk) {
     if (maps) {
-      launch_bulk<kGateUp>(amap, g, *maps, grid, cluster_items, st);
+      launch_bulk<kGateUp>(amap, g, *maps, grid, cluster_items, block_w, st);
     } else {
-      launch_bulk<kGateUp>(amap, g, NoMaps{}, grid, cluster_items, st);
+      launch_bulk<kGateUp>(amap, g, NoMaps{}, grid, cluster_items, block_w, st);
     }
   } else if (scales == TileScales::kKmajor) {
     if (maps) {
@@ -444,7 +472,7 @@ void launch_product(const CUtensorMap& amap, const GemmArgs& g, int grid, cudaSt
 }  // namespace
 
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
-                  TileScales scales, const TileMaps* maps, int64_t cluster_items) {
+                  TileScales scales, const TileMaps* maps, int64_t cluster_items, bool block_w) {
   SIEVE_CHECK(!maps || scales != TileScales::kRowMajor, "moe_experts fp8: parameter maps need k-block-major scales");
   SIEVE_CHECK(scales != TileScales::kBulk || g.rows_cap % 4 == 0, "moe_experts fp8: bulk scales need rows_cap % 4");
   SIEVE_CHECK(!g.wtiled || scales != TileScales::kRowMajor,
@@ -452,9 +480,9 @@ void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int 
   SIEVE_CHECK(cluster_items <= 0 || (scales == TileScales::kBulk && g.pair_start),
               "moe_experts fp8: tile clusters need bulk scales and the sort's pair prefix");
   if (gate_up) {
-    launch_product<true>(amap, g, grid, st, scales, maps, cluster_items);
+    launch_product<true>(amap, g, grid, st, scales, maps, cluster_items, block_w);
   } else {
-    launch_product<false>(amap, g, grid, st, scales, maps, cluster_items);
+    launch_product<false>(amap, g, grid, st, scales, maps, cluster_items, block_w);
   }
 }
 

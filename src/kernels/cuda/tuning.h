@@ -196,6 +196,10 @@ struct MoeTuning {
   // together, each stage's weight tile loaded once for both by TMA multicast (docs/kernels.md
   // "FP8 MoE"; the same results bit for bit). Other scale modes run as 1. Not yet run on a GPU.
   int fp8_tile_cluster = 1;
+  // Tile kernels with bulk scales and weight blocks of 128 rows or more (HF fp8, --quantization
+  // fp8): the promotion takes one weight multiplier for each 64-row gate or up run of a half
+  // (down: each half) instead of one a column; the same products (false: one a column).
+  bool fp8_tile_block_scales = true;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
   // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
