@@ -210,15 +210,18 @@ struct EmbeddingParams {
 
 // RMSNorm over the last dim, computed in fp32: y = x / sqrt(mean(x^2) + eps) * (gemma ? 1 + w : w).
 // If residual is set, first x += residual is stored back into residual (pre-norm add) and the
-// norm is taken of the sum.
+// norm is taken of the sum as stored (rounded to the residual's dtype). The residual has x's
+// dtype, or is F32 with residual_f32 (a bf16 sublayer output added to an fp32 residual stream:
+// the sum in fp32, stored in fp32).
 // y_dtype FP8_E4M3 (fused norm + quantization for an FP8 GEMM): the fp32 normed row is quantized
 // per 1 x 128 group exactly as quantize_fp8 does, the scales go to y_scale [rows, fp8_groups(dim)]
 // (packed); y must not alias x then.
 struct RmsNormParams {
   const void* x = nullptr;  // [rows, dim], row stride ldx
   DType x_dtype = DType::F32;
-  void* residual = nullptr;  // optional [rows, dim], row stride ldr, same dtype as x
+  void* residual = nullptr;  // optional [rows, dim], row stride ldr: x_dtype, or F32 with residual_f32
   int64_t ldr = 0;
+  bool residual_f32 = false;
   void* y = nullptr;  // [rows, dim], row stride ldy (may alias x)
   DType y_dtype = DType::F32;
   const void* weight = nullptr;  // [dim]
@@ -295,7 +298,7 @@ struct MoeRouteParams {
 // (docs/kernels.md says where CUDA rounds more than the CPU).
 struct MoeExpertsParams {
   const void* x = nullptr;  // [num_tokens, hidden]: act_dtype, or FP8_E4M3 when x_scale is set
-  DType act_dtype = DType::F32;  // F32 or BF16: x (unless FP8) and out
+  DType act_dtype = DType::F32;  // F32 or BF16: x (unless FP8) and out (unless out_bf16)
   // FP8 x (already quantized as kFp8Group describes, e.g. by rms_norm with an FP8 output):
   // x = fp8 * x_scale[t * fp8_groups(hidden) + k / 128].
   const float* x_scale = nullptr;  // [num_tokens, fp8_groups(hidden)]
@@ -322,7 +325,11 @@ struct MoeExpertsParams {
   // compares like with like; false (the oracle): fp32 activations.
   bool quantize_act = false;
   float alpha = 1.702f, limit = 7.0f, beta = 1.0f;
-  void* out = nullptr;  // [num_tokens, hidden] (act_dtype), accumulated into
+  // [num_tokens, hidden], accumulated into: out += the fp32 sum of the token's weighted expert
+  // outputs, rounded once at the store. act_dtype, or BF16 with out_bf16 whatever act_dtype (fp32
+  // rows for the router, the sublayer output in bf16).
+  void* out = nullptr;
+  bool out_bf16 = false;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@
 // once, at the store).
 //
 // Readings of the contract chosen here:
-// - rms_norm with residual: the sum x + residual is stored into residual (rounded to x_dtype)
-//   and the norm is taken of that stored value (the "residual add in the model dtype" of
-//   vLLM's fused_add_rms_norm). y may alias x.
+// - rms_norm with residual: the sum x + residual is stored into residual (rounded to its dtype:
+//   x_dtype, or F32 with residual_f32) and the norm is taken of that stored value (the "residual
+//   add in the model dtype" of vLLM's fused_add_rms_norm). y may alias x.
 // - swiglu_oai: min/clamp propagate NaN (as torch.clamp does).
 #include <algorithm>
 #include <cmath>
@@ -210,6 +210,7 @@ void run_rms_norm(const ops::RmsNormParams& p) {
   SIEVE_CHECK(!p.y_fp8 || (!fp8 && p.y_fp8_scale && p.ld_fp8 >= p.dim && p.y != p.x),
               "rms_norm: y_fp8 needs y_fp8_scale, ld_fp8 >= dim and a y that is neither x nor FP8");
   const int64_t dim = p.dim;
+  const DType rt = p.residual_f32 ? DType::F32 : p.x_dtype;
   std::vector<float> v(static_cast<size_t>(dim)), w(static_cast<size_t>(dim));
   for (int64_t d = 0; d < dim; ++d) {
     const float wd = load_as_f32(p.weight, p.weight_dtype, size_t(d));
@@ -220,8 +221,8 @@ void run_rms_norm(const ops::RmsNormParams& p) {
     if (p.residual) {
       for (int64_t d = 0; d < dim; ++d) {
         const size_t idx = size_t(r * p.ldr + d);
-        store_from_f32(p.residual, p.x_dtype, idx, v[size_t(d)] + load_as_f32(p.residual, p.x_dtype, idx));
-        v[size_t(d)] = load_as_f32(p.residual, p.x_dtype, idx);
+        store_from_f32(p.residual, rt, idx, v[size_t(d)] + load_as_f32(p.residual, rt, idx));
+        v[size_t(d)] = load_as_f32(p.residual, rt, idx);
       }
     }
     double ss = 0;

@@ -51,6 +51,7 @@ struct RmsArgs {
   void* y;
   const void* weight;
   int xt, yt, wt;
+  int rt;  // the residual's: xt, or F32 (RmsNormParams::residual_f32)
   int64_t dim, ldx, ldr, ldy;
   float eps;
   bool gemma;
@@ -98,7 +99,7 @@ __device__ __forceinline__ void rms_quantize_row(const RmsArgs& a, int64_t r, fl
       v[k] = 0.0f;
       if (k < valid) {
         const int64_t d = c0 + k;
-        const float x = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
+        const float x = a.residual ? ld_elem(a.residual, a.rt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
         v[k] = normed(x, inv, ld_elem(a.weight, a.wt, d), a.gemma);
       }
     }
@@ -124,10 +125,10 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
   for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
     float v = ld_elem(a.x, a.xt, r * a.ldx + d);
     if (a.residual) {
-      // The sum is stored in the activation dtype and the norm is taken of the stored value.
+      // The sum is stored in the residual's dtype and the norm is taken of the stored value.
       const int64_t i = r * a.ldr + d;
-      st_elem(a.residual, a.xt, i, __fadd_rn(v, ld_elem(a.residual, a.xt, i)));
-      v = ld_elem(a.residual, a.xt, i);
+      st_elem(a.residual, a.rt, i, __fadd_rn(v, ld_elem(a.residual, a.rt, i)));
+      v = ld_elem(a.residual, a.rt, i);
     }
     ss += double(v) * double(v);
   }
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
   } else {
     // Each thread reads back only the elements it wrote above, so y may alias x (not with q).
     for (int64_t d = threadIdx.x; d < a.dim; d += kRowThreads) {
-      const float v = a.residual ? ld_elem(a.residual, a.xt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
+      const float v = a.residual ? ld_elem(a.residual, a.rt, r * a.ldr + d) : ld_elem(a.x, a.xt, r * a.ldx + d);
       st_elem(a.y, a.yt, r * a.ldy + d, normed(v, inv, ld_elem(a.weight, a.wt, d), a.gemma));
     }
     if (a.q) rms_quantize_row(a, r, inv, a.q, a.ldq, a.q_scale);
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsArgs a) {
 // from one round of vector loads to the stores. The general kernel above walks the row three times
 // with scalar loads, and with a residual every step re-reads the sum it just stored (the pointers
 // may alias, so nothing overlaps): 11-18 us a norm at 32 rows x 6144 in the decode chain. Same
-// arithmetic: the residual sum rounded to the activation dtype, the sum of squares in double,
+// arithmetic: the residual sum rounded to the residual's dtype, the sum of squares in double,
 // the norm's products rounded as there, the same quantizer.
 constexpr int kVecNormMaxGroups = 8;  // per warp: dim <= 8 x 8 x 128 = 8192
 
@@ -183,19 +184,19 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_vec_kernel(RmsArgs a) {
 #pragma unroll
     for (int i = 0; i < kVecNormMaxGroups; ++i) {
       const int g = warp + i * kWarps;
-      if (g < groups) load_act4(a.residual, a.xt, r * a.ldr + g * 128 + lane * 4, 4, true, res[i]);
+      if (g < groups) load_act4(a.residual, a.rt, r * a.ldr + g * 128 + lane * 4, 4, true, res[i]);
     }
 #pragma unroll
     for (int i = 0; i < kVecNormMaxGroups; ++i) {
       const int g = warp + i * kWarps;
       if (g >= groups) continue;
-      // The sum is stored in the activation dtype and the norm is taken of the stored value.
+      // The sum is stored in the residual's dtype and the norm is taken of the stored value.
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float s = __fadd_rn(v[i][k], res[i][k]);
-        v[i][k] = a.xt == kElemF32 ? s : round_bf16(s);
+        v[i][k] = a.rt == kElemF32 ? s : round_bf16(s);
       }
-      store_act4(a.residual, a.xt, r * a.ldr + g * 128 + lane * 4, v[i]);
+      store_act4(a.residual, a.rt, r * a.ldr + g * 128 + lane * 4, v[i]);
     }
   }
   double ss = 0;
@@ -325,6 +326,7 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   a.xt = elem_code(p.x_dtype);
   a.yt = fp8 ? kElemF32 : elem_code(p.y_dtype);
   a.wt = elem_code(p.weight_dtype);
+  a.rt = p.residual_f32 ? int(kElemF32) : a.xt;
   if (a.xt < 0 || a.yt < 0 || a.wt < 0 || p.rows > INT_MAX) return false;
   a.x = p.x;
   a.residual = p.residual;
@@ -342,14 +344,15 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   a.q_scale = p.y_fp8_scale;
   cudaStream_t st = static_cast<cudaStream_t>(stream_v);
   // The register path: whole 128-groups, every row and vector of x, the residual, y and the weight
-  // aligned for 16-byte (F32) or 8-byte (BF16) access; F16 and odd shapes take the general kernel.
+  // aligned for 16-byte (F32) or 8-byte (BF16) access (each by its own dtype: a bf16 x with an
+  // fp32 residual too); F16 and odd shapes take the general kernel.
   const auto aligned = [](const void* ptr, int t, int64_t ld) {
     const int64_t bytes = t == kElemF32 ? 16 : 8;
     return reinterpret_cast<uintptr_t>(ptr) % uintptr_t(bytes) == 0 && ld % 4 == 0;
   };
   const bool vec = p.dim % 128 == 0 && p.dim / 128 <= int64_t(kVecNormMaxGroups) * (kRowThreads / 32) &&
                    a.xt != kElemF16 && a.wt != kElemF16 && aligned(p.x, a.xt, p.ldx) &&
-                   (!p.residual || aligned(p.residual, a.xt, p.ldr)) && aligned(p.weight, a.wt, 0) &&
+                   (!p.residual || (a.rt != kElemF16 && aligned(p.residual, a.rt, p.ldr))) && aligned(p.weight, a.wt, 0) &&
                    (fp8 || (a.yt != kElemF16 && aligned(p.y, a.yt, p.ldy)));
   if (vec) {
     launch_pdl(chain_pdl(st, p.rows), fp8 ? rms_norm_vec_kernel<true> : rms_norm_vec_kernel<false>,

@@ -9,7 +9,7 @@
 //     epilogue (fp32), into an intermediate row per pair;
 //  3. down: those rows times the expert's down rows into a row per pair (fp32);
 //  4. combine: out[t] += sum of weight x row over the token's experts, in expert-id order (the CPU
-//     reference's order), one rounding to the activation dtype at the end.
+//     reference's order), one rounding to out's dtype at the end.
 // The products of steps 2 and 3 run on tensor cores for BF16 weights (hidden and inter multiples
 // of 8): the token rows are rounded to bf16 (fp32 ones), the intermediate rows are stored in
 // bf16, and mma.sync multiplies bf16 by bf16 with fp32 accumulation; in tiles of 64 rows, or of
@@ -571,7 +571,6 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   if (p.w_dtype == DType::FP8_E4M3) return run_moe_experts_fp8(p, stream_v);
   if (p.act_dtype != DType::F32 && p.act_dtype != DType::BF16) return false;
   if (p.x_scale) return false;  // FP8 x: only with FP8 weights
-  const int at = elem_code(p.act_dtype);
   if (p.w_dtype != DType::BF16 && p.w_dtype != DType::F32) return false;
   if (p.topk > kMaxTopk || p.num_experts > kMaxSortExperts) return false;
   const int64_t H = p.hidden, I = p.inter, T = p.num_tokens, E = p.num_experts, topk = p.topk;
@@ -608,6 +607,7 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   auto* y = reinterpret_cast<float*>(base + 2 * off_b + sorted_b + act_b);
   auto* x_bf16 = reinterpret_cast<uint16_t*>(base + 2 * off_b + sorted_b + act_b + y_b);
   const size_t esz = dtype_size(p.act_dtype);
+  const DType out_t = p.out_bf16 ? DType::BF16 : p.act_dtype;  // out's
 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t tc_tokens = std::min(chunk, T - t0);
@@ -704,8 +704,9 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
       SIEVE_LAUNCH_CHECK("moe_experts (down)");
     }
 
-    moe_combine_kernel<<<unsigned(tc_tokens), 256, 0, st>>>(ids, p.weights + t0 * topk, int(topk), int(E), y, H,
-                                                            static_cast<uint8_t*>(p.out) + size_t(t0 * H) * esz, at);
+    moe_combine_kernel<<<unsigned(tc_tokens), 256, 0, st>>>(
+        ids, p.weights + t0 * topk, int(topk), int(E), y, H,
+        static_cast<uint8_t*>(p.out) + size_t(t0 * H) * dtype_size(out_t), elem_code(out_t));
     SIEVE_LAUNCH_CHECK("moe_experts (combine)");
   }
   return true;

@@ -14,7 +14,7 @@
 //     in the epilogue (moe_fp8_tile.cu, moe_fp8_stream.cu);
 //  4. down: the same kernels, each pair's output row in bf16;
 //  5. combine: out[t] += sum of weight x row over the token's experts, in expert-id order (the
-//     CPU's order), fp32, one rounding to the activation dtype.
+//     CPU's order), fp32, one rounding to out's dtype.
 // The stream path launches 1-5 (the sort: MoeTuning::fp8_sort_pdl) with programmatic dependent
 // launch (MoeTuning::fp8_pdl): each kernel starts while the previous one finishes (the sort
 // checks the cache's maps, the stream kernels load their first weight stages, before they
@@ -164,12 +164,15 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
 }
 
 // Step 5. A CTA a token (x) and a slice of its columns (y: a decode batch's few tokens still
-// fill the GPU); 8 elements (16 bytes of y) a thread at a time. It never lets its dependents
-// start early (no pdl_trigger): the sort of the next chunk or call relies on it (step 1).
+// fill the GPU); 8 elements (16 bytes of y) a thread at a time, a bf16 out read and written as
+// one 16-byte vector too (H % 16 == 0: the run starts 16-byte aligned when out does). It never
+// lets its dependents start early (no pdl_trigger): the sort of the next chunk or call relies on
+// it (step 1).
 constexpr int kCombineThreads = 128;
 __global__ void combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const uint16_t* y,
                                int64_t H, void* out, int ot) {
   pdl_wait();
+  const bool out_vec = ot == kElemBF16 && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
   const int64_t t = blockIdx.x;
   int order[kMaxTopk];
   const int n = expert_order(ids, t, topk, E, order);
@@ -186,6 +189,18 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
         sum[2 * i] = __fadd_rn(sum[2 * i], __fmul_rn(w, __uint_as_float(u[i] << 16)));
         sum[2 * i + 1] = __fadd_rn(sum[2 * i + 1], __fmul_rn(w, __uint_as_float(u[i] & 0xffff0000u)));
       }
+    }
+    if (out_vec) {
+      uint4* dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + t * H + d);
+      const uint4 o = *dst;
+      const uint32_t ou[4] = {o.x, o.y, o.z, o.w};
+      uint32_t r[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        r[i] = pack_bf16x2(__fadd_rn(__uint_as_float(ou[i] << 16), sum[2 * i]),
+                           __fadd_rn(__uint_as_float(ou[i] & 0xffff0000u), sum[2 * i + 1]));
+      *dst = make_uint4(r[0], r[1], r[2], r[3]);
+      continue;
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -489,6 +504,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   CUtensorMap* const wmaps = cached.maps ? cached.maps : maps;
   const void** const wmaps_addr = cached.addr;
   const size_t esz = dtype_size(p.act_dtype);
+  const DType out_t = p.out_bf16 ? DType::BF16 : p.act_dtype;  // out's
   const int xkind = fp8_x ? 2 : (p.act_dtype == DType::F32 ? 0 : 1);
   // Activation scale layouts: row-major [row][group] (the tile kernels' row-major mode), or
   // k-block-major [group][row] (rows of the chunk's cap; the stream kernels' bulk copies).
@@ -601,7 +617,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens), unsigned(ceil_div(H, 8 * kCombineThreads))),
                dim3(kCombineThreads), 0, st, "moe_experts fp8 (combine)", ids,
                weights, int(topk), int(E), static_cast<const uint16_t*>(y), int64_t(H),
-               static_cast<void*>(static_cast<uint8_t*>(p.out) + size_t(t0 * H) * esz), elem_code(p.act_dtype));
+               static_cast<void*>(static_cast<uint8_t*>(p.out) + size_t(t0 * H) * dtype_size(out_t)),
+               elem_code(out_t));
   }
   return true;
 }
