@@ -726,15 +726,18 @@ int run_bench_step(const std::vector<std::string>& argv) {
   }
 
   // Projection: the step, its logits and sampling, and two all-reduces per layer of the step's
-  // hidden states (fp32 sublayer outputs) at the given bus bandwidth: time = bytes * 2(N-1)/N / bus.
-  // (A step of `rows` tokens.)
+  // sublayer outputs (in the model's partials dtype: bf16 on CUDA, fp32 with --f32-partials or on
+  // the CPU) at the given bus bandwidth: time = bytes * 2(N-1)/N / bus. (A step of `rows` tokens.)
+  const DType part_t = m->partials_dtype();
+  const double part_bytes = double(dtype_size(part_t));
+  const char* part_name = part_t == DType::BF16 ? "bf16" : "fp32";
   auto allreduce_ms = [&](double rows) {
-    const double bytes = rows * double(cfg.hidden_size) * 4;
+    const double bytes = rows * double(cfg.hidden_size) * part_bytes;
     return tp > 1 ? (bytes * 2.0 * double(tp - 1) / double(tp) / (a.get_double("--allreduce-gbps") * 1e9)) * 1e3 +
                         a.get_double("--allreduce-us") * 1e-3
                   : 0.0;
   };
-  const double ar_bytes = double(batch) * double(cfg.hidden_size) * 4;
+  const double ar_bytes = double(batch) * double(cfg.hidden_size) * part_bytes;
   const double ar_ms = allreduce_ms(double(batch));
   // (-tp N: the step measured includes them.)
   const double comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * ar_ms;
@@ -746,6 +749,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
                        {"allreduce_gbps", a.get_double("--allreduce-gbps")},
                        {"allreduce_us", a.get_double("--allreduce-us")},
                        {"allreduce_bytes", ar_bytes},
+                       {"allreduce_dtype", part_name},
                        {"allreduces", 2 * cfg.num_hidden_layers},
                        {"comm_ms", comm}};
   if (print && group)
@@ -753,8 +757,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
                 tp, tpot, dec_step, d_sampling, sampling_where);
   else if (print && tp > 1)
     std::printf("  projected TPOT for %lld ranks: %.3f ms = step %.3f + sampling %.3f (%s) + %d all-reduces x "
-                "%.4f ms (%.0f KB of fp32 hidden states each at %.0f GB/s bus bandwidth + %.0f us)\n",
-                tp, tpot, dec_step, d_sampling, sampling_where, 2 * cfg.num_hidden_layers, ar_ms, ar_bytes / 1e3,
+                "%.4f ms (%.0f KB of %s sublayer outputs each at %.0f GB/s bus bandwidth + %.0f us)\n",
+                tp, tpot, dec_step, d_sampling, sampling_where, 2 * cfg.num_hidden_layers, ar_ms, ar_bytes / 1e3, part_name,
                 a.get_double("--allreduce-gbps"), a.get_double("--allreduce-us"));
   else if (print)
     std::printf("  TPOT on one device: %.3f ms = step %.3f + sampling %.3f (%s)\n", tpot, dec_step, d_sampling,
@@ -950,14 +954,17 @@ int run_bench_step(const std::vector<std::string>& argv) {
     const double pre_comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * pre_ar_ms;
     p["projected_ms"] = median(pre_ms) + pre_comm;
     p["comm_ms"] = pre_comm;
+    p["allreduce_bytes"] = double(prefill) * double(cfg.hidden_size) * part_bytes;
+    p["allreduce_dtype"] = part_name;
     if (print)
       std::printf("  %-20s %10.3f %12s %12s %10.3f %8.2f   (eager, median of %lld; %.0f tokens/s)\n", "step",
                   median(pre_ms), "", "", fl, fl > 0 ? median(pre_ms) / fl : 0.0, pre_iters, double(prefill) / (median(pre_ms) * 1e-3));
     if (print && !group && tp > 1)
-      std::printf("  projected chunk for %lld ranks: %.3f ms = step %.3f + %d all-reduces x %.4f ms (%.1f MB of fp32 hidden "
-                  "states each) (%.0f tokens/s)\n",
+      std::printf("  projected chunk for %lld ranks: %.3f ms = step %.3f + %d all-reduces x %.4f ms (%.1f MB of %s "
+                  "sublayer outputs each) (%.0f tokens/s)\n",
                   tp, median(pre_ms) + pre_comm, median(pre_ms), 2 * cfg.num_hidden_layers, pre_ar_ms,
-                  double(prefill) * double(cfg.hidden_size) * 4 / 1e6, double(prefill) / ((median(pre_ms) + pre_comm) * 1e-3));
+                  double(prefill) * double(cfg.hidden_size) * part_bytes / 1e6, part_name,
+                  double(prefill) / ((median(pre_ms) + pre_comm) * 1e-3));
     out["prefill"] = p;
   }
   if (!print) std::printf("%s\n", out.dump(2).c_str());

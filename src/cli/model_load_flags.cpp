@@ -25,7 +25,10 @@ void add_model_load_flags(Args& a) {
       .flag({"--side-stream"}, "CUDA: the default; kept for scripts that name it (see --no-side-stream)")
       .flag({"--no-side-stream"},
             "CUDA: run each MoE layer's shared expert after its routing on the step's one stream (default: beside "
-            "the routing on a second stream where the routing splits its router GEMM, decode batches)");
+            "the routing on a second stream where the routing splits its router GEMM, decode batches)")
+      .flag({"--f32-partials"},
+            "CUDA: keep each sublayer's output and its tensor-parallel all-reduce in fp32 (default: bf16, half "
+            "the bytes; the CPU is fp32 either way)");
 }
 
 model::LoadOptions model_load_options(const Args& a) {
@@ -38,6 +41,7 @@ model::LoadOptions model_load_options(const Args& a) {
   if (a.get_flag("--side-stream") && a.get_flag("--no-side-stream"))
     throw Error("--side-stream and --no-side-stream: give one");
   lo.side_stream = !a.get_flag("--no-side-stream");
+  lo.f32_partials = a.get_flag("--f32-partials");
   lo.progress = load_progress_printer("loading weights");
   return lo;
 }

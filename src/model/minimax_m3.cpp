@@ -7,9 +7,13 @@
 // blocks with the indexer (or reuse the top-k of the last full layer, spec §3.4) and attend
 // over the selection; dense layers attend over everything.
 //
-// Activations: the residual stream h is fp32. Each sublayer writes its output to `part` (fp32;
-// with several ranks each rank's partial sum, which an all_reduce adds up at once), and the next
-// RMSNorm adds it to h and normalises the sum in one op. Tensor parallelism (rank_layout.h): every
+// Activations: the residual stream h is fp32. Each sublayer writes its output to `part` (with
+// several ranks each rank's partial sum, which an all_reduce adds up at once), and the next
+// RMSNorm adds it to h in fp32 and normalises the sum in one op. `part` is fp32 on the CPU and
+// bf16 on CUDA (as vLLM and SGLang keep it: half the bytes written, read and all-reduced): the
+// GEMM or the MoE combine rounds each sublayer's output to bf16 once, the ranks' bf16 partials
+// are summed by the all-reduce (NCCL's bf16 sum), and only then is it added to the fp32 h.
+// LoadOptions::f32_partials keeps it fp32 on CUDA too (comparisons). Tensor parallelism (rank_layout.h): every
 // rank holds the whole residual stream; attention runs on the rank's heads, the MLP on its
 // intermediate columns, the MoE on its slices of every expert (or, expert-parallel, on its whole
 // experts); the embedding and lm_head on its vocabulary rows, the logits gathered. On the CPU every activation is fp32 (the oracle); on
@@ -53,9 +57,10 @@ struct Act {
 class MiniMaxM3 final : public Model {
  public:
   MiniMaxM3(ModelConfig cfg, RankLayout layout, ModelWeights w, const Device& dev, ops::Collective* group,
-            bool side_stream)
+            bool side_stream, bool f32_partials)
       : cfg_(std::move(cfg)), layout_(layout), w_(std::move(w)), dev_(dev),
-        act_(dev.is_cuda() ? DType::BF16 : DType::F32), group_(group) {
+        act_(dev.is_cuda() ? DType::BF16 : DType::F32),
+        part_(dev.is_cuda() && !f32_partials ? DType::BF16 : DType::F32), group_(group) {
     const bool shared = std::any_of(w_.layers.begin(), w_.layers.end(),
                                     [](const LayerWeights& L) { return L.moe && L.shared_gate_up.rows > 0; });
     if (side_stream && shared && dev.is_cuda()) side_ = SideStream(dev);
@@ -67,6 +72,7 @@ class MiniMaxM3 final : public Model {
   SelectionStats selection_stats() const override { return stats_; }
   uint64_t buffers_epoch() const override { return epoch_; }
   int logits_shards() const override { return group_ ? layout_.tp_size : 1; }
+  DType partials_dtype() const override { return part_; }
   size_t weight_bytes() const override { return w_.bytes; }
   ops::WeightView input_embedding() const override {
     ops::WeightView v;
@@ -186,7 +192,7 @@ class MiniMaxM3 final : public Model {
     ep.out = sb.h.data();
     ep.out_dtype = DType::F32;
     ops::embedding(ep, stream_);
-    reduce_ranks(sb.h.data(), n * H);
+    reduce_ranks(sb.h.data(), DType::F32, n * H);
     bool have_part = false;  // sb.part holds the last sublayer's output, not yet added to h
 
     bool have_topk = false;
@@ -282,8 +288,8 @@ class MiniMaxM3 final : public Model {
         ap.topk = K;
       }
       ops::attention(ap, stream_);
-      linear(Act{sb.attn.data(), act_, nullptr, q_cols}, L.o_proj, sb.part.data(), DType::F32, H, n, false);
-      reduce_ranks(sb.part.data(), n * H);  // each rank's heads' share of o_proj
+      linear(Act{sb.attn.data(), act_, nullptr, q_cols}, L.o_proj, sb.part.data(), part_, H, n, false);
+      reduce_ranks(sb.part.data(), part_, n * H);  // each rank's heads' share of o_proj
       have_part = true;
 
       // FFN
@@ -299,7 +305,7 @@ class MiniMaxM3 final : public Model {
         add_norm(L.post_norm, n, 0, true, xf);
         mlp(xf, L.mlp_gate_up, L.mlp_down, n, false);
       }
-      reduce_ranks(sb.part.data(), n * H);  // intermediate columns (or experts) of every rank
+      reduce_ranks(sb.part.data(), part_, n * H);  // intermediate columns (or experts) of every rank
     }
 
     // Final norm (with the last residual add) and lm_head, on the requested rows only; the
@@ -333,12 +339,12 @@ class MiniMaxM3 final : public Model {
     ops::all_gather(gp, stream_);
   }
 
-  // data[count] (fp32) = its sum over the ranks; nothing with one rank.
-  void reduce_ranks(void* data, int64_t count) {
+  // data[count] (of dtype) = its sum over the ranks; nothing with one rank.
+  void reduce_ranks(void* data, DType dtype, int64_t count) {
     if (!group_) return;
     ops::AllReduceParams p;
     p.data = data;
-    p.dtype = DType::F32;
+    p.dtype = dtype;
     p.count = count;
     p.group = group_;
     ops::all_reduce(p, stream_);
@@ -388,6 +394,7 @@ class MiniMaxM3 final : public Model {
       ops::AddParams zero;
       zero.y = sb.part.data();
       zero.x = sb.part.data();
+      zero.dtype = part_;
       zero.n = n * cfg_.hidden_size;
       zero.alpha = -1.0f;
       ops::add(zero, stream_);
@@ -419,6 +426,7 @@ class MiniMaxM3 final : public Model {
     me.limit = cfg_.swiglu_limit;
     me.beta = cfg_.swiglu_beta;
     me.out = sb.part.data();
+    me.out_bf16 = part_ == DType::BF16;  // x stays fp32 (act_dtype) for the router's sake
     ops::moe_experts(me, stream_);
   }
 
@@ -441,7 +449,7 @@ class MiniMaxM3 final : public Model {
     sp.limit = cfg_.swiglu_limit;
     sp.beta = cfg_.swiglu_beta;
     ops::swiglu_oai(sp, stream_);
-    linear(a, down, sb.part.data(), DType::F32, cfg_.hidden_size, n, acc);
+    linear(a, down, sb.part.data(), part_, cfg_.hidden_size, n, acc);
   }
 
   // Where the input of a GEMM with weight w goes: FP8 with 1 x 128 scales when w is FP8 on CUDA
@@ -452,18 +460,19 @@ class MiniMaxM3 final : public Model {
     return Act{buf.data(), act_, nullptr, cols};
   }
 
-  // out = rms_norm(h + part) of `rows` rows from row0, after h += part (when add); else of h.
+  // out = rms_norm(h + part) of `rows` rows from row0, after h += part in fp32 (when add); else of h.
   // out8: the same rows quantized to FP8 too (out not FP8).
   void add_norm(const Weight& w, int64_t rows, int64_t row0, bool add, const Act& out, const Act* out8 = nullptr) {
     StepBuffers& sb = step_;
     const int64_t H = cfg_.hidden_size;
     ops::RmsNormParams np;
     float* h = sb.h.as<float>() + row0 * H;
-    np.x = add ? static_cast<const void*>(sb.part.as<float>() + row0 * H) : h;
-    np.x_dtype = DType::F32;
+    np.x = add ? static_cast<const void*>(sb.part.as<uint8_t>() + size_t(row0 * H) * dtype_size(part_)) : h;
+    np.x_dtype = add ? part_ : DType::F32;
     if (add) {
       np.residual = h;
       np.ldr = H;
+      np.residual_f32 = true;
     }
     np.y = out.data;
     np.y_dtype = out.dtype;
@@ -503,7 +512,7 @@ class MiniMaxM3 final : public Model {
   // Activations of forward(), kept between steps: a buffer grows when a step needs more than
   // it holds and is otherwise reused, so a decode step allocates nothing.
   struct StepBuffers {
-    Buffer h, part;                // fp32 [n, hidden]: residual stream, sublayer output
+    Buffer h, part;                // [n, hidden]: residual stream (fp32), sublayer output (part_)
     Buffer xn, xn_scale;           // normed rows (fp32, activation dtype or FP8 + scales)
     Buffer xn8, xn8_scale;         // MoE layers: the fp32 normed rows of xn quantized to FP8
     Buffer qkv, attn, gate_up;     // activation dtype
@@ -534,7 +543,7 @@ class MiniMaxM3 final : public Model {
     const size_t a = dtype_size(act_);
     StepBuffers& sb = step_;
     sized(sb.h, size_t(n * H) * 4);
-    sized(sb.part, size_t(n * H) * 4);
+    sized(sb.part, size_t(n * H) * dtype_size(part_));
     sized(sb.xn, size_t(n * H) * 4);
     sized(sb.xn_scale, size_t(n * ops::fp8_groups(H)) * 4);
     sized(sb.xn8, size_t(n * H));
@@ -616,6 +625,7 @@ class MiniMaxM3 final : public Model {
   ModelWeights w_;
   Device dev_;
   DType act_;           // activations between ops: fp32 on the CPU, bf16 on CUDA
+  DType part_;          // sublayer outputs (`part`) and their all-reduce: act_ (fp32 with f32_partials)
   // The rank's communicator; null: no communication (one rank, or a shard run alone). A group of
   // one runs its collectives (the identity), so that a test can compare them with none.
   ops::Collective* group_;
@@ -633,8 +643,8 @@ class MiniMaxM3 final : public Model {
 }  // namespace
 
 std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev,
-                                       ops::Collective* group, bool side_stream) {
-  return std::make_unique<MiniMaxM3>(std::move(cfg), layout, std::move(w), dev, group, side_stream);
+                                       ops::Collective* group, bool side_stream, bool f32_partials) {
+  return std::make_unique<MiniMaxM3>(std::move(cfg), layout, std::move(w), dev, group, side_stream, f32_partials);
 }
 
 }  // namespace sieve::model

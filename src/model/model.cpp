@@ -157,7 +157,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
   }
   if (w.regroup_inexact > 0) line += "; " + std::to_string(w.regroup_inexact) + " fp8 values rounded by the 1x128 regrouping";
   SIEVE_LOG(Info, line << ")");
-  return make_minimax_m3(std::move(cfg), wo.layout, std::move(w), dev, o.group, o.side_stream);
+  return make_minimax_m3(std::move(cfg), wo.layout, std::move(w), dev, o.group, o.side_stream, o.f32_partials);
 }
 
 }  // namespace sieve::model

@@ -52,6 +52,11 @@ struct LoadOptions {
   // TP8 rank's decode step took 22.36 ms with the two together against 22.75 ms with neither
   // (the side stream without the split-K GEMM: 24.0 ms; docs/performance.md "The decode chain").
   bool side_stream = true;
+  // CUDA: keep each sublayer's output (`part`: o_proj, the MLP's or shared expert's down
+  // projection, the MoE combine) and its tensor-parallel all-reduce in fp32 instead of bf16 (the
+  // default, as vLLM and SGLang: half the bytes). For comparisons (--f32-partials); the CPU is
+  // fp32 either way.
+  bool f32_partials = false;
   // Called as weights reach the device: bytes done, bytes in all.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
@@ -137,6 +142,10 @@ class Model {
   // [shards, rows, vocab / shards] (shard i: ids [i * vocab / shards, (i + 1) * vocab / shards)),
   // which is [rows, vocab] for one shard. The runner puts the rows back together on the host.
   virtual int logits_shards() const { return 1; }
+
+  // The dtype of each sublayer's output and of its tensor-parallel all-reduce (F32 on the CPU;
+  // BF16 on CUDA unless LoadOptions::f32_partials).
+  virtual DType partials_dtype() const { return DType::F32; }
 
   // Counts replacements of the device buffers forward() uses besides its arguments (caches,
   // activations, tables): work captured from forward() before a change must not be replayed.

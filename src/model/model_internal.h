@@ -9,8 +9,8 @@
 
 namespace sieve::model {
 
-// group: the rank's communicator (null: no communication); side_stream: LoadOptions::side_stream.
+// group: the rank's communicator (null: no communication); side_stream, f32_partials: LoadOptions'.
 std::unique_ptr<Model> make_minimax_m3(ModelConfig cfg, const RankLayout& layout, ModelWeights w, const Device& dev,
-                                       ops::Collective* group, bool side_stream = true);
+                                       ops::Collective* group, bool side_stream = true, bool f32_partials = false);
 
 }  // namespace sieve::model
