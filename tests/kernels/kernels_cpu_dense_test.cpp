@@ -208,6 +208,40 @@ TEST(CpuRmsNorm, Variants) {
 // ---------------------------------------------------------------------------------------------
 // add
 
+// A bf16 x added to an fp32 residual (residual_f32: the model's bf16 sublayer outputs on CUDA)
+// is the fp32 case on x's values: the same sums, the same normed rows, bit for bit.
+TEST(CpuRmsNorm, Bf16IntoF32Residual) {
+  Rng rng(260);
+  const int64_t rows = 5, dim = 300, ld = dim + 3;
+  const TypedBuffer xb = TypedBuffer::from(DType::BF16, random_vector(size_t(rows * ld), rng, -3, 3));
+  std::vector<float> xf(xb.count);
+  for (size_t i = 0; i < xb.count; ++i) xf[i] = float(xb.get(i));
+  const std::vector<float> r0 = random_vector(size_t(rows * ld), rng, -3, 3);
+  const TypedBuffer wb = TypedBuffer::from(DType::BF16, random_vector(size_t(dim), rng, -0.5f, 0.5f));
+  std::vector<float> r1 = r0, r2 = r0, y1(size_t(rows * ld)), y2(size_t(rows * ld));
+  ops::RmsNormParams p;
+  p.x = xf.data();
+  p.x_dtype = DType::F32;
+  p.residual = r1.data();
+  p.ldr = ld;
+  p.y = y1.data();
+  p.y_dtype = DType::F32;
+  p.weight = wb.data();
+  p.weight_dtype = DType::BF16;
+  p.rows = rows;
+  p.dim = dim;
+  p.ldx = p.ldy = ld;
+  cpu::run_rms_norm(p);
+  p.x = xb.data();
+  p.x_dtype = DType::BF16;
+  p.residual = r2.data();
+  p.residual_f32 = true;
+  p.y = y2.data();
+  cpu::run_rms_norm(p);
+  EXPECT_EQ(r1, r2);
+  EXPECT_EQ(y1, y2);
+}
+
 TEST(CpuAdd, F32AndBf16) {
   for (DType t : {DType::F32, DType::BF16}) {
     Rng rng(9);

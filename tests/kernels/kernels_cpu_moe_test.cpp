@@ -36,12 +36,35 @@ void cpu_fp8_case(const MoeShape& shape, bool quantize_act, uint64_t seed) {
   cpu::run_moe_experts(p);
   int bad = 0;
   for (size_t i = 0; i < ref.size() && bad < 5; ++i) {
-    const double tol = 1e-4 * (1 + mag[i]) + (shape.act == DType::BF16 ? std::fabs(ref[i]) / 256 : 0.0);
+    const double tol = 1e-4 * (1 + mag[i]) + (shape.out_dtype() == DType::BF16 ? std::fabs(ref[i]) / 256 : 0.0);
     if (std::fabs(out.get(i) - ref[i]) <= tol) continue;
     ADD_FAILURE() << "out[" << i / size_t(shape.H) << "," << i % size_t(shape.H) << "] got " << out.get(i) << " want "
                   << ref[i];
     ++bad;
   }
+}
+
+// out_bf16 (fp32 x, a bf16 out: the model's MoE layers on CUDA) is the fp32 op on the same bf16
+// values of out, its result rounded to bf16 once: bit for bit.
+TEST(CpuMoeExperts, Bf16OutBesideF32X) {
+  MoeShape s;
+  s.T = 7, s.H = 200, s.I = 72, s.E = 6, s.K = 3, s.skipped = 2, s.act = DType::F32, s.out_bf16 = true;
+  for (DType w : {DType::BF16, DType::FP8_E4M3}) {
+    s.w = w;
+    SCOPED_TRACE(s.describe());
+    const MoeCaseData c(s, 950);
+    TypedBuffer out_b = c.out0;  // bf16
+    std::vector<float> out_f(c.out0.count);
+    for (size_t i = 0; i < out_f.size(); ++i) out_f[i] = float(c.out0.get(i));
+    ops::MoeExpertsParams p = c.params();
+    p.out = out_b.data();
+    cpu::run_moe_experts(p);
+    p.out_bf16 = false;
+    p.out = out_f.data();
+    cpu::run_moe_experts(p);
+    for (size_t i = 0; i < out_f.size(); ++i) ASSERT_EQ(float(out_b.get(i)), round_bf16(out_f[i])) << i;
+  }
+  cpu_fp8_case(s, false, 951);
 }
 
 TEST(CpuMoeExpertsFp8, EveryBlockShapeMatchesDoubleReference) {

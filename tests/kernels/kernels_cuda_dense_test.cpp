@@ -150,16 +150,18 @@ TEST(CudaEmbedding, VocabShardBitwise) {
 }
 
 // One rms_norm case on the GPU against the CPU: y within an ulp of the CPU's (bf16) or 4e-7
-// relative (fp32), the stored residual sums bit for bit. mode bit 0: residual; bit 1: y aliases x.
+// relative (fp32), the stored residual sums bit for bit. mode bit 0: residual; bit 1: y aliases x;
+// bit 2: an F32 residual whatever x's dtype (residual_f32: the model's bf16 sublayer output added
+// to its fp32 residual stream).
 void expect_rms_norm_matches_cpu(int64_t dim, DType xt, DType wt, DType y_dtype, int mode, bool gemma, uint64_t seed,
                                  int64_t rows, int64_t ldx, int64_t ldr, int64_t ldy) {
-  const bool residual = mode & 1, alias = mode & 2;
+  const bool residual = mode & 1, alias = mode & 2, res_f32 = mode & 4;
   const DType yt = alias ? xt : y_dtype;
   SCOPED_TRACE("dim " + std::to_string(dim) + " x " + name(xt) + " w " + name(wt) + " y " + name(yt) +
-               " residual " + std::to_string(residual) + " alias " + std::to_string(alias));
+               " residual " + std::to_string(residual) + (res_f32 ? " (F32)" : "") + " alias " + std::to_string(alias));
   Rng rng(seed);
   TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(rows * ldx), rng, -3, 3));
-  TypedBuffer r = TypedBuffer::from(xt, random_vector(size_t(rows * ldr), rng, -3, 3));
+  TypedBuffer r = TypedBuffer::from(res_f32 ? DType::F32 : xt, random_vector(size_t(rows * ldr), rng, -3, 3));
   TypedBuffer w = TypedBuffer::from(wt, random_vector(size_t(dim), rng, -1, 1));
   // Poisoned (finite, so the rows' padding, which neither side writes, compares equal).
   TypedBuffer y = TypedBuffer::from(yt, std::vector<float>(size_t(rows * ldy), -7.25f));
@@ -169,6 +171,7 @@ void expect_rms_norm_matches_cpu(int64_t dim, DType xt, DType wt, DType y_dtype,
   p.x_dtype = xt;
   p.residual = residual ? r.data() : nullptr;
   p.ldr = ldr;
+  p.residual_f32 = res_f32;
   p.y = alias ? x.data() : y.data();
   p.y_dtype = yt;
   p.weight = w.data();
@@ -201,7 +204,7 @@ TEST(CudaRmsNorm, MatchesCpu) {
   for (int64_t dim : {1, 127, 256, 1000, 6144})
     for (DType xt : {DType::F32, DType::BF16})
       for (DType wt : {DType::F32, DType::BF16})
-        for (int mode = 0; mode < 4; ++mode, ++seed)
+        for (int mode = 0; mode < 8; ++mode, ++seed)
           expect_rms_norm_matches_cpu(dim, xt, wt, dim % 2 ? DType::BF16 : DType::F32, mode, seed % 2, seed, 7,
                                       dim + 5, dim + 3, dim + 1);
 }
@@ -214,7 +217,7 @@ TEST(CudaRmsNorm, RegisterPathMatchesCpu) {
   for (int64_t dim : {128, 768, 6144, 8192, 8320})
     for (DType xt : {DType::F32, DType::BF16})
       for (DType wt : {DType::F32, DType::BF16})
-        for (int mode = 0; mode < 4; ++mode, ++seed)
+        for (int mode = 0; mode < 8; ++mode, ++seed)
           expect_rms_norm_matches_cpu(dim, xt, wt, seed % 3 == 0 ? DType::BF16 : DType::F32, mode, seed % 2, seed, 33,
                                       dim + 4, dim + 8, dim);
 }
@@ -371,6 +374,8 @@ struct MoeCase {
   int hot = -1;       // every token routes to this expert first (tiles of one expert)
   bool simt = false;  // MoeTuning::force_simt: the fp32 SIMT products for BF16 weights too
   int tile_rows = 0;  // MoeTuning::tile_rows: 16 or 64-row tensor-core tiles (0: by the batch)
+  bool out_bf16 = false;  // MoeExpertsParams::out_bf16: a bf16 out whatever act (the model's F32 x)
+  DType out_dtype() const { return out_bf16 ? DType::BF16 : act; }
   // The tensor-core path: BF16 weights, hidden and inter multiples of 8.
   bool tensor_cores() const { return w == DType::BF16 && H % 8 == 0 && I % 8 == 0 && !simt; }
 };
@@ -414,13 +419,13 @@ std::vector<double> moe_reference_bf16(const ops::MoeExpertsParams& p, const Typ
 void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   SCOPED_TRACE("T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " I " + std::to_string(c.I) + " E " +
                std::to_string(c.E) + " K " + std::to_string(c.K) + " act " + name(c.act) + " w " + name(c.w) +
-               " chunk " + std::to_string(c.chunk) + " hot " + std::to_string(c.hot) +
+               " chunk " + std::to_string(c.chunk) + " hot " + std::to_string(c.hot) + " out " + name(c.out_dtype()) +
                (c.tensor_cores() ? " tensor cores, tiles of " + std::to_string(c.tile_rows) + " rows" : " simt"));
   Rng rng(seed);
   const int64_t T = c.T, H = c.H, I = c.I;
   const int E = c.E, K = c.K;
   TypedBuffer x = TypedBuffer::from(c.act, random_vector(size_t(T * H), rng, -1, 1));
-  TypedBuffer out = TypedBuffer::from(c.act, random_vector(size_t(T * H), rng, -2, 2));
+  TypedBuffer out = TypedBuffer::from(c.out_dtype(), random_vector(size_t(T * H), rng, -2, 2));
   std::vector<TypedBuffer> gu, down;
   for (int e = 0; e < E; ++e) {
     gu.push_back(TypedBuffer::from(c.w, random_vector(size_t(2 * I * H), rng, -0.2f, 0.2f)));
@@ -458,6 +463,7 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
   p.w_gate_up = gu_h.data();
   p.w_down = down_h.data();
   p.w_dtype = c.w;
+  p.out_bf16 = c.out_bf16;
   Dev dout = Dev::of(out);
   const std::vector<double> ref = c.tensor_cores() ? moe_reference_bf16(p, x, out, gu, down) : std::vector<double>{};
   p.out = out.data();
@@ -486,7 +492,7 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
     cuda::TuningScope scope(t);
     ops::moe_experts(p, gpu_stream());
   }
-  TypedBuffer got = fetch(dout, c.act, out.count);
+  TypedBuffer got = fetch(dout, c.out_dtype(), out.count);
   int bad = 0;
   for (size_t i = 0; i < out.count && bad < 5; ++i) {
     const double a = got.get(i), b = c.tensor_cores() ? ref[i] : out.get(i);
@@ -494,7 +500,7 @@ void gpu_moe_case(const MoeCase& c, uint64_t seed) {
     // against the same roundings in double; 1e-3 leaves room for an intermediate value that
     // rounds to the other bf16 neighbour (fp32 sums in another order), far below what a wrong
     // row, column or k step gives.
-    const double tol = (c.tensor_cores() ? 1e-3 : 2e-5) * (1 + std::fabs(b)) + (c.act == DType::BF16 ? ulp_bf16(b) : 0.0);
+    const double tol = (c.tensor_cores() ? 1e-3 : 2e-5) * (1 + std::fabs(b)) + (c.out_dtype() == DType::BF16 ? ulp_bf16(b) : 0.0);
     if (std::fabs(a - b) <= tol) continue;
     ADD_FAILURE() << "out[" << i / size_t(H) << "," << i % size_t(H) << "] gpu " << a << (c.tensor_cores() ? " ref " : " cpu ") << b;
     ++bad;
@@ -549,6 +555,14 @@ TEST(CudaMoeExperts, MatchesCpu) {
   c.hot = 3;
   cases.push_back(c);
   cases.push_back(MoeCase(3, 520, 72, 64, 4));
+  // fp32 x into a bf16 out (the model's MoE layers on CUDA), on tensor cores and SIMT, chunked.
+  c = MoeCase(33, 256, 128, 128, 8);
+  c.out_bf16 = true;
+  cases.push_back(c);
+  c.chunk = 7;
+  cases.push_back(c);
+  c.simt = true;
+  cases.push_back(c);
   // Every tensor-core case in both tile sizes: 16 rows (small batches) and 64.
   for (const MoeCase& mc : cases) {
     if (!mc.tensor_cores()) {

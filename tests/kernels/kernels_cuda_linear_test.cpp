@@ -133,12 +133,14 @@ TEST(CudaRmsNormFp8, BitExactQuantizationOfTheF32Norm) {
   Rng rng(6);
   for (int64_t dim : {64, 300, 6144})
     for (DType xt : {DType::F32, DType::BF16})
-      for (bool residual : {false, true}) {
+      // residual 2: an F32 residual (residual_f32; the model's bf16 sublayer output into its fp32
+      // residual stream).
+      for (int residual : {0, 1, 2}) {
         SCOPED_TRACE("dim " + std::to_string(dim) + " x " + name(xt) + " residual " +
                      std::to_string(residual));
         const int64_t rows = 7, ld = dim + 8, groups = ops::fp8_groups(dim);
         TypedBuffer x = TypedBuffer::from(xt, random_vector(size_t(rows * ld), rng, -3, 3));
-        TypedBuffer r = TypedBuffer::from(xt, random_vector(size_t(rows * ld), rng, -3, 3));
+        TypedBuffer r = TypedBuffer::from(residual == 2 ? DType::F32 : xt, random_vector(size_t(rows * ld), rng, -3, 3));
         TypedBuffer w = TypedBuffer::from(DType::BF16, random_vector(size_t(dim), rng, -1, 1));
         Dev dx = Dev::of(x), dw = Dev::of(w), dr1 = Dev::of(r), dr2 = Dev::of(r);
         Dev dyf = Dev::of(std::vector<float>(size_t(rows * ld), kNaN));
@@ -146,7 +148,7 @@ TEST(CudaRmsNormFp8, BitExactQuantizationOfTheF32Norm) {
         Dev ds = Dev::of(std::vector<float>(size_t(rows * groups), kNaN));
         ops::RmsNormParams p;
         p.x = dx.p(), p.x_dtype = xt, p.ldx = ld, p.residual = residual ? dr1.p() : nullptr,
-        p.ldr = ld;
+        p.ldr = ld, p.residual_f32 = residual == 2;
         p.y = dyf.p(), p.y_dtype = DType::F32, p.ldy = ld, p.weight = dw.p(),
         p.weight_dtype = DType::BF16;
         p.rows = rows, p.dim = dim;

@@ -172,7 +172,7 @@ struct DevMoe {
   // quantized SwiGLU rows when `with_act`.
   void check(std::vector<uint8_t>* bytes = nullptr, bool with_act = false) const {
     const int64_t T = c.s.T, K = c.s.K, I = c.s.I, gi = (I + 127) / 128;
-    TypedBuffer got(c.s.act, size_t(T * c.s.H));
+    TypedBuffer got(c.s.out_dtype(), size_t(T * c.s.H));
     got.bytes = out.bytes(got.bytes.size());
     const std::vector<uint8_t> q = aq.bytes(size_t(T * K * I));
     const std::vector<float> sc = as.get<float>(size_t(T * K * gi));
@@ -397,6 +397,13 @@ TEST(CudaMoeExpertsFp8, BlockShapesAndActivations) {
   MoeShape f;
   f.T = 5, f.H = 256, f.I = 128, f.E = 8, f.K = 4, f.fp8_x = true, f.act = DType::BF16;
   gpu_fp8_case(f, all_runs(), seed++);
+  // A bf16 out beside fp32 (or FP8) x: the model's MoE layers on CUDA (out_bf16; the combine's
+  // 16-byte bf16 stores).
+  MoeShape o;
+  o.T = 9, o.H = 384, o.I = 256, o.E = 8, o.K = 2, o.act = DType::F32, o.out_bf16 = true;
+  gpu_fp8_case(o, all_runs(), seed++);
+  o.fp8_x = true;
+  gpu_fp8_case(o, all_runs(), seed++);
 }
 
 // Partial groups and k blocks (inter 144, hidden 400), units past the last 128-unit group, a

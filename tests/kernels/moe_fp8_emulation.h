@@ -399,7 +399,7 @@ inline std::string check_moe_fp8(const MoeCaseData& c, const TypedBuffer& out, c
         if (!(got == c.out0.get(i))) fail("row of an unrouted token changed at " + std::to_string(i));
         continue;
       }
-      const double out_ulp = s.act == DType::BF16 ? std::fabs(want[i]) / 256 : std::fabs(want[i]) * 0x1p-23;
+      const double out_ulp = s.out_dtype() == DType::BF16 ? std::fabs(want[i]) / 256 : std::fabs(want[i]) * 0x1p-23;
       const double bound = 0x1p-10 * sum_abs[i] + 0x1p-8 * rows_abs[i] + out_ulp + 1e-6;
       const double err = std::fabs(got - want[i]);
       st.worst_b = std::max(st.worst_b, err / bound);

@@ -26,6 +26,8 @@ struct MoeShape {
   int only = -1;             // every token's every slot is this expert or skipped (K must be 1)
   int empty_every = 0;       // experts e with e % empty_every == 1 get no tokens (0: none)
   int lone = -1;             // this expert gets exactly one pair: token T / 2, its last slot
+  bool out_bf16 = false;     // MoeExpertsParams::out_bf16: out BF16 whatever act
+  DType out_dtype() const { return out_bf16 ? DType::BF16 : act; }
   std::string describe() const {
     return "T " + std::to_string(T) + " H " + std::to_string(H) + " I " + std::to_string(I) + " E " +
            std::to_string(E) + " K " + std::to_string(K) + " w " + std::string(dtype_name(w)) + " act " +
@@ -33,7 +35,7 @@ struct MoeShape {
                                                                      std::to_string(bc) + ")" : std::string()) +
            (fp8_x ? " fp8 x" : "") + " skipped " + std::to_string(skipped) + " hot " + std::to_string(hot) +
            " only " + std::to_string(only) + " empty_every " + std::to_string(empty_every) + " lone " +
-           std::to_string(lone);
+           std::to_string(lone) + (out_bf16 ? " out BF16" : "");
   }
 };
 
@@ -75,7 +77,7 @@ struct MoeCaseData {
     } else {
       x = TypedBuffer::from(s.act, xv);
     }
-    out0 = TypedBuffer::from(s.act, random_vector(size_t(T * H), rng, -2, 2));
+    out0 = TypedBuffer::from(s.out_dtype(), random_vector(size_t(T * H), rng, -2, 2));
     auto matrix = [&](int64_t rows, int64_t cols, std::vector<float>& sc) {
       if (!fp8) {
         const float a = 2.0f / std::sqrt(float(cols));
@@ -137,6 +139,7 @@ struct MoeCaseData {
     ops::MoeExpertsParams p;
     p.x = x.data();
     p.act_dtype = s.act;
+    p.out_bf16 = s.out_bf16;
     p.x_scale = s.fp8_x ? x_scale.data() : nullptr;
     p.num_tokens = s.T;
     p.hidden = s.H;

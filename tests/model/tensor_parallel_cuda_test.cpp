@@ -1,7 +1,8 @@
 // Tensor parallelism's CUDA path on one GPU (label gpu; skipped without a CUDA device or NCCL):
 // the bundled model with an NCCL group of one rank, whose collectives run (all_reduce: the
-// identity; the logits through all_gather) and are captured in the decode steps' CUDA graphs,
-// gives the plain path's log-probs bit for bit.
+// identity, on the bf16 sublayer outputs by default and on fp32 ones with f32_partials; the
+// logits through all_gather) and are captured in the decode steps' CUDA graphs, gives the plain
+// path's log-probs bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -37,12 +38,16 @@ Outcome run(model::Model& m, const std::vector<int32_t>& prompt) {
   return out;
 }
 
-TEST(TensorParallelCuda, NcclGroupOfOneEqualsThePlainPathBitForBit) {
+class TensorParallelCuda : public ::testing::TestWithParam<bool> {};  // f32_partials
+
+TEST_P(TensorParallelCuda, NcclGroupOfOneEqualsThePlainPathBitForBit) {
   if (cuda_device_count() == 0 || !parallel::have_nccl())
     GTEST_SKIP() << "no CUDA device or no NCCL";
   model::LoadOptions lo;
   lo.device = Device{DeviceKind::CUDA, 0};
+  lo.f32_partials = GetParam();
   auto plain = model::Model::load(kModel, lo);
+  EXPECT_EQ(plain->partials_dtype(), GetParam() ? DType::F32 : DType::BF16);
   const auto prompt = testing::random_prompt(300, plain->vocab_size(), 5);
   const Outcome a = run(*plain, prompt);
   plain.reset();
@@ -58,6 +63,9 @@ TEST(TensorParallelCuda, NcclGroupOfOneEqualsThePlainPathBitForBit) {
   EXPECT_EQ(a.greedy, b.greedy);
   grouped.reset();
 }
+
+INSTANTIATE_TEST_SUITE_P(Partials, TensorParallelCuda, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "F32" : "Bf16"; });
 
 }  // namespace
 }  // namespace sieve
