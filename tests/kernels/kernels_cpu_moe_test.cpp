@@ -325,58 +325,6 @@ TEST(MoeFp8Work, ItemsCoverEveryRowBlockOnce) {
   }
 }
 
-// The tile kernels in clusters of two CTAs: over the pair prefix (ceil(row blocks / 2) an expert,
-// as the sort writes it), the work items (expert, weight-row tile, pair), pairs fastest, with
-// rank 0 and 1 taking row blocks 2 p and 2 p + 1, cover every (sorted row, weight-row tile)
-// exactly once; a rank's block is absent (no rows) only as rank 1 of an odd count's last pair.
-TEST(MoeFp8Work, ClusterPairsCoverEveryRowBlockOnce) {
-  namespace mf = cuda::moe_fp8;
-  Rng rng(73);
-  const int R = 128;
-  for (int cols : {1, 2, 3, 24}) {
-    for (int trial = 0; trial < 4; ++trial) {
-      // Experts of 0, 1, 2, 3 and 5 row blocks first (full and partial last blocks), then drawn.
-      std::vector<int32_t> cnt = {0, 100, 256, 300, 600, 1, 129};
-      const int drawn = rng.uniform_int(0, 30);
-      for (int k = 0; k < drawn; ++k) cnt.push_back(rng.uniform_int(0, 3) == 0 ? 0 : rng.uniform_int(1, 9 * R));
-      const int E = int(cnt.size());
-      std::vector<int32_t> offsets(size_t(E) + 1, 0), pair_start(size_t(E) + 1, 0);
-      for (int e = 0; e < E; ++e) {
-        offsets[size_t(e) + 1] = offsets[size_t(e)] + cnt[size_t(e)];
-        pair_start[size_t(e) + 1] = pair_start[size_t(e)] + mf::block_pairs((cnt[size_t(e)] + R - 1) / R);
-      }
-      EXPECT_EQ(mf::block_pairs(0), 0);
-      EXPECT_EQ(mf::block_pairs(5), 3);
-      const int64_t total = int64_t(pair_start[size_t(E)]) * cols;
-      std::vector<int> seen(static_cast<size_t>(offsets[size_t(E)]) * size_t(cols), 0);
-      mf::WorkItem prev{-1, -1, -1};
-      for (int64_t i = 0; i < total; ++i) {
-        const mf::WorkItem w = mf::work_item(pair_start.data(), E, i, cols);
-        ASSERT_TRUE(w.e >= 0 && w.e < E && cnt[size_t(w.e)] > 0) << "item " << i;
-        const int blocks = (cnt[size_t(w.e)] + R - 1) / R;
-        ASSERT_TRUE(w.col >= 0 && w.col < cols && w.blk >= 0 && w.blk < mf::block_pairs(blocks));
-        if (i > 0 && w.e == prev.e && w.col == prev.col) {
-          EXPECT_EQ(w.blk, prev.blk + 1) << "pairs fastest";
-        } else if (i > 0 && w.e == prev.e) {
-          EXPECT_EQ(w.col, prev.col + 1) << "then weight-row tiles";
-        }
-        prev = w;
-        for (int rank = 0; rank < 2; ++rank) {
-          // The kernel's tile: rows r0 .. r0 + min(R, end - r0), none when that is <= 0.
-          const int r0 = offsets[size_t(w.e)] + mf::pair_block(w.blk, rank) * R;
-          const int n = std::min(R, offsets[size_t(w.e) + 1] - r0);
-          if (n <= 0) {
-            EXPECT_TRUE(rank == 1 && blocks % 2 == 1 && w.blk == blocks / 2) << "expert " << w.e << " pair " << w.blk;
-            continue;
-          }
-          for (int r = r0; r < r0 + n; ++r) ++seen[size_t(r) * size_t(cols) + size_t(w.col)];
-        }
-      }
-      for (size_t k = 0; k < seen.size(); ++k) ASSERT_EQ(seen[k], 1) << "row " << k / size_t(cols) << " col " << k % size_t(cols);
-    }
-  }
-}
-
 // gate_up's 256-row weight blocks pair each unit's gate and up rows 64 apart and cover every row of
 // [gate | up] exactly once; down's cover the hidden rows; k splits tile [0, nkb) without gaps.
 TEST(MoeFp8Work, WeightRowsScaleSlotsAndSplits) {

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -209,8 +208,9 @@ struct DevMoe {
 // SwiGLU values to the other side of an fp8 rounding boundary and with them a token's whole row;
 // the emulation test reproduces the GPU's counts of such elements.) The default run goes through
 // ops::moe_experts as well and must give the same bits.
-void gpu_fp8_case(const MoeCaseData& c, const std::vector<GpuRun>& runs) {
-  SCOPED_TRACE(c.s.describe());
+void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64_t seed) {
+  SCOPED_TRACE(shape.describe());
+  MoeCaseData c(shape, seed);
   DevMoe d(c);
   std::vector<std::vector<uint8_t>> outs;  // each run's output and quantized SwiGLU rows
   for (const GpuRun& run : runs) {
@@ -238,9 +238,6 @@ void gpu_fp8_case(const MoeCaseData& c, const std::vector<GpuRun>& runs) {
       EXPECT_TRUE(dout2.bytes(got.size()) == got) << "ops::moe_experts differs from the same kernels";
     }
   }
-}
-void gpu_fp8_case(const MoeShape& shape, const std::vector<GpuRun>& runs, uint64_t seed) {
-  gpu_fp8_case(MoeCaseData(shape, seed), runs);
 }
 
 // Stage depths and stream widths of the stream kernels: stages of 1 to 4 k blocks at every width
@@ -323,9 +320,8 @@ std::vector<GpuRun> stream_runs() {
 }
 
 // The tile kernels under each scale layout and map source (MoeTuning::fp8_tile_*), whole and in
-// chunks; then those with bulk scales in clusters of two CTAs (MoeTuning::fp8_tile_cluster), the
-// same bytes as their one-CTA twins (same_as: indices into this list), and the cp.async layout
-// asked for clusters (it runs as one CTA); then the first with one weight multiplier a column.
+// chunks; then the first again with one weight multiplier a column (the same bytes: same_as,
+// an index into this list).
 std::vector<GpuRun> tile_runs() {
   std::vector<GpuRun> r;
   struct Layout {
@@ -346,17 +342,6 @@ std::vector<GpuRun> tile_runs() {
     g.what = std::string(l.what) + ", chunks of 7 tokens";
     r.push_back(g);
   }
-  const size_t one_cta = r.size();
-  for (size_t i = 0; i < one_cta; ++i) {
-    const cuda::MoeTuning& k = r[i].knobs;
-    if (!(k.fp8_tile_kmajor_scales && (k.fp8_tile_bulk_scales || (k.fp8_tile_param_maps && k.chunk_tokens == 0))))
-      continue;
-    GpuRun g = r[i];
-    g.knobs.fp8_tile_cluster = 2;
-    g.same_as = int(i);
-    g.what += ", clusters of 2";
-    r.push_back(g);
-  }
   // Weight blocks of 128 rows or more take one multiplier a run of rows in the promotion
   // (MoeTuning::fp8_tile_block_scales); one a column gives the same bytes (other blocks: the
   // knob changes nothing).
@@ -366,14 +351,6 @@ std::vector<GpuRun> tile_runs() {
   g.what += ", a weight multiplier a column";
   r.push_back(g);
   return r;
-}
-
-// The first of `runs` in clusters of two CTAs with bulk scales (the default layout).
-GpuRun cluster_run(const std::vector<GpuRun>& runs) {
-  for (const GpuRun& g : runs)
-    if (g.knobs.fp8_tile_cluster == 2 && g.knobs.fp8_tile_bulk_scales) return g;
-  ADD_FAILURE() << "no cluster run";
-  return GpuRun{};
 }
 
 std::vector<GpuRun> all_runs() {
@@ -510,57 +487,10 @@ TEST(CudaMoeExpertsFp8, PrefillBatches) {
   gpu_fp8_case(b, runs, seed++);
   MoeShape c;
   c.T = 8191, c.H = 256, c.I = 128, c.E = 32, c.K = 4, c.empty_every = 9, c.lone = 4, c.pow2_scales = true;
-  GpuRun cl = cluster_run(base);
-  cl.same_as = 0;  // base.front(): "tiles"
-  gpu_fp8_case(c, with_tiled({base.front(), cl, base.back()}), seed++);
+  gpu_fp8_case(c, with_tiled({base.front(), base.back()}), seed++);
   MoeShape f;
   f.T = 517, f.H = 256, f.I = 256, f.E = 8, f.K = 2, f.fp8_x = true, f.act = DType::BF16, f.lone = 6;
   gpu_fp8_case(f, runs, seed++);
-}
-
-// The tile kernels in clusters of two CTAs (MoeTuning::fp8_tile_cluster) on experts of 1, 2, 3
-// and 5 row tiles (odd counts: the last pair's second CTA has no tile and only multicasts its
-// half of the weights), a second tile of one row, an expert with no rows and skipped ids, on
-// partial k blocks and weight-row tiles (hidden 400, inter 144): the same bytes as one CTA a tile.
-TEST(CudaMoeExpertsFp8, TileClusters) {
-  SKIP_WITHOUT_GPU();
-  // Rows an expert (expert 2: none), then the tokens routed to no expert of this rank.
-  const std::vector<int> rows = {100, 256, 0, 300, 600, 1, 129};
-  const int skipped = 15;
-  MoeShape s;
-  s.H = 400, s.I = 144, s.E = int(rows.size()), s.K = 1;
-  s.T = skipped;
-  for (int n : rows) s.T += n;
-  MoeCaseData c(s, 2700);
-  std::vector<int32_t> ids;
-  for (int e = 0; e < s.E; ++e) ids.insert(ids.end(), size_t(rows[size_t(e)]), e);
-  for (int k = 0; k < skipped; ++k) ids.push_back(k % 3 ? -1 : s.E + k);
-  std::mt19937 rng(2701);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  ASSERT_EQ(ids.size(), c.ids.size());
-  c.ids = ids;
-  std::vector<GpuRun> base = tile_runs();
-  base.push_back(GpuRun{});  // "default"
-  GpuRun serial = cluster_run(base);  // the sort's pair prefix from its serial loop
-  serial.knobs.fp8_sort_scan = false;
-  serial.what += ", serial prefix";
-  base.push_back(serial);
-  gpu_fp8_case(c, with_tiled(base));
-  // A drawn routing: two experts a token, empty experts, an expert of one row, FP8 x.
-  MoeShape b = s;
-  b.T = 517, b.E = 9, b.K = 2, b.empty_every = 4, b.lone = 6, b.act = DType::BF16, b.fp8_x = true;
-  gpu_fp8_case(b, with_tiled(base), 2702);
-}
-
-// The cluster knob through the bench's --tune name: 1 or 2 (no GPU needed).
-TEST(CudaMoeExpertsFp8, TileClusterTuningField) {
-  cuda::Tuning t;
-  EXPECT_EQ(t.moe.fp8_tile_cluster, 1);
-  cuda::set_tuning_field(t, "moe.fp8_tile_cluster", "2");
-  EXPECT_EQ(t.moe.fp8_tile_cluster, 2);
-  EXPECT_THROW(cuda::set_tuning_field(t, "moe.fp8_tile_cluster", "4"), Error);
-  EXPECT_THROW(cuda::set_tuning_field(t, "moe.fp8_tile_cluster", "0"), Error);
-  EXPECT_EQ(t.moe.fp8_tile_cluster, 2);
 }
 
 // The decode path's fixed costs (MoeTuning::fp8_sort_pdl, fp8_sort_scan, fp8_map_cache,

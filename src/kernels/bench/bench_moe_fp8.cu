@@ -10,8 +10,7 @@
 // scales, random data), whichever is larger. Each case: the default kernels eagerly and replayed
 // from a CUDA graph, and the other kernel family (or the stream kernels without programmatic
 // dependent launch) for comparison; at decode sizes also the sort's knobs off and on and the k
-// split picked by the kernels (MoeTuning::fp8_sort_*, fp8_map_cache, fp8_ksplit_waves); at
-// prefill sizes the tile kernels' scale / map settings and clusters of two (fp8_tile_cluster).
+// split picked by the kernels (MoeTuning::fp8_sort_*, fp8_map_cache, fp8_ksplit_waves).
 // At decode sizes also a read probe: a kernel that only TMA-reads the touched experts' weight
 // boxes in the stream kernels' order (their units, k splits, stages of 2 k blocks and ring depth;
 // no math, no scales), which tells how much of the gap to the floor is the DRAM access pattern.
@@ -377,7 +376,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         int sort = -1, waves = -1;
         int experiment = 0;  // MoeTuning::fp8_stream_experiment
         bool rowmajor = false;  // the weights' scales row-major (not MoeExpertsParams::scale_tiled)
-        int cluster = -1;       // MoeTuning::fp8_tile_cluster; -1: as tuned
         // Weight blocks of (128, 128) (the row-major arrays read as such; tiled a call) with
         // MoeTuning::fp8_tile_block_scales off (0) or on (1); -1: (1, 128) blocks.
         int block = -1;
@@ -409,14 +407,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back({2, true, false, "tiles, cp.async tiled scales, parameter maps", true, false, true});
         variants.push_back({2, true, false, "tiles, cp.async tiled scales, device maps", true, false, false});
         variants.push_back({2, true, false, "tiles, row-major scales, device maps (before)", false, false, false});
-        // Clusters of two CTAs sharing each weight tile by TMA multicast: eagerly (parameter
-        // maps) and from a graph (device maps).
-        Variant c1{2, true, false, "tiles, clusters of 2, bulk tiled scales, parameter maps"};
-        c1.cluster = 2;
-        variants.push_back(c1);
-        Variant c2{2, true, true, "tiles, clusters of 2, bulk tiled scales, device maps, " + kBatchMode};
-        c2.cluster = 2;
-        variants.push_back(c2);
       }
       if (tokens == 8192) {
         Variant rm{0, true, false, "tiles, row-major scales (transposed a call), bulk copies, parameter maps"};
@@ -442,7 +432,6 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           if (v.sort >= 0) m.fp8_sort_pdl = m.fp8_sort_scan = m.fp8_map_cache = v.sort == 1;
           if (v.waves >= 0) m.fp8_ksplit_waves = v.waves;
           m.fp8_stream_experiment = v.experiment;
-          if (v.cluster > 0) m.fp8_tile_cluster = v.cluster;
           if (v.block >= 0) m.fp8_tile_block_scales = v.block == 1;
         }));
         p.scale_block_rows = v.block >= 0 ? 128 : 1;

@@ -15,11 +15,9 @@ namespace sieve::cuda {
 // scan (blockDim.x a multiple of 32): the prefix over the experts by warp scans, each thread
 // summing a run of consecutive experts, instead of thread 0's serial loop (same results): the
 // serial loop's E dependent shared-memory reads and global stores were most of a decode sort.
-// pair_start (when set, [E + 1]): the prefix of the experts' pairs of row blocks, ceil(blocks / 2)
-// an expert (the FP8 tile kernels in clusters of two CTAs, moe_fp8_work.h block_pairs).
 __device__ __forceinline__ void sort_pairs(const int32_t* ids, int pairs, int E, int R, int32_t* cnt, int32_t* cur,
                                            int32_t* offsets, int32_t* blk_start, int32_t* sorted, int32_t* pos,
-                                           bool scan = false, int32_t* pair_start = nullptr) {
+                                           bool scan = false) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
@@ -28,75 +26,54 @@ __device__ __forceinline__ void sort_pairs(const int32_t* ids, int pairs, int E,
   }
   __syncthreads();
   if (scan) {
-    __shared__ int32_t warp_tot[3][32];
+    __shared__ int32_t warp_tot[2][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int per = (E + blockDim.x - 1) / blockDim.x;
     const int e0 = min(E, int(threadIdx.x) * per), e1 = min(E, e0 + per);
-    int rows = 0, blks = 0, prs = 0;
-    for (int e = e0; e < e1; ++e) {
-      const int b = (cnt[e] + R - 1) / R;
-      rows += cnt[e], blks += b, prs += (b + 1) >> 1;
-    }
-    int rin = rows, bin = blks, pin = prs;  // inclusive over the warp
+    int rows = 0, blks = 0;
+    for (int e = e0; e < e1; ++e) rows += cnt[e], blks += (cnt[e] + R - 1) / R;
+    int rin = rows, bin = blks;  // inclusive over the warp
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int r = __shfl_up_sync(0xffffffffu, rin, o), b = __shfl_up_sync(0xffffffffu, bin, o);
       if (lane >= o) rin += r, bin += b;
-      if (pair_start) {  // uniform: the pair prefix only where asked for
-        const int q = __shfl_up_sync(0xffffffffu, pin, o);
-        if (lane >= o) pin += q;
-      }
     }
-    if (lane == 31) warp_tot[0][warp] = rin, warp_tot[1][warp] = bin, warp_tot[2][warp] = pin;
+    if (lane == 31) warp_tot[0][warp] = rin, warp_tot[1][warp] = bin;
     __syncthreads();
     if (warp == 0) {
       int r = lane < warps ? warp_tot[0][lane] : 0, b = lane < warps ? warp_tot[1][lane] : 0;
-      int q = lane < warps ? warp_tot[2][lane] : 0;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const int r2 = __shfl_up_sync(0xffffffffu, r, o), b2 = __shfl_up_sync(0xffffffffu, b, o);
         if (lane >= o) r += r2, b += b2;
-        if (pair_start) {
-          const int q2 = __shfl_up_sync(0xffffffffu, q, o);
-          if (lane >= o) q += q2;
-        }
       }
-      warp_tot[0][lane] = r, warp_tot[1][lane] = b, warp_tot[2][lane] = q;  // inclusive over the warps
+      warp_tot[0][lane] = r, warp_tot[1][lane] = b;  // inclusive over the warps
     }
     __syncthreads();
     int off = rin - rows + (warp > 0 ? warp_tot[0][warp - 1] : 0);
     int blk = bin - blks + (warp > 0 ? warp_tot[1][warp - 1] : 0);
-    int pr = pin - prs + (warp > 0 ? warp_tot[2][warp - 1] : 0);
     for (int e = e0; e < e1; ++e) {
-      const int b = (cnt[e] + R - 1) / R;
       offsets[e] = off;
       blk_start[e] = blk;
-      if (pair_start) pair_start[e] = pr;
       cur[e] = off;
       off += cnt[e];
-      blk += b;
-      pr += (b + 1) >> 1;
+      blk += (cnt[e] + R - 1) / R;
     }
     if (threadIdx.x == blockDim.x - 1) {  // its run ends at E (or is empty past it): the totals
       offsets[E] = off;
       blk_start[E] = blk;
-      if (pair_start) pair_start[E] = pr;
     }
   } else if (threadIdx.x == 0) {
-    int off = 0, blks = 0, prs = 0;
+    int off = 0, blks = 0;
     for (int e = 0; e < E; ++e) {
-      const int b = (cnt[e] + R - 1) / R;
       offsets[e] = off;
       blk_start[e] = blks;
-      if (pair_start) pair_start[e] = prs;
       cur[e] = off;
       off += cnt[e];
-      blks += b;
-      prs += (b + 1) >> 1;
+      blks += (cnt[e] + R - 1) / R;
     }
     offsets[E] = off;
     blk_start[E] = blks;
-    if (pair_start) pair_start[E] = prs;
   }
   __syncthreads();
   for (int q = threadIdx.x; q < pairs; q += blockDim.x) {

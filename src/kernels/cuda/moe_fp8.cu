@@ -51,8 +51,7 @@ constexpr int kMaxExperts = 4096;  // the sort's two int32 an expert in shared m
 constexpr int kSortThreads = 1024;
 constexpr size_t kScratchBytes = size_t(1) << 30;
 
-// Step 1. The sort (moe_common.cuh's sort_pairs, with each pair's sorted row in pos, and the
-// pairs of row blocks' prefix in pair_start when set: the tile kernels in clusters of two), and
+// Step 1. The sort (moe_common.cuh's sort_pairs, with each pair's sorted row in pos), and
 // maps[e], maps[E + e]: expert e's gate_up and down maps. addr (the map cache, or null):
 // addr[e], addr[E + e] hold the expert addresses that maps[e], maps[E + e] were made for, and
 // only a map whose expert moved is written again (a map is a function of the address and the
@@ -84,8 +83,7 @@ __device__ __forceinline__ void write_maps(CUtensorMap* maps, const void** addr,
 // start of the same scratch (moe_route.cu) and may still be reading them.
 __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, int pairs, int E, int R,
                                                             int32_t* offsets, int32_t* blk_start, int32_t* sorted,
-                                                            int32_t* pos, int32_t* pair_start, CUtensorMap* maps,
-                                                            const void** addr,
+                                                            int32_t* pos, CUtensorMap* maps, const void** addr,
                                                             const __grid_constant__ CUtensorMap tmpl_gu,
                                                             const __grid_constant__ CUtensorMap tmpl_dn,
                                                             const void* const* w_gu, const void* const* w_dn,
@@ -96,7 +94,7 @@ __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, 
   pdl_wait();
   if (!addr) write_maps(maps, addr, E, tmpl_gu, tmpl_dn, w_gu, w_dn);
   tensormap_release();
-  sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos, scan, pair_start);
+  sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos, scan);
 }
 
 // Step 2. A warp a (token, 1 x 128 group), 4 consecutive elements a lane. kind 0: F32 x, 1: BF16
@@ -410,9 +408,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   const bool kmajor = !stream && ((knobs.fp8_tile_kmajor_scales && kmajor_fits) || w_tiled);
   const TileScales scales =
       !kmajor ? TileScales::kRowMajor : (knobs.fp8_tile_bulk_scales ? TileScales::kBulk : TileScales::kKmajor);
-  // MoeTuning::fp8_tile_cluster: the tile kernels in clusters of two CTAs (bulk scales only; the
-  // other modes run as one CTA).
-  const bool tile_cluster = !stream && scales == TileScales::kBulk && knobs.fp8_tile_cluster == 2;
   // MoeTuning::fp8_tile_block_scales: weight blocks of 128 rows or more (HF fp8, --quantization
   // fp8) promote with one multiplier for each half's gate rows and one for its up rows (64 rows
   // each: I % 64 == 0), down's with one for each half (128 rows); the same products.
@@ -463,7 +458,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   };
   const size_t o_maps = take(2 * size_t(E) * sizeof(CUtensorMap));
   const size_t o_off = take(size_t(E + 1) * 4), o_blk = take(size_t(E + 1) * 4);
-  const size_t o_pairs = take(tile_cluster ? size_t(E + 1) * 4 : 0);
   const size_t o_sorted = take(size_t(cap) * 4), o_pos = take(size_t(cap) * 4);
   const size_t o_xq = take(size_t(cap) * size_t(H)), o_xs = take(size_t(cap) * size_t(gh) * 4);
   const size_t o_aq = take(size_t(cap) * size_t(I)), o_as = take(size_t(cap) * size_t(gi) * 4);
@@ -474,7 +468,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   auto* maps = reinterpret_cast<CUtensorMap*>(base + o_maps);
   auto* offsets = reinterpret_cast<int32_t*>(base + o_off);
   auto* blk_start = reinterpret_cast<int32_t*>(base + o_blk);
-  auto* pair_start = tile_cluster ? reinterpret_cast<int32_t*>(base + o_pairs) : nullptr;
   auto* sorted = reinterpret_cast<int32_t*>(base + o_sorted);
   auto* pos = reinterpret_cast<int32_t*>(base + o_pos);
   uint8_t* xq = base + o_xq;
@@ -535,8 +528,8 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     const float* weights = p.weights + t0 * topk;
 
     launch_pdl(sort_pdl, sort_kernel, dim3(1), dim3(kSortThreads), size_t(2 * E) * sizeof(int32_t), st,
-               "moe_experts fp8 (sort)", ids, pairs, int(E), R, offsets, blk_start, sorted, pos, pair_start, wmaps,
-               wmaps_addr, tmpl_gu, tmpl_dn, p.w_gate_up, p.w_down, bool(knobs.fp8_sort_scan));
+               "moe_experts fp8 (sort)", ids, pairs, int(E), R, offsets, blk_start, sorted, pos, wmaps, wmaps_addr,
+               tmpl_gu, tmpl_dn, p.w_gate_up, p.w_down, bool(knobs.fp8_sort_scan));
 
     const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * (fp8_x ? 1 : esz);
     const int64_t qwarps = tokens * gh;
@@ -553,7 +546,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.rows_cap = int(cap);
     g.offsets = offsets;
     g.blk_start = blk_start;
-    g.pair_start = pair_start;
     g.sorted = sorted;
     g.E = int(E);
     g.act_q = aq;
@@ -571,9 +563,6 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.wtiled = w_tiled;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
-    // Clusters of two: pairs of row blocks, at most pairs / 2R + the touched experts (an expert of
-    // c rows has ceil(ceil(c / R) / 2) <= c / 2R + 1).
-    const int64_t block_pairs_max = tile_cluster ? int64_t(pairs) / (2 * R) + std::min<int64_t>(E, pairs) : 0;
     // gate_up
     g.wmaps = wmaps;
     g.wscale = p.w_gate_up_scale;
@@ -589,7 +578,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     if (stream) {
       launch_stream(true, nt, map_x, g, grid, pdl, st);
     } else {
-      launch_tiles(true, map_x, g, grid, st, scales, maps_gu.get(), block_pairs_max * g.cols, block_gu);
+      launch_tiles(true, map_x, g, grid, st, scales, maps_gu.get(), block_gu);
     }
     // down
     g.wmaps = wmaps + E;
@@ -606,7 +595,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     if (stream) {
       launch_stream(false, nt, map_a, g, grid, pdl, st);
     } else {
-      launch_tiles(false, map_a, g, grid, st, scales, maps_dn.get(), block_pairs_max * g.cols, block_dn);
+      launch_tiles(false, map_a, g, grid, st, scales, maps_dn.get(), block_dn);
     }
     if (probe) {
       probe_kernel<<<unsigned(std::min<int64_t>(pairs, 4096)), 128, 0, st>>>(

@@ -127,18 +127,6 @@ __device__ __forceinline__ void tma_load_hint(void* dst, const void* map, int x,
       : "memory");
 }
 
-// tma_load multicast to the CTAs of the cluster in ctaMask (bit r: rank r): the box lands at the
-// same shared-memory offset as dst in each of them and completes its bytes on each one's barrier
-// at bar's offset.
-__device__ __forceinline__ void tma_load_multicast(void* dst, const void* map, int x, int y, uint64_t* bar,
-                                                   uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-}
-
 // A tensor map written in global memory by an earlier kernel (generic proxy) becomes visible to
 // this thread's TMA loads (tensormap proxy).
 __device__ __forceinline__ void tensormap_acquire(const void* map) {
@@ -200,9 +188,6 @@ struct GemmArgs {
   int rows_cap;                // rows of the activation buffers
   const int32_t* offsets;      // [E + 1]
   const int32_t* blk_start;    // [E + 1]
-  // [E + 1] the experts' pairs of row blocks (tile kernels in clusters of two CTAs, moe_fp8_work.h
-  // block_pairs; the sort writes it only for them).
-  const int32_t* pair_start;
   const int32_t* sorted;       // [rows] pair index (token * topk + slot) of each sorted row
   int E;
   int cols;    // work items a row block: tile kernels, weight-row tiles; stream kernels, rb * ksplit
@@ -252,16 +237,13 @@ enum class TileScales { kRowMajor, kKmajor, kBulk };
 
 // Dynamic shared memory and launch of the tile kernels (128 rows x 256 weight rows a tile).
 // maps: the weight maps as a parameter (null: the sort's maps in global memory, g.wmaps; only
-// with k-block-major scales). cluster_items > 0 (kBulk scales only; g.pair_start set): the
-// kernels in clusters of two CTAs that share each weight tile (MoeTuning::fp8_tile_cluster), at
-// most cluster_items clusters (an upper bound on the sort's pair_start[E] x g.cols) and at most
-// as many as the device keeps resident; `grid` CTAs of the plain kernels where it keeps none.
-// block_w (kBulk only): weight multipliers constant over each half's gate rows and up rows (down:
-// over each half), as with blocks of 128 rows or more: one multiplier a run in the promotion.
+// with k-block-major scales). block_w (kBulk only): weight multipliers constant over each
+// half's gate rows and up rows (down: over each half), as with blocks of 128 rows or more: one
+// multiplier a run in the promotion.
 size_t tile_smem_bytes();
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
                   TileScales scales = TileScales::kRowMajor, const TileMaps* maps = nullptr,
-                  int64_t cluster_items = 0, bool block_w = false);
+                  bool block_w = false);
 // Stream kernels (256 weight rows x `nt` token rows a work unit, nt = 8, 16, 32 or 64; a
 // pipeline stage holds g.kp k blocks of them, 1 to 4).
 size_t stream_smem_bytes(int nt);

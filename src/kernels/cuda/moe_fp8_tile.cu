@@ -27,24 +27,7 @@
 // down: 256 hidden rows; the epilogue writes the pair's output row in bf16.
 // Registers: the final accumulators of a thread are 64 rows x 256 columns / 128 threads = 128
 // fp32, the temporary 64 more; the consumer warpgroups raise their limit to 232 (setmaxnreg).
-//
-// In clusters of two CTAs (MoeTuning::fp8_tile_cluster = 2; bulk scales only): a persistent CTA
-// stays on one weight tile only as long as the CTAs with the expert's other row tiles happen to
-// run beside it, and drifting CTAs each stream the tile from DRAM again. A cluster's work items
-// are (expert, weight-row tile, pair of row tiles) (moe_fp8_work.h block_pairs), i = cluster id,
-// + clusters, ...; CTA rank r takes row tile 2 p + r, so both CTAs walk the same k blocks of the
-// same weight tile in step. Each stage's four weight boxes are loaded once for the two: rank r
-// multicasts boxes 2 r and 2 r + 1 to both CTAs (same shared-memory offsets, completing on each
-// CTA's own full[s]), so full[s] expects the CTA's own activation and scale bytes and all 32 KB
-// of weights. A stage is reused only once the consumers of both CTAs released it: empty[s] counts
-// 16 arrivals, each consumer warp arriving on its own CTA's and on the peer's. A CTA whose row
-// tile does not exist (an odd row-tile count) still multicasts its half, loads nothing else, and
-// its consumers wait for and release every stage. No CTA leaves while the peer may still write
-// its shared memory or arrive on its barriers: every thread of both ends at a cluster barrier
-// (and one after the barriers' init orders it before any remote access).
 #include <cuda.h>
-
-#include <algorithm>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -70,38 +53,14 @@ constexpr size_t kSmemBytes =
 struct Tile {
   int e, col, r0, rows;
 };
-// Work item i of the CTA (kCluster 1) or of the cluster, whose CTA `rank` takes the pair's row
-// tile 2 p + rank (rows <= 0: the pair has no such tile).
-template <int kCluster>
-__device__ __forceinline__ Tile tile_of(const GemmArgs& g, int64_t i, int rank) {
-  const WorkItem w = work_item(kCluster == 1 ? g.blk_start : g.pair_start, g.E, i, g.cols);
+__device__ __forceinline__ Tile tile_of(const GemmArgs& g, int64_t i) {
+  const WorkItem w = work_item(g.blk_start, g.E, i, g.cols);
   Tile t;
   t.e = w.e;
   t.col = w.col;
-  t.r0 = g.offsets[w.e] + (kCluster == 1 ? w.blk : pair_block(w.blk, rank)) * kTileRows;
+  t.r0 = g.offsets[w.e] + w.blk * kTileRows;
   t.rows = min(kTileRows, g.offsets[w.e + 1] - t.r0);
   return t;
-}
-
-// Clusters: every thread of the cluster through one barrier (release, acquire; threads may reach
-// it from different code), the wait of a producer for releases that come from the peer CTA too,
-// and a consumer's release of a stage of the peer CTA (addr: shared::cluster, from map_cluster).
-__device__ __forceinline__ void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
 }
 
 template <bool kGateUp>
@@ -121,11 +80,9 @@ struct NoMaps {
 // Maps: TileMaps (weight maps in the parameter) or NoMaps (g.wmaps, written by the sort).
 enum ScaleMode { kRowMajor = 0, kKmajor = 1, kBulk = 2 };
 
-// kCluster: 1, or 2 (clusters of two CTAs sharing the weight tiles; kBulk only).
-template <bool kGateUp, int kMode, class Maps, int kCluster, bool kBlockW>
+template <bool kGateUp, int kMode, class Maps, bool kBlockW>
 __global__ void __launch_bounds__(kThreads, 1)
     tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g, const __grid_constant__ Maps pmaps) {
-  static_assert(kCluster == 1 || (kCluster == 2 && kMode == kBulk), "clusters of two: bulk scales only");
   static_assert(!kBlockW || kMode == kBulk, "block weight multipliers: bulk scales only");
   constexpr bool kParamMaps = sizeof(Maps) > sizeof(NoMaps);
   constexpr bool kKmaj = kMode != kRowMajor;
@@ -137,37 +94,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* const full = reinterpret_cast<uint64_t*>(s_ring + kStages * kScales);
   uint64_t* const empty = full + kStages;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // Clusters of two along x: rank (%cluster_ctarank) = blockIdx.x % 2, cluster id = blockIdx.x / 2
-  // (read from blockIdx, which the compiler may read again instead of keeping in registers).
-  const int rank = kCluster == 1 ? 0 : int(blockIdx.x & 1);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], kMode == kBulk ? 1 : 33);  // the TMA issuer's expect_tx (and the 32 scale lanes)
-      mbar_init(&empty[s], 8 * kCluster);  // the 8 consumer warps (of each CTA of the cluster)
+      mbar_init(&empty[s], 8);  // the 8 consumer warps
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (kCluster == 1) {
-    __syncthreads();
-  } else {
-    cluster_barrier();  // both CTAs' barriers initialised before any multicast or remote arrival
-  }
-  const int64_t total = int64_t(kCluster == 1 ? g.blk_start[g.E] : g.pair_start[g.E]) * g.cols;
-  const int64_t first = int64_t(blockIdx.x / kCluster), step = int64_t(gridDim.x / kCluster);
+  __syncthreads();
+  const int64_t total = int64_t(g.blk_start[g.E]) * g.cols;
 
   if (warp < 4) {
     regs_dec<40>();
-    if (warp != 0) {
-      if (kCluster > 1) cluster_barrier();
-      return;
-    }
+    if (warp != 0) return;
     // Producer.
     int s = 0;
     uint32_t ep = 1;
     const CUtensorMap* acquired = nullptr;
-    for (int64_t i = first; i < total; i += step) {
-      const Tile t = tile_of<kCluster>(g, i, rank);
-      const bool has_rows = kCluster == 1 || t.rows > 0;  // clusters: else the weight multicast alone
+    for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+      const Tile t = tile_of(g, i);
       // Timing experiments (MoeTuning::fp8_tile_experiment; wrong results): bit 0 every tile's
       // weights and their scales from expert 0, bit 1 every tile's activation rows from row 0.
       const int ew = (g.experiment & 1) ? 0 : t.e;
@@ -187,15 +132,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                : (g.wtiled ? g.wscale[ew] : g.wst + int64_t(ew) * g.cols * g.nkb * kTileW) +
                                      int64_t(t.col) * g.nkb * kTileW;
       for (int kb = 0; kb < g.nkb; ++kb) {
-        if (kCluster == 1) {
-          mbar_wait(&empty[s], ep);
-        } else {
-          mbar_wait_cluster(&empty[s], ep);  // released by both CTAs' consumers
-        }
+        mbar_wait(&empty[s], ep);
         float* sc = s_ring + s * kScales;
-        if (kCluster > 1 && !has_rows) {
-          if (lane == 0) mbar_expect_tx(&full[s], kWBytes);  // both halves of the weight tile
-        } else if (kMode == kBulk && lane == 0) {
+        if (kMode == kBulk && lane == 0) {
           const int64_t a0 = int64_t(kb) * g.rows_cap + t.r0;
           const int shift = t.r0 & 3;
           const uint32_t abytes = uint32_t((shift + t.rows + 3) / 4 * 16);
@@ -207,24 +146,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (lane == 0) {
           uint8_t* a = a_ring + s * kABytes;
-          if (has_rows) {
-            tma_load(a, &amap, kb * kBK, ar0, &full[s]);
-            tma_load(a + kBox, &amap, kb * kBK, ar0 + 64, &full[s]);
-          }
+          tma_load(a, &amap, kb * kBK, ar0, &full[s]);
+          tma_load(a + kBox, &amap, kb * kBK, ar0 + 64, &full[s]);
           uint8_t* w = w_ring + s * kWBytes;
-          if (kCluster == 1) {
 #pragma unroll
-            for (int b = 0; b < 4; ++b) {
-              bool unused;
-              tma_load(w + b * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64, unused), &full[s]);
-            }
-          } else {  // this rank's boxes 2 rank, 2 rank + 1, to both CTAs
+          for (int b = 0; b < 4; ++b) {
             bool unused;
-            const int b = 2 * rank;
-            tma_load_multicast(w + b * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64, unused), &full[s],
-                               uint16_t(0x3));
-            tma_load_multicast(w + (b + 1) * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64 + 64, unused),
-                               &full[s], uint16_t(0x3));
+            tma_load(w + b * kBox, wm, kb * kBK, weight_row<kGateUp>(g, t.col, b * 64, unused), &full[s]);
           }
         }
         // Scales: 8 weight rows and 4 activation rows a lane (zeros past the rows). K-block-major:
@@ -263,7 +191,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (++s == kStages) s = 0, ep ^= 1;
       }
     }
-    if (kCluster > 1) cluster_barrier();
     return;
   }
 
@@ -275,11 +202,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float tmp[64];
 #pragma unroll
   for (int k = 0; k < 64; ++k) tmp[k] = 0.0f;
-  for (int64_t i = first; i < total; i += step) {
-    const Tile t = tile_of<kCluster>(g, i, rank);
-    // clusters: false where the pair has no tile for this CTA; timing experiment 4: no products,
-    // no epilogue
-    const bool active = 64 * c < t.rows && g.experiment != 4;
+  for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+    const Tile t = tile_of(g, i);
+    const bool active = 64 * c < t.rows && g.experiment != 4;  // 4: no products, no epilogue (timing)
     const int xoff = kTileW + (kMode == kBulk ? (t.r0 & 3) : 0);  // the tile's first activation scale
     float fin[2][64];
 #pragma unroll
@@ -346,10 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(&empty[s]);
-        if (kCluster > 1) mbar_arrive_remote(map_cluster(smem_u32(&empty[s]), uint32_t(rank ^ 1)));  // the peer's
-      }
+      if (lane == 0) mbar_arrive(&empty[s]);
       if (++s == kStages) s = 0, fp ^= 1;
     }
     if (!active || g.experiment == 7) continue;  // timing experiment 7: products, no epilogue
@@ -404,7 +326,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (kCluster > 1) cluster_barrier();
 }
 
 }  // namespace
@@ -412,52 +333,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 size_t tile_smem_bytes() { return kSmemBytes; }
 
 namespace {
-template <bool kGateUp, int kMode, class Maps, int kCluster = 1, bool kBlockW = false>
+template <bool kGateUp, int kMode, class Maps, bool kBlockW = false>
 void launch_one(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, cudaStream_t st) {
-  const char* what = kGateUp ? "moe_experts fp8 (gate_up tiles)" : "moe_experts fp8 (down tiles)";
-  auto* kernel = tile_kernel<kGateUp, kMode, Maps, kCluster, kBlockW>;
-  set_smem(kernel, kSmemBytes);
-  if (kCluster == 1) {
-    kernel<<<grid, kThreads, kSmemBytes, st>>>(amap, g, maps);
-    SIEVE_LAUNCH_CHECK(what);
-  } else {
-    ClusterLaunch l(dim3(unsigned(grid), 1, 1), dim3(kThreads, 1, 1), kSmemBytes, st, kCluster);
-    cuda_check(cudaLaunchKernelEx(&l.cfg, kernel, amap, g, maps), what);
-  }
+  set_smem(tile_kernel<kGateUp, kMode, Maps, kBlockW>, kSmemBytes);
+  tile_kernel<kGateUp, kMode, Maps, kBlockW><<<grid, kThreads, kSmemBytes, st>>>(amap, g, maps);
+  SIEVE_LAUNCH_CHECK(kGateUp ? "moe_experts fp8 (gate_up tiles)" : "moe_experts fp8 (down tiles)");
 }
-// Bulk scales: in clusters of two where asked (cluster_items > 0) and the device keeps such
-// clusters resident (asked once a kernel), persistent: at most that many clusters.
-template <bool kGateUp, class Maps, bool kBlockW>
-void launch_bulk(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, int64_t cluster_items,
-                 cudaStream_t st) {
-  if (cluster_items > 0) {
-    static const int resident = resident_clusters(tile_kernel<kGateUp, kBulk, Maps, 2, kBlockW>, kThreads, kSmemBytes,
-                                                  2, std::max(1, num_sms() / 2), 0);
-    if (resident > 0) {
-      launch_one<kGateUp, kBulk, Maps, 2, kBlockW>(amap, g, maps, int(2 * std::min<int64_t>(cluster_items, resident)),
-                                                   st);
-      return;
-    }
-  }
-  launch_one<kGateUp, kBulk, Maps, 1, kBlockW>(amap, g, maps, grid, st);
-}
+// Bulk scales, with block weight multipliers (block_w) or one a column.
 template <bool kGateUp, class Maps>
-void launch_bulk(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, int64_t cluster_items,
-                 bool block_w, cudaStream_t st) {
+void launch_bulk(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, bool block_w,
+                 cudaStream_t st) {
   if (block_w) {
-    launch_bulk<kGateUp, Maps, true>(amap, g, maps, grid, cluster_items, st);
+    launch_one<kGateUp, kBulk, Maps, true>(amap, g, maps, grid, st);
   } else {
-    launch_bulk<kGateUp, Maps, false>(amap, g, maps, grid, cluster_items, st);
+    launch_one<kGateUp, kBulk, Maps, false>(amap, g, maps, grid, st);
   }
 }
 template <bool kGateUp>
 void launch_product(const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st, TileScales scales,
-                    const TileMaps* maps, int64_t cluster_items, bool block_w) {
+                    const TileMaps* maps, bool block_w) {
   if (scales == TileScales::kBulk) {
     if (maps) {
-      launch_bulk<kGateUp>(amap, g, *maps, grid, cluster_items, block_w, st);
+      launch_bulk<kGateUp>(amap, g, *maps, grid, block_w, st);
     } else {
-      launch_bulk<kGateUp>(amap, g, NoMaps{}, grid, cluster_items, block_w, st);
+      launch_bulk<kGateUp>(amap, g, NoMaps{}, grid, block_w, st);
     }
   } else if (scales == TileScales::kKmajor) {
     if (maps) {
@@ -472,17 +371,15 @@ void launch_product(const CUtensorMap& amap, const GemmArgs& g, int grid, cudaSt
 }  // namespace
 
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
-                  TileScales scales, const TileMaps* maps, int64_t cluster_items, bool block_w) {
+                  TileScales scales, const TileMaps* maps, bool block_w) {
   SIEVE_CHECK(!maps || scales != TileScales::kRowMajor, "moe_experts fp8: parameter maps need k-block-major scales");
   SIEVE_CHECK(scales != TileScales::kBulk || g.rows_cap % 4 == 0, "moe_experts fp8: bulk scales need rows_cap % 4");
   SIEVE_CHECK(!g.wtiled || scales != TileScales::kRowMajor,
               "moe_experts fp8: tiled weight scales need a k-block-major tile mode");
-  SIEVE_CHECK(cluster_items <= 0 || (scales == TileScales::kBulk && g.pair_start),
-              "moe_experts fp8: tile clusters need bulk scales and the sort's pair prefix");
   if (gate_up) {
-    launch_product<true>(amap, g, grid, st, scales, maps, cluster_items, block_w);
+    launch_product<true>(amap, g, grid, st, scales, maps, block_w);
   } else {
-    launch_product<false>(amap, g, grid, st, scales, maps, cluster_items, block_w);
+    launch_product<false>(amap, g, grid, st, scales, maps, block_w);
   }
 }
 

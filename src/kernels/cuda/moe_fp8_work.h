@@ -35,14 +35,6 @@ SIEVE_MOE_HD WorkItem work_item(const int32_t* blk_start, int E, int64_t i, int 
   return WorkItem{lo, int(local / nb), int(local % nb)};
 }
 
-// Tile kernels in clusters of two CTAs (MoeTuning::fp8_tile_cluster): an expert's row blocks
-// taken in pairs, ceil(blocks / 2) of them (the sort's pair_start, moe_common.cuh sort_pairs, is
-// their prefix over the experts). Work item i of a cluster is work_item(pair_start, E, i, cols)
-// (expert, weight-row block, pair p; pairs fastest), and CTA rank r of the cluster takes row block
-// pair_block(p, r), which the last pair of an expert with an odd block count lacks (r = 1).
-SIEVE_MOE_HD int block_pairs(int blocks) { return (blocks + 1) >> 1; }
-SIEVE_MOE_HD int pair_block(int pair, int rank) { return 2 * pair + rank; }
-
 // Weight row of row c (0..255) of a 256-row weight block rb. gate_up: the gate and up rows of
 // units rb * 128 .. + 127 as [gate u0..u0+63 | up u0..u0+63 | gate u0+64.. | up u0+64..], so that
 // row c < 64 (+128) and row c + 64 are one unit's gate and up; valid: the unit exists. down:

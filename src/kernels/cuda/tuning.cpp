@@ -122,13 +122,6 @@ const std::vector<Field>& fields() {
       SIEVE_BOOL_FIELD(moe, fp8_tile_kmajor_scales),
       SIEVE_BOOL_FIELD(moe, fp8_tile_bulk_scales),
       SIEVE_BOOL_FIELD(moe, fp8_tile_param_maps),
-      Field{"moe.fp8_tile_cluster",
-            [](Tuning& t, const std::string& v) {
-              const long long c = parse_int("moe.fp8_tile_cluster", v);
-              if (c != 1 && c != 2) throw Error("tuning field moe.fp8_tile_cluster: \"" + v + "\" is not 1 or 2");
-              t.moe.fp8_tile_cluster = int(c);
-            },
-            [](const Tuning& t) { return std::to_string(t.moe.fp8_tile_cluster); }},
       Field{"moe.route_fused_max_tokens",
             [](Tuning& t, const std::string& v) { t.moe.route_fused_max_tokens = parse_int("moe.route_fused_max_tokens", v); },
             [](const Tuning& t) { return std::to_string(t.moe.route_fused_max_tokens); }},

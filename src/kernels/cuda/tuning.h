@@ -191,11 +191,6 @@ struct MoeTuning {
   // call; never under stream capture or with more than 128 experts) instead of maps written in
   // global memory by the sort kernel. false: the device-written maps.
   bool fp8_tile_param_maps = true;
-  // Tile kernels with bulk scales: 1, each CTA loads the weight tiles of its own tiles; 2, the
-  // kernels in clusters of two CTAs that take two row tiles of one expert and weight-row tile
-  // together, each stage's weight tile loaded once for both by TMA multicast (docs/kernels.md
-  // "FP8 MoE"; the same results bit for bit). Other scale modes run as 1. Not yet run on a GPU.
-  int fp8_tile_cluster = 1;
   // Tile kernels with bulk scales and weight blocks of 128 rows or more (HF fp8, --quantization
   // fp8): the promotion takes one weight multiplier for each 64-row gate or up run of a half
   // (down: each half) instead of one a column; the same products (false: one a column).
