@@ -66,6 +66,36 @@ TopDiff top20_diff(const std::vector<double>& x, const std::vector<double>& y) {
   return t;
 }
 
+// Two runs' log-prob rows compared position by position: each row's largest |x - y| over x's top
+// 20 (sorted ascending), the mean over all of them, and the positions whose top token leads
+// x's second by more than 0.5 (clear) where y's top token differs (flips).
+struct RunsDiff {
+  std::vector<double> row_max;
+  double mean = 0;
+  size_t clear = 0, flips = 0;
+  double median() const { return row_max[row_max.size() / 2]; }
+  double p95() const { return row_max[row_max.size() * 95 / 100]; }
+};
+
+RunsDiff compare_runs(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  RunsDiff d;
+  double sum = 0;
+  for (size_t p = 0; p < a.size(); ++p) {
+    const TopDiff t = top20_diff(a[p], b[p]);
+    d.row_max.push_back(t.max);
+    sum += t.sum;
+    const auto& x = a[p];
+    const auto& y = b[p];
+    if (x[size_t(t.top[0])] - x[size_t(t.top[1])] > 0.5) {
+      ++d.clear;
+      d.flips += int(std::max_element(y.begin(), y.end()) - y.begin()) != t.top[0];
+    }
+  }
+  std::sort(d.row_max.begin(), d.row_max.end());
+  d.mean = sum / double(20 * a.size());
+  return d;
+}
+
 // The CUDA backend against the CPU reference, both with an fp8 cache, position by position.
 TEST(ModelCuda, MatchesCpuWithFp8Cache) {
   SKIP_WITHOUT_GPU();
@@ -278,29 +308,14 @@ TEST(ModelCuda, Fp8CheckpointsMatchTheCpu) {
     EngineRun a = run_engine(*cpu, prompt, 8, DType::BF16, false, 256);
     EngineRun b = run_engine(*gpu, prompt, 8, DType::BF16, false, 256);
     ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-    std::vector<double> row_max;
-    double sum = 0;
-    size_t count = 0, clear = 0, flips = 0;
-    for (size_t p = 0; p < a.logprobs.size(); ++p) {
-      const TopDiff t = top20_diff(a.logprobs[p], b.logprobs[p]);
-      row_max.push_back(t.max);
-      sum += t.sum;
-      count += 20;
-      const auto& x = a.logprobs[p];
-      const auto& y = b.logprobs[p];
-      if (x[size_t(t.top[0])] - x[size_t(t.top[1])] > 0.5) {
-        ++clear;
-        flips += int(std::max_element(y.begin(), y.end()) - y.begin()) != t.top[0];
-      }
-    }
-    std::sort(row_max.begin(), row_max.end());
+    const RunsDiff d = compare_runs(a.logprobs, b.logprobs);
     std::printf("[ fp8 ] %s on the GPU vs the CPU over %zu positions: mean %.3g, median row max %.3g, p95 %.3g, max %.3g; "
                 "top-token flips %zu of %zu clear positions; %.2f MB of weights on the GPU\n",
-                quant.c_str(), row_max.size(), sum / double(count), row_max[row_max.size() / 2],
-                row_max[row_max.size() * 95 / 100], row_max.back(), flips, clear, double(gpu->weight_bytes()) / 1e6);
-    EXPECT_LT(sum / double(count), 0.6) << quant;
-    EXPECT_LT(row_max[row_max.size() * 95 / 100], 6.0) << quant;
-    EXPECT_LE(flips, clear / 6) << quant;
+                quant.c_str(), d.row_max.size(), d.mean, d.median(), d.p95(), d.row_max.back(), d.flips, d.clear,
+                double(gpu->weight_bytes()) / 1e6);
+    EXPECT_LT(d.mean, 0.6) << quant;
+    EXPECT_LT(d.p95(), 6.0) << quant;
+    EXPECT_LE(d.flips, d.clear / 6) << quant;
     // Weight memory: at most 1.1 x the checkpoint's file, and what the estimate said.
     model::WeightOptions wo;
     wo.device = kCuda;
@@ -389,33 +404,17 @@ TEST(ModelCuda, Bf16PartialsStayCloseToF32Partials) {
     EngineRun a = run_engine(*f32, prompt, 16, DType::BF16, false, 384);
     EngineRun b = run_engine(*bf16, prompt, 16, DType::BF16, false, 384);
     ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-    std::vector<double> row_max;
-    double sum = 0;
-    size_t count = 0, clear = 0, flips = 0;
-    for (size_t p = 0; p < a.logprobs.size(); ++p) {
-      const TopDiff t = top20_diff(a.logprobs[p], b.logprobs[p]);
-      row_max.push_back(t.max);
-      sum += t.sum;
-      count += 20;
-      const auto& x = a.logprobs[p];
-      const auto& y = b.logprobs[p];
-      if (x[size_t(t.top[0])] - x[size_t(t.top[1])] > 0.5) {
-        ++clear;
-        flips += int(std::max_element(y.begin(), y.end()) - y.begin()) != t.top[0];
-      }
-    }
-    std::sort(row_max.begin(), row_max.end());
-    const double mean = sum / double(count);
+    const RunsDiff d = compare_runs(a.logprobs, b.logprobs);
     size_t same = 0;
     for (size_t i = 0; i < a.greedy.size() && i < b.greedy.size(); ++i) same += a.greedy[i] == b.greedy[i];
     std::printf("[ partials ] %s weights, bf16 vs fp32 sublayer outputs over %zu positions: mean %.3g, median row "
                 "max %.3g, p95 %.3g, max %.3g; top-token flips %zu of %zu clear positions; greedy %zu of %zu equal\n",
-                quant.empty() ? "bf16" : "fp8", row_max.size(), mean, row_max[row_max.size() / 2],
-                row_max[row_max.size() * 95 / 100], row_max.back(), flips, clear, same, a.greedy.size());
-    EXPECT_GT(mean, 0.0) << "f32_partials changed nothing";
-    EXPECT_LT(mean, quant.empty() ? 0.02 : 0.05);
-    EXPECT_LT(row_max[row_max.size() * 95 / 100], quant.empty() ? 0.2 : 0.5);
-    EXPECT_LE(flips, clear / 100);
+                quant.empty() ? "bf16" : "fp8", d.row_max.size(), d.mean, d.median(), d.p95(), d.row_max.back(), d.flips,
+                d.clear, same, a.greedy.size());
+    EXPECT_GT(d.mean, 0.0) << "f32_partials changed nothing";
+    EXPECT_LT(d.mean, quant.empty() ? 0.02 : 0.05);
+    EXPECT_LT(d.p95(), quant.empty() ? 0.2 : 0.5);
+    EXPECT_LE(d.flips, d.clear / 100);
   }
 }
 
