@@ -237,6 +237,8 @@ struct RmsNormParams {
   int64_t ld_fp8 = 0;
   float* y_fp8_scale = nullptr;  // [rows, fp8_groups(dim)] (packed)
 };
+// The residual's dtype: x's, or F32 with residual_f32.
+inline DType rms_residual_dtype(const RmsNormParams& p) { return p.residual_f32 ? DType::F32 : p.x_dtype; }
 
 // y[i] += alpha * x[i]; with assign, y[i] = alpha * x[i] (a copy when alpha is 1; y's old
 // contents are not read, so they may be anything, NaN included).
@@ -331,6 +333,8 @@ struct MoeExpertsParams {
   void* out = nullptr;
   bool out_bf16 = false;
 };
+// out's dtype: act_dtype, or BF16 with out_bf16.
+inline DType moe_out_dtype(const MoeExpertsParams& p) { return p.out_bf16 ? DType::BF16 : p.act_dtype; }
 
 // ---------------------------------------------------------------------------------------------
 // Attention path

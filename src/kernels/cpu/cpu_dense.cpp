@@ -210,7 +210,7 @@ void run_rms_norm(const ops::RmsNormParams& p) {
   SIEVE_CHECK(!p.y_fp8 || (!fp8 && p.y_fp8_scale && p.ld_fp8 >= p.dim && p.y != p.x),
               "rms_norm: y_fp8 needs y_fp8_scale, ld_fp8 >= dim and a y that is neither x nor FP8");
   const int64_t dim = p.dim;
-  const DType rt = p.residual_f32 ? DType::F32 : p.x_dtype;
+  const DType rt = ops::rms_residual_dtype(p);
   std::vector<float> v(static_cast<size_t>(dim)), w(static_cast<size_t>(dim));
   for (int64_t d = 0; d < dim; ++d) {
     const float wd = load_as_f32(p.weight, p.weight_dtype, size_t(d));

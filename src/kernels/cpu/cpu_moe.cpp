@@ -257,7 +257,7 @@ void run_moe_experts(const ops::MoeExpertsParams& p) {
       for (int64_t d = 0; d < H; ++d) dst[d] += w * Y[size_t(r * H + d)];
     }
   }
-  const DType ot = p.out_bf16 ? DType::BF16 : p.act_dtype;
+  const DType ot = ops::moe_out_dtype(p);
   for (int64_t i = 0; i < T * H; ++i) {
     store_from_f32(p.out, ot, size_t(i), load_as_f32(p.out, ot, size_t(i)) + sum[size_t(i)]);
   }

@@ -326,7 +326,7 @@ bool run_rms_norm(const ops::RmsNormParams& p, void* stream_v) {
   a.xt = elem_code(p.x_dtype);
   a.yt = fp8 ? kElemF32 : elem_code(p.y_dtype);
   a.wt = elem_code(p.weight_dtype);
-  a.rt = p.residual_f32 ? int(kElemF32) : a.xt;
+  a.rt = elem_code(ops::rms_residual_dtype(p));
   if (a.xt < 0 || a.yt < 0 || a.wt < 0 || p.rows > INT_MAX) return false;
   a.x = p.x;
   a.residual = p.residual;

@@ -607,7 +607,7 @@ bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream_v) {
   auto* y = reinterpret_cast<float*>(base + 2 * off_b + sorted_b + act_b);
   auto* x_bf16 = reinterpret_cast<uint16_t*>(base + 2 * off_b + sorted_b + act_b + y_b);
   const size_t esz = dtype_size(p.act_dtype);
-  const DType out_t = p.out_bf16 ? DType::BF16 : p.act_dtype;  // out's
+  const DType out_t = ops::moe_out_dtype(p);
 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t tc_tokens = std::min(chunk, T - t0);

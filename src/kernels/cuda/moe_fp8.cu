@@ -497,7 +497,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   CUtensorMap* const wmaps = cached.maps ? cached.maps : maps;
   const void** const wmaps_addr = cached.addr;
   const size_t esz = dtype_size(p.act_dtype);
-  const DType out_t = p.out_bf16 ? DType::BF16 : p.act_dtype;  // out's
+  const DType out_t = ops::moe_out_dtype(p);
   const int xkind = fp8_x ? 2 : (p.act_dtype == DType::F32 ? 0 : 1);
   // Activation scale layouts: row-major [row][group] (the tile kernels' row-major mode), or
   // k-block-major [group][row] (rows of the chunk's cap; the stream kernels' bulk copies).
