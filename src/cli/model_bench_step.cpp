@@ -729,15 +729,16 @@ int run_bench_step(const std::vector<std::string>& argv) {
   // sublayer outputs (in the model's partials dtype: bf16 on CUDA, fp32 with --f32-partials or on
   // the CPU) at the given bus bandwidth: time = bytes * 2(N-1)/N / bus. (A step of `rows` tokens.)
   const DType part_t = m->partials_dtype();
-  const double part_bytes = double(dtype_size(part_t));
+  // One all-reduce's bytes: `rows` rows of sublayer outputs.
+  auto allreduce_bytes = [&](double rows) { return rows * double(cfg.hidden_size) * double(dtype_size(part_t)); };
   const char* part_name = part_t == DType::BF16 ? "bf16" : "fp32";
   auto allreduce_ms = [&](double rows) {
-    const double bytes = rows * double(cfg.hidden_size) * part_bytes;
+    const double bytes = allreduce_bytes(rows);
     return tp > 1 ? (bytes * 2.0 * double(tp - 1) / double(tp) / (a.get_double("--allreduce-gbps") * 1e9)) * 1e3 +
                         a.get_double("--allreduce-us") * 1e-3
                   : 0.0;
   };
-  const double ar_bytes = double(batch) * double(cfg.hidden_size) * part_bytes;
+  const double ar_bytes = allreduce_bytes(double(batch));
   const double ar_ms = allreduce_ms(double(batch));
   // (-tp N: the step measured includes them.)
   const double comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * ar_ms;
@@ -954,7 +955,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
     const double pre_comm = group ? 0.0 : 2.0 * cfg.num_hidden_layers * pre_ar_ms;
     p["projected_ms"] = median(pre_ms) + pre_comm;
     p["comm_ms"] = pre_comm;
-    p["allreduce_bytes"] = double(prefill) * double(cfg.hidden_size) * part_bytes;
+    p["allreduce_bytes"] = allreduce_bytes(double(prefill));
     p["allreduce_dtype"] = part_name;
     if (print)
       std::printf("  %-20s %10.3f %12s %12s %10.3f %8.2f   (eager, median of %lld; %.0f tokens/s)\n", "step",
@@ -963,7 +964,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
       std::printf("  projected chunk for %lld ranks: %.3f ms = step %.3f + %d all-reduces x %.4f ms (%.1f MB of %s "
                   "sublayer outputs each) (%.0f tokens/s)\n",
                   tp, median(pre_ms) + pre_comm, median(pre_ms), 2 * cfg.num_hidden_layers, pre_ar_ms,
-                  double(prefill) * double(cfg.hidden_size) * part_bytes / 1e6, part_name,
+                  allreduce_bytes(double(prefill)) / 1e6, part_name,
                   double(prefill) / ((median(pre_ms) + pre_comm) * 1e-3));
     out["prefill"] = p;
   }
