@@ -774,8 +774,9 @@ TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
 // A few small prefill batches through the tiles (the compute-sanitizer runs use these):
 // partial last blocks, chunks after prefixes (the long one with solo blocks), bf16 and fp8,
 // sparse and dense; 16 and 8 q heads per kv head. fp8 caches take the default (the staged bf16
-// copy); the two tests after it take the tiles' own conversion and the staged copy with its
-// scales in the ring.
+// copy); the tests after it take the tiles' own conversion, the staged copy with its scales in
+// the ring, and the staged copy for sparse and dense calls named explicitly (the default today,
+// kept whatever the default: the sanitizer runs use it).
 void check_small_prefill_batches(const std::vector<DType>& kv_dtypes, uint64_t seed,
                                  const std::function<void(cuda::Tuning&)>& tweak = {}) {
   cuda::Tuning t;
