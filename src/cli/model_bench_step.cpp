@@ -126,9 +126,11 @@ struct StepShape {
 
 // The bytes and FLOPs of each family for one rank's step, from the config, the rank layout and
 // the weight and cache formats. Activations are counted at the dtypes the model uses (bf16
-// between ops, fp32 residual).
+// between ops, fp32 residual, the sublayer outputs at `part_bytes` an element:
+// Model::partials_dtype()'s size).
 std::map<std::string, Cost> step_costs(const ModelConfig& c, const model::RankLayout& l, const StepShape& s,
-                                       bool fp8_weights, bool fp8_experts, double kv_bytes, double index_bytes) {
+                                       bool fp8_weights, bool fp8_experts, double kv_bytes, double index_bytes,
+                                       double part_bytes) {
   std::map<std::string, Cost> f;
   const double H = double(c.hidden_size), hd = double(c.head_dim), idim = double(c.sparse_index_dim);
   const double B = double(s.tokens);
@@ -154,7 +156,10 @@ std::map<std::string, Cost> step_costs(const ModelConfig& c, const model::RankLa
     gemm(qkv_rows, H, B, fp8_weights);
     gemm(H, l.q_heads * hd, B, fp8_weights);
     Cost& rest = f["norms and the rest"];
-    rest.bytes += B * (H * 4 * 5 + H * 2 * 2 + qkv_rows * 2 * 2) + B * l.kv_heads * kv_key;
+    // The layer's two add + norms: each reads the sublayer output (part, at the partials' size)
+    // and the fp32 residual, writes the residual back and its normed rows (bf16, as the GEMMs
+    // count their inputs); the cache write reads and writes the qkv rows, writes the key and value.
+    rest.bytes += B * (2 * H * (part_bytes + 4 + 4 + 2) + qkv_rows * 2 * 2) + B * l.kv_heads * kv_key;
     if (sparse) {
       rest.bytes += B * idim * index_bytes;
       if (!c.shares_index_topk(i)) {
@@ -523,6 +528,8 @@ int run_bench_step(const std::vector<std::string>& argv) {
   const ModelConfig& cfg = m->config();
   const Device dev = m->device();
   const model::RankLayout layout = model::RankLayout::make(cfg, int(tp), 0, a.get_flag("--enable-expert-parallel"));
+  // The sublayer outputs' element size (the norms' reads of them in the floors).
+  const double part_bytes = double(dtype_size(m->partials_dtype()));
   model::CacheOptions co = model::cache_options_from_flags(a.get("--kv-cache-dtype"), a.get("--index-cache-dtype"));
   co.dense = a.get_flag("--dense");
   const int bs = m->block_size();
@@ -645,7 +652,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
   const auto dec_fam = group ? std::map<std::string, double>{}
                              : per_family_ms(eager, dec, cfg, co.dense, eager_marks, by_ops ? &dec_ops : nullptr);
   memory_note("after the eager decode step");
-  const auto dec_cost = step_costs(cfg, layout, dshape, fp8, fp8_experts, kvb, ixb);
+  const auto dec_cost = step_costs(cfg, layout, dshape, fp8, fp8_experts, kvb, ixb, part_bytes);
   double dec_bytes = 0;
   for (const auto& [k, c] : dec_cost) dec_bytes += c.bytes;
   const double dec_step = dec_t.step_ms, dec_floor = dec_bytes / (rates.hbm_gbps * 1e9) * 1e3;
@@ -798,7 +805,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
     vshape.logit_rows = batch * rows;
     const auto v_fam =
         group ? std::map<std::string, double>{} : per_family_ms(eager, ver.verify, cfg, co.dense, eager_marks);
-    const auto v_cost = step_costs(cfg, layout, vshape, fp8, fp8_experts, kvb, ixb);
+    const auto v_cost = step_costs(cfg, layout, vshape, fp8, fp8_experts, kvb, ixb, part_bytes);
     double v_bytes = 0;
     for (const auto& [k, c] : v_cost) v_bytes += c.bytes;
     const double v_floor = v_bytes / (rates.hbm_gbps * 1e9) * 1e3;
@@ -939,7 +946,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
     }
     const auto pre_fam = group ? std::map<std::string, double>{}
                                : per_family_ms(eager, pre, cfg, co.dense, eager_marks, by_ops ? &pre_ops : nullptr);
-    const auto pre_cost = step_costs(cfg, layout, ps, fp8, fp8_experts, kvb, ixb);
+    const auto pre_cost = step_costs(cfg, layout, ps, fp8, fp8_experts, kvb, ixb, part_bytes);
     json p;
     p["tokens"] = prefill;
     p["families"] = table("prefill chunk: " + std::to_string(prefill) + " tokens of one sequence from position 0", pre_fam,

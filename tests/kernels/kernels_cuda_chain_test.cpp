@@ -5,13 +5,18 @@
 // after the previous layer's last ones over the same buffers), every byte the chain writes equals
 // what plain launches with a synchronisation after every op write; and so with the shared expert
 // on a side stream beside the routing (kernels/memory.h SideStream: forked, joined, in a graph a
-// branch of its own). Each kernel's own parity against the CPU is tested elsewhere. Label gpu:
-// skipped without a CUDA device.
+// branch of its own). The chain's sublayer outputs are bf16 as the model writes them, or fp32
+// (ChainShape::f32_partials): both orders are checked with both, and the bf16 chain against the
+// fp32 one within what rounding the two sublayer outputs to bf16 moves (below). Each kernel's own
+// parity against the CPU is tested elsewhere (rms_norm with a bf16 x and an fp32 residual, the
+// FP8 GEMM's bf16 y included). Label gpu: skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -153,6 +158,97 @@ TEST(CudaDecodeChain, OneRowMatchesSynchronised) {
 TEST(CudaDecodeChain, Tp8RankMatchesSynchronised) {
   SKIP_WITHOUT_GPU();
   check_chain(ChainShape{}, 6);
+}
+
+// The fp32 sublayer outputs of --f32-partials (the bench's comparison rows).
+TEST(CudaDecodeChain, F32PartialsMatchSynchronised) {
+  SKIP_WITHOUT_GPU();
+  ChainShape odd;
+  odd.rows = 29, odd.hidden = 1040, odd.q_heads = 3, odd.shared_inter = 208, odd.experts = 37, odd.topk = 3;
+  odd.vocab = 1001;
+  odd.f32_partials = true;
+  check_chain(odd, 5);
+  ChainShape tp8;
+  tp8.f32_partials = true;
+  check_chain(tp8, 6);
+}
+
+// An output buffer of `dtype` (F32 or BF16) as floats.
+std::vector<float> as_floats(const std::vector<uint8_t>& bytes, bool bf16) {
+  std::vector<float> v(bytes.size() / (bf16 ? 2 : 4));
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t bits = 0;
+    if (bf16) {
+      uint16_t h = 0;
+      std::memcpy(&h, bytes.data() + 2 * i, 2);
+      bits = uint32_t(h) << 16;
+    } else {
+      std::memcpy(&bits, bytes.data() + 4 * i, 4);
+    }
+    std::memcpy(&v[i], &bits, 4);
+  }
+  return v;
+}
+
+// The bf16-partials chain against the fp32-partials one over the same inputs (synchronised plain
+// launches). The two differ by rounding o_proj's and the shared down projection's outputs (values
+// of order one) to bf16, 2^-9 relative each, and by what that moves downstream: FP8 codes of the
+// normed rows and of the activation that flip at a rounding boundary (a step of 2^-3 relative on
+// a few per cent of the elements), which move the down projection by ~1e-2. So: every value
+// within 2^-3 (plus 2^-3 relative), the mean difference within 2^-3 of the mean magnitude, and
+// the residual different in most elements (the bf16 rounding happened). Reading a bf16 part as
+// fp32, or the reverse, is off by orders of magnitude.
+void check_bf16_follows_f32(ChainShape shape, uint64_t seed) {
+  SCOPED_TRACE(shape.name());
+  shape.f32_partials = false;
+  DecodeChain bf(shape, seed);
+  shape.f32_partials = true;
+  DecodeChain f32(shape, seed);
+  auto* stream = static_cast<cudaStream_t>(create_stream(kGpu));
+  std::vector<std::vector<uint8_t>> got, want;
+  {
+    cuda::TuningScope scope(chain_tuning(false));
+    bf.poison(stream, 0x55);
+    bf.run(stream, true);
+    got = bf.outputs();
+    f32.poison(stream, 0x55);
+    f32.run(stream, true);
+    want = f32.outputs();
+  }
+  destroy_stream(kGpu, stream);
+  const std::vector<std::string> names = DecodeChain::output_names();
+  // h (after both adds), part (the shared down projection's output), the post-attention norm's
+  // fp32 rows.
+  for (const char* name : {"h", "part", "xf"}) {
+    const size_t i = size_t(std::find(names.begin(), names.end(), name) - names.begin());
+    ASSERT_LT(i, names.size()) << name;
+    const std::vector<float> g = as_floats(got[i], std::string(name) == "part");
+    const std::vector<float> w = as_floats(want[i], false);
+    ASSERT_EQ(g.size(), w.size()) << name;
+    double sum_diff = 0, sum_mag = 0, worst = 0;
+    size_t differ = 0, bad = 0;
+    for (size_t j = 0; j < w.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(w[j]) && std::isfinite(g[j])) << name << " [" << j << "]: " << g[j] << " vs " << w[j];
+      const double d = std::fabs(double(g[j]) - double(w[j]));
+      sum_diff += d, sum_mag += std::fabs(double(w[j]));
+      worst = std::max(worst, d);
+      differ += g[j] != w[j];
+      bad += d > 0.125 * (1 + std::fabs(double(w[j])));
+    }
+    EXPECT_EQ(bad, 0u) << name << ": largest difference " << worst;
+    EXPECT_LE(sum_diff, sum_mag / 8) << name << ": mean difference " << sum_diff / double(w.size())
+                                      << ", mean magnitude " << sum_mag / double(w.size());
+    if (std::string(name) == "h") EXPECT_GT(differ, w.size() / 2) << "h: the sublayer outputs were not rounded";
+  }
+}
+
+TEST(CudaDecodeChain, Bf16PartialsFollowF32Partials) {
+  SKIP_WITHOUT_GPU();
+  ChainShape odd;
+  odd.rows = 29, odd.hidden = 1040, odd.q_heads = 3, odd.shared_inter = 208, odd.experts = 37, odd.topk = 3;
+  odd.vocab = 1001;
+  check_bf16_follows_f32(odd, 5);
+  check_bf16_follows_f32(ChainShape{}, 6);
 }
 
 }  // namespace

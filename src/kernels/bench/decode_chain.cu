@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/bench/bench.h"
 #include "kernels/bench/harness.cuh"
@@ -48,13 +49,15 @@ struct Fp8Weight {
 
 std::string ChainShape::name() const {
   return "b" + std::to_string(rows) + " h" + std::to_string(hidden) + " q" + std::to_string(q_heads) + " shared" +
-         std::to_string(shared_inter) + " e" + std::to_string(experts) + "k" + std::to_string(topk);
+         std::to_string(shared_inter) + " e" + std::to_string(experts) + "k" + std::to_string(topk) +
+         (f32_partials ? " f32 partials" : " bf16 partials");
 }
 
 struct DecodeChain::Impl {
   ChainShape s;
   int device = 0;
   int64_t W = 0, qc = 0;  // qkv columns [q | k | v | index q | index k], q columns
+  DType part_t = DType::BF16;  // the sublayer outputs' (part)
   DevPtr ids, table, h, part, xq, xs, in_norm, post_norm, qkv, head_norms, cos_sin, positions, slots;
   DevPtr kv_k, kv_v, kv_ks, kv_vs, index_k, attn, xf, x8, x8s, gate, bias, route_ids, route_w, gu, aq, as;
   std::unique_ptr<Fp8Weight> wqkv, wo, wgu, wdn;
@@ -69,7 +72,7 @@ struct DecodeChain::Impl {
     const int64_t T = s.rows, H = s.hidden, I = s.shared_inter;
     const size_t cache = size_t(T) * kBlock * kHeadDim;
     return {{h.get(), size_t(T * H) * 4, false},
-            {part.get(), size_t(T * H) * 4, false},
+            {part.get(), size_t(T * H) * dtype_size(part_t), false},
             {xq.get(), size_t(T * H), false},
             {xs.get(), size_t(T * ops::fp8_groups(H)) * 4, false},
             {qkv.get(), size_t(T * W) * 2, false},
@@ -97,6 +100,7 @@ std::vector<std::string> DecodeChain::output_names() {
 DecodeChain::DecodeChain(const ChainShape& shape, uint64_t seed) : d_(std::make_unique<Impl>()) {
   Impl& d = *d_;
   d.s = shape;
+  d.part_t = shape.f32_partials ? DType::F32 : DType::BF16;
   cuda_check(cudaGetDevice(&d.device), "cudaGetDevice");
   const int64_t T = shape.rows, H = shape.hidden, I = shape.shared_inter, E = shape.experts;
   d.qc = int64_t(shape.q_heads) * kHeadDim;
@@ -136,7 +140,7 @@ DecodeChain::DecodeChain(const ChainShape& shape, uint64_t seed) : d_(std::make_
   d.wdn = std::make_unique<Fp8Weight>(H, I, seed + 40);
 
   const size_t cache = size_t(T) * kBlock * kHeadDim;
-  d.h = dev(size_t(T * H) * 4), d.part = dev(size_t(T * H) * 4), d.xf = dev(size_t(T * H) * 4);
+  d.h = dev(size_t(T * H) * 4), d.part = dev(size_t(T * H) * dtype_size(d.part_t)), d.xf = dev(size_t(T * H) * 4);
   d.xq = dev(size_t(T * H)), d.xs = dev(size_t(T * ops::fp8_groups(H)) * 4);
   d.x8 = dev(size_t(T * H)), d.x8s = dev(size_t(T * ops::fp8_groups(H)) * 4);
   d.qkv = dev(size_t(T * d.W) * 2);
@@ -169,12 +173,13 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side, in
     if (sync)
       cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(st.cuda_stream)), "decode chain (synchronised)");
   };
-  // fp8: y FP8 (xq); else y F32 (xf) and, with dual, its FP8 copy (x8) too.
+  // fp8: y FP8 (xq); else y F32 (xf) and, with dual, its FP8 copy (x8) too. add: h += part
+  // first, part in its own dtype added to the fp32 h (as the model's add_norm).
   auto norm = [&](const DevMem& weight, bool add, bool fp8, bool dual = false) {
     ops::RmsNormParams p;
     p.x = add ? d.part->p : d.h->p;
-    p.x_dtype = DType::F32;
-    if (add) p.residual = d.h->p, p.ldr = H;
+    p.x_dtype = add ? d.part_t : DType::F32;
+    if (add) p.residual = d.h->p, p.ldr = H, p.residual_f32 = true;
     p.y = fp8 ? d.xq->p : d.xf->p;
     p.y_dtype = fp8 ? DType::FP8_E4M3 : DType::F32;
     p.y_scale = fp8 ? d.xs->as<float>() : nullptr;
@@ -241,7 +246,7 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side, in
 
   // o_proj over the (fixed) attention output: its quantizer, then the GEMM.
   if (left-- <= 0) return;
-  linear(d.attn->p, DType::BF16, nullptr, d.qc, *d.wo, d.part->p, DType::F32);
+  linear(d.attn->p, DType::BF16, nullptr, d.qc, *d.wo, d.part->p, d.part_t);
   // The post-attention add + norm: fp32 rows for the router, FP8 ones for the experts.
   if (left-- <= 0) return;
   norm(*d.post_norm, true, false, true);
@@ -273,7 +278,7 @@ void DecodeChain::run(cudaStream_t stream, bool sync, const SideStream* side, in
   ops::swiglu_oai(sp, st);
   step();
   if (left-- <= 0) return;
-  linear(d.aq->p, DType::FP8_E4M3, d.as->as<float>(), I, *d.wdn, d.part->p, DType::F32);
+  linear(d.aq->p, DType::FP8_E4M3, d.as->as<float>(), I, *d.wdn, d.part->p, d.part_t);
   if (beside) {
     st = main;
     side->join(stream);
@@ -307,14 +312,15 @@ double DecodeChain::bytes() const {
   const double T = double(d.s.rows), H = double(d.s.hidden), I = double(d.s.shared_inter);
   const double weights = d.wqkv->bytes() + d.wo->bytes() + d.wgu->bytes() + d.wdn->bytes() +
                          double(d.s.experts) * H * 4 + 3 * H * 4 + 4 * kHeadDim * 4;
-  // Per op, the activation bytes in and out (scales left out): embedding 2 + 4 an element of h;
-  // input norm 4 + 1; qkv GEMM 1 in; o_proj's quantizer 2 + 1 and GEMM 1 in, 4 out; the
-  // post-attention add + norm 8 + 8 + 1 (its FP8 copy); the router GEMM 4; the shared expert's
-  // GEMM 1, down 4 out; the next input norm 8 + 4 + 1. qkv rows out of the GEMM, in and (q and
-  // index q) back out of the cache write, and the three cached vectors; gate_up out and in, the
-  // FP8 activation out and in.
-  const double qc = double(d.qc);
-  const double acts = T * H * (6 + 5 + 1 + 4 + 17 + 4 + 1 + 4 + 13) + T * qc * 4 + T * double(d.W) * 2 * 2 +
+  // Per op, the activation bytes in and out (scales left out), P the size of a part element (2,
+  // or 4 with f32_partials): embedding 2 + 4 an element of h; input norm 4 + 1; qkv GEMM 1 in;
+  // o_proj's quantizer 2 + 1 and GEMM 1 in (an element of its input), P out; the post-attention
+  // add + norm P + 4 + 8 + 1 (part and h in, h and the fp32 rows out, their FP8 copy); the router
+  // GEMM 4; the shared expert's GEMM 1, down P out; the next input norm P + 4 + 4 + 1. qkv rows
+  // out of the GEMM, in and (q and index q) back out of the cache write, and the three cached
+  // vectors; gate_up out and in, the FP8 activation out and in.
+  const double qc = double(d.qc), P = double(dtype_size(d.part_t));
+  const double acts = T * H * (6 + 5 + 1 + 13 + 4 + 1 + 9 + 4 * P) + T * qc * 4 + T * double(d.W) * 2 * 2 +
                       T * (qc + kHeadDim) * 2 + T * 3 * kHeadDim + T * 2 * I * 2 * 2 + T * I * 2;
   return weights + acts;
 }
@@ -322,13 +328,15 @@ double DecodeChain::bytes() const {
 void run_chain_rows(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row) {
   constexpr const char* kKernel = "decode chain (one MoE layer's small kernels and GEMMs)";
   if (!opt.rows.empty() && std::string(kKernel).find(opt.rows) == std::string::npos) return;
-  // One TP8 rank of MiniMax-M3 at decode batch 32 (docs/performance.md "One TP8 rank").
-  const ChainShape shape;
-  const std::string name = shape.name();
-  if (!opt.filter.empty() && ("decode chain " + name + " fp8").find(opt.filter) == std::string::npos) return;
   cudaStream_t st;
   cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
-  {
+  // One TP8 rank of MiniMax-M3 at decode batch 32 (docs/performance.md "One TP8 rank"), with
+  // bf16 sublayer outputs as the model writes them, then with fp32 ones (--f32-partials).
+  for (const bool f32_partials : {false, true}) {
+    ChainShape shape;
+    shape.f32_partials = f32_partials;
+    const std::string name = shape.name();
+    if (!opt.filter.empty() && ("decode chain " + name + " fp8").find(opt.filter) == std::string::npos) continue;
     // Chains with weights of their own, enough that their weights exceed 4 x the L2 (a decode step
     // reads each layer's weights from DRAM).
     std::vector<std::unique_ptr<DecodeChain>> chains;

@@ -3,7 +3,10 @@
 // norm quantized for the qkv projection, the qkv GEMM, the cache write, o_proj over a fixed
 // attention output, the post-attention residual add + norm (fp32 rows for the router and their
 // FP8 copy for the experts), routing (router GEMM + top-k), the shared expert (gate_up,
-// SwiGLU-OAI quantized, down) and the next layer's input norm; the
+// SwiGLU-OAI quantized, down) and the next layer's input norm. The sublayer outputs (o_proj's and
+// the shared expert's down projection's, `part`) are bf16 as the CUDA model writes them, each
+// norm adding them to the fp32 residual (RmsNormParams::residual_f32), or fp32 with
+// ChainShape::f32_partials (LoadOptions::f32_partials, for comparison); the
 // embedding first, so that one call starts from the same residual stream every time and its
 // outputs depend only on its inputs. The "decode chain" rows of `sieve bench kernels` time it from
 // CUDA graphs with and without programmatic dependent launch, and with the shared expert on a
@@ -32,6 +35,7 @@ struct ChainShape {
   int64_t shared_inter = 384;  // the rank's columns of the shared expert's intermediate
   int experts = 128, topk = 4;
   int64_t vocab = 4096;    // embedding rows
+  bool f32_partials = false;  // part fp32 instead of bf16 (the model's --f32-partials)
   std::string name() const;
 };
 
