@@ -238,7 +238,9 @@ void check_bf16_follows_f32(ChainShape shape, uint64_t seed) {
     EXPECT_EQ(bad, 0u) << name << ": largest difference " << worst;
     EXPECT_LE(sum_diff, sum_mag / 8) << name << ": mean difference " << sum_diff / double(w.size())
                                       << ", mean magnitude " << sum_mag / double(w.size());
-    if (std::string(name) == "h") EXPECT_GT(differ, w.size() / 2) << "h: the sublayer outputs were not rounded";
+    if (std::string(name) == "h") {
+      EXPECT_GT(differ, w.size() / 2) << "h: the sublayer outputs were not rounded";
+    }
   }
 }
 
