@@ -751,6 +751,7 @@ TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
             t.attention.prefill_tiles = 1;
             t.attention.prefill_fp8_stage = 2;  // sparse calls too
             t.attention.prefill_fp8_stage_scales = scales;
+            t.attention.prefill_fp8_stage_fold = 0;  // exact copy (folded scales round K and V)
             cuda::TuningScope scope(t);
             SCOPED_TRACE("staged, scales " + std::to_string(scales));
             check_attention_once(c, seed, &got);
@@ -816,6 +817,72 @@ TEST(CudaAttentionPrefill, SmallBatchesFp8StagedScalesMatchCpu) {
 TEST(CudaAttentionPrefill, SmallBatchesFp8StagedSparseMatchCpu) {
   SKIP_WITHOUT_GPU();
   check_small_prefill_batches({DType::FP8_E4M3}, 8500, [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 2; });
+}
+
+// The staged copy with the scales folded in (AttentionTuning::prefill_fp8_stage_fold = 1: K and V
+// as bf16(x * scale), the plain bf16 tiles over them) against the CPU, whose K and V are the
+// unrounded products: one more bf16 rounding of each element (relative 2^-9), well inside the
+// tolerance. The caches' entries past each request's length stay poisoned (NaN bytes and
+// scales), so the ragged last blocks carry garbage.
+TEST(CudaAttentionPrefill, SmallBatchesFp8FoldedMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  check_small_prefill_batches({DType::FP8_E4M3}, 8500, [](cuda::Tuning& t) {
+    t.attention.prefill_fp8_stage = 2;
+    t.attention.prefill_fp8_stage_fold = 1;
+  });
+}
+
+// The folded copy over the staged tests' shapes (prompts, chunks after prefixes, partial last
+// blocks, decode rows, two kv heads with widely spread scales, 16 and 8 q heads per kv head),
+// sparse calls, with tiles' full 256 pairs (topk 32 with 16 heads, 16 with 8) too.
+TEST(CudaAttentionPrefill, Fp8FoldedSparseMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  cuda::Tuning t;
+  t.attention.prefill_tiles = 1;
+  t.attention.prefill_fp8_stage = 2;
+  t.attention.prefill_fp8_stage_fold = 1;
+  cuda::TuningScope scope(t);
+  uint64_t seed = 9300;
+  const std::vector<std::vector<SeqSpec>> sets = {
+      {{0, 300}, {1000, 129}, {0, 1}, {127, 130}}, {{20000, 40}, {0, 1500}, {9000, 1}}, {{2047, 2}, {0, 128}}};
+  for (int group : {16, 8})
+    for (const auto& specs : sets)
+      for (int nkv : {1, 2})
+        for (int topk : {16, 256 / (128 / group)}) {
+          AttnCase c;
+          c.specs = specs;
+          c.nq = group * nkv, c.nkv = nkv;
+          c.kv = DType::FP8_E4M3;
+          c.topk = topk;
+          c.scale_spread = nkv == 2 ? 20.f : 0.f;
+          c.out = nkv == 2 ? DType::BF16 : DType::F32;
+          check_attention(c, seed++);
+        }
+}
+
+// The same for dense calls.
+TEST(CudaAttentionPrefill, Fp8FoldedDenseMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  cuda::Tuning t;
+  t.attention.prefill_tiles = 1;
+  t.attention.prefill_fp8_stage = 2;
+  t.attention.prefill_fp8_stage_fold = 1;
+  cuda::TuningScope scope(t);
+  uint64_t seed = 9400;
+  const std::vector<std::vector<SeqSpec>> sets = {
+      {{0, 300}, {1000, 129}, {0, 1}, {127, 130}}, {{20000, 40}, {0, 1500}, {9000, 1}}, {{2047, 2}, {0, 128}}};
+  for (int group : {16, 8})
+    for (const auto& specs : sets)
+      for (int nkv : {1, 2}) {
+        AttnCase c;
+        c.specs = specs;
+        c.nq = group * nkv, c.nkv = nkv;
+        c.kv = DType::FP8_E4M3;
+        c.sparse = false;
+        c.scale_spread = nkv == 2 ? 20.f : 0.f;
+        c.out = nkv == 2 ? DType::BF16 : DType::F32;
+        check_attention(c, seed++);
+      }
 }
 
 // The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps

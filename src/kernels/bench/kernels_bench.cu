@@ -18,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -491,15 +492,24 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       auto attn_fn = [&](bool sparse) {
         return [&c, sparse](int s, cudaStream_t stream) { cuda::run_attention(c.attention(s, sparse), stream); };
       };
-      // fp8: the row again with the blocks staged as bf16 (AttentionTuning::prefill_fp8_stage) and
-      // with the tiles converting them, in one run (the row above times the default).
+      // fp8: the row again with the blocks staged as bf16 (AttentionTuning::prefill_fp8_stage), staged
+      // with the scales folded into the copy (prefill_fp8_stage_fold) and with the tiles converting
+      // them, in one run (the row above times the default).
       auto stage_pair = [&](Row r, bool sparse) {
         if (!fp8) return;
         r.target_us = 0, r.target_note = "";
         const std::string mode = r.mode;
-        for (bool on : {true, false}) {
-          r.mode = mode + (on ? ", fp8 staged" : ", fp8 converted in the tiles");
-          TuningEdit e([on](cuda::Tuning& t) { t.attention.prefill_fp8_stage = on ? 2 : 0; });
+        const std::vector<std::pair<std::string, std::function<void(cuda::Tuning&)>>> variants = {
+            {", fp8 staged", [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 2; }},
+            {", fp8 staged, scales folded",
+             [](cuda::Tuning& t) {
+               t.attention.prefill_fp8_stage = 2;
+               t.attention.prefill_fp8_stage_fold = 1;
+             }},
+            {", fp8 converted in the tiles", [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 0; }}};
+        for (const auto& [suffix, edit] : variants) {
+          r.mode = mode + suffix;
+          TuningEdit e(edit);
           r.us = time_it(iters, sets, attn_fn(sparse), false, st);
           emit(r, c);
         }

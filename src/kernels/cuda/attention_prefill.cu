@@ -35,7 +35,7 @@
 //    built on the host per call. fp8 KV: the CTA reads block i + 1 into registers (16-byte
 //    loads) before block i's math and stores it converted exactly to bf16 after it, into a ring
 //    of 2 stages that also holds the block's 128 k and 128 v scales (one CTA barrier a block).
-//  - Staged fp8 (AttentionTuning::prefill_fp8_stage; by default dense calls only): before the
+//  - Staged fp8 (AttentionTuning::prefill_fp8_stage; by default dense and sparse calls): before the
 //    tiles, a kernel converts every fp8 block the call reads (sparse: marked from topk_idx by a
 //    first kernel; dense: every block up to each request's length) exactly to bf16 into the
 //    workspace, with a block table of its own (slots taken by a counter) and its k and v scales
@@ -47,6 +47,9 @@
 //    size is bounded from the call's shapes (slots: requests x max blocks, sparse also tokens x
 //    kv heads x topk); a call whose bound passes prefill_fp8_stage_max_mib converts in the
 //    tiles. Sparse calls are staged only with prefill_fp8_stage = 2 (docs/kernels.md).
+//    With prefill_fp8_stage_fold = 1 the copy holds K and V already multiplied by their scales
+//    (rounded to bf16) and the tiles run the plain bf16 path over it (no scales, solo blocks as
+//    for bf16): one more bf16 rounding of each K and V element than the CPU reference.
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
@@ -66,7 +69,8 @@
 // head. One CTA per SM (~226 KB of shared memory with bf16, ~162 KB with fp8).
 // Precision: as the decode kernel's bf16 path: Q rounded to bf16, bf16 MMA with fp32
 // accumulation, P rounded to bf16 for P V (fp8: P * v_scale rounded to bf16; k_scale applied
-// to the fp32 scores), softmax and the running sums in fp32.
+// to the fp32 scores; a folded staged copy: k * k_scale and v * v_scale rounded to bf16 instead),
+// softmax and the running sums in fp32.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -701,12 +705,27 @@ __global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* tabl
   }
 }
 
+// Two packed e4m3 times a scale, rounded to bf16x2: the fp32 product is the CPU reference's K or
+// V element (fp8 * scale), so the copy differs from it by one bf16 rounding.
+__device__ __forceinline__ uint32_t fp8x2_scaled_bf16x2(uint16_t v, float s) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3)));
+  return pack_bf16x2(f.x * s, f.y * s);
+}
+
+// What the conversion kernel writes (AttentionTuning::prefill_fp8_stage_fold).
+enum StageMode : int {
+  kStageExact = 0,   // K and V exactly as bf16, their scales beside them
+  kStageFolded = 1,  // K as bf16(k * k_scale), V as bf16(v * v_scale); no scales
+};
+
 // One (request, block) a CTA: if the call reads it (dense: every block up to the request's
 // length; sparse: marked), takes a slot, writes it in the table and converts the block's K and V
-// of every kv head (e4m3 -> bf16 exactly) and copies its scales (v scales past the length 0).
+// of every kv head (kStageExact: e4m3 -> bf16 exactly, and copies its scales, v scales past the
+// length 0; kStageFolded: each row times its scale, rounded to bf16). V rows past the request's
+// length are zeros either way.
 __global__ void __launch_bounds__(256)
     stage_convert_kernel(PfArgs a, int32_t* table, int32_t* counter, uint16_t* k16, uint16_t* v16, float* ks,
-                         float* vs, bool sparse) {
+                         float* vs, bool sparse, int mode) {
   const int64_t e = blockIdx.x;
   const int seq = int(e / a.mbps), b = int(e % a.mbps);
   const int seq_len = a.seq_lens[seq];
@@ -733,7 +752,15 @@ __global__ void __launch_bounds__(256)
       const int u = tid + kThreads * (k & 3), row = u >> 3, c = u & 7;
       const uint4 x = ldg_stream((k < 4 ? a.k8 : a.v8) + (src + row) * kDim + c * 16);
       uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (k < 4 || row < valid) {
+      if ((k < 4 || row < valid) && mode == kStageFolded) {
+        // K rows past the length keep their (possibly NaN) products: S masks those keys by
+        // selection.
+        const float sc = (k < 4 ? a.k_scale : a.v_scale)[src + row];
+        lo = make_uint4(fp8x2_scaled_bf16x2(uint16_t(x.x), sc), fp8x2_scaled_bf16x2(uint16_t(x.x >> 16), sc),
+                        fp8x2_scaled_bf16x2(uint16_t(x.y), sc), fp8x2_scaled_bf16x2(uint16_t(x.y >> 16), sc));
+        hi = make_uint4(fp8x2_scaled_bf16x2(uint16_t(x.z), sc), fp8x2_scaled_bf16x2(uint16_t(x.z >> 16), sc),
+                        fp8x2_scaled_bf16x2(uint16_t(x.w), sc), fp8x2_scaled_bf16x2(uint16_t(x.w >> 16), sc));
+      } else if (k < 4 || row < valid) {
         lo = make_uint4(fp8x2_to_bf16x2(uint16_t(x.x)), fp8x2_to_bf16x2(uint16_t(x.x >> 16)),
                         fp8x2_to_bf16x2(uint16_t(x.y)), fp8x2_to_bf16x2(uint16_t(x.y >> 16)));
         hi = make_uint4(fp8x2_to_bf16x2(uint16_t(x.z)), fp8x2_to_bf16x2(uint16_t(x.z >> 16)),
@@ -743,6 +770,7 @@ __global__ void __launch_bounds__(256)
       reinterpret_cast<uint4*>(d)[0] = lo;
       reinterpret_cast<uint4*>(d)[1] = hi;
     }
+    if (mode == kStageFolded) continue;
     if (tid < kBlock) ks[dst + tid] = a.k_scale[src + tid];
     else vs[dst + tid - kBlock] = tid - kBlock < valid ? a.v_scale[src + tid - kBlock] : 0.f;
   }
@@ -826,6 +854,8 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   const bool staged = fp8 && tu.prefill_fp8_stage >= (p.topk_idx ? 2 : 1) && p.batch.max_blocks_per_seq > 0 &&
                       encode_fn() != nullptr &&
                       stage.bytes <= (size_t(std::max(tu.prefill_fp8_stage_max_mib, 0)) << 20);
+  // Folded scales: the copy is a plain bf16 cache, and the tiles take the bf16 path over it.
+  const bool fold = staged && tu.prefill_fp8_stage_fold == 1;
   if (fp8) {
     a.k8 = static_cast<const uint8_t*>(p.kv.k);
     a.v8 = static_cast<const uint8_t*>(p.kv.v);
@@ -846,7 +876,8 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     }
     stage_convert_kernel<<<unsigned(stage.entries), 256, 0, stream>>>(
         a, table, counter, reinterpret_cast<uint16_t*>(ws + stage.k), reinterpret_cast<uint16_t*>(ws + stage.v),
-        reinterpret_cast<float*>(ws + stage.ks), reinterpret_cast<float*>(ws + stage.vs), p.topk_idx != nullptr);
+        reinterpret_cast<float*>(ws + stage.ks), reinterpret_cast<float*>(ws + stage.vs), p.topk_idx != nullptr,
+        fold ? kStageFolded : kStageExact);
     SIEVE_LAUNCH_CHECK("prefill fp8 stage convert launch");
     a.block_tables = table;
     a.k_scale = reinterpret_cast<const float*>(ws + stage.ks);
@@ -867,15 +898,15 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     set_smem(prefill_attention_kernel<G, kFp8, kSolo, kScl>, smem);
     prefill_attention_kernel<G, kFp8, kSolo, kScl><<<grid, kThreads, smem, stream>>>(a, tk, tv);
   };
-  // Solo blocks: bf16 and sparse only (in a dense tile a block has one token of a warpgroup only
-  // at the warpgroup's last token's block edge), 16 heads a token only.
-  const bool solo = tu.prefill_solo && p.topk_idx && !fp8;
+  // Solo blocks: bf16 (or a folded fp8 copy) and sparse only (in a dense tile a block has one
+  // token of a warpgroup only at the warpgroup's last token's block edge), 16 heads a token only.
+  const bool solo = tu.prefill_solo && p.topk_idx && (!fp8 || fold);
   const bool scales_staged = tu.prefill_fp8_stage_scales == 1;
   auto launch_group = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;
-    if (staged && scales_staged) launch(PfKernel<G, false, false, kScalesStaged>{});
-    else if (staged) launch(PfKernel<G, false, false, kScalesGlobal>{});
-    else if (fp8) launch(PfKernel<G, true, false>{});
+    if (staged && !fold && scales_staged) launch(PfKernel<G, false, false, kScalesStaged>{});
+    else if (staged && !fold) launch(PfKernel<G, false, false, kScalesGlobal>{});
+    else if (fp8 && !fold) launch(PfKernel<G, true, false>{});
     else if constexpr (G == 16) solo ? launch(PfKernel<G, false, true>{}) : launch(PfKernel<G, false, false>{});
     else launch(PfKernel<G, false, false>{});
   };

@@ -125,6 +125,10 @@ struct AttentionTuning {
   int prefill_fp8_stage_scales = 0;
   // Staged fp8: the largest copy (MiB) a call may stage; a larger call converts in the tiles.
   int prefill_fp8_stage_max_mib = 256;
+  // Staged fp8: 1 folds the scales into the copy (K as bf16(k * k_scale), V as bf16(v * v_scale))
+  // and the tiles run the plain bf16 path over it (no per-key scales in the tiles; one more bf16
+  // rounding of each K and V element); 0 converts exactly and scales S and P in the tiles.
+  int prefill_fp8_stage_fold = 0;
 };
 
 // moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
