@@ -492,9 +492,10 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       auto attn_fn = [&](bool sparse) {
         return [&c, sparse](int s, cudaStream_t stream) { cuda::run_attention(c.attention(s, sparse), stream); };
       };
-      // fp8: the row again with the blocks staged as bf16 (AttentionTuning::prefill_fp8_stage), staged
-      // with the scales folded into the copy (prefill_fp8_stage_fold) and with the tiles converting
-      // them, in one run (the row above times the default).
+      // fp8: the row again with the blocks staged as bf16 (AttentionTuning::prefill_fp8_stage; the
+      // other fp8 fields as tuned), staged with the scales folded into the copy
+      // (prefill_fp8_stage_fold), staged with S on fp8 tensor cores (prefill_fp8_qk) and with the
+      // tiles converting them, in one run (the row above times the default).
       auto stage_pair = [&](Row r, bool sparse) {
         if (!fp8) return;
         r.target_us = 0, r.target_note = "";
@@ -505,6 +506,12 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
              [](cuda::Tuning& t) {
                t.attention.prefill_fp8_stage = 2;
                t.attention.prefill_fp8_stage_fold = 1;
+               t.attention.prefill_fp8_qk = 0;
+             }},
+            {", fp8 staged, fp8 S",
+             [](cuda::Tuning& t) {
+               t.attention.prefill_fp8_stage = 2;
+               t.attention.prefill_fp8_qk = 1;
              }},
             {", fp8 converted in the tiles", [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 0; }}};
         for (const auto& [suffix, edit] : variants) {

@@ -50,6 +50,14 @@
 //    With prefill_fp8_stage_fold = 1 the copy holds K and V already multiplied by their scales
 //    (rounded to bf16) and the tiles run the plain bf16 path over it (no scales, solo blocks as
 //    for bf16): one more bf16 rounding of each K and V element than the CPU reference.
+//    With prefill_fp8_qk = 1, S = Q K^T runs on fp8 tensor cores (4 wgmma.m64n128k32 e4m3
+//    instead of 8 bf16 k16 steps): the copy keeps K as fp8 (one TMA box of 128 rows x 128 B a
+//    block, 128-byte swizzle) with its k scales (a 512-byte bulk copy into the stage, in the
+//    stage's transaction bytes) and V folded to bf16; the CTA quantizes its Q tile once to e4m3,
+//    each (token, head) row with its own scale amax / 448, into the swizzled K-major layout of
+//    the A operand, and S = acc * q_scale[row] * k_scale[key] * scale_log2 (q scale a register).
+//    P V is the bf16 path's, over the folded V. Q's 3 mantissa bits are a real loss (tests:
+//    Fp8QkMatchesCpu*).
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
@@ -80,6 +88,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/tuning.h"
 #include "kernels/cuda/wgmma.cuh"
@@ -102,12 +111,19 @@ constexpr int tile_tokens(int g) { return 128 / g; }
 
 // Ring geometry: bf16 KV (and staged fp8 with scales from global memory), 3 stages of K and V
 // tiles filled by TMA; fp8 KV, 2 stages of the converted tiles plus the block's 128 k and 128 v
-// scales (kScaleStage), filled by the CTA's threads (or, staged fp8, by TMA and bulk copies).
-// Union masks take kMaskBytes a block (a bit per tile token).
-template <bool kScaleStage, int kMaskBytes>
+// scales (kScaleStage), filled by the CTA's threads (or, staged fp8, by TMA and bulk copies);
+// fp8 S (kK8), 3 stages of K as fp8 (128 rows x 128 B, one swizzled box), V as bf16 and the 128
+// k scales (padded to 1 KB: the stages stay 1024-byte aligned). Union masks take kMaskBytes a
+// block (a bit per tile token).
+template <bool kScaleStage, int kMaskBytes, bool kK8 = false>
 struct PfGeo {
+  static_assert(!(kScaleStage && kK8), "fp8 S: k scales in a 3-stage ring");
   static constexpr int kStages = kScaleStage ? 2 : 3;
-  static constexpr int kStageBytes = 2 * kTileBytes + (kScaleStage ? 2 * kBlock * 4 : 0);
+  static constexpr int kVOff = kK8 ? kChunk : kTileBytes;       // V tile in a stage
+  static constexpr int kSclOff = kVOff + kTileBytes;             // k scales (then v scales)
+  static constexpr int kStageBytes = kK8 ? kSclOff + 1024 : 2 * kTileBytes + (kScaleStage ? 2 * kBlock * 4 : 0);
+  // Bytes the copies of one block deliver to the stage's barrier (TMA and bulk copies).
+  static constexpr int kTxBytes = kK8 ? kSclOff + kBlock * 4 : kStageBytes;
   // Shared memory: [Q tile][kStages x (K, V[, scales])][full barriers][union blocks][their
   // physical blocks][union masks][misc].
   static constexpr size_t kBarOffset = size_t(kTileBytes) + size_t(kStages) * kStageBytes;
@@ -145,17 +161,13 @@ enum StagedScales : int {
   kNoScales = 0,      // bf16 cache, or fp8 converted by the tile (its own ring holds the scales)
   kScalesGlobal = 1,  // read per key from global memory (L1) beside the bf16 path's 3 stages
   kScalesStaged = 2,  // bulk-copied with the block into a 2-stage ring
+  // S on fp8 tensor cores (AttentionTuning::prefill_fp8_qk): the staged copy holds K as fp8 with
+  // its k scales (bulk-copied into the stage beside it) and V folded to bf16 (no v scales); Q is
+  // quantized per (token, head) row to e4m3 in shared memory.
+  kQkFp8 = 3,
 };
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
-      : "memory");
-}
 
 // G: q heads per kv head, 16 or 8 (G = 8: a warp's 16 rows are two tokens' 8 heads, rows g and
 // g + 8 of a lane belonging to different tokens, so masks and softmax state are per row).
@@ -166,7 +178,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(G == 16 || G == 8, "tiles of 8 tokens x 16 heads or 16 tokens x 8 heads");
   static_assert(!kSolo || G == 16, "solo blocks run a whole warp's rows for one token");
   static_assert(!(kFp8 && kScl != kNoScales) && !(kSolo && kScl != kNoScales), "staged: the plain TMA path");
-  constexpr bool kScaled = kFp8 || kScl != kNoScales;  // k_scale on S, v_scale on P
+  constexpr bool kQ8 = kScl == kQkFp8;                  // S = Q K^T in e4m3
+  constexpr bool kScaled = kFp8 || kScl != kNoScales;  // k_scale on S
+  constexpr bool kVScaled = kScaled && !kQ8;           // v_scale on P (kQ8: folded into V)
   constexpr int kTileTokens = tile_tokens(G);
   constexpr int kTokBits = G == 16 ? 3 : 4;          // log2(kTileTokens)
   constexpr int kAllSlots = (1 << kTileTokens) - 1;  // a tile's token slots as a bit set
@@ -200,9 +214,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ntok = min(kTileTokens, qlen - int(tile) * kTileTokens);
   const int pos0 = seq_len - qlen + int(tile) * kTileTokens;  // position of the tile's first token
   const int last_own = (pos0 + ntok - 1) / kBlock;
-  using Geo = PfGeo<kFp8 || kScl == kScalesStaged, int(sizeof(Mask))>;
+  using Geo = PfGeo<kFp8 || kScl == kScalesStaged, int(sizeof(Mask)), kQ8>;
   constexpr int kStages = Geo::kStages;
   constexpr int kStageBytes = Geo::kStageBytes;
+  constexpr int kVOff = Geo::kVOff, kSclOff = Geo::kSclOff;
   constexpr size_t kBarOffset = Geo::kBarOffset;
 
   uint8_t* qs = smem;
@@ -353,11 +368,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int phys = i < kMaxPairs ? uphys[i] : bt[i];  // (past kMaxPairs: dense, block i)
     uint8_t* kd = stages + st * kStageBytes;
     const int row = (phys * a.nkv + kvh) * kBlock;
-    mbar_expect_tx(&full[st], kStageBytes);
-    tma_load_2d(kd, &tk, 0, row, &full[st]);
-    tma_load_2d(kd + kChunk, &tk, 64, row, &full[st]);
-    tma_load_2d(kd + kTileBytes, &tv, 0, row, &full[st]);
-    tma_load_2d(kd + kTileBytes + kChunk, &tv, 64, row, &full[st]);
+    mbar_expect_tx(&full[st], Geo::kTxBytes);
+    tma_load_2d(kd, &tk, 0, row, &full[st]);  // kQ8: the whole fp8 K block (128 rows x 128 B)
+    if constexpr (!kQ8) tma_load_2d(kd + kChunk, &tk, 64, row, &full[st]);
+    tma_load_2d(kd + kVOff, &tv, 0, row, &full[st]);
+    tma_load_2d(kd + kVOff + kChunk, &tv, 64, row, &full[st]);
+    if constexpr (kQ8) bulk_copy(kd + kSclOff, a.k_scale + row, kBlock * 4, &full[st]);
     if constexpr (kScl == kScalesStaged) {
       bulk_copy(kd + 2 * kTileBytes, a.k_scale + row, kBlock * 4, &full[st]);
       bulk_copy(kd + 2 * kTileBytes + kBlock * 4, a.v_scale + row, kBlock * 4, &full[st]);
@@ -408,8 +424,50 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();
   };
 
+  // kQ8: Q tile as e4m3, 128 rows x 128 B swizzled as an fp8 K-major operand, each row (token,
+  // head) scaled by its own amax / 448 (qscl: the 128 rows' scales, after the fp8 tile).
+  float* qscl = reinterpret_cast<float*>(qs + kChunk);
+  if constexpr (kQ8) {
+    // 16 consecutive threads take a row's 16 units of 8 elements (every thread runs every
+    // iteration: the row's amax comes by shuffles within the 16).
+    for (int e = tid; e < 128 * 16; e += kThreads) {
+      const int row = e >> 4, u = e & 15, slot = slot_of(row >> (kTokBits == 3 ? 4 : 3)), h = row & (G - 1);
+      float x[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = 0.f;
+      if (slot < ntok) {
+        const int64_t base = (tok0 + slot) * a.q_stride + int64_t(kvh * G + h) * kDim + u * 8;
+        if (a.q_bf16 && a.q_vec) {
+          const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + base);
+          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) x[2 * i] = __uint_as_float(ws[i] << 16), x[2 * i + 1] = __uint_as_float(ws[i] & 0xFFFF0000u);
+        } else if (!a.q_bf16 && a.q_vec) {
+          const float4 x0 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base);
+          const float4 x1 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.q) + base + 4);
+          x[0] = x0.x, x[1] = x0.y, x[2] = x0.z, x[3] = x0.w, x[4] = x1.x, x[5] = x1.y, x[6] = x1.z, x[7] = x1.w;
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] = load_act(a.q, base + i, a.q_bf16);
+        }
+      }
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float inv = amax > 0.f ? __fdiv_rn(448.f, amax) : 0.f;
+      uint32_t c[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        c[i] = __nv_cvt_float2_to_fp8x2(make_float2(x[2 * i] * inv, x[2 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<uint2*>(qs + row * 128 + (((u >> 1) ^ (row & 7)) << 4) + (u & 1) * 8) =
+          make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+      if (u == 0) qscl[row] = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
+    }
+  }
   // Q tile: row G * (the slot's position) + h, bf16, swizzled; rows of absent tokens are zero.
-  for (int e = tid; e < 128 * 16; e += kThreads) {
+  for (int e = tid; e < (kQ8 ? 0 : 128 * 16); e += kThreads) {
     const int row = e >> 4, u = e & 15, slot = slot_of(row >> (kTokBits == 3 ? 4 : 3)), h = row & (G - 1);
     uint4 w = make_uint4(0, 0, 0, 0);
     if (slot < ntok) {
@@ -451,6 +509,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
   const uint32_t qa = smem_u32(qs) + wg * 64 * 128;
   const uint32_t st0 = smem_u32(stages);
+  // kQ8: the lane's rows' q scales times the softmax scale (wgmma rows 16 warp + g and + 8).
+  float rq0 = 0.f, rq1 = 0.f;
+  if constexpr (kQ8) rq0 = qscl[16 * warp + g] * a.scale_log2, rq1 = qscl[16 * warp + g + 8] * a.scale_log2;
 
   for (int i = 0; i < nu; ++i) {
     int b, mask;
@@ -458,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int st = i % kStages;
     uint8_t* kd = stages + st * kStageBytes;
     // fp8: the block's k scales, then its v scales (in the stage, or staged in global memory).
-    const float* scl = reinterpret_cast<const float*>(kd + 2 * kTileBytes);
+    const float* scl = reinterpret_cast<const float*>(kd + kSclOff);
     const float* vscl = scl + kBlock;
     if constexpr (kScl == kScalesGlobal) {
       const int64_t row0 = (int64_t(i < kMaxPairs ? uphys[i] : bt[i]) * a.nkv + kvh) * kBlock;
@@ -476,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       consumers_sync();
       for (int e = tid; e < (kBlock - tail) * 16; e += kThreads) {
         const int row = tail + (e >> 4), u = e & 15;
-        *reinterpret_cast<uint4*>(kd + kTileBytes + swz(row, u * 8)) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(kd + kVOff + swz(row, u * 8)) = make_uint4(0, 0, 0, 0);
       }
       fence_proxy_async();
       consumers_sync();
@@ -487,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the other three warps go on with their own blocks.
     const bool solo = solo_tile && wbits != 0 && (wbits & (wbits - 1)) == 0;
     if (wbits != 0 && (!solo || wbits == (1 << slot))) {
-      const uint32_t ka = st0 + st * kStageBytes, va = ka + kTileBytes;
+      const uint32_t ka = st0 + st * kStageBytes, va = ka + kVOff;
       float s[64];
       if (solo) {
 #pragma unroll
@@ -508,10 +569,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         // With solo blocks the warps of a warpgroup drift apart; they meet before each wgmma.
         if (solo_tile) asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
         wgmma_fence();
+        if constexpr (kQ8) {
+          // 4 k32 steps over the 128-byte fp8 rows of Q and K.
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const uint32_t off = (k >> 2) * kChunk + (k & 3) * 32;
-          wgmma_m64n128k16(s, make_desc(qa + off), make_desc(ka + off), k > 0);
+          for (int k = 0; k < 4; ++k) WgmmaFp8<128>::mma(s, make_desc(qa + k * 32), make_desc(ka + k * 32), k > 0);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const uint32_t off = (k >> 2) * kChunk + (k & 3) * 32;
+            wgmma_m64n128k16(s, make_desc(qa + off), make_desc(ka + off), k > 0);
+          }
         }
         wgmma_commit();
         wgmma_wait_all();
@@ -530,9 +597,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int key = 8 * c + 2 * t4 + e;
             const bool ok = G == 16 ? !causal || key <= lim : att0 && (!causal || key <= lim);
             const bool ok1 = G == 16 ? ok : att1 && (!causal1 || key <= lim1);
-            const float sc = kScaled ? scl[key] * a.scale_log2 : a.scale_log2;
-            const float v0 = ok ? s[4 * c + e] * sc : kNegInf;
-            const float v1 = ok1 ? s[4 * c + 2 + e] * sc : kNegInf;
+            float sc0, sc1;
+            if constexpr (kQ8) sc0 = scl[key] * rq0, sc1 = scl[key] * rq1;
+            else sc0 = sc1 = kScaled ? scl[key] * a.scale_log2 : a.scale_log2;
+            const float v0 = ok ? s[4 * c + e] * sc0 : kNegInf;
+            const float v1 = ok1 ? s[4 * c + 2 + e] * sc1 : kNegInf;
             s[4 * c + e] = v0;
             s[4 * c + 2 + e] = v1;
             mx0 = fmaxf(mx0, v0);
@@ -565,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         l0 = l0 * al0 + ls0;
         l1 = l1 * al1 + ls1;
-        if constexpr (kScaled) {
+        if constexpr (kVScaled) {
           // P V with V's scales folded into P (p * v_scale rounded to bf16).
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -716,13 +785,14 @@ __device__ __forceinline__ uint32_t fp8x2_scaled_bf16x2(uint16_t v, float s) {
 enum StageMode : int {
   kStageExact = 0,   // K and V exactly as bf16, their scales beside them
   kStageFolded = 1,  // K as bf16(k * k_scale), V as bf16(v * v_scale); no scales
+  kStageK8 = 2,      // K as it is (fp8, 128 B a row) with its k scales, V as bf16(v * v_scale)
 };
 
 // One (request, block) a CTA: if the call reads it (dense: every block up to the request's
 // length; sparse: marked), takes a slot, writes it in the table and converts the block's K and V
 // of every kv head (kStageExact: e4m3 -> bf16 exactly, and copies its scales, v scales past the
-// length 0; kStageFolded: each row times its scale, rounded to bf16). V rows past the request's
-// length are zeros either way.
+// length 0; kStageFolded: each row times its scale, rounded to bf16; kStageK8: K's bytes and k
+// scales as they are, V folded). V rows past the request's length are zeros in every mode.
 __global__ void __launch_bounds__(256)
     stage_convert_kernel(PfArgs a, int32_t* table, int32_t* counter, uint16_t* k16, uint16_t* v16, float* ks,
                          float* vs, bool sparse, int mode) {
@@ -751,8 +821,12 @@ __global__ void __launch_bounds__(256)
     for (int k = 0; k < 8; ++k) {
       const int u = tid + kThreads * (k & 3), row = u >> 3, c = u & 7;
       const uint4 x = ldg_stream((k < 4 ? a.k8 : a.v8) + (src + row) * kDim + c * 16);
+      if (k < 4 && mode == kStageK8) {
+        *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(k16) + (dst + row) * kDim + c * 16) = x;
+        continue;
+      }
       uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if ((k < 4 || row < valid) && mode == kStageFolded) {
+      if ((k < 4 || row < valid) && mode != kStageExact) {
         // K rows past the length keep their (possibly NaN) products: S masks those keys by
         // selection.
         const float sc = (k < 4 ? a.k_scale : a.v_scale)[src + row];
@@ -772,7 +846,7 @@ __global__ void __launch_bounds__(256)
     }
     if (mode == kStageFolded) continue;
     if (tid < kBlock) ks[dst + tid] = a.k_scale[src + tid];
-    else vs[dst + tid - kBlock] = tid - kBlock < valid ? a.v_scale[src + tid - kBlock] : 0.f;
+    else if (mode == kStageExact) vs[dst + tid - kBlock] = tid - kBlock < valid ? a.v_scale[src + tid - kBlock] : 0.f;
   }
 }
 
@@ -854,8 +928,10 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   const bool staged = fp8 && tu.prefill_fp8_stage >= (p.topk_idx ? 2 : 1) && p.batch.max_blocks_per_seq > 0 &&
                       encode_fn() != nullptr &&
                       stage.bytes <= (size_t(std::max(tu.prefill_fp8_stage_max_mib, 0)) << 20);
+  // S on fp8 tensor cores: K stays fp8 in the copy, V folded (the same tile path otherwise).
+  const bool qk = staged && tu.prefill_fp8_qk == 1;
   // Folded scales: the copy is a plain bf16 cache, and the tiles take the bf16 path over it.
-  const bool fold = staged && tu.prefill_fp8_stage_fold == 1;
+  const bool fold = staged && !qk && tu.prefill_fp8_stage_fold == 1;
   if (fp8) {
     a.k8 = static_cast<const uint8_t*>(p.kv.k);
     a.v8 = static_cast<const uint8_t*>(p.kv.v);
@@ -877,13 +953,14 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     stage_convert_kernel<<<unsigned(stage.entries), 256, 0, stream>>>(
         a, table, counter, reinterpret_cast<uint16_t*>(ws + stage.k), reinterpret_cast<uint16_t*>(ws + stage.v),
         reinterpret_cast<float*>(ws + stage.ks), reinterpret_cast<float*>(ws + stage.vs), p.topk_idx != nullptr,
-        fold ? kStageFolded : kStageExact);
+        qk ? kStageK8 : fold ? kStageFolded : kStageExact);
     SIEVE_LAUNCH_CHECK("prefill fp8 stage convert launch");
     a.block_tables = table;
     a.k_scale = reinterpret_cast<const float*>(ws + stage.ks);
     a.v_scale = reinterpret_cast<const float*>(ws + stage.vs);
     const int64_t rows = stage.cap * p.num_kv_heads * kBlock;
-    if (!cache_map(&tk, ws + stage.k, rows) || !cache_map(&tv, ws + stage.v, rows))
+    if (qk) tk = fp8_tensor_map(ws + stage.k, rows, kDim, kDim, kBlock);  // boxes of a whole fp8 block
+    if ((!qk && !cache_map(&tk, ws + stage.k, rows)) || !cache_map(&tv, ws + stage.v, rows))
       throw Error("prefill attention: tensor maps over the staged fp8 blocks");
   } else if (!fp8) {
     const int64_t rows = p.kv.num_blocks * p.num_kv_heads * kBlock;
@@ -893,7 +970,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     constexpr int G = decltype(kernel_tag)::kG, kScl = decltype(kernel_tag)::kScl;
     constexpr bool kFp8 = decltype(kernel_tag)::kFp8, kSolo = decltype(kernel_tag)::kSolo;
     constexpr int kTile = tile_tokens(G);
-    constexpr size_t smem = PfGeo<kFp8 || kScl == kScalesStaged, G == 16 ? 1 : 2>::kSmemBytes;
+    constexpr size_t smem = PfGeo<kFp8 || kScl == kScalesStaged, G == 16 ? 1 : 2, kScl == kQkFp8>::kSmemBytes;
     const dim3 grid(unsigned((p.batch.num_tokens + kTile - 1) / kTile + p.batch.num_seqs), unsigned(p.num_kv_heads));
     set_smem(prefill_attention_kernel<G, kFp8, kSolo, kScl>, smem);
     prefill_attention_kernel<G, kFp8, kSolo, kScl><<<grid, kThreads, smem, stream>>>(a, tk, tv);
@@ -904,7 +981,8 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   const bool scales_staged = tu.prefill_fp8_stage_scales == 1;
   auto launch_group = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;
-    if (staged && !fold && scales_staged) launch(PfKernel<G, false, false, kScalesStaged>{});
+    if (qk) launch(PfKernel<G, false, false, kQkFp8>{});
+    else if (staged && !fold && scales_staged) launch(PfKernel<G, false, false, kScalesStaged>{});
     else if (staged && !fold) launch(PfKernel<G, false, false, kScalesGlobal>{});
     else if (fp8 && !fold) launch(PfKernel<G, true, false>{});
     else if constexpr (G == 16) solo ? launch(PfKernel<G, false, true>{}) : launch(PfKernel<G, false, false>{});

@@ -129,6 +129,10 @@ struct AttentionTuning {
   // and the tiles run the plain bf16 path over it (no per-key scales in the tiles; one more bf16
   // rounding of each K and V element); 0 converts exactly and scales S and P in the tiles.
   int prefill_fp8_stage_fold = 0;
+  // Staged fp8: 1 computes S = Q K^T on fp8 tensor cores (wgmma e4m3: K fp8 from the copy with
+  // its k scales, Q quantized per (token, head) row to e4m3 with an amax / 448 scale; V folded
+  // into the copy as with prefill_fp8_stage_fold). Q loses mantissa bits (3 against bf16's 7).
+  int prefill_fp8_qk = 0;
 };
 
 // moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
