@@ -592,13 +592,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
         for (int c = 0; c < 16; ++c) {
+          // kQ8: the lane's two keys' scales by one 8-byte load from the stage.
+          float2 ks2 = make_float2(0.f, 0.f);
+          if constexpr (kQ8) ks2 = *reinterpret_cast<const float2*>(scl + 8 * c + 2 * t4);
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = 8 * c + 2 * t4 + e;
             const bool ok = G == 16 ? !causal || key <= lim : att0 && (!causal || key <= lim);
             const bool ok1 = G == 16 ? ok : att1 && (!causal1 || key <= lim1);
             float sc0, sc1;
-            if constexpr (kQ8) sc0 = scl[key] * rq0, sc1 = scl[key] * rq1;
+            if constexpr (kQ8) sc0 = (e ? ks2.y : ks2.x) * rq0, sc1 = (e ? ks2.y : ks2.x) * rq1;
             else sc0 = sc1 = kScaled ? scl[key] * a.scale_log2 : a.scale_log2;
             const float v0 = ok ? s[4 * c + e] * sc0 : kNegInf;
             const float v1 = ok1 ? s[4 * c + 2 + e] * sc1 : kNegInf;
