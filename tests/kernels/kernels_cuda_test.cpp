@@ -354,6 +354,16 @@ struct AttnCase {
   double* total_rel = nullptr;
 };
 
+// The folded staged copy (AttentionTuning::prefill_fp8_stage_fold, the fp8 prefill default) rounds
+// each k * k_scale and v * v_scale to bf16, which the CPU reference does not. With k token scales
+// spread over 2^6 (scale_spread) the scores reach rms ~10, and that rounding (2^-9 of each term)
+// moves them by ~1e-2: a few % of a row's probabilities. A simulation of exactly this rounding
+// (e4m3 K and V, the spread scales, rows of 1 to 1500 keys) gave per-row relative l2 errors up to
+// 0.08 in 4000 rows and 0.004 over all of them; hence 0.15 a row, and the whole output's relative
+// l2 below 1.5e-2 where a test checks it. (The e4m3 rounding of the cache itself moves each key by
+// up to 2^-4 of itself, 32 times more.)
+void fold_wide_scale_tolerance(AttnCase& c) { c.max_rel = 0.15; }
+
 // gpu_bytes (when given) receives the device's output as it was written.
 void check_attention_once(const AttnCase& c, uint64_t seed, std::vector<uint8_t>* gpu_bytes = nullptr) {
   SCOPED_TRACE("kv " + name(c.kv) + (c.sparse ? " sparse" : " dense") + " nq " + std::to_string(c.nq) +
@@ -678,6 +688,7 @@ void check_prefill_tiles(int group, uint64_t seed) {
     c.kv = DType::FP8_E4M3;
     c.sparse = sparse;
     c.scale_spread = 20.f;
+    fold_wide_scale_tolerance(c);  // the default staged copy is folded
     check_attention(c, seed++);
   }
   scope.reset();  // the automatic rule
@@ -884,7 +895,10 @@ TEST(CudaAttentionPrefill, Fp8FoldedSparseMatchesCpu) {
           c.topk = topk;
           c.scale_spread = nkv == 2 ? 20.f : 0.f;
           c.out = nkv == 2 ? DType::BF16 : DType::F32;
+          double rel = 0;
+          if (nkv == 2) fold_wide_scale_tolerance(c), c.total_rel = &rel;
           check_attention(c, seed++);
+          EXPECT_LT(rel, 1.5e-2) << "relative l2 error over the output";
         }
 }
 
@@ -909,7 +923,10 @@ TEST(CudaAttentionPrefill, Fp8FoldedDenseMatchesCpu) {
         c.sparse = false;
         c.scale_spread = nkv == 2 ? 20.f : 0.f;
         c.out = nkv == 2 ? DType::BF16 : DType::F32;
+        double rel = 0;
+        if (nkv == 2) fold_wide_scale_tolerance(c), c.total_rel = &rel;
         check_attention(c, seed++);
+        EXPECT_LT(rel, 1.5e-2) << "relative l2 error over the output";
       }
 }
 

@@ -492,16 +492,22 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       auto attn_fn = [&](bool sparse) {
         return [&c, sparse](int s, cudaStream_t stream) { cuda::run_attention(c.attention(s, sparse), stream); };
       };
-      // fp8: the row again with the blocks staged as bf16 (AttentionTuning::prefill_fp8_stage; the
-      // other fp8 fields as tuned), staged with the scales folded into the copy
-      // (prefill_fp8_stage_fold), staged with S on fp8 tensor cores (prefill_fp8_qk) and with the
-      // tiles converting them, in one run (the row above times the default).
+      // fp8: the row again with the blocks staged as an exact bf16 copy whose scales the tiles apply
+      // (AttentionTuning::prefill_fp8_stage, prefill_fp8_stage_fold 0), staged with the scales
+      // folded into the copy (prefill_fp8_stage_fold 1), staged with S on fp8 tensor cores
+      // (prefill_fp8_qk) and with the tiles converting them, in one run (the row above times the
+      // default).
       auto stage_pair = [&](Row r, bool sparse) {
         if (!fp8) return;
         r.target_us = 0, r.target_note = "";
         const std::string mode = r.mode;
         const std::vector<std::pair<std::string, std::function<void(cuda::Tuning&)>>> variants = {
-            {", fp8 staged", [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 2; }},
+            {", fp8 staged, exact",
+             [](cuda::Tuning& t) {
+               t.attention.prefill_fp8_stage = 2;
+               t.attention.prefill_fp8_stage_fold = 0;
+               t.attention.prefill_fp8_qk = 0;
+             }},
             {", fp8 staged, scales folded",
              [](cuda::Tuning& t) {
                t.attention.prefill_fp8_stage = 2;

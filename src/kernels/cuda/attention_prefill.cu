@@ -47,9 +47,10 @@
 //    size is bounded from the call's shapes (slots: requests x max blocks, sparse also tokens x
 //    kv heads x topk); a call whose bound passes prefill_fp8_stage_max_mib converts in the
 //    tiles. Sparse calls are staged only with prefill_fp8_stage = 2 (docs/kernels.md).
-//    With prefill_fp8_stage_fold = 1 the copy holds K and V already multiplied by their scales
-//    (rounded to bf16) and the tiles run the plain bf16 path over it (no scales, solo blocks as
-//    for bf16): one more bf16 rounding of each K and V element than the CPU reference.
+//    With prefill_fp8_stage_fold = 1 (the default; 0 is the exact copy above) the copy holds K
+//    and V already multiplied by their scales (rounded to bf16) and the tiles run the plain bf16
+//    path over it (no scales, solo blocks as for bf16): one more bf16 rounding of each K and V
+//    element than the CPU reference.
 //    With prefill_fp8_qk = 1, S = Q K^T runs on fp8 tensor cores (4 wgmma.m64n128k32 e4m3
 //    instead of 8 bf16 k16 steps): the copy keeps K as fp8 (one TMA box of 128 rows x 128 B a
 //    block, 128-byte swizzle) with its k scales (a 512-byte bulk copy into the stage, in the

@@ -125,10 +125,11 @@ struct AttentionTuning {
   int prefill_fp8_stage_scales = 0;
   // Staged fp8: the largest copy (MiB) a call may stage; a larger call converts in the tiles.
   int prefill_fp8_stage_max_mib = 256;
-  // Staged fp8: 1 folds the scales into the copy (K as bf16(k * k_scale), V as bf16(v * v_scale))
-  // and the tiles run the plain bf16 path over it (no per-key scales in the tiles; one more bf16
-  // rounding of each K and V element); 0 converts exactly and scales S and P in the tiles.
-  int prefill_fp8_stage_fold = 0;
+  // Staged fp8: 1 (the default) folds the scales into the copy (K as bf16(k * k_scale), V as
+  // bf16(v * v_scale)) and the tiles run the plain bf16 path over it (no per-key scales in the
+  // tiles; one more bf16 rounding of each K and V element); 0 converts exactly and scales S and P
+  // in the tiles (15-18 % slower at 8192 tokens, docs/performance.md).
+  int prefill_fp8_stage_fold = 1;
   // Staged fp8: 1 computes S = Q K^T on fp8 tensor cores (wgmma e4m3: K fp8 from the copy with
   // its k scales, Q quantized per (token, head) row to e4m3 with an amax / 448 scale; V folded
   // into the copy as with prefill_fp8_stage_fold). Q loses mantissa bits (3 against bf16's 7).
