@@ -134,6 +134,11 @@ struct AttentionTuning {
   // its k scales, Q quantized per (token, head) row to e4m3 with an amax / 448 scale; V folded
   // into the copy as with prefill_fp8_stage_fold). Q loses mantissa bits (3 against bf16's 7).
   int prefill_fp8_qk = 0;
+  // Prefill tiles with a 3-stage TMA ring (bf16 caches, staged fp8 copies with scales from global
+  // memory, folded or with fp8 S): 1 issues each warpgroup's S = Q K^T of its next block before
+  // the softmax of its current one and lets P V run into the next softmax (the same results bit
+  // for bit); 0 runs each block's chain in turn. Solo tiles always take the plain loop.
+  int prefill_pipeline = 0;
 };
 
 // moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
