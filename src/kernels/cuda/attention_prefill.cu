@@ -173,9 +173,9 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256
 // G: q heads per kv head, 16 or 8 (G = 8: a warp's 16 rows are two tokens' 8 heads, rows g and
 // g + 8 of a lane belonging to different tokens, so masks and softmax state are per row).
 // kScl (StagedScales): the bf16 path over a staged bf16 copy of an fp8 cache, with its scales.
-// kPipe (AttentionTuning::prefill_pipeline): S of a warpgroup's next block issued before the
-// softmax of its current one (3-stage TMA rings only; solo tiles take the plain loop).
-template <int G, bool kFp8, bool kSolo, int kScl = kNoScales, bool kPipe = false>
+// kPipe (AttentionTuning::prefill_pipeline): 1, 2 a warpgroup's MMAs overlap its softmax (below;
+// 3-stage TMA rings only; solo tiles take the plain loop).
+template <int G, bool kFp8, bool kSolo, int kScl = kNoScales, int kPipe = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   static_assert(G == 16 || G == 8, "tiles of 8 tokens x 16 heads or 16 tokens x 8 heads");
@@ -517,23 +517,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   float rq0 = 0.f, rq1 = 0.f;
   if constexpr (kQ8) rq0 = qscl[16 * warp + g] * a.scale_log2, rq1 = qscl[16 * warp + g + 8] * a.scale_log2;
 
-  // AttentionTuning::prefill_pipeline (3-stage TMA rings, wgmma tiles without solo blocks): per
-  // warpgroup, S of the next block it computes runs on the tensor cores while the softmax of the
-  // current block runs on the CUDA cores, and P V of the current block while the next softmax
-  // runs up to its rescale of O (FlashAttention-3's intra-warpgroup pipelining). The same MMAs
-  // and the same fp32 operations per value in the same order as the loop below: the same bits.
-  // Two score arrays take turns (step(sa, sb), step(sb, sa)); a block's stage is released (the
-  // refill counter) only once this warpgroup's S and P V on it are complete.
+  // AttentionTuning::prefill_pipeline (3-stage TMA rings, wgmma tiles without solo blocks): a
+  // warpgroup's MMAs overlap its own softmax (FlashAttention-3's intra-warpgroup pipelining),
+  // with the same MMAs and the same fp32 operations per value in the same order as the loop
+  // below (the same bits). kPipe = 1: once P of block i is packed, S of the next block this
+  // warpgroup computes is issued into the same score registers, then P V of block i; S is
+  // waited for, and the next softmax runs up to its rescale of O while P V runs (O, P and one
+  // score array: 160 registers). kPipe = 2: S of the next block is issued into a second score
+  // array before the softmax of block i and runs during it; P V completes within its block
+  // (O and two score arrays: 192 registers, which spill; ptxas -v). A block's stage is
+  // released (the refill counter) only once this warpgroup's S and P V on it are complete.
   bool piped = false;
-  if constexpr (kPipe) {
+  if constexpr (kPipe != 0) {
     if (!solo_tile) {
       piped = true;
-      // P V left running into the next block's softmax (FlashAttention-3's full overlap) needs
-      // O, P and both score arrays live at once: 255 registers and spills (ptxas), so P V
-      // completes within its block and only S runs ahead.
-      constexpr bool kPvAhead = false;
       uint32_t pf[8][4];
-      bool have_s = false;  // S of block i is complete in the current array (it was issued ahead)
+      bool have_s = false;  // S of block i was issued with the previous block (and is complete)
       int held = -1;        // block whose P V may still run (its stage not yet released)
       auto release = [&](int j) {
         __syncwarp();
@@ -568,167 +567,206 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wgmma_commit();
       };
-      auto step = [&](int i, float(&s)[64], float(&sn)[64]) -> int {
-        int b, mask, st, wbits;
-        for (;; ++i) {
-          if (i >= nu) return i;
-          entry(i, b, mask);
-          st = i % kStages;
-          if (!have_s) mbar_wait(&full[st], (i / kStages) & 1);
-          if (b == last_blk && tail < kBlock) {
-            // Zero the V rows past the request's length (both warpgroups, whatever they use; S
-            // issued ahead on this stage reads K only).
-            uint8_t* kd = stages + st * kStageBytes;
-            consumers_sync();
-            for (int e = tid; e < (kBlock - tail) * 16; e += kThreads) {
-              const int row = tail + (e >> 4), u = e & 15;
-              *reinterpret_cast<uint4*>(kd + kVOff + swz(row, u * 8)) = make_uint4(0, 0, 0, 0);
-            }
-            fence_proxy_async();
-            consumers_sync();
-          }
-          wbits = mask & wg_slots;
-          if (wbits != 0) break;
-          finish_pv();
-          release(i);
-        }
-        const float* scl = reinterpret_cast<const float*>(stages + st * kStageBytes + kSclOff);
-        const float* vscl = scl + kBlock;
-        if constexpr (kScl == kScalesGlobal) {
-          const int64_t row0 = (int64_t(i < kMaxPairs ? uphys[i] : bt[i]) * a.nkv + kvh) * kBlock;
-          scl = a.k_scale + row0;
-          vscl = a.v_scale + row0;
-        }
-        if (!have_s) issue_s(s, st);
-        // S of the next block, when this warpgroup computes it, ahead of this block's softmax
-        // (its stage was filled once every warp released the block 3 before it: this warpgroup
-        // did in its previous step at the latest).
-        bool ahead = false;
-        if (i + 1 < nu) {
-          int b1, mask1;
-          entry(i + 1, b1, mask1);
-          ahead = (mask1 & wg_slots) != 0;
-        }
-        if (ahead) {
-          mbar_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
-          issue_s(sn, (i + 1) % kStages);
-        }
-        // Pending groups, oldest first: P V of the previous block (have_s), S of this block
-        // (!have_s), S of the next (ahead).
-        if (!have_s) {
-          if (ahead) wgmma_wait<1>();
-          else wgmma_wait<0>();
-        }
-        fence_acc(s);
-        // Softmax of the block up to the rescale of O (the loop below's math, in its order).
-        const bool att0 = (mask >> slot) & 1, att1 = G == 16 ? att0 : ((mask >> slot1) & 1) != 0;
-        float al0 = 1.f, al1 = 1.f;
-        if (att0 || att1) {
-          const bool causal = b == own, causal1 = G == 16 ? causal : b == own1;
-          float mx0 = kNegInf, mx1 = kNegInf;
-#pragma unroll
-          for (int c = 0; c < 16; ++c) {
-            float2 ks2 = make_float2(0.f, 0.f);
-            if constexpr (kQ8) ks2 = *reinterpret_cast<const float2*>(scl + 8 * c + 2 * t4);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int key = 8 * c + 2 * t4 + e;
-              const bool ok = G == 16 ? !causal || key <= lim : att0 && (!causal || key <= lim);
-              const bool ok1 = G == 16 ? ok : att1 && (!causal1 || key <= lim1);
-              float sc0, sc1;
-              if constexpr (kQ8) sc0 = (e ? ks2.y : ks2.x) * rq0, sc1 = (e ? ks2.y : ks2.x) * rq1;
-              else sc0 = sc1 = kScaled ? scl[key] * a.scale_log2 : a.scale_log2;
-              const float v0 = ok ? s[4 * c + e] * sc0 : kNegInf;
-              const float v1 = ok1 ? s[4 * c + 2 + e] * sc1 : kNegInf;
-              s[4 * c + e] = v0;
-              s[4 * c + 2 + e] = v1;
-              mx0 = fmaxf(mx0, v0);
-              mx1 = fmaxf(mx1, v1);
-            }
-          }
-          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-          const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-          const float z0 = G == 16 || n0 != kNegInf ? n0 : 0.f, z1 = G == 16 || n1 != kNegInf ? n1 : 0.f;
-          al0 = ex2_approx(m0 - z0), al1 = ex2_approx(m1 - z1);
-          m0 = n0, m1 = n1;
-          float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-          for (int c = 0; c < 16; ++c) {
-            s[4 * c + 0] = ex2_approx(s[4 * c + 0] - z0);
-            s[4 * c + 1] = ex2_approx(s[4 * c + 1] - z0);
-            s[4 * c + 2] = ex2_approx(s[4 * c + 2] - z1);
-            s[4 * c + 3] = ex2_approx(s[4 * c + 3] - z1);
-            ls0 += s[4 * c + 0] + s[4 * c + 1];
-            ls1 += s[4 * c + 2] + s[4 * c + 3];
-          }
-          l0 = l0 * al0 + ls0;
-          l1 = l1 * al1 + ls1;
-        }
-        // P V of the previous block done: O is free, and so is its stage.
-        if (held >= 0) {
-          if (ahead) wgmma_wait<1>();
-          else wgmma_wait<0>();
-          fence_acc(o);
-          fence_frag(pf);
-          release(held);
-          held = -1;
-        }
-        if (att0 || att1) {
-#pragma unroll
-          for (int c = 0; c < 16; ++c) {
-            o[4 * c + 0] *= al0;
-            o[4 * c + 1] *= al0;
-            o[4 * c + 2] *= al1;
-            o[4 * c + 3] *= al1;
-          }
-          if constexpr (kVScaled) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const float2 va0 = *reinterpret_cast<const float2*>(vscl + 16 * j + 2 * t4);
-              const float2 va1 = *reinterpret_cast<const float2*>(vscl + 16 * j + 8 + 2 * t4);
-              s[8 * j + 0] *= va0.x, s[8 * j + 1] *= va0.y, s[8 * j + 2] *= va0.x, s[8 * j + 3] *= va0.y;
-              s[8 * j + 4] *= va1.x, s[8 * j + 5] *= va1.y, s[8 * j + 6] *= va1.x, s[8 * j + 7] *= va1.y;
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            pf[j][0] = pack_bf16x2(s[8 * j + 0], s[8 * j + 1]);
-            pf[j][1] = pack_bf16x2(s[8 * j + 2], s[8 * j + 3]);
-            pf[j][2] = pack_bf16x2(s[8 * j + 4], s[8 * j + 5]);
-            pf[j][3] = pack_bf16x2(s[8 * j + 6], s[8 * j + 7]);
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
-        }
+      auto issue_pv = [&](int st) {
         const uint32_t va = st0 + st * kStageBytes + kVOff;
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 8; ++j) wgmma_m64n128k16_rs<1>(o, pf[j], smem_desc(va + j * 2048, kChunk, 1024), 1);
         wgmma_commit();
-        if (kPvAhead && ahead) {
-          // S of the next block complete (committed before this P V, which may go on running
-          // into the next block's softmax).
-          wgmma_wait<1>();
-          fence_acc(sn);
-          held = i;
-        } else {
+      };
+      // Block i's stage full (unless its S was issued ahead: then it was waited for), its V rows
+      // past the request's length zeroed (both warpgroups, every block: S issued ahead on this
+      // stage reads K only); whether this warpgroup computes it.
+      auto arrive = [&](int i, int& b, int& mask) {
+        entry(i, b, mask);
+        const int st = i % kStages;
+        if (!have_s) mbar_wait(&full[st], (i / kStages) & 1);
+        if (b == last_blk && tail < kBlock) {
+          uint8_t* kd = stages + st * kStageBytes;
+          consumers_sync();
+          for (int e = tid; e < (kBlock - tail) * 16; e += kThreads) {
+            const int row = tail + (e >> 4), u = e & 15;
+            *reinterpret_cast<uint4*>(kd + kVOff + swz(row, u * 8)) = make_uint4(0, 0, 0, 0);
+          }
+          fence_proxy_async();
+          consumers_sync();
+        }
+        return (mask & wg_slots) != 0;
+      };
+      // Whether this warpgroup computes block i + 1 (S can go ahead); waits for its stage.
+      auto next_ahead = [&](int i) {
+        if (i + 1 >= nu) return false;
+        int b1, mask1;
+        entry(i + 1, b1, mask1);
+        if ((mask1 & wg_slots) == 0) return false;
+        mbar_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
+        return true;
+      };
+      auto scales = [&](int i, const float*& scl, const float*& vscl) {
+        scl = reinterpret_cast<const float*>(stages + (i % kStages) * kStageBytes + kSclOff);
+        vscl = scl + kBlock;
+        if constexpr (kScl == kScalesGlobal) {
+          const int64_t row0 = (int64_t(i < kMaxPairs ? uphys[i] : bt[i]) * a.nkv + kvh) * kBlock;
+          scl = a.k_scale + row0;
+          vscl = a.v_scale + row0;
+        }
+      };
+      // The softmax of a block up to the rescale of O (the loop below's math, in its order):
+      // scaled, masked scores, the running max and sum, P = 2^(s - m) in s. False: none of the
+      // lane's rows attends to the block (P = 0, state kept).
+      auto softmax = [&](float(&s)[64], int b, int mask, const float* scl, float& al0, float& al1) {
+        const bool att0 = (mask >> slot) & 1, att1 = G == 16 ? att0 : ((mask >> slot1) & 1) != 0;
+        if (!att0 && !att1) return false;
+        const bool causal = b == own, causal1 = G == 16 ? causal : b == own1;
+        float mx0 = kNegInf, mx1 = kNegInf;
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+          float2 ks2 = make_float2(0.f, 0.f);
+          if constexpr (kQ8) ks2 = *reinterpret_cast<const float2*>(scl + 8 * c + 2 * t4);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = 8 * c + 2 * t4 + e;
+            const bool ok = G == 16 ? !causal || key <= lim : att0 && (!causal || key <= lim);
+            const bool ok1 = G == 16 ? ok : att1 && (!causal1 || key <= lim1);
+            float sc0, sc1;
+            if constexpr (kQ8) sc0 = (e ? ks2.y : ks2.x) * rq0, sc1 = (e ? ks2.y : ks2.x) * rq1;
+            else sc0 = sc1 = kScaled ? scl[key] * a.scale_log2 : a.scale_log2;
+            const float v0 = ok ? s[4 * c + e] * sc0 : kNegInf;
+            const float v1 = ok1 ? s[4 * c + 2 + e] * sc1 : kNegInf;
+            s[4 * c + e] = v0;
+            s[4 * c + 2 + e] = v1;
+            mx0 = fmaxf(mx0, v0);
+            mx1 = fmaxf(mx1, v1);
+          }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float z0 = G == 16 || n0 != kNegInf ? n0 : 0.f, z1 = G == 16 || n1 != kNegInf ? n1 : 0.f;
+        al0 = ex2_approx(m0 - z0), al1 = ex2_approx(m1 - z1);
+        m0 = n0, m1 = n1;
+        float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+          s[4 * c + 0] = ex2_approx(s[4 * c + 0] - z0);
+          s[4 * c + 1] = ex2_approx(s[4 * c + 1] - z0);
+          s[4 * c + 2] = ex2_approx(s[4 * c + 2] - z1);
+          s[4 * c + 3] = ex2_approx(s[4 * c + 3] - z1);
+          ls0 += s[4 * c + 0] + s[4 * c + 1];
+          ls1 += s[4 * c + 2] + s[4 * c + 3];
+        }
+        l0 = l0 * al0 + ls0;
+        l1 = l1 * al1 + ls1;
+        return true;
+      };
+      // O rescaled (P V of the previous block complete) and P packed as bf16 A fragments.
+      auto rescale_pack = [&](float(&s)[64], bool active, float al0, float al1, const float* vscl) {
+        if (!active) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
+          return;
+        }
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+          o[4 * c + 0] *= al0;
+          o[4 * c + 1] *= al0;
+          o[4 * c + 2] *= al1;
+          o[4 * c + 3] *= al1;
+        }
+        if constexpr (kVScaled) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float2 va0 = *reinterpret_cast<const float2*>(vscl + 16 * j + 2 * t4);
+            const float2 va1 = *reinterpret_cast<const float2*>(vscl + 16 * j + 8 + 2 * t4);
+            s[8 * j + 0] *= va0.x, s[8 * j + 1] *= va0.y, s[8 * j + 2] *= va0.x, s[8 * j + 3] *= va0.y;
+            s[8 * j + 4] *= va1.x, s[8 * j + 5] *= va1.y, s[8 * j + 6] *= va1.x, s[8 * j + 7] *= va1.y;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          pf[j][0] = pack_bf16x2(s[8 * j + 0], s[8 * j + 1]);
+          pf[j][1] = pack_bf16x2(s[8 * j + 2], s[8 * j + 3]);
+          pf[j][2] = pack_bf16x2(s[8 * j + 4], s[8 * j + 5]);
+          pf[j][3] = pack_bf16x2(s[8 * j + 6], s[8 * j + 7]);
+        }
+      };
+      if constexpr (kPipe == 1) {
+        float s[64];
+        for (int i = 0; i < nu; ++i) {
+          int b, mask;
+          if (!arrive(i, b, mask)) {
+            finish_pv();
+            release(i);
+            continue;
+          }
+          const float* scl;
+          const float* vscl;
+          scales(i, scl, vscl);
+          if (!have_s) {
+            // (Nothing else pending: P V runs on only when S of its next block was issued.)
+            issue_s(s, i % kStages);
+            wgmma_wait<0>();
+            fence_acc(s);
+          }
+          float al0 = 1.f, al1 = 1.f;
+          const bool active = softmax(s, b, mask, scl, al0, al1);
+          finish_pv();  // P V of the previous block: O free, its stage released
+          rescale_pack(s, active, al0, al1, vscl);
+          const bool ahead = next_ahead(i);
+          if (ahead) issue_s(s, (i + 1) % kStages);  // into the scores just packed
+          issue_pv(i % kStages);
+          if (ahead) {
+            wgmma_wait<1>();  // S of the next block (committed first); P V runs on
+            fence_acc(s);
+            held = i;
+          } else {
+            wgmma_wait<0>();
+            fence_acc(o);
+            fence_frag(pf);
+            release(i);
+          }
+          have_s = ahead;
+        }
+      } else {
+        // Two score arrays take turns: step(sa, sb), step(sb, sa).
+        auto step = [&](int i, float(&s)[64], float(&sn)[64]) -> int {
+          int b, mask;
+          for (;; ++i) {
+            if (i >= nu) return i;
+            if (arrive(i, b, mask)) break;
+            release(i);
+          }
+          const float* scl;
+          const float* vscl;
+          scales(i, scl, vscl);
+          if (!have_s) issue_s(s, i % kStages);
+          const bool ahead = next_ahead(i);
+          if (ahead) issue_s(sn, (i + 1) % kStages);
+          if (!have_s) {
+            // Pending, oldest first: S of this block, S of the next (ahead).
+            if (ahead) wgmma_wait<1>();
+            else wgmma_wait<0>();
+          }
+          fence_acc(s);
+          float al0 = 1.f, al1 = 1.f;
+          const bool active = softmax(s, b, mask, scl, al0, al1);
+          rescale_pack(s, active, al0, al1, vscl);
+          issue_pv(i % kStages);
           wgmma_wait<0>();
           fence_acc(o);
           fence_frag(pf);
           if (ahead) fence_acc(sn);
           release(i);
+          have_s = ahead;
+          return i + 1;
+        };
+        float sa[64], sb[64];
+        for (int i = 0; i < nu;) {
+          i = step(i, sa, sb);
+          if (i < nu) i = step(i, sb, sa);
         }
-        have_s = ahead;
-        return i + 1;
-      };
-      float sa[64], sb[64];
-      for (int i = 0; i < nu;) {
-        i = step(i, sa, sb);
-        if (i < nu) i = step(i, sb, sa);
       }
       finish_pv();
     }
@@ -1100,11 +1138,13 @@ bool cache_map(CUtensorMap* map, const void* base, int64_t rows) {
 }
 
 // A kernel instance's template arguments, as a value for the launcher.
-template <int G, bool F, bool S, int C = kNoScales, bool P = false>
+template <int G, bool F, bool S, int C = kNoScales, int P = 0>
 struct PfKernel {
-  static constexpr int kG = G, kScl = C;
-  static constexpr bool kFp8 = F, kSolo = S, kPipe = P;
+  static constexpr int kG = G, kScl = C, kPipe = P;
+  static constexpr bool kFp8 = F, kSolo = S;
 };
+template <class K, int P>
+using PfPiped = PfKernel<K::kG, K::kFp8, K::kSolo, K::kScl, P>;
 
 }  // namespace
 
@@ -1193,7 +1233,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   auto launch = [&](auto kernel_tag) {
     constexpr int G = decltype(kernel_tag)::kG, kScl = decltype(kernel_tag)::kScl;
     constexpr bool kFp8 = decltype(kernel_tag)::kFp8, kSolo = decltype(kernel_tag)::kSolo;
-    constexpr bool kPipe = decltype(kernel_tag)::kPipe;
+    constexpr int kPipe = decltype(kernel_tag)::kPipe;
     constexpr int kTile = tile_tokens(G);
     constexpr size_t smem = PfGeo<kFp8 || kScl == kScalesStaged, G == 16 ? 1 : 2, kScl == kQkFp8>::kSmemBytes;
     const dim3 grid(unsigned((p.batch.num_tokens + kTile - 1) / kTile + p.batch.num_seqs), unsigned(p.num_kv_heads));
@@ -1206,19 +1246,21 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   const bool scales_staged = tu.prefill_fp8_stage_scales == 1;
   // Pipelined tiles: the paths with a 3-stage TMA ring (bf16, the staged copies with their
   // scales from global memory, folded or with fp8 S); the 2-stage rings keep the plain loop.
-  const bool pipe = tu.prefill_pipeline == 1;
-  auto launch_pipe = [&](auto tag, auto piped_tag) { pipe ? launch(piped_tag) : launch(tag); };
+  const int pipe = tu.prefill_pipeline;
+  auto launch_pipe = [&](auto tag) {
+    using K = decltype(tag);
+    if (pipe == 1) launch(PfPiped<K, 1>{});
+    else if (pipe == 2) launch(PfPiped<K, 2>{});
+    else launch(tag);
+  };
   auto launch_group = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;
-    if (qk) launch_pipe(PfKernel<G, false, false, kQkFp8>{}, PfKernel<G, false, false, kQkFp8, true>{});
+    if (qk) launch_pipe(PfKernel<G, false, false, kQkFp8>{});
     else if (staged && !fold && scales_staged) launch(PfKernel<G, false, false, kScalesStaged>{});
-    else if (staged && !fold)
-      launch_pipe(PfKernel<G, false, false, kScalesGlobal>{}, PfKernel<G, false, false, kScalesGlobal, true>{});
+    else if (staged && !fold) launch_pipe(PfKernel<G, false, false, kScalesGlobal>{});
     else if (fp8 && !fold) launch(PfKernel<G, true, false>{});
-    else if constexpr (G == 16)
-      solo ? launch_pipe(PfKernel<G, false, true>{}, PfKernel<G, false, true, kNoScales, true>{})
-           : launch_pipe(PfKernel<G, false, false>{}, PfKernel<G, false, false, kNoScales, true>{});
-    else launch_pipe(PfKernel<G, false, false>{}, PfKernel<G, false, false, kNoScales, true>{});
+    else if constexpr (G == 16) solo ? launch_pipe(PfKernel<G, false, true>{}) : launch_pipe(PfKernel<G, false, false>{});
+    else launch_pipe(PfKernel<G, false, false>{});
   };
   if (group == 16) launch_group(std::integral_constant<int, 16>{});
   else launch_group(std::integral_constant<int, 8>{});

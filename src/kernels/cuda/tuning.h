@@ -135,9 +135,11 @@ struct AttentionTuning {
   // into the copy as with prefill_fp8_stage_fold). Q loses mantissa bits (3 against bf16's 7).
   int prefill_fp8_qk = 0;
   // Prefill tiles with a 3-stage TMA ring (bf16 caches, staged fp8 copies with scales from global
-  // memory, folded or with fp8 S): 1 issues each warpgroup's S = Q K^T of its next block before
-  // the softmax of its current one and lets P V run into the next softmax (the same results bit
-  // for bit); 0 runs each block's chain in turn. Solo tiles always take the plain loop.
+  // memory, folded or with fp8 S): a warpgroup's MMAs overlap its own softmax (the same results
+  // bit for bit). 1: S of the next block issued once P is packed, P V running into the next
+  // softmax up to its rescale of O; 2: S of the next block issued before the current softmax,
+  // into a second score array (spills: docs/kernels.md); 0: each block's chain in turn. Solo
+  // tiles always take the plain loop.
   int prefill_pipeline = 0;
 };
 
