@@ -495,8 +495,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       // fp8: the row again with the blocks staged as an exact bf16 copy whose scales the tiles apply
       // (AttentionTuning::prefill_fp8_stage, prefill_fp8_stage_fold 0), staged with the scales
       // folded into the copy (prefill_fp8_stage_fold 1), staged with S on fp8 tensor cores
-      // (prefill_fp8_qk) and with the tiles converting them, in one run (the row above times the
-      // default).
+      // (prefill_fp8_qk), those two with the pipelined tiles (prefill_pipeline = 1) and with the
+      // tiles converting them, in one run (the row above times the default).
       auto stage_pair = [&](Row r, bool sparse) {
         if (!fp8) return;
         r.target_us = 0, r.target_note = "";
@@ -518,6 +518,19 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
              [](cuda::Tuning& t) {
                t.attention.prefill_fp8_stage = 2;
                t.attention.prefill_fp8_qk = 1;
+             }},
+            {", fp8 staged, scales folded, pipelined",
+             [](cuda::Tuning& t) {
+               t.attention.prefill_fp8_stage = 2;
+               t.attention.prefill_fp8_stage_fold = 1;
+               t.attention.prefill_fp8_qk = 0;
+               t.attention.prefill_pipeline = 1;
+             }},
+            {", fp8 staged, fp8 S, pipelined",
+             [](cuda::Tuning& t) {
+               t.attention.prefill_fp8_stage = 2;
+               t.attention.prefill_fp8_qk = 1;
+               t.attention.prefill_pipeline = 1;
              }},
             {", fp8 converted in the tiles", [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 0; }}};
         for (const auto& [suffix, edit] : variants) {
