@@ -62,6 +62,9 @@
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
+//  - Pipelined tiles (AttentionTuning::prefill_pipeline, 3-stage rings, tiles without solo
+//    blocks): a warpgroup's S of its next block is issued with (1) or ahead of (2) the current
+//    block's softmax, so its own MMAs overlap its softmax; the same bits as the plain loop.
 // Union of a tile's selections: the (block, token) pairs of its topk_idx entries (entries < 0
 // or past the token's own block dropped) are ranked by the CTA (tile tokens x topk <= 256
 // pairs), and a block's tokens become an 8-bit (G = 16) or 16-bit (G = 8) mask. Blocks are
