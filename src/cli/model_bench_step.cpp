@@ -735,10 +735,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
   // Projection: the step, its logits and sampling, and two all-reduces per layer of the step's
   // sublayer outputs (in the model's partials dtype: bf16 on CUDA, fp32 with --f32-partials or on
   // the CPU) at the given bus bandwidth: time = bytes * 2(N-1)/N / bus. (A step of `rows` tokens.)
-  const DType part_t = m->partials_dtype();
   // One all-reduce's bytes: `rows` rows of sublayer outputs.
-  auto allreduce_bytes = [&](double rows) { return rows * double(cfg.hidden_size) * double(dtype_size(part_t)); };
-  const char* part_name = part_t == DType::BF16 ? "bf16" : "fp32";
+  auto allreduce_bytes = [&](double rows) { return rows * double(cfg.hidden_size) * part_bytes; };
+  const char* part_name = m->partials_dtype() == DType::BF16 ? "bf16" : "fp32";
   auto allreduce_ms = [&](double rows) {
     const double bytes = allreduce_bytes(rows);
     return tp > 1 ? (bytes * 2.0 * double(tp - 1) / double(tp) / (a.get_double("--allreduce-gbps") * 1e9)) * 1e3 +
