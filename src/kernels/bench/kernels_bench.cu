@@ -501,41 +501,29 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         if (!fp8) return;
         r.target_us = 0, r.target_note = "";
         const std::string mode = r.mode;
-        const std::vector<std::pair<std::string, std::function<void(cuda::Tuning&)>>> variants = {
-            {", fp8 staged, exact",
-             [](cuda::Tuning& t) {
-               t.attention.prefill_fp8_stage = 2;
-               t.attention.prefill_fp8_stage_fold = 0;
-               t.attention.prefill_fp8_qk = 0;
-             }},
-            {", fp8 staged, scales folded",
-             [](cuda::Tuning& t) {
-               t.attention.prefill_fp8_stage = 2;
-               t.attention.prefill_fp8_stage_fold = 1;
-               t.attention.prefill_fp8_qk = 0;
-             }},
-            {", fp8 staged, fp8 S",
-             [](cuda::Tuning& t) {
-               t.attention.prefill_fp8_stage = 2;
-               t.attention.prefill_fp8_qk = 1;
-             }},
-            {", fp8 staged, scales folded, pipelined",
-             [](cuda::Tuning& t) {
-               t.attention.prefill_fp8_stage = 2;
-               t.attention.prefill_fp8_stage_fold = 1;
-               t.attention.prefill_fp8_qk = 0;
-               t.attention.prefill_pipeline = 1;
-             }},
-            {", fp8 staged, fp8 S, pipelined",
-             [](cuda::Tuning& t) {
-               t.attention.prefill_fp8_stage = 2;
-               t.attention.prefill_fp8_qk = 1;
-               t.attention.prefill_pipeline = 1;
-             }},
-            {", fp8 converted in the tiles", [](cuda::Tuning& t) { t.attention.prefill_fp8_stage = 0; }}};
-        for (const auto& [suffix, edit] : variants) {
-          r.mode = mode + suffix;
-          TuningEdit e(edit);
+        // The fields each row sets (-1: as tuned): prefill_fp8_stage, _fold, prefill_fp8_qk,
+        // prefill_pipeline.
+        struct Variant {
+          const char* suffix;
+          int stage, fold, qk, pipeline;
+        };
+        static const Variant variants[] = {{", fp8 staged, exact", 2, 0, 0, -1},
+                                           {", fp8 staged, scales folded", 2, 1, 0, -1},
+                                           {", fp8 staged, fp8 S", 2, -1, 1, -1},
+                                           {", fp8 staged, scales folded, pipelined", 2, 1, 0, 1},
+                                           {", fp8 staged, fp8 S, pipelined", 2, -1, 1, 1},
+                                           {", fp8 converted in the tiles", 0, -1, -1, -1}};
+        for (const Variant& v : variants) {
+          r.mode = mode + v.suffix;
+          TuningEdit e([&v](cuda::Tuning& t) {
+            auto set = [](int& field, int value) {
+              if (value >= 0) field = value;
+            };
+            set(t.attention.prefill_fp8_stage, v.stage);
+            set(t.attention.prefill_fp8_stage_fold, v.fold);
+            set(t.attention.prefill_fp8_qk, v.qk);
+            set(t.attention.prefill_pipeline, v.pipeline);
+          });
           r.us = time_it(iters, sets, attn_fn(sparse), false, st);
           emit(r, c);
         }
