@@ -138,12 +138,16 @@ TEST(CudaSideStream, HasScratchOfItsOwn) {
 }
 
 // Odd sizes: rows, a hidden size with a partial 128-column group, 3 q heads, 37 experts.
-TEST(CudaDecodeChain, OddShapesMatchSynchronised) {
-  SKIP_WITHOUT_GPU();
+ChainShape odd_shape() {
   ChainShape odd;
   odd.rows = 29, odd.hidden = 1040, odd.q_heads = 3, odd.shared_inter = 208, odd.experts = 37, odd.topk = 3;
   odd.vocab = 1001;
-  check_chain(odd, 5);
+  return odd;
+}
+
+TEST(CudaDecodeChain, OddShapesMatchSynchronised) {
+  SKIP_WITHOUT_GPU();
+  check_chain(odd_shape(), 5);
 }
 
 // A single row of a small layer (also what the sanitizers run: scripts/chain-check).
@@ -163,9 +167,7 @@ TEST(CudaDecodeChain, Tp8RankMatchesSynchronised) {
 // The fp32 sublayer outputs of --f32-partials (the bench's comparison rows).
 TEST(CudaDecodeChain, F32PartialsMatchSynchronised) {
   SKIP_WITHOUT_GPU();
-  ChainShape odd;
-  odd.rows = 29, odd.hidden = 1040, odd.q_heads = 3, odd.shared_inter = 208, odd.experts = 37, odd.topk = 3;
-  odd.vocab = 1001;
+  ChainShape odd = odd_shape();
   odd.f32_partials = true;
   check_chain(odd, 5);
   ChainShape tp8;
@@ -246,10 +248,7 @@ void check_bf16_follows_f32(ChainShape shape, uint64_t seed) {
 
 TEST(CudaDecodeChain, Bf16PartialsFollowF32Partials) {
   SKIP_WITHOUT_GPU();
-  ChainShape odd;
-  odd.rows = 29, odd.hidden = 1040, odd.q_heads = 3, odd.shared_inter = 208, odd.experts = 37, odd.topk = 3;
-  odd.vocab = 1001;
-  check_bf16_follows_f32(odd, 5);
+  check_bf16_follows_f32(odd_shape(), 5);
   check_bf16_follows_f32(ChainShape{}, 6);
 }
 
