@@ -361,10 +361,15 @@ struct AttnCase {
 // spread over 2^6 (scale_spread) the scores reach rms ~10, and that rounding (2^-9 of each term)
 // moves them by ~1e-2: a few % of a row's probabilities. A simulation of exactly this rounding
 // (e4m3 K and V, the spread scales, rows of 1 to 1500 keys) gave per-row relative l2 errors up to
-// 0.08 in 4000 rows and 0.004 over all of them; hence 0.15 a row, and the whole output's relative
-// l2 below 1.5e-2 where a test checks it. (The e4m3 rounding of the cache itself moves each key by
+// 0.10 and absolute errors up to 0.016 in 25,000 rows, 0.004 relative over all of them; on the
+// H100 one row in a sparse test reached 0.029 absolute (the fold's error on top of the unfolded
+// paths' own). Hence 0.15 relative and 0.05 absolute a row, and the whole output's relative l2
+// below 1.5e-2 where a test checks it. (The e4m3 rounding of the cache itself moves each key by
 // up to 2^-4 of itself, 32 times more.)
-void fold_wide_scale_tolerance(AttnCase& c) { c.max_rel = 0.15; }
+void fold_wide_scale_tolerance(AttnCase& c) {
+  c.max_rel = 0.15;
+  c.max_abs = 5e-2;
+}
 
 // gpu_bytes (when given) receives the device's output as it was written.
 void check_attention_once(const AttnCase& c, uint64_t seed, std::vector<uint8_t>* gpu_bytes = nullptr) {
