@@ -62,9 +62,10 @@
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
-//  - Pipelined tiles (AttentionTuning::prefill_pipeline, 3-stage rings, tiles without solo
-//    blocks): a warpgroup's S of its next block is issued with (1) or ahead of (2) the current
-//    block's softmax, so its own MMAs overlap its softmax; the same bits as the plain loop.
+//  - Pipelined tiles (AttentionTuning::prefill_pipeline = 1, 3-stage rings, tiles without solo
+//    blocks): a warpgroup issues S of its next block with P V of the current one, so P V
+//    overlaps the next softmax; no wgmma or wait in a data-dependent branch (ptxas serializes
+//    them otherwise); the same bits as the plain loop.
 // Union of a tile's selections: the (block, token) pairs of its topk_idx entries (entries < 0
 // or past the token's own block dropped) are ranked by the CTA (tile tokens x topk <= 256
 // pairs), and a block's tokens become an 8-bit (G = 16) or 16-bit (G = 8) mask. Blocks are
@@ -176,12 +177,13 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256
 // G: q heads per kv head, 16 or 8 (G = 8: a warp's 16 rows are two tokens' 8 heads, rows g and
 // g + 8 of a lane belonging to different tokens, so masks and softmax state are per row).
 // kScl (StagedScales): the bf16 path over a staged bf16 copy of an fp8 cache, with its scales.
-// kPipe (AttentionTuning::prefill_pipeline): 1, 2 a warpgroup's MMAs overlap its softmax (below;
+// kPipe (AttentionTuning::prefill_pipeline): 1, a warpgroup's MMAs overlap its softmax (below;
 // 3-stage TMA rings only; solo tiles take the plain loop).
 template <int G, bool kFp8, bool kSolo, int kScl = kNoScales, int kPipe = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   static_assert(G == 16 || G == 8, "tiles of 8 tokens x 16 heads or 16 tokens x 8 heads");
+  static_assert(kPipe == 0 || kPipe == 1, "prefill_pipeline: 0 or 1");
   static_assert(!kPipe || (!kFp8 && kScl != kScalesStaged), "pipelined: the 3-stage TMA ring");
   static_assert(!kSolo || G == 16, "solo blocks run a whole warp's rows for one token");
   static_assert(!(kFp8 && kScl != kNoScales) && !(kSolo && kScl != kNoScales), "staged: the plain TMA path");
@@ -520,23 +522,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   float rq0 = 0.f, rq1 = 0.f;
   if constexpr (kQ8) rq0 = qscl[16 * warp + g] * a.scale_log2, rq1 = qscl[16 * warp + g + 8] * a.scale_log2;
 
-  // AttentionTuning::prefill_pipeline (3-stage TMA rings, wgmma tiles without solo blocks): a
-  // warpgroup's MMAs overlap its own softmax (FlashAttention-3's intra-warpgroup pipelining),
+  // AttentionTuning::prefill_pipeline = 1 (3-stage TMA rings, wgmma tiles without solo blocks):
+  // a warpgroup's MMAs overlap its own softmax (FlashAttention-3's intra-warpgroup pipelining),
   // with the same MMAs and the same fp32 operations per value in the same order as the loop
-  // below (the same bits). kPipe = 1: once P of block i is packed, S of the next block this
-  // warpgroup computes is issued into the same score registers, then P V of block i; S is
-  // waited for, and the next softmax runs up to its rescale of O while P V runs (O, P and one
-  // score array: 160 registers). kPipe = 2: S of the next block is issued into a second score
-  // array before the softmax of block i and runs during it; P V completes within its block
-  // (O and two score arrays: 192 registers, which spill; ptxas -v). A block's stage is
-  // released (the refill counter) only once this warpgroup's S and P V on it are complete.
+  // below (the same bits). Once P of block i is packed, S of the warpgroup's next block is issued
+  // into the same score registers, then P V of block i; S is waited for, and the next softmax
+  // runs up to its rescale of O while P V runs (O, P and one score array: 160 registers).
+  // With wgmmas and waits in data-dependent branches (S issued ahead or not, waits for one or two
+  // groups) while another wgmma was in flight, ptxas serialized every wgmma of the kernel (C7518:
+  // it cannot prove those branches warpgroup-uniform), so none sits in a branch now, only in the
+  // loops: a chain is a run of blocks this warpgroup computes, each at most two blocks after the
+  // one before (the blocks between skipped). Its first S is issued and waited for alone; every
+  // step then issues S of the next block and P V of the current one and waits for S
+  // (wait_group 1); the chain's last step issues its S on the current block's stage instead (this
+  // warpgroup still holds it; the scores are not used), and P V is waited for after the chain
+  // (ptxas -v: no C75xx for any instance). Blocks this warpgroup skips are released between chains or while looking ahead, with
+  // nothing in flight. A stage is released only once this warpgroup's S and P V on it are
+  // complete, and a warpgroup waits for a block's stage while holding at most a block two before
+  // it (whose stage is not the one waited for), so nothing waits in a circle.
   bool piped = false;
   if constexpr (kPipe != 0) {
     if (!solo_tile) {
       piped = true;
       uint32_t pf[8][4];
-      bool have_s = false;  // S of block i was issued with the previous block (and is complete)
-      int held = -1;        // block whose P V may still run (its stage not yet released)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
+      float s[64];
+      // The last of the 8 warps done with block j's stage refills it with block j + kStages.
       auto release = [&](int j) {
         __syncwarp();
         if (lane == 0) {
@@ -547,15 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       };
-      auto finish_pv = [&]() {
-        if (held < 0) return;
-        wgmma_wait<0>();
-        fence_acc(o);
-        fence_frag(pf);
-        release(held);
-        held = -1;
-      };
-      auto issue_s = [&](float(&s)[64], int st) {
+      auto issue_s = [&](int st) {
         const uint32_t ka = st0 + st * kStageBytes;
         wgmma_fence();
         if constexpr (kQ8) {
@@ -577,13 +581,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < 8; ++j) wgmma_m64n128k16_rs<1>(o, pf[j], smem_desc(va + j * 2048, kChunk, 1024), 1);
         wgmma_commit();
       };
-      // Block i's stage full (unless its S was issued ahead: then it was waited for), its V rows
-      // past the request's length zeroed (both warpgroups, every block: S issued ahead on this
-      // stage reads K only); whether this warpgroup computes it.
+      // Block i's stage full, its V rows past the request's length zeroed (both warpgroups, every
+      // block, in order: an S issued ahead on a stage reads K only); whether this warpgroup
+      // computes it.
       auto arrive = [&](int i, int& b, int& mask) {
         entry(i, b, mask);
         const int st = i % kStages;
-        if (!have_s) mbar_wait(&full[st], (i / kStages) & 1);
+        mbar_wait(&full[st], (i / kStages) & 1);
         if (b == last_blk && tail < kBlock) {
           uint8_t* kd = stages + st * kStageBytes;
           consumers_sync();
@@ -595,15 +599,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           consumers_sync();
         }
         return (mask & wg_slots) != 0;
-      };
-      // Whether this warpgroup computes block i + 1 (S can go ahead); waits for its stage.
-      auto next_ahead = [&](int i) {
-        if (i + 1 >= nu) return false;
-        int b1, mask1;
-        entry(i + 1, b1, mask1);
-        if ((mask1 & wg_slots) == 0) return false;
-        mbar_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
-        return true;
       };
       auto scales = [&](int i, const float*& scl, const float*& vscl) {
         scl = reinterpret_cast<const float*>(stages + (i % kStages) * kStageBytes + kSclOff);
@@ -617,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The softmax of a block up to the rescale of O (the loop below's math, in its order):
       // scaled, masked scores, the running max and sum, P = 2^(s - m) in s. False: none of the
       // lane's rows attends to the block (P = 0, state kept).
-      auto softmax = [&](float(&s)[64], int b, int mask, const float* scl, float& al0, float& al1) {
+      auto softmax = [&](int b, int mask, const float* scl, float& al0, float& al1) {
         const bool att0 = (mask >> slot) & 1, att1 = G == 16 ? att0 : ((mask >> slot1) & 1) != 0;
         if (!att0 && !att1) return false;
         const bool causal = b == own, causal1 = G == 16 ? causal : b == own1;
@@ -665,7 +660,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         return true;
       };
       // O rescaled (P V of the previous block complete) and P packed as bf16 A fragments.
-      auto rescale_pack = [&](float(&s)[64], bool active, float al0, float al1, const float* vscl) {
+      auto rescale_pack = [&](bool active, float al0, float al1, const float* vscl) {
         if (!active) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
@@ -695,83 +690,60 @@ __global__ void __launch_bounds__(kThreads, 1)
           pf[j][3] = pack_bf16x2(s[8 * j + 6], s[8 * j + 7]);
         }
       };
-      if constexpr (kPipe == 1) {
-        float s[64];
-        for (int i = 0; i < nu; ++i) {
-          int b, mask;
-          if (!arrive(i, b, mask)) {
-            finish_pv();
-            release(i);
-            continue;
-          }
-          const float* scl;
-          const float* vscl;
-          scales(i, scl, vscl);
-          if (!have_s) {
-            // (Nothing else pending: P V runs on only when S of its next block was issued.)
-            issue_s(s, i % kStages);
-            wgmma_wait<0>();
-            fence_acc(s);
-          }
-          float al0 = 1.f, al1 = 1.f;
-          const bool active = softmax(s, b, mask, scl, al0, al1);
-          finish_pv();  // P V of the previous block: O free, its stage released
-          rescale_pack(s, active, al0, al1, vscl);
-          const bool ahead = next_ahead(i);
-          if (ahead) issue_s(s, (i + 1) % kStages);  // into the scores just packed
-          issue_pv(i % kStages);
-          if (ahead) {
-            wgmma_wait<1>();  // S of the next block (committed first); P V runs on
-            fence_acc(s);
-            held = i;
-          } else {
-            wgmma_wait<0>();
-            fence_acc(o);
-            fence_frag(pf);
-            release(i);
-          }
-          have_s = ahead;
+      // Arrives at blocks from n on, releasing those this warpgroup skips, up to the next one it
+      // computes (returned, arrived at: its entry in b, mask) or nu.
+      auto advance = [&](int n, int& b, int& mask) {
+        for (; n < nu; ++n) {
+          if (arrive(n, b, mask)) break;
+          release(n);
         }
-      } else {
-        // Two score arrays take turns: step(sa, sb), step(sb, sa).
-        auto step = [&](int i, float(&s)[64], float(&sn)[64]) -> int {
-          int b, mask;
-          for (;; ++i) {
-            if (i >= nu) return i;
-            if (arrive(i, b, mask)) break;
-            release(i);
-          }
+        return n;
+      };
+      int b = 0, mask = 0;
+      int i = advance(0, b, mask);
+      while (i < nu) {
+        // A chain's first block: its S alone (nothing else in flight).
+        issue_s(i % kStages);
+        wgmma_wait<0>();
+        fence_acc(s);
+        int held = -1;  // the chain's previous block (its P V may still run)
+        int n;
+        bool ahead;
+        do {
           const float* scl;
           const float* vscl;
           scales(i, scl, vscl);
-          if (!have_s) issue_s(s, i % kStages);
-          const bool ahead = next_ahead(i);
-          if (ahead) issue_s(sn, (i + 1) % kStages);
-          if (!have_s) {
-            // Pending, oldest first: S of this block, S of the next (ahead).
-            if (ahead) wgmma_wait<1>();
-            else wgmma_wait<0>();
-          }
-          fence_acc(s);
           float al0 = 1.f, al1 = 1.f;
-          const bool active = softmax(s, b, mask, scl, al0, al1);
-          rescale_pack(s, active, al0, al1, vscl);
-          issue_pv(i % kStages);
-          wgmma_wait<0>();
+          const bool active = softmax(b, mask, scl, al0, al1);
+          wgmma_wait<0>();  // P V of the chain's previous block: O and P free, its stage released
           fence_acc(o);
           fence_frag(pf);
-          if (ahead) fence_acc(sn);
-          release(i);
-          have_s = ahead;
-          return i + 1;
-        };
-        float sa[64], sb[64];
-        for (int i = 0; i < nu;) {
-          i = step(i, sa, sb);
-          if (i < nu) i = step(i, sb, sa);
-        }
+          if (held >= 0) release(held);
+          rescale_pack(active, al0, al1, vscl);
+          // The next block this warpgroup computes, if it is at most two blocks ahead (its stage
+          // is filled once every warp has released the block a ring's depth before it, which
+          // this warpgroup has unless it is block i).
+          ahead = false;
+          for (n = i + 1; n < nu && n <= i + 2; ++n) {
+            if (arrive(n, b, mask)) {
+              ahead = true;
+              break;
+            }
+            release(n);
+          }
+          issue_s((ahead ? n : i) % kStages);  // into the scores just packed
+          issue_pv(i % kStages);
+          wgmma_wait<1>();  // S (committed first); P V runs on into the next softmax
+          fence_acc(s);
+          held = i;
+          i = n;
+        } while (ahead);
+        wgmma_wait<0>();
+        fence_acc(o);
+        fence_frag(pf);
+        release(held);
+        i = advance(n, b, mask);
       }
-      finish_pv();
     }
   }
 
@@ -1252,9 +1224,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   const int pipe = tu.prefill_pipeline;
   auto launch_pipe = [&](auto tag) {
     using K = decltype(tag);
-    if (pipe == 1) launch(PfPiped<K, 1>{});
-    else if (pipe == 2) launch(PfPiped<K, 2>{});
-    else launch(tag);
+    pipe == 1 ? launch(PfPiped<K, 1>{}) : launch(tag);
   };
   auto launch_group = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;

@@ -137,8 +137,7 @@ struct AttentionTuning {
   // Prefill tiles with a 3-stage TMA ring (bf16 caches, staged fp8 copies with scales from global
   // memory, folded or with fp8 S): a warpgroup's MMAs overlap its own softmax (the same results
   // bit for bit). 1: S of the next block issued once P is packed, P V running into the next
-  // softmax up to its rescale of O; 2: S of the next block issued before the current softmax,
-  // into a second score array (spills: docs/kernels.md); 0: each block's chain in turn. Solo
+  // softmax up to its rescale of O; 0 (or any other value): each block's chain in turn. Solo
   // tiles always take the plain loop.
   int prefill_pipeline = 0;
 };
