@@ -36,14 +36,17 @@
 //    loads) before block i's math and stores it converted exactly to bf16 after it, into a ring
 //    of 2 stages that also holds the block's 128 k and 128 v scales (one CTA barrier a block).
 //  - Staged fp8 (AttentionTuning::prefill_fp8_stage; by default dense and sparse calls): before the
-//    tiles, a kernel converts every fp8 block the call reads (sparse: marked from topk_idx by a
-//    first kernel; dense: every block up to each request's length) exactly to bf16 into the
-//    workspace, with a block table of its own (slots taken by a counter) and its k and v scales
-//    beside it (v scales past the request's length zero); the bf16 path (TMA, tensor maps over
-//    the copy) then runs over it, applying k_scale to the fp32 scores and v_scale to P as the
-//    fp8 ring does, so the results are the same bit for bit. The scales come per key from
-//    global memory (L1) beside the 3-stage ring, or (prefill_fp8_stage_scales = 1) by two bulk
-//    copies with each block into a 2-stage ring (3 stages with scales do not fit). The copy's
+//    tiles, a kernel converts every fp8 block the call reads (sparse: given a slot from topk_idx
+//    by a first kernel after one memset; dense: every block up to each request's length, the
+//    slot its table entry) exactly to bf16 into the workspace, with a block table of its own and
+//    its k and v scales beside it (v scales past the request's length zero), one CTA a (request,
+//    block, 16 rows, kv head); the tiles follow it by programmatic dependent launch
+//    (prefill_fp8_stage_pdl) and wait (griddepcontrol.wait) before they read the copy's table.
+//    The bf16 path (TMA, tensor maps over the copy) then runs over it, applying k_scale to the
+//    fp32 scores and v_scale to P as the fp8 ring does, so the results are the same bit for bit.
+//    The scales come per key from global memory (L1) beside the 3-stage ring, or
+//    (prefill_fp8_stage_scales = 1) by two bulk copies with each block into a 2-stage ring (3
+//    stages with scales do not fit). The copy's
 //    size is bounded from the call's shapes (slots: requests x max blocks, sparse also tokens x
 //    kv heads x topk); a call whose bound passes prefill_fp8_stage_max_mib converts in the
 //    tiles. Sparse calls are staged only with prefill_fp8_stage = 2 (docs/kernels.md).
@@ -215,7 +218,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       acc += n;
     }
   }
-  if (seq < 0) return;
+  // Behind the staged copy's conversion (programmatic dependent launch; a no-op otherwise) the
+  // copy and its table are read only after griddepcontrol.wait (pdl_wait below); every thread
+  // passes one before it exits.
+  if (seq < 0) {
+    pdl_wait();
+    return;
+  }
   if ((smem_u32(smem) & 1023u) != 0) __trap();  // the swizzled tiles need 1024-byte alignment
   const int qlen = a.qsl[seq + 1] - a.qsl[seq];
   const int seq_len = a.seq_lens[seq];
@@ -281,6 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     consumers_sync();
     int u = __popc(bal & ((1u << lane) - 1));
     for (int w = 0; w < warp; ++w) u += misc[w];
+    pdl_wait();  // the staged copy's table
     if (head) {
       const int b = kc >> kTokBits;
       int mask = 0;
@@ -334,6 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
+    pdl_wait();  // the staged copy's table
     for (int b = tid; b <= min(last_own, kMaxPairs - 1); b += kThreads)
       uphys[b] = a.block_tables[int64_t(seq) * a.mbps + b];
     if (tid == 0) misc[8] = last_own + 1, misc[9] = kAllSlots >> (kTileTokens / 2);
@@ -968,11 +979,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- Staged fp8 (AttentionTuning::prefill_fp8_stage): the fp8 blocks the call reads, converted
 // exactly to bf16 into the workspace, where the bf16 path reads them through tensor maps.
-// Workspace: [table: num_seqs x mbps int32 (the staged copy's block table: -1 not read, -2 read
-// (sparse, before the copy), else the block's slot)][slot counter][K: cap slots x kv heads x
-// 128 rows x 128 bf16][V: the same][k scales: cap x kv heads x 128 f32][v scales: the same]. A
-// slot's rows are laid out as a bf16 cache block's; the v scales past the request's length are
-// zero (as the tile's own fp8 ring makes them), so P V reads 0 there.
+// Workspace: [table: num_seqs x mbps int32 (the staged copy's block table: -1 not read, else the
+// block's slot)][slot counter][K: cap slots x kv heads x 128 rows x 128 bf16][V: the same][k
+// scales: cap x kv heads x 128 f32][v scales: the same]. A slot's rows are laid out as a bf16
+// cache block's; the v scales past the request's length are zero (as the tile's own fp8 ring
+// makes them), so P V reads 0 there. Where cap == entries (every dense call; sparse calls whose
+// tokens x kv heads x topk reach the table's size) a block's slot is its table entry, so no
+// counter is needed and a dense call writes its table in the conversion kernel (no memset).
 struct StageLayout {
   size_t table = 0, counter = 0, k = 0, v = 0, ks = 0, vs = 0, bytes = 0;
   int64_t entries = 0;  // the table's: requests x max blocks a request
@@ -996,9 +1009,14 @@ StageLayout stage_layout(const ops::AttentionParams& p) {
   return l;
 }
 
-// Sparse: marks the table entries of the blocks the call's tokens select (those the tiles keep:
-// 0 <= block <= the token's own block) with -2. Grid: x = request, y = chunks of 256 tokens.
-__global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* table) {
+// Sparse: gives each block the call's tokens select (those the tiles keep: 0 <= block <= the
+// token's own block) its slot in the table, which the host reset to -1 (and the counter to -1,
+// one memset). `direct` (cap == entries): the slot is the entry itself (an idempotent store);
+// otherwise the first thread to claim the entry (-1 -> -2) takes the next slot from the counter
+// and writes it (the conversion kernel, launched after this one, reads only slots). The L2 load
+// before the claim keeps the atomics to about one an entry. Grid: x = request, y = chunks of 256
+// tokens.
+__global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* table, int32_t* counter, bool direct) {
   const int seq = blockIdx.x;
   const int q0 = a.qsl[seq], qlen = a.qsl[seq + 1] - q0;
   const int i = int(blockIdx.y) * 256 + int(threadIdx.x);
@@ -1007,7 +1025,11 @@ __global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* tabl
   const int32_t* sel = a.topk_idx + (int64_t(q0) + i) * a.nkv * a.topk;
   for (int k = 0; k < a.nkv * a.topk; ++k) {
     const int b = sel[k];
-    if (b >= 0 && b <= own) table[int64_t(seq) * a.mbps + b] = -2;
+    if (b < 0 || b > own) continue;
+    const int64_t e = int64_t(seq) * a.mbps + b;
+    int32_t* t = table + e;
+    if (direct) *t = int32_t(e);
+    else if (__ldcg(t) == -1 && atomicCAS(t, -1, -2) == -1) *t = atomicAdd(counter, 1) + 1;
   }
 }
 
@@ -1025,66 +1047,82 @@ enum StageMode : int {
   kStageK8 = 2,      // K as it is (fp8, 128 B a row) with its k scales, V as bf16(v * v_scale)
 };
 
-// One (request, block) a CTA: if the call reads it (dense: every block up to the request's
-// length; sparse: marked), takes a slot, writes it in the table and converts the block's K and V
-// of every kv head (kStageExact: e4m3 -> bf16 exactly, and copies its scales, v scales past the
-// length 0; kStageFolded: each row times its scale, rounded to bf16; kStageK8: K's bytes and k
-// scales as they are, V folded). V rows past the request's length are zeros in every mode.
-__global__ void __launch_bounds__(256)
-    stage_convert_kernel(PfArgs a, int32_t* table, int32_t* counter, uint16_t* k16, uint16_t* v16, float* ks,
-                         float* vs, bool sparse, int mode) {
-  const int64_t e = blockIdx.x;
+// 16 fp8 bytes (one 16-byte unit of a row) as 16 bf16, exactly or times a scale.
+__device__ __forceinline__ void fp8x16_to_bf16(const uint4 x, bool scaled, float sc, uint4& lo, uint4& hi) {
+  if (scaled) {
+    lo = make_uint4(fp8x2_scaled_bf16x2(uint16_t(x.x), sc), fp8x2_scaled_bf16x2(uint16_t(x.x >> 16), sc),
+                    fp8x2_scaled_bf16x2(uint16_t(x.y), sc), fp8x2_scaled_bf16x2(uint16_t(x.y >> 16), sc));
+    hi = make_uint4(fp8x2_scaled_bf16x2(uint16_t(x.z), sc), fp8x2_scaled_bf16x2(uint16_t(x.z >> 16), sc),
+                    fp8x2_scaled_bf16x2(uint16_t(x.w), sc), fp8x2_scaled_bf16x2(uint16_t(x.w >> 16), sc));
+  } else {
+    lo = make_uint4(fp8x2_to_bf16x2(uint16_t(x.x)), fp8x2_to_bf16x2(uint16_t(x.x >> 16)),
+                    fp8x2_to_bf16x2(uint16_t(x.y)), fp8x2_to_bf16x2(uint16_t(x.y >> 16)));
+    hi = make_uint4(fp8x2_to_bf16x2(uint16_t(x.z)), fp8x2_to_bf16x2(uint16_t(x.z >> 16)),
+                    fp8x2_to_bf16x2(uint16_t(x.w)), fp8x2_to_bf16x2(uint16_t(x.w >> 16)));
+  }
+}
+
+// The conversion's grid: a CTA of kStageThreads converts kStageRows rows of K and of V of one
+// (request, block, kv head), so a one-request 8192-token call (64 blocks, one kv head) runs 512
+// CTAs, ~4 an SM on 132 SMs, each thread with its K and V loads (16 bytes each) in flight at once.
+constexpr int kStageThreads = 128;
+constexpr int kStageRows = kStageThreads / 8;  // 8 threads a row: 16 bytes of fp8 each
+constexpr int kStageParts = kBlock / kStageRows;
+
+// One (request, block, kv head, kStageRows rows) a CTA (grid x = entry * kStageParts + part, y =
+// kv head): if the call reads the block (dense: every block up to the request's length, slot =
+// the entry, the table written here: -1 past the length; sparse: a slot in the table from the
+// mark kernel), converts its rows of K and V (kStageExact: e4m3 -> bf16 exactly, and copies their
+// scales, v scales past the length 0; kStageFolded: each row times its scale, rounded to bf16;
+// kStageK8: K's bytes and k scales as they are, V folded). V rows past the request's length are
+// zeros in every mode. The tiles may be launched behind it with programmatic dependent launch:
+// it lets them become resident at once (their griddepcontrol.wait holds them until this grid has
+// completed and its stores are visible).
+__global__ void __launch_bounds__(kStageThreads)
+    stage_convert_kernel(PfArgs a, int32_t* table, uint16_t* k16, uint16_t* v16, float* ks, float* vs, bool sparse,
+                         int mode) {
+  pdl_trigger();
+  const int64_t e = blockIdx.x / kStageParts;
+  const int part = int(blockIdx.x % kStageParts), h = int(blockIdx.y);
   const int seq = int(e / a.mbps), b = int(e % a.mbps);
   const int seq_len = a.seq_lens[seq];
   const int last = (seq_len - 1) / kBlock;
-  if (seq_len <= 0 || b > last) return;
-  // Thread 0 alone reads the mark: it overwrites it with the slot, and a warp that read the entry
-  // after that write would take the marked block for unmarked and leave its rows unconverted.
-  __shared__ int slot_s;
-  if (threadIdx.x == 0) {
-    const bool read = !sparse || table[e] == -2;
-    slot_s = read ? atomicAdd(counter, 1) : -1;
-    if (read) table[e] = slot_s;
-  }
-  __syncthreads();
-  const int slot = slot_s, tid = threadIdx.x;
+  const bool in = seq_len > 0 && b <= last;
+  if (!sparse && part == 0 && h == 0 && threadIdx.x == 0) table[e] = in ? int32_t(e) : -1;
+  if (!in) return;
+  // Sparse: the table holds slots only (the mark kernel has completed), so every thread reads it.
+  const int slot = sparse ? table[e] : int(e);
   if (slot < 0) return;
   const int valid = b == last ? seq_len - last * kBlock : kBlock;
   const int phys = a.block_tables[e];
-  for (int h = 0; h < a.nkv; ++h) {
-    const int64_t src = (int64_t(phys) * a.nkv + h) * kBlock, dst = (int64_t(slot) * a.nkv + h) * kBlock;
-    // 16-byte units u = tid + 256 k of K (k < 4) and of V (k >= 4): row u / 8, 16 keys' dims.
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int u = tid + kThreads * (k & 3), row = u >> 3, c = u & 7;
-      const uint4 x = ldg_stream((k < 4 ? a.k8 : a.v8) + (src + row) * kDim + c * 16);
-      if (k < 4 && mode == kStageK8) {
-        *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(k16) + (dst + row) * kDim + c * 16) = x;
-        continue;
-      }
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if ((k < 4 || row < valid) && mode != kStageExact) {
-        // K rows past the length keep their (possibly NaN) products: S masks those keys by
-        // selection.
-        const float sc = (k < 4 ? a.k_scale : a.v_scale)[src + row];
-        lo = make_uint4(fp8x2_scaled_bf16x2(uint16_t(x.x), sc), fp8x2_scaled_bf16x2(uint16_t(x.x >> 16), sc),
-                        fp8x2_scaled_bf16x2(uint16_t(x.y), sc), fp8x2_scaled_bf16x2(uint16_t(x.y >> 16), sc));
-        hi = make_uint4(fp8x2_scaled_bf16x2(uint16_t(x.z), sc), fp8x2_scaled_bf16x2(uint16_t(x.z >> 16), sc),
-                        fp8x2_scaled_bf16x2(uint16_t(x.w), sc), fp8x2_scaled_bf16x2(uint16_t(x.w >> 16), sc));
-      } else if (k < 4 || row < valid) {
-        lo = make_uint4(fp8x2_to_bf16x2(uint16_t(x.x)), fp8x2_to_bf16x2(uint16_t(x.x >> 16)),
-                        fp8x2_to_bf16x2(uint16_t(x.y)), fp8x2_to_bf16x2(uint16_t(x.y >> 16)));
-        hi = make_uint4(fp8x2_to_bf16x2(uint16_t(x.z)), fp8x2_to_bf16x2(uint16_t(x.z >> 16)),
-                        fp8x2_to_bf16x2(uint16_t(x.w)), fp8x2_to_bf16x2(uint16_t(x.w >> 16)));
-      }
-      uint16_t* d = (k < 4 ? k16 : v16) + (dst + row) * kDim + c * 16;
-      reinterpret_cast<uint4*>(d)[0] = lo;
-      reinterpret_cast<uint4*>(d)[1] = hi;
-    }
-    if (mode == kStageFolded) continue;
-    if (tid < kBlock) ks[dst + tid] = a.k_scale[src + tid];
-    else if (mode == kStageExact) vs[dst + tid - kBlock] = tid - kBlock < valid ? a.v_scale[src + tid - kBlock] : 0.f;
+  const int64_t src = (int64_t(phys) * a.nkv + h) * kBlock, dst = (int64_t(slot) * a.nkv + h) * kBlock;
+  const int row = part * kStageRows + int(threadIdx.x >> 3), c = int(threadIdx.x & 7);
+  const bool v_in = row < valid;
+  // Both loads (and the scales) first: each thread has its 32 bytes in flight together.
+  const uint4 xk = ldg_stream(a.k8 + (src + row) * kDim + c * 16);
+  uint4 xv = make_uint4(0, 0, 0, 0);
+  if (v_in) xv = ldg_stream(a.v8 + (src + row) * kDim + c * 16);
+  const float sk = a.k_scale[src + row];
+  const float sv = v_in ? a.v_scale[src + row] : 0.f;
+  if (mode == kStageK8) {
+    *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(k16) + (dst + row) * kDim + c * 16) = xk;
+  } else {
+    // K rows past the length keep their (possibly NaN) products: S masks those keys by selection.
+    uint4 lo, hi;
+    fp8x16_to_bf16(xk, mode != kStageExact, sk, lo, hi);
+    uint4* d = reinterpret_cast<uint4*>(k16 + (dst + row) * kDim + c * 16);
+    d[0] = lo;
+    d[1] = hi;
   }
+  {
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+    if (v_in) fp8x16_to_bf16(xv, mode != kStageExact, sv, lo, hi);
+    uint4* d = reinterpret_cast<uint4*>(v16 + (dst + row) * kDim + c * 16);
+    d[0] = lo;
+    d[1] = hi;
+  }
+  if (mode != kStageFolded && c == 0) ks[dst + row] = sk;
+  if (mode == kStageExact && c == 1) vs[dst + row] = sv;
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -1177,23 +1215,33 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     a.k_scale = p.kv.k_scale;
     a.v_scale = p.kv.v_scale;
   }
+  // The tiles behind the staging by programmatic dependent launch (not on the legacy default
+  // stream, as everywhere here): they become resident as the conversion's CTAs leave the SMs and
+  // run their prologue (barriers, the tile's bounds, sparse: its selections and their union)
+  // until griddepcontrol.wait, before the first read of the copy's table.
+  const bool tiles_pdl = staged && tu.prefill_fp8_stage_pdl == 1 && stream != nullptr;
   if (staged) {
     uint8_t* ws = static_cast<uint8_t*>(workspace(stream, stage.bytes));
     int32_t* table = reinterpret_cast<int32_t*>(ws + stage.table);
     int32_t* counter = reinterpret_cast<int32_t*>(ws + stage.counter);
-    cuda_check(cudaMemsetAsync(table, 0xFF, size_t(stage.entries) * 4, stream), "prefill fp8 stage table");
-    cuda_check(cudaMemsetAsync(counter, 0, 4, stream), "prefill fp8 stage counter");
+    // Dense: the conversion kernel writes the whole table (slot = entry), one launch in all.
+    // Sparse: one memset (the table and the counter to -1: they are adjacent), the mark kernel,
+    // the conversion.
     if (p.topk_idx) {
+      cuda_check(cudaMemsetAsync(ws + stage.table, 0xFF, stage.counter + 4, stream), "prefill fp8 stage table");
       const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
       const dim3 g(unsigned(p.batch.num_seqs), unsigned((qmax + 255) / 256));
-      stage_mark_kernel<<<g, 256, 0, stream>>>(a, table);
+      stage_mark_kernel<<<g, 256, 0, stream>>>(a, table, counter, stage.cap == stage.entries);
       SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
     }
-    stage_convert_kernel<<<unsigned(stage.entries), 256, 0, stream>>>(
-        a, table, counter, reinterpret_cast<uint16_t*>(ws + stage.k), reinterpret_cast<uint16_t*>(ws + stage.v),
+    const dim3 cg(unsigned(stage.entries * kStageParts), unsigned(p.num_kv_heads));
+    stage_convert_kernel<<<cg, kStageThreads, 0, stream>>>(
+        a, table, reinterpret_cast<uint16_t*>(ws + stage.k), reinterpret_cast<uint16_t*>(ws + stage.v),
         reinterpret_cast<float*>(ws + stage.ks), reinterpret_cast<float*>(ws + stage.vs), p.topk_idx != nullptr,
         qk ? kStageK8 : fold ? kStageFolded : kStageExact);
     SIEVE_LAUNCH_CHECK("prefill fp8 stage convert launch");
+    // The staging's own time (bench only): the tiles are not run and the output is not written.
+    if (tu.prefill_fp8_stage_only == 1) return true;
     a.block_tables = table;
     a.k_scale = reinterpret_cast<const float*>(ws + stage.ks);
     a.v_scale = reinterpret_cast<const float*>(ws + stage.vs);
@@ -1213,7 +1261,8 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     constexpr size_t smem = PfGeo<kFp8 || kScl == kScalesStaged, G == 16 ? 1 : 2, kScl == kQkFp8>::kSmemBytes;
     const dim3 grid(unsigned((p.batch.num_tokens + kTile - 1) / kTile + p.batch.num_seqs), unsigned(p.num_kv_heads));
     set_smem(prefill_attention_kernel<G, kFp8, kSolo, kScl, kPipe>, smem);
-    prefill_attention_kernel<G, kFp8, kSolo, kScl, kPipe><<<grid, kThreads, smem, stream>>>(a, tk, tv);
+    launch_pdl(tiles_pdl, prefill_attention_kernel<G, kFp8, kSolo, kScl, kPipe>, grid, dim3(kThreads), smem, stream,
+               "prefill attention launch", a, tk, tv);
   };
   // Solo blocks: bf16 (or a folded fp8 copy) and sparse only (in a dense tile a block has one
   // token of a warpgroup only at the warpgroup's last token's block edge), 16 heads a token only.

@@ -134,6 +134,13 @@ struct AttentionTuning {
   // its k scales, Q quantized per (token, head) row to e4m3 with an amax / 448 scale; V folded
   // into the copy as with prefill_fp8_stage_fold). Q loses mantissa bits (3 against bf16's 7).
   int prefill_fp8_qk = 0;
+  // Staged fp8: 1 (the default) launches the tiles with programmatic dependent launch behind the
+  // conversion kernel (their prologue overlaps its tail; not on the legacy default stream); 0 a
+  // plain launch. The same results.
+  int prefill_fp8_stage_pdl = 1;
+  // Staged fp8, an experiment: 1 runs the staging alone (the memset, mark and conversion kernels)
+  // and skips the tiles, so the output is not written (the benchmark's "fp8 staging alone" rows).
+  int prefill_fp8_stage_only = 0;
   // Prefill tiles with a 3-stage TMA ring (bf16 caches, staged fp8 copies with scales from global
   // memory, folded or with fp8 S): a warpgroup's MMAs overlap its own softmax (the same results
   // bit for bit). 1: S of the next block issued once P is packed, P V running into the next
