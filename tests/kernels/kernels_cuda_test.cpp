@@ -354,6 +354,8 @@ struct AttnCase {
   double max_abs = 2.5e-2, max_rel = 2e-2;
   // When set: receives the relative l2 error over the whole output.
   double* total_rel = nullptr;
+  // The GPU call's stream (a cudaStream_t; null: the legacy default stream).
+  void* stream = nullptr;
 };
 
 // The folded staged copy (AttentionTuning::prefill_fp8_stage_fold, the fp8 prefill default) rounds
@@ -458,7 +460,8 @@ void check_attention_once(const AttnCase& c, uint64_t seed, std::vector<uint8_t>
   g.kv.v_scale = c.kv == DType::FP8_E4M3 ? d_vs.as<float>() : nullptr;
   g.batch = db.view;
   g.topk_idx = c.sparse ? d_topk.as<int32_t>() : nullptr;
-  ops::attention(g, kStream);
+  if (c.stream) device_synchronize(kGpu);  // the uploads and the poison, on the default stream
+  ops::attention(g, ops::Stream{kGpu, c.stream});
   device_synchronize(kGpu);
   copy_to_host(kGpu, gout.data(), d_out.p(), gout.bytes.size());
   if (gpu_bytes) *gpu_bytes = gout.bytes;
@@ -816,6 +819,55 @@ TEST(CudaAttentionPrefill, Fp8StagedMatchesInTile) {
           }
           ++seed;
         }
+}
+
+// The tiles launched behind the staging's conversion kernel with programmatic dependent launch
+// (AttentionTuning::prefill_fp8_stage_pdl, the default; on a stream of its own, as the model's
+// and the benchmark's calls: never on the legacy default stream) give the plain launch's bytes,
+// and both match the CPU: their prologue runs early, but the copy and its table are read only
+// after griddepcontrol.wait. The calls follow each other with other shapes, so the workspace
+// holds another call's copy and table, which a read before the wait would take. The exact, the
+// folded and the fp8 S copies; sparse and dense; one and two kv heads; ragged last blocks,
+// chunks after prefixes, several requests, decode rows.
+TEST(CudaAttentionPrefill, Fp8StagedPdlMatchesPlainLaunch) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t cs = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), cudaSuccess);
+  uint64_t seed = 9700;
+  // The last set's few tokens select fewer blocks than the table has entries: sparse slots come
+  // from the counter (the others' are their entries).
+  const std::vector<std::vector<SeqSpec>> sets = {{{0, 700}, {20000, 40}, {127, 130}, {0, 1}},
+                                                  {{2047, 2}, {0, 128}, {9000, 9}},
+                                                  {{9000, 1}, {20000, 2}, {300, 1}, {5000, 3}}};
+  for (int mode : {0, 1, 2})  // exact copy, folded copy, fp8 S
+    for (const auto& specs : sets)
+      for (bool sparse : {true, false})
+        for (int nkv : {1, 2}) {
+          AttnCase c;
+          c.specs = specs;
+          c.nq = (nkv == 1 ? 16 : 8) * nkv, c.nkv = nkv;
+          c.kv = DType::FP8_E4M3;
+          c.sparse = sparse;
+          c.out = nkv == 1 ? DType::F32 : DType::BF16;
+          c.cpu_q_fp8 = mode == 2;
+          c.stream = cs;
+          std::vector<uint8_t> ref, got;
+          for (int pdl : {0, 1}) {
+            cuda::Tuning t;
+            t.attention.prefill_tiles = 1;
+            t.attention.prefill_fp8_stage = 2;
+            t.attention.prefill_fp8_stage_fold = mode == 1 ? 1 : 0;
+            t.attention.prefill_fp8_qk = mode == 2 ? 1 : 0;
+            t.attention.prefill_fp8_stage_pdl = pdl;
+            cuda::TuningScope scope(t);
+            SCOPED_TRACE("mode " + std::to_string(mode) + " pdl " + std::to_string(pdl));
+            check_attention_once(c, seed, pdl ? &got : &ref);
+          }
+          ASSERT_EQ(got.size(), ref.size());
+          EXPECT_TRUE(got == ref) << "the PDL launch's output differs from the plain launch's";
+          ++seed;
+        }
+  EXPECT_EQ(cudaStreamDestroy(cs), cudaSuccess);
 }
 
 // A few small prefill batches through the tiles (the compute-sanitizer runs use these):
