@@ -494,39 +494,82 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       };
       // fp8: the row again with the blocks staged as an exact bf16 copy whose scales the tiles apply
       // (AttentionTuning::prefill_fp8_stage, prefill_fp8_stage_fold 0), staged with the scales
-      // folded into the copy (prefill_fp8_stage_fold 1), staged with S on fp8 tensor cores
-      // (prefill_fp8_qk), those two with the pipelined tiles (prefill_pipeline = 1) and with the
-      // tiles converting them, in one run (the row above times the default).
+      // folded into the copy (prefill_fp8_stage_fold 1), that with the tiles launched plainly
+      // (prefill_fp8_stage_pdl 0), staged with S on fp8 tensor cores (prefill_fp8_qk), those two
+      // with the pipelined tiles (prefill_pipeline = 1) and with the tiles converting them, in one
+      // run (the row above times the default). At 8192 new tokens without a prefix, also the
+      // staging alone (prefill_fp8_stage_only: the memset, mark and conversion kernels of the
+      // default folded copy, no tiles) against the bytes it must move: the staged blocks' fp8 K
+      // and V and their scales read, their bf16 K and V written.
       auto stage_pair = [&](Row r, bool sparse) {
         if (!fp8) return;
         r.target_us = 0, r.target_note = "";
         const std::string mode = r.mode;
         // The fields each row sets (-1: as tuned): prefill_fp8_stage, _fold, prefill_fp8_qk,
-        // prefill_pipeline.
+        // prefill_pipeline, prefill_fp8_stage_pdl.
         struct Variant {
           const char* suffix;
-          int stage, fold, qk, pipeline;
+          int stage, fold, qk, pipeline, pdl;
         };
-        static const Variant variants[] = {{", fp8 staged, exact", 2, 0, 0, -1},
-                                           {", fp8 staged, scales folded", 2, 1, 0, -1},
-                                           {", fp8 staged, fp8 S", 2, -1, 1, -1},
-                                           {", fp8 staged, scales folded, pipelined", 2, 1, 0, 1},
-                                           {", fp8 staged, fp8 S, pipelined", 2, -1, 1, 1},
-                                           {", fp8 converted in the tiles", 0, -1, -1, -1}};
+        static const Variant variants[] = {{", fp8 staged, exact", 2, 0, 0, -1, -1},
+                                           {", fp8 staged, scales folded", 2, 1, 0, -1, -1},
+                                           {", fp8 staged, scales folded, no PDL", 2, 1, 0, -1, 0},
+                                           {", fp8 staged, fp8 S", 2, -1, 1, -1, -1},
+                                           {", fp8 staged, scales folded, pipelined", 2, 1, 0, 1, -1},
+                                           {", fp8 staged, fp8 S, pipelined", 2, -1, 1, 1, -1},
+                                           {", fp8 converted in the tiles", 0, -1, -1, -1, -1}};
+        auto set = [](int& field, int value) {
+          if (value >= 0) field = value;
+        };
         for (const Variant& v : variants) {
           r.mode = mode + v.suffix;
-          TuningEdit e([&v](cuda::Tuning& t) {
-            auto set = [](int& field, int value) {
-              if (value >= 0) field = value;
-            };
+          TuningEdit e([&v, &set](cuda::Tuning& t) {
             set(t.attention.prefill_fp8_stage, v.stage);
             set(t.attention.prefill_fp8_stage_fold, v.fold);
             set(t.attention.prefill_fp8_qk, v.qk);
             set(t.attention.prefill_pipeline, v.pipeline);
+            set(t.attention.prefill_fp8_stage_pdl, v.pdl);
           });
           r.us = time_it(iters, sets, attn_fn(sparse), false, st);
           emit(r, c);
         }
+        if (ps.cached != 0 || ps.n != 8192) return;
+        // The blocks the staging converts (the first set's; the others' selections are alike):
+        // dense every block up to each request's length, sparse those some token selects (0 <=
+        // block <= its own).
+        int64_t staged = c.blocks_per_set;
+        if (sparse) {
+          std::vector<int32_t> sel(size_t(c.T) * 16);
+          cuda_check(cudaMemcpy(sel.data(), c.sets[0].topk->p, sel.size() * 4, cudaMemcpyDeviceToHost),
+                     "bench selections back");
+          staged = 0;
+          int64_t t0 = 0;
+          for (size_t s = 0; s < c.shape.qlen.size(); ++s) {
+            std::vector<char> hit(size_t(c.mbps), 0);
+            for (int i = 0; i < c.shape.qlen[s]; ++i) {
+              const int own = (c.shape.cached[s] + i) / 128;
+              for (int k = 0; k < 16; ++k) {
+                const int b = sel[size_t(t0 + i) * 16 + size_t(k)];
+                if (b >= 0 && b <= own) hit[size_t(b)] = 1;
+              }
+            }
+            for (char h : hit) staged += h;
+            t0 += c.shape.qlen[s];
+          }
+        }
+        // A block of one kv head: 2 x 16 KB fp8 and 2 x 512 B of scales read, 2 x 32 KB written.
+        const double bytes = double(staged) * (2 * 16384 + 2 * 512 + 2 * 32768);
+        Row o{r.kernel, r.shape, r.dtype, mode + ", fp8 staging alone", 0, bytes / bw * 1e6, "bytes"};
+        {
+          TuningEdit e([](cuda::Tuning& t) {
+            t.attention.prefill_fp8_stage = 2;
+            t.attention.prefill_fp8_stage_fold = 1;
+            t.attention.prefill_fp8_qk = 0;
+            t.attention.prefill_fp8_stage_only = 1;
+          });
+          o.us = time_it(iters, sets, attn_fn(sparse), false, st);
+        }
+        emit(o, c);
       };
       if (row_wanted(opt, a.kernel)) {
         a.us = time_it(iters, sets, attn_fn(true), false, st);
