@@ -46,7 +46,11 @@ TEST(CudaTuning, FieldsParseAndScopesRestore) {
   cuda::set_tuning_field(t, "indexer.persistent_long_unit", "-1");
   cuda::set_tuning_field(t, "indexer.persistent_claim_poll", "1");
   cuda::set_tuning_field(t, "attention.prefill_pipeline", "1");
+  cuda::set_tuning_field(t, "attention.prefill_fp8_stage_pdl", "0");
+  cuda::set_tuning_field(t, "attention.prefill_fp8_stage_only", "1");
   EXPECT_EQ(t.indexer.persistent_unit, 4);
+  EXPECT_EQ(t.attention.prefill_fp8_stage_pdl, 0);
+  EXPECT_EQ(t.attention.prefill_fp8_stage_only, 1);
   EXPECT_EQ(t.indexer.persistent_long_unit, -1);
   EXPECT_EQ(t.indexer.persistent_claim_poll, 1);
   EXPECT_EQ(t.attention.prefill_pipeline, 1);
