@@ -498,8 +498,8 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       // (prefill_fp8_stage_pdl 0), staged with S on fp8 tensor cores (prefill_fp8_qk), those two
       // with the pipelined tiles (prefill_pipeline = 1) and with the tiles converting them, in one
       // run (the row above times the default). At 8192 new tokens without a prefix, also the
-      // staging alone (prefill_fp8_stage_only: the memset, mark and conversion kernels of the
-      // default folded copy, no tiles) against the bytes it must move: the staged blocks' fp8 K
+      // staging alone (prefill_fp8_stage_only: the mark and conversion kernels of the default
+      // folded copy, no tiles) against the bytes it must move: the staged blocks' fp8 K
       // and V and their scales read, their bf16 K and V written.
       auto stage_pair = [&](Row r, bool sparse) {
         if (!fp8) return;

@@ -36,9 +36,10 @@
 //    loads) before block i's math and stores it converted exactly to bf16 after it, into a ring
 //    of 2 stages that also holds the block's 128 k and 128 v scales (one CTA barrier a block).
 //  - Staged fp8 (AttentionTuning::prefill_fp8_stage; by default dense and sparse calls): before the
-//    tiles, a kernel converts every fp8 block the call reads (sparse: given a slot from topk_idx
-//    by a first kernel after one memset; dense: every block up to each request's length, the
-//    slot its table entry) exactly to bf16 into the workspace, with a block table of its own and
+//    tiles, a kernel converts every fp8 block the call reads (sparse: those marked from topk_idx
+//    by a first kernel; dense: every block up to each request's length; a block's slot is its
+//    table entry, or where the copy has fewer slots, taken from a counter by the mark kernel
+//    after a memset) exactly to bf16 into the workspace, with a block table of its own and
 //    its k and v scales beside it (v scales past the request's length zero), one CTA a (request,
 //    block, 16 rows, kv head); the tiles follow it by programmatic dependent launch
 //    (prefill_fp8_stage_pdl) and wait (griddepcontrol.wait) before they read the copy's table.
@@ -984,12 +985,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 // scales: cap x kv heads x 128 f32][v scales: the same]. A slot's rows are laid out as a bf16
 // cache block's; the v scales past the request's length are zero (as the tile's own fp8 ring
 // makes them), so P V reads 0 there. Where cap == entries (every dense call; sparse calls whose
-// tokens x kv heads x topk reach the table's size) a block's slot is its table entry, so no
-// counter is needed and a dense call writes its table in the conversion kernel (no memset).
+// tokens x kv heads x topk reach the table's size) a block's slot is its table entry: no counter
+// and no memset, the conversion kernel writes the whole table (sparse: from the mark kernel's
+// bit sets, [request][chunk of 256 tokens][mbps bits], each written whole by its CTA). Otherwise
+// (sparse) one memset resets the table and the counter, and the mark kernel writes the slots.
 struct StageLayout {
-  size_t table = 0, counter = 0, k = 0, v = 0, ks = 0, vs = 0, bytes = 0;
+  size_t table = 0, counter = 0, bits = 0, k = 0, v = 0, ks = 0, vs = 0, bytes = 0;
   int64_t entries = 0;  // the table's: requests x max blocks a request
   int64_t cap = 0;      // slots
+  int chunks = 0, words = 0;  // the bit sets: chunks of 256 tokens a request, 32-bit words a chunk
+  bool direct() const { return cap == entries; }
 };
 
 StageLayout stage_layout(const ops::AttentionParams& p) {
@@ -1001,7 +1006,15 @@ StageLayout stage_layout(const ops::AttentionParams& p) {
   if (p.topk_idx) l.cap = std::min<int64_t>(l.cap, p.batch.num_tokens * p.num_kv_heads * p.topk);
   const size_t rows = size_t(l.cap) * size_t(p.num_kv_heads) * kBlock;
   l.counter = up(size_t(l.entries) * 4);
-  l.k = up(l.counter + 4);
+  l.bits = up(l.counter + 4);
+  size_t bits = 0;
+  if (p.topk_idx && l.direct()) {
+    const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
+    l.chunks = int((qmax + 255) / 256);
+    l.words = (p.batch.max_blocks_per_seq + 31) / 32;
+    bits = size_t(p.batch.num_seqs) * size_t(l.chunks) * size_t(l.words) * 4;
+  }
+  l.k = up(l.bits + bits);
   l.v = l.k + rows * kDim * 2;
   l.ks = l.v + rows * kDim * 2;
   l.vs = l.ks + rows * 4;
@@ -1009,14 +1022,13 @@ StageLayout stage_layout(const ops::AttentionParams& p) {
   return l;
 }
 
-// Sparse: gives each block the call's tokens select (those the tiles keep: 0 <= block <= the
-// token's own block) its slot in the table, which the host reset to -1 (and the counter to -1,
-// one memset). `direct` (cap == entries): the slot is the entry itself (an idempotent store);
-// otherwise the first thread to claim the entry (-1 -> -2) takes the next slot from the counter
-// and writes it (the conversion kernel, launched after this one, reads only slots). The L2 load
-// before the claim keeps the atomics to about one an entry. Grid: x = request, y = chunks of 256
-// tokens.
-__global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* table, int32_t* counter, bool direct) {
+// Sparse, slots from the counter (cap < entries): gives each block the call's tokens select
+// (those the tiles keep: 0 <= block <= the token's own block) its slot in the table, which the
+// host reset to -1 (and the counter to -1, one memset): the first thread to claim the entry (-1
+// -> -2) takes the next slot from the counter and writes it (the conversion kernel, launched
+// after this one, reads only slots). The L2 load before the claim keeps the atomics to about one
+// an entry. Grid: x = request, y = chunks of 256 tokens.
+__global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* table, int32_t* counter) {
   const int seq = blockIdx.x;
   const int q0 = a.qsl[seq], qlen = a.qsl[seq + 1] - q0;
   const int i = int(blockIdx.y) * 256 + int(threadIdx.x);
@@ -1026,11 +1038,33 @@ __global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* tabl
   for (int k = 0; k < a.nkv * a.topk; ++k) {
     const int b = sel[k];
     if (b < 0 || b > own) continue;
-    const int64_t e = int64_t(seq) * a.mbps + b;
-    int32_t* t = table + e;
-    if (direct) *t = int32_t(e);
-    else if (__ldcg(t) == -1 && atomicCAS(t, -1, -2) == -1) *t = atomicAdd(counter, 1) + 1;
+    int32_t* t = table + int64_t(seq) * a.mbps + b;
+    if (__ldcg(t) == -1 && atomicCAS(t, -1, -2) == -1) *t = atomicAdd(counter, 1) + 1;
   }
+}
+
+// Sparse, slot = entry (cap == entries): the blocks a chunk of 256 tokens selects (0 <= block <=
+// the token's own block), as a bit set over the request's blocks built in shared memory and
+// written whole (zeros too: no reset needed) to bits[request][chunk]. Grid: x = request, y =
+// chunk; dynamic shared memory: words x 4 bytes.
+__global__ void __launch_bounds__(256) stage_mark_bits_kernel(PfArgs a, uint32_t* bits, int words) {
+  extern __shared__ uint32_t set[];
+  const int seq = blockIdx.x;
+  const int q0 = a.qsl[seq], qlen = a.qsl[seq + 1] - q0;
+  const int i = int(blockIdx.y) * 256 + int(threadIdx.x);
+  for (int w = threadIdx.x; w < words; w += 256) set[w] = 0;
+  __syncthreads();
+  if (i < qlen) {
+    const int own = (a.seq_lens[seq] - qlen + i) / kBlock;
+    const int32_t* sel = a.topk_idx + (int64_t(q0) + i) * a.nkv * a.topk;
+    for (int k = 0; k < a.nkv * a.topk; ++k) {
+      const int b = sel[k];
+      if (b >= 0 && b <= own) atomicOr(&set[b >> 5], 1u << (b & 31));
+    }
+  }
+  __syncthreads();
+  uint32_t* out = bits + (int64_t(seq) * gridDim.y + blockIdx.y) * words;
+  for (int w = threadIdx.x; w < words; w += 256) out[w] = set[w];
 }
 
 // Two packed e4m3 times a scale, rounded to bf16x2: the fp32 product is the CPU reference's K or
@@ -1069,29 +1103,45 @@ constexpr int kStageThreads = 128;
 constexpr int kStageRows = kStageThreads / 8;  // 8 threads a row: 16 bytes of fp8 each
 constexpr int kStageParts = kBlock / kStageRows;
 
+// Which blocks the conversion kernel converts, and where their slots come from.
+enum StageSelect : int {
+  kStageDense = 0,     // every block up to the request's length; slot = entry, table written here
+  kStageBits = 1,      // sparse: blocks in the mark kernel's bit sets; slot = entry, table written here
+  kStageCounter = 2,   // sparse: the slots the mark kernel wrote into the table
+};
+
 // One (request, block, kv head, kStageRows rows) a CTA (grid x = entry * kStageParts + part, y =
-// kv head): if the call reads the block (dense: every block up to the request's length, slot =
-// the entry, the table written here: -1 past the length; sparse: a slot in the table from the
-// mark kernel), converts its rows of K and V (kStageExact: e4m3 -> bf16 exactly, and copies their
+// kv head): if the call reads the block (StageSelect; where the slot is the entry, the (part 0,
+// head 0) CTA writes the table: the entry, or -1 for a block not read), converts its rows of K and V (kStageExact: e4m3 -> bf16 exactly, and copies their
 // scales, v scales past the length 0; kStageFolded: each row times its scale, rounded to bf16;
 // kStageK8: K's bytes and k scales as they are, V folded). V rows past the request's length are
 // zeros in every mode. The tiles may be launched behind it with programmatic dependent launch:
 // it lets them become resident at once (their griddepcontrol.wait holds them until this grid has
 // completed and its stores are visible).
 __global__ void __launch_bounds__(kStageThreads)
-    stage_convert_kernel(PfArgs a, int32_t* table, uint16_t* k16, uint16_t* v16, float* ks, float* vs, bool sparse,
-                         int mode) {
+    stage_convert_kernel(PfArgs a, int32_t* table, const uint32_t* bits, int chunks, int words, uint16_t* k16,
+                         uint16_t* v16, float* ks, float* vs, int select, int mode) {
   pdl_trigger();
   const int64_t e = blockIdx.x / kStageParts;
   const int part = int(blockIdx.x % kStageParts), h = int(blockIdx.y);
   const int seq = int(e / a.mbps), b = int(e % a.mbps);
   const int seq_len = a.seq_lens[seq];
   const int last = (seq_len - 1) / kBlock;
-  const bool in = seq_len > 0 && b <= last;
-  if (!sparse && part == 0 && h == 0 && threadIdx.x == 0) table[e] = in ? int32_t(e) : -1;
+  bool in = seq_len > 0 && b <= last;
+  if (select == kStageBits) {
+    // Any of the request's chunks selected the block (the bit sets of chunks past the request's
+    // tokens are zeros). Uniform per CTA: every thread reaches the barrier.
+    bool hit = false;
+    if (in)
+      for (int y = threadIdx.x; y < chunks; y += kStageThreads)
+        hit |= (bits[(int64_t(seq) * chunks + y) * words + (b >> 5)] >> (b & 31)) & 1u;
+    in = __syncthreads_or(hit) != 0;
+  }
+  if (select != kStageCounter && part == 0 && h == 0 && threadIdx.x == 0) table[e] = in ? int32_t(e) : -1;
   if (!in) return;
-  // Sparse: the table holds slots only (the mark kernel has completed), so every thread reads it.
-  const int slot = sparse ? table[e] : int(e);
+  // kStageCounter: the table holds slots only (the mark kernel has completed), so every thread
+  // reads it.
+  const int slot = select == kStageCounter ? table[e] : int(e);
   if (slot < 0) return;
   const int valid = b == last ? seq_len - last * kBlock : kBlock;
   const int phys = a.block_tables[e];
@@ -1225,20 +1275,29 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
     int32_t* table = reinterpret_cast<int32_t*>(ws + stage.table);
     int32_t* counter = reinterpret_cast<int32_t*>(ws + stage.counter);
     // Dense: the conversion kernel writes the whole table (slot = entry), one launch in all.
-    // Sparse: one memset (the table and the counter to -1: they are adjacent), the mark kernel,
-    // the conversion.
-    if (p.topk_idx) {
+    // Sparse with slot = entry: the mark kernel's bit sets, then the conversion (which writes
+    // the table). Sparse with the counter: one memset (the table and the counter to -1: they are
+    // adjacent), the mark kernel (slots into the table), the conversion.
+    uint32_t* bits = reinterpret_cast<uint32_t*>(ws + stage.bits);
+    const int select = !p.topk_idx ? kStageDense : stage.direct() ? kStageBits : kStageCounter;
+    if (select == kStageBits) {
+      const dim3 g(unsigned(p.batch.num_seqs), unsigned(stage.chunks));
+      const size_t smem = size_t(stage.words) * 4;
+      if (smem > 48 * 1024) set_smem(stage_mark_bits_kernel, smem);
+      stage_mark_bits_kernel<<<g, 256, smem, stream>>>(a, bits, stage.words);
+      SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
+    } else if (select == kStageCounter) {
       cuda_check(cudaMemsetAsync(ws + stage.table, 0xFF, stage.counter + 4, stream), "prefill fp8 stage table");
       const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
       const dim3 g(unsigned(p.batch.num_seqs), unsigned((qmax + 255) / 256));
-      stage_mark_kernel<<<g, 256, 0, stream>>>(a, table, counter, stage.cap == stage.entries);
+      stage_mark_kernel<<<g, 256, 0, stream>>>(a, table, counter);
       SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
     }
     const dim3 cg(unsigned(stage.entries * kStageParts), unsigned(p.num_kv_heads));
     stage_convert_kernel<<<cg, kStageThreads, 0, stream>>>(
-        a, table, reinterpret_cast<uint16_t*>(ws + stage.k), reinterpret_cast<uint16_t*>(ws + stage.v),
-        reinterpret_cast<float*>(ws + stage.ks), reinterpret_cast<float*>(ws + stage.vs), p.topk_idx != nullptr,
-        qk ? kStageK8 : fold ? kStageFolded : kStageExact);
+        a, table, bits, stage.chunks, stage.words, reinterpret_cast<uint16_t*>(ws + stage.k),
+        reinterpret_cast<uint16_t*>(ws + stage.v), reinterpret_cast<float*>(ws + stage.ks),
+        reinterpret_cast<float*>(ws + stage.vs), select, qk ? kStageK8 : fold ? kStageFolded : kStageExact);
     SIEVE_LAUNCH_CHECK("prefill fp8 stage convert launch");
     // The staging's own time (bench only): the tiles are not run and the output is not written.
     if (tu.prefill_fp8_stage_only == 1) return true;

@@ -138,8 +138,9 @@ struct AttentionTuning {
   // conversion kernel (their prologue overlaps its tail; not on the legacy default stream); 0 a
   // plain launch. The same results.
   int prefill_fp8_stage_pdl = 1;
-  // Staged fp8, an experiment: 1 runs the staging alone (the memset, mark and conversion kernels)
-  // and skips the tiles, so the output is not written (the benchmark's "fp8 staging alone" rows).
+  // Staged fp8, an experiment: 1 runs the staging alone (those of the memset, mark and conversion
+  // kernels the call needs) and skips the tiles, so the output is not written (the benchmark's
+  // "fp8 staging alone" rows).
   int prefill_fp8_stage_only = 0;
   // Prefill tiles with a 3-stage TMA ring (bf16 caches, staged fp8 copies with scales from global
   // memory, folded or with fp8 S): a warpgroup's MMAs overlap its own softmax (the same results
