@@ -489,10 +489,10 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     bt_first = __ldg(a.block_tables + int64_t(s) * a.mbps + e_begin + lane);
   // Handoff (topk_ready, sparse only): the row's ready flag instead of the indexer's grid; rows
   // of tokens outside the batch have no flag (they only wait at their exit below).
-  const int64_t row_id = int64_t(t) * a.nkv + kvh;
   if (a.topk_ready) {
     if (t >= q_begin && t < q_end) {
-      wait_topk_ready(a.topk_ready + row_id, row_id);
+      const int64_t row = int64_t(t) * a.nkv + kvh;
+      wait_topk_ready(a.topk_ready + row, row);
       // Q and the new K/V come by bulk copies (the async proxy) after this generic acquire.
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
     }
@@ -628,7 +628,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     produce<kFp8, kGroups>(a, smem, full, empty, blk_ring, sel, s, s_guess, kvh, e_begin, e_end, n_blk, n_old, bt_first,
                            b_first, lane, tr);
     // Handoff: every thread of this CTA passed its poll (the CTA barrier above).
-    if (a.topk_ready && lane == 0) topk_ready_done(a, row_id);
+    if (a.topk_ready && lane == 0) topk_ready_done(a, int64_t(t) * a.nkv + kvh);
   } else {
     consume<kFp8, kGroups>(a, smem, full, empty, blk_ring, qa, pos, warp, lane, g, q, o, m0, m1, l0, l1, kc0, kc1, tr);
   }
@@ -710,6 +710,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   else __syncthreads();
   if (C == 1 && threadIdx.x == 0) SIEVE_TRACE(6);
   const int grp = split / C;
+  const int64_t row_id = int64_t(t) * a.nkv + kvh;
   // This CTA's outputs: rows rank, rank + C, ...; as many dims a thread as it takes for one pass.
   // Clusters of 2 with 4 dims a thread (batch 32 on the H200, 16 q heads) get their own
   // instantiation: with C at run time the merge computed the addresses of 8 ranks' arrays and
