@@ -395,7 +395,7 @@ struct AttentionParams {
   // right after the indexer on the stream: sparse decode attention then waits for each row's
   // flag instead of the indexer's whole grid, and returns every flag to zero. Its outputs (out,
   // its private merge records) may then be written while the indexer still runs: the indexer
-  // never reads them. Flags nobody sets would be waited on until the kernel traps (~1 s).
+  // never reads them. Flags nobody sets would be waited on until the kernel traps (~10 s).
   const int32_t* topk_ready = nullptr;
 };
 

@@ -396,9 +396,15 @@ TEST(ModelCuda, TopkHandoffMatchesWithout) {
   for (const bool eager : {true, false}) {
     SCOPED_TRACE(eager ? "eager" : "graphs");
     const int steps = 10;
-    auto off_model = model::Model::load(model_dir(), lo);
-    engine::Runner off(*off_model, {.enforce_eager = eager});
-    BatchRun a = run_batch(off, prompts, steps, nullptr);
+    BatchRun a;
+    {
+      cuda::Tuning t = cuda::tuning();
+      t.attention.topk_handoff = 0;
+      cuda::TuningScope scope(t);
+      auto off_model = model::Model::load(model_dir(), lo);
+      engine::Runner off(*off_model, {.enforce_eager = eager});
+      a = run_batch(off, prompts, steps, nullptr);
+    }
     BatchRun b;
     {
       cuda::Tuning t = cuda::tuning();

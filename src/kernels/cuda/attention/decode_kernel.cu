@@ -111,7 +111,7 @@ __device__ __forceinline__ SlotUse slot_of(int vi, int half, int stages) {
 //  - Every thread still executes griddepcontrol.wait before it exits, so this grid never
 //    completes before the indexer's (completion stays transitive along the stream). Its output
 //    rows and merge records may be written before that: the indexer never reads them.
-//  - A flag nobody sets would hang the grid: after ~1 s of polls the kernel prints the row and
+//  - A flag nobody sets would hang the grid: after ~10 s of polls the kernel prints the row and
 //    traps instead.
 __device__ __noinline__ void topk_ready_timeout(int64_t row) {
   printf("sieve attention: top-k ready flag of row %lld never set (topk_handoff)\n",
@@ -127,7 +127,7 @@ __device__ __forceinline__ void wait_topk_ready(const int32_t* flag, int64_t row
     __nanosleep(100);
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
     if (v) return;
-    if (global_ns() - t0 > 1000000000ull) topk_ready_timeout(row);
+    if (global_ns() - t0 > 10000000000ull) topk_ready_timeout(row);
   }
 }
 // One CTA of the row is past its poll: the row's last returns the flag and the count to zero.
