@@ -93,8 +93,6 @@ void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s) {
 }
 void attention(const AttentionParams& p, const Stream& s) { SIEVE_DISPATCH(attention, p, s); }
 void indexer(const IndexerParams& p, const Stream& s) {
-  if (p.topk_ready_published)
-    *p.topk_ready_published = false;  // set by a CUDA kernel that publishes
   SIEVE_DISPATCH(indexer, p, s);
   if (!s.device.is_cpu()) return;  // the tap sees CPU selections only: no lock on the GPU path
   std::shared_ptr<const IndexerTap> tap;

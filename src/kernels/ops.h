@@ -388,15 +388,6 @@ struct AttentionParams {
   BatchView batch;
   const int32_t* topk_idx = nullptr;  // [num_tokens, num_kv_heads, topk]
   int topk = 0;
-  // Top-k handoff (CUDA; null = none): the ready flags the indexer call that wrote topk_idx
-  // published (IndexerParams::topk_ready, flag of row (t, g) at t * num_kv_heads + g). Pass it
-  // only when that call reported it published them (IndexerParams::topk_ready_published), for
-  // the same topk_idx, with num_index_heads == num_kv_heads, and only to the attention call
-  // right after the indexer on the stream: sparse decode attention then waits for each row's
-  // flag instead of the indexer's whole grid, and returns every flag to zero. Its outputs (out,
-  // its private merge records) may then be written while the indexer still runs: the indexer
-  // never reads them. Flags nobody sets would be waited on until the kernel traps (~10 s).
-  const int32_t* topk_ready = nullptr;
 };
 
 // Lightning indexer: block scores and per-token top-k block selection.
@@ -420,16 +411,6 @@ struct IndexerParams {
   int32_t* topk_idx = nullptr;  // [num_tokens, num_index_heads, topk]
   // Optional: the block scores before selection (forced sentinels applied, -inf past n_blk).
   float* block_scores = nullptr;  // [num_tokens, num_index_heads, max_blocks_per_seq]
-  // Optional top-k handoff to the sparse attention right after (CUDA, AttentionTuning::topk_handoff
-  // on): zero-initialised flags [num_tokens * num_index_heads] (a buffer the caller owns and
-  // uses for nothing else). A kernel that publishes them sets row r's flag to 1 (release) once
-  // topk_idx row r is written; the attention given the same flags returns them to zero. Only the
-  // persistent decode kernel publishes (docs/kernels.md); *topk_ready_published (when set) tells
-  // whether this call's kernel did, from the shape-only plan (the same for every graph replay).
-  // When it did, the flags must go to that attention call (AttentionParams::topk_ready) and to
-  // nothing else before it; when it did not, they are untouched.
-  int32_t* topk_ready = nullptr;
-  bool* topk_ready_published = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

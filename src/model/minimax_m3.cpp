@@ -248,9 +248,6 @@ class MiniMaxM3 final : public Model {
       }
       ops::qkv_norm_rope_cache(rp, stream_);
 
-      // Top-k handoff (AttentionTuning::topk_handoff): a decode batch's sparse attention starts
-      // each row once the indexer has published it (ops.h), when the indexer's kernel says it did.
-      bool topk_published = false;
       if (full_index) {
         ops::IndexerParams ip;
         ip.index_q = sb.qkv.as<uint8_t>() + size_t(rp.index_q_offset) * esz;
@@ -265,10 +262,6 @@ class MiniMaxM3 final : public Model {
         ip.init_blocks = cfg_.sparse_init_block;
         ip.local_blocks = cfg_.sparse_local_block;
         ip.topk_idx = sb.topk.as<int32_t>();
-        if (L.sparse && batch.max_query_len == 1 && nidx == nkv && !cache_opts_.compare_index) {
-          ip.topk_ready = sb.topk_ready.as<int32_t>();
-          ip.topk_ready_published = &topk_published;
-        }
         ops::indexer(ip, stream_);
         have_topk = true;
         if (cache_opts_.compare_index) compare_selection(ip, step.positions);
@@ -293,7 +286,6 @@ class MiniMaxM3 final : public Model {
                       " shares the index top-k but no earlier sparse layer computed one");
         ap.topk_idx = sb.topk.as<int32_t>();
         ap.topk = K;
-        if (topk_published) ap.topk_ready = sb.topk_ready.as<int32_t>();
       }
       ops::attention(ap, stream_);
       linear(Act{sb.attn.data(), act_, nullptr, q_cols}, L.o_proj, sb.part.data(), part_, H, n, false);
@@ -526,7 +518,6 @@ class MiniMaxM3 final : public Model {
     Buffer qkv, attn, gate_up;     // activation dtype
     Buffer act, act_scale;         // SwiGLU output (activation dtype or FP8 + scales)
     Buffer topk, route_ids, route_w;
-    Buffer topk_ready;  // int32 [n, index heads]: the top-k handoff's flags (zero between calls)
     Buffer sel, sel_scale;         // normed logits rows
     Buffer logits;                 // fp32 [nl, vocab / tp]: this rank's columns, before the gather
   };
@@ -563,7 +554,6 @@ class MiniMaxM3 final : public Model {
     sized(sb.act, size_t(n * ffn) * a);
     sized(sb.act_scale, size_t(n * ops::fp8_groups(ffn)) * 4);
     sized(sb.topk, size_t(n * std::max(layout_.index_heads, 1) * K) * 4);
-    sized(sb.topk_ready, size_t(n * std::max(layout_.index_heads, 1)) * 4);
     sized(sb.route_ids, size_t(n * cfg_.num_experts_per_tok) * 4);
     sized(sb.route_w, size_t(n * cfg_.num_experts_per_tok) * 4);
     sized(sb.sel, size_t(nl * H) * a);

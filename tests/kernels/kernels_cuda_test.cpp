@@ -1775,15 +1775,9 @@ TEST(CudaIndexer, BitwiseMatchesV2) {
 // read a new token's key or value before the cache write had stored it would differ.
 // `batch` decode requests: 32 (the boundary lengths and random ones) or a few (at most 4: the
 // default PDL choice then launches the attention with PDL too).
-// `handoff`: the back-to-back runs (not the synchronised reference) pass the indexer's ready flags
-// to the sparse attention (AttentionTuning::topk_handoff; the persistent indexer publishes
-// them), the flags are all zero again after every call, and a CUDA graph of the step replayed
-// twice gives the reference too.
-void check_decode_step(DType cache_dtype, cuda::IndexerKernel kernel, uint64_t seed, int batch = 32,
-                       bool handoff = false) {
-  SCOPED_TRACE("cache " + name(cache_dtype) + " indexer kernel " + std::to_string(int(kernel)) +
-               " seed " + std::to_string(seed) + " batch " + std::to_string(batch) +
-               (handoff ? " topk handoff" : ""));
+void check_decode_step(DType cache_dtype, cuda::IndexerKernel kernel, uint64_t seed, int batch = 32) {
+  SCOPED_TRACE("cache " + name(cache_dtype) + " indexer kernel " + std::to_string(int(kernel)) + " seed " +
+               std::to_string(seed) + " batch " + std::to_string(batch));
   Rng rng(seed);
   const QkvLayout l = QkvLayout::make(16, 1, 128, 1, 128, 64, 8);
   const QkvWeights w = QkvWeights::make(l, 16384, rng);
@@ -1813,8 +1807,6 @@ void check_decode_step(DType cache_dtype, cuda::IndexerKernel kernel, uint64_t s
   DevBatch db(b);
   Dev d_topk(size_t(T) * K * 4), d_scores(size_t(T) * mbps * 4), d_sparse(size_t(T) * HD * 2),
       d_dense(size_t(T) * HD * 2);
-  Dev d_ready(size_t(T) * 4);  // one index head: a flag per token
-  copy_to_device(kGpu, d_ready.p(), std::vector<int32_t>(size_t(T), 0).data(), size_t(T) * 4);
   const bool fp8 = cache_dtype == DType::FP8_E4M3;
 
   auto qkv = make_qkv_params(l, w, d_rows.p(), DType::BF16, T, d_pos.as<int32_t>(), d_slots.as<int64_t>(), kv, &ic);
@@ -1859,67 +1851,7 @@ void check_decode_step(DType cache_dtype, cuda::IndexerKernel kernel, uint64_t s
   struct Out {
     std::vector<uint8_t> topk, scores, sparse, dense, ic, k;
   };
-  bool published = false;
-  // The step's kernels; with the handoff, the indexer's ready flags go to the sparse attention.
-  auto launch_step = [&](bool separated, bool with_handoff) {
-    auto step = [&] {
-      if (separated) {
-        EXPECT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-      }
-    };
-    ops::qkv_norm_rope_cache(qkv, stream);
-    step();
-    ops::IndexerParams hp = ip;
-    published = false;
-    if (with_handoff) {
-      hp.topk_ready = d_ready.as<int32_t>();
-      hp.topk_ready_published = &published;
-    }
-    // The kernel under test (the chunked one where it has no plan: what run_indexer does).
-    if (!cuda::run_indexer_kernel(hp, cs, kernel)) {
-      EXPECT_TRUE(cuda::run_indexer_kernel(hp, cs, cuda::IndexerKernel::kDecodeChunked));
-    }
-    step();
-    ops::AttentionParams sp = ap;
-    sp.out = d_sparse.p();
-    sp.topk_idx = d_topk.as<int32_t>();
-    sp.topk = K;
-    if (published) sp.topk_ready = d_ready.as<int32_t>();
-    ops::attention(sp, stream);
-    step();
-    ops::AttentionParams dp = ap;
-    dp.out = d_dense.p();
-    ops::attention(dp, stream);
-  };
-  auto reset_inputs = [&] {
-    copy_to_device(kGpu, d_rows.p(), rows.data(), rows.bytes.size());
-    copy_to_device(kGpu, d_k.p(), kv.k.data(), kv.k.bytes.size());
-    copy_to_device(kGpu, d_v.p(), kv.v.data(), kv.v.bytes.size());
-    if (fp8) {
-      copy_to_device(kGpu, d_ks.p(), kv.k_scale.data(), kv.k_scale.size() * 4);
-      copy_to_device(kGpu, d_vs.p(), kv.v_scale.data(), kv.v_scale.size() * 4);
-    }
-    copy_to_device(kGpu, d_ic.p(), ic.k.data(), ic.k.bytes.size());
-    d_topk.poison(0x55), d_scores.poison(0xff), d_sparse.poison(0xff), d_dense.poison(0xff);
-    device_synchronize(kGpu);
-  };
-  auto outputs = [&] {
-    return Out{d_topk.bytes(size_t(T) * K * 4),    d_scores.bytes(size_t(T) * mbps * 4),
-               d_sparse.bytes(size_t(T) * HD * 2), d_dense.bytes(size_t(T) * HD * 2),
-               d_ic.bytes(ic.k.bytes.size()),      d_k.bytes(kv.k.bytes.size())};
-  };
-  const std::vector<uint8_t> zero_flags(size_t(T) * 4, 0);
   auto run = [&](bool separated) {
-    if (handoff) {
-      reset_inputs();
-      launch_step(separated, !separated);
-      EXPECT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-      if (!separated && kernel == cuda::IndexerKernel::kDecodePersistent) {
-        EXPECT_TRUE(published);
-      }
-      EXPECT_EQ(d_ready.bytes(size_t(T) * 4), zero_flags) << "ready flags back to zero";
-      return outputs();
-    }
     copy_to_device(kGpu, d_rows.p(), rows.data(), rows.bytes.size());
     copy_to_device(kGpu, d_k.p(), kv.k.data(), kv.k.bytes.size());
     copy_to_device(kGpu, d_v.p(), kv.v.data(), kv.v.bytes.size());
@@ -1958,9 +1890,8 @@ void check_decode_step(DType cache_dtype, cuda::IndexerKernel kernel, uint64_t s
   // Every kernel with PDL (7), then the default choice (-1: the indexer, and attention for small
   // batches).
   for (const int mask : {7, -1}) {
-    cuda::Tuning t = cuda::tuning();
+    cuda::Tuning t;
     t.launch.pdl_mask = mask;
-    t.attention.topk_handoff = handoff ? 1 : 0;
     cuda::TuningScope scope(t);
     const Out ref = run(true);
     // The reference is not the stale cache: the cache write changed every new token's slot.
@@ -1975,32 +1906,6 @@ void check_decode_step(DType cache_dtype, cuda::IndexerKernel kernel, uint64_t s
       EXPECT_EQ(got.sparse, ref.sparse);
       EXPECT_EQ(got.dense, ref.dense);
     }
-    if (handoff) {
-      // A graph of the step (flags and counts return to zero in each replay: no memset).
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      launch_step(false, true);
-      ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      if (kernel == cuda::IndexerKernel::kDecodePersistent) {
-        EXPECT_TRUE(published);
-      }
-      for (int rep = 0; rep < 2; ++rep) {
-        SCOPED_TRACE("PDL mask " + std::to_string(mask) + ", graph replay " + std::to_string(rep));
-        reset_inputs();
-        ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-        EXPECT_EQ(d_ready.bytes(size_t(T) * 4), zero_flags) << "ready flags back to zero";
-        const Out got = outputs();
-        EXPECT_EQ(got.topk, ref.topk);
-        EXPECT_EQ(got.scores, ref.scores);
-        EXPECT_EQ(got.sparse, ref.sparse);
-        EXPECT_EQ(got.dense, ref.dense);
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-    }
   }
   cudaStreamDestroy(cs);
 }
@@ -2013,24 +1918,6 @@ TEST(CudaDecodeStep, BackToBackMatchesSynchronised) {
                         cuda::IndexerKernel::kDecodePersistent}) {
       check_decode_step(cd, kernel, seed++);
       check_decode_step(cd, kernel, seed++, 3);
-    }
-  }
-}
-
-// The same step with the top-k handoff (AttentionTuning::topk_handoff): the persistent indexer
-// publishes each row's ready flag and the sparse attention (PDL at every batch size) waits for
-// its row's flag instead of the indexer's grid; bitwise the synchronised kernels, back to back
-// and from a graph replayed twice, with the flags all zero after every call. Both finishes.
-TEST(CudaDecodeStep, TopkHandoffMatchesSynchronised) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 9800;
-  for (DType cd : {DType::BF16, DType::FP8_E4M3}) {
-    for (bool poll : {true, false}) {
-      cuda::Tuning t = cuda::tuning();
-      t.indexer.persistent_poll = poll;
-      cuda::TuningScope scope(t);
-      for (int batch : {32, 3, 1})
-        check_decode_step(cd, cuda::IndexerKernel::kDecodePersistent, seed++, batch, true);
     }
   }
 }

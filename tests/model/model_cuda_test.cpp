@@ -16,7 +16,6 @@
 #include "core/error.h"
 #include "golden_util.h"
 #include "io/tiny_model.h"
-#include "kernels/cuda/tuning.h"
 #include "kernels/memory.h"
 #include "model/weights.h"
 
@@ -375,53 +374,6 @@ TEST(ModelCuda, SideStreamMatchesOneStream) {
                             << " whose log-probs differ with the side stream";
     }
     if (!quant.empty()) fs::remove_all(dir);
-  }
-}
-
-// The top-k handoff (AttentionTuning::topk_handoff: each decode row's sparse attention starts
-// once the persistent indexer has published that row's top-k) changes no result: the same
-// log-probs bit for bit as without it, eager and from CUDA graphs (the flags return to zero in
-// every replay, or a later step would read a stale flag and differ).
-TEST(ModelCuda, TopkHandoffMatchesWithout) {
-  SKIP_WITHOUT_GPU();
-  nlohmann::json g = read_json(kGoldenDir + "/moby_dick.json");
-  const std::vector<int32_t> text = g["prompt_ids"].get<std::vector<int32_t>>();
-  ASSERT_GE(text.size(), 1300u);
-  std::vector<std::vector<int32_t>> prompts;
-  for (auto [at, n] :
-       std::vector<std::pair<int, int>>{{0, 37}, {40, 129}, {200, 300}, {100, 520}, {150, 1100}})
-    prompts.emplace_back(text.begin() + at, text.begin() + at + n);
-  model::LoadOptions lo;
-  lo.device = kCuda;
-  for (const bool eager : {true, false}) {
-    SCOPED_TRACE(eager ? "eager" : "graphs");
-    const int steps = 10;
-    BatchRun a;
-    {
-      cuda::Tuning t = cuda::tuning();
-      t.attention.topk_handoff = 0;
-      cuda::TuningScope scope(t);
-      auto off_model = model::Model::load(model_dir(), lo);
-      engine::Runner off(*off_model, {.enforce_eager = eager});
-      a = run_batch(off, prompts, steps, nullptr);
-    }
-    BatchRun b;
-    {
-      cuda::Tuning t = cuda::tuning();
-      t.attention.topk_handoff = 1;
-      cuda::TuningScope scope(t);
-      auto on_model = model::Model::load(model_dir(), lo);
-      engine::Runner on(*on_model, {.enforce_eager = eager});
-      b = run_batch(on, prompts, steps, &a.tokens);
-      if (!eager) {
-        EXPECT_GT(on.graph_stats().replayed, 0);
-      }
-    }
-    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-    size_t differ = 0;
-    for (size_t r = 0; r < a.logprobs.size(); ++r) differ += a.logprobs[r] != b.logprobs[r];
-    EXPECT_EQ(differ, 0u) << "rows of " << a.logprobs.size()
-                          << " whose log-probs differ with the top-k handoff";
   }
 }
 

@@ -368,18 +368,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
         cuda_check(cudaDeviceSynchronize(), "bench inputs");
       }
       if (row_wanted(opt, kFullDecodeStep)) {
-        // Top-k handoff (AttentionTuning::topk_handoff, on by default): as the model does, the
-        // indexer gets the ready flags (one zeroed buffer: each attention call returns them to
-        // zero) wherever the index heads are the kv heads, and attention gets them when the
-        // indexer's kernel published them.
-        DevPtr ready;
-        bool published = false;
-        const bool handoff = c.indexer(0).num_index_heads == c.attention(0, true).num_kv_heads;
-        if (handoff) {
-          const size_t flags = size_t(c.T) * size_t(c.indexer(0).num_index_heads);
-          ready = dev(flags * 4);
-          cuda_check(cudaMemset(ready->p, 0, flags * 4), "bench ready flags");
-        }
         auto full_step = [&](int s, cudaStream_t stream) {
           const ops::AttentionParams base = c.attention(s, true);
           ops::IndexerParams ip = c.indexer(s);
@@ -388,46 +376,16 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
           if (!cuda::run_qkv_norm_rope_cache(p, stream)) throw Error("bench: cache write unsupported");
           ip.index_q = static_cast<uint16_t*>(rows[size_t(s)]->p) + p.index_q_offset;
           ip.q_stride = kQkvStride;
-          published = false;
-          if (handoff) {
-            ip.topk_ready = ready->as<int32_t>();
-            ip.topk_ready_published = &published;
-          }
           if (!cuda::run_indexer(ip, stream)) throw Error("bench: indexer unsupported");
           ops::AttentionParams ap = base;
           ap.q = rows[size_t(s)]->p;
           ap.q_stride = kQkvStride;
-          if (published) ap.topk_ready = ready->as<int32_t>();
           if (!cuda::run_attention(ap, stream)) throw Error("bench: attention unsupported");
         };
         Row fr{kFullDecodeStep, shape, dt, "", 0,
                ifloor + afloor + qkv_bytes(c.T, fp8) / bw * 1e6, "bytes"};
         fr = emit_modes(fr, full_step);
         with_pdl(fr, full_step, {0, 2, 7});  // 2: the indexer only
-        // Without the handoff, at b32 ctx9216 (fp8, bf16), b1 and b128 ctx9216, b8 ctx131072
-        // (where the planner's indexer kernel does not publish, v2 / v3, the default step is
-        // that already: the mode says so).
-        const bool handoff_shape =
-            (ds.ctx == 9216 && (ds.batch == 1 || ds.batch == 32 || ds.batch == 128)) ||
-            (ds.ctx == 131072 && ds.batch == 8);
-        if (handoff_shape && handoff) {
-          bool default_published = false;
-          {
-            // The default's answer (from the shape-only plan) before the row below resets it.
-            full_step(0, st);
-            cuda_check(cudaStreamSynchronize(st), "bench handoff probe");
-            default_published = published;
-          }
-          Row hr = fr;
-          hr.target_us = 0, hr.target_note = "";
-          {
-            TuningEdit e([](cuda::Tuning& t) { t.attention.topk_handoff = 0; });
-            hr.us = time_it(iters, sets, full_step, true, st, kGraphBatch);
-          }
-          hr.mode = std::string(kBatchMode) + (default_published ? ", no topk handoff"
-                                                                 : ", no topk handoff (the default's indexer does not publish)");
-          emit(hr, c);
-        }
       }
 
       // Dense attention (dense layers).

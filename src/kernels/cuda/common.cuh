@@ -42,8 +42,6 @@ enum ScratchId : int {
   kScratchLinear = 4,   // linear: x quantized to fp8 + its scales (and cuBLASLt's transposed scales)
   kScratchLinearLt = 5,  // linear through cuBLASLt: its workspace
   kScratchSample = 6,    // sample: the per-chunk partials of each row
-  // decode attention under the top-k handoff: row counts, merge counters and partials
-  kScratchAttentionReady = 7,
 };
 void* private_scratch(cudaStream_t stream, int id, size_t bytes);
 // Development traces (the trace fields of tuning.h): trace_alloc gives a zeroed device buffer of

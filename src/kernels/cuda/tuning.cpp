@@ -95,7 +95,6 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(attention, q_bulk),
       SIEVE_INT_FIELD(attention, l2_evict_first),
       SIEVE_BOOL_FIELD(attention, flagged_merge),
-      SIEVE_INT_FIELD(attention, topk_handoff),
       SIEVE_INT_FIELD(attention, trace),
       SIEVE_INT_FIELD(attention, prefill_tiles),
       SIEVE_BOOL_FIELD(attention, prefill_solo),

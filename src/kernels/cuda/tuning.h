@@ -108,13 +108,6 @@ struct AttentionTuning {
   // Two clusters a row merge through flagged records when the whole grid is resident (true), or
   // always through partials and a last-CTA counter (false).
   bool flagged_merge = true;
-  // Sparse decode attention starts each row once the v4 indexer has selected that row's top-k
-  // (a per-row ready flag the indexer publishes, ops::IndexerParams::topk_ready) instead of
-  // waiting for the whole indexer grid: 0 off, 1 on (docs/kernels.md, "Programmatic dependent
-  // launch"). Only where the caller passes the flag buffer and the indexer's kernel publishes it.
-  // On by default: b1 ctx9216 steps 43 % shorter, b128 4.5 %, b8 ctx131072 fp8 2.6 %, b32 the
-  // same (H100, docs/performance.md).
-  int topk_handoff = 1;
   // 1: synchronise every call and print the CTAs' phase times; 2: also every CTA's (stderr).
   int trace = 0;
   // Prefill tiles (attention_prefill.cu): -1 the rule (a chunk of at least 8 new tokens and at

@@ -84,11 +84,6 @@ struct AttnArgs {
   bool ll;
   uint4* ll_buf;  // [rows][groups - 1][16][kDim / kN] records of kLLChunks x 16 bytes, zero between calls
   bool l2_first;  // K/V copies with an L2 evict-first policy (one query row a request)
-  // Top-k handoff (sparse; ops::AttentionParams::topk_ready): row r starts once topk_ready[r] is
-  // set instead of after the indexer's grid; ready_count [rows] (zero between calls) returns
-  // each flag to zero after the row's `splits` CTAs passed it (decode_kernel.cu).
-  const int32_t* topk_ready;
-  int32_t* ready_count;
   unsigned long long* trace;  // optional (AttentionTuning::trace): [grid CTAs][kTraceSlots] timestamps, SM id + 1
 };
 

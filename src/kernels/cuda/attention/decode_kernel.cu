@@ -91,58 +91,6 @@ __device__ __forceinline__ SlotUse slot_of(int vi, int half, int stages) {
   return {(vi % kGroups) * per_group + local % per_group, uint32_t(local / per_group)};
 }
 
-// Top-k handoff (AttnArgs::topk_ready; docs/kernels.md, "Programmatic dependent launch"): the
-// v4 indexer releases row r's flag once it has written the row's top-k ids, and sparse
-// attention, launched with PDL at every batch size, waits for that flag instead of for the
-// indexer's whole grid (griddepcontrol.wait), so early requests' rows overlap the indexer's tail.
-//  - Every thread of a CTA whose token is in the batch polls its row's flag (ld.acquire.gpu, one
-//    load a warp) before it reads the top-k ids, Q or the new tokens' K/V: the indexer's thread
-//    that released the flag had passed its own pdl_wait, so what the kernels before the indexer
-//    wrote is visible after the acquire too (the acquire also drops this SM's L1 lines, so the
-//    non-coherent Q loads after it read fresh data; the top-k ids, written by a grid that still
-//    runs, are read with ld.global.cg).
-//  - Deadlock: this grid's CTAs become resident only after every indexer CTA executed
-//    launch_dependents (at its top), so the indexer's persistent grid is entirely resident and
-//    never waits for an attention CTA; each flag is set once that grid has run far enough.
-//  - Reset (graph replays need no memset): once a CTA's threads have all passed the poll (the
-//    CTA barrier after it), its producer adds 1 to the row's count (a private zeroed scratch);
-//    the row's S-th CTA returns the flag and the count to zero. The next indexer sets flags only
-//    after its own pdl_wait, i.e. after this grid has completed.
-//  - Every thread still executes griddepcontrol.wait before it exits, so this grid never
-//    completes before the indexer's (completion stays transitive along the stream). Its output
-//    rows and merge records may be written before that: the indexer never reads them.
-//  - A flag nobody sets would hang the grid: after ~10 s of polls the kernel prints the row and
-//    traps instead.
-__device__ __noinline__ void topk_ready_timeout(int64_t row) {
-  printf("sieve attention: top-k ready flag of row %lld never set (topk_handoff)\n",
-         (long long)row);
-  __trap();
-}
-__device__ __forceinline__ void wait_topk_ready(const int32_t* flag, int64_t row) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
-  if (v) return;
-  const unsigned long long t0 = global_ns();
-  for (;;) {
-    __nanosleep(100);
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
-    if (v) return;
-    if (global_ns() - t0 > 10000000000ull) topk_ready_timeout(row);
-  }
-}
-// One CTA of the row is past its poll: the row's last returns the flag and the count to zero.
-__device__ __forceinline__ void topk_ready_done(const AttnArgs& a, int64_t row) {
-  if (atomicAdd(a.ready_count + row, 1) == a.splits - 1) {
-    a.ready_count[row] = 0;
-    const_cast<int32_t*>(a.topk_ready)[row] = 0;
-  }
-}
-// The row's top-k ids: read-only for the kernel's lifetime (__ldg), except under the handoff,
-// where the indexer writes them while this grid runs (L2, after the flag's acquire).
-__device__ __forceinline__ int load_sel(const AttnArgs& a, const int32_t* p) {
-  return a.topk_ready ? __ldcg(p) : __ldg(p);
-}
-
 // The producer warp: the CTA's units (sparse: its top-k entries, 32 at a time, then their
 // block-table entries; dense: its key blocks) as bulk copies of each unit's K, then V (fp8: and
 // their scales) into the slot ring, then one sentinel per consumer group.
@@ -169,7 +117,7 @@ __device__ __forceinline__ void produce(const AttnArgs& a, uint8_t* smem, uint64
   };
   // Unit u = block bj at physical block pj: its K, then its V copy.
   auto issue = [&](int u, int bj, int64_t pj) {
-    if (bj >= n_old && !a.topk_ready) pdl_wait();  // handoff: the flag's acquire covers them
+    if (bj >= n_old) pdl_wait();
     const int64_t base = pj * a.nkv + kvh;  // (block, kv head) index
     int slot = acquire(u, 0);
     blk_ring[u % kRing] = bj;
@@ -188,7 +136,7 @@ __device__ __forceinline__ void produce(const AttnArgs& a, uint8_t* smem, uint64
     int b = -1;
     int64_t phys = 0;
     if (e < e_end) {
-      b = !sel ? e : e0 == e_begin ? b_first : load_sel(a, sel + e);
+      b = !sel ? e : e0 == e_begin ? b_first : __ldg(sel + e);
       if (b < 0 || b >= n_blk) b = -1;
       else if (!sel && e0 == e_begin && s == s_guess) phys = bt_first;
       else phys = __ldg(a.block_tables + int64_t(s) * a.mbps + b);
@@ -205,8 +153,8 @@ __device__ __forceinline__ void produce(const AttnArgs& a, uint8_t* smem, uint64
     }
   }
   // Sentinels: the K slots of units vi and vi + 1 (one per consumer group) complete without
-  // data and carry id -1. (Handoff: the wait is at the kernel's exits.)
-  if (!a.topk_ready) pdl_wait();
+  // data and carry id -1.
+  pdl_wait();
   if (lane == 0) SIEVE_TRACE(2);
   if (lane == 0) {
     for (int k = 0; k < kGroups; ++k) {
@@ -487,18 +435,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   int bt_first = 0;
   if (is_producer && !sel && e_begin + lane < a.mbps)
     bt_first = __ldg(a.block_tables + int64_t(s) * a.mbps + e_begin + lane);
-  // Handoff (topk_ready, sparse only): the row's ready flag instead of the indexer's grid; rows
-  // of tokens outside the batch have no flag (they only wait at their exit below).
-  if (a.topk_ready) {
-    if (t >= q_begin && t < q_end) {
-      const int64_t row = int64_t(t) * a.nkv + kvh;
-      wait_topk_ready(a.topk_ready + row, row);
-      // Q and the new K/V come by bulk copies (the async proxy) after this generic acquire.
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    }
-  } else if (!is_producer || sel) {
-    pdl_wait();
-  }
+  if (!is_producer || sel) pdl_wait();
   // Q by one bulk copy (q_bulk), issued before anything that needs the metadata: it is served
   // ahead of every K/V copy of the grid, and no Q loads share the SM's load path with the
   // producer's metadata and block-table loads (docs/performance.md).
@@ -529,8 +466,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     }
   }
   int b_first = -1;
-  if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split))
-    b_first = load_sel(a, sel + e_begin + lane);
+  if (is_producer && sel && e_begin + lane < min(a.topk, e_begin + a.per_split)) b_first = __ldg(sel + e_begin + lane);
   // The CTA barrier that publishes the mbarrier initialisation. With the early Q loads it comes
   // before any loaded value is used: a consumer warp's wait for its metadata also waited for its
   // Q loads (they share scoreboards), which held the producer's first copies back by ~1 us.
@@ -627,8 +563,6 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   if (is_producer) {
     produce<kFp8, kGroups>(a, smem, full, empty, blk_ring, sel, s, s_guess, kvh, e_begin, e_end, n_blk, n_old, bt_first,
                            b_first, lane, tr);
-    // Handoff: every thread of this CTA passed its poll (the CTA barrier above).
-    if (a.topk_ready && lane == 0) topk_ready_done(a, int64_t(t) * a.nkv + kvh);
   } else {
     consume<kFp8, kGroups>(a, smem, full, empty, blk_ring, qa, pos, warp, lane, g, q, o, m0, m1, l0, l1, kc0, kc1, tr);
   }
@@ -727,10 +661,7 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
   // partials) are published by the fence below, not by this barrier.
   if (C > 1) asm volatile("barrier.cluster.wait;\n" ::: "memory");
   if (threadIdx.x == 0) SIEVE_TRACE(7);
-  if (a.groups == 1 || a.ll) {
-    if (a.topk_ready) pdl_wait();  // handoff: at the exit (see wait_topk_ready)
-    return;
-  }
+  if (a.groups == 1 || a.ll) return;
 
   // ---- Several clusters per row: the last CTA of the row to finish merges their partials (no
   // second launch; the counter returns to zero for the next call, so graph replays need no
@@ -749,13 +680,9 @@ __global__ void __launch_bounds__(threads_of<kGroups>(), kGroups == 1 ? 2 : 1) a
     }
   }
   __syncthreads();
-  if (!is_last) {
-    if (a.topk_ready) pdl_wait();
-    return;
-  }
+  if (!is_last) return;
   merge_row_partials(a, t, kvh, row_id);
   if (threadIdx.x == 0) SIEVE_TRACE(8);
-  if (a.topk_ready) pdl_wait();
 }
 
 #undef SIEVE_TRACE
@@ -780,9 +707,7 @@ void launch_of(const AttnArgs& a, int64_t tokens, int nkv, cudaStream_t stream) 
   set_smem(attention_kernel<kFp8, kGroups>, smem);
   ClusterLaunch l(dim3(unsigned(int64_t(a.splits) * tokens), unsigned(nkv), 1), dim3(threads_of<kGroups>(), 1, 1),
                   smem, stream, a.cluster);
-  // The top-k handoff needs PDL at every batch size (the flags replace the grid dependency).
-  if (a.topk_ready || pdl_enabled(kPdlAttention, tokens, a.topk_idx == nullptr))
-    l.allow_programmatic_serialization();
+  if (pdl_enabled(kPdlAttention, tokens, a.topk_idx == nullptr)) l.allow_programmatic_serialization();
   cuda_check(cudaLaunchKernelEx(&l.cfg, attention_kernel<kFp8, kGroups>, a), "attention launch");
 }
 

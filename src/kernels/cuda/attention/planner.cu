@@ -63,9 +63,7 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   const bool fp8 = p.kv.dtype == DType::FP8_E4M3;
   if (fp8 && (!p.kv.k_scale || !p.kv.v_scale)) return false;
   if (p.batch.num_tokens == 0 || p.batch.num_seqs == 0) return true;
-  // The top-k handoff's flags are returned to zero by the decode kernel only.
-  const bool handoff = p.topk_ready && p.topk_idx;
-  if (!handoff && use_prefill_attention(p) && run_attention_prefill(p, stream_v)) return true;
+  if (use_prefill_attention(p) && run_attention_prefill(p, stream_v)) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_v);
 
   AttnArgs a{};
@@ -174,29 +172,12 @@ bool run_attention(const ops::AttentionParams& p, void* stream_v) {
   if (a.ll) {
     const size_t records = size_t(rows) * (a.groups - 1) * 16 * kDim;  // kN = 1 at most
     a.ll_buf = static_cast<uint4*>(private_scratch(stream, kScratchAttentionMerge, records * kLLChunks * 16));
-  } else if (a.groups > 1 && !handoff) {
+  } else if (a.groups > 1) {
     const size_t n = size_t(rows) * a.groups * 16;
     char* ws = static_cast<char*>(workspace(stream, n * (kDim + 2) * 4));
     a.part_o = reinterpret_cast<float*>(ws);
     a.part_ml = reinterpret_cast<float*>(ws + n * kDim * 4);
     a.counters = zeroed_counters(stream, size_t(rows));
-  }
-  // Top-k handoff (ops.h; decode_kernel.cu): rows wait for their own ready flag, launched with
-  // PDL. This grid then runs beside the indexer, which uses the stream's workspace (its score
-  // rows) and counters: the row counts, the last-CTA merge's counters and its partials live in
-  // a scratch of their own ([rows] counts, [rows] counters, then the partials).
-  if (handoff) {
-    const size_t n = a.groups > 1 && !a.ll ? size_t(rows) * a.groups * 16 : 0;
-    const size_t head = (size_t(rows) * 8 + 255) / 256 * 256;
-    char* hs = static_cast<char*>(
-        private_scratch(stream, kScratchAttentionReady, head + n * (kDim + 2) * 4));
-    a.topk_ready = p.topk_ready;
-    a.ready_count = reinterpret_cast<int32_t*>(hs);
-    if (n) {
-      a.counters = a.ready_count + rows;
-      a.part_o = reinterpret_cast<float*>(hs + head);
-      a.part_ml = reinterpret_cast<float*>(hs + head + n * kDim * 4);
-    }
   }
   // L2 evict-first K/V copies (internal.h) when each request has one query row (decode: no
   // block is read again by another row of the grid) and the call streams at least

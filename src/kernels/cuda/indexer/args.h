@@ -30,8 +30,6 @@ struct IndexerArgs {
   int max_blocks;  // blocks of batch.max_seq_len, in [1, mbps]: the grids cover [0, max_blocks)
   int topk, init_blocks, local_blocks;
   int32_t* topk_idx;
-  int32_t* topk_ready;  // persistent: row r's flag set to 1 once its top-k is written (ops.h); null
-                        // = none
   float* block_scores;  // optional [tokens, H, mbps]
 
   // ---- Grid.

@@ -47,9 +47,6 @@
 //    returns the row to zero. Only the blocks a row's selection reads are stored, so every
 //    stored word is read and cleared in the same call. IndexerTuning::persistent_poll false: the
 //    counter finish.
-//  - Top-k handoff (IndexerArgs::topk_ready, both finishes): after each row's selection the
-//    finisher releases the row's ready flag, so that the sparse attention launched after it
-//    (PDL) starts the row without waiting for this grid (attention/decode_kernel.cu).
 //  - With claims, the last CTA to exit returns the unit counter to zero (graph replays need no
 //    memset). When every unit is static (one unit per CTA: the usual plan) the producer neither
 //    claims nor sums the requests' units, and the CTAs skip the exit counter.
@@ -491,17 +488,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) decode_persistent_kernel(I
         }
         if (a.fill_tail)
           for (int j = n_blk + lane; j < a.mbps; j += 32) a.sbuf[row * a.mbps + j] = kNegInf;
-        // Top-k handoff (ops.h): the row's flag, released after every lane's top-k stores (ordered
-        // before lane 0's fence by __syncwarp, as the counter's release above). This thread passed
-        // pdl_wait, so what the kernels before wrote (the attention's Q, the new K/V) is visible
-        // to whoever acquires the flag as well.
-        if (a.topk_ready) {
-          __syncwarp();
-          if (lane == 0) {
-            fence_acq_rel_gpu();
-            st_relaxed_gpu(reinterpret_cast<uint32_t*>(a.topk_ready + row), 1u);
-          }
-        }
       }
       if (!kPoll && lane == 0) a.req_done[s] = 0;
       if (tr && lane == 0) tr[6] = global_ns();

@@ -319,11 +319,6 @@ bool run_persistent(const ops::IndexerParams& p, cudaStream_t stream) {
   const bool q_first = fp8 && unit >= 2 && unit <= 8;
   a.early_copies = pdl || !q_first || tu.persistent_early_copies ? 1 : 0;
   a.l2_first = l2_first(int64_t(N) * max_blocks * block_bytes);
-  // Top-k handoff (ops.h): each selecting finisher releases its rows' ready flags.
-  if (p.topk_ready && tuning().attention.topk_handoff > 0) {
-    a.topk_ready = p.topk_ready;
-    if (p.topk_ready_published) *p.topk_ready_published = true;
-  }
   launch_decode_persistent(a, fp8, per_sm, poll, narrow, P, smem, pdl, stream);
   return true;
 }
