@@ -45,7 +45,6 @@ TEST(CudaTuning, FieldsParseAndScopesRestore) {
   cuda::set_tuning_field(t, "launch.pdl_mask", "7");
   cuda::set_tuning_field(t, "indexer.persistent_long_unit", "-1");
   cuda::set_tuning_field(t, "indexer.persistent_claim_poll", "1");
-  cuda::set_tuning_field(t, "attention.prefill_pipeline", "1");
   cuda::set_tuning_field(t, "attention.prefill_fp8_stage_pdl", "0");
   cuda::set_tuning_field(t, "attention.prefill_fp8_stage_only", "1");
   EXPECT_EQ(t.indexer.persistent_unit, 4);
@@ -53,7 +52,6 @@ TEST(CudaTuning, FieldsParseAndScopesRestore) {
   EXPECT_EQ(t.attention.prefill_fp8_stage_only, 1);
   EXPECT_EQ(t.indexer.persistent_long_unit, -1);
   EXPECT_EQ(t.indexer.persistent_claim_poll, 1);
-  EXPECT_EQ(t.attention.prefill_pipeline, 1);
   EXPECT_FALSE(t.indexer.narrow_mma);
   EXPECT_EQ(t.indexer.prefill_mma, cuda::IndexerTuning::PrefillMma::kRSP);
   EXPECT_EQ(t.attention.trace, 2);
@@ -1051,105 +1049,6 @@ TEST(CudaAttentionPrefill, Fp8QkMatchesCpu) {
         EXPECT_LT(rel, 2e-2) << "relative l2 error over the output, group " << group << (sparse ? " sparse" : " dense");
         std::printf("[ fp8 S ] group %d %s: relative l2 error over the output %.4f\n", group, sparse ? "sparse" : "dense", rel);
       }
-}
-
-// The pipelined tiles (AttentionTuning::prefill_pipeline = 1: S of a warpgroup's next block
-// issued with P V of its current one running into the next softmax) run the same MMAs and the
-// same fp32 softmax per block as the plain loop: the same output bytes, on every path with a
-// 3-stage TMA ring (bf16, with and without solo blocks; fp8 staged folded, exact with scales from
-// global memory, and with S on fp8 tensor cores). Small batches, prompts, chunks after prefixes
-// (20000 + 40: solo tiles; without them, sparse tiles whose warpgroups skip runs of blocks, which
-// end the pipelined loop's chains), ragged last blocks (the caches past each length
-// NaN-poisoned), single tokens, two kv heads (widely spread fp8 scales), sparse and dense, 16 and
-// 8 q heads per kv head; each run also against the CPU.
-TEST(CudaAttentionPrefill, PipelinedMatchesPlainBitwise) {
-  SKIP_WITHOUT_GPU();
-  struct Path {
-    const char* name;
-    DType kv;
-    std::function<void(cuda::Tuning&)> edit;
-    bool sparse_only = false, q_fp8 = false;  // q_fp8: the CPU reference's Q rounded as fp8 S's
-    bool folded = false;                      // V (and K) folded into the staged bf16 copy
-  };
-  const std::vector<Path> paths = {
-      {"bf16", DType::BF16, [](cuda::Tuning&) {}},
-      {"bf16, no solo blocks", DType::BF16, [](cuda::Tuning& t) { t.attention.prefill_solo = false; }, true},
-      {"fp8 staged, folded", DType::FP8_E4M3,
-       [](cuda::Tuning& t) {
-         t.attention.prefill_fp8_stage = 2;
-         t.attention.prefill_fp8_stage_fold = 1;
-         t.attention.prefill_fp8_qk = 0;
-       },
-       false, false, true},
-      {"fp8 staged, exact, scales from global memory", DType::FP8_E4M3,
-       [](cuda::Tuning& t) {
-         t.attention.prefill_fp8_stage = 2;
-         t.attention.prefill_fp8_stage_fold = 0;
-         t.attention.prefill_fp8_stage_scales = 0;
-         t.attention.prefill_fp8_qk = 0;
-       }},
-      {"fp8 staged, fp8 S", DType::FP8_E4M3,
-       [](cuda::Tuning& t) {
-         t.attention.prefill_fp8_stage = 2;
-         t.attention.prefill_fp8_qk = 1;
-       },
-       false, true, true}};
-  const std::vector<std::vector<SeqSpec>> sets = {{{0, 45}, {300, 20}, {2100, 9}, {20000, 24}},
-                                                  {{0, 300}, {1000, 129}, {0, 1}, {127, 130}},
-                                                  {{20000, 40}, {0, 700}, {9000, 1}},
-                                                  {{2047, 2}, {0, 128}}};
-  uint64_t seed = 9800;
-  for (int group : {16, 8})
-    for (size_t set = 0; set < sets.size(); ++set)
-      for (bool sparse : {true, false})
-        for (int nkv : {1, 2}) {
-          if (nkv == 2 && set != 1) continue;  // two kv heads: one set (the CPU reference's time)
-          const auto& specs = sets[set];
-          for (const Path& path : paths) {
-            if (!sparse && path.sparse_only) continue;
-            SCOPED_TRACE(path.name);
-            AttnCase c;
-            c.specs = specs;
-            c.nq = group * nkv, c.nkv = nkv;
-            c.kv = path.kv;
-            c.sparse = sparse;
-            c.scale_spread = nkv == 2 && path.kv == DType::FP8_E4M3 ? 20.f : 0.f;
-            c.out = sparse ? DType::BF16 : DType::F32;
-            c.cpu_q_fp8 = path.q_fp8;
-            // The folded V (and K) round once more than the CPU reference: its wide-scale bound.
-            if (c.scale_spread > 0.f && path.folded) fold_wide_scale_tolerance(c);
-            std::vector<uint8_t> ref, got;
-            {
-              cuda::Tuning t;
-              t.attention.prefill_tiles = 1;
-              path.edit(t);
-              t.attention.prefill_pipeline = 0;
-              cuda::TuningScope scope(t);
-              SCOPED_TRACE("plain loop");
-              check_attention_once(c, seed, &ref);
-            }
-            {
-              cuda::Tuning t;
-              t.attention.prefill_tiles = 1;
-              path.edit(t);
-              t.attention.prefill_pipeline = 1;
-              cuda::TuningScope scope(t);
-              SCOPED_TRACE("prefill_pipeline 1");
-              check_attention_once(c, seed, &got);
-              ASSERT_EQ(got.size(), ref.size());
-              EXPECT_TRUE(got == ref) << "pipelined output differs from the plain loop's";
-            }
-          }
-          ++seed;
-        }
-}
-
-// The small batches of SmallBatchesMatchCpu with the pipelined tiles, against the CPU (the
-// compute-sanitizer runs can take these: bf16 and the default fp8 path, 16 and 8 q heads).
-TEST(CudaAttentionPrefill, SmallBatchesPipelinedMatchCpu) {
-  SKIP_WITHOUT_GPU();
-  check_small_prefill_batches({DType::BF16, DType::FP8_E4M3}, 8500,
-                              [](cuda::Tuning& t) { t.attention.prefill_pipeline = 1; });
 }
 
 // The v2 decode indexer with few, long chunks (forced): the shared-memory stage ring wraps

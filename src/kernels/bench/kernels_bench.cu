@@ -495,29 +495,26 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
       // fp8: the row again with the blocks staged as an exact bf16 copy whose scales the tiles apply
       // (AttentionTuning::prefill_fp8_stage, prefill_fp8_stage_fold 0), staged with the scales
       // folded into the copy (prefill_fp8_stage_fold 1), that with the tiles launched plainly
-      // (prefill_fp8_stage_pdl 0), staged with S on fp8 tensor cores (prefill_fp8_qk), those two
-      // with the pipelined tiles (prefill_pipeline = 1) and with the tiles converting them, in one
-      // run (the row above times the default). At 8192 new tokens without a prefix, also the
-      // staging alone (prefill_fp8_stage_only: the mark and conversion kernels of the default
-      // folded copy, no tiles) against the bytes it must move: the staged blocks' fp8 K
-      // and V and their scales read, their bf16 K and V written.
+      // (prefill_fp8_stage_pdl 0), staged with S on fp8 tensor cores (prefill_fp8_qk) and with the
+      // tiles converting them, in one run (the row above times the default). At 8192 new tokens
+      // without a prefix, also the staging alone (prefill_fp8_stage_only: the mark and conversion
+      // kernels of the default folded copy, no tiles) against the bytes it must move: the staged
+      // blocks' fp8 K and V and their scales read, their bf16 K and V written.
       auto stage_pair = [&](Row r, bool sparse) {
         if (!fp8) return;
         r.target_us = 0, r.target_note = "";
         const std::string mode = r.mode;
         // The fields each row sets (-1: as tuned): prefill_fp8_stage, _fold, prefill_fp8_qk,
-        // prefill_pipeline, prefill_fp8_stage_pdl.
+        // prefill_fp8_stage_pdl.
         struct Variant {
           const char* suffix;
-          int stage, fold, qk, pipeline, pdl;
+          int stage, fold, qk, pdl;
         };
-        static const Variant variants[] = {{", fp8 staged, exact", 2, 0, 0, -1, -1},
-                                           {", fp8 staged, scales folded", 2, 1, 0, -1, -1},
-                                           {", fp8 staged, scales folded, no PDL", 2, 1, 0, -1, 0},
-                                           {", fp8 staged, fp8 S", 2, -1, 1, -1, -1},
-                                           {", fp8 staged, scales folded, pipelined", 2, 1, 0, 1, -1},
-                                           {", fp8 staged, fp8 S, pipelined", 2, -1, 1, 1, -1},
-                                           {", fp8 converted in the tiles", 0, -1, -1, -1, -1}};
+        static const Variant variants[] = {{", fp8 staged, exact", 2, 0, 0, -1},
+                                           {", fp8 staged, scales folded", 2, 1, 0, -1},
+                                           {", fp8 staged, scales folded, no PDL", 2, 1, 0, 0},
+                                           {", fp8 staged, fp8 S", 2, -1, 1, -1},
+                                           {", fp8 converted in the tiles", 0, -1, -1, -1}};
         auto set = [](int& field, int value) {
           if (value >= 0) field = value;
         };
@@ -527,7 +524,6 @@ void run_all(const Options& opt, const Env& env, const std::function<void(const 
             set(t.attention.prefill_fp8_stage, v.stage);
             set(t.attention.prefill_fp8_stage_fold, v.fold);
             set(t.attention.prefill_fp8_qk, v.qk);
-            set(t.attention.prefill_pipeline, v.pipeline);
             set(t.attention.prefill_fp8_stage_pdl, v.pdl);
           });
           r.us = time_it(iters, sets, attn_fn(sparse), false, st);

@@ -66,10 +66,6 @@
 //  - Keys past the request's length in its last block may hold anything (NaN included): S
 //    masks them by selection, and the V rows of that block past the length (and their v scales)
 //    are zeroed in shared memory before use (0 * NaN would poison P V).
-//  - Pipelined tiles (AttentionTuning::prefill_pipeline = 1, 3-stage rings, tiles without solo
-//    blocks): a warpgroup issues S of its next block with P V of the current one, so P V
-//    overlaps the next softmax; no wgmma or wait in a data-dependent branch (ptxas serializes
-//    them otherwise); the same bits as the plain loop.
 // Union of a tile's selections: the (block, token) pairs of its topk_idx entries (entries < 0
 // or past the token's own block dropped) are ranked by the CTA (tile tokens x topk <= 256
 // pairs), and a block's tokens become an 8-bit (G = 16) or 16-bit (G = 8) mask. Blocks are
@@ -181,14 +177,10 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256
 // G: q heads per kv head, 16 or 8 (G = 8: a warp's 16 rows are two tokens' 8 heads, rows g and
 // g + 8 of a lane belonging to different tokens, so masks and softmax state are per row).
 // kScl (StagedScales): the bf16 path over a staged bf16 copy of an fp8 cache, with its scales.
-// kPipe (AttentionTuning::prefill_pipeline): 1, a warpgroup's MMAs overlap its softmax (below;
-// 3-stage TMA rings only; solo tiles take the plain loop).
-template <int G, bool kFp8, bool kSolo, int kScl = kNoScales, int kPipe = 0>
+template <int G, bool kFp8, bool kSolo, int kScl = kNoScales>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(PfArgs a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   static_assert(G == 16 || G == 8, "tiles of 8 tokens x 16 heads or 16 tokens x 8 heads");
-  static_assert(kPipe == 0 || kPipe == 1, "prefill_pipeline: 0 or 1");
-  static_assert(!kPipe || (!kFp8 && kScl != kScalesStaged), "pipelined: the 3-stage TMA ring");
   static_assert(!kSolo || G == 16, "solo blocks run a whole warp's rows for one token");
   static_assert(!(kFp8 && kScl != kNoScales) && !(kSolo && kScl != kNoScales), "staged: the plain TMA path");
   constexpr bool kQ8 = kScl == kQkFp8;                  // S = Q K^T in e4m3
@@ -534,232 +526,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float rq0 = 0.f, rq1 = 0.f;
   if constexpr (kQ8) rq0 = qscl[16 * warp + g] * a.scale_log2, rq1 = qscl[16 * warp + g + 8] * a.scale_log2;
 
-  // AttentionTuning::prefill_pipeline = 1 (3-stage TMA rings, wgmma tiles without solo blocks):
-  // a warpgroup's MMAs overlap its own softmax (FlashAttention-3's intra-warpgroup pipelining),
-  // with the same MMAs and the same fp32 operations per value in the same order as the loop
-  // below (the same bits). Once P of block i is packed, S of the warpgroup's next block is issued
-  // into the same score registers, then P V of block i; S is waited for, and the next softmax
-  // runs up to its rescale of O while P V runs (O, P and one score array: 160 registers).
-  // With wgmmas and waits in data-dependent branches (S issued ahead or not, waits for one or two
-  // groups) while another wgmma was in flight, ptxas serialized every wgmma of the kernel (C7518:
-  // it cannot prove those branches warpgroup-uniform), so none sits in a branch now, only in the
-  // loops: a chain is a run of blocks this warpgroup computes, each at most two blocks after the
-  // one before (the blocks between skipped). Its first S is issued and waited for alone; every
-  // step then issues S of the next block and P V of the current one and waits for S
-  // (wait_group 1); the chain's last step issues its S on the current block's stage instead (this
-  // warpgroup still holds it; the scores are not used), and P V is waited for after the chain
-  // (ptxas -v: no C75xx for any instance). Blocks this warpgroup skips are released between chains or while looking ahead, with
-  // nothing in flight. A stage is released only once this warpgroup's S and P V on it are
-  // complete, and a warpgroup waits for a block's stage while holding at most a block two before
-  // it (whose stage is not the one waited for), so nothing waits in a circle.
-  bool piped = false;
-  if constexpr (kPipe != 0) {
-    if (!solo_tile) {
-      piped = true;
-      uint32_t pf[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
-      float s[64];
-      // The last of the 8 warps done with block j's stage refills it with block j + kStages.
-      auto release = [&](int j) {
-        __syncwarp();
-        if (lane == 0) {
-          __threadfence_block();
-          if (atomicAdd(&misc[12 + j % kStages], 1) == kThreads / 32 - 1) {
-            misc[12 + j % kStages] = 0;
-            if (j + kStages < nu) issue(j + kStages);
-          }
-        }
-      };
-      auto issue_s = [&](int st) {
-        const uint32_t ka = st0 + st * kStageBytes;
-        wgmma_fence();
-        if constexpr (kQ8) {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) WgmmaFp8<128>::mma(s, make_desc(qa + k * 32), make_desc(ka + k * 32), k > 0);
-        } else {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const uint32_t off = (k >> 2) * kChunk + (k & 3) * 32;
-            wgmma_m64n128k16(s, make_desc(qa + off), make_desc(ka + off), k > 0);
-          }
-        }
-        wgmma_commit();
-      };
-      auto issue_pv = [&](int st) {
-        const uint32_t va = st0 + st * kStageBytes + kVOff;
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < 8; ++j) wgmma_m64n128k16_rs<1>(o, pf[j], smem_desc(va + j * 2048, kChunk, 1024), 1);
-        wgmma_commit();
-      };
-      // Block i's stage full, its V rows past the request's length zeroed (both warpgroups, every
-      // block, in order: an S issued ahead on a stage reads K only); whether this warpgroup
-      // computes it.
-      auto arrive = [&](int i, int& b, int& mask) {
-        entry(i, b, mask);
-        const int st = i % kStages;
-        mbar_wait(&full[st], (i / kStages) & 1);
-        if (b == last_blk && tail < kBlock) {
-          uint8_t* kd = stages + st * kStageBytes;
-          consumers_sync();
-          for (int e = tid; e < (kBlock - tail) * 16; e += kThreads) {
-            const int row = tail + (e >> 4), u = e & 15;
-            *reinterpret_cast<uint4*>(kd + kVOff + swz(row, u * 8)) = make_uint4(0, 0, 0, 0);
-          }
-          fence_proxy_async();
-          consumers_sync();
-        }
-        return (mask & wg_slots) != 0;
-      };
-      auto scales = [&](int i, const float*& scl, const float*& vscl) {
-        scl = reinterpret_cast<const float*>(stages + (i % kStages) * kStageBytes + kSclOff);
-        vscl = scl + kBlock;
-        if constexpr (kScl == kScalesGlobal) {
-          const int64_t row0 = (int64_t(i < kMaxPairs ? uphys[i] : bt[i]) * a.nkv + kvh) * kBlock;
-          scl = a.k_scale + row0;
-          vscl = a.v_scale + row0;
-        }
-      };
-      // The softmax of a block up to the rescale of O (the loop below's math, in its order):
-      // scaled, masked scores, the running max and sum, P = 2^(s - m) in s. False: none of the
-      // lane's rows attends to the block (P = 0, state kept).
-      auto softmax = [&](int b, int mask, const float* scl, float& al0, float& al1) {
-        const bool att0 = (mask >> slot) & 1, att1 = G == 16 ? att0 : ((mask >> slot1) & 1) != 0;
-        if (!att0 && !att1) return false;
-        const bool causal = b == own, causal1 = G == 16 ? causal : b == own1;
-        float mx0 = kNegInf, mx1 = kNegInf;
-#pragma unroll
-        for (int c = 0; c < 16; ++c) {
-          float2 ks2 = make_float2(0.f, 0.f);
-          if constexpr (kQ8) ks2 = *reinterpret_cast<const float2*>(scl + 8 * c + 2 * t4);
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = 8 * c + 2 * t4 + e;
-            const bool ok = G == 16 ? !causal || key <= lim : att0 && (!causal || key <= lim);
-            const bool ok1 = G == 16 ? ok : att1 && (!causal1 || key <= lim1);
-            float sc0, sc1;
-            if constexpr (kQ8) sc0 = (e ? ks2.y : ks2.x) * rq0, sc1 = (e ? ks2.y : ks2.x) * rq1;
-            else sc0 = sc1 = kScaled ? scl[key] * a.scale_log2 : a.scale_log2;
-            const float v0 = ok ? s[4 * c + e] * sc0 : kNegInf;
-            const float v1 = ok1 ? s[4 * c + 2 + e] * sc1 : kNegInf;
-            s[4 * c + e] = v0;
-            s[4 * c + 2 + e] = v1;
-            mx0 = fmaxf(mx0, v0);
-            mx1 = fmaxf(mx1, v1);
-          }
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        const float z0 = G == 16 || n0 != kNegInf ? n0 : 0.f, z1 = G == 16 || n1 != kNegInf ? n1 : 0.f;
-        al0 = ex2_approx(m0 - z0), al1 = ex2_approx(m1 - z1);
-        m0 = n0, m1 = n1;
-        float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-        for (int c = 0; c < 16; ++c) {
-          s[4 * c + 0] = ex2_approx(s[4 * c + 0] - z0);
-          s[4 * c + 1] = ex2_approx(s[4 * c + 1] - z0);
-          s[4 * c + 2] = ex2_approx(s[4 * c + 2] - z1);
-          s[4 * c + 3] = ex2_approx(s[4 * c + 3] - z1);
-          ls0 += s[4 * c + 0] + s[4 * c + 1];
-          ls1 += s[4 * c + 2] + s[4 * c + 3];
-        }
-        l0 = l0 * al0 + ls0;
-        l1 = l1 * al1 + ls1;
-        return true;
-      };
-      // O rescaled (P V of the previous block complete) and P packed as bf16 A fragments.
-      auto rescale_pack = [&](bool active, float al0, float al1, const float* vscl) {
-        if (!active) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) pf[j][0] = pf[j][1] = pf[j][2] = pf[j][3] = 0u;
-          return;
-        }
-#pragma unroll
-        for (int c = 0; c < 16; ++c) {
-          o[4 * c + 0] *= al0;
-          o[4 * c + 1] *= al0;
-          o[4 * c + 2] *= al1;
-          o[4 * c + 3] *= al1;
-        }
-        if constexpr (kVScaled) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float2 va0 = *reinterpret_cast<const float2*>(vscl + 16 * j + 2 * t4);
-            const float2 va1 = *reinterpret_cast<const float2*>(vscl + 16 * j + 8 + 2 * t4);
-            s[8 * j + 0] *= va0.x, s[8 * j + 1] *= va0.y, s[8 * j + 2] *= va0.x, s[8 * j + 3] *= va0.y;
-            s[8 * j + 4] *= va1.x, s[8 * j + 5] *= va1.y, s[8 * j + 6] *= va1.x, s[8 * j + 7] *= va1.y;
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          pf[j][0] = pack_bf16x2(s[8 * j + 0], s[8 * j + 1]);
-          pf[j][1] = pack_bf16x2(s[8 * j + 2], s[8 * j + 3]);
-          pf[j][2] = pack_bf16x2(s[8 * j + 4], s[8 * j + 5]);
-          pf[j][3] = pack_bf16x2(s[8 * j + 6], s[8 * j + 7]);
-        }
-      };
-      // Arrives at blocks from n on, releasing those this warpgroup skips, up to the next one it
-      // computes (returned, arrived at: its entry in b, mask) or nu.
-      auto advance = [&](int n, int& b, int& mask) {
-        for (; n < nu; ++n) {
-          if (arrive(n, b, mask)) break;
-          release(n);
-        }
-        return n;
-      };
-      int b = 0, mask = 0;
-      int i = advance(0, b, mask);
-      while (i < nu) {
-        // A chain's first block: its S alone (nothing else in flight).
-        issue_s(i % kStages);
-        wgmma_wait<0>();
-        fence_acc(s);
-        int held = -1;  // the chain's previous block (its P V may still run)
-        int n;
-        bool ahead;
-        do {
-          const float* scl;
-          const float* vscl;
-          scales(i, scl, vscl);
-          float al0 = 1.f, al1 = 1.f;
-          const bool active = softmax(b, mask, scl, al0, al1);
-          wgmma_wait<0>();  // P V of the chain's previous block: O and P free, its stage released
-          fence_acc(o);
-          fence_frag(pf);
-          if (held >= 0) release(held);
-          rescale_pack(active, al0, al1, vscl);
-          // The next block this warpgroup computes, if it is at most two blocks ahead (its stage
-          // is filled once every warp has released the block a ring's depth before it, which
-          // this warpgroup has unless it is block i).
-          ahead = false;
-          for (n = i + 1; n < nu && n <= i + 2; ++n) {
-            if (arrive(n, b, mask)) {
-              ahead = true;
-              break;
-            }
-            release(n);
-          }
-          issue_s((ahead ? n : i) % kStages);  // into the scores just packed
-          issue_pv(i % kStages);
-          wgmma_wait<1>();  // S (committed first); P V runs on into the next softmax
-          fence_acc(s);
-          held = i;
-          i = n;
-        } while (ahead);
-        wgmma_wait<0>();
-        fence_acc(o);
-        fence_frag(pf);
-        release(held);
-        i = advance(n, b, mask);
-      }
-    }
-  }
-
-  for (int i = 0; i < (piped ? 0 : nu); ++i) {
+  for (int i = 0; i < nu; ++i) {
     int b, mask;
     entry(i, b, mask);
     const int st = i % kStages;
@@ -1201,13 +968,11 @@ bool cache_map(CUtensorMap* map, const void* base, int64_t rows) {
 }
 
 // A kernel instance's template arguments, as a value for the launcher.
-template <int G, bool F, bool S, int C = kNoScales, int P = 0>
+template <int G, bool F, bool S, int C = kNoScales>
 struct PfKernel {
-  static constexpr int kG = G, kScl = C, kPipe = P;
+  static constexpr int kG = G, kScl = C;
   static constexpr bool kFp8 = F, kSolo = S;
 };
-template <class K, int P>
-using PfPiped = PfKernel<K::kG, K::kFp8, K::kSolo, K::kScl, P>;
 
 }  // namespace
 
@@ -1315,33 +1080,25 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
   auto launch = [&](auto kernel_tag) {
     constexpr int G = decltype(kernel_tag)::kG, kScl = decltype(kernel_tag)::kScl;
     constexpr bool kFp8 = decltype(kernel_tag)::kFp8, kSolo = decltype(kernel_tag)::kSolo;
-    constexpr int kPipe = decltype(kernel_tag)::kPipe;
     constexpr int kTile = tile_tokens(G);
     constexpr size_t smem = PfGeo<kFp8 || kScl == kScalesStaged, G == 16 ? 1 : 2, kScl == kQkFp8>::kSmemBytes;
     const dim3 grid(unsigned((p.batch.num_tokens + kTile - 1) / kTile + p.batch.num_seqs), unsigned(p.num_kv_heads));
-    set_smem(prefill_attention_kernel<G, kFp8, kSolo, kScl, kPipe>, smem);
-    launch_pdl(tiles_pdl, prefill_attention_kernel<G, kFp8, kSolo, kScl, kPipe>, grid, dim3(kThreads), smem, stream,
+    set_smem(prefill_attention_kernel<G, kFp8, kSolo, kScl>, smem);
+    launch_pdl(tiles_pdl, prefill_attention_kernel<G, kFp8, kSolo, kScl>, grid, dim3(kThreads), smem, stream,
                "prefill attention launch", a, tk, tv);
   };
   // Solo blocks: bf16 (or a folded fp8 copy) and sparse only (in a dense tile a block has one
   // token of a warpgroup only at the warpgroup's last token's block edge), 16 heads a token only.
   const bool solo = tu.prefill_solo && p.topk_idx && (!fp8 || fold);
   const bool scales_staged = tu.prefill_fp8_stage_scales == 1;
-  // Pipelined tiles: the paths with a 3-stage TMA ring (bf16, the staged copies with their
-  // scales from global memory, folded or with fp8 S); the 2-stage rings keep the plain loop.
-  const int pipe = tu.prefill_pipeline;
-  auto launch_pipe = [&](auto tag) {
-    using K = decltype(tag);
-    pipe == 1 ? launch(PfPiped<K, 1>{}) : launch(tag);
-  };
   auto launch_group = [&](auto group_tag) {
     constexpr int G = decltype(group_tag)::value;
-    if (qk) launch_pipe(PfKernel<G, false, false, kQkFp8>{});
+    if (qk) launch(PfKernel<G, false, false, kQkFp8>{});
     else if (staged && !fold && scales_staged) launch(PfKernel<G, false, false, kScalesStaged>{});
-    else if (staged && !fold) launch_pipe(PfKernel<G, false, false, kScalesGlobal>{});
+    else if (staged && !fold) launch(PfKernel<G, false, false, kScalesGlobal>{});
     else if (fp8 && !fold) launch(PfKernel<G, true, false>{});
-    else if constexpr (G == 16) solo ? launch_pipe(PfKernel<G, false, true>{}) : launch_pipe(PfKernel<G, false, false>{});
-    else launch_pipe(PfKernel<G, false, false>{});
+    else if constexpr (G == 16) solo ? launch(PfKernel<G, false, true>{}) : launch(PfKernel<G, false, false>{});
+    else launch(PfKernel<G, false, false>{});
   };
   if (group == 16) launch_group(std::integral_constant<int, 16>{});
   else launch_group(std::integral_constant<int, 8>{});

@@ -105,7 +105,6 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(attention, prefill_fp8_qk),
       SIEVE_INT_FIELD(attention, prefill_fp8_stage_pdl),
       SIEVE_INT_FIELD(attention, prefill_fp8_stage_only),
-      SIEVE_INT_FIELD(attention, prefill_pipeline),
       Field{"moe.chunk_tokens", [](Tuning& t, const std::string& v) { t.moe.chunk_tokens = parse_int("moe.chunk_tokens", v); },
             [](const Tuning& t) { return std::to_string(t.moe.chunk_tokens); }},
       SIEVE_BOOL_FIELD(moe, force_simt),

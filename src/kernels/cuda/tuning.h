@@ -142,12 +142,6 @@ struct AttentionTuning {
   // kernels the call needs) and skips the tiles, so the output is not written (the benchmark's
   // "fp8 staging alone" rows).
   int prefill_fp8_stage_only = 0;
-  // Prefill tiles with a 3-stage TMA ring (bf16 caches, staged fp8 copies with scales from global
-  // memory, folded or with fp8 S): a warpgroup's MMAs overlap its own softmax (the same results
-  // bit for bit). 1: S of the next block issued once P is packed, P V running into the next
-  // softmax up to its rescale of O; 0 (or any other value): each block's chain in turn. Solo
-  // tiles always take the plain loop.
-  int prefill_pipeline = 0;
 };
 
 // moe_experts (moe.cu; FP8 weights: moe_fp8*.cu) and moe_route (moe_route.cu).
