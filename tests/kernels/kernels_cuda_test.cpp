@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -973,6 +972,15 @@ TEST(CudaAttentionPrefill, Fp8FoldedDenseMatchesCpu) {
   check_folded_copy(false, 9400);
 }
 
+// The tiles over a staged copy with S on fp8 tensor cores (AttentionTuning::prefill_fp8_qk).
+cuda::Tuning fp8_qk_tiles() {
+  cuda::Tuning t;
+  t.attention.prefill_tiles = 1;
+  t.attention.prefill_fp8_stage = 2;
+  t.attention.prefill_fp8_qk = 1;
+  return t;
+}
+
 // S = Q K^T on fp8 tensor cores (AttentionTuning::prefill_fp8_qk = 1: Q per (token, head) row
 // and K in e4m3, V folded into the staged copy as bf16). Against a CPU reference whose Q is
 // rounded the same way, at the other tests' tolerance: what is left is K's and V's handling and
@@ -984,11 +992,7 @@ TEST(CudaAttentionPrefill, Fp8FoldedDenseMatchesCpu) {
 // dense, 16 and 8 q heads per kv head, f32 and bf16 Q.
 TEST(CudaAttentionPrefill, Fp8QkMatchesCpuWithFp8Q) {
   SKIP_WITHOUT_GPU();
-  cuda::Tuning t;
-  t.attention.prefill_tiles = 1;
-  t.attention.prefill_fp8_stage = 2;
-  t.attention.prefill_fp8_qk = 1;
-  cuda::TuningScope scope(t);
+  cuda::TuningScope scope(fp8_qk_tiles());
   uint64_t seed = 9500;
   const std::vector<std::vector<SeqSpec>> sets = {{{0, 300}, {1000, 129}, {0, 1}, {127, 130}},
                                                   {{20000, 40}, {0, 1500}, {9000, 1}},
@@ -1026,11 +1030,7 @@ TEST(CudaAttentionPrefill, Fp8QkMatchesCpuWithFp8Q) {
 // rms ~10 would make the e4m3 Q error matter much more).
 TEST(CudaAttentionPrefill, Fp8QkMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  cuda::Tuning t;
-  t.attention.prefill_tiles = 1;
-  t.attention.prefill_fp8_stage = 2;
-  t.attention.prefill_fp8_qk = 1;
-  cuda::TuningScope scope(t);
+  cuda::TuningScope scope(fp8_qk_tiles());
   uint64_t seed = 9600;
   const std::vector<std::vector<SeqSpec>> sets = {{{0, 300}, {1000, 129}, {0, 1}, {127, 130}},
                                                   {{0, 45}, {300, 20}, {2100, 9}, {20000, 24}}};

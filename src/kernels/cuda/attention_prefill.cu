@@ -760,7 +760,8 @@ struct StageLayout {
   size_t table = 0, counter = 0, bits = 0, k = 0, v = 0, ks = 0, vs = 0, bytes = 0;
   int64_t entries = 0;  // the table's: requests x max blocks a request
   int64_t cap = 0;      // slots
-  int chunks = 0, words = 0;  // the bit sets: chunks of 256 tokens a request, 32-bit words a chunk
+  int chunks = 0;  // sparse: chunks of 256 tokens a request (the mark kernels' grid y)
+  int words = 0;   // the bit sets' 32-bit words a chunk
   bool direct() const { return cap == entries; }
 };
 
@@ -775,9 +776,11 @@ StageLayout stage_layout(const ops::AttentionParams& p) {
   l.counter = up(size_t(l.entries) * 4);
   l.bits = up(l.counter + 4);
   size_t bits = 0;
-  if (p.topk_idx && l.direct()) {
+  if (p.topk_idx) {
     const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
     l.chunks = int((qmax + 255) / 256);
+  }
+  if (p.topk_idx && l.direct()) {
     l.words = (p.batch.max_blocks_per_seq + 31) / 32;
     bits = size_t(p.batch.num_seqs) * size_t(l.chunks) * size_t(l.words) * 4;
   }
@@ -787,6 +790,18 @@ StageLayout stage_layout(const ops::AttentionParams& p) {
   l.vs = l.ks + rows * 4;
   l.bytes = l.vs + rows * 4;
   return l;
+}
+
+// The blocks token i (of the request's qlen at q0) selects that the tiles keep (0 <= block <= the
+// token's own block): f(block) for each, in topk_idx order.
+template <class F>
+__device__ __forceinline__ void for_each_kept_block(const PfArgs& a, int seq, int q0, int qlen, int i, F&& f) {
+  const int own = (a.seq_lens[seq] - qlen + i) / kBlock;
+  const int32_t* sel = a.topk_idx + (int64_t(q0) + i) * a.nkv * a.topk;
+  for (int k = 0; k < a.nkv * a.topk; ++k) {
+    const int b = sel[k];
+    if (b >= 0 && b <= own) f(b);
+  }
 }
 
 // Sparse, slots from the counter (cap < entries): gives each block the call's tokens select
@@ -800,14 +815,10 @@ __global__ void __launch_bounds__(256) stage_mark_kernel(PfArgs a, int32_t* tabl
   const int q0 = a.qsl[seq], qlen = a.qsl[seq + 1] - q0;
   const int i = int(blockIdx.y) * 256 + int(threadIdx.x);
   if (i >= qlen) return;
-  const int own = (a.seq_lens[seq] - qlen + i) / kBlock;
-  const int32_t* sel = a.topk_idx + (int64_t(q0) + i) * a.nkv * a.topk;
-  for (int k = 0; k < a.nkv * a.topk; ++k) {
-    const int b = sel[k];
-    if (b < 0 || b > own) continue;
+  for_each_kept_block(a, seq, q0, qlen, i, [&](int b) {
     int32_t* t = table + int64_t(seq) * a.mbps + b;
     if (__ldcg(t) == -1 && atomicCAS(t, -1, -2) == -1) *t = atomicAdd(counter, 1) + 1;
-  }
+  });
 }
 
 // Sparse, slot = entry (cap == entries): the blocks a chunk of 256 tokens selects (0 <= block <=
@@ -821,14 +832,7 @@ __global__ void __launch_bounds__(256) stage_mark_bits_kernel(PfArgs a, uint32_t
   const int i = int(blockIdx.y) * 256 + int(threadIdx.x);
   for (int w = threadIdx.x; w < words; w += 256) set[w] = 0;
   __syncthreads();
-  if (i < qlen) {
-    const int own = (a.seq_lens[seq] - qlen + i) / kBlock;
-    const int32_t* sel = a.topk_idx + (int64_t(q0) + i) * a.nkv * a.topk;
-    for (int k = 0; k < a.nkv * a.topk; ++k) {
-      const int b = sel[k];
-      if (b >= 0 && b <= own) atomicOr(&set[b >> 5], 1u << (b & 31));
-    }
-  }
+  if (i < qlen) for_each_kept_block(a, seq, q0, qlen, i, [&](int b) { atomicOr(&set[b >> 5], 1u << (b & 31)); });
   __syncthreads();
   uint32_t* out = bits + (int64_t(seq) * gridDim.y + blockIdx.y) * words;
   for (int w = threadIdx.x; w < words; w += 256) out[w] = set[w];
@@ -1053,8 +1057,7 @@ bool run_attention_prefill(const ops::AttentionParams& p, void* stream_v) {
       SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
     } else if (select == kStageCounter) {
       cuda_check(cudaMemsetAsync(ws + stage.table, 0xFF, stage.counter + 4, stream), "prefill fp8 stage table");
-      const int64_t qmax = p.batch.max_query_len > 0 ? p.batch.max_query_len : p.batch.num_tokens;
-      const dim3 g(unsigned(p.batch.num_seqs), unsigned((qmax + 255) / 256));
+      const dim3 g(unsigned(p.batch.num_seqs), unsigned(stage.chunks));
       stage_mark_kernel<<<g, 256, 0, stream>>>(a, table, counter);
       SIEVE_LAUNCH_CHECK("prefill fp8 stage mark launch");
     }

@@ -19,19 +19,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Every committed group but the newest one is complete.
 __device__ __forceinline__ void wgmma_wait_1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-// At most N committed groups are still pending (the N newest).
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps an in-flight MMA's register A operand alive (and unmoved) up to this point: after the
-// wgmma's asm the compiler takes the fragment for dead and could reuse its registers before the
-// MMA has read them.
-template <int N>
-__device__ __forceinline__ void fence_frag(uint32_t (&f)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(f[i][0]), "+r"(f[i][1]), "+r"(f[i][2]), "+r"(f[i][3])::"memory");
-}
 // Pins the accumulators around the asynchronous MMAs (no register move crosses the fences).
 template <int N>
 __device__ __forceinline__ void fence_acc(float (&d)[N]) {
