@@ -320,8 +320,8 @@ std::vector<GpuRun> stream_runs() {
 }
 
 // The tile kernels under each scale layout and map source (MoeTuning::fp8_tile_*), whole and in
-// chunks; then the first again with one weight multiplier a column (the same bytes: same_as,
-// an index into this list).
+// chunks; then the first again with one weight multiplier a column, and the first two with the
+// epilogue's fragments stored directly (the same bytes: same_as, an index into this list).
 std::vector<GpuRun> tile_runs() {
   std::vector<GpuRun> r;
   struct Layout {
@@ -350,6 +350,15 @@ std::vector<GpuRun> tile_runs() {
   g.same_as = 0;
   g.what += ", a weight multiplier a column";
   r.push_back(g);
+  // The epilogue's rows stored straight from the fragments (MoeTuning::fp8_tile_staged_out off),
+  // whole and in chunks: the same bytes as staged through shared memory.
+  for (int i : {0, 1}) {
+    GpuRun d = r[size_t(i)];
+    d.knobs.fp8_tile_staged_out = false;
+    d.same_as = i;
+    d.what += ", fragments stored directly";
+    r.push_back(d);
+  }
   return r;
 }
 

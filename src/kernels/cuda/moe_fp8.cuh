@@ -215,6 +215,10 @@ struct GemmArgs {
   // for the stream kernels).
   const float* wst;
   int wn;
+  // Tile kernels (MoeTuning::fp8_tile_staged_out): the epilogue writes its rows through shared
+  // memory (the warpgroup's activation box of the tile's last stage) as 16-byte row runs instead
+  // of storing each thread's fragments straight to global memory.
+  bool staged_out;
 };
 
 // An expert matrix's weight map (moe_fp8.cu): row-major [rows, cols] fp8, boxes of 64 rows x 128
@@ -240,7 +244,6 @@ enum class TileScales { kRowMajor, kKmajor, kBulk };
 // with k-block-major scales). block_w (kBulk only): weight multipliers constant over each
 // half's gate rows and up rows (down: over each half), as with blocks of 128 rows or more: one
 // multiplier a run in the promotion.
-size_t tile_smem_bytes();
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,
                   TileScales scales = TileScales::kRowMajor, const TileMaps* maps = nullptr,
                   bool block_w = false);

@@ -25,6 +25,11 @@
 // takes the row's amax over its 128 units (one quantization group: the tile is the group) with
 // two quad shuffles, and writes the row quantized for down (fp8 + the group's scale).
 // down: 256 hidden rows; the epilogue writes the pair's output row in bf16.
+// Staged epilogue (bulk scales; MoeTuning::fp8_tile_staged_out, the default): each warpgroup
+// writes its 64 rows into a shared-memory buffer of their own, and the lanes of its first warp
+// store them with one bulk copy a row (cp.async.bulk, shared to global), which runs on while the
+// warpgroup starts its next tile; down's 64 KB buffer leaves room for 3 ring stages, not 4.
+// Otherwise every thread stores its fragments (2 or 4 bytes of 8 rows an instruction).
 // Registers: the final accumulators of a thread are 64 rows x 256 columns / 128 threads = 128
 // fp32, the temporary 64 more; the consumer warpgroups raise their limit to 232 (setmaxnreg).
 #include <cuda.h>
@@ -47,8 +52,21 @@ constexpr int kBox = 64 * kBK;            // one 64-row box
 // activation rows' (with bulk copies from the 16-byte boundary at or before the tile's first
 // row: up to 3 more).
 constexpr int kScales = kTileW + kTileRows + 4;
-constexpr size_t kSmemBytes =
-    1024 + size_t(kStages) * (kABytes + kWBytes) + size_t(kStages) * kScales * 4 + 2 * kStages * 8;
+// Staged epilogue (MoeTuning::fp8_tile_staged_out): the tile's output rows in a buffer of their
+// own (row strides padded by 16 bytes: a warp's fragment stores are free of bank conflicts), one
+// bulk store a row. gate_up: 128 fp8 units a row (128 bytes); down: 256 bf16 columns (512
+// bytes), with 3 ring stages instead of 4 to make room.
+constexpr int out_stride(bool gate_up) { return gate_up ? 144 : 528; }
+constexpr int stages_of(bool gate_up, bool staged) { return staged && !gate_up ? 3 : kStages; }
+constexpr size_t smem_bytes(bool gate_up, bool staged) {
+  const int st = stages_of(gate_up, staged);
+  return 1024 + size_t(st) * (kABytes + kWBytes) + size_t(st) * kScales * 4 + 2 * st * 8 +
+         (staged ? size_t(kTileRows) * out_stride(gate_up) : 0);
+}
+static_assert(smem_bytes(false, true) <= 227 * 1024 && smem_bytes(true, true) <= 227 * 1024 &&
+                  smem_bytes(true, false) <= 227 * 1024,
+              "tile kernels: shared memory");
+static_assert(kScales * 4 % 16 == 0, "tile kernels: the staging buffer after the barriers is 16-byte aligned");
 
 struct Tile {
   int e, col, r0, rows;
@@ -80,12 +98,15 @@ struct NoMaps {
 // Maps: TileMaps (weight maps in the parameter) or NoMaps (g.wmaps, written by the sort).
 enum ScaleMode { kRowMajor = 0, kKmajor = 1, kBulk = 2 };
 
-template <bool kGateUp, int kMode, class Maps, bool kBlockW>
+template <bool kGateUp, int kMode, class Maps, bool kBlockW, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 1)
     tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g, const __grid_constant__ Maps pmaps) {
   static_assert(!kBlockW || kMode == kBulk, "block weight multipliers: bulk scales only");
+  static_assert(!kStaged || kMode == kBulk, "staged epilogue: bulk scales only");
   constexpr bool kParamMaps = sizeof(Maps) > sizeof(NoMaps);
   constexpr bool kKmaj = kMode != kRowMajor;
+  constexpr int kStages = stages_of(kGateUp, kStaged);
+  constexpr int kOut = out_stride(kGateUp);
   extern __shared__ uint8_t tile_smem_raw[];
   uint8_t* const smem = align1024(tile_smem_raw);
   uint8_t* const a_ring = smem;
@@ -93,6 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* const s_ring = reinterpret_cast<float*>(w_ring + kStages * kWBytes);
   uint64_t* const full = reinterpret_cast<uint64_t*>(s_ring + kStages * kScales);
   uint64_t* const empty = full + kStages;
+  uint8_t* const out_buf = reinterpret_cast<uint8_t*>(empty + kStages);  // kStaged: 128 rows x kOut bytes
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -206,6 +228,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Tile t = tile_of(g, i);
     const bool active = 64 * c < t.rows && g.experiment != 4;  // 4: no products, no epilogue (timing)
     const int xoff = kTileW + (kMode == kBulk ? (t.r0 & 3) : 0);  // the tile's first activation scale
+    // Staged epilogue: lane l of the warpgroup's first warp stores rows l and l + 32 of its 64;
+    // down: their pairs, loaded now so that the loads' latency hides behind the products.
+    int prow[2] = {-1, -1};
+    if (kStaged && !kGateUp && w == 0 && active) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int row = 64 * c + lane + 32 * k;
+        if (row < t.rows) prow[k] = g.sorted[t.r0 + row];
+      }
+    }
     float fin[2][64];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -275,76 +307,148 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (++s == kStages) s = 0, fp ^= 1;
     }
     if (!active || g.experiment == 7) continue;  // timing experiment 7: products, no epilogue
-
-    // Epilogue. Thread rows: 64 c + 16 w + g8 + 8 r; half h, column 8 j + 2 q + ii.
+    if constexpr (kStaged) {
+      // The warpgroup's 64 rows in its half of the staging buffer, then one bulk store a row by
+      // the first warp's lanes; the stores run on while the warpgroup goes on to its next tile.
+      // Before the buffer is written again, the lanes that stored from it wait until their stores
+      // have read it.
+      uint8_t* const ob = out_buf + c * 64 * kOut;
+      const int wgbar = 1 + c;  // named barrier of this warpgroup's 128 threads
+      if (w == 0) bulk_store_wait_read();
+      named_sync(wgbar, 128);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 64 * c + 16 * w + g8 + 8 * r;
-      if (kGateUp) {
-        float v[2][8][2];
-        float amax = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int ii = 0; ii < 2; ++ii) {
-              const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q + ii;
-              const float x = swiglu_oai_value(fin[h][4 * j + 2 * r + ii], fin[h][4 * (j + 8) + 2 * r + ii], g.alpha,
-                                               g.limit, g.beta);
-              v[h][j][ii] = unit < g.inter ? x : 0.0f;
-              amax = fmaxf(amax, fabsf(v[h][j][ii]));
-            }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const float scale = group_scale(amax);
-        if (row < t.rows) {
-          uint8_t* dst = g.act_q + int64_t(t.r0 + row) * g.ld_act;
+      for (int r = 0; r < 2; ++r) {
+        const int lrow = 16 * w + g8 + 8 * r;
+        if constexpr (kGateUp) {
+          // The fp8 rows for down: unit u of the tile (0..127) at byte u of the row.
+          const int row = 64 * c + lrow;
+          float v[2][8][2];
+          float amax = 0.0f;
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q;  // I % 16 == 0: unit + 1 < I too
-              if (unit < g.inter)
-                *reinterpret_cast<uint16_t*>(dst + unit) =
-                    uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
-            }
-          if (q == 0)
-            g.act_scale[kKmaj ? int64_t(t.col) * g.rows_cap + t.r0 + row
-                                : int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+              for (int ii = 0; ii < 2; ++ii) {
+                const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q + ii;
+                const float x = swiglu_oai_value(fin[h][4 * j + 2 * r + ii], fin[h][4 * (j + 8) + 2 * r + ii],
+                                                 g.alpha, g.limit, g.beta);
+                v[h][j][ii] = unit < g.inter ? x : 0.0f;
+                amax = fmaxf(amax, fabsf(v[h][j][ii]));
+              }
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+          const float scale = group_scale(amax);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              *reinterpret_cast<uint16_t*>(ob + lrow * kOut + 64 * h + 8 * j + 2 * q) =
+                  uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
+          if (q == 0 && row < t.rows) g.act_scale[int64_t(t.col) * g.rows_cap + t.r0 + row] = scale;  // k-block-major
+        } else {
+          // The bf16 output row: column n of the tile at bytes 2 n.
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+              *reinterpret_cast<uint32_t*>(ob + lrow * kOut + 2 * (128 * h + 8 * j + 2 * q)) =
+                  pack_bf16x2(fin[h][4 * j + 2 * r], fin[h][4 * j + 2 * r + 1]);
         }
-      } else if (row < t.rows) {
-        uint16_t* dst = g.y + int64_t(g.sorted[t.r0 + row]) * g.hidden;
+      }
+      fence_proxy_async();  // the rows, to the bulk stores (async proxy)
+      named_sync(wgbar, 128);
+      if (w == 0) {
+        // I and H are multiples of 16: a row's valid part is a multiple of 16 bytes.
+        const int n0 = t.col * (kGateUp ? 128 : kTileW);
+        const uint32_t bytes = kGateUp ? uint32_t(min(128, g.inter - n0)) : uint32_t(2 * min(kTileW, g.hidden - n0));
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 2; ++k) {
+          const int lrow = lane + 32 * k, row = 64 * c + lrow;
+          if (row >= t.rows) continue;
+          void* dst = kGateUp ? static_cast<void*>(g.act_q + int64_t(t.r0 + row) * g.ld_act + n0)
+                              : static_cast<void*>(g.y + int64_t(prow[k]) * g.hidden + n0);
+          bulk_store(dst, ob + lrow * kOut, bytes);
+        }
+        bulk_store_commit();
+      }
+    } else {
+      // Epilogue, fragments stored directly. Thread rows: 64 c + 16 w + g8 + 8 r; half h, column
+      // 8 j + 2 q + ii.
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            const int n = t.col * kTileW + 128 * h + 8 * j + 2 * q;  // H % 16 == 0: n + 1 < H too
-            if (n < g.hidden)
-              *reinterpret_cast<uint32_t*>(dst + n) = pack_bf16x2(fin[h][4 * j + 2 * r], fin[h][4 * j + 2 * r + 1]);
+      for (int r = 0; r < 2; ++r) {
+        const int row = 64 * c + 16 * w + g8 + 8 * r;
+        if (kGateUp) {
+          float v[2][8][2];
+          float amax = 0.0f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+              for (int ii = 0; ii < 2; ++ii) {
+                const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q + ii;
+                const float x = swiglu_oai_value(fin[h][4 * j + 2 * r + ii], fin[h][4 * (j + 8) + 2 * r + ii], g.alpha,
+                                                 g.limit, g.beta);
+                v[h][j][ii] = unit < g.inter ? x : 0.0f;
+                amax = fmaxf(amax, fabsf(v[h][j][ii]));
+              }
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+          const float scale = group_scale(amax);
+          if (row < t.rows) {
+            uint8_t* dst = g.act_q + int64_t(t.r0 + row) * g.ld_act;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q;  // I % 16 == 0: unit + 1 < I too
+                if (unit < g.inter)
+                  *reinterpret_cast<uint16_t*>(dst + unit) =
+                      uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
+              }
+            if (q == 0)
+              g.act_scale[kKmaj ? int64_t(t.col) * g.rows_cap + t.r0 + row
+                                  : int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
           }
+        } else if (row < t.rows) {
+          uint16_t* dst = g.y + int64_t(g.sorted[t.r0 + row]) * g.hidden;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              const int n = t.col * kTileW + 128 * h + 8 * j + 2 * q;  // H % 16 == 0: n + 1 < H too
+              if (n < g.hidden)
+                *reinterpret_cast<uint32_t*>(dst + n) = pack_bf16x2(fin[h][4 * j + 2 * r], fin[h][4 * j + 2 * r + 1]);
+            }
+        }
       }
     }
   }
+  if (kStaged && w == 0) bulk_store_wait_all();  // the last tile's stores
 }
 
 }  // namespace
 
-size_t tile_smem_bytes() { return kSmemBytes; }
-
 namespace {
-template <bool kGateUp, int kMode, class Maps, bool kBlockW = false>
+template <bool kGateUp, int kMode, class Maps, bool kBlockW = false, bool kStaged = false>
 void launch_one(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, cudaStream_t st) {
-  set_smem(tile_kernel<kGateUp, kMode, Maps, kBlockW>, kSmemBytes);
-  tile_kernel<kGateUp, kMode, Maps, kBlockW><<<grid, kThreads, kSmemBytes, st>>>(amap, g, maps);
+  constexpr size_t bytes = smem_bytes(kGateUp, kStaged);
+  set_smem(tile_kernel<kGateUp, kMode, Maps, kBlockW, kStaged>, bytes);
+  tile_kernel<kGateUp, kMode, Maps, kBlockW, kStaged><<<grid, kThreads, bytes, st>>>(amap, g, maps);
   SIEVE_LAUNCH_CHECK(kGateUp ? "moe_experts fp8 (gate_up tiles)" : "moe_experts fp8 (down tiles)");
 }
-// Bulk scales, with block weight multipliers (block_w) or one a column.
+// Bulk scales, with block weight multipliers (block_w) or one a column, the epilogue staged
+// (g.staged_out) or not.
 template <bool kGateUp, class Maps>
 void launch_bulk(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, bool block_w,
                  cudaStream_t st) {
-  if (block_w) {
+  if (block_w && g.staged_out) {
+    launch_one<kGateUp, kBulk, Maps, true, true>(amap, g, maps, grid, st);
+  } else if (block_w) {
     launch_one<kGateUp, kBulk, Maps, true>(amap, g, maps, grid, st);
+  } else if (g.staged_out) {
+    launch_one<kGateUp, kBulk, Maps, false, true>(amap, g, maps, grid, st);
   } else {
     launch_one<kGateUp, kBulk, Maps, false>(amap, g, maps, grid, st);
   }

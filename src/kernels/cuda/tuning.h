@@ -212,6 +212,12 @@ struct MoeTuning {
   // fp8): the promotion takes one weight multiplier for each 64-row gate or up run of a half
   // (down: each half) instead of one a column; the same products (false: one a column).
   bool fp8_tile_block_scales = true;
+  // Tile kernels: each consumer warpgroup's epilogue stages its 64 output rows in its activation
+  // box of the tile's last stage (released after the epilogue) and stores them as 16-byte runs,
+  // a warp writing whole 128-byte lines (gate_up: the fp8 rows for down in one pass; down: the
+  // bf16 rows in four passes of 64 columns). false: each thread stores its fragments directly
+  // (4-byte bf16 pairs / 2-byte fp8 pairs of 8 rows an instruction).
+  bool fp8_tile_staged_out = true;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
   // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
