@@ -333,6 +333,7 @@ std::vector<GpuRun> tile_runs() {
                           Layout{false, false, false, "tiles, row-major scales"}}) {
     GpuRun g;
     g.knobs.fp8_path = 2;
+    g.knobs.fp8_tile_staged_out = 1;  // staged at every size (where bulk scales allow it)
     g.knobs.fp8_tile_kmajor_scales = l.kmajor;
     g.knobs.fp8_tile_bulk_scales = l.bulk;
     g.knobs.fp8_tile_param_maps = l.param_maps;
@@ -354,7 +355,7 @@ std::vector<GpuRun> tile_runs() {
   // whole and in chunks: the same bytes as staged through shared memory.
   for (int i : {0, 1}) {
     GpuRun d = r[size_t(i)];
-    d.knobs.fp8_tile_staged_out = false;
+    d.knobs.fp8_tile_staged_out = 0;
     d.same_as = i;
     d.what += ", fragments stored directly";
     r.push_back(d);

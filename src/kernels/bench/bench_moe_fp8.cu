@@ -379,7 +379,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // Weight blocks of (128, 128) (the row-major arrays read as such; tiled a call) with
         // MoeTuning::fp8_tile_block_scales off (0) or on (1); -1: (1, 128) blocks.
         int block = -1;
-        bool staged = true;  // MoeTuning::fp8_tile_staged_out
+        int staged = -1;  // MoeTuning::fp8_tile_staged_out
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
@@ -405,7 +405,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       }
       if (tokens >= 1024) {
         Variant d{2, true, false, "tiles, epilogue fragments stored directly (before)"};
-        d.staged = false;
+        d.staged = 0;
         variants.push_back(d);
         variants.push_back({2, true, false, "tiles, bulk tiled scales, device maps", true, true, false});
         variants.push_back({2, true, false, "tiles, cp.async tiled scales, parameter maps", true, false, true});

@@ -215,9 +215,9 @@ struct GemmArgs {
   // for the stream kernels).
   const float* wst;
   int wn;
-  // Tile kernels (MoeTuning::fp8_tile_staged_out): the epilogue writes its rows through shared
-  // memory (the warpgroup's activation box of the tile's last stage) as 16-byte row runs instead
-  // of storing each thread's fragments straight to global memory.
+  // Tile kernels with bulk scales (MoeTuning::fp8_tile_staged_out): the epilogue writes its rows
+  // into shared memory and bulk-stores them a row at a time, instead of storing each thread's
+  // fragments straight to global memory.
   bool staged_out;
 };
 

@@ -25,10 +25,11 @@
 // takes the row's amax over its 128 units (one quantization group: the tile is the group) with
 // two quad shuffles, and writes the row quantized for down (fp8 + the group's scale).
 // down: 256 hidden rows; the epilogue writes the pair's output row in bf16.
-// Staged epilogue (bulk scales; MoeTuning::fp8_tile_staged_out, the default): each warpgroup
-// writes its 64 rows into a shared-memory buffer of their own, and the lanes of its first warp
-// store them with one bulk copy a row (cp.async.bulk, shared to global), which runs on while the
-// warpgroup starts its next tile; down's 64 KB buffer leaves room for 3 ring stages, not 4.
+// Staged epilogue (bulk scales; MoeTuning::fp8_tile_staged_out, by default for chunks of 128 rows
+// an expert or more): each warpgroup writes its 64 rows into a shared-memory buffer of their own,
+// and the lanes of its first warp store them with one bulk copy a row (cp.async.bulk, shared to
+// global), which runs on while the warpgroup starts its next tile; down's 64 KB buffer leaves
+// room for 3 ring stages, not 4.
 // Otherwise every thread stores its fragments (2 or 4 bytes of 8 rows an instruction).
 // Registers: the final accumulators of a thread are 64 rows x 256 columns / 128 threads = 128
 // fp32, the temporary 64 more; the consumer warpgroups raise their limit to 232 (setmaxnreg).
@@ -84,6 +85,29 @@ __device__ __forceinline__ Tile tile_of(const GemmArgs& g, int64_t i) {
 template <bool kGateUp>
 __device__ __forceinline__ int weight_row(const GemmArgs& g, int col, int c, bool& valid) {
   return kGateUp ? gate_up_row(col, c, g.inter, valid) : down_row(col, c, g.hidden, valid);
+}
+
+// gate_up's epilogue: the SwiGLU-OAI values of a thread's row r (units 64 h + 8 j + 2 q + ii of
+// weight-row tile col: gate sums in columns j < 8 of a half, up sums in j + 8; zero past I) and
+// their quantization group's scale (the row's amax over its quad: the tile is the group).
+__device__ __forceinline__ float swiglu_row(const GemmArgs& g, const float (&fin)[2][64], int r, int q, int col,
+                                            float (&v)[2][8][2]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int ii = 0; ii < 2; ++ii) {
+        const int unit = col * 128 + 64 * h + 8 * j + 2 * q + ii;
+        const float x = swiglu_oai_value(fin[h][4 * j + 2 * r + ii], fin[h][4 * (j + 8) + 2 * r + ii], g.alpha,
+                                         g.limit, g.beta);
+        v[h][j][ii] = unit < g.inter ? x : 0.0f;
+        amax = fmaxf(amax, fabsf(v[h][j][ii]));
+      }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  return group_scale(amax);
 }
 
 // One map for the kernels that read the sort's maps in global memory.
@@ -323,22 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // The fp8 rows for down: unit u of the tile (0..127) at byte u of the row.
           const int row = 64 * c + lrow;
           float v[2][8][2];
-          float amax = 0.0f;
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-              for (int ii = 0; ii < 2; ++ii) {
-                const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q + ii;
-                const float x = swiglu_oai_value(fin[h][4 * j + 2 * r + ii], fin[h][4 * (j + 8) + 2 * r + ii],
-                                                 g.alpha, g.limit, g.beta);
-                v[h][j][ii] = unit < g.inter ? x : 0.0f;
-                amax = fmaxf(amax, fabsf(v[h][j][ii]));
-              }
-          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-          const float scale = group_scale(amax);
+          const float scale = swiglu_row(g, fin, r, q, t.col, v);
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -380,22 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int row = 64 * c + 16 * w + g8 + 8 * r;
         if (kGateUp) {
           float v[2][8][2];
-          float amax = 0.0f;
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-              for (int ii = 0; ii < 2; ++ii) {
-                const int unit = t.col * 128 + 64 * h + 8 * j + 2 * q + ii;
-                const float x = swiglu_oai_value(fin[h][4 * j + 2 * r + ii], fin[h][4 * (j + 8) + 2 * r + ii], g.alpha,
-                                                 g.limit, g.beta);
-                v[h][j][ii] = unit < g.inter ? x : 0.0f;
-                amax = fmaxf(amax, fabsf(v[h][j][ii]));
-              }
-          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-          const float scale = group_scale(amax);
+          const float scale = swiglu_row(g, fin, r, q, t.col, v);
           if (row < t.rows) {
             uint8_t* dst = g.act_q + int64_t(t.r0 + row) * g.ld_act;
 #pragma unroll
