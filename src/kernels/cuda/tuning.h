@@ -218,8 +218,8 @@ struct MoeTuning {
   // stages, not 4); otherwise each thread stores its fragments directly (4-byte bf16 pairs /
   // 2-byte fp8 pairs of 8 rows an instruction). 1 always, 0 never, -1 when a chunk's pairs
   // average at least 128 rows an expert (H100: staged 5-10 % faster at 8192 tokens, 256 rows an
-  // expert; 5-9 % slower at 1024 tokens, 32 rows, where down's fourth stage counts more than its
-  // stores; between them not measured).
+  // expert; 5-9 % slower at 1024 tokens, 32 rows, not analysed: down there also gives up its
+  // fourth ring stage; between them not measured).
   int fp8_tile_staged_out = -1;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
