@@ -5,7 +5,7 @@
 // expert, weight-row tile, row tile (row tiles fastest: the CTAs that share an expert's weight
 // tile run together and meet in L2):
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
-//    4 stages (the 128 activation rows as two 64-row boxes, the 256 weight rows as four) and the
+//    4 stages (3 for down with the staged epilogue; the 128 activation rows as two 64-row boxes, the 256 weight rows as four) and the
 //    stage's 256 weight-row scales and 128 activation-row scales: by default (the weights' tiled
 //    scales, [rbs][nkb][256] in the tile's row order, their own or the call's copy of row-major
 //    ones, and k-block-major activation scales) as 2 bulk copies counted in the stage's bytes (1
@@ -331,6 +331,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (++s == kStages) s = 0, fp ^= 1;
     }
     if (!active || g.experiment == 7) continue;  // timing experiment 7: products, no epilogue
+    // gate_up: where the group scale of tile row `row` goes (k-block-major, or row-major).
+    auto act_scale_at = [&](int row) -> float& {
+      return g.act_scale[kKmaj ? int64_t(t.col) * g.rows_cap + t.r0 + row
+                               : int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col];
+    };
     if constexpr (kStaged) {
       // The warpgroup's 64 rows in its half of the staging buffer, then one bulk store a row by
       // the first warp's lanes; the stores run on while the warpgroup goes on to its next tile.
@@ -354,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int j = 0; j < 8; ++j)
               *reinterpret_cast<uint16_t*>(ob + lrow * kOut + 64 * h + 8 * j + 2 * q) =
                   uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
-          if (q == 0 && row < t.rows) g.act_scale[int64_t(t.col) * g.rows_cap + t.r0 + row] = scale;  // k-block-major
+          if (q == 0 && row < t.rows) act_scale_at(row) = scale;
         } else {
           // The bf16 output row: column n of the tile at bytes 2 n.
 #pragma unroll
@@ -401,9 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   *reinterpret_cast<uint16_t*>(dst + unit) =
                       uint16_t(quant(v[h][j][0], scale) | (uint32_t(quant(v[h][j][1], scale)) << 8));
               }
-            if (q == 0)
-              g.act_scale[kKmaj ? int64_t(t.col) * g.rows_cap + t.r0 + row
-                                  : int64_t(t.r0 + row) * ((g.inter + kGroup - 1) / kGroup) + t.col] = scale;
+            if (q == 0) act_scale_at(row) = scale;
           }
         } else if (row < t.rows) {
           uint16_t* dst = g.y + int64_t(g.sorted[t.r0 + row]) * g.hidden;
