@@ -421,7 +421,7 @@ TEST(CudaMoeExpertsFp8, TiledScales) {
 }
 
 // Empty experts, every token to one expert (several row blocks and tiles of one expert), a hot
-// expert, odd token counts, skipped ids.
+// expert, odd token counts, skipped ids, top-10.
 TEST(CudaMoeExpertsFp8, Routings) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 2200;
@@ -437,6 +437,9 @@ TEST(CudaMoeExpertsFp8, Routings) {
   MoeShape h = s;
   h.T = 150, h.hot = 2, h.empty_every = 0;
   gpu_fp8_case(h, all_runs(), seed++);
+  MoeShape w = s;  // top-10: more slots than the combine orders in registers (8)
+  w.T = 21, w.K = 10, w.empty_every = 0, w.skipped = 3;
+  gpu_fp8_case(w, all_runs(), seed++);
 }
 
 // The expert shapes of one TP4 and one TP8 rank of MiniMax-M3 (hidden 6144, 768 / 384 units,

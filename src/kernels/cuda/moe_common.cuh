@@ -7,6 +7,21 @@
 
 namespace sieve::cuda {
 
+// The sort's ids kSortRun at a time: e[i] = ids[q0 + i], -1 past the pairs.
+constexpr int kSortRun = 8;
+__device__ __forceinline__ void load_ids(const int32_t* ids, int q0, int pairs, bool vec, int (&e)[kSortRun]) {
+  if (vec && q0 + kSortRun <= pairs) {
+#pragma unroll
+    for (int i = 0; i < kSortRun; i += 4) {
+      const int4 v = *reinterpret_cast<const int4*>(ids + q0 + i);
+      e[i] = v.x, e[i + 1] = v.y, e[i + 2] = v.z, e[i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kSortRun; ++i) e[i] = q0 + i < pairs ? ids[q0 + i] : -1;
+  }
+}
+
 // One CTA of blockDim.x threads; cnt and cur: 2 E int32 of shared memory. offsets[e] ..
 // offsets[e + 1]: expert e's rows of `sorted` (pair indices t * topk + slot); blk_start[e]: its
 // first row block of R rows; offsets[E], blk_start[E]: the totals; pos[q] (when set): the sorted
@@ -20,9 +35,15 @@ __device__ __forceinline__ void sort_pairs(const int32_t* ids, int pairs, int E,
                                            bool scan = false) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
-    const int e = ids[q];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  // kSortRun consecutive pairs a thread at a time (16-byte loads and stores where aligned), so that
+  // each thread has kSortRun ids in flight, not one.
+  const bool vec = (reinterpret_cast<uintptr_t>(ids) & 15) == 0;
+  for (int q0 = kSortRun * threadIdx.x; q0 < pairs; q0 += kSortRun * blockDim.x) {
+    int e[kSortRun];
+    load_ids(ids, q0, pairs, vec, e);
+#pragma unroll
+    for (int i = 0; i < kSortRun; ++i)
+      if (e[i] >= 0 && e[i] < E) atomicAdd(&cnt[e[i]], 1);
   }
   __syncthreads();
   if (scan) {
@@ -76,14 +97,28 @@ __device__ __forceinline__ void sort_pairs(const int32_t* ids, int pairs, int E,
     blk_start[E] = blks;
   }
   __syncthreads();
-  for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
-    const int e = ids[q];
-    int r = -1;
-    if (e >= 0 && e < E) {
-      r = atomicAdd(&cur[e], 1);
-      sorted[r] = q;
+  const bool pos_vec = (reinterpret_cast<uintptr_t>(pos) & 15) == 0;
+  for (int q0 = kSortRun * threadIdx.x; q0 < pairs; q0 += kSortRun * blockDim.x) {
+    int e[kSortRun], r[kSortRun];
+    load_ids(ids, q0, pairs, vec, e);
+#pragma unroll
+    for (int i = 0; i < kSortRun; ++i) {
+      r[i] = -1;
+      if (e[i] >= 0 && e[i] < E) {
+        r[i] = atomicAdd(&cur[e[i]], 1);
+        sorted[r[i]] = q0 + i;
+      }
     }
-    if (pos) pos[q] = r;
+    if (!pos) continue;
+    if (pos_vec && q0 + kSortRun <= pairs) {
+#pragma unroll
+      for (int i = 0; i < kSortRun; i += 4)
+        *reinterpret_cast<int4*>(pos + q0 + i) = make_int4(r[i], r[i + 1], r[i + 2], r[i + 3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSortRun; ++i)
+        if (q0 + i < pairs) pos[q0 + i] = r[i];
+    }
   }
 }
 

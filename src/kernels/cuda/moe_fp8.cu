@@ -97,9 +97,11 @@ __global__ void __launch_bounds__(kSortThreads) sort_kernel(const int32_t* ids, 
   sort_pairs(ids, pairs, E, R, sort_smem, sort_smem + E, offsets, blk_start, sorted, pos, scan);
 }
 
-// Step 2. A warp a (token, 1 x 128 group), 4 consecutive elements a lane. kind 0: F32 x, 1: BF16
-// x, 2: FP8 x with x_scale. pos null: row t of xq is token t (a plain quantization). Row r's
-// scale of group gi goes to xs[r * xs_row + gi * xs_group] (row-major or k-block-major).
+// Step 2. A warp a token's two 1 x 128 groups 2 p and 2 p + 1 (lanes 0-15 and 16-31), 8
+// consecutive elements a lane, read as two 4-element loads that are both in flight before the
+// group's amax is taken (a lane's 8 elements are all in or all out: H % 16 == 0). kind 0: F32 x,
+// 1: BF16 x, 2: FP8 x with x_scale. pos null: row t of xq is token t (a plain quantization).
+// Row r's scale of group gi goes to xs[r * xs_row + gi * xs_group] (row-major or k-block-major).
 // tail (k-block-major scales, rows_cap cap): the sort's row count; the rows from it to the next
 // multiple of 4 get scale 0 in xs and in as ([as_groups][cap], the gate_up product's output),
 // which no product writes but the bulk copies of a unit's or tile's scales read (16-byte runs):
@@ -112,7 +114,7 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
                                 int64_t xs_group, const int32_t* tail, int64_t cap, float* as, int as_groups) {
   pdl_wait();
   pdl_trigger();
-  const int groups = (H + kGroup - 1) / kGroup;
+  const int groups = (H + kGroup - 1) / kGroup, pgroups = (groups + 1) / 2;
   if (tail && blockIdx.x == 0) {
     const int64_t r0 = *tail, n = min(cap, (r0 + 3) / 4 * 4) - r0;
     for (int64_t idx = threadIdx.x; idx < n * (groups + as_groups); idx += blockDim.x) {
@@ -126,37 +128,54 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
   }
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t wi = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; wi < T * groups; wi += warps) {
-    const int64_t t = wi / groups;
-    const int gi = int(wi - t * groups);
-    const int k = gi * kGroup + 4 * lane;
-    const bool in = k < H;  // H % 16 == 0: a lane's 4 elements are all in or all out
-    uint32_t packed = 0;
-    float scale;
+  for (int64_t wi = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; wi < T * pgroups; wi += warps) {
+    const int64_t t = wi / pgroups;
+    const int gi = 2 * int(wi - t * pgroups) + (lane >> 4);
+    const int k = gi * kGroup + 8 * (lane & 15);
+    const bool in = k < H;
+    uint2 packed = make_uint2(0, 0);
+    float scale = 1.0f;
     if (kind == 2) {
-      if (in) packed = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(x) + t * ldx + k);
-      scale = x_scale[t * groups + gi];
-    } else {
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (in) {
-        if (kind == 0) {
-          unpack_f32x4(*reinterpret_cast<const float4*>(static_cast<const float*>(x) + t * ldx + k), v);
-        } else {
-          unpack_bf16x4(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(x) + t * ldx + k), v);
-        }
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(x) + t * ldx + k);
+        packed = make_uint2(src[0], src[1]);
+        scale = x_scale[t * groups + gi];
       }
-      float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    } else {
+      float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      if (in) {
+        float a[4], b[4];
+        if (kind == 0) {
+          const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(x) + t * ldx + k);
+          const float4 u0 = src[0], u1 = src[1];
+          unpack_f32x4(u0, a);
+          unpack_f32x4(u1, b);
+        } else {
+          const uint2* src = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(x) + t * ldx + k);
+          const uint2 u0 = src[0], u1 = src[1];
+          unpack_bf16x4(u0, a);
+          unpack_bf16x4(u1, b);
+        }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        for (int i = 0; i < 4; ++i) v[i] = a[i], v[4 + i] = b[i];
+      }
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       scale = group_scale(amax);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) packed |= uint32_t(quant(v[i], scale)) << (8 * i);
+      for (int i = 0; i < 4; ++i) {
+        packed.x |= uint32_t(quant(v[i], scale)) << (8 * i);
+        packed.y |= uint32_t(quant(v[4 + i], scale)) << (8 * i);
+      }
     }
     for (int j = 0; j < (pos ? topk : 1); ++j) {
       const int64_t r = pos ? pos[t * topk + j] : t;
-      if (r < 0) continue;
-      if (in) *reinterpret_cast<uint32_t*>(xq + r * ldq + k) = packed;
-      if (lane == 0) xs[r * xs_row + gi * xs_group] = scale;
+      if (r < 0 || !in) continue;
+      *reinterpret_cast<uint2*>(xq + r * ldq + k) = packed;
+      if ((lane & 15) == 0) xs[r * xs_row + gi * xs_group] = scale;
     }
   }
 }
@@ -165,32 +184,75 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
 // fill the GPU); 8 elements (16 bytes of y) a thread at a time, a bf16 out read and written as
 // one 16-byte vector too (H % 16 == 0: the run starts 16-byte aligned when out does). It never
 // lets its dependents start early (no pdl_trigger): the sort of the next chunk or call relies on
-// it (step 1).
-constexpr int kCombineThreads = 128;
+// it (step 1). kRegs (top-k up to kCombineSlots; M3: 4): the token's slot order found in
+// registers (a valid slot's place is the count of valid slots with a lower id, or the same id and
+// a lower slot: expert_order's order) and all of a thread's loads (its slots' 16 bytes of y, out's)
+// issued before the first sum; otherwise expert_order and one slot's load at a time. The same
+// sums either way.
+constexpr int kCombineThreads = 128, kCombineSlots = 8;
+template <bool kRegs>
 __global__ void combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const uint16_t* y,
                                int64_t H, void* out, int ot) {
   pdl_wait();
   const bool out_vec = ot == kElemBF16 && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
   const int64_t t = blockIdx.x;
-  int order[kMaxTopk];
-  const int n = expert_order(ids, t, topk, E, order);
+  constexpr int kSlots = kRegs ? kCombineSlots : kMaxTopk;
+  int order[kSlots];
+  float w[kSlots];
+  int n = 0;
+  if constexpr (kRegs) {
+    int e[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      const int v = j < topk ? ids[t * topk + j] : -1;
+      e[j] = v >= 0 && v < E ? v : -1;
+      order[j] = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      int at = 0;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) at += e[i] >= 0 && (e[i] < e[j] || (e[i] == e[j] && i < j));
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r)
+        if (e[j] >= 0 && r == at) order[r] = j;
+      n += e[j] >= 0;
+    }
+#pragma unroll
+    for (int r = 0; r < kSlots; ++r) w[r] = r < n ? weights[t * topk + order[r]] : 0.0f;
+  } else {
+    n = expert_order(ids, t, topk, E, order);
+  }
   for (int64_t d = 8 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x); d < H;
        d += 8 * int64_t(blockDim.x) * gridDim.y) {
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int qi = 0; qi < n; ++qi) {
-      const int j = order[qi];
-      const float w = weights[t * topk + j];
-      const uint4 v = *reinterpret_cast<const uint4*>(y + (t * topk + j) * H + d);
+    auto add = [&](float wj, uint4 v) {
       const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        sum[2 * i] = __fadd_rn(sum[2 * i], __fmul_rn(w, __uint_as_float(u[i] << 16)));
-        sum[2 * i + 1] = __fadd_rn(sum[2 * i + 1], __fmul_rn(w, __uint_as_float(u[i] & 0xffff0000u)));
+        sum[2 * i] = __fadd_rn(sum[2 * i], __fmul_rn(wj, __uint_as_float(u[i] << 16)));
+        sum[2 * i + 1] = __fadd_rn(sum[2 * i + 1], __fmul_rn(wj, __uint_as_float(u[i] & 0xffff0000u)));
       }
+    };
+    uint4* const dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + t * H + d);
+    uint4 o = make_uint4(0, 0, 0, 0);
+    if constexpr (kRegs) {
+      uint4 v[kSlots];
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r)
+        if (r < n) v[r] = ldg_stream(y + (t * topk + order[r]) * H + d);
+      if (out_vec) o = *dst;
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r)
+        if (r < n) add(w[r], v[r]);
+    } else {
+      for (int qi = 0; qi < n; ++qi) {
+        const int j = order[qi];
+        add(weights[t * topk + j], *reinterpret_cast<const uint4*>(y + (t * topk + j) * H + d));
+      }
+      if (out_vec) o = *dst;
     }
     if (out_vec) {
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + t * H + d);
-      const uint4 o = *dst;
       const uint32_t ou[4] = {o.x, o.y, o.z, o.w};
       uint32_t r[4];
 #pragma unroll
@@ -202,8 +264,8 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int64_t o = t * H + d + i;
-      st_elem(out, ot, o, __fadd_rn(ld_elem(out, ot, o), sum[i]));
+      const int64_t oi = t * H + d + i;
+      st_elem(out, ot, oi, __fadd_rn(ld_elem(out, ot, oi), sum[i]));
     }
   }
 }
@@ -532,7 +594,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
                tmpl_gu, tmpl_dn, p.w_gate_up, p.w_down, bool(knobs.fp8_sort_scan));
 
     const void* x = static_cast<const uint8_t*>(p.x) + size_t(t0 * H) * (fp8_x ? 1 : esz);
-    const int64_t qwarps = tokens * gh;
+    const int64_t qwarps = tokens * ((gh + 1) / 2);  // a warp two groups
     const int qblocks = int(std::min<int64_t>(ceil_div(qwarps, 8), int64_t(sms) * 8));
     launch_pdl(pdl, quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, st, "moe_experts fp8 (quantize)", x, xkind,
                fp8_x ? p.x_scale + t0 * gh : static_cast<const float*>(nullptr), int64_t(H), tokens, int(H),
@@ -604,10 +666,10 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
       SIEVE_LAUNCH_CHECK("moe_experts fp8 (probe)");
     }
 
-    launch_pdl(pdl, combine_kernel, dim3(unsigned(tokens), unsigned(ceil_div(H, 8 * kCombineThreads))),
-               dim3(kCombineThreads), 0, st, "moe_experts fp8 (combine)", ids,
-               weights, int(topk), int(E), static_cast<const uint16_t*>(y), int64_t(H),
-               static_cast<void*>(static_cast<uint8_t*>(p.out) + size_t(t0 * H) * dtype_size(out_t)),
+    launch_pdl(pdl, topk <= kCombineSlots ? combine_kernel<true> : combine_kernel<false>,
+               dim3(unsigned(tokens), unsigned(ceil_div(H, 8 * kCombineThreads))), dim3(kCombineThreads), 0, st,
+               "moe_experts fp8 (combine)", ids, weights, int(topk), int(E), static_cast<const uint16_t*>(y),
+               int64_t(H), static_cast<void*>(static_cast<uint8_t*>(p.out) + size_t(t0 * H) * dtype_size(out_t)),
                elem_code(out_t));
   }
   return true;
@@ -627,7 +689,7 @@ void quantize_fp8_1x128(const void* x, DType dtype, int64_t rows, int64_t cols, 
                         float* scale, void* stream) {
   if (rows <= 0) return;
   SIEVE_CHECK(cols % 16 == 0 && (dtype == DType::F32 || dtype == DType::BF16), "quantize_fp8_1x128: cols % 16, F32/BF16");
-  const int64_t warps = rows * moe_fp8::ceil_div(cols, moe_fp8::kGroup);
+  const int64_t warps = rows * ((moe_fp8::ceil_div(cols, moe_fp8::kGroup) + 1) / 2);  // a warp two groups
   moe_fp8::quantize_kernel<<<unsigned(std::min<int64_t>(moe_fp8::ceil_div(warps, 8), 65535)), 256, 0,
                              static_cast<cudaStream_t>(stream)>>>(x, dtype == DType::F32 ? 0 : 1, nullptr, ldx, rows,
                                                                   int(cols), 1, nullptr, q, cols, scale,
