@@ -380,9 +380,16 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // MoeTuning::fp8_tile_block_scales off (0) or on (1); -1: (1, 128) blocks.
         int block = -1;
         int staged = -1;  // MoeTuning::fp8_tile_staged_out
+        bool out_bf16 = false;  // MoeExpertsParams::out_bf16 (the model's bf16 sublayer output)
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
+      // The output in bf16, as the model hands it (its sublayer outputs are bf16 on CUDA).
+      if (tokens == 32 || tokens == 8192) {
+        Variant ob{0, true, tokens == 32, def + ", bf16 output (as the model)" + (tokens == 32 ? ", " + kBatchMode : "")};
+        ob.out_bf16 = true;
+        variants.push_back(ob);
+      }
       if (tokens <= 1024) variants.push_back({stream_default ? 2 : 1, true, false, stream_default ? "tile kernels" : "stream kernels"});
       if (tokens == 32) variants.push_back({1, false, true, "stream kernels, no PDL, " + kBatchMode});
       // Decode sizes: the fixed costs of the call (issue 44) as before and now, and the k split
@@ -440,6 +447,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           m.fp8_tile_staged_out = v.staged;
         }));
         p.scale_block_rows = v.block >= 0 ? 128 : 1;
+        p.out_bf16 = v.out_bf16;
         // (The tile kernels' row-major scale mode takes row-major weight scales only.)
         const bool rowmajor = v.rowmajor || !v.kmajor;
         p.scale_tiled = !rowmajor;
