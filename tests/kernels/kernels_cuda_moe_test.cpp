@@ -320,8 +320,9 @@ std::vector<GpuRun> stream_runs() {
 }
 
 // The tile kernels under each scale layout and map source (MoeTuning::fp8_tile_*), whole and in
-// chunks; then the first again with one weight multiplier a column, and the first two with the
-// epilogue's fragments stored directly (the same bytes: same_as, an index into this list).
+// chunks; then the first again with one weight multiplier a column, the first two with the
+// epilogue's fragments stored directly and with the products by quarters (the same bytes:
+// same_as, an index into this list).
 std::vector<GpuRun> tile_runs() {
   std::vector<GpuRun> r;
   struct Layout {
@@ -360,6 +361,21 @@ std::vector<GpuRun> tile_runs() {
     d.what += ", fragments stored directly";
     r.push_back(d);
   }
+  // The products by quarters of the weight rows (MoeTuning::fp8_tile_quarters), staged and
+  // direct, whole and in chunks: the same bytes as by halves.
+  for (int i : {0, 1}) {
+    GpuRun qr = r[size_t(i)];
+    qr.knobs.fp8_tile_quarters = true;
+    qr.same_as = i;
+    qr.what += ", products by quarters";
+    r.push_back(qr);
+  }
+  GpuRun qd = r[0];
+  qd.knobs.fp8_tile_quarters = true;
+  qd.knobs.fp8_tile_staged_out = 0;
+  qd.same_as = 0;
+  qd.what += ", products by quarters, fragments stored directly";
+  r.push_back(qd);
   return r;
 }
 

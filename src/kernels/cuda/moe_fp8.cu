@@ -624,6 +624,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.wn = 0;
     g.wtiled = w_tiled;
     g.staged_out = knobs.fp8_tile_staged_out > 0 || (knobs.fp8_tile_staged_out < 0 && int64_t(pairs) >= 128 * E);
+    g.quarters = knobs.fp8_tile_quarters;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up

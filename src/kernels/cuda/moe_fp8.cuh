@@ -219,6 +219,10 @@ struct GemmArgs {
   // into shared memory and bulk-stores them a row at a time, instead of storing each thread's
   // fragments straight to global memory.
   bool staged_out;
+  // Tile kernels with bulk scales (MoeTuning::fp8_tile_quarters): each k block's products by
+  // quarters of the weight rows into two accumulators in turn, each quarter promoted while the
+  // next one's products run, instead of by halves, each promoted after its products.
+  bool quarters;
 };
 
 // An expert matrix's weight map (moe_fp8.cu): row-major [rows, cols] fp8, boxes of 64 rows x 128

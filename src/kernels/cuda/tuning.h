@@ -221,6 +221,12 @@ struct MoeTuning {
   // expert; 5-9 % slower at 1024 tokens, 32 rows, not analysed: down there also gives up its
   // fourth ring stage; between them not measured).
   int fp8_tile_staged_out = -1;
+  // Tile kernels with bulk scales: each k block's products by quarters of the weight rows (64 a
+  // wgmma, m64n64k32) into two 32-float accumulators in turn, each quarter promoted while the next
+  // one's products run, instead of by halves (m64n128k32 into one 64-float accumulator, promoted
+  // after its products complete: the warpgroup's tensor work stops during its promotion). The same
+  // sums.
+  bool fp8_tile_quarters = false;
   // moe_route: the router GEMM fused into the routing kernel up to this many tokens (0: never;
   // BF16 x always takes it). Off: on an H100 the fused kernel took 15 / 67 / 128 us at 1 / 32 /
   // 64 tokens where matmul + routing took 12 / 19 / 20 us (hidden 6144, 128 experts, f32 x).
