@@ -387,7 +387,8 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
       std::vector<Variant> variants = {{0, true, false, def}, {0, true, true, def + ", " + kBatchMode}};
       // The output in bf16, as the model hands it (its sublayer outputs are bf16 on CUDA).
       if (tokens == 32 || tokens == 8192) {
-        Variant ob{0, true, tokens == 32, def + ", bf16 output (as the model)" + (tokens == 32 ? ", " + kBatchMode : "")};
+        const std::string mode = def + ", bf16 output (as the model)" + (tokens == 32 ? ", " + kBatchMode : "");
+        Variant ob{0, true, tokens == 32, mode};
         ob.out_bf16 = true;
         variants.push_back(ob);
       }

@@ -361,7 +361,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t w_addr = smem_u32(w_ring + s * kWBytes + h * 2 * kBox);
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks) wgmma_fp8<128>(tmp, make_desc(a_addr + 32 * ks), make_desc(w_addr + 32 * ks), ks);
+            for (int ks = 0; ks < 4; ++ks)
+              wgmma_fp8<128>(tmp, make_desc(a_addr + 32 * ks), make_desc(w_addr + 32 * ks), ks);
             wgmma_commit();
             wgmma_wait_all();
             fence_acc(tmp);
