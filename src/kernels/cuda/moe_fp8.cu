@@ -184,11 +184,11 @@ __global__ void quantize_kernel(const void* x, int kind, const float* x_scale, i
 // fill the GPU); 8 elements (16 bytes of y) a thread at a time, a bf16 out read and written as
 // one 16-byte vector too (H % 16 == 0: the run starts 16-byte aligned when out does). It never
 // lets its dependents start early (no pdl_trigger): the sort of the next chunk or call relies on
-// it (step 1). kRegs (top-k up to kCombineSlots; M3: 4): the token's slot order found in
-// registers (a valid slot's place is the count of valid slots with a lower id, or the same id and
-// a lower slot: expert_order's order) and all of a thread's loads (its slots' 16 bytes of y, out's)
-// issued before the first sum; otherwise expert_order and one slot's load at a time. The same
-// sums either way.
+// it (step 1). The token's slot order and weights are found once, before the column loop.
+// kRegs (top-k up to kCombineSlots; M3: 4): the order found in registers (a valid slot's place is
+// the count of valid slots with a lower id, or the same id and a lower slot: expert_order's order)
+// and all of a thread's loads (out's, its slots' 16 bytes of y) issued before the first sum;
+// otherwise expert_order and one slot's load at a time. The same sums either way.
 constexpr int kCombineThreads = 128, kCombineSlots = 8;
 template <bool kRegs>
 __global__ void combine_kernel(const int32_t* ids, const float* weights, int topk, int E, const uint16_t* y,
@@ -218,11 +218,11 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
         if (e[j] >= 0 && r == at) order[r] = j;
       n += e[j] >= 0;
     }
-#pragma unroll
-    for (int r = 0; r < kSlots; ++r) w[r] = r < n ? weights[t * topk + order[r]] : 0.0f;
   } else {
     n = expert_order(ids, t, topk, E, order);
   }
+#pragma unroll
+  for (int r = 0; r < kSlots; ++r) w[r] = r < n ? weights[t * topk + order[r]] : 0.0f;
   for (int64_t d = 8 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x); d < H;
        d += 8 * int64_t(blockDim.x) * gridDim.y) {
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -235,22 +235,17 @@ __global__ void combine_kernel(const int32_t* ids, const float* weights, int top
       }
     };
     uint4* const dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + t * H + d);
-    uint4 o = make_uint4(0, 0, 0, 0);
+    const uint4 o = out_vec ? *dst : make_uint4(0, 0, 0, 0);
     if constexpr (kRegs) {
       uint4 v[kSlots];
 #pragma unroll
       for (int r = 0; r < kSlots; ++r)
         if (r < n) v[r] = ldg_stream(y + (t * topk + order[r]) * H + d);
-      if (out_vec) o = *dst;
 #pragma unroll
       for (int r = 0; r < kSlots; ++r)
         if (r < n) add(w[r], v[r]);
     } else {
-      for (int qi = 0; qi < n; ++qi) {
-        const int j = order[qi];
-        add(weights[t * topk + j], *reinterpret_cast<const uint4*>(y + (t * topk + j) * H + d));
-      }
-      if (out_vec) o = *dst;
+      for (int r = 0; r < n; ++r) add(w[r], *reinterpret_cast<const uint4*>(y + (t * topk + order[r]) * H + d));
     }
     if (out_vec) {
       const uint32_t ou[4] = {o.x, o.y, o.z, o.w};
