@@ -244,8 +244,9 @@ struct TileMaps {
 enum class TileScales { kRowMajor, kKmajor, kBulk };
 
 // Launch of the tile kernels (128 rows x 256 weight rows a tile; g.staged_out: the staged
-// epilogue, with kBulk scales only). maps: the weight maps as a parameter (null: the sort's maps in global memory, g.wmaps; only
-// with k-block-major scales). block_w (kBulk only): weight multipliers constant over each
+// epilogue, and g.quarters: the products by quarters, with kBulk scales only). maps: the weight
+// maps as a parameter (null: the sort's maps in global memory, g.wmaps; only with k-block-major
+// scales). block_w (kBulk only): weight multipliers constant over each
 // half's gate rows and up rows (down: over each half), as with blocks of 128 rows or more: one
 // multiplier a run in the promotion.
 void launch_tiles(bool gate_up, const CUtensorMap& amap, const GemmArgs& g, int grid, cudaStream_t st,

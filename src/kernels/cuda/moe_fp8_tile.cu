@@ -5,14 +5,14 @@
 // expert, weight-row tile, row tile (row tiles fastest: the CTAs that share an expert's weight
 // tile run together and meet in L2):
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
-//    4 stages (3 for down with the staged epilogue; the 128 activation rows as two 64-row boxes, the 256 weight rows as four) and the
-//    stage's 256 weight-row scales and 128 activation-row scales: by default (the weights' tiled
-//    scales, [rbs][nkb][256] in the tile's row order, their own or the call's copy of row-major
-//    ones, and k-block-major activation scales) as 2 bulk copies counted in the stage's bytes (1
-//    arrival: the weight rows' 1 KB run and the activation rows' from the 16-byte boundary at or
-//    before the tile's first row), else by 4-byte cp.async from the 32 lanes, each arriving when
-//    its copies land (33 arrivals and the TMA bytes). The weight maps come from the kernel
-//    parameter (host-encoded) or from global memory (the sort's).
+//    4 stages (3 for down with the staged epilogue; the 128 activation rows as two 64-row boxes,
+//    the 256 weight rows as four) and the stage's 256 weight-row scales and 128 activation-row
+//    scales: by default (the weights' tiled scales, [rbs][nkb][256] in the tile's row order, their
+//    own or the call's copy of row-major ones, and k-block-major activation scales) as 2 bulk
+//    copies counted in the stage's bytes (1 arrival: the weight rows' 1 KB run and the activation
+//    rows' from the 16-byte boundary at or before the tile's first row), else by 4-byte cp.async
+//    from the 32 lanes, each arriving when its copies land (33 arrivals and the TMA bytes). The
+//    weight maps come from the kernel parameter (host-encoded) or from global memory (the sort's).
 //  - warpgroups 1 and 2: the consumers, rows 0-63 and 64-127 of the tile. Per k block and half of
 //    the weight rows (128 each): 4 wgmma.m64n128k32 into a temporary accumulator, then the
 //    promotion final += temporary * (x scale of the row * weight scale of the column) in fp32.
