@@ -321,8 +321,8 @@ std::vector<GpuRun> stream_runs() {
 
 // The tile kernels under each scale layout and map source (MoeTuning::fp8_tile_*), whole and in
 // chunks; then the first again with one weight multiplier a column, the first two with the
-// epilogue's fragments stored directly and with the products by quarters (the same bytes:
-// same_as, an index into this list).
+// epilogue's fragments stored directly and in the static tile order (the same bytes: same_as, an
+// index into this list).
 std::vector<GpuRun> tile_runs() {
   std::vector<GpuRun> r;
   struct Layout {
@@ -361,21 +361,23 @@ std::vector<GpuRun> tile_runs() {
     d.what += ", fragments stored directly";
     r.push_back(d);
   }
-  // The products by quarters of the weight rows (MoeTuning::fp8_tile_quarters), staged and
-  // direct, whole and in chunks: the same bytes as by halves.
-  for (int i : {0, 1}) {
-    GpuRun qr = r[size_t(i)];
-    qr.knobs.fp8_tile_quarters = true;
-    qr.same_as = i;
-    qr.what += ", products by quarters";
-    r.push_back(qr);
+  // The static tile order (MoeTuning::fp8_tile_dynamic off) under the bulk, cp.async and
+  // row-major scales, whole and in chunks, and with the fragments stored directly: the same bytes
+  // as the dynamic order (the default; in chunks each launch claims from zero: the last CTA of
+  // each returns its counters to zero).
+  for (int i : {0, 1, 3, 4, 6}) {
+    GpuRun sr = r[size_t(i)];
+    sr.knobs.fp8_tile_dynamic = false;
+    sr.same_as = i;
+    sr.what += ", static tile order";
+    r.push_back(sr);
   }
-  GpuRun qd = r[0];
-  qd.knobs.fp8_tile_quarters = true;
-  qd.knobs.fp8_tile_staged_out = 0;
-  qd.same_as = 0;
-  qd.what += ", products by quarters, fragments stored directly";
-  r.push_back(qd);
+  GpuRun sd = r[0];
+  sd.knobs.fp8_tile_dynamic = false;
+  sd.knobs.fp8_tile_staged_out = 0;
+  sd.same_as = 0;
+  sd.what += ", static tile order, fragments stored directly";
+  r.push_back(sd);
   return r;
 }
 
@@ -516,7 +518,12 @@ TEST(CudaMoeExpertsFp8, PrefillBatches) {
   gpu_fp8_case(b, runs, seed++);
   MoeShape c;
   c.T = 8191, c.H = 256, c.I = 128, c.E = 32, c.K = 4, c.empty_every = 9, c.lone = 4, c.pow2_scales = true;
-  gpu_fp8_case(c, with_tiled({base.front(), base.back()}), seed++);
+  // (and in the static order: many tiles a CTA either way)
+  GpuRun fixed = base.front();
+  fixed.knobs.fp8_tile_dynamic = false;
+  fixed.same_as = 0;
+  fixed.what += ", static tile order";
+  gpu_fp8_case(c, with_tiled({base.front(), fixed, base.back()}), seed++);
   MoeShape f;
   f.T = 517, f.H = 256, f.I = 256, f.E = 8, f.K = 2, f.fp8_x = true, f.act = DType::BF16, f.lone = 6;
   gpu_fp8_case(f, runs, seed++);

@@ -380,7 +380,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         // MoeTuning::fp8_tile_block_scales off (0) or on (1); -1: (1, 128) blocks.
         int block = -1;
         int staged = -1;  // MoeTuning::fp8_tile_staged_out
-        int quarters = -1;  // MoeTuning::fp8_tile_quarters (-1: as tuned)
+        int dynamic = -1;  // MoeTuning::fp8_tile_dynamic (-1: as tuned)
         bool out_bf16 = false;  // MoeExpertsParams::out_bf16 (the model's bf16 sublayer output)
       };
       const std::string def = stream_default ? "stream kernels (default)" : "tile kernels (default)";
@@ -413,10 +413,10 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
         variants.push_back(x2);
       }
       if (tokens >= 1024) {
-        for (int qv : {1, 0}) {
-          Variant qt{2, true, false, qv ? "tiles, products by quarters" : "tiles, products by halves"};
-          qt.quarters = qv;
-          variants.push_back(qt);
+        for (int dv : {0, 1}) {
+          Variant dt{2, true, false, dv ? "tiles, dynamic tile order" : "tiles, static tile order"};
+          dt.dynamic = dv;
+          variants.push_back(dt);
         }
         Variant d{2, true, false, "tiles, epilogue fragments stored directly (before)"};
         d.staged = 0;
@@ -439,11 +439,15 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           bv.block = b;
           variants.push_back(bv);
         }
-        Variant bq{0, true, false, "tiles, (128, 128) weight blocks, a multiplier a run of rows, products by quarters"};
-        bq.rowmajor = true;
-        bq.block = 1;
-        bq.quarters = 1;
-        variants.push_back(bq);
+        for (int dv : {1, 0}) {
+          Variant bd{0, true, false,
+                     std::string("tiles, (128, 128) weight blocks, a multiplier a run of rows, ") +
+                         (dv ? "dynamic tile order" : "static tile order")};
+          bd.rowmajor = true;
+          bd.block = 1;
+          bd.dynamic = dv;
+          variants.push_back(bd);
+        }
       }
       for (const Variant& v : variants) {
         cuda::TuningScope scope(tuned([&](cuda::MoeTuning& m) {
@@ -457,7 +461,7 @@ void run_moe_fp8(const Options& opt, const Env& env, const std::function<void(co
           m.fp8_stream_experiment = v.experiment;
           if (v.block >= 0) m.fp8_tile_block_scales = v.block == 1;
           m.fp8_tile_staged_out = v.staged;
-          if (v.quarters >= 0) m.fp8_tile_quarters = v.quarters == 1;
+          if (v.dynamic >= 0) m.fp8_tile_dynamic = v.dynamic == 1;
         }));
         p.scale_block_rows = v.block >= 0 ? 128 : 1;
         p.out_bf16 = v.out_bf16;

@@ -536,7 +536,11 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
   auto* wst_gu_p = reinterpret_cast<float*>(base + o_wst_gu);
   auto* wst_dn_p = reinterpret_cast<float*>(base + o_wst_dn);
   const int64_t n_cnt_gu = kmax_gu > 1 ? blocks_max * rb_gu : 0, n_cnt_dn = kmax_dn > 1 ? blocks_max * rb_dn : 0;
-  int32_t* counters = n_cnt_gu + n_cnt_dn > 0 ? zeroed_counters(st, size_t(n_cnt_gu + n_cnt_dn)) : nullptr;
+  // The tile kernels' dynamic order: 2 counters for gate_up, 2 for down, after the stream kernels'.
+  const int64_t n_cnt_tiles = !stream && knobs.fp8_tile_dynamic ? 4 : 0;
+  const int64_t n_cnt = n_cnt_gu + n_cnt_dn + n_cnt_tiles;
+  int32_t* counters = n_cnt > 0 ? zeroed_counters(st, size_t(n_cnt)) : nullptr;
+  int32_t* const tile_counters = n_cnt_tiles > 0 ? counters + n_cnt_gu + n_cnt_dn : nullptr;
 
   // Tensor maps: the weight templates (any valid address; the sort puts each expert's in), the
   // activation buffers' maps in the kernel's box height.
@@ -619,7 +623,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.wn = 0;
     g.wtiled = w_tiled;
     g.staged_out = knobs.fp8_tile_staged_out > 0 || (knobs.fp8_tile_staged_out < 0 && int64_t(pairs) >= 128 * E);
-    g.quarters = knobs.fp8_tile_quarters;
+    g.tile_counter = tile_counters;
 
     const int64_t pairs_blocks = int64_t(pairs) / R + std::min<int64_t>(E, pairs);
     // gate_up
@@ -648,6 +652,7 @@ bool run(const ops::MoeExpertsParams& p, cudaStream_t st, const MoeFp8Probe* pro
     g.ksplit = ks_dn;
     g.ksplit_max = kw_dn;
     g.counters = counters ? counters + n_cnt_gu : nullptr;
+    g.tile_counter = tile_counters ? tile_counters + 2 : nullptr;
     g.wst = w_tiled ? nullptr : wst_dn_p;
     g.wn = int(H);
     grid = int(std::min<int64_t>(pairs_blocks * g.cols * std::max(1, kw_dn), sms));

@@ -219,10 +219,10 @@ struct GemmArgs {
   // into shared memory and bulk-stores them a row at a time, instead of storing each thread's
   // fragments straight to global memory.
   bool staged_out;
-  // Tile kernels with bulk scales (MoeTuning::fp8_tile_quarters): each k block's products by
-  // quarters of the weight rows into two accumulators in turn, each quarter promoted while the
-  // next one's products run, instead of by halves, each promoted after its products.
-  bool quarters;
+  // Tile kernels (MoeTuning::fp8_tile_dynamic): two int32 counters, zero at the launch and
+  // returned to zero by its last CTA: the next tile to claim (less gridDim.x) and the CTAs done
+  // claiming. Null: the static order (tile blockIdx.x + k gridDim.x).
+  int32_t* tile_counter;
 };
 
 // An expert matrix's weight map (moe_fp8.cu): row-major [rows, cols] fp8, boxes of 64 rows x 128
@@ -244,7 +244,7 @@ struct TileMaps {
 enum class TileScales { kRowMajor, kKmajor, kBulk };
 
 // Launch of the tile kernels (128 rows x 256 weight rows a tile; g.staged_out: the staged
-// epilogue, and g.quarters: the products by quarters, with kBulk scales only). maps: the weight
+// epilogue, with kBulk scales only; g.tile_counter: the dynamic tile order). maps: the weight
 // maps as a parameter (null: the sort's maps in global memory, g.wmaps; only with k-block-major
 // scales). block_w (kBulk only): weight multipliers constant over each
 // half's gate rows and up rows (down: over each half), as with blocks of 128 rows or more: one

@@ -1,9 +1,10 @@
 // FP8 MoE, tile kernels (prefill batches; docs/kernels.md "FP8 MoE"): per expert, tiles of 128
 // sorted rows x 256 weight rows, k in blocks of 128, on fp8 wgmma with fp32 accumulation.
 //
-// A persistent CTA of three warpgroups takes tiles i = blockIdx.x, + gridDim.x, ... in the order
-// expert, weight-row tile, row tile (row tiles fastest: the CTAs that share an expert's weight
-// tile run together and meet in L2):
+// Tiles are numbered expert, weight-row tile, row tile (row tiles fastest). A persistent CTA of
+// three warpgroups takes tile blockIdx.x, then by default (the dynamic order) the next unclaimed
+// one from a counter each time it has issued a tile's last k block, so that the CTAs that share
+// an expert's weight tile start it together and meet in L2 (or blockIdx.x + gridDim.x, ...):
 //  - warpgroup 0, warp 0: the producer. Lane 0 issues the TMA loads of a k block into a ring of
 //    4 stages (3 for down with the staged epilogue; the 128 activation rows as two 64-row boxes,
 //    the 256 weight rows as four) and the stage's 256 weight-row scales and 128 activation-row
@@ -122,36 +123,32 @@ struct NoMaps {
 // Maps: TileMaps (weight maps in the parameter) or NoMaps (g.wmaps, written by the sort).
 enum ScaleMode { kRowMajor = 0, kKmajor = 1, kBulk = 2 };
 
-// The promotion of one k block's products t (kN = 128: a half's 16 column groups j; kN = 64: the
-// quarter qq of it, groups 8 qq .. 8 qq + 7) into the half's final sums: fin += t x (the row's
-// activation scale x the column's weight scale), the columns' scales from stage scales sc (bulk:
-// in weight-row order at h * 128; otherwise wscale_slot's order), or (kBlockW) one multiplier for
-// the half's gate rows and one for its up rows (down: one for the half). The same products for
-// either kN.
-template <int kN, int kMode, bool kBlockW, bool kGateUp>
-__device__ __forceinline__ void promote(float (&fin)[64], const float (&t)[kN / 2], const float* sc, int h, int qq,
-                                        int q, float xs0, float xs1) {
-  constexpr int kJ = kN / 8;  // column groups of 8
-  const int j0 = kN == 64 ? 8 * qq : 0;
+// The promotion of one k block's products t of half h (its 16 column groups j) into the half's
+// final sums: fin += t x (the row's activation scale x the column's weight scale), the columns'
+// scales from stage scales sc (bulk: in weight-row order at h * 128; otherwise wscale_slot's
+// order), or (kBlockW) one multiplier for the half's gate rows and one for its up rows (down: one
+// for the half).
+template <int kMode, bool kBlockW, bool kGateUp>
+__device__ __forceinline__ void promote(float (&fin)[64], const float (&t)[64], const float* sc, int h, int q,
+                                        float xs0, float xs1) {
   if constexpr (kBlockW) {
     const float wg = sc[h * 128], wu = kGateUp ? sc[h * 128 + 64] : wg;
     const float p[2][2] = {{xs0 * wg, xs1 * wg}, {xs0 * wu, xs1 * wu}};
 #pragma unroll
-    for (int jl = 0; jl < kJ; ++jl)
+    for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int ii = 0; ii < 2; ++ii) {
-          const int k = 4 * (j0 + jl) + 2 * r + ii;
-          fin[k] = fmaf(t[4 * jl + 2 * r + ii], p[j0 + jl >= 8][r], fin[k]);
+          const int k = 4 * j + 2 * r + ii;
+          fin[k] = fmaf(t[k], p[j >= 8][r], fin[k]);
         }
     return;
   }
   const float4* ws4 = reinterpret_cast<const float4*>(sc + h * 128 + q * 32);
 #pragma unroll
-  for (int jl2 = 0; jl2 < kJ / 2; ++jl2) {
+  for (int j2 = 0; j2 < 8; ++j2) {
     // columns (j, i) = (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1)
-    const int j2 = j0 / 2 + jl2;
     float wv[4];
     if (kMode == kBulk) {  // weight rows in order: column 8 j + 2 q + i at h * 128 + that
       const float2 u0 = *reinterpret_cast<const float2*>(sc + h * 128 + 16 * j2 + 2 * q);
@@ -163,29 +160,29 @@ __device__ __forceinline__ void promote(float (&fin)[64], const float (&t)[kN / 
     }
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
-      const int jl = 2 * jl2 + jj;
+      const int j = 2 * j2 + jj;
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int ii = 0; ii < 2; ++ii) {
-          const int k = 4 * (j0 + jl) + 2 * r + ii;
-          fin[k] = fmaf(t[4 * jl + 2 * r + ii], (r ? xs1 : xs0) * wv[2 * jj + ii], fin[k]);
+          const int k = 4 * j + 2 * r + ii;
+          fin[k] = fmaf(t[k], (r ? xs1 : xs0) * wv[2 * jj + ii], fin[k]);
         }
     }
   }
 }
 
-template <bool kGateUp, int kMode, class Maps, bool kBlockW, bool kStaged, bool kQuarters>
+template <bool kGateUp, int kMode, class Maps, bool kBlockW, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 1)
     tile_kernel(const __grid_constant__ CUtensorMap amap, const GemmArgs g, const __grid_constant__ Maps pmaps) {
   static_assert(!kBlockW || kMode == kBulk, "block weight multipliers: bulk scales only");
   static_assert(!kStaged || kMode == kBulk, "staged epilogue: bulk scales only");
-  static_assert(!kQuarters || kMode == kBulk, "quarter-pipelined products: bulk scales only");
   constexpr bool kParamMaps = sizeof(Maps) > sizeof(NoMaps);
   constexpr bool kKmaj = kMode != kRowMajor;
   constexpr int kStages = stages_of(kGateUp, kStaged);
   constexpr int kOut = out_stride(kGateUp);
   extern __shared__ uint8_t tile_smem_raw[];
+  __shared__ int32_t tile_ids[kStages];  // the tile of each stage's first k block (-1: the end)
   uint8_t* const smem = align1024(tile_smem_raw);
   uint8_t* const a_ring = smem;
   uint8_t* const w_ring = smem + kStages * kABytes;
@@ -211,7 +208,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     int s = 0;
     uint32_t ep = 1;
     const CUtensorMap* acquired = nullptr;
-    for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+    // Tiles: blockIdx.x first, then blockIdx.x + gridDim.x, ... or (g.tile_counter: the dynamic
+    // order) the next unclaimed one, claimed once this one's last k block is issued, so that the
+    // CTAs take tiles in about the order they finish their last ones: the CTAs that share an
+    // expert's weight tile start it together and read its k blocks from L2 at about the same
+    // time, whatever each one's previous tile cost (a tile of 64 rows or fewer runs on one
+    // warpgroup and ends early). Each tile's first stage carries its index to the consumers.
+    for (int64_t i = blockIdx.x; i < total;) {
       const Tile t = tile_of(g, i);
       // Timing experiments (MoeTuning::fp8_tile_experiment; wrong results): bit 0 every tile's
       // weights and their scales from expert 0, bit 1 every tile's activation rows from row 0.
@@ -233,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      int64_t(t.col) * g.nkb * kTileW;
       for (int kb = 0; kb < g.nkb; ++kb) {
         mbar_wait(&empty[s], ep);
+        if (kb == 0 && lane == 0) tile_ids[s] = int32_t(i);  // before the stage's arrival (release)
         float* sc = s_ring + s * kScales;
         if (kMode == kBulk && lane == 0) {
           const int64_t a0 = int64_t(kb) * g.rows_cap + t.r0;
@@ -290,6 +294,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kMode != kBulk) cp_async_arrive(&full[s]);
         if (++s == kStages) s = 0, ep ^= 1;
       }
+      if (g.tile_counter) {
+        int64_t next = 0;
+        if (lane == 0) next = int64_t(gridDim.x) + atomicAdd(g.tile_counter, 1);
+        i = __shfl_sync(0xffffffffu, next, 0);
+      } else {
+        i += gridDim.x;
+      }
+    }
+    // The end: a stage with tile index -1, completed by arrivals alone (33 with cp.async scales).
+    mbar_wait(&empty[s], ep);
+    if (lane == 0) tile_ids[s] = -1;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&full[s]);
+    if (kMode != kBulk) mbar_arrive(&full[s]);
+    if (g.tile_counter && lane == 0) {
+      // The last CTA to finish claiming returns both counters to zero for the next call.
+      __threadfence();
+      if (atomicAdd(g.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+        __threadfence();
+        atomicExch(g.tile_counter, 0);
+        atomicExch(g.tile_counter + 1, 0);
+      }
     }
     return;
   }
@@ -299,10 +325,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = (warp >> 2) - 1, w = warp & 3, g8 = lane >> 2, q = lane & 3;
   int s = 0;
   uint32_t fp = 0;
-  float tmp[64], tq[2][32];  // the products of a half, or of two quarters (kQuarters)
+  float tmp[64];  // the products of a half
 #pragma unroll
-  for (int k = 0; k < 64; ++k) tmp[k] = 0.0f, tq[k / 32][k % 32] = 0.0f;
-  for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+  for (int k = 0; k < 64; ++k) tmp[k] = 0.0f;
+  for (;;) {
+    mbar_wait(&full[s], fp);  // the tile's first stage, with its index
+    const int i = tile_ids[s];
+    if (i < 0) break;
     const Tile t = tile_of(g, i);
     const bool active = 64 * c < t.rows && g.experiment != 4;  // 4: no products, no epilogue (timing)
     const int xoff = kTileW + (kMode == kBulk ? (t.r0 & 3) : 0);  // the tile's first activation scale
@@ -322,52 +351,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int k = 0; k < 64; ++k) fin[h][k] = 0.0f;
     for (int kb = 0; kb < g.nkb; ++kb) {
-      mbar_wait(&full[s], fp);
+      if (kb > 0) mbar_wait(&full[s], fp);
       if (active) {
         const float* sc = s_ring + s * kScales;
         const float xs0 = sc[xoff + 64 * c + 16 * w + g8], xs1 = sc[xoff + 64 * c + 16 * w + g8 + 8];
         const uint32_t a_addr = smem_u32(a_ring + s * kABytes + c * kBox);
-        if constexpr (kQuarters) {
-          // Quarters g = 0..3 (weight box g: half g / 2, its columns 64 (g % 2) ..) into two
-          // accumulators in turn, so that each quarter's promotion runs while the next one's
-          // products do.
-          const uint32_t w_addr = smem_u32(w_ring + s * kWBytes);
-          auto issue = [&](float (&t)[32], int g) {
-            wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-              wgmma_fp8<64>(t, make_desc(a_addr + 32 * ks), make_desc(w_addr + g * kBox + 32 * ks), ks);
-            wgmma_commit();
-          };
-          issue(tq[0], 0);
-          issue(tq[1], 1);
-          wgmma_wait_1();
-          fence_acc(tq[0]);
-          promote<64, kMode, kBlockW, kGateUp>(fin[0], tq[0], sc, 0, 0, q, xs0, xs1);
-          issue(tq[0], 2);
-          wgmma_wait_1();
-          fence_acc(tq[1]);
-          promote<64, kMode, kBlockW, kGateUp>(fin[0], tq[1], sc, 0, 1, q, xs0, xs1);
-          issue(tq[1], 3);
-          wgmma_wait_1();
-          fence_acc(tq[0]);
-          promote<64, kMode, kBlockW, kGateUp>(fin[1], tq[0], sc, 1, 0, q, xs0, xs1);
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t w_addr = smem_u32(w_ring + s * kWBytes + h * 2 * kBox);
+          wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            wgmma_fp8<128>(tmp, make_desc(a_addr + 32 * ks), make_desc(w_addr + 32 * ks), ks);
+          wgmma_commit();
           wgmma_wait_all();
-          fence_acc(tq[1]);
-          promote<64, kMode, kBlockW, kGateUp>(fin[1], tq[1], sc, 1, 1, q, xs0, xs1);
-        } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t w_addr = smem_u32(w_ring + s * kWBytes + h * 2 * kBox);
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-              wgmma_fp8<128>(tmp, make_desc(a_addr + 32 * ks), make_desc(w_addr + 32 * ks), ks);
-            wgmma_commit();
-            wgmma_wait_all();
-            fence_acc(tmp);
-            promote<128, kMode, kBlockW, kGateUp>(fin[h], tmp, sc, h, 0, q, xs0, xs1);
-          }
+          fence_acc(tmp);
+          promote<kMode, kBlockW, kGateUp>(fin[h], tmp, sc, h, q, xs0, xs1);
         }
       }
       __syncwarp();
@@ -472,35 +471,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 namespace {
-template <bool kGateUp, int kMode, class Maps, bool kBlockW = false, bool kStaged = false, bool kQuarters = false>
+template <bool kGateUp, int kMode, class Maps, bool kBlockW = false, bool kStaged = false>
 void launch_one(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, cudaStream_t st) {
   constexpr size_t bytes = smem_bytes(kGateUp, kStaged);
-  set_smem(tile_kernel<kGateUp, kMode, Maps, kBlockW, kStaged, kQuarters>, bytes);
-  tile_kernel<kGateUp, kMode, Maps, kBlockW, kStaged, kQuarters><<<grid, kThreads, bytes, st>>>(amap, g, maps);
+  set_smem(tile_kernel<kGateUp, kMode, Maps, kBlockW, kStaged>, bytes);
+  tile_kernel<kGateUp, kMode, Maps, kBlockW, kStaged><<<grid, kThreads, bytes, st>>>(amap, g, maps);
   SIEVE_LAUNCH_CHECK(kGateUp ? "moe_experts fp8 (gate_up tiles)" : "moe_experts fp8 (down tiles)");
 }
 // Bulk scales, with block weight multipliers (block_w) or one a column, the epilogue staged
-// (g.staged_out) or not, the products by halves or quarters (g.quarters).
-template <bool kGateUp, class Maps, bool kQuarters>
-void launch_bulk_q(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, bool block_w,
-                   cudaStream_t st) {
-  if (block_w && g.staged_out) {
-    launch_one<kGateUp, kBulk, Maps, true, true, kQuarters>(amap, g, maps, grid, st);
-  } else if (block_w) {
-    launch_one<kGateUp, kBulk, Maps, true, false, kQuarters>(amap, g, maps, grid, st);
-  } else if (g.staged_out) {
-    launch_one<kGateUp, kBulk, Maps, false, true, kQuarters>(amap, g, maps, grid, st);
-  } else {
-    launch_one<kGateUp, kBulk, Maps, false, false, kQuarters>(amap, g, maps, grid, st);
-  }
-}
+// (g.staged_out) or not.
 template <bool kGateUp, class Maps>
 void launch_bulk(const CUtensorMap& amap, const GemmArgs& g, const Maps& maps, int grid, bool block_w,
                  cudaStream_t st) {
-  if (g.quarters) {
-    launch_bulk_q<kGateUp, Maps, true>(amap, g, maps, grid, block_w, st);
+  if (block_w && g.staged_out) {
+    launch_one<kGateUp, kBulk, Maps, true, true>(amap, g, maps, grid, st);
+  } else if (block_w) {
+    launch_one<kGateUp, kBulk, Maps, true, false>(amap, g, maps, grid, st);
+  } else if (g.staged_out) {
+    launch_one<kGateUp, kBulk, Maps, false, true>(amap, g, maps, grid, st);
   } else {
-    launch_bulk_q<kGateUp, Maps, false>(amap, g, maps, grid, block_w, st);
+    launch_one<kGateUp, kBulk, Maps, false, false>(amap, g, maps, grid, st);
   }
 }
 template <bool kGateUp>

@@ -124,7 +124,7 @@ const std::vector<Field>& fields() {
       SIEVE_INT_FIELD(moe, fp8_tile_experiment),
       SIEVE_BOOL_FIELD(moe, fp8_tile_block_scales),
       SIEVE_INT_FIELD(moe, fp8_tile_staged_out),
-      SIEVE_BOOL_FIELD(moe, fp8_tile_quarters),
+      SIEVE_BOOL_FIELD(moe, fp8_tile_dynamic),
       SIEVE_BOOL_FIELD(moe, fp8_tile_kmajor_scales),
       SIEVE_BOOL_FIELD(moe, fp8_tile_bulk_scales),
       SIEVE_BOOL_FIELD(moe, fp8_tile_param_maps),
