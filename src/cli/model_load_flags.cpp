@@ -18,6 +18,11 @@ void add_model_load_flags(Args& a) {
       .opt({"--hf-overrides"}, "JSON", "JSON object merged over the model config")
       .opt({"--quantization", "-q"}, "METHOD",
            "fp8: quantize a BF16 checkpoint's projections to FP8 at load (128x128 blocks); default: as stored")
+      .opt({"--fp8-scale-blocks"}, "BLOCKS",
+           "MXFP8 checkpoints: auto (1x32 scales regrouped to 1x128 on CUDA, as stored on the CPU) or 128x128 "
+           "(one scale a 128x128 block on every device: the faster prefill kernels; values rescaled by powers of "
+           "two, exact above fp8's subnormal range)",
+           "auto")
       .opt({"--load-format"}, "FORMAT",
            "auto (the directory's safetensors) or dummy (random weights of the config's shapes and formats, "
            "made on the device; no weight file is read)",
@@ -37,6 +42,7 @@ model::LoadOptions model_load_options(const Args& a) {
   lo.device = parse_device(a.get("--device"));
   lo.cpu_fallback = a.get("--device") == "auto";
   lo.quantization = a.get("--quantization");
+  lo.fp8_scale_blocks = a.get("--fp8-scale-blocks");
   lo.load_format = a.get("--load-format");
   if (a.get_flag("--side-stream") && a.get_flag("--no-side-stream"))
     throw Error("--side-stream and --no-side-stream: give one");

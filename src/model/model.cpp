@@ -131,6 +131,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
   wo.quantization = o.quantization;
   wo.progress = o.progress;
   const std::string quant = effective_quantization(cfg, o.quantization);
+  if (o.fp8_scale_blocks != "auto" && o.fp8_scale_blocks != "128x128")
+    throw Error("--fp8-scale-blocks must be auto or 128x128, got \"" + o.fp8_scale_blocks + "\"");
+  wo.scale_blocks128 = o.fp8_scale_blocks == "128x128" && quant == "mxfp8";
+  if (o.fp8_scale_blocks == "128x128" && quant != "mxfp8")
+    SIEVE_LOG(Warn, "--fp8-scale-blocks 128x128 regroups MXFP8 checkpoints only; this model's weights are "
+                        << (quant.empty() ? "bf16" : quant) << ": nothing to regroup");
   std::optional<Checkpoint> ckpt;
   if (!dummy) ckpt = Checkpoint::open(dir);
   const size_t need = estimate_weight_bytes(cfg, wo, ckpt ? &*ckpt : nullptr);
@@ -155,7 +161,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
     std::snprintf(ratio, sizeof ratio, " (%.3f x)", double(w.bytes) / double(w.file_bytes));
     line += "; " + gib_text(double(w.file_bytes)) + " of checkpoint tensors read" + ratio;
   }
-  if (w.regroup_inexact > 0) line += "; " + std::to_string(w.regroup_inexact) + " fp8 values rounded by the 1x128 regrouping";
+  if (w.regroup_inexact > 0)
+    line += "; " + std::to_string(w.regroup_inexact) + " fp8 values rounded by the " +
+            (wo.scale_blocks128 ? "128x128" : "1x128") + " regrouping";
+  if (wo.scale_blocks128) line += "; scales regrouped to 128x128 blocks";
   SIEVE_LOG(Info, line << ")");
   return make_minimax_m3(std::move(cfg), wo.layout, std::move(w), dev, o.group, o.side_stream, o.f32_partials);
 }

@@ -30,6 +30,12 @@ struct LoadOptions {
   // "" (weights as stored) or "fp8" (--quantization fp8: BF16 projections quantized per
   // 128 x 128 block at load).
   std::string quantization;
+  // --fp8-scale-blocks: "auto" (an MXFP8 checkpoint's 1 x 32 scales regrouped to 1 x 128 on CUDA,
+  // as stored on the CPU) or "128x128" (regrouped to one scale per 128 x 128 block on every
+  // device: the GPU's (128, 128) kernels, faster at prefill; values rescaled by powers of two,
+  // exact unless they fall into fp8's subnormal range; docs/quality.md). Other checkpoints: no
+  // effect.
+  std::string fp8_scale_blocks = "auto";
   // "auto" (the safetensors weights of the directory) or "dummy" (weights of the config's
   // shapes and formats made on the device; no weight file is read).
   std::string load_format = "auto";

@@ -49,6 +49,10 @@ HostWeight quantize_block128(const HostWeight& w);
 // rescaled by the power of two 2^(e_i - e_max). Adds to *inexact the values that changed
 // (fp8's subnormal range and underflow).
 HostWeight regroup_1x128(const HostWeight& w, int64_t* inexact);
+// (1, 32) -> (128, 128) (--fp8-scale-blocks 128x128): per 128 rows (from the weight's first row)
+// and 128 columns the largest of the (up to 512) scales, each value rescaled by its power of two
+// as regroup_1x128 does. Adds to *inexact the values that changed.
+HostWeight regroup_block128(const HostWeight& w, int64_t* inexact);
 // (br, bc) -> (1, bc): the same multipliers per row, exactly.
 HostWeight expand_rows(const HostWeight& w);
 // FP8 -> F32, exactly.

@@ -190,11 +190,14 @@ std::vector<Spec> plan(const ModelConfig& c, const RankLayout& l, ModelWeights& 
 struct Target {
   DType dtype = DType::BF16;
   int block_rows = 0, block_cols = 0;
+  bool regrouped = false;  // blocks of our own (from the part's first row), not the checkpoint's
 };
 
-Target target_of(const Spec& s, DType src, const std::string& quant, const Device& dev) {
+Target target_of(const Spec& s, DType src, const std::string& quant, const WeightOptions& o) {
   if (s.f32) return {DType::F32};
-  if (fp8_ok(s) && src == DType::FP8_E4M3 && quant == "mxfp8") return {DType::FP8_E4M3, 1, dev.is_cuda() ? 128 : 32};
+  if (fp8_ok(s) && src == DType::FP8_E4M3 && quant == "mxfp8")
+    return o.scale_blocks128 ? Target{DType::FP8_E4M3, 128, 128, true}
+                             : Target{DType::FP8_E4M3, 1, o.device.is_cuda() ? 128 : 32};
   if (fp8_ok(s) && (src == DType::FP8_E4M3 || (quant == "fp8" && src == DType::BF16))) return {DType::FP8_E4M3, 128, 128};
   return {src == DType::BF16 ? DType::BF16 : DType::F32};
 }
@@ -217,7 +220,8 @@ Shape shape_of(const Spec& s, const Target& t) {
   for (size_t i = 0; i < s.parts.size(); ++i) {
     const Slice& sl = s.parts[i].slice;
     sh.rows += sl.nrows;
-    if (t.block_rows > 1 && ((i + 1 < s.parts.size() && sl.nrows % t.block_rows != 0) || sl.row0 % t.block_rows != 0))
+    if (t.block_rows > 1 && ((i + 1 < s.parts.size() && sl.nrows % t.block_rows != 0) ||
+                             (!t.regrouped && sl.row0 % t.block_rows != 0)))
       aligned = false;
   }
   if (t.dtype != DType::FP8_E4M3) return sh;
@@ -360,7 +364,7 @@ size_t estimate_weight_bytes(const ModelConfig& cfg, const WeightOptions& o, con
   for (const Spec& s : specs) {
     DType src = quant.empty() || !fp8_ok(s) || o.quantization == "fp8" ? DType::BF16 : DType::FP8_E4M3;
     if (ck) src = ck->get(names->full(s.parts[0].name)).dtype;
-    const Shape sh = shape_of(s, target_of(s, src, quant, o.device));
+    const Shape sh = shape_of(s, target_of(s, src, quant, o));
     total += sh.bytes();
     if (sh.dtype == DType::FP8_E4M3 && tiled_scales(o.device, s.expert, sh.dtype, sh.block_rows, sh.block_cols))
       total += size_t(ops::fp8_moe_tiled_size(sh.rows, sh.cols, s.gate_up) - sh.scales) * 4;  // the tiles' padding
@@ -404,6 +408,8 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, const We
         mw.file_bytes += size_t(double(t.nbytes + sc.nbytes) * fraction);
         if (!fp8_ok(s))
           parts.back() = detail::dequantize(parts.back());
+        else if (src == Fp8Source::Mx && o.scale_blocks128)
+          parts.back() = detail::regroup_block128(parts.back(), &mw.regroup_inexact);
         else if (o.device.is_cuda() && src == Fp8Source::Mx)
           parts.back() = detail::regroup_1x128(parts.back(), &mw.regroup_inexact);
       } else {
@@ -459,7 +465,7 @@ ModelWeights dummy_weights(const ModelConfig& cfg, const WeightOptions& o) {
   for (const Spec& s : specs) {
     // (Dummy FP8 experts the MoE op cannot take are made BF16.)
     const DType src = fp8_ok(s) && !quant.empty() ? DType::FP8_E4M3 : DType::BF16;
-    const Shape sh = shape_of(s, target_of(s, src, quant, o.device));
+    const Shape sh = shape_of(s, target_of(s, src, quant, o));
     Weight& w = *s.out;
     w.dtype = sh.dtype;
     w.rows = sh.rows;

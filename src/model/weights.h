@@ -70,7 +70,7 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   size_t bytes = 0;          // on the device, every weight and scale
   size_t file_bytes = 0;     // of the checkpoint tensors read (0 for dummy weights)
-  int64_t regroup_inexact = 0;  // fp8 values not exact after the 1x32 -> 1x128 regrouping
+  int64_t regroup_inexact = 0;  // fp8 values not exact after the 1x32 -> 1x128 or 128x128 regrouping
   // CUDA: the allocations that hold the smaller weights (Weight::data etc. are views into them).
   std::vector<Buffer> arena;
 };
@@ -80,6 +80,10 @@ struct WeightOptions {
   RankLayout layout;
   // "" (as stored) or "fp8": BF16 projections quantized per 128 x 128 block at load.
   std::string quantization;
+  // --fp8-scale-blocks 128x128: an MXFP8 checkpoint's 1 x 32 scales regrouped to one per 128 x
+  // 128 block (detail::regroup_block128) on every device, instead of 1 x 128 on CUDA (as stored
+  // on the CPU).
+  bool scale_blocks128 = false;
   // Called after each weight is on the device with the bytes done so far and the total.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

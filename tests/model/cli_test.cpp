@@ -157,10 +157,15 @@ TEST(ModelCli, DummyWeightsOfThePublishedConfig) {
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("\"token_ids\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mxfp8, dummy values"), std::string::npos) << r.out;
+  // The MXFP8 scales regrouped to 128 x 128 blocks.
+  testing::CliResult b = run_sieve("generate --load-format dummy --fp8-scale-blocks 128x128 --json " + kSmallM3);
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("scales regrouped to 128x128 blocks"), std::string::npos) << b.out;
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"--load-format dummy --quantization fp8", "already quantized (mxfp8)"},
            {"--load-format dummy --quantization int4", "--quantization int4 is not supported"},
-           {"--load-format tensorizer", "--load-format tensorizer is not supported"}}) {
+           {"--load-format tensorizer", "--load-format tensorizer is not supported"},
+           {"--load-format dummy --fp8-scale-blocks 64x64", "--fp8-scale-blocks must be auto or 128x128"}}) {
     testing::CliResult e = run_sieve("generate " + args + " " + kSmallM3);
     EXPECT_EQ(e.rc, 2) << args << ": " << e.out;
     EXPECT_NE(e.out.find(needle), std::string::npos) << args << ": " << e.out;

@@ -299,10 +299,15 @@ TEST(ModelCuda, Fp8CheckpointsMatchTheCpu) {
   std::mt19937 rng(5);
   std::vector<int32_t> prompt(600);
   for (auto& x : prompt) x = int32_t(rng() % 512);
-  for (const std::string quant : {"mxfp8", "fp8"}) {
-    const std::string dir = cuda_tiny(quant, "match_" + quant);
-    auto cpu = model::Model::load(dir);
-    model::LoadOptions lo;
+  // "mxfp8 128x128": --fp8-scale-blocks 128x128 on both devices (the GPU's (128, 128) kernels).
+  for (const std::string what : {"mxfp8", "fp8", "mxfp8 128x128"}) {
+    const std::string quant = what.substr(0, what.find(' '));
+    const bool blocks = what != quant;
+    const std::string dir = cuda_tiny(quant, "match_" + quant + (blocks ? "_blocks" : ""));
+    model::LoadOptions co;
+    if (blocks) co.fp8_scale_blocks = "128x128";
+    auto cpu = model::Model::load(dir, co);
+    model::LoadOptions lo = co;
     lo.device = kCuda;
     auto gpu = model::Model::load(dir, lo);
     EngineRun a = run_engine(*cpu, prompt, 8, DType::BF16, false, 256);
@@ -311,21 +316,22 @@ TEST(ModelCuda, Fp8CheckpointsMatchTheCpu) {
     const RunsDiff d = compare_runs(a.logprobs, b.logprobs);
     std::printf("[ fp8 ] %s on the GPU vs the CPU over %zu positions: mean %.3g, median row max %.3g, p95 %.3g, max %.3g; "
                 "top-token flips %zu of %zu clear positions; %.2f MB of weights on the GPU\n",
-                quant.c_str(), d.row_max.size(), d.mean, d.median(), d.p95(), d.row_max.back(), d.flips, d.clear,
+                what.c_str(), d.row_max.size(), d.mean, d.median(), d.p95(), d.row_max.back(), d.flips, d.clear,
                 double(gpu->weight_bytes()) / 1e6);
-    EXPECT_LT(d.mean, 0.6) << quant;
-    EXPECT_LT(d.p95(), 6.0) << quant;
-    EXPECT_LE(d.flips, d.clear / 6) << quant;
+    EXPECT_LT(d.mean, 0.6) << what;
+    EXPECT_LT(d.p95(), 6.0) << what;
+    EXPECT_LE(d.flips, d.clear / 6) << what;
     // Weight memory: at most 1.1 x the checkpoint's file, and what the estimate said.
     model::WeightOptions wo;
     wo.device = kCuda;
     wo.layout = model::RankLayout::make(gpu->config(), 1, 0);
+    wo.scale_blocks128 = blocks;
     const Checkpoint ck = Checkpoint::open(dir);
-    EXPECT_EQ(gpu->weight_bytes(), model::estimate_weight_bytes(gpu->config(), wo, &ck)) << quant;
+    EXPECT_EQ(gpu->weight_bytes(), model::estimate_weight_bytes(gpu->config(), wo, &ck)) << what;
     const double file = double(fs::file_size(fs::path(dir) / "model.safetensors"));
-    std::printf("[ fp8 ] %s: %.3f x the checkpoint file on the GPU\n", quant.c_str(), double(gpu->weight_bytes()) / file);
+    std::printf("[ fp8 ] %s: %.3f x the checkpoint file on the GPU\n", what.c_str(), double(gpu->weight_bytes()) / file);
     if (model::experts_take_fp8()) {
-      EXPECT_LE(double(gpu->weight_bytes()), 1.1 * file) << quant;
+      EXPECT_LE(double(gpu->weight_bytes()), 1.1 * file) << what;
     }
     fs::remove_all(dir);
   }

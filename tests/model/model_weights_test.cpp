@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -160,6 +161,47 @@ TEST(ModelWeights, BadScalesAreNamed) {
     EXPECT_NE(msg.find("has no " + name), std::string::npos) << msg;
     fs::remove_all(dir);
   }
+}
+
+// --fp8-scale-blocks 128x128: an MXFP8 checkpoint regrouped to one scale a 128 x 128 block on the
+// CPU as on the GPU (so the CPU stays the oracle of the weights the GPU runs): logits close to the
+// checkpoint's own 1 x 32 scales, the bytes estimated before allocating (file and dummy weights),
+// and a bad value named.
+TEST(ModelWeights, Mxfp8ScaleBlocks128) {
+  TinyModelOptions o;
+  o.quant = "mxfp8";
+  o.seed = 17;
+  const std::string dir = temp_dir("blocks128");
+  write_tiny_model(o, dir);
+  auto m0 = model::Model::load(dir);
+  model::LoadOptions lo;
+  lo.fp8_scale_blocks = "128x128";
+  auto m1 = model::Model::load(dir, lo);
+  const auto ids = ids_for(130, m0->vocab_size());
+  const auto a = prefill_logits(*m0, ids), b = prefill_logits(*m1, ids);
+  ASSERT_EQ(a.size(), b.size());
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(b[i]));
+    err2 += double(a[i] - b[i]) * double(a[i] - b[i]);
+    ref2 += double(a[i]) * double(a[i]);
+  }
+  std::printf("[ blocks ] tiny MXFP8 model, 128x128 against 1x32 scales on the CPU: logits' relative RMS change %.3g\n",
+              std::sqrt(err2 / ref2));
+  EXPECT_LT(std::sqrt(err2 / ref2), 0.02);
+  model::WeightOptions wo;
+  wo.layout = model::RankLayout::make(m1->config(), 1, 0);
+  wo.scale_blocks128 = true;
+  const Checkpoint ck = Checkpoint::open(dir);
+  EXPECT_EQ(m1->weight_bytes(), model::estimate_weight_bytes(m1->config(), wo, &ck));
+  lo.load_format = "dummy";
+  auto m2 = model::Model::load(dir, lo);
+  EXPECT_EQ(m2->weight_bytes(), model::estimate_weight_bytes(m2->config(), wo, nullptr));
+  lo.load_format = "auto";
+  lo.fp8_scale_blocks = "64x64";
+  const std::string msg = error_of([&] { model::Model::load(dir, lo); });
+  EXPECT_NE(msg.find("--fp8-scale-blocks must be auto or 128x128"), std::string::npos) << msg;
+  fs::remove_all(dir);
 }
 
 TEST(ModelWeights, Fp8TensorWithoutQuantizationConfigIsNamed) {

@@ -81,12 +81,51 @@ TEST(WeightFormats, RegroupIsExactAboveTheSubnormalRange) {
               (long long)(rows * cols));
 }
 
+// The same rows regrouped to 128 x 128 blocks (--fp8-scale-blocks 128x128; 200 rows: a partial
+// last block of rows too): exact but where a value falls below 2^-6 of its block's new scale.
+TEST(WeightFormats, RegroupToBlocksIsExactAboveTheSubnormalRange) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> mag(0, 12);
+  const int64_t rows = 200, cols = 300;
+  std::vector<float> v(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < (cols + 31) / 32; ++b) {
+      const float m = std::ldexp(1.0f, -mag(rng));
+      for (int64_t c = b * 32; c < std::min(cols, b * 32 + 32); ++c) v[size_t(r * cols + c)] = nd(rng) * m;
+    }
+  const HostWeight mx = mxfp8_of(v, rows, cols);
+  int64_t inexact = 0;
+  const HostWeight g = regroup_block128(mx, &inexact);
+  ASSERT_EQ(g.block_rows, 128);
+  ASSERT_EQ(g.block_cols, 128);
+  ASSERT_EQ(g.scale.size(), size_t(2 * 3));
+  int64_t changed = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float a = value(mx, r, c), b = value(g, r, c);
+      const float s = g.scale[size_t((r / 128) * 3 + c / 128)];
+      // The block's scale is the largest of its 1 x 32 scales: a power of two, never below one.
+      ASSERT_GE(s, mx.scale[size_t(r * 10 + c / 32)]);
+      if (a != b) {
+        ++changed;
+        EXPECT_LT(std::fabs(a), 0.016f * s) << r << ", " << c;
+        EXPECT_LE(std::fabs(a - b), std::ldexp(s, -10) * 1.0001f) << r << ", " << c;
+      }
+    }
+  EXPECT_EQ(changed, inexact);
+  EXPECT_GT(changed, 0);
+  std::printf("[ regroup ] random blocks spread over 2^12, to 128x128: %lld of %lld values rounded\n",
+              (long long)changed, (long long)(rows * cols));
+}
+
 // The regrouping's cost on trained weights: the bundled model's projections as MXFP8, then
-// regrouped as for the GPU. docs/quality.md quotes the printed line.
+// regrouped as for the GPU (1 x 128, and 128 x 128 blocks). docs/quality.md quotes the printed
+// lines.
 TEST(WeightFormats, RegroupCostOnTheBundledModel) {
   const Checkpoint ck = Checkpoint::open(std::string(SIEVE_SOURCE_DIR) + "/models/minimax-m3-tiny");
-  int64_t values = 0, inexact = 0;
-  double err2 = 0, ref2 = 0;
+  int64_t values = 0, inexact = 0, inexact_b = 0;
+  double err2 = 0, err2_b = 0, ref2 = 0;
   for (const auto& [name, t] : ck.tensors()) {
     if (t.shape.size() != 2 || (name.find("proj") == std::string::npos && name.find("experts") == std::string::npos))
       continue;
@@ -94,11 +133,12 @@ TEST(WeightFormats, RegroupCostOnTheBundledModel) {
     std::vector<float> v(size_t(rows * cols));
     for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_f32(t.data, t.dtype, i);
     const HostWeight mx = mxfp8_of(v, rows, cols);
-    const HostWeight g = regroup_1x128(mx, &inexact);
+    const HostWeight g = regroup_1x128(mx, &inexact), gb = regroup_block128(mx, &inexact_b);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
-        const double a = value(mx, r, c), b = value(g, r, c);
+        const double a = value(mx, r, c), b = value(g, r, c), bb = value(gb, r, c);
         err2 += (a - b) * (a - b);
+        err2_b += (a - bb) * (a - bb);
         ref2 += a * a;
       }
     values += rows * cols;
@@ -107,7 +147,12 @@ TEST(WeightFormats, RegroupCostOnTheBundledModel) {
   std::printf("[ regroup ] bundled model as MXFP8: %lld of %lld projection values rounded by the 1x128 regrouping "
               "(%.4f %%), relative RMS change %.3g\n",
               (long long)inexact, (long long)values, 100.0 * double(inexact) / double(values), std::sqrt(err2 / ref2));
+  std::printf("[ regroup ] bundled model as MXFP8: %lld of %lld projection values rounded by the 128x128 regrouping "
+              "(%.4f %%), relative RMS change %.3g\n",
+              (long long)inexact_b, (long long)values, 100.0 * double(inexact_b) / double(values),
+              std::sqrt(err2_b / ref2));
   EXPECT_LT(double(inexact) / double(values), 0.05);
+  EXPECT_LT(double(inexact_b) / double(values), 0.2);
 }
 
 TEST(WeightFormats, Block128QuantizationAndStacking) {
