@@ -136,61 +136,25 @@ HostWeight quantize_block128(const HostWeight& in) {
   return w;
 }
 
-HostWeight regroup_1x128(const HostWeight& in, int64_t* inexact) {
+namespace {
+// (1, 32) -> (br, 128), br 1 or 128: per br rows (from the weight's first row) and 128 columns the
+// largest of the scales, each value rescaled by the power of two that takes its scale there.
+HostWeight regroup(const HostWeight& in, int br, int64_t* inexact) {
   SIEVE_CHECK(in.dtype == DType::FP8_E4M3 && in.block_rows == 1 && in.block_cols == 32, "regroup: not 1x32 fp8");
   HostWeight w;
   w.dtype = DType::FP8_E4M3;
   w.rows = in.rows;
   w.cols = in.cols;
-  w.block_rows = 1;
+  w.block_rows = br;
   w.block_cols = 128;
-  const int64_t kb = ceil_div(w.cols, 128), kb32 = ceil_div(w.cols, 32);
-  w.data.resize(in.data.size());
-  w.scale.resize(size_t(w.rows * kb));
-  std::atomic<int64_t> changed{0};
-  parallel_rows(w.rows, w.cols, [&](int64_t r0, int64_t r1) {
-    int64_t local = 0;
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t k = 0; k < kb; ++k) {
-        const int64_t s0 = k * 4, s1 = std::min(kb32, s0 + 4);
-        float smax = 0;
-        for (int64_t s = s0; s < s1; ++s) smax = std::max(smax, in.scale[size_t(r * kb32 + s)]);
-        w.scale[size_t(r * kb + k)] = smax;
-        for (int64_t s = s0; s < s1; ++s) {
-          // Both scales are powers of two, so the ratio is exact.
-          const float ratio = in.scale[size_t(r * kb32 + s)] / smax;
-          for (int64_t c = s * 32; c < std::min(w.cols, s * 32 + 32); ++c) {
-            const uint8_t q = in.data[size_t(r * w.cols + c)];
-            const float v = fp8e4m3_to_f32(q) * ratio;
-            const uint8_t q2 = f32_to_fp8e4m3(v);
-            w.data[size_t(r * w.cols + c)] = q2;
-            if (fp8e4m3_to_f32(q2) != v && !std::isnan(v)) ++local;
-          }
-        }
-      }
-    }
-    changed += local;
-  });
-  if (inexact) *inexact += changed.load();
-  return w;
-}
-
-HostWeight regroup_block128(const HostWeight& in, int64_t* inexact) {
-  SIEVE_CHECK(in.dtype == DType::FP8_E4M3 && in.block_rows == 1 && in.block_cols == 32,
-              "regroup to 128x128: not 1x32 fp8");
-  HostWeight w;
-  w.dtype = DType::FP8_E4M3;
-  w.rows = in.rows;
-  w.cols = in.cols;
-  w.block_rows = w.block_cols = 128;
-  const int64_t rb = ceil_div(w.rows, 128), kb = ceil_div(w.cols, 128), kb32 = ceil_div(w.cols, 32);
+  const int64_t rb = ceil_div(w.rows, br), kb = ceil_div(w.cols, 128), kb32 = ceil_div(w.cols, 32);
   w.data.resize(in.data.size());
   w.scale.resize(size_t(rb * kb));
   std::atomic<int64_t> changed{0};
-  parallel_rows(rb, 128 * w.cols, [&](int64_t b0, int64_t b1) {
+  parallel_rows(rb, br * w.cols, [&](int64_t b0, int64_t b1) {
     int64_t local = 0;
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r0 = b * 128, r1 = std::min(w.rows, r0 + 128);
+      const int64_t r0 = b * br, r1 = std::min(w.rows, r0 + br);
       for (int64_t k = 0; k < kb; ++k) {
         const int64_t s0 = k * 4, s1 = std::min(kb32, s0 + 4);
         float smax = 0;
@@ -215,6 +179,11 @@ HostWeight regroup_block128(const HostWeight& in, int64_t* inexact) {
   if (inexact) *inexact += changed.load();
   return w;
 }
+}  // namespace
+
+HostWeight regroup_1x128(const HostWeight& in, int64_t* inexact) { return regroup(in, 1, inexact); }
+
+HostWeight regroup_block128(const HostWeight& in, int64_t* inexact) { return regroup(in, 128, inexact); }
 
 HostWeight expand_rows(const HostWeight& in) {
   if (in.dtype != DType::FP8_E4M3 || in.block_rows == 1) return in;

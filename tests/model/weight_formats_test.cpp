@@ -45,21 +45,26 @@ float value(const HostWeight& w, int64_t r, int64_t c) {
          w.scale[size_t((r / w.block_rows) * kb + c / w.block_cols)];
 }
 
-// Rows whose 32-column blocks differ in magnitude by up to 2^12: values stay exact unless the
-// smaller block's value falls below e4m3's smallest normal (2^-6) after rescaling, and then they
-// are off by at most half a subnormal step (2^-10) of the new scale.
-TEST(WeightFormats, RegroupIsExactAboveTheSubnormalRange) {
-  std::mt19937 rng(11);
+// Normal values whose 32-column blocks are scaled by 2^-m, m uniform in 0..12.
+std::vector<float> spread_blocks(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_int_distribution<int> mag(0, 12);
-  const int64_t rows = 64, cols = 300;  // a partial last group of 44 columns
   std::vector<float> v(size_t(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < (cols + 31) / 32; ++b) {
       const float m = std::ldexp(1.0f, -mag(rng));
       for (int64_t c = b * 32; c < std::min(cols, b * 32 + 32); ++c) v[size_t(r * cols + c)] = nd(rng) * m;
     }
-  const HostWeight mx = mxfp8_of(v, rows, cols);
+  return v;
+}
+
+// Rows whose 32-column blocks differ in magnitude by up to 2^12: values stay exact unless the
+// smaller block's value falls below e4m3's smallest normal (2^-6) after rescaling, and then they
+// are off by at most half a subnormal step (2^-10) of the new scale.
+TEST(WeightFormats, RegroupIsExactAboveTheSubnormalRange) {
+  const int64_t rows = 64, cols = 300;  // a partial last group of 44 columns
+  const HostWeight mx = mxfp8_of(spread_blocks(rows, cols, 11), rows, cols);
   int64_t inexact = 0;
   const HostWeight g = regroup_1x128(mx, &inexact);
   ASSERT_EQ(g.block_cols, 128);
@@ -84,17 +89,8 @@ TEST(WeightFormats, RegroupIsExactAboveTheSubnormalRange) {
 // The same rows regrouped to 128 x 128 blocks (--fp8-scale-blocks 128x128; 200 rows: a partial
 // last block of rows too): exact but where a value falls below 2^-6 of its block's new scale.
 TEST(WeightFormats, RegroupToBlocksIsExactAboveTheSubnormalRange) {
-  std::mt19937 rng(12);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::uniform_int_distribution<int> mag(0, 12);
   const int64_t rows = 200, cols = 300;
-  std::vector<float> v(size_t(rows * cols));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < (cols + 31) / 32; ++b) {
-      const float m = std::ldexp(1.0f, -mag(rng));
-      for (int64_t c = b * 32; c < std::min(cols, b * 32 + 32); ++c) v[size_t(r * cols + c)] = nd(rng) * m;
-    }
-  const HostWeight mx = mxfp8_of(v, rows, cols);
+  const HostWeight mx = mxfp8_of(spread_blocks(rows, cols, 12), rows, cols);
   int64_t inexact = 0;
   const HostWeight g = regroup_block128(mx, &inexact);
   ASSERT_EQ(g.block_rows, 128);
