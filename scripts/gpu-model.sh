@@ -15,7 +15,8 @@
 # 3. step-tp8.{txt,json}: bench step, real config, dummy MXFP8 weights, one rank of 8 (~54 GB:
 #    fits an H100), batch 32, context 9216, fp8 KV and index caches, index_topk_freq 4, and an
 #    8192-token prefill chunk. step-tp4.*: the same for one rank of 4 (~108 GB) when the GPU has
-#    more than 120 GB (an H200).
+#    more than 120 GB (an H200). step-tp8-blocks128.*, step-tp4-blocks128.*: the same with the
+#    MXFP8 scales regrouped to 128 x 128 blocks (--fp8-scale-blocks 128x128).
 # 4. serve.log, serve-c{1,8,32}.json, step-serve.{txt,json}: `sieve serve --load-format dummy`
 #    of the real config cut to SERVE_LAYERS layers (default 8: 3 dense + 5 MoE; 6 if the experts
 #    are still BF16), `sieve bench serve` 8192 in / 1024 out at concurrency 1, 8 and 32
@@ -95,8 +96,10 @@ step() {  # name, then bench step arguments
 
 if [ "${SKIP_STEP:-0}" != 1 ]; then
   step step-tp8 --tp-rank-of 8
+  step step-tp8-blocks128 --tp-rank-of 8 --fp8-scale-blocks 128x128
   if [ "$mem_mib" -gt 122880 ]; then
     step step-tp4 --tp-rank-of 4
+    step step-tp4-blocks128 --tp-rank-of 4 --fp8-scale-blocks 128x128
   else
     note "bench step tp4: skipped (one rank of 4 needs ~108 GB; this GPU has $mem_mib MiB)"
   fi
