@@ -669,6 +669,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
   out["tensor_parallel_size"] = group ? tp : 1;
   out["expert_parallel"] = a.get_flag("--enable-expert-parallel");
   out["quantization"] = fp8 ? quant : "bf16";
+  // MXFP8 scales regrouped to 128 x 128 blocks (--fp8-scale-blocks 128x128), else as loaded.
+  const std::string blocks = lo.fp8_scale_blocks == "128x128" && quant == "mxfp8" ? " in 128x128 scale blocks" : "";
+  out["fp8_scale_blocks"] = blocks.empty() ? "auto" : "128x128";
   out["experts"] = fp8_experts ? "fp8" : "bf16";
   out["kv_cache_dtype"] = std::string(dtype_name(co.kv_dtype));
   out["index_cache_dtype"] = std::string(dtype_name(co.index_dtype));
@@ -677,8 +680,9 @@ int run_bench_step(const std::vector<std::string>& argv) {
   out["fp8_tflops"] = rates.fp8_tflops;
   out["bf16_tflops"] = rates.bf16_tflops;
   if (print) {
-    std::printf("sieve bench step: %s, %s %lld (%s weights, %s experts, %s KV / %s index caches) on %s\n",
-                dir.c_str(), group ? "every rank of" : "one rank of", tp, fp8 ? quant.c_str() : "bf16", fp8_experts ? "fp8" : "bf16",
+    std::printf("sieve bench step: %s, %s %lld (%s weights%s, %s experts, %s KV / %s index caches) on %s\n",
+                dir.c_str(), group ? "every rank of" : "one rank of", tp, fp8 ? quant.c_str() : "bf16", blocks.c_str(),
+                fp8_experts ? "fp8" : "bf16",
                 std::string(dtype_name(co.kv_dtype)).c_str(), std::string(dtype_name(co.index_dtype)).c_str(),
                 device_name(dev).c_str());
     std::printf("weights %.2f GB on the device; floors at %.0f GB/s (%s), %.0f FP8 / %.0f BF16 TFLOP/s\n",
