@@ -670,7 +670,7 @@ int run_bench_step(const std::vector<std::string>& argv) {
   out["expert_parallel"] = a.get_flag("--enable-expert-parallel");
   out["quantization"] = fp8 ? quant : "bf16";
   // MXFP8 scales regrouped to 128 x 128 blocks (--fp8-scale-blocks 128x128), else as loaded.
-  const std::string blocks = lo.fp8_scale_blocks == "128x128" && quant == "mxfp8" ? " in 128x128 scale blocks" : "";
+  const std::string blocks = model::regroups_to_blocks128(lo, quant) ? " in 128x128 scale blocks" : "";
   out["fp8_scale_blocks"] = blocks.empty() ? "auto" : "128x128";
   out["experts"] = fp8_experts ? "fp8" : "bf16";
   out["kv_cache_dtype"] = std::string(dtype_name(co.kv_dtype));

@@ -102,6 +102,12 @@ void require_shape_keys(const std::string& dir) {
 
 }  // namespace
 
+bool regroups_to_blocks128(const LoadOptions& o, const std::string& quant) {
+  if (o.fp8_scale_blocks != "auto" && o.fp8_scale_blocks != "128x128")
+    throw Error("--fp8-scale-blocks must be auto or 128x128, got \"" + o.fp8_scale_blocks + "\"");
+  return o.fp8_scale_blocks == "128x128" && quant == "mxfp8";
+}
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o) {
   const bool dummy = o.load_format == "dummy";
   if (!dummy && o.load_format != "auto" && o.load_format != "safetensors")
@@ -131,10 +137,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& o)
   wo.quantization = o.quantization;
   wo.progress = o.progress;
   const std::string quant = effective_quantization(cfg, o.quantization);
-  if (o.fp8_scale_blocks != "auto" && o.fp8_scale_blocks != "128x128")
-    throw Error("--fp8-scale-blocks must be auto or 128x128, got \"" + o.fp8_scale_blocks + "\"");
-  wo.scale_blocks128 = o.fp8_scale_blocks == "128x128" && quant == "mxfp8";
-  if (o.fp8_scale_blocks == "128x128" && quant != "mxfp8")
+  wo.scale_blocks128 = regroups_to_blocks128(o, quant);
+  if (o.fp8_scale_blocks == "128x128" && !wo.scale_blocks128)
     SIEVE_LOG(Warn, "--fp8-scale-blocks 128x128 regroups MXFP8 checkpoints only; this model's weights are "
                         << (quant.empty() ? "bf16" : quant) << ": nothing to regroup");
   std::optional<Checkpoint> ckpt;

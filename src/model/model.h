@@ -67,6 +67,10 @@ struct LoadOptions {
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
+// Whether o.fp8_scale_blocks regroups a model of quantization `quant` (effective_quantization):
+// 128x128 and an MXFP8 checkpoint. Throws Error for a value other than auto or 128x128.
+bool regroups_to_blocks128(const LoadOptions& o, const std::string& quant);
+
 struct CacheOptions {
   DType kv_dtype = DType::BF16;     // F32, BF16, FP8_E4M3
   DType index_dtype = DType::BF16;  // F32, BF16, FP8_E4M3
