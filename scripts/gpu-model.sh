@@ -6,7 +6,7 @@
 #
 #   scripts/gpu-model.sh OUTDIR
 #
-# Steps (each can be skipped: SKIP_BUILD=1, SKIP_TESTS=1, SKIP_STEP=1, SKIP_SERVE=1):
+# Steps (each can be skipped: SKIP_BUILD=1, SKIP_TESTS=1, SKIP_PERPLEXITY=1, SKIP_STEP=1, SKIP_SERVE=1):
 # 1. build.log: sieve and model_cuda_test with CUDA (SIEVE_BUILD_DIR, default build-gpu).
 # 2. tests.log: ctest -L gpu -R 'ModelCuda|GoldenCuda' (the bundled model on the GPU, tiny MXFP8
 #    and 128x128 FP8 checkpoints against the CPU, --quantization fp8, shapes refused at load,
@@ -70,7 +70,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -E '^\[ (fp8|dummy|cuda|graphs) \]' "$out/tests.log" | sort -u | tee -a "$summary"
 fi
 
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
+if [ "${SKIP_PERPLEXITY:-0}" != 1 ]; then
   # The bundled model's held-out perplexity on the GPU, BF16 weights vs --quantization fp8.
   for q in bf16 fp8; do
     flag=""
