@@ -251,6 +251,17 @@ struct AddParams {
   bool assign = false;
 };
 
+// A hint that the ranges will be read soon (the next layer's weights during a decode step): the
+// CUDA backend issues an L2 prefetch of every 128-byte line they touch (from a line's first
+// byte in the range) and returns; nothing is written, so every op's results are the same with or
+// without it. Nothing on the CPU.
+struct PrefetchL2Params {
+  static constexpr int kMaxRanges = 8;
+  const void* ptr[kMaxRanges] = {};
+  size_t bytes[kMaxRanges] = {};
+  int count = 0;
+};
+
 // SwiGLU-OAI: g = min(gate, limit); u = clamp(up, -limit, limit);
 // out = g * sigmoid(alpha * g) * (u + beta)
 // With out_scale set (fused activation + quantization for the down projection): out is
@@ -529,6 +540,11 @@ void moe_route(const MoeRouteParams& p, const Stream& s);
 // the two together measured faster than either alone (docs/performance.md "The decode chain").
 bool moe_route_splits(const MoeRouteParams& p, const Stream& s);
 void moe_experts(const MoeExpertsParams& p, const Stream& s);
+void prefetch_l2(const PrefetchL2Params& p, const Stream& s);
+// The bytes a step of `rows` token rows may prefetch into L2 ahead of a layer: the tuning field
+// launch.l2_prefetch_mib for decode steps (docs/kernels.md "L2 prefetch of the next layer's
+// weights"), 0 for larger steps and on the CPU.
+size_t l2_prefetch_budget(int64_t rows, const Stream& s);
 void qkv_norm_rope_cache(const QkvNormRopeCacheParams& p, const Stream& s);
 void attention(const AttentionParams& p, const Stream& s);
 void indexer(const IndexerParams& p, const Stream& s);

@@ -64,6 +64,7 @@ class MiniMaxM3 final : public Model {
     const bool shared = std::any_of(w_.layers.begin(), w_.layers.end(),
                                     [](const LayerWeights& L) { return L.moe && L.shared_gate_up.rows > 0; });
     if (side_stream && shared && dev.is_cuda()) side_ = SideStream(dev);
+    if (side_stream && dev.is_cuda()) prefetch_ = SideStream(dev);
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -299,7 +300,7 @@ class MiniMaxM3 final : public Model {
         const Act xf{sb.xn.data(), DType::F32, nullptr, H};
         const Act x8 = gemm_input(L.expert_gate_up[0], sb.xn8, sb.xn8_scale, H);
         add_norm(L.post_norm, n, 0, true, xf, x8.scale ? &x8 : nullptr);
-        moe(L, xf, x8.scale ? x8 : xf, n);
+        moe(L, l + 1 < int(w_.layers.size()) ? &w_.layers[size_t(l + 1)] : nullptr, xf, x8.scale ? x8 : xf, n);
       } else {
         const Act xf = gemm_input(L.mlp_gate_up, sb.xn, sb.xn_scale, H);
         add_norm(L.post_norm, n, 0, true, xf);
@@ -350,9 +351,27 @@ class MiniMaxM3 final : public Model {
     ops::all_reduce(p, stream_);
   }
 
+  // The weights the next layer's first GEMMs read, in the order it reads them, up to `budget`
+  // bytes (the last range cut short).
+  static ops::PrefetchL2Params next_layer_ranges(const LayerWeights& N, size_t budget) {
+    ops::PrefetchL2Params pp;
+    const Buffer* parts[] = {&N.qkv.data,           &N.qkv.scale,           &N.o_proj.data,        &N.o_proj.scale,
+                             &N.shared_gate_up.data, &N.shared_gate_up.scale, &N.shared_down.data, &N.shared_down.scale};
+    static_assert(sizeof(parts) / sizeof(parts[0]) <= ops::PrefetchL2Params::kMaxRanges);
+    for (const Buffer* b : parts) {
+      if (budget == 0) break;
+      if (!b->data() || b->bytes() == 0) continue;
+      pp.ptr[pp.count] = b->data();
+      pp.bytes[pp.count] = std::min(budget, b->bytes());
+      budget -= pp.bytes[pp.count++];
+    }
+    return pp;
+  }
+
   // The routed experts (and the shared expert) of x into part; x8: the same rows quantized for
-  // FP8 weights (or x).
-  void moe(const LayerWeights& L, const Act& x, const Act& x8, int64_t n) {
+  // FP8 weights (or x). next: the next layer's weights (null for the last layer), which a decode
+  // step prefetches into L2 beside the routing.
+  void moe(const LayerWeights& L, const LayerWeights* next, const Act& x, const Act& x8, int64_t n) {
     StepBuffers& sb = step_;
     const int E = cfg_.num_local_experts, k = cfg_.num_experts_per_tok;
     // The router GEMM (fp32 weights, fp32 sums) runs inside the routing op.
@@ -377,6 +396,17 @@ class MiniMaxM3 final : public Model {
     // join); the same ops on the same inputs either way.
     const bool beside = L.shared_gate_up.rows && side_ && stream_.cuda_stream && ops::moe_route_splits(mr, stream_);
     if (beside) side_.fork(stream_.cuda_stream);
+    // The routing, the shared expert and the sort leave DRAM mostly idle: the next layer's qkv,
+    // o_proj and shared expert weights are read into L2 meanwhile, beside them (a branch that
+    // writes nothing; joined after the experts), so those GEMMs find them there.
+    const size_t budget = next && prefetch_ && stream_.cuda_stream ? ops::l2_prefetch_budget(n, stream_) : 0;
+    const ops::PrefetchL2Params pp = budget ? next_layer_ranges(*next, budget) : ops::PrefetchL2Params{};
+    if (pp.count) {
+      prefetch_.fork(stream_.cuda_stream);
+      ops::Stream ps = stream_;
+      ps.cuda_stream = prefetch_.stream();
+      ops::prefetch_l2(pp, ps);
+    }
     ops::moe_route(mr, stream_);
     if (L.shared_gate_up.rows) {
       const Act& xs = x8.scale && L.shared_gate_up.dtype == DType::FP8_E4M3 ? x8 : x;
@@ -428,6 +458,7 @@ class MiniMaxM3 final : public Model {
     me.out = sb.part.data();
     me.out_bf16 = part_ == DType::BF16;  // x stays fp32 (act_dtype) for the router's sake
     ops::moe_experts(me, stream_);
+    if (pp.count) prefetch_.join(stream_.cuda_stream);  // long done: the experts need none of it
   }
 
   // part (+)= down(swiglu_oai(gate_up(x)))
@@ -631,6 +662,7 @@ class MiniMaxM3 final : public Model {
   ops::Collective* group_;
   ops::Stream stream_;      // forward()'s
   SideStream side_;         // the shared experts' (CUDA, unless LoadOptions::side_stream is false)
+  SideStream prefetch_;     // the L2 prefetch of the next layer's weights (the same condition)
   CacheOptions cache_opts_;
   std::vector<LayerCache> caches_;
   Buffer rope_;

@@ -57,6 +57,9 @@ struct LoadOptions {
   // it on the one stream otherwise; false (--no-side-stream): always after it. On an H100, one
   // TP8 rank's decode step took 22.36 ms with the two together against 22.75 ms with neither
   // (the side stream without the split-K GEMM: 24.0 ms; docs/performance.md "The decode chain").
+  // With the tuning field launch.l2_prefetch_mib (an experiment, off by default), decode steps
+  // also prefetch the next layer's weights into L2 on a third stream beside the routing
+  // (ops::prefetch_l2); false: neither.
   bool side_stream = true;
   // CUDA: keep each sublayer's output (`part`: o_proj, the MLP's or shared expert's down
   // projection, the MoE combine) and its tensor-parallel all-reduce in fp32 instead of bf16 (the

@@ -244,6 +244,63 @@ TEST(CudaAdd, Bitwise) {
   }
 }
 
+// L2 prefetch writes nothing: ranges of every alignment and size (empty, under a line, over many
+// lines, ending mid-line) leave device memory as it was, with the kernel before
+// and after it in the stream; the budget follows the tuning field and the decode rule; a bad
+// range count or a null range is an error that names the op.
+TEST(CudaPrefetchL2, LeavesMemoryAsItWas) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(11);
+  const size_t n = (3 << 20) + 77;
+  std::vector<uint8_t> host(n);
+  for (auto& b : host) b = uint8_t(rng.gen() >> 56);
+  Dev d = Dev::of(host);
+  const uint8_t* p = d.as<uint8_t>();
+  ops::PrefetchL2Params pp;
+  const std::pair<size_t, size_t> ranges[] = {{0, n}, {3, 0}, {5, 11}, {17, 33}, {1000, (1 << 20) + 3}, {n - 40, 40},
+                                              {64, 32 << 10}, {7, (32 << 10) + 9}};
+  for (auto [at, bytes] : ranges) {
+    pp.ptr[pp.count] = p + at;
+    pp.bytes[pp.count++] = bytes;
+  }
+  Dev other = Dev::of(random_vector(4096, rng, -1, 1));
+  ops::AddParams twice;  // a kernel before and after the prefetch in the same stream
+  twice.y = other.p();
+  twice.x = other.p();
+  twice.n = 4096;
+  ops::add(twice, gpu_stream());
+  ops::prefetch_l2(pp, gpu_stream());
+  pp.count = 1;
+  pp.bytes[0] = 8;
+  ops::prefetch_l2(pp, gpu_stream());
+  ops::add(twice, gpu_stream());
+  EXPECT_EQ(d.bytes(n), host);
+
+  cuda::Tuning t = cuda::tuning();
+  t.launch.l2_prefetch_mib = 24;
+  {
+    cuda::TuningScope scope(t);
+    EXPECT_EQ(ops::l2_prefetch_budget(32, gpu_stream()), size_t(24) << 20);
+    EXPECT_EQ(ops::l2_prefetch_budget(8192, gpu_stream()), 0u);  // prefill steps: none
+  }
+  t.launch.l2_prefetch_mib = 0;
+  {
+    cuda::TuningScope scope(t);
+    EXPECT_EQ(ops::l2_prefetch_budget(1, gpu_stream()), 0u);
+  }
+  pp.count = ops::PrefetchL2Params::kMaxRanges + 1;
+  try {
+    ops::prefetch_l2(pp, gpu_stream());
+    ADD_FAILURE() << "no error for " << pp.count << " ranges";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prefetch_l2"), std::string::npos) << e.what();
+  }
+  pp.count = 1;
+  pp.ptr[0] = nullptr;
+  pp.bytes[0] = 64;
+  EXPECT_THROW(ops::prefetch_l2(pp, gpu_stream()), Error);
+}
+
 TEST(CudaSwigluOai, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (DType t : {DType::F32, DType::BF16}) {

@@ -17,6 +17,9 @@
 #include "golden_util.h"
 #include "io/tiny_model.h"
 #include "kernels/memory.h"
+#ifdef SIEVE_HAVE_CUDA
+#include "kernels/cuda/tuning.h"
+#endif
 #include "model/weights.h"
 
 namespace sieve {
@@ -338,12 +341,19 @@ TEST(ModelCuda, Fp8CheckpointsMatchTheCpu) {
 }
 
 // Each MoE layer's shared expert on a side stream beside the routing (LoadOptions::side_stream,
-// the default) runs the same ops on the same inputs as after the routing on one stream, so the
-// logits are the same bit for bit: eagerly, and from CUDA graphs (where the side stream's kernels
+// the default), with the next layer's weights prefetched into L2 on a third, runs the same ops on
+// the same inputs as after the routing on one stream, so the logits are the same bit for bit: eagerly, and from CUDA graphs (where the side stream's kernels
 // are a branch of the graph). The bundled BF16 model (cuBLAS GEMMs: a handle for each stream) and
 // an FP8 checkpoint (the FP8 GEMMs' split-k counters and quantized rows: scratch for each stream).
 TEST(ModelCuda, SideStreamMatchesOneStream) {
   SKIP_WITHOUT_GPU();
+#ifdef SIEVE_HAVE_CUDA
+  // The side-stream model's decode steps also prefetch the next layer's weights into L2 beside the
+  // routing (off by default: launch.l2_prefetch_mib); it writes nothing, so the bits stay the same.
+  cuda::Tuning tuned = cuda::tuning();
+  tuned.launch.l2_prefetch_mib = 24;
+  cuda::TuningScope prefetch(tuned);
+#endif
   nlohmann::json g = read_json(kGoldenDir + "/moby_dick.json");
   const std::vector<int32_t> text = g["prompt_ids"].get<std::vector<int32_t>>();
   ASSERT_GE(text.size(), 700u);

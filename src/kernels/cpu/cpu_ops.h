@@ -17,6 +17,7 @@ void run_add(const ops::AddParams& p);
 void run_swiglu_oai(const ops::SwigluOaiParams& p);
 void run_moe_route(const ops::MoeRouteParams& p);
 void run_moe_experts(const ops::MoeExpertsParams& p);
+inline void run_prefetch_l2(const ops::PrefetchL2Params&) {}  // the CPU has no L2 to fill
 void run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p);
 void run_attention(const ops::AttentionParams& p);
 void run_indexer(const ops::IndexerParams& p);

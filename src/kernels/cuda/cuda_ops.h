@@ -19,6 +19,8 @@ bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream);
 bool run_moe_route(const ops::MoeRouteParams& p, void* stream);
 bool moe_route_splits(const ops::MoeRouteParams& p);  // ops::moe_route_splits
 bool run_moe_experts(const ops::MoeExpertsParams& p, void* stream);
+bool run_prefetch_l2(const ops::PrefetchL2Params& p, void* stream);
+size_t l2_prefetch_budget(int64_t rows);  // ops::l2_prefetch_budget
 bool run_qkv_norm_rope_cache(const ops::QkvNormRopeCacheParams& p, void* stream);
 bool run_attention(const ops::AttentionParams& p, void* stream);
 bool run_indexer(const ops::IndexerParams& p, void* stream);

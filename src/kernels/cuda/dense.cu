@@ -20,6 +20,7 @@
 #include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/quant.h"
 #include "kernels/cuda/stream_scratch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace sieve::cuda {
 
@@ -375,6 +376,42 @@ bool run_add(const ops::AddParams& p, void* stream_v) {
   launch_pdl(chain_pdl(st, (p.n + kAddRowElems - 1) / kAddRowElems), add_kernel, dim3(elementwise_grid(p.n)), dim3(kRowThreads), 0, st,
              "add", p.y, p.x, t, p.n, p.alpha, p.assign);
   return true;
+}
+
+// L2 prefetch (ops::prefetch_l2): one `prefetch.global.L2` a 128-byte line, the lines of every
+// range spread over the threads of the grid (kPrefetchLines a thread, so the requests leave from
+// many SMs at once); the kernel ends once they are issued (the memory system completes them).
+constexpr int kPrefetchThreads = 256;
+constexpr int kPrefetchLines = 8;
+constexpr int64_t kL2PrefetchMaxRows = 64;  // launch.l2_prefetch_mib's decode steps
+
+__global__ void __launch_bounds__(kPrefetchThreads) prefetch_l2_kernel(ops::PrefetchL2Params p) {
+  const uint64_t step = uint64_t(gridDim.x) * blockDim.x * 128;
+  for (int r = 0; r < p.count; ++r) {
+    const uint64_t a = reinterpret_cast<uint64_t>(p.ptr[r]), e = a + p.bytes[r];
+    for (uint64_t c = a + (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 128; c < e; c += step)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
+  }
+}
+
+bool run_prefetch_l2(const ops::PrefetchL2Params& p, void* stream_v) {
+  if (p.count < 0 || p.count > ops::PrefetchL2Params::kMaxRanges) throw Error("prefetch_l2: bad range count");
+  uint64_t total = 0;
+  for (int r = 0; r < p.count; ++r) {
+    if (!p.ptr[r] && p.bytes[r]) throw Error("prefetch_l2: null range");
+    total += p.bytes[r];
+  }
+  if (total == 0) return true;
+  const uint64_t per_cta = uint64_t(kPrefetchThreads) * kPrefetchLines * 128;
+  const unsigned grid = unsigned(std::min<uint64_t>(1024, (total + per_cta - 1) / per_cta));
+  cudaStream_t st = static_cast<cudaStream_t>(stream_v);
+  launch_pdl(false, prefetch_l2_kernel, dim3(grid), dim3(kPrefetchThreads), 0, st, "prefetch_l2", p);
+  return true;
+}
+
+size_t l2_prefetch_budget(int64_t rows) {
+  if (rows > kL2PrefetchMaxRows) return 0;  // prefill: the weights serve many rows anyway
+  return size_t(std::max(0, tuning().launch.l2_prefetch_mib)) << 20;
 }
 
 bool run_swiglu_oai(const ops::SwigluOaiParams& p, void* stream_v) {

@@ -44,6 +44,7 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       SIEVE_INT_FIELD(launch, pdl_mask),
       SIEVE_INT_FIELD(launch, chain_pdl),
+      SIEVE_INT_FIELD(launch, l2_prefetch_mib),
       SIEVE_INT_FIELD(linear, backend),
       SIEVE_INT_FIELD(linear, wgs),
       SIEVE_INT_FIELD(linear, bn),

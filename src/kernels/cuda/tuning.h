@@ -20,6 +20,13 @@ struct LaunchTuning {
   // dependent launch: -1 for calls of at most kPdlChainMaxRows rows, not on the legacy stream
   // (common.cuh), 0 never, 1 at every size.
   int chain_pdl = -1;
+  // An experiment, off: decode steps (at most 64 rows) prefetch into L2, on a stream beside a
+  // MoE layer's routing, the next layer's weights that its first GEMMs read (qkv, o_proj, the
+  // shared expert's gate_up and down, with their scales, in that order) up to this many MiB;
+  // 0: never. A first form (bulk prefetches from a few CTAs, joined before the experts) made one
+  // TP8 rank's decode step 16 % slower on an H100 (docs/performance.md "Measured and not kept");
+  // this form (line prefetches from many CTAs, joined after the experts) is not measured yet.
+  int l2_prefetch_mib = 0;
 };
 
 // ops::linear with FP8 weights (linear_fp8.cu, linear_fp8_plan.h; docs/kernels.md "FP8 GEMM").
