@@ -1,5 +1,6 @@
 // `sieve bench kernels`: times the CUDA kernels against measured memory/matrix floors and prints
 // a table; --json writes every row, --md a Markdown table (scripts/gpu-check uses both).
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -95,6 +96,13 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
                 r.target_us > 0 ? fmt(r.target_us).c_str() : "", verdict(r).c_str());
     std::fflush(stdout);
   });
+  // A filter that names no case still times the empty kernel; say so rather than print a table
+  // of nothing (--filter takes a case's phase, shape and dtype, not a row's kernel name).
+  const bool any = std::any_of(rows.begin(), rows.end(), [](const kb::Row& r) { return r.kernel.rfind("empty kernel", 0) != 0; });
+  if (!any && (!opt.filter.empty() || !opt.rows.empty()))
+    throw sieve::Error("bench kernels: no row matched --filter \"" + opt.filter + "\" --rows \"" + opt.rows +
+                       "\" (--filter takes a case's \"phase shape dtype\", e.g. \"decode b32 ctx9216 fp8\" or "
+                       "\"moe fp8 8192 tokens\"; --rows a kernel name, e.g. \"dense decode attention\")");
   char date[32];
   std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));

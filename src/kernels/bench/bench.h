@@ -34,7 +34,7 @@ struct Row {
 
 struct Options {
   int iters = 100;
-  std::string filter;  // substring of "kernel shape dtype"; empty = all
+  std::string filter;  // substring of a case's "phase shape dtype" ("decode b32 ctx9216 fp8"); empty = all
   std::string rows;    // substring of the kernel name (the table's first column); empty = all
 };
 
