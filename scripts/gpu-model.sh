@@ -65,9 +65,10 @@ fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   start=$(date +%s)
-  (cd "$build" && ctest -L gpu -R 'ModelCuda|GoldenCuda' --output-on-failure --timeout 600) >"$out/tests.log" 2>&1
+  (cd "$build" && ctest -L gpu -R 'ModelCuda|GoldenCuda' -V --timeout 600) >"$out/tests.log" 2>&1
   note "gpu model tests: rc=$? ($(($(date +%s) - start)) s): $(grep -E 'tests passed|tests failed' "$out/tests.log" | tail -1)"
-  grep -E '^\[ (fp8|dummy|cuda|graphs) \]' "$out/tests.log" | sort -u | tee -a "$summary"
+  # -V keeps what passing tests print (ctest prefixes each line with the test's number).
+  grep -E '^([0-9]+: )?\[ (fp8|dummy|cuda|graphs) \]' "$out/tests.log" | sed -E 's/^[0-9]+: //' | sort -u | tee -a "$summary"
 fi
 
 if [ "${SKIP_PERPLEXITY:-0}" != 1 ]; then
