@@ -98,7 +98,7 @@ int run_bench_kernels(const std::vector<std::string>& argv) {
   });
   // A filter that names no case still times the empty kernel; say so rather than print a table
   // of nothing (--filter takes a case's phase, shape and dtype, not a row's kernel name).
-  const bool any = std::any_of(rows.begin(), rows.end(), [](const kb::Row& r) { return r.kernel.rfind("empty kernel", 0) != 0; });
+  const bool any = std::any_of(rows.begin(), rows.end(), [](const kb::Row& r) { return r.kernel != kb::kEmptyKernel; });
   if (!any && (!opt.filter.empty() || !opt.rows.empty()))
     throw sieve::Error("bench kernels: no row matched --filter \"" + opt.filter + "\" --rows \"" + opt.rows +
                        "\" (--filter takes a case's \"phase shape dtype\", e.g. \"decode b32 ctx9216 fp8\" or "

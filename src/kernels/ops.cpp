@@ -88,10 +88,7 @@ bool moe_route_splits(const MoeRouteParams& p, const Stream& s) {
 #endif
 }
 void moe_experts(const MoeExpertsParams& p, const Stream& s) { SIEVE_DISPATCH(moe_experts, p, s); }
-void prefetch_l2(const PrefetchL2Params& p, const Stream& s) {
-  if (s.device.is_cpu() || p.count <= 0) return;  // the CPU has nothing to prefetch into
-  SIEVE_DISPATCH(prefetch_l2, p, s);
-}
+void prefetch_l2(const PrefetchL2Params& p, const Stream& s) { SIEVE_DISPATCH(prefetch_l2, p, s); }
 size_t l2_prefetch_budget(int64_t rows, const Stream& s) {
 #ifdef SIEVE_HAVE_CUDA
   return s.device.is_cuda() ? cuda::l2_prefetch_budget(rows) : 0;

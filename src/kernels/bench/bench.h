@@ -38,6 +38,9 @@ struct Options {
   std::string rows;    // substring of the kernel name (the table's first column); empty = all
 };
 
+// The kernel name of the empty kernel's rows (the timing floor), which every --filter keeps.
+constexpr const char* kEmptyKernel = "empty kernel (timing floor)";
+
 Env measure_env();
 // Runs every case; calls on_row for each result as it is measured.
 void run_all(const Options& opt, const Env& env, const std::function<void(const Row&)>& on_row);

@@ -58,7 +58,6 @@ bool row_wanted(const Options& o, const std::string& kernel) {
 }
 
 // Kernel names of the rows whose --rows test comes before the row itself is built.
-constexpr const char* kEmptyKernel = "empty kernel (timing floor)";
 constexpr const char* kDecodeIndexer = "decode indexer";
 constexpr const char* kFullDecodeStep = "decode step (cache write + indexer + sparse attention)";
 constexpr const char* kDenseDecodeStep = "decode step (cache write + dense attention)";
