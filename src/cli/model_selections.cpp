@@ -1,9 +1,10 @@
 // `sieve eval selections`: what a trained indexer's block selections look like to tiled sparse
 // attention. Runs the model on the CPU over a text, recomputes each sparse layer's selections
 // from its index queries and cached index keys (at any block size / topk: the tiny model has few
-// blocks of 128), and prints their locality (kernels_bench::LocalityStats); --random does the
-// same for random index queries and keys (the benchmark's inputs), --fit the benchmark
-// generator's rule fitted to what was measured.
+// blocks of 128), and prints their locality (kernels_bench::LocalityStats) and the passes the
+// tiled prefill kernel makes over them, with tokens in order and regrouped (TilePassAccum);
+// --random does the same for random index queries and keys (the benchmark's inputs), --fit the
+// benchmark generator's rule fitted to what was measured.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +31,7 @@ namespace sieve::cli {
 namespace {
 
 using kernels_bench::LocalityStats;
+using kernels_bench::TilePassAccum;
 
 struct Shape {
   int block_size = 128, topk = 16, init_blocks = 0, local_blocks = 1, dim = 128;
@@ -75,6 +77,18 @@ void print_stats(const char* name, const LocalityStats& s) {
   std::printf("\n");
 }
 
+void print_passes_header(int window) {
+  std::printf("\ntiled sparse prefill passes (tiles of %d tokens split into two halves the way with the fewest "
+              "(half, block) passes, as the TP4 kernel does; / 2 topk):\n",
+              kernels_bench::kPassTile);
+  std::printf("%-22s %7s %12s %12s\n", "selections", "tiles", "consecutive",
+              ("regrouped " + std::to_string(window)).c_str());
+}
+
+void print_passes(const char* name, const TilePassAccum& p) {
+  std::printf("%-22s %7lld %12.3f %12.3f\n", name, (long long)p.tiles(), p.passes(), p.regrouped_passes());
+}
+
 void print_header(const Shape& s, int tokens) {
   std::printf("blocks of %d, topk %d, %d local, %d tokens; union = distinct blocks of a tile / topk\n",
               s.block_size, s.topk, s.local_blocks, tokens);
@@ -91,6 +105,8 @@ int run_selections(const std::vector<std::string>& argv) {
       .opt({"--topk"}, "N", "blocks selected per token (default: the model's keys per token / block size)")
       .opt({"--prefill-chunk"}, "N", "prefill in chunks of N tokens", "2048")
       .opt({"--seed"}, "N", "seed of --random and --fit", "1")
+      .opt({"--regroup-window"}, "N",
+           "the passes table's regrouping: tokens regrouped into tiles within aligned windows of N", "512")
       .flag({"--random"}, "random index queries and keys instead of the model (the benchmark's inputs)")
       .flag({"--fit"}, "also fit the benchmark generator's rule at its shape (blocks of 128, topk 16)");
   add_model_load_flags(a);
@@ -99,6 +115,9 @@ int run_selections(const std::vector<std::string>& argv) {
   const int tokens = int(a.get_int("--tokens"));
   if (tokens < 64) throw Error("--tokens must be at least 64");
   const uint64_t seed = uint64_t(a.get_int("--seed"));
+  const int window = int(a.get_int("--regroup-window"));
+  if (window < kernels_bench::kPassTile)
+    throw Error("--regroup-window must be at least " + std::to_string(kernels_bench::kPassTile));
   std::vector<kernels_bench::LocalityAccum> per_layer;
   kernels_bench::LocalityAccum all;
   Shape s;
@@ -124,6 +143,10 @@ int run_selections(const std::vector<std::string>& argv) {
     all.add_rows(ids.data(), tokens, s.topk, 0, s.block_size, s.local_blocks);
     print_header(s, tokens);
     print_stats("random q/k", all.result());
+    TilePassAccum passes;
+    passes.add_rows(ids.data(), tokens, s.topk, 0, s.block_size, window);
+    print_passes_header(window);
+    print_passes("random q/k", passes);
   } else {
 #ifndef SIEVE_HAVE_TEXT
     throw Error("eval selections needs the tokenizer, which this build lacks (or use --random)");
@@ -185,16 +208,22 @@ int run_selections(const std::vector<std::string>& argv) {
     ops::set_indexer_tap(nullptr);
     if (calls == 0) throw Error("--device: eval selections reads the CPU backend's selections; pass --device cpu");
     print_header(s, tokens);
+    std::vector<TilePassAccum> passes(size_t(layers) + 1);
     for (int l = 0; l < layers; ++l) {
       kernels_bench::LocalityAccum acc;
       for (int h = 0; h < heads; ++h) {
         const auto& v = sel[size_t(l * heads + h)];
         acc.add_rows(v.data(), tokens, s.topk, 0, s.block_size, s.local_blocks);
         all.add_rows(v.data(), tokens, s.topk, 0, s.block_size, s.local_blocks);
+        passes[size_t(l)].add_rows(v.data(), tokens, s.topk, 0, s.block_size, window);
+        passes[size_t(layers)].add_rows(v.data(), tokens, s.topk, 0, s.block_size, window);
       }
       print_stats(("index layer " + std::to_string(l)).c_str(), acc.result());
     }
     print_stats("all layers", all.result());
+    print_passes_header(window);
+    for (int l = 0; l <= layers; ++l)
+      print_passes(l < layers ? ("index layer " + std::to_string(l)).c_str() : "all layers", passes[size_t(l)]);
     if (compared)
       std::printf("recomputed = the model's selection on %.4f of %lld rows\n", double(same) / double(compared),
                   (long long)compared);
@@ -211,6 +240,10 @@ int run_selections(const std::vector<std::string>& argv) {
     print_stats("generated (fitted)", kernels_bench::locality(g.data(), 8192, 16, 0, 128, 1));
     kernels_bench::generate_selections(kernels_bench::trained_like(), 16, 128, 1, 0, 8192, seed, g.data());
     print_stats("generated (bench)", kernels_bench::locality(g.data(), 8192, 16, 0, 128, 1));
+    TilePassAccum passes;
+    passes.add_rows(g.data(), 8192, 16, 0, 128, window);
+    print_passes_header(window);
+    print_passes("generated (bench)", passes);
   }
   return 0;
 }

@@ -95,5 +95,52 @@ TEST(BenchSelections, StatisticsOfKnownSelections) {
   EXPECT_DOUBLE_EQ(o.shared_prev, 0.25);  // the local block only
 }
 
+TEST(BenchSelections, TilePassesOfKnownSelections) {
+  // 64 tokens cycling over four disjoint sets of 4 blocks (blocks of 1, far past topk): a tile of
+  // 8 holds two tokens of each set, so its best split still needs 2 sets a half (passes 2.0);
+  // regrouped within windows of 32 (8 tokens of each set) every tile is one set (1.0).
+  const int rows = 64, topk = 4, pos0 = 128;  // tiles and windows align to positions
+  std::vector<int32_t> ids(size_t(rows) * topk);
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < topk; ++k) ids[size_t(r) * topk + k] = 4 * (r % 4) + k;
+  TilePassAccum acc;
+  acc.add_rows(ids.data(), rows, topk, pos0, 1, 32);
+  EXPECT_EQ(acc.tiles(), rows / kPassTile);
+  EXPECT_DOUBLE_EQ(acc.passes(), 2.0);
+  EXPECT_EQ(acc.regrouped_tiles(), rows / kPassTile);
+  EXPECT_DOUBLE_EQ(acc.regrouped_passes(), 1.0);
+  // Two interleaved sets: the kernel's split already separates them (1.0 either way).
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < topk; ++k) ids[size_t(r) * topk + k] = 4 * (r % 2) + k;
+  TilePassAccum two;
+  two.add_rows(ids.data(), rows, topk, pos0, 1, 32);
+  EXPECT_DOUBLE_EQ(two.passes(), 1.0);
+  EXPECT_DOUBLE_EQ(two.regrouped_passes(), 1.0);
+  // Tokens that do not choose (at most topk candidate blocks) are left out.
+  TilePassAccum early;
+  early.add_rows(ids.data(), rows, topk, 0, 16, 32);  // positions 0..63: blocks 1..4
+  EXPECT_EQ(early.tiles(), 0);
+  EXPECT_EQ(early.regrouped_tiles(), 0);
+}
+
+TEST(BenchSelections, TilePassesOfTheBenchSelections) {
+  // The bench's trained-like rows at 8192 new tokens: a tile's halves pay ~1.25 x topk each, and
+  // regrouping within 512 tokens does not lower it (docs/kernels.md); independent selections
+  // (keep 0) pay far more, and regrouping recovers part of it.
+  const int rows = 8192, topk = 16;
+  std::vector<int32_t> ids(size_t(rows) * topk);
+  generate_selections(trained_like(), topk, 128, 1, 0, rows, 1, ids.data());
+  TilePassAccum trained;
+  trained.add_rows(ids.data(), rows, topk, 0, 128, 512);
+  EXPECT_GT(trained.passes(), 1.1);
+  EXPECT_LT(trained.passes(), 1.4);
+  EXPECT_GT(trained.regrouped_passes(), trained.passes() - 0.05);
+  generate_selections(TrainedLike{}, topk, 128, 1, 0, rows, 1, ids.data());
+  TilePassAccum independent;
+  independent.add_rows(ids.data(), rows, topk, 0, 128, 512);
+  EXPECT_GT(independent.passes(), 1.7);
+  EXPECT_LT(independent.regrouped_passes(), independent.passes() - 0.1);
+}
+
 }  // namespace
 }  // namespace sieve::test

@@ -117,6 +117,7 @@ TEST(ModelCli, SelectionLocalityOfTheBundledModel) {
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("all layers"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("recomputed = the model's selection on 1.0000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tiled sparse prefill passes"), std::string::npos) << r.out;
   r = run_sieve("eval selections --device cpu --tokens 700 --block-size 0");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("--block-size"), std::string::npos) << r.out;

@@ -73,6 +73,87 @@ void LocalityAccum::add_rows(const int32_t* ids, int rows, int topk, int first_p
   }
 }
 
+namespace {
+
+// A set of block ids as bits (blocks < 64 x words).
+struct BlockBits {
+  std::vector<uint64_t> w;
+  explicit BlockBits(size_t words) : w(words) {}
+  void add(int32_t b) { w[size_t(b) >> 6] |= uint64_t(1) << (b & 63); }
+  bool has(int32_t b) const { return (w[size_t(b) >> 6] >> (b & 63)) & 1; }
+  int count() const {
+    int n = 0;
+    for (const uint64_t x : w) n += __builtin_popcountll(x);
+    return n;
+  }
+};
+
+// The fewest (half, block) passes of 8 tokens split into two halves of 4 (token t[0] in the first
+// half: the 35 distinct splits).
+int best_split_passes(const std::vector<BlockBits>& sel, const int* t, size_t words) {
+  int best = 1 << 30;
+  for (int m = 0; m < (1 << kPassTile); ++m) {
+    if (__builtin_popcount(unsigned(m)) != kPassTile / 2 || !(m & 1)) continue;
+    BlockBits a(words), b(words);
+    for (int i = 0; i < kPassTile; ++i) {
+      auto& half = (m >> i) & 1 ? a : b;
+      for (size_t k = 0; k < words; ++k) half.w[k] |= sel[size_t(t[i])].w[k];
+    }
+    best = std::min(best, a.count() + b.count());
+  }
+  return best;
+}
+
+}  // namespace
+
+void TilePassAccum::add_rows(const int32_t* ids, int rows, int topk, int first_pos, int block_size, int window) {
+  SIEVE_CHECK(topk > 0 && block_size > 0 && rows >= 0 && window >= kPassTile, "tile passes: bad shape");
+  const size_t words = size_t((first_pos + rows) / block_size + 1 + 63) / 64;
+  std::vector<BlockBits> sel(static_cast<size_t>(rows), BlockBits(words));
+  std::vector<char> chooses(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    chooses[size_t(r)] = (first_pos + r) / block_size + 1 > topk;
+    for (int k = 0; k < topk; ++k)
+      if (const int32_t b = ids[size_t(r) * topk + k]; b >= 0) sel[size_t(r)].add(b);
+  }
+  const double norm = 2.0 * topk;
+  // Consecutive tiles, aligned to their size, all of whose tokens choose.
+  for (int r0 = (kPassTile - first_pos % kPassTile) % kPassTile; r0 + kPassTile <= rows; r0 += kPassTile) {
+    bool all = true;
+    for (int r = r0; r < r0 + kPassTile; ++r) all = all && chooses[size_t(r)];
+    if (!all) continue;
+    int t[kPassTile];
+    for (int i = 0; i < kPassTile; ++i) t[i] = r0 + i;
+    sum_ += best_split_passes(sel, t, words) / norm;
+    ++tiles_;
+  }
+  // Greedy regrouping within aligned windows.
+  for (int w0 = -(first_pos % window); w0 < rows; w0 += window) {
+    std::vector<int> left;
+    for (int r = std::max(0, w0); r < std::min(rows, w0 + window); ++r)
+      if (chooses[size_t(r)]) left.push_back(r);
+    while (int(left.size()) >= kPassTile) {
+      int t[kPassTile] = {left.front()};
+      left.erase(left.begin());
+      BlockBits u = sel[size_t(t[0])];
+      for (int i = 1; i < kPassTile; ++i) {
+        size_t pick = 0;
+        int most = -1;
+        for (size_t j = 0; j < left.size(); ++j) {
+          int shared = 0;
+          for (size_t k = 0; k < words; ++k) shared += __builtin_popcountll(u.w[k] & sel[size_t(left[j])].w[k]);
+          if (shared > most) most = shared, pick = j;
+        }
+        t[i] = left[pick];
+        left.erase(left.begin() + std::ptrdiff_t(pick));
+        for (size_t k = 0; k < words; ++k) u.w[k] |= sel[size_t(t[i])].w[k];
+      }
+      regrouped_sum_ += best_split_passes(sel, t, words) / norm;
+      ++regrouped_tiles_;
+    }
+  }
+}
+
 LocalityStats LocalityAccum::result() const {
   LocalityStats s;
   s.tokens = tokens_;

@@ -43,6 +43,30 @@ class LocalityAccum {
 
 LocalityStats locality(const int32_t* ids, int rows, int topk, int first_pos, int block_size, int local_blocks);
 
+// What the tiled sparse prefill attention (one TP4 rank: tiles of 8 consecutive tokens, two
+// warpgroups of 4) pays for a head's selections: each tile split over the two halves the way (of
+// 35) with the fewest (half, block) passes, as the kernel splits it; and, for comparison, what it
+// would pay if the tokens of each aligned window of `window` tokens were first regrouped into
+// tiles of 8 greedily by shared blocks (a tile starts from the window's earliest token left and
+// takes, seven times, the token sharing most blocks with its union, the earliest on ties).
+// Passes are relative to 2 x topk: 1.0 when each half's tokens select the same blocks, 4.0 when
+// they share none. Tokens with at most topk candidate blocks are left out, as in LocalityAccum;
+// regrouped windows' last tiles of fewer than 8 tokens too.
+inline constexpr int kPassTile = 8;
+
+class TilePassAccum {
+ public:
+  void add_rows(const int32_t* ids, int rows, int topk, int first_pos, int block_size, int window);
+  int64_t tiles() const { return tiles_; }
+  double passes() const { return tiles_ ? sum_ / double(tiles_) : 0; }
+  int64_t regrouped_tiles() const { return regrouped_tiles_; }
+  double regrouped_passes() const { return regrouped_tiles_ ? regrouped_sum_ / double(regrouped_tiles_) : 0; }
+
+ private:
+  int64_t tiles_ = 0, regrouped_tiles_ = 0;
+  double sum_ = 0, regrouped_sum_ = 0;
+};
+
 // The generator's rule (a Markov chain over consecutive tokens of one head). Each token selects
 // its forced local blocks, keeps each non-local block of the previous token's selection with
 // probability `keep` (in random order, while room is left), and fills the rest by drawing
