@@ -116,11 +116,17 @@ TEST(BenchSelections, TilePassesOfKnownSelections) {
   two.add_rows(ids.data(), rows, topk, pos0, 1, 32);
   EXPECT_DOUBLE_EQ(two.passes(), 1.0);
   EXPECT_DOUBLE_EQ(two.regrouped_passes(), 1.0);
-  // Tokens that do not choose (at most topk candidate blocks) are left out.
+  // Tokens that do not choose (at most topk candidate blocks) are left out: positions 0..63 in
+  // blocks of 16 have 1..4 blocks and select them all.
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < topk; ++k) ids[size_t(r) * topk + k] = k <= r / 16 ? k : -1;
   TilePassAccum early;
-  early.add_rows(ids.data(), rows, topk, 0, 16, 32);  // positions 0..63: blocks 1..4
+  early.add_rows(ids.data(), rows, topk, 0, 16, 32);
   EXPECT_EQ(early.tiles(), 0);
   EXPECT_EQ(early.regrouped_tiles(), 0);
+  // A row that selects a block past its own is refused.
+  ids[0] = 1;
+  EXPECT_THROW(early.add_rows(ids.data(), rows, topk, 0, 16, 32), std::exception);
 }
 
 TEST(BenchSelections, TilePassesOfTheBenchSelections) {

@@ -114,7 +114,11 @@ void TilePassAccum::add_rows(const int32_t* ids, int rows, int topk, int first_p
   for (int r = 0; r < rows; ++r) {
     chooses[size_t(r)] = (first_pos + r) / block_size + 1 > topk;
     for (int k = 0; k < topk; ++k)
-      if (const int32_t b = ids[size_t(r) * topk + k]; b >= 0) sel[size_t(r)].add(b);
+      if (const int32_t b = ids[size_t(r) * topk + k]; b >= 0) {
+        SIEVE_CHECK(b <= (first_pos + r) / block_size, "tile passes: row " + std::to_string(r) + " selects block " +
+                                                            std::to_string(b) + ", past its own");
+        sel[size_t(r)].add(b);
+      }
   }
   const double norm = 2.0 * topk;
   // Consecutive tiles, aligned to their size, all of whose tokens choose.
