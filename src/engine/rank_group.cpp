@@ -54,7 +54,7 @@ class Reader {
     const uint64_t n = get<uint64_t>();
     need(n * sizeof(T));
     v.resize(n);
-    std::memcpy(v.data(), s_.data() + at_, n * sizeof(T));
+    if (n) std::memcpy(v.data(), s_.data() + at_, n * sizeof(T));  // an empty vector's data() may be null
     at_ += n * sizeof(T);
   }
   void done() const {
