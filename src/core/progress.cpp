@@ -124,7 +124,7 @@ void Progress::draw(bool last) {
 void Progress::loop() {
   const double interval = style_ == ProgressStyle::Bar ? o_.redraw_interval_s : o_.line_interval_s;
   std::unique_lock lk(mu_);
-  uint64_t last_done = ~uint64_t(0);
+  uint64_t last_done = 0;  // no line before the first move, however late the caller's first add
   while (!cv_.wait_for(lk, std::chrono::duration<double>(interval), [this] { return stop_; })) {
     // A log line only when something moved since the last one; the bar keeps its clock running.
     const uint64_t d = done();

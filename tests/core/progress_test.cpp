@@ -96,8 +96,12 @@ TEST(Progress, QuietWhenNothingMoves) {
     p.add(1);
     std::this_thread::sleep_for(50ms);
   }
-  // One line for the move, one at the end; not one per interval.
-  EXPECT_EQ(lines.size(), 2u);
+  // One line for the move (none for the start, however late the add comes), one at the end; not
+  // one per interval. On a loaded machine the reporter may not wake before the end: then only the
+  // end's line.
+  ASSERT_GE(lines.size(), 1u);
+  EXPECT_LE(lines.size(), 2u);
+  EXPECT_NE(lines.back().find("1/5"), std::string::npos) << lines.back();
 }
 
 }  // namespace
