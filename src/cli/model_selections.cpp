@@ -216,8 +216,8 @@ int run_selections(const std::vector<std::string>& argv) {
         acc.add_rows(v.data(), tokens, s.topk, 0, s.block_size, s.local_blocks);
         all.add_rows(v.data(), tokens, s.topk, 0, s.block_size, s.local_blocks);
         passes[size_t(l)].add_rows(v.data(), tokens, s.topk, 0, s.block_size, window);
-        passes[size_t(layers)].add_rows(v.data(), tokens, s.topk, 0, s.block_size, window);
       }
+      passes[size_t(layers)].merge(passes[size_t(l)]);
       print_stats(("index layer " + std::to_string(l)).c_str(), acc.result());
     }
     print_stats("all layers", all.result());

@@ -116,6 +116,11 @@ TEST(BenchSelections, TilePassesOfKnownSelections) {
   two.add_rows(ids.data(), rows, topk, pos0, 1, 32);
   EXPECT_DOUBLE_EQ(two.passes(), 1.0);
   EXPECT_DOUBLE_EQ(two.regrouped_passes(), 1.0);
+  // Merged: the tiles of both, their mean passes.
+  acc.merge(two);
+  EXPECT_EQ(acc.tiles(), 2 * (rows / kPassTile));
+  EXPECT_DOUBLE_EQ(acc.passes(), 1.5);
+  EXPECT_DOUBLE_EQ(acc.regrouped_passes(), 1.0);
   // Tokens that do not choose (at most topk candidate blocks) are left out: positions 0..63 in
   // blocks of 16 have 1..4 blocks and select them all.
   for (int r = 0; r < rows; ++r)

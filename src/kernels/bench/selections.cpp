@@ -80,25 +80,30 @@ struct BlockBits {
   std::vector<uint64_t> w;
   explicit BlockBits(size_t words) : w(words) {}
   void add(int32_t b) { w[size_t(b) >> 6] |= uint64_t(1) << (b & 63); }
-  bool has(int32_t b) const { return (w[size_t(b) >> 6] >> (b & 63)) & 1; }
+  void unite(const BlockBits& o) {
+    for (size_t k = 0; k < w.size(); ++k) w[k] |= o.w[k];
+  }
   int count() const {
     int n = 0;
     for (const uint64_t x : w) n += __builtin_popcountll(x);
+    return n;
+  }
+  int common(const BlockBits& o) const {
+    int n = 0;
+    for (size_t k = 0; k < w.size(); ++k) n += __builtin_popcountll(w[k] & o.w[k]);
     return n;
   }
 };
 
 // The fewest (half, block) passes of 8 tokens split into two halves of 4 (token t[0] in the first
 // half: the 35 distinct splits).
-int best_split_passes(const std::vector<BlockBits>& sel, const int* t, size_t words) {
+int best_split_passes(const std::vector<BlockBits>& sel, const int* t) {
+  const size_t words = sel[size_t(t[0])].w.size();
   int best = 1 << 30;
   for (int m = 0; m < (1 << kPassTile); ++m) {
     if (__builtin_popcount(unsigned(m)) != kPassTile / 2 || !(m & 1)) continue;
     BlockBits a(words), b(words);
-    for (int i = 0; i < kPassTile; ++i) {
-      auto& half = (m >> i) & 1 ? a : b;
-      for (size_t k = 0; k < words; ++k) half.w[k] |= sel[size_t(t[i])].w[k];
-    }
+    for (int i = 0; i < kPassTile; ++i) ((m >> i) & 1 ? a : b).unite(sel[size_t(t[i])]);
     best = std::min(best, a.count() + b.count());
   }
   return best;
@@ -128,7 +133,7 @@ void TilePassAccum::add_rows(const int32_t* ids, int rows, int topk, int first_p
     if (!all) continue;
     int t[kPassTile];
     for (int i = 0; i < kPassTile; ++i) t[i] = r0 + i;
-    sum_ += best_split_passes(sel, t, words) / norm;
+    sum_ += best_split_passes(sel, t) / norm;
     ++tiles_;
   }
   // Greedy regrouping within aligned windows.
@@ -143,19 +148,21 @@ void TilePassAccum::add_rows(const int32_t* ids, int rows, int topk, int first_p
       for (int i = 1; i < kPassTile; ++i) {
         size_t pick = 0;
         int most = -1;
-        for (size_t j = 0; j < left.size(); ++j) {
-          int shared = 0;
-          for (size_t k = 0; k < words; ++k) shared += __builtin_popcountll(u.w[k] & sel[size_t(left[j])].w[k]);
-          if (shared > most) most = shared, pick = j;
-        }
+        for (size_t j = 0; j < left.size(); ++j)
+          if (const int shared = u.common(sel[size_t(left[j])]); shared > most) most = shared, pick = j;
         t[i] = left[pick];
         left.erase(left.begin() + std::ptrdiff_t(pick));
-        for (size_t k = 0; k < words; ++k) u.w[k] |= sel[size_t(t[i])].w[k];
+        u.unite(sel[size_t(t[i])]);
       }
-      regrouped_sum_ += best_split_passes(sel, t, words) / norm;
+      regrouped_sum_ += best_split_passes(sel, t) / norm;
       ++regrouped_tiles_;
     }
   }
+}
+
+void TilePassAccum::merge(const TilePassAccum& o) {
+  tiles_ += o.tiles_, regrouped_tiles_ += o.regrouped_tiles_;
+  sum_ += o.sum_, regrouped_sum_ += o.regrouped_sum_;
 }
 
 LocalityStats LocalityAccum::result() const {

@@ -57,6 +57,7 @@ inline constexpr int kPassTile = 8;
 class TilePassAccum {
  public:
   void add_rows(const int32_t* ids, int rows, int topk, int first_pos, int block_size, int window);
+  void merge(const TilePassAccum& other);  // what other has accumulated, added to this
   int64_t tiles() const { return tiles_; }
   double passes() const { return tiles_ ? sum_ / double(tiles_) : 0; }
   int64_t regrouped_tiles() const { return regrouped_tiles_; }
